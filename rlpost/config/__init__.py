@@ -1,0 +1,1 @@
+"""Composing and validating a run's config (Hydra in, typed RunConfig out)."""

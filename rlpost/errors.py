@@ -1,0 +1,69 @@
+"""User-facing errors: where, what, why and the fix, rendered without a traceback."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+EXIT_USER_ERROR = 2
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a value came from: a YAML file and line, or the command line."""
+
+    file: str | None = None
+    line: int | None = None
+    override: str | None = None
+
+    def __str__(self) -> str:
+        if self.override is not None:
+            return f"command line: {self.override}"
+        if self.file is None:
+            return "default"
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem with a user's input."""
+
+    key: str
+    message: str
+    fix: str
+    value: Any = None
+    location: Location | None = None
+
+    def render(self) -> str:
+        head = self.key if self.value is None else f"{self.key} = {self.value!r}"
+        where = f"   ({self.location})" if self.location else ""
+        return f"  {head}{where}\n    {self.message}\n    fix: {self.fix}"
+
+
+class UserError(Exception):
+    """Bad input from a user: config, data or paths. Exits 2 with no traceback."""
+
+    def __init__(self, issues: Sequence[Issue], title: str = "configuration error") -> None:
+        self.issues = list(issues)
+        self.title = title
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        count = len(self.issues)
+        plural = "s" if count > 1 else ""
+        body = "\n\n".join(issue.render() for issue in self.issues)
+        return f"rlpost: {count} {self.title}{plural}\n\n{body}"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A ' Did you mean ...?' suffix, or '' when nothing is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{matches[0]}'?" if matches else ""
+
+
+def exit_with(error: UserError) -> NoReturn:
+    print(error.render(), file=sys.stderr)
+    raise SystemExit(EXIT_USER_ERROR)

@@ -1,0 +1,59 @@
+"""Typed config sections. Imports nothing heavier than pydantic."""
+
+from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.hardware import HardwareConfig
+from rlpost.schema.layout import LayoutConfig, RecomputeConfig, RolloutLayout, TrainLayout
+from rlpost.schema.model import MLAConfig, ModelConfig, MoEConfig
+from rlpost.schema.recipe import (
+    AlgoConfig,
+    DataConfig,
+    EvalConfig,
+    EvalDataset,
+    LoopConfig,
+    OptimConfig,
+    RecipeConfig,
+    RewardConfig,
+    RolloutConfig,
+    SaveConfig,
+    TrainConfig,
+)
+from rlpost.schema.run import (
+    EngineConfig,
+    PlanOptions,
+    RunConfig,
+    RunOptions,
+    TrackingConfig,
+    TrainerConfig,
+    WandbConfig,
+)
+
+__all__ = [
+    "AlgoConfig",
+    "DataConfig",
+    "EngineConfig",
+    "EvalConfig",
+    "EvalDataset",
+    "HardwareConfig",
+    "InvariantError",
+    "LayoutConfig",
+    "LoopConfig",
+    "MLAConfig",
+    "ModelConfig",
+    "MoEConfig",
+    "OptimConfig",
+    "PlanOptions",
+    "RecipeConfig",
+    "RecomputeConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RolloutLayout",
+    "RunConfig",
+    "RunOptions",
+    "SaveConfig",
+    "Section",
+    "TrackingConfig",
+    "TrainConfig",
+    "TrainLayout",
+    "TrainerConfig",
+    "WandbConfig",
+]

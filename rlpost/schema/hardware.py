@@ -1,0 +1,33 @@
+"""Hardware profiles: what a cluster offers, independent of any run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt
+
+from rlpost.schema.base import Section
+
+
+class HardwareConfig(Section):
+    """A homogeneous cluster: `num_nodes` nodes of `gpus_per_node` accelerators each.
+
+    On `kind: cpu` a "GPU" is a device slot: one placement-group bundle of CPU cores that a
+    train rank or an engine occupies, so the same placement code runs on a laptop.
+    """
+
+    name: str
+    description: str = ""
+    kind: Literal["gpu", "cpu"] = "gpu"
+    gpu_name: str = ""
+    num_nodes: PositiveInt = 1
+    gpus_per_node: PositiveInt = 8
+    gpu_memory_gib: PositiveFloat = Field(description="usable memory per accelerator")
+    peak_bf16_tflops: PositiveFloat = Field(description="dense bf16 peak per accelerator")
+    host_memory_gib: PositiveFloat = Field(description="host memory per node")
+    cpus_per_node: PositiveInt = 64
+    nvlink_within_node: bool = True
+
+    @property
+    def total_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node

@@ -1,0 +1,73 @@
+"""Where a run goes on its hardware: placement, parallelism and engine sizing.
+
+Every field may be left null; the planner then derives a valid value (and says so in the
+plan). Shipped layouts live in conf/layout/<model>_<hardware>.yaml and are picked
+automatically for that combination.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from rlpost.schema.base import InvariantError, Section
+
+
+class RecomputeConfig(Section):
+    granularity: Literal["full", "selective"] | None = None
+    method: Literal["uniform", "block"] = "uniform"
+    num_layers: PositiveInt = 1
+
+
+class TrainLayout(Section):
+    num_gpus: PositiveInt | None = None
+    tp: PositiveInt | None = None
+    pp: PositiveInt | None = None
+    cp: PositiveInt | None = None
+    ep: PositiveInt | None = None
+    etp: PositiveInt | None = None
+    dp: PositiveInt | None = None
+    sequence_parallel: bool | None = None
+    recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
+    distributed_optimizer: bool = True
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
+    moe_enable_deepep: bool = False
+
+    @model_validator(mode="after")
+    def check_sequence_parallel_needs_tp(self) -> TrainLayout:
+        if self.sequence_parallel and self.tp == 1:
+            raise InvariantError(
+                "sequence_parallel splits activations across the tensor-parallel group, "
+                "which has size tp=1",
+                fields=("sequence_parallel",),
+                fix="set sequence_parallel: false, or tp >= 2",
+            )
+        return self
+
+
+class RolloutLayout(Section):
+    num_gpus: NonNegativeInt | None = None
+    gpus_per_engine: PositiveInt | None = None
+    sglang: dict[str, Any] = Field(
+        default_factory=dict,
+        description="SGLang server options by their own names (mem_fraction_static, ...)",
+    )
+
+
+class LayoutConfig(Section):
+    name: str = "auto"
+    colocate: bool | None = None
+    train: TrainLayout = Field(default_factory=TrainLayout)
+    rollout: RolloutLayout = Field(default_factory=RolloutLayout)
+
+    @model_validator(mode="after")
+    def check_colocated_has_no_rollout_gpus(self) -> LayoutConfig:
+        if self.colocate and self.rollout.num_gpus:
+            raise InvariantError(
+                f"colocate: true shares the train GPUs with the engines, but "
+                f"rollout.num_gpus={self.rollout.num_gpus} asks for separate ones",
+                fields=("rollout.num_gpus",),
+                fix="remove rollout.num_gpus (colocated), or set colocate: false (decoupled)",
+            )
+        return self

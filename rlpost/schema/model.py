@@ -1,0 +1,113 @@
+"""Model architecture facts and checkpoint locations (conf/model/*.yaml)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from rlpost.schema.base import Section
+
+Family = Literal["qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3"]
+
+
+class MoEConfig(Section):
+    """Mixture-of-experts block; absent for dense models."""
+
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_ffn_hidden_size: PositiveInt
+    num_shared_experts: NonNegativeInt = 0
+    shared_expert_ffn_hidden_size: NonNegativeInt = 0
+    first_k_dense_layers: NonNegativeInt = 0
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    router_expert_bias: bool = False
+    router_topk_scaling_factor: PositiveFloat = 1.0
+    router_dtype: Literal["fp32", "bf16"] = "fp32"
+    router_num_groups: PositiveInt | None = None
+    router_group_topk: PositiveInt | None = None
+    norm_topk_prob: bool = True
+    grouped_gemm: bool = True
+
+    @model_validator(mode="after")
+    def check_top_k_within_experts(self) -> MoEConfig:
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
+                "a token cannot be routed to more experts than exist"
+            )
+        return self
+
+
+class MLAConfig(Section):
+    """Multi-latent attention (DeepSeek-V3 style) head geometry."""
+
+    q_lora_rank: PositiveInt | None = None
+    kv_lora_rank: PositiveInt
+    qk_head_dim: PositiveInt
+    qk_pos_emb_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+
+class ModelConfig(Section):
+    """Everything the planner and the trainers need to know about a model.
+
+    Field names follow megatron-core where one exists; `rlpost.config.hf_check` maps each to
+    the HF config.json key it must agree with.
+    """
+
+    name: str
+    description: str = ""
+    family: Family
+    hf_architecture: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_query_groups: PositiveInt
+    kv_channels: PositiveInt | None = None
+    vocab_size: PositiveInt
+    max_position_embeddings: PositiveInt
+    rotary_base: PositiveFloat = 10000.0
+    rotary_percent: PositiveFloat = 1.0
+    rotary_interleaved: bool = False
+    norm_epsilon: PositiveFloat = 1e-6
+    qk_layernorm: bool = False
+    add_qkv_bias: bool = False
+    add_bias_linear: bool = False
+    post_self_attn_layernorm: bool = False
+    post_mlp_layernorm: bool = False
+    tie_word_embeddings: bool = False
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    moe: MoEConfig | None = None
+    mla: MLAConfig | None = None
+    mtp_num_layers: NonNegativeInt = 0
+    params_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+    hf_checkpoint: str
+    ref_load: str | None = None
+    load: str | None = None
+    save: str | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @model_validator(mode="after")
+    def check_query_groups_divide_heads(self) -> ModelConfig:
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_query_groups={self.num_query_groups}; GQA shares each KV head among an "
+                "equal number of query heads"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_dense_prefix_fits(self) -> ModelConfig:
+        if self.moe and self.moe.first_k_dense_layers > self.num_layers:
+            raise ValueError(
+                f"moe.first_k_dense_layers={self.moe.first_k_dense_layers} exceeds "
+                f"num_layers={self.num_layers}"
+            )
+        return self

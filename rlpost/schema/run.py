@@ -1,0 +1,102 @@
+"""The whole resolved run: one typed object, validated once at the launcher."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.hardware import HardwareConfig
+from rlpost.schema.layout import LayoutConfig
+from rlpost.schema.model import ModelConfig
+from rlpost.schema.recipe import RecipeConfig
+
+
+class TrainerConfig(Section):
+    backend: Literal["auto", "torch", "megatron"] = "auto"
+    threads_per_rank: PositiveInt | None = None
+
+
+class EngineConfig(Section):
+    backend: Literal["auto", "sglang", "cpu"] = "auto"
+    router_policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = (
+        "round_robin"
+    )
+    request_timeout_s: PositiveFloat = 3600.0
+    startup_timeout_s: PositiveFloat = 600.0
+    max_batch_size: PositiveInt = 256
+    weight_sync: Literal["auto", "disk", "tensor", "distributed"] = "auto"
+
+
+class PlanOptions(Section):
+    format: Literal["table", "json"] = "table"
+
+
+class WandbConfig(Section):
+    enabled: bool = False
+    mode: Literal["online", "offline"] = "offline"
+    project: str = "rlpost"
+    group: str | None = None
+    run_id: str | None = None
+
+
+class TrackingConfig(Section):
+    tensorboard: bool = True
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+
+
+class RunOptions(Section):
+    dir: str | None = Field(None, description="null: the Hydra output directory")
+    seed: int = 1234
+    resume: str | None = Field(None, description="auto, or a checkpoint directory")
+    deterministic: bool = False
+    progress: bool = True
+
+
+class RunConfig(Section):
+    mode: Literal["train", "plan", "slime_args"] = "train"
+    model: ModelConfig
+    recipe: RecipeConfig
+    hardware: HardwareConfig
+    layout: LayoutConfig = Field(default_factory=LayoutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    plan: PlanOptions = Field(default_factory=PlanOptions)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    run: RunOptions = Field(default_factory=RunOptions)
+
+    @model_validator(mode="after")
+    def check_context_fits(self) -> RunConfig:
+        rollout, data = self.recipe.rollout, self.recipe.data
+        longest = (data.max_prompt_len or 0) + rollout.max_response_len
+        eval_len = max(
+            [self.recipe.eval.max_response_len or 0]
+            + [d.max_response_len or 0 for d in self.recipe.eval.datasets]
+        )
+        context = self.model.max_position_embeddings
+        for key, length in (
+            ("recipe.rollout.max_response_len", longest),
+            ("recipe.eval.max_response_len", (data.max_prompt_len or 0) + eval_len),
+        ):
+            if length > context:
+                raise InvariantError(
+                    f"prompt + response can reach {length} tokens "
+                    f"(max_prompt_len {data.max_prompt_len or 0} + response), beyond "
+                    f"model.max_position_embeddings={context}",
+                    fields=(key,),
+                    fix=f"lower it so prompt + response <= {context}",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def check_kl_loss_has_reference(self) -> RunConfig:
+        if self.recipe.algo.use_kl_loss and not self.model.ref_load:
+            raise InvariantError(
+                "recipe.algo.use_kl_loss needs a frozen reference model, and model.ref_load "
+                "is not set",
+                fields=("model.ref_load",),
+                fix="set model.ref_load (an HF folder or a torch_dist checkpoint; the initial "
+                "policy, e.g. ${model.hf_checkpoint}), or recipe.algo.use_kl_loss: false",
+            )
+        return self
