@@ -28,6 +28,12 @@ class TrainLayout(Section):
     ep: PositiveInt | None = None
     etp: PositiveInt | None = None
     dp: PositiveInt | None = None
+    num_layers_in_first_pipeline_stage: PositiveInt | None = Field(
+        None, description="uneven pipelining: layers on the first stage (the rest split evenly)"
+    )
+    num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
+        None, description="uneven pipelining: layers on the last stage"
+    )
     sequence_parallel: bool | None = None
     recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
     distributed_optimizer: bool = True

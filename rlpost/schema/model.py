@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from rlpost.schema.base import Section
+from rlpost.schema.base import InvariantError, Section
 
 Family = Literal["qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3"]
 
@@ -32,9 +32,11 @@ class MoEConfig(Section):
     @model_validator(mode="after")
     def check_top_k_within_experts(self) -> MoEConfig:
         if self.top_k > self.num_experts:
-            raise ValueError(
+            raise InvariantError(
                 f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
-                "a token cannot be routed to more experts than exist"
+                "a token cannot be routed to more experts than exist",
+                fields=("top_k",),
+                fix=f"set top_k <= {self.num_experts} (the HF config's num_experts_per_tok)",
             )
         return self
 
@@ -96,18 +98,24 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def check_query_groups_divide_heads(self) -> ModelConfig:
         if self.num_attention_heads % self.num_query_groups:
-            raise ValueError(
+            raise InvariantError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_query_groups={self.num_query_groups}; GQA shares each KV head among an "
-                "equal number of query heads"
+                "equal number of query heads",
+                fields=("num_query_groups",),
+                fix="set num_query_groups to a divisor of num_attention_heads (the HF "
+                "config's num_key_value_heads)",
             )
         return self
 
     @model_validator(mode="after")
     def check_dense_prefix_fits(self) -> ModelConfig:
         if self.moe and self.moe.first_k_dense_layers > self.num_layers:
-            raise ValueError(
+            raise InvariantError(
                 f"moe.first_k_dense_layers={self.moe.first_k_dense_layers} exceeds "
-                f"num_layers={self.num_layers}"
+                f"num_layers={self.num_layers}",
+                fields=("moe.first_k_dense_layers",),
+                fix=f"set moe.first_k_dense_layers <= {self.num_layers} (the HF config's "
+                "first_k_dense_replace)",
             )
         return self

@@ -1,0 +1,1 @@
+"""Trainer and engine backends behind small protocols."""

@@ -1,0 +1,195 @@
+"""The CPU engine without HTTP: a transformers causal LM, its tokenizer, the scheduler, and
+the weight-management calls. Thread-safe; every model access runs on the decoding thread."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlpost.backends.cpu_engine.generator import BatchGenerator
+from rlpost.backends.cpu_engine.protocol import GenerateRequest, RowOutput
+from rlpost.backends.cpu_engine.row import Row
+from rlpost.backends.cpu_engine.sampling import RequestError
+from rlpost.backends.cpu_engine.scheduler import Load, Scheduler
+from rlpost.backends.cpu_engine.weights import ModelWeights, read_safetensors_dir
+
+logger = logging.getLogger(__name__)
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How one CPU engine runs; `seed` makes unseeded sampling reproducible per request order."""
+
+    model_path: str
+    seed: int = 0
+    max_batch_size: int = 64
+    batch_wait_s: float = 0.005
+    num_threads: int | None = None
+    weight_version: str = "default"
+
+
+class CpuEngine:
+    """Loads the model (fp32, CPU) and serves generation and weight updates."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        if settings.num_threads is not None:
+            torch.set_num_threads(settings.num_threads)
+        torch.manual_seed(settings.seed)
+        path = Path(settings.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.weights = ModelWeights(self.model)
+        self.weights_path = str(path)
+        self.context_len = getattr(self.model.config, "max_position_embeddings", None)
+        self.generator = BatchGenerator(self.model, self._eos_ids(), self.decode)
+        self.generator.weight_version = settings.weight_version
+        self.scheduler = Scheduler(self.generator, settings.max_batch_size, settings.batch_wait_s)
+        self._row_counter = itertools.count()
+        self._lock = threading.Lock()
+        self.scheduler.start()
+
+    def _eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        sources: list[Any] = [self.tokenizer.eos_token_id, self.model.config.eos_token_id]
+        if self.model.generation_config is not None:
+            sources.append(self.model.generation_config.eos_token_id)
+        for value in sources:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        return sorted(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    @property
+    def weight_version(self) -> str:
+        return self.generator.weight_version
+
+    def make_rows(self, request: GenerateRequest) -> list[Row]:
+        """Rows for a request. Each row samples from its own generator: seeded by
+        sampling_seed (offset by the sample index when n > 1), else by the engine seed and
+        the row's arrival number."""
+        if self.weights.released:
+            raise RequestError(
+                "the weights are released; call /resume_memory_occupation first", status=503
+            )
+        rows = []
+        seed = request.params.sampling_seed
+        for index, (prompt, rid) in enumerate(zip(request.prompts, request.rids, strict=True)):
+            generator = torch.Generator()
+            with self._lock:
+                serial = next(self._row_counter)
+            sample_index = index % request.params.n
+            if seed is not None:
+                generator.manual_seed(seed + sample_index)
+            else:
+                generator.manual_seed(self.settings.seed * 1_000_003 + serial)
+            rows.append(Row(rid=rid, prompt_ids=prompt, params=request.params, generator=generator))
+        return rows
+
+    def submit(self, rows: list[Row]) -> None:
+        self.scheduler.submit(rows)
+
+    @staticmethod
+    def output_of(row: Row) -> RowOutput:
+        assert row.finish is not None, "only finished rows have an output"
+        return RowOutput(
+            rid=row.rid,
+            prompt_len=len(row.prompt_ids),
+            output_ids=list(row.output_ids),
+            logprobs=list(row.logprobs),
+            finish_reason=row.finish.to_json(),
+            weight_version=row.weight_version,
+        )
+
+    def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None
+    ) -> concurrent.futures.Future[None]:
+        """Load a safetensors folder into the live model at the next safe point."""
+
+        def load() -> None:
+            state = read_safetensors_dir(model_path)
+            self.weights.assign(state)
+            self.weights_path = model_path
+            if weight_version is not None:
+                self.generator.weight_version = weight_version
+            logger.info("loaded weights from %s (version %s)", model_path, self.weight_version)
+
+        return self.scheduler.call(load)
+
+    def set_weight_version(self, version: str) -> concurrent.futures.Future[None]:
+        def apply() -> None:
+            self.generator.weight_version = version
+
+        return self.scheduler.call(apply)
+
+    def release_memory(self, tags: Sequence[str]) -> concurrent.futures.Future[None]:
+        """Drop the weights (tag "weights"); KV caches live only inside a batch on CPU."""
+        self._check_tags(tags)
+
+        def release() -> None:
+            self._require_idle("release memory")
+            if "weights" in tags and not self.weights.released:
+                self.weights.release()
+
+        return self.scheduler.call(release)
+
+    def resume_memory(self, tags: Sequence[str]) -> concurrent.futures.Future[None]:
+        """Reload the weights from the folder they were last loaded from."""
+        self._check_tags(tags)
+
+        def resume() -> None:
+            if "weights" in tags and self.weights.released:
+                self.weights.assign(read_safetensors_dir(self.weights_path))
+
+        return self.scheduler.call(resume)
+
+    def _check_tags(self, tags: Sequence[str]) -> None:
+        unknown = [t for t in tags if t not in MEMORY_TAGS]
+        if unknown:
+            raise RequestError(f"unknown memory tag(s) {unknown}; known: {list(MEMORY_TAGS)}")
+
+    def _require_idle(self, action: str) -> None:
+        load = self.scheduler.load()
+        if load.num_running or load.num_waiting:
+            raise RequestError(
+                f"cannot {action} while {load.num_running + load.num_waiting} requests run; "
+                f"pause_generation first"
+            )
+
+    def load(self) -> Load:
+        return self.scheduler.load()
+
+    def model_info(self) -> dict[str, Any]:
+        config = self.model.config
+        return {
+            "model_path": self.settings.model_path,
+            "tokenizer_path": self.settings.model_path,
+            "is_generation": True,
+            "weight_version": self.weight_version,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+            "context_length": self.context_len,
+            "num_parameters": sum(p.numel() for p in self.model.parameters()),
+            "weights_path": self.weights_path,
+        }
+
+    def shutdown(self) -> None:
+        self.scheduler.stop()

@@ -1,0 +1,363 @@
+"""The CPU engine's HTTP server: the part of SGLang's HTTP API that rollout and the router use.
+
+    python -m rlpost.backends.cpu_engine --model-path DIR --host 127.0.0.1 --port P
+
+The server listens at once and answers /health with 503 until the model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+
+from rlpost.backends.cpu_engine.engine import MEMORY_TAGS, CpuEngine, EngineSettings
+from rlpost.backends.cpu_engine.protocol import parse_generate_request, render_output
+from rlpost.backends.cpu_engine.sampling import RequestError
+from rlpost.backends.cpu_engine.weights import WeightLoadError
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+PAUSE_MODES = ("abort", "in_place", "retract")
+
+
+def error_response(message: str, status: int = 400) -> web.Response:
+    if status >= 500:  # SGLang's shape for retryable errors, which the router retries
+        return web.json_response({"detail": message}, status=status)
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json(loads=json.loads)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from exc
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
+
+
+class EngineServer:
+    """aiohttp routes over a CpuEngine that is loaded in the background."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.engine: CpuEngine | None = None
+        self.load_error: BaseException | None = None
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+
+    async def load(self) -> None:
+        try:
+            self.engine = await asyncio.to_thread(CpuEngine, self.settings)
+        except BaseException as exc:
+            self.load_error = exc
+            raise
+        logger.info("engine ready: %s", self.settings.model_path)
+
+    def ready_engine(self) -> CpuEngine:
+        if self.engine is None:
+            raise RequestError("the engine is still loading", status=503)
+        return self.engine
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors], client_max_size=1 << 30)
+        routes = [
+            ("GET", "/health", self.health),
+            ("GET", "/health_generate", self.health_generate),
+            ("POST", "/generate", self.generate),
+            ("POST", "/abort_request", self.abort_request),
+            ("POST", "/pause_generation", self.pause_generation),
+            ("POST", "/continue_generation", self.continue_generation),
+            ("*", "/flush_cache", self.flush_cache),
+            ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("POST", "/update_weight_version", self.update_weight_version),
+            ("GET", "/get_weight_version", self.get_weight_version),
+            ("GET", "/model_info", self.model_info),
+            ("GET", "/get_model_info", self.model_info),
+            ("GET", "/server_info", self.server_info),
+            ("GET", "/get_server_info", self.server_info),
+            ("GET", "/get_load", self.get_load),
+            ("GET", "/v1/loads", self.v1_loads),
+            ("*", "/release_memory_occupation", self.release_memory),
+            ("*", "/resume_memory_occupation", self.resume_memory),
+            ("GET", "/v1/models", self.v1_models),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return error_response(exc.message, exc.status)
+        except WeightLoadError as exc:
+            return error_response(str(exc), 400)
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.engine is None:
+            return web.Response(status=503, text="loading")
+        return web.Response(text="ok")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        try:
+            await asyncio.wait_for(self._run_generate(engine, body), HEALTH_GENERATE_TIMEOUT_S)
+        except (TimeoutError, RequestError) as exc:
+            return web.Response(status=503, text=f"unhealthy: {exc}")
+        return web.Response(text="ok")
+
+    async def generate(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = await read_json(request)
+        return web.json_response(await self._run_generate(engine, body))
+
+    async def _run_generate(self, engine: CpuEngine, body: dict[str, Any]) -> Any:
+        parsed = parse_generate_request(body, engine.encode, engine.context_len)
+        await self._unpaused.wait()
+        rows = engine.make_rows(parsed)
+        engine.submit(rows)
+        try:
+            await asyncio.gather(*(asyncio.wrap_future(r.done) for r in rows))
+        except asyncio.CancelledError:  # the client went away: free the rows' batch slots
+            for row in rows:
+                engine.scheduler.abort(row.rid, "client disconnected")
+            raise
+        outputs = [render_output(engine.output_of(r), parsed, engine.decode) for r in rows]
+        return outputs if parsed.returns_list else outputs[0]
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = await read_json(request)
+        if body.get("abort_all"):
+            engine.scheduler.abort(None, "aborted by abort_request")
+        elif body.get("rid"):
+            engine.scheduler.abort(str(body["rid"]), "aborted by abort_request")
+        return web.Response()
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        mode = (await read_json(request)).get("mode") or "abort"
+        if mode not in PAUSE_MODES:
+            raise RequestError(f"pause mode '{mode}' is unknown; use one of {list(PAUSE_MODES)}")
+        self._unpaused.clear()
+        await asyncio.to_thread(engine.scheduler.pause, mode)
+        return web.json_response({"status": "ok", "message": f"generation paused ({mode})"})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        engine.scheduler.resume()
+        self._unpaused.set()
+        return web.json_response({"status": "ok"})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        if not engine.scheduler.is_idle:
+            return web.Response(status=400, text="Cache not flushed: requests are running.")
+        return web.Response(text="Cache flushed.")
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = await read_json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise RequestError("update_weights_from_disk needs 'model_path' (a folder)")
+        if body.get("abort_all_requests"):
+            engine.scheduler.abort(None, "aborted for a weight update")
+        version = body.get("weight_version")
+        try:
+            await asyncio.wrap_future(engine.update_weights_from_disk(path, version))
+        except WeightLoadError as exc:
+            return web.json_response(
+                {"success": False, "message": str(exc), "num_paused_requests": 0}, status=400
+            )
+        message = f"loaded weights from {path}, weight_version={engine.weight_version}"
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = await read_json(request)
+        version = body.get("new_version")
+        if not isinstance(version, str) or not version:
+            raise RequestError("update_weight_version needs 'new_version' (a string)")
+        if body.get("abort_all_requests", True):
+            engine.scheduler.abort(None, "aborted for a weight version update")
+        await asyncio.wrap_future(engine.set_weight_version(version))
+        return web.json_response(
+            {"success": True, "message": "weight version updated", "new_version": version}
+        )
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.ready_engine().weight_version})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.ready_engine().model_info())
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        load = engine.load()
+        state = {"num_running_reqs": load.num_running, "num_served_reqs": load.num_served}
+        info = {**asdict(self.settings), "internal_states": [state], "version": "rlpost-cpu"}
+        return web.json_response(info)
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        load = self.ready_engine().load()
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": load.num_running + load.num_waiting,
+                    "num_waiting_reqs": load.num_waiting,
+                    "num_tokens": load.num_tokens,
+                }
+            ]
+        )
+
+    async def v1_loads(self, request: web.Request) -> web.Response:
+        load = self.ready_engine().load()
+        entry = {
+            "dp_rank": 0,
+            "num_running_reqs": load.num_running,
+            "num_waiting_reqs": load.num_waiting,
+            "num_total_reqs": load.num_running + load.num_waiting,
+            "num_used_tokens": load.num_tokens,
+        }
+        return web.json_response({"timestamp": asyncio.get_running_loop().time(), "loads": [entry]})
+
+    async def release_memory(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        tags = (await read_json(request)).get("tags") or list(MEMORY_TAGS)
+        await asyncio.wrap_future(engine.release_memory(tags))
+        return web.json_response(None)
+
+    async def resume_memory(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        tags = (await read_json(request)).get("tags") or list(MEMORY_TAGS)
+        await asyncio.wrap_future(engine.resume_memory(tags))
+        return web.json_response(None)
+
+    async def v1_models(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        model = {
+            "id": self.settings.model_path,
+            "object": "model",
+            "owned_by": "rlpost",
+            "root": self.settings.model_path,
+            "max_model_len": engine.context_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+
+async def serve(settings: EngineSettings, host: str, port: int, stop: asyncio.Event) -> None:
+    """Listen on host:port, load the engine, and serve until `stop` is set."""
+    server = EngineServer(settings)
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    logger.info("listening on http://%s:%d", host, port)
+    loading = asyncio.create_task(server.load())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done() and loading.exception() is not None:
+            raise loading.exception()  # type: ignore[misc]
+        await stopping
+    finally:
+        loading.cancel()
+        stopping.cancel()
+        await runner.cleanup()
+        if server.engine is not None:
+            server.engine.shutdown()
+
+
+class BackgroundServer:
+    """An engine server on its own event-loop thread, for tests and single-process runs."""
+
+    def __init__(self, settings: EngineSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.settings = settings
+        self.host = host
+        self.port = port
+        self.server = EngineServer(settings)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> str:
+        """Bind, load the model, and return the base URL once /health answers 200."""
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result()
+        return self.url
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        await self.server.load()
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result()
+        if self.server.engine is not None:
+            self.server.engine.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[EngineSettings, str, int]:
+    parser = argparse.ArgumentParser(prog="python -m rlpost.backends.cpu_engine")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    args = parser.parse_args(argv)
+    settings = EngineSettings(
+        model_path=args.model_path,
+        seed=args.seed,
+        max_batch_size=args.max_batch_size,
+        batch_wait_s=args.batch_wait_ms / 1000,
+        num_threads=args.num_threads,
+        weight_version=args.weight_version,
+    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    return settings, args.host, args.port
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings, host, port = parse_args(argv)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, host, port, stop)
+
+    asyncio.run(run())

@@ -1,0 +1,93 @@
+"""Loading safetensors weights into a live model, and dropping them to free memory.
+
+Weights are assigned by parameter name. Tied parameters (an embedding shared with the LM
+head) are one tensor under several names; a checkpoint may carry any one of the names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+
+class WeightLoadError(Exception):
+    """A checkpoint folder that does not fit the model; the message names what and why."""
+
+
+def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of the *.safetensors files in a folder (a single file or shards)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise WeightLoadError(f"model_path '{folder}' is not a directory")
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shard_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / name for name in shard_names]
+    if not files:
+        raise WeightLoadError(
+            f"no *.safetensors files in '{folder}'; save the checkpoint with "
+            f"save_pretrained(..., safe_serialization=True)"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file), device="cpu"))
+    return state
+
+
+class ModelWeights:
+    """Assigns checkpoint tensors to a model's parameters, remembering their shapes so that
+    weights can be released (storage freed) and later assigned again."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        named = list(model.named_parameters(remove_duplicate=False))
+        self._groups: dict[int, list[str]] = {}
+        self._params: dict[int, nn.Parameter] = {}
+        for name, param in named:
+            self._groups.setdefault(id(param), []).append(name)
+            self._params[id(param)] = param
+        self._shapes = {name: tuple(param.shape) for name, param in named}
+        self._dtype = next(iter(self._params.values())).dtype
+        self._buffers = {name for name, _ in model.named_buffers()}
+        self.released = False
+
+    def assign(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace every parameter with the checkpoint's tensor of the same name."""
+        unexpected = sorted(k for k in state if k not in self._shapes and k not in self._buffers)
+        if unexpected:
+            raise WeightLoadError(
+                f"checkpoint has {len(unexpected)} tensor(s) the model does not, e.g. "
+                f"{unexpected[:3]}; is it a checkpoint of another architecture?"
+            )
+        chosen: dict[int, str] = {}
+        missing: list[str] = []
+        for key, names in self._groups.items():
+            found = next((n for n in names if n in state), None)
+            if found is None:
+                missing.append(names[0])
+                continue
+            shape = tuple(state[found].shape)
+            if shape != self._shapes[found]:
+                raise WeightLoadError(
+                    f"tensor '{found}' has shape {list(shape)} in the checkpoint but "
+                    f"{list(self._shapes[found])} in the model"
+                )
+            chosen[key] = found
+        if missing:
+            raise WeightLoadError(
+                f"checkpoint lacks {len(missing)} parameter(s), e.g. {missing[:3]}"
+            )
+        for key, name in chosen.items():
+            self._params[key].data = state[name].to(self._dtype).contiguous()
+        self.released = False
+
+    def release(self) -> None:
+        """Free every parameter's storage; `assign` must run before the model is used."""
+        for param in self._params.values():
+            param.data = torch.empty(0, dtype=self._dtype)
+        self.released = True

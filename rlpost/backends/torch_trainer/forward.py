@@ -1,0 +1,129 @@
+"""Packed forward passes: several samples in one row, each attending only to itself.
+
+Samples are concatenated into a single row whose position_ids restart at 0 for every sample.
+transformers (>= 5) reads that restart as a packed-sequence boundary and builds a
+block-diagonal causal mask for sdpa and eager attention (`find_packed_sequence_indices` in
+masking_utils), provided no 2D attention mask and no KV cache are passed. Tests compare packed
+against one-by-one forwards so a change upstream cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rlpost.algo.losses import entropy_of_log_probs
+from rlpost.types import TrainSample
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One micro-batch: the packed row plus flat views over its response tokens."""
+
+    input_ids: Tensor  # [1, T]
+    position_ids: Tensor  # [1, T]
+    logit_positions: Tensor  # [R] row positions whose logits predict response tokens
+    targets: Tensor  # [R] the response tokens
+    segment_ids: Tensor  # [R] sample index within the micro-batch
+    response_lengths: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def split(self, flat: Tensor) -> list[Tensor]:
+        """Flat response-token values back into one tensor per sample."""
+        return list(torch.split(flat, list(self.response_lengths)))
+
+
+def validate_sample(sample: TrainSample, index: int) -> None:
+    response = sample.response_length
+    if not 0 < response < len(sample.tokens):
+        raise ValueError(
+            f"sample {index}: response_length={response} with {len(sample.tokens)} tokens; "
+            "a trainable sample needs at least one prompt token and one response token"
+        )
+    for name in ("rollout_logprobs", "loss_mask"):
+        values = getattr(sample, name)
+        if values is not None and len(values) != response:
+            raise ValueError(
+                f"sample {index}: {name} has {len(values)} entries but response_length is "
+                f"{response}; it must hold one entry per response token"
+            )
+
+
+def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
+    """Concatenate samples into one row; no padding, no truncation."""
+    ids: list[int] = []
+    positions: list[int] = []
+    logit_positions: list[int] = []
+    targets: list[int] = []
+    segments: list[int] = []
+    offset = 0
+    for segment, sample in enumerate(samples):
+        length, response = len(sample.tokens), sample.response_length
+        ids.extend(sample.tokens)
+        positions.extend(range(length))
+        start = offset + length - response - 1
+        logit_positions.extend(range(start, start + response))
+        targets.extend(sample.tokens[length - response :])
+        segments.extend([segment] * response)
+        offset += length
+    return PackedBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        position_ids=torch.tensor([positions], dtype=torch.long),
+        logit_positions=torch.tensor(logit_positions, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        segment_ids=torch.tensor(segments, dtype=torch.long),
+        response_lengths=tuple(s.response_length for s in samples),
+    )
+
+
+@dataclass(frozen=True)
+class TokenOutputs:
+    """Flat response-token outputs of one forward."""
+
+    logp: Tensor
+    entropy: Tensor | None
+
+
+def forward_tokens(
+    model: nn.Module,
+    batch: PackedBatch,
+    temperature: float,
+    entropy: str = "none",
+) -> TokenOutputs:
+    """Logprobs of the response tokens under `model`, logits divided by `temperature`.
+
+    `entropy` is "none", "detached" (for logging) or "grad" (entropy bonus in the loss).
+    """
+    out = model(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=batch.logit_positions,
+    )
+    logits = out.logits[0].float() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    if entropy == "none":
+        return TokenOutputs(logp, None)
+    if entropy == "grad":
+        return TokenOutputs(logp, entropy_of_log_probs(log_probs))
+    with torch.no_grad():
+        return TokenOutputs(logp, entropy_of_log_probs(log_probs.detach()))
+
+
+def sample_loss_mask(sample: TrainSample) -> Tensor:
+    if sample.loss_mask is None:
+        return torch.ones(sample.response_length, dtype=torch.float32)
+    return torch.tensor(sample.loss_mask, dtype=torch.float32)
+
+
+def sample_rollout_logp(sample: TrainSample) -> Tensor | None:
+    if sample.rollout_logprobs is None:
+        return None
+    return torch.tensor(sample.rollout_logprobs, dtype=torch.float32)

@@ -1,0 +1,107 @@
+"""The launcher: argv -> checked overrides -> Hydra -> RunConfig -> Plan -> the mode's action.
+
+    python launch.py model=glm4-9b recipe=grpo_dapo hardware=h100x8 mode=plan
+
+`mode=plan` and `mode=slime_args` import nothing heavy (no torch, ray, transformers,
+megatron or sglang) and create no run directory; `mode=train` hands the run to
+`rlpost.runtime.train`. Any UserError exits with status 2 and its message, no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlpost.config.diagnostics import attach_locations
+from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
+from rlpost.config.overrides import prepare_argv
+from rlpost.config.resolvers import register_resolvers
+from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
+from rlpost.errors import UserError, exit_with
+from rlpost.schema import RunConfig
+
+if TYPE_CHECKING:
+    from rlpost.plan import Plan
+
+
+def _print_plan(cfg: RunConfig, plan: Plan) -> None:
+    from rlpost.plan import render_plan
+
+    print(render_plan(plan, cfg.plan.format))
+
+
+def _print_slime_args(cfg: RunConfig, plan: Plan) -> None:
+    from rlpost.plan import render_slime_args
+
+    print(render_slime_args(cfg, plan))
+
+
+def _train(cfg: RunConfig, plan: Plan) -> None:
+    from rlpost.runtime.train import run
+
+    run(cfg, plan)
+
+
+MODES: dict[str, Callable[[RunConfig, Plan], None]] = {
+    "plan": _print_plan,
+    "slime_args": _print_slime_args,
+    "train": _train,
+}
+
+
+def _sources_of_current_job() -> SourceMap:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    overrides = [*hc.overrides.hydra, *hc.overrides.task]
+    config_sources = OmegaConf.to_container(hc.runtime.config_sources)
+    name = hc.job.config_name or PRIMARY_CONFIG
+    return defer_source_map(name, overrides, config_sources)  # type: ignore[arg-type]
+
+
+def _default_run_dir(cfg: DictConfig) -> None:
+    """run.dir: null means the job's Hydra output directory (a sweep job's own subdir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if OmegaConf.select(cfg, "run.dir", default=None) is None:
+        OmegaConf.update(cfg, "run.dir", HydraConfig.get().runtime.output_dir, force_add=True)
+
+
+def plan_run(cfg: RunConfig, sources: SourceMap) -> Plan:
+    """build_plan, with each planning Issue located where its key was set."""
+    from rlpost.plan import build_plan
+
+    try:
+        return build_plan(cfg)
+    except UserError as exc:
+        raise UserError(attach_locations(exc.issues, sources), title=exc.title) from None
+
+
+def run_job(cfg: DictConfig) -> None:
+    """The Hydra task: validate, plan, then do what `mode` asks."""
+    try:
+        sources = _sources_of_current_job()
+        _default_run_dir(cfg)
+        run = load_run_config(cfg, sources)
+        plan = plan_run(run, sources)
+        MODES[run.mode](run, plan)
+    except UserError as exc:
+        exit_with(exc)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Check argv's overrides, then hand them to Hydra."""
+    import hydra
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        checked = prepare_argv(args)
+    except UserError as exc:
+        exit_with(exc)
+    sys.argv = [sys.argv[0], *checked]
+    register_resolvers()
+    entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
+    entry(run_job)()

@@ -1,0 +1,200 @@
+"""Cross-check a model YAML against the HF config.json in its checkpoint folder.
+
+A model file that disagrees with its checkpoint (query groups, head dim, vocabulary,
+experts, ...) converts or loads into a silently different network. When
+`model.hf_checkpoint` is a local folder with a config.json, every architecture field the
+YAML states is compared with the HF key it must equal; each disagreement is one Issue.
+Reads JSON only: transformers is not imported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rlpost.errors import Issue, Location
+from rlpost.schema import ModelConfig
+
+MISSING = object()
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """A ModelConfig field path ('moe.top_k') and the HF keys that hold it, first found wins."""
+
+    field: str
+    hf_keys: tuple[str, ...]
+
+
+ARCHITECTURE = (
+    FieldMap("hf_architecture", ("architectures",)),
+    FieldMap("num_layers", ("num_hidden_layers",)),
+    FieldMap("hidden_size", ("hidden_size",)),
+    FieldMap("ffn_hidden_size", ("intermediate_size",)),
+    FieldMap("num_attention_heads", ("num_attention_heads",)),
+    FieldMap("num_query_groups", ("num_key_value_heads",)),
+    FieldMap("kv_channels", ("head_dim",)),
+    FieldMap("vocab_size", ("vocab_size",)),
+    FieldMap("max_position_embeddings", ("max_position_embeddings",)),
+    FieldMap("rotary_base", ("rope_theta", "rope_parameters.rope_theta")),
+    FieldMap("rotary_percent", ("partial_rotary_factor", "rope_parameters.partial_rotary_factor")),
+    FieldMap("norm_epsilon", ("rms_norm_eps",)),
+    FieldMap("tie_word_embeddings", ("tie_word_embeddings",)),
+    FieldMap("add_qkv_bias", ("attention_bias",)),
+    FieldMap("mtp_num_layers", ("num_nextn_predict_layers",)),
+)
+MOE = (
+    FieldMap("moe.num_experts", ("n_routed_experts", "num_experts")),
+    FieldMap("moe.top_k", ("num_experts_per_tok",)),
+    FieldMap("moe.expert_ffn_hidden_size", ("moe_intermediate_size",)),
+    FieldMap("moe.num_shared_experts", ("n_shared_experts",)),
+    FieldMap("moe.first_k_dense_layers", ("first_k_dense_replace",)),
+    FieldMap("moe.router_topk_scaling_factor", ("routed_scaling_factor",)),
+)
+MLA = (
+    FieldMap("mla.q_lora_rank", ("q_lora_rank",)),
+    FieldMap("mla.kv_lora_rank", ("kv_lora_rank",)),
+    FieldMap("mla.qk_head_dim", ("qk_nope_head_dim",)),
+    FieldMap("mla.qk_pos_emb_head_dim", ("qk_rope_head_dim",)),
+    FieldMap("mla.v_head_dim", ("v_head_dim",)),
+)
+EXPERT_KEYS = ("n_routed_experts", "num_experts")
+
+
+def hf_value(hf: Mapping[str, Any], dotted: str) -> Any:
+    """`hf[a][b]` for 'a.b', looking inside `text_config` too; MISSING when absent."""
+    for scope in (hf, hf.get("text_config") or {}):
+        node: Any = scope
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                node = MISSING
+                break
+            node = node[part]
+        if node is not MISSING:
+            return node
+    return MISSING
+
+
+def _first(hf: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
+    for key in keys:
+        value = hf_value(hf, key)
+        if value is not MISSING:
+            return key, value
+    return keys[0], MISSING
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if isinstance(ours, bool) or isinstance(theirs, bool):
+        return ours is theirs or ours == theirs
+    if isinstance(ours, int | float) and isinstance(theirs, int | float):
+        return math.isclose(ours, theirs, rel_tol=1e-9, abs_tol=0.0)
+    return bool(ours == theirs)
+
+
+def _ours(model: ModelConfig, field: str) -> Any:
+    node: Any = model
+    for part in field.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+Locate = Callable[[str], Location]
+
+
+def compare(model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate) -> list[Issue]:
+    """One Issue per field where `model` and the HF config disagree."""
+    maps = list(ARCHITECTURE)
+    maps += MOE if model.moe is not None else []
+    maps += MLA if model.mla is not None else []
+    issues = []
+    for mapping in maps:
+        hf_key, theirs = _first(hf, mapping.hf_keys)
+        ours = _ours(model, mapping.field)
+        if theirs is MISSING or (ours is None and mapping.field == "kv_channels"):
+            continue  # the HF file does not state it (or the YAML derives it): nothing to compare
+        if mapping.field == "hf_architecture" and isinstance(theirs, list):
+            theirs = theirs[0] if theirs else MISSING
+        if theirs is MISSING or _same(ours, theirs):
+            continue
+        issues.append(_mismatch(mapping.field, ours, hf_key, theirs, config_file, locate))
+    issues += _moe_presence(model, hf, config_file, locate)
+    return issues
+
+
+def _mismatch(
+    field: str, ours: Any, hf_key: str, theirs: Any, config_file: str, locate: Locate
+) -> Issue:
+    key = f"model.{field}"
+    where = locate(key)
+    yaml_file = where.file or "the model YAML (schema default)"
+    return Issue(
+        key=key,
+        value=ours,
+        message=f"{yaml_file} says {field}={ours!r}, but {config_file} says "
+        f"{hf_key}={theirs!r}: the model would not match its checkpoint",
+        fix=f"set {field}: {json.dumps(theirs)} in {yaml_file}, or point model.hf_checkpoint "
+        "at the checkpoint this YAML describes",
+        location=where,
+    )
+
+
+def _moe_presence(
+    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
+) -> list[Issue]:
+    hf_key, experts = _first(hf, EXPERT_KEYS)
+    hf_moe = isinstance(experts, int) and experts > 0
+    if hf_moe and model.moe is None:
+        return [
+            Issue(
+                key="model.moe",
+                message=f"{config_file} says {hf_key}={experts} (a mixture-of-experts model), "
+                "but the model YAML has no moe section",
+                fix="add a moe section (num_experts, top_k, expert_ffn_hidden_size, ...) "
+                "matching the HF config",
+                location=locate("model"),
+            )
+        ]
+    if model.moe is not None and experts is MISSING:
+        return [
+            Issue(
+                key="model.moe",
+                message=f"the model YAML has a moe section, but {config_file} has no "
+                f"{' or '.join(EXPERT_KEYS)}: the checkpoint is a dense model",
+                fix="remove the moe section, or point model.hf_checkpoint at the MoE checkpoint",
+                location=locate("model.moe"),
+            )
+        ]
+    return []
+
+
+def check_hf_config(data: Mapping[str, Any], locate: Locate) -> list[Issue]:
+    """Compare the resolved `model` section with `<hf_checkpoint>/config.json` when it exists."""
+    raw = data.get("model")
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("hf_checkpoint"), str):
+        return []
+    config_path = Path(raw["hf_checkpoint"]).expanduser() / "config.json"
+    if not config_path.is_file():
+        return []
+    try:
+        model = ModelConfig.model_validate(raw)
+    except ValidationError:
+        return []  # the schema errors are reported already; compare a valid model only
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        return [
+            Issue(
+                key="model.hf_checkpoint",
+                value=raw["hf_checkpoint"],
+                message=f"{config_path} cannot be read as JSON: {exc}",
+                fix="point model.hf_checkpoint at a Hugging Face checkpoint folder",
+                location=locate("model.hf_checkpoint"),
+            )
+        ]
+    return compare(model, hf, str(config_path), locate)

@@ -1,0 +1,245 @@
+"""The key paths a run config accepts, read from the pydantic schema itself.
+
+Sections are walked field by field; a `dict[...]` field (SGLang options, chat-template
+kwargs) accepts any sub-key, a `list[...]` field takes an index. Used to check command-line
+overrides before Hydra runs and to turn pydantic error locations into key paths.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import annotated_types
+from pydantic.fields import FieldInfo
+
+from rlpost.errors import did_you_mean
+from rlpost.schema import RunConfig, Section
+
+NodeKind = Literal["section", "dict", "list", "leaf"]
+
+
+@dataclass(frozen=True)
+class KeyNode:
+    """What sits at a key path: a section, a free mapping, a list, or a value."""
+
+    kind: NodeKind
+    section: type[Section] | None = None
+    item: KeyNode | None = None
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The non-None members of a (possibly Optional/Annotated) annotation."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        members: list[Any] = []
+        for arg in typing.get_args(annotation):
+            if arg is not type(None):
+                members.extend(_members(arg))
+        return members
+    return [annotation]
+
+
+def node_for(annotation: Any) -> KeyNode:
+    """The KeyNode of a field annotation."""
+    for member in _members(annotation):
+        if isinstance(member, type) and issubclass(member, Section):
+            return KeyNode("section", section=member)
+    for member in _members(annotation):
+        origin = typing.get_origin(member) or member
+        if origin is dict:
+            return KeyNode("dict")
+        if origin in (list, tuple):
+            args = typing.get_args(member)
+            return KeyNode("list", item=node_for(args[0]) if args else KeyNode("leaf"))
+    return KeyNode("leaf")
+
+
+ROOT = KeyNode("section", section=RunConfig)
+
+
+@dataclass(frozen=True)
+class UnknownKey:
+    """A key path that leaves the schema at `name`, a child of `parent`."""
+
+    path: str
+    parent: str
+    name: str
+    choices: tuple[str, ...]
+
+    def candidates(self) -> list[str]:
+        """Full key paths the user probably meant: a close sibling, else same-named keys."""
+        close = difflib.get_close_matches(self.name, self.choices, n=1, cutoff=0.6)
+        if close:
+            return [f"{self.parent}.{close[0]}" if self.parent else close[0]]
+        return [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
+
+    def suggestion(self) -> str:
+        """' Did you mean ...?': the sibling's own name, or the full path of a key elsewhere."""
+        close = did_you_mean(self.name, self.choices)
+        if close:
+            return close
+        found = self.candidates()
+        return " Did you mean " + " or ".join(f"'{p}'" for p in found) + "?" if found else ""
+
+    def fix(self) -> str:
+        """The remedy, in one sentence."""
+        if not self.choices:
+            return f"set {self.parent} itself to a value, or remove '{self.name}'"
+        found = self.candidates()
+        if found:
+            return f"use {' or '.join(found)} instead, or remove the key"
+        shown = ", ".join(self.choices)
+        return f"remove it; {self.parent or 'the run config'} accepts: {shown}"
+
+    def describe(self) -> str:
+        if not self.choices:
+            return f"{self.parent} is a single value, so it has no key '{self.name}'"
+        where = f"in {self.parent}" if self.parent else "at the top level"
+        return f"unknown key '{self.name}' {where}.{self.suggestion()}"
+
+
+def find_unknown(path: str) -> UnknownKey | None:
+    """None when `path` is a key the schema accepts, else where it goes wrong."""
+    node, done = ROOT, []
+    for part in path.split("."):
+        if node.kind == "section":
+            assert node.section is not None
+            fields = node.section.model_fields
+            if part not in fields:
+                parent = ".".join(done)
+                return UnknownKey(path, parent, part, tuple(fields))
+            node = node_for(fields[part].annotation)
+        elif node.kind == "list":
+            if not part.isdigit():
+                return UnknownKey(path, ".".join(done), part, ("0", "1", "..."))
+            node = node.item or KeyNode("leaf")
+        elif node.kind == "dict":
+            node = KeyNode("leaf")  # free-form values: any key, any nesting
+            break
+        else:
+            return UnknownKey(path, ".".join(done), part, ())
+        done.append(part)
+    return None
+
+
+@functools.cache
+def all_key_paths() -> tuple[str, ...]:
+    """Every section field path ('recipe.rollout.temperature', ...); list items as '0'."""
+    paths: list[str] = []
+
+    def walk(node: KeyNode, prefix: str) -> None:
+        if node.kind == "section" and node.section is not None:
+            for name, info in node.section.model_fields.items():
+                path = f"{prefix}.{name}" if prefix else name
+                paths.append(path)
+                walk(node_for(info.annotation), path)
+        elif node.kind == "list" and node.item is not None:
+            walk(node.item, f"{prefix}.0")
+
+    walk(ROOT, "")
+    return tuple(paths)
+
+
+@dataclass(frozen=True)
+class ResolvedLoc:
+    """A pydantic error location split into the config key path and the field it names."""
+
+    parts: tuple[str, ...]
+    section: type[Section] | None  # the section holding the last part, when there is one
+    field: FieldInfo | None
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.parts)
+
+
+def resolve_loc(loc: Sequence[str | int]) -> ResolvedLoc:
+    """Drop pydantic's union/validator tags from `loc`, keeping only real key parts."""
+    node, parts = ROOT, []
+    section: type[Section] | None = None
+    info: FieldInfo | None = None
+    for element in loc:
+        text = str(element)
+        if node.kind == "section" and node.section is not None:
+            section, info = node.section, node.section.model_fields.get(text)
+            parts.append(text)
+            node = node_for(info.annotation) if info is not None else KeyNode("leaf")
+        elif node.kind == "list" and isinstance(element, int):
+            parts.append(text)
+            section, info = None, None
+            node = node.item or KeyNode("leaf")
+        elif node.kind == "dict":
+            parts.append(text)
+            section, info = None, None
+            node = KeyNode("dict")
+        # otherwise a tag such as 'int' or 'function-after[...]': not a key
+    return ResolvedLoc(tuple(parts), section, info)
+
+
+_BOUNDS = (
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Lt, "lt", "<"),
+    (annotated_types.Le, "le", "<="),
+)
+
+
+def _bounds(metadata: Sequence[Any]) -> str:
+    found = []
+    for item in metadata:
+        for cls, attr, symbol in _BOUNDS:
+            if isinstance(item, cls):
+                found.append(f"{symbol} {getattr(item, attr)}")
+    return " and ".join(found)
+
+
+def _describe_member(annotation: Any, metadata: Sequence[Any]) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *extra = typing.get_args(annotation)
+        return _describe_member(base, [*metadata, *extra])
+    if origin is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return f"a mapping with keys {', '.join(annotation.model_fields)}"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if annotation in names:
+        bounds = _bounds(metadata)
+        return f"{names[annotation]} {bounds}" if bounds else names[annotation]
+    if (origin or annotation) is dict:
+        return "a mapping"
+    if (origin or annotation) in (list, tuple):
+        args = typing.get_args(annotation)
+        return f"a list of {_plural(_describe(args[0], ()))}" if args else "a list"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _plural(kind: str) -> str:
+    for article in ("an ", "a "):
+        if kind.startswith(article):
+            head, _, rest = kind[len(article) :].partition(" ")
+            return f"{head}s {rest}".strip()
+    return kind
+
+
+def _describe(annotation: Any, metadata: Sequence[Any]) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        kinds = [_describe_member(a, metadata) for a in args if a is not type(None)]
+        text = " or ".join(kinds)
+        return f"{text}, or null" if type(None) in args else text
+    return _describe_member(annotation, metadata)
+
+
+def describe_field(info: FieldInfo) -> str:
+    """'an integer > 0, or null' for `PositiveInt | None`."""
+    return _describe(info.annotation, info.metadata)

@@ -1,0 +1,213 @@
+"""Command-line overrides, checked before Hydra composes anything.
+
+Hydra reports an unknown group choice or key without a suggestion and exits 1 with a
+hint about HYDRA_FULL_ERROR. Here each override is parsed with Hydra's own parser and checked
+against the config groups on the search path and against the pydantic schema, so a typo
+comes back as an Issue with did-you-mean, located on the command line.
+
+Any key the schema accepts may be overridden without '+': a field left at its schema
+default is absent from the YAML, so such overrides are passed to Hydra as '++key=value'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlpost.config.keys import find_unknown
+from rlpost.config.sources import CONF_DIR, ConfigRoot
+from rlpost.errors import Issue, Location, UserError, did_you_mean
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+
+NO_RUN_DIR_MODES = frozenset({"plan", "slime_args"})
+CHOICES_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """Hydra's command line split into overrides and the flags that matter here."""
+
+    overrides: list[str]
+    config_dir: str | None = None
+    config_path: str | None = None
+    multirun: bool = False
+    informational: bool = False  # --help, --info, --cfg, ...: Hydra answers, nothing runs
+
+
+def parse_argv(argv: Sequence[str]) -> LaunchArgs:
+    """Split argv with Hydra's own argument parser (the one `@hydra.main` uses)."""
+    from hydra._internal.utils import get_args_parser  # hydra-core 1.3: the same parser
+
+    try:
+        args, extra = get_args_parser().parse_known_args(list(argv))
+    except SystemExit:  # --version, or a malformed flag: let Hydra answer it
+        return LaunchArgs(overrides=[], informational=True)
+    if extra:  # e.g. overrides after -m: Hydra rejects these with its usage line
+        return LaunchArgs(overrides=[], informational=True)
+    informational = bool(
+        args.help or args.hydra_help or args.info or args.cfg or args.shell_completion
+    )
+    return LaunchArgs(
+        overrides=list(args.overrides),
+        config_dir=args.config_dir,
+        config_path=args.config_path,
+        multirun=bool(args.multirun),
+        informational=informational or bool(args.experimental_rerun),
+    )
+
+
+def search_roots(
+    config_dir: str | None = None,
+    config_path: str | None = None,
+    searchpath: Iterable[str] = (),
+    base_dir: Path = CONF_DIR,
+) -> list[ConfigRoot]:
+    """The roots Hydra will search: --config-dir first, the main dir, then hydra.searchpath."""
+    roots = []
+    if config_dir:
+        roots.append(ConfigRoot("file", str(Path(config_dir).resolve())))
+    main = Path(config_path) if config_path else base_dir
+    if config_path and not main.is_absolute():
+        main = (Path(__file__).resolve().parents[1] / "cli" / main).resolve()
+    roots.append(ConfigRoot("file", str(main)))
+    roots.extend(ConfigRoot.parse(entry) for entry in searchpath)
+    return roots
+
+
+def group_options(roots: Sequence[ConfigRoot], group: str) -> list[str]:
+    """Every config name in `group` over all roots, sorted."""
+    return sorted({name for root in roots for name in root.options(group)})
+
+
+def _is_group(roots: Sequence[ConfigRoot], name: str) -> bool:
+    return any(root.options(name) for root in roots)
+
+
+def _parse(token: str) -> Override | Issue:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(token)
+    except HydraException as exc:
+        return Issue(
+            key=token.split("=", 1)[0].lstrip("+~"),
+            message=f"cannot parse this override: {str(exc).splitlines()[0]}",
+            fix="write key=value (quote values with spaces or brackets: key='[1, 2]'), "
+            "group=option, +key=value to add, or ~key to delete",
+            location=Location(override=token),
+        )
+
+
+def _choices_of(override: Override) -> list[str]:
+    if override.is_sweep_override():
+        if "GLOB" in str(override.value_type):
+            return []  # glob(...) matches what exists
+        return list(override.sweep_string_iterator())
+    value = override.value()
+    return [] if value is None else [str(value)]
+
+
+def _check_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> list[Issue]:
+    group = override.key_or_group
+    available = group_options(roots, group)
+    issues = []
+    for choice in _choices_of(override):
+        if choice in available:
+            continue
+        shown = ", ".join(available[:CHOICES_SHOWN]) + (" ..." if len(available) > CHOICES_SHOWN else "")
+        issues.append(
+            Issue(
+                key=group,
+                value=choice,
+                message=f"no config '{choice}' in group '{group}'."
+                f"{did_you_mean(choice, available)}",
+                fix=f"choose one of: {shown} (files {group}/<name>.yaml on the search path)",
+                location=Location(override=token),
+            )
+        )
+    return issues
+
+
+def _check_key(override: Override, token: str) -> Issue | None:
+    unknown = find_unknown(override.key_or_group)
+    if unknown is None:
+        return None
+    value = None if override.is_delete() or override.is_sweep_override() else override.value()
+    return Issue(
+        key=unknown.path,
+        value=value,
+        message=unknown.describe(),
+        fix=unknown.fix(),
+        location=Location(override=token),
+    )
+
+
+def check_override(token: str, roots: Sequence[ConfigRoot]) -> tuple[str, list[Issue]]:
+    """One override -> (the form to hand Hydra, issues)."""
+    parsed = _parse(token)
+    if isinstance(parsed, Issue):
+        return token, [parsed]
+    if parsed.is_hydra_override() or parsed.key_or_group.split(".")[0] == "hydra":
+        return token, []
+    if parsed.package is not None or _is_group(roots, parsed.key_or_group):
+        return token, ([] if parsed.is_delete() else _check_group(parsed, token, roots))
+    issue = _check_key(parsed, token)
+    if issue is not None:
+        return token, [issue]
+    plain = not (parsed.is_add() or parsed.is_force_add() or parsed.is_delete())
+    return (f"++{token}" if plain else token), []
+
+
+def check_overrides(tokens: Sequence[str], roots: Sequence[ConfigRoot]) -> list[str]:
+    """The overrides to hand Hydra, or a UserError listing every bad one."""
+    rewritten, issues = [], []
+    for token in tokens:
+        form, found = check_override(token, roots)
+        rewritten.append(form)
+        issues.extend(found)
+    if issues:
+        raise UserError(issues, title="command-line error")
+    return rewritten
+
+
+def _searchpath(tokens: Sequence[str]) -> list[str]:
+    for token in tokens:
+        parsed = _parse(token)
+        if not isinstance(parsed, Issue) and parsed.key_or_group == "hydra.searchpath":
+            value: Any = parsed.value()
+            return [str(v) for v in value] if isinstance(value, list) else []
+    return []
+
+
+def _last_value(tokens: Sequence[str], key: str) -> str | None:
+    found = None
+    for token in tokens:
+        parsed = _parse(token)
+        if isinstance(parsed, Issue) or parsed.key_or_group != key:
+            continue
+        found = None if parsed.is_sweep_override() else str(parsed.value())
+    return found
+
+
+def prepare_argv(argv: Sequence[str]) -> list[str]:
+    """Check argv's overrides and return the argv to hand `@hydra.main`.
+
+    Raises UserError for unknown group choices and keys. For a single `mode=plan` or
+    `mode=slime_args` job, points Hydra's run dir at '.' so nothing is created on disk.
+    """
+    args = parse_argv(argv)
+    if args.informational:
+        return list(argv)
+    roots = search_roots(args.config_dir, args.config_path, _searchpath(args.overrides))
+    rewritten = dict(zip(args.overrides, check_overrides(args.overrides, roots), strict=True))
+    out = [rewritten.get(token, token) for token in argv]
+    mode = _last_value(args.overrides, "mode")
+    if mode in NO_RUN_DIR_MODES and not args.multirun:
+        if _last_value(args.overrides, "hydra.run.dir") is None:
+            out.append("hydra.run.dir=.")
+    return out

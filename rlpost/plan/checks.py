@@ -1,0 +1,288 @@
+"""Rules a resolved layout must satisfy before anything starts; each broken rule is an Issue.
+
+Every check is a small function registered by name; `check_layout` runs them all so a user
+sees every problem at once. Rules mirror what megatron-core, SGLang and the placement would
+reject later (or silently get wrong), with the value, the reason and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlpost.errors import Issue
+from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.params import stage_layers
+from rlpost.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    cfg: RunConfig
+    sizes: Sizes
+    parallel: ParallelLayout
+    engine: EngineLayout
+
+
+Check = Callable[[PlanContext], list[Issue]]
+CHECKS: dict[str, Check] = {}
+
+
+def check(name: str) -> Callable[[Check], Check]:
+    def register(fn: Check) -> Check:
+        CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+def run_checks(ctx: PlanContext) -> list[Issue]:
+    """Every registered rule's issues, in registration order."""
+    return [issue for rule in CHECKS.values() for issue in rule(ctx)]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _examples(values: list[int], limit: int = 6) -> str:
+    return ", ".join(map(str, values[:limit]))
+
+
+@check("gpu_budget")
+def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
+    s, hw = ctx.sizes, ctx.cfg.hardware
+    where = f"{hw.name} has {s.total_gpus} GPUs ({hw.num_nodes} x {hw.gpus_per_node})"
+    if s.colocate and s.train_gpus > s.total_gpus:
+        return [
+            Issue(
+                "layout.train.num_gpus",
+                f"colocated training and rollout share {s.train_gpus} GPUs, but {where}",
+                f"set layout.train.num_gpus <= {s.total_gpus}, or pick a larger hardware profile",
+                s.train_gpus,
+            )
+        ]
+    if s.colocate:
+        return []
+    if s.rollout_gpus == 0:
+        return [
+            Issue(
+                "layout.rollout.num_gpus",
+                f"decoupled (colocate: false) leaves no GPUs for the engines: "
+                f"{s.train_gpus} train GPUs take all of them",
+                f"set layout.train.num_gpus below {s.total_gpus} and layout.rollout.num_gpus "
+                "to the rest, or layout.colocate: true",
+                0,
+            )
+        ]
+    if s.train_gpus + s.rollout_gpus > s.total_gpus:
+        return [
+            Issue(
+                "layout.rollout.num_gpus",
+                f"decoupled placement asks for {s.train_gpus} train + {s.rollout_gpus} rollout = "
+                f"{s.train_gpus + s.rollout_gpus} GPUs, but {where}",
+                f"make layout.train.num_gpus + layout.rollout.num_gpus <= {s.total_gpus} "
+                f"(e.g. rollout {max(0, s.total_gpus - s.train_gpus)}), or pick larger hardware",
+                s.rollout_gpus,
+            )
+        ]
+    return []
+
+
+@check("train_grid")
+def check_train_grid(ctx: PlanContext) -> list[Issue]:
+    p, world = ctx.parallel, ctx.sizes.train_gpus
+    model_parallel = p.tp * p.pp * p.cp
+    if world % model_parallel:
+        fits = [m for m in range(model_parallel, 4 * model_parallel + 1, model_parallel)]
+        return [
+            Issue(
+                "layout.train.num_gpus",
+                f"{world} train GPUs do not split into tp x pp x cp = {p.tp} x {p.pp} x {p.cp} "
+                f"= {model_parallel}-GPU model replicas (data parallelism needs whole replicas)",
+                f"use a multiple of {model_parallel} train GPUs (e.g. {_examples(fits)}), or "
+                "change layout.train.tp/pp/cp",
+                world,
+            )
+        ]
+    if p.world != world:
+        return [
+            Issue(
+                "layout.train.dp",
+                f"tp x pp x cp x dp = {p.tp} x {p.pp} x {p.cp} x {p.dp} = {p.world}, but there "
+                f"are {world} train GPUs",
+                f"set layout.train.dp: {world // model_parallel}, or remove it to derive it",
+                p.dp,
+            )
+        ]
+    return []
+
+
+@check("attention_heads")
+def check_attention_heads(ctx: PlanContext) -> list[Issue]:
+    model, tp = ctx.cfg.model, ctx.parallel.tp
+    issues = []
+    heads = model.num_attention_heads
+    if heads % tp:
+        kind = "multi-latent attention splits" if model.mla else "tensor parallelism splits"
+        issues.append(
+            Issue(
+                "layout.train.tp",
+                f"{kind} the {heads} attention heads over tp={tp} ranks, and {heads} is not a "
+                "multiple of it",
+                f"use a tp that divides {heads}: {_examples(divisors(heads))}",
+                tp,
+            )
+        )
+    groups = model.num_query_groups
+    if model.mla is None and groups % tp and not heads % tp:
+        issues.append(
+            Issue(
+                "layout.train.tp",
+                f"tensor parallelism splits the {groups} query groups (KV heads) over tp={tp} "
+                "ranks, and megatron-core needs whole groups per rank",
+                f"use a tp that divides {groups}: {_examples(divisors(groups))}",
+                tp,
+            )
+        )
+    return issues
+
+
+@check("experts")
+def check_experts(ctx: PlanContext) -> list[Issue]:
+    moe, p = ctx.cfg.model.moe, ctx.parallel
+    if moe is None:
+        if p.ep > 1:
+            return [
+                Issue(
+                    "layout.train.ep",
+                    f"expert parallelism splits MoE experts, and {ctx.cfg.model.name} is dense",
+                    "set layout.train.ep: 1 (or remove it)",
+                    p.ep,
+                )
+            ]
+        return []
+    issues = []
+    if moe.num_experts % p.ep:
+        issues.append(
+            Issue(
+                "layout.train.ep",
+                f"{moe.num_experts} experts do not split evenly over ep={p.ep} ranks",
+                f"use an ep that divides {moe.num_experts}: {_examples(divisors(moe.num_experts))}",
+                p.ep,
+            )
+        )
+    grid = p.etp * p.ep * p.pp
+    world = ctx.sizes.train_gpus
+    grid_room = world // p.pp if world % p.pp == 0 else f"{world}/{p.pp}"
+    if world % grid:
+        issues.append(
+            Issue(
+                "layout.train.ep",
+                f"megatron-core lays experts on an etp x ep x pp grid that must divide the world: "
+                f"{p.etp} x {p.ep} x {p.pp} = {grid} does not divide {ctx.sizes.train_gpus} "
+                "train GPUs (equivalently, ep x etp must divide tp x cp x dp)",
+                f"pick ep and etp whose product divides world / pp (here {grid_room})",
+                p.ep,
+            )
+        )
+    return issues
+
+
+@check("pipeline")
+def check_pipeline(ctx: PlanContext) -> list[Issue]:
+    p, layers = ctx.parallel, ctx.cfg.model.num_layers
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    if p.pp == 1 and (first or last):
+        return [
+            Issue(
+                "layout.train.num_layers_in_first_pipeline_stage"
+                if first
+                else "layout.train.num_layers_in_last_pipeline_stage",
+                "uneven pipeline stages need more than one stage, and pp=1",
+                "remove it, or set layout.train.pp >= 2",
+                first or last,
+            )
+        ]
+    if stage_layers(layers, p.pp, first, last) is not None:
+        return []
+    if first or last:
+        message = (
+            f"{layers} layers do not split over pp={p.pp} stages with first stage {first} and "
+            f"last stage {last}: the remaining layers must divide evenly over the middle stages"
+        )
+    else:
+        message = (
+            f"{layers} layers do not split evenly over pp={p.pp} pipeline stages "
+            "(megatron-core would silently build only pp x floor(layers/pp) of them)"
+        )
+    uneven = (layers + p.pp - 1) // p.pp
+    return [
+        Issue(
+            "layout.train.pp",
+            message,
+            f"use a pp that divides {layers} ({_examples(divisors(layers))}), or an uneven split: "
+            f"layout.train.num_layers_in_last_pipeline_stage: {layers - uneven * (p.pp - 1)}",
+            p.pp,
+        )
+    ]
+
+
+@check("sequence_parallel")
+def check_sequence_parallel(ctx: PlanContext) -> list[Issue]:
+    p = ctx.parallel
+    if p.sequence_parallel and p.tp == 1:
+        return [
+            Issue(
+                "layout.train.sequence_parallel",
+                "sequence parallelism splits activations over the tensor-parallel group, "
+                "which has size tp=1",
+                "set layout.train.sequence_parallel: false, or tp >= 2",
+                True,
+            )
+        ]
+    if not p.sequence_parallel and p.tp > 1 and p.ep > 1:
+        return [
+            Issue(
+                "layout.train.sequence_parallel",
+                f"megatron-core requires sequence parallelism when expert (ep={p.ep}) and "
+                f"tensor (tp={p.tp}) parallelism combine",
+                "set layout.train.sequence_parallel: true (or remove it to derive it)",
+                False,
+            )
+        ]
+    return []
+
+
+@check("context_parallel")
+def check_context_parallel(ctx: PlanContext) -> list[Issue]:
+    train = ctx.cfg.recipe.train
+    if ctx.parallel.cp > 1 and not train.use_dynamic_batch_size:
+        return [
+            Issue(
+                "layout.train.cp",
+                f"context parallelism (cp={ctx.parallel.cp}) splits packed micro-batches of "
+                "max_tokens_per_gpu x cp tokens over the CP group, and packing is off "
+                "(recipe.train.use_dynamic_batch_size: false)",
+                "set recipe.train.use_dynamic_batch_size: true with max_tokens_per_gpu "
+                "(about max_response_len / cp), or layout.train.cp: 1",
+                ctx.parallel.cp,
+            )
+        ]
+    return []
+
+
+@check("async_loop")
+def check_async_loop(ctx: PlanContext) -> list[Issue]:
+    if ctx.cfg.recipe.loop.mode == "async" and ctx.sizes.colocate:
+        return [
+            Issue(
+                "recipe.loop.mode",
+                "the async loop generates rollout N+1 while training on rollout N, which "
+                "needs separate train and rollout GPUs, and the layout is colocated",
+                "set layout.colocate: false with layout.train.num_gpus and "
+                "layout.rollout.num_gpus, or recipe.loop.mode: sync",
+                "async",
+            )
+        ]
+    return []

@@ -1,0 +1,198 @@
+"""Rules for engines and batches (registered into the same table as the training rules)."""
+
+from __future__ import annotations
+
+from rlpost.errors import Issue
+from rlpost.plan.checks import PlanContext, check, divisors
+from rlpost.plan.placement import engine_offset, misplaced_engines
+
+
+@check("engine_divides_rollout")
+def check_engine_divides_rollout(ctx: PlanContext) -> list[Issue]:
+    size, gpus = ctx.engine.gpus_per_engine, ctx.sizes.rollout_gpus
+    if gpus and gpus % size:
+        return [
+            Issue(
+                "layout.rollout.gpus_per_engine",
+                f"{gpus} rollout GPUs do not split into engines of {size} GPUs",
+                f"use an engine size that divides {gpus}: {', '.join(map(str, divisors(gpus)))}",
+                size,
+            )
+        ]
+    return []
+
+
+@check("engine_nodes")
+def check_engine_nodes(ctx: PlanContext) -> list[Issue]:
+    hw, size, s = ctx.cfg.hardware, ctx.engine.gpus_per_engine, ctx.sizes
+    if not s.rollout_gpus or s.rollout_gpus % size:
+        return []
+    offset = engine_offset(s.colocate, s.train_gpus)
+    bad = misplaced_engines(offset, size, s.rollout_gpus // size, hw.gpus_per_node)
+    if not bad:
+        return []
+    first = offset + bad[0] * size
+    if size > hw.gpus_per_node:
+        why = (
+            f"an engine of {size} GPUs spans nodes of {hw.gpus_per_node}, so it must cover "
+            f"whole nodes from a node boundary; engine {bad[0]} starts at GPU "
+            f"{first % hw.gpus_per_node} of node {first // hw.gpus_per_node}"
+        )
+        fix = f"use a multiple of {hw.gpus_per_node} GPUs per engine, and whole train nodes"
+    else:
+        why = (
+            f"engine {bad[0]} would take GPUs {first}..{first + size - 1}, crossing from node "
+            f"{first // hw.gpus_per_node} to node {(first + size - 1) // hw.gpus_per_node}; "
+            "an engine that fits in a node keeps its TP group inside one"
+        )
+        fix = (
+            f"use an engine size dividing {hw.gpus_per_node}, or make layout.train.num_gpus a "
+            f"multiple of {size}"
+        )
+    return [Issue("layout.rollout.gpus_per_engine", why, fix, size)]
+
+
+@check("engine_heads")
+def check_engine_heads(ctx: PlanContext) -> list[Issue]:
+    model, attention_tp = ctx.cfg.model, ctx.engine.attention_tp
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    split = "attention TP (gpus_per_engine / dp_size)" if ctx.engine.dp_size > 1 else "engine TP"
+    if heads % attention_tp:
+        return [
+            Issue(
+                "layout.rollout.gpus_per_engine",
+                f"SGLang splits the {heads} attention heads over the {split} of {attention_tp} "
+                "GPUs, which does not divide them",
+                f"use an attention TP that divides {heads}: {', '.join(map(str, divisors(heads)))}",
+                ctx.engine.gpus_per_engine,
+            )
+        ]
+    if model.mla is None and groups % attention_tp and attention_tp % groups:
+        return [
+            Issue(
+                "layout.rollout.gpus_per_engine",
+                f"SGLang needs the {groups} KV heads to split over, or replicate evenly across, "
+                f"the {split} of {attention_tp} GPUs",
+                f"use an attention TP that divides {groups} or is a multiple of it",
+                ctx.engine.gpus_per_engine,
+            )
+        ]
+    return []
+
+
+@check("dp_attention")
+def check_dp_attention(ctx: PlanContext) -> list[Issue]:
+    options, size = ctx.engine.options, ctx.engine.gpus_per_engine
+    dp_size = int(options.get("dp_size") or 1)
+    if dp_size > 1 and not options.get("enable_dp_attention"):
+        return [
+            Issue(
+                "layout.rollout.sglang.dp_size",
+                f"dp_size={dp_size} without enable_dp_attention makes SGLang start {dp_size} "
+                f"replicas of {size} GPUs each inside one engine, {dp_size * size} GPUs in all",
+                "add layout.rollout.sglang.enable_dp_attention: true, or remove dp_size "
+                "(more engines are the way to replicate)",
+                dp_size,
+            )
+        ]
+    if options.get("enable_dp_attention") and size % dp_size:
+        return [
+            Issue(
+                "layout.rollout.sglang.dp_size",
+                f"dp-attention splits each engine's {size} GPUs into dp_size={dp_size} "
+                "attention groups, which does not divide them",
+                f"use a dp_size that divides {size}: {', '.join(map(str, divisors(size)))}",
+                dp_size,
+            )
+        ]
+    return []
+
+
+@check("sglang_expert_parallel")
+def check_sglang_expert_parallel(ctx: PlanContext) -> list[Issue]:
+    ep_size, size, moe = ctx.engine.ep_size, ctx.engine.gpus_per_engine, ctx.cfg.model.moe
+    if ep_size == 1:
+        return []
+    if moe is None:
+        return [
+            Issue(
+                "layout.rollout.sglang.ep_size",
+                f"expert parallelism needs MoE experts, and {ctx.cfg.model.name} is dense",
+                "remove layout.rollout.sglang.ep_size",
+                ep_size,
+            )
+        ]
+    if size % ep_size:
+        return [
+            Issue(
+                "layout.rollout.sglang.ep_size",
+                f"SGLang places the experts on ep_size={ep_size} of an engine's {size} GPUs "
+                "(ep_size must divide tp_size)",
+                f"use an ep_size dividing {size}: {', '.join(map(str, divisors(size)))}",
+                ep_size,
+            )
+        ]
+    return []
+
+
+@check("global_batch_over_dp")
+def check_global_batch_over_dp(ctx: PlanContext) -> list[Issue]:
+    gbs, dp = ctx.cfg.recipe.train.global_batch_size, ctx.parallel.dp
+    if gbs % dp:
+        lower = gbs - gbs % dp
+        return [
+            Issue(
+                "recipe.train.global_batch_size",
+                f"each optimizer step spreads global_batch_size={gbs} samples over dp={dp} "
+                "data-parallel ranks, and they do not divide evenly",
+                f"use a multiple of {dp} (e.g. {lower or dp} or {lower + dp}), or change the "
+                "data-parallel size",
+                gbs,
+            )
+        ]
+    return []
+
+
+@check("rollout_feeds_engines")
+def check_rollout_feeds_engines(ctx: PlanContext) -> list[Issue]:
+    rollout, engines = ctx.cfg.recipe.rollout, ctx.engine.num_engines
+    samples = rollout.batch_size * rollout.n_samples_per_prompt
+    if engines and samples < engines:
+        return [
+            Issue(
+                "recipe.rollout.batch_size",
+                f"a rollout of {rollout.batch_size} prompts x {rollout.n_samples_per_prompt} "
+                f"samples = {samples} requests cannot keep {engines} engines busy",
+                f"raise recipe.rollout.batch_size to at least "
+                f"{-(-engines // rollout.n_samples_per_prompt)}, or use fewer, larger engines",
+                rollout.batch_size,
+            )
+        ]
+    return []
+
+
+@check("cpu_slots")
+def check_cpu_slots(ctx: PlanContext) -> list[Issue]:
+    if ctx.cfg.hardware.kind != "cpu":
+        return []
+    issues = []
+    if ctx.engine.gpus_per_engine > 1:
+        issues.append(
+            Issue(
+                "layout.rollout.gpus_per_engine",
+                "the CPU engine runs in one device slot and has no tensor parallelism",
+                "set layout.rollout.gpus_per_engine: 1 (or remove it)",
+                ctx.engine.gpus_per_engine,
+            )
+        )
+    if ctx.parallel.sequence_parallel:
+        issues.append(
+            Issue(
+                "layout.train.sequence_parallel",
+                "sequence parallelism needs TransformerEngine or Apex kernels, which do not run "
+                "on CPU",
+                "set layout.train.sequence_parallel: false",
+                True,
+            )
+        )
+    return issues

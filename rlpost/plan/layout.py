@@ -1,0 +1,81 @@
+"""The resolved shapes a plan is built from: GPU counts, training parallelism, engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+RECOMPUTE_NONE = "none"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many accelerators train and how many generate (the same ones when colocated)."""
+
+    colocate: bool
+    total_gpus: int
+    train_gpus: int
+    rollout_gpus: int
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Megatron's training grid: world = tp x pp x cp x dp; experts on an ep x etp grid."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    sequence_parallel: bool
+    recompute: str
+    recompute_method: str
+    recompute_num_layers: int
+    distributed_optimizer: bool
+    moe_token_dispatcher_type: str | None = None
+    moe_enable_deepep: bool = False
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard: megatron-core's world / (etp x ep x pp)."""
+        return max(1, self.world // (self.etp * self.ep * self.pp))
+
+    @property
+    def optimizer_shards(self) -> int:
+        """The distributed optimizer shards dense state over the DP x CP group."""
+        return self.dp * self.cp if self.distributed_optimizer else 1
+
+    @property
+    def expert_optimizer_shards(self) -> int:
+        return self.expert_dp if self.distributed_optimizer else 1
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """SGLang engines: each a server of `gpus_per_engine` GPUs (its tp_size)."""
+
+    gpus_per_engine: int
+    num_engines: int
+    mem_fraction_static: float
+    dp_size: int
+    ep_size: int
+    sglang: tuple[tuple[str, Any], ...]
+
+    @property
+    def attention_tp(self) -> int:
+        """With dp-attention, attention runs TP over tp/dp GPUs, each group its own batch."""
+        return max(1, self.gpus_per_engine // self.dp_size)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.sglang)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return self.options.get(name, default)

@@ -1,0 +1,275 @@
+"""Fill in what a layout leaves null: GPU split, training parallelism and engine size.
+
+Rules, each recorded in the plan as derived:
+- placement: colocated on every GPU, unless the loop is async (decoupled only), which splits
+  the GPUs in half (whole nodes when there are several); given one side, the other gets the
+  rest.
+- training: pp = cp = etp = 1; ep = the largest divisor of the expert count whose EP x ETP
+  grid fits world / pp (megatron-core's rule); tp = the smallest power of two, within a node,
+  that divides the heads (and query groups) and the GPUs, and whose training memory fits;
+  dp = world / (tp x pp x cp); sequence parallel whenever tp > 1; full recompute on GPUs.
+- engines: the smallest power of two that divides the rollout GPUs, stays within a node (or
+  covers whole nodes), divides the heads, and whose weight shard leaves a KV cache for at
+  least one full sample under the memory fraction; `mem_fraction_static` defaults to
+  SGLang's own, less the trainer's residue when colocated.
+On `hardware.kind: cpu` every size is 1 and engines take one slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlpost.errors import Issue
+from rlpost.plan.engine_memory import default_mem_fraction, estimate_rollout
+from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.memory import estimate_train
+from rlpost.plan.placement import engine_offset, misplaced_engines
+from rlpost.schema import RunConfig
+
+
+@dataclass
+class _Record:
+    """Derived key paths and issues met while deriving (both end up in the plan or error)."""
+
+    derived: list[str] = field(default_factory=list)
+    issues: list[Issue] = field(default_factory=list)
+
+    def pick(self, value: Any, default: Any, key: str) -> Any:
+        if value is not None:
+            return value
+        self.derived.append(key)
+        return default
+
+
+@dataclass(frozen=True)
+class Resolution:
+    sizes: Sizes
+    parallel: ParallelLayout
+    engine: EngineLayout
+    derived: tuple[str, ...]
+    issues: tuple[Issue, ...]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def resolve_sizes(cfg: RunConfig, rec: _Record) -> Sizes:
+    hw, layout = cfg.hardware, cfg.layout
+    total = hw.total_gpus
+    train_n, rollout_n = layout.train.num_gpus, layout.rollout.num_gpus
+    default_colocate = cfg.recipe.loop.mode != "async" and not rollout_n
+    colocate = rec.pick(layout.colocate, default_colocate, "layout.colocate")
+    if colocate:
+        train = rec.pick(train_n, total, "layout.train.num_gpus")
+        return Sizes(True, total, train, train)
+    if train_n is None and rollout_n is None:
+        whole_nodes = hw.num_nodes // 2 * hw.gpus_per_node
+        train_n = whole_nodes if hw.num_nodes > 1 else max(1, total // 2)
+        rec.derived.append("layout.train.num_gpus")
+    if rollout_n is None:
+        rollout_n = max(0, total - (train_n or 0))
+        rec.derived.append("layout.rollout.num_gpus")
+    if train_n is None:
+        train_n = max(1, total - rollout_n)
+        rec.derived.append("layout.train.num_gpus")
+    return Sizes(False, total, train_n, rollout_n)
+
+
+def _derive_ep(cfg: RunConfig, world: int, pp: int, etp: int) -> int:
+    moe = cfg.model.moe
+    if moe is None or cfg.hardware.kind == "cpu" or world % pp:
+        return 1
+    grid = world // pp
+    divisors = [d for d in range(1, moe.num_experts + 1) if moe.num_experts % d == 0]
+    return max((d for d in divisors if grid % (d * etp) == 0), default=1)
+
+
+def tp_candidates(cfg: RunConfig, world: int, pp: int, cp: int) -> list[int]:
+    """Powers of two within a node that split the GPUs, the heads and the query groups."""
+    model = cfg.model
+    if world % (pp * cp):
+        return [1]
+    grid = world // (pp * cp)
+    return [
+        t
+        for t in powers_of_two(min(grid, cfg.hardware.gpus_per_node))
+        if grid % t == 0
+        and model.num_attention_heads % t == 0
+        and (model.mla is not None or model.num_query_groups % t == 0)
+    ]
+
+
+def _derive_tp(cfg: RunConfig, sizes: Sizes, base: ParallelLayout, rec: _Record) -> int:
+    candidates = tp_candidates(cfg, sizes.train_gpus, base.pp, base.cp)
+    best = None
+    for tp in candidates:
+        trial = _with_tp(cfg, base, tp, sizes.train_gpus)
+        need = estimate_train(cfg.model, cfg.recipe, cfg.hardware, trial, sizes.colocate)
+        if need.total_gib <= cfg.hardware.gpu_memory_gib:
+            return tp
+        best = (tp, need)
+    assert best is not None
+    tp, need = best
+    rec.issues.append(
+        Issue(
+            key="layout.train.tp",
+            value=None,
+            message=(
+                f"no tensor-parallel size fits {cfg.model.name} on {sizes.train_gpus} x "
+                f"{cfg.hardware.gpu_memory_gib} GiB: the largest valid, tp={tp}, still needs "
+                f"{need.total_gib:.1f} GiB per GPU (weights + grads "
+                f"{need.weights_gib + need.grads_gib:.1f}, optimizer {need.optimizer_gib:.1f}, "
+                f"activations + logits {need.activations_gib + need.logits_gib:.1f})"
+            ),
+            fix="set layout.train.pp (pipeline stages) and, for MoE, layout.train.ep; "
+            + ("" if cfg.recipe.optim.cpu_offload else "or recipe.optim.cpu_offload: true; ")
+            + "or lower recipe.train.max_tokens_per_gpu; or use more GPUs",
+        )
+    )
+    return tp
+
+
+def _with_tp(cfg: RunConfig, base: ParallelLayout, tp: int, world: int) -> ParallelLayout:
+    sp = cfg.layout.train.sequence_parallel
+    return replace(
+        base,
+        tp=tp,
+        dp=max(1, world // (tp * base.pp * base.cp)),
+        sequence_parallel=tp > 1 if sp is None else sp,
+    )
+
+
+def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayout:
+    train, world = cfg.layout.train, sizes.train_gpus
+    on_cpu = cfg.hardware.kind == "cpu"
+    pp = rec.pick(train.pp, 1, "layout.train.pp")
+    cp = rec.pick(train.cp, 1, "layout.train.cp")
+    etp = rec.pick(train.etp, 1, "layout.train.etp")
+    ep = train.ep if train.ep is not None else _derive_ep(cfg, world, pp, etp)
+    if train.ep is None:
+        rec.derived.append("layout.train.ep")
+    default_recompute = RECOMPUTE_NONE if on_cpu else "full"
+    moe_dispatcher = "alltoall" if cfg.model.moe is not None else None
+    base = ParallelLayout(
+        tp=train.tp or 1,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        dp=1,
+        sequence_parallel=False,
+        recompute=train.recompute.granularity or default_recompute,
+        recompute_method=train.recompute.method,
+        recompute_num_layers=train.recompute.num_layers,
+        distributed_optimizer=train.distributed_optimizer,
+        moe_token_dispatcher_type=train.moe_token_dispatcher_type or moe_dispatcher,
+        moe_enable_deepep=train.moe_enable_deepep,
+        num_layers_in_first_pipeline_stage=train.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=train.num_layers_in_last_pipeline_stage,
+    )
+    if train.recompute.granularity is None:
+        rec.derived.append("layout.train.recompute.granularity")
+    if train.moe_token_dispatcher_type is None and moe_dispatcher:
+        rec.derived.append("layout.train.moe_token_dispatcher_type")
+    tp = train.tp
+    if tp is None:
+        tp = 1 if on_cpu else _derive_tp(cfg, sizes, base, rec)
+        rec.derived.append("layout.train.tp")
+    resolved = _with_tp(cfg, base, tp, world)
+    if train.sequence_parallel is None:
+        rec.derived.append("layout.train.sequence_parallel")
+    if train.dp is not None:
+        return replace(resolved, dp=train.dp)
+    rec.derived.append("layout.train.dp")
+    return resolved
+
+
+def _engine_shape(options: dict[str, Any]) -> tuple[int, int]:
+    """(attention dp size, SGLang expert-parallel size) from the pass-through options."""
+    dp_size = int(options.get("dp_size") or 1) if options.get("enable_dp_attention") else 1
+    ep_size = int(options.get("ep_size") or options.get("expert_parallel_size") or 1)
+    return dp_size, ep_size
+
+
+def engine_size_candidates(cfg: RunConfig, sizes: Sizes, dp_size: int) -> list[int]:
+    hw, model = cfg.hardware, cfg.model
+    offset = engine_offset(sizes.colocate, sizes.train_gpus)
+    found = []
+    for size in powers_of_two(sizes.rollout_gpus):
+        if sizes.rollout_gpus % size or size % dp_size:
+            continue
+        attention_tp = size // dp_size
+        groups_ok = model.mla is not None or (
+            model.num_query_groups % attention_tp == 0 or attention_tp % model.num_query_groups == 0
+        )
+        count = sizes.rollout_gpus // size
+        placed = not misplaced_engines(offset, size, count, hw.gpus_per_node)
+        if model.num_attention_heads % attention_tp == 0 and groups_ok and placed:
+            found.append(size)
+    return found
+
+
+def _derive_engine_size(cfg: RunConfig, sizes: Sizes, options: dict[str, Any], rec: _Record) -> int:
+    if cfg.hardware.kind == "cpu" or sizes.rollout_gpus == 0:
+        return 1
+    dp_size, _ = _engine_shape(options)
+    candidates = engine_size_candidates(cfg, sizes, dp_size) or [1]
+    for size in candidates:
+        fraction = options.get("mem_fraction_static") or default_mem_fraction(
+            cfg.hardware, size, dp_size, options, sizes.colocate
+        )
+        need = estimate_rollout(
+            cfg.model, cfg.recipe, cfg.hardware, size, dp_size, fraction, options, sizes.colocate
+        )
+        if need.holds_one_sample and need.total_gib <= cfg.hardware.gpu_memory_gib:
+            return size
+    size = candidates[-1]
+    rec.issues.append(
+        Issue(
+            key="layout.rollout.gpus_per_engine",
+            value=None,
+            message=(
+                f"no engine size up to {size} GPUs leaves a KV cache for one "
+                f"{need.longest_sample_tokens}-token sample: the weight shard takes "
+                f"{need.weights_gib:.1f} GiB of the {fraction} x {cfg.hardware.gpu_memory_gib} "
+                f"GiB static pool"
+            ),
+            fix="set layout.rollout.gpus_per_engine (larger engines shard the weights "
+            "further), raise layout.rollout.sglang.mem_fraction_static, or give rollout more GPUs",
+        )
+    )
+    return size
+
+
+def resolve_engine(cfg: RunConfig, sizes: Sizes, rec: _Record) -> EngineLayout:
+    rollout = cfg.layout.rollout
+    options = dict(rollout.sglang)
+    dp_size, ep_size = _engine_shape(options)
+    size = rollout.gpus_per_engine
+    if size is None:
+        size = _derive_engine_size(cfg, sizes, options, rec)
+        rec.derived.append("layout.rollout.gpus_per_engine")
+    if options.get("mem_fraction_static") is None:
+        options["mem_fraction_static"] = default_mem_fraction(
+            cfg.hardware, size, dp_size, options, sizes.colocate
+        )
+        rec.derived.append("layout.rollout.sglang.mem_fraction_static")
+    return EngineLayout(
+        gpus_per_engine=size,
+        num_engines=sizes.rollout_gpus // size,
+        mem_fraction_static=float(options["mem_fraction_static"]),
+        dp_size=dp_size,
+        ep_size=ep_size,
+        sglang=tuple(options.items()),
+    )
+
+
+def resolve_layout(cfg: RunConfig) -> Resolution:
+    """The layout with every null filled in, and what could not be."""
+    rec = _Record()
+    sizes = resolve_sizes(cfg, rec)
+    parallel = resolve_parallel(cfg, sizes, rec)
+    engine = resolve_engine(cfg, sizes, rec)
+    return Resolution(sizes, parallel, engine, tuple(rec.derived), tuple(rec.issues))

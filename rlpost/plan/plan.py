@@ -1,0 +1,240 @@
+"""The Plan: everything a run will do on its hardware, derived once from a validated config."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import rlpost.plan.engine_checks  # noqa: F401  (registers the engine and batch rules)
+from rlpost.errors import UserError
+from rlpost.plan.batch import BatchPlan, plan_batch
+from rlpost.plan.checks import PlanContext, run_checks
+from rlpost.plan.engine_memory import estimate_rollout
+from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.memory import (
+    MemoryPlan,
+    estimate_host,
+    estimate_train,
+    pipeline_stages,
+)
+from rlpost.plan.parallel import resolve_layout
+from rlpost.plan.params import count_params
+from rlpost.plan.placement import Placement, plan_placement
+from rlpost.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Placement, parallel layout, engines, batch arithmetic and memory of one run.
+
+    `derived` lists the config key paths the planner filled in (null in the layout); `notes`
+    are facts a user should know that are not errors.
+    """
+
+    model: str
+    recipe: str
+    hardware: str
+    layout: str
+    hardware_kind: str
+    placement: Placement
+    parallel: ParallelLayout
+    engine: EngineLayout
+    batch: BatchPlan
+    memory: MemoryPlan
+    pipeline_stages: tuple[int, ...]
+    derived: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def is_derived(self, key: str) -> bool:
+        return key in self.derived
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: plain types, floats rounded to 3 decimals."""
+        data: dict[str, Any] = _rounded(
+            {
+                "run": {
+                    "model": self.model,
+                    "recipe": self.recipe,
+                    "hardware": self.hardware,
+                    "layout": self.layout,
+                    "hardware_kind": self.hardware_kind,
+                },
+                "placement": _placement_dict(self.placement),
+                "parallel": _parallel_dict(self.parallel, self.pipeline_stages),
+                "engine": _engine_dict(self.engine),
+                "batch": asdict(self.batch),
+                "memory": _memory_dict(self.memory),
+                "derived": list(self.derived),
+                "notes": list(self.notes),
+            }
+        )
+        return data
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(item) for item in value]
+    return value
+
+
+def _placement_dict(p: Placement) -> dict[str, Any]:
+    return {
+        "colocate": p.colocate,
+        "num_nodes": p.num_nodes,
+        "gpus_per_node": p.gpus_per_node,
+        "total_gpus": p.total_gpus,
+        "train_gpus": p.train_gpus,
+        "rollout_gpus": p.rollout_gpus,
+        "gpus_per_engine": p.gpus_per_engine,
+        "num_engines": p.num_engines,
+        "train_ranks": [[slot.node, slot.gpu] for slot in p.train_slots],
+        "engines": [
+            {
+                "index": e.index,
+                "gpus": [[slot.node, slot.gpu] for slot in e.slots],
+                "http_port": e.http_port,
+                "nccl_port": e.nccl_port,
+                "dist_init_port": e.dist_init_port,
+            }
+            for e in p.engines
+        ],
+        "router_port": p.router_port,
+        "train_master_port": p.train_master_port,
+        "weight_update_port": p.weight_update_port,
+    }
+
+
+def _parallel_dict(par: ParallelLayout, stages: tuple[int, ...]) -> dict[str, Any]:
+    data = asdict(par)
+    data["sp"] = data.pop("sequence_parallel")
+    data["expert_dp"] = par.expert_dp
+    data["optimizer_shards"] = par.optimizer_shards
+    data["layers_per_stage"] = list(stages)
+    return data
+
+
+def _engine_dict(engine: EngineLayout) -> dict[str, Any]:
+    return {
+        "gpus_per_engine": engine.gpus_per_engine,
+        "num_engines": engine.num_engines,
+        "attention_tp": engine.attention_tp,
+        "dp_size": engine.dp_size,
+        "ep_size": engine.ep_size,
+        "mem_fraction_static": engine.mem_fraction_static,
+        "sglang": engine.options,
+    }
+
+
+def _memory_dict(m: MemoryPlan) -> dict[str, Any]:
+    return {
+        "gpu_gib": m.gpu_gib,
+        "fits": m.fits,
+        "train_fits": m.train_fits,
+        "rollout_fits": m.rollout_fits,
+        "host_fits": m.host_fits,
+        "train_gib_per_gpu": m.train.total_gib,
+        "train_margin_gib": m.train_margin_gib,
+        "rollout_weights_gib_per_gpu": m.rollout.weights_gib,
+        "rollout_gib_per_gpu": m.rollout.total_gib,
+        "rollout_margin_gib": m.rollout_margin_gib,
+        "kv_cache_tokens_per_engine": m.rollout.kv_cache_tokens_per_engine,
+        "host_gib_per_node": m.host.total_gib,
+        "host_margin_gib": m.host_margin_gib,
+        "params_total": m.params_total,
+        "params_active": m.params_active,
+        "train": asdict(m.train),
+        "rollout": asdict(m.rollout),
+        "host": asdict(m.host),
+    }
+
+
+def _notes(cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan]) -> tuple[str, ...]:
+    par, batch = plan_parts
+    notes = []
+    if cfg.recipe.data.max_prompt_len is None:
+        notes.append(
+            "recipe.data.max_prompt_len is not set: the longest sample counts as "
+            f"max_response_len = {batch.longest_sample_tokens} tokens (prompts add to it)"
+        )
+    if batch.tokens_per_micro_batch and batch.longest_sample_tokens > batch.tokens_per_micro_batch:
+        notes.append(
+            f"a sample of up to {batch.longest_sample_tokens} tokens exceeds max_tokens_per_gpu "
+            f"x cp = {batch.tokens_per_micro_batch}: it gets a micro-batch of its own (never "
+            "truncated), and the memory estimate holds such a micro-batch"
+        )
+    if par.tp > cfg.hardware.gpus_per_node:
+        notes.append(f"tp={par.tp} spans nodes: its all-reduces leave the node's fast links")
+    if cfg.hardware.kind == "cpu":
+        notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
+    return tuple(notes)
+
+
+def build_plan(cfg: RunConfig) -> Plan:
+    """Resolve the layout, check every rule, then place, batch and size the run.
+
+    Raises UserError listing every problem found, never just the first.
+    """
+    res = resolve_layout(cfg)
+    ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
+    issues = list(res.issues) + run_checks(ctx)
+    if issues:
+        raise UserError(issues, title="planning error")
+    sizes, par, engine = res.sizes, res.parallel, res.engine
+    hw = cfg.hardware
+    placement = plan_placement(
+        sizes.colocate,
+        hw.num_nodes,
+        hw.gpus_per_node,
+        sizes.train_gpus,
+        sizes.rollout_gpus,
+        engine.gpus_per_engine,
+    )
+    batch = plan_batch(cfg.recipe, par, engine)
+    memory = estimate_memory(cfg, sizes, par, engine)
+    return Plan(
+        model=cfg.model.name,
+        recipe=cfg.recipe.name,
+        hardware=hw.name,
+        layout=cfg.layout.name,
+        hardware_kind=hw.kind,
+        placement=placement,
+        parallel=par,
+        engine=engine,
+        batch=batch,
+        memory=memory,
+        pipeline_stages=pipeline_stages(cfg.model, par),
+        derived=res.derived,
+        notes=_notes(cfg, (par, batch)),
+    )
+
+
+def estimate_memory(
+    cfg: RunConfig, sizes: Sizes, par: ParallelLayout, engine: EngineLayout
+) -> MemoryPlan:
+    """Training and rollout peaks per GPU and the host need per node."""
+    model, recipe, hw = cfg.model, cfg.recipe, cfg.hardware
+    colocate = sizes.colocate
+    train = estimate_train(model, recipe, hw, par, colocate)
+    rollout = estimate_rollout(
+        model,
+        recipe,
+        hw,
+        engine.gpus_per_engine,
+        engine.dp_size,
+        engine.mem_fraction_static,
+        engine.options,
+        colocate,
+    )
+    params = count_params(model)
+    return MemoryPlan(
+        gpu_gib=hw.gpu_memory_gib,
+        params_total=params.total,
+        params_active=params.active,
+        train=train,
+        rollout=rollout,
+        host=estimate_host(model, recipe, hw, train, sizes),
+    )

@@ -1,0 +1,220 @@
+"""A plan as readable tables, or as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from rlpost.plan.model_args import format_value
+from rlpost.plan.plan import Plan
+from rlpost.plan.table import Cell, format_cell, ranges, render_table
+
+DERIVED_MARK = "*"
+
+
+def _mark(plan: Plan, value: Cell, key: str) -> str:
+    text = format_value(value) if isinstance(value, float) else format_cell(value)
+    return f"{text}{DERIVED_MARK}" if plan.is_derived(key) else text
+
+
+def render_header(plan: Plan) -> str:
+    p = plan.placement
+    mode = "colocated" if p.colocate else "decoupled"
+    split = (
+        f"{p.train_gpus} GPUs shared by training and rollout"
+        if p.colocate
+        else f"{p.train_gpus} train + {p.rollout_gpus} rollout GPUs"
+    )
+    return (
+        f"rlpost plan: model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
+        f"(layout {plan.layout})\n"
+        f"{mode}: {split} of {p.total_gpus} ({p.num_nodes} node(s) x {p.gpus_per_node})\n"
+        f"values marked {DERIVED_MARK} were derived by the planner (the layout left them null)"
+    )
+
+
+def render_placement(plan: Plan) -> str:
+    p = plan.placement
+    rows: list[list[Cell]] = []
+    for node in range(p.num_nodes):
+        ranks = [i for i, slot in enumerate(p.train_slots) if slot.node == node]
+        gpus = [slot.gpu for slot in p.train_slots if slot.node == node]
+        if ranks:
+            rows.append(["train", f"ranks {ranges(ranks)}", node, ranges(gpus), "-"])
+    for e in p.engines:
+        for node in sorted({slot.node for slot in e.slots}):
+            gpus = [slot.gpu for slot in e.slots if slot.node == node]
+            ports = f"http {e.http_port}, nccl {e.nccl_port}"
+            if e.dist_init_port is not None:
+                ports += f", dist-init {e.dist_init_port}" if node == e.head_node else ""
+            rows.append(
+                [f"engine {e.index}", f"{len(e.slots)} TP ranks", node, ranges(gpus), ports]
+            )
+    title = (
+        f"Placement (router on node 0 port {p.router_port}, trainer rendezvous "
+        f"{p.train_master_port}, weight updates {p.weight_update_port})"
+    )
+    return render_table(["role", "ranks", "node", "GPUs", "ports"], rows, title)
+
+
+def render_parallel(plan: Plan) -> str:
+    par, k = plan.parallel, "layout.train."
+    stages = plan.pipeline_stages
+    optimizer = f"distributed over DP x CP = {par.optimizer_shards}"
+    if not par.distributed_optimizer:
+        optimizer = "replicated on every DP rank"
+    rows: list[list[Cell]] = [
+        ["train GPUs", _mark(plan, plan.placement.train_gpus, k + "num_gpus"), ""],
+        ["TP (tensor)", _mark(plan, par.tp, k + "tp"), ""],
+        ["SP (sequence)", _mark(plan, par.sequence_parallel, k + "sequence_parallel"), ""],
+        ["PP (pipeline)", _mark(plan, par.pp, k + "pp"), f"layers per stage {list(stages)}"],
+        ["CP (context)", _mark(plan, par.cp, k + "cp"), ""],
+        ["EP (expert)", _mark(plan, par.ep, k + "ep"), ""],
+        ["ETP (expert tensor)", _mark(plan, par.etp, k + "etp"), ""],
+        ["DP (data)", _mark(plan, par.dp, k + "dp"), f"expert DP {par.expert_dp}"],
+        [
+            "recompute",
+            _mark(plan, par.recompute, k + "recompute.granularity"),
+            f"{par.recompute_method}, {par.recompute_num_layers} layer(s)",
+        ],
+        ["optimizer", optimizer, ""],
+    ]
+    if par.moe_token_dispatcher_type:
+        deepep = ", DeepEP" if par.moe_enable_deepep else ""
+        dispatcher = _mark(plan, par.moe_token_dispatcher_type, k + "moe_token_dispatcher_type")
+        rows.append(["MoE dispatcher", dispatcher + deepep, ""])
+    return render_table(["training", "value", "note"], rows, "Parallel layout")
+
+
+def render_engines(plan: Plan) -> str:
+    eng, k = plan.engine, "layout.rollout."
+    rows: list[list[Cell]] = [
+        ["rollout GPUs", _mark(plan, plan.placement.rollout_gpus, k + "num_gpus")],
+        ["GPUs per engine (tp_size)", _mark(plan, eng.gpus_per_engine, k + "gpus_per_engine")],
+        ["engines", eng.num_engines],
+        ["attention TP x DP", f"{eng.attention_tp} x {eng.dp_size}"],
+        ["SGLang EP", eng.ep_size],
+    ]
+    for name, value in eng.sglang:
+        rows.append([f"sglang.{name}", _mark(plan, value, f"{k}sglang.{name}")])
+    return render_table(["rollout", "value"], rows, "Engines")
+
+
+def render_batch(plan: Plan) -> str:
+    b = plan.batch
+    rows: list[list[Cell]] = [
+        ["prompts per rollout", b.rollout_batch_size],
+        ["samples per prompt", b.n_samples_per_prompt],
+        ["samples per rollout", b.samples_per_rollout],
+        ["global batch (samples per optimizer step)", b.global_batch_size],
+        ["optimizer steps per rollout", b.steps_per_rollout],
+        ["rollouts / optimizer steps in all", f"{b.num_rollout} / {b.total_steps}"],
+        ["samples per step per DP rank", b.samples_per_step_per_dp_rank],
+        ["prompts per engine", format_value(b.prompts_per_engine)],
+        ["samples per engine", format_value(b.samples_per_engine)],
+        ["max tokens per GPU", b.max_tokens_per_gpu],
+        ["tokens per micro-batch (x CP)", b.tokens_per_micro_batch],
+        ["longest sample (tokens)", b.longest_sample_tokens],
+    ]
+    if b.over_sampling_batch_size != b.rollout_batch_size:
+        rows.insert(1, ["over-sampling batch (prompts)", b.over_sampling_batch_size])
+    return render_table(["batch", "value"], rows, "Batch arithmetic")
+
+
+def _verdict(fits: bool, margin: float) -> str:
+    if fits:
+        return f"fits, {margin:.2f} GiB spare"
+    return f"DOES NOT FIT, short by {-margin:.2f} GiB"
+
+
+def render_memory(plan: Plan) -> str:
+    m, par = plan.memory, plan.parallel
+    t, r, h = m.train, m.rollout, m.host
+    offload = " (on the host: CPU offload)" if t.host_optimizer_gib else ""
+    train_rows: list[list[Cell]] = [
+        ["weights", t.weights_gib],
+        ["gradients (fp32 main grads)", t.grads_gib],
+        [f"optimizer (master + Adam, /{par.optimizer_shards} shards){offload}", t.optimizer_gib],
+        [f"activations ({par.recompute} recompute, {t.tokens_per_gpu} tokens)", t.activations_gib],
+        ["logits (fp32, vocab / TP)", t.logits_gib],
+        [
+            "CUDA context, workspaces" + (", engine residue" if plan.placement.colocate else ""),
+            t.overhead_gib,
+        ],
+        ["total", t.total_gib],
+    ]
+    rollout_rows: list[list[Cell]] = [
+        ["weight shard", r.weights_gib],
+        [
+            f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/GPU, "
+            f"{r.kv_cache_tokens_per_engine:,}/engine)",
+            r.kv_cache_gib,
+        ],
+        ["CUDA context", r.context_gib],
+        [f"static pool ({r.mem_fraction_static} x {m.gpu_gib})", r.mem_fraction_static * m.gpu_gib],
+        ["prefill activations, CUDA graphs", r.activation_reserve_gib],
+        ["trainer residue (colocated)", r.trainer_residual_gib],
+        ["peak", r.total_gib],
+    ]
+    host_rows: list[list[Cell]] = [
+        [f"offloaded optimizer ({h.ranks_per_node} ranks)", h.optimizer_gib],
+        ["reference weights", h.reference_weights_gib],
+        ["processes", h.processes_gib],
+        ["total", h.total_gib],
+    ]
+    parts = [
+        render_table(
+            ["training, per GPU", "GiB"],
+            train_rows,
+            f"Memory (GPU {m.gpu_gib} GiB; {m.params_total / 1e9:.2f}B parameters, "
+            f"{m.params_active / 1e9:.2f}B active)\ntraining, stage {t.stage}: "
+            f"{_verdict(m.train_fits, m.train_margin_gib)}",
+        ),
+        render_table(
+            ["rollout, per engine GPU", "GiB"],
+            rollout_rows,
+            f"rollout: {_verdict(m.rollout_fits, m.rollout_margin_gib)}",
+        ),
+        render_table(
+            ["host, per node", "GiB"],
+            host_rows,
+            f"host ({h.host_gib} GiB): {_verdict(m.host_fits, m.host_margin_gib)}",
+        ),
+    ]
+    verdict = "the run fits" if m.fits else "the run DOES NOT FIT"
+    return "\n\n".join(parts) + f"\n\nVerdict: {verdict}"
+
+
+SECTIONS: tuple[Callable[[Plan], str], ...] = (
+    render_header,
+    render_placement,
+    render_parallel,
+    render_engines,
+    render_batch,
+    render_memory,
+)
+
+
+def render_tables(plan: Plan) -> str:
+    text = "\n\n".join(section(plan) for section in SECTIONS)
+    if plan.notes:
+        text += "\n\nNotes:\n" + "\n".join(f"  - {note}" for note in plan.notes)
+    return text + "\n"
+
+
+def render_json(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), indent=2) + "\n"
+
+
+RENDERERS: dict[str, Callable[[Plan], str]] = {"table": render_tables, "json": render_json}
+
+
+def render_plan(plan: Plan, fmt: str = "table") -> str:
+    """`fmt` is plan.format: 'table' (readable) or 'json'."""
+    try:
+        renderer = RENDERERS[fmt]
+    except KeyError:
+        raise ValueError(
+            f"unknown plan format {fmt!r}; choose one of {sorted(RENDERERS)}"
+        ) from None
+    return renderer(plan)

@@ -1,0 +1,332 @@
+"""The slime `train.py` argument list equivalent to a resolved config (mode=slime_args).
+
+Grouped as slime's run scripts group them, so a recipe can be diffed against a slime script or
+run on slime. Values follow the plan (derived sizes included); SGLang options pass through as
+`--sglang-<name-with-dashes>`. Flags at slime's or Megatron's defaults are left out, except
+those the seeds always spell out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rlpost.errors import Issue, UserError
+from rlpost.plan.model_args import format_value, model_args
+from rlpost.plan.plan import Plan
+from rlpost.schema import RunConfig
+
+Flag = tuple[str, ...]
+"""One flag and its values, e.g. ('--lr', '1e-6') or ('--colocate',)."""
+
+SLIME_HOOKS = {
+    "rlpost.filters.check_reward_nonzero_std": (
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+    ),
+    "rlpost.filters.pop_first": "slime.rollout.filter_hub.buffer_filters.pop_first",
+}
+"""rlpost's built-in hooks and their slime counterparts; user hooks pass through as written."""
+
+SLIME_SGLANG_NAMES = {
+    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
+    "cuda_graph_bs_decode": "cuda_graph_bs",
+}
+"""Options rlpost validates under SGLang 0.5.2x names that slime's pinned SGLang still spells
+the older way (its scripts pass --sglang-cuda-graph-max-bs)."""
+
+
+def flag(name: str, *values: Any) -> Flag:
+    return (name, *(format_value(v) for v in values))
+
+
+def switch(on: bool, name: str) -> list[Flag]:
+    return [(name,)] if on else []
+
+
+def option(value: Any, name: str, default: Any = None) -> list[Flag]:
+    """The flag with its value, unless the value is unset or the default."""
+    return [] if value is None or value == default else [flag(name, value)]
+
+
+def cluster_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    p = plan.placement
+    per_node = min(p.train_gpus, p.gpus_per_node)
+    if p.train_gpus % per_node:
+        raise UserError(
+            [
+                Issue(
+                    "layout.train.num_gpus",
+                    f"slime places train ranks as --actor-num-nodes x --actor-num-gpus-per-node, "
+                    f"and {p.train_gpus} train GPUs are not whole nodes of {p.gpus_per_node}",
+                    f"use a multiple of {p.gpus_per_node} train GPUs for mode=slime_args",
+                    p.train_gpus,
+                )
+            ]
+        )
+    flags = [
+        flag("--actor-num-nodes", p.train_gpus // per_node),
+        flag("--actor-num-gpus-per-node", per_node),
+    ]
+    flags += [("--colocate",)] if p.colocate else [flag("--rollout-num-gpus", p.rollout_gpus)]
+    flags += option(p.gpus_per_node, "--num-gpus-per-node", 8)
+    return flags
+
+
+def ckpt_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    m, save = cfg.model, cfg.recipe.save
+    return [
+        flag("--hf-checkpoint", m.hf_checkpoint),
+        *option(m.ref_load, "--ref-load"),
+        *option(m.load, "--load"),
+        *option(m.save, "--save"),
+        *option(save.interval, "--save-interval"),
+        *switch(not save.save_optimizer, "--no-save-optim"),
+    ]
+
+
+def _hook(path: str | None, name: str) -> list[Flag]:
+    return [] if path is None else [flag(name, SLIME_HOOKS.get(path, path))]
+
+
+def _reward_args(cfg: RunConfig) -> list[Flag]:
+    reward = cfg.recipe.rollout.reward
+    return [
+        flag("--rm-type", reward.type),
+        *_hook(reward.custom_function, "--custom-rm-path"),
+        *option(reward.remote_url, "--rm-url"),
+        *switch(reward.group, "--group-rm"),
+    ]
+
+
+def rollout_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    data, rollout, train = cfg.recipe.data, cfg.recipe.rollout, cfg.recipe.train
+    kwargs = data.apply_chat_template_kwargs
+    return [
+        flag("--prompt-data", data.prompt_data),
+        flag("--input-key", data.input_key),
+        *option(data.label_key, "--label-key"),
+        *option(data.metadata_key, "--metadata-key", "metadata"),
+        *switch(data.apply_chat_template, "--apply-chat-template"),
+        *([flag("--apply-chat-template-kwargs", json.dumps(kwargs))] if kwargs else []),
+        *switch(data.shuffle, "--rollout-shuffle"),
+        *option(data.seed, "--rollout-seed", 42),
+        *_reward_args(cfg),
+        flag("--num-rollout", rollout.num_rollout),
+        flag("--rollout-batch-size", rollout.batch_size),
+        flag("--n-samples-per-prompt", rollout.n_samples_per_prompt),
+        *option(data.max_prompt_len, "--rollout-max-prompt-len"),
+        flag("--rollout-max-response-len", rollout.max_response_len),
+        flag("--rollout-temperature", rollout.temperature),
+        *option(rollout.top_p, "--rollout-top-p", 1.0),
+        *option(rollout.top_k, "--rollout-top-k", -1),
+        *([flag("--rollout-stop", *rollout.stop)] if rollout.stop else []),
+        *(
+            [flag("--rollout-stop-token-ids", *rollout.stop_token_ids)]
+            if rollout.stop_token_ids
+            else []
+        ),
+        *switch(rollout.skip_special_tokens, "--rollout-skip-special-tokens"),
+        *option(rollout.over_sampling_batch_size, "--over-sampling-batch-size"),
+        *_hook(rollout.dynamic_sampling_filter, "--dynamic-sampling-filter-path"),
+        *switch(rollout.partial_rollout, "--partial-rollout"),
+        *switch(rollout.mask_offpolicy_in_partial_rollout, "--mask-offpolicy-in-partial-rollout"),
+        *_hook(rollout.buffer_filter, "--buffer-filter-path"),
+        *_hook(rollout.generate_function, "--custom-generate-function-path"),
+        *option(cfg.recipe.loop.update_weights_interval, "--update-weights-interval", 1),
+        flag("--global-batch-size", train.global_batch_size),
+        *switch(train.balance_data, "--balance-data"),
+    ]
+
+
+def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    ev = cfg.recipe.eval
+    if ev.interval is None:
+        return []
+    datasets = [item for d in ev.datasets for item in (d.name, d.path)]
+    input_keys = {d.input_key for d in ev.datasets}
+    label_keys = {d.label_key for d in ev.datasets}
+    return [
+        flag("--eval-interval", ev.interval),
+        flag("--eval-prompt-data", *datasets),
+        *(option(input_keys.pop(), "--eval-input-key") if len(input_keys) == 1 else []),
+        *(option(label_keys.pop(), "--eval-label-key") if len(label_keys) == 1 else []),
+        flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
+        *option(ev.max_response_len, "--eval-max-response-len"),
+        *option(ev.temperature, "--eval-temperature"),
+        *option(ev.top_p, "--eval-top-p"),
+        *option(ev.top_k, "--eval-top-k"),
+        *switch(ev.skip_before_train, "--skip-eval-before-train"),
+    ]
+
+
+def grpo_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    a = cfg.recipe.algo
+    kl = [flag("--kl-loss-coef", a.kl_loss_coef), flag("--kl-loss-type", a.kl_loss_type)]
+    tis = [flag("--tis-clip", a.tis_clip_high), flag("--tis-clip-low", a.tis_clip_low)]
+    return [
+        flag("--advantage-estimator", a.advantage_estimator),
+        *switch(a.use_kl_loss, "--use-kl-loss"),
+        *(kl if a.use_kl_loss else []),
+        *option(a.kl_coef, "--kl-coef", 0.0),
+        flag("--entropy-coef", a.entropy_coef),
+        flag("--eps-clip", a.eps_clip),
+        *option(a.eps_clip_high, "--eps-clip-high"),
+        *option(a.eps_clip_c, "--eps-clip-c"),
+        *switch(a.normalize_advantages, "--normalize-advantages"),
+        *switch(not a.grpo_std_normalization, "--disable-grpo-std-normalization"),
+        *option(a.gamma, "--gamma", 1.0),
+        *switch(a.use_tis, "--use-tis"),
+        *(tis if a.use_tis else []),
+        *switch(a.loss_reduction == "token_mean", "--calculate-per-token-loss"),
+    ]
+
+
+def optimizer_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    o = cfg.recipe.optim
+    return [
+        flag("--optimizer", o.optimizer),
+        flag("--lr", o.lr),
+        flag("--lr-decay-style", o.lr_decay_style),
+        *option(o.min_lr, "--min-lr", 0.0),
+        *option(o.lr_warmup_steps, "--lr-warmup-iters", 0),
+        *option(o.lr_decay_steps, "--lr-decay-iters"),
+        flag("--weight-decay", o.weight_decay),
+        flag("--adam-beta1", o.adam_beta1),
+        flag("--adam-beta2", o.adam_beta2),
+        *option(o.adam_eps, "--adam-eps", 1e-8),
+        *option(o.clip_grad, "--clip-grad", 1.0),
+        *switch(o.cpu_offload, "--optimizer-cpu-offload"),
+        *switch(o.overlap_cpu_optimizer_d2h_h2d, "--overlap-cpu-optimizer-d2h-h2d"),
+        *switch(o.precision_aware_optimizer, "--use-precision-aware-optimizer"),
+    ]
+
+
+def perf_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    p, train = plan.parallel, cfg.recipe.train
+    recompute = [
+        flag("--recompute-granularity", p.recompute),
+        flag("--recompute-method", p.recompute_method),
+        flag("--recompute-num-layers", p.recompute_num_layers),
+    ]
+    batching = [flag("--micro-batch-size", train.micro_batch_size)]
+    if train.use_dynamic_batch_size:
+        batching = [
+            ("--use-dynamic-batch-size",),
+            flag("--max-tokens-per-gpu", train.max_tokens_per_gpu),
+        ]
+    return [
+        flag("--tensor-model-parallel-size", p.tp),
+        *switch(p.sequence_parallel, "--sequence-parallel"),
+        flag("--pipeline-model-parallel-size", p.pp),
+        flag("--context-parallel-size", p.cp),
+        flag("--expert-model-parallel-size", p.ep),
+        flag("--expert-tensor-parallel-size", p.etp),
+        *option(p.num_layers_in_first_pipeline_stage, "--decoder-first-pipeline-num-layers"),
+        *option(p.num_layers_in_last_pipeline_stage, "--decoder-last-pipeline-num-layers"),
+        *(recompute if p.recompute != "none" else []),
+        *batching,
+    ]
+
+
+def _sglang_option(name: str, value: Any) -> list[Flag]:
+    dashed = "--sglang-" + SLIME_SGLANG_NAMES.get(name, name).replace("_", "-")
+    if isinstance(value, bool):
+        return switch(value, dashed)
+    if isinstance(value, list | tuple):
+        return [flag(dashed, *value)]
+    return [flag(dashed, value)]
+
+
+def sglang_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    """Engine size, then the SGLang options in the layout's order. A derived memory fraction
+    is spelled out only when colocated: decoupled, SGLang derives the same value itself."""
+    skip = set()
+    if plan.is_derived("layout.rollout.sglang.mem_fraction_static") and not plan.placement.colocate:
+        skip.add("mem_fraction_static")
+    flags = [flag("--rollout-num-gpus-per-engine", plan.engine.gpus_per_engine)]
+    for name, value in plan.engine.sglang:
+        if name not in skip:
+            flags += _sglang_option(name, value)
+    flags += option(cfg.recipe.rollout.max_concurrency, "--sglang-server-concurrency", 512)
+    return flags
+
+
+def tracking_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    wandb = cfg.tracking.wandb
+    wandb_flags = [
+        ("--use-wandb",),
+        flag("--wandb-mode", wandb.mode),
+        flag("--wandb-project", wandb.project),
+        *option(wandb.group, "--wandb-group"),
+        *option(wandb.run_id, "--wandb-run-id"),
+    ]
+    return [
+        *(wandb_flags if wandb.enabled else []),
+        *switch(cfg.tracking.tensorboard, "--use-tensorboard"),
+    ]
+
+
+def misc_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    """Megatron settings slime's scripts always pass, the MoE dispatcher and the seed."""
+    p = plan.parallel
+    return [
+        ("--attention-dropout", "0.0"),
+        ("--hidden-dropout", "0.0"),
+        ("--accumulate-allreduce-grads-in-fp32",),
+        ("--attention-softmax-in-fp32",),
+        ("--attention-backend", "flash"),
+        *option(p.moe_token_dispatcher_type, "--moe-token-dispatcher-type"),
+        *switch(p.moe_enable_deepep, "--moe-enable-deepep"),
+        *option(cfg.run.seed, "--seed", 1234),
+    ]
+
+
+GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
+    "CLUSTER_ARGS": cluster_args,
+    "MODEL_ARGS": lambda cfg, plan: model_args(cfg.model),
+    "CKPT_ARGS": ckpt_args,
+    "ROLLOUT_ARGS": rollout_args,
+    "EVAL_ARGS": eval_args,
+    "GRPO_ARGS": grpo_args,
+    "OPTIMIZER_ARGS": optimizer_args,
+    "PERF_ARGS": perf_args,
+    "SGLANG_ARGS": sglang_args,
+    "TRACKING_ARGS": tracking_args,
+    "MISC_ARGS": misc_args,
+}
+
+
+def slime_flag_groups(cfg: RunConfig, plan: Plan) -> dict[str, list[Flag]]:
+    groups = {name: build(cfg, plan) for name, build in GROUPS.items()}
+    return {name: flags for name, flags in groups.items() if flags}
+
+
+def slime_arg_groups(cfg: RunConfig, plan: Plan) -> dict[str, list[str]]:
+    """Group name -> the flat argument tokens, as a shell would split the rendered arrays."""
+    return {
+        name: [token for f in flags for token in f]
+        for name, flags in slime_flag_groups(cfg, plan).items()
+    }
+
+
+def _quote(token: str) -> str:
+    safe = token and all(c.isalnum() or c in "-_./:=+,@%" for c in token)
+    return token if safe else "'" + token.replace("'", "'\\''") + "'"
+
+
+def render_slime_args(cfg: RunConfig, plan: Plan) -> str:
+    """Bash arrays per group, then the train.py command line that uses them."""
+    groups = slime_flag_groups(cfg, plan)
+    lines = [
+        f"# slime arguments for model={plan.model} recipe={plan.recipe} "
+        f"hardware={plan.hardware} (layout {plan.layout})",
+    ]
+    for name, flags in groups.items():
+        lines.append(f"{name}=(")
+        lines += ["   " + " ".join(_quote(t) for t in f) for f in flags]
+        lines.append(")")
+    script = "train_async.py" if cfg.recipe.loop.mode == "async" else "train.py"
+    uses = " \\\n".join(f"   ${{{name}[@]}}" for name in groups)
+    lines.append(f"\npython3 {script} \\\n{uses}")
+    return "\n".join(lines) + "\n"

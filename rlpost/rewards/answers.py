@@ -1,0 +1,175 @@
+"""Rule-based graders: pure functions from (response, label) to a reward.
+
+They run in grading worker processes (see `pool.py`) but are plain functions, safe to call
+from any thread: math_verify is always called with its signal-based timeouts disabled, since
+signal.alarm only works in a main thread. Time limits are the caller's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import string
+from collections import Counter
+from collections.abc import Callable
+from functools import cache, lru_cache
+from types import ModuleType
+
+BOX_COMMANDS = ("\\boxed", "\\fbox")
+THINK_END = "</think>"
+DAPO_CORRECT = 1.0
+DAPO_INCORRECT = -1.0
+
+_ANSWER_LINE = re.compile(r"answer\s*:", re.IGNORECASE)
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, `\\boxed 5`) in `text`.
+
+    Braces nest, and escaped braces (`\\{`) do not count. None when there is no box or the
+    last one never closes (a response cut off inside its answer).
+    """
+    start, command = max((text.rfind(cmd), cmd) for cmd in BOX_COMMANDS)
+    if start < 0:
+        return None
+    pos = start + len(command)
+    if pos < len(text) and text[pos] == " ":  # `\boxed 5`: one space-delimited token
+        token = text[pos + 1 :].split(maxsplit=1)
+        return token[0].rstrip("$.") if token else None
+    if pos >= len(text) or text[pos] != "{":
+        return None
+    depth = 0
+    i = pos
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[pos + 1 : i]
+        i += 1
+    return None
+
+
+def grade_math(response: str, label: str) -> float:
+    """1.0 when the last boxed answer in `response` equals `label` mathematically, else 0.0."""
+    answer = last_boxed(response)
+    if answer is None:
+        return 0.0
+    return 1.0 if answers_match(answer, label) else 0.0
+
+
+def grade_deepscaler(response: str, label: str) -> float:
+    """Only the text after the last `</think>` counts; without one the reward is 0."""
+    if THINK_END not in response:
+        return 0.0
+    return grade_math(response.rsplit(THINK_END, 1)[1], label)
+
+
+def grade_dapo(response: str, label: str) -> float:
+    """DAPO's format: the answer follows the last `Answer:`; +1 if correct, -1 otherwise.
+
+    DAPO scores wrong or missing answers -1, not 0. With group-normalised advantages
+    (GRPO) the two scales give the same advantages; only logged reward means differ.
+    """
+    matches = list(_ANSWER_LINE.finditer(response))
+    if not matches:
+        return DAPO_INCORRECT
+    line = response[matches[-1].end() :].split("\n", 1)[0]
+    answer = line.strip().strip("$").rstrip(".").strip()
+    boxed = last_boxed(answer)
+    if boxed is not None:
+        answer = boxed
+    if not answer:
+        return DAPO_INCORRECT
+    return DAPO_CORRECT if answers_match(answer, label) else DAPO_INCORRECT
+
+
+def f1_score(response: str, label: str) -> float:
+    """Token-level F1 between response and label after SQuAD-style normalisation."""
+    predicted = _normalize_words(response).split()
+    gold = _normalize_words(label).split()
+    if not predicted or not gold:
+        return float(predicted == gold)
+    common = sum((Counter(predicted) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision = common / len(predicted)
+    recall = common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def answers_match(answer: str, label: str) -> bool:
+    """Whether an extracted answer equals the label: symbolically, then as normalised text."""
+    gold = _parse_gold(label)
+    predicted = _parse_latex(answer.strip().strip("$"))
+    if gold and predicted:
+        mv = _math_verify()
+        if mv.verify(gold, predicted, timeout_seconds=None):
+            return True
+    return _normalize_text(answer) == _normalize_text(_gold_text(label))
+
+
+GRADERS: dict[str, Callable[[str, str], float]] = {
+    "math": grade_math,
+    "deepscaler": grade_deepscaler,
+    "dapo": grade_dapo,
+    "f1": f1_score,
+}
+
+
+def warm_up() -> None:
+    """Import math_verify and sympy now (grading workers call this when they start)."""
+    answers_match("\\frac{1}{2}", "0.5")
+
+
+@cache
+def _math_verify() -> ModuleType:
+    import math_verify  # type: ignore[import-untyped]
+
+    # We disable math_verify's timeouts on purpose (they need the main thread); its
+    # warning about that would print once per worker process.
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    module: ModuleType = math_verify
+    return module
+
+
+def _parse_latex(expression: str) -> list[object]:
+    if not expression:
+        return []
+    mv = _math_verify()
+    config = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    return list(mv.parse(f"${expression}$", extraction_config=config, parsing_timeout=None))
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold_cached(label: str) -> tuple[object, ...]:
+    return tuple(_parse_latex(_gold_text(label)))
+
+
+def _parse_gold(label: str) -> list[object]:
+    return list(_parse_gold_cached(label))
+
+
+def _gold_text(label: str) -> str:
+    label = str(label).strip()
+    boxed = last_boxed(label)
+    return (boxed if boxed is not None else label).strip().strip("$")
+
+
+def _normalize_text(text: str) -> str:
+    text = _TEXT_WRAPPER.sub(r"\1", text)
+    for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "$", " "):
+        text = text.replace(token, "")
+    return text.rstrip(".").lower()
+
+
+def _normalize_words(text: str) -> str:
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return " ".join(word for word in text.split() if word not in ("a", "an", "the"))

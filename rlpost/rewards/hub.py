@@ -1,0 +1,288 @@
+"""The reward hub: a reward for every sample, by registered type, custom or group function.
+
+Which function scores a sample, first match wins:
+1. `reward.group` set: `reward.custom_function(samples) -> list[float]`, called once per
+   group (samples sharing a group_index); per-sample types are not consulted.
+2. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
+3. `reward.custom_function(sample) -> float`.
+4. `reward.type`: a registered type.
+
+Rule-based types grade in worker processes under `reward.timeout_s`; a grader that runs
+past it scores as a wrong answer. Custom functions, plain or async, get the same limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rlpost.errors import Issue, did_you_mean
+from rlpost.hooks import (
+    GROUP_REWARD_FUNCTION,
+    REWARD_FUNCTION,
+    HookError,
+    HookSignature,
+    is_async_hook,
+    load_hook,
+)
+from rlpost.rewards.errors import RewardError
+from rlpost.rewards.pool import grading_pool
+from rlpost.rewards.remote import post_reward, reward_payload
+from rlpost.types import Sample
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from rlpost.schema.recipe import RewardConfig
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[[Sample, "RewardContext"], Awaitable[float]]
+REWARD_TYPES: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Register `async def fn(sample, ctx) -> float` as reward type `name`."""
+
+    def register(fn: RewardFn) -> RewardFn:
+        if name in REWARD_TYPES:
+            raise ValueError(f"reward type '{name}' is already registered")
+        REWARD_TYPES[name] = fn
+        return fn
+
+    return register
+
+
+@dataclass
+class RewardContext:
+    """What reward functions share during one `compute_rewards` call."""
+
+    config: RewardConfig
+    _session: aiohttp.ClientSession | None = None
+
+    async def http_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def compute_rewards(samples: Sequence[Sample], config: RewardConfig) -> list[float]:
+    """One reward per sample, in order. Does not write `sample.reward`."""
+    if config.group:
+        return await _group_rewards(samples, config)
+    ctx = RewardContext(config)
+    try:
+        return list(await asyncio.gather(*(_sample_reward(s, ctx) for s in samples)))
+    finally:
+        await ctx.close()
+
+
+def check_reward_config(config: RewardConfig, prefix: str = "rollout.reward") -> list[Issue]:
+    """Problems with a reward section, found without computing anything."""
+    issues: list[Issue] = []
+    if config.group and not config.custom_function:
+        issues.append(
+            Issue(
+                f"{prefix}.group",
+                "group rewards call a custom function with a whole group, and "
+                "custom_function is not set",
+                "set custom_function to 'module.fn' with def fn(samples) -> list[float], "
+                "or group: false",
+                value=True,
+            )
+        )
+    if config.custom_function:
+        signature = GROUP_REWARD_FUNCTION if config.group else REWARD_FUNCTION
+        try:
+            load_hook(config.custom_function, signature)
+        except HookError as exc:
+            issues.append(exc.as_issue(f"{prefix}.custom_function"))
+    elif config.type not in REWARD_TYPES:
+        issues.append(
+            Issue(
+                f"{prefix}.type",
+                f"unknown reward type.{did_you_mean(config.type, REWARD_TYPES)}",
+                f"use one of {sorted(REWARD_TYPES)}, or set custom_function",
+                value=config.type,
+            )
+        )
+    if config.type == "remote" and not config.custom_function and not config.remote_url:
+        issues.append(
+            Issue(
+                f"{prefix}.remote_url",
+                "reward type 'remote' posts each sample to a reward server, and remote_url "
+                "is not set",
+                "set remote_url: http://host:port/path",
+            )
+        )
+    return issues
+
+
+async def _sample_reward(sample: Sample, ctx: RewardContext) -> float:
+    rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
+    if rm_type:
+        return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
+    path = ctx.config.custom_function
+    if path:
+        hook = _load_cached(path, REWARD_FUNCTION)
+        value = await _call_hook(hook, sample, ctx.config.timeout_s, path)
+        return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
+    return await _typed_reward(ctx.config.type, sample, ctx, source="reward.type")
+
+
+async def _typed_reward(name: str, sample: Sample, ctx: RewardContext, source: str) -> float:
+    fn = REWARD_TYPES.get(name)
+    if fn is None:
+        raise RewardError(
+            f"unknown reward type {name!r} from {source} (sample group_index="
+            f"{sample.group_index}, index={sample.index}).{did_you_mean(name, REWARD_TYPES)} "
+            f"Known types: {sorted(REWARD_TYPES)}"
+        )
+    return float(await fn(sample, ctx))
+
+
+async def _group_rewards(samples: Sequence[Sample], config: RewardConfig) -> list[float]:
+    path = config.custom_function
+    if not path:
+        raise RewardError("reward.group is set but reward.custom_function is not")
+    hook = _load_cached(path, GROUP_REWARD_FUNCTION)
+    groups: dict[int, list[int]] = {}
+    for position, sample in enumerate(samples):
+        groups.setdefault(sample.group_index, []).append(position)
+
+    async def score(positions: list[int]) -> list[float]:
+        group = [samples[p] for p in positions]
+        values = await _call_hook(hook, group, config.timeout_s, path)
+        if values is _TIMED_OUT:
+            return [0.0] * len(group)
+        sized = hasattr(values, "__len__") and not isinstance(values, str | bytes)
+        if not sized or len(values) != len(group):
+            raise RewardError(
+                f"group reward function '{path}' returned {str(values)[:100]!r} for a group "
+                f"of {len(group)} samples; it must return a list of {len(group)} floats"
+            )
+        return [_as_reward(v, path) for v in values]
+
+    rewards = [0.0] * len(samples)
+    scored = await asyncio.gather(*(score(positions) for positions in groups.values()))
+    for positions, values in zip(groups.values(), scored, strict=True):
+        for position, value in zip(positions, values, strict=True):
+            rewards[position] = value
+    return rewards
+
+
+_TIMED_OUT: Any = object()
+_HOOK_CACHE: dict[tuple[str, HookSignature], Callable[..., Any]] = {}
+_HOOK_THREADS: ThreadPoolExecutor | None = None
+_LOCK = threading.Lock()
+
+
+def _load_cached(path: str, signature: HookSignature) -> Callable[..., Any]:
+    key = (path, signature)
+    if key not in _HOOK_CACHE:
+        try:
+            _HOOK_CACHE[key] = load_hook(path, signature)
+        except HookError as exc:
+            raise RewardError(str(exc)) from None
+    return _HOOK_CACHE[key]
+
+
+async def _call_hook(hook: Callable[..., Any], arg: Any, timeout_s: float, path: str) -> Any:
+    """`hook(arg)` under `timeout_s`: awaited when async, in a thread when plain."""
+    global _HOOK_THREADS
+    if is_async_hook(hook):
+        pending: Awaitable[Any] = hook(arg)
+    else:
+        with _LOCK:
+            if _HOOK_THREADS is None:
+                _HOOK_THREADS = ThreadPoolExecutor(16, thread_name_prefix="rlpost-reward")
+        pending = asyncio.get_running_loop().run_in_executor(_HOOK_THREADS, hook, arg)
+    try:
+        value = await asyncio.wait_for(pending, timeout_s)
+        if inspect.isawaitable(value):  # a plain function that returned a coroutine
+            value = await asyncio.wait_for(value, timeout_s)
+        return value
+    except TimeoutError:
+        logger.warning("reward function %s ran past %.1f s; scoring 0", path, timeout_s)
+        return _TIMED_OUT
+    except Exception as exc:
+        raise RewardError(f"reward function '{path}' raised {type(exc).__name__}: {exc}") from exc
+
+
+def _as_reward(value: Any, source: str) -> float:
+    if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
+        raise RewardError(f"reward function '{source}' returned {value!r}; expected a number")
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise RewardError(f"reward function '{source}' returned {reward}; rewards must be finite")
+    return reward
+
+
+def _label_of(sample: Sample, reward_type: str) -> str:
+    if sample.label is None:
+        raise RewardError(
+            f"reward type '{reward_type}' compares responses with a label, and sample "
+            f"group_index={sample.group_index} has none: set data.label_key to the field "
+            "holding the answer"
+        )
+    return str(sample.label)
+
+
+async def _grade(grader: str, failed: float, sample: Sample, ctx: RewardContext) -> float:
+    label = _label_of(sample, grader)
+    pool = grading_pool()
+    value = await pool.run(grader, sample.response_text, label, timeout_s=ctx.config.timeout_s)
+    return failed if value is None else value
+
+
+@register_reward("math")
+async def math_reward(sample: Sample, ctx: RewardContext) -> float:
+    """1 when the last `\\boxed{}` answer equals the label (math_verify), else 0."""
+    return await _grade("math", 0.0, sample, ctx)
+
+
+@register_reward("deepscaler")
+async def deepscaler_reward(sample: Sample, ctx: RewardContext) -> float:
+    """The math reward of the text after `</think>`; 0 without `</think>`."""
+    return await _grade("deepscaler", 0.0, sample, ctx)
+
+
+@register_reward("dapo")
+async def dapo_reward(sample: Sample, ctx: RewardContext) -> float:
+    """+1 when the answer after the last `Answer:` equals the label, else -1."""
+    return await _grade("dapo", -1.0, sample, ctx)
+
+
+@register_reward("f1")
+async def f1_reward(sample: Sample, ctx: RewardContext) -> float:
+    """Token F1 between response and label."""
+    return await _grade("f1", 0.0, sample, ctx)
+
+
+@register_reward("remote")
+async def remote_reward(sample: Sample, ctx: RewardContext) -> float:
+    """What the reward server at `reward.remote_url` answers for this sample."""
+    url = ctx.config.remote_url
+    if not url:
+        raise RewardError("reward type 'remote' needs reward.remote_url")
+    return await post_reward(
+        await ctx.http_session(),
+        url,
+        reward_payload(sample),
+        timeout_s=ctx.config.timeout_s,
+        max_retries=ctx.config.max_retries,
+    )

@@ -1,0 +1,93 @@
+"""Evaluation on named datasets: n samples per prompt, accuracy = mean reward."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from rlpost.data.prompts import ChatTokenizer
+from rlpost.data.source import Group, load_eval_groups
+from rlpost.plan.table import render_table
+from rlpost.runtime.rollout.manager import RolloutManager, SamplingSettings
+from rlpost.schema import RecipeConfig
+from rlpost.types import Sample
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str
+    groups: list[Group]
+    sampling: SamplingSettings
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    rollout_id: int
+    accuracy: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def load_eval_sets(
+    recipe: RecipeConfig, tokenizer: ChatTokenizer, stop_token_ids: Sequence[int]
+) -> list[EvalSet]:
+    ev, rollout = recipe.eval, recipe.rollout
+    sets = []
+    for dataset in ev.datasets:
+        groups = load_eval_groups(
+            dataset.path,
+            recipe.data,
+            tokenizer,
+            n_samples_per_prompt=dataset.n_samples_per_prompt or ev.n_samples_per_prompt,
+            input_key=dataset.input_key,
+            label_key=dataset.label_key,
+        )
+        sampling = SamplingSettings(
+            max_new_tokens=dataset.max_response_len
+            or ev.max_response_len
+            or rollout.max_response_len,
+            temperature=ev.temperature if ev.temperature is not None else rollout.temperature,
+            top_p=ev.top_p if ev.top_p is not None else rollout.top_p,
+            top_k=ev.top_k if ev.top_k is not None else rollout.top_k,
+            stop=tuple(rollout.stop),
+            stop_token_ids=tuple(stop_token_ids),
+            skip_special_tokens=rollout.skip_special_tokens,
+        )
+        sets.append(EvalSet(dataset.name, groups, sampling))
+    return sets
+
+
+async def evaluate(
+    manager: RolloutManager, eval_sets: Sequence[EvalSet], rollout_id: int
+) -> EvalReport:
+    accuracy: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    for eval_set in eval_sets:
+        groups = [[_fresh(s) for s in g] for g in eval_set.groups]
+        result = await manager.generate(
+            lambda n, groups=groups: groups, len(groups), len(groups), eval_set.sampling
+        )
+        rewards = [float(s.reward or 0.0) for s in result.samples]
+        lengths = [len(s.response_ids) for s in result.samples]
+        accuracy[eval_set.name] = statistics.fmean(rewards)
+        metrics[f"eval/{eval_set.name}/accuracy"] = accuracy[eval_set.name]
+        metrics[f"eval/{eval_set.name}/response_len_mean"] = statistics.fmean(lengths)
+        metrics[f"eval/{eval_set.name}/num_samples"] = float(len(rewards))
+    return EvalReport(rollout_id, accuracy, metrics)
+
+
+def _fresh(sample: Sample) -> Sample:
+    """A clean copy: eval groups are reused at every evaluation."""
+    return replace(sample, metadata=dict(sample.metadata))
+
+
+def format_eval_table(reports: Sequence[EvalReport]) -> str:
+    """Accuracy per dataset at each evaluation (the first is before any training)."""
+    if not reports:
+        return ""
+    names = list(reports[0].accuracy)
+    rows = [
+        [str(r.rollout_id)] + [f"{r.accuracy[n]:.3f}" if n in r.accuracy else None for n in names]
+        for r in reports
+    ]
+    return render_table(["after rollout", *names], rows, title="eval accuracy")

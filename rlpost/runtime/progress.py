@@ -1,0 +1,40 @@
+"""A progress bar per rollout: reward, KL, step time and rollout tokens/s at a glance."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+SHOWN = (
+    ("reward", "rollout/reward_mean", "{:.3f}"),
+    ("kl", "train/kl", "{:.2e}"),
+    ("step", "perf/step_time_s", "{:.2f}s"),
+    ("tok/s", "perf/rollout_tokens_per_s", "{:.0f}"),
+)
+
+
+class Progress:
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True) -> None:
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            desc="rollouts",
+            unit="rollout",
+            disable=not enabled,
+            file=sys.stdout,
+            dynamic_ncols=True,
+        )
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        shown = {
+            label: fmt.format(metrics[key])
+            for label, key, fmt in SHOWN
+            if isinstance(metrics.get(key), int | float)
+        }
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,332 @@
+"""Async HTTP client for rollout: /generate through the router, control calls to each engine.
+
+It speaks SGLang's HTTP API, so the same client drives rlpost's CPU engines and SGLang
+servers. The router forwards only generation; abort, pause, flush and weight updates are
+sent to every engine directly (the router answers 404 to them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+
+class FinishKind(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class EngineRequestError(RuntimeError):
+    """A call to the router or an engine that failed for good."""
+
+    def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """One completion as SGLang reports it. `output_logprobs[i]` is the logprob of
+    `output_ids[i]` (empty when logprobs were not requested)."""
+
+    output_ids: list[int]
+    text: str
+    output_logprobs: list[float]
+    finish_reason: FinishKind
+    weight_version: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    rid: str | None = None
+    finish_matched: int | str | None = None
+    abort_message: str | None = None
+
+
+def parse_generate_response(body: Any) -> list[GenerateResult]:
+    """SGLang's /generate answer (one object, or a list for batches and n > 1)."""
+    items = body if isinstance(body, list) else [body]
+    return [_parse_one(item) for item in items]
+
+
+def _parse_one(item: Any) -> GenerateResult:
+    if not isinstance(item, Mapping) or not isinstance(item.get("meta_info"), Mapping):
+        raise EngineRequestError(f"unexpected /generate answer: {str(item)[:300]}", body=item)
+    meta = item["meta_info"]
+    finish = meta.get("finish_reason") or {}
+    pairs = meta.get("output_token_logprobs") or []
+    logprobs = [float(p[0]) for p in pairs]
+    output_ids = item.get("output_ids")
+    if output_ids is None:
+        output_ids = [int(p[1]) for p in pairs]
+    try:
+        kind = FinishKind(finish.get("type"))
+    except ValueError as exc:
+        raise EngineRequestError(f"unknown finish_reason {finish!r}", body=item) from exc
+    version = meta.get("weight_version")
+    return GenerateResult(
+        output_ids=[int(t) for t in output_ids],
+        text=str(item.get("text", "")),
+        output_logprobs=logprobs,
+        finish_reason=kind,
+        weight_version=None if version is None else str(version),
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+        cached_tokens=int(meta.get("cached_tokens", 0) or 0),
+        rid=meta.get("id"),
+        finish_matched=finish.get("matched"),
+        abort_message=finish.get("message") if kind is FinishKind.ABORT else None,
+    )
+
+
+def _retryable(status: int) -> bool:
+    # 4xx means the request itself is wrong; sending it again cannot help.
+    return status >= 500 or status in (408, 429)
+
+
+class EngineClient:
+    """Sends /generate to the router with bounded concurrency and bounded retries, and
+    control calls to each engine. Use `async with`, or call close()."""
+
+    def __init__(
+        self,
+        router_url: str,
+        *,
+        worker_urls: Sequence[str] | None = None,
+        max_concurrency: int = 256,
+        max_attempts: int = 5,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        request_timeout_s: float | None = None,
+        control_timeout_s: float = 600.0,
+    ) -> None:
+        if max_attempts < 1 or max_concurrency < 1:
+            raise ValueError("max_attempts and max_concurrency must be >= 1")
+        self.router_url = router_url.rstrip("/")
+        self._worker_urls = [u.rstrip("/") for u in worker_urls] if worker_urls else None
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._generate_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._control_timeout = aiohttp.ClientTimeout(total=control_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0)  # the semaphore bounds concurrency
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> GenerateResult:
+        """One completion for one prompt, through the router."""
+        if int(sampling_params.get("n", 1) or 1) != 1:
+            raise ValueError("generate() returns one completion; send n requests instead")
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params),
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        async with self._semaphore:
+            answer = await self._post_with_retries(f"{self.router_url}/generate", body)
+        return parse_generate_response(answer)[0]
+
+    async def _post_with_retries(self, url: str, body: Mapping[str, Any]) -> Any:
+        last_error = ""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                async with self._http().post(
+                    url, json=body, timeout=self._generate_timeout
+                ) as response:
+                    answer = await _read_body(response)
+                    if response.status < 300:
+                        return answer
+                    last_error = f"HTTP {response.status}: {str(answer)[:300]}"
+                    if not _retryable(response.status):
+                        raise EngineRequestError(
+                            f"POST {url} was rejected: {last_error}", response.status, answer
+                        )
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            if attempt < self.max_attempts:
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+                logger.warning("POST %s failed (%s); retry %d in %.1f s", url, last_error,
+                               attempt, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+        raise EngineRequestError(
+            f"POST {url} failed {self.max_attempts} times; last error: {last_error}. "
+            f"Check that the router and its engines are up (GET {self.router_url}/workers)."
+        )
+
+    async def _call(
+        self, method: str, url: str, body: Mapping[str, Any] | None = None
+    ) -> tuple[int, Any]:
+        async with self._http().request(
+            method, url, json=body, timeout=self._control_timeout
+        ) as response:
+            return response.status, await _read_body(response)
+
+    async def _call_ok(self, method: str, url: str, body: Mapping[str, Any] | None = None) -> Any:
+        status, answer = await self._call(method, url, body)
+        if status >= 300:
+            raise EngineRequestError(f"{method} {url}: HTTP {status}: {answer}", status, answer)
+        return answer
+
+    async def worker_urls(self) -> list[str]:
+        """The engines: those given at construction, else the router's registered workers."""
+        if self._worker_urls is not None:
+            return list(self._worker_urls)
+        answer = await self._call_ok("GET", f"{self.router_url}/workers")
+        return [str(w["url"]).rstrip("/") for w in answer.get("workers", [])]
+
+    async def _each(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        worker_urls: Sequence[str] | None = None,
+    ) -> list[Any]:
+        urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
+        calls = [self._call_ok(method, f"{u.rstrip('/')}{path}", body) for u in urls]
+        return list(await asyncio.gather(*calls))
+
+    async def abort_all(
+        self,
+        worker_urls: Sequence[str] | None = None,
+        wait: bool = True,
+        timeout_s: float = 60.0,
+    ) -> None:
+        """Abort every request on every engine; with `wait`, until none is left running."""
+        urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            await self._each("POST", "/abort_request", {"abort_all": True}, urls)
+            if not wait or await self._num_requests(urls) == 0:
+                return
+            if time.monotonic() > deadline:
+                raise EngineRequestError(f"requests still running after abort for {timeout_s} s")
+            await asyncio.sleep(0.2)
+
+    async def _num_requests(self, urls: Sequence[str]) -> int:
+        answers = await self._each("GET", "/v1/loads?include=core", None, urls)
+        return sum(
+            int(load.get("num_running_reqs", 0)) + int(load.get("num_waiting_reqs", 0))
+            for answer in answers
+            for load in answer.get("loads", [])
+        )
+
+    async def pause(self, mode: str = "abort", worker_urls: Sequence[str] | None = None) -> None:
+        await self._each("POST", "/pause_generation", {"mode": mode}, worker_urls)
+
+    async def continue_generation(self, worker_urls: Sequence[str] | None = None) -> None:
+        await self._each("POST", "/continue_generation", {}, worker_urls)
+
+    async def flush_cache(
+        self,
+        worker_urls: Sequence[str] | None = None,
+        attempts: int = 60,
+        interval_s: float = 1.0,
+    ) -> None:
+        """Flush each engine's cache, retrying while it answers 400 (requests still running)."""
+        urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
+
+        async def flush(url: str) -> None:
+            for _ in range(attempts):
+                status, answer = await self._call("POST", f"{url}/flush_cache")
+                if status == 200:
+                    return
+                if status != 400:
+                    raise EngineRequestError(f"flush_cache on {url}: HTTP {status}: {answer}")
+                await asyncio.sleep(interval_s)
+            raise EngineRequestError(f"flush_cache on {url} still refused after {attempts} tries")
+
+        await asyncio.gather(*(flush(u.rstrip("/")) for u in urls))
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        worker_urls: Sequence[str] | None = None,
+    ) -> None:
+        """Each engine loads the checkpoint folder `model_path` (visible to every engine)."""
+        body: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        answers = await self._each("POST", "/update_weights_from_disk", body, worker_urls)
+        failed = [a for a in answers if not (isinstance(a, Mapping) and a.get("success"))]
+        if failed:
+            raise EngineRequestError(f"update_weights_from_disk failed: {failed}")
+
+    async def get_weight_version(self, worker_url: str) -> str:
+        answer = await self._call_ok("GET", f"{worker_url.rstrip('/')}/get_weight_version")
+        return str(answer["weight_version"])
+
+    async def wait_healthy(
+        self,
+        worker_urls: Sequence[str],
+        timeout_s: float = 600.0,
+        endpoint: str = "/health_generate",
+        interval_s: float = 0.5,
+    ) -> None:
+        """Poll each engine's `endpoint` until it answers 200."""
+        deadline = time.monotonic() + timeout_s
+
+        async def wait_one(url: str) -> None:
+            last: object = None
+            while time.monotonic() < deadline:
+                try:
+                    status, last = await self._call("GET", f"{url.rstrip('/')}{endpoint}")
+                    if status == 200:
+                        return
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    last = exc
+                await asyncio.sleep(interval_s)
+            raise EngineRequestError(f"{url}{endpoint} not healthy after {timeout_s} s: {last}")
+
+        await asyncio.gather(*(wait_one(u) for u in worker_urls))
+
+
+async def _read_body(response: aiohttp.ClientResponse) -> Any:
+    text = await response.text()
+    if "json" in (response.content_type or ""):
+        try:
+            return await response.json(content_type=None)
+        except ValueError:
+            return text
+    return text

@@ -1,0 +1,222 @@
+"""The sglang-router (a Rust gateway) as a subprocess: start, register workers, stop.
+
+Generation goes through the router; control calls (abort, pause, weight updates) do not —
+the router answers 404 to them — and go to each worker directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
+
+
+class RouterError(RuntimeError):
+    """The router failed to start, to register a worker, or to become ready."""
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """How the router runs. As slime does, its health checker and circuit breaker are off:
+    a paused engine must not be marked unhealthy, and a failed request is retried on
+    another worker by the router's own retry loop instead."""
+
+    policy: str = "round_robin"
+    request_timeout_s: float = 3600.0
+    max_retries: int = 5
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port
+    startup_timeout_s: float = 60.0
+    shutdown_grace_s: float = 5.0
+    log_level: str = "warn"
+    log_path: str | None = None  # None: the router writes to this process's stdout/stderr
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(
+                f"router policy '{self.policy}' is unknown; use one of {list(POLICIES)}"
+            )
+        if self.request_timeout_s <= 0 or self.max_retries < 1:
+            raise ValueError("router request_timeout_s must be > 0 and max_retries >= 1")
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    id: str
+    url: str
+    is_healthy: bool
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_json(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+    """One blocking HTTP call; returns (status, parsed JSON or text). Raises on no answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    text = raw.decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+class Router:
+    """A running sglang-router; use as a context manager or call start() and stop()."""
+
+    def __init__(self, settings: RouterSettings | None = None) -> None:
+        self.settings = settings or RouterSettings()
+        self.port = self.settings.port or free_port(self.settings.host)
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        s = self.settings
+        return [
+            sys.executable, "-m", "sglang_router.launch_router",
+            "--host", s.host,
+            "--port", str(self.port),
+            "--policy", s.policy,
+            "--request-timeout-secs", str(max(1, round(s.request_timeout_s))),
+            "--retry-max-retries", str(s.max_retries),
+            "--shutdown-grace-period-secs", str(max(1, round(s.shutdown_grace_s))),
+            "--disable-health-check",
+            "--disable-circuit-breaker",
+            # Its metrics server binds a fixed port by default; two routers would collide.
+            "--prometheus-host", s.host,
+            "--prometheus-port", str(free_port(s.host)),
+            "--log-level", s.log_level,
+            *s.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> Router:
+        """Launch the router and wait until it answers; it starts with no workers."""
+        if self._process is not None:
+            raise RouterError("the router is already running")
+        log = open(self.settings.log_path, "ab") if self.settings.log_path else None  # noqa: SIM115
+        try:
+            self._process = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own descriptor
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self._process = None
+                raise RouterError(f"sglang-router exited with code {code} at startup")
+            try:
+                status, _ = http_json("GET", f"{self.url}/health", timeout_s=2)
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RouterError(
+            f"sglang-router did not answer on {self.url} within {self.settings.startup_timeout_s} s"
+        )
+
+    def add_worker(self, worker_url: str) -> str:
+        """Register a worker (the router probes its /health in the background)."""
+        status, body = http_json("POST", f"{self.url}/workers", {"url": worker_url})
+        if status not in (200, 202) or not isinstance(body, dict):
+            raise RouterError(f"adding worker {worker_url} failed: HTTP {status} {body}")
+        return str(body.get("worker_id", worker_url))
+
+    def workers(self) -> list[RouterWorker]:
+        status, body = http_json("GET", f"{self.url}/workers")
+        if status != 200 or not isinstance(body, dict):
+            raise RouterError(f"listing workers failed: HTTP {status} {body}")
+        return [
+            RouterWorker(id=str(w["id"]), url=str(w["url"]), is_healthy=bool(w["is_healthy"]))
+            for w in body.get("workers", [])
+        ]
+
+    def worker_urls(self) -> list[str]:
+        return [w.url for w in self.workers()]
+
+    def remove_worker(self, worker_url: str) -> bool:
+        """Unregister a worker by URL; False when the router does not list it."""
+        match = [w for w in self.workers() if w.url.rstrip("/") == worker_url.rstrip("/")]
+        for worker in match:
+            status, body = http_json("DELETE", f"{self.url}/workers/{worker.id}")
+            if status not in (200, 202, 404):
+                raise RouterError(f"removing worker {worker_url} failed: HTTP {status} {body}")
+        return bool(match)
+
+    def wait_ready(self, num_workers: int, timeout_s: float = 60.0) -> None:
+        """Block until the router reports exactly `num_workers` healthy workers."""
+        deadline = time.monotonic() + timeout_s
+        seen: Any = None
+        while time.monotonic() < deadline:
+            try:
+                _, seen = http_json("GET", f"{self.url}/readiness", timeout_s=2)
+            except OSError as exc:
+                seen = exc
+            else:
+                if isinstance(seen, dict) and seen.get("healthy_workers") == num_workers:
+                    return
+            # Slow polling: the router logs each of its own 503 answers as an error.
+            time.sleep(0.25)
+        raise RouterError(
+            f"router at {self.url} did not reach {num_workers} healthy workers within "
+            f"{timeout_s} s; last /readiness answer: {seen}"
+        )
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Terminate the router, and kill it if it has not exited after the grace period."""
+        grace_s = self.settings.shutdown_grace_s + 1 if grace_s is None else grace_s
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("sglang-router ignored SIGTERM for %.0f s; killing it", grace_s)
+            process.kill()
+            process.wait()
+
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> Router:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,327 @@
+"""Configurations that validate but cannot be planned: each names the key, value and fix."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+import yaml
+
+from rlpost.errors import UserError
+from rlpost.plan import build_plan
+from rlpost.schema import RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+GROUPS = ("model", "recipe", "hardware", "layout")
+
+
+@functools.cache
+def _composed(groups: tuple[str, ...]) -> dict[str, Any]:
+    """Compose the group choices once (the launcher's loader when present)."""
+    try:
+        from rlpost.config.loader import compose_run_config
+    except ImportError:
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from rlpost.config.resolvers import register_resolvers
+
+        register_resolvers()
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+            cfg = compose("config", overrides=list(groups))
+        data = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(data, dict)
+        return {str(k): v for k, v in data.items()}
+    return compose_run_config(list(groups))[0].model_dump()
+
+
+def compose_run(*overrides: str) -> RunConfig:
+    """Group choices through Hydra, then `a.b=value` overrides on the validated tree (fast:
+    one compose per group combination)."""
+    groups = tuple(o for o in overrides if o.split("=")[0] in GROUPS)
+    data = copy.deepcopy(_composed(groups))
+    for override in overrides:
+        if override in groups:
+            continue
+        dotted, value = override.lstrip("+").split("=", 1)
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(value)
+    return RunConfig.model_validate(data)
+
+
+class Bad(NamedTuple):
+    name: str
+    overrides: tuple[str, ...]
+    key: str
+    fragment: str
+
+
+GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
+QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
+FLASH = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+TINY = ("model=qwen3-tiny", "recipe=grpo_tiny_math", "hardware=cpu")
+
+CASES = [
+    Bad(
+        "explicit dp disagrees",
+        (*QWEN, "++layout.train.dp=2"),
+        "layout.train.dp",
+        "tp x pp x cp x dp = 2 x 1 x 1 x 2 = 4",
+    ),
+    Bad(
+        "train gpus not whole replicas",
+        (*GLM9, "layout.train.num_gpus=3"),
+        "layout.train.num_gpus",
+        "do not split into tp x pp x cp",
+    ),
+    Bad(
+        "decoupled asks for too many gpus",
+        (*GLM9, "layout.rollout.num_gpus=6"),
+        "layout.rollout.num_gpus",
+        "4 train + 6 rollout = 10 GPUs",
+    ),
+    Bad(
+        "colocated pool larger than hardware",
+        (*QWEN, "layout.train.num_gpus=16"),
+        "layout.train.num_gpus",
+        "share 16 GPUs",
+    ),
+    Bad(
+        "decoupled without rollout gpus",
+        (*GLM9, "layout.rollout.num_gpus=0"),
+        "layout.rollout.num_gpus",
+        "leaves no GPUs for the engines",
+    ),
+    Bad(
+        "query groups not divisible by tp",
+        (*GLM9, "layout.train.tp=4", "layout.train.cp=1"),
+        "layout.train.tp",
+        "2 query groups",
+    ),
+    Bad(
+        "mla heads not divisible by tp",
+        (*FLASH, "layout.train.tp=8", "layout.train.ep=1"),
+        "layout.train.tp",
+        "multi-latent attention splits the 20 attention heads",
+    ),
+    Bad(
+        "experts not divisible by ep",
+        (*FLASH, "layout.train.ep=3"),
+        "layout.train.ep",
+        "64 experts do not split evenly over ep=3",
+    ),
+    Bad(
+        "expert grid does not fit the world",
+        (*FLASH, "layout.train.etp=2"),
+        "layout.train.ep",
+        "etp x ep x pp grid",
+    ),
+    Bad(
+        "expert parallelism on a dense model",
+        (*QWEN, "layout.train.ep=2"),
+        "layout.train.ep",
+        "is dense",
+    ),
+    Bad(
+        "pp does not divide layers",
+        (
+            *GLM9,
+            "layout.train.pp=3",
+            "layout.train.num_gpus=3",
+            "layout.train.tp=1",
+            "layout.train.cp=1",
+            "layout.train.sequence_parallel=false",
+        ),
+        "layout.train.pp",
+        "40 layers do not split evenly over pp=3",
+    ),
+    Bad(
+        "uneven stages without pipeline",
+        (*QWEN, "++layout.train.num_layers_in_last_pipeline_stage=4"),
+        "layout.train.num_layers_in_last_pipeline_stage",
+        "need more than one stage",
+    ),
+    Bad(
+        "47 layers on two stages without an uneven split",
+        (
+            "model=glm4.7-flash",
+            "recipe=grpo_dapo",
+            "hardware=h100x16",
+            "layout.train.num_layers_in_last_pipeline_stage=null",
+        ),
+        "layout.train.pp",
+        "47 layers do not split evenly over pp=2",
+    ),
+    Bad(
+        "engine does not divide rollout gpus",
+        (*GLM9, "layout.rollout.gpus_per_engine=3"),
+        "layout.rollout.gpus_per_engine",
+        "do not split into engines of 3",
+    ),
+    Bad(
+        "engine crosses a node boundary",
+        (
+            "model=glm4-9b",
+            "recipe=grpo_dapo",
+            "hardware=h100x16",
+            "++layout.colocate=false",
+            "++layout.train.num_gpus=6",
+            "++layout.rollout.num_gpus=8",
+            "++layout.rollout.gpus_per_engine=4",
+            "++layout.train.tp=2",
+            "++layout.train.cp=1",
+        ),
+        "layout.rollout.gpus_per_engine",
+        "crossing from node 0 to node 1",
+    ),
+    Bad(
+        "multi-node engine not whole nodes",
+        (
+            "model=glm4-9b",
+            "recipe=grpo_dapo",
+            "hardware=h100x16",
+            "++layout.colocate=false",
+            "++layout.train.num_gpus=4",
+            "++layout.rollout.num_gpus=12",
+            "++layout.rollout.gpus_per_engine=12",
+        ),
+        "layout.rollout.gpus_per_engine",
+        "must cover",
+    ),
+    Bad(
+        "sequence parallel without tp",
+        (
+            "model=qwen3-4b",
+            "recipe=grpo_dapo",
+            "hardware=h200x1",
+            "++layout.train.sequence_parallel=true",
+        ),
+        "layout.train.sequence_parallel",
+        "which has size tp=1",
+    ),
+    Bad(
+        "expert and tensor parallel without sp",
+        (*FLASH, "layout.train.tp=2"),
+        "layout.train.sequence_parallel",
+        "requires sequence parallelism",
+    ),
+    Bad(
+        "context parallel without packing",
+        (*GLM9, "recipe.train.use_dynamic_batch_size=false"),
+        "layout.train.cp",
+        "packing is off",
+    ),
+    Bad(
+        "async loop on a colocated layout",
+        ("model=qwen3-4b", "recipe=grpo_dapo_async", "hardware=h100x8"),
+        "recipe.loop.mode",
+        "needs separate train and rollout GPUs",
+    ),
+    Bad(
+        "dp attention size does not divide the engine",
+        (*FLASH, "layout.rollout.sglang.dp_size=3"),
+        "layout.rollout.sglang.dp_size",
+        "does not divide them",
+    ),
+    Bad(
+        "dp size without dp attention",
+        (*FLASH, "layout.rollout.sglang.enable_dp_attention=false"),
+        "layout.rollout.sglang.dp_size",
+        "replicas of 8 GPUs",
+    ),
+    Bad(
+        "engine attention tp does not divide heads",
+        (
+            *FLASH,
+            "layout.rollout.sglang.enable_dp_attention=false",
+            "layout.rollout.sglang.dp_size=1",
+        ),
+        "layout.rollout.gpus_per_engine",
+        "20 attention heads",
+    ),
+    Bad(
+        "sglang ep size does not divide the engine",
+        (*FLASH, "++layout.rollout.sglang.ep_size=3"),
+        "layout.rollout.sglang.ep_size",
+        "ep_size must divide tp_size",
+    ),
+    Bad(
+        "sglang ep size on a dense model",
+        (*QWEN, "++layout.rollout.sglang.ep_size=2"),
+        "layout.rollout.sglang.ep_size",
+        "is dense",
+    ),
+    Bad(
+        "global batch not divisible by dp",
+        (*FLASH, "recipe.train.global_batch_size=4"),
+        "recipe.train.global_batch_size",
+        "over dp=8",
+    ),
+    Bad(
+        "rollout too small for the engines",
+        (
+            *GLM9,
+            "recipe.rollout.batch_size=1",
+            "recipe.rollout.n_samples_per_prompt=1",
+            "recipe.train.global_batch_size=1",
+        ),
+        "recipe.rollout.batch_size",
+        "cannot keep 2 engines busy",
+    ),
+    Bad(
+        "cpu engine with tensor parallelism",
+        (*TINY, "++layout.rollout.gpus_per_engine=2"),
+        "layout.rollout.gpus_per_engine",
+        "CPU engine runs in one device slot",
+    ),
+    Bad(
+        "model too large for the hardware",
+        ("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x8"),
+        "layout.train.tp",
+        "no tensor-parallel size fits",
+    ),
+    Bad(
+        "no engine size leaves room for the kv cache",
+        ("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x8"),
+        "layout.rollout.gpus_per_engine",
+        "leaves a KV cache for one",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_plan_is_rejected(case: Bad) -> None:
+    cfg = compose_run(*case.overrides)
+    with pytest.raises(UserError) as info:
+        build_plan(cfg)
+    matching = [issue for issue in info.value.issues if issue.key == case.key]
+    assert matching, f"no issue at {case.key}: {info.value.render()}"
+    assert any(case.fragment in issue.message for issue in matching), info.value.render()
+    assert all(issue.fix for issue in info.value.issues)
+
+
+def test_all_issues_are_reported_at_once() -> None:
+    cfg = compose_run(
+        *FLASH,
+        "layout.train.ep=3",
+        "recipe.train.global_batch_size=4",
+        "layout.rollout.sglang.dp_size=3",
+    )
+    with pytest.raises(UserError) as info:
+        build_plan(cfg)
+    keys = {issue.key for issue in info.value.issues}
+    assert {
+        "layout.train.ep",
+        "recipe.train.global_batch_size",
+        "layout.rollout.sglang.dp_size",
+    } <= keys
+    text = info.value.render()
+    assert text.startswith("rlpost: ") and "fix:" in text

@@ -1,0 +1,253 @@
+"""mode=slime_args reproduces the seeds' slime argument lists, group by group.
+
+The expected lists are the seeds' bash arrays as written in the seed documents (GLM-Z1-9B,
+Qwen3-4B, GLM-4.5 355B, GLM-4.7-Flash examples); where a seed elides part of an array with
+"...", only the flags it shows are required.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlpost.plan import build_plan, render_slime_args, slime_arg_groups
+from rlpost.schema import RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+GROUPS = ("model", "recipe", "hardware", "layout")
+
+
+@functools.cache
+def _composed(groups: tuple[str, ...]) -> dict[str, Any]:
+    """Compose the group choices once (the launcher's loader when present)."""
+    try:
+        from rlpost.config.loader import compose_run_config
+    except ImportError:
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from rlpost.config.resolvers import register_resolvers
+
+        register_resolvers()
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+            cfg = compose("config", overrides=list(groups))
+        data = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(data, dict)
+        return {str(k): v for k, v in data.items()}
+    return compose_run_config(list(groups))[0].model_dump()
+
+
+def compose_run(*overrides: str) -> RunConfig:
+    """Group choices through Hydra, then `a.b=value` overrides on the validated tree (fast:
+    one compose per group combination)."""
+    groups = tuple(o for o in overrides if o.split("=")[0] in GROUPS)
+    data = copy.deepcopy(_composed(groups))
+    for override in overrides:
+        if override in groups:
+            continue
+        dotted, value = override.lstrip("+").split("=", 1)
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(value)
+    return RunConfig.model_validate(data)
+
+
+def groups_for(
+    model: str, hardware: str, *extra: str, recipe: str = "grpo_dapo"
+) -> dict[str, list[str]]:
+    cfg = compose_run(f"model={model}", f"recipe={recipe}", f"hardware={hardware}", *extra)
+    return slime_arg_groups(cfg, build_plan(cfg))
+
+
+ROLLOUT = """--prompt-data /root/dapo-math-17k/dapo-math-17k.jsonl
+--input-key prompt --label-key label --apply-chat-template --rollout-shuffle
+--rm-type deepscaler --num-rollout 3000
+--rollout-batch-size 32 --n-samples-per-prompt 8 --rollout-max-response-len 8192
+--rollout-temperature 1 --global-batch-size 256 --balance-data"""
+GRPO = """--advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl
+--entropy-coef 0.00 --eps-clip 0.2 --eps-clip-high 0.28"""
+OPTIMIZER = """--optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1
+--adam-beta1 0.9 --adam-beta2 0.98"""
+CPU_ADAM = "--optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer"
+EVAL = """--eval-interval 20 --eval-prompt-data aime /root/aime-2024/aime-2024.jsonl
+--n-samples-per-eval-prompt 16 --eval-max-response-len 16384 --eval-top-p 1"""
+RECOMPUTE = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+
+
+def perf(tp: int, sp: bool, pp: int, cp: int, ep: int, tokens: int) -> str:
+    return (
+        f"--tensor-model-parallel-size {tp} {'--sequence-parallel' if sp else ''} "
+        f"--pipeline-model-parallel-size {pp} --context-parallel-size {cp} "
+        f"--expert-model-parallel-size {ep} --expert-tensor-parallel-size 1 {RECOMPUTE} "
+        f"--use-dynamic-batch-size --max-tokens-per-gpu {tokens}"
+    )
+
+
+SEED_ARRAYS: dict[tuple[str, str], dict[str, str]] = {
+    ("glm4-9b", "h100x8"): {
+        "CLUSTER_ARGS": "--actor-num-nodes 1 --actor-num-gpus-per-node 4 --rollout-num-gpus 4",
+        "PERF_ARGS": perf(2, True, 1, 2, 1, 4608),
+        "ROLLOUT_ARGS": ROLLOUT,
+        "GRPO_ARGS": GRPO,
+        "OPTIMIZER_ARGS": OPTIMIZER,
+        "EVAL_ARGS": EVAL,
+        "SGLANG_ARGS": "--rollout-num-gpus-per-engine 2",
+    },
+    ("qwen3-4b", "h100x8"): {
+        "CLUSTER_ARGS": "--actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate",
+        "PERF_ARGS": perf(2, True, 1, 1, 1, 9216),
+        "ROLLOUT_ARGS": ROLLOUT,
+        "GRPO_ARGS": GRPO,
+        "OPTIMIZER_ARGS": OPTIMIZER,
+        "EVAL_ARGS": EVAL,
+        "SGLANG_ARGS": "--rollout-num-gpus-per-engine 2 --sglang-mem-fraction-static 0.7",
+    },
+    ("glm4.5-355b-a32b", "h100x64"): {
+        "PERF_ARGS": perf(8, True, 4, 2, 16, 16384),
+        "GRPO_ARGS": GRPO,
+        "SGLANG_ARGS": "--rollout-num-gpus-per-engine 32 --sglang-mem-fraction-static 0.7 "
+        "--sglang-enable-dp-attention --sglang-dp-size 4",
+    },
+    ("glm4.7-flash", "h100x8"): {
+        "CLUSTER_ARGS": "--actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate",
+        "PERF_ARGS": perf(1, False, 1, 1, 8, 8192),
+        "ROLLOUT_ARGS": ROLLOUT,
+        "GRPO_ARGS": GRPO,
+        "OPTIMIZER_ARGS": f"{OPTIMIZER} {CPU_ADAM}",
+        "EVAL_ARGS": EVAL,
+        "SGLANG_ARGS": "--rollout-num-gpus-per-engine 8 --sglang-mem-fraction-static 0.7 "
+        "--sglang-enable-dp-attention --sglang-dp-size 8 --sglang-enable-dp-lm-head "
+        "--sglang-moe-dense-tp-size 1 --sglang-cuda-graph-max-bs 16 "
+        "--sglang-max-running-requests 64",
+        "MISC_ARGS": "--attention-dropout 0.0 --hidden-dropout 0.0 "
+        "--accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32 "
+        "--attention-backend flash --moe-token-dispatcher-type alltoall",
+    },
+}
+
+# Arrays the seeds elide with "...": the flags shown must all be there.
+SEED_SUBSETS: dict[tuple[str, str], dict[str, str]] = {
+    ("glm4.5-355b-a32b", "h100x64"): {
+        "OPTIMIZER_ARGS": CPU_ADAM,
+        "MISC_ARGS": "--moe-enable-deepep --moe-token-dispatcher-type flex",
+        "CLUSTER_ARGS": "--actor-num-nodes 8 --actor-num-gpus-per-node 8 --colocate",
+    },
+}
+
+
+def same_token(a: str, b: str) -> bool:
+    """Equal as text, or as numbers (the seeds write 0.00 and 1e-6)."""
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def assert_tokens_equal(actual: list[str], expected: list[str]) -> None:
+    same = len(actual) == len(expected) and all(map(same_token, actual, expected))
+    assert same, f"\n  got:      {' '.join(actual)}\n  expected: {' '.join(expected)}"
+
+
+CASES = [(seed, group) for seed, arrays in SEED_ARRAYS.items() for group in arrays]
+
+
+@pytest.mark.parametrize(("seed", "group"), CASES, ids=[f"{s[0]}-{g}" for s, g in CASES])
+def test_group_matches_seed(seed: tuple[str, str], group: str) -> None:
+    actual = groups_for(*seed)[group]
+    assert_tokens_equal(actual, SEED_ARRAYS[seed][group].split())
+
+
+SUBSET_CASES = [(seed, group) for seed, arrays in SEED_SUBSETS.items() for group in arrays]
+
+
+@pytest.mark.parametrize(("seed", "group"), SUBSET_CASES, ids=[g for _, g in SUBSET_CASES])
+def test_group_contains_seed_flags(seed: tuple[str, str], group: str) -> None:
+    actual = " ".join(groups_for(*seed)[group])
+    for flag in re.findall(r"--\S+(?: [^-\s]\S*)?", SEED_SUBSETS[seed][group]):
+        assert flag in actual, f"{flag!r} missing from {group}: {actual}"
+
+
+def test_checkpoint_paths_pass_through() -> None:
+    groups = groups_for(
+        "glm4-9b",
+        "h100x8",
+        "model.load=/root/GLM-Z1-9B-0414_slime/",
+        "model.save=/root/GLM-Z1-9B-0414_slime/",
+    )
+    expected = (
+        "--hf-checkpoint /root/GLM-Z1-9B-0414 --ref-load /root/GLM-Z1-9B-0414_torch_dist "
+        "--load /root/GLM-Z1-9B-0414_slime/ --save /root/GLM-Z1-9B-0414_slime/ --save-interval 20"
+    )
+    assert_tokens_equal(groups["CKPT_ARGS"], expected.split())
+
+
+def test_dynamic_sampling_maps_to_slime_filters() -> None:
+    rollout = " ".join(
+        groups_for("qwen3-4b", "h100x8", recipe="grpo_dapo_dynamic_sampling")["ROLLOUT_ARGS"]
+    )
+    assert "--over-sampling-batch-size 64" in rollout
+    assert (
+        "--dynamic-sampling-filter-path "
+        "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std" in rollout
+    )
+    assert "--partial-rollout" in rollout
+    assert "--buffer-filter-path slime.rollout.filter_hub.buffer_filters.pop_first" in rollout
+
+
+def test_decoupled_alternative_of_the_qwen_seed() -> None:
+    # Qwen3-4B seed, "Decoupled Training and Inference": 2 train GPUs + 6 rollout GPUs
+    groups = groups_for(
+        "qwen3-4b",
+        "h100x8",
+        "layout.colocate=false",
+        "layout.train.num_gpus=2",
+        "++layout.rollout.num_gpus=6",
+    )
+    assert_tokens_equal(
+        groups["CLUSTER_ARGS"],
+        ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "6"],
+    )
+
+
+def test_model_args_describe_the_architecture() -> None:
+    model = " ".join(groups_for("glm4.5-355b-a32b", "h100x64")["MODEL_ARGS"])
+    for flag in (
+        "--num-layers 92",
+        "--hidden-size 5120",
+        "--num-attention-heads 96",
+        "--num-query-groups 8",
+        "--num-experts 160",
+        "--moe-router-topk 8",
+        "--moe-layer-freq [0]*3+[1]*89",
+        "--rotary-percent 0.5",
+        "--untie-embeddings-and-output-weights",
+    ):
+        assert flag in model, flag
+
+
+def test_rendered_script_splits_back_into_the_groups() -> None:
+    cfg = compose_run("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+    plan = build_plan(cfg)
+    text = render_slime_args(cfg, plan)
+    arrays = dict(re.findall(r"^(\w+_ARGS)=\(\n(.*?)\n\)", text, flags=re.M | re.S))
+    parsed = {name: shlex.split(body) for name, body in arrays.items()}
+    assert parsed == slime_arg_groups(cfg, plan)
+    assert "python3 train.py" in text
+
+
+def test_async_recipe_uses_the_async_entry_point() -> None:
+    cfg = compose_run("model=glm4-9b", "recipe=grpo_dapo_async", "hardware=h100x8")
+    assert "python3 train_async.py" in render_slime_args(cfg, build_plan(cfg))

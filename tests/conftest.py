@@ -1,0 +1,63 @@
+"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, saved locally."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TINY_LM_CONTEXT = 256
+
+
+def train_tiny_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on arithmetic sentences; <|im_end|> is EOS."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = [f"What is {a}+{b}? The answer is {a + b}." for a in range(30) for b in range(30)]
+    backend.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+
+
+def save_tiny_lm(
+    path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0, context: int = TINY_LM_CONTEXT
+) -> Path:
+    """Save a random Qwen3ForCausalLM and its tokenizer as a local HF folder."""
+    tokenizer = train_tiny_tokenizer()
+    eos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=context,
+        tie_word_embeddings=True,
+        eos_token_id=eos[0],
+        pad_token_id=eos[1],
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, hidden-64 random Qwen3 (about 0.1M parameters) with its tokenizer."""
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))

@@ -1,0 +1,82 @@
+"""Planning stays light: composing, validating and planning import no ML framework.
+
+Each check runs in a fresh interpreter, because this test process itself may already hold
+torch (other tests' fixtures import it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("torch", "ray", "transformers", "megatron", "sglang", "numpy")
+PLAN_ARGS = ("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x64")
+
+PLAN_SCRIPT = f"""
+import importlib.util, json, sys
+import rlpost.config, rlpost.plan, rlpost.schema, rlpost.errors
+from rlpost.plan import build_plan, render_plan, render_slime_args
+if importlib.util.find_spec("rlpost.config.loader"):
+    import rlpost.config.loader
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from rlpost.config.resolvers import register_resolvers
+register_resolvers()
+with initialize_config_dir(config_dir={str(REPO / "conf")!r}, version_base=None):
+    cfg = compose("config", overrides={list(PLAN_ARGS)!r})
+run = rlpost.schema.RunConfig.model_validate(OmegaConf.to_container(cfg, resolve=True))
+plan = build_plan(run)
+render_plan(plan, "table"); render_plan(plan, "json"); render_slime_args(run, plan)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {FORBIDDEN!r})))
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_plan_path_imports_no_framework() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PLAN_SCRIPT],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def _imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from `python -X importtime` lines ('import time: self | cum | name')."""
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+@pytest.mark.skipif(not (REPO / "launch.py").exists(), reason="launch.py not present")
+def test_launch_mode_plan_imports_no_framework() -> None:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "launch.py", *PLAN_ARGS, "mode=plan"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules = _imported_modules(result.stderr)
+    assert "rlpost.plan" in modules
+    heavy = sorted(m for m in modules if m.split(".")[0] in FORBIDDEN)
+    assert heavy == []

@@ -1,0 +1,83 @@
+"""A tiny random Qwen3 with a word-level tokenizer, saved as a local HF folder."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+VOCAB_SIZE = 64
+
+
+def save_tiny_qwen3(path: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    vocab = {"<pad>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, VOCAB_SIZE)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>"
+    )
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"))
+
+
+def random_samples(
+    count: int, *, seed: int = 0, min_len: int = 5, max_len: int = 24, with_rollout: bool = False
+) -> list[TrainSample]:
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(count):
+        length = rng.randint(min_len, max_len)
+        response = rng.randint(1, length - 1)
+        tokens = [rng.randrange(2, VOCAB_SIZE) for _ in range(length)]
+        mask = [int(rng.random() > 0.2) for _ in range(response)]
+        mask[-1] = 1
+        rollout = [-rng.uniform(3.0, 5.0) for _ in range(response)] if with_rollout else None
+        reward = rng.choice([-1.0, -0.5, 0.5, 1.0])
+        samples.append(TrainSample(tokens, response, reward, rollout, mask))
+    return samples
+
+
+@pytest.fixture
+def make_samples() -> Callable[..., list[TrainSample]]:
+    return random_samples
+
+
+def configs(
+    gbs: int, *, algo: dict | None = None, optim: dict | None = None, train: dict | None = None
+) -> tuple[AlgoConfig, OptimConfig, TrainConfig]:
+    return (
+        AlgoConfig(**(algo or {})),
+        OptimConfig(**({"lr": 1e-3, "clip_grad": 0.0} | (optim or {}))),
+        TrainConfig(**({"global_batch_size": gbs} | (train or {}))),
+    )
+
+
+@pytest.fixture
+def make_configs() -> Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]:
+    return configs

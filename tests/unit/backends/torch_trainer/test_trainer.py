@@ -1,0 +1,187 @@
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlpost.backends.torch_trainer import TorchTrainer
+from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+Samples = Callable[..., list[TrainSample]]
+Configs = Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]
+
+FULL_ALGO = {
+    "use_kl_loss": True,
+    "kl_loss_coef": 0.3,
+    "kl_loss_type": "low_var_kl",
+    "entropy_coef": 0.01,
+    "eps_clip_high": 0.28,
+    "eps_clip_c": 3.0,
+    "use_tis": True,
+}
+
+
+def trainer(
+    model_dir: Path, algo: AlgoConfig, optim: OptimConfig, train: TrainConfig
+) -> TorchTrainer:
+    return TorchTrainer(model_dir, algo, optim, train, rollout_temperature=0.8, num_threads=1)
+
+
+def grads(t: TorchTrainer) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in t.model.parameters()]
+
+
+LAYOUTS = {
+    "one_by_one": {"micro_batch_size": 1},
+    "fixed_8": {"micro_batch_size": 8},
+    "packed_all": {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 4096},
+    "packed_capped": {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 40},
+}
+
+
+@pytest.mark.parametrize("reduction", ["sample_mean", "token_mean"])
+@pytest.mark.parametrize("estimator", ["grpo", "gspo"])
+def test_loss_and_grads_do_not_depend_on_micro_batching(
+    tiny_model_dir: Path,
+    make_samples: Samples,
+    make_configs: Configs,
+    reduction: str,
+    estimator: str,
+) -> None:
+    """Two optimizer steps per rollout, so the second one has ratios != 1, clipping and KL.
+
+    The grads compared are the second step's. adam_eps keeps Adam's first-step
+    normalisation (g / |g|) from blowing float noise in near-zero grads up to full steps.
+    """
+    samples = make_samples(8, seed=3, with_rollout=True)
+    algo = FULL_ALGO | {"loss_reduction": reduction, "advantage_estimator": estimator}
+    if estimator == "gspo":  # sequence ratios move little: GSPO's own clip range is tiny
+        algo |= {"eps_clip": 3e-3, "eps_clip_high": 4e-3}
+    optim = {"lr": 0.02, "adam_eps": 1e-4}
+    results = {}
+    for name, layout in LAYOUTS.items():
+        t = trainer(tiny_model_dir, *make_configs(4, algo=algo, optim=optim, train=layout))
+        metrics = t.train_step(samples)
+        results[name] = (metrics, grads(t))
+    ref_metrics, ref_grads = results["one_by_one"]
+    assert results["packed_capped"][0]["train/micro_batches"] > 2
+    assert ref_metrics["train/clipfrac"] > 0 and ref_metrics["train/kl"] > 0
+    keys = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl", "tis_weight", "grad_norm"]
+    for name, (metrics, g) in results.items():
+        for key in keys:
+            expected = ref_metrics[f"train/{key}"]
+            assert metrics[f"train/{key}"] == pytest.approx(expected, rel=1e-5, abs=1e-7), (
+                name,
+                key,
+            )
+        for a, b in zip(g, ref_grads, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (name, (a - b).abs().max())
+
+
+def test_token_mean_and_sample_mean_differ(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    samples = make_samples(8, seed=3)
+    losses = [
+        trainer(
+            tiny_model_dir, *make_configs(8, algo={"loss_reduction": r, "entropy_coef": 0.1})
+        ).train_step(samples)["train/loss"]
+        for r in ("sample_mean", "token_mean")
+    ]
+    assert losses[0] != pytest.approx(losses[1])
+
+
+def toy_group() -> list[TrainSample]:
+    """One prompt, a rewarded answer and a penalised one, four times each."""
+    prompt = [5, 6, 7, 8]
+    good, bad = [20, 21, 22], [30, 31, 32]
+    return [TrainSample(prompt + good, 3, 1.0)] * 4 + [TrainSample(prompt + bad, 3, -1.0)] * 4
+
+
+def test_training_raises_the_rewarded_logprob(tiny_model_dir: Path, make_configs: Configs) -> None:
+    algo, optim, train = make_configs(8, optim={"lr": 3e-3})
+    t = trainer(tiny_model_dir, algo, optim, train)
+    batch = toy_group()
+    before = [float(lp.sum()) for lp in t.compute_logprobs([batch[0], batch[4]])]
+    losses = [t.train_step(batch)["train/loss"] for _ in range(5)]
+    after = [float(lp.sum()) for lp in t.compute_logprobs([batch[0], batch[4]])]
+    assert after[0] > before[0] + 1.0
+    assert after[1] < before[1] - 1.0
+    assert all(abs(loss) < 1e-5 for loss in losses)  # on-policy GRPO: ratio 1, zero-mean A
+
+
+def test_kl_loss_pulls_towards_the_reference(tiny_model_dir: Path, make_configs: Configs) -> None:
+    batch = toy_group()
+    drift = {}
+    for coef in (0.0, 5.0):
+        algo, optim, train = make_configs(
+            8, algo={"use_kl_loss": True, "kl_loss_coef": coef, "kl_loss_type": "k2"}
+        )
+        t = trainer(tiny_model_dir, algo, optim, train)
+        kls = [t.train_step(batch)["train/kl"] for _ in range(4)]
+        drift[coef] = kls[-1]
+        ref = t.compute_logprobs(batch[:1], "ref")[0]
+        fresh = trainer(tiny_model_dir, algo, optim, train).compute_logprobs(batch[:1])[0]
+        assert torch.allclose(ref, fresh)  # the reference never moves
+    assert drift[5.0] < drift[0.0]
+
+
+def test_several_optimizer_steps_per_rollout(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    algo, optim, train = make_configs(4, optim={"lr_warmup_steps": 4})
+    t = trainer(tiny_model_dir, algo, optim, train)
+    metrics = t.train_step(make_samples(12, seed=5))
+    assert metrics["train/optimizer_steps"] == 3.0
+    assert t.step == 3
+    assert metrics["train/lr"] == pytest.approx(optim.lr * 3 / 4)
+    assert metrics["train/ppo_kl"] != 0.0  # later steps see a policy that moved
+
+
+def test_rollout_must_fill_whole_optimizer_steps(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    t = trainer(tiny_model_dir, *make_configs(4))
+    with pytest.raises(ValueError, match="global_batch_size=4"):
+        t.train_step(make_samples(6))
+    with pytest.raises(ValueError, match="reference model"):
+        t.compute_logprobs(make_samples(1), "ref")
+
+
+def test_export_hf_round_trips(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs, tmp_path: Path
+) -> None:
+    t = trainer(tiny_model_dir, *make_configs(4, optim={"lr": 1e-2}))
+    samples = make_samples(4, seed=7)
+    t.train_step(samples)
+    out = t.export_hf(tmp_path / "weights")
+    t.export_hf(tmp_path / "weights")  # replacing an existing export works
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert (out / "tokenizer.json").is_file()
+    assert AutoTokenizer.from_pretrained(out).eos_token == "<eos>"
+    ids = torch.tensor([samples[0].tokens])
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids).logits, t.model(ids, use_cache=False).logits, atol=1e-6)
+        original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        assert not torch.allclose(original(ids).logits, reloaded(ids).logits, atol=1e-4)
+    assert [p.name for p in tmp_path.iterdir()] == ["weights"]
+
+
+def test_checkpoint_resume_reproduces_training(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    configs = make_configs(4, optim={"lr_warmup_steps": 3, "weight_decay": 0.1})
+    first, second = make_samples(4, seed=8), make_samples(4, seed=9)
+    straight = trainer(tiny_model_dir, *configs)
+    straight.train_step(first)
+    state = copy.deepcopy(straight.state_dict())  # tensors in a state dict alias live ones
+    straight.train_step(second)
+    resumed = trainer(tiny_model_dir, *configs)
+    resumed.load_state_dict(state)
+    assert resumed.step == 1
+    resumed.train_step(second)
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)

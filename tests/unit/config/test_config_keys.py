@@ -1,0 +1,57 @@
+"""The schema's key tree: what paths exist, how pydantic locations map to them, what fields take."""
+
+from __future__ import annotations
+
+from rlpost.config.keys import all_key_paths, describe_field, find_unknown, resolve_loc
+from rlpost.schema import PlanOptions, RolloutConfig, RolloutLayout, TrainLayout
+
+
+def test_known_paths_walk_sections_lists_and_dicts() -> None:
+    for path in (
+        "mode",
+        "recipe.rollout.reward.custom_function",
+        "model.moe.top_k",  # an optional section
+        "recipe.eval.datasets.3.max_response_len",  # a list of sections
+        "layout.rollout.sglang.mem_fraction_static",  # a free-form mapping
+        "recipe.data.apply_chat_template_kwargs.enable_thinking.deeper",
+    ):
+        assert find_unknown(path) is None, path
+
+
+def test_unknown_paths_say_where_they_leave_the_schema() -> None:
+    unknown = find_unknown("recipe.rollout.temprature")
+    assert unknown is not None
+    assert (unknown.parent, unknown.name) == ("recipe.rollout", "temprature")
+    assert "temperature" in unknown.choices
+    assert unknown.suggestion() == " Did you mean 'temperature'?"
+    top = find_unknown("modle.name")
+    assert top is not None and top.parent == "" and "at the top level" in top.describe()
+    index = find_unknown("recipe.eval.datasets.first")
+    assert index is not None and index.name == "first"
+
+
+def test_a_name_used_in_two_sections_suggests_both() -> None:
+    unknown = find_unknown("recipe.temperature")
+    assert unknown is not None
+    assert unknown.candidates() == ["recipe.rollout.temperature", "recipe.eval.temperature"]
+
+
+def test_every_listed_path_is_known() -> None:
+    paths = all_key_paths()
+    assert "recipe.rollout.temperature" in paths and "layout.train.recompute.granularity" in paths
+    assert all(find_unknown(path) is None for path in paths)
+
+
+def test_resolve_loc_drops_pydantic_tags() -> None:
+    loc = resolve_loc(("layout", "train", "tp", "int"))
+    assert loc.key == "layout.train.tp" and loc.section is TrainLayout
+    assert resolve_loc(("recipe", "eval", "datasets", 0, "path")).key == "recipe.eval.datasets.0.path"
+    assert resolve_loc(("layout", "rollout", "sglang", "dp_size")).key == "layout.rollout.sglang.dp_size"
+
+
+def test_describe_field_states_type_range_and_null() -> None:
+    assert describe_field(TrainLayout.model_fields["tp"]) == "an integer > 0, or null"
+    assert describe_field(RolloutConfig.model_fields["top_p"]) == "a number > 0.0 and <= 1.0"
+    assert describe_field(PlanOptions.model_fields["format"]) == "one of 'table', 'json'"
+    assert describe_field(RolloutConfig.model_fields["stop"]) == "a list of strings"
+    assert describe_field(RolloutLayout.model_fields["sglang"]) == "a mapping"

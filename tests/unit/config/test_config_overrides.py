@@ -1,0 +1,122 @@
+"""Command-line overrides are checked before Hydra runs: group choices, key paths, syntax."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlpost.config.overrides import (
+    check_override,
+    check_overrides,
+    group_options,
+    parse_argv,
+    prepare_argv,
+    search_roots,
+)
+from rlpost.errors import Issue, UserError
+
+ROOTS = search_roots()
+
+
+def only_issue(token: str) -> Issue:
+    _, issues = check_override(token, ROOTS)
+    assert len(issues) == 1, issues
+    assert issues[0].location is not None and issues[0].location.override == token
+    return issues[0]
+
+
+def test_unknown_group_choice_suggests_and_lists_choices() -> None:
+    issue = only_issue("model=glm4-9")
+    assert issue.key == "model" and issue.value == "glm4-9"
+    assert "Did you mean 'glm4-9b'?" in issue.message
+    assert "qwen3-4b" in issue.fix and "glm4.7-flash" in issue.fix
+
+
+def test_every_choice_of_a_sweep_is_checked() -> None:
+    issue = only_issue("hardware=h100x8,h100x32")
+    assert issue.value == "h100x32"
+    assert check_override("hardware=h100x8,h100x64", ROOTS)[1] == []
+
+
+def test_unknown_key_suggests_the_sibling() -> None:
+    issue = only_issue("recipe.rollout.temprature=0.8")
+    assert issue.key == "recipe.rollout.temprature" and issue.value == 0.8
+    assert "Did you mean 'temperature'?" in issue.message
+    assert "recipe.rollout.temperature" in issue.fix
+
+
+def test_misplaced_key_suggests_its_full_path() -> None:
+    issue = only_issue("recipe.max_tokens_per_gpu=4096")
+    assert "recipe.train.max_tokens_per_gpu" in issue.message
+
+
+def test_adding_an_unknown_key_is_rejected_too() -> None:
+    assert only_issue("+model.hiden_size=8").key == "model.hiden_size"
+
+
+def test_key_below_a_value_is_rejected() -> None:
+    issue = only_issue("layout.train.tp.size=2")
+    assert "single value" in issue.message
+
+
+def test_schema_keys_become_force_adds() -> None:
+    # over_sampling_batch_size is not in grpo_dapo.yaml; the schema has it
+    assert check_override("recipe.rollout.over_sampling_batch_size=64", ROOTS) == (
+        "++recipe.rollout.over_sampling_batch_size=64",
+        [],
+    )
+    assert check_override("+recipe.rollout.top_k=5", ROOTS) == ("+recipe.rollout.top_k=5", [])
+    assert check_override("~model.ref_load", ROOTS) == ("~model.ref_load", [])
+
+
+def test_free_form_mappings_accept_any_subkey() -> None:
+    form, issues = check_override("layout.rollout.sglang.any_option_name=1", ROOTS)
+    assert issues == [] and form.startswith("++")
+    assert check_override("recipe.eval.datasets.0.name=aime", ROOTS)[1] == []
+
+
+def test_group_and_hydra_overrides_pass_unchanged() -> None:
+    assert check_override("model=qwen3-4b", ROOTS) == ("model=qwen3-4b", [])
+    assert check_override("hydra.run.dir=/tmp/x", ROOTS) == ("hydra.run.dir=/tmp/x", [])
+    assert check_override("hydra/job_logging=disabled", ROOTS)[1] == []
+
+
+def test_syntax_error_is_an_issue() -> None:
+    issue = only_issue("recipe.rollout.stop=[")
+    assert "cannot parse" in issue.message
+
+
+def test_all_bad_overrides_are_reported_at_once() -> None:
+    with pytest.raises(UserError) as caught:
+        check_overrides(["model=glm4-9", "recipe=grpo", "recipe.rollout.temprature=1"], ROOTS)
+    assert [i.key for i in caught.value.issues] == ["model", "recipe", "recipe.rollout.temprature"]
+    assert "Did you mean 'grpo_dapo'?" in caught.value.issues[1].message
+
+
+def test_plan_mode_runs_in_place_unless_told_otherwise() -> None:
+    assert prepare_argv(["mode=plan"])[-1] == "hydra.run.dir=."
+    assert "hydra.run.dir=." not in prepare_argv(["mode=train"])
+    assert "hydra.run.dir=." not in prepare_argv(["-m", "mode=plan"])
+    assert prepare_argv(["mode=plan", "hydra.run.dir=out"]).count("hydra.run.dir=.") == 0
+
+
+def test_informational_flags_are_left_to_hydra() -> None:
+    assert prepare_argv(["--help"]) == ["--help"]
+    assert parse_argv(["--cfg", "job", "model=x"]).informational
+    assert prepare_argv(["--info", "defaults", "model=nope"]) == ["--info", "defaults", "model=nope"]
+
+
+def test_config_dir_adds_group_choices(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my-model.yaml").write_text("name: my-model\n")
+    roots = search_roots(config_dir=str(tmp_path))
+    assert "my-model" in group_options(roots, "model")
+    with pytest.raises(UserError) as caught:
+        prepare_argv(["--config-dir", str(tmp_path), "model=my-modle"])
+    assert "Did you mean 'my-model'?" in caught.value.issues[0].message
+    assert prepare_argv(["-cd", str(tmp_path), "model=my-model"]) == [
+        "-cd",
+        str(tmp_path),
+        "model=my-model",
+    ]

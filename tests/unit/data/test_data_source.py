@@ -1,0 +1,137 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rlpost.data import DataSource, DataSourceState, PromptRecord, load_eval_groups
+from rlpost.schema import DataConfig
+from rlpost.types import Sample
+
+
+def records(count: int) -> list[PromptRecord]:
+    return [PromptRecord(i + 1, f"q{i}", (10, i), str(i), {"k": i}) for i in range(count)]
+
+
+def source(count: int = 5, *, n: int = 2, shuffle: bool = True, seed: int = 42, **kw) -> DataSource:
+    return DataSource(records(count), n_samples_per_prompt=n, shuffle=shuffle, seed=seed, **kw)
+
+
+def labels(groups: list[list[Sample]]) -> list[str]:
+    return [group[0].label for group in groups]
+
+
+def test_groups_hold_n_independent_samples_of_one_prompt() -> None:
+    groups = source(3, n=4, shuffle=False).next_groups(2)
+    assert [len(g) for g in groups] == [4, 4]
+    first = groups[0]
+    assert {s.label for s in first} == {"0"}
+    assert [s.group_index for s in first] == [0] * 4
+    assert [s.index for s in first] == [0, 1, 2, 3]
+    assert [s.index for s in groups[1]] == [4, 5, 6, 7]
+    first[0].prompt_ids.append(99)
+    first[0].metadata["k"] = "changed"
+    assert first[1].prompt_ids == [10, 0]
+    assert first[1].metadata == {"k": 0}
+
+
+def test_shuffle_is_deterministic_per_seed() -> None:
+    order = labels(source(seed=1).next_groups(5))
+    assert order == labels(source(seed=1).next_groups(5))
+    assert sorted(order) == ["0", "1", "2", "3", "4"]
+    assert order != labels(source(seed=2).next_groups(5))
+    assert labels(source(shuffle=False).next_groups(5)) == ["0", "1", "2", "3", "4"]
+
+
+def test_epochs_are_crossed_inside_one_call_and_reshuffled() -> None:
+    data = source(5)
+    groups = data.next_groups(3) + data.next_groups(9)
+    epochs = [labels(groups[i : i + 5]) for i in (0, 5)]
+    assert all(sorted(e) == ["0", "1", "2", "3", "4"] for e in epochs)
+    assert epochs[0] != epochs[1]  # epoch 1 uses seed + 1
+    assert data.state() == DataSourceState(epoch=2, offset=2, seed=42)
+    indices = [g[0].group_index for g in groups]
+    assert indices == list(range(12))
+
+
+def test_resume_from_state_continues_identically() -> None:
+    run = source(7, seed=3)
+    run.next_groups(4)
+    run.next_groups(5)
+    saved = dataclasses.asdict(run.state())
+    expected = run.next_groups(6)
+
+    resumed = source(7, seed=3)
+    resumed.load_state(DataSourceState(**saved))
+    again = resumed.next_groups(6)
+    assert labels(again) == labels(expected)
+    assert [g[0].group_index for g in again] == [g[0].group_index for g in expected]
+
+
+def test_resume_keeps_the_saved_seed_and_rejects_a_position_past_the_data() -> None:
+    run = source(5, seed=3)
+    run.next_groups(2)
+    state = run.state()
+    other = source(5, seed=99)
+    other.load_state(state)
+    assert labels(other.next_groups(3)) == labels(run.next_groups(3))
+    with pytest.raises(ValueError, match="prompt file or max_prompt_len changed"):
+        source(5).load_state(DataSourceState(epoch=0, offset=9, seed=42))
+
+
+def test_buffered_groups_come_first_and_keep_their_start_rollout() -> None:
+    data = source(5, shuffle=False)
+    first = data.next_groups(3)
+    data.add_to_buffer(first[1:], rollout_id=7)
+    taken = data.next_groups(3, rollout_id=8)
+    assert labels(taken) == ["1", "2", "3"]
+    assert taken[0] is first[1]
+    assert all(s.metadata["start_rollout_id"] == 7 for g in taken[:2] for s in g)
+    assert "start_rollout_id" not in taken[2][0].metadata
+    assert data.buffer == []
+    assert data.state().offset == 4
+
+
+def test_buffer_larger_than_the_request_is_drained_in_order() -> None:
+    data = source(5, shuffle=False)
+    data.add_to_buffer(data.next_groups(4))
+    assert labels(data.next_groups(3)) == ["0", "1", "2"]
+    assert labels(data.next_groups(3)) == ["3", "4", "0"]
+
+
+def test_a_filter_that_keeps_what_it_returns_cannot_hand_groups_out_twice(
+    hook_modules: Path,
+) -> None:
+    data = source(5, shuffle=False, buffer_filter="rlpost_test_hooks.keep_everything")
+    data.add_to_buffer(data.next_groups(2))
+    assert labels(data.next_groups(1)) == ["0"]
+    assert labels(data.buffer) == ["1"]
+
+
+def test_from_config_and_eval_groups(write_jsonl, chat_tokenizer) -> None:
+    rows = [{"prompt": f"what is {i} times 2?", "answer": str(2 * i)} for i in range(4)]
+    path = write_jsonl(rows)
+    config = DataConfig(
+        prompt_data=str(path),
+        input_key="prompt",
+        label_key="answer",
+        apply_chat_template=True,
+        shuffle=True,
+        seed=5,
+    )
+    data = DataSource.from_config(config, chat_tokenizer, n_samples_per_prompt=3)
+    assert len(data) == 4 and data.num_dropped == 0
+    assert sorted(labels(data.next_groups(4))) == ["0", "2", "4", "6"]
+
+    eval_rows = [{"question": f"what is {i} times 3?", "label": str(3 * i)} for i in range(3)]
+    eval_path = write_jsonl(eval_rows, name="eval.jsonl")
+    groups = load_eval_groups(
+        eval_path,
+        config,
+        chat_tokenizer,
+        n_samples_per_prompt=16,
+        input_key="question",
+        label_key="label",
+    )
+    assert labels(groups) == ["0", "3", "6"]  # file order, never shuffled
+    assert [len(g) for g in groups] == [16, 16, 16]
+    assert chat_tokenizer.decode(groups[1][0].prompt_ids).startswith("<|im_start|>user\nwhat")

@@ -1,0 +1,102 @@
+"""Layouts the planner derives where no shipped layout specialises a model x hardware pair."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from rlpost.errors import UserError
+from rlpost.plan import build_plan
+from rlpost.plan.parallel import powers_of_two
+from rlpost.schema import RunConfig
+
+Runs = Callable[..., RunConfig]
+
+
+def test_qwen3_4b_on_one_h200_colocates_everything(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h200x1"))
+    p, par = plan.placement, plan.parallel
+    assert (p.colocate, p.train_gpus, p.rollout_gpus) == (True, 1, 1)
+    assert (par.tp, par.pp, par.cp, par.ep, par.dp) == (1, 1, 1, 1, 1)
+    assert not par.sequence_parallel
+    assert (p.gpus_per_engine, p.num_engines) == (1, 1)
+    assert plan.memory.fits
+    for key in (
+        "layout.colocate",
+        "layout.train.tp",
+        "layout.train.dp",
+        "layout.rollout.gpus_per_engine",
+        "layout.rollout.sglang.mem_fraction_static",
+    ):
+        assert plan.is_derived(key), key
+
+
+def test_glm4_9b_on_two_nodes_gets_a_valid_grid(run_config: Runs) -> None:
+    plan = build_plan(run_config("glm4-9b", "h100x16"))
+    par, p = plan.parallel, plan.placement
+    assert p.colocate and p.train_gpus == 16
+    assert par.tp * par.pp * par.cp * par.dp == 16
+    assert par.tp in powers_of_two(8) and 32 % par.tp == 0 and 2 % par.tp == 0
+    assert par.sequence_parallel == (par.tp > 1)
+    assert plan.memory.train_fits
+    assert 16 % p.gpus_per_engine == 0 and p.gpus_per_engine <= 8
+
+
+def test_smallest_fitting_tp_is_chosen(run_config: Runs) -> None:
+    # 9.4B dense on one 80 GB GPU per rank does not fit with a long packed micro-batch at
+    # tp=1 without sharding; the planner moves up until it does
+    run = run_config("glm4-9b", "h100x8", layout=False, recipe__train__max_tokens_per_gpu=32768)
+    plan = build_plan(run)
+    assert plan.parallel.tp >= 2
+    assert plan.memory.train_fits
+
+
+def test_moe_ep_is_the_largest_expert_divisor_that_fits_the_grid(run_config: Runs) -> None:
+    plan = build_plan(run_config("glm4.7-flash", "h100x8", layout=False))
+    assert plan.parallel.ep == 8  # 64 experts over 8 GPUs
+    assert plan.parallel.etp == 1
+    assert plan.parallel.moe_token_dispatcher_type == "alltoall"
+
+
+def test_async_loop_splits_gpus_by_node(run_config: Runs) -> None:
+    plan = build_plan(run_config("glm4-9b", "h100x16", "grpo_dapo_async"))
+    p = plan.placement
+    assert not p.colocate
+    assert (p.train_gpus, p.rollout_gpus) == (8, 8)
+    assert {s.node for s in p.train_slots} == {0}
+    assert {s.node for e in p.engines for s in e.slots} == {1}
+
+
+def test_one_side_given_the_other_gets_the_rest(run_config: Runs) -> None:
+    run = run_config(
+        "qwen3-4b", "h100x8", layout=False, layout__colocate=False, layout__train__num_gpus=2
+    )
+    plan = build_plan(run)
+    assert (plan.placement.train_gpus, plan.placement.rollout_gpus) == (2, 6)
+    assert plan.is_derived("layout.rollout.num_gpus")
+
+
+def test_cpu_hardware_uses_single_slots(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math", layout=False))
+    par = plan.parallel
+    assert (par.tp, par.pp, par.cp, par.ep, par.etp) == (1, 1, 1, 1, 1)
+    assert par.dp == 2 and par.recompute == "none"
+    assert (plan.placement.gpus_per_engine, plan.placement.num_engines) == (1, 2)
+
+
+def test_model_too_large_names_what_to_set(run_config: Runs) -> None:
+    with pytest.raises(UserError) as info:
+        build_plan(run_config("glm4.5-355b-a32b", "h100x8"))
+    keys = {issue.key for issue in info.value.issues}
+    assert keys == {"layout.train.tp", "layout.rollout.gpus_per_engine"}
+    tp_issue = next(i for i in info.value.issues if i.key == "layout.train.tp")
+    assert "no tensor-parallel size fits" in tp_issue.message
+    assert "layout.train.pp" in tp_issue.fix and "cpu_offload" in tp_issue.fix
+
+
+def test_user_values_are_kept_and_not_marked_derived(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8"))
+    assert not plan.is_derived("layout.train.tp")
+    assert plan.is_derived("layout.train.dp")
+    assert plan.engine.mem_fraction_static == 0.7

@@ -1,0 +1,84 @@
+"""Plan output: readable tables with derived values marked, and the JSON contract."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from rlpost.plan import build_plan, render_plan
+from rlpost.plan.table import ranges, render_table
+from rlpost.schema import RunConfig
+
+Runs = Callable[..., RunConfig]
+
+JSON_KEYS = {
+    "placement": ["colocate", "train_gpus", "rollout_gpus", "gpus_per_engine", "num_engines"],
+    "parallel": ["tp", "pp", "cp", "ep", "etp", "dp"],
+    "batch": [
+        "rollout_batch_size",
+        "n_samples_per_prompt",
+        "global_batch_size",
+        "steps_per_rollout",
+        "max_tokens_per_gpu",
+    ],
+    "memory": [
+        "train_gib_per_gpu",
+        "rollout_weights_gib_per_gpu",
+        "kv_cache_tokens_per_engine",
+        "gpu_gib",
+        "fits",
+    ],
+}
+
+
+def test_table_aligns_numbers_right() -> None:
+    text = render_table(["name", "GiB"], [["weights", 1.5], ["total", 12.25]], "Memory")
+    lines = text.splitlines()
+    assert lines[0] == "Memory"
+    assert lines[-1].endswith("12.25") and lines[-2].endswith(" 1.50")
+    assert len({len(line) for line in lines[1:]}) <= 2
+
+
+def test_ranges_collapse_runs() -> None:
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_json_has_the_documented_keys(run_config: Runs) -> None:
+    plan = build_plan(run_config("glm4-9b", "h100x8"))
+    data = json.loads(render_plan(plan, "json"))
+    for section, keys in JSON_KEYS.items():
+        for key in keys:
+            assert key in data[section], f"{section}.{key}"
+    assert data["placement"]["colocate"] is False
+    assert data["parallel"]["tp"] == 2 and data["batch"]["steps_per_rollout"] == 1
+    assert isinstance(data["memory"]["fits"], bool)
+
+
+def test_tables_cover_every_section_and_mark_derived(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h200x1"))
+    text = render_plan(plan)
+    for heading in (
+        "Placement",
+        "Parallel layout",
+        "Engines",
+        "Batch arithmetic",
+        "Memory",
+        "Verdict",
+    ):
+        assert heading in text
+    tp_line = next(line for line in text.splitlines() if line.strip().startswith("TP (tensor)"))
+    assert "1*" in tp_line
+    assert "engine 0" in text and "KV cache" in text
+
+
+def test_user_values_are_not_marked(run_config: Runs) -> None:
+    text = render_plan(build_plan(run_config("qwen3-4b", "h100x8")))
+    tp_line = next(line for line in text.splitlines() if line.strip().startswith("TP (tensor)"))
+    assert "*" not in tp_line
+
+
+def test_unknown_format_is_rejected(run_config: Runs) -> None:
+    with pytest.raises(ValueError, match="unknown plan format"):
+        render_plan(build_plan(run_config("qwen3-4b", "h100x8")), "yaml")

@@ -1,0 +1,174 @@
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlpost.rewards import (
+    REWARD_TYPES,
+    RewardError,
+    check_reward_config,
+    compute_rewards,
+    grading_pool,
+)
+from rlpost.schema import RewardConfig
+from rlpost.types import Sample
+
+
+def sample(text: str, label: str | None = "34", group: int = 0, **metadata: Any) -> Sample:
+    return Sample(
+        group_index=group,
+        index=0,
+        prompt="What is 30+4?",
+        prompt_ids=[1, 2, 3],
+        label=label,
+        metadata=dict(metadata),
+        response_text=text,
+    )
+
+
+def rewards(samples: list[Sample], **config: Any) -> list[float]:
+    return asyncio.run(compute_rewards(samples, RewardConfig(**config)))
+
+
+def test_every_documented_reward_type_is_registered() -> None:
+    assert {"math", "deepscaler", "dapo", "f1", "remote"} <= set(REWARD_TYPES)
+
+
+def test_rule_based_types_grade_each_sample_in_order() -> None:
+    texts = ["\\boxed{34}", "\\boxed{35}", "<think>\\boxed{1}</think>\\boxed{34}", "34"]
+    assert rewards([sample(t) for t in texts], type="math") == [1.0, 0.0, 1.0, 0.0]
+    assert rewards([sample(t) for t in texts], type="deepscaler") == [0.0, 0.0, 1.0, 0.0]
+    dapo = [sample("x\nAnswer: 34"), sample("x\nAnswer: 33"), sample("no answer")]
+    assert rewards(dapo, type="dapo") == [1.0, -1.0, -1.0]
+    assert rewards([sample("thirty four", label="thirty four")], type="f1") == [1.0]
+    assert rewards([], type="math") == []
+
+
+def test_per_sample_rm_type_overrides_the_configured_type() -> None:
+    batch = [
+        sample("\\boxed{34}"),
+        sample("\\boxed{34}", rm_type="deepscaler"),
+        sample("Answer: 34", rm_type="dapo"),
+    ]
+    assert rewards(batch, type="math") == [1.0, 0.0, 1.0]
+
+
+def test_unknown_type_names_the_source_and_a_close_match() -> None:
+    with pytest.raises(RewardError, match=r"from metadata\['rm_type'\].*Did you mean 'deepscaler'"):
+        rewards([sample("\\boxed{34}", rm_type="deepscalr")], type="math")
+
+
+def test_a_missing_label_is_a_clear_error() -> None:
+    with pytest.raises(RewardError, match=r"data\.label_key"):
+        rewards([sample("\\boxed{34}", label=None)], type="math")
+
+
+def test_custom_sync_function_runs_off_the_event_loop_thread(hook_modules: Path) -> None:
+    import rlpost_test_hooks
+
+    rlpost_test_hooks.CALL_THREADS.clear()
+    out = rewards(
+        [sample("abc"), sample("abcdef")], custom_function="rlpost_test_hooks.length_reward"
+    )
+    assert out == [3.0, 6.0]
+    assert rlpost_test_hooks.CALL_THREADS
+    assert threading.main_thread().name not in rlpost_test_hooks.CALL_THREADS
+
+
+def test_custom_async_function(hook_modules: Path) -> None:
+    out = rewards(
+        [sample("it is 34"), sample("it is 43")],
+        custom_function="rlpost_test_hooks.async_contains_label",
+    )
+    assert out == [1.0, 0.0]
+
+
+def test_group_function_scores_each_group_and_keeps_order(hook_modules: Path) -> None:
+    batch = [
+        sample("a", group=0),
+        sample("bbb", group=1),
+        sample("cc", group=0),
+        sample("b", group=1),
+    ]
+    out = rewards(batch, custom_function="rlpost_test_hooks.rank_in_group", group=True)
+    assert out == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_group_function_returning_the_wrong_count_is_an_error(hook_modules: Path) -> None:
+    with pytest.raises(RewardError, match="must return a list of 2 floats"):
+        rewards(
+            [sample("a"), sample("b")],
+            custom_function="rlpost_test_hooks.wrong_length_group",
+            group=True,
+        )
+
+
+@pytest.mark.parametrize("hook", ["sleepy_reward", "async_sleepy_reward"])
+def test_custom_function_past_the_timeout_scores_zero(hook_modules: Path, hook: str) -> None:
+    start = time.perf_counter()
+    out = rewards([sample("x")], custom_function=f"rlpost_test_hooks.{hook}", timeout_s=0.3)
+    assert out == [0.0]
+    assert time.perf_counter() - start < 1.5
+
+
+@pytest.mark.parametrize(
+    ("hook", "message"),
+    [("text_reward", "returned 'high'; expected a number"), ("failing_reward", "KeyError")],
+)
+def test_bad_custom_function_results_name_the_hook(
+    hook_modules: Path, hook: str, message: str
+) -> None:
+    with pytest.raises(RewardError, match=message) as info:
+        rewards([sample("x")], custom_function=f"rlpost_test_hooks.{hook}")
+    assert f"rlpost_test_hooks.{hook}" in str(info.value)
+
+
+def test_a_runaway_grader_is_killed_without_freezing_the_event_loop() -> None:
+    async def main() -> tuple[list[float], float]:
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.02)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        batch = [sample("\\boxed{9^{9^{9^{9}}}}"), sample("\\boxed{34}"), sample("\\boxed{3}")]
+        await compute_rewards(batch[1:], RewardConfig(type="math"))  # workers started
+        ticker = asyncio.create_task(tick())
+        out = await compute_rewards(batch, RewardConfig(type="math", timeout_s=1.0))
+        ticker.cancel()
+        return out, max(gaps)
+
+    restarts = grading_pool().restarts
+    out, worst_gap_s = asyncio.run(main())
+    assert out == [0.0, 1.0, 0.0]
+    assert grading_pool().restarts == restarts + 1
+    assert worst_gap_s < 0.5
+
+
+def test_rewards_from_a_loop_in_another_thread() -> None:
+    results: list[list[float]] = []
+    worker = threading.Thread(target=lambda: results.append(rewards([sample("\\boxed{34}")])))
+    worker.start()
+    worker.join()
+    assert results == [[1.0]]
+
+
+def test_config_check_finds_each_problem(hook_modules: Path) -> None:
+    keys = lambda config: [i.key for i in check_reward_config(config)]  # noqa: E731
+    assert keys(RewardConfig(type="deepscaler")) == []
+    issues = check_reward_config(RewardConfig(type="mathh"))
+    assert [i.key for i in issues] == ["rollout.reward.type"]
+    assert "Did you mean 'math'?" in issues[0].message
+    assert keys(RewardConfig(type="remote")) == ["rollout.reward.remote_url"]
+    assert keys(RewardConfig(group=True)) == ["rollout.reward.group"]
+    bad_hook = RewardConfig(custom_function="rlpost_test_hooks.rank_in_grup", group=True)
+    assert keys(bad_hook) == ["rollout.reward.custom_function"]
+    good_hook = RewardConfig(custom_function="rlpost_test_hooks.rank_in_group", group=True)
+    assert keys(good_hook) == []
