@@ -234,8 +234,8 @@ def solve_rate(
         **batch,
         do_sample=do_sample,
         temperature=1.0 if do_sample else None,
-        top_p=None,
-        top_k=None,
+        top_p=1.0,
+        top_k=0,  # sample from the whole vocabulary, as the rollout engines do
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,

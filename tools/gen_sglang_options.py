@@ -4,15 +4,15 @@ rlpost passes `layout.rollout.sglang` to the engines by SGLang's own option name
 them against this file at validation time, without importing SGLang (which needs a GPU stack).
 Rerun after moving to a new SGLang version and commit both files.
 
-SGLang pins a CUDA torch, so run this in a throwaway environment, not rlpost's:
+SGLang pins a CUDA torch, so run this in a throwaway environment, never rlpost's own:
 
-    python3.11 -m venv /tmp/sgl && /tmp/sgl/bin/pip install --no-deps sglang==0.5.23
-    /tmp/sgl/bin/pip install numpy orjson psutil pybase64 requests torch packaging pillow \\
-        starlette msgspec pydantic pyzmq tqdm ipython aiohttp
+    python3.11 -m venv /tmp/sgl && /tmp/sgl/bin/pip install --no-deps sglang==0.5.23 triton
+    /tmp/sgl/bin/pip install torch==2.13.0 numpy orjson psutil pybase64 requests packaging \
+        pillow starlette msgspec pydantic pyzmq tqdm ipython aiohttp
     /tmp/sgl/bin/python tools/gen_sglang_options.py --out rlpost/config/sglang_options.json
 
-(the package list is what `from sglang.srt.server_args import ServerArgs` asks for;
-`torch==2.13.0` gives the CPU build and avoids downloading CUDA wheels).
+The package list is what `from sglang.srt.server_args import ServerArgs` asks for; torch
+2.13.0 is the CPU build (a bare `torch` would pull the CUDA wheels). No engine runs there.
 
 Types are written as a small vocabulary rlpost checks values against: `bool`, `int`,
 `float`, `str`, `list[<kind>]`, `dict`, `any`; plus `nullable` and, for Literal types and

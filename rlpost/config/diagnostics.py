@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -46,9 +46,9 @@ def _shown(value: Any) -> Any:
 def attach_locations(issues: Sequence[Issue], sources: SourceMap) -> list[Issue]:
     """Give every Issue without a location the place its key was set."""
     return [
-        issue if issue.location is not None else dataclasses.replace(
-            issue, location=sources.get(issue.key)
-        )
+        issue
+        if issue.location is not None
+        else dataclasses.replace(issue, location=sources.get(issue.key))
         for issue in issues
     ]
 
@@ -170,8 +170,12 @@ def interpolation_issues(
         path = f"{prefix}.{key}" if prefix else str(key)
         if OmegaConf.is_missing(node, key):
             issues.append(
-                Issue(path, "required value is missing (???)", f"set {path}",
-                      location=sources.locate(path))
+                Issue(
+                    path,
+                    "required value is missing (???)",
+                    f"set {path}",
+                    location=sources.locate(path),
+                )
             )
             continue
         child = node._get_node(key)
@@ -179,7 +183,7 @@ def interpolation_issues(
             try:
                 node[key]
             except (OmegaConfBaseException, ValueError, TypeError) as exc:
-                raw = child._value() if child is not None else None
+                raw = child._value() if isinstance(child, Node) else None
                 issues.append(_interpolation_issue(path, raw, exc, sources))
             continue
         if isinstance(child, DictConfig | ListConfig) and not child._is_none():

@@ -107,7 +107,9 @@ def _ours(model: ModelConfig, field: str) -> Any:
 Locate = Callable[[str], Location]
 
 
-def compare(model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate) -> list[Issue]:
+def compare(
+    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
+) -> list[Issue]:
     """One Issue per field where `model` and the HF config disagree."""
     maps = list(ARCHITECTURE)
     maps += MOE if model.moe is not None else []

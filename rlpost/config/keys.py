@@ -108,7 +108,7 @@ class UnknownKey:
 
 def find_unknown(path: str) -> UnknownKey | None:
     """None when `path` is a key the schema accepts, else where it goes wrong."""
-    node, done = ROOT, []
+    node, done = ROOT, list[str]()
     for part in path.split("."):
         if node.kind == "section":
             assert node.section is not None

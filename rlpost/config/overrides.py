@@ -5,12 +5,13 @@ hint about HYDRA_FULL_ERROR. Here each override is parsed with Hydra's own parse
 against the config groups on the search path and against the pydantic schema, so a typo
 comes back as an Issue with did-you-mean, located on the command line.
 
-Any key the schema accepts may be overridden without '+': a field left at its schema
+Any key the schema accepts may be overridden with or without '+': a field left at its schema
 default is absent from the YAML, so such overrides are passed to Hydra as '++key=value'.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from rlpost.config.sources import CONF_DIR, ConfigRoot
 from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 if TYPE_CHECKING:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Override
 
 NO_RUN_DIR_MODES = frozenset({"plan", "slime_args"})
@@ -35,7 +37,7 @@ class LaunchArgs:
     config_dir: str | None = None
     config_path: str | None = None
     multirun: bool = False
-    informational: bool = False  # --help, --info, --cfg, ...: Hydra answers, nothing runs
+    informational: bool = False  # --help, --shell-completion, ...: Hydra answers, no config
 
 
 def parse_argv(argv: Sequence[str]) -> LaunchArgs:
@@ -48,9 +50,8 @@ def parse_argv(argv: Sequence[str]) -> LaunchArgs:
         return LaunchArgs(overrides=[], informational=True)
     if extra:  # e.g. overrides after -m: Hydra rejects these with its usage line
         return LaunchArgs(overrides=[], informational=True)
-    informational = bool(
-        args.help or args.hydra_help or args.info or args.cfg or args.shell_completion
-    )
+    # --cfg and --info compose the config, so their overrides are checked like a run's
+    informational = bool(args.help or args.hydra_help or args.shell_completion)
     return LaunchArgs(
         overrides=list(args.overrides),
         config_dir=args.config_dir,
@@ -87,12 +88,18 @@ def _is_group(roots: Sequence[ConfigRoot], name: str) -> bool:
     return any(root.options(name) for root in roots)
 
 
-def _parse(token: str) -> Override | Issue:
+@functools.cache
+def _parser() -> OverridesParser:
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _parse(token: str) -> Override | Issue:
     from hydra.errors import HydraException
 
     try:
-        return OverridesParser.create().parse_override(token)
+        return _parser().parse_override(token)
     except HydraException as exc:
         return Issue(
             key=token.split("=", 1)[0].lstrip("+~"),
@@ -104,8 +111,10 @@ def _parse(token: str) -> Override | Issue:
 
 
 def _choices_of(override: Override) -> list[str]:
+    from hydra.core.override_parser.types import ValueType
+
     if override.is_sweep_override():
-        if "GLOB" in str(override.value_type):
+        if override.value_type is ValueType.GLOB_CHOICE_SWEEP:
             return []  # glob(...) matches what exists
         return list(override.sweep_string_iterator())
     value = override.value()
@@ -119,7 +128,9 @@ def _check_group(override: Override, token: str, roots: Sequence[ConfigRoot]) ->
     for choice in _choices_of(override):
         if choice in available:
             continue
-        shown = ", ".join(available[:CHOICES_SHOWN]) + (" ..." if len(available) > CHOICES_SHOWN else "")
+        shown = ", ".join(available[:CHOICES_SHOWN]) + (
+            " ..." if len(available) > CHOICES_SHOWN else ""
+        )
         issues.append(
             Issue(
                 key=group,
@@ -159,8 +170,10 @@ def check_override(token: str, roots: Sequence[ConfigRoot]) -> tuple[str, list[I
     issue = _check_key(parsed, token)
     if issue is not None:
         return token, [issue]
-    plain = not (parsed.is_add() or parsed.is_force_add() or parsed.is_delete())
-    return (f"++{token}" if plain else token), []
+    if parsed.is_delete() or parsed.is_force_add():
+        return token, []
+    # '+key' fails in Hydra when a file already sets the key; every schema key may be set
+    return f"++{token.removeprefix('+')}", []
 
 
 def check_overrides(tokens: Sequence[str], roots: Sequence[ConfigRoot]) -> list[str]:
@@ -207,7 +220,7 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     rewritten = dict(zip(args.overrides, check_overrides(args.overrides, roots), strict=True))
     out = [rewritten.get(token, token) for token in argv]
     mode = _last_value(args.overrides, "mode")
-    if mode in NO_RUN_DIR_MODES and not args.multirun:
-        if _last_value(args.overrides, "hydra.run.dir") is None:
-            out.append("hydra.run.dir=.")
+    run_dir_given = _last_value(args.overrides, "hydra.run.dir") is not None
+    if mode in NO_RUN_DIR_MODES and not args.multirun and not run_dir_given:
+        out.append("hydra.run.dir=.")
     return out

@@ -144,8 +144,7 @@ def check_option(name: str, value: Any, table: SGLangOptions) -> Issue | None:
     if not spec.accepts(value):
         return Issue(
             key,
-            f"SGLang option '{name}' takes {spec.expected()}; got {type(value).__name__} "
-            f"{value!r}",
+            f"SGLang option '{name}' takes {spec.expected()}; got {type(value).__name__} {value!r}",
             f"set it to {spec.expected()} (SGLang's default: {spec.default!r})",
             value=value,
         )

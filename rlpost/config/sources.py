@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from rlpost.errors import Location
 
@@ -61,13 +61,6 @@ class ConfigRoot:
         name = config_path if config_path.endswith(".yaml") else f"{config_path}.yaml"
         candidate = base / name
         return candidate if candidate.is_file() else None
-
-    def groups(self, parent: str = "") -> list[str]:
-        base = self._base()
-        folder = base / parent if (base is not None and parent) else base
-        if folder is None or not folder.is_dir():
-            return []
-        return [entry.name for entry in folder.iterdir() if entry.is_dir()]
 
     def options(self, group: str) -> list[str]:
         """Config names in `group` ('model' -> ['glm4-9b', ...])."""

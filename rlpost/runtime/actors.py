@@ -49,7 +49,6 @@ class TrainActor:
     """One data-parallel train rank; the backend does the work, the actor only hosts it."""
 
     def __init__(self, spec: TrainerSpec, rank: int) -> None:
-        os.environ.setdefault("OMP_NUM_THREADS", str(spec.num_threads))
         _seed_everything(spec.seed + rank)
         from rlpost.backends.torch_trainer.trainer import TorchTrainer
 
@@ -123,7 +122,7 @@ class EngineActor:
             "--seed", str(spec.seed + spec.index),
             "--max-batch-size", str(spec.max_batch_size),
         ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec.num_threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec.num_threads), "OMP_WAIT_POLICY": "PASSIVE"}
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         log = open(spec.log_path, "ab")  # noqa: SIM115  (owned by the child process)
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

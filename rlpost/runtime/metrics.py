@@ -40,7 +40,9 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
-        numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "rollout_id"}
+        numeric = {
+            k: v for k, v in record.items() if isinstance(v, int | float) and k != "rollout_id"
+        }
         if self._tb is not None:
             for key, value in numeric.items():
                 self._tb.add_scalar(key, value, global_step=rollout_id)

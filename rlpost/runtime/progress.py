@@ -38,3 +38,8 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def status(message: str) -> None:
+    """One line about what the run is doing, for the person watching it."""
+    print(f"[rlpost] {message}", flush=True)

@@ -8,6 +8,7 @@ evaluate when due, log. Shape kept from slime's train.py; everything it reads is
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from rlpost.types import Sample
 
 def run(cfg: RunConfig, plan: Plan) -> Path:
     """Train as configured; returns the run directory."""
+    # Nothing is fetched from a model hub at run time: every path is local.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
 
     recipe, rollout = cfg.recipe, cfg.recipe.rollout
@@ -90,8 +94,10 @@ def run(cfg: RunConfig, plan: Plan) -> Path:
             metrics.update(session.train(to_train_samples(result.groups, recipe.algo)))
             loop.run_until_complete(session.push_weights(version=rollout_id + 1))
             done = rollout_id + 1
-            if eval_sets and recipe.eval.interval and (
-                done % recipe.eval.interval == 0 or done == rollout.num_rollout
+            if (
+                eval_sets
+                and recipe.eval.interval
+                and (done % recipe.eval.interval == 0 or done == rollout.num_rollout)
             ):
                 reports.append(loop.run_until_complete(evaluate(manager, eval_sets, done)))
                 metrics.update(reports[-1].metrics)

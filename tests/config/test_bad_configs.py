@@ -42,8 +42,7 @@ def user_conf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "recipe").mkdir()
     (root / "model").mkdir()
     (root / "recipe" / "typo_recipe.yaml").write_text(
-        "defaults:\n  - grpo_dapo\n  - _self_\n\nname: typo_recipe\n"
-        "rollout:\n  temprature: 0.9\n"
+        "defaults:\n  - grpo_dapo\n  - _self_\n\nname: typo_recipe\nrollout:\n  temprature: 0.9\n"
     )
     (root / "recipe" / "cold_recipe.yaml").write_text(
         "defaults:\n  - grpo_dapo\n  - _self_\n\nname: cold_recipe\nrollout:\n  temperature: -0.5\n"
@@ -63,101 +62,303 @@ def user_conf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     ckpt = root / "ckpt"
     ckpt.mkdir()
-    hf = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2560,
-          "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 151936}
+    hf = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 36,
+        "hidden_size": 2560,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "vocab_size": 151936,
+    }
     (ckpt / "config.json").write_text(json.dumps(hf))
     return root
 
 
 CASES = [
     # unknown keys, at several depths and from several places
-    Case("cli_unknown_key", ("recipe.rollout.temprature=0.8",), "recipe.rollout.temprature", CMD,
-         "Did you mean 'temperature'?"),
-    Case("cli_unknown_top_level", ("+trainr.backend=torch",), "trainr.backend", CMD, "Did you mean 'trainer'?"),
-    Case("cli_misplaced_key", ("recipe.max_tokens_per_gpu=4096",), "recipe.max_tokens_per_gpu", CMD,
-         "recipe.train.max_tokens_per_gpu"),
-    Case("yaml_unknown_key", ("recipe=typo_recipe",), "recipe.rollout.temprature", "typo_recipe.yaml",
-         "Did you mean 'temperature'?"),
-    Case("yaml_unknown_key_depth3", ("model=deep_typo",), "model.moe.top_kk", "deep_typo.yaml",
-         "Did you mean 'top_k'?"),
-    Case("yaml_missing_key", ("model=no_hidden",), "model.hidden_size", "no_hidden.yaml",
-         "required key is missing"),
+    Case(
+        "cli_unknown_key",
+        ("recipe.rollout.temprature=0.8",),
+        "recipe.rollout.temprature",
+        CMD,
+        "Did you mean 'temperature'?",
+    ),
+    Case(
+        "cli_unknown_top_level",
+        ("+trainr.backend=torch",),
+        "trainr.backend",
+        CMD,
+        "Did you mean 'trainer'?",
+    ),
+    Case(
+        "cli_misplaced_key",
+        ("recipe.max_tokens_per_gpu=4096",),
+        "recipe.max_tokens_per_gpu",
+        CMD,
+        "recipe.train.max_tokens_per_gpu",
+    ),
+    Case(
+        "yaml_unknown_key",
+        ("recipe=typo_recipe",),
+        "recipe.rollout.temprature",
+        "typo_recipe.yaml",
+        "Did you mean 'temperature'?",
+    ),
+    Case(
+        "yaml_unknown_key_depth3",
+        ("model=deep_typo",),
+        "model.moe.top_kk",
+        "deep_typo.yaml",
+        "Did you mean 'top_k'?",
+    ),
+    Case(
+        "yaml_missing_key",
+        ("model=no_hidden",),
+        "model.hidden_size",
+        "no_hidden.yaml",
+        "required key is missing",
+    ),
     # unknown group choices
     Case("unknown_model", ("model=glm4-9",), "model", CMD, "Did you mean 'glm4-9b'?"),
-    Case("unknown_recipe", ("recipe=grpo_dapo_asynk",), "recipe", CMD, "Did you mean 'grpo_dapo_async'?"),
+    Case(
+        "unknown_recipe",
+        ("recipe=grpo_dapo_asynk",),
+        "recipe",
+        CMD,
+        "Did you mean 'grpo_dapo_async'?",
+    ),
     Case("unknown_hardware", ("hardware=h100x32",), "hardware", CMD, "no config 'h100x32'"),
     # types and ranges
-    Case("int_type", (*QWEN, "recipe.rollout.n_samples_per_prompt=eight"),
-         "recipe.rollout.n_samples_per_prompt", CMD, "valid integer"),
+    Case(
+        "int_type",
+        (*QWEN, "recipe.rollout.n_samples_per_prompt=eight"),
+        "recipe.rollout.n_samples_per_prompt",
+        CMD,
+        "valid integer",
+    ),
     Case("bool_type", (*QWEN, "layout.colocate=maybe"), "layout.colocate", CMD, "valid boolean"),
-    Case("literal_choice", (*QWEN, "engine.backend=sglangg"), "engine.backend", CMD,
-         "Did you mean 'sglang'?"),
-    Case("range", (*QWEN, "recipe.rollout.top_p=1.5"), "recipe.rollout.top_p", CMD,
-         "less than or equal to 1"),
-    Case("section_as_scalar", (*QWEN, "recipe.optim=fast"), "recipe.optim", CMD, "valid dictionary"),
+    Case(
+        "literal_choice",
+        (*QWEN, "engine.backend=sglangg"),
+        "engine.backend",
+        CMD,
+        "Did you mean 'sglang'?",
+    ),
+    Case(
+        "range",
+        (*QWEN, "recipe.rollout.top_p=1.5"),
+        "recipe.rollout.top_p",
+        CMD,
+        "less than or equal to 1",
+    ),
+    Case(
+        "section_as_scalar", (*QWEN, "recipe.optim=fast"), "recipe.optim", CMD, "valid dictionary"
+    ),
     Case("list_type", (*QWEN, "recipe.rollout.stop=abc"), "recipe.rollout.stop", CMD, "valid list"),
     # cross-field rules
-    Case("temperature_zero", (*QWEN, "recipe.rollout.temperature=0"), "recipe.rollout.temperature",
-         CMD, "must be > 0"),
-    Case("temperature_negative_yaml", ("model=qwen3-4b", "recipe=cold_recipe"),
-         "recipe.rollout.temperature", "cold_recipe.yaml", "must be > 0"),
-    Case("batch_not_divisible", (*QWEN, "recipe.train.global_batch_size=100"),
-         "recipe.train.global_batch_size", CMD, "is not a multiple of train.global_batch_size=100"),
-    Case("over_sampling_below_batch", (*QWEN, "recipe.rollout.over_sampling_batch_size=16"),
-         "recipe.rollout.over_sampling_batch_size", CMD, "below batch_size=32"),
-    Case("dynamic_batch_without_cap", (*QWEN, "recipe.train.max_tokens_per_gpu=null"),
-         "recipe.train.max_tokens_per_gpu", CMD, "max_tokens_per_gpu, which is not set"),
-    Case("sequence_parallel_tp1", (*GLM9, "layout.train.tp=1"), "layout.train.sequence_parallel",
-         "glm4-9b_h100x8.yaml", "tp=1"),
-    Case("kl_loss_without_ref", (*QWEN, "model.ref_load=null"), "model.ref_load", CMD,
-         "needs a frozen reference model"),
-    Case("kl_loss_without_ref_unset", ("model=no_ref", "recipe=grpo_dapo"), "model.ref_load",
-         "default", "needs a frozen reference model"),
-    Case("kl_coef_without_kl_loss", (*QWEN, "recipe.algo.use_kl_loss=false",
-                                     "recipe.algo.kl_loss_coef=0.1"),
-         "recipe.algo.kl_loss_coef", CMD, "has no effect"),
-    Case("context_overflow", (*QWEN, "recipe.rollout.max_response_len=50000"),
-         "recipe.rollout.max_response_len", CMD, "beyond model.max_position_embeddings=40960"),
-    Case("eval_context_overflow", (*QWEN, "recipe.eval.max_response_len=60000"),
-         "recipe.eval.max_response_len", CMD, "beyond model.max_position_embeddings"),
-    Case("buffer_filter_without_partial", (*QWEN, "recipe.rollout.buffer_filter=rlpost.filters.pop_first"),
-         "recipe.rollout.buffer_filter", CMD, "partial_rollout is off"),
-    Case("eval_interval_without_datasets", (*QWEN, "recipe.eval.datasets=[]"), "recipe.eval.datasets",
-         CMD, "no datasets are named"),
-    Case("query_groups_not_dividing", (*QWEN, "model.num_query_groups=5"), "model.num_query_groups",
-         CMD, "not a multiple of num_query_groups=5"),
-    Case("moe_top_k_above_experts", ("model=glm4.7-flash", "hardware=h100x8", "model.moe.top_k=100"),
-         "model.moe.top_k", CMD, "exceeds num_experts=64"),
-    Case("colocated_with_rollout_gpus", (*QWEN, "layout.rollout.num_gpus=4"),
-         "layout.rollout.num_gpus", CMD, "colocate: true shares the train GPUs"),
+    Case(
+        "temperature_zero",
+        (*QWEN, "recipe.rollout.temperature=0"),
+        "recipe.rollout.temperature",
+        CMD,
+        "must be > 0",
+    ),
+    Case(
+        "temperature_negative_yaml",
+        ("model=qwen3-4b", "recipe=cold_recipe"),
+        "recipe.rollout.temperature",
+        "cold_recipe.yaml",
+        "must be > 0",
+    ),
+    Case(
+        "batch_not_divisible",
+        (*QWEN, "recipe.train.global_batch_size=100"),
+        "recipe.train.global_batch_size",
+        CMD,
+        "is not a multiple of train.global_batch_size=100",
+    ),
+    Case(
+        "over_sampling_below_batch",
+        (*QWEN, "recipe.rollout.over_sampling_batch_size=16"),
+        "recipe.rollout.over_sampling_batch_size",
+        CMD,
+        "below batch_size=32",
+    ),
+    Case(
+        "dynamic_batch_without_cap",
+        (*QWEN, "recipe.train.max_tokens_per_gpu=null"),
+        "recipe.train.max_tokens_per_gpu",
+        CMD,
+        "max_tokens_per_gpu, which is not set",
+    ),
+    Case(
+        "sequence_parallel_tp1",
+        (*GLM9, "layout.train.tp=1"),
+        "layout.train.sequence_parallel",
+        "glm4-9b_h100x8.yaml",
+        "tp=1",
+    ),
+    Case(
+        "kl_loss_without_ref",
+        (*QWEN, "model.ref_load=null"),
+        "model.ref_load",
+        CMD,
+        "needs a frozen reference model",
+    ),
+    Case(
+        "kl_loss_without_ref_unset",
+        ("model=no_ref", "recipe=grpo_dapo"),
+        "model.ref_load",
+        "default",
+        "needs a frozen reference model",
+    ),
+    Case(
+        "kl_coef_without_kl_loss",
+        (*QWEN, "recipe.algo.use_kl_loss=false", "recipe.algo.kl_loss_coef=0.1"),
+        "recipe.algo.kl_loss_coef",
+        CMD,
+        "has no effect",
+    ),
+    Case(
+        "context_overflow",
+        (*QWEN, "recipe.rollout.max_response_len=50000"),
+        "recipe.rollout.max_response_len",
+        CMD,
+        "beyond model.max_position_embeddings=40960",
+    ),
+    Case(
+        "eval_context_overflow",
+        (*QWEN, "recipe.eval.max_response_len=60000"),
+        "recipe.eval.max_response_len",
+        CMD,
+        "beyond model.max_position_embeddings",
+    ),
+    Case(
+        "buffer_filter_without_partial",
+        (*QWEN, "recipe.rollout.buffer_filter=rlpost.filters.pop_first"),
+        "recipe.rollout.buffer_filter",
+        CMD,
+        "partial_rollout is off",
+    ),
+    Case(
+        "eval_interval_without_datasets",
+        (*QWEN, "recipe.eval.datasets=[]"),
+        "recipe.eval.datasets",
+        CMD,
+        "no datasets are named",
+    ),
+    Case(
+        "query_groups_not_dividing",
+        (*QWEN, "model.num_query_groups=5"),
+        "model.num_query_groups",
+        CMD,
+        "not a multiple of num_query_groups=5",
+    ),
+    Case(
+        "moe_top_k_above_experts",
+        ("model=glm4.7-flash", "hardware=h100x8", "model.moe.top_k=100"),
+        "model.moe.top_k",
+        CMD,
+        "exceeds num_experts=64",
+    ),
+    Case(
+        "colocated_with_rollout_gpus",
+        (*QWEN, "layout.rollout.num_gpus=4"),
+        "layout.rollout.num_gpus",
+        CMD,
+        "colocate: true shares the train GPUs",
+    ),
     # hooks
-    Case("hook_not_dotted", (*QWEN, "recipe.rollout.reward.custom_function=score"),
-         "recipe.rollout.reward.custom_function", CMD, "is not a dotted path"),
-    Case("hook_module_typo", (*QWEN, "recipe.rollout.partial_rollout=true",
-                              "recipe.rollout.buffer_filter=rlpost.filterz.pop_first"),
-         "recipe.rollout.buffer_filter", CMD, "Did you mean 'rlpost.filters'?"),
-    Case("hook_attribute_typo", (*QWEN, "recipe.rollout.dynamic_sampling_filter="
-                                 "rlpost.filters.check_reward_nonzero_stdev"),
-         "recipe.rollout.dynamic_sampling_filter", CMD,
-         "Did you mean 'rlpost.filters.check_reward_nonzero_std'?"),
-    Case("hook_wrong_signature", (*QWEN, "recipe.rollout.dynamic_sampling_filter=rlpost.filters.pop_first"),
-         "recipe.rollout.dynamic_sampling_filter", CMD, "expected def fn(samples)"),
-    Case("hook_import_fails", (*QWEN, "recipe.rollout.reward.custom_function=rlpost_broken_hooks.reward"),
-         "recipe.rollout.reward.custom_function", CMD, "which is not installed"),
+    Case(
+        "hook_not_dotted",
+        (*QWEN, "recipe.rollout.reward.custom_function=score"),
+        "recipe.rollout.reward.custom_function",
+        CMD,
+        "is not a dotted path",
+    ),
+    Case(
+        "hook_module_typo",
+        (
+            *QWEN,
+            "recipe.rollout.partial_rollout=true",
+            "recipe.rollout.buffer_filter=rlpost.filterz.pop_first",
+        ),
+        "recipe.rollout.buffer_filter",
+        CMD,
+        "Did you mean 'rlpost.filters'?",
+    ),
+    Case(
+        "hook_attribute_typo",
+        (*QWEN, "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_stdev"),
+        "recipe.rollout.dynamic_sampling_filter",
+        CMD,
+        "Did you mean 'rlpost.filters.check_reward_nonzero_std'?",
+    ),
+    Case(
+        "hook_wrong_signature",
+        (*QWEN, "recipe.rollout.dynamic_sampling_filter=rlpost.filters.pop_first"),
+        "recipe.rollout.dynamic_sampling_filter",
+        CMD,
+        "expected def fn(samples)",
+    ),
+    Case(
+        "hook_import_fails",
+        (*QWEN, "recipe.rollout.reward.custom_function=rlpost_broken_hooks.reward"),
+        "recipe.rollout.reward.custom_function",
+        CMD,
+        "which is not installed",
+    ),
+    Case(
+        "generate_function_not_async",
+        (*QWEN, "recipe.rollout.generate_function=rlpost.filters.check_reward_nonzero_std"),
+        "recipe.rollout.generate_function",
+        CMD,
+        "expected async def fn(sample, sampling_params, client)",
+    ),
     # SGLang pass-through
-    Case("sglang_unknown_option", (*QWEN, "layout.rollout.sglang.mem_fractoin_static=0.5"),
-         "layout.rollout.sglang.mem_fractoin_static", CMD, "Did you mean 'mem_fraction_static'?"),
-    Case("sglang_wrong_type", (*QWEN, "layout.rollout.sglang.enable_dp_attention=sometimes"),
-         "layout.rollout.sglang.enable_dp_attention", CMD, "takes true or false"),
-    Case("sglang_plan_owned", (*QWEN, "layout.rollout.sglang.tp_size=4"),
-         "layout.rollout.sglang.tp_size", CMD, "set by rlpost for each engine"),
+    Case(
+        "sglang_unknown_option",
+        (*QWEN, "layout.rollout.sglang.mem_fractoin_static=0.5"),
+        "layout.rollout.sglang.mem_fractoin_static",
+        CMD,
+        "Did you mean 'mem_fraction_static'?",
+    ),
+    Case(
+        "sglang_wrong_type",
+        (*QWEN, "layout.rollout.sglang.enable_dp_attention=sometimes"),
+        "layout.rollout.sglang.enable_dp_attention",
+        CMD,
+        "takes true or false",
+    ),
+    Case(
+        "sglang_plan_owned",
+        (*QWEN, "layout.rollout.sglang.tp_size=4"),
+        "layout.rollout.sglang.tp_size",
+        CMD,
+        "set by rlpost for each engine",
+    ),
     # interpolations
-    Case("bad_interpolation_cli", (*QWEN, "model.ref_load=${model.hf_checkpiont}"), "model.ref_load",
-         CMD, "Interpolation key 'model.hf_checkpiont' not found"),
-    Case("bad_interpolation_yaml", ("model=bad_ref",), "model.ref_load", "bad_ref.yaml",
-         "cannot resolve ${.hf_chekpoint}"),
-    Case("unknown_resolver", (*QWEN, "recipe.data.prompt_data=${nope:x}"), "recipe.data.prompt_data",
-         CMD, "Unsupported interpolation type nope"),
+    Case(
+        "bad_interpolation_cli",
+        (*QWEN, "model.ref_load=${model.hf_checkpiont}"),
+        "model.ref_load",
+        CMD,
+        "Interpolation key 'model.hf_checkpiont' not found",
+    ),
+    Case(
+        "bad_interpolation_yaml",
+        ("model=bad_ref",),
+        "model.ref_load",
+        "bad_ref.yaml",
+        "cannot resolve ${.hf_chekpoint}",
+    ),
+    Case(
+        "unknown_resolver",
+        (*QWEN, "recipe.data.prompt_data=${nope:x}"),
+        "recipe.data.prompt_data",
+        CMD,
+        "Unsupported interpolation type nope",
+    ),
 ]
 
 
@@ -203,40 +404,58 @@ def test_hf_config_mismatch_names_both_files(user_conf: Path) -> None:
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(UserError) as caught:
         compose_run_config(
-            [*QWEN, "recipe.rollout.temperature=0", "layout.rollout.sglang.tp_size=2",
-             "trainer.backend=jax", "recipe.rollout.generate_function=rlpost.nothing.here"]
+            [
+                *QWEN,
+                "recipe.rollout.temperature=0",
+                "layout.rollout.sglang.tp_size=2",
+                "trainer.backend=jax",
+                "recipe.rollout.generate_function=rlpost.nothing.here",
+            ]
         )
     keys = {i.key for i in caught.value.issues}
-    assert keys == {"recipe.rollout.temperature", "layout.rollout.sglang.tp_size", "trainer.backend",
-                    "recipe.rollout.generate_function"}
+    assert keys == {
+        "recipe.rollout.temperature",
+        "layout.rollout.sglang.tp_size",
+        "trainer.backend",
+        "recipe.rollout.generate_function",
+    }
 
 
 # --- the launcher as a user runs it ----------------------------------------------------------
 
-LAUNCH_CASES = [
-    (("model=glm4-9", "mode=plan"), ["command line: model=glm4-9", "Did you mean 'glm4-9b'?"]),
-    (("recipe.rollout.temprature=0.8", "mode=plan"), ["Did you mean 'temperature'?"]),
-    ((*QWEN, "recipe.rollout.temperature=0", "mode=plan"),
-     ["recipe.rollout.temperature = 0", "command line: recipe.rollout.temperature=0", "must be > 0"]),
-    ((*QWEN, "layout.rollout.sglang.tp_size=2", "mode=slime_args"),
-     ["layout.rollout.gpus_per_engine"]),
-    (("--config-dir", "{user_conf}", "model=qwen3-4b", "recipe=typo_recipe", "mode=plan"),
-     ["{user_conf}/recipe/typo_recipe.yaml:7", "Did you mean 'temperature'?"]),
-]
+LAUNCH_CASES = {
+    "unknown_model": (("model=glm4-9", "mode=plan"), ["command line: model=glm4-9", "'glm4-9b'?"]),
+    "unknown_key": (("recipe.rollout.temprature=0.8", "mode=plan"), ["'temperature'?"]),
+    "temperature_zero": (
+        (*QWEN, "recipe.rollout.temperature=0", "mode=plan"),
+        ["recipe.rollout.temperature = 0", "command line: recipe.rollout.temperature=0", "> 0"],
+    ),
+    "sglang_plan_owned": (
+        (*QWEN, "layout.rollout.sglang.tp_size=2", "mode=slime_args"),
+        ["layout.rollout.gpus_per_engine"],
+    ),
+    "user_config_dir": (
+        ("--config-dir", "{user_conf}", "model=qwen3-4b", "recipe=typo_recipe", "mode=plan"),
+        ["{user_conf}/recipe/typo_recipe.yaml:7", "Did you mean 'temperature'?"],
+    ),
+}
 
 
 def launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, str(REPO / "launch.py"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
-@pytest.mark.parametrize(("args", "fragments"), LAUNCH_CASES, ids=lambda v: str(v)[:40])
-def test_launcher_exits_2_without_traceback(
-    args: tuple[str, ...], fragments: list[str], user_conf: Path, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("name", list(LAUNCH_CASES))
+def test_launcher_exits_2_without_traceback(name: str, user_conf: Path, tmp_path: Path) -> None:
+    args, fragments = LAUNCH_CASES[name]
     result = launch([a.format(user_conf=user_conf) for a in args], cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
@@ -244,3 +463,10 @@ def test_launcher_exits_2_without_traceback(
     for fragment in fragments:
         assert fragment.format(user_conf=user_conf) in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []  # no run directory, no .hydra
+
+
+def test_a_good_plan_exits_0_and_writes_nothing(tmp_path: Path) -> None:
+    result = launch([*GLM9, "mode=plan", "plan.format=json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["placement"]["train_gpus"] == 4
+    assert list(tmp_path.iterdir()) == []

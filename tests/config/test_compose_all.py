@@ -37,31 +37,87 @@ class Expected:
     def matches(self, model: str, recipe: str, hardware: str) -> bool:
         return all(
             fnmatch.fnmatchcase(value, pattern)
-            for value, pattern in ((model, self.model), (recipe, self.recipe), (hardware, self.hardware))
+            for value, pattern in (
+                (model, self.model),
+                (recipe, self.recipe),
+                (hardware, self.hardware),
+            )
         )
 
 
 EXPECTED_FAILURES = [
-    Expected("qwen3-tiny", "grpo_dapo*", "*", "recipe.rollout.max_response_len",
-             "beyond model.max_position_embeddings=512",
-             "the tiny model's 512-token context cannot hold grpo_dapo's 8192-token responses"),
-    Expected("glm4.5-355b-a32b", "*", "h100x[18]*", "layout.train.tp", "no tensor-parallel size fits",
-             "355B parameters of training state need the 64-GPU profile"),
-    Expected("glm4.5-355b-a32b", "*", "h200x1", "layout.train.tp", "no tensor-parallel size fits",
-             "355B parameters of training state need the 64-GPU profile"),
-    Expected("glm4-9b", "*", "h200x1", "layout.train.tp", "no tensor-parallel size fits",
-             "9B with fp32 Adam state on one GPU needs ~170 GiB; one H200 has 140"),
-    Expected("glm4.7-flash", "*", "h200x1", "layout.train.tp", "no tensor-parallel size fits",
-             "30B-A3B training state on one GPU needs ~520 GiB"),
-    Expected("*", "grpo_dapo_async", "h200x1", "layout.rollout.num_gpus", "leaves no GPUs for the engines",
-             "the async loop needs separate train and rollout GPUs; one GPU cannot be split"),
-    Expected("qwen3-4b", "grpo_dapo_async", "h100x8", "recipe.loop.mode", "the layout is colocated",
-             "the shipped qwen3-4b_h100x8 layout is colocated (seed 001); async needs decoupled"),
-    Expected("glm4.7-flash", "grpo_dapo_async", "h100x[18]*", "recipe.loop.mode",
-             "the layout is colocated",
-             "the shipped glm4.7-flash layouts are colocated; async needs decoupled"),
-    Expected("glm4.5-355b-a32b", "grpo_dapo_async", "h100x64", "recipe.loop.mode",
-             "the layout is colocated", "the shipped glm4.5 layout is colocated (seed 002)"),
+    Expected(
+        "qwen3-tiny",
+        "grpo_dapo*",
+        "*",
+        "recipe.rollout.max_response_len",
+        "beyond model.max_position_embeddings=512",
+        "the tiny model's 512-token context cannot hold grpo_dapo's 8192-token responses",
+    ),
+    Expected(
+        "glm4.5-355b-a32b",
+        "*",
+        "h100x[18]*",
+        "layout.train.tp",
+        "no tensor-parallel size fits",
+        "355B parameters of training state need the 64-GPU profile",
+    ),
+    Expected(
+        "glm4.5-355b-a32b",
+        "*",
+        "h200x1",
+        "layout.train.tp",
+        "no tensor-parallel size fits",
+        "355B parameters of training state need the 64-GPU profile",
+    ),
+    Expected(
+        "glm4-9b",
+        "*",
+        "h200x1",
+        "layout.train.tp",
+        "no tensor-parallel size fits",
+        "9B with fp32 Adam state on one GPU needs ~170 GiB; one H200 has 140",
+    ),
+    Expected(
+        "glm4.7-flash",
+        "*",
+        "h200x1",
+        "layout.train.tp",
+        "no tensor-parallel size fits",
+        "30B-A3B training state on one GPU needs ~520 GiB",
+    ),
+    Expected(
+        "*",
+        "grpo_dapo_async",
+        "h200x1",
+        "layout.rollout.num_gpus",
+        "leaves no GPUs for the engines",
+        "the async loop needs separate train and rollout GPUs; one GPU cannot be split",
+    ),
+    Expected(
+        "qwen3-4b",
+        "grpo_dapo_async",
+        "h100x8",
+        "recipe.loop.mode",
+        "the layout is colocated",
+        "the shipped qwen3-4b_h100x8 layout is colocated (seed 001); async needs decoupled",
+    ),
+    Expected(
+        "glm4.7-flash",
+        "grpo_dapo_async",
+        "h100x[18]*",
+        "recipe.loop.mode",
+        "the layout is colocated",
+        "the shipped glm4.7-flash layouts are colocated; async needs decoupled",
+    ),
+    Expected(
+        "glm4.5-355b-a32b",
+        "grpo_dapo_async",
+        "h100x64",
+        "recipe.loop.mode",
+        "the layout is colocated",
+        "the shipped glm4.5 layout is colocated (seed 002)",
+    ),
 ]
 
 COMBINATIONS = list(itertools.product(options("model"), options("recipe"), options("hardware")))

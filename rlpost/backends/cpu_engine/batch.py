@@ -38,6 +38,12 @@ def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
+def _kv(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    if layer.keys is None or layer.values is None:
+        raise RuntimeError("a KV cache layer was not filled by the prefill")
+    return layer.keys, layer.values
+
+
 def _stack_padded(mine: torch.Tensor, theirs: torch.Tensor, width: int) -> torch.Tensor:
     """Concatenate KV tensors [batch, heads, positions, dim] along batch, left-padding."""
     return torch.cat([_pad_left(mine, width, 2), _pad_left(theirs, width, 2)])
@@ -60,6 +66,9 @@ class ActiveBatch:
         """Merging edits the cache's tensors, which only plain (non-sliding) layers allow."""
         return all(type(layer) is DynamicLayer for layer in self.cache.layers)
 
+    def _layers(self) -> list[DynamicLayer]:
+        return [layer for layer in self.cache.layers if isinstance(layer, DynamicLayer)]
+
     def keep(self, keep: list[int]) -> None:
         """Keep only the rows at positions `keep`, then drop padding no row needs any more."""
         if len(keep) < len(self.rows):
@@ -80,9 +89,10 @@ class ActiveBatch:
         if first == 0 or not self.can_merge:
             return
         self.attention_mask = self.attention_mask[:, first:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, first:, :]
-            layer.values = layer.values[:, :, first:, :]
+        for layer in self._layers():
+            keys, values = _kv(layer)
+            layer.keys = keys[:, :, first:, :]
+            layer.values = values[:, :, first:, :]
 
     def merge(self, other: ActiveBatch) -> None:
         """Append `other`'s rows; both sides must have `can_merge`."""
@@ -90,13 +100,10 @@ class ActiveBatch:
         self.attention_mask = torch.cat(
             [_pad_left(self.attention_mask, width, 1), _pad_left(other.attention_mask, width, 1)]
         )
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat(
-                [_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)]
-            )
-            mine.values = torch.cat(
-                [_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)]
-            )
+        for mine, theirs in zip(self._layers(), other._layers(), strict=True):
+            (my_keys, my_values), (their_keys, their_values) = _kv(mine), _kv(theirs)
+            mine.keys = _stack_padded(my_keys, their_keys, width)
+            mine.values = _stack_padded(my_values, their_values, width)
         self.next_position = torch.cat([self.next_position, other.next_position])
         self.tokens = torch.cat([self.tokens, other.tokens])
         self.sampler.extend(other.sampler)

@@ -48,8 +48,16 @@ class CpuEngine:
             torch.set_num_threads(settings.num_threads)
         torch.manual_seed(settings.seed)
         path = Path(settings.model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model_path '{path}' is not a Hugging Face model folder (no config.json); "
+                f"the CPU engine loads local folders only"
+            )
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True
+        )
+        self.model.train(False)
         self.weights = ModelWeights(self.model)
         self.weights_path = str(path)
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)

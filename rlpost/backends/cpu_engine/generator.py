@@ -114,7 +114,8 @@ class BatchGenerator:
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :].float()
+        logits: torch.Tensor = out.logits[:, -1, :].float()
+        return logits
 
     def _sample(self, rows: list[Row], sampler: BatchSampler, logits: torch.Tensor) -> torch.Tensor:
         self._adjust_logits(rows, sampler, logits)

@@ -234,13 +234,15 @@ def apply_logit_adjustments(
                 logits[row, token] += bias
         if not p.penalized:
             continue
+        vocab = logits.shape[1]
         if history and (p.frequency_penalty or p.presence_penalty):
-            ids, counts = torch.tensor(history).unique(return_counts=True)
-            logits[row, ids] -= p.frequency_penalty * counts + p.presence_penalty
+            counts = torch.bincount(torch.tensor(history), minlength=vocab)[:vocab].float()
+            logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(list(prompts[row]) + list(history)).unique()
-            values = logits[row, seen]
+            seen = torch.zeros(vocab, dtype=torch.bool)
+            seen[[t for t in list(prompts[row]) + list(history) if t < vocab]] = True
+            values = logits[row]
             scaled = torch.where(
                 values > 0, values / p.repetition_penalty, values * p.repetition_penalty
             )
-            logits[row, seen] = scaled
+            logits[row] = torch.where(seen, scaled, values)

@@ -119,7 +119,7 @@ class Scheduler:
     @property
     def is_idle(self) -> bool:
         with self._cond:
-            return not self._waiting and not self._running
+            return not self._waiting and not any(r.finish is None for r in self._running)
 
     @property
     def is_paused(self) -> bool:
@@ -127,10 +127,11 @@ class Scheduler:
 
     def load(self) -> Load:
         with self._cond:
+            running = [r for r in self._running if r.finish is None]
             return Load(
-                num_running=len(self._running),
+                num_running=len(running),
                 num_waiting=len(self._waiting),
-                num_tokens=sum(r.num_tokens for r in self._running)
+                num_tokens=sum(r.num_tokens for r in running)
                 + sum(len(r.prompt_ids) for r in self._waiting),
                 num_served=self._num_served,
             )

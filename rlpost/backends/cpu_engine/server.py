@@ -11,8 +11,10 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -112,7 +114,8 @@ class EngineServer:
 
     async def health(self, request: web.Request) -> web.Response:
         if self.engine is None:
-            return web.Response(status=503, text="loading")
+            state = "loading" if self.load_error is None else f"failed: {self.load_error}"
+            return web.Response(status=503, text=state)
         return web.Response(text="ok")
 
     async def health_generate(self, request: web.Request) -> web.Response:
@@ -239,7 +242,7 @@ class EngineServer:
             "num_total_reqs": load.num_running + load.num_waiting,
             "num_used_tokens": load.num_tokens,
         }
-        return web.json_response({"timestamp": asyncio.get_running_loop().time(), "loads": [entry]})
+        return web.json_response({"timestamp": time.time(), "loads": [entry]})
 
     async def release_memory(self, request: web.Request) -> web.Response:
         engine = self.ready_engine()
@@ -282,9 +285,11 @@ async def serve(settings: EngineSettings, host: str, port: int, stop: asyncio.Ev
     finally:
         loading.cancel()
         stopping.cancel()
-        await runner.cleanup()
+        # Engine first: it aborts running rows, so open requests answer before the
+        # listener closes instead of holding shutdown for their full generation.
         if server.engine is not None:
-            server.engine.shutdown()
+            await asyncio.to_thread(server.engine.shutdown)
+        await runner.cleanup()
 
 
 class BackgroundServer:
@@ -318,10 +323,10 @@ class BackgroundServer:
         await self.server.load()
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result()
         if self.server.engine is not None:
             self.server.engine.shutdown()
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
@@ -360,4 +365,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve(settings, host, port, stop)
 
-    asyncio.run(run())
+    code = 0
+    try:
+        asyncio.run(run())
+    except (OSError, ValueError) as exc:  # what a bad --model-path or a taken port raises
+        logger.error("cpu engine failed to start: %s", exc)
+        code = 1
+    # Everything is shut down by now; skipping interpreter teardown (seconds for torch and
+    # transformers) makes SIGTERM answer promptly.
+    logging.shutdown()
+    os._exit(code)

@@ -1,21 +1,28 @@
 """Packed forward passes: several samples in one row, each attending only to itself.
 
-Samples are concatenated into a single row whose position_ids restart at 0 for every sample.
-transformers (>= 5) reads that restart as a packed-sequence boundary and builds a
-block-diagonal causal mask for sdpa and eager attention (`find_packed_sequence_indices` in
-masking_utils), provided no 2D attention mask and no KV cache are passed. Tests compare packed
-against one-by-one forwards so a change upstream cannot go unnoticed.
+Samples are concatenated into a single row whose position_ids restart at 0 for every sample
+(RoPE sees each sample from position 0). Attention stays within a sample in either of two ways:
+- the default `rlpost_packed_sdpa` implementation (attention.py) gets the row's sample
+  boundaries as `cu_seq_lens_q` and attends sample by sample;
+- with transformers' "sdpa" or "eager", transformers (>= 5) reads the position restarts as
+  packed-sequence boundaries (`find_packed_sequence_indices` in masking_utils) and builds a
+  block-diagonal causal mask, provided no 2D attention mask and no KV cache are passed.
+Tests compare packed against one-by-one forwards for all three, so an upstream change cannot
+go unnoticed.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+from transformers import PreTrainedModel
 
 from rlpost.algo.losses import entropy_of_log_probs
+from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 from rlpost.types import TrainSample
 
 
@@ -28,6 +35,7 @@ class PackedBatch:
     logit_positions: Tensor  # [R] row positions whose logits predict response tokens
     targets: Tensor  # [R] the response tokens
     segment_ids: Tensor  # [R] sample index within the micro-batch
+    cu_seq_lens: Tensor  # [S + 1] row offsets where samples start, then T
     response_lengths: tuple[int, ...]
 
     @property
@@ -78,6 +86,7 @@ def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
         logit_positions=torch.tensor(logit_positions, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         segment_ids=torch.tensor(segments, dtype=torch.long),
+        cu_seq_lens=torch.tensor([0, *itertools.accumulate(len(s.tokens) for s in samples)]),
         response_lengths=tuple(s.response_length for s in samples),
     )
 
@@ -91,7 +100,7 @@ class TokenOutputs:
 
 
 def forward_tokens(
-    model: nn.Module,
+    model: PreTrainedModel,
     batch: PackedBatch,
     temperature: float,
     entropy: str = "none",
@@ -100,11 +109,15 @@ def forward_tokens(
 
     `entropy` is "none", "detached" (for logging) or "grad" (entropy bonus in the loss).
     """
+    boundaries = {}
+    if model.config._attn_implementation == PACKED_SDPA:
+        boundaries = {"cu_seq_lens_q": batch.cu_seq_lens, "cu_seq_lens_k": batch.cu_seq_lens}
     out = model(
         input_ids=batch.input_ids,
         position_ids=batch.position_ids,
         use_cache=False,
         logits_to_keep=batch.logit_positions,
+        **boundaries,
     )
     logits = out.logits[0].float() / temperature
     log_probs = torch.log_softmax(logits, dim=-1)

@@ -6,10 +6,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from rlpost.backends.torch_trainer.attention import PACKED_SDPA
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 # Files the trainer rewrites; everything else in the source folder (tokenizer files, chat
 # template, generation config) is copied as is.
@@ -17,7 +22,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 WEIGHT_NAMES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def load_causal_lm(model_dir: str | Path, attn_implementation: str = "sdpa") -> PreTrainedModel:
+def load_causal_lm(
+    model_dir: str | Path, attn_implementation: str = PACKED_SDPA
+) -> PreTrainedModel:
     """fp32 weights on CPU, eval mode (no dropout: losses must be deterministic)."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
@@ -32,10 +39,11 @@ def load_causal_lm(model_dir: str | Path, attn_implementation: str = "sdpa") -> 
     return model
 
 
-def freeze(model: nn.Module) -> nn.Module:
+def freeze(model: ModuleT) -> ModuleT:
     for p in model.parameters():
         p.requires_grad_(False)
-    return model.eval()
+    model.train(False)
+    return model
 
 
 def copy_side_files(src_dir: Path, dst_dir: Path) -> None:

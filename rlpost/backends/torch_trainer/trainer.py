@@ -19,6 +19,7 @@ from torch import Tensor
 from rlpost.algo.advantages import compute_advantages, get_estimator, needs_reference_kl
 from rlpost.algo.losses import LossInputs, compute_kl, compute_loss, reduction_weights
 from rlpost.algo.packing import pack_micro_batches, packing_efficiency, partition_ranks
+from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 from rlpost.backends.torch_trainer.distributed import DataParallel
 from rlpost.backends.torch_trainer.forward import (
     forward_tokens,
@@ -80,7 +81,7 @@ class TorchTrainer:
         world_size: int = 1,
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
-        attn_implementation: str = "sdpa",
+        attn_implementation: str = PACKED_SDPA,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
     ) -> None:

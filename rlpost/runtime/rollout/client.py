@@ -71,7 +71,7 @@ def _parse_one(item: Any) -> GenerateResult:
     if output_ids is None:
         output_ids = [int(p[1]) for p in pairs]
     try:
-        kind = FinishKind(finish.get("type"))
+        kind = FinishKind(str(finish.get("type")))
     except ValueError as exc:
         raise EngineRequestError(f"unknown finish_reason {finish!r}", body=item) from exc
     version = meta.get("weight_version")
@@ -97,7 +97,8 @@ def _retryable(status: int) -> bool:
 
 class EngineClient:
     """Sends /generate to the router with bounded concurrency and bounded retries, and
-    control calls to each engine. Use `async with`, or call close()."""
+    control calls to each engine. Use it inside one event loop, with `async with` or a
+    final close()."""
 
     def __init__(
         self,
@@ -237,14 +238,15 @@ class EngineClient:
         deadline = time.monotonic() + timeout_s
         while True:
             await self._each("POST", "/abort_request", {"abort_all": True}, urls)
-            if not wait or await self._num_requests(urls) == 0:
+            if not wait or await self.num_requests(urls) == 0:
                 return
             if time.monotonic() > deadline:
                 raise EngineRequestError(f"requests still running after abort for {timeout_s} s")
             await asyncio.sleep(0.2)
 
-    async def _num_requests(self, urls: Sequence[str]) -> int:
-        answers = await self._each("GET", "/v1/loads?include=core", None, urls)
+    async def num_requests(self, worker_urls: Sequence[str] | None = None) -> int:
+        """Requests running or waiting, summed over the engines."""
+        answers = await self._each("GET", "/v1/loads?include=core", None, worker_urls)
         return sum(
             int(load.get("num_running_reqs", 0)) + int(load.get("num_waiting_reqs", 0))
             for answer in answers

@@ -45,8 +45,13 @@ def test_every_listed_path_is_known() -> None:
 def test_resolve_loc_drops_pydantic_tags() -> None:
     loc = resolve_loc(("layout", "train", "tp", "int"))
     assert loc.key == "layout.train.tp" and loc.section is TrainLayout
-    assert resolve_loc(("recipe", "eval", "datasets", 0, "path")).key == "recipe.eval.datasets.0.path"
-    assert resolve_loc(("layout", "rollout", "sglang", "dp_size")).key == "layout.rollout.sglang.dp_size"
+    assert (
+        resolve_loc(("recipe", "eval", "datasets", 0, "path")).key == "recipe.eval.datasets.0.path"
+    )
+    assert (
+        resolve_loc(("layout", "rollout", "sglang", "dp_size")).key
+        == "layout.rollout.sglang.dp_size"
+    )
 
 
 def test_describe_field_states_type_range_and_null() -> None:

@@ -66,7 +66,9 @@ def test_schema_keys_become_force_adds() -> None:
         "++recipe.rollout.over_sampling_batch_size=64",
         [],
     )
-    assert check_override("+recipe.rollout.top_k=5", ROOTS) == ("+recipe.rollout.top_k=5", [])
+    # grpo_dapo.yaml sets top_k: Hydra's '+' would refuse to add it again
+    assert check_override("+recipe.rollout.top_k=5", ROOTS) == ("++recipe.rollout.top_k=5", [])
+    assert check_override("++recipe.rollout.top_k=5", ROOTS) == ("++recipe.rollout.top_k=5", [])
     assert check_override("~model.ref_load", ROOTS) == ("~model.ref_load", [])
 
 
@@ -101,10 +103,16 @@ def test_plan_mode_runs_in_place_unless_told_otherwise() -> None:
     assert prepare_argv(["mode=plan", "hydra.run.dir=out"]).count("hydra.run.dir=.") == 0
 
 
-def test_informational_flags_are_left_to_hydra() -> None:
+def test_help_is_left_to_hydra_and_cfg_is_checked() -> None:
     assert prepare_argv(["--help"]) == ["--help"]
-    assert parse_argv(["--cfg", "job", "model=x"]).informational
-    assert prepare_argv(["--info", "defaults", "model=nope"]) == ["--info", "defaults", "model=nope"]
+    assert parse_argv(["--hydra-help", "model=x"]).informational
+    with pytest.raises(UserError):
+        prepare_argv(["--cfg", "job", "model=glm4-9"])
+    assert prepare_argv(["--info", "defaults", "model=glm4-9b"]) == [
+        "--info",
+        "defaults",
+        "model=glm4-9b",
+    ]
 
 
 def test_config_dir_adds_group_choices(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""SourceMap: each key of a composed config points at the file and line (or override) that set it."""
+"""SourceMap: each composed key points at the file and line, or the override, that set it."""
 
 from __future__ import annotations
 
@@ -88,7 +88,10 @@ def test_list_items_and_primary_config(dynamic_sampling: SourceMap) -> None:
         "grpo_dapo.yaml",
         line_of(base, "path: /root/aime"),
     )
-    assert located(dynamic_sampling, "mode") == ("config.yaml", line_of(CONF / "config.yaml", "mode:"))
+    assert located(dynamic_sampling, "mode") == (
+        "config.yaml",
+        line_of(CONF / "config.yaml", "mode:"),
+    )
     assert not any(key.startswith("hydra") or key == "defaults" for key in dynamic_sampling)
 
 
@@ -127,7 +130,9 @@ def test_user_config_dir_is_named_by_its_real_path(tmp_path: Path) -> None:
 def test_find_config_searches_roots_in_order(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "glm4-9b.yaml").write_text("name: shadow\n")
-    first = find_config([ConfigRoot("file", str(tmp_path)), ConfigRoot("file", str(CONF))], "model/glm4-9b")
+    first = find_config(
+        [ConfigRoot("file", str(tmp_path)), ConfigRoot("file", str(CONF))], "model/glm4-9b"
+    )
     assert first is not None and str(first).startswith(str(tmp_path))
     assert find_config([ConfigRoot("structured", "")], "model/glm4-9b") is None
     assert ConfigRoot.parse("pkg://hydra.conf").find("hydra/output/default") is not None

@@ -84,7 +84,9 @@ def test_shipped_models_agree_with_their_hf_configs() -> None:
         ("rms_norm_eps", 1e-5, "norm_epsilon", "rms_norm_eps=1e-05"),
     ],
 )
-def test_each_disagreement_is_one_issue(hf_key: str, hf_value: Any, field: str, stated: str) -> None:
+def test_each_disagreement_is_one_issue(
+    hf_key: str, hf_value: Any, field: str, stated: str
+) -> None:
     issues = compare(model("qwen3-4b"), {**QWEN3_4B, hf_key: hf_value}, "ckpt/config.json", here)
     assert [i.key for i in issues] == [f"model.{field}"]
     issue = issues[0]
@@ -97,7 +99,11 @@ def test_each_disagreement_is_one_issue(hf_key: str, hf_value: Any, field: str, 
 def test_moe_and_mla_fields_are_compared() -> None:
     hf = {**GLM47_FLASH, "num_experts_per_tok": 8, "qk_nope_head_dim": 128, "n_routed_experts": 128}
     issues = compare(model("glm4.7-flash"), hf, "ckpt/config.json", here)
-    assert {i.key for i in issues} == {"model.moe.top_k", "model.mla.qk_head_dim", "model.moe.num_experts"}
+    assert {i.key for i in issues} == {
+        "model.moe.top_k",
+        "model.mla.qk_head_dim",
+        "model.moe.num_experts",
+    }
 
 
 def test_dense_yaml_for_a_moe_checkpoint_and_the_reverse() -> None:

@@ -28,8 +28,15 @@ def test_table_records_its_sglang_version_and_the_options_rlpost_uses() -> None:
     assert document["generated_by"] == "tools/gen_sglang_options.py"
     table = load_sglang_options()
     assert len(table.options) > 400
-    for name in ("mem_fraction_static", "enable_dp_attention", "dp_size", "max_running_requests",
-                 "speculative_algorithm", "cuda_graph_max_bs_decode", "ep_num_redundant_experts"):
+    for name in (
+        "mem_fraction_static",
+        "enable_dp_attention",
+        "dp_size",
+        "max_running_requests",
+        "speculative_algorithm",
+        "cuda_graph_max_bs_decode",
+        "ep_num_redundant_experts",
+    ):
         assert name in table.options, name
     assert table.options["dp_size"].kinds == ("int",)
     assert table.options["mem_fraction_static"].nullable
@@ -85,7 +92,9 @@ def test_plan_owned_options_name_the_rlpost_key() -> None:
 
 
 def _generator() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_sglang_options", REPO / "tools" / "gen_sglang_options.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_sglang_options", REPO / "tools" / "gen_sglang_options.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -121,11 +130,19 @@ class FakeServerArgs:
 def test_generator_describes_types_defaults_choices_and_flags() -> None:
     options = _generator().describe_options(FakeServerArgs)
     assert "_internal" not in options
-    assert options["model_path"] == {"type": ["str"], "nullable": False, "required": True,
-                                     "cli": "--model-path"}
+    assert options["model_path"] == {
+        "type": ["str"],
+        "nullable": False,
+        "required": True,
+        "cli": "--model-path",
+    }
     assert options["tp_size"]["type"] == ["int"] and options["tp_size"]["default"] == 1
-    assert options["mem_fraction_static"] == {"type": ["float"], "nullable": True, "default": None,
-                                              "cli": "--mem-fraction-static"}
+    assert options["mem_fraction_static"] == {
+        "type": ["float"],
+        "nullable": True,
+        "default": None,
+        "cli": "--mem-fraction-static",
+    }
     assert options["attention_backend"]["choices"] == ["fa3", "triton"]
     assert options["load_balance"]["choices"] == ["round_robin", "minimum_tokens"]
     assert options["cuda_graph_bs"]["type"] == ["list[int]"]

@@ -114,13 +114,14 @@ def test_control_calls_are_not_forwarded_by_the_router(cluster: Cluster) -> None
 def test_router_retries_on_the_other_engine_after_a_kill(cluster: Cluster) -> None:
     router, urls, process = cluster
     params = {"max_new_tokens": 150, "temperature": 0.0, "ignore_eos": True}
+    survivor_before = served(urls[1])
 
     async def scenario() -> list[GenerateResult]:
         # One attempt per request: any recovery below is the router's own retry.
         async with EngineClient(router.url, max_attempts=1) as client:
             tasks = [asyncio.create_task(client.generate(PROMPT, params)) for _ in range(8)]
             deadline = time.monotonic() + 30
-            while await client._num_requests(urls[:1]) == 0:
+            while await client.num_requests(urls[:1]) == 0:
                 assert time.monotonic() < deadline, "no request reached the first engine"
                 await asyncio.sleep(0.01)
             os.kill(process.pid, signal.SIGKILL)
@@ -130,6 +131,8 @@ def test_router_retries_on_the_other_engine_after_a_kill(cluster: Cluster) -> No
     process.wait(10)
     assert all(r.finish_reason is FinishKind.LENGTH for r in results)
     assert all(len(r.output_ids) == 150 for r in results)
+    # Round-robin gave the survivor 4 of the 8; it also ran what the killed engine had.
+    assert served(urls[1]) - survivor_before > 4
     assert router.remove_worker(urls[0])
     deadline = time.monotonic() + 10
     while [w.url for w in router.workers()] != [urls[1]]:

@@ -10,6 +10,7 @@ import torch
 
 from rlpost.backends.cpu_engine.engine import CpuEngine, EngineSettings
 from rlpost.backends.cpu_engine.generator import Row
+from rlpost.backends.cpu_engine.protocol import parse_generate_request
 from rlpost.backends.cpu_engine.sampling import SamplingParams
 
 
@@ -190,3 +191,20 @@ def test_rows_admitted_mid_run_match_one_by_one(engine: CpuEngine) -> None:
         assert alone.output_ids == row.output_ids
         torch.testing.assert_close(alone.logprobs, row.logprobs, atol=1e-5, rtol=0)
     assert len(admitted) == 3
+
+
+def test_engine_seed_makes_unseeded_sampling_reproducible(tiny_lm_dir: Path) -> None:
+    body = {"input_ids": [[40, 41], [42]], "sampling_params": {"max_new_tokens": 8, "n": 2}}
+
+    def sample_with(seed: int) -> list[list[int]]:
+        fresh = CpuEngine(EngineSettings(model_path=str(tiny_lm_dir), seed=seed, num_threads=1))
+        try:
+            rows = fresh.make_rows(parse_generate_request(body, fresh.encode, fresh.context_len))
+            return [r.output_ids for r in run(fresh, rows)]
+        finally:
+            fresh.shutdown()
+
+    first = sample_with(3)
+    assert sample_with(3) == first
+    assert sample_with(4) != first
+    assert first[0] != first[1]  # the n samples of one prompt differ

@@ -9,6 +9,7 @@ from rlpost.backends.cpu_engine.sampling import (
     BatchSampler,
     RequestError,
     SamplingParams,
+    apply_logit_adjustments,
     parse_sampling_params,
 )
 
@@ -79,3 +80,14 @@ def test_mixed_rows_keep_their_own_settings_and_logprobs() -> None:
     assert tokens.tolist() == [0, 0]
     expected = [torch.log_softmax(LOGITS[0], -1)[0], torch.log_softmax(LOGITS[0] / 2.0, -1)[0]]
     torch.testing.assert_close(logprobs, torch.stack(expected))
+
+
+def test_penalties_and_logit_bias_adjust_only_their_tokens() -> None:
+    logits = torch.tensor([[1.0, 2.0, -1.0, 0.5], [1.0, 2.0, -1.0, 0.5]])
+    params = [
+        SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, logit_bias=((3, 2.0),)),
+        SamplingParams(repetition_penalty=2.0),
+    ]
+    apply_logit_adjustments(logits, params, [[1, 1, 2], [2]], [[0], [1]])
+    assert logits[0].tolist() == [1.0, 2.0 - 1.0 - 0.25, -1.0 - 0.5 - 0.25, 2.5]
+    assert logits[1].tolist() == [1.0, 1.0, -2.0, 0.5]  # prompt token 1 and output token 2

@@ -3,8 +3,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 from transformers.masking_utils import find_packed_sequence_indices
 
+from rlpost.backends.torch_trainer.attention import packed_sdpa_attention
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples, validate_sample
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
 from rlpost.types import TrainSample
@@ -34,7 +37,7 @@ def test_transformers_reads_position_restarts_as_sequence_boundaries() -> None:
     assert find_packed_sequence_indices(positions).tolist() == [[0, 0, 0, 1, 1, 1, 1, 2]]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["rlpost_packed_sdpa", "sdpa", "eager"])
 def test_packed_forward_equals_one_by_one(
     tiny_model_dir: Path, make_samples: Samples, attn: str
 ) -> None:
@@ -83,3 +86,27 @@ def test_temperature_divides_logits(tiny_model_dir: Path) -> None:
 def test_malformed_samples_are_rejected(sample: TrainSample, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         validate_sample(sample, 0)
+
+
+def test_packed_attention_matches_a_block_diagonal_mask_with_gqa() -> None:
+    gen = torch.Generator().manual_seed(0)
+    lengths = [3, 7, 1, 5]
+    total, dim = sum(lengths), 8
+    query = torch.randn(1, 4, total, dim, generator=gen, requires_grad=True)
+    key = torch.randn(1, 2, total, dim, generator=gen, requires_grad=True)
+    value = torch.randn(1, 2, total, dim, generator=gen, requires_grad=True)
+    cu = torch.tensor([0, 3, 10, 11, 16])
+    out, _ = packed_sdpa_attention(nn.Module(), query, key, value, None, cu_seq_lens_q=cu)
+    segment = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
+    pos = torch.arange(total)
+    mask = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
+    dense = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    assert out.shape == (1, total, 4, dim)
+    assert torch.allclose(out, dense, atol=1e-6)
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), (query, key, value))
+    dense_grads = torch.autograd.grad((dense * weights).sum(), (query, key, value))
+    for a, b in zip(grads, dense_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -161,6 +161,7 @@ def test_export_hf_round_trips(
     t.export_hf(tmp_path / "weights")  # replacing an existing export works
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert (out / "tokenizer.json").is_file()
+    assert "attn" not in (out / "config.json").read_text()  # engines pick their own
     assert AutoTokenizer.from_pretrained(out).eos_token == "<eos>"
     ids = torch.tensor([samples[0].tokens])
     with torch.no_grad():

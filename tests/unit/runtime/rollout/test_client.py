@@ -47,7 +47,7 @@ def client_for(url: str, **kwargs: Any) -> EngineClient:
 
 async def until_running(client: EngineClient, url: str, count: int) -> None:
     deadline = time.monotonic() + 20
-    while await client._num_requests([url]) < count:
+    while await client.num_requests([url]) < count:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
 
@@ -108,7 +108,7 @@ def test_abort_all_returns_partial_results(url: str) -> None:
             tasks = [asyncio.create_task(client.generate(PROMPT, LONG)) for _ in range(3)]
             await until_running(client, url, 3)
             await client.abort_all()
-            assert await client._num_requests([url]) == 0
+            assert await client.num_requests([url]) == 0
             return await asyncio.gather(*tasks)
 
     results = run(scenario())

@@ -1,0 +1,110 @@
+"""load_run_config on hand-built configs: every problem becomes one located Issue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from rlpost.config.loader import load_run_config
+from rlpost.config.sources import SourceMap
+from rlpost.errors import Location, UserError
+
+CONF = Path(__file__).resolve().parents[3] / "conf"
+
+
+def shipped(group: str, name: str) -> dict[str, Any]:
+    data = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+    data.pop("defaults", None)
+    return data
+
+
+def run_dict(**changes: Any) -> dict[str, Any]:
+    data = {
+        "mode": "plan",
+        "model": shipped("model", "qwen3-4b"),
+        "recipe": shipped("recipe", "grpo_dapo"),
+        "hardware": shipped("hardware", "h100x8"),
+    }
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return data
+
+
+SOURCES = SourceMap(
+    {
+        "recipe.rollout.temperature": Location(file="conf/recipe/grpo_dapo.yaml", line=20),
+        "model": Location(file="conf/model/qwen3-4b.yaml", line=1),
+        "model.ref_load": Location(override="model.ref_load=${model.nope}"),
+    }
+)
+
+
+def errors_of(data: dict[str, Any]) -> UserError:
+    with pytest.raises(UserError) as caught:
+        load_run_config(OmegaConf.create(data), SOURCES)
+    return caught.value
+
+
+def test_a_valid_config_loads() -> None:
+    run = load_run_config(OmegaConf.create(run_dict()), SOURCES)
+    assert run.model.name == "qwen3-4b" and run.recipe.rollout.batch_size == 32
+
+
+def test_issues_carry_the_location_of_their_key() -> None:
+    error = errors_of(run_dict(recipe__rollout__temperature=-1.0, trainer__backend="jax"))
+    by_key = {issue.key: issue for issue in error.issues}
+    assert set(by_key) == {"recipe.rollout.temperature", "trainer.backend"}
+    assert str(by_key["recipe.rollout.temperature"].location) == "conf/recipe/grpo_dapo.yaml:20"
+    assert by_key["recipe.rollout.temperature"].value == -1.0
+    assert str(by_key["trainer.backend"].location) == "default"
+    assert "one of 'auto', 'torch', 'megatron'" in by_key["trainer.backend"].fix
+
+
+def test_missing_key_points_at_the_section_file() -> None:
+    data = run_dict()
+    del data["model"]["hidden_size"]
+    issue = errors_of(data).issues[0]
+    assert issue.key == "model.hidden_size" and issue.message == "required key is missing"
+    assert str(issue.location) == "conf/model/qwen3-4b.yaml:1"
+    assert "in conf/model/qwen3-4b.yaml" in issue.fix
+
+
+def test_every_broken_interpolation_is_reported() -> None:
+    data = run_dict(
+        model__ref_load="${model.nope}", recipe__data__prompt_data="${missing_resolver:x}"
+    )
+    data["recipe"]["eval"]["datasets"][0]["path"] = "${recipe.data.nowhere}"
+    error = errors_of(data)
+    assert [i.key for i in error.issues] == [
+        "model.ref_load",
+        "recipe.data.prompt_data",
+        "recipe.eval.datasets.0.path",
+    ]
+    assert error.issues[0].value == "${model.nope}"
+    assert str(error.issues[0].location) == "command line: model.ref_load=${model.nope}"
+
+
+def test_mandatory_missing_value_is_reported() -> None:
+    data = run_dict(model__hf_checkpoint="???")
+    issue = errors_of(data).issues[0]
+    assert issue.key == "model.hf_checkpoint" and "missing" in issue.message
+
+
+def test_post_checks_run_even_when_the_schema_fails() -> None:
+    data = run_dict(recipe__rollout__temperature=0.0)
+    data["layout"] = {"rollout": {"sglang": {"port": 30000}}}
+    data["recipe"]["rollout"]["dynamic_sampling_filter"] = "rlpost.filters.nothing"
+    keys = [i.key for i in errors_of(data).issues]
+    assert keys == [
+        "recipe.rollout.temperature",
+        "layout.rollout.sglang.port",
+        "recipe.rollout.dynamic_sampling_filter",
+    ]

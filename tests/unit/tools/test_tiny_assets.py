@@ -1,0 +1,148 @@
+"""The shipped tiny model, tokenizer and arithmetic data load offline and behave as documented."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+ASSETS = REPO_ROOT / "rlpost" / "assets"
+MODEL_DIR = ASSETS / "qwen3-tiny"
+TRAIN_PATH = ASSETS / "data" / "arith_train.jsonl"
+EVAL_PATH = ASSETS / "data" / "arith_eval.jsonl"
+BUILDER_PATH = REPO_ROOT / "tools" / "build_tiny_assets.py"
+
+# Measured on the shipped model: 0.78 of the 32 first eval problems solved greedily.
+MIN_GREEDY_SOLVE_RATE = 0.6
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def read_jsonl(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(MODEL_DIR, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_tiny_assets", BUILDER_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+def test_chat_template_renders_chatml_with_generation_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    messages = [{"role": "user", "content": "What is 3+4?"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"
+    no_think = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert no_think == rendered + "<think>\n\n</think>\n\n"
+    closed = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert closed == "<|im_start|>user\nWhat is 3+4?<|im_end|>\n"
+
+
+def test_special_tokens_are_single_ids(tokenizer: PreTrainedTokenizerBase) -> None:
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token == "<|endoftext|>"
+    for token in ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]:
+        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
+    assert len(tokenizer) < 512
+
+
+def test_digits_tokenize_one_per_token(tokenizer: PreTrainedTokenizerBase) -> None:
+    ids = tokenizer.encode("\\boxed{1234567890}", add_special_tokens=False)
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert [p for p in pieces if p.isdigit()] == list("1234567890")
+    assert tokenizer.decode(ids) == "\\boxed{1234567890}"
+
+
+def test_data_files_have_prompt_messages_and_string_labels() -> None:
+    for path in (TRAIN_PATH, EVAL_PATH):
+        for record in read_jsonl(path):
+            assert set(record) == {"prompt", "label"}, path
+            prompt = record["prompt"]
+            assert isinstance(prompt, list) and len(prompt) == 1
+            assert prompt[0]["role"] == "user" and prompt[0]["content"].startswith("What is ")
+            assert isinstance(record["label"], str) and record["label"].isdigit()
+
+
+def test_labels_are_the_sums_and_eval_is_disjoint_from_train() -> None:
+    train, evaluation = read_jsonl(TRAIN_PATH), read_jsonl(EVAL_PATH)
+    for record in train + evaluation:
+        a, b = re.fullmatch(r"What is (\d+)\+(\d+)\?", record["prompt"][0]["content"]).groups()
+        assert int(record["label"]) == int(a) + int(b)
+    questions = {r["prompt"][0]["content"] for r in train}
+    eval_questions = {r["prompt"][0]["content"] for r in evaluation}
+    assert len(questions) == len(train) and len(eval_questions) == len(evaluation)
+    assert not questions & eval_questions
+    assert 64 <= len(evaluation) <= 128
+
+
+def test_prompts_stay_short_with_the_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    longest = max(
+        len(tokenizer.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True))
+        for r in read_jsonl(TRAIN_PATH)
+    )
+    assert longest < 40
+
+
+def test_builder_reproduces_shipped_data_and_tokenizer(
+    builder: ModuleType, tmp_path: Path
+) -> None:
+    train, evaluation = builder.split_problems(builder.SEED)
+    builder.write_jsonl(tmp_path / "train.jsonl", train)
+    builder.write_jsonl(tmp_path / "eval.jsonl", evaluation)
+    assert (tmp_path / "train.jsonl").read_bytes() == TRAIN_PATH.read_bytes()
+    assert (tmp_path / "eval.jsonl").read_bytes() == EVAL_PATH.read_bytes()
+    builder.train_tokenizer(train).save_pretrained(tmp_path / "tok")
+    rebuilt = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
+    shipped = json.loads((MODEL_DIR / "tokenizer.json").read_text(encoding="utf-8"))
+    assert rebuilt == shipped
+
+
+def test_model_greedily_solves_eval_problems(tokenizer: PreTrainedTokenizerBase) -> None:
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True).eval()
+    assert model.config.model_type == "qwen3"
+    assert model.config.tie_word_embeddings
+    records = read_jsonl(EVAL_PATH)[:32]
+    prompts = [
+        tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+        for r in records
+    ]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            **batch,
+            do_sample=False,
+            max_new_tokens=16,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    completions = tokenizer.batch_decode(
+        out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    answers = [m.group(1) if (m := BOXED.search(c)) else None for c in completions]
+    solved = sum(a == r["label"] for a, r in zip(answers, records, strict=True)) / len(records)
+    assert solved >= MIN_GREEDY_SOLVE_RATE, (solved, completions[:4])
