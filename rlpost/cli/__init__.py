@@ -1,1 +1,1 @@
-"""Command-line entry points (the Hydra launcher)."""
+"""Command-line entry points: the Hydra launcher (launch.py) and the `rlpost` command (main)."""

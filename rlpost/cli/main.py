@@ -1,5 +1,161 @@
-"""The `rlpost` console command: the same launcher as `python launch.py`."""
+"""The `rlpost` command: list, check, show and scaffold configs; plan and launch runs.
 
-from rlpost.cli.launch import main
+    rlpost ls [GROUP...] [--config-dir DIR]
+    rlpost validate [--config-dir DIR] FILE.yaml | OVERRIDE...
+    rlpost show [--config-dir DIR] model=... recipe=... hardware=... [--only KEY]
+    rlpost plan [--config-dir DIR] model=... recipe=... hardware=...   # launch.py mode=plan
+    rlpost new model --from-hf DIR [--name NAME] [--out PATH]
+    rlpost new recipe NAME --from BASE [KEY=VALUE...]
+    rlpost run ...                                                       # python launch.py ...
 
-__all__ = ["main"]
+Every user error exits 2 with its message and no traceback. None of these commands imports
+torch, ray, transformers, megatron or sglang except `run` when it trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+from rlpost.errors import Issue, UserError, did_you_mean, exit_with
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A subcommand: its help line, its arguments and what it does."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _verb(module: ModuleType) -> Verb:
+    return Verb(module.HELP, module.add_arguments, module.run)
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from rlpost.cli.target import add_target_arguments
+
+    add_target_arguments(parser)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rlpost.cli import launch
+    from rlpost.cli.target import target_from_args
+
+    launch.main([*target_from_args(args).launcher_argv(), "mode=plan"])
+    return 0
+
+
+def _new_arguments(parser: argparse.ArgumentParser) -> None:
+    from rlpost.cli import new_model, new_recipe
+
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="{model,recipe}")
+    for name, module in (("model", new_model), ("recipe", new_recipe)):
+        sub = kinds.add_parser(
+            name,
+            help=module.HELP,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
+
+
+def _new(args: argparse.Namespace) -> int:
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+def verbs() -> dict[str, Verb]:
+    from rlpost.cli import catalog, show, validate
+
+    return {
+        "ls": _verb(catalog),
+        "validate": _verb(validate),
+        "show": _verb(show),
+        "plan": Verb("print the plan (python launch.py ... mode=plan)", _plan_arguments, _plan),
+        "new": Verb(
+            "write a model YAML from an HF config, or a recipe that extends another",
+            _new_arguments,
+            _new,
+        ),
+        "run": Verb("launch: exactly `python launch.py ARGS`", lambda p: None, lambda a: 0),
+    }
+
+
+def build_parser(table: dict[str, Verb]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlpost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    for name, verb in table.items():
+        verb.add_arguments(sub.add_parser(name, help=verb.help, description=verb.help))
+    return parser
+
+
+# Free tokens (overrides, KEY=VALUE) may follow options in any order; argparse stops filling
+# a positional list at the first option, so the rest arrives as "unknown" and is added here.
+FREE_TOKENS = ("items", "changes")
+
+
+def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:
+    parsed, extra = parser.parse_known_args(args)
+    field = next((name for name in FREE_TOKENS if hasattr(parsed, name)), None)
+    flags = [token for token in extra if token.startswith("-")]
+    if flags or (extra and field is None):
+        parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
+    if field is not None:
+        setattr(parsed, field, [*getattr(parsed, field), *extra])
+    return parsed
+
+
+def _launches(argv: Sequence[str]) -> bool:
+    """`rlpost run ...`, or launcher arguments given directly (`rlpost model=x mode=plan`)."""
+    first = argv[0]
+    return first == "run" or "=" in first or first in ("-m", "--multirun", "-cd", "--config-dir")
+
+
+def _unknown_verb(word: str, table: dict[str, Verb]) -> UserError:
+    return UserError(
+        [
+            Issue(
+                key="COMMAND",
+                value=word,
+                message=f"rlpost has no command '{word}'.{did_you_mean(word, table)}",
+                fix=f"use one of: {', '.join(table)} (rlpost --help explains each)",
+            )
+        ],
+        title="command-line error",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run one verb; exits with its status (2 on a user error, without a traceback)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and _launches(args):
+        from rlpost.cli import launch
+
+        launch.main(args[1:] if args[0] == "run" else args)
+        return
+    table = verbs()
+    try:
+        if args and not args[0].startswith("-") and args[0] not in table:
+            raise _unknown_verb(args[0], table)
+        parsed = parse(build_parser(table), args)
+        status = table[parsed.verb].run(parsed)
+    except UserError as exc:
+        exit_with(exc)
+    except BrokenPipeError:  # `rlpost show | head`: the reader left; that is not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return
+    if status:
+        raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -64,6 +64,24 @@ MLA = (
     FieldMap("mla.qk_pos_emb_head_dim", ("qk_rope_head_dim",)),
     FieldMap("mla.v_head_dim", ("v_head_dim",)),
 )
+# transformers 5 writes `rope_parameters`; older configs, and most published ones, `rope_scaling`
+ROPE_SCOPES = ("rope_scaling", "rope_parameters")
+ROPE_KEYS = {
+    "type": ("rope_type", "type"),
+    "factor": ("factor",),
+    "original_max_position_embeddings": ("original_max_position_embeddings",),
+    "low_freq_factor": ("low_freq_factor",),
+    "high_freq_factor": ("high_freq_factor",),
+    "beta_fast": ("beta_fast",),
+    "beta_slow": ("beta_slow",),
+    "mscale": ("mscale",),
+    "mscale_all_dim": ("mscale_all_dim",),
+}
+ROPE_SCALING = tuple(
+    FieldMap(f"rope_scaling.{field}", tuple(f"{s}.{k}" for s in ROPE_SCOPES for k in keys))
+    for field, keys in ROPE_KEYS.items()
+)
+UNSCALED_ROPE_TYPES = (None, "default")
 EXPERT_KEYS = ("n_routed_experts", "num_experts")
 
 
@@ -114,6 +132,7 @@ def compare(
     maps = list(ARCHITECTURE)
     maps += MOE if model.moe is not None else []
     maps += MLA if model.mla is not None else []
+    maps += ROPE_SCALING if model.rope_scaling is not None else []
     issues = []
     for mapping in maps:
         hf_key, theirs = _first(hf, mapping.hf_keys)
@@ -126,6 +145,7 @@ def compare(
             continue
         issues.append(_mismatch(mapping.field, ours, hf_key, theirs, config_file, locate))
     issues += _moe_presence(model, hf, config_file, locate)
+    issues += _rope_presence(model, hf, config_file, locate)
     return issues
 
 
@@ -170,6 +190,42 @@ def _moe_presence(
                 f"{' or '.join(EXPERT_KEYS)}: the checkpoint is a dense model",
                 fix="remove the moe section, or point model.hf_checkpoint at the MoE checkpoint",
                 location=locate("model.moe"),
+            )
+        ]
+    return []
+
+
+def hf_rope_type(hf: Mapping[str, Any]) -> Any:
+    """The HF config's RoPE scaling type; None (or 'default') when RoPE is not scaled."""
+    _, found = _first(hf, ROPE_SCALING[0].hf_keys)
+    return None if found is MISSING else found
+
+
+def _rope_presence(
+    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
+) -> list[Issue]:
+    kind = hf_rope_type(hf)
+    if model.rope_scaling is None and kind not in UNSCALED_ROPE_TYPES:
+        return [
+            Issue(
+                key="model.rope_scaling",
+                message=f"{config_file} scales RoPE ({kind!r}), but the model YAML has no "
+                "rope_scaling section: positions beyond the original context would be "
+                "encoded differently from pre-training",
+                fix="add rope_scaling (type, factor, original_max_position_embeddings, ...) "
+                "matching the HF config's rope_scaling",
+                location=locate("model"),
+            )
+        ]
+    if model.rope_scaling is not None and kind in UNSCALED_ROPE_TYPES:
+        return [
+            Issue(
+                key="model.rope_scaling",
+                message=f"the model YAML scales RoPE ({model.rope_scaling.type}), but "
+                f"{config_file} does not",
+                fix="remove the rope_scaling section, or point model.hf_checkpoint at the "
+                "checkpoint this YAML describes",
+                location=locate("model.rope_scaling"),
             )
         ]
     return []

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml  # type: ignore[import-untyped]
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pydantic import ValidationError
 
@@ -27,11 +28,10 @@ from rlpost.config.hook_checks import check_hooks
 from rlpost.config.overrides import check_overrides, search_roots
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sglang_options import check_sglang_options
-from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
+from rlpost.config.sources import PRIMARY_CONFIG as PRIMARY_CONFIG
+from rlpost.config.sources import SourceMap, defer_source_map
 from rlpost.errors import Issue, UserError
 from rlpost.schema import RunConfig
-
-PRIMARY_CONFIG = "config"
 
 PostCheck = Callable[[Mapping[str, Any], SourceMap], list[Issue]]
 
@@ -70,49 +70,39 @@ def load_run_config(cfg: DictConfig, sources: SourceMap) -> RunConfig:
     return run
 
 
-def _compose_failure(exc: Exception) -> UserError:
-    text = str(exc).strip() or type(exc).__name__
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip():
-        text += f": {str(cause).strip().splitlines()[0]}"
-    return UserError(
-        [
-            Issue(
-                key="defaults",
-                message=f"Hydra could not compose the config: {text}",
-                fix="check the group choices, the defaults lists and the YAML syntax of the "
-                "files named above",
-            )
-        ]
-    )
-
-
 def compose_run_config(
     overrides: Sequence[str] = (),
     *,
     search_path: Sequence[str | Path] = (),
     config_name: str = PRIMARY_CONFIG,
+    config_dir: str | Path | None = None,
 ) -> tuple[RunConfig, SourceMap]:
-    """Compose conf/ (plus `search_path` dirs, searched after it) and validate.
+    """Compose conf/ (plus `config_dir` as `--config-dir` adds it, and `search_path` dirs as a
+    command-line `hydra.searchpath`) and validate.
 
-    Overrides are checked first exactly as the launcher checks its command line.
+    Overrides are checked first exactly as the launcher checks its command line, and a
+    composition failure (a missing defaults entry, broken YAML) is a located UserError.
     """
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.errors import HydraException
 
+    from rlpost.config.search_path import composition_issues, hydra_session, primary_searchpath
+
     urls = [str(Path(p).resolve()) for p in search_path]
-    roots = search_roots(searchpath=urls)
+    dir_text = None if config_dir is None else str(config_dir)
+    searchpath = urls or primary_searchpath(search_roots(dir_text), config_name)
+    roots = search_roots(dir_text, searchpath=searchpath)
     final = check_overrides(list(overrides), roots)
     if urls:
         final.append(f"hydra.searchpath=[{','.join(f'file://{u}' for u in urls)}]")
     register_resolvers()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with hydra_session(config_dir):
+        try:
             cfg = compose(config_name, overrides=final, return_hydra_config=True)
-            config_sources = OmegaConf.to_container(cfg.hydra.runtime.config_sources)
-            sources = defer_source_map(config_name, final, config_sources)  # type: ignore[arg-type]
-            with open_dict(cfg):
-                del cfg["hydra"]
-            return load_run_config(cfg, sources), sources
-    except (HydraException, OSError) as exc:
-        raise _compose_failure(exc) from None
+        except (HydraException, OSError, yaml.YAMLError) as exc:
+            raise UserError(composition_issues(exc, roots)) from None
+        config_sources = OmegaConf.to_container(cfg.hydra.runtime.config_sources)
+        sources = defer_source_map(config_name, final, config_sources)  # type: ignore[arg-type]
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return load_run_config(cfg, sources), sources

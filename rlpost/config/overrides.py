@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlpost.config.keys import find_unknown
-from rlpost.config.sources import CONF_DIR, ConfigRoot
+from rlpost.config.sources import CONF_DIR, PRIMARY_CONFIG, ConfigRoot
 from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class LaunchArgs:
     overrides: list[str]
     config_dir: str | None = None
     config_path: str | None = None
+    config_name: str | None = None
     multirun: bool = False
     informational: bool = False  # --help, --shell-completion, ...: Hydra answers, no config
 
@@ -56,9 +57,18 @@ def parse_argv(argv: Sequence[str]) -> LaunchArgs:
         overrides=list(args.overrides),
         config_dir=args.config_dir,
         config_path=args.config_path,
+        config_name=args.config_name,
         multirun=bool(args.multirun),
         informational=informational or bool(args.experimental_rerun),
     )
+
+
+def main_dir(config_path: str | None = None, base_dir: Path = CONF_DIR) -> Path:
+    """The launcher's main config dir: conf/, or `--config-path` (relative to rlpost/cli)."""
+    if not config_path:
+        return base_dir
+    main = Path(config_path)
+    return main if main.is_absolute() else (Path(__file__).resolve().parents[1] / "cli" / main)
 
 
 def search_roots(
@@ -67,14 +77,10 @@ def search_roots(
     searchpath: Iterable[str] = (),
     base_dir: Path = CONF_DIR,
 ) -> list[ConfigRoot]:
-    """The roots Hydra will search: --config-dir first, the main dir, then hydra.searchpath."""
-    roots = []
+    """The roots in Hydra's order: the main dir, --config-dir, then hydra.searchpath."""
+    roots = [ConfigRoot("file", str(main_dir(config_path, base_dir).resolve()))]
     if config_dir:
         roots.append(ConfigRoot("file", str(Path(config_dir).resolve())))
-    main = Path(config_path) if config_path else base_dir
-    if config_path and not main.is_absolute():
-        main = (Path(__file__).resolve().parents[1] / "cli" / main).resolve()
-    roots.append(ConfigRoot("file", str(main)))
     roots.extend(ConfigRoot.parse(entry) for entry in searchpath)
     return roots
 
@@ -207,17 +213,34 @@ def _last_value(tokens: Sequence[str], key: str) -> str | None:
     return found
 
 
+def _user_sources(args: LaunchArgs, searchpath: Sequence[str]) -> bool:
+    return bool(args.config_dir or args.config_path or args.config_name or searchpath)
+
+
 def prepare_argv(argv: Sequence[str]) -> list[str]:
     """Check argv's overrides and return the argv to hand `@hydra.main`.
 
-    Raises UserError for unknown group choices and keys. For a single `mode=plan` or
-    `mode=slime_args` job, points Hydra's run dir at '.' so nothing is created on disk.
+    Raises UserError for unknown group choices and keys, and, when configs come from outside
+    conf/ (`--config-dir`, `--config-name`, a search path), for defaults lists or YAML that
+    Hydra cannot compose. For a single `mode=plan` or `mode=slime_args` job, points Hydra's
+    run dir at '.' so nothing is created on disk.
     """
+    from rlpost.config.search_path import check_composition, check_config_dir, primary_searchpath
+
     args = parse_argv(argv)
     if args.informational:
         return list(argv)
-    roots = search_roots(args.config_dir, args.config_path, _searchpath(args.overrides))
-    rewritten = dict(zip(args.overrides, check_overrides(args.overrides, roots), strict=True))
+    check_config_dir(args.config_dir)
+    config_name = args.config_name or PRIMARY_CONFIG
+    searchpath = _searchpath(args.overrides) or primary_searchpath(
+        search_roots(args.config_dir, args.config_path), config_name
+    )
+    roots = search_roots(args.config_dir, args.config_path, searchpath)
+    checked = check_overrides(args.overrides, roots)
+    if _user_sources(args, searchpath) and not args.multirun:
+        main = main_dir(args.config_path)
+        check_composition(config_name, checked, roots, args.config_dir, main)
+    rewritten = dict(zip(args.overrides, checked, strict=True))
     out = [rewritten.get(token, token) for token in argv]
     mode = _last_value(args.overrides, "mode")
     run_dir_given = _last_value(args.overrides, "hydra.run.dir") is not None

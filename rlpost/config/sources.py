@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 DEFAULT = Location()
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+PRIMARY_CONFIG = "config"
 
 
 class _Readable(Protocol):
@@ -245,16 +246,21 @@ def defer_source_map(
     config_sources: Iterable[Any],
     config_dir: Path = CONF_DIR,
 ) -> SourceMap:
-    """`build_source_map`, computed on first use (re-initializing Hydra on `config_dir`
-    if the caller's Hydra context has ended by then)."""
+    """`build_source_map`, computed on first use (re-initializing Hydra on the same search
+    path, or on `config_dir` when none is given, if the caller's Hydra context has ended)."""
     sources, final = list(config_sources), list(overrides)
 
     def build() -> Mapping[str, Location]:
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
+        from rlpost.config.search_path import session_from_sources
+
         if GlobalHydra.instance().is_initialized():
             return _compute(config_name, final, sources).entries
+        if sources:
+            with session_from_sources(sources):
+                return _compute(config_name, final, sources).entries
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             return _compute(config_name, final, sources).entries
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlpost.schema import ModelConfig
+from rlpost.schema import ModelConfig, RopeScalingConfig
 
 Flag = tuple[str, ...]
 
@@ -47,6 +47,23 @@ def _attention_args(m: ModelConfig) -> list[Flag]:
     return gqa
 
 
+def _llama3_scaling(scaling: RopeScalingConfig) -> list[Flag]:
+    # megatron-core fixes the frequency bands (1, 4, 8192 tokens); the factor is the one knob
+    return [("--use-rope-scaling",), _flag("--rope-scaling-factor", scaling.factor)]
+
+
+def _yarn_scaling(scaling: RopeScalingConfig) -> list[Flag]:
+    # multi-latent attention's YaRN; beta and the original length keep megatron's defaults
+    return [
+        _flag("--rotary-scaling-factor", scaling.factor),
+        _flag("--mscale", scaling.mscale),
+        _flag("--mscale-all-dim", scaling.mscale_all_dim),
+    ]
+
+
+ROPE_SCALING_ARGS = {"llama3": _llama3_scaling, "yarn": _yarn_scaling}
+
+
 def _rope_args(m: ModelConfig) -> list[Flag]:
     flags = [("--position-embedding-type", "rope"), _flag("--rotary-base", m.rotary_base)]
     if m.rotary_percent != 1.0:
@@ -54,6 +71,8 @@ def _rope_args(m: ModelConfig) -> list[Flag]:
     if m.rotary_interleaved:
         # the fused RoPE kernel has no interleaved layout
         flags += [("--rotary-interleaved",), ("--no-rope-fusion",)]
+    if m.rope_scaling is not None:
+        flags += ROPE_SCALING_ARGS[m.rope_scaling.type](m.rope_scaling)
     return flags
 
 

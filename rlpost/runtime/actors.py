@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray
 
+from rlpost.backends.sglang.launch import EngineSpec
+from rlpost.backends.sglang.process import EngineProcess
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
+
+__all__ = ["EngineActor", "EngineSpec", "TrainActor", "TrainerSpec"]
 
 
 @dataclass(frozen=True)
@@ -84,83 +81,25 @@ class TrainActor:
         self.trainer.close()
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """How to start one engine server process."""
-
-    index: int
-    model_path: str
-    host: str
-    port: int
-    num_threads: int
-    seed: int
-    max_batch_size: int
-    log_path: str
-    startup_timeout_s: float
-
-
 @ray.remote
 class EngineActor:
-    """Owns one engine server process in its bundle (so it inherits the bundle's devices)."""
+    """Owns one engine server process in its bundle (so it runs on the engine's node and
+    inherits the bundle's devices). Restarting is stop() then start() on the same actor."""
 
-    def __init__(self, spec: EngineSpec) -> None:
-        self.spec = spec
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.spec.host}:{self.spec.port}"
+    def __init__(self, spec: EngineSpec, extra_env: dict[str, str] | None = None) -> None:
+        self.process = EngineProcess(spec, extra_env)
 
     def start(self) -> str:
-        spec = self.spec
-        command = [
-            sys.executable, "-m", "rlpost.backends.cpu_engine",
-            "--model-path", spec.model_path,
-            "--host", spec.host,
-            "--port", str(spec.port),
-            "--num-threads", str(spec.num_threads),
-            "--seed", str(spec.seed + spec.index),
-            "--max-batch-size", str(spec.max_batch_size),
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec.num_threads), "OMP_WAIT_POLICY": "PASSIVE"}
-        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(spec.log_path, "ab")  # noqa: SIM115  (owned by the child process)
-        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self._wait_healthy()
-        return self.url
+        return self.process.start()
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.spec.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"engine {self.spec.index} exited with {self.proc.returncode} while "
-                    f"starting; see {self.spec.log_path}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(
-            f"engine {self.spec.index} not healthy after {self.spec.startup_timeout_s} s; "
-            f"see {self.spec.log_path}"
-        )
+    def url(self) -> str:
+        return self.process.url
 
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        return self.process.pid()
 
     def is_alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process.is_alive()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.process.stop()

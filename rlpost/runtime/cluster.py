@@ -61,6 +61,11 @@ class Cluster:
         if address:
             ray.init(address=address, log_to_driver=True)
             return
+        # Ray enables token auth on a new local cluster and warns that it did; the cluster
+        # only listens on this host, so the notice is noise for the person running rlpost.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+            logging.ERROR
+        )
         # A local cluster: logical CPUs are slots, not cores, so colocated actors can share one.
         num_cpus = max(self.num_slots * 2, os.cpu_count() or 1)
         ray.init(

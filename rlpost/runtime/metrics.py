@@ -1,4 +1,9 @@
-"""Per-rollout metrics: metrics.jsonl always, TensorBoard and wandb when enabled."""
+"""Per-rollout metrics: metrics.jsonl always, TensorBoard and wandb when enabled.
+
+A run that starts at rollout n (a resume, or a fresh start in a used directory) first drops
+every record of rollout n and later from metrics.jsonl, tells TensorBoard to discard its
+events from step n on, and continues the same wandb run: no rollout id is ever logged twice.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any
 from rlpost.schema import TrackingConfig
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 
 
 class MetricsLogger:
@@ -19,17 +25,29 @@ class MetricsLogger:
     A crash loses at most the rollout being written, never an earlier one.
     """
 
-    def __init__(self, run_dir: Path, tracking: TrackingConfig, run_name: str) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        tracking: TrackingConfig,
+        run_name: str,
+        *,
+        start_rollout: int = 0,
+        wandb_run_id: str | None = None,
+    ) -> None:
         self.path = run_dir / METRICS_FILE
+        truncate_metrics(self.path, start_rollout)
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = None
         self._wandb_run = None
         if tracking.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            tb_dir = run_dir / TENSORBOARD_DIR
+            # purge_step makes TensorBoard drop earlier files' events at and after it
+            purge = start_rollout if tb_dir.is_dir() and any(tb_dir.iterdir()) else None
+            self._tb = SummaryWriter(log_dir=str(tb_dir), purge_step=purge)
         if tracking.wandb.enabled:
-            self._wandb_run = _start_wandb(run_dir, tracking, run_name)
+            self._wandb_run = _start_wandb(run_dir, tracking, run_name, wandb_run_id)
 
     @property
     def wandb_run_id(self) -> str | None:
@@ -59,11 +77,40 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / METRICS_FILE
+    """The records of a run; a last line cut short by a crash is skipped."""
+    return _read_records(run_dir / METRICS_FILE)
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
+    records = []
     with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line the writer never finished
+    return records
+
+
+def truncate_metrics(path: Path, start_rollout: int) -> int:
+    """Keep only records of rollouts before `start_rollout`; returns how many were dropped."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [r for r in _read_records(path) if int(r.get("rollout_id", -1)) < start_rollout]
+    dropped = len([line for line in lines if line.strip()]) - len(kept)
+    if dropped:
+        staging = path.with_name(path.name + ".tmp")
+        with staging.open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, path)
+    return dropped
 
 
 def _jsonable(value: Any) -> Any:
@@ -74,16 +121,19 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _start_wandb(run_dir: Path, tracking: TrackingConfig, run_name: str) -> Any:
+def _start_wandb(
+    run_dir: Path, tracking: TrackingConfig, run_name: str, resumed_id: str | None
+) -> Any:
     import wandb
 
     cfg = tracking.wandb
+    run_id = cfg.run_id or resumed_id  # a run_id set in the config wins
     return wandb.init(
         project=cfg.project,
         group=cfg.group,
         name=run_name,
-        id=cfg.run_id,
-        resume="allow" if cfg.run_id else None,
+        id=run_id,
+        resume="allow" if run_id else None,
         mode=cfg.mode,
         dir=str(run_dir),
     )

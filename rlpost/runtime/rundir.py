@@ -1,4 +1,15 @@
-"""A run's directory: created once, with the resolved config and how it was launched."""
+"""A run's directory: the resolved config and how each launch of the run was made.
+
+<run.dir>/
+  config.yaml        the resolved config of the latest launch
+  provenance.json    that launch: command line, overrides, git revision, package versions
+  launches.jsonl     one line per launch (first start and every resume)
+  metrics.jsonl      one record per rollout        (rlpost.runtime.metrics)
+  tensorboard/       the same metrics for TensorBoard
+  ckpt/rollout_<n>/  checkpoints after n rollouts  (rlpost.runtime.checkpoint)
+  hf/rollout_<n>/    the policy as an HF folder, every save.save_hf_interval rollouts
+  logs/              engine and router logs
+"""
 
 from __future__ import annotations
 
@@ -15,31 +26,55 @@ import yaml
 from rlpost.schema import RunConfig
 
 TRACKED_PACKAGES = ("rlpost", "torch", "transformers", "ray", "megatron-core", "sglang-router")
+CONFIG_FILE = "config.yaml"
+PROVENANCE_FILE = "provenance.json"
+LAUNCHES_FILE = "launches.jsonl"
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path:
-    """Create the run directory and record the resolved config and provenance in it."""
+def run_dir_of(cfg: RunConfig) -> Path:
     assert cfg.run.dir is not None, "the launcher fills run.dir before training starts"
-    run_dir = Path(cfg.run.dir).resolve()
+    return Path(cfg.run.dir).resolve()
+
+
+def prepare_run_dir(cfg: RunConfig, start_rollout: int = 0) -> Path:
+    """Create the run directory and record the resolved config and provenance in it."""
+    run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
-    )
-    (run_dir / "provenance.json").write_text(
-        json.dumps(provenance(), indent=2) + "\n", encoding="utf-8"
-    )
+    (run_dir / CONFIG_FILE).write_text(config_yaml(cfg), encoding="utf-8")
+    record = provenance()
+    (run_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    launch = {"start_rollout": start_rollout, "resume": cfg.run.resume, **record}
+    with (run_dir / LAUNCHES_FILE).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(launch) + "\n")
     return run_dir
+
+
+def config_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
 def provenance() -> dict[str, object]:
     return {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "argv": sys.argv,
+        "overrides": command_line_overrides(),
         "python": platform.python_version(),
         "host": platform.node(),
         "git_revision": git_revision(),
         "packages": {name: _version(name) for name in TRACKED_PACKAGES},
     }
+
+
+def command_line_overrides() -> list[str]:
+    """This job's own overrides (one job of a sweep has one value per key)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return list(HydraConfig.get().overrides.task)
+    except ImportError:
+        pass
+    return [arg for arg in sys.argv[1:] if "=" in arg]
 
 
 def git_revision() -> str | None:

@@ -1,33 +1,54 @@
 """Everything a run holds while it trains: Ray placement, trainers, engines, router, client.
 
-Built from the Plan, torn down in reverse order on exit (also on Ctrl-C or an error).
+Built from the Plan, torn down in reverse order on exit (also on Ctrl-C or an error). The
+engines form an EnginePool (restarted when they die, with engine.fault_tolerance); weights
+reach them through the configured WeightSync; colocated runs can release the engines'
+memory around training (engine.offload).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
-import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import ray
 
+from rlpost.backends.sglang import trainer_side
+from rlpost.backends.sglang.launch import engine_backend, engine_specs, resolve_engine_backend
 from rlpost.plan import Plan
-from rlpost.runtime.actors import EngineActor, EngineSpec, TrainActor, TrainerSpec
+from rlpost.runtime.actors import TrainActor, TrainerSpec
 from rlpost.runtime.cluster import Cluster
+from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterSettings
+from rlpost.runtime.weight_sync import (
+    WEIGHT_SYNCS,
+    ProbeSettings,
+    SyncContext,
+    WeightSync,
+    choose_weight_sync,
+    on_trainer,
+    probe_weights,
+    update_engines,
+)
 from rlpost.schema import RunConfig
 from rlpost.types import TrainSample
 
 log = logging.getLogger(__name__)
 
 TRAINER_BACKENDS = {"torch", "auto"}
-ENGINE_BACKENDS = {"cpu", "auto"}
+# Released one stage at a time, and resumed weights first: the weight update needs the
+# weights' memory, the KV cache only the next rollout.
+RELEASE_STAGES = (("kv_cache",), ("cuda_graph",), ("weights",))
+PROBE_TEXT = "The capital of France is"
 
 
 def _since(start: float) -> str:
@@ -35,20 +56,41 @@ def _since(start: float) -> str:
 
 
 def _check_backends(cfg: RunConfig) -> None:
-    """Only what runs here is accepted: the torch trainer and rlpost's CPU engine."""
+    """The torch trainer; the CPU engine anywhere, SGLang on GPUs where it is installed."""
     trainer = cfg.trainer.backend
-    engine = cfg.engine.backend
-    if cfg.hardware.kind == "gpu" and "auto" in (trainer, engine):
+    if cfg.hardware.kind == "gpu" and trainer == "auto":
         raise RuntimeError(
-            "training on GPUs uses trainer.backend=megatron and engine.backend=sglang, "
-            "which this build does not include yet; set trainer.backend=torch and "
-            "engine.backend=cpu to run the torch trainer and rlpost's engine on this host"
+            "training on GPUs uses trainer.backend=megatron, which this build does not "
+            "include yet; set trainer.backend=torch to run the torch trainer"
         )
-    if trainer not in TRAINER_BACKENDS or engine not in ENGINE_BACKENDS:
+    if trainer not in TRAINER_BACKENDS:
         raise RuntimeError(
-            f"trainer.backend={trainer} / engine.backend={engine}: this build trains with "
-            "trainer.backend=torch and serves with engine.backend=cpu"
+            f"trainer.backend={trainer}: this build trains with trainer.backend=torch"
         )
+    engine = resolve_engine_backend(cfg.engine.backend, cfg.hardware.kind)
+    if engine_backend(engine).needs_gpu and cfg.hardware.kind != "gpu":
+        raise RuntimeError(
+            f"engine.backend={engine} serves on GPUs and hardware.kind is {cfg.hardware.kind}; "
+            "use engine.backend=cpu (or auto)"
+        )
+    if engine == "sglang" and importlib.util.find_spec("sglang") is None:
+        raise RuntimeError(
+            "engine.backend=sglang needs SGLang in this environment (pip install "
+            "'rlpost[gpu]'); or set engine.backend=cpu"
+        )
+
+
+def _offload(cfg: RunConfig, plan: Plan) -> bool:
+    """engine.offload: null means on for colocated GPU runs."""
+    colocate = plan.placement.colocate
+    if cfg.engine.offload is None:
+        return colocate and cfg.hardware.kind == "gpu"
+    if cfg.engine.offload and not colocate:
+        raise RuntimeError(
+            "engine.offload: true releases engine memory so that training fits beside the "
+            "engines, and this run is decoupled (layout.colocate: false); remove it"
+        )
+    return cfg.engine.offload
 
 
 class Session:
@@ -64,12 +106,18 @@ class Session:
         used = placement.train_gpus + (0 if placement.colocate else placement.rollout_gpus)
         self.cluster = Cluster(cfg.hardware, used)
         self.trainers: list[ray.actor.ActorHandle] = []
-        self.engines: list[ray.actor.ActorHandle] = []
-        self.engine_urls: list[str] = []
+        self.pool: EnginePool | None = None
         self.router: Router | None = None
         self.client: EngineClient | None = None
         self.weights_dir = run_dir / "weights"
-        self._last_weights: Path | None = None
+        self.weight_sync: WeightSync | None = None
+        self.weight_version = 0
+        self.offload = _offload(cfg, plan)
+        self.probe: ProbeSettings | None = None
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return self.pool.serving_urls if self.pool is not None else []
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -83,6 +131,7 @@ class Session:
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
             self._start_router()
             ray.get([t.ready.remote() for t in self.trainers])
+            self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
         except BaseException:
             self.close()
@@ -98,18 +147,23 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.loop.run_until_complete(self.pool.stop_monitor())
+        if self.weight_sync is not None:
+            try:
+                self.loop.run_until_complete(self.weight_sync.close())
+            except Exception:  # shutting down: report and go on
+                log.warning("the weight sync did not close cleanly", exc_info=True)
+            self.weight_sync = None
         if self.client is not None:
             self.loop.run_until_complete(self.client.close())
             self.client = None
         if self.router is not None:
             self.router.stop()
             self.router = None
-        for engine in self.engines:
-            try:
-                ray.get(engine.stop.remote(), timeout=30)
-            except Exception:  # noqa: BLE001  (shutting down: report and go on)
-                log.warning("an engine did not stop cleanly", exc_info=True)
-        self.engines = []
+        if self.pool is not None:
+            self.loop.run_until_complete(self.pool.stop())
+            self.pool = None
         self.trainers = []
         self.cluster.shutdown()
 
@@ -165,72 +219,195 @@ class Session:
             self.trainers.append(actor)
 
     def _start_engines(self) -> None:
-        cfg = self.cfg
-        logs = self.run_dir / "logs"
-        share = 0.2 if self.plan.placement.colocate else 1.0
-        for engine in self.plan.placement.engines:
-            head = engine.slots[0]
-            spec = EngineSpec(
-                index=engine.index,
-                model_path=cfg.model.hf_checkpoint,
-                host="127.0.0.1",
-                port=port_or_free(engine.http_port),
-                num_threads=self._threads_per_slot() * len(engine.slots),
-                seed=cfg.run.seed,
-                max_batch_size=cfg.engine.max_batch_size,
-                log_path=str(logs / f"engine_{engine.index}.log"),
-                startup_timeout_s=cfg.engine.startup_timeout_s,
-            )
-            strategy = self.cluster.strategy(self._slot_index(head.node, head.gpu))
-            resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
-            self.engines.append(
-                EngineActor.options(
-                    scheduling_strategy=strategy, runtime_env=self._thread_env(), **resources
-                ).remote(spec)
-            )
-        self.engine_urls = ray.get([e.start.remote() for e in self.engines])
+        cfg, placement = self.cfg, self.plan.placement
+        backend = engine_backend(resolve_engine_backend(cfg.engine.backend, cfg.hardware.kind))
+        slots = self.cluster.slots
+        first_slots = [self._slot_index(n, 0) for n in range(placement.num_nodes)]
+        specs = engine_specs(
+            cfg,
+            self.plan,
+            backend=backend.name,
+            node_addresses=[
+                slots[i].node_ip if i < len(slots) else "127.0.0.1" for i in first_slots
+            ],
+            log_dir=str(self.run_dir / "logs"),
+            threads_per_engine=self._threads_per_slot() * placement.gpus_per_engine,
+            memory_saver=self.offload,
+            gpu_ids={
+                (s.node, s.gpu): slots[self._slot_index(s.node, s.gpu)].gpu_id
+                for e in placement.engines
+                for s in e.slots
+            }
+            if self.cluster.on_gpu
+            else None,
+        )
+        env = self._thread_env()
+        if backend.needs_gpu:
+            # The server picks its GPUs by --base-gpu-id, so it must see the whole node.
+            env["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+        share = 0.2 if placement.colocate else 1.0
+        resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
+        health = HealthSettings(
+            enabled=cfg.engine.fault_tolerance,
+            interval_s=cfg.engine.health_check_interval_s,
+            timeout_s=cfg.engine.health_check_timeout_s,
+            first_wait_s=cfg.engine.health_check_first_wait_s,
+            path=backend.health_path,
+        )
+        engines = ray_engines(specs, self.cluster, self.plan, env, resources)
+        self.pool = EnginePool(engines, health)
+        self.loop.run_until_complete(self.pool.start())
 
     def _start_router(self) -> None:
+        assert self.pool is not None
+        engine = self.cfg.engine
         settings = RouterSettings(
-            policy=self.cfg.engine.router_policy,
-            request_timeout_s=self.cfg.engine.request_timeout_s,
+            policy=engine.router_policy,
+            request_timeout_s=engine.request_timeout_s,
             port=port_or_free(self.plan.placement.router_port),
             log_path=str(self.run_dir / "logs" / "router.log"),
         )
         self.router = Router(settings).start()
-        for url in self.engine_urls:
+        for url in self.pool.urls:
             self.router.add_worker(url)
-        self.router.wait_ready(len(self.engine_urls))
+        self.router.wait_ready(len(self.pool.urls))
         self.client = EngineClient(
             self.router.url,
-            worker_urls=self.engine_urls,
+            worker_urls=self.pool.urls,
             max_concurrency=self.cfg.recipe.rollout.max_concurrency,
-            request_timeout_s=self.cfg.engine.request_timeout_s,
+            request_timeout_s=engine.request_timeout_s,
+            # With restarts, a request may have to outwait one (the router retries on its
+            # own only briefly); without, fail fast.
+            max_attempts=60 if engine.fault_tolerance else 5,
         )
+        self.pool.connect(self.router, self.client, self._catch_up)
+        self.pool.start_monitor(self.loop)
+
+    def _start_weight_sync(self) -> None:
+        assert self.client is not None and self.pool is not None
+        cfg, placement = self.cfg, self.plan.placement
+        kind = choose_weight_sync(cfg.engine.weight_sync, cfg.hardware.kind, placement.colocate)
+        context = SyncContext(
+            client=self.client,
+            call=self.call_trainer,
+            num_ranks=len(self.trainers),
+            weights_dir=self.weights_dir,
+            bucket_bytes=cfg.engine.weight_bucket_mb << 20,
+            gpus_per_engine=placement.gpus_per_engine,
+            engine_ranks=self._engine_ranks,
+            on_gpu=self.cluster.on_gpu,
+            multi_node=cfg.hardware.num_nodes > 1,
+        )
+        self.weight_sync = WEIGHT_SYNCS[kind](context)
+        if cfg.engine.weight_probe:
+            prompt = ray.get(
+                self.trainers[0].__ray_call__.remote(
+                    on_trainer, trainer_side.probe_prompt_ids, PROBE_TEXT
+                )
+            )
+            self.probe = ProbeSettings(
+                prompt_ids=tuple(prompt),
+                temperature=cfg.recipe.rollout.temperature,
+                tolerance=cfg.engine.weight_probe_tolerance,
+                seed=cfg.run.seed,
+            )
+        log.info("weight sync: %s; offload around training: %s", kind, self.offload)
+
+    async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
+        """`fn(trainer, *args)` in train rank `rank`'s process."""
+        return await self.trainers[rank].__ray_call__.remote(on_trainer, fn, *args)
+
+    def _engine_ranks(self, url: str) -> Sequence[int]:
+        """The train rank on each GPU of the engine at `url`, in its TP order (colocated)."""
+        assert self.pool is not None
+        placement = self.plan.placement
+        engine = placement.engines[self.pool.urls.index(url)]
+        return [placement.train_slots.index(slot) for slot in engine.slots]
 
     # ---- per rollout -------------------------------------------------------------------
 
     def train(self, batch: list[TrainSample]) -> dict[str, float]:
-        """Every rank gets the whole rollout and takes its own share (see TorchTrainer)."""
+        """Every rank gets the whole rollout and takes its own share (see TorchTrainer).
+        With offload, the engines release their memory first and the trainers give theirs
+        back after; push_weights brings the engines back."""
+        if self.offload:
+            self.loop.run_until_complete(self._release_engines())
+            ray.get(self._on_all_trainers(trainer_side.onload))
         ref = ray.put(batch)
         results = ray.get([t.train.remote(ref) for t in self.trainers])
+        if self.offload:
+            ray.get(self._on_all_trainers(trainer_side.offload))
         return results[0]
 
+    def _on_all_trainers(self, fn: Any) -> list[ray.ObjectRef]:
+        return [t.__ray_call__.remote(on_trainer, fn) for t in self.trainers]
+
+    async def _release_engines(self) -> None:
+        assert self.pool is not None
+        async with self.pool.exclusive():
+            await self.pool.release_memory(RELEASE_STAGES)
+
     async def push_weights(self, version: int) -> None:
-        """Trainer -> engines through disk; every engine must then report `version`."""
-        assert self.client is not None
-        target = self.weights_dir / f"v{version}"
-        await asyncio.to_thread(ray.get, [t.export_hf.remote(str(target)) for t in self.trainers])
-        await self.client.flush_cache()
-        await self.client.update_weights_from_disk(str(target), weight_version=str(version))
-        versions = await asyncio.gather(
-            *(self.client.get_weight_version(url) for url in self.engine_urls)
+        """The trainers' weights to every engine as `version` (see weight_sync), after
+        restarting any engine that died; every engine must then report `version`."""
+        assert self.client is not None and self.pool is not None and self.weight_sync
+        start = time.perf_counter()
+        async with self.pool.exclusive():
+            if self.cfg.engine.fault_tolerance:
+                await self.pool.heal()
+            await self.pool.resume_memory([("weights",)], done=False)
+            urls = self.pool.serving_urls
+            await update_engines(self.client, self.weight_sync, urls, version)
+            await self.pool.resume_memory([("kv_cache",), ("cuda_graph",)], done=True)
+            self.weight_version = version
+            if self.probe is not None:
+                gaps = await probe_weights(self.client, urls, self._trainer_logprobs, self.probe)
+                log.info("weight probe after version %d: %s", version, gaps)
+        log.info("weights v%d pushed in %.2f s", version, time.perf_counter() - start)
+
+    async def _trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        result: list[float] = await self.call_trainer(
+            0, trainer_side.probe_logprobs, prompt_ids, output_ids
         )
-        stale = [
-            url for url, v in zip(self.engine_urls, versions, strict=True) if v != str(version)
-        ]
-        if stale:
-            raise RuntimeError(f"engines {stale} did not switch to weight version {version}")
-        if self._last_weights is not None:
-            shutil.rmtree(self._last_weights, ignore_errors=True)
-        self._last_weights = target
+        return result
+
+    async def _catch_up(self, url: str) -> None:
+        """A restarted engine loads the weights the others serve before it is registered."""
+        if self.weight_version > 0:
+            assert self.client is not None and self.weight_sync is not None
+            await update_engines(self.client, self.weight_sync, [url], self.weight_version)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+
+    def save_trainer(self, staging: Path, with_optimizer: bool) -> None:
+        """Every rank writes its RNG; rank 0 also its model and optimizer (the torch
+        trainer's DP ranks hold identical replicas, so rank 0's copy is everyone's)."""
+        from rlpost.runtime.run_state import save_rank_state
+
+        ray.get(
+            [
+                t.__ray_call__.remote(save_rank_state, str(staging), rank, with_optimizer)
+                for rank, t in enumerate(self.trainers)
+            ]
+        )
+
+    def load_trainer(self, checkpoint: Path) -> list[int]:
+        """Load a checkpoint into every rank; returns the ranks that had no saved RNG."""
+        from rlpost.runtime.run_state import load_rank_state
+
+        found = ray.get(
+            [
+                t.__ray_call__.remote(load_rank_state, str(checkpoint), rank)
+                for rank, t in enumerate(self.trainers)
+            ]
+        )
+        return [rank for rank, ok in enumerate(found) if not ok]
+
+    def export_policy(self, out_dir: Path) -> None:
+        """The current policy as an HF folder (written by rank 0, atomically)."""
+        ray.get([t.export_hf.remote(str(out_dir)) for t in self.trainers])
+
+    def use_deterministic_algorithms(self) -> None:
+        from rlpost.runtime.run_state import use_deterministic_algorithms
+
+        ray.get([t.__ray_call__.remote(use_deterministic_algorithms) for t in self.trainers])

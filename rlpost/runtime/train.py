@@ -1,26 +1,44 @@
 """The training loop, top to bottom.
 
-Place the run on its hardware, start trainers, engines and the router, then for each
-rollout: generate and reward groups, train on them, push the new weights to every engine,
-evaluate when due, log. Shape kept from slime's train.py; everything it reads is typed.
+Decide where the run starts (rollout 0, or after a checkpoint), place it on its hardware,
+start trainers, engines and the router, then for each rollout: generate and reward groups,
+train on them, push the new weights to every engine, evaluate when due, log, and save when
+due. Shape kept from slime's train.py; everything it reads is typed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlpost.data.source import DataSource
 from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, GENERATE_FUNCTION, load_hook
 from rlpost.plan import Plan
 from rlpost.rewards import compute_rewards
-from rlpost.runtime.evaluation import EvalReport, evaluate, format_eval_table, load_eval_sets
+from rlpost.runtime import checkpoint
+from rlpost.runtime.determinism import SeededGenerate, seed_driver
+from rlpost.runtime.evaluation import (
+    EvalReport,
+    EvalSet,
+    evaluate,
+    format_eval_table,
+    load_eval_sets,
+)
 from rlpost.runtime.metrics import MetricsLogger
-from rlpost.runtime.progress import Progress
+from rlpost.runtime.progress import Progress, status
+from rlpost.runtime.resume import ResumePoint, find_resume_point, plan_grid, set_aside_newer
 from rlpost.runtime.rollout.manager import RolloutManager, SamplingSettings, generate_sample
-from rlpost.runtime.rundir import prepare_run_dir
+from rlpost.runtime.run_state import (
+    LoopState,
+    read_buffer,
+    restore_driver_rng,
+    write_driver_state,
+)
+from rlpost.runtime.rundir import config_yaml, prepare_run_dir, provenance, run_dir_of
 from rlpost.runtime.session import Session
 from rlpost.runtime.train_data import rollout_metrics, to_train_samples
 from rlpost.schema import RunConfig
@@ -32,10 +50,47 @@ def run(cfg: RunConfig, plan: Plan) -> Path:
     # Nothing is fetched from a model hub at run time: every path is local.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    run_dir = run_dir_of(cfg)
+    # Resume problems (a broken checkpoint, a change the saved state cannot take) stop the
+    # launch here, before the run directory is touched or anything starts.
+    resume = find_resume_point(cfg, plan, run_dir)
+    start = resume.start_rollout if resume else 0
+    total = cfg.recipe.rollout.num_rollout
+    if start >= total:
+        status(
+            f"{start} rollouts are done and recipe.rollout.num_rollout={total}: nothing to "
+            "train; raise num_rollout to continue the run"
+        )
+        return run_dir
+    prepare_run_dir(cfg, start)
+    if resume:
+        set_aside_newer(run_dir, start)
+    if cfg.run.deterministic:
+        seed_driver(cfg.run.seed)
+    inputs = load_inputs(cfg, resume)
+    loop = asyncio.new_event_loop()
+    with Session(cfg, plan, run_dir, loop) as session:
+        reports = TrainLoop(cfg, plan, session, inputs, resume).run()
+    loop.close()
+    if reports:
+        print(format_eval_table(reports))
+    print(f"run directory: {run_dir}")
+    return run_dir
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the loop reads: prompts (at the resumed position), eval sets, sampling."""
+
+    data: DataSource
+    eval_sets: list[EvalSet]
+    sampling: SamplingSettings
+
+
+def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
     from transformers import AutoTokenizer
 
     recipe, rollout = cfg.recipe, cfg.recipe.rollout
-    run_dir = prepare_run_dir(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
     data = DataSource.from_config(
         recipe.data,
@@ -43,7 +98,9 @@ def run(cfg: RunConfig, plan: Plan) -> Path:
         n_samples_per_prompt=rollout.n_samples_per_prompt,
         buffer_filter=rollout.buffer_filter,
     )
-    eval_sets = load_eval_sets(recipe, tokenizer, rollout.stop_token_ids)
+    if resume:
+        data.load_state(resume.state.data)
+        data.add_to_buffer(read_buffer(resume.path))
     sampling = SamplingSettings(
         max_new_tokens=rollout.max_response_len,
         temperature=rollout.temperature,
@@ -53,61 +110,164 @@ def run(cfg: RunConfig, plan: Plan) -> Path:
         stop_token_ids=tuple(rollout.stop_token_ids),
         skip_special_tokens=rollout.skip_special_tokens,
     )
+    return Inputs(data, load_eval_sets(recipe, tokenizer, rollout.stop_token_ids), sampling)
 
-    async def reward_fn(samples: list[Sample]) -> list[float]:
-        return await compute_rewards(samples, rollout.reward)
 
-    loop = asyncio.new_event_loop()
-    reports: list[EvalReport] = []
-    with Session(cfg, plan, run_dir, loop) as session:
+class TrainLoop:
+    """The rollouts of one launch, inside a started Session."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        session: Session,
+        inputs: Inputs,
+        resume: ResumePoint | None,
+    ) -> None:
         assert session.client is not None
-        manager = RolloutManager(
-            session.client,
-            reward_fn,
+        self.cfg, self.plan, self.session, self.inputs = cfg, plan, session, inputs
+        self.run_dir, self.loop = session.run_dir, session.loop
+        rollout = cfg.recipe.rollout
+        hook = (
             load_hook(rollout.generate_function, GENERATE_FUNCTION)
             if rollout.generate_function
-            else generate_sample,
+            else generate_sample
+        )
+        # Deterministic mode: every request samples with its own derived seed.
+        self.seeded = SeededGenerate(hook, cfg.run.seed) if cfg.run.deterministic else None
+        self.manager = RolloutManager(
+            session.client,
+            self._reward,
+            self.seeded or hook,
             load_hook(rollout.dynamic_sampling_filter, DYNAMIC_SAMPLING_FILTER)
             if rollout.dynamic_sampling_filter
             else None,
         )
-        logger = MetricsLogger(run_dir, cfg.tracking, run_name=run_dir.name)
+        self.resume = resume
+        self.start = resume.start_rollout if resume else 0
+        self.reports = [EvalReport(**r) for r in resume.state.eval_history] if resume else []
+        self.logger = MetricsLogger(
+            self.run_dir,
+            cfg.tracking,
+            run_name=self.run_dir.name,
+            start_rollout=self.start,
+            wandb_run_id=self._resumed_wandb_id(),
+        )
+
+    async def _reward(self, samples: list[Sample]) -> list[float]:
+        return await compute_rewards(samples, self.cfg.recipe.rollout.reward)
+
+    def run(self) -> list[EvalReport]:
+        cfg, rollout, start = self.cfg, self.cfg.recipe.rollout, self.start
+        if cfg.run.deterministic:
+            self.session.use_deterministic_algorithms()
         pending_eval: dict[str, float] = {}
-        if eval_sets and not recipe.eval.skip_before_train:
-            reports.append(loop.run_until_complete(evaluate(manager, eval_sets, 0)))
-            pending_eval = reports[-1].metrics
-        progress = Progress(rollout.num_rollout, enabled=cfg.run.progress)
-        for rollout_id in range(rollout.num_rollout):
-            step_start = time.perf_counter()
-            result = loop.run_until_complete(
-                manager.generate(
-                    lambda n, rid=rollout_id: data.next_groups(n, rid),
-                    num_groups=rollout.batch_size,
-                    draw_size=rollout.over_sampling_batch_size or rollout.batch_size,
-                    sampling=sampling,
-                )
-            )
-            if rollout.partial_rollout:
-                data.add_to_buffer(result.aborted, rollout_id)
-            metrics = {**pending_eval, **rollout_metrics(result)}
+        if self.resume:
+            self._restore_trainer(self.resume)
+        elif self.inputs.eval_sets and not cfg.recipe.eval.skip_before_train:
+            pending_eval = self._evaluate(0)  # logged with rollout 0
+        if self.resume:
+            restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
+        progress = Progress(rollout.num_rollout, initial=start, enabled=cfg.run.progress)
+        for rollout_id in range(start, rollout.num_rollout):
+            metrics = {**pending_eval, **self.step(rollout_id)}
             pending_eval = {}
-            metrics.update(session.train(to_train_samples(result.groups, recipe.algo)))
-            loop.run_until_complete(session.push_weights(version=rollout_id + 1))
-            done = rollout_id + 1
-            if (
-                eval_sets
-                and recipe.eval.interval
-                and (done % recipe.eval.interval == 0 or done == rollout.num_rollout)
-            ):
-                reports.append(loop.run_until_complete(evaluate(manager, eval_sets, done)))
-                metrics.update(reports[-1].metrics)
-            metrics["perf/step_time_s"] = time.perf_counter() - step_start
-            logger.log(rollout_id, metrics)
+            # Logged before the save: a checkpoint never runs ahead of metrics.jsonl.
+            self.logger.log(rollout_id, metrics)
             progress.update(metrics)
+            self._save_when_due(rollout_id + 1)
         progress.close()
-        logger.close()
-    loop.close()
-    if reports:
-        print(format_eval_table(reports))
-    print(f"run directory: {run_dir}")
-    return run_dir
+        self.logger.close()
+        return self.reports
+
+    def step(self, rollout_id: int) -> dict[str, float]:
+        """Generate, train, push weights, evaluate when due: one rollout's metrics."""
+        recipe, rollout = self.cfg.recipe, self.cfg.recipe.rollout
+        data = self.inputs.data
+        step_start = time.perf_counter()
+        if self.seeded is not None:
+            self.seeded.at("train", rollout_id)
+        result = self.loop.run_until_complete(
+            self.manager.generate(
+                lambda n: data.next_groups(n, rollout_id),
+                num_groups=rollout.batch_size,
+                draw_size=rollout.over_sampling_batch_size or rollout.batch_size,
+                sampling=self.inputs.sampling,
+            )
+        )
+        # Groups finish in arrival order; train (and buffer) in prompt order instead, so
+        # the update does not depend on which engine answered first.
+        result.groups.sort(key=lambda g: g[0].group_index)
+        result.aborted.sort(key=lambda g: g[0].group_index)
+        if rollout.partial_rollout:
+            data.add_to_buffer(result.aborted, rollout_id)
+        metrics = rollout_metrics(result)
+        metrics.update(self.session.train(to_train_samples(result.groups, recipe.algo)))
+        done = rollout_id + 1
+        self.loop.run_until_complete(self.session.push_weights(version=done))
+        if self.inputs.eval_sets and _due(recipe.eval.interval, done, rollout.num_rollout):
+            metrics.update(self._evaluate(done))
+        metrics["perf/step_time_s"] = time.perf_counter() - step_start
+        return metrics
+
+    def _evaluate(self, done: int) -> dict[str, float]:
+        if self.seeded is not None:
+            self.seeded.at("eval", done)
+        report = self.loop.run_until_complete(evaluate(self.manager, self.inputs.eval_sets, done))
+        self.reports.append(report)
+        return report.metrics
+
+    def _save_when_due(self, done: int) -> None:
+        save, total = self.cfg.recipe.save, self.cfg.recipe.rollout.num_rollout
+        if _due(save.interval, done, total):
+            self.save(done)
+        if _due(save.save_hf_interval, done, total):
+            self.session.export_policy(self.run_dir / "hf" / f"rollout_{done}")
+
+    def save(self, done: int) -> Path:
+        """Write ckpt/rollout_<done> atomically (see rlpost.runtime.checkpoint)."""
+        start = time.perf_counter()
+        cfg, data = self.cfg, self.inputs.data
+        staging = checkpoint.start_save(self.run_dir, done)
+        with_optimizer = cfg.recipe.save.save_optimizer
+        self.session.save_trainer(staging, with_optimizer)
+        state = LoopState(
+            rollouts_done=done,
+            data=data.state(),
+            wandb_run_id=self.logger.wandb_run_id,
+            tensorboard_step=done,
+            eval_history=[asdict(r) for r in self.reports],
+            trainer_backend=_trainer_backend(cfg),
+            parallel=plan_grid(self.plan),
+            train_ranks=len(self.session.trainers),
+            optimizer_saved=with_optimizer,
+        )
+        record = json.dumps(provenance(), indent=2) + "\n"
+        write_driver_state(staging, state, data.buffer, config_yaml(cfg), record)
+        path = checkpoint.commit_save(staging, cfg.recipe.save.keep_last)
+        status(f"saved {path} ({time.perf_counter() - start:.1f} s)")
+        return path
+
+    def _restore_trainer(self, resume: ResumePoint) -> None:
+        """Load every rank, then give the engines the resumed weights before rollout one."""
+        without_rng = self.session.load_trainer(resume.path)
+        if without_rng:
+            status(f"train rank(s) {without_rng} had no saved RNG state (more ranks than saved)")
+        self.loop.run_until_complete(self.session.push_weights(version=resume.start_rollout))
+
+    def _resumed_wandb_id(self) -> str | None:
+        """The same wandb run when the run continues in its own directory; a fork starts
+        a new one."""
+        resume = self.resume
+        if resume is None or resume.path.parent != checkpoint.checkpoint_root(self.run_dir):
+            return None
+        return resume.state.wandb_run_id
+
+
+def _trainer_backend(cfg: RunConfig) -> str:
+    # "auto" is the torch trainer in this build (Session refuses anything else)
+    return "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
+
+
+def _due(interval: int | None, done: int, total: int) -> bool:
+    return interval is not None and (done % interval == 0 or done == total)

@@ -3,7 +3,7 @@
 from rlpost.schema.base import InvariantError, Section
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig, RecomputeConfig, RolloutLayout, TrainLayout
-from rlpost.schema.model import MLAConfig, ModelConfig, MoEConfig
+from rlpost.schema.model import MLAConfig, ModelConfig, MoEConfig, RopeScalingConfig
 from rlpost.schema.recipe import (
     AlgoConfig,
     DataConfig,
@@ -47,6 +47,7 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "RolloutLayout",
+    "RopeScalingConfig",
     "RunConfig",
     "RunOptions",
     "SaveConfig",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, Section
 
@@ -51,6 +51,24 @@ class MLAConfig(Section):
     v_head_dim: PositiveInt
 
 
+class RopeScalingConfig(Section):
+    """RoPE context extension, as the HF config's `rope_scaling` states it.
+
+    `llama3` rescales frequency bands (Llama 3.1+); `yarn` interpolates with attention
+    temperature (DeepSeek-V3). Fields not used by `type` keep their defaults.
+    """
+
+    type: Literal["llama3", "yarn"]
+    factor: PositiveFloat
+    original_max_position_embeddings: PositiveInt
+    low_freq_factor: PositiveFloat = 1.0
+    high_freq_factor: PositiveFloat = 4.0
+    beta_fast: PositiveFloat = 32.0
+    beta_slow: PositiveFloat = 1.0
+    mscale: NonNegativeFloat = 1.0
+    mscale_all_dim: NonNegativeFloat = 0.0
+
+
 class ModelConfig(Section):
     """Everything the planner and the trainers need to know about a model.
 
@@ -73,6 +91,7 @@ class ModelConfig(Section):
     rotary_base: PositiveFloat = 10000.0
     rotary_percent: PositiveFloat = 1.0
     rotary_interleaved: bool = False
+    rope_scaling: RopeScalingConfig | None = None
     norm_epsilon: PositiveFloat = 1e-6
     qk_layernorm: bool = False
     add_qkv_bias: bool = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, Section
 from rlpost.schema.hardware import HardwareConfig
@@ -26,7 +26,35 @@ class EngineConfig(Section):
     request_timeout_s: PositiveFloat = 3600.0
     startup_timeout_s: PositiveFloat = 600.0
     max_batch_size: PositiveInt = 256
-    weight_sync: Literal["auto", "disk", "tensor", "distributed"] = "auto"
+    weight_sync: Literal["auto", "disk", "tensor", "distributed"] = Field(
+        "auto",
+        description="auto: tensor (CUDA IPC) when colocated on GPUs, distributed (NCCL) when "
+        "decoupled on GPUs, disk on CPU",
+    )
+    weight_bucket_mb: PositiveInt = Field(
+        512, description="tensor and distributed sync send the weights in buckets of this size"
+    )
+    weight_probe: bool = Field(
+        False,
+        description="after each weight update, compare a probe prompt's logprobs between the "
+        "trainer and every engine",
+    )
+    weight_probe_tolerance: PositiveFloat = Field(
+        0.05, description="largest mean absolute logprob difference the probe accepts"
+    )
+    offload: bool | None = Field(
+        None,
+        description="colocated: engines release their memory and trainers offload theirs "
+        "around training; null: on for colocated GPU runs, off otherwise",
+    )
+    fault_tolerance: bool = Field(
+        False, description="health-check engines and restart any that die or hang"
+    )
+    health_check_interval_s: PositiveFloat = 30.0
+    health_check_timeout_s: PositiveFloat = 30.0
+    health_check_first_wait_s: NonNegativeFloat = Field(
+        300.0, description="grace after an engine (re)starts before it is health-checked"
+    )
 
 
 class PlanOptions(Section):

@@ -21,6 +21,7 @@ from rlpost.backends.cpu_engine.row import Row
 from rlpost.backends.cpu_engine.sampling import RequestError
 from rlpost.backends.cpu_engine.scheduler import Load, Scheduler
 from rlpost.backends.cpu_engine.weights import ModelWeights, read_safetensors_dir
+from rlpost.backends.sglang.buckets import WeightInfo
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class CpuEngine:
         self.scheduler = Scheduler(self.generator, settings.max_batch_size, settings.batch_wait_s)
         self._row_counter = itertools.count()
         self._lock = threading.Lock()
+        self._update_groups: dict[str, Any] = {}
         self.scheduler.start()
 
     def _eos_ids(self) -> list[int]:
@@ -141,6 +143,47 @@ class CpuEngine:
             logger.info("loaded weights from %s (version %s)", model_path, self.weight_version)
 
         return self.scheduler.call(load)
+
+    def join_update_group(
+        self, address: tuple[str, int], rank: int, world_size: int, name: str, backend: str
+    ) -> None:
+        """Join a weight-update group as `rank` (blocks until every rank has joined)."""
+        from rlpost.backends.sglang.update_group import init_update_group
+
+        if backend != "gloo":
+            raise RequestError(
+                f"the CPU engine joins weight-update groups over gloo, not {backend}"
+            )
+        self._update_groups[name] = init_update_group(
+            address[0], address[1], rank, world_size, name, backend
+        )
+
+    def receive_weights(
+        self, infos: Sequence[WeightInfo], name: str, weight_version: str | None
+    ) -> concurrent.futures.Future[None]:
+        """Receive one broadcast bucket (blocking, on the caller's thread), then load it into
+        the live model at the next safe point."""
+        from rlpost.backends.sglang.update_group import receive_weights
+
+        group = self._update_groups.get(name)
+        if group is None:
+            raise RequestError(f"no weight-update group named '{name}'; init it first")
+        state = dict(receive_weights(infos, group))
+
+        def load() -> None:
+            self.weights.assign_some(state)
+            if weight_version is not None:
+                self.generator.weight_version = weight_version
+
+        return self.scheduler.call(load)
+
+    def leave_update_group(self, name: str) -> None:
+        from rlpost.backends.sglang.update_group import destroy_update_group
+
+        group = self._update_groups.pop(name, None)
+        if group is None:
+            raise RequestError(f"no weight-update group named '{name}'")
+        destroy_update_group(group)
 
     def set_weight_version(self, version: str) -> concurrent.futures.Future[None]:
         def apply() -> None:

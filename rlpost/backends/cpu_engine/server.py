@@ -25,6 +25,7 @@ from rlpost.backends.cpu_engine.engine import MEMORY_TAGS, CpuEngine, EngineSett
 from rlpost.backends.cpu_engine.protocol import parse_generate_request, render_output
 from rlpost.backends.cpu_engine.sampling import RequestError
 from rlpost.backends.cpu_engine.weights import WeightLoadError
+from rlpost.backends.sglang.buckets import WeightInfo
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class EngineServer:
             ("*", "/flush_cache", self.flush_cache),
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
             ("POST", "/update_weight_version", self.update_weight_version),
+            ("POST", "/init_weights_update_group", self.init_weights_update_group),
+            ("POST", "/update_weights_from_distributed", self.update_weights_from_distributed),
+            ("POST", "/destroy_weights_update_group", self.destroy_weights_update_group),
             ("GET", "/get_weight_version", self.get_weight_version),
             ("GET", "/model_info", self.model_info),
             ("GET", "/get_model_info", self.model_info),
@@ -193,6 +197,48 @@ class EngineServer:
             )
         message = f"loaded weights from {path}, weight_version={engine.weight_version}"
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = await read_json(request)
+        try:
+            address = (str(body["master_address"]), int(body["master_port"]))
+            rank, world = int(body["rank_offset"]), int(body["world_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RequestError(f"init_weights_update_group: bad or missing field: {exc}") from exc
+        name = str(body.get("group_name") or "weight_update_group")
+        backend = str(body.get("backend") or "gloo")
+        await asyncio.to_thread(engine.join_update_group, address, rank, world, name, backend)
+        return web.json_response({"success": True, "message": f"joined {name} as rank {rank}"})
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        body = await read_json(request)
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
+            raise RequestError("update_weights_from_distributed needs names, dtypes, shapes")
+        if not len(names) == len(dtypes) == len(shapes):
+            raise RequestError("names, dtypes and shapes must have the same length")
+        infos = [
+            WeightInfo(str(n), str(d), tuple(int(x) for x in s))
+            for n, d, s in zip(names, dtypes, shapes, strict=True)
+        ]
+        name = str(body.get("group_name") or "weight_update_group")
+        version = body.get("weight_version")
+        loaded = await asyncio.to_thread(
+            engine.receive_weights, infos, name, None if version is None else str(version)
+        )
+        try:
+            await asyncio.wrap_future(loaded)
+        except WeightLoadError as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        return web.json_response({"success": True, "message": f"received {len(infos)} tensors"})
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        engine = self.ready_engine()
+        name = str((await read_json(request)).get("group_name") or "weight_update_group")
+        await asyncio.to_thread(engine.leave_update_group, name)
+        return web.json_response({"success": True, "message": f"left {name}"})
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         engine = self.ready_engine()

@@ -86,6 +86,22 @@ class ModelWeights:
             self._params[key].data = state[name].to(self._dtype).contiguous()
         self.released = False
 
+    def assign_some(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace only the named parameters (one bucket of a distributed update)."""
+        if self.released:
+            raise WeightLoadError("the weights are released; resume them before an update")
+        for name, tensor in state.items():
+            if name not in self._shapes:
+                raise WeightLoadError(f"the model has no parameter '{name}'")
+            if tuple(tensor.shape) != self._shapes[name]:
+                raise WeightLoadError(
+                    f"tensor '{name}' has shape {list(tensor.shape)} in the update but "
+                    f"{list(self._shapes[name])} in the model"
+                )
+        by_name = {n: key for key, names in self._groups.items() for n in names}
+        for name, tensor in state.items():
+            self._params[by_name[name]].data = tensor.to(self._dtype).contiguous()
+
     def release(self) -> None:
         """Free every parameter's storage; `assign` must run before the model is used."""
         for param in self._params.values():

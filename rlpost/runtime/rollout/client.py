@@ -209,6 +209,38 @@ class EngineClient:
             raise EngineRequestError(f"{method} {url}: HTTP {status}: {answer}", status, answer)
         return answer
 
+    def set_worker_urls(self, worker_urls: Sequence[str]) -> None:
+        """The engines that control calls go to (the engine pool updates it on a restart)."""
+        self._worker_urls = [u.rstrip("/") for u in worker_urls]
+
+    async def post(self, worker_url: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        """One control call to one engine; raises EngineRequestError on a non-2xx answer."""
+        return await self._call_ok("POST", f"{worker_url.rstrip('/')}{path}", body)
+
+    async def generate_on(
+        self,
+        worker_url: str,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        return_logprob: bool = True,
+    ) -> GenerateResult:
+        """One completion from one engine, bypassing the router (probes, checks)."""
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params),
+            "return_logprob": return_logprob,
+        }
+        answer = await self._call_ok("POST", f"{worker_url.rstrip('/')}/generate", body)
+        return parse_generate_response(answer)[0]
+
+    async def health_status(self, worker_url: str, path: str, timeout_s: float) -> int:
+        """The engine's HTTP status for `path`; raises on no answer within `timeout_s`."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self._http().get(f"{worker_url.rstrip('/')}{path}", timeout=timeout) as reply:
+            await reply.read()
+            return reply.status
+
     async def worker_urls(self) -> list[str]:
         """The engines: those given at construction, else the router's registered workers."""
         if self._worker_urls is not None:
@@ -227,6 +259,23 @@ class EngineClient:
         calls = [self._call_ok(method, f"{u.rstrip('/')}{path}", body) for u in urls]
         return list(await asyncio.gather(*calls))
 
+    async def _each_reachable(
+        self, method: str, path: str, body: Mapping[str, Any] | None, worker_urls: Sequence[str]
+    ) -> list[Any]:
+        """Like _each, but an engine that cannot be reached is skipped: a dead engine holds
+        no requests (the router re-sends its in-flight ones elsewhere), and the engine pool
+        restarts it."""
+
+        async def one(url: str) -> Any:
+            try:
+                return await self._call_ok(method, f"{url.rstrip('/')}{path}", body)
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                logger.warning("%s%s: engine unreachable (%s); skipped", url, path, exc)
+                return None
+
+        answers = await asyncio.gather(*(one(u) for u in worker_urls))
+        return [a for a in answers if a is not None]
+
     async def abort_all(
         self,
         worker_urls: Sequence[str] | None = None,
@@ -237,7 +286,7 @@ class EngineClient:
         urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
         deadline = time.monotonic() + timeout_s
         while True:
-            await self._each("POST", "/abort_request", {"abort_all": True}, urls)
+            await self._each_reachable("POST", "/abort_request", {"abort_all": True}, urls)
             if not wait or await self.num_requests(urls) == 0:
                 return
             if time.monotonic() > deadline:
@@ -246,7 +295,8 @@ class EngineClient:
 
     async def num_requests(self, worker_urls: Sequence[str] | None = None) -> int:
         """Requests running or waiting, summed over the engines."""
-        answers = await self._each("GET", "/v1/loads?include=core", None, worker_urls)
+        urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
+        answers = await self._each_reachable("GET", "/v1/loads?include=core", None, urls)
         return sum(
             int(load.get("num_running_reqs", 0)) + int(load.get("num_waiting_reqs", 0))
             for answer in answers
@@ -296,8 +346,26 @@ class EngineClient:
             raise EngineRequestError(f"update_weights_from_disk failed: {failed}")
 
     async def get_weight_version(self, worker_url: str) -> str:
-        answer = await self._call_ok("GET", f"{worker_url.rstrip('/')}/get_weight_version")
+        """The version an engine serves. Stock SGLang 0.5.2x dropped /get_weight_version and
+        reports it in /model_info instead."""
+        url = worker_url.rstrip("/")
+        status, answer = await self._call("GET", f"{url}/get_weight_version")
+        if status == 404:
+            answer = await self._call_ok("GET", f"{url}/model_info")
+        elif status >= 300:
+            raise EngineRequestError(f"GET {url}/get_weight_version: HTTP {status}: {answer}")
         return str(answer["weight_version"])
+
+    async def release_memory(
+        self, tags: Sequence[str], worker_urls: Sequence[str] | None = None
+    ) -> None:
+        """Free the engines' GPU memory for `tags` (weights, kv_cache, cuda_graph)."""
+        await self._each("POST", "/release_memory_occupation", {"tags": list(tags)}, worker_urls)
+
+    async def resume_memory(
+        self, tags: Sequence[str], worker_urls: Sequence[str] | None = None
+    ) -> None:
+        await self._each("POST", "/resume_memory_occupation", {"tags": list(tags)}, worker_urls)
 
     async def wait_healthy(
         self,

@@ -1,0 +1,62 @@
+"""Process groups for megatron-core: torch.distributed (gloo on CPU, nccl on GPU), then
+megatron-core's tensor/pipeline/context/expert/data-parallel groups and RNG states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from rlpost.backends.megatron.compat import (
+    check_megatron_version,
+    model_parallel_cpu_manual_seed,
+    needs_cpu_compat,
+)
+from rlpost.backends.megatron.config import ParallelSizes
+
+
+@dataclass(frozen=True)
+class ProcessPlace:
+    """This process in the training world."""
+
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    timeout_s: float = 600.0
+
+
+def init_parallel(place: ProcessPlace, sizes: ParallelSizes, seed: int) -> None:
+    """torch.distributed, then megatron-core's groups; idempotent for the same sizes."""
+    check_megatron_version()
+    if sizes.world_size != place.world_size:
+        raise ValueError(
+            f"the layout needs tp x pp x cp x dp = {sizes.world_size} processes, but "
+            f"world_size={place.world_size}; start one trainer process per train GPU"
+        )
+    if not dist.is_initialized():
+        backend = "gloo" if needs_cpu_compat() else "nccl"
+        if backend == "nccl":
+            torch.cuda.set_device(place.rank % torch.cuda.device_count())
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{place.master_addr}:{place.master_port}",
+            rank=place.rank,
+            world_size=place.world_size,
+            timeout=timedelta(seconds=place.timeout_s),
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            **sizes.init_kwargs(), create_gloo_process_groups=needs_cpu_compat()
+        )
+    model_parallel_cpu_manual_seed(seed)
+
+
+def destroy_parallel() -> None:
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

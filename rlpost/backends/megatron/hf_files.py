@@ -1,0 +1,145 @@
+"""Reading and writing HF checkpoint folders tensor by tensor (safetensors, sharded or not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+INDEX_NAME = "model.safetensors.index.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+REWRITTEN = ("config.json", INDEX_NAME, "pytorch_model.bin.index.json")
+
+
+class HFCheckpoint:
+    """Lazy access to the tensors of a local HF folder; opens each shard once."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        if not (self.folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{self.folder} has no config.json; model.hf_checkpoint must be a local HF "
+                "checkpoint folder (config.json and *.safetensors)"
+            )
+        index = self.folder / INDEX_NAME
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._file_of = {name: self.folder / file for name, file in weight_map.items()}
+        else:
+            files = sorted(self.folder.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(
+                    f"{self.folder} has no *.safetensors files; save the checkpoint with "
+                    "save_pretrained(..., safe_serialization=True)"
+                )
+            self._file_of = {}
+            for file in files:
+                with safe_open(str(file), "pt") as handle:
+                    self._file_of.update({name: file for name in handle.keys()})  # noqa: SIM118
+        self._stack = ExitStack()
+        self._open: dict[Path, Any] = {}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.folder / "config.json").read_text())
+        return data
+
+    def names(self) -> list[str]:
+        return list(self._file_of)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file_of
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self._file_of:
+            raise KeyError(f"{self.folder} has no tensor {name!r}")
+        file = self._file_of[name]
+        if file not in self._open:
+            self._open[file] = self._stack.enter_context(safe_open(str(file), "pt"))
+        return self._open[file].get_tensor(name)
+
+    def close(self) -> None:
+        self._stack.close()
+        self._open.clear()
+
+
+def copy_side_files(src: Path, dst: Path) -> None:
+    """Tokenizer, chat template, generation config: everything but weights and config."""
+    for item in src.iterdir():
+        if item.is_file() and item.name not in REWRITTEN and item.suffix not in WEIGHT_SUFFIXES:
+            shutil.copy2(item, dst / item.name)
+
+
+def write_hf_folder(
+    out_dir: str | Path,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    src_dir: str | Path,
+    shard_bytes: int = 2 << 30,
+) -> Path:
+    """Write `tensors` as an HF folder beside `src_dir`'s config and tokenizer files.
+
+    Written to a sibling temp folder that is renamed into place: readers never see half a
+    checkpoint. Shards of at most `shard_bytes` (one tensor may exceed it alone).
+    """
+    out, src = Path(out_dir), Path(src_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(staging, 0o755)
+    try:
+        copy_side_files(src, staging)
+        shutil.copy2(src / "config.json", staging / "config.json")
+        _write_shards(staging, tensors, shard_bytes)
+        if out.exists():
+            retired = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, retired)
+            os.replace(staging, out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_shards(
+    folder: Path, tensors: Iterable[tuple[str, torch.Tensor]], shard_bytes: int
+) -> None:
+    """Stream tensors into shards, each written as soon as it is full."""
+    written: list[tuple[Path, list[str]]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        path = folder / f"part-{len(written):05d}.safetensors"
+        save_file(shard, str(path), metadata={"format": "pt"})
+        written.append((path, list(shard)))
+
+    for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > shard_bytes:
+            flush()
+            shard, size = {}, 0
+        shard[name] = tensor.detach().contiguous().cpu()
+        size += nbytes
+        total += nbytes
+    flush()
+    if len(written) == 1:
+        os.replace(written[0][0], folder / "model.safetensors")
+        return
+    weight_map = {}
+    for i, (path, names) in enumerate(written, start=1):
+        file = f"model-{i:05d}-of-{len(written):05d}.safetensors"
+        os.replace(path, folder / file)
+        weight_map.update({name: file for name in names})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")

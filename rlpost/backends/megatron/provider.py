@@ -1,0 +1,145 @@
+"""Build a megatron-core GPTModel for this process's pipeline stage from the settings.
+
+Layer specs are rlpost's own, assembled from megatron-core's local (non-TransformerEngine)
+modules plus `layers.py`: RMSNorm everywhere, packed/context-parallel core attention, GLM-4's
+post norms, the MLA latent norms, and SequentialMLP experts (grouped GEMM kernels need
+TransformerEngine or the grouped_gemm package, neither of which runs on CPU; the math is the
+same).
+"""
+
+from __future__ import annotations
+
+from megatron.core import parallel_state
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.gpt import GPTModel
+from megatron.core.post_training.modelopt.layers import Linear as DuplicatedLinear
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.moe.experts import SequentialMLP
+from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
+from megatron.core.transformer.multi_latent_attention import (
+    MLASelfAttention,
+    MLASelfAttentionSubmodules,
+)
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
+
+from rlpost.backends.megatron.config import MegatronSettings
+from rlpost.backends.megatron.layers import (
+    LatentRMSNorm,
+    PackedAttention,
+    PostNormRowParallelLinear,
+    RMSNorm,
+)
+
+
+def _attention_spec(settings: MegatronSettings) -> ModuleSpec:
+    config = settings.transformer
+    proj = PostNormRowParallelLinear if settings.post_self_attn_layernorm else RowParallelLinear
+    if config.multi_latent_attention:
+        return ModuleSpec(
+            module=MLASelfAttention,
+            params={"attn_mask_type": AttnMaskType.causal},
+            submodules=MLASelfAttentionSubmodules(
+                linear_q_proj=ColumnParallelLinear,
+                # duplicated, not column-parallel: megatron-core's column-parallel path
+                # gathers the shared rope key without summing its gradient over the heads
+                # of the other TP ranks; the duplicated path all-gathers it along the
+                # sequence, whose backward does
+                linear_q_down_proj=DuplicatedLinear,
+                linear_q_up_proj=ColumnParallelLinear,
+                linear_kv_down_proj=DuplicatedLinear,
+                linear_kv_up_proj=ColumnParallelLinear,
+                core_attention=PackedAttention,
+                linear_proj=proj,
+                q_layernorm=LatentRMSNorm if config.qk_layernorm else IdentityOp,
+                kv_layernorm=LatentRMSNorm if config.qk_layernorm else IdentityOp,
+            ),
+        )
+    norm = RMSNorm if config.qk_layernorm else IdentityOp
+    return ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=ColumnParallelLinear,
+            core_attention=PackedAttention,
+            linear_proj=proj,
+            q_layernorm=norm,
+            k_layernorm=norm,
+        ),
+    )
+
+
+def _mlp_spec(settings: MegatronSettings, moe: bool) -> ModuleSpec:
+    fc2 = PostNormRowParallelLinear if settings.post_mlp_layernorm else RowParallelLinear
+    dense = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=fc2)
+    if not moe:
+        return ModuleSpec(module=MLP, submodules=dense)
+    plain = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    shared = None
+    if settings.transformer.moe_shared_expert_intermediate_size:
+        shared = ModuleSpec(module=SharedExpertMLP, submodules=plain)
+    return ModuleSpec(
+        module=MoELayer,
+        submodules=MoESubmodules(
+            experts=ModuleSpec(module=SequentialMLP, submodules=plain), shared_experts=shared
+        ),
+    )
+
+
+def layer_spec(settings: MegatronSettings, moe: bool) -> ModuleSpec:
+    """One transformer layer: pre-norm attention and MLP (dense or MoE)."""
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=RMSNorm,
+            self_attention=_attention_spec(settings),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=RMSNorm,
+            mlp=_mlp_spec(settings, moe),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
+
+
+def stage_layers(settings: MegatronSettings, pp_rank: int | None = None) -> range:
+    """Global indices (from 0) of the decoder layers on a pipeline stage (default: this one)."""
+    config = settings.transformer
+    offset = get_transformer_layer_offset(config, pp_rank=pp_rank)
+    count = get_num_layers_to_build(config, pp_rank=pp_rank)
+    return range(offset, offset + count)
+
+
+def block_spec(settings: MegatronSettings) -> TransformerBlockSubmodules:
+    pattern = settings.moe_layer_pattern or (0,) * settings.transformer.num_layers
+    specs = [layer_spec(settings, bool(pattern[i])) for i in stage_layers(settings)]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)
+
+
+def build_gpt_model(settings: MegatronSettings) -> GPTModel:
+    """This stage's GPTModel (process groups must be initialised)."""
+    gpt = settings.gpt
+    return GPTModel(
+        config=settings.transformer,
+        transformer_layer_spec=block_spec(settings),
+        vocab_size=gpt.vocab_size,
+        max_sequence_length=gpt.max_sequence_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=gpt.share_embeddings_and_output_weights,
+        position_embedding_type=gpt.position_embedding_type,
+        rotary_percent=gpt.rotary_percent,
+        rotary_base=gpt.rotary_base,
+    )

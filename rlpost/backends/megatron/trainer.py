@@ -1,0 +1,386 @@
+"""MegatronTrainer: policy-gradient training of a megatron-core GPTModel under the plan's layout.
+
+The same interface and metrics as the torch backend (TorchTrainer), the same losses and
+advantages (rlpost.algo). One process per train GPU; every public method is collective: all
+ranks call it, with the same rollout. Tensor, pipeline (1F1B), context, expert and data
+parallelism come from the ParallelLayout; the distributed optimizer shards Adam over DP x CP.
+On a machine without CUDA everything runs on CPU over gloo (see compat.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel
+from megatron.core.optimizer import get_megatron_optimizer
+from torch import Tensor
+
+from rlpost.algo.advantages import compute_advantages, get_estimator, needs_reference_kl
+from rlpost.algo.losses import LossInputs, compute_kl, compute_loss, reduction_weights
+from rlpost.backends.megatron.batches import MicroBatch, build_micro_batch
+from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat
+from rlpost.backends.megatron.config import megatron_settings
+from rlpost.backends.megatron.convert import (
+    ModelWeights,
+    iter_hf_weights,
+    load_hf_weights,
+    load_torch_dist,
+)
+from rlpost.backends.megatron.distributed import ProcessPlace, destroy_parallel, init_parallel
+from rlpost.backends.megatron.export import export_hf_folder
+from rlpost.backends.megatron.hf_files import HFCheckpoint
+from rlpost.backends.megatron.layers import _GatherSequence
+from rlpost.backends.megatron.logits import vocab_parallel_logprobs
+from rlpost.backends.megatron.provider import build_gpt_model
+from rlpost.backends.megatron.schedule import finalize_grads, run_micro_batches
+from rlpost.backends.megatron.steps import SampleTensors, StepPlan, equalize, micro_batches, plan_steps
+from rlpost.backends.torch_trainer.forward import sample_loss_mask, sample_rollout_logp, validate_sample
+from rlpost.backends.torch_trainer.optim import check_schedule, lr_at_step
+from rlpost.backends.torch_trainer.trainer import TokenStats
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+Which = Literal["actor", "ref"]
+NO_CLIP = 1e30  # clip_grad 0 means "report the norm, never clip"
+
+
+def _cat(parts: Sequence[Tensor | None]) -> Tensor | None:
+    return None if any(p is None for p in parts) else torch.cat(list(parts))  # type: ignore[arg-type]
+
+
+class MegatronTrainer:
+    """Trainer backend on megatron-core: actor (DDP + distributed optimizer), optional frozen
+    reference, all parallelism from `layout` (the plan's `parallel`)."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        algo: AlgoConfig,
+        optim: OptimConfig,
+        train: TrainConfig,
+        layout: ParallelLayout,
+        *,
+        rollout_temperature: float = 1.0,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        num_threads: int | None = None,
+        reuse_logprobs_single_step: bool = True,
+        seed: int = 1234,
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        check_schedule(optim)
+        self.model_config, self.algo, self.optim, self.train = model, algo, optim, train
+        self.layout, self.temperature = layout, rollout_temperature
+        self.policy_loss_kind = get_estimator(algo.advantage_estimator).policy_loss
+        self.reuse_logprobs_single_step = reuse_logprobs_single_step
+        self.step = 0
+        on_gpu = not needs_cpu_compat()
+        self.settings = megatron_settings(model, layout, optim, on_gpu=on_gpu)
+        with cpu_compat():
+            init_parallel(
+                ProcessPlace(rank, world_size, master_addr, master_port),
+                self.settings.parallel,
+                seed,
+            )
+            self.weights = ModelWeights.current(model, self.settings)
+            module = self._load(build_gpt_model(self.settings), model.load)
+            config = self.settings.transformer
+            self.model = DistributedDataParallel(config, self.settings.ddp, module)
+            config.finalize_model_grads_func = finalize_grads
+            config.no_sync_func = self.model.no_sync
+            self.optimizer = get_megatron_optimizer(self._optimizer_config(on_gpu), [self.model])
+            wants_ref = algo.use_kl_loss or needs_reference_kl(algo)
+            self.ref_model = self._frozen(model.ref_load) if wants_ref else None
+
+    # ---- construction ------------------------------------------------------------------------
+
+    def _load(self, module: torch.nn.Module, torch_dist_dir: str | None) -> torch.nn.Module:
+        """Weights from a torch_dist checkpoint when given, else from model.hf_checkpoint."""
+        if torch_dist_dir and (Path(torch_dist_dir) / "metadata.json").is_file():
+            load_torch_dist(module, torch_dist_dir)
+            return module
+        ckpt = HFCheckpoint(self.model_config.hf_checkpoint)
+        try:
+            load_hf_weights(module, ckpt, self.weights)
+        finally:
+            ckpt.close()
+        return module
+
+    def _frozen(self, torch_dist_dir: str | None) -> torch.nn.Module:
+        module = self._load(build_gpt_model(self.settings), torch_dist_dir)
+        for p in module.parameters():
+            p.requires_grad_(False)
+        return module.eval()
+
+    def _optimizer_config(self, on_gpu: bool) -> Any:
+        config = self.settings.optimizer
+        assert config is not None
+        changes: dict[str, Any] = {}
+        if self.optim.clip_grad == 0:
+            changes["clip_grad"] = NO_CLIP
+        if not on_gpu:  # host-memory Adam and TE's fused Adam need a GPU
+            changes |= {
+                "optimizer_cpu_offload": False,
+                "overlap_cpu_optimizer_d2h_h2d": False,
+                "use_precision_aware_optimizer": False,
+            }
+        return dataclasses.replace(config, **changes) if changes else config
+
+    # ---- packing -------------------------------------------------------------------------------
+
+    def _build(self, batch: Sequence[TrainSample], bins: list[list[int]]) -> list[MicroBatch]:
+        return [
+            build_micro_batch(
+                [batch[i] for i in mb],
+                mb,
+                cp_rank=ps.get_context_parallel_rank(),
+                cp_size=ps.get_context_parallel_world_size(),
+                tp_size=ps.get_tensor_model_parallel_world_size(),
+                sequence_parallel=self.layout.sequence_parallel,
+            )
+            for mb in bins
+        ]
+
+    def _response_values(self, mb: MicroBatch, values: Tensor) -> Tensor:
+        """Per-local-token values -> the micro-batch's response tokens, sample by sample."""
+        cp_group = ps.get_context_parallel_group()
+        if ps.get_context_parallel_world_size() > 1:
+            values = _GatherSequence.apply(values, cp_group)
+        return values[mb.response_index]
+
+    def _token_outputs(self, mb: MicroBatch, output: Tensor, entropy: str) -> tuple[Tensor, Tensor | None]:
+        out = vocab_parallel_logprobs(
+            output[0], mb.targets, self.settings.gpt.true_vocab_size, self.temperature, entropy
+        )
+        ent = None if out.entropy is None else self._response_values(mb, out.entropy)
+        return self._response_values(mb, out.logp), ent
+
+    # ---- logprobs without gradients ----------------------------------------------------------
+
+    def compute_token_stats(
+        self, batch: Sequence[TrainSample], which: Which = "actor", with_entropy: bool = True
+    ) -> TokenStats:
+        """Per-sample response-token logprobs (and entropy, actor only), no gradients.
+
+        Collective; each rank gets the values of the batch it passed.
+        """
+        model = self.model if which == "actor" else self.ref_model
+        if model is None:
+            raise ValueError("no reference model is loaded: it is loaded only for KL terms")
+        for index, sample in enumerate(batch):
+            validate_sample(sample, index)
+        mode = "detached" if with_entropy and which == "actor" else "none"
+        lengths = [s.length for s in batch]
+        bins = micro_batches(lengths, self.train, ps.get_context_parallel_world_size())
+        bins = equalize([bins], lengths, self.layout.ep > 1)[0]
+
+        def collect(mb: MicroBatch, output: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            logp, ent = self._token_outputs(mb, output, mode)
+            return output.new_zeros(()), {"logp": logp, "entropy": ent}
+
+        with cpu_compat(), torch.no_grad():
+            model.eval()
+            mbs = self._build(batch, bins)
+            outputs = run_micro_batches(model, mbs, collect, True)
+            outputs = _from_last_stage(outputs)
+        logprobs: list[Tensor] = [torch.empty(0)] * len(batch)
+        entropy: list[Tensor] = [torch.empty(0)] * len(batch)
+        for mb, out in zip(mbs, outputs, strict=True):
+            for i, value in zip(mb.samples, mb.split(out["logp"]), strict=True):
+                logprobs[i] = value
+            if out["entropy"] is not None:
+                for i, value in zip(mb.samples, mb.split(out["entropy"]), strict=True):
+                    entropy[i] = value
+        return TokenStats(logprobs, entropy if mode != "none" else None)
+
+    def compute_logprobs(self, batch: Sequence[TrainSample], which: Which = "actor") -> list[Tensor]:
+        return self.compute_token_stats(batch, which, with_entropy=False).logprobs
+
+    # ---- training ------------------------------------------------------------------------------
+
+    def _dp_sum(self, tensor: Tensor) -> Tensor:
+        if ps.get_data_parallel_world_size() > 1:
+            dist.all_reduce(tensor, group=ps.get_data_parallel_group())
+        return tensor
+
+    def _prepare(self, batch: Sequence[TrainSample], mine: list[int], reuse: bool) -> dict[int, SampleTensors]:
+        """Old/ref logprobs and advantages of this rank's samples, before any update."""
+        samples = [batch[i] for i in mine]
+        masks = [sample_loss_mask(s) for s in samples]
+        old = None if reuse else self.compute_logprobs(samples, "actor")
+        ref = self.compute_logprobs(samples, "ref") if self.ref_model is not None else None
+        kls = None
+        if needs_reference_kl(self.algo) and old is not None and ref is not None:
+            kls = [compute_kl(o, r, self.algo.kl_loss_type) for o, r in zip(old, ref, strict=True)]
+        rewards = [s.reward for s in samples]
+        advantages = compute_advantages(rewards, masks, self.algo, kls, reduce=self._dp_sum)
+        return {
+            index: SampleTensors(
+                mask=masks[k],
+                advantages=advantages[k],
+                old_logp=None if old is None else old[k],
+                ref_logp=None if ref is None else ref[k],
+                rollout_logp=sample_rollout_logp(samples[k]),
+            )
+            for k, index in enumerate(mine)
+        }
+
+    def _metric_names(self) -> list[str]:
+        names = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl"]
+        return names + (["tis_weight"] if self.algo.use_tis else [])
+
+    def _train_loss(
+        self, data: dict[int, SampleTensors], denominator: float, mb: MicroBatch, output: Tensor
+    ) -> tuple[Tensor, dict[str, Any]]:
+        names = self._metric_names()
+        if not mb.samples:  # an evening-out micro-batch: no sample, no gradient
+            return output.sum() * 0.0, {"metrics": torch.zeros(len(names), dtype=torch.float64)}
+        entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
+        logp, entropy = self._token_outputs(mb, output, entropy_mode)
+        assert entropy is not None
+        rows = [data[i] for i in mb.samples]
+        mask = torch.cat([r.mask for r in rows])
+        old_logp = _cat([r.old_logp for r in rows])
+        inputs = LossInputs(
+            logp=logp,
+            old_logp=logp.detach() if old_logp is None else old_logp,
+            advantages=torch.cat([r.advantages for r in rows]),
+            weights=reduction_weights(mb.segment_ids, mask, self.algo.loss_reduction, denominator),
+            segment_ids=mb.segment_ids,
+            mask=mask,
+            entropy=entropy,
+            ref_logp=_cat([r.ref_logp for r in rows]),
+            rollout_logp=_cat([r.rollout_logp for r in rows]),
+        )
+        result = compute_loss(inputs, self.algo, self.policy_loss_kind)
+        metrics = torch.tensor([result.metrics[n] for n in names], dtype=torch.float64)
+        # every CP rank computes the whole loss from gathered values; their gradients add up
+        return result.loss / ps.get_context_parallel_world_size(), {"metrics": metrics}
+
+    def _optimizer_step(
+        self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
+    ) -> dict[str, float]:
+        names = self._metric_names()
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        mbs = self._build(batch, plan.micro_batches)
+        outputs = run_micro_batches(
+            self.model, mbs, lambda mb, out: self._train_loss(data, plan.denominator, mb, out), False
+        )
+        lr = lr_at_step(self.step, self.optim)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        _, grad_norm, _ = self.optimizer.step()
+        self.step += 1
+        sums = torch.zeros(len(names), dtype=torch.float64)
+        if ps.get_context_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0:
+            for out in outputs:
+                sums += out["metrics"]
+        dist.all_reduce(sums)
+        return {**dict(zip(names, sums.tolist(), strict=True)), "grad_norm": float(grad_norm), "lr": lr}
+
+    def train_step(self, batch: Sequence[TrainSample]) -> dict[str, float]:
+        """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics."""
+        start = time.perf_counter()
+        for index, sample in enumerate(batch):
+            validate_sample(sample, index)
+        with cpu_compat():
+            plans = self._plans(batch)
+            mine = sorted(i for plan in plans for micro in plan.micro_batches for i in micro)
+            reuse = (
+                self.reuse_logprobs_single_step
+                and len(plans) == 1
+                and not needs_reference_kl(self.algo)
+            )
+            data = self._prepare(batch, mine, reuse)
+            prepared = time.perf_counter()
+            steps = [self._optimizer_step(batch, plan, data) for plan in plans]
+        elapsed = time.perf_counter() - start
+        metrics = {f"train/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+        metrics["train/lr"] = steps[-1]["lr"]
+        tokens = sum(s.length for s in batch)
+        micro = sum(len(p.micro_batches) for p in plans)
+        metrics.update(
+            {
+                "train/optimizer_steps": float(len(plans)),
+                "train/micro_batches": float(micro),
+                "train/prepare_time_s": prepared - start,
+                "train/time_s": elapsed,
+                "train/samples_per_s": len(batch) / elapsed,
+                "train/tokens_per_s": tokens / elapsed,
+            }
+        )
+        efficiencies = [p.efficiency for p in plans if p.efficiency is not None]
+        if efficiencies:
+            metrics["train/packing_efficiency"] = sum(efficiencies) / len(efficiencies)
+        return metrics
+
+    def _plans(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
+        plans = plan_steps(
+            batch,
+            self.train,
+            self.algo,
+            ps.get_data_parallel_rank(),
+            ps.get_data_parallel_world_size(),
+            ps.get_context_parallel_world_size(),
+        )
+        lengths = [s.length for s in batch]
+        even = equalize([p.micro_batches for p in plans], lengths, self.layout.ep > 1)
+        return [dataclasses.replace(p, micro_batches=b) for p, b in zip(plans, even, strict=True)]
+
+    # ---- weights and checkpoints ---------------------------------------------------------------
+
+    def iter_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
+        """The policy in HF names, gathered over TP/EP/PP, in buckets of <= bucket_bytes.
+        Collective: every rank must consume every bucket."""
+        with cpu_compat():
+            yield from iter_hf_weights(self.model.module, self.weights, bucket_bytes)
+
+    def export_hf(self, out_dir: str | Path) -> Path:
+        """Rank 0 writes the policy as an HF folder; every rank returns once it is there."""
+        out = Path(out_dir)
+        with cpu_compat():
+            buckets = iter_hf_weights(self.model.module, self.weights)
+            export_hf_folder(buckets, self.model_config, out, write=dist.get_rank() == 0)
+            dist.barrier()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard of the model and optimizer (ranks differ: save every rank's)."""
+        return {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": {"step": self.step},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with cpu_compat():
+            self.model.module.load_state_dict(state["model"], strict=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["scheduler"]["step"])
+
+    def close(self) -> None:
+        destroy_parallel()
+
+
+def _from_last_stage(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last pipeline stage's per-micro-batch outputs, on every stage."""
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return outputs
+    group = ps.get_pipeline_model_parallel_group()
+    last = dist.get_process_group_ranks(group)[-1]
+    box = [outputs if dist.get_rank() == last else None]
+    dist.broadcast_object_list(box, src=last, group=group)
+    return box[0]  # type: ignore[return-value]

@@ -1,0 +1,136 @@
+"""One engine server process on this host: start it from its spec, wait for it, stop it.
+
+Used inside an EngineActor (in the engine's Ray bundle, so on the right node) and directly
+where no Ray cluster is wanted. The process runs in a session of its own so that stopping it
+also ends the workers it spawned (SGLang starts a scheduler per GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from rlpost.backends.sglang.launch import EngineSpec, engine_backend
+
+
+class EngineStartError(RuntimeError):
+    """An engine process exited or stayed unhealthy while starting."""
+
+
+def is_port_free(port: int, host: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EngineProcess:
+    """The server process of one (engine, node); start() may be called again after stop()."""
+
+    def __init__(self, spec: EngineSpec, extra_env: dict[str, str] | None = None) -> None:
+        self.spec = spec
+        self.backend = engine_backend(spec.backend)
+        self.extra_env = dict(extra_env or {})
+        self.port = spec.port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url(self.port)
+
+    def command(self) -> list[str]:
+        return self.backend.command(self.spec, self.port)
+
+    def start(self) -> str:
+        """Launch; the head returns its URL once healthy, other nodes once launched."""
+        if self.is_alive():
+            raise EngineStartError(f"engine {self.spec.index} is already running")
+        spec = self.spec
+        # The plan's port when free here; a restart may find it still held (or taken).
+        self.port = spec.port if is_port_free(spec.port, spec.host) else free_port(spec.host)
+        env = {**os.environ, **self.backend.env(spec), **self.extra_env}
+        Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "ab") as log:
+            log.write(f"\n=== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.starts += 1
+        if spec.is_head:
+            self.wait_healthy(spec.startup_timeout_s)
+        return self.url
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            if not self.is_alive():
+                code = self.proc.returncode if self.proc is not None else None
+                raise EngineStartError(
+                    f"engine {self.spec.index} exited with {code} while starting; "
+                    f"see {self.spec.log_path}"
+                )
+            try:
+                url = self.url + self.backend.health_path
+                with urllib.request.urlopen(url, timeout=30) as reply:
+                    if reply.status == 200:
+                        return
+                    last = f"HTTP {reply.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                last = str(exc)
+            time.sleep(0.2)
+        raise EngineStartError(
+            f"engine {self.spec.index} not healthy after {timeout_s} s ({last}); "
+            f"see {self.spec.log_path}"
+        )
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to the process group, SIGKILL after `grace_s`; a no-op when not running."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        # Children of a killed parent (SGLang schedulers) may still hold the GPU or the port.
+        self._signal_group(proc, signal.SIGKILL)
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)

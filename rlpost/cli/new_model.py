@@ -1,0 +1,135 @@
+"""`rlpost new model --from-hf DIR`: a model YAML drawn from an HF checkpoint's config.json.
+
+    rlpost new model --from-hf /ckpt/Qwen3-8B                    # -> conf/model/qwen3-8b.yaml
+    rlpost new model --from-hf /ckpt/Qwen3-8B --config-dir my_configs --name qwen3-8b-sft
+    rlpost new model --from-hf /ckpt/Qwen3-8B --out -             # print it
+
+The file holds every architecture fact, is validated by the schema and compared with the
+same config.json (rlpost.config.hf_check) before it is written, and points `hf_checkpoint` at
+DIR, so `rlpost validate` compares it with the checkpoint again from then on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlpost.cli.hf_model import HFConfig, model_fields
+from rlpost.cli.target import add_config_dir_argument
+from rlpost.cli.yaml_text import block_lines
+from rlpost.errors import Issue, UserError
+
+HELP = "write a model YAML from a Hugging Face config.json"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+CHECKPOINT_KEYS = ("hf_checkpoint", "ref_load", "load", "save")
+SECTION_KEYS = ("rope_scaling", "mla", "moe")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from-hf", required=True, metavar="DIR", help="HF checkpoint folder")
+    parser.add_argument("--name", help="config name (default: DIR's name, lower-cased)")
+    parser.add_argument(
+        "--hf-checkpoint",
+        metavar="PATH",
+        help="where runs read the checkpoint (default: DIR); ref_load, load and save follow it",
+    )
+    parser.add_argument("--description", help="one line (default: drawn from the architecture)")
+    add_config_dir_argument(parser)
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        help="file to write, or - for stdout (default: <config dir, or ./conf>/model/<name>.yaml)",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+
+def check_name(name: str, what: str) -> str:
+    if NAME_PATTERN.match(name):
+        return name
+    raise UserError(
+        [
+            Issue(
+                key="NAME",
+                value=name,
+                message=f"'{name}' cannot name a {what} file (letters, digits, '_', '.', '-')",
+                fix="choose a name like qwen3-8b-sft",
+            )
+        ],
+        title="command-line error",
+    )
+
+
+def render_model_yaml(fields: Mapping[str, Any], source: str) -> str:
+    """The file text: a header, the architecture, then the checkpoint locations."""
+    head = {k: v for k, v in fields.items() if k not in CHECKPOINT_KEYS + SECTION_KEYS}
+    sections = {k: fields[k] for k in SECTION_KEYS if k in fields}
+    paths = {k: fields[k] for k in CHECKPOINT_KEYS}
+    header = [
+        f"# Drawn by `rlpost new model --from-hf` from {source}'s config.json. Validation",
+        "# compares each architecture field with <hf_checkpoint>/config.json when it exists.",
+    ]
+    lines = header + block_lines(head) + block_lines(sections) + [""] + block_lines(paths)
+    return "\n".join(lines) + "\n"
+
+
+def output_path(out: str | None, config_dir: str | None, group: str, name: str) -> Path | None:
+    """--out, else <config dir, or ./conf>/<group>/<name>.yaml; None for stdout."""
+    if out == "-":
+        return None
+    if out:
+        return Path(out)
+    return Path(config_dir or "conf") / group / f"{name}.yaml"
+
+
+def write_text(path: Path | None, text: str, force: bool) -> None:
+    """Print (path None) or write `text`, refusing to overwrite unless forced."""
+    if path is None:
+        print(text, end="")
+        return
+    if path.exists() and not force:
+        raise UserError(
+            [
+                Issue(
+                    key="--out",
+                    value=str(path),
+                    message=f"{path} already exists",
+                    fix="pass --force to overwrite it, or --out another path",
+                )
+            ],
+            title="command-line error",
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(
+            [
+                Issue(
+                    key="--out",
+                    value=str(path),
+                    message=f"cannot write it: {exc.strerror or exc}",
+                    fix="choose a writable --out path or --config-dir",
+                )
+            ],
+            title="command-line error",
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    source = Path(args.from_hf)
+    hf = HFConfig.read(source)
+    folder = source if source.is_dir() else source.parent
+    name = check_name(args.name or folder.resolve().name.lower(), "model")
+    checkpoint = args.hf_checkpoint or str(folder.resolve())
+    fields = model_fields(hf, name, checkpoint, args.description)
+    text = render_model_yaml(fields, str(fields["hf_architecture"]))
+    path = output_path(args.out, args.config_dir, "model", name)
+    write_text(path, text, args.force)
+    if path is not None:
+        where = f"--config-dir {args.config_dir} " if args.config_dir else ""
+        print(f"wrote {path}: {fields['description']}")
+        print(f"check it in a run: rlpost validate {where}model={name} recipe=... hardware=...")
+    return 0

@@ -1,0 +1,237 @@
+"""`rlpost new recipe NAME --from BASE KEY=VALUE...`: a recipe holding only its differences.
+
+    rlpost new recipe my_grpo --from grpo_dapo rollout.max_response_len=4096 optim.lr=2e-6 \\
+        --config-dir my_configs                   # -> my_configs/recipe/my_grpo.yaml
+
+The file starts with `defaults: [BASE, _self_]`, so everything else stays BASE's and follows
+it when BASE changes. Keys are checked against the schema (did-you-mean on a typo), values
+equal to BASE's are dropped, and the merged recipe is validated before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlpost.cli.new_model import check_name, output_path, write_text
+from rlpost.cli.target import add_config_dir_argument
+from rlpost.cli.yaml_text import block_lines, scalar_text
+from rlpost.config.overrides import group_options, search_roots
+from rlpost.config.sources import SourceMap
+from rlpost.errors import Issue, Location, UserError, did_you_mean
+
+HELP = "write a recipe that extends another one with only the differences"
+DESCRIPTION_MAX = 100
+
+
+@dataclass(frozen=True)
+class Change:
+    """One KEY=VALUE, relative to the recipe section."""
+
+    key: str
+    value: Any
+    token: str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the new recipe's name")
+    parser.add_argument(
+        "--from", dest="base", required=True, metavar="BASE", help="recipe to extend"
+    )
+    parser.add_argument(
+        "changes", nargs="*", metavar="KEY=VALUE", help="recipe keys to change, e.g. optim.lr=2e-6"
+    )
+    parser.add_argument("--description", help="one line (default: BASE plus the changes)")
+    add_config_dir_argument(parser)
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        help="file to write, or - for stdout (default: <config dir, or ./conf>/recipe/<name>.yaml)",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+
+def _command_line_error(issues: Sequence[Issue]) -> UserError:
+    return UserError(issues, title="command-line error")
+
+
+def _check_base(base: str, config_dir: str | None) -> None:
+    options = group_options(search_roots(config_dir), "recipe")
+    if base in options:
+        return
+    raise _command_line_error(
+        [
+            Issue(
+                key="--from",
+                value=base,
+                message=f"no recipe '{base}' on the search path.{did_you_mean(base, options)}",
+                fix=f"choose one of: {', '.join(options)}",
+                location=Location(override=f"--from {base}"),
+            )
+        ]
+    )
+
+
+def parse_changes(tokens: Sequence[str]) -> list[Change]:
+    """KEY=VALUE tokens (KEY relative to recipe, or starting with 'recipe.'), schema-checked."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from rlpost.config.keys import find_unknown
+
+    parser, changes, issues = OverridesParser.create(), [], []
+    for token in tokens:
+        where = Location(override=token)
+        try:
+            parsed = parser.parse_override(token.lstrip("+"))
+        except HydraException as exc:
+            issues.append(
+                Issue(
+                    token,
+                    f"cannot parse it: {str(exc).splitlines()[0]}",
+                    "write KEY=VALUE, e.g. optim.lr=2e-6",
+                    location=where,
+                )
+            )
+            continue
+        key = parsed.key_or_group.removeprefix("recipe.")
+        if parsed.is_delete() or parsed.is_sweep_override():
+            issues.append(
+                Issue(
+                    key,
+                    "a recipe file can only set values",
+                    "write KEY=VALUE (null to clear a value)",
+                    location=where,
+                )
+            )
+            continue
+        unknown = find_unknown(f"recipe.{key}")
+        if unknown is not None:
+            issues.append(
+                Issue(
+                    unknown.path,
+                    unknown.describe(),
+                    unknown.fix(),
+                    value=parsed.value(),
+                    location=where,
+                )
+            )
+            continue
+        changes.append(Change(key, parsed.value(), token))
+    if issues:
+        raise _command_line_error(issues)
+    return changes
+
+
+def _compose_base(base: str, config_dir: str | None) -> Any:
+    """The composed run config with `recipe=base` (other groups at their defaults)."""
+    import yaml  # type: ignore[import-untyped]
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    from rlpost.config.resolvers import register_resolvers
+    from rlpost.config.search_path import composition_issues, hydra_session
+
+    register_resolvers()
+    with hydra_session(config_dir):
+        try:
+            return compose("config", overrides=[f"recipe={base}"])
+        except (HydraException, OSError, yaml.YAMLError) as exc:
+            raise UserError(composition_issues(exc, search_roots(config_dir))) from None
+
+
+def _differences(cfg: Any, changes: Sequence[Change]) -> list[Change]:
+    """The changes whose value is not already the base's."""
+    from omegaconf import OmegaConf
+
+    from rlpost.config.diagnostics import value_at
+
+    base = OmegaConf.to_container(cfg.recipe, resolve=False)
+    return [c for c in changes if value_at(base, c.key) != c.value]
+
+
+class _RecipeErrors:
+    """A recipe ValidationError seen from the run config's root (locations under 'recipe')."""
+
+    def __init__(self, exc: Any) -> None:
+        self.exc = exc
+
+    def errors(self) -> list[Any]:
+        return [{**err, "loc": ("recipe", *err["loc"])} for err in self.exc.errors()]
+
+
+def validate_merged(cfg: Any, name: str, description: str, changes: Sequence[Change]) -> None:
+    """The base with `changes` applied must validate as a recipe."""
+    from omegaconf import OmegaConf
+    from pydantic import ValidationError
+
+    from rlpost.config.diagnostics import issues_from_validation_error
+    from rlpost.schema import RecipeConfig
+
+    for change in [Change("name", name, ""), Change("description", description, ""), *changes]:
+        OmegaConf.update(cfg, f"recipe.{change.key}", change.value, force_add=True)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    try:
+        RecipeConfig.model_validate(data["recipe"])
+    except ValidationError as exc:
+        where = {f"recipe.{c.key}": Location(override=c.token) for c in changes}
+        issues = issues_from_validation_error(_RecipeErrors(exc), data, SourceMap(where))  # type: ignore[arg-type]
+        raise UserError(issues) from None
+
+
+def nest(changes: Sequence[Change]) -> dict[str, Any]:
+    """Dotted keys as nested mappings, in the order given."""
+    tree: dict[str, Any] = {}
+    for change in changes:
+        *parents, leaf = change.key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = change.value
+    return tree
+
+
+def default_description(base: str, changes: Sequence[Change]) -> str:
+    if not changes:
+        return f"a copy of {base}"
+    text = f"{base} with " + ", ".join(f"{c.key}={scalar_text(c.value)}" for c in changes)
+    return text if len(text) <= DESCRIPTION_MAX else text[: DESCRIPTION_MAX - 3] + "..."
+
+
+def render_recipe_yaml(name: str, base: str, description: str, changes: Sequence[Change]) -> str:
+    lines = [
+        f"# {name}: only what differs from {base}; every other value is {base}'s (see them",
+        f"# with `rlpost show recipe={name} ...`).",
+        "defaults:",
+        f"  - {base}",
+        "  - _self_",
+        "",
+        *block_lines({"name": name, "description": description}),
+    ]
+    tree = nest(changes)
+    for section, values in tree.items():
+        lines += ["", *block_lines({section: values})]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlpost.config.search_path import check_config_dir
+
+    name = check_name(args.name, "recipe")
+    check_config_dir(args.config_dir)
+    _check_base(args.base, args.config_dir)
+    changes = parse_changes(args.changes)
+    cfg = _compose_base(args.base, args.config_dir)
+    kept = _differences(cfg, changes)
+    description = args.description or default_description(args.base, kept)
+    validate_merged(cfg, name, description, kept)
+    path = output_path(args.out, args.config_dir, "recipe", name)
+    write_text(path, render_recipe_yaml(name, args.base, description, kept), args.force)
+    if path is not None:
+        dropped = len(changes) - len(kept)
+        note = f" ({dropped} change(s) equal to {args.base}'s were left out)" if dropped else ""
+        print(f"wrote {path}: {description}{note}")
+    return 0

@@ -1,0 +1,251 @@
+"""Hydra's config search path outside `@hydra.main`, and its composition failures as Issues.
+
+The launcher's search path is: Hydra's own configs, conf/ (the main dir), a `--config-dir`
+(Hydra inserts it after the main dir, so a user file named like a shipped one is shadowed by
+it), then the `hydra.searchpath` entries of the primary config or the command line.
+`hydra_session` builds exactly that for callers that are not a `@hydra.main` task
+(`rlpost validate`, `rlpost show`, tests), so they find the same files the launcher does.
+
+Hydra reports a misspelled defaults entry or broken YAML in a user's file with a stack trace
+or a bare "Could not load"; `composition_issues` turns those into Issues at the file and line,
+with did-you-mean from the group's options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]
+
+from rlpost.config.sources import CONF_DIR, ConfigRoot, display_path, find_config
+from rlpost.errors import Issue, Location, UserError, did_you_mean
+
+CHOICES_SHOWN = 12
+_IN_PARENT = re.compile(r"In '([^']+)': Could not (?:load|find)")
+
+
+def _session(elements: Iterable[tuple[str, str]]) -> contextlib.AbstractContextManager[None]:
+    """Initialize Hydra's global state on `elements` (provider, url), restoring it after."""
+    from hydra import version
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    from hydra._internal.hydra import Hydra
+    from hydra.core.plugins import Plugins
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    Plugins.instance()  # registers the file:// and pkg:// config sources
+
+    @contextlib.contextmanager
+    def session() -> Iterator[None]:
+        backup = get_gh_backup()
+        version.setbase(None)
+        search_path = ConfigSearchPathImpl()
+        for provider, url in elements:
+            search_path.append(provider, url)
+        Hydra.create_main_hydra2(task_name="rlpost", config_search_path=search_path)
+        try:
+            yield
+        finally:
+            restore_gh_from_backup(backup)
+
+    return session()
+
+
+def check_config_dir(config_dir: str | Path | None) -> None:
+    """UserError when a `--config-dir` is given but is not a directory."""
+    if config_dir is None or Path(config_dir).is_dir():
+        return
+    raise UserError(
+        [
+            Issue(
+                key="--config-dir",
+                value=str(config_dir),
+                message=f"{Path(config_dir).resolve()} is not a directory",
+                fix="pass the folder that holds your model/, recipe/ and hardware/ folders",
+                location=Location(override=f"--config-dir {config_dir}"),
+            )
+        ],
+        title="command-line error",
+    )
+
+
+def launcher_search_path(
+    config_dir: str | Path | None = None, main_dir: str | Path = CONF_DIR
+) -> list[tuple[str, str]]:
+    """(provider, url) pairs in the order `@hydra.main` builds them for the launcher."""
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    search_path = create_config_search_path(str(Path(main_dir).resolve()))
+    if config_dir is not None:
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{Path(config_dir).resolve()}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    return [(element.provider, element.path) for element in search_path.get_path()]
+
+
+def hydra_session(
+    config_dir: str | Path | None = None, main_dir: str | Path = CONF_DIR
+) -> contextlib.AbstractContextManager[None]:
+    """Hydra initialized as the launcher is: conf/ (or `main_dir`), then `config_dir`."""
+    check_config_dir(config_dir)
+    return _session(launcher_search_path(config_dir, main_dir))
+
+
+def session_from_sources(
+    config_sources: Iterable[Mapping[str, Any]],
+) -> contextlib.AbstractContextManager[None]:
+    """Hydra initialized on a composed job's `hydra.runtime.config_sources`, in their order."""
+    elements = []
+    for source in config_sources:
+        path, scheme = str(source["path"]), str(source["schema"])
+        elements.append((str(source["provider"]), path if "://" in path else f"{scheme}://{path}"))
+    return _session(elements)
+
+
+def primary_searchpath(roots: Sequence[ConfigRoot], config_name: str) -> list[str]:
+    """The `hydra.searchpath` a primary config file lists (Hydra reads it from there)."""
+    found = find_config(roots, config_name)
+    if found is None:
+        return []
+    try:
+        data = yaml.safe_load(found.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return []  # reported when Hydra loads it
+    hydra = data.get("hydra") if isinstance(data, dict) else None
+    entries = hydra.get("searchpath") if isinstance(hydra, dict) else None
+    if not isinstance(entries, list):
+        return []
+    from omegaconf import OmegaConf
+
+    try:  # entries may use ${oc.env:...}, as Hydra allows
+        resolved = OmegaConf.to_container(OmegaConf.create({"p": entries}), resolve=True)
+        entries = resolved["p"] if isinstance(resolved, dict) else entries
+    except Exception:  # an unresolvable entry fails in Hydra with its own message
+        pass
+    return [str(entry) for entry in entries]
+
+
+# --- composition failures ---------------------------------------------------------------
+
+
+def _yaml_error(exc: BaseException) -> yaml.YAMLError | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, yaml.YAMLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _yaml_issue(error: yaml.YAMLError) -> Issue:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    file = display_path(mark.name) if mark is not None else None
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None)
+    return Issue(
+        key="(YAML syntax)",
+        message=f"{file or 'a config file'} is not valid YAML: {problem}"
+        + (f" ({context})" if context else ""),
+        fix="correct the YAML at that line (an unclosed bracket or quote, or a tab used "
+        "for indentation, are the usual causes)",
+        location=Location(file=file, line=line),
+    )
+
+
+def _defaults_line(text: str, name: str) -> int | None:
+    """The line of the defaults entry that names `name` (or ends in '/name')."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    for key, value in root.value:
+        if key.value != "defaults" or not isinstance(value, yaml.SequenceNode):
+            continue
+        for item in value.value:
+            scalars = [item] if isinstance(item, yaml.ScalarNode) else []
+            if isinstance(item, yaml.MappingNode):
+                scalars = [v for _, v in item.value if isinstance(v, yaml.ScalarNode)]
+            for scalar in scalars:
+                written = str(scalar.value)
+                if written == name or written.endswith(f"/{name}"):
+                    return int(scalar.start_mark.line) + 1
+    return None
+
+
+def _missing_issue(missing: str, parent: str | None, roots: Sequence[ConfigRoot]) -> Issue:
+    from rlpost.config.overrides import group_options
+
+    group, _, name = missing.rpartition("/")
+    options = group_options(roots, group) if group else []
+    location = None
+    parent_file = find_config(roots, parent) if parent else None
+    if parent_file is not None:
+        line = _defaults_line(parent_file.read_text(encoding="utf-8"), name)
+        location = Location(file=display_path(parent_file), line=line)
+    shown = ", ".join(options[:CHOICES_SHOWN]) + (" ..." if len(options) > CHOICES_SHOWN else "")
+    fix = (
+        f"choose one of: {shown} (files {group}/<name>.yaml on the search path)"
+        if options
+        else f"create {missing}.yaml in a config dir on the search path"
+    )
+    return Issue(
+        key="defaults",
+        value=name,
+        message=f"the defaults list names '{name}', but group '{group or '(top level)'}' has "
+        f"no such config.{did_you_mean(name, options)}",
+        fix=fix,
+        location=location,
+    )
+
+
+def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[Issue]:
+    """Hydra's composition failure as Issues located in the file at fault."""
+    from hydra.errors import MissingConfigException
+
+    error = _yaml_error(exc)
+    if error is not None:
+        return [_yaml_issue(error)]
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
+        parent = _IN_PARENT.match(str(exc))
+        return [_missing_issue(exc.missing_cfg_file, parent.group(1) if parent else None, roots)]
+    text = str(exc).strip().split("\n\n")[0] or type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        text += f": {str(cause).strip().splitlines()[0]}"
+    return [
+        Issue(
+            key="defaults",
+            message=f"Hydra could not compose the config: {text}",
+            fix="check the group choices, the defaults lists and the YAML syntax of the "
+            "files named above",
+        )
+    ]
+
+
+def check_composition(
+    config_name: str,
+    overrides: Sequence[str],
+    roots: Sequence[ConfigRoot],
+    config_dir: str | Path | None = None,
+    main_dir: str | Path = CONF_DIR,
+) -> None:
+    """Compute the defaults list the launcher will compose; UserError on any failure."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    with hydra_session(config_dir, main_dir):
+        loader = GlobalHydra.instance().config_loader()
+        try:
+            loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
+        except (HydraException, OSError, yaml.YAMLError) as exc:
+            raise UserError(composition_issues(exc, roots)) from None

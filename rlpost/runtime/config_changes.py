@@ -1,0 +1,161 @@
+"""What changed between two resolved configs, and which changes a resumed run cannot take.
+
+Configs are compared as flat `dotted.key -> value` maps of the resolved YAML a run writes
+(config.yaml in the run and in every checkpoint). Imports nothing heavy: the config_diff tool
+and the resume check both use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlpost.errors import Issue, UserError
+
+MISSING = "<absent>"
+
+# Architecture fields: saved weights of one value do not load into a model of another.
+SHAPE_FIELDS = (
+    "model.family",
+    "model.hf_architecture",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.ffn_hidden_size",
+    "model.num_attention_heads",
+    "model.num_query_groups",
+    "model.kv_channels",
+    "model.vocab_size",
+    "model.qk_layernorm",
+    "model.add_qkv_bias",
+    "model.add_bias_linear",
+    "model.post_self_attn_layernorm",
+    "model.post_mlp_layernorm",
+    "model.tie_word_embeddings",
+    "model.activation",
+    "model.mtp_num_layers",
+    "model.moe",
+    "model.mla",
+    # the saved state is in this backend's own format
+    "trainer.backend",
+)
+
+# Keys that say how this launch runs, not what the run is.
+IGNORED_ON_RESUME = ("run.resume", "run.progress", "mode", "plan.format")
+
+NOTES = {
+    "recipe.data": "the prompt order after the resume differs from the original run's",
+    "run.seed": "sampling after the resume differs from the original run's",
+    "recipe.rollout.num_rollout": "the run now ends at the new count",
+    "run.dir": "the run continues in a new directory (a fork of the checkpoint's run)",
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    before: Any
+    after: Any
+
+    def render(self) -> str:
+        note = note_for(self.key)
+        tail = f"   ({note})" if note else ""
+        return f"  {self.key}: {_show(self.before)} -> {_show(self.after)}{tail}"
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay whole values (a list is one setting)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def diff_configs(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Change]:
+    """Every leaf that differs, sorted by key; a key on one side only shows as <absent>."""
+    a, b = flatten(before), flatten(after)
+    return [
+        Change(key, a.get(key, MISSING), b.get(key, MISSING))
+        for key in sorted(set(a) | set(b))
+        if a.get(key, MISSING) != b.get(key, MISSING)
+    ]
+
+
+def _matches(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def note_for(key: str) -> str | None:
+    for prefix, note in NOTES.items():
+        if _matches(key, (prefix,)):
+            return note
+    return None
+
+
+def _show(value: Any) -> str:
+    return value if value == MISSING else repr(value)
+
+
+@dataclass(frozen=True)
+class ParallelChange:
+    """A change of the saved training grid (tp, pp, ...): `resharded` when loading copes."""
+
+    key: str
+    before: int
+    after: int
+    resharded: bool
+
+
+def parallel_changes(
+    before: Mapping[str, Any], after: Mapping[str, Any], replicated_dp: bool
+) -> list[ParallelChange]:
+    """Differences of the plans' parallel grids. With `replicated_dp` (the torch trainer:
+    every DP rank holds the whole model and optimizer) a DP change loads rank 0's copy."""
+    changes = []
+    for key in ("tp", "pp", "cp", "ep", "etp", "dp"):
+        old, new = before.get(key), after.get(key)
+        if old is not None and new is not None and old != new:
+            changes.append(ParallelChange(key, old, new, key == "dp" and replicated_dp))
+    return changes
+
+
+def check_resume_changes(
+    changes: Sequence[Change], grid: Sequence[ParallelChange], checkpoint: str
+) -> list[Change]:
+    """The reportable changes; UserError (exit 2) for any that would break the run."""
+    reported = [c for c in changes if not _matches(c.key, IGNORED_ON_RESUME)]
+    issues = [
+        Issue(
+            key=c.key,
+            value=c.after,
+            message=f"is {_show(c.before)} in checkpoint {checkpoint}: the saved weights "
+            "have another shape (or another backend's format) and cannot be loaded",
+            fix=f"set {c.key}={_show(c.before)} to resume, or start a new run in another "
+            "run.dir (run.resume=null), loading the exported HF weights as model.hf_checkpoint",
+        )
+        for c in reported
+        if _matches(c.key, SHAPE_FIELDS)
+    ]
+    issues += [
+        Issue(
+            key=f"layout.train.{g.key}",
+            value=g.after,
+            message=f"the checkpoint was saved with {g.key}={g.before}; this trainer cannot "
+            "reshard saved state to another parallel layout",
+            fix=f"resume with {g.key}={g.before} (set layout.train.{g.key}), or export the "
+            "checkpoint to HF (tools/export_hf.py) and start a new run from it",
+        )
+        for g in grid
+        if not g.resharded
+    ]
+    if issues:
+        raise UserError(issues, title="change that prevents resuming")
+    return reported
+
+
+def render_changes(changes: Sequence[Change]) -> str:
+    return "\n".join(c.render() for c in changes)

@@ -1,0 +1,200 @@
+"""What a checkpoint holds: the loop's position, the partial-rollout buffer, RNG states, and
+each train rank's model and optimizer.
+
+    rollout_<n>/
+      loop.json          rollouts done, data position (epoch, offset, seed), tracker run ids,
+                         eval history, the trainer's backend and parallel grid
+      buffer.pkl         partial-rollout groups waiting for a later rollout (pickled samples)
+      rng/driver.pt      python and torch RNG of the driver
+      rng/rank_<r>.pt    python and torch RNG of train rank r
+      trainer/rank_0.pt  model, optimizer and scheduler step
+      config.yaml        the resolved config; provenance.json: overrides, git revision, packages
+
+With the torch trainer every data-parallel rank holds an identical replica of the model and
+the optimizer (gradients are summed before every step), so rank 0's copy is the state of all
+ranks and only it is written; it loads into any number of ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlpost.data.source import DataSourceState, Group
+from rlpost.runtime.checkpoint import write_synced
+
+LOOP_FILE = "loop.json"
+BUFFER_FILE = "buffer.pkl"
+DRIVER_RNG_FILE = "rng/driver.pt"
+CONFIG_FILE = "config.yaml"
+PROVENANCE_FILE = "provenance.json"
+STATE_RANK = 0
+
+
+def trainer_file(rank: int) -> str:
+    return f"trainer/rank_{rank}.pt"
+
+
+def rank_rng_file(rank: int) -> str:
+    return f"rng/rank_{rank}.pt"
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Where the loop stands after `rollouts_done` rollouts; JSON in loop.json."""
+
+    rollouts_done: int
+    data: DataSourceState
+    wandb_run_id: str | None = None
+    tensorboard_step: int = 0
+    eval_history: list[dict[str, Any]] = field(default_factory=list)
+    trainer_backend: str = "torch"
+    parallel: dict[str, Any] = field(default_factory=dict)
+    train_ranks: int = 1
+    optimizer_saved: bool = True
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> LoopState:
+        raw = json.loads(text)
+        raw["data"] = DataSourceState(**raw["data"])
+        return cls(**raw)
+
+
+# ---- RNG ----------------------------------------------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import torch
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_torch(obj: Any, path: Path) -> None:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_synced(path, buffer.getvalue())
+
+
+def _load_torch(path: Path) -> Any:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ---- the driver's part --------------------------------------------------------------------
+
+
+def write_driver_state(
+    staging: Path, state: LoopState, buffer: list[Group], config_yaml: str, provenance: str
+) -> None:
+    write_synced(staging / LOOP_FILE, state.to_json().encode())
+    write_synced(staging / BUFFER_FILE, pickle.dumps(buffer, protocol=pickle.HIGHEST_PROTOCOL))
+    write_synced(staging / CONFIG_FILE, config_yaml.encode())
+    write_synced(staging / PROVENANCE_FILE, provenance.encode())
+    _save_torch(capture_rng(), staging / DRIVER_RNG_FILE)
+
+
+def read_loop_state(path: Path) -> LoopState:
+    return LoopState.from_json((path / LOOP_FILE).read_text(encoding="utf-8"))
+
+
+def read_buffer(path: Path) -> list[Group]:
+    # Only read from a checkpoint whose manifest hashes were verified: our own bytes.
+    groups: list[Group] = pickle.loads((path / BUFFER_FILE).read_bytes())
+    return groups
+
+
+def restore_driver_rng(path: Path) -> None:
+    restore_rng(_load_torch(path / DRIVER_RNG_FILE))
+
+
+# ---- each train rank's part (runs inside the rank's actor) --------------------------------
+
+
+def save_rank_state(actor: Any, staging: str, rank: int, with_optimizer: bool) -> None:
+    """Rank 0 writes model, optimizer and step; every rank writes its RNG."""
+    root = Path(staging)
+    if rank == STATE_RANK:
+        state = actor.state_dict()
+        if not with_optimizer:
+            state.pop("optimizer")
+        _save_torch(state, root / trainer_file(STATE_RANK))
+    _save_torch(capture_rng(), root / rank_rng_file(rank))
+
+
+def load_rank_state(actor: Any, checkpoint: str, rank: int) -> bool:
+    """Load rank 0's model and optimizer into this rank, and this rank's RNG when saved.
+
+    Returns whether an RNG state was found for this rank (not when the run has more ranks
+    than the saved one).
+    """
+    root = Path(checkpoint)
+    state = _load_torch(root / trainer_file(STATE_RANK))
+    if "optimizer" not in state:  # saved with save_optimizer=false: Adam starts over
+        state["optimizer"] = actor.state_dict()["optimizer"]
+    actor.load_state_dict(state)
+    rng_path = root / rank_rng_file(rank)
+    if rng_path.is_file():
+        restore_rng(_load_torch(rng_path))
+        return True
+    return False
+
+
+def use_deterministic_algorithms(actor: Any) -> None:
+    """Deterministic kernels in this process (a rank's actor, or the driver with None)."""
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+
+
+# ---- the policy of a saved checkpoint as an HF folder -------------------------------------
+
+
+def base_model_dir(checkpoint: Path) -> Path:
+    """The HF folder the run's trainer started from (its config and tokenizer files)."""
+    import yaml
+
+    config = yaml.safe_load((checkpoint / CONFIG_FILE).read_text(encoding="utf-8"))
+    model = config["model"]
+    return Path(model.get("load") or model["hf_checkpoint"])
+
+
+def export_checkpoint_hf(checkpoint: Path, out_dir: Path, base_model: Path | None = None) -> Path:
+    """Write a verified checkpoint's policy to `out_dir` as an HF folder.
+
+    The architecture, tokenizer and generation files come from `base_model` (default: the
+    run's model.load or model.hf_checkpoint); the weights from trainer/rank_0.pt.
+    """
+    from rlpost.backends.torch_trainer.model_io import export_hf, load_causal_lm
+    from rlpost.runtime.checkpoint import verify
+
+    verify(checkpoint)
+    base = base_model or base_model_dir(checkpoint)
+    model = load_causal_lm(base)
+    state = _load_torch(checkpoint / trainer_file(STATE_RANK))
+    model.load_state_dict(state["model"])
+    return export_hf(model, base, out_dir)

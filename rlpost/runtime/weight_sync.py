@@ -1,0 +1,373 @@
+"""Trainer weights to the engines, three ways, behind one small interface.
+
+- disk: rank 0 writes an HF folder, every engine loads it (update_weights_from_disk); works
+  everywhere, and the folder of the last version is what a restarted engine reloads.
+- tensor (colocated GPUs): each train rank flattens size-bounded buckets on its GPU and
+  passes CUDA IPC handles; the engine sharing those GPUs maps them without a copy
+  (update_weights_from_tensor).
+- distributed (decoupled GPUs): train rank 0 and every engine rank form one NCCL group;
+  buckets are broadcast while each engine receives (update_weights_from_distributed).
+
+`update_engines` wraps any of them: generation paused, cache flushed, weights pushed, each
+engine's version checked, generation resumed; then an optional logprob probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import shutil
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlpost.backends.sglang import trainer_side
+from rlpost.backends.sglang.buckets import WeightInfo, plan_buckets
+from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
+
+log = logging.getLogger(__name__)
+
+TrainerCall = Callable[..., Awaitable[Any]]
+"""`call(rank, fn, *args)`: run `fn(trainer, *args)` on train rank `rank`."""
+
+
+class WeightSync(Protocol):
+    """Sends the trainer's current weights to some engines, labelled `version`."""
+
+    async def push(self, version: int, worker_urls: Sequence[str]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class WeightSyncError(RuntimeError):
+    """Engines that did not take the weights, or that serve other weights than the trainer."""
+
+
+def choose_weight_sync(configured: str, hardware_kind: str, colocate: bool) -> str:
+    """engine.weight_sync=auto: tensor when colocated on GPUs, distributed when decoupled on
+    GPUs, disk on CPU. Tensor sync needs CUDA; asking for it on CPU is an error."""
+    if configured == "auto":
+        if hardware_kind != "gpu":
+            return "disk"
+        return "tensor" if colocate else "distributed"
+    if configured == "tensor" and hardware_kind != "gpu":
+        raise ValueError(
+            "engine.weight_sync=tensor passes CUDA IPC handles, and hardware.kind is "
+            f"{hardware_kind}; use engine.weight_sync=disk (or distributed, over gloo)"
+        )
+    if configured == "tensor" and not colocate:
+        raise ValueError(
+            "engine.weight_sync=tensor needs the engines on the trainer's GPUs "
+            "(layout.colocate: true); decoupled runs use engine.weight_sync=distributed"
+        )
+    return configured
+
+
+# ---- disk -------------------------------------------------------------------------------
+
+
+class DiskSync:
+    """Rank 0 exports `weights_dir/v<version>` once per version; engines load it. Only the
+    newest folder is kept: it is what a restarted engine catches up from."""
+
+    def __init__(
+        self, client: EngineClient, call: TrainerCall, num_ranks: int, weights_dir: Path
+    ) -> None:
+        self.client, self.call, self.num_ranks = client, call, num_ranks
+        self.weights_dir = weights_dir
+        self.exported: int | None = None
+
+    def folder(self, version: int) -> Path:
+        return self.weights_dir / f"v{version}"
+
+    async def push(self, version: int, worker_urls: Sequence[str]) -> None:
+        target = self.folder(version)
+        if self.exported != version:
+            # Every rank enters (the export ends in a barrier); rank 0 writes.
+            await asyncio.gather(
+                *(self.call(r, _export, str(target)) for r in range(self.num_ranks))
+            )
+            if self.exported is not None:
+                shutil.rmtree(self.folder(self.exported), ignore_errors=True)
+            self.exported = version
+        await self.client.update_weights_from_disk(
+            str(target), weight_version=str(version), worker_urls=worker_urls
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+def _export(trainer: Any, out_dir: str) -> str:
+    return str(trainer.export_hf(out_dir))
+
+
+# ---- shared by the bucketed ways ----------------------------------------------------------
+
+
+async def _weight_buckets(call: TrainerCall, bucket_bytes: int) -> list[list[WeightInfo]]:
+    layout: list[WeightInfo] = await call(0, trainer_side.weight_layout)
+    return plan_buckets(layout, bucket_bytes)
+
+
+def _check_answers(answers: Sequence[Any], what: str) -> None:
+    failed = [a for a in answers if not (isinstance(a, Mapping) and a.get("success", True))]
+    if failed:
+        raise WeightSyncError(f"{what} failed on {len(failed)} engine(s): {failed[:2]}")
+
+
+# ---- tensor (colocated, CUDA IPC) ---------------------------------------------------------
+
+
+class TensorSync:
+    """Bucket by bucket: every train rank flattens it on its GPU and hands out an IPC
+    handle; each engine gets, per TP rank, the handle from the train rank on that GPU."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        call: TrainerCall,
+        num_ranks: int,
+        engine_ranks: Callable[[str], Sequence[int]],
+        bucket_bytes: int,
+    ) -> None:
+        self.client, self.call, self.num_ranks = client, call, num_ranks
+        self.engine_ranks = engine_ranks
+        self.bucket_bytes = bucket_bytes
+
+    async def push(self, version: int, worker_urls: Sequence[str]) -> None:
+        buckets = await _weight_buckets(self.call, self.bucket_bytes)
+        ranks = range(self.num_ranks)
+        try:
+            for number, bucket in enumerate(buckets):
+                names = [w.name for w in bucket]
+                payloads = await asyncio.gather(
+                    *(self.call(r, trainer_side.tensor_bucket_payload, names) for r in ranks)
+                )
+                last = number == len(buckets) - 1
+                answers = await asyncio.gather(
+                    *(
+                        self.client.post(url, "/update_weights_from_tensor", {
+                            "serialized_named_tensors": [
+                                payloads[r] for r in self.engine_ranks(url)
+                            ],
+                            "load_format": "flattened_bucket",
+                            "flush_cache": last,
+                            "weight_version": str(version) if last else None,
+                        })
+                        for url in worker_urls
+                    )
+                )  # fmt: skip
+                _check_answers(answers, "update_weights_from_tensor")
+                await asyncio.gather(*(self.call(r, trainer_side.release_bucket) for r in ranks))
+        finally:
+            await asyncio.gather(*(self.call(r, trainer_side.release_bucket) for r in ranks))
+
+    async def close(self) -> None:
+        return None
+
+
+# ---- distributed (one group: train rank 0 + every engine rank) --------------------------
+
+
+class DistributedSync:
+    """Forms the group for the engines being pushed to (again whenever that set changes,
+    e.g. after a restart), then broadcasts bucket by bucket while each engine receives."""
+
+    _names = itertools.count()
+
+    def __init__(
+        self,
+        client: EngineClient,
+        call: TrainerCall,
+        *,
+        gpus_per_engine: int,
+        bucket_bytes: int,
+        backend: str = "nccl",
+        multi_node: bool = False,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.client, self.call = client, call
+        self.gpus_per_engine = gpus_per_engine
+        self.bucket_bytes = bucket_bytes
+        self.backend = backend
+        self.multi_node = multi_node
+        self.timeout_s = timeout_s
+        self.group_name: str | None = None
+        self.group_urls: tuple[str, ...] = ()
+
+    async def push(self, version: int, worker_urls: Sequence[str]) -> None:
+        await self._form_group(tuple(worker_urls))
+        buckets = await _weight_buckets(self.call, self.bucket_bytes)
+        for number, bucket in enumerate(buckets):
+            last = number == len(buckets) - 1
+            body = {
+                "names": [w.name for w in bucket],
+                "dtypes": [w.dtype for w in bucket],
+                "shapes": [list(w.shape) for w in bucket],
+                "group_name": self.group_name,
+                "flush_cache": last,
+                "weight_version": str(version) if last else None,
+            }
+            sends = self.call(0, trainer_side.broadcast_bucket, self.group_name, body["names"])
+            receives = [
+                self.client.post(u, "/update_weights_from_distributed", body) for u in worker_urls
+            ]
+            answers = await asyncio.gather(sends, *receives)
+            _check_answers(answers[1:], "update_weights_from_distributed")
+
+    async def _form_group(self, urls: tuple[str, ...]) -> None:
+        if self.group_name is not None and urls == self.group_urls:
+            return
+        await self.close()
+        name = f"rlpost_weights_{next(self._names)}"
+        address = await self.call(0, trainer_side.update_group_address, self.multi_node)
+        world = 1 + len(urls) * self.gpus_per_engine
+        joins = [
+            self.client.post(url, "/init_weights_update_group", {
+                "master_address": address[0],
+                "master_port": address[1],
+                "rank_offset": 1 + i * self.gpus_per_engine,
+                "world_size": world,
+                "group_name": name,
+                "backend": self.backend,
+            })
+            for i, url in enumerate(urls)
+        ]  # fmt: skip
+        host = self.call(
+            0, trainer_side.join_update_group, address, world, name, self.backend, self.timeout_s
+        )
+        answers = await asyncio.gather(host, *joins)
+        _check_answers(answers[1:], "init_weights_update_group")
+        self.group_name, self.group_urls = name, urls
+        log.info("weight-update group %s: %d ranks at %s:%d", name, world, *address)
+
+    async def close(self) -> None:
+        """Leave the current group; engines that died with it are not asked."""
+        name, urls = self.group_name, self.group_urls
+        self.group_name, self.group_urls = None, ()
+        if name is None:
+            return
+        leaving = [
+            self.client.post(u, "/destroy_weights_update_group", {"group_name": name}) for u in urls
+        ]
+        results = await asyncio.gather(*leaving, return_exceptions=True)
+        for url, result in zip(urls, results, strict=True):
+            if isinstance(result, BaseException):
+                log.info("engine %s did not leave group %s: %s", url, name, result)
+        await self.call(0, trainer_side.leave_update_group, name)
+
+
+# ---- choosing one --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyncContext:
+    """What any of the ways may need; each takes its part."""
+
+    client: EngineClient
+    call: TrainerCall
+    num_ranks: int
+    weights_dir: Path
+    bucket_bytes: int
+    gpus_per_engine: int
+    engine_ranks: Callable[[str], Sequence[int]]
+    on_gpu: bool
+    multi_node: bool
+
+
+WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
+    "disk": lambda c: DiskSync(c.client, c.call, c.num_ranks, c.weights_dir),
+    "tensor": lambda c: TensorSync(c.client, c.call, c.num_ranks, c.engine_ranks, c.bucket_bytes),
+    "distributed": lambda c: DistributedSync(
+        c.client,
+        c.call,
+        gpus_per_engine=c.gpus_per_engine,
+        bucket_bytes=c.bucket_bytes,
+        backend="nccl" if c.on_gpu else "gloo",
+        multi_node=c.multi_node,
+    ),
+}
+
+
+def on_trainer(actor: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs inside a TrainActor (through Ray's `__ray_call__`): `fn(its trainer, *args)`."""
+    return fn(actor.trainer, *args)
+
+
+# ---- around every push ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """engine.weight_probe: a short generation whose logprobs the trainer recomputes."""
+
+    prompt_ids: tuple[int, ...]
+    temperature: float
+    tolerance: float
+    max_new_tokens: int = 16
+    seed: int = 0
+
+
+LogprobFn = Callable[[list[int], list[int]], Awaitable[list[float]]]
+"""`reference(prompt_ids, output_ids)`: the trainer's logprobs of output_ids."""
+
+
+async def probe_weights(
+    client: EngineClient, worker_urls: Sequence[str], reference: LogprobFn, probe: ProbeSettings
+) -> dict[str, float]:
+    """Mean absolute logprob difference (trainer vs engine) per engine; raises
+    WeightSyncError when one exceeds the tolerance."""
+    params = {
+        "max_new_tokens": probe.max_new_tokens,
+        "temperature": probe.temperature,
+        "top_p": 1.0,
+        "top_k": -1,
+        "sampling_seed": probe.seed,
+    }
+    prompt = list(probe.prompt_ids)
+    results = await asyncio.gather(*(client.generate_on(u, prompt, params) for u in worker_urls))
+    gaps: dict[str, float] = {}
+    for url, result in zip(worker_urls, results, strict=True):
+        if not result.output_ids:
+            raise WeightSyncError(f"the probe generated nothing on {url}")
+        expected = await reference(prompt, result.output_ids)
+        diffs = [abs(a - b) for a, b in zip(expected, result.output_logprobs, strict=True)]
+        gaps[url] = sum(diffs) / len(diffs)
+    bad = {url: gap for url, gap in gaps.items() if gap > probe.tolerance}
+    if bad:
+        raise WeightSyncError(
+            f"after the weight update, engines disagree with the trainer on the probe prompt: "
+            f"mean |logprob difference| {bad} > engine.weight_probe_tolerance="
+            f"{probe.tolerance}. The engines may serve other weights than the trainer holds "
+            f"(a failed or partial update, or a name mapping that drops tensors)."
+        )
+    return gaps
+
+
+async def verify_versions(client: EngineClient, worker_urls: Sequence[str], version: int) -> None:
+    versions = await asyncio.gather(*(client.get_weight_version(u) for u in worker_urls))
+    stale = {u: v for u, v in zip(worker_urls, versions, strict=True) if v != str(version)}
+    if stale:
+        raise WeightSyncError(f"engines did not switch to weight version {version}: {stale}")
+
+
+async def update_engines(
+    client: EngineClient,
+    sync: WeightSync,
+    worker_urls: Sequence[str],
+    version: int,
+) -> None:
+    """Pause, flush, push, check every engine's version, resume (also after a failure)."""
+    urls = list(worker_urls)
+    await client.pause("abort", urls)
+    try:
+        await client.flush_cache(urls)
+        await sync.push(version, urls)
+        await verify_versions(client, urls, version)
+    except EngineRequestError as exc:
+        raise WeightSyncError(f"weight update to version {version} failed: {exc}") from exc
+    finally:
+        await client.continue_generation(urls)

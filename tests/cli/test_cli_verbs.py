@@ -1,0 +1,214 @@
+"""Each `rlpost` verb, run in-process through main(argv) (and two through the real command)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlpost.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "my_configs"
+TINY = ("model=qwen3-tiny", "recipe=grpo_tiny_math", "hardware=cpu")
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `rlpost ARGV`."""
+    try:
+        main(argv)
+        status = 0
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def rlpost(*argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "rlpost.cli.main", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_ls_lists_shipped_and_user_configs_with_descriptions(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run_main(["ls", "--config-dir", str(EXAMPLES)], capsys)
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0] == "model" and {"recipe", "hardware", "layout"} <= set(lines)
+    qwen = next(line for line in lines if line.split()[:2] == ["qwen3-8b", "shipped"])
+    assert "36 layers" in qwen
+    mine = next(line for line in lines if line.split()[:1] == ["my_grpo"])
+    assert "examples/my_configs" in mine and "(extends grpo_dapo)" in mine
+    layout = next(line for line in lines if line.split()[:1] == ["qwen3-4b_h100x8"])
+    assert "Qwen3-4B on one 8 x H100 node" in layout
+
+
+def test_ls_flags_a_user_file_hidden_by_a_shipped_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "cpu.yaml").write_text("name: cpu\ndescription: mine\n")
+    status, out, _ = run_main(["ls", "hardware", "--config-dir", str(tmp_path)], capsys)
+    assert status == 0
+    mine = [line for line in out.splitlines() if "mine" in line]
+    assert len(mine) == 1 and "never loaded" in mine[0]
+
+
+def test_ls_rejects_an_unknown_group(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_main(["ls", "recipes"], capsys)
+    assert status == 2 and "Did you mean 'recipe'?" in err and "Traceback" not in err
+
+
+def test_validate_prints_a_summary_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_main(["validate", *TINY], capsys)
+    assert status == 0
+    assert out.startswith("rlpost: OK  model=qwen3-tiny recipe=grpo_tiny_math hardware=cpu")
+    assert "checked" in out and "train TP1" in out
+
+
+def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["validate", *TINY, "recipe.rollout.temperature=-1", "trainer.backend=jax"]
+    status, out, err = run_main(argv, capsys)
+    assert status == 2 and out == ""
+    assert "rlpost: 2 configuration errors" in err
+    assert "recipe.rollout.temperature = -1" in err and "trainer.backend = 'jax'" in err
+    assert "Traceback" not in err
+
+
+def test_validate_includes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["validate", "model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x8"]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "no tensor-parallel size fits" in err
+
+
+def test_validate_a_missing_file_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_main(["validate", "nowhere/recipe/x.yaml"], capsys)
+    assert status == 2 and "no such file" in err
+
+
+def test_show_gives_each_value_its_source(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "show",
+        "--config-dir",
+        str(EXAMPLES),
+        "model=qwen3-8b",
+        "recipe=my_grpo",
+        "hardware=a100x4",
+        "recipe.optim.weight_decay=0.05",
+    ]
+    status, out, _ = run_main(argv, capsys)
+    assert status == 0
+    lines = {
+        line.split("#")[0].strip(): line.split("#", 1)[1].strip()
+        for line in out.splitlines()
+        if "#" in line
+    }
+    assert lines["max_response_len: 4096"].endswith("examples/my_configs/recipe/my_grpo.yaml:11")
+    assert lines["n_samples_per_prompt: 8"].endswith("conf/recipe/grpo_dapo.yaml:16")
+    assert lines["weight_decay: 0.05"] == "command line: recipe.optim.weight_decay=0.05"
+    assert lines["backend: auto"] == "default"
+    shown = yaml.safe_load(out)  # the output is the resolved config, as YAML
+    assert shown["recipe"]["optim"]["lr"] == 2e-6 and shown["hardware"]["gpus_per_node"] == 4
+
+
+def test_show_only_one_section(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_main(["show", *TINY, "--only", "recipe.rollout.reward"], capsys)
+    assert status == 0 and out.splitlines()[0] == "reward:"
+    assert "type: math" in out and "grpo_tiny_math.yaml:" in out
+    status, _, err = run_main(["show", *TINY, "--only", "recipe.rollot"], capsys)
+    assert status == 2 and "no section 'recipe.rollot'" in err
+
+
+def test_plan_is_the_launchers_plan_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_main(["plan", *TINY, "plan.format=json"], capsys)
+    assert status == 0
+    assert yaml.safe_load(out)["run"]["model"] == "qwen3-tiny"
+
+
+def test_new_recipe_writes_only_the_differences(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "new",
+        "recipe",
+        "short",
+        "--from",
+        "grpo_dapo",
+        "rollout.max_response_len=2048",
+        "recipe.optim.lr=1e-6",
+        "--config-dir",
+        str(tmp_path),
+    ]
+    status, out, _ = run_main(argv, capsys)
+    assert status == 0 and "1 change(s) equal to grpo_dapo's were left out" in out
+    written = yaml.safe_load((tmp_path / "recipe" / "short.yaml").read_text())
+    assert written == {
+        "defaults": ["grpo_dapo", "_self_"],
+        "name": "short",
+        "description": "grpo_dapo with rollout.max_response_len=2048",
+        "rollout": {"max_response_len": 2048},
+    }
+    status, out, _ = run_main(
+        [
+            "validate",
+            "--config-dir",
+            str(tmp_path),
+            "recipe=short",
+            "model=qwen3-4b",
+            "hardware=h100x8",
+        ],
+        capsys,
+    )
+    assert status == 0 and "recipe=short" in out
+
+
+def test_new_recipe_checks_keys_values_and_the_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["new", "recipe", "x", "--config-dir", str(tmp_path)]
+    status, _, err = run_main([*base, "--from", "grpo_dapo", "rollout.temprature=0.5"], capsys)
+    assert status == 2 and "Did you mean 'temperature'?" in err
+    status, _, err = run_main([*base, "--from", "grpo_dapo", "train.global_batch_size=100"], capsys)
+    assert status == 2 and "(command line: train.global_batch_size=100)" in err
+    status, _, err = run_main([*base, "--from", "grpo_dap"], capsys)
+    assert status == 2 and "Did you mean 'grpo_dapo'?" in err
+    assert not (tmp_path / "recipe").exists()
+
+
+def test_new_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["new", "recipe", "copy", "--from", "grpo_dapo", "--config-dir", str(tmp_path)]
+    assert run_main(argv, capsys)[0] == 0
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "already exists" in err and "--force" in err
+    assert run_main([*argv, "--force"], capsys)[0] == 0
+
+
+def test_an_unknown_command_suggests_the_right_one(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_main(["vaildate"], capsys)
+    assert status == 2 and "Did you mean 'validate'?" in err
+
+
+def test_the_command_validates_a_run_file_end_to_end() -> None:
+    result = rlpost("validate", str(EXAMPLES / "qwen3_8b_a100x4.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert "layout qwen3-8b_a100x4" in result.stdout
+
+
+def test_the_command_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "r.yaml").write_text("defaults:\n  - grpo_dap\n  - _self_\n")
+    result = rlpost("validate", str(tmp_path / "recipe" / "r.yaml"))
+    assert result.returncode == 2
+    assert "Did you mean 'grpo_dapo'?" in result.stderr and "Traceback" not in result.stderr

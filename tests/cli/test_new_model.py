@@ -1,0 +1,320 @@
+"""`rlpost new model --from-hf`: shipped models are its output, and its output validates.
+
+tests/fixtures/hf_configs/<name>/config.json are the published config.json files of the
+shipped models; each conf/model/<name>.yaml must be exactly what the command writes from it.
+Tiny configs saved by transformers itself (the rope_parameters format of transformers 5)
+round-trip through `rlpost validate`, which compares the YAML with the same config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlpost.cli.hf_model import HFConfig, architecture
+from rlpost.cli.main import main
+from rlpost.config.hf_check import compare
+from rlpost.errors import Location
+from rlpost.schema import ModelConfig
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "hf_configs"
+CONF_MODEL = REPO / "conf" / "model"
+
+# name -> (checkpoint folder the shipped YAML points at, published facts to hold it to)
+SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-0.6b": (
+        "/root/Qwen3-0.6B",
+        {"hidden_size": 1024, "num_layers": 28, "kv_channels": 128, "tie_word_embeddings": True},
+    ),
+    "qwen3-1.7b": (
+        "/root/Qwen3-1.7B",
+        {"hidden_size": 2048, "ffn_hidden_size": 6144, "tie_word_embeddings": True},
+    ),
+    "qwen3-8b": (
+        "/root/Qwen3-8B",
+        {"num_layers": 36, "ffn_hidden_size": 12288, "tie_word_embeddings": False},
+    ),
+    "qwen3-30b-a3b": (
+        "/root/Qwen3-30B-A3B",
+        {
+            "num_query_groups": 4,
+            "moe.num_experts": 128,
+            "moe.top_k": 8,
+            "moe.expert_ffn_hidden_size": 768,
+        },
+    ),
+    "llama3.1-8b": (
+        "/root/Llama-3.1-8B",
+        {
+            "vocab_size": 128256,
+            "rotary_base": 500000.0,
+            "rope_scaling.factor": 8.0,
+            "max_position_embeddings": 131072,
+        },
+    ),
+    "deepseek-v3": (
+        "/root/DeepSeek-V3",
+        {
+            "num_layers": 61,
+            "moe.num_experts": 256,
+            "moe.first_k_dense_layers": 3,
+            "mla.kv_lora_rank": 512,
+            "vocab_size": 129280,
+            "rope_scaling.type": "yarn",
+        },
+    ),
+}
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        status = 0
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def field(model: ModelConfig, dotted: str) -> Any:
+    node: Any = model
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_the_shipped_model_is_the_commands_output(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, facts = SHIPPED[name]
+    argv = [
+        "new",
+        "model",
+        "--from-hf",
+        str(FIXTURES / name),
+        "--name",
+        name,
+        "--hf-checkpoint",
+        checkpoint,
+        "--out",
+        "-",
+    ]
+    status, out, _ = run_main(argv, capsys)
+    assert status == 0
+    assert out == (CONF_MODEL / f"{name}.yaml").read_text()
+    model = ModelConfig.model_validate(yaml.safe_load(out))
+    hf = json.loads((FIXTURES / name / "config.json").read_text())
+    assert compare(model, hf, "config.json", lambda key: Location()) == []
+    assert {key: field(model, key) for key in facts} == facts
+
+
+# The HF configs of the two hand-written shipped models (as the hf_check tests state them).
+HAND_WRITTEN = {
+    "qwen3-4b": {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 36,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000,
+        "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+    },
+    "glm4.7-flash": {
+        "model_type": "glm4_moe_lite",
+        "architectures": ["Glm4MoeLiteForCausalLM"],
+        "num_hidden_layers": 47,
+        "hidden_size": 2048,
+        "intermediate_size": 10240,
+        "num_attention_heads": 20,
+        "num_key_value_heads": 20,
+        "vocab_size": 154880,
+        "max_position_embeddings": 202752,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-05,
+        "n_routed_experts": 64,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1536,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 1.8,
+        "n_group": 1,
+        "topk_group": 1,
+        "q_lora_rank": 768,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 192,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 256,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_WRITTEN))
+def test_the_family_traits_reproduce_the_hand_written_models(name: str) -> None:
+    shipped = ModelConfig.model_validate(yaml.safe_load((CONF_MODEL / f"{name}.yaml").read_text()))
+    drawn = architecture(HFConfig(HAND_WRITTEN[name], "config.json"))
+    for key, value in drawn.items():
+        ours = getattr(shipped, key)
+        ours = ours.model_dump() if hasattr(ours, "model_dump") else ours
+        assert ours == (value if not isinstance(value, dict) else {**ours, **value}), key
+
+
+def _tiny_configs() -> dict[str, Any]:
+    from transformers import (
+        DeepseekV3Config,
+        Glm4Config,
+        Glm4MoeConfig,
+        LlamaConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
+
+    small = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        vocab_size=384,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    experts = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    return {
+        "qwen3": Qwen3Config(**small, head_dim=16, tie_word_embeddings=True),
+        "qwen3moe": Qwen3MoeConfig(**small, num_experts=8, norm_topk_prob=True, **experts),
+        "llama": LlamaConfig(
+            **{**small, "max_position_embeddings": 1024},
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256,
+                "rope_theta": 500000.0,
+            },
+        ),
+        "deepseek": DeepseekV3Config(
+            **{**small, "num_key_value_heads": 4},
+            n_routed_experts=8,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_group=2,
+            topk_group=1,
+            **experts,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "mscale": 1.0,
+                "original_max_position_embeddings": 128,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "rope_theta": 10000.0,
+            },
+        ),
+        "glm4": Glm4Config(**small, head_dim=16, attention_bias=True),
+        "glm4moe": Glm4MoeConfig(
+            **small,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            use_qk_norm=True,
+            **experts,
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def saved_tiny_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf")
+    for name, config in _tiny_configs().items():
+        config.save_pretrained(root / name)  # config.json only, as transformers writes it
+    return root
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3moe", "llama", "deepseek", "glm4", "glm4moe"])
+def test_a_saved_tiny_config_round_trips_through_validate(
+    name: str, saved_tiny_configs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user = tmp_path / "my_configs"
+    argv = ["new", "model", "--from-hf", str(saved_tiny_configs / name), "--config-dir", str(user)]
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    written = user / "model" / f"{name}.yaml"
+    assert out.startswith(f"wrote {written}")
+    check = [
+        "validate",
+        "--config-dir",
+        str(user),
+        f"model={name}",
+        "recipe=grpo_tiny_math",
+        "hardware=cpu",
+    ]
+    status, out, err = run_main(check, capsys)
+    assert status == 0, err  # validation compared the YAML with the same config.json
+    data = yaml.safe_load(written.read_text())
+    assert data["hf_checkpoint"] == str(saved_tiny_configs / name)
+    data["hidden_size"] = 96  # now the YAML and its checkpoint disagree
+    written.write_text(yaml.safe_dump(data, sort_keys=False))
+    status, _, err = run_main(check, capsys)
+    assert status == 2
+    assert f"{saved_tiny_configs / name / 'config.json'} says hidden_size=64" in err
+    assert f"({written}:" in err
+
+
+def test_rope_scaling_is_drawn_from_either_format(saved_tiny_configs: Path) -> None:
+    llama = architecture(HFConfig.read(saved_tiny_configs / "llama"))
+    assert llama["rope_scaling"] == {
+        "type": "llama3",
+        "factor": 8.0,
+        "original_max_position_embeddings": 256,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+    }
+    assert llama["hf_architecture"] == "LlamaForCausalLM"  # saved without `architectures`
+    published = architecture(HFConfig.read(FIXTURES / "llama3.1-8b"))
+    assert published["rope_scaling"]["original_max_position_embeddings"] == 8192
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"model_type": "qwen2"}, "Did you mean 'qwen3'?"),
+        ({"use_sliding_window": True}, "sliding-window attention"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "RoPE scaling"),
+        ({"mlp_only_layers": [3]}, "dense layers scattered"),
+    ],
+)
+def test_what_the_schema_cannot_describe_is_refused(
+    change: dict[str, Any], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hf = {**json.loads((FIXTURES / "qwen3-8b" / "config.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
+    assert status == 2 and fragment in err and "Traceback" not in err
+
+
+def test_a_folder_without_config_json_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path)], capsys)
+    assert status == 2 and "config.json does not exist" in err

@@ -1,0 +1,234 @@
+"""Kill a run at any moment, resume it, and get what an uninterrupted run gets.
+
+Every run here is deterministic (run.deterministic=true): engines sample each request with a
+seed derived from (run seed, rollout, sample), so the per-rollout metrics of a run that was
+SIGKILLed and resumed must equal those of a run that never stopped, value for value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOKS = ROOT / "tests" / "hooks_fixtures"
+NUM_ROLLOUT = 5
+# Wall-clock figures, and anything computed from them, differ between any two runs.
+TIMING_WORDS = ("time", "per_s")
+
+
+def load_builder() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "build_tiny_assets", ROOT / "tools" / "build_tiny_assets.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random (not warm-started) model of conf/model/qwen3-tiny.yaml's shape, and data."""
+    out = tmp_path_factory.mktemp("assets")
+    builder = load_builder()
+    train, evaluation = builder.split_problems(7)
+    builder.write_jsonl(out / "train.jsonl", train[:64])
+    builder.write_jsonl(out / "eval.jsonl", evaluation[:8])
+    tokenizer = builder.train_tokenizer(train)
+    builder.save_model(builder.build_model(tokenizer, 7), tokenizer, out / "model")
+    return out
+
+
+def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
+    vocab_size = json.loads((assets / "model" / "config.json").read_text())["vocab_size"]
+    return [
+        f"model.hf_checkpoint={assets / 'model'}",
+        f"model.vocab_size={vocab_size}",
+        f"recipe.data.prompt_data={assets / 'train.jsonl'}",
+        f"recipe.eval.datasets=[{{name: arith, path: {assets / 'eval.jsonl'}}}]",
+        "recipe.eval.interval=2",
+        f"recipe.rollout.num_rollout={NUM_ROLLOUT}",
+        "recipe.rollout.batch_size=4",
+        "recipe.rollout.n_samples_per_prompt=4",
+        "recipe.rollout.max_response_len=12",
+        "recipe.train.global_batch_size=16",
+        # a reward a random model earns unevenly, so every rollout changes the weights
+        "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+        "recipe.save.interval=1",
+        "recipe.save.keep_last=3",
+        "recipe.save.save_hf_interval=2",
+        "run.deterministic=true",
+        "run.progress=false",
+        f"run.dir={run_dir}",
+        f"hydra.run.dir={run_dir.parent / 'hydra'}",  # keep Hydra's own folder out of the repo
+        *extra,
+    ]
+
+
+def command(args: Sequence[str]) -> list[str]:
+    return [sys.executable, str(ROOT / "launch.py"), *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(HOOKS), "WANDB_SILENT": "true"}
+
+
+def launch(args: Sequence[str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(args), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def start(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """A launch in its own session, so that it and everything it starts can be killed."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command(args), cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def session_members(session_id: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session_id:  # fields after the name: state ppid pgrp session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def kill_run(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launch and every process of its session (Ray, engines, trainers)."""
+    for pid in [proc.pid, *session_members(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while session_members(proc.pid) and time.monotonic() < deadline:
+        for pid in session_members(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def wait_for(predicate: object, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            kill_run(proc)
+            raise AssertionError(f"timed out:\n{log.read_text()[-3000:]}")
+        time.sleep(0.002)
+
+
+def comparable(run_dir: Path) -> list[dict[str, object]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [
+        {k: v for k, v in json.loads(line).items() if not any(w in k for w in TIMING_WORDS)}
+        for line in lines
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    done = launch(overrides(assets, run_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def test_run_killed_at_a_random_moment_resumes_with_identical_metrics(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = overrides(assets, run_dir, "tracking.wandb.enabled=true", "tracking.wandb.mode=offline")
+    proc = start(args, tmp_path / "first.log")
+    wait_for(lambda: (run_dir / "ckpt" / "rollout_1").is_dir(), proc, tmp_path / "first.log", 240)
+    delay_s = random.Random().uniform(0.0, 3.0)
+    time.sleep(delay_s)
+    assert proc.poll() is None, "the run finished before the kill; lower the delay"
+    kill_run(proc)
+    killed_at = len(comparable(run_dir))
+
+    resumed = launch([*args, "run.resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout, resumed.stdout
+    assert comparable(run_dir) == comparable(reference), f"killed after {delay_s:.2f} s"
+
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    restart = launches[1]["start_rollout"]
+    assert [x["start_rollout"] for x in launches] == [0, restart] and 1 <= restart <= killed_at
+    # one wandb run, continued; TensorBoard keeps one value per step, the resumed one
+    wandb_runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2 and len({name.rsplit("-", 1)[1] for name in wandb_runs}) == 1
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("rollout/reward_mean")
+    expected = comparable(reference)
+    assert [s.step for s in scalars] == [r["rollout_id"] for r in expected]
+    assert [s.value for s in scalars] == pytest.approx([r["rollout/reward_mean"] for r in expected])
+    assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [
+        "rollout_2", "rollout_4", "rollout_5"
+    ]  # fmt: skip
+
+
+def test_kill_during_a_save_resumes_from_the_previous_checkpoint(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = overrides(assets, run_dir)
+    log = tmp_path / "first.log"
+    proc = start(args, log)
+    ckpt = run_dir / "ckpt"
+    wait_for(lambda: (ckpt / "tmp-3").exists(), proc, log, 240)
+    kill_run(proc)
+    assert (ckpt / "tmp-3").is_dir(), "the save finished before the kill landed"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["rollout_1", "rollout_2", "tmp-3"]
+
+    resumed = launch([*args, "run.resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "tmp-3 is a save that did not finish; ignored" in resumed.stdout
+    assert f"resuming from {ckpt / 'rollout_2'}" in resumed.stdout
+    assert comparable(run_dir) == comparable(reference)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["rollout_3", "rollout_4", "rollout_5"]
+
+
+def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "rollout_5"
+    shutil.copytree(reference / "ckpt" / "rollout_5", broken)
+    weights = broken / "trainer" / "rank_0.pt"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    refused = launch(overrides(assets, tmp_path / "fork", f"run.resume={broken}"))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "does not match its sha256" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "fork").exists()
+
+    finished = launch(overrides(assets, reference, "run.resume=auto"))
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "nothing to train" in finished.stdout

@@ -1,0 +1,103 @@
+"""tools/plot_run.py draws every panel for overlaid runs; tools/config_diff.py shows only
+the keys that differ; tools/export_hf.py is covered in tests/unit/runtime/test_hf_export.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(run_dir: Path, reward_slope: float, config: dict[str, object]) -> Path:
+    run_dir.mkdir(parents=True)
+    records = []
+    for i in range(6):
+        record = {
+            "rollout_id": i,
+            "rollout/reward_mean": reward_slope * i,
+            "train/kl": 0.01 * i,
+            "train/entropy": 2.0 - 0.1 * i,
+            "perf/step_time_s": 1.0 + 0.05 * i,
+        }
+        if i % 2 == 0:
+            record["eval/arith/accuracy"] = 0.1 * i
+            record["eval/aime/accuracy"] = 0.05 * i
+        records.append(json.dumps(record))
+    (run_dir / "metrics.jsonl").write_text("\n".join(records) + "\n")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    return run_dir
+
+
+CONFIG = {
+    "recipe": {"optim": {"lr": 1e-4, "betas": [0.9, 0.98]}, "rollout": {"num_rollout": 6}},
+    "run": {"seed": 1},
+}
+
+
+@pytest.fixture()
+def runs(tmp_path: Path) -> list[Path]:
+    other = {**CONFIG, "recipe": {**CONFIG["recipe"], "optim": {"lr": 3e-4, "betas": [0.9, 0.98]}}}  # type: ignore[dict-item]
+    return [
+        write_run(tmp_path / "sweep" / "0", 0.1, CONFIG),
+        write_run(tmp_path / "sweep" / "1", 0.2, {**other, "tracking": {"wandb": True}}),
+    ]
+
+
+def test_plot_overlays_runs_in_every_panel(runs: list[Path], tmp_path: Path) -> None:
+    tool = load_tool("plot_run")
+    out = tmp_path / "curves.png"
+    assert tool.main([str(p) for p in runs] + ["-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    records = [json.loads(line) for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
+    for panel in tool.PANELS:
+        assert tool.series(records, panel.key), panel.title
+    evals = tool.series(records, "eval/*/accuracy")
+    assert sorted(evals) == ["eval/aime/accuracy", "eval/arith/accuracy"]
+    assert evals["eval/arith/accuracy"][0] == [0, 2, 4]
+    assert tool.run_labels(runs) == ["0", "1"]
+
+
+def test_plot_defaults_to_the_first_run_and_refuses_a_non_run(
+    runs: list[Path], tmp_path: Path
+) -> None:
+    tool = load_tool("plot_run")
+    assert tool.main([str(runs[0])]) == 0 and (runs[0] / "curves.png").is_file()
+    assert tool.main([str(tmp_path)]) == 2
+
+
+def test_config_diff_shows_only_the_differences(
+    runs: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    tool = load_tool("config_diff")
+    assert tool.main([str(runs[0]), str(runs[1])]) == 1
+    out = capsys.readouterr().out
+    lines = [line.split() for line in out.splitlines()[2:-1]]
+    assert lines == [
+        ["recipe.optim.lr", "0.0001", "0.0003"],
+        ["tracking.wandb", "<absent>", "true"],
+    ]
+    assert "num_rollout" not in out and "seed" not in out
+    assert tool.main([str(runs[0]), str(runs[0] / "config.yaml")]) == 0
+
+
+def test_config_diff_reports_an_unreadable_argument(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert load_tool("config_diff").main([str(runs[0]), str(tmp_path / "nothing")]) == 2
+    assert "has no config.yaml" in capsys.readouterr().err

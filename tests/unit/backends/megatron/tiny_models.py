@@ -1,0 +1,230 @@
+"""Tiny random HF checkpoints of each architecture the Megatron backend builds, with the
+model YAML (ModelConfig) that describes each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    Glm4Config,
+    Glm4ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from rlpost.schema import ModelConfig
+
+VOCAB = 96
+HIDDEN = 64
+
+
+def _model_config(path: Path, **fields: Any) -> ModelConfig:
+    base: dict[str, Any] = {
+        "name": path.name,
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "max_position_embeddings": 256,
+        "params_dtype": "fp32",
+        "hf_checkpoint": str(path),
+    }
+    return ModelConfig(**(base | fields))
+
+
+def _save(model: torch.nn.Module, path: Path, seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # norms and biases away from their 1/0 init, so a misplaced one shows
+            scale = 0.2 if param.ndim == 1 else 0.08
+            param.copy_(torch.randn_like(param) * scale + (1.0 if "norm" in name else 0.0))
+        for name, buffer in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                buffer.copy_(torch.rand_like(buffer) * 0.1)
+    model.save_pretrained(path)
+
+
+def qwen3(path: Path, *, tied: bool = True, layers: int = 2, seed: int = 0) -> ModelConfig:
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_theta=1000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+    )
+    _save(Qwen3ForCausalLM(config), path, seed)
+    return _model_config(
+        path,
+        family="qwen3",
+        hf_architecture="Qwen3ForCausalLM",
+        num_layers=layers,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        rotary_base=1000.0,
+        norm_epsilon=1e-6,
+        qk_layernorm=True,
+        tie_word_embeddings=tied,
+    )
+
+
+def glm4(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    config = Glm4Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
+        rms_norm_eps=1e-5,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    _save(Glm4ForCausalLM(config), path, seed)
+    return _model_config(
+        path,
+        family="glm4",
+        hf_architecture="Glm4ForCausalLM",
+        num_layers=layers,
+        ffn_hidden_size=96,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        rotary_base=10000.0,
+        rotary_percent=0.5,
+        rotary_interleaved=True,
+        norm_epsilon=1e-5,
+        add_qkv_bias=True,
+        post_self_attn_layernorm=True,
+        post_mlp_layernorm=True,
+    )
+
+
+MOE_FIELDS: dict[str, Any] = {
+    "num_experts": 4,
+    "top_k": 2,
+    "expert_ffn_hidden_size": 32,
+    "num_shared_experts": 1,
+    "shared_expert_ffn_hidden_size": 32,
+    "first_k_dense_layers": 1,
+    "router_score": "sigmoid",
+    "router_expert_bias": True,
+    "router_topk_scaling_factor": 2.5,
+    "router_num_groups": 1,
+    "router_group_topk": 1,
+}
+
+
+def glm4_moe(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    config = Glm4MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
+        rms_norm_eps=1e-5,
+        attention_bias=True,
+        use_qk_norm=True,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=0,
+        tie_word_embeddings=False,
+    )
+    _save(Glm4MoeForCausalLM(config), path, seed)
+    return _model_config(
+        path,
+        family="glm4_moe",
+        hf_architecture="Glm4MoeForCausalLM",
+        num_layers=layers,
+        ffn_hidden_size=96,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        rotary_base=10000.0,
+        rotary_percent=0.5,
+        norm_epsilon=1e-5,
+        qk_layernorm=True,
+        add_qkv_bias=True,
+        moe=MOE_FIELDS,
+    )
+
+
+def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    config = Glm4MoeLiteConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        max_position_embeddings=256,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+        rms_norm_eps=1e-5,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        routed_scaling_factor=1.8,
+        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
+        tie_word_embeddings=False,
+    )
+    _save(Glm4MoeLiteForCausalLM(config), path, seed)
+    return _model_config(
+        path,
+        family="glm4_moe_lite",
+        hf_architecture="Glm4MoeLiteForCausalLM",
+        num_layers=layers,
+        ffn_hidden_size=96,
+        num_attention_heads=4,
+        num_query_groups=4,
+        rotary_base=10000.0,
+        norm_epsilon=1e-5,
+        qk_layernorm=True,
+        mla={
+            "q_lora_rank": 24,
+            "kv_lora_rank": 16,
+            "qk_head_dim": 16,
+            "qk_pos_emb_head_dim": 8,
+            "v_head_dim": 12,
+        },
+        moe=MOE_FIELDS | {"router_topk_scaling_factor": 1.8},
+    )
+
+
+ARCHITECTURES: dict[str, Callable[..., ModelConfig]] = {
+    "qwen3": qwen3,
+    "glm4": glm4,
+    "glm4_moe": glm4_moe,
+    "glm4_moe_lite": glm4_moe_lite,
+}

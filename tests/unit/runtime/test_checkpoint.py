@@ -1,0 +1,244 @@
+"""Checkpoints: atomic saves, manifests, corruption, keep-last, and resume decisions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlpost.config.loader import compose_run_config
+from rlpost.data.source import DataSourceState
+from rlpost.errors import UserError
+from rlpost.plan import build_plan
+from rlpost.runtime import checkpoint
+from rlpost.runtime.checkpoint import CheckpointError
+from rlpost.runtime.config_changes import (
+    check_resume_changes,
+    diff_configs,
+    parallel_changes,
+)
+from rlpost.runtime.resume import find_resume_point, plan_grid, set_aside_newer
+from rlpost.runtime.run_state import (
+    LoopState,
+    read_buffer,
+    read_loop_state,
+    trainer_file,
+    write_driver_state,
+)
+from rlpost.runtime.rundir import config_yaml
+from rlpost.schema import RunConfig
+from rlpost.types import Sample
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = None) -> Path:
+    """A checkpoint through the real writer; the trainer file is a stand-in payload."""
+    staging = checkpoint.start_save(run_dir, done)
+    state = LoopState(rollouts_done=done, data=DataSourceState(0, done, 42))
+    buffer = [[Sample(group_index=done, index=0, prompt="p", prompt_ids=[1, 2])]]
+    yaml_text = config_yaml(cfg) if cfg is not None else "model: {}\n"
+    write_driver_state(staging, state, buffer, yaml_text, "{}\n")
+    checkpoint.write_synced(staging / trainer_file(0), os.urandom(4096))
+    return checkpoint.commit_save(staging, keep_last)
+
+
+def test_commit_renames_staging_and_lists_every_file(tmp_path: Path) -> None:
+    path = save(tmp_path, 3)
+    assert path == tmp_path / "ckpt" / "rollout_3"
+    assert not list((tmp_path / "ckpt").glob("tmp-*"))
+    manifest = checkpoint.verify(path)
+    on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {
+        "manifest.json"
+    }
+    assert set(manifest["files"]) == on_disk
+    assert {"loop.json", "buffer.pkl", "rng/driver.pt", "trainer/rank_0.pt"} <= on_disk
+    assert manifest["rollouts_done"] == 3
+    assert read_loop_state(path).data == DataSourceState(0, 3, 42)
+    assert read_buffer(path)[0][0].group_index == 3
+
+
+def test_unfinished_save_is_never_taken_for_a_checkpoint(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    staging = checkpoint.start_save(tmp_path, 4)
+    write_driver_state(staging, LoopState(4, DataSourceState(0, 4, 42)), [], "model: {}\n", "{}\n")
+    (staging / checkpoint.MANIFEST).write_text("{}")  # even a manifest does not make it one
+    found = checkpoint.scan(tmp_path)
+    assert [p.name for p in found.complete] == ["rollout_2"]
+    assert found.interrupted == [staging]
+    checkpoint.start_save(tmp_path, 3)  # the next save clears what a killed save left
+    assert not staging.exists()
+
+
+SLOW_SAVE = """
+import sys, time
+from pathlib import Path
+from rlpost.runtime import checkpoint
+staging = checkpoint.start_save(Path(sys.argv[1]), 5)
+with (staging / "trainer_big.bin").open("wb") as f:
+    while True:
+        f.write(b"x" * 65536); f.flush(); time.sleep(0.001)
+"""
+
+
+def test_save_killed_midway_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    previous = save(tmp_path, 4)
+    writer = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(tmp_path)], cwd=REPO)
+    target = tmp_path / "ckpt" / "tmp-5" / "trainer_big.bin"
+    deadline = time.monotonic() + 30
+    while not (target.exists() and target.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    found = checkpoint.scan(tmp_path)
+    assert found.latest == previous and not found.broken
+    assert [p.name for p in found.interrupted] == ["tmp-5"]
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {
+    "flipped byte": (lambda p: _flip_byte(p / "trainer/rank_0.pt"), "sha256"),
+    "truncated file": (
+        lambda p: (p / "trainer/rank_0.pt").write_bytes(b"short"),
+        "bytes, the manifest says",
+    ),
+    "missing file": (lambda p: (p / "buffer.pkl").unlink(), "missing"),
+    "no manifest": (lambda p: (p / "manifest.json").unlink(), "did not finish"),
+    "garbled manifest": (lambda p: (p / "manifest.json").write_text("{not json"), "parse"),
+    "manifest of another rollout": (
+        lambda p: (p / "manifest.json").write_text(
+            json.dumps({**json.loads((p / "manifest.json").read_text()), "rollouts_done": 9})
+        ),
+        "the name says",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_corrupted_checkpoint_is_reported_and_skipped(tmp_path: Path, kind: str) -> None:
+    older = save(tmp_path, 2)
+    newer = save(tmp_path, 4)
+    corrupt, words = CORRUPTIONS[kind]
+    corrupt(newer)
+    with pytest.raises(CheckpointError, match=words):
+        checkpoint.verify(newer)
+    found = checkpoint.scan(tmp_path)
+    assert found.latest == older
+    assert [b.path for b in found.broken] == [newer]
+
+
+def test_keep_last_keeps_the_newest(tmp_path: Path) -> None:
+    for done in (1, 2, 3, 4, 5):
+        save(tmp_path, done, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["rollout_4", "rollout_5"]
+
+
+def test_saving_a_rollout_again_replaces_it(tmp_path: Path) -> None:
+    first = save(tmp_path, 3)
+    before = (first / "trainer/rank_0.pt").read_bytes()
+    second = save(tmp_path, 3)
+    assert second == first and (second / "trainer/rank_0.pt").read_bytes() != before
+    checkpoint.verify(second)
+
+
+# ---- config changes on resume ---------------------------------------------------------------
+
+
+def test_shape_and_backend_changes_are_refused_field_by_field() -> None:
+    before = {"model": {"hidden_size": 256, "num_layers": 4}, "trainer": {"backend": "torch"}}
+    after = {"model": {"hidden_size": 512, "num_layers": 4}, "trainer": {"backend": "megatron"}}
+    with pytest.raises(UserError) as caught:
+        check_resume_changes(diff_configs(before, after), [], "ckpt/rollout_3")
+    keys = [issue.key for issue in caught.value.issues]
+    assert keys == ["model.hidden_size", "trainer.backend"]
+    assert "set model.hidden_size=256" in caught.value.render()
+
+
+def test_other_changes_are_reported_and_launch_options_ignored() -> None:
+    before = {"recipe": {"optim": {"lr": 1e-4}}, "run": {"resume": None, "seed": 1}}
+    after = {"recipe": {"optim": {"lr": 2e-4}}, "run": {"resume": "auto", "seed": 1}}
+    reported = check_resume_changes(diff_configs(before, after), [], "c")
+    assert [(c.key, c.before, c.after) for c in reported] == [("recipe.optim.lr", 1e-4, 2e-4)]
+
+
+def test_data_parallel_change_loads_replicas_but_tensor_parallel_does_not() -> None:
+    grid = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 2}
+    fewer_ranks = parallel_changes(grid, {**grid, "dp": 1}, replicated_dp=True)
+    assert check_resume_changes([], fewer_ranks, "c") == []
+    with pytest.raises(UserError, match=r"layout\.train\.dp"):
+        check_resume_changes([], parallel_changes(grid, {**grid, "dp": 1}, False), "c")
+    with pytest.raises(UserError, match=r"layout\.train\.tp"):
+        check_resume_changes([], parallel_changes(grid, {**grid, "tp": 2}, True), "c")
+
+
+# ---- where a launch starts ------------------------------------------------------------------
+
+
+def compose(run_dir: Path, *overrides: str) -> tuple[RunConfig, object]:
+    cfg, _ = compose_run_config([f"run.dir={run_dir}", *overrides])
+    return cfg, build_plan(cfg)
+
+
+def test_resume_auto_takes_the_newest_complete_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, plan = compose(tmp_path, "run.resume=auto")
+    save(tmp_path, 2, cfg=cfg)
+    broken = save(tmp_path, 4, cfg=cfg)
+    _flip_byte(broken / "trainer/rank_0.pt")
+    point = find_resume_point(cfg, plan, tmp_path)  # type: ignore[arg-type]
+    assert point is not None and point.start_rollout == 2
+    assert "rollout_4 is broken" in capsys.readouterr().out
+    set_aside_newer(tmp_path, point.start_rollout)
+    assert [p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("rollout")] == [
+        "rollout_2"
+    ]
+
+
+def test_resume_auto_without_checkpoints_starts_fresh(tmp_path: Path) -> None:
+    cfg, plan = compose(tmp_path, "run.resume=auto")
+    assert find_resume_point(cfg, plan, tmp_path) is None  # type: ignore[arg-type]
+
+
+def test_resume_from_a_corrupted_path_is_a_user_error(tmp_path: Path) -> None:
+    path = save(tmp_path, 2)
+    (path / "manifest.json").unlink()
+    cfg, plan = compose(tmp_path / "new", f"run.resume={path}")
+    with pytest.raises(UserError, match="did not finish"):
+        find_resume_point(cfg, plan, tmp_path / "new")  # type: ignore[arg-type]
+
+
+def test_fresh_start_in_a_directory_with_checkpoints_is_refused(tmp_path: Path) -> None:
+    save(tmp_path, 2)
+    cfg, plan = compose(tmp_path)
+    with pytest.raises(UserError, match=r"run.resume=auto"):
+        find_resume_point(cfg, plan, tmp_path)  # type: ignore[arg-type]
+
+
+def test_resume_with_another_model_shape_is_refused(tmp_path: Path) -> None:
+    cfg, plan = compose(tmp_path)
+    save(tmp_path, 2, cfg=cfg)
+    changed = cfg.model_copy(
+        update={
+            "model": cfg.model.model_copy(update={"num_layers": 6}),
+            "run": cfg.run.model_copy(update={"resume": "auto"}),
+        }
+    )
+    with pytest.raises(UserError, match=r"model\.num_layers"):
+        find_resume_point(changed, plan, tmp_path)  # type: ignore[arg-type]
+
+
+def test_plan_grid_names_every_parallel_axis(tmp_path: Path) -> None:
+    _, plan = compose(tmp_path)
+    assert set(plan_grid(plan)) == {"tp", "pp", "cp", "ep", "etp", "dp"}  # type: ignore[arg-type]

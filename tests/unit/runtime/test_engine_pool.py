@@ -1,0 +1,150 @@
+"""The engine pool over two real CPU engine processes behind the real router: health checks,
+restarts of a hung engine, and memory release/resume (the colocated path, on CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from rlpost.backends.sglang.launch import EngineSpec
+from rlpost.backends.sglang.process import free_port
+from rlpost.runtime.engine_pool import EnginePool, HealthSettings, LocalEngine
+from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
+from rlpost.runtime.router import Router, RouterSettings
+
+T = TypeVar("T")
+PROMPT = [40, 41, 42, 43]
+GREEDY = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+RELEASE = (("kv_cache",), ("cuda_graph",), ("weights",))
+
+
+def engine(index: int, model_dir: Path, logs: Path) -> LocalEngine:
+    spec = EngineSpec(
+        index=index, backend="cpu", model_path=str(model_dir), host="127.0.0.1",
+        port=free_port("127.0.0.1"), seed=index, log_path=str(logs / f"engine_{index}.log"),
+        startup_timeout_s=120, num_threads=1,
+    )  # fmt: skip
+    return LocalEngine(spec, stop_grace_s=2)
+
+
+async def catch_up(client: EngineClient, url: str) -> None:
+    """What the session does for a restarted engine, reduced to its version label."""
+    await client.post(url, "/update_weight_version", {"new_version": "7"})
+
+
+@dataclass
+class Rig:
+    loop: asyncio.AbstractEventLoop
+    pool: EnginePool
+    client: EngineClient
+    router: Router
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def rig(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """Two engines in a pool, the router and a client, on one event loop in a thread (the
+    pool's locks and the client's connections belong to one loop)."""
+    logs = tmp_path_factory.mktemp("pool_logs")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    health = HealthSettings(enabled=True, interval_s=0.2, timeout_s=2.0, first_wait_s=0.0)
+    pool = EnginePool([engine(i, tiny_lm_dir, logs) for i in range(2)], health)
+    router = Router(RouterSettings(log_path=str(logs / "router.log"), request_timeout_s=60))
+
+    async def connect() -> EngineClient:
+        urls = await pool.start()
+        router.start()
+        for url in urls:
+            router.add_worker(url)
+        await asyncio.to_thread(router.wait_ready, 2)
+        client = EngineClient(router.url, worker_urls=urls)
+        pool.connect(router, client, lambda url: catch_up(client, url))
+        return client
+
+    rig = Rig(loop, pool, None, router)  # type: ignore[arg-type]
+    try:
+        rig.client = rig.run(connect())
+        yield rig
+    finally:
+        router.stop()
+        rig.run(pool.stop())
+        if rig.client is not None:
+            rig.run(rig.client.close())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_a_hung_engine_is_restarted_caught_up_and_registered_again(rig: Rig) -> None:
+    pool, client = rig.pool, rig.client
+    before = len(pool.restarts)
+
+    async def scenario() -> None:
+        assert await pool.check() == []  # both healthy: nothing happens
+        hung_pid = await pool.engines[1].pid()
+        assert hung_pid is not None
+        os.kill(hung_pid, signal.SIGSTOP)  # alive but answering nothing: hung
+        pool.start_monitor(asyncio.get_running_loop())
+        async with asyncio.timeout(90):
+            while len(pool.restarts) == before:
+                await asyncio.sleep(0.1)
+        await pool.stop_monitor()
+        (restart,) = pool.restarts[before:]
+        assert restart.index == 1 and "no answer" in restart.reason
+        assert await pool.engines[1].pid() != hung_pid
+        # back in the router and in the client's control list, at the others' version
+        assert sorted(await client.worker_urls()) == sorted(pool.urls)
+        workers = {w.url.rstrip("/"): w.is_healthy for w in rig.router.workers()}
+        assert workers == dict.fromkeys(pool.urls, True)
+        assert await client.get_weight_version(pool.urls[1]) == "7"
+        results = [await client.generate(PROMPT, GREEDY) for _ in range(4)]
+        assert all(r.output_ids for r in results)
+
+    rig.run(scenario())
+
+
+def test_released_engines_stay_out_of_generation_until_resumed(rig: Rig) -> None:
+    pool, client = rig.pool, rig.client
+
+    async def scenario() -> None:
+        url = pool.urls[0]
+        async with pool.exclusive():
+            await pool.release_memory(RELEASE)
+        assert pool.released
+        with pytest.raises(EngineRequestError, match="503"):
+            await client.generate_on(url, PROMPT, GREEDY)
+        # released engines are only checked for being alive: no restart
+        assert await pool.check() == []
+        async with pool.exclusive():
+            await pool.resume_memory([("weights",)], done=False)
+            assert (await client.generate_on(url, PROMPT, GREEDY)).output_ids
+            await pool.resume_memory([("kv_cache",), ("cuda_graph",)], done=True)
+        assert not pool.released
+        # a released engine whose process died is found and restarted
+        async with pool.exclusive():
+            await pool.release_memory(RELEASE)
+        dead = await pool.engines[0].pid()
+        assert dead is not None
+        os.kill(dead, signal.SIGKILL)
+        while await pool.engines[0].alive():
+            await asyncio.sleep(0.02)
+        (restart,) = await pool.check()
+        assert restart.index == 0 and "exited" in restart.reason
+        # it comes back with its memory; the other one is still released until resumed
+        assert (await client.generate_on(pool.urls[0], PROMPT, GREEDY)).output_ids
+        async with pool.exclusive():
+            await pool.resume_memory([("weights",), ("kv_cache",), ("cuda_graph",)], done=True)
+        assert (await client.generate_on(pool.urls[1], PROMPT, GREEDY)).output_ids
+
+    rig.run(scenario())

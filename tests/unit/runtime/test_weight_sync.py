@@ -1,0 +1,172 @@
+"""Weight sync between a real torch trainer (in this process) and a real CPU engine process.
+
+The engine starts from one random tiny model and the trainer holds another, so the logprob
+probe tells whether the engine really serves the trainer's weights. Disk sync and
+distributed sync (the NCCL path's protocol, over gloo here) both go through update_engines:
+pause, flush, push, version check, continue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlpost.backends.sglang import trainer_side
+from rlpost.backends.sglang.launch import EngineSpec
+from rlpost.backends.sglang.process import EngineProcess, free_port
+from rlpost.backends.torch_trainer.trainer import TorchTrainer
+from rlpost.runtime.rollout.client import EngineClient
+from rlpost.runtime.weight_sync import (
+    DiskSync,
+    DistributedSync,
+    ProbeSettings,
+    WeightSyncError,
+    choose_weight_sync,
+    probe_weights,
+    update_engines,
+)
+from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    logs = tmp_path_factory.mktemp("engine_logs")
+    spec = EngineSpec(
+        index=0, backend="cpu", model_path=str(tiny_lm_dir), host="127.0.0.1",
+        port=free_port("127.0.0.1"), seed=0, log_path=str(logs / "engine.log"),
+        startup_timeout_s=120, num_threads=1,
+    )  # fmt: skip
+    process = EngineProcess(spec)
+    try:
+        yield process.start()
+    finally:
+        process.stop()
+
+
+def other_model(tiny_lm_dir: Path, out: Path) -> Path:
+    """The same architecture and tokenizer with other random weights."""
+    shutil.copytree(tiny_lm_dir, out, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(0.1 * torch.randn_like(param))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchTrainer]:
+    other = other_model(tiny_lm_dir, tmp_path_factory.mktemp("other_lm"))
+    threads = torch.get_num_threads()
+    yield TorchTrainer(
+        other, AlgoConfig(), OptimConfig(lr=1e-3), TrainConfig(global_batch_size=1), num_threads=1
+    )
+    torch.set_num_threads(threads)
+
+
+def trainer_call(trainer: TorchTrainer) -> Any:
+    async def call(rank: int, fn: Any, *args: Any) -> Any:
+        assert rank == 0
+        # a thread: joining a group blocks until the engine joins over HTTP
+        return await asyncio.to_thread(fn, trainer, *args)
+
+    return call
+
+
+def probe_settings(trainer: TorchTrainer) -> ProbeSettings:
+    prompt = trainer_side.probe_prompt_ids(trainer, "What is 3+4?")
+    return ProbeSettings(prompt_ids=tuple(prompt), temperature=1.0, tolerance=1e-3)
+
+
+async def probe(client: EngineClient, url: str, trainer: TorchTrainer) -> dict[str, float]:
+    async def reference(prompt: list[int], output: list[int]) -> list[float]:
+        return trainer_side.probe_logprobs(trainer, prompt, output)
+
+    return await probe_weights(client, [url], reference, probe_settings(trainer))
+
+
+def nudge(trainer: TorchTrainer) -> None:
+    """Stands in for an optimizer step: the trainer's weights move."""
+    with torch.no_grad():
+        for param in trainer.model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+
+
+def test_distributed_then_disk_sync_make_the_engine_serve_the_trainer_weights(
+    engine_url: str, trainer: TorchTrainer, tmp_path: Path
+) -> None:
+    call = trainer_call(trainer)
+
+    async def scenario() -> list[str]:
+        async with EngineClient(engine_url, worker_urls=[engine_url]) as client:
+            with pytest.raises(WeightSyncError, match="disagree"):
+                await probe(client, engine_url, trainer)  # two different random models
+            dist = DistributedSync(
+                client, call, gpus_per_engine=1, bucket_bytes=64 << 10, backend="gloo"
+            )
+            await update_engines(client, dist, [engine_url], version=1)
+            assert await client.get_weight_version(engine_url) == "1"
+            gaps = [(await probe(client, engine_url, trainer))[engine_url]]
+            group = dist.group_name
+            nudge(trainer)
+            await update_engines(client, dist, [engine_url], version=2)
+            assert dist.group_name == group  # same engines: the group is kept
+            gaps.append((await probe(client, engine_url, trainer))[engine_url])
+            await dist.close()
+
+            disk = DiskSync(client, call, 1, tmp_path / "weights")
+            nudge(trainer)
+            await update_engines(client, disk, [engine_url], version=3)
+            nudge(trainer)
+            await update_engines(client, disk, [engine_url], version=4)
+            assert await client.get_weight_version(engine_url) == "4"
+            gaps.append((await probe(client, engine_url, trainer))[engine_url])
+            assert all(gap < 1e-4 for gap in gaps), gaps
+            return sorted(p.name for p in (tmp_path / "weights").iterdir())
+
+    # only the newest export is kept: it is what a restarted engine reloads
+    assert run(scenario()) == ["v4"]
+
+
+def test_bucket_size_bounds_the_distributed_updates(engine_url: str, trainer: TorchTrainer) -> None:
+    layout = trainer_side.weight_layout(trainer)
+    largest = max(w.nbytes for w in layout)
+
+    async def scenario() -> None:
+        async with EngineClient(engine_url, worker_urls=[engine_url]) as client:
+            # one weight per bucket at most: many small broadcasts give the same result
+            dist = DistributedSync(
+                client, trainer_call(trainer), gpus_per_engine=1, bucket_bytes=1, backend="gloo"
+            )
+            nudge(trainer)
+            await update_engines(client, dist, [engine_url], version=5)
+            await probe(client, engine_url, trainer)
+            await dist.close()
+
+    assert largest > 1
+    run(scenario())
+
+
+def test_auto_weight_sync_follows_hardware_and_placement() -> None:
+    assert choose_weight_sync("auto", "cpu", colocate=True) == "disk"
+    assert choose_weight_sync("auto", "gpu", colocate=True) == "tensor"
+    assert choose_weight_sync("auto", "gpu", colocate=False) == "distributed"
+    assert choose_weight_sync("distributed", "cpu", colocate=False) == "distributed"
+    with pytest.raises(ValueError, match="CUDA IPC"):
+        choose_weight_sync("tensor", "cpu", colocate=True)
+    with pytest.raises(ValueError, match=r"layout\.colocate"):
+        choose_weight_sync("tensor", "gpu", colocate=False)

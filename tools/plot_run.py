@@ -1,0 +1,118 @@
+"""Draw a run's curves (several runs overlaid) to a PNG.
+
+    python tools/plot_run.py runs/2026-11-21/10-00-00
+    python tools/plot_run.py runs/multirun/2026-11-21/10-00-00/* -o sweep.png
+
+Panels: rollout reward, eval accuracy (one line per eval set), KL, entropy and step time,
+each against the rollout id, read from each run's metrics.jsonl. Without -o the PNG is
+written as curves.png in the first run's directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlpost.runtime.metrics import METRICS_FILE, read_metrics
+
+DEFAULT_NAME = "curves.png"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    key: str  # a metric name; "eval/*/accuracy" matches every eval set
+
+
+PANELS = (
+    Panel("reward (rollout mean)", "rollout/reward_mean"),
+    Panel("eval accuracy", "eval/*/accuracy"),
+    Panel("KL", "train/kl"),
+    Panel("entropy", "train/entropy"),
+    Panel("step time (s)", "perf/step_time_s"),
+)
+
+
+def series(records: Sequence[dict[str, Any]], key: str) -> dict[str, tuple[list[int], list[float]]]:
+    """(rollout ids, values) per matching metric name, skipping records without it."""
+    prefix, _, suffix = key.partition("*")
+    names = sorted(
+        {
+            k
+            for r in records
+            for k in r
+            if k == key or (suffix and k.startswith(prefix) and k.endswith(suffix))
+        }
+    )
+    out = {}
+    for name in names:
+        points = [
+            (int(r["rollout_id"]), float(r[name]))
+            for r in records
+            if isinstance(r.get(name), int | float) and "rollout_id" in r
+        ]
+        out[name] = ([p[0] for p in points], [p[1] for p in points])
+    return out
+
+
+def run_labels(run_dirs: Sequence[Path]) -> list[str]:
+    """Short names that tell the runs apart: paths relative to their common parent."""
+    if len(run_dirs) == 1:
+        return [run_dirs[0].name]
+    common = Path(os.path.commonpath([str(p) for p in run_dirs]))
+    return [str(p.relative_to(common)) or p.name for p in run_dirs]
+
+
+def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    flat = list(axes.flat)
+    for ax, panel in zip(flat, PANELS, strict=False):
+        ax.set_title(panel.title)
+        ax.set_xlabel("rollout")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    flat[-1].axis("off")
+    for run_dir, label in zip(run_dirs, run_labels(run_dirs), strict=True):
+        records = read_metrics(run_dir)
+        for ax, panel in zip(flat, PANELS, strict=False):
+            for name, (xs, ys) in series(records, panel.key).items():
+                suffix = f" {name.split('/')[1]}" if "*" in panel.key else ""
+                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label + suffix)
+    for ax in flat[: len(PANELS)]:
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", type=Path, nargs="+", help="run directories")
+    parser.add_argument("-o", "--out", type=Path, default=None, help=f"PNG path ({DEFAULT_NAME})")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.run_dirs if not (p / METRICS_FILE).is_file()]
+    if missing:
+        print(f"plot_run: no {METRICS_FILE} in {', '.join(missing)}", file=sys.stderr)
+        return 2
+    out = args.out or args.run_dirs[0] / DEFAULT_NAME
+    print(f"wrote {plot_runs([p.resolve() for p in args.run_dirs], out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
