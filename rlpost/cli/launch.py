@@ -9,6 +9,7 @@ megatron or sglang) and create no run directory; `mode=train` hands the run to
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -104,4 +105,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.argv = [sys.argv[0], *checked]
     register_resolvers()
     entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
-    entry(run_job)()
+    try:
+        entry(run_job)()
+    except BrokenPipeError:
+        # `launch.py mode=plan | head`: the reader left; that is not an error of the run.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
