@@ -7,8 +7,9 @@ Writes, under ``--out`` (normally ``rlpost/assets``):
 - ``qwen3-tiny/``: a byte-level BPE tokenizer (one token per digit, ChatML template) and a
   small Qwen3ForCausalLM given a short supervised warm start, so that GRPO starts with signal.
 
-Everything is seeded and runs on two CPU threads; rerunning gives identical files on the same
-machine and library versions.
+Everything is seeded and deterministic: rerunning gives identical files with the same library
+versions, whatever ``--threads`` is. On a busy machine ``--threads 1`` is much faster than
+two threads competing with other processes.
 
     python tools/build_tiny_assets.py --out rlpost/assets
 """
@@ -105,8 +106,13 @@ def write_jsonl(path: Path, problems: list[Problem]) -> None:
 
 
 def render_prompt(question: str) -> str:
-    """The chat template's output for one user turn plus the generation prompt."""
+    """What CHAT_TEMPLATE renders for one user turn plus the generation prompt."""
     return f"{IM_START}user\n{question}{IM_END}\n{IM_START}assistant\n"
+
+
+def apply_template(tokenizer: PreTrainedTokenizerFast, problem: Problem) -> str:
+    messages = problem.to_record()["prompt"]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def render_completion(label: str) -> str:
@@ -171,7 +177,7 @@ def encode_examples(
     """Right-padded input ids, attention mask and labels masked to the completion."""
     rows: list[tuple[list[int], list[int]]] = []
     for p in problems:
-        prompt_ids = tokenizer.encode(render_prompt(p.question), add_special_tokens=False)
+        prompt_ids = tokenizer.encode(apply_template(tokenizer, p), add_special_tokens=False)
         completion_ids = tokenizer.encode(render_completion(p.label), add_special_tokens=False)
         rows.append((prompt_ids, completion_ids))
     width = max(len(p) + len(c) for p, c in rows)
@@ -237,7 +243,7 @@ def solve_rate(
     max_new_tokens: int = 16,
 ) -> float:
     """Fraction of problems whose completion boxes exactly the right answer."""
-    prompts = [render_prompt(p.question) for p in problems]
+    prompts = [apply_template(tokenizer, p) for p in problems]
     tokenizer.padding_side = "left"
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     tokenizer.padding_side = "right"

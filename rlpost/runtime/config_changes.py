@@ -36,8 +36,6 @@ SHAPE_FIELDS = (
     "model.mtp_num_layers",
     "model.moe",
     "model.mla",
-    # the saved state is in this backend's own format
-    "trainer.backend",
 )
 
 # Keys that say how this launch runs, not what the run is.
@@ -124,9 +122,15 @@ def parallel_changes(
 
 
 def check_resume_changes(
-    changes: Sequence[Change], grid: Sequence[ParallelChange], checkpoint: str
+    changes: Sequence[Change],
+    grid: Sequence[ParallelChange],
+    checkpoint: str,
+    backends: tuple[str, str] = ("torch", "torch"),
 ) -> list[Change]:
-    """The reportable changes; UserError (exit 2) for any that would break the run."""
+    """The reportable changes; UserError (exit 2) for any that would break the run.
+
+    `backends` are the resolved trainer backends (saved, now): each writes its own format.
+    """
     reported = [c for c in changes if not _matches(c.key, IGNORED_ON_RESUME)]
     issues = [
         Issue(
@@ -152,6 +156,18 @@ def check_resume_changes(
         for g in grid
         if not g.resharded
     ]
+    saved, now = backends
+    if saved != now:
+        issues.append(
+            Issue(
+                key="trainer.backend",
+                value=now,
+                message=f"the checkpoint {checkpoint} holds the {saved} trainer's state, in "
+                f"that trainer's own format; the {now} trainer cannot load it",
+                fix=f"resume with trainer.backend={saved}, or export the checkpoint to HF "
+                "(tools/export_hf.py) and start a new run from it",
+            )
+        )
     if issues:
         raise UserError(issues, title="change that prevents resuming")
     return reported

@@ -121,6 +121,15 @@ class RayEngine:
     async def start(self) -> str:
         if not self.actors:
             self.actors = [self.make_actor(spec) for spec in self.specs]
+        try:
+            return await self._start_actors()
+        except ray.exceptions.RayActorError:
+            # The actor died with its process (or its node): start from new actors.
+            log.warning("engine %d: its actor is gone; starting new ones", self.index)
+            self.actors = [self.make_actor(spec) for spec in self.specs]
+            return await self._start_actors()
+
+    async def _start_actors(self) -> str:
         # Every node of a multi-node engine must come up together; the head answers.
         urls = await asyncio.gather(*(a.start.remote() for a in self.actors))
         return str(urls[0])

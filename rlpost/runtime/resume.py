@@ -44,6 +44,12 @@ class ResumePoint:
         return self.state.rollouts_done
 
 
+def trainer_backend(cfg: RunConfig) -> str:
+    """The trainer that runs: "auto" is the torch trainer in this build (Session refuses
+    anything else)."""
+    return "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
+
+
 def plan_grid(plan: Plan) -> dict[str, Any]:
     p = plan.parallel
     return {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "etp": p.etp, "dp": p.dp}
@@ -63,7 +69,8 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     grid = parallel_changes(
         state.parallel, plan_grid(plan), replicated_dp=state.trainer_backend == "torch"
     )
-    reported = check_resume_changes(changes, grid, str(path))
+    backends = (state.trainer_backend, trainer_backend(cfg))
+    reported = check_resume_changes(changes, grid, str(path), backends)
     status(f"resuming from {path} ({state.rollouts_done} rollouts done)")
     if reported:
         status(f"the config differs from the checkpoint's in {len(reported)} field(s):")

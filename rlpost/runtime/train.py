@@ -30,7 +30,13 @@ from rlpost.runtime.evaluation import (
 )
 from rlpost.runtime.metrics import MetricsLogger
 from rlpost.runtime.progress import Progress, status
-from rlpost.runtime.resume import ResumePoint, find_resume_point, plan_grid, set_aside_newer
+from rlpost.runtime.resume import (
+    ResumePoint,
+    find_resume_point,
+    plan_grid,
+    set_aside_newer,
+    trainer_backend,
+)
 from rlpost.runtime.rollout.manager import RolloutManager, SamplingSettings, generate_sample
 from rlpost.runtime.run_state import (
     LoopState,
@@ -237,7 +243,7 @@ class TrainLoop:
             wandb_run_id=self.logger.wandb_run_id,
             tensorboard_step=done,
             eval_history=[asdict(r) for r in self.reports],
-            trainer_backend=_trainer_backend(cfg),
+            trainer_backend=trainer_backend(cfg),
             parallel=plan_grid(self.plan),
             train_ranks=len(self.session.trainers),
             optimizer_saved=with_optimizer,
@@ -262,11 +268,6 @@ class TrainLoop:
         if resume is None or resume.path.parent != checkpoint.checkpoint_root(self.run_dir):
             return None
         return resume.state.wandb_run_id
-
-
-def _trainer_backend(cfg: RunConfig) -> str:
-    # "auto" is the torch trainer in this build (Session refuses anything else)
-    return "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
 
 
 def _due(interval: int | None, done: int, total: int) -> bool:

@@ -15,6 +15,7 @@ engine's version checked, generation resumed; then an optional logprob probe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import shutil
@@ -139,31 +140,38 @@ class TensorSync:
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         buckets = await _weight_buckets(self.call, self.bucket_bytes)
-        ranks = range(self.num_ranks)
-        try:
-            for number, bucket in enumerate(buckets):
-                names = [w.name for w in bucket]
-                payloads = await asyncio.gather(
-                    *(self.call(r, trainer_side.tensor_bucket_payload, names) for r in ranks)
+        for number, bucket in enumerate(buckets):
+            last = number == len(buckets) - 1
+            try:
+                await self._send(bucket, str(version) if last else None, worker_urls)
+            finally:
+                # the engines have mapped (and copied from) the bucket: free it everywhere
+                await asyncio.gather(
+                    *(self.call(r, trainer_side.release_bucket) for r in range(self.num_ranks))
                 )
-                last = number == len(buckets) - 1
-                answers = await asyncio.gather(
-                    *(
-                        self.client.post(url, "/update_weights_from_tensor", {
-                            "serialized_named_tensors": [
-                                payloads[r] for r in self.engine_ranks(url)
-                            ],
-                            "load_format": "flattened_bucket",
-                            "flush_cache": last,
-                            "weight_version": str(version) if last else None,
-                        })
-                        for url in worker_urls
-                    )
-                )  # fmt: skip
-                _check_answers(answers, "update_weights_from_tensor")
-                await asyncio.gather(*(self.call(r, trainer_side.release_bucket) for r in ranks))
-        finally:
-            await asyncio.gather(*(self.call(r, trainer_side.release_bucket) for r in ranks))
+
+    async def _send(
+        self, bucket: Sequence[WeightInfo], version: str | None, worker_urls: Sequence[str]
+    ) -> None:
+        names = [w.name for w in bucket]
+        payloads = await asyncio.gather(
+            *(
+                self.call(r, trainer_side.tensor_bucket_payload, names)
+                for r in range(self.num_ranks)
+            )
+        )
+        answers = await asyncio.gather(
+            *(
+                self.client.post(url, "/update_weights_from_tensor", {
+                    "serialized_named_tensors": [payloads[r] for r in self.engine_ranks(url)],
+                    "load_format": "flattened_bucket",
+                    "flush_cache": version is not None,
+                    "weight_version": version,
+                })
+                for url in worker_urls
+            )
+        )  # fmt: skip
+        _check_answers(answers, "update_weights_from_tensor")
 
     async def close(self) -> None:
         return None
@@ -367,7 +375,11 @@ async def update_engines(
         await client.flush_cache(urls)
         await sync.push(version, urls)
         await verify_versions(client, urls, version)
-    except EngineRequestError as exc:
-        raise WeightSyncError(f"weight update to version {version} failed: {exc}") from exc
-    finally:
-        await client.continue_generation(urls)
+    except BaseException as exc:
+        # Resume what can be resumed; the update's own failure is what gets reported.
+        with contextlib.suppress(Exception):
+            await client.continue_generation(urls)
+        if isinstance(exc, EngineRequestError):
+            raise WeightSyncError(f"weight update to version {version} failed: {exc}") from exc
+        raise
+    await client.continue_generation(urls)

@@ -2,7 +2,8 @@
 current weight version, and the rollout still has exactly one answer per sample.
 
 A whole session on CPU (Ray, two train ranks, two CPU engines behind the real router, fault
-tolerance on); the engine process is SIGKILLed while it is generating.
+tolerance on, engine memory released around training, the weight probe on); the engine
+process is SIGKILLed while it is generating.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ def test_a_killed_engine_is_restarted_at_the_current_version_mid_rollout(
             "engine.health_check_interval_s=0.5",
             "engine.health_check_timeout_s=10",
             "engine.health_check_first_wait_s=0",
+            # the colocated path on CPU engines too: memory released around training, and
+            # the probe comparing trainer and engine logprobs after every push
+            "engine.offload=true",
+            "engine.weight_probe=true",
             f"run.dir={tmp_path / 'run'}",
         ]
     )

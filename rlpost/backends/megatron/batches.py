@@ -64,7 +64,7 @@ def padded_lengths(lengths: Sequence[int], cp_size: int, tp_size: int, sp: bool)
     padded = [math.ceil(n / unit) * unit for n in lengths]
     row = math.lcm(unit, cp_size * tp_size) if sp else unit
     extra = -sum(padded) % row or (0 if padded else row)
-    return padded + [extra] if extra else padded
+    return [*padded, extra] if extra else padded
 
 
 def build_micro_batch(

@@ -11,8 +11,8 @@ any megatron-core other than 0.16.x. What each piece does, and when it can go:
   * `Tensor.type()` reports 'torch.cuda.<T>Tensor' for CPU tensors, because the optimizers
     and `clip_grads` assert that main grads and params are CUDA tensors;
   Can go when megatron-core allocates on a configurable device (not the case up to 0.16).
-- `_CUDA_STAND_INS`: `torch.cuda.current_device/synchronize/empty_cache/current_stream/
-  default_stream/stream/Stream/Event` answer as a single fake device with no-op streams, and
+- `_CUDA_STAND_INS`: `torch.cuda.current_device` answers the CPU device,
+  `synchronize/empty_cache/current_stream/default_stream/stream/Stream/Event` are no-ops, and
   `torch.cuda.get_rng_state/set_rng_state/manual_seed` act on the CPU generator. Installed on
   entry and restored on exit. Same lifetime as the mode above.
 - torch.compile is disabled inside `cpu_compat()`: megatron's `jit_fuser` wraps small
@@ -29,6 +29,9 @@ any megatron-core other than 0.16.x. What each piece does, and when it can go:
   sizes to host numpy arrays only when they are CUDA tensors; on CPU they stay tensors, which
   `all_to_all_single` rejects. The stand-in converts CPU tensors too. Same lifetime as
   `_CpuDevices`.
+- `tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state` act on the CPU generator:
+  activation recomputation saves and restores the RNG state around each checkpointed block
+  (so dropout repeats itself), through torch.cuda.random directly. Same lifetime.
 - `moe_utils.te_general_gemm = None`: megatron-core 0.16 leaves the name undefined when
   TransformerEngine is absent, so the MoE router's gating linear raises NameError; None selects
   its torch path. Can go when megatron-core defines the fallback.
@@ -36,12 +39,19 @@ any megatron-core other than 0.16.x. What each piece does, and when it can go:
   succeeds (the extension module imports without TE, with mocks in TE's place) and MLA's
   constructor then calls isinstance(..., <mock>). Can go with the same upstream fix.
 
-One workaround applies on any machine, CUDA or not, and is equally version-gated:
+Two workarounds apply on any machine, CUDA or not, and are equally version-gated:
+- `untie_adam_steps(optimizer)` after loading a distributed-optimizer checkpoint: without Apex
+  or TransformerEngine (torch's own AdamW) megatron-core 0.16 restores every parameter's Adam
+  `step` as one shared tensor, which torch's foreach AdamW then increments once per parameter
+  per step (wrong bias correction from the second step on). Each state gets its own copy.
+  Can go when megatron-core clones the step per state.
 - `in_process_checkpoint_writes()`: dist_checkpointing's torch_dist writer collects its
   results through a multiprocessing Manager queue that it *spawns* (a fresh interpreter that
   re-imports `__main__`: seconds per save, and a crash in scripts without a main guard). Our
   saves are synchronous, so the results never leave this process and a plain queue serves.
   Can go when megatron-core creates that queue only for asynchronous saves.
+  Without psutil (not among megatron-core's declared dependencies) the writer's worker raises
+  while logging its memory use and the save hangs; the log figure becomes 0.
 """
 
 from __future__ import annotations
@@ -140,7 +150,10 @@ def _stream_context(*args: Any, **kwargs: Any) -> contextlib.AbstractContextMana
 
 
 _CUDA_STAND_INS: dict[str, Any] = {
-    "current_device": lambda: 0,
+    # a CPU device rather than an index: `device=torch.cuda.current_device()` then needs no
+    # rewriting, which matters inside nested autograd.backward calls (activation
+    # recomputation), where torch runs the engine with function modes popped
+    "current_device": lambda: torch.device("cpu"),
     "device_count": lambda: 1,
     "synchronize": lambda *args, **kwargs: None,
     "empty_cache": lambda: None,
@@ -161,8 +174,19 @@ def _host_copy(tensor: Any, as_numpy: bool = False, record_stream: bool = False)
     return tensor
 
 
+def _get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _set_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    torch.set_rng_state(new_state)
+
+
+_RANDOM = "megatron.core.tensor_parallel.random"
 _MODULE_STAND_INS: dict[tuple[str, str], Any] = {
     ("megatron.core.transformer.moe.token_dispatcher", "maybe_move_tensor_to_cpu"): _host_copy,
+    (_RANDOM, "_get_cuda_rng_state"): _get_rng_state,
+    (_RANDOM, "_set_cuda_rng_state"): _set_rng_state,
 }
 
 
@@ -250,7 +274,6 @@ def install_cpu_state() -> None:
     check_megatron_version()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mp_random
-
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
@@ -277,7 +300,9 @@ def model_parallel_cpu_manual_seed(seed: int) -> None:
     tracker = mp_random._CUDA_RNG_STATE_TRACKER
     tracker.reset()
     offset = seed + 2718
-    tracker.add(mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, offset + ps.get_tensor_model_parallel_rank())
+    tracker.add(
+        mp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, offset + ps.get_tensor_model_parallel_rank()
+    )
     tracker.add(mp_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     expert_seed = (
         seed
@@ -314,9 +339,21 @@ def in_process_checkpoint_writes() -> Iterator[None]:
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    saved = filesystem_async._results_queue
+    saved = filesystem_async._results_queue, filesystem_async._process_memory
     filesystem_async._results_queue = queue.Queue()
+    if not filesystem_async.HAVE_PSUTIL:
+        filesystem_async._process_memory = lambda: 0
     try:
         yield
     finally:
-        filesystem_async._results_queue = saved
+        filesystem_async._results_queue, filesystem_async._process_memory = saved
+
+
+def untie_adam_steps(optimizer: Any) -> None:
+    """Give every Adam state its own `step` tensor (see module docstring)."""
+    check_megatron_version()
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(sub, "optimizer", None)
+        for state in getattr(inner, "state", {}).values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()

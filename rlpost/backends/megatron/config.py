@@ -221,7 +221,7 @@ def transformer_config(
         "ffn_hidden_size": model.ffn_hidden_size,
         "num_attention_heads": model.num_attention_heads,
         "num_query_groups": model.num_query_groups,
-        "kv_channels": model.head_dim,
+        "kv_channels": model.kv_channels,
         "normalization": "RMSNorm",
         "layernorm_epsilon": model.norm_epsilon,
         "gated_linear_unit": True,
@@ -268,7 +268,9 @@ def transformer_config(
     return config_class(**kwargs)
 
 
-def optimizer_config(optim: OptimConfig, par: ParallelLayout, dtype: torch.dtype) -> OptimizerConfig:
+def optimizer_config(
+    optim: OptimConfig, par: ParallelLayout, dtype: torch.dtype
+) -> OptimizerConfig:
     """Adam as configured. The precision-aware flag is validated against the installed
     TransformerEngine; without TE (CPU) it is recorded after construction, and only a GPU
     machine with TE can build that optimizer."""

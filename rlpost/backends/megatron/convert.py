@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -98,7 +99,9 @@ def load_hf_weights(module: nn.Module, ckpt: HFCheckpoint, weights: ModelWeights
                 )
             tensor.copy_(part.to(tensor.dtype))
     if missing:
-        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        shown = ", ".join(missing[:5]) + (
+            f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        )
         raise WeightMismatchError(
             f"{ckpt.folder} lacks {len(missing)} tensors the model needs: {shown}; the model "
             "YAML does not describe this checkpoint (family, layers, experts, bias or norms)"
@@ -134,7 +137,9 @@ def stage_hf_weights(module: nn.Module, weights: ModelWeights) -> Iterator[HFTen
             if rule.expert
             else ps.get_tensor_model_parallel_group()
         )
-        full = unshard(_gather(tensor, tp_group if rule.layout.split_dim is not None else None), rule.layout)
+        full = unshard(
+            _gather(tensor, tp_group if rule.layout.split_dim is not None else None), rule.layout
+        )
         if not rule.expert:
             yield from _hf_tensors(rule, full, weights)
             continue
@@ -143,7 +148,9 @@ def stage_hf_weights(module: nn.Module, weights: ModelWeights) -> Iterator[HFTen
                 layer_offset=weights.placement.layer_offset,
                 expert_offset=ep_rank * weights.num_local_experts,
             )
-            yield from _hf_tensors(weights.weight_map.rule(placement.global_name(local)), part, weights)
+            yield from _hf_tensors(
+                weights.weight_map.rule(placement.global_name(local)), part, weights
+            )
 
 
 def _buckets(tensors: Iterator[HFTensor], bucket_bytes: int) -> Iterator[list[HFTensor]]:
@@ -160,7 +167,9 @@ def _buckets(tensors: Iterator[HFTensor], bucket_bytes: int) -> Iterator[list[HF
         yield bucket
 
 
-def _broadcast_bucket(bucket: list[HFTensor] | None, src: int, group: dist.ProcessGroup) -> list[HFTensor] | None:
+def _broadcast_bucket(
+    bucket: list[HFTensor] | None, src: int, group: dist.ProcessGroup
+) -> list[HFTensor] | None:
     """Owner sends a bucket (None: its stage is done) to the rest of the pipeline group."""
     meta = [None if bucket is None else [(n, t.shape, t.dtype) for n, t in bucket]]
     dist.broadcast_object_list(meta, src=src, group=group)
@@ -168,7 +177,9 @@ def _broadcast_bucket(bucket: list[HFTensor] | None, src: int, group: dist.Proce
         return None
     received: list[HFTensor] = []
     for i, (name, shape, dtype) in enumerate(meta[0]):
-        tensor = bucket[i][1].contiguous() if bucket is not None else torch.empty(shape, dtype=dtype)
+        tensor = (
+            bucket[i][1].contiguous() if bucket is not None else torch.empty(shape, dtype=dtype)
+        )
         dist.broadcast(tensor, src=src, group=group)
         received.append((name, tensor))
     return received
@@ -190,7 +201,9 @@ def iter_hf_weights(
     ranks = dist.get_process_group_ranks(group)
     my_stage = ps.get_pipeline_model_parallel_rank()
     for stage in range(pp_size):
-        owned = _buckets(stage_hf_weights(module, weights), bucket_bytes) if stage == my_stage else None
+        owned = (
+            _buckets(stage_hf_weights(module, weights), bucket_bytes) if stage == my_stage else None
+        )
         while True:
             bucket = next(owned, None) if owned is not None else None
             received = _broadcast_bucket(bucket, ranks[stage], group)
@@ -199,15 +212,22 @@ def iter_hf_weights(
             yield received
 
 
-def save_torch_dist(module: nn.Module, ckpt_dir: str | Path) -> None:
-    """Write `module` (every rank's shard) as a dist_checkpointing (torch_dist) checkpoint."""
+def save_torch_dist(state: nn.Module | dict[str, Any], ckpt_dir: str | Path) -> None:
+    """Write a module (or a sharded state dict) as a dist_checkpointing (torch_dist)
+    checkpoint; every rank writes its own shards. Collective."""
     path = Path(ckpt_dir)
     path.mkdir(parents=True, exist_ok=True)
+    sharded = state.sharded_state_dict() if isinstance(state, nn.Module) else state
     with in_process_checkpoint_writes():
-        dist_checkpointing.save(module.sharded_state_dict(), str(path))
+        dist_checkpointing.save(sharded, str(path))
+
+
+def load_torch_dist_state(sharded: dict[str, Any], ckpt_dir: str | Path) -> dict[str, Any]:
+    """The checkpoint's values for a sharded state dict (any layout it was saved under)."""
+    loaded: dict[str, Any] = dist_checkpointing.load(sharded, str(ckpt_dir))
+    return loaded
 
 
 def load_torch_dist(module: nn.Module, ckpt_dir: str | Path) -> None:
     """Load a torch_dist checkpoint written under any parallel layout into `module`."""
-    state = dist_checkpointing.load(module.sharded_state_dict(), str(ckpt_dir))
-    module.load_state_dict(state, strict=False)
+    module.load_state_dict(load_torch_dist_state(module.sharded_state_dict(), ckpt_dir), strict=False)

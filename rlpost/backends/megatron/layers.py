@@ -66,6 +66,11 @@ class PostNormRowParallelLinear(RowParallelLinear):
         return self.post_norm(out), bias
 
 
+def gather_along_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
+    """All ranks' `x` concatenated along dim 0, rank-major, differentiable."""
+    return _GatherSequence.apply(x, group)  # type: ignore[no-any-return]
+
+
 class _GatherSequence(torch.autograd.Function):
     """All-gather along dim 0 over a group; backward sums the gradients and keeps this rank's
     slice (gloo has no reduce-scatter)."""
@@ -153,8 +158,8 @@ class PackedAttention(MegatronModule):
         k_sample, k_pos = q_sample, q_pos
         if cp_size > 1:
             # gathered rows are rank-major, each rank's rows in its own local order
-            key = _GatherSequence.apply(key, self.cp_group)
-            value = _GatherSequence.apply(value, self.cp_group)
+            key = gather_along_sequence(key, self.cp_group)
+            value = gather_along_sequence(value, self.cp_group)
             ranks = [cp_token_positions(cu_seqlens, r, cp_size) for r in range(cp_size)]
             k_sample = torch.cat([sample for sample, _ in ranks])
             k_pos = torch.cat([pos for _, pos in ranks])

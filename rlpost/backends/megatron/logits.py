@@ -47,7 +47,9 @@ def vocab_parallel_logprobs(
     local = logits[:, :valid].float() / temperature
     peak = local.max(dim=-1).values.detach() if valid else local.new_full((len(local),), -1e30)
     if parallel_state.get_tensor_model_parallel_world_size() > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group())
+        dist.all_reduce(
+            peak, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group()
+        )
     shifted = local - peak.unsqueeze(-1)
     exp = shifted.exp()
     normaliser = _tp_sum(exp.sum(dim=-1))

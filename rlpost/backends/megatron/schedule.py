@@ -31,7 +31,9 @@ def finalize_grads(
     finalize_model_grads(model, None, *args, **kwargs)
 
 
-def _forward_step(loss_fn: LossFn, data: Iterator[MicroBatch], model: nn.Module) -> tuple[Tensor, Callable[..., Any]]:
+def _forward_step(
+    loss_fn: LossFn, data: Iterator[MicroBatch], model: nn.Module
+) -> tuple[Tensor, Callable[..., Any]]:
     batch = next(data)
     output = model(batch.input_ids, batch.position_ids, None, packed_seq_params=batch.packed)
 

@@ -15,8 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlpost.algo.advantages import MomentReducer, compute_advantages, needs_reference_kl
+from rlpost.algo.losses import LossInputs, compute_kl, reduction_weights
 from rlpost.algo.packing import pack_micro_batches, packing_efficiency, partition_ranks
 from rlpost.backends.megatron.batches import even_out
+from rlpost.backends.torch_trainer.forward import sample_loss_mask, sample_rollout_logp
 from rlpost.schema import AlgoConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -55,7 +58,9 @@ def step_denominator(samples: Sequence[TrainSample], algo: AlgoConfig) -> float:
     """Samples (sample_mean) or loss tokens (token_mean) of the whole step, on every rank."""
     if algo.loss_reduction == "sample_mean":
         return float(len(samples))
-    tokens = sum(sum(s.loss_mask) if s.loss_mask is not None else s.response_length for s in samples)
+    tokens = sum(
+        sum(s.loss_mask) if s.loss_mask is not None else s.response_length for s in samples
+    )
     return max(float(tokens), 1.0)
 
 
@@ -97,3 +102,57 @@ def equalize(
     if synced and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     return [even_out(g, lengths, int(n)) for g, n in zip(groups, counts.tolist(), strict=True)]
+
+
+def sample_tensors(
+    samples: Sequence[TrainSample],
+    old: Sequence[Tensor] | None,
+    ref: Sequence[Tensor] | None,
+    algo: AlgoConfig,
+    reduce: MomentReducer,
+) -> list[SampleTensors]:
+    """Masks, advantages (moments summed over DP ranks by `reduce`), old/ref/rollout logps."""
+    masks = [sample_loss_mask(s) for s in samples]
+    kls = None
+    if needs_reference_kl(algo) and old is not None and ref is not None:
+        kls = [compute_kl(o, r, algo.kl_loss_type) for o, r in zip(old, ref, strict=True)]
+    advantages = compute_advantages([s.reward for s in samples], masks, algo, kls, reduce=reduce)
+    return [
+        SampleTensors(
+            mask=masks[k],
+            advantages=advantages[k],
+            old_logp=None if old is None else old[k],
+            ref_logp=None if ref is None else ref[k],
+            rollout_logp=sample_rollout_logp(sample),
+        )
+        for k, sample in enumerate(samples)
+    ]
+
+
+def _cat(parts: Sequence[Tensor | None]) -> Tensor | None:
+    present = [p for p in parts if p is not None]
+    return torch.cat(present) if len(present) == len(parts) else None
+
+
+def loss_inputs(
+    rows: Sequence[SampleTensors],
+    segment_ids: Tensor,
+    logp: Tensor,
+    entropy: Tensor,
+    algo: AlgoConfig,
+    denominator: float,
+) -> LossInputs:
+    """One micro-batch's LossInputs (rlpost.algo.losses), samples in micro-batch order."""
+    mask = torch.cat([r.mask for r in rows])
+    old_logp = _cat([r.old_logp for r in rows])
+    return LossInputs(
+        logp=logp,
+        old_logp=logp.detach() if old_logp is None else old_logp,
+        advantages=torch.cat([r.advantages for r in rows]),
+        weights=reduction_weights(segment_ids, mask, algo.loss_reduction, denominator),
+        segment_ids=segment_ids,
+        mask=mask,
+        entropy=entropy,
+        ref_logp=_cat([r.ref_logp for r in rows]),
+        rollout_logp=_cat([r.rollout_logp for r in rows]),
+    )

@@ -22,26 +22,36 @@ from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer import get_megatron_optimizer
 from torch import Tensor
 
-from rlpost.algo.advantages import compute_advantages, get_estimator, needs_reference_kl
-from rlpost.algo.losses import LossInputs, compute_kl, compute_loss, reduction_weights
+from rlpost.algo.advantages import get_estimator, needs_reference_kl
+from rlpost.algo.losses import compute_loss
 from rlpost.backends.megatron.batches import MicroBatch, build_micro_batch
-from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat
+from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat, untie_adam_steps
 from rlpost.backends.megatron.config import megatron_settings
 from rlpost.backends.megatron.convert import (
     ModelWeights,
     iter_hf_weights,
     load_hf_weights,
     load_torch_dist,
+    load_torch_dist_state,
+    save_torch_dist,
 )
 from rlpost.backends.megatron.distributed import ProcessPlace, destroy_parallel, init_parallel
 from rlpost.backends.megatron.export import export_hf_folder
 from rlpost.backends.megatron.hf_files import HFCheckpoint
-from rlpost.backends.megatron.layers import _GatherSequence
+from rlpost.backends.megatron.layers import gather_along_sequence
 from rlpost.backends.megatron.logits import vocab_parallel_logprobs
 from rlpost.backends.megatron.provider import build_gpt_model
 from rlpost.backends.megatron.schedule import finalize_grads, run_micro_batches
-from rlpost.backends.megatron.steps import SampleTensors, StepPlan, equalize, micro_batches, plan_steps
-from rlpost.backends.torch_trainer.forward import sample_loss_mask, sample_rollout_logp, validate_sample
+from rlpost.backends.megatron.steps import (
+    SampleTensors,
+    StepPlan,
+    equalize,
+    loss_inputs,
+    micro_batches,
+    plan_steps,
+    sample_tensors,
+)
+from rlpost.backends.torch_trainer.forward import validate_sample
 from rlpost.backends.torch_trainer.optim import check_schedule, lr_at_step
 from rlpost.backends.torch_trainer.trainer import TokenStats
 from rlpost.plan.layout import ParallelLayout
@@ -50,10 +60,9 @@ from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
 NO_CLIP = 1e30  # clip_grad 0 means "report the norm, never clip"
-
-
-def _cat(parts: Sequence[Tensor | None]) -> Tensor | None:
-    return None if any(p is None for p in parts) else torch.cat(list(parts))  # type: ignore[arg-type]
+STEP_FILE = "rlpost_step.txt"
+# canonical optimizer state (per model parameter): loads under another layout too
+OPTIMIZER_CKPT_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 class MegatronTrainer:
@@ -156,10 +165,12 @@ class MegatronTrainer:
         """Per-local-token values -> the micro-batch's response tokens, sample by sample."""
         cp_group = ps.get_context_parallel_group()
         if ps.get_context_parallel_world_size() > 1:
-            values = _GatherSequence.apply(values, cp_group)
+            values = gather_along_sequence(values, cp_group)
         return values[mb.response_index]
 
-    def _token_outputs(self, mb: MicroBatch, output: Tensor, entropy: str) -> tuple[Tensor, Tensor | None]:
+    def _token_outputs(
+        self, mb: MicroBatch, output: Tensor, entropy: str
+    ) -> tuple[Tensor, Tensor | None]:
         out = vocab_parallel_logprobs(
             output[0], mb.targets, self.settings.gpt.true_vocab_size, self.temperature, entropy
         )
@@ -204,7 +215,9 @@ class MegatronTrainer:
                     entropy[i] = value
         return TokenStats(logprobs, entropy if mode != "none" else None)
 
-    def compute_logprobs(self, batch: Sequence[TrainSample], which: Which = "actor") -> list[Tensor]:
+    def compute_logprobs(
+        self, batch: Sequence[TrainSample], which: Which = "actor"
+    ) -> list[Tensor]:
         return self.compute_token_stats(batch, which, with_entropy=False).logprobs
 
     # ---- training ------------------------------------------------------------------------------
@@ -214,27 +227,15 @@ class MegatronTrainer:
             dist.all_reduce(tensor, group=ps.get_data_parallel_group())
         return tensor
 
-    def _prepare(self, batch: Sequence[TrainSample], mine: list[int], reuse: bool) -> dict[int, SampleTensors]:
+    def _prepare(
+        self, batch: Sequence[TrainSample], mine: list[int], reuse: bool
+    ) -> dict[int, SampleTensors]:
         """Old/ref logprobs and advantages of this rank's samples, before any update."""
         samples = [batch[i] for i in mine]
-        masks = [sample_loss_mask(s) for s in samples]
         old = None if reuse else self.compute_logprobs(samples, "actor")
         ref = self.compute_logprobs(samples, "ref") if self.ref_model is not None else None
-        kls = None
-        if needs_reference_kl(self.algo) and old is not None and ref is not None:
-            kls = [compute_kl(o, r, self.algo.kl_loss_type) for o, r in zip(old, ref, strict=True)]
-        rewards = [s.reward for s in samples]
-        advantages = compute_advantages(rewards, masks, self.algo, kls, reduce=self._dp_sum)
-        return {
-            index: SampleTensors(
-                mask=masks[k],
-                advantages=advantages[k],
-                old_logp=None if old is None else old[k],
-                ref_logp=None if ref is None else ref[k],
-                rollout_logp=sample_rollout_logp(samples[k]),
-            )
-            for k, index in enumerate(mine)
-        }
+        tensors = sample_tensors(samples, old, ref, self.algo, self._dp_sum)
+        return dict(zip(mine, tensors, strict=True))
 
     def _metric_names(self) -> list[str]:
         names = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl"]
@@ -249,19 +250,8 @@ class MegatronTrainer:
         entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
         logp, entropy = self._token_outputs(mb, output, entropy_mode)
         assert entropy is not None
-        rows = [data[i] for i in mb.samples]
-        mask = torch.cat([r.mask for r in rows])
-        old_logp = _cat([r.old_logp for r in rows])
-        inputs = LossInputs(
-            logp=logp,
-            old_logp=logp.detach() if old_logp is None else old_logp,
-            advantages=torch.cat([r.advantages for r in rows]),
-            weights=reduction_weights(mb.segment_ids, mask, self.algo.loss_reduction, denominator),
-            segment_ids=mb.segment_ids,
-            mask=mask,
-            entropy=entropy,
-            ref_logp=_cat([r.ref_logp for r in rows]),
-            rollout_logp=_cat([r.rollout_logp for r in rows]),
+        inputs = loss_inputs(
+            [data[i] for i in mb.samples], mb.segment_ids, logp, entropy, self.algo, denominator
         )
         result = compute_loss(inputs, self.algo, self.policy_loss_kind)
         metrics = torch.tensor([result.metrics[n] for n in names], dtype=torch.float64)
@@ -277,7 +267,10 @@ class MegatronTrainer:
         self.optimizer.zero_grad()
         mbs = self._build(batch, plan.micro_batches)
         outputs = run_micro_batches(
-            self.model, mbs, lambda mb, out: self._train_loss(data, plan.denominator, mb, out), False
+            self.model,
+            mbs,
+            lambda mb, out: self._train_loss(data, plan.denominator, mb, out),
+            False,
         )
         lr = lr_at_step(self.step, self.optim)
         for group in self.optimizer.param_groups:
@@ -289,7 +282,11 @@ class MegatronTrainer:
             for out in outputs:
                 sums += out["metrics"]
         dist.all_reduce(sums)
-        return {**dict(zip(names, sums.tolist(), strict=True)), "grad_norm": float(grad_norm), "lr": lr}
+        return {
+            **dict(zip(names, sums.tolist(), strict=True)),
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+        }
 
     def train_step(self, batch: Sequence[TrainSample]) -> dict[str, float]:
         """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics."""
@@ -357,19 +354,55 @@ class MegatronTrainer:
             dist.barrier()
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the model and optimizer (ranks differ: save every rank's)."""
-        return {
-            "model": self.model.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": {"step": self.step},
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
+        """Model, optimizer and step as a torch_dist checkpoint (every rank writes its shards;
+        loads under any layout). Collective."""
+        path = Path(ckpt_dir)
         with cpu_compat():
+            save_torch_dist(self._sharded_state(), path)
+            if dist.get_rank() == 0:
+                (path / STEP_FILE).write_text(f"{self.step}\n")
+            dist.barrier()
+        return path
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> None:
+        """Inverse of save_checkpoint. Collective."""
+        path = Path(ckpt_dir)
+        with cpu_compat(), torch.no_grad():  # fp32 main params are the model's own leaves
+            self._materialize_optimizer_state()
+            state = load_torch_dist_state(self._sharded_state(is_loading=True), path)
             self.model.module.load_state_dict(state["model"], strict=False)
             self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["scheduler"]["step"])
+            untie_adam_steps(self.optimizer)
+        self.step = int((path / STEP_FILE).read_text())
+
+    def _materialize_optimizer_state(self) -> None:
+        """The distributed optimizer describes its checkpoint from existing Adam state; before
+        the first step there is none, so take megatron-core's zero-gradient step (the loaded
+        values then overwrite it)."""
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
+                if not optimizer.optimizer.state:
+                    optimizer._init_optimizer_states_with_dummy_values()
+
+    def _sharded_state(self, is_loading: bool = False) -> dict[str, Any]:
+        model_state = self.model.module.sharded_state_dict()
+        return {
+            "model": model_state,
+            "optimizer": self.optimizer.sharded_state_dict(
+                model_state, is_loading=is_loading, metadata=OPTIMIZER_CKPT_FORMAT
+            ),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Not offered: each rank holds a shard; use save_checkpoint on every rank."""
+        raise NotImplementedError(
+            "MegatronTrainer shards model and optimizer over ranks, so no one rank's dict is "
+            "the whole state; call save_checkpoint(dir) / load_checkpoint(dir) on every rank"
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state_dict()
 
     def close(self) -> None:
         destroy_parallel()

@@ -237,7 +237,9 @@ class WeightMap:
         self.moe = {m: (hf, lay) for m, hf, lay in layer + MOE}
         self.experts = {m: (hf, lay) for m, hf, lay in EXPERTS}
         first_dense = model.moe.first_k_dense_layers if model.moe else model.num_layers
-        self.is_moe_layer = [model.moe is not None and i >= first_dense for i in range(model.num_layers)]
+        self.is_moe_layer = [
+            model.moe is not None and i >= first_dense for i in range(model.num_layers)
+        ]
 
     def rule(self, name: str) -> Rule:
         """The rule of a global Megatron parameter name."""

@@ -116,7 +116,12 @@ def tensor_bucket_payload(trainer: Any, names: Sequence[str]) -> str:
     """
     if not torch.cuda.is_available():
         raise RuntimeError("tensor weight sync passes CUDA IPC handles and needs a GPU")
+    from sglang.srt.patch_torch import monkey_patch_torch_reductions
     from sglang.srt.utils import MultiprocessingSerializer
+
+    # Handles name the GPU by UUID, not index: this process sees only its own GPU (as
+    # cuda:0) while the engine sees the whole node. Idempotent.
+    monkey_patch_torch_reductions()
 
     device = torch.device("cuda", torch.cuda.current_device())
     named = [(n, t.detach().to(device)) for n, t in _select(trainer, names)]

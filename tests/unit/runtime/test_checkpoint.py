@@ -159,10 +159,18 @@ def test_shape_and_backend_changes_are_refused_field_by_field() -> None:
     before = {"model": {"hidden_size": 256, "num_layers": 4}, "trainer": {"backend": "torch"}}
     after = {"model": {"hidden_size": 512, "num_layers": 4}, "trainer": {"backend": "megatron"}}
     with pytest.raises(UserError) as caught:
-        check_resume_changes(diff_configs(before, after), [], "ckpt/rollout_3")
+        check_resume_changes(
+            diff_configs(before, after), [], "ckpt/rollout_3", ("torch", "megatron")
+        )
     keys = [issue.key for issue in caught.value.issues]
     assert keys == ["model.hidden_size", "trainer.backend"]
     assert "set model.hidden_size=256" in caught.value.render()
+
+
+def test_naming_the_backend_that_auto_picks_is_not_a_change_of_backend() -> None:
+    changes = diff_configs({"trainer": {"backend": "auto"}}, {"trainer": {"backend": "torch"}})
+    reported = check_resume_changes(changes, [], "c", ("torch", "torch"))
+    assert [c.key for c in reported] == ["trainer.backend"]
 
 
 def test_other_changes_are_reported_and_launch_options_ignored() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import wandb
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlpost.runtime.metrics import MetricsLogger, read_metrics, truncate_metrics
@@ -53,3 +54,4 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path: Path) -> None:
     second.close()
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)
+    wandb.teardown()  # stop this process's wandb service (and unset WANDB_SERVICE)

@@ -1,13 +1,26 @@
-"""Tiny random HF checkpoints of each architecture the Megatron backend builds, with the
-model YAML (ModelConfig) that describes each."""
+"""Shared pieces of the Megatron backend tests: tiny random HF checkpoints of each
+architecture with the model YAML (ModelConfig) describing each, rollouts, and a launcher that
+runs a function on N forked ranks (gloo on CPU).
+
+Every megatron-core process group lives in a forked child, never in the pytest process, so
+tests can use any layout in any order. fork, not spawn: children reuse the parent's imports
+(megatron-core costs seconds per process to import on two cores).
+"""
 
 from __future__ import annotations
 
+import os
+import random
+import socket
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+import torch.multiprocessing as mp
 from transformers import (
     Glm4Config,
     Glm4ForCausalLM,
@@ -19,9 +32,16 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rlpost.schema import ModelConfig
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+RANK_TIMEOUT_S = 180.0
+
+# ---- tiny random HF checkpoints of each architecture, and their model YAML --------------
 
 VOCAB = 96
+HALF_ROTARY = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"}
 HIDDEN = 64
 
 
@@ -91,7 +111,11 @@ def glm4(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=256,
-        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
+        rope_parameters={
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "rope_type": "default",
+        },
         rms_norm_eps=1e-5,
         attention_bias=True,
         tie_word_embeddings=False,
@@ -144,7 +168,11 @@ def glm4_moe(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=256,
-        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
+        rope_parameters={
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "rope_type": "default",
+        },
         rms_norm_eps=1e-5,
         attention_bias=True,
         use_qk_norm=True,
@@ -222,9 +250,138 @@ def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
     )
 
 
+def qwen3_untied(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    return qwen3(path, tied=False, layers=layers, seed=seed)
+
+
 ARCHITECTURES: dict[str, Callable[..., ModelConfig]] = {
     "qwen3": qwen3,
+    "qwen3_untied": qwen3_untied,
     "glm4": glm4,
     "glm4_moe": glm4_moe,
     "glm4_moe_lite": glm4_moe_lite,
 }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(
+    rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]
+) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    torch.save(fn(rank, world, port, *args), Path(out) / f"rank{rank}.pt")
+
+
+def run_world(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+    """fn(rank, world_size, master_port, *args) on `world` forked ranks; their return values."""
+    with tempfile.TemporaryDirectory() as out:
+        ranks = mp.start_processes(
+            _rank_main,
+            args=(fn, world, free_port(), out, args),
+            nprocs=world,
+            join=False,
+            start_method="fork",
+        )
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        while not ranks.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in ranks.processes:
+                    process.kill()
+                pytest.fail(f"{world} ranks did not finish in {RANK_TIMEOUT_S:.0f} s")
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def layout(**sizes: Any) -> ParallelLayout:
+    """A ParallelLayout of all ones unless given; world = tp x pp x cp x dp."""
+    base: dict[str, Any] = {
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "ep": 1,
+        "etp": 1,
+        "dp": 1,
+        "sequence_parallel": False,
+        "recompute": "none",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+        "distributed_optimizer": True,
+    }
+    return ParallelLayout(**(base | sizes))
+
+
+def rollout(count: int, *, seed: int = 0, min_len: int = 5, max_len: int = 24) -> list[TrainSample]:
+    """Random token rollouts with masks, rewards and engine logprobs."""
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(count):
+        length = rng.randint(min_len, max_len)
+        response = rng.randint(1, length - 1)
+        tokens = [rng.randrange(2, VOCAB) for _ in range(length)]
+        mask = [int(rng.random() > 0.2) for _ in range(response)]
+        mask[-1] = 1
+        logprobs = [-rng.uniform(3.0, 5.0) for _ in range(response)]
+        reward = rng.choice([-1.0, -0.5, 0.5, 1.0])
+        samples.append(TrainSample(tokens, response, reward, logprobs, mask))
+    return samples
+
+
+Configs = tuple[AlgoConfig, OptimConfig, TrainConfig]
+
+
+def configs(
+    gbs: int = 8, *, algo: dict | None = None, optim: dict | None = None, train: dict | None = None
+) -> Configs:
+    return (
+        AlgoConfig(**({"loss_reduction": "token_mean"} | (algo or {}))),
+        OptimConfig(**({"lr": 1e-3, "adam_eps": 1e-4, "clip_grad": 1.0} | (optim or {}))),
+        TrainConfig(
+            **(
+                {"global_batch_size": gbs, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 48}
+                | (train or {})
+            )
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModelConfig]:
+    """Architecture name -> the ModelConfig of a tiny random HF checkpoint (built once)."""
+    root = tmp_path_factory.mktemp("megatron_tiny")
+    built: dict[str, ModelConfig] = {}
+
+    def get(arch: str) -> ModelConfig:
+        if arch not in built:
+            built[arch] = ARCHITECTURES[arch](root / arch)
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def world() -> Callable[..., list[Any]]:
+    return run_world
+
+
+@pytest.fixture
+def make_layout() -> Callable[..., ParallelLayout]:
+    return layout
+
+
+@pytest.fixture
+def make_rollout() -> Callable[..., list[TrainSample]]:
+    return rollout
+
+
+@pytest.fixture
+def make_configs() -> Callable[..., Configs]:
+    return configs

@@ -1,0 +1,58 @@
+"""On a CUDA machine the CPU layer stays off and the same trainer runs in bf16 over NCCL.
+
+Skipped without CUDA (the CPU tests cover the logic); run on a GPU machine with
+`pytest -m gpu tests/unit/backends/megatron`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from rlpost.backends.megatron.compat import needs_cpu_compat
+from rlpost.backends.megatron.trainer import MegatronTrainer
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def one_step(
+    rank: int,
+    world: int,
+    port: int,
+    model: ModelConfig,
+    configs: tuple[AlgoConfig, OptimConfig, TrainConfig],
+    par: ParallelLayout,
+    samples: list[TrainSample],
+) -> dict[str, Any]:
+    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
+    try:
+        before = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+        metrics = trainer.train_step(samples)
+        after = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+    finally:
+        trainer.close()
+    moved = max(float((after[n].float() - w.float()).abs().max()) for n, w in before.items())
+    return {"metrics": metrics, "moved": moved, "compat": needs_cpu_compat()}
+
+
+def test_trains_on_cuda_in_bf16(
+    tiny_models: Callable[[str], ModelConfig],
+    world: Callable[..., list[Any]],
+    make_layout: Callable[..., ParallelLayout],
+    make_rollout: Callable[..., list[TrainSample]],
+    make_configs: Callable[..., Any],
+) -> None:
+    model = tiny_models("qwen3").model_copy(update={"params_dtype": "bf16"})
+    [result] = world(one_step, 1, model, make_configs(), make_layout(), make_rollout(8))
+    assert not result["compat"]
+    assert math.isfinite(result["metrics"]["train/loss"]) and result["moved"] > 0
