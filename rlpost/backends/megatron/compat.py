@@ -4,8 +4,8 @@ Everything here is inactive on a machine with CUDA (`cpu_compat()` is then a no-
 any megatron-core other than 0.16.x. What each piece does, and when it can go:
 
 - `_CpuDevices`, a torch function mode active only inside `cpu_compat()`:
-  * device arguments naming CUDA (`device='cuda'`, `torch.cuda.current_device()`'s index,
-    `.cuda()`, `.to('cuda')`) become CPU: layers, p2p buffers, the param/grad buffers of
+  * device arguments naming CUDA (`device='cuda'`, a CUDA index, `.cuda()`, `.to('cuda')`)
+    become CPU: layers, p2p buffers, the param/grad buffers of
     DistributedDataParallel, the optimizer's scale tensors and grad clipping allocate there;
   * `pin_memory=True` is dropped (pinning needs an accelerator);
   * `Tensor.type()` reports 'torch.cuda.<T>Tensor' for CPU tensors, because the optimizers
@@ -32,7 +32,8 @@ any megatron-core other than 0.16.x. What each piece does, and when it can go:
 - `tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state` act on the CPU generator:
   activation recomputation saves and restores the RNG state around each checkpointed block
   (so dropout repeats itself), through torch.cuda.random directly. Same lifetime.
-- `moe_utils.te_general_gemm = None`: megatron-core 0.16 leaves the name undefined when
+- Set once per CPU process by `install_cpu_state` (with the two stand-ins above):
+  `moe_utils.te_general_gemm = None`: megatron-core 0.16 leaves the name undefined when
   TransformerEngine is absent, so the MoE router's gating linear raises NameError; None selects
   its torch path. Can go when megatron-core defines the fallback.
 - `multi_latent_attention.HAVE_TE = False` without TransformerEngine: 0.16's import guard

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -217,7 +217,7 @@ def save_torch_dist(state: nn.Module | dict[str, Any], ckpt_dir: str | Path) -> 
     checkpoint; every rank writes its own shards. Collective."""
     path = Path(ckpt_dir)
     path.mkdir(parents=True, exist_ok=True)
-    sharded = state.sharded_state_dict() if isinstance(state, nn.Module) else state
+    sharded = _sharded(state) if isinstance(state, nn.Module) else state
     with in_process_checkpoint_writes():
         dist_checkpointing.save(sharded, str(path))
 
@@ -230,4 +230,11 @@ def load_torch_dist_state(sharded: dict[str, Any], ckpt_dir: str | Path) -> dict
 
 def load_torch_dist(module: nn.Module, ckpt_dir: str | Path) -> None:
     """Load a torch_dist checkpoint written under any parallel layout into `module`."""
-    module.load_state_dict(load_torch_dist_state(module.sharded_state_dict(), ckpt_dir), strict=False)
+    state = load_torch_dist_state(_sharded(module), ckpt_dir)
+    module.load_state_dict(state, strict=False)
+
+
+def _sharded(module: nn.Module) -> dict[str, Any]:
+    """megatron-core's sharded state dict of a MegatronModule."""
+    sharded: dict[str, Any] = module.sharded_state_dict()  # type: ignore[operator]
+    return sharded

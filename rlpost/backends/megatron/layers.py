@@ -143,8 +143,8 @@ class PackedAttention(MegatronModule):
         if packed_seq_params is None:  # [s, b, h, d]: each batch entry is one sample
             s, b = query.shape[:2]
             cu = torch.arange(0, (b + 1) * s, s)
-            flat = [x.transpose(0, 1).reshape(b * s, *x.shape[2:]) for x in (query, key, value)]
-            out = self._attend(*flat, cu)
+            q, k, v = (x.transpose(0, 1).reshape(b * s, *x.shape[2:]) for x in (query, key, value))
+            out = self._attend(q, k, v, cu)
             return out.view(b, s, -1).transpose(0, 1).contiguous()
         cu = packed_seq_params.cu_seqlens_q_padded
         cu = packed_seq_params.cu_seqlens_q if cu is None else cu

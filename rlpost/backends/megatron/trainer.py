@@ -61,6 +61,10 @@ from rlpost.types import TrainSample
 Which = Literal["actor", "ref"]
 NO_CLIP = 1e30  # clip_grad 0 means "report the norm, never clip"
 STEP_FILE = "rlpost_step.txt"
+SHARDED_STATE = (
+    "MegatronTrainer shards model and optimizer over its ranks, so no one rank's dict is the "
+    "whole state; call save_checkpoint(dir) / load_checkpoint(dir) on every rank instead"
+)
 # canonical optimizer state (per model parameter): loads under another layout too
 OPTIMIZER_CKPT_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -355,8 +359,9 @@ class MegatronTrainer:
         return out
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
-        """Model, optimizer and step as a torch_dist checkpoint (every rank writes its shards;
-        loads under any layout). Collective."""
+        """Model, optimizer and step as a torch_dist checkpoint, every rank writing its shards.
+        The model part loads under any layout; the distributed optimizer's Adam state (in
+        megatron-core's dp_reshardable format) under the same TP/PP/EP and any DP. Collective."""
         path = Path(ckpt_dir)
         with cpu_compat():
             save_torch_dist(self._sharded_state(), path)
@@ -381,9 +386,9 @@ class MegatronTrainer:
         the first step there is none, so take megatron-core's zero-gradient step (the loaded
         values then overwrite it)."""
         for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            if hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
-                if not optimizer.optimizer.state:
-                    optimizer._init_optimizer_states_with_dummy_values()
+            fill = getattr(optimizer, "_init_optimizer_states_with_dummy_values", None)
+            if fill is not None and not optimizer.optimizer.state:
+                fill()
 
     def _sharded_state(self, is_loading: bool = False) -> dict[str, Any]:
         model_state = self.model.module.sharded_state_dict()
@@ -396,13 +401,11 @@ class MegatronTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Not offered: each rank holds a shard; use save_checkpoint on every rank."""
-        raise NotImplementedError(
-            "MegatronTrainer shards model and optimizer over ranks, so no one rank's dict is "
-            "the whole state; call save_checkpoint(dir) / load_checkpoint(dir) on every rank"
-        )
+        raise NotImplementedError(SHARDED_STATE)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state_dict()
+        """Not offered: use load_checkpoint on every rank."""
+        raise NotImplementedError(SHARDED_STATE)
 
     def close(self) -> None:
         destroy_parallel()

@@ -40,6 +40,44 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def _listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on `port` here (Linux /proc), or None where unknown."""
+    inodes: set[str] = set()
+    found_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found_table = True
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    return inodes if found_table else None
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds the socket listening on `port` (None: cannot tell).
+
+    Two runs on one host can pick the same free port at the same moment; the one that
+    loses the bind must not take the winner's server for its own.
+    """
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return None
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
+                return True
+    return False
+
+
 class EngineProcess:
     """The server process of one (engine, node); start() may be called again after stop()."""
 
@@ -59,12 +97,27 @@ class EngineProcess:
         return self.backend.command(self.spec, self.port)
 
     def start(self) -> str:
-        """Launch; the head returns its URL once healthy, other nodes once launched."""
+        """Launch; the head returns its URL once healthy, other nodes once launched.
+
+        The plan's port when free here (a restart may find it still held, or taken). If
+        another process takes the port while this one starts, it starts once more on a
+        port the system hands out.
+        """
         if self.is_alive():
             raise EngineStartError(f"engine {self.spec.index} is already running")
         spec = self.spec
-        # The plan's port when free here; a restart may find it still held (or taken).
-        self.port = spec.port if is_port_free(spec.port, spec.host) else free_port(spec.host)
+        port = spec.port if is_port_free(spec.port, spec.host) else free_port(spec.host)
+        try:
+            return self._launch(port)
+        except EngineStartError:
+            if not spec.is_head or self.is_alive() or is_port_free(self.port, spec.host):
+                raise
+            self.stop()
+            return self._launch(free_port(spec.host))
+
+    def _launch(self, port: int) -> str:
+        spec = self.spec
+        self.port = port
         env = {**os.environ, **self.backend.env(spec), **self.extra_env}
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as log:
@@ -96,9 +149,11 @@ class EngineProcess:
             try:
                 url = self.url + self.backend.health_path
                 with urllib.request.urlopen(url, timeout=30) as reply:
-                    if reply.status == 200:
+                    if reply.status == 200 and self._owns_port():
                         return
                     last = f"HTTP {reply.status}"
+                    if reply.status == 200:
+                        last = f"port {self.port} answers, but from another process"
             except urllib.error.HTTPError as exc:
                 last = f"HTTP {exc.code}"
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
@@ -108,6 +163,10 @@ class EngineProcess:
             f"engine {self.spec.index} not healthy after {timeout_s} s ({last}); "
             f"see {self.spec.log_path}"
         )
+
+    def _owns_port(self) -> bool:
+        assert self.proc is not None
+        return listens_on(self.proc.pid, self.port) is not False
 
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None

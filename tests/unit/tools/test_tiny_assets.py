@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -19,13 +21,21 @@ TRAIN_PATH = ASSETS / "data" / "arith_train.jsonl"
 EVAL_PATH = ASSETS / "data" / "arith_eval.jsonl"
 BUILDER_PATH = REPO_ROOT / "tools" / "build_tiny_assets.py"
 
-# Measured on the shipped model: 0.78 of the 32 first eval problems solved greedily.
-MIN_GREEDY_SOLVE_RATE = 0.6
+# The shipped model greedily solves 23 of the first 32 eval problems (0.72) and 77% of all 128.
+MIN_GREEDY_SOLVE_RATE = 0.5
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def read_jsonl(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline_hub() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("TRANSFORMERS_OFFLINE", "1")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +48,9 @@ def builder() -> ModuleType:
     spec = importlib.util.spec_from_file_location("build_tiny_assets", BUILDER_PATH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(autouse=True)
-def offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
 def test_chat_template_renders_chatml_with_generation_prompt(
@@ -107,9 +112,7 @@ def test_prompts_stay_short_with_the_template(tokenizer: PreTrainedTokenizerBase
     assert longest < 40
 
 
-def test_builder_reproduces_shipped_data_and_tokenizer(
-    builder: ModuleType, tmp_path: Path
-) -> None:
+def test_builder_reproduces_shipped_data_and_tokenizer(builder: ModuleType, tmp_path: Path) -> None:
     train, evaluation = builder.split_problems(builder.SEED)
     builder.write_jsonl(tmp_path / "train.jsonl", train)
     builder.write_jsonl(tmp_path / "eval.jsonl", evaluation)

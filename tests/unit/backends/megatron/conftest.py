@@ -274,6 +274,11 @@ def _rank_main(
 ) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    if torch.distributed.is_initialized():
+        raise RuntimeError(
+            "the pytest process holds a torch.distributed group, which forked ranks inherit; "
+            "a test that initialises one must do so in a child process"
+        )
     torch.save(fn(rank, world, port, *args), Path(out) / f"rank{rank}.pt")
 
 
