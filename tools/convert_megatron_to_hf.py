@@ -1,9 +1,9 @@
 """Convert a megatron-core torch_dist checkpoint (rlpost's Megatron backend) back to an HF
 folder.
 
-Weights come from the torch_dist checkpoint; config.json, tokenizer files and any tensors the
-trainer does not hold (MTP layers) come from `model.hf_checkpoint`, which must agree with the
-model YAML (checked first, as in convert_hf_to_megatron.py).
+Weights come from the torch_dist checkpoint; config.json, tokenizer files and any tensors it
+does not hold (MTP layers of a run that did not train them) come from `model.hf_checkpoint`,
+which must agree with the model YAML (checked first, as in convert_hf_to_megatron.py).
 
     python tools/convert_megatron_to_hf.py model=qwen3-4b \\
         --load /root/Qwen3-4B_rlpost/iter_0000100 --out /root/Qwen3-4B_step100_hf

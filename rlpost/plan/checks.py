@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlpost.errors import Issue
+from rlpost.plan.backends import GPU_TRAINERS, resolve_trainer_backend, unsupported_parallel
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
 from rlpost.schema import RunConfig
@@ -286,3 +287,32 @@ def check_async_loop(ctx: PlanContext) -> list[Issue]:
             )
         ]
     return []
+
+
+@check("trainer_backend")
+def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
+    configured = ctx.cfg.trainer.backend
+    backend = resolve_trainer_backend(ctx.cfg, ctx.parallel)
+    issues = []
+    if ctx.cfg.hardware.kind == "gpu" and backend not in GPU_TRAINERS:
+        issues.append(
+            Issue(
+                "trainer.backend",
+                f"the {backend} trainer trains on CPU, and {ctx.cfg.hardware.name} is a GPU "
+                "machine",
+                "set trainer.backend=megatron (or auto)",
+                value=configured,
+            )
+        )
+    unsupported = unsupported_parallel(backend, ctx.parallel)
+    if unsupported:
+        sizes = ", ".join(f"{k}={v}" for k, v in unsupported.items())
+        issues.append(
+            Issue(
+                "trainer.backend",
+                f"the {backend} trainer is data parallel only, and the layout has {sizes}",
+                "set trainer.backend=megatron (or auto), or set layout.train sizes to 1",
+                value=configured,
+            )
+        )
+    return issues

@@ -185,14 +185,4 @@ def check_cpu_slots(ctx: PlanContext) -> list[Issue]:
                 ctx.engine.gpus_per_engine,
             )
         )
-    if ctx.parallel.sequence_parallel:
-        issues.append(
-            Issue(
-                "layout.train.sequence_parallel",
-                "sequence parallelism needs TransformerEngine or Apex kernels, which do not run "
-                "on CPU",
-                "set layout.train.sequence_parallel: false",
-                True,
-            )
-        )
     return issues

@@ -7,6 +7,7 @@ from typing import Any
 
 import rlpost.plan.engine_checks  # noqa: F401  (registers the engine and batch rules)
 from rlpost.errors import UserError
+from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import estimate_rollout
@@ -36,6 +37,7 @@ class Plan:
     hardware: str
     layout: str
     hardware_kind: str
+    trainer_backend: str
     placement: Placement
     parallel: ParallelLayout
     engine: EngineLayout
@@ -58,6 +60,7 @@ class Plan:
                     "hardware": self.hardware,
                     "layout": self.layout,
                     "hardware_kind": self.hardware_kind,
+                    "trainer_backend": self.trainer_backend,
                 },
                 "placement": _placement_dict(self.placement),
                 "parallel": _parallel_dict(self.parallel, self.pipeline_stages),
@@ -201,6 +204,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         hardware=hw.name,
         layout=cfg.layout.name,
         hardware_kind=hw.kind,
+        trainer_backend=resolve_trainer_backend(cfg, par),
         placement=placement,
         parallel=par,
         engine=engine,

@@ -17,6 +17,9 @@ def _mark(plan: Plan, value: Cell, key: str) -> str:
     return f"{text}{DERIVED_MARK}" if plan.is_derived(key) else text
 
 
+TRAINER_NAMES = {"megatron": "megatron-core", "torch": "torch (data parallel)"}
+
+
 def render_header(plan: Plan) -> str:
     p = plan.placement
     mode = "colocated" if p.colocate else "decoupled"
@@ -28,7 +31,8 @@ def render_header(plan: Plan) -> str:
     return (
         f"rlpost plan: model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout})\n"
-        f"{mode}: {split} of {p.total_gpus} ({p.num_nodes} node(s) x {p.gpus_per_node})\n"
+        f"{mode}: {split} of {p.total_gpus} ({p.num_nodes} node(s) x {p.gpus_per_node}); "
+        f"trainer: {TRAINER_NAMES.get(plan.trainer_backend, plan.trainer_backend)}\n"
         f"values marked {DERIVED_MARK} were derived by the planner (the layout left them null)"
     )
 

@@ -252,6 +252,24 @@ def sglang_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     return flags
 
 
+def mtp_model_args(cfg: RunConfig) -> list[Flag]:
+    """slime builds (and loads) the MTP layers only when told their count; rlpost builds them
+    only to train them, and otherwise passes their weights through to the engines."""
+    train = cfg.recipe.train
+    return [flag("--mtp-num-layers", cfg.model.mtp_num_layers)] if train.mtp_training else []
+
+
+def spec_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    """MTP training (the seeds spell out the scaling factor even at its default)."""
+    train = cfg.recipe.train
+    if not train.mtp_training:
+        return []
+    return [
+        ("--enable-mtp-training",),
+        flag("--mtp-loss-scaling-factor", train.mtp_loss_scaling_factor),
+    ]
+
+
 def tracking_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     wandb = cfg.tracking.wandb
     wandb_flags = [
@@ -284,7 +302,7 @@ def misc_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
 
 GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
     "CLUSTER_ARGS": cluster_args,
-    "MODEL_ARGS": lambda cfg, plan: model_args(cfg.model),
+    "MODEL_ARGS": lambda cfg, plan: model_args(cfg.model) + mtp_model_args(cfg),
     "CKPT_ARGS": ckpt_args,
     "ROLLOUT_ARGS": rollout_args,
     "EVAL_ARGS": eval_args,
@@ -292,6 +310,7 @@ GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
     "OPTIMIZER_ARGS": optimizer_args,
     "PERF_ARGS": perf_args,
     "SGLANG_ARGS": sglang_args,
+    "SPEC_ARGS": spec_args,
     "TRACKING_ARGS": tracking_args,
     "MISC_ARGS": misc_args,
 }

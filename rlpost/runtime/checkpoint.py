@@ -28,7 +28,8 @@ STAGING_PREFIX = "tmp-"
 ABANDONED_DIR = "abandoned"
 NAME_PATTERN = re.compile(r"^rollout_(\d+)$")
 # Without these a checkpoint cannot be resumed from, whatever its manifest says.
-REQUIRED_FILES = ("loop.json", "config.yaml", "trainer/rank_0.pt")
+REQUIRED_FILES = ("loop.json", "config.yaml")
+REQUIRED_DIRS = ("trainer/",)  # the trainer's state, in its backend's own files
 HASH_CHUNK_BYTES = 1 << 22
 
 
@@ -121,6 +122,12 @@ def _listed_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
+def _missing(files: dict[str, Any]) -> list[str]:
+    """Required files, and required folders holding no file, absent from `files`."""
+    missing = [name for name in REQUIRED_FILES if name not in files]
+    return missing + [d for d in REQUIRED_DIRS if not any(f.startswith(d) for f in files)]
+
+
 def commit_save(staging: Path, keep_last: int) -> Path:
     """Seal a staging folder: sync, manifest last, rename into place, prune to `keep_last`."""
     rollouts_done = int(staging.name.removeprefix(STAGING_PREFIX))
@@ -129,7 +136,7 @@ def commit_save(staging: Path, keep_last: int) -> Path:
         fsync_file(path)
         rel = path.relative_to(staging).as_posix()
         files[rel] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-    missing = [name for name in REQUIRED_FILES if name not in files]
+    missing = _missing(files)
     if missing:
         raise RuntimeError(f"checkpoint {staging} is missing {missing}; not committing it")
     manifest = {
@@ -198,9 +205,8 @@ def verify(path: Path, check_hashes: bool = True) -> dict[str, Any]:
             path, f"manifest says {manifest.get('rollouts_done')} rollouts, the name says {done}"
         )
     files: dict[str, dict[str, Any]] = manifest["files"]
-    for name in REQUIRED_FILES:
-        if name not in files:
-            raise CheckpointError(path, f"manifest does not list {name}")
+    for name in _missing(files):
+        raise CheckpointError(path, f"manifest does not list {name}")
     for rel, entry in files.items():
         item = path / rel
         if not item.is_file():

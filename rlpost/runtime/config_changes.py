@@ -109,15 +109,15 @@ class ParallelChange:
 
 
 def parallel_changes(
-    before: Mapping[str, Any], after: Mapping[str, Any], replicated_dp: bool
+    before: Mapping[str, Any], after: Mapping[str, Any], dp_reshards: bool
 ) -> list[ParallelChange]:
-    """Differences of the plans' parallel grids. With `replicated_dp` (the torch trainer:
-    every DP rank holds the whole model and optimizer) a DP change loads rank 0's copy."""
+    """Differences of the plans' parallel grids; with `dp_reshards` the saved state loads
+    under another DP size."""
     changes = []
     for key in ("tp", "pp", "cp", "ep", "etp", "dp"):
         old, new = before.get(key), after.get(key)
         if old is not None and new is not None and old != new:
-            changes.append(ParallelChange(key, old, new, key == "dp" and replicated_dp))
+            changes.append(ParallelChange(key, old, new, key == "dp" and dp_reshards))
     return changes
 
 

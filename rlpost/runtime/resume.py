@@ -17,6 +17,7 @@ import yaml
 
 from rlpost.errors import Issue, UserError
 from rlpost.plan import Plan
+from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.runtime import checkpoint
 from rlpost.runtime.checkpoint import CheckpointError
 from rlpost.runtime.config_changes import (
@@ -44,10 +45,9 @@ class ResumePoint:
         return self.state.rollouts_done
 
 
-def trainer_backend(cfg: RunConfig) -> str:
-    """The trainer that runs: "auto" is the torch trainer in this build (Session refuses
-    anything else)."""
-    return "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
+def trainer_backend(cfg: RunConfig, plan: Plan) -> str:
+    """The trainer that runs (trainer.backend with `auto` resolved)."""
+    return resolve_trainer_backend(cfg, plan.parallel)
 
 
 def plan_grid(plan: Plan) -> dict[str, Any]:
@@ -66,10 +66,10 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     state = read_loop_state(path)
     saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
     changes = diff_configs(saved, cfg.model_dump(mode="json"))
-    grid = parallel_changes(
-        state.parallel, plan_grid(plan), replicated_dp=state.trainer_backend == "torch"
-    )
-    backends = (state.trainer_backend, trainer_backend(cfg))
+    # both backends reload under another DP size: the torch trainer's ranks are replicas, and
+    # megatron-core's distributed optimizer state is saved in a DP-reshardable format
+    grid = parallel_changes(state.parallel, plan_grid(plan), dp_reshards=True)
+    backends = (state.trainer_backend, trainer_backend(cfg, plan))
     reported = check_resume_changes(changes, grid, str(path), backends)
     status(f"resuming from {path} ({state.rollouts_done} rollouts done)")
     if reported:

@@ -1,14 +1,14 @@
 """The sglang-router (a Rust gateway) as a subprocess: start, register workers, stop.
 
 Generation goes through the router; control calls (abort, pause, weight updates) do not —
-the router answers 404 to them — and go to each worker directly.
+the router answers 404 to them — and go to each worker directly. The router process dies with
+the process that started it (`start_child`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from rlpost.backends.child_process import start_child
+from rlpost.backends.ports import free_port, is_port_free, listens_on
+
 logger = logging.getLogger(__name__)
 
 POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
@@ -25,6 +28,18 @@ POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
 
 class RouterError(RuntimeError):
     """The router failed to start, to register a worker, or to become ready."""
+
+
+class RouterPortTakenError(RouterError):
+    """Another process holds the port the router was to listen on."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"sglang-router could not listen on {host}:{port}: another process holds that "
+            f"port. Stop that process (`ss -ltnp 'sport = :{port}'` names it), or let the "
+            "router take a free port (RouterSettings.require_port=False, or port=None)"
+        )
+        self.port = port
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,9 @@ class RouterSettings:
     max_retries: int = 5
     host: str = "127.0.0.1"
     port: int | None = None  # None: a free port
+    # False: when another process holds `port` (a concurrent run took it first), start on a
+    # free port instead; True: fail with RouterPortTakenError.
+    require_port: bool = False
     startup_timeout_s: float = 60.0
     shutdown_grace_s: float = 5.0
     log_level: str = "warn"
@@ -58,12 +76,6 @@ class RouterWorker:
     id: str
     url: str
     is_healthy: bool
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def http_json(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
@@ -116,33 +128,58 @@ class Router:
         ]  # fmt: skip
 
     def start(self) -> Router:
-        """Launch the router and wait until it answers; it starts with no workers."""
+        """Launch the router and wait until it answers; it starts with no workers.
+
+        Only the router's own process holding the port counts: a process that took the port
+        first (another run's router answers /health too) is never mistaken for it. Unless
+        `require_port` is set, the router then starts once more on a free port.
+        """
         if self._process is not None:
             raise RouterError("the router is already running")
-        log = open(self.settings.log_path, "ab") if self.settings.log_path else None  # noqa: SIM115
         try:
-            self._process = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
+            return self._launch()
+        except RouterPortTakenError:
+            if self.settings.require_port:
+                raise
+            taken, self.port = self.port, free_port(self.settings.host)
+            logger.warning("router port %d is taken by another process; using %d", taken, self.port)
+            return self._launch()
+
+    def _launch(self) -> Router:
+        s = self.settings
+        log = open(s.log_path, "ab") if s.log_path else None  # noqa: SIM115
+        try:
+            process = start_child(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         finally:
             if log is not None:
                 log.close()  # the child holds its own descriptor
-        deadline = time.monotonic() + self.settings.startup_timeout_s
+        self._process = process
+        see_log = f"; see {s.log_path}" if s.log_path else ""
+        last = "no answer"
+        deadline = time.monotonic() + s.startup_timeout_s
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                code = self._process.returncode
+            if process.poll() is not None:
                 self._process = None
-                raise RouterError(f"sglang-router exited with code {code} at startup")
+                if not is_port_free(self.port, s.host):
+                    raise RouterPortTakenError(s.host, self.port)
+                raise RouterError(
+                    f"sglang-router exited with code {process.returncode} at startup{see_log}"
+                )
             try:
                 status, _ = http_json("GET", f"{self.url}/health", timeout_s=2)
-                if status == 200:
+            except OSError as exc:
+                last = str(exc)
+            else:
+                last = f"HTTP {status}"
+                if status == 200 and listens_on(process.pid, self.port) is not False:
                     return self
-            except OSError:
-                pass
+                if status == 200:
+                    last = f"port {self.port} answers, but from another process"
             time.sleep(0.1)
         self.stop()
         raise RouterError(
-            f"sglang-router did not answer on {self.url} within {self.settings.startup_timeout_s} s"
+            f"sglang-router did not answer on {self.url} within {s.startup_timeout_s} s "
+            f"({last}){see_log}"
         )
 
     def add_worker(self, worker_url: str) -> str:

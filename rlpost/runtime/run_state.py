@@ -7,12 +7,10 @@ each train rank's model and optimizer.
       buffer.pkl         partial-rollout groups waiting for a later rollout (pickled samples)
       rng/driver.pt      python and torch RNG of the driver
       rng/rank_<r>.pt    python and torch RNG of train rank r
-      trainer/rank_0.pt  model, optimizer and scheduler step
+      trainer/           model, optimizer and step, in the trainer backend's own format:
+                         torch: rank_0.pt (DP ranks hold identical replicas; rank 0 writes);
+                         megatron: a torch_dist checkpoint every rank writes its shards of
       config.yaml        the resolved config; provenance.json: overrides, git revision, packages
-
-With the torch trainer every data-parallel rank holds an identical replica of the model and
-the optimizer (gradients are summed before every step), so rank 0's copy is the state of all
-ranks and only it is written; it loads into any number of ranks.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ BUFFER_FILE = "buffer.pkl"
 DRIVER_RNG_FILE = "rng/driver.pt"
 CONFIG_FILE = "config.yaml"
 PROVENANCE_FILE = "provenance.json"
-STATE_RANK = 0
 
 
-def trainer_file(rank: int) -> str:
-    return f"trainer/rank_{rank}.pt"
+TRAINER_DIR = "trainer"
 
 
 def rank_rng_file(rank: int) -> str:
@@ -132,31 +128,25 @@ def restore_driver_rng(path: Path) -> None:
     restore_rng(_load_torch(path / DRIVER_RNG_FILE))
 
 
-# ---- each train rank's part (runs inside the rank's actor) --------------------------------
+# ---- each train rank's part (in the rank's process, given its trainer) --------------------
 
 
-def save_rank_state(actor: Any, staging: str, rank: int, with_optimizer: bool) -> None:
-    """Rank 0 writes model, optimizer and step; every rank writes its RNG."""
+def save_rank_state(trainer: Any, staging: str, rank: int, with_optimizer: bool) -> None:
+    """This rank's part of the trainer's state (a collective save for sharded trainers),
+    and its RNG."""
     root = Path(staging)
-    if rank == STATE_RANK:
-        state = actor.state_dict()
-        if not with_optimizer:
-            state.pop("optimizer")
-        _save_torch(state, root / trainer_file(STATE_RANK))
+    trainer.save_checkpoint(root / TRAINER_DIR, with_optimizer)
     _save_torch(capture_rng(), root / rank_rng_file(rank))
 
 
-def load_rank_state(actor: Any, checkpoint: str, rank: int) -> bool:
-    """Load rank 0's model and optimizer into this rank, and this rank's RNG when saved.
+def load_rank_state(trainer: Any, checkpoint: str, rank: int) -> bool:
+    """Load the trainer's state into this rank, and this rank's RNG when saved.
 
     Returns whether an RNG state was found for this rank (not when the run has more ranks
     than the saved one).
     """
     root = Path(checkpoint)
-    state = _load_torch(root / trainer_file(STATE_RANK))
-    if "optimizer" not in state:  # saved with save_optimizer=false: Adam starts over
-        state["optimizer"] = actor.state_dict()["optimizer"]
-    actor.load_state_dict(state)
+    trainer.load_checkpoint(root / TRAINER_DIR)
     rng_path = root / rank_rng_file(rank)
     if rng_path.is_file():
         restore_rng(_load_torch(rng_path))
@@ -174,12 +164,18 @@ def use_deterministic_algorithms(actor: Any) -> None:
 # ---- the policy of a saved checkpoint as an HF folder -------------------------------------
 
 
-def base_model_dir(checkpoint: Path) -> Path:
-    """The HF folder the run's trainer started from (its config and tokenizer files)."""
+def _saved_config(checkpoint: Path) -> dict[str, Any]:
     import yaml
 
-    config = yaml.safe_load((checkpoint / CONFIG_FILE).read_text(encoding="utf-8"))
-    model = config["model"]
+    config: dict[str, Any] = yaml.safe_load((checkpoint / CONFIG_FILE).read_text(encoding="utf-8"))
+    return config
+
+
+def base_model_dir(checkpoint: Path) -> Path:
+    """The HF folder the run's trainer started from (its config and tokenizer files)."""
+    model = _saved_config(checkpoint)["model"]
+    if read_loop_state(checkpoint).trainer_backend == "megatron":
+        return Path(model["hf_checkpoint"])  # model.load is a torch_dist checkpoint there
     return Path(model.get("load") or model["hf_checkpoint"])
 
 
@@ -187,14 +183,26 @@ def export_checkpoint_hf(checkpoint: Path, out_dir: Path, base_model: Path | Non
     """Write a verified checkpoint's policy to `out_dir` as an HF folder.
 
     The architecture, tokenizer and generation files come from `base_model` (default: the
-    run's model.load or model.hf_checkpoint); the weights from trainer/rank_0.pt.
+    run's HF model folder); the weights from the checkpoint's trainer state, in either
+    backend's format.
     """
-    from rlpost.backends.torch_trainer.model_io import export_hf, load_causal_lm
     from rlpost.runtime.checkpoint import verify
 
     verify(checkpoint)
     base = base_model or base_model_dir(checkpoint)
+    if read_loop_state(checkpoint).trainer_backend == "megatron":
+        from rlpost.backends.megatron import silence_known_warnings
+        from rlpost.schema import ModelConfig
+
+        silence_known_warnings()
+        from rlpost.backends.megatron.conversion import torch_dist_to_hf
+
+        fields = _saved_config(checkpoint)["model"] | {"hf_checkpoint": str(base)}
+        return torch_dist_to_hf(ModelConfig(**fields), checkpoint / TRAINER_DIR, out_dir)
+    from rlpost.backends.torch_trainer.model_io import export_hf, load_causal_lm
+    from rlpost.backends.torch_trainer.trainer import STATE_FILE
+
     model = load_causal_lm(base)
-    state = _load_torch(checkpoint / trainer_file(STATE_RANK))
+    state = _load_torch(checkpoint / TRAINER_DIR / STATE_FILE)
     model.load_state_dict(state["model"])
     return export_hf(model, base, out_dir)

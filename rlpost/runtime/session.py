@@ -19,9 +19,11 @@ from typing import Any
 
 import ray
 
+from rlpost.backends.ports import free_port
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import engine_backend, engine_specs, resolve_engine_backend
 from rlpost.plan import Plan
+from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.runtime.actors import TrainActor, TrainerSpec
 from rlpost.runtime.cluster import Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
@@ -44,7 +46,6 @@ from rlpost.types import TrainSample
 
 log = logging.getLogger(__name__)
 
-TRAINER_BACKENDS = {"torch", "auto"}
 # Released one stage at a time, and resumed weights first: the weight update needs the
 # weights' memory, the KV cache only the next rollout.
 RELEASE_STAGES = (("kv_cache",), ("cuda_graph",), ("weights",))
@@ -56,17 +57,8 @@ def _since(start: float) -> str:
 
 
 def _check_backends(cfg: RunConfig) -> None:
-    """The torch trainer; the CPU engine anywhere, SGLang on GPUs where it is installed."""
-    trainer = cfg.trainer.backend
-    if cfg.hardware.kind == "gpu" and trainer == "auto":
-        raise RuntimeError(
-            "training on GPUs uses trainer.backend=megatron, which this build does not "
-            "include yet; set trainer.backend=torch to run the torch trainer"
-        )
-    if trainer not in TRAINER_BACKENDS:
-        raise RuntimeError(
-            f"trainer.backend={trainer}: this build trains with trainer.backend=torch"
-        )
+    """The CPU engine anywhere, SGLang on GPUs where it is installed (the trainer backend is
+    checked with the plan)."""
     engine = resolve_engine_backend(cfg.engine.backend, cfg.hardware.kind)
     if engine_backend(engine).needs_gpu and cfg.hardware.kind != "gpu":
         raise RuntimeError(
@@ -197,15 +189,18 @@ class Session:
         placement = self.plan.placement
         cfg = self.cfg
         spec = TrainerSpec(
-            backend="torch",
-            model_dir=cfg.model.load or cfg.model.hf_checkpoint,
+            backend=resolve_trainer_backend(cfg, self.plan.parallel),
+            model=cfg.model,
+            layout=self.plan.parallel,
             algo=cfg.recipe.algo,
             optim=cfg.recipe.optim,
             train=cfg.recipe.train,
             rollout_temperature=cfg.recipe.rollout.temperature,
             world_size=placement.train_gpus,
             master_addr="127.0.0.1",
-            master_port=port_or_free(placement.train_master_port),
+            # the kernel's pick, not the plan's fixed port: runs that start together on one
+            # host would both find the fixed port free before either rank 0 binds it
+            master_port=free_port(),
             num_threads=self._threads_per_slot(),
             seed=cfg.run.seed,
         )
@@ -366,10 +361,15 @@ class Session:
         log.info("weights v%d pushed in %.2f s", version, time.perf_counter() - start)
 
     async def _trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        result: list[float] = await self.call_trainer(
-            0, trainer_side.probe_logprobs, prompt_ids, output_ids
+        """Rank 0's answer; every rank computes it (a sharded trainer's forward is collective)."""
+        results = await asyncio.gather(
+            *(
+                self.call_trainer(rank, trainer_side.probe_logprobs, prompt_ids, output_ids)
+                for rank in range(len(self.trainers))
+            )
         )
-        return result
+        first: list[float] = results[0]
+        return first
 
     async def _catch_up(self, url: str) -> None:
         """A restarted engine loads the weights the others serve before it is registered."""
@@ -380,13 +380,14 @@ class Session:
     # ---- checkpoints ---------------------------------------------------------------------
 
     def save_trainer(self, staging: Path, with_optimizer: bool) -> None:
-        """Every rank writes its RNG; rank 0 also its model and optimizer (the torch
-        trainer's DP ranks hold identical replicas, so rank 0's copy is everyone's)."""
+        """Every rank writes its RNG and its part of the trainer's state (see run_state)."""
         from rlpost.runtime.run_state import save_rank_state
 
         ray.get(
             [
-                t.__ray_call__.remote(save_rank_state, str(staging), rank, with_optimizer)
+                t.__ray_call__.remote(
+                    on_trainer, save_rank_state, str(staging), rank, with_optimizer
+                )
                 for rank, t in enumerate(self.trainers)
             ]
         )
@@ -397,7 +398,7 @@ class Session:
 
         found = ray.get(
             [
-                t.__ray_call__.remote(load_rank_state, str(checkpoint), rank)
+                t.__ray_call__.remote(on_trainer, load_rank_state, str(checkpoint), rank)
                 for rank, t in enumerate(self.trainers)
             ]
         )

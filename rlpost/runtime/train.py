@@ -243,7 +243,7 @@ class TrainLoop:
             wandb_run_id=self.logger.wandb_run_id,
             tensorboard_step=done,
             eval_history=[asdict(r) for r in self.reports],
-            trainer_backend=trainer_backend(cfg),
+            trainer_backend=trainer_backend(cfg, self.plan),
             parallel=plan_grid(self.plan),
             train_ranks=len(self.session.trainers),
             optimizer_saved=with_optimizer,

@@ -19,13 +19,13 @@ import contextlib
 import itertools
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlpost.backends.sglang import trainer_side
-from rlpost.backends.sglang.buckets import WeightInfo, plan_buckets
+from rlpost.backends.sglang.buckets import WeightInfo
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,22 @@ def _export(trainer: Any, out_dir: str) -> str:
 # ---- shared by the bucketed ways ----------------------------------------------------------
 
 
-async def _weight_buckets(call: TrainerCall, bucket_bytes: int) -> list[list[WeightInfo]]:
-    layout: list[WeightInfo] = await call(0, trainer_side.weight_layout)
-    return plan_buckets(layout, bucket_bytes)
+async def _weight_buckets(
+    call: TrainerCall, num_ranks: int, bucket_bytes: int
+) -> AsyncIterator[tuple[list[WeightInfo], bool]]:
+    """The trainers' weights bucket by bucket, each with whether it is the last. Every rank
+    steps through the stream together (a sharded trainer gathers each bucket collectively);
+    the bucket stays current on every rank until the next step."""
+    ranks = range(num_ranks)
+    await asyncio.gather(*(call(r, trainer_side.open_weight_stream, bucket_bytes) for r in ranks))
+    try:
+        while True:
+            steps = await asyncio.gather(*(call(r, trainer_side.next_weight_bucket) for r in ranks))
+            if steps[0] is None:
+                return
+            yield steps[0]
+    finally:
+        await asyncio.gather(*(call(r, trainer_side.close_weight_stream) for r in ranks))
 
 
 def _check_answers(answers: Sequence[Any], what: str) -> None:
@@ -139,26 +152,20 @@ class TensorSync:
         self.bucket_bytes = bucket_bytes
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
-        buckets = await _weight_buckets(self.call, self.bucket_bytes)
-        for number, bucket in enumerate(buckets):
-            last = number == len(buckets) - 1
-            try:
-                await self._send(bucket, str(version) if last else None, worker_urls)
-            finally:
-                # the engines have mapped (and copied from) the bucket: free it everywhere
-                await asyncio.gather(
-                    *(self.call(r, trainer_side.release_bucket) for r in range(self.num_ranks))
-                )
+        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes)
+        async with contextlib.aclosing(stream) as buckets:
+            async for _, last in buckets:
+                try:
+                    await self._send(str(version) if last else None, worker_urls)
+                finally:
+                    # the engines have mapped (and copied from) the bucket: free it everywhere
+                    await asyncio.gather(
+                        *(self.call(r, trainer_side.release_bucket) for r in range(self.num_ranks))
+                    )
 
-    async def _send(
-        self, bucket: Sequence[WeightInfo], version: str | None, worker_urls: Sequence[str]
-    ) -> None:
-        names = [w.name for w in bucket]
+    async def _send(self, version: str | None, worker_urls: Sequence[str]) -> None:
         payloads = await asyncio.gather(
-            *(
-                self.call(r, trainer_side.tensor_bucket_payload, names)
-                for r in range(self.num_ranks)
-            )
+            *(self.call(r, trainer_side.tensor_bucket_payload) for r in range(self.num_ranks))
         )
         answers = await asyncio.gather(
             *(
@@ -191,13 +198,14 @@ class DistributedSync:
         client: EngineClient,
         call: TrainerCall,
         *,
+        num_ranks: int,
         gpus_per_engine: int,
         bucket_bytes: int,
         backend: str = "nccl",
         multi_node: bool = False,
         timeout_s: float = 600.0,
     ) -> None:
-        self.client, self.call = client, call
+        self.client, self.call, self.num_ranks = client, call, num_ranks
         self.gpus_per_engine = gpus_per_engine
         self.bucket_bytes = bucket_bytes
         self.backend = backend
@@ -208,23 +216,28 @@ class DistributedSync:
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         await self._form_group(tuple(worker_urls))
-        buckets = await _weight_buckets(self.call, self.bucket_bytes)
-        for number, bucket in enumerate(buckets):
-            last = number == len(buckets) - 1
-            body = {
-                "names": [w.name for w in bucket],
-                "dtypes": [w.dtype for w in bucket],
-                "shapes": [list(w.shape) for w in bucket],
-                "group_name": self.group_name,
-                "flush_cache": last,
-                "weight_version": str(version) if last else None,
-            }
-            sends = self.call(0, trainer_side.broadcast_bucket, self.group_name, body["names"])
-            receives = [
-                self.client.post(u, "/update_weights_from_distributed", body) for u in worker_urls
-            ]
-            answers = await asyncio.gather(sends, *receives)
-            _check_answers(answers[1:], "update_weights_from_distributed")
+        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes)
+        async with contextlib.aclosing(stream) as buckets:
+            async for bucket, last in buckets:
+                await self._send(bucket, last, version, worker_urls)
+
+    async def _send(
+        self, bucket: Sequence[WeightInfo], last: bool, version: int, worker_urls: Sequence[str]
+    ) -> None:
+        body = {
+            "names": [w.name for w in bucket],
+            "dtypes": [w.dtype for w in bucket],
+            "shapes": [list(w.shape) for w in bucket],
+            "group_name": self.group_name,
+            "flush_cache": last,
+            "weight_version": str(version) if last else None,
+        }
+        sends = self.call(0, trainer_side.broadcast_bucket, self.group_name)
+        receives = [
+            self.client.post(u, "/update_weights_from_distributed", body) for u in worker_urls
+        ]
+        answers = await asyncio.gather(sends, *receives)
+        _check_answers(answers[1:], "update_weights_from_distributed")
 
     async def _form_group(self, urls: tuple[str, ...]) -> None:
         if self.group_name is not None and urls == self.group_urls:
@@ -292,6 +305,7 @@ WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
     "distributed": lambda c: DistributedSync(
         c.client,
         c.call,
+        num_ranks=c.num_ranks,
         gpus_per_engine=c.gpus_per_engine,
         bucket_bytes=c.bucket_bytes,
         backend="nccl" if c.on_gpu else "gloo",

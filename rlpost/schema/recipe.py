@@ -76,7 +76,8 @@ class RolloutConfig(Section):
                 f"over_sampling_batch_size={over} is below batch_size={self.batch_size}: "
                 "dynamic sampling draws over-sampling batches until batch_size groups pass",
                 fields=("over_sampling_batch_size",),
-                fix=f"set over_sampling_batch_size >= {self.batch_size} (e.g. {2 * self.batch_size})",
+                fix=f"set over_sampling_batch_size >= {self.batch_size} "
+                f"(e.g. {2 * self.batch_size})",
             )
         return self
 
@@ -147,6 +148,14 @@ class TrainConfig(Section):
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: PositiveInt | None = None
     balance_data: bool = False
+    mtp_training: bool = Field(
+        False,
+        description="train the model's multi-token-prediction layers (model.mtp_num_layers) "
+        "beside the policy, so a speculative decoder that drafts with them keeps up with it",
+    )
+    mtp_loss_scaling_factor: PositiveFloat = Field(
+        0.2, description="weight of the MTP loss (mean over MTP layers) beside the policy loss"
+    )
 
     @model_validator(mode="after")
     def check_dynamic_batch_has_cap(self) -> TrainConfig:

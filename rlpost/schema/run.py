@@ -20,9 +20,7 @@ class TrainerConfig(Section):
 
 class EngineConfig(Section):
     backend: Literal["auto", "sglang", "cpu"] = "auto"
-    router_policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = (
-        "round_robin"
-    )
+    router_policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
     request_timeout_s: PositiveFloat = 3600.0
     startup_timeout_s: PositiveFloat = 600.0
     max_batch_size: PositiveInt = 256
@@ -126,5 +124,27 @@ class RunConfig(Section):
                 fields=("model.ref_load",),
                 fix="set model.ref_load (an HF folder or a torch_dist checkpoint; the initial "
                 "policy, e.g. ${model.hf_checkpoint}), or recipe.algo.use_kl_loss: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_mtp_training_has_layers(self) -> RunConfig:
+        train = self.recipe.train
+        if not train.mtp_training:
+            return self
+        if self.model.mtp_num_layers == 0:
+            raise InvariantError(
+                f"recipe.train.mtp_training is on, but model {self.model.name!r} has "
+                "model.mtp_num_layers=0: there are no multi-token-prediction layers to train",
+                fields=("recipe.train.mtp_training",),
+                fix="set recipe.train.mtp_training: false, or model.mtp_num_layers to the "
+                "checkpoint's MTP layer count (the HF config's num_nextn_predict_layers)",
+            )
+        if self.trainer.backend == "torch":
+            raise InvariantError(
+                "recipe.train.mtp_training needs the Megatron trainer, which builds the MTP "
+                "layers; trainer.backend=torch trains the main model only",
+                fields=("trainer.backend",),
+                fix="set trainer.backend=megatron, or recipe.train.mtp_training: false",
             )
         return self

@@ -2,59 +2,14 @@
 
 from __future__ import annotations
 
-import copy
-import functools
-from pathlib import Path
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
-import yaml
 
 from rlpost.errors import UserError
 from rlpost.plan import build_plan
 from rlpost.schema import RunConfig
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-GROUPS = ("model", "recipe", "hardware", "layout")
-
-
-@functools.cache
-def _composed(groups: tuple[str, ...]) -> dict[str, Any]:
-    """Compose the group choices once (the launcher's loader when present)."""
-    try:
-        from rlpost.config.loader import compose_run_config
-    except ImportError:
-        from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
-
-        from rlpost.config.resolvers import register_resolvers
-
-        register_resolvers()
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-            cfg = compose("config", overrides=list(groups))
-        data = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(data, dict)
-        return {str(k): v for k, v in data.items()}
-    return compose_run_config(list(groups))[0].model_dump()
-
-
-def compose_run(*overrides: str) -> RunConfig:
-    """Group choices through Hydra, then `a.b=value` overrides on the validated tree (fast:
-    one compose per group combination)."""
-    groups = tuple(o for o in overrides if o.split("=")[0] in GROUPS)
-    data = copy.deepcopy(_composed(groups))
-    for override in overrides:
-        if override in groups:
-            continue
-        dotted, value = override.lstrip("+").split("=", 1)
-        *parents, leaf = dotted.split(".")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = yaml.safe_load(value)
-    return RunConfig.model_validate(data)
 
 
 class Bad(NamedTuple):
@@ -298,7 +253,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_plan_is_rejected(case: Bad) -> None:
+def test_bad_plan_is_rejected(case: Bad, compose_run: Callable[..., RunConfig]) -> None:
     cfg = compose_run(*case.overrides)
     with pytest.raises(UserError) as info:
         build_plan(cfg)
@@ -308,7 +263,7 @@ def test_bad_plan_is_rejected(case: Bad) -> None:
     assert all(issue.fix for issue in info.value.issues)
 
 
-def test_all_issues_are_reported_at_once() -> None:
+def test_all_issues_are_reported_at_once(compose_run: Callable[..., RunConfig]) -> None:
     cfg = compose_run(
         *FLASH,
         "layout.train.ep=3",

@@ -9,9 +9,9 @@ then review `git diff tests/config/golden/`.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ import pytest
 from rlpost.plan import Plan, build_plan, render_plan
 from rlpost.schema import RunConfig
 
-REPO = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("RLPOST_UPDATE_GOLDEN") == "1"
 
@@ -31,31 +30,22 @@ SEEDS = {
 }
 
 
-@functools.cache
-def compose_run(*overrides: str) -> RunConfig:
-    """The launcher's compose + validate (Hydra), without starting anything."""
-    try:
-        from rlpost.config.loader import compose_run_config
-    except ImportError:
-        from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
-
-        from rlpost.config.resolvers import register_resolvers
-
-        register_resolvers()
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-            cfg = compose("config", overrides=list(overrides))
-        return RunConfig.model_validate(OmegaConf.to_container(cfg, resolve=True))
-    return compose_run_config(list(overrides))[0]
+SeedPlan = Callable[[str], Plan]
 
 
-def seed_plan(seed: str) -> Plan:
-    model, hardware = SEEDS[seed]
-    return build_plan(compose_run(f"model={model}", "recipe=grpo_dapo", f"hardware={hardware}"))
+@pytest.fixture
+def seed_plan(compose_run: Callable[..., RunConfig]) -> SeedPlan:
+    """`seed_plan("qwen3-4b_h100x8") -> Plan` for the seed's model and hardware."""
+
+    def plan_seed(seed: str) -> Plan:
+        model, hardware = SEEDS[seed]
+        return build_plan(compose_run(f"model={model}", "recipe=grpo_dapo", f"hardware={hardware}"))
+
+    return plan_seed
 
 
 @pytest.mark.parametrize("seed", sorted(SEEDS))
-def test_plan_matches_golden(seed: str) -> None:
+def test_plan_matches_golden(seed: str, seed_plan: SeedPlan) -> None:
     actual = json.loads(render_plan(seed_plan(seed), "json"))
     path = GOLDEN_DIR / f"{seed}.json"
     if UPDATE:
@@ -167,11 +157,11 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("seed", sorted(SEEDS))
-def test_seed_matches_the_slime_facts_table(seed: str) -> None:
+def test_seed_matches_the_slime_facts_table(seed: str, seed_plan: SeedPlan) -> None:
     assert summary(seed_plan(seed)) == EXPECTED[seed]
 
 
-def test_seed_engine_options() -> None:
+def test_seed_engine_options(seed_plan: SeedPlan) -> None:
     qwen = seed_plan("qwen3-4b_h100x8").engine
     assert qwen.mem_fraction_static == 0.7
     glm45 = seed_plan("glm4.5-355b-a32b_h100x64").engine
@@ -180,7 +170,7 @@ def test_seed_engine_options() -> None:
     assert (flash.dp_size, flash.attention_tp) == (8, 1)
 
 
-def test_seed_optimizer_placement() -> None:
+def test_seed_optimizer_placement(seed_plan: SeedPlan) -> None:
     for seed in ("glm4-9b_h100x8", "qwen3-4b_h100x8"):
         assert seed_plan(seed).memory.train.host_optimizer_gib == 0  # Adam on the GPU
     for seed in ("glm4.5-355b-a32b_h100x64", "glm4.7-flash_h100x8"):
@@ -189,13 +179,13 @@ def test_seed_optimizer_placement() -> None:
 
 
 @pytest.mark.parametrize("seed", sorted(SEEDS))
-def test_seed_runs_fit(seed: str) -> None:
+def test_seed_runs_fit(seed: str, seed_plan: SeedPlan) -> None:
     plan = seed_plan(seed)
     assert plan.memory.fits, render_plan(plan)
     assert plan.batch.steps_per_rollout == 1  # 32 prompts x 8 samples = one global batch
 
 
-def test_seed_engines_sit_after_train_ranks_when_decoupled() -> None:
+def test_seed_engines_sit_after_train_ranks_when_decoupled(seed_plan: SeedPlan) -> None:
     plan = seed_plan("glm4-9b_h100x8")
     train_gpus = {(s.node, s.gpu) for s in plan.placement.train_slots}
     engine_gpus = [(s.node, s.gpu) for e in plan.placement.engines for s in e.slots]
@@ -203,7 +193,9 @@ def test_seed_engines_sit_after_train_ranks_when_decoupled() -> None:
     assert engine_gpus == [(0, 4), (0, 5), (0, 6), (0, 7)]
 
 
-def test_two_node_flash_alternative_splits_47_layers_unevenly() -> None:
+def test_two_node_flash_alternative_splits_47_layers_unevenly(
+    compose_run: Callable[..., RunConfig],
+) -> None:
     # GLM-4.7-Flash seed, multi-node: TP4 PP2 CP2 EP8 on 2 x 8, no CPU Adam
     run = compose_run("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x16")
     plan = build_plan(run)

@@ -7,67 +7,30 @@ Qwen3-4B, GLM-4.5 355B, GLM-4.7-Flash examples); where a seed elides part of an 
 
 from __future__ import annotations
 
-import copy
-import functools
 import re
 import shlex
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-import yaml
 
 from rlpost.plan import build_plan, render_slime_args, slime_arg_groups
 from rlpost.schema import RunConfig
 
-REPO = Path(__file__).resolve().parents[2]
+ComposeRun = Callable[..., RunConfig]
+GroupsFor = Callable[..., dict[str, list[str]]]
 
 
-GROUPS = ("model", "recipe", "hardware", "layout")
+@pytest.fixture
+def groups_for(compose_run: ComposeRun) -> GroupsFor:
+    """`groups_for(model, hardware, *overrides, recipe=...)`: the planned run's slime arrays."""
 
+    def plan_groups(
+        model: str, hardware: str, *extra: str, recipe: str = "grpo_dapo"
+    ) -> dict[str, list[str]]:
+        cfg = compose_run(f"model={model}", f"recipe={recipe}", f"hardware={hardware}", *extra)
+        return slime_arg_groups(cfg, build_plan(cfg))
 
-@functools.cache
-def _composed(groups: tuple[str, ...]) -> dict[str, Any]:
-    """Compose the group choices once (the launcher's loader when present)."""
-    try:
-        from rlpost.config.loader import compose_run_config
-    except ImportError:
-        from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
-
-        from rlpost.config.resolvers import register_resolvers
-
-        register_resolvers()
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-            cfg = compose("config", overrides=list(groups))
-        data = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(data, dict)
-        return {str(k): v for k, v in data.items()}
-    return compose_run_config(list(groups))[0].model_dump()
-
-
-def compose_run(*overrides: str) -> RunConfig:
-    """Group choices through Hydra, then `a.b=value` overrides on the validated tree (fast:
-    one compose per group combination)."""
-    groups = tuple(o for o in overrides if o.split("=")[0] in GROUPS)
-    data = copy.deepcopy(_composed(groups))
-    for override in overrides:
-        if override in groups:
-            continue
-        dotted, value = override.lstrip("+").split("=", 1)
-        *parents, leaf = dotted.split(".")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = yaml.safe_load(value)
-    return RunConfig.model_validate(data)
-
-
-def groups_for(
-    model: str, hardware: str, *extra: str, recipe: str = "grpo_dapo"
-) -> dict[str, list[str]]:
-    cfg = compose_run(f"model={model}", f"recipe={recipe}", f"hardware={hardware}", *extra)
-    return slime_arg_groups(cfg, build_plan(cfg))
+    return plan_groups
 
 
 ROLLOUT = """--prompt-data /root/dapo-math-17k/dapo-math-17k.jsonl
@@ -165,7 +128,7 @@ CASES = [(seed, group) for seed, arrays in SEED_ARRAYS.items() for group in arra
 
 
 @pytest.mark.parametrize(("seed", "group"), CASES, ids=[f"{s[0]}-{g}" for s, g in CASES])
-def test_group_matches_seed(seed: tuple[str, str], group: str) -> None:
+def test_group_matches_seed(seed: tuple[str, str], group: str, groups_for: GroupsFor) -> None:
     actual = groups_for(*seed)[group]
     assert_tokens_equal(actual, SEED_ARRAYS[seed][group].split())
 
@@ -174,13 +137,15 @@ SUBSET_CASES = [(seed, group) for seed, arrays in SEED_SUBSETS.items() for group
 
 
 @pytest.mark.parametrize(("seed", "group"), SUBSET_CASES, ids=[g for _, g in SUBSET_CASES])
-def test_group_contains_seed_flags(seed: tuple[str, str], group: str) -> None:
+def test_group_contains_seed_flags(
+    seed: tuple[str, str], group: str, groups_for: GroupsFor
+) -> None:
     actual = " ".join(groups_for(*seed)[group])
     for flag in re.findall(r"--\S+(?: [^-\s]\S*)?", SEED_SUBSETS[seed][group]):
         assert flag in actual, f"{flag!r} missing from {group}: {actual}"
 
 
-def test_checkpoint_paths_pass_through() -> None:
+def test_checkpoint_paths_pass_through(groups_for: GroupsFor) -> None:
     groups = groups_for(
         "glm4-9b",
         "h100x8",
@@ -194,7 +159,7 @@ def test_checkpoint_paths_pass_through() -> None:
     assert_tokens_equal(groups["CKPT_ARGS"], expected.split())
 
 
-def test_dynamic_sampling_maps_to_slime_filters() -> None:
+def test_dynamic_sampling_maps_to_slime_filters(groups_for: GroupsFor) -> None:
     rollout = " ".join(
         groups_for("qwen3-4b", "h100x8", recipe="grpo_dapo_dynamic_sampling")["ROLLOUT_ARGS"]
     )
@@ -207,7 +172,7 @@ def test_dynamic_sampling_maps_to_slime_filters() -> None:
     assert "--buffer-filter-path slime.rollout.filter_hub.buffer_filters.pop_first" in rollout
 
 
-def test_decoupled_alternative_of_the_qwen_seed() -> None:
+def test_decoupled_alternative_of_the_qwen_seed(groups_for: GroupsFor) -> None:
     # Qwen3-4B seed, "Decoupled Training and Inference": 2 train GPUs + 6 rollout GPUs
     groups = groups_for(
         "qwen3-4b",
@@ -222,7 +187,7 @@ def test_decoupled_alternative_of_the_qwen_seed() -> None:
     )
 
 
-def test_model_args_describe_the_architecture() -> None:
+def test_model_args_describe_the_architecture(groups_for: GroupsFor) -> None:
     model = " ".join(groups_for("glm4.5-355b-a32b", "h100x64")["MODEL_ARGS"])
     for flag in (
         "--num-layers 92",
@@ -238,7 +203,7 @@ def test_model_args_describe_the_architecture() -> None:
         assert flag in model, flag
 
 
-def test_rendered_script_splits_back_into_the_groups() -> None:
+def test_rendered_script_splits_back_into_the_groups(compose_run: ComposeRun) -> None:
     cfg = compose_run("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
     plan = build_plan(cfg)
     text = render_slime_args(cfg, plan)
@@ -248,6 +213,17 @@ def test_rendered_script_splits_back_into_the_groups() -> None:
     assert "python3 train.py" in text
 
 
-def test_async_recipe_uses_the_async_entry_point() -> None:
+def test_async_recipe_uses_the_async_entry_point(compose_run: ComposeRun) -> None:
     cfg = compose_run("model=glm4-9b", "recipe=grpo_dapo_async", "hardware=h100x8")
     assert "python3 train_async.py" in render_slime_args(cfg, build_plan(cfg))
+
+
+def test_mtp_training_flags_follow_the_seed(groups_for: GroupsFor) -> None:
+    # GLM-4.7-Flash seed, "MTP Training": MODEL_ARGS+=(--mtp-num-layers 1), then SPEC_ARGS
+    groups = groups_for("glm4.7-flash", "h100x8", "recipe.train.mtp_training=true")
+    assert groups["MODEL_ARGS"][-2:] == ["--mtp-num-layers", "1"]
+    assert_tokens_equal(
+        groups["SPEC_ARGS"], ["--enable-mtp-training", "--mtp-loss-scaling-factor", "0.2"]
+    )
+    plain = groups_for("glm4.7-flash", "h100x8")
+    assert "SPEC_ARGS" not in plain and "--mtp-num-layers" not in plain["MODEL_ARGS"]

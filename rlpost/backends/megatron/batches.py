@@ -11,10 +11,12 @@ out. With sequence parallelism the row is padded further so every TP rank gets e
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
@@ -22,7 +24,11 @@ from torch import Tensor
 
 from rlpost.types import TrainSample
 
+if TYPE_CHECKING:
+    from rlpost.backends.megatron.mtp import MTPTargets
+
 PAD_TOKEN = 0
+CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class MicroBatch:
     response_lengths: tuple[int, ...]
     samples: tuple[int, ...]  # indices into the rollout batch
     real_tokens: int
+    mtp: MTPTargets | None = None  # set for training steps that train MTP layers (mtp.py)
 
     @property
     def local_tokens(self) -> int:
@@ -45,6 +52,28 @@ class MicroBatch:
 
     def split(self, flat: Tensor) -> list[Tensor]:
         return list(torch.split(flat, list(self.response_lengths)))
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch with its tensors on `device` (the model's)."""
+        if self.input_ids.device == device:
+            return self
+        packed = dataclasses.replace(
+            self.packed,
+            **{
+                name: getattr(self.packed, name).to(device)
+                for name in CU_SEQLENS
+                if getattr(self.packed, name) is not None
+            },
+        )
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            packed=packed,
+            targets=self.targets.to(device),
+            response_index=self.response_index.to(device),
+            segment_ids=self.segment_ids.to(device),
+        )
 
 
 def cp_chunks(length: int, cp_rank: int, cp_size: int) -> list[int]:

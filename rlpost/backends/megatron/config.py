@@ -196,6 +196,22 @@ def _mla_kwargs(model: ModelConfig) -> dict[str, Any]:
     }
 
 
+def _mtp_kwargs(model: ModelConfig, mtp_loss_scaling_factor: float | None) -> dict[str, Any]:
+    """The MTP block's settings; None builds no MTP layers (their weights pass through)."""
+    if mtp_loss_scaling_factor is None:
+        return {}
+    if model.mtp_num_layers == 0:
+        raise UnsupportedModelError(
+            f"MTP training asks for multi-token-prediction layers, but model {model.name!r} "
+            "has mtp_num_layers=0; set model.mtp_num_layers (the HF config's "
+            "num_nextn_predict_layers) or turn recipe.train.mtp_training off"
+        )
+    return {
+        "mtp_num_layers": model.mtp_num_layers,
+        "mtp_loss_scaling_factor": mtp_loss_scaling_factor,
+    }
+
+
 def _recompute_kwargs(par: ParallelLayout) -> dict[str, Any]:
     if par.recompute == RECOMPUTE_NONE:
         return {}
@@ -209,9 +225,14 @@ def _recompute_kwargs(par: ParallelLayout) -> dict[str, Any]:
 
 
 def transformer_config(
-    model: ModelConfig, par: ParallelLayout, on_gpu: bool, seed: int = 1234
+    model: ModelConfig,
+    par: ParallelLayout,
+    on_gpu: bool,
+    seed: int = 1234,
+    mtp_loss_scaling_factor: float | None = None,
 ) -> TransformerConfig:
-    """megatron-core's TransformerConfig for `model` under `par`; fp32 on CPU."""
+    """megatron-core's TransformerConfig for `model` under `par`; fp32 on CPU. With an MTP
+    loss factor it describes the model's MTP layers too."""
     _check_supported(model)
     _check_layout(model, par)
     dtype = DTYPES[model.params_dtype] if on_gpu else torch.float32
@@ -263,6 +284,7 @@ def transformer_config(
         **_recompute_kwargs(par),
         **_moe_kwargs(model, par),
         **_mla_kwargs(model),
+        **_mtp_kwargs(model, mtp_loss_scaling_factor),
     }
     config_class = MLATransformerConfig if model.mla is not None else TransformerConfig
     return config_class(**kwargs)
@@ -301,9 +323,11 @@ def megatron_settings(
     optim: OptimConfig | None = None,
     *,
     on_gpu: bool,
+    mtp_loss_scaling_factor: float | None = None,
 ) -> MegatronSettings:
-    """Everything megatron-core needs to build and train `model` under `par`."""
-    config = transformer_config(model, par, on_gpu)
+    """Everything megatron-core needs to build and train `model` under `par`; with an MTP loss
+    factor, its multi-token-prediction layers as well (rlpost.backends.megatron.mtp)."""
+    config = transformer_config(model, par, on_gpu, mtp_loss_scaling_factor=mtp_loss_scaling_factor)
     gpt = GPTArgs(
         vocab_size=padded_vocab_size(model.vocab_size, par.tp),
         true_vocab_size=model.vocab_size,

@@ -7,6 +7,8 @@
   bucket in the same order (a tensor larger than a bucket travels alone).
 - `save_torch_dist` / `load_torch_dist`: megatron-core's dist_checkpointing format, which is
   layout independent (a checkpoint saved under one parallel layout loads under any other).
+  A model with MTP layers loads from a checkpoint saved without them by taking those layers
+  from the HF checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from rlpost.backends.megatron.weights import (
 from rlpost.schema import ModelConfig
 
 HFTensor = tuple[str, Tensor]
+EMBEDDING = "embedding.word_embeddings.weight"
+MTP_PREFIX = "mtp."
 
 
 class WeightMismatchError(ValueError):
@@ -78,11 +82,16 @@ def local_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
             yield name, tensor
 
 
-def load_hf_weights(module: nn.Module, ckpt: HFCheckpoint, weights: ModelWeights) -> None:
-    """Copy this process's shard of every HF tensor into `module` (in place)."""
+def load_hf_weights(
+    module: nn.Module, ckpt: HFCheckpoint, weights: ModelWeights, prefix: str = ""
+) -> None:
+    """Copy this process's shard of every HF tensor into `module` (in place); only the local
+    names starting with `prefix` when given."""
     missing: list[str] = []
     with torch.no_grad():
         for local, tensor in local_tensors(module):
+            if not local.startswith(prefix):
+                continue
             name = weights.placement.global_name(local)
             rule = weights.weight_map.rule(name)
             absent = [n for n in rule.hf_names if n not in ckpt]
@@ -129,7 +138,7 @@ def stage_hf_weights(module: nn.Module, weights: ModelWeights) -> Iterator[HFTen
     ep_group = ps.get_expert_model_parallel_group() if weights.num_local_experts else None
     for local, tensor in local_tensors(module):
         name = weights.placement.global_name(local)
-        if not weights.weight_map.exported(name):
+        if not weights.weight_map.exported(name) or _stage_copy(name):
             continue
         rule = weights.weight_map.rule(name)
         tp_group = (
@@ -151,6 +160,12 @@ def stage_hf_weights(module: nn.Module, weights: ModelWeights) -> Iterator[HFTen
             yield from _hf_tensors(
                 weights.weight_map.rule(placement.global_name(local)), part, weights
             )
+
+
+def _stage_copy(name: str) -> bool:
+    """The last stage's copy of the embedding, which its MTP layers read (the first stage
+    exports the embedding)."""
+    return name == EMBEDDING and not parallel_state.is_pipeline_first_stage()
 
 
 def _buckets(tensors: Iterator[HFTensor], bucket_bytes: int) -> Iterator[list[HFTensor]]:
@@ -228,10 +243,39 @@ def load_torch_dist_state(sharded: dict[str, Any], ckpt_dir: str | Path) -> dict
     return loaded
 
 
-def load_torch_dist(module: nn.Module, ckpt_dir: str | Path) -> None:
-    """Load a torch_dist checkpoint written under any parallel layout into `module`."""
-    state = load_torch_dist_state(_sharded(module), ckpt_dir)
-    module.load_state_dict(state, strict=False)
+def load_torch_dist(
+    module: nn.Module,
+    ckpt_dir: str | Path,
+    hf_checkpoint: str | None = None,
+    weights: ModelWeights | None = None,
+) -> None:
+    """Load a torch_dist checkpoint written under any parallel layout into `module`. MTP
+    layers the checkpoint lacks are read from `hf_checkpoint` (refused without one)."""
+    sharded = _sharded(module)
+    wants_mtp = any(key.startswith(MTP_PREFIX) for key in sharded)
+    from_hf = wants_mtp and not has_mtp_layers(ckpt_dir)
+    if from_hf:
+        if hf_checkpoint is None or weights is None:
+            raise WeightMismatchError(
+                f"{ckpt_dir} holds no MTP layers, and the model trains them; convert the HF "
+                "checkpoint again (tools/convert_hf_to_megatron.py writes them) or turn "
+                "recipe.train.mtp_training off"
+            )
+        sharded = {k: v for k, v in sharded.items() if not k.startswith(MTP_PREFIX)}
+    module.load_state_dict(load_torch_dist_state(sharded, ckpt_dir), strict=False)
+    if from_hf:
+        assert hf_checkpoint is not None and weights is not None
+        ckpt = HFCheckpoint(hf_checkpoint)
+        try:
+            load_hf_weights(module, ckpt, weights, prefix=MTP_PREFIX)
+        finally:
+            ckpt.close()
+
+
+def has_mtp_layers(ckpt_dir: str | Path) -> bool:
+    """Whether a torch_dist checkpoint holds MTP layers (reads its metadata only)."""
+    keys = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
+    return any(key.startswith(MTP_PREFIX) for key in keys)
 
 
 def _sharded(module: nn.Module) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from torch import Tensor
 
 from rlpost.backends.megatron.compat import (
     check_megatron_version,
@@ -60,3 +61,24 @@ def destroy_parallel() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def compute_device() -> torch.device:
+    """Where this rank computes, and where its collectives want their tensors (NCCL takes
+    CUDA tensors only)."""
+    if needs_cpu_compat():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def all_reduce_sum(tensor: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Sum `tensor` over `group` in place, wherever it lives (a host tensor makes the round
+    trip through the compute device)."""
+    device = compute_device()
+    if tensor.device == device:
+        dist.all_reduce(tensor, group=group)
+        return tensor
+    on_device = tensor.to(device)
+    dist.all_reduce(on_device, group=group)
+    tensor.copy_(on_device.to(tensor.device))
+    return tensor

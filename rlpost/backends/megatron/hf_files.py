@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,9 +14,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-INDEX_NAME = "model.safetensors.index.json"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-REWRITTEN = ("config.json", INDEX_NAME, "pytorch_model.bin.index.json")
+from rlpost.backends.hf_folder import INDEX_NAMES, copy_side_files, publish_folder
+
+INDEX_NAME = INDEX_NAMES[0]
 
 
 class HFCheckpoint:
@@ -72,13 +71,6 @@ class HFCheckpoint:
         self._open.clear()
 
 
-def copy_side_files(src: Path, dst: Path) -> None:
-    """Tokenizer, chat template, generation config: everything but weights and config."""
-    for item in src.iterdir():
-        if item.is_file() and item.name not in REWRITTEN and item.suffix not in WEIGHT_SUFFIXES:
-            shutil.copy2(item, dst / item.name)
-
-
 def write_hf_folder(
     out_dir: str | Path,
     tensors: Iterable[tuple[str, torch.Tensor]],
@@ -87,28 +79,17 @@ def write_hf_folder(
 ) -> Path:
     """Write `tensors` as an HF folder beside `src_dir`'s config and tokenizer files.
 
-    Written to a sibling temp folder that is renamed into place: readers never see half a
-    checkpoint. Shards of at most `shard_bytes` (one tensor may exceed it alone).
+    The folder appears whole or not at all (`publish_folder`). Shards of at most
+    `shard_bytes` (one tensor may exceed it alone).
     """
-    out, src = Path(out_dir), Path(src_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    os.chmod(staging, 0o755)
-    try:
+    src = Path(src_dir)
+
+    def fill(staging: Path) -> None:
         copy_side_files(src, staging)
         shutil.copy2(src / "config.json", staging / "config.json")
         _write_shards(staging, tensors, shard_bytes)
-        if out.exists():
-            retired = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, retired)
-            os.replace(staging, out)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
+
+    return publish_folder(out_dir, fill)
 
 
 def _write_shards(

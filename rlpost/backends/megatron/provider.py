@@ -25,6 +25,11 @@ from megatron.core.transformer.multi_latent_attention import (
     MLASelfAttention,
     MLASelfAttentionSubmodules,
 )
+from megatron.core.transformer.multi_token_prediction import (
+    MultiTokenPredictionBlock,
+    MultiTokenPredictionBlockSubmodules,
+    MultiTokenPredictionLayerSubmodules,
+)
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
@@ -43,6 +48,7 @@ from rlpost.backends.megatron.layers import (
     PostNormRowParallelLinear,
     RMSNorm,
 )
+from rlpost.backends.megatron.mtp import MTPGPTModel, PackedMTPLayer
 
 
 def _attention_spec(settings: MegatronSettings) -> ModuleSpec:
@@ -128,18 +134,48 @@ def block_spec(settings: MegatronSettings) -> TransformerBlockSubmodules:
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)
 
 
-def build_gpt_model(settings: MegatronSettings) -> GPTModel:
-    """This stage's GPTModel (process groups must be initialised)."""
-    gpt = settings.gpt
-    return GPTModel(
-        config=settings.transformer,
-        transformer_layer_spec=block_spec(settings),
-        vocab_size=gpt.vocab_size,
-        max_sequence_length=gpt.max_sequence_length,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=gpt.share_embeddings_and_output_weights,
-        position_embedding_type=gpt.position_embedding_type,
-        rotary_percent=gpt.rotary_percent,
-        rotary_base=gpt.rotary_base,
+def mtp_block_spec(settings: MegatronSettings) -> ModuleSpec | None:
+    """The MTP layers (all on the last pipeline stage), each around one of rlpost's own
+    transformer layers: dense or MoE as the HF layer of the same index, MLA or not."""
+    config = settings.transformer
+    if not config.mtp_num_layers or not parallel_state.is_pipeline_last_stage():
+        return None
+    pattern = settings.moe_layer_pattern
+    # MTP layers sit after the decoder in HF numbering; in MoE models they are MoE layers
+    moe = bool(pattern) and bool(pattern[-1])
+    layer = ModuleSpec(
+        module=PackedMTPLayer,
+        submodules=MultiTokenPredictionLayerSubmodules(
+            enorm=RMSNorm,
+            hnorm=RMSNorm,
+            eh_proj=ColumnParallelLinear,
+            transformer_layer=layer_spec(settings, moe),
+            layer_norm=RMSNorm,
+        ),
     )
+    return ModuleSpec(
+        module=MultiTokenPredictionBlock,
+        submodules=MultiTokenPredictionBlockSubmodules(layer_specs=[layer] * config.mtp_num_layers),
+    )
+
+
+def build_gpt_model(settings: MegatronSettings, with_mtp: bool = True) -> GPTModel:
+    """This stage's GPTModel (process groups must be initialised). `with_mtp=False` leaves
+    out MTP layers the settings describe (a frozen reference model needs none)."""
+    gpt = settings.gpt
+    kwargs = {
+        "config": settings.transformer,
+        "transformer_layer_spec": block_spec(settings),
+        "vocab_size": gpt.vocab_size,
+        "max_sequence_length": gpt.max_sequence_length,
+        "pre_process": parallel_state.is_pipeline_first_stage(),
+        "post_process": parallel_state.is_pipeline_last_stage(),
+        "share_embeddings_and_output_weights": gpt.share_embeddings_and_output_weights,
+        "position_embedding_type": gpt.position_embedding_type,
+        "rotary_percent": gpt.rotary_percent,
+        "rotary_base": gpt.rotary_base,
+    }
+    if not settings.transformer.mtp_num_layers:
+        return GPTModel(**kwargs)
+    spec = mtp_block_spec(settings) if with_mtp else None
+    return MTPGPTModel(**kwargs, mtp_block_spec=spec, true_vocab_size=gpt.true_vocab_size)

@@ -35,7 +35,8 @@ def _forward_step(
     loss_fn: LossFn, data: Iterator[MicroBatch], model: nn.Module
 ) -> tuple[Tensor, Callable[..., Any]]:
     batch = next(data)
-    output = model(batch.input_ids, batch.position_ids, None, packed_seq_params=batch.packed)
+    mtp = {} if batch.mtp is None else {"mtp_targets": batch.mtp}  # MTP training (mtp.py)
+    output = model(batch.input_ids, batch.position_ids, None, packed_seq_params=batch.packed, **mtp)
 
     def loss_func(output_tensor: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
         loss, extras = loss_fn(batch, output_tensor)

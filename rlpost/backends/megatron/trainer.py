@@ -9,7 +9,9 @@ On a machine without CUDA everything runs on CPU over gloo (see compat.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,6 +26,21 @@ from torch import Tensor
 
 from rlpost.algo.advantages import get_estimator, needs_reference_kl
 from rlpost.algo.losses import compute_loss
+from rlpost.algo.schedule import check_schedule, lr_at_step
+from rlpost.algo.steps import (
+    RolloutTiming,
+    SampleTensors,
+    StepPlan,
+    TokenStats,
+    loss_inputs,
+    metric_names,
+    micro_batches,
+    plan_steps,
+    reuses_logprobs,
+    rollout_metrics,
+    sample_tensors,
+    validate_sample,
+)
 from rlpost.backends.megatron.batches import MicroBatch, build_micro_batch
 from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat, untie_adam_steps
 from rlpost.backends.megatron.config import megatron_settings
@@ -35,32 +52,28 @@ from rlpost.backends.megatron.convert import (
     load_torch_dist_state,
     save_torch_dist,
 )
-from rlpost.backends.megatron.distributed import ProcessPlace, destroy_parallel, init_parallel
+from rlpost.backends.megatron.distributed import (
+    ProcessPlace,
+    all_reduce_sum,
+    compute_device,
+    destroy_parallel,
+    init_parallel,
+)
 from rlpost.backends.megatron.export import export_hf_folder
 from rlpost.backends.megatron.hf_files import HFCheckpoint
 from rlpost.backends.megatron.layers import gather_along_sequence
 from rlpost.backends.megatron.logits import vocab_parallel_logprobs
+from rlpost.backends.megatron.mtp import mtp_loss_factor, mtp_step_metrics, with_mtp_targets
 from rlpost.backends.megatron.provider import build_gpt_model
 from rlpost.backends.megatron.schedule import finalize_grads, run_micro_batches
-from rlpost.backends.megatron.steps import (
-    SampleTensors,
-    StepPlan,
-    equalize,
-    loss_inputs,
-    micro_batches,
-    plan_steps,
-    sample_tensors,
-)
-from rlpost.backends.torch_trainer.forward import validate_sample
-from rlpost.backends.torch_trainer.optim import check_schedule, lr_at_step
-from rlpost.backends.torch_trainer.trainer import TokenStats
+from rlpost.backends.megatron.steps import equalize
 from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
 NO_CLIP = 1e30  # clip_grad 0 means "report the norm, never clip"
-STEP_FILE = "rlpost_step.txt"
+STATE_FILE = "rlpost_trainer.json"  # step, and whether the optimizer was saved
 SHARDED_STATE = (
     "MegatronTrainer shards model and optimizer over its ranks, so no one rank's dict is the "
     "whole state; call save_checkpoint(dir) / load_checkpoint(dir) on every rank instead"
@@ -99,29 +112,36 @@ class MegatronTrainer:
         self.reuse_logprobs_single_step = reuse_logprobs_single_step
         self.step = 0
         on_gpu = not needs_cpu_compat()
-        self.settings = megatron_settings(model, layout, optim, on_gpu=on_gpu)
+        mtp_factor = mtp_loss_factor(model, train)  # None unless MTP layers are trained
+        self.settings = megatron_settings(
+            model, layout, optim, on_gpu=on_gpu, mtp_loss_scaling_factor=mtp_factor
+        )
         with cpu_compat():
             init_parallel(
                 ProcessPlace(rank, world_size, master_addr, master_port),
                 self.settings.parallel,
                 seed,
             )
+            self.device = compute_device()
             self.weights = ModelWeights.current(model, self.settings)
             module = self._load(build_gpt_model(self.settings), model.load)
+            # before the config gets the DDP hooks below: building MoE experts deep-copies it,
+            # and a bound method of the DDP wrapper (holding process groups) cannot be copied
+            wants_ref = algo.use_kl_loss or needs_reference_kl(algo)
+            self.ref_model = self._frozen(model.ref_load) if wants_ref else None
             config = self.settings.transformer
             self.model = DistributedDataParallel(config, self.settings.ddp, module)
             config.finalize_model_grads_func = finalize_grads
             config.no_sync_func = self.model.no_sync
             self.optimizer = get_megatron_optimizer(self._optimizer_config(on_gpu), [self.model])
-            wants_ref = algo.use_kl_loss or needs_reference_kl(algo)
-            self.ref_model = self._frozen(model.ref_load) if wants_ref else None
 
     # ---- construction ------------------------------------------------------------------------
 
     def _load(self, module: torch.nn.Module, torch_dist_dir: str | None) -> torch.nn.Module:
         """Weights from a torch_dist checkpoint when given, else from model.hf_checkpoint."""
         if torch_dist_dir and (Path(torch_dist_dir) / "metadata.json").is_file():
-            load_torch_dist(module, torch_dist_dir)
+            # MTP layers a checkpoint lacks (saved without MTP training) come from the HF one
+            load_torch_dist(module, torch_dist_dir, self.model_config.hf_checkpoint, self.weights)
             return module
         ckpt = HFCheckpoint(self.model_config.hf_checkpoint)
         try:
@@ -131,10 +151,25 @@ class MegatronTrainer:
         return module
 
     def _frozen(self, torch_dist_dir: str | None) -> torch.nn.Module:
-        module = self._load(build_gpt_model(self.settings), torch_dist_dir)
+        """The reference model: frozen, and kept in host memory on a GPU machine (it visits
+        the GPU only for its forward; the plan counts it in host memory)."""
+        module = self._load(build_gpt_model(self.settings, with_mtp=False), torch_dist_dir)
         for p in module.parameters():
             p.requires_grad_(False)
-        return module.eval()
+        return module.eval().to("cpu")
+
+    @contextlib.contextmanager
+    def _on_device(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        """`model` on this rank's GPU for the duration (a no-op for the actor and on CPU)."""
+        if model is self.model or needs_cpu_compat():
+            yield model
+            return
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+        try:
+            yield model
+        finally:
+            model.to("cpu")
+            torch.cuda.empty_cache()
 
     def _optimizer_config(self, on_gpu: bool) -> Any:
         config = self.settings.optimizer
@@ -161,7 +196,7 @@ class MegatronTrainer:
                 cp_size=ps.get_context_parallel_world_size(),
                 tp_size=ps.get_tensor_model_parallel_world_size(),
                 sequence_parallel=self.layout.sequence_parallel,
-            )
+            ).to(self.device)
             for mb in bins
         ]
 
@@ -204,7 +239,7 @@ class MegatronTrainer:
             logp, ent = self._token_outputs(mb, output, mode)
             return output.new_zeros(()), {"logp": logp, "entropy": ent}
 
-        with cpu_compat(), torch.no_grad():
+        with cpu_compat(), torch.no_grad(), self._on_device(model):
             model.eval()
             mbs = self._build(batch, bins)
             outputs = run_micro_batches(model, mbs, collect, True)
@@ -228,7 +263,7 @@ class MegatronTrainer:
 
     def _dp_sum(self, tensor: Tensor) -> Tensor:
         if ps.get_data_parallel_world_size() > 1:
-            dist.all_reduce(tensor, group=ps.get_data_parallel_group())
+            all_reduce_sum(tensor, ps.get_data_parallel_group())
         return tensor
 
     def _prepare(
@@ -236,21 +271,18 @@ class MegatronTrainer:
     ) -> dict[int, SampleTensors]:
         """Old/ref logprobs and advantages of this rank's samples, before any update."""
         samples = [batch[i] for i in mine]
-        old = None if reuse else self.compute_logprobs(samples, "actor")
-        ref = self.compute_logprobs(samples, "ref") if self.ref_model is not None else None
-        tensors = sample_tensors(samples, old, ref, self.algo, self._dp_sum)
-        return dict(zip(mine, tensors, strict=True))
-
-    def _metric_names(self) -> list[str]:
-        names = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl"]
-        return names + (["tis_weight"] if self.algo.use_tis else [])
+        old = None if reuse else _on_host(self.compute_logprobs(samples, "actor"))
+        ref = _on_host(self.compute_logprobs(samples, "ref")) if self.ref_model else None
+        tensors = sample_tensors(samples, old, ref, self.algo, self._dp_sum)  # on the host
+        return {i: _sample_on(t, self.device) for i, t in zip(mine, tensors, strict=True)}
 
     def _train_loss(
         self, data: dict[int, SampleTensors], denominator: float, mb: MicroBatch, output: Tensor
     ) -> tuple[Tensor, dict[str, Any]]:
-        names = self._metric_names()
+        names = metric_names(self.algo)
         if not mb.samples:  # an evening-out micro-batch: no sample, no gradient
-            return output.sum() * 0.0, {"metrics": torch.zeros(len(names), dtype=torch.float64)}
+            zeros = torch.zeros(len(names), dtype=torch.float64, device=output.device)
+            return output.sum() * 0.0, {"metrics": zeros}
         entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
         logp, entropy = self._token_outputs(mb, output, entropy_mode)
         assert entropy is not None
@@ -258,18 +290,20 @@ class MegatronTrainer:
             [data[i] for i in mb.samples], mb.segment_ids, logp, entropy, self.algo, denominator
         )
         result = compute_loss(inputs, self.algo, self.policy_loss_kind)
-        metrics = torch.tensor([result.metrics[n] for n in names], dtype=torch.float64)
+        metrics = torch.tensor(
+            [result.metrics[n] for n in names], dtype=torch.float64, device=output.device
+        )
         # every CP rank computes the whole loss from gathered values; their gradients add up
         return result.loss / ps.get_context_parallel_world_size(), {"metrics": metrics}
 
     def _optimizer_step(
         self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
     ) -> dict[str, float]:
-        names = self._metric_names()
+        names = metric_names(self.algo)
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        mbs = self._build(batch, plan.micro_batches)
+        mbs = with_mtp_targets(self._build(batch, plan.micro_batches), batch, data, self.settings)
         outputs = run_micro_batches(
             self.model,
             mbs,
@@ -281,13 +315,14 @@ class MegatronTrainer:
             group["lr"] = lr
         _, grad_norm, _ = self.optimizer.step()
         self.step += 1
-        sums = torch.zeros(len(names), dtype=torch.float64)
+        sums = torch.zeros(len(names), dtype=torch.float64, device=self.device)
         if ps.get_context_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0:
             for out in outputs:
                 sums += out["metrics"]
         dist.all_reduce(sums)
         return {
             **dict(zip(names, sums.tolist(), strict=True)),
+            **mtp_step_metrics(mbs, self.settings),
             "grad_norm": float(grad_norm),
             "lr": lr,
         }
@@ -300,33 +335,12 @@ class MegatronTrainer:
         with cpu_compat():
             plans = self._plans(batch)
             mine = sorted(i for plan in plans for micro in plan.micro_batches for i in micro)
-            reuse = (
-                self.reuse_logprobs_single_step
-                and len(plans) == 1
-                and not needs_reference_kl(self.algo)
-            )
+            reuse = reuses_logprobs(plans, self.algo, self.reuse_logprobs_single_step)
             data = self._prepare(batch, mine, reuse)
             prepared = time.perf_counter()
             steps = [self._optimizer_step(batch, plan, data) for plan in plans]
-        elapsed = time.perf_counter() - start
-        metrics = {f"train/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]}
-        metrics["train/lr"] = steps[-1]["lr"]
-        tokens = sum(s.length for s in batch)
-        micro = sum(len(p.micro_batches) for p in plans)
-        metrics.update(
-            {
-                "train/optimizer_steps": float(len(plans)),
-                "train/micro_batches": float(micro),
-                "train/prepare_time_s": prepared - start,
-                "train/time_s": elapsed,
-                "train/samples_per_s": len(batch) / elapsed,
-                "train/tokens_per_s": tokens / elapsed,
-            }
-        )
-        efficiencies = [p.efficiency for p in plans if p.efficiency is not None]
-        if efficiencies:
-            metrics["train/packing_efficiency"] = sum(efficiencies) / len(efficiencies)
-        return metrics
+        timing = RolloutTiming(start, prepared, time.perf_counter())
+        return rollout_metrics(steps, plans, batch, timing)
 
     def _plans(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
         plans = plan_steps(
@@ -358,28 +372,69 @@ class MegatronTrainer:
             dist.barrier()
         return out
 
-    def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
+    def save_checkpoint(self, ckpt_dir: str | Path, with_optimizer: bool = True) -> Path:
         """Model, optimizer and step as a torch_dist checkpoint, every rank writing its shards.
         The model part loads under any layout; the distributed optimizer's Adam state (in
         megatron-core's dp_reshardable format) under the same TP/PP/EP and any DP. Collective."""
         path = Path(ckpt_dir)
         with cpu_compat():
-            save_torch_dist(self._sharded_state(), path)
+            save_torch_dist(self._sharded_state(with_optimizer=with_optimizer), path)
             if dist.get_rank() == 0:
-                (path / STEP_FILE).write_text(f"{self.step}\n")
+                record = {"step": self.step, "optimizer": with_optimizer}
+                (path / STATE_FILE).write_text(json.dumps(record) + "\n")
             dist.barrier()
         return path
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        """Inverse of save_checkpoint. Collective."""
+        """Inverse of save_checkpoint; without a saved optimizer, Adam starts over from the
+        loaded weights. Collective."""
         path = Path(ckpt_dir)
+        record = json.loads((path / STATE_FILE).read_text())
+        with_optimizer = bool(record["optimizer"])
         with cpu_compat(), torch.no_grad():  # fp32 main params are the model's own leaves
-            self._materialize_optimizer_state()
-            state = load_torch_dist_state(self._sharded_state(is_loading=True), path)
+            if with_optimizer:
+                self._materialize_optimizer_state()
+            sharded = self._sharded_state(is_loading=True, with_optimizer=with_optimizer)
+            state = load_torch_dist_state(sharded, path)
             self.model.module.load_state_dict(state["model"], strict=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-            untie_adam_steps(self.optimizer)
-        self.step = int((path / STEP_FILE).read_text())
+            if with_optimizer:
+                self.optimizer.load_state_dict(state["optimizer"])
+                untie_adam_steps(self.optimizer)
+            else:  # the optimizer's own (e.g. fp32 main) copies of the weights follow them
+                self.optimizer.reload_model_params()
+        self.step = int(record["step"])
+
+    @property
+    def model_dir(self) -> Path:
+        """The HF folder the policy came from (config and tokenizer)."""
+        return Path(self.model_config.hf_checkpoint)
+
+    def offload(self) -> int:
+        """Weights, gradients and optimizer state to pinned host memory while the engines
+        generate (colocated GPU runs); returns bytes freed on the GPU. A no-op on CPU."""
+        if needs_cpu_compat():
+            return 0
+        buffers = self.model.buffers + self.model.expert_parallel_buffers
+        freed = sum(
+            b.param_data.numel() * b.param_data.element_size()
+            for b in buffers
+            if b.param_data is not None
+        )
+        for buffer in buffers:
+            buffer.offload_to_cpu(move_params=True, move_grads=True)
+        self.optimizer.offload_to_cpu()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return freed
+
+    def onload(self) -> None:
+        """Back from `offload` before training."""
+        if needs_cpu_compat():
+            return
+        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
+            buffer.reload_from_cpu(move_params=True, move_grads=True)
+        self.optimizer.restore_from_cpu()
+        torch.cuda.synchronize()
 
     def _materialize_optimizer_state(self) -> None:
         """The distributed optimizer describes its checkpoint from existing Adam state; before
@@ -390,8 +445,12 @@ class MegatronTrainer:
             if fill is not None and not optimizer.optimizer.state:
                 fill()
 
-    def _sharded_state(self, is_loading: bool = False) -> dict[str, Any]:
+    def _sharded_state(
+        self, is_loading: bool = False, with_optimizer: bool = True
+    ) -> dict[str, Any]:
         model_state = self.model.module.sharded_state_dict()
+        if not with_optimizer:
+            return {"model": model_state}
         return {
             "model": model_state,
             "optimizer": self.optimizer.sharded_state_dict(
@@ -409,6 +468,19 @@ class MegatronTrainer:
 
     def close(self) -> None:
         destroy_parallel()
+
+
+def _on_host(tensors: list[Tensor]) -> list[Tensor]:
+    return [t.cpu() for t in tensors]
+
+
+def _sample_on(tensors: SampleTensors, device: torch.device) -> SampleTensors:
+    """A sample's loss inputs on the device its logprobs come out on."""
+    fields = {
+        f.name: None if (value := getattr(tensors, f.name)) is None else value.to(device)
+        for f in dataclasses.fields(tensors)
+    }
+    return SampleTensors(**fields)
 
 
 def _from_last_stage(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,6 +13,12 @@ tensor-parallel group:
 - gate_up: each rank holds [its slice of gate; its slice of up] (SwiGLU's fc1); `gate_up_fused`
   reads both from one HF tensor (GLM-4 stores gate_up_proj).
 
+Multi-token-prediction layers (`mtp.layers.{k}`, on the last pipeline stage) map to HF layer
+`num_layers + k`: their own norms and projection (enorm, hnorm, eh_proj, shared_head.norm) plus
+an ordinary transformer layer's tensors. Their embedding and output head are the main model's;
+an HF checkpoint may repeat them per MTP layer (`embed_tokens`, `shared_head.head`), which
+`mtp_shared_source` names.
+
 Local names (this pipeline stage's layers, this expert-parallel rank's experts) convert to
 global ones with `Placement`.
 """
@@ -214,11 +220,25 @@ TOP_LEVEL = {
     "output_layer.weight": Rule(("lm_head.weight",), LAYOUTS["vocab"]),
     "decoder.final_layernorm.weight": Rule(("model.norm.weight",), LAYOUTS["replicated"]),
 }
+MTP_LAYER: LayerTable = [
+    ("enorm.weight", ("enorm.weight",), "replicated"),
+    ("hnorm.weight", ("hnorm.weight",), "replicated"),
+    ("eh_proj.weight", ("eh_proj.weight",), "column"),
+    ("final_layernorm.weight", ("shared_head.norm.weight",), "replicated"),
+]
+MTP_SHARED = {
+    "embed_tokens.weight": "embedding.word_embeddings.weight",
+    "shared_head.head.weight": "output_layer.weight",
+}
+"""HF suffixes of an MTP layer that repeat a main-model tensor, and that tensor."""
 DENSE_MLP_BY_FAMILY = {"glm4": FUSED_MLP}
 """Families whose HF checkpoint fuses gate and up (the rest store gate_proj and up_proj)."""
 
 IGNORED = re.compile(r"(_extra_state|local_tokens_per_expert|global_tokens_per_expert)$")
 LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+MTP_NAME = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
+MTP_TRANSFORMER = "transformer_layer."
+HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 EXPERT_NAME = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$")
 
 
@@ -231,14 +251,17 @@ class WeightMap:
 
     def __init__(self, model: ModelConfig) -> None:
         self.tied = model.tie_word_embeddings
+        self.num_layers = model.num_layers
         layer = MLA_ATTENTION if model.mla is not None else ATTENTION
         dense_mlp = DENSE_MLP_BY_FAMILY.get(model.family, MLP)
         self.dense = {m: (hf, lay) for m, hf, lay in layer + dense_mlp}
         self.moe = {m: (hf, lay) for m, hf, lay in layer + MOE}
         self.experts = {m: (hf, lay) for m, hf, lay in EXPERTS}
+        self.mtp = {m: (hf, lay) for m, hf, lay in MTP_LAYER}
         first_dense = model.moe.first_k_dense_layers if model.moe else model.num_layers
         self.is_moe_layer = [
-            model.moe is not None and i >= first_dense for i in range(model.num_layers)
+            model.moe is not None and i >= first_dense
+            for i in range(model.num_layers + model.mtp_num_layers)
         ]
 
     def rule(self, name: str) -> Rule:
@@ -247,10 +270,22 @@ class WeightMap:
             return TOP_LEVEL["embedding.word_embeddings.weight"]
         if name in TOP_LEVEL:
             return TOP_LEVEL[name]
+        mtp = MTP_NAME.match(name)
+        if mtp is not None:
+            index, rest = self.num_layers + int(mtp.group(1)), mtp.group(2)
+            if not rest.startswith(MTP_TRANSFORMER):
+                if rest not in self.mtp:
+                    raise KeyError(f"no HF name for Megatron parameter {name!r}")
+                hf, layout = self.mtp[rest]
+                return Rule(tuple(f"model.layers.{index}.{h}" for h in hf), LAYOUTS[layout])
+            return self._layer_rule(name, index, rest.removeprefix(MTP_TRANSFORMER))
         match = LAYER_NAME.match(name)
         if match is None:
             raise KeyError(f"no HF name for Megatron parameter {name!r}")
-        index, rest = int(match.group(1)), match.group(2)
+        return self._layer_rule(name, int(match.group(1)), match.group(2))
+
+    def _layer_rule(self, name: str, index: int, rest: str) -> Rule:
+        """A transformer layer's tensor: `rest` within HF layer `index`."""
         prefix = f"model.layers.{index}."
         expert = EXPERT_NAME.match(rest)
         if expert is not None:
@@ -268,6 +303,15 @@ class WeightMap:
         duplicates the embedding)."""
         return is_mapped(name) and not (name == "output_layer.weight" and self.tied)
 
+    def mtp_shared_source(self, hf_name: str) -> str | None:
+        """For an MTP layer's repeat of a shared tensor (`model.layers.{N}.embed_tokens.weight`,
+        `...shared_head.head.weight`, N >= num_layers), the HF name of the shared tensor."""
+        match = HF_LAYER.match(hf_name)
+        if match is None or int(match.group(1)) < self.num_layers:
+            return None
+        shared = MTP_SHARED.get(match.group(2))
+        return None if shared is None else self.rule(shared).hf_names[0]
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -281,15 +325,24 @@ class Placement:
     etp_size: int = 1
 
     def global_name(self, local: str) -> str:
+        mtp = MTP_NAME.match(local)
+        if mtp is not None:  # all MTP layers live on one stage: no layer offset
+            rest = mtp.group(2).removeprefix(MTP_TRANSFORMER)
+            if rest == mtp.group(2):
+                return local
+            return f"mtp.layers.{mtp.group(1)}.{MTP_TRANSFORMER}{self._global_expert(rest)}"
         match = LAYER_NAME.match(local)
         if match is None:
             return local
-        index, rest = int(match.group(1)) + self.layer_offset, match.group(2)
+        index = int(match.group(1)) + self.layer_offset
+        return f"decoder.layers.{index}.{self._global_expert(match.group(2))}"
+
+    def _global_expert(self, rest: str) -> str:
         expert = EXPERT_NAME.match(rest)
-        if expert is not None:
-            rest = f"mlp.experts.local_experts.{int(expert.group(1)) + self.expert_offset}."
-            rest += expert.group(2)
-        return f"decoder.layers.{index}.{rest}"
+        if expert is None:
+            return rest
+        index = int(expert.group(1)) + self.expert_offset
+        return f"mlp.experts.local_experts.{index}.{expert.group(2)}"
 
     def group(self, rule: Rule) -> tuple[int, int]:
         """(rank, size) of the tensor-parallel group that splits this parameter."""

@@ -2,7 +2,9 @@
 
 Used inside an EngineActor (in the engine's Ray bundle, so on the right node) and directly
 where no Ray cluster is wanted. The process runs in a session of its own so that stopping it
-also ends the workers it spawned (SGLang starts a scheduler per GPU).
+also ends the workers it spawned (SGLang starts a scheduler per GPU), and it dies with the
+process that started it (`start_child`): a SIGKILLed launcher or Ray actor leaves no server
+behind holding GPUs and ports.
 """
 
 from __future__ import annotations
@@ -10,72 +12,19 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from rlpost.backends.child_process import start_child
+from rlpost.backends.ports import free_port, is_port_free, listens_on
 from rlpost.backends.sglang.launch import EngineSpec, engine_backend
 
 
 class EngineStartError(RuntimeError):
     """An engine process exited or stayed unhealthy while starting."""
-
-
-def is_port_free(port: int, host: str) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening_inodes(port: int) -> set[str] | None:
-    """Socket inodes listening on `port` here (Linux /proc), or None where unknown."""
-    inodes: set[str] = set()
-    found_table = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        found_table = True
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                inodes.add(inode)
-    return inodes if found_table else None
-
-
-def listens_on(pid: int, port: int) -> bool | None:
-    """Whether process `pid` holds the socket listening on `port` (None: cannot tell).
-
-    Two runs on one host can pick the same free port at the same moment; the one that
-    loses the bind must not take the winner's server for its own.
-    """
-    inodes = _listening_inodes(port)
-    if inodes is None:
-        return None
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return None
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
-                return True
-    return False
 
 
 class EngineProcess:
@@ -123,7 +72,7 @@ class EngineProcess:
         with open(spec.log_path, "ab") as log:
             log.write(f"\n=== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
+            self.proc = start_child(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -1,49 +1,91 @@
 """The trainer's half of weight sync, probes and offload: functions of a trainer, run in its
 own process (`TrainActor.apply(fn, *args)` calls `fn(trainer, *args)`).
 
-A trainer here is anything with `model` (a torch module holding the policy under Hugging
-Face parameter names), `optimizer`, `model_dir` and `compute_logprobs`, as the torch
-trainer has. State that must outlive one call (an open weight-update group, a bucket whose
-IPC handles an engine is still reading) is kept per process in this module.
+A trainer here is either backend (torch or megatron-core): it offers `iter_hf_weights(bucket_bytes)`
+(the policy in Hugging Face names, in size-bounded buckets; collective for megatron-core, whose
+weights are sharded), `model_dir` (the HF folder with the tokenizer), `compute_logprobs` and, for
+offload, `offload()` / `onload()` or a torch `model` and `optimizer`. State that must outlive one
+call (the weight stream being sent, an open weight-update group, a bucket whose IPC handles an
+engine is still reading) is kept per process in this module.
 """
 
 from __future__ import annotations
 
 import base64
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlpost.backends.sglang.buckets import WeightInfo, weight_infos
+from rlpost.backends.sglang.buckets import WeightInfo, plan_buckets, weight_infos
 from rlpost.backends.sglang.update_group import (
     broadcast_weights,
     destroy_update_group,
     init_update_group,
 )
 
+NamedTensors = list[tuple[str, Tensor]]
+
 _GROUPS: dict[str, torch.distributed.ProcessGroup] = {}
 _HELD_BUCKET: list[Tensor] = []
 _OFFLOADED: dict[int, torch.device] = {}
+_STREAM: dict[str, Iterator[tuple[NamedTensors, bool]]] = {}
+_CURRENT: dict[str, NamedTensors] = {}
 
 
-def _named_weights(trainer: Any) -> list[tuple[str, Tensor]]:
-    return [(name, p) for name, p in trainer.model.named_parameters()]
+# ---- the weight stream: every rank walks it bucket by bucket, in step ----------------------
 
 
-def weight_layout(trainer: Any) -> list[WeightInfo]:
-    """Every weight the engines receive, in sending order."""
-    return weight_infos(_named_weights(trainer))
+def _one_dtype_buckets(
+    buckets: Iterator[NamedTensors], bucket_bytes: int
+) -> Iterator[NamedTensors]:
+    """The trainer's buckets split so that each holds one dtype (it travels flattened)."""
+    for bucket in buckets:
+        tensors = dict(bucket)
+        for part in plan_buckets(weight_infos(bucket), bucket_bytes):
+            yield [(w.name, tensors[w.name]) for w in part]
 
 
-def _select(trainer: Any, names: Sequence[str]) -> list[tuple[str, Tensor]]:
-    weights = dict(_named_weights(trainer))
-    missing = [n for n in names if n not in weights]
-    if missing:
-        raise KeyError(f"the trainer has no weights named {missing[:3]}")
-    return [(n, weights[n]) for n in names]
+def _with_last(items: Iterator[NamedTensors]) -> Iterator[tuple[NamedTensors, bool]]:
+    """Each item with whether it is the last one (the engines learn the new weight version
+    with the last bucket): one bucket of lookahead."""
+    current = next(items, None)
+    while current is not None:
+        following = next(items, None)
+        yield current, following is None
+        current = following
+
+
+def open_weight_stream(trainer: Any, bucket_bytes: int) -> None:
+    """Start walking the policy's weights; every rank must, when the trainer shards them."""
+    buckets = _one_dtype_buckets(iter(trainer.iter_hf_weights(bucket_bytes)), bucket_bytes)
+    _STREAM["policy"] = _with_last(buckets)
+    _CURRENT.pop("policy", None)
+
+
+def next_weight_bucket(trainer: Any) -> tuple[list[WeightInfo], bool] | None:
+    """Advance the stream (on every rank: a step may gather shards); returns the bucket's
+    weights and whether it is the last, or None once the stream is done."""
+    item = next(_STREAM["policy"], None)
+    if item is None:
+        close_weight_stream(trainer)
+        return None
+    bucket, last = item
+    _CURRENT["policy"] = bucket
+    return weight_infos(bucket), last
+
+
+def close_weight_stream(trainer: Any) -> None:
+    _STREAM.pop("policy", None)
+    _CURRENT.pop("policy", None)
+
+
+def _current_bucket() -> NamedTensors:
+    if "policy" not in _CURRENT:
+        raise RuntimeError("no weight bucket is open: call next_weight_bucket on every rank")
+    return _CURRENT["policy"]
 
 
 # ---- distributed (an NCCL group the engines join) ---------------------------------------
@@ -76,9 +118,10 @@ def join_update_group(
     )
 
 
-def broadcast_bucket(trainer: Any, group_name: str, names: Sequence[str]) -> None:
+def broadcast_bucket(trainer: Any, group_name: str) -> None:
+    """Send the current bucket to the group (train rank 0 only)."""
     device = _group_device(group_name)
-    tensors = [t.to(device) for _, t in _select(trainer, names)]
+    tensors = [t.to(device) for _, t in _current_bucket()]
     broadcast_weights(tensors, _GROUPS[group_name])
 
 
@@ -106,7 +149,7 @@ def _sglang_bucket_type() -> Any:
     return FlattenedTensorBucket
 
 
-def tensor_bucket_payload(trainer: Any, names: Sequence[str]) -> str:
+def tensor_bucket_payload(trainer: Any) -> str:
     """This rank's share of a bucket for SGLang's update_weights_from_tensor with
     load_format "flattened_bucket": a base64 pickle of the flattened tensor (travelling as a
     CUDA IPC handle) and its metadata. The tensor stays alive here until `release_bucket`.
@@ -124,7 +167,7 @@ def tensor_bucket_payload(trainer: Any, names: Sequence[str]) -> str:
     monkey_patch_torch_reductions()
 
     device = torch.device("cuda", torch.cuda.current_device())
-    named = [(n, t.detach().to(device)) for n, t in _select(trainer, names)]
+    named = [(n, t.detach().to(device)) for n, t in _current_bucket()]
     bucket = _sglang_bucket_type()(named_tensors=named)
     flat = bucket.get_flattened_tensor()
     _HELD_BUCKET.append(flat)
@@ -185,7 +228,11 @@ def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> N
 
 def offload(trainer: Any) -> int:
     """Model, gradients and optimizer state to host memory; returns bytes moved off the
-    accelerator (0 when the trainer already runs on the CPU)."""
+    accelerator (0 when the trainer already runs on the CPU). A trainer whose memory is laid
+    out in its own buffers (megatron-core) moves it itself."""
+    if hasattr(trainer, "offload"):
+        moved: int = trainer.offload()
+        return moved
     params = list(trainer.model.parameters())
     device = params[0].device if params else torch.device("cpu")
     if device.type == "cpu":
@@ -204,6 +251,9 @@ def offload(trainer: Any) -> int:
 
 def onload(trainer: Any) -> None:
     """Back to the device `offload` took the trainer from (a no-op when nothing moved)."""
+    if hasattr(trainer, "onload"):
+        trainer.onload()
+        return
     device = _OFFLOADED.pop(id(trainer), None)
     if device is None:
         return

@@ -47,22 +47,6 @@ class PackedBatch:
         return list(torch.split(flat, list(self.response_lengths)))
 
 
-def validate_sample(sample: TrainSample, index: int) -> None:
-    response = sample.response_length
-    if not 0 < response < len(sample.tokens):
-        raise ValueError(
-            f"sample {index}: response_length={response} with {len(sample.tokens)} tokens; "
-            "a trainable sample needs at least one prompt token and one response token"
-        )
-    for name in ("rollout_logprobs", "loss_mask"):
-        values = getattr(sample, name)
-        if values is not None and len(values) != response:
-            raise ValueError(
-                f"sample {index}: {name} has {len(values)} entries but response_length is "
-                f"{response}; it must hold one entry per response token"
-            )
-
-
 def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
     """Concatenate samples into one row; no padding, no truncation."""
     ids: list[int] = []
@@ -128,15 +112,3 @@ def forward_tokens(
         return TokenOutputs(logp, entropy_of_log_probs(log_probs))
     with torch.no_grad():
         return TokenOutputs(logp, entropy_of_log_probs(log_probs.detach()))
-
-
-def sample_loss_mask(sample: TrainSample) -> Tensor:
-    if sample.loss_mask is None:
-        return torch.ones(sample.response_length, dtype=torch.float32)
-    return torch.tensor(sample.loss_mask, dtype=torch.float32)
-
-
-def sample_rollout_logp(sample: TrainSample) -> Tensor | None:
-    if sample.rollout_logprobs is None:
-        return None
-    return torch.tensor(sample.rollout_logprobs, dtype=torch.float32)

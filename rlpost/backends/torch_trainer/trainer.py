@@ -8,62 +8,41 @@ are known locally and need no communication.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from rlpost.algo.advantages import compute_advantages, get_estimator, needs_reference_kl
-from rlpost.algo.losses import LossInputs, compute_kl, compute_loss, reduction_weights
-from rlpost.algo.packing import pack_micro_batches, packing_efficiency, partition_ranks
-from rlpost.backends.torch_trainer.attention import PACKED_SDPA
-from rlpost.backends.torch_trainer.distributed import DataParallel
-from rlpost.backends.torch_trainer.forward import (
-    forward_tokens,
-    pack_samples,
-    sample_loss_mask,
-    sample_rollout_logp,
+from rlpost.algo.advantages import get_estimator, needs_reference_kl
+from rlpost.algo.losses import compute_loss
+from rlpost.algo.schedule import lr_at_step
+from rlpost.algo.steps import (
+    RolloutTiming,
+    SampleTensors,
+    StepPlan,
+    TokenStats,
+    loss_inputs,
+    metric_names,
+    micro_batches,
+    plan_steps,
+    reuses_logprobs,
+    rollout_metrics,
+    sample_tensors,
     validate_sample,
 )
+from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
+from rlpost.backends.torch_trainer.attention import PACKED_SDPA
+from rlpost.backends.torch_trainer.distributed import DataParallel
+from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import export_hf, freeze, load_causal_lm
-from rlpost.backends.torch_trainer.optim import build_optimizer, lr_at_step, set_lr
+from rlpost.backends.torch_trainer.optim import build_optimizer, set_lr
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One optimizer step as seen by this rank; indices point into the rollout batch."""
-
-    micro_batches: list[list[int]]
-    denominator: float
-    efficiency: float | None  # packing quality; only for token-capped micro-batches
-
-
-@dataclass(frozen=True)
-class SampleTensors:
-    """Per-token inputs of one sample's loss, fixed before the first optimizer step."""
-
-    mask: Tensor
-    advantages: Tensor
-    old_logp: Tensor | None
-    ref_logp: Tensor | None
-    rollout_logp: Tensor | None
-
-
-@dataclass(frozen=True)
-class TokenStats:
-    logprobs: list[Tensor]
-    entropy: list[Tensor] | None
-
-
-def _cat(parts: Sequence[Tensor | None]) -> Tensor | None:
-    return None if any(p is None for p in parts) else torch.cat(list(parts))  # type: ignore[arg-type]
+STATE_FILE = "rank_0.pt"
 
 
 class TorchTrainer:
@@ -107,14 +86,6 @@ class TorchTrainer:
 
     # ---- logprobs without gradients ------------------------------------------------------
 
-    def _micro_batches(self, lengths: Sequence[int]) -> list[list[int]]:
-        return pack_micro_batches(
-            lengths,
-            dynamic=self.train.use_dynamic_batch_size,
-            max_tokens=self.train.max_tokens_per_gpu,
-            micro_batch_size=self.train.micro_batch_size,
-        )
-
     def compute_token_stats(
         self, batch: Sequence[TrainSample], which: Which = "actor", with_entropy: bool = True
     ) -> TokenStats:
@@ -128,7 +99,7 @@ class TorchTrainer:
         logprobs: list[Tensor] = [torch.empty(0)] * len(batch)
         entropy: list[Tensor] = [torch.empty(0)] * len(batch)
         with torch.no_grad():
-            for micro in self._micro_batches([s.length for s in batch]):
+            for micro in micro_batches([s.length for s in batch], self.train):
                 packed = pack_samples([batch[i] for i in micro])
                 out = forward_tokens(model, packed, self.temperature, entropy_mode)
                 for i, value in zip(micro, packed.split(out.logp), strict=True):
@@ -147,66 +118,17 @@ class TorchTrainer:
 
     def plan_steps(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
         """Split the rollout into optimizer steps, this rank's share, and its micro-batches."""
-        gbs = self.train.global_batch_size
-        if not batch or len(batch) % gbs:
-            raise ValueError(
-                f"a rollout of {len(batch)} samples does not split into optimizer steps of "
-                f"train.global_batch_size={gbs}; make the rollout a positive multiple of it"
-            )
-        plans = []
-        for start in range(0, len(batch), gbs):
-            step = list(range(start, start + gbs))
-            lengths = [batch[i].length for i in step]
-            share = partition_ranks(lengths, self.dp.world_size, self.train.balance_data)
-            mine = [step[j] for j in share[self.dp.rank]]
-            my_lengths = [batch[i].length for i in mine]
-            local = self._micro_batches(my_lengths)
-            cap = self.train.max_tokens_per_gpu
-            efficiency = None
-            if self.train.use_dynamic_batch_size and cap is not None:
-                efficiency = packing_efficiency(my_lengths, local, cap)
-            plans.append(
-                StepPlan(
-                    [[mine[j] for j in mb] for mb in local],
-                    self._denominator(batch, step),
-                    efficiency,
-                )
-            )
-        return plans
-
-    def _denominator(self, batch: Sequence[TrainSample], step: list[int]) -> float:
-        if self.algo.loss_reduction == "sample_mean":
-            return float(len(step))
-        tokens = sum(float(sample_loss_mask(batch[i]).sum()) for i in step)
-        return max(tokens, 1.0)
+        return plan_steps(batch, self.train, self.algo, self.dp.rank, self.dp.world_size)
 
     def _prepare(
         self, batch: Sequence[TrainSample], mine: list[int], reuse: bool
     ) -> dict[int, SampleTensors]:
         """Old/ref logprobs and advantages of this rank's samples, before any update."""
         samples = [batch[i] for i in mine]
-        masks = [sample_loss_mask(s) for s in samples]
         old = None if reuse else self.compute_logprobs(samples, "actor")
         ref = self.compute_logprobs(samples, "ref") if self.ref_model is not None else None
-        kls = None
-        if needs_reference_kl(self.algo) and old is not None and ref is not None:
-            kls = [compute_kl(o, r, self.algo.kl_loss_type) for o, r in zip(old, ref, strict=True)]
-        rewards = [s.reward for s in samples]
-        advantages = compute_advantages(rewards, masks, self.algo, kls, reduce=self.dp.sum)
-        return {
-            index: SampleTensors(
-                mask=masks[k],
-                advantages=advantages[k],
-                old_logp=None if old is None else old[k],
-                ref_logp=None if ref is None else ref[k],
-                rollout_logp=sample_rollout_logp(samples[k]),
-            )
-            for k, index in enumerate(mine)
-        }
-
-    def _metric_names(self) -> list[str]:
-        names = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl"]
-        return names + (["tis_weight"] if self.algo.use_tis else [])
+        tensors = sample_tensors(samples, old, ref, self.algo, self.dp.sum)
+        return dict(zip(mine, tensors, strict=True))
 
     def _micro_batch_loss(
         self,
@@ -218,22 +140,10 @@ class TorchTrainer:
         packed = pack_samples([batch[i] for i in micro])
         entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
         out = forward_tokens(self.model, packed, self.temperature, entropy_mode)
-        rows = [data[i] for i in micro]
-        mask = torch.cat([r.mask for r in rows])
-        old_logp = _cat([r.old_logp for r in rows])
         assert out.entropy is not None
-        inputs = LossInputs(
-            logp=out.logp,
-            old_logp=out.logp.detach() if old_logp is None else old_logp,
-            advantages=torch.cat([r.advantages for r in rows]),
-            weights=reduction_weights(
-                packed.segment_ids, mask, self.algo.loss_reduction, denominator
-            ),
-            segment_ids=packed.segment_ids,
-            mask=mask,
-            entropy=out.entropy,
-            ref_logp=_cat([r.ref_logp for r in rows]),
-            rollout_logp=_cat([r.rollout_logp for r in rows]),
+        rows = [data[i] for i in micro]
+        inputs = loss_inputs(
+            rows, packed.segment_ids, out.logp, out.entropy, self.algo, denominator
         )
         result = compute_loss(inputs, self.algo, self.policy_loss_kind)
         torch.autograd.backward(result.loss)
@@ -242,7 +152,7 @@ class TorchTrainer:
     def _optimizer_step(
         self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
     ) -> dict[str, float]:
-        names = self._metric_names()
+        names = metric_names(self.algo)
         sums = torch.zeros(len(names), dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
         for micro in plan.micro_batches:
@@ -266,33 +176,12 @@ class TorchTrainer:
             validate_sample(sample, index)
         plans = self.plan_steps(batch)
         mine = sorted(i for plan in plans for micro in plan.micro_batches for i in micro)
-        reuse = (
-            self.reuse_logprobs_single_step
-            and len(plans) == 1
-            and not needs_reference_kl(self.algo)
-        )
+        reuse = reuses_logprobs(plans, self.algo, self.reuse_logprobs_single_step)
         data = self._prepare(batch, mine, reuse)
         prepared = time.perf_counter()
         steps = [self._optimizer_step(batch, plan, data) for plan in plans]
-        elapsed = time.perf_counter() - start
-        metrics = {f"train/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]}
-        metrics["train/lr"] = steps[-1]["lr"]
-        tokens = sum(s.length for s in batch)
-        micro_batches = sum(len(p.micro_batches) for p in plans)
-        metrics.update(
-            {
-                "train/optimizer_steps": float(len(plans)),
-                "train/micro_batches": float(micro_batches),
-                "train/prepare_time_s": prepared - start,
-                "train/time_s": elapsed,
-                "train/samples_per_s": len(batch) / elapsed,
-                "train/tokens_per_s": tokens / elapsed,
-            }
-        )
-        efficiencies = [p.efficiency for p in plans if p.efficiency is not None]
-        if efficiencies:
-            metrics["train/packing_efficiency"] = sum(efficiencies) / len(efficiencies)
-        return metrics
+        timing = RolloutTiming(start, prepared, time.perf_counter())
+        return rollout_metrics(steps, plans, batch, timing)
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
@@ -303,6 +192,13 @@ class TorchTrainer:
             export_hf(self.model, self.model_dir, out)
         self.dp.barrier()
         return out
+
+    def iter_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
+        """The policy in HF names (it is an HF model), in buckets of <= bucket_bytes of one
+        dtype each. Local to this rank: every DP rank holds the whole model."""
+        params = dict(self.model.named_parameters())
+        for bucket in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
+            yield [(w.name, params[w.name].detach()) for w in bucket]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -315,6 +211,26 @@ class TorchTrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["scheduler"]["step"])
+
+    def save_checkpoint(self, ckpt_dir: str | Path, with_optimizer: bool = True) -> None:
+        """Rank 0 writes `ckpt_dir/rank_0.pt`: every DP rank holds an identical replica of
+        the model and optimizer (gradients are summed before every step), so rank 0's copy is
+        every rank's and loads into any number of ranks."""
+        if self.dp.rank != 0:
+            return
+        state = self.state_dict()
+        if not with_optimizer:
+            state.pop("optimizer")
+        path = Path(ckpt_dir) / STATE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path)
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> None:
+        """Every rank loads rank 0's copy; without a saved optimizer, Adam starts over."""
+        state = torch.load(Path(ckpt_dir) / STATE_FILE, map_location="cpu", weights_only=True)
+        if "optimizer" not in state:
+            state["optimizer"] = self.optimizer.state_dict()
+        self.load_state_dict(state)
 
     def close(self) -> None:
         self.dp.close()

@@ -28,7 +28,6 @@ from rlpost.runtime.run_state import (
     LoopState,
     read_buffer,
     read_loop_state,
-    trainer_file,
     write_driver_state,
 )
 from rlpost.runtime.rundir import config_yaml
@@ -45,7 +44,7 @@ def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = 
     buffer = [[Sample(group_index=done, index=0, prompt="p", prompt_ids=[1, 2])]]
     yaml_text = config_yaml(cfg) if cfg is not None else "model: {}\n"
     write_driver_state(staging, state, buffer, yaml_text, "{}\n")
-    checkpoint.write_synced(staging / trainer_file(0), os.urandom(4096))
+    checkpoint.write_synced(staging / "trainer" / "rank_0.pt", os.urandom(4096))
     return checkpoint.commit_save(staging, keep_last)
 
 
@@ -182,7 +181,7 @@ def test_other_changes_are_reported_and_launch_options_ignored() -> None:
 
 def test_data_parallel_change_loads_replicas_but_tensor_parallel_does_not() -> None:
     grid = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 2}
-    fewer_ranks = parallel_changes(grid, {**grid, "dp": 1}, replicated_dp=True)
+    fewer_ranks = parallel_changes(grid, {**grid, "dp": 1}, dp_reshards=True)
     assert check_resume_changes([], fewer_ranks, "c") == []
     with pytest.raises(UserError, match=r"layout\.train\.dp"):
         check_resume_changes([], parallel_changes(grid, {**grid, "dp": 1}, False), "c")

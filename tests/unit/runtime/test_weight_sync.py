@@ -116,7 +116,7 @@ def test_distributed_then_disk_sync_make_the_engine_serve_the_trainer_weights(
             with pytest.raises(WeightSyncError, match="disagree"):
                 await probe(client, engine_url, trainer)  # two different random models
             dist = DistributedSync(
-                client, call, gpus_per_engine=1, bucket_bytes=64 << 10, backend="gloo"
+                client, call, num_ranks=1, gpus_per_engine=1, bucket_bytes=64 << 10, backend="gloo"
             )
             await update_engines(client, dist, [engine_url], version=1)
             assert await client.get_weight_version(engine_url) == "1"
@@ -143,14 +143,20 @@ def test_distributed_then_disk_sync_make_the_engine_serve_the_trainer_weights(
 
 
 def test_bucket_size_bounds_the_distributed_updates(engine_url: str, trainer: TorchTrainer) -> None:
-    layout = trainer_side.weight_layout(trainer)
-    largest = max(w.nbytes for w in layout)
+    buckets = list(trainer.iter_hf_weights(bucket_bytes=1))
+    largest = max(t.numel() * t.element_size() for bucket in buckets for _, t in bucket)
+    assert all(len(bucket) == 1 for bucket in buckets)  # nothing shares an oversized bucket
 
     async def scenario() -> None:
         async with EngineClient(engine_url, worker_urls=[engine_url]) as client:
             # one weight per bucket at most: many small broadcasts give the same result
             dist = DistributedSync(
-                client, trainer_call(trainer), gpus_per_engine=1, bucket_bytes=1, backend="gloo"
+                client,
+                trainer_call(trainer),
+                num_ranks=1,
+                gpus_per_engine=1,
+                bucket_bytes=1,
+                backend="gloo",
             )
             nudge(trainer)
             await update_engines(client, dist, [engine_url], version=5)

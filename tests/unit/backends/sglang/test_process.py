@@ -1,19 +1,28 @@
-"""An engine process only counts as up when the server answering on its port is its own."""
+"""An engine process only counts as up when the server answering on its port is its own, and
+it does not outlive the process that started it."""
 
 from __future__ import annotations
 
 import http.server
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+import rlpost
+from rlpost.backends.ports import free_port
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess, EngineStartError, listens_on
+
+REPO_ROOT = Path(rlpost.__file__).resolve().parent.parent
 
 
 class Ok(http.server.BaseHTTPRequestHandler):
@@ -61,3 +70,63 @@ def test_a_foreign_server_on_the_port_is_not_taken_for_the_engine(
     finally:
         process.proc.kill()
         process.proc.wait()
+
+
+# The launcher (or a Ray actor): starts a CPU engine from a thread that then ends, as
+# `asyncio.to_thread` does, reports the server's pid and waits to be killed.
+LAUNCHER = """
+import sys, threading, time
+from rlpost.backends.sglang.launch import EngineSpec
+from rlpost.backends.sglang.process import EngineProcess
+model_dir, port, log_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spec = EngineSpec(index=0, backend="cpu", model_path=model_dir, host="127.0.0.1", port=port,
+                  seed=0, log_path=log_path, startup_timeout_s=120, num_threads=1)
+process = EngineProcess(spec)
+starter = threading.Thread(target=process.start)
+starter.start()
+starter.join()
+print(process.pid(), process.url, flush=True)
+time.sleep(600)
+"""
+
+
+def is_gone(pid: int) -> bool:
+    """Exited (a zombie not yet reaped by its new parent counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux")
+def test_engine_dies_with_a_sigkilled_launcher(tiny_lm_dir: Path, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [str(tiny_lm_dir), str(free_port()), str(tmp_path / "e.log")]
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, *args], stdout=subprocess.PIPE, env=env, text=True
+    )
+    server_pid = None
+    try:
+        assert launcher.stdout is not None
+        line = launcher.stdout.readline()
+        assert line, f"the launcher exited with {launcher.wait()} before the engine was up"
+        pid_text, url = line.split()
+        server_pid = int(pid_text)
+        time.sleep(0.5)  # the thread that started it has ended: the server must still serve
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as reply:
+            assert reply.status == 200
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while not is_gone(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert is_gone(server_pid), f"engine {server_pid} outlived its SIGKILLed launcher"
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if server_pid is not None and not is_gone(server_pid):
+            os.killpg(server_pid, signal.SIGKILL)

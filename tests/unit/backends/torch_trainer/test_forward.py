@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.masking_utils import find_packed_sequence_indices
 
+from rlpost.algo.steps import validate_sample
 from rlpost.backends.torch_trainer.attention import packed_sdpa_attention
-from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples, validate_sample
+from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
 from rlpost.types import TrainSample
 

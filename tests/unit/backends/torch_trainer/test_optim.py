@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from rlpost.backends.torch_trainer.optim import build_optimizer, check_schedule, lr_at_step
+from rlpost.algo.schedule import check_schedule, lr_at_step
+from rlpost.backends.torch_trainer.optim import build_optimizer
 from rlpost.schema import OptimConfig
 
 

@@ -1,0 +1,52 @@
+"""Writing an exported HF folder beside a base checkpoint's tokenizer and config files.
+
+Shared by every trainer backend that exports weights; stdlib only, so importing it pulls in
+neither torch/transformers nor megatron.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# Files an export writes itself; everything else in the base folder (tokenizer files, chat
+# template, generation config) is copied as is.
+REWRITTEN = ("config.json", *INDEX_NAMES)
+
+
+def copy_side_files(src_dir: str | Path, dst_dir: str | Path) -> None:
+    """Copy tokenizer, chat template and generation config: all but weights and config."""
+    dst = Path(dst_dir)
+    for item in Path(src_dir).iterdir():
+        if item.is_file() and item.name not in REWRITTEN and item.suffix not in WEIGHT_SUFFIXES:
+            shutil.copy2(item, dst / item.name)
+
+
+def publish_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Call `fill(staging)` on a sibling temp folder, then rename it to `out_dir`.
+
+    Readers (engines reloading weights from disk) never see a half-written folder; an existing
+    `out_dir` is replaced, and a failed `fill` leaves it untouched.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(staging, 0o755)
+    try:
+        fill(staging)
+        if out.exists():
+            retired = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, retired)
+            os.replace(staging, out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out

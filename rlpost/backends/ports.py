@@ -1,0 +1,70 @@
+"""TCP ports on this host: whether one is free, a free one, and whose socket listens on one.
+
+Two runs on one host can pick the same free port at the same moment, so a server started on
+a port only counts as up once its own process holds the listening socket (`listens_on`).
+Stdlib only: the engine processes, the router and the runtime all use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+LOCALHOST = "127.0.0.1"
+_TCP_LISTEN = "0A"  # the LISTEN state in /proc/net/tcp
+
+
+def is_port_free(port: int, host: str = LOCALHOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on `port` here (Linux /proc), or None where unknown."""
+    inodes: set[str] = set()
+    found_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found_table = True
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == _TCP_LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    return inodes if found_table else None
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds the socket listening on `port` (None: cannot tell).
+
+    A server that lost the bind to another process must not take that process's answers
+    for its own.
+    """
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return None
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
+                return True
+    return False

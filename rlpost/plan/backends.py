@@ -1,0 +1,39 @@
+"""Which trainer backend trains a layout: what each can do, and what `auto` picks.
+
+Light on purpose (the plan imports it): the backends themselves are built in
+rlpost.runtime.trainers.
+"""
+
+from __future__ import annotations
+
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import RunConfig
+
+# the model-parallel sizes (besides DP) each backend trains with
+TRAINER_PARALLEL: dict[str, frozenset[str]] = {
+    "torch": frozenset(),
+    "megatron": frozenset({"tp", "pp", "cp", "ep", "etp"}),
+}
+GPU_TRAINERS = frozenset({"megatron"})
+
+
+def model_parallel_sizes(layout: ParallelLayout) -> dict[str, int]:
+    sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp}
+    return {k: v for k, v in sizes.items() if v > 1}
+
+
+def resolve_trainer_backend(cfg: RunConfig, layout: ParallelLayout) -> str:
+    """trainer.backend, with `auto` resolved: megatron-core on GPUs, whenever the layout
+    splits the model and when MTP layers train; the torch trainer for data-parallel CPU runs."""
+    if cfg.trainer.backend != "auto":
+        return cfg.trainer.backend
+    splits = bool(model_parallel_sizes(layout))
+    if cfg.hardware.kind == "gpu" or splits or cfg.recipe.train.mtp_training:
+        return "megatron"
+    return "torch"
+
+
+def unsupported_parallel(backend: str, layout: ParallelLayout) -> dict[str, int]:
+    """The layout's model-parallel sizes above 1 that `backend` cannot train with."""
+    allowed = TRAINER_PARALLEL[backend]
+    return {k: v for k, v in model_parallel_sizes(layout).items() if k not in allowed}

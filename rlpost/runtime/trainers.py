@@ -1,0 +1,83 @@
+"""Trainer backends the runtime can host, by name: how each is built on a train rank.
+
+Both backends offer the same interface to the run (train_step, compute_logprobs,
+iter_hf_weights, export_hf, save_checkpoint / load_checkpoint, close, model_dir); every call is
+made on all ranks at once, which megatron-core needs (its weights are sharded) and the torch
+trainer tolerates. Which one a run gets is rlpost.plan.backends.resolve_trainer_backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """What every train rank needs to build its trainer backend."""
+
+    backend: str
+    model: ModelConfig
+    layout: ParallelLayout
+    algo: AlgoConfig
+    optim: OptimConfig
+    train: TrainConfig
+    rollout_temperature: float
+    world_size: int
+    master_addr: str
+    master_port: int
+    num_threads: int
+    seed: int
+
+
+def _torch(spec: TrainerSpec, rank: int) -> Any:
+    from rlpost.backends.torch_trainer.trainer import TorchTrainer
+
+    return TorchTrainer(
+        spec.model.load or spec.model.hf_checkpoint,
+        spec.algo,
+        spec.optim,
+        spec.train,
+        rollout_temperature=spec.rollout_temperature,
+        rank=rank,
+        world_size=spec.world_size,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        num_threads=spec.num_threads,
+    )
+
+
+def _megatron(spec: TrainerSpec, rank: int) -> Any:
+    from rlpost.backends.megatron import silence_known_warnings
+
+    silence_known_warnings()
+    from rlpost.backends.megatron.trainer import MegatronTrainer
+
+    return MegatronTrainer(
+        spec.model,
+        spec.algo,
+        spec.optim,
+        spec.train,
+        spec.layout,
+        rollout_temperature=spec.rollout_temperature,
+        rank=rank,
+        world_size=spec.world_size,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        num_threads=spec.num_threads,
+        seed=spec.seed,
+    )
+
+
+TRAINER_BUILDERS: dict[str, Callable[[TrainerSpec, int], Any]] = {
+    "torch": _torch,
+    "megatron": _megatron,
+}
+
+
+def build_trainer(spec: TrainerSpec, rank: int) -> Any:
+    return TRAINER_BUILDERS[spec.backend](spec, rank)

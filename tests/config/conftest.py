@@ -1,0 +1,47 @@
+"""Composing shipped configs quickly: one Hydra compose per group combination, then overrides."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from rlpost.config.loader import compose_run_config
+from rlpost.schema import RunConfig
+
+GROUPS = ("model", "recipe", "hardware", "layout")
+
+ComposeRun = Callable[..., RunConfig]
+
+
+@functools.cache
+def _composed(groups: tuple[str, ...]) -> dict[str, Any]:
+    """The validated tree for these group choices, through the launcher's own loader."""
+    return compose_run_config(list(groups))[0].model_dump()
+
+
+def compose_run(*overrides: str) -> RunConfig:
+    """Group choices (`model=...`) through Hydra, then `a.b=value` overrides (a leading `+` or
+    `++` is accepted) set on the composed tree, which is validated again."""
+    groups = tuple(o for o in overrides if o.split("=")[0] in GROUPS)
+    data = copy.deepcopy(_composed(groups))
+    for override in overrides:
+        if override in groups:
+            continue
+        dotted, value = override.lstrip("+").split("=", 1)
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(value)
+    return RunConfig.model_validate(data)
+
+
+@pytest.fixture(name="compose_run", scope="session")
+def compose_run_fixture() -> ComposeRun:
+    """`compose_run("model=qwen3-4b", "recipe=grpo_dapo", "layout.train.tp=2") -> RunConfig`."""
+    return compose_run
