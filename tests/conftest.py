@@ -1,13 +1,18 @@
-"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, saved locally."""
+"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, saved locally.
+
+torch, tokenizers and transformers are imported when an asset is built, not at collection:
+the config and plan tests never load them.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_LM_CONTEXT = 256
@@ -15,6 +20,9 @@ TINY_LM_CONTEXT = 256
 
 def train_tiny_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained on arithmetic sentences; <|im_end|> is EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -34,6 +42,9 @@ def save_tiny_lm(
     path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0, context: int = TINY_LM_CONTEXT
 ) -> Path:
     """Save a random Qwen3ForCausalLM and its tokenizer as a local HF folder."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
     tokenizer = train_tiny_tokenizer()
     eos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     config = Qwen3Config(

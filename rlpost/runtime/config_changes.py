@@ -36,6 +36,7 @@ SHAPE_FIELDS = (
     "model.mtp_num_layers",
     "model.moe",
     "model.mla",
+    "recipe.train.mtp_training",  # the trainer's state holds MTP layers (and their Adam) or not
 )
 
 # Keys that say how this launch runs, not what the run is.

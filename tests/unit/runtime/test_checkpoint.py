@@ -166,6 +166,14 @@ def test_shape_and_backend_changes_are_refused_field_by_field() -> None:
     assert "set model.hidden_size=256" in caught.value.render()
 
 
+def test_turning_mtp_training_on_or_off_is_refused() -> None:
+    before = {"recipe": {"train": {"mtp_training": False}}}
+    after = {"recipe": {"train": {"mtp_training": True}}}
+    for saved, now in ((before, after), (after, before)):
+        with pytest.raises(UserError, match=r"recipe\.train\.mtp_training"):
+            check_resume_changes(diff_configs(saved, now), [], "c", ("megatron", "megatron"))
+
+
 def test_naming_the_backend_that_auto_picks_is_not_a_change_of_backend() -> None:
     changes = diff_configs({"trainer": {"backend": "auto"}}, {"trainer": {"backend": "torch"}})
     reported = check_resume_changes(changes, [], "c", ("torch", "torch"))
