@@ -41,8 +41,14 @@ def _print_slime_args(cfg: RunConfig, plan: Plan) -> None:
 
 
 def _train(cfg: RunConfig, plan: Plan) -> None:
+    from rlpost.plan.fit import memory_issues
     from rlpost.runtime.train import run
 
+    issues = memory_issues(plan)
+    if issues and cfg.plan.memory_check == "refuse":
+        raise UserError(issues, title="memory problem")
+    for issue in issues:
+        print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
     run(cfg, plan)
 
 

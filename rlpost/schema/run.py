@@ -57,6 +57,11 @@ class EngineConfig(Section):
 
 class PlanOptions(Section):
     format: Literal["table", "json"] = "table"
+    memory_check: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="a training launch whose plan does not fit in memory: refuse it before "
+        "anything starts, or warn and launch anyway (the estimate is conservative)",
+    )
 
 
 class WandbConfig(Section):

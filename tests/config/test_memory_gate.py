@@ -1,0 +1,36 @@
+"""A training launch whose plan does not fit in memory stops before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rlpost.plan import build_plan
+from rlpost.plan.fit import memory_issues
+from rlpost.schema import RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+ComposeRun = Callable[..., RunConfig]
+
+
+def test_the_default_and_the_seed_runs_fit(compose_run: ComposeRun) -> None:
+    assert memory_issues(build_plan(compose_run())) == []
+    seed = compose_run("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x64")
+    assert memory_issues(build_plan(seed)) == []
+
+
+def test_each_part_that_does_not_fit_is_an_issue(compose_run: ComposeRun) -> None:
+    plan = build_plan(compose_run("model=qwen3-8b", "hardware=cpu"))
+    issues = memory_issues(plan)
+    assert [i.key for i in issues] == ["layout.train", "layout.rollout", "hardware.host_memory_gib"]
+    assert all("plan.memory_check=warn" in i.fix for i in issues)
+
+
+def test_the_launch_refuses_it_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
+    command = [sys.executable, "launch.py", "model=qwen3-8b", f"run.dir={tmp_path / 'run'}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "memory problems" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run" / "ckpt").exists()
