@@ -52,6 +52,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     run(cfg, plan)
 
 
+PRINTING_MODES = {"plan", "slime_args"}
 MODES: dict[str, Callable[[RunConfig, Plan], None]] = {
     "plan": _print_plan,
     "slime_args": _print_slime_args,
@@ -99,19 +100,41 @@ def run_job(cfg: DictConfig) -> None:
         exit_with(exc)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Check argv's overrides, then hand them to Hydra."""
-    import hydra
+def _printing_mode(args: Sequence[str]) -> bool:
+    """A single job that only prints (mode=plan or slime_args) from plain overrides: it needs
+    no Hydra job (no run directory, no sweep), so one compose is enough — Hydra's own entry
+    composes twice, once only to learn whether the command is a sweep."""
+    modes = {a.lstrip("+").split("=", 1)[1] for a in args if a.lstrip("+").startswith("mode=")}
+    plain = all("=" in a and not a.startswith(("-", "hydra.", "+hydra.")) for a in args)
+    return plain and bool(modes) and modes <= PRINTING_MODES
 
-    args = sys.argv[1:] if argv is None else list(argv)
+
+def _print_once(args: Sequence[str]) -> None:
+    from rlpost.config.loader import compose_run_config
+
     try:
-        checked = prepare_argv(args)
+        run, sources = compose_run_config(args)
+        MODES[run.mode](run, plan_run(run, sources))
     except UserError as exc:
         exit_with(exc)
-    sys.argv = [sys.argv[0], *checked]
-    register_resolvers()
-    entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Check argv's overrides, then hand them to Hydra."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
+        if _printing_mode(args):
+            _print_once(args)
+            return
+        import hydra
+
+        try:
+            checked = prepare_argv(args)
+        except UserError as exc:
+            exit_with(exc)
+        sys.argv = [sys.argv[0], *checked]
+        register_resolvers()
+        entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
         entry(run_job)()
     except BrokenPipeError:
         # `launch.py mode=plan | head`: the reader left; that is not an error of the run.

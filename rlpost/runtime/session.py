@@ -156,6 +156,8 @@ class Session:
         if self.pool is not None:
             self.loop.run_until_complete(self.pool.stop())
             self.pool = None
+        for trainer in self.trainers:  # before Ray's shutdown SIGTERMs them mid-cleanup
+            ray.kill(trainer)
         self.trainers = []
         self.cluster.shutdown()
 
