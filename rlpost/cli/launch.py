@@ -41,13 +41,10 @@ def _print_slime_args(cfg: RunConfig, plan: Plan) -> None:
 
 
 def _train(cfg: RunConfig, plan: Plan) -> None:
-    from rlpost.plan.fit import memory_issues
+    from rlpost.plan.fit import enforce_memory_fit
     from rlpost.runtime.train import run
 
-    issues = memory_issues(plan)
-    if issues and cfg.plan.memory_check == "refuse":
-        raise UserError(issues, title="memory problem")
-    for issue in issues:
+    for issue in enforce_memory_fit(cfg, plan):
         print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
     run(cfg, plan)
 

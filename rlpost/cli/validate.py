@@ -34,8 +34,17 @@ def _no_check(run: RunConfig, plan: Plan) -> None:
     return None
 
 
+def _memory_fit(run: RunConfig, plan: Plan) -> None:
+    from rlpost.plan.fit import enforce_memory_fit
+
+    enforce_memory_fit(run, plan)
+
+
 # Checks a mode adds after planning (the launcher's MODES, minus their side effects).
-MODE_CHECKS: dict[str, Callable[[RunConfig, Plan], None]] = {"slime_args": _render_slime_args}
+MODE_CHECKS: dict[str, Callable[[RunConfig, Plan], None]] = {
+    "slime_args": _render_slime_args,
+    "train": _memory_fit,
+}
 
 
 def check(target: Target) -> tuple[RunConfig, SourceMap, Plan]:

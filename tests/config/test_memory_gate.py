@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rlpost.plan import build_plan
 from rlpost.plan.fit import memory_issues
 from rlpost.schema import RunConfig
@@ -34,3 +36,14 @@ def test_the_launch_refuses_it_with_exit_2_and_no_traceback(tmp_path: Path) -> N
     assert done.returncode == 2
     assert "memory problems" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "ckpt").exists()
+
+
+def test_validate_runs_the_same_gate_for_a_training_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rlpost.cli.main import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["validate", "model=qwen3-8b"])
+    assert caught.value.code == 2 and "memory problems" in capsys.readouterr().err
+    assert main(["validate", "model=qwen3-8b", "plan.memory_check=warn"]) in (0, None)
