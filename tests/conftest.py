@@ -6,10 +6,15 @@ the config and plan tests never load them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+# torch.cuda.is_available() (the gpu skip conditions) asks NVML instead of initialising the
+# CUDA driver in the pytest process, so ranks forked later can still use their GPU.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

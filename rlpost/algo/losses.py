@@ -120,8 +120,9 @@ def gspo_loss(
 def segment_mean(values: Tensor, segment_ids: Tensor, mask: Tensor) -> Tensor:
     """Masked mean of `values` per segment; one entry per segment id."""
     num_segments = int(segment_ids.max()) + 1 if segment_ids.numel() else 0
-    sums = torch.zeros(num_segments, dtype=values.dtype).index_add(0, segment_ids, values * mask)
-    counts = torch.zeros(num_segments, dtype=mask.dtype).index_add(0, segment_ids, mask)
+    zeros = torch.zeros(num_segments, dtype=values.dtype, device=values.device)
+    sums = zeros.index_add(0, segment_ids, values * mask)
+    counts = torch.zeros_like(zeros, dtype=mask.dtype).index_add(0, segment_ids, mask)
     return sums / counts.clamp(min=1)
 
 
@@ -158,7 +159,8 @@ def reduction_weights(
 
 def _sample_mean_weights(segment_ids: Tensor, mask: Tensor) -> Tensor:
     num_segments = int(segment_ids.max()) + 1 if segment_ids.numel() else 0
-    counts = torch.zeros(num_segments, dtype=mask.dtype).index_add(0, segment_ids, mask)
+    counts = torch.zeros(num_segments, dtype=mask.dtype, device=mask.device)
+    counts = counts.index_add(0, segment_ids, mask)
     return mask / counts.clamp(min=1)[segment_ids]
 
 

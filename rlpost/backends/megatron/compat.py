@@ -1,7 +1,8 @@
 """megatron-core on CPU: the places where megatron-core 0.16 asks for CUDA, redirected to CPU.
 
-Everything here is inactive on a machine with CUDA (`cpu_compat()` is then a no-op) and refuses
-any megatron-core other than 0.16.x. What each piece does, and when it can go:
+Everything here but the last section is inactive on a machine with CUDA (`cpu_compat()` is then
+a no-op), and all of it refuses any megatron-core other than 0.16.x. What each piece does, and
+when it can go:
 
 - `_CpuDevices`, a torch function mode active only inside `cpu_compat()`:
   * device arguments naming CUDA (`device='cuda'`, a CUDA index, `.cuda()`, `.to('cuda')`)
@@ -32,15 +33,16 @@ any megatron-core other than 0.16.x. What each piece does, and when it can go:
 - `tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state` act on the CPU generator:
   activation recomputation saves and restores the RNG state around each checkpointed block
   (so dropout repeats itself), through torch.cuda.random directly. Same lifetime.
-- Set once per CPU process by `install_cpu_state` (with the two stand-ins above):
-  `moe_utils.te_general_gemm = None`: megatron-core 0.16 leaves the name undefined when
-  TransformerEngine is absent, so the MoE router's gating linear raises NameError; None selects
-  its torch path. Can go when megatron-core defines the fallback.
-- `multi_latent_attention.HAVE_TE = False` without TransformerEngine: 0.16's import guard
-  succeeds (the extension module imports without TE, with mocks in TE's place) and MLA's
-  constructor then calls isinstance(..., <mock>). Can go with the same upstream fix.
 
-Two workarounds apply on any machine, CUDA or not, and are equally version-gated:
+These apply on any machine, CUDA or not, and are equally version-gated:
+- `install_te_fallbacks()`, once per process from `init_parallel`, for a machine without
+  TransformerEngine (every CPU one, and GPU ones without it):
+  * `moe_utils.te_general_gemm = None`: megatron-core 0.16 leaves the name undefined when
+    TransformerEngine is absent, so the MoE router's gating linear raises NameError; None
+    selects its torch path. Can go when megatron-core defines the fallback.
+  * `multi_latent_attention.HAVE_TE = False`: 0.16's import guard succeeds without TE (the
+    extension module imports with mocks in TE's place) and MLA's constructor then calls
+    isinstance(..., <mock>). Can go with the same upstream fix.
 - `untie_adam_steps(optimizer)` after loading a distributed-optimizer checkpoint: without Apex
   or TransformerEngine (torch's own AdamW) megatron-core 0.16 restores every parameter's Adam
   `step` as one shared tensor, which torch's foreach AdamW then increments once per parameter
@@ -268,6 +270,18 @@ def _memory_buffer_class() -> type:
     return CpuMemoryBuffer
 
 
+def install_te_fallbacks() -> None:
+    """megatron-core's torch paths where TransformerEngine is absent (see module docstring)."""
+    check_megatron_version()
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    if importlib.util.find_spec("transformer_engine") is None:
+        multi_latent_attention.HAVE_TE = False
+
+
 def install_cpu_state() -> None:
     """CPU stand-ins for megatron's RNG tracker and scratch buffer (after parallel init)."""
     if not needs_cpu_compat():
@@ -275,14 +289,8 @@ def install_cpu_state() -> None:
     check_megatron_version()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mp_random
-    from megatron.core.transformer.moe import moe_utils
 
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
-    from megatron.core.transformer import multi_latent_attention
-
-    if importlib.util.find_spec("transformer_engine") is None:
-        multi_latent_attention.HAVE_TE = False
+    install_te_fallbacks()
     mp_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     parallel_state._GLOBAL_MEMORY_BUFFER = _memory_buffer_class()()

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from rlpost.backends.megatron.compat import in_process_checkpoint_writes
 from rlpost.backends.megatron.config import MegatronSettings
+from rlpost.backends.megatron.distributed import compute_device
 from rlpost.backends.megatron.hf_files import HFCheckpoint
 from rlpost.backends.megatron.provider import stage_layers
 from rlpost.backends.megatron.weights import (
@@ -191,9 +192,12 @@ def _broadcast_bucket(
     if meta[0] is None:
         return None
     received: list[HFTensor] = []
+    device = compute_device()  # receive where the collective works (NCCL: the GPU)
     for i, (name, shape, dtype) in enumerate(meta[0]):
         tensor = (
-            bucket[i][1].contiguous() if bucket is not None else torch.empty(shape, dtype=dtype)
+            bucket[i][1].contiguous()
+            if bucket is not None
+            else torch.empty(shape, dtype=dtype, device=device)
         )
         dist.broadcast(tensor, src=src, group=group)
         received.append((name, tensor))

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from rlpost.backends.megatron.compat import (
     check_megatron_version,
+    install_te_fallbacks,
     model_parallel_cpu_manual_seed,
     needs_cpu_compat,
 )
@@ -53,6 +54,7 @@ def init_parallel(place: ProcessPlace, sizes: ParallelSizes, seed: int) -> None:
         parallel_state.initialize_model_parallel(
             **sizes.init_kwargs(), create_gloo_process_groups=needs_cpu_compat()
         )
+    install_te_fallbacks()  # before any model is built, GPU machines without TE included
     model_parallel_cpu_manual_seed(seed)
 
 

@@ -163,8 +163,12 @@ class PackedAttention(MegatronModule):
             ranks = [cp_token_positions(cu_seqlens, r, cp_size) for r in range(cp_size)]
             k_sample = torch.cat([sample for sample, _ in ranks])
             k_pos = torch.cat([pos for _, pos in ranks])
-        q_index, q_valid = group_by_sample(q_sample, q_pos, num_samples)
-        k_index, k_valid = group_by_sample(k_sample, k_pos, num_samples)
+        # positions are worked out on the host (cu_seqlens is read there); the mask and the
+        # gathers run where the activations are (SDPA wants its mask on their device)
+        device = query.device
+        q_index, q_valid = (t.to(device) for t in group_by_sample(q_sample, q_pos, num_samples))
+        k_index, k_valid = (t.to(device) for t in group_by_sample(k_sample, k_pos, num_samples))
+        q_pos, k_pos = q_pos.to(device), k_pos.to(device)
         mask = (k_pos[k_index].unsqueeze(1) <= q_pos[q_index].unsqueeze(2)) & k_valid.unsqueeze(1)
         mask |= ~q_valid.unsqueeze(2)  # padding query rows attend anywhere; dropped below
         out = F.scaled_dot_product_attention(

@@ -246,7 +246,8 @@ def step_denominators(counts: Sequence[Sequence[float]], depths: int) -> tuple[f
 
 def local_mask(mb: MicroBatch, masks: Sequence[Tensor], cp_rank: int, cp_size: int) -> Tensor:
     """[1, t_local]: 1.0 at the local positions whose next token is under the loss mask."""
-    gathered = torch.zeros(mb.local_tokens * cp_size)
+    # on the micro-batch's device: response_index indexes it, and the masks come from there
+    gathered = torch.zeros(mb.local_tokens * cp_size, device=mb.response_index.device)
     if mb.samples:
         gathered[mb.response_index] = torch.cat([m.float() for m in masks])
     return gathered.view(cp_size, -1)[cp_rank].unsqueeze(0)

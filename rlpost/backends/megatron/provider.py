@@ -9,6 +9,7 @@ same).
 
 from __future__ import annotations
 
+import torch
 from megatron.core import parallel_state
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.gpt import GPTModel
@@ -176,6 +177,17 @@ def build_gpt_model(settings: MegatronSettings, with_mtp: bool = True) -> GPTMod
         "rotary_base": gpt.rotary_base,
     }
     if not settings.transformer.mtp_num_layers:
-        return GPTModel(**kwargs)
+        return _placed(GPTModel(**kwargs), settings)
     spec = mtp_block_spec(settings) if with_mtp else None
-    return MTPGPTModel(**kwargs, mtp_block_spec=spec, true_vocab_size=gpt.true_vocab_size)
+    model = MTPGPTModel(**kwargs, mtp_block_spec=spec, true_vocab_size=gpt.true_vocab_size)
+    return _placed(model, settings)
+
+
+def _placed(model: GPTModel, settings: MegatronSettings) -> GPTModel:
+    """The model on this rank's GPU unless it is initialised on the host (CPU runs).
+    megatron-core leaves placement to its caller (its own training loop calls .cuda()): its
+    parallel layers allocate on the GPU, but the norms of layers.py and the duplicated MLA
+    projections are plain torch modules built on the host."""
+    if not settings.transformer.use_cpu_initialization:
+        model.cuda(torch.cuda.current_device())
+    return model

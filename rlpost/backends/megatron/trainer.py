@@ -133,7 +133,13 @@ class MegatronTrainer:
             self.model = DistributedDataParallel(config, self.settings.ddp, module)
             config.finalize_model_grads_func = finalize_grads
             config.no_sync_func = self.model.no_sync
-            self.optimizer = get_megatron_optimizer(self._optimizer_config(on_gpu), [self.model])
+            # gloo groups exist only on CPU (init_parallel); megatron-core's default asks for
+            # them and asserts they were created
+            self.optimizer = get_megatron_optimizer(
+                self._optimizer_config(on_gpu), [self.model], use_gloo_process_groups=not on_gpu
+            )
+            if config.fp16:  # the fp16 optimizer divides grads by its loss scale: scale the loss
+                config.grad_scale_func = self.optimizer.scale_loss
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -313,6 +319,7 @@ class MegatronTrainer:
         lr = lr_at_step(self.step, self.optim)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        # fp16 skips a step whose gradients overflowed and then has no norm
         _, grad_norm, _ = self.optimizer.step()
         self.step += 1
         sums = torch.zeros(len(names), dtype=torch.float64, device=self.device)
@@ -323,7 +330,7 @@ class MegatronTrainer:
         return {
             **dict(zip(names, sums.tolist(), strict=True)),
             **mtp_step_metrics(mbs, self.settings),
-            "grad_norm": float(grad_norm),
+            "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
             "lr": lr,
         }
 
@@ -414,18 +421,14 @@ class MegatronTrainer:
         generate (colocated GPU runs); returns bytes freed on the GPU. A no-op on CPU."""
         if needs_cpu_compat():
             return 0
-        buffers = self.model.buffers + self.model.expert_parallel_buffers
-        freed = sum(
-            b.param_data.numel() * b.param_data.element_size()
-            for b in buffers
-            if b.param_data is not None
-        )
-        for buffer in buffers:
+        # measured: weights, fp32 gradient buffers and Adam state all leave
+        held = torch.cuda.memory_allocated()
+        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
             buffer.offload_to_cpu(move_params=True, move_grads=True)
         self.optimizer.offload_to_cpu()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        return freed
+        return max(0, held - torch.cuda.memory_allocated())
 
     def onload(self) -> None:
         """Back from `offload` before training."""

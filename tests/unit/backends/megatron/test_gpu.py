@@ -36,9 +36,9 @@ def one_step(
 ) -> dict[str, Any]:
     trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
     try:
-        before = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+        before = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
         metrics = trainer.train_step(samples)
-        after = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+        after = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
     finally:
         trainer.close()
     moved = max(float((after[n].float() - w.float()).abs().max()) for n, w in before.items())
@@ -72,12 +72,12 @@ def offload_round_trip(
     trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
     try:
         trainer.train_step(samples)
-        before = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+        before = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
         held = torch.cuda.memory_allocated()
         freed = trainer.offload()
         released = held - torch.cuda.memory_allocated()
         trainer.onload()
-        after = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+        after = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
         second = trainer.train_step(samples)
     finally:
         trainer.close()
