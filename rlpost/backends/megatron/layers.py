@@ -167,16 +167,24 @@ class PackedAttention(MegatronModule):
         # gathers run where the activations are (SDPA wants its mask on their device)
         device = query.device
         q_index, q_valid = (t.to(device) for t in group_by_sample(q_sample, q_pos, num_samples))
-        k_index, k_valid = (t.to(device) for t in group_by_sample(k_sample, k_pos, num_samples))
-        q_pos, k_pos = q_pos.to(device), k_pos.to(device)
-        mask = (k_pos[k_index].unsqueeze(1) <= q_pos[q_index].unsqueeze(2)) & k_valid.unsqueeze(1)
-        mask |= ~q_valid.unsqueeze(2)  # padding query rows attend anywhere; dropped below
+        mask = None
+        if cp_size == 1:
+            # rows are each sample's tokens in order, padding after them: plain causal
+            # attention is exact for every real row (no mask, so SDPA may use flash kernels)
+            k_index = q_index
+        else:
+            k_index, k_valid = (t.to(device) for t in group_by_sample(k_sample, k_pos, num_samples))
+            q_pos, k_pos = q_pos.to(device), k_pos.to(device)
+            causal = k_pos[k_index].unsqueeze(1) <= q_pos[q_index].unsqueeze(2)
+            mask = causal & k_valid.unsqueeze(1) | ~q_valid.unsqueeze(2)  # pad rows: dropped below
+            mask = mask.unsqueeze(1)
         out = F.scaled_dot_product_attention(
             query[q_index].transpose(1, 2),  # [S, np, Lq, d]
             key[k_index].transpose(1, 2),
             value[k_index].transpose(1, 2),
-            attn_mask=mask.unsqueeze(1),
+            attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
             scale=self.softmax_scale,
             enable_gqa=key.shape[1] != query.shape[1],
         )
