@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
 
 DEFAULT = Location()
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# conf/ of the source tree; an installed wheel carries a copy as rlpost/conf (package data)
+_TREE_CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = _TREE_CONF if _TREE_CONF.is_dir() else Path(__file__).resolve().parents[1] / "conf"
 PRIMARY_CONFIG = "config"
 
 
