@@ -14,6 +14,8 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor, nn
@@ -67,3 +69,14 @@ def run_micro_batches(
         forward_only=forward_only,
     )
     return list(outputs)
+
+
+def from_last_stage(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last pipeline stage's per-micro-batch outputs, on every stage."""
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return outputs
+    group = ps.get_pipeline_model_parallel_group()
+    last = dist.get_process_group_ranks(group)[-1]
+    box = [outputs if dist.get_rank() == last else None]
+    dist.broadcast_object_list(box, src=last, group=group)
+    return box[0]  # type: ignore[return-value]

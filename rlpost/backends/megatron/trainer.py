@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,15 +41,13 @@ from rlpost.algo.steps import (
     validate_sample,
 )
 from rlpost.backends.megatron.batches import MicroBatch, build_micro_batch
-from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat, untie_adam_steps
+from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat
 from rlpost.backends.megatron.config import megatron_settings
 from rlpost.backends.megatron.convert import (
     ModelWeights,
     iter_hf_weights,
     load_hf_weights,
     load_torch_dist,
-    load_torch_dist_state,
-    save_torch_dist,
 )
 from rlpost.backends.megatron.distributed import (
     ProcessPlace,
@@ -65,21 +62,20 @@ from rlpost.backends.megatron.layers import gather_along_sequence
 from rlpost.backends.megatron.logits import vocab_parallel_logprobs
 from rlpost.backends.megatron.mtp import mtp_loss_factor, mtp_step_metrics, with_mtp_targets
 from rlpost.backends.megatron.provider import build_gpt_model
-from rlpost.backends.megatron.schedule import finalize_grads, run_micro_batches
+from rlpost.backends.megatron.schedule import finalize_grads, from_last_stage, run_micro_batches
 from rlpost.backends.megatron.steps import equalize
+from rlpost.backends.megatron.trainer_state import (
+    load_state,
+    offload_to_host,
+    onload_from_host,
+    save_state,
+)
 from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
 NO_CLIP = 1e30  # clip_grad 0 means "report the norm, never clip"
-STATE_FILE = "rlpost_trainer.json"  # step, and whether the optimizer was saved
-SHARDED_STATE = (
-    "MegatronTrainer shards model and optimizer over its ranks, so no one rank's dict is the "
-    "whole state; call save_checkpoint(dir) / load_checkpoint(dir) on every rank instead"
-)
-# canonical optimizer state (per model parameter): loads under another layout too
-OPTIMIZER_CKPT_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 class MegatronTrainer:
@@ -249,7 +245,7 @@ class MegatronTrainer:
             model.eval()
             mbs = self._build(batch, bins)
             outputs = run_micro_batches(model, mbs, collect, True)
-            outputs = _from_last_stage(outputs)
+            outputs = from_last_stage(outputs)
         logprobs: list[Tensor] = [torch.empty(0)] * len(batch)
         entropy: list[Tensor] = [torch.empty(0)] * len(batch)
         for mb, out in zip(mbs, outputs, strict=True):
@@ -380,36 +376,14 @@ class MegatronTrainer:
         return out
 
     def save_checkpoint(self, ckpt_dir: str | Path, with_optimizer: bool = True) -> Path:
-        """Model, optimizer and step as a torch_dist checkpoint, every rank writing its shards.
-        The model part loads under any layout; the distributed optimizer's Adam state (in
-        megatron-core's dp_reshardable format) under the same TP/PP/EP and any DP. Collective."""
-        path = Path(ckpt_dir)
+        """Model, optimizer and step as a torch_dist checkpoint (see trainer_state). Collective."""
         with cpu_compat():
-            save_torch_dist(self._sharded_state(with_optimizer=with_optimizer), path)
-            if dist.get_rank() == 0:
-                record = {"step": self.step, "optimizer": with_optimizer}
-                (path / STATE_FILE).write_text(json.dumps(record) + "\n")
-            dist.barrier()
-        return path
+            return save_state(self.model, self.optimizer, self.step, Path(ckpt_dir), with_optimizer)
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        """Inverse of save_checkpoint; without a saved optimizer, Adam starts over from the
-        loaded weights. Collective."""
-        path = Path(ckpt_dir)
-        record = json.loads((path / STATE_FILE).read_text())
-        with_optimizer = bool(record["optimizer"])
-        with cpu_compat(), torch.no_grad():  # fp32 main params are the model's own leaves
-            if with_optimizer:
-                self._materialize_optimizer_state()
-            sharded = self._sharded_state(is_loading=True, with_optimizer=with_optimizer)
-            state = load_torch_dist_state(sharded, path)
-            self.model.module.load_state_dict(state["model"], strict=False)
-            if with_optimizer:
-                self.optimizer.load_state_dict(state["optimizer"])
-                untie_adam_steps(self.optimizer)
-            else:  # the optimizer's own (e.g. fp32 main) copies of the weights follow them
-                self.optimizer.reload_model_params()
-        self.step = int(record["step"])
+        """Inverse of save_checkpoint; without a saved optimizer, Adam starts over. Collective."""
+        with cpu_compat():
+            self.step = load_state(self.model, self.optimizer, Path(ckpt_dir))
 
     @property
     def model_dir(self) -> Path:
@@ -417,57 +391,14 @@ class MegatronTrainer:
         return Path(self.model_config.hf_checkpoint)
 
     def offload(self) -> int:
-        """Weights, gradients and optimizer state to pinned host memory while the engines
-        generate (colocated GPU runs); returns bytes freed on the GPU. A no-op on CPU."""
-        if needs_cpu_compat():
-            return 0
-        # measured: weights, fp32 gradient buffers and Adam state all leave
-        held = torch.cuda.memory_allocated()
-        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
-            buffer.offload_to_cpu(move_params=True, move_grads=True)
-        self.optimizer.offload_to_cpu()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        return max(0, held - torch.cuda.memory_allocated())
+        """Weights, gradients and optimizer state to host memory while the engines generate
+        (colocated GPU runs); returns bytes freed on the GPU. A no-op on CPU."""
+        return 0 if needs_cpu_compat() else offload_to_host(self.model, self.optimizer)
 
     def onload(self) -> None:
         """Back from `offload` before training."""
-        if needs_cpu_compat():
-            return
-        for buffer in self.model.buffers + self.model.expert_parallel_buffers:
-            buffer.reload_from_cpu(move_params=True, move_grads=True)
-        self.optimizer.restore_from_cpu()
-        torch.cuda.synchronize()
-
-    def _materialize_optimizer_state(self) -> None:
-        """The distributed optimizer describes its checkpoint from existing Adam state; before
-        the first step there is none, so take megatron-core's zero-gradient step (the loaded
-        values then overwrite it)."""
-        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            fill = getattr(optimizer, "_init_optimizer_states_with_dummy_values", None)
-            if fill is not None and not optimizer.optimizer.state:
-                fill()
-
-    def _sharded_state(
-        self, is_loading: bool = False, with_optimizer: bool = True
-    ) -> dict[str, Any]:
-        model_state = self.model.module.sharded_state_dict()
-        if not with_optimizer:
-            return {"model": model_state}
-        return {
-            "model": model_state,
-            "optimizer": self.optimizer.sharded_state_dict(
-                model_state, is_loading=is_loading, metadata=OPTIMIZER_CKPT_FORMAT
-            ),
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """Not offered: each rank holds a shard; use save_checkpoint on every rank."""
-        raise NotImplementedError(SHARDED_STATE)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Not offered: use load_checkpoint on every rank."""
-        raise NotImplementedError(SHARDED_STATE)
+        if not needs_cpu_compat():
+            onload_from_host(self.model, self.optimizer)
 
     def close(self) -> None:
         destroy_parallel()
@@ -484,14 +415,3 @@ def _sample_on(tensors: SampleTensors, device: torch.device) -> SampleTensors:
         for f in dataclasses.fields(tensors)
     }
     return SampleTensors(**fields)
-
-
-def _from_last_stage(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The last pipeline stage's per-micro-batch outputs, on every stage."""
-    if ps.get_pipeline_model_parallel_world_size() == 1:
-        return outputs
-    group = ps.get_pipeline_model_parallel_group()
-    last = dist.get_process_group_ranks(group)[-1]
-    box = [outputs if dist.get_rank() == last else None]
-    dist.broadcast_object_list(box, src=last, group=group)
-    return box[0]  # type: ignore[return-value]
