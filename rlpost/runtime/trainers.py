@@ -34,21 +34,23 @@ class TrainerSpec:
     seed: int
 
 
+def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
+    """What both backends take alike: where this rank stands in the training world."""
+    return {
+        "rollout_temperature": spec.rollout_temperature,
+        "rank": rank,
+        "world_size": spec.world_size,
+        "master_addr": spec.master_addr,
+        "master_port": spec.master_port,
+        "num_threads": spec.num_threads,
+    }
+
+
 def _torch(spec: TrainerSpec, rank: int) -> Any:
     from rlpost.backends.torch_trainer.trainer import TorchTrainer
 
-    return TorchTrainer(
-        spec.model.load or spec.model.hf_checkpoint,
-        spec.algo,
-        spec.optim,
-        spec.train,
-        rollout_temperature=spec.rollout_temperature,
-        rank=rank,
-        world_size=spec.world_size,
-        master_addr=spec.master_addr,
-        master_port=spec.master_port,
-        num_threads=spec.num_threads,
-    )
+    model_dir = spec.model.load or spec.model.hf_checkpoint
+    return TorchTrainer(model_dir, spec.algo, spec.optim, spec.train, **_rank_kwargs(spec, rank))
 
 
 def _megatron(spec: TrainerSpec, rank: int) -> Any:
@@ -57,20 +59,8 @@ def _megatron(spec: TrainerSpec, rank: int) -> Any:
     silence_known_warnings()
     from rlpost.backends.megatron.trainer import MegatronTrainer
 
-    return MegatronTrainer(
-        spec.model,
-        spec.algo,
-        spec.optim,
-        spec.train,
-        spec.layout,
-        rollout_temperature=spec.rollout_temperature,
-        rank=rank,
-        world_size=spec.world_size,
-        master_addr=spec.master_addr,
-        master_port=spec.master_port,
-        num_threads=spec.num_threads,
-        seed=spec.seed,
-    )
+    configs = (spec.model, spec.algo, spec.optim, spec.train, spec.layout)
+    return MegatronTrainer(*configs, **_rank_kwargs(spec, rank), seed=spec.seed)
 
 
 TRAINER_BUILDERS: dict[str, Callable[[TrainerSpec, int], Any]] = {
