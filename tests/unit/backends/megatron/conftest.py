@@ -1,6 +1,6 @@
-"""Shared pieces of the Megatron backend tests: tiny random HF checkpoints of each
-architecture with the model YAML (ModelConfig) describing each, rollouts, and a launcher that
-runs a function on N forked ranks (gloo on CPU).
+"""Shared pieces of the Megatron backend tests: the tiny checkpoints of tiny_checkpoints.py,
+rollouts and configs, a launcher that runs a function on N forked ranks (gloo on CPU), and a
+`Setup` that runs a function on each rank's MegatronTrainer.
 
 Every megatron-core process group lives in a forked child, never in the pytest process, so
 tests can use any layout in any order. fork, not spawn: children reuse the parent's imports
@@ -14,253 +14,25 @@ import random
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from transformers import (
-    Glm4Config,
-    Glm4ForCausalLM,
-    Glm4MoeConfig,
-    Glm4MoeForCausalLM,
-    Glm4MoeLiteConfig,
-    Glm4MoeLiteForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
 
+from rlpost.backends.megatron.hf_files import HFCheckpoint
+from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
+from .tiny_checkpoints import ARCHITECTURES, VOCAB
+
 RANK_TIMEOUT_S = 180.0
-
-# ---- tiny random HF checkpoints of each architecture, and their model YAML --------------
-
-VOCAB = 96
-HALF_ROTARY = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"}
-HIDDEN = 64
-
-
-def _model_config(path: Path, **fields: Any) -> ModelConfig:
-    base: dict[str, Any] = {
-        "name": path.name,
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "max_position_embeddings": 256,
-        "params_dtype": "fp32",
-        "hf_checkpoint": str(path),
-    }
-    return ModelConfig(**(base | fields))
-
-
-def _save(model: torch.nn.Module, path: Path, seed: int) -> None:
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # norms and biases away from their 1/0 init, so a misplaced one shows
-            scale = 0.2 if param.ndim == 1 else 0.08
-            param.copy_(torch.randn_like(param) * scale + (1.0 if "norm" in name else 0.0))
-        for name, buffer in model.named_buffers():
-            if "e_score_correction_bias" in name:
-                buffer.copy_(torch.rand_like(buffer) * 0.1)
-    model.save_pretrained(path)
-
-
-def qwen3(path: Path, *, tied: bool = True, layers: int = 2, seed: int = 0) -> ModelConfig:
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        rope_theta=1000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tied,
-    )
-    _save(Qwen3ForCausalLM(config), path, seed)
-    return _model_config(
-        path,
-        family="qwen3",
-        hf_architecture="Qwen3ForCausalLM",
-        num_layers=layers,
-        ffn_hidden_size=128,
-        num_attention_heads=4,
-        num_query_groups=2,
-        kv_channels=16,
-        rotary_base=1000.0,
-        norm_epsilon=1e-6,
-        qk_layernorm=True,
-        tie_word_embeddings=tied,
-    )
-
-
-def glm4(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
-    config = Glm4Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        rope_parameters={
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.5,
-            "rope_type": "default",
-        },
-        rms_norm_eps=1e-5,
-        attention_bias=True,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    _save(Glm4ForCausalLM(config), path, seed)
-    return _model_config(
-        path,
-        family="glm4",
-        hf_architecture="Glm4ForCausalLM",
-        num_layers=layers,
-        ffn_hidden_size=96,
-        num_attention_heads=4,
-        num_query_groups=2,
-        kv_channels=16,
-        rotary_base=10000.0,
-        rotary_percent=0.5,
-        rotary_interleaved=True,
-        norm_epsilon=1e-5,
-        add_qkv_bias=True,
-        post_self_attn_layernorm=True,
-        post_mlp_layernorm=True,
-    )
-
-
-MOE_FIELDS: dict[str, Any] = {
-    "num_experts": 4,
-    "top_k": 2,
-    "expert_ffn_hidden_size": 32,
-    "num_shared_experts": 1,
-    "shared_expert_ffn_hidden_size": 32,
-    "first_k_dense_layers": 1,
-    "router_score": "sigmoid",
-    "router_expert_bias": True,
-    "router_topk_scaling_factor": 2.5,
-    "router_num_groups": 1,
-    "router_group_topk": 1,
-}
-
-
-def glm4_moe(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
-    config = Glm4MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        rope_parameters={
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.5,
-            "rope_type": "default",
-        },
-        rms_norm_eps=1e-5,
-        attention_bias=True,
-        use_qk_norm=True,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        routed_scaling_factor=2.5,
-        num_nextn_predict_layers=0,
-        tie_word_embeddings=False,
-    )
-    _save(Glm4MoeForCausalLM(config), path, seed)
-    return _model_config(
-        path,
-        family="glm4_moe",
-        hf_architecture="Glm4MoeForCausalLM",
-        num_layers=layers,
-        ffn_hidden_size=96,
-        num_attention_heads=4,
-        num_query_groups=2,
-        kv_channels=16,
-        rotary_base=10000.0,
-        rotary_percent=0.5,
-        norm_epsilon=1e-5,
-        qk_layernorm=True,
-        add_qkv_bias=True,
-        moe=MOE_FIELDS,
-    )
-
-
-def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
-    config = Glm4MoeLiteConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=24,
-        kv_lora_rank=16,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=12,
-        max_position_embeddings=256,
-        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-        rms_norm_eps=1e-5,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        routed_scaling_factor=1.8,
-        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
-        tie_word_embeddings=False,
-    )
-    _save(Glm4MoeLiteForCausalLM(config), path, seed)
-    return _model_config(
-        path,
-        family="glm4_moe_lite",
-        hf_architecture="Glm4MoeLiteForCausalLM",
-        num_layers=layers,
-        ffn_hidden_size=96,
-        num_attention_heads=4,
-        num_query_groups=4,
-        rotary_base=10000.0,
-        norm_epsilon=1e-5,
-        qk_layernorm=True,
-        mla={
-            "q_lora_rank": 24,
-            "kv_lora_rank": 16,
-            "qk_head_dim": 16,
-            "qk_pos_emb_head_dim": 8,
-            "v_head_dim": 12,
-        },
-        moe=MOE_FIELDS | {"router_topk_scaling_factor": 1.8},
-    )
-
-
-def qwen3_untied(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
-    return qwen3(path, tied=False, layers=layers, seed=seed)
-
-
-ARCHITECTURES: dict[str, Callable[..., ModelConfig]] = {
-    "qwen3": qwen3,
-    "qwen3_untied": qwen3_untied,
-    "glm4": glm4,
-    "glm4_moe": glm4_moe,
-    "glm4_moe_lite": glm4_moe_lite,
-}
 
 
 def free_port() -> int:
@@ -353,6 +125,94 @@ def configs(
     )
 
 
+# ---- trainers on forked ranks -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every rank builds its MegatronTrainer from; there are layout.world ranks."""
+
+    model: ModelConfig
+    configs: Configs
+    layout: ParallelLayout
+
+    def with_model(self, **fields: Any) -> Setup:
+        return replace(self, model=self.model.model_copy(update=fields))
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(trainer, *args) on every rank, each with its own trainer; rank 0's return value."""
+        return run_world(_on_trainer, self.layout.world, fn, self, args)[0]
+
+
+@contextmanager
+def rank_trainer(rank: int, world: int, port: int, setup: Setup) -> Iterator[MegatronTrainer]:
+    """This rank's trainer, closed (its process groups with it) however the block ends."""
+    model, (algo, optim, train), par = setup.model, setup.configs, setup.layout
+    trainer = MegatronTrainer(
+        model, algo, optim, train, par, rank=rank, world_size=world, master_port=port
+    )
+    try:
+        yield trainer
+    finally:
+        trainer.close()
+
+
+def _on_trainer(
+    rank: int, world: int, port: int, fn: Callable[..., Any], setup: Setup, args: tuple[Any, ...]
+) -> Any:
+    with rank_trainer(rank, world, port, setup) as trainer:
+        result = fn(trainer, *args)
+    return result if rank == 0 else None  # the tests read rank 0's; the others need not be saved
+
+
+def step_after(
+    trainer: MegatronTrainer,
+    samples: list[TrainSample],
+    ckpt: Path,
+    resume: bool,
+    with_optimizer: bool = True,
+) -> dict[str, Any]:
+    """Keep going: step, save, step. Resume: load, step. The weights and step count at the
+    checkpoint, and the last step's results."""
+    if resume:
+        trainer.load_checkpoint(ckpt)
+    else:
+        trainer.train_step(samples)
+        trainer.save_checkpoint(ckpt, with_optimizer=with_optimizer)
+    # copies: a replicated weight comes back as the live parameter, which the next step moves
+    saved = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
+    saved_step = trainer.step
+    metrics = trainer.train_step(samples)
+    weights = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+    return {
+        "saved_weights": saved,
+        "saved_step": saved_step,
+        "metrics": metrics,
+        "weights": weights,
+        "step": trainer.step,
+    }
+
+
+def read_hf(folder: Path | str) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint folder, by name."""
+    ckpt = HFCheckpoint(folder)
+    try:
+        return {name: ckpt.get(name) for name in ckpt.names()}
+    finally:
+        ckpt.close()
+
+
+def assert_same_hf(expected: Path | str, actual: Path | str) -> None:
+    """The two HF checkpoints hold the same names and bit-identical tensors."""
+    before, after = read_hf(expected), read_hf(actual)
+    assert before.keys() == after.keys()
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModelConfig]:
     """Architecture name -> the ModelConfig of a tiny random HF checkpoint (built once)."""
@@ -367,6 +227,57 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Mod
     return get
 
 
+@pytest.fixture
+def make_setup(tiny_models: Callable[[str], ModelConfig]) -> Callable[..., Setup]:
+    """make_setup(model or architecture, gbs, algo=, optim=, train=, **layout sizes): the
+    configs' dicts update those of configs(), the sizes those of layout()."""
+
+    def make(
+        model: ModelConfig | str,
+        gbs: int = 8,
+        *,
+        algo: dict | None = None,
+        optim: dict | None = None,
+        train: dict | None = None,
+        **sizes: Any,
+    ) -> Setup:
+        model = tiny_models(model) if isinstance(model, str) else model
+        return Setup(model, configs(gbs, algo=algo, optim=optim, train=train), layout(**sizes))
+
+    return make
+
+
+@pytest.fixture
+def kept_and_resumed(tmp_path: Path) -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
+    """(setup, samples, with_optimizer=True) -> step_after's results for the run that kept
+    going, then for the run resumed from its checkpoint (saved under tmp_path)."""
+
+    def both(
+        setup: Setup, samples: list[TrainSample], with_optimizer: bool = True
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        ckpt = tmp_path / "checkpoint"
+        kept = setup.run(step_after, samples, ckpt, False, with_optimizer)
+        return kept, setup.run(step_after, samples, ckpt, True, with_optimizer)
+
+    return both
+
+
+@pytest.fixture(scope="session")
+def reference_and_run() -> Callable[..., tuple[Any, Any]]:
+    """(setup, fn, *args) -> fn's results on one rank without parallelism (the reference, run
+    once for each model, configs, fn and args), then under the setup's layout."""
+    references: dict[str, Any] = {}
+
+    def both(setup: Setup, fn: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        one_rank = replace(setup, layout=layout())
+        key = repr((fn.__module__, fn.__qualname__, one_rank, args))
+        if key not in references:
+            references[key] = one_rank.run(fn, *args)
+        return references[key], setup.run(fn, *args)
+
+    return both
+
+
 @pytest.fixture(autouse=True)
 def one_thread() -> None:
     torch.set_num_threads(1)
@@ -378,15 +289,15 @@ def world() -> Callable[..., list[Any]]:
 
 
 @pytest.fixture
-def make_layout() -> Callable[..., ParallelLayout]:
-    return layout
-
-
-@pytest.fixture
 def make_rollout() -> Callable[..., list[TrainSample]]:
     return rollout
 
 
 @pytest.fixture
-def make_configs() -> Callable[..., Configs]:
-    return configs
+def hf_tensors() -> Callable[[Path | str], dict[str, torch.Tensor]]:
+    return read_hf
+
+
+@pytest.fixture
+def same_hf() -> Callable[[Path | str, Path | str], None]:
+    return assert_same_hf

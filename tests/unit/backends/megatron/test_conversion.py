@@ -14,12 +14,10 @@ import torch
 import yaml
 
 from rlpost.backends.megatron.conversion import hf_to_torch_dist, torch_dist_to_hf
-from rlpost.backends.megatron.hf_files import HFCheckpoint
 from rlpost.backends.megatron.model_yaml import check_model_matches_hf
 from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.errors import UserError
-from rlpost.plan.layout import ParallelLayout
-from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+from rlpost.schema import ModelConfig
 from rlpost.types import TrainSample
 
 REPO = Path(__file__).resolve().parents[4]
@@ -30,26 +28,17 @@ def round_trip(rank: int, world: int, port: int, model: ModelConfig, root: Path)
     torch_dist_to_hf(model, root / "torch_dist", root / "hf")
 
 
-def read_all(folder: Path) -> dict[str, torch.Tensor]:
-    ckpt = HFCheckpoint(folder)
-    try:
-        return {name: ckpt.get(name) for name in ckpt.names()}
-    finally:
-        ckpt.close()
-
-
 @pytest.mark.parametrize("arch", ["qwen3", "glm4", "glm4_moe", "glm4_moe_lite"])
 def test_round_trip_is_exact(
     arch: str,
     tiny_models: Callable[[str], ModelConfig],
     world: Callable[..., list[Any]],
+    same_hf: Callable[[str | Path, str | Path], None],
     tmp_path: Path,
 ) -> None:
     model = tiny_models(arch)
     world(round_trip, 1, model, tmp_path)
-    before, after = read_all(Path(model.hf_checkpoint)), read_all(tmp_path / "hf")
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[n], after[n]) for n in before)
+    same_hf(model.hf_checkpoint, tmp_path / "hf")
     assert (tmp_path / "hf" / "config.json").read_text() == (
         Path(model.hf_checkpoint) / "config.json"
     ).read_text()
@@ -61,39 +50,25 @@ def test_mismatched_yaml_is_refused(tiny_models: Callable[[str], ModelConfig]) -
         check_model_matches_hf(model, "conf/model/tiny.yaml")
 
 
-def logprobs_from(
-    rank: int,
-    world: int,
-    port: int,
-    model: ModelConfig,
-    configs: tuple[AlgoConfig, OptimConfig, TrainConfig],
-    par: ParallelLayout,
-    samples: list[TrainSample],
-) -> list[torch.Tensor]:
-    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
-    try:
-        return trainer.compute_logprobs(samples)
-    finally:
-        trainer.close()
+def logprobs_from(trainer: MegatronTrainer, samples: list[TrainSample]) -> list[torch.Tensor]:
+    return trainer.compute_logprobs(samples)
 
 
 def test_torch_dist_loads_under_another_layout(
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
+    make_setup: Callable[..., Any],
     make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    world: Callable[..., list[Any]],
     tmp_path: Path,
 ) -> None:
     """Saved with no parallelism, loaded with experts split over 2 ranks and TP 2."""
-    model, samples, configs = tiny_models("glm4_moe"), make_rollout(4, seed=2), make_configs(4)
-    world(round_trip, 1, model, tmp_path)
-    from_hf = world(logprobs_from, 1, model, configs, make_layout(), samples)[0]
-    from_dist = model.model_copy(
-        update={"load": str(tmp_path / "torch_dist"), "hf_checkpoint": str(tmp_path / "hf")}
+    setup, samples = make_setup("glm4_moe", 4), make_rollout(4, seed=2)
+    world(round_trip, 1, setup.model, tmp_path)
+    from_hf = setup.run(logprobs_from, samples)
+    parallel = make_setup("glm4_moe", 4, tp=2, ep=2, sequence_parallel=True)
+    from_dist = parallel.with_model(
+        load=str(tmp_path / "torch_dist"), hf_checkpoint=str(tmp_path / "hf")
     )
-    par = make_layout(tp=2, ep=2, sequence_parallel=True)
-    loaded = world(logprobs_from, par.world, from_dist, configs, par, samples)[0]
+    loaded = from_dist.run(logprobs_from, samples)
     assert max(float((a - b).abs().max()) for a, b in zip(loaded, from_hf, strict=True)) < 1e-5
 
 

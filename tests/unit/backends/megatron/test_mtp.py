@@ -3,8 +3,8 @@ HF checkpoints exactly, their loss matches a plain HF computation and falls with
 never leaks across packed samples, it leaves the policy's update alone, and TP/PP/CP runs
 equal one process. With MTP training off the checkpoint's MTP tensors pass through.
 
-The checkpoints are the tiny GLM-4.5-style MoE and GLM-4.7-Flash-style MLA ones of conftest.py
-plus one MTP layer (HF layer 2, after the two decoder layers).
+The checkpoints are the tiny GLM-4.5-style MoE and GLM-4.7-Flash-style MLA ones of
+tiny_checkpoints.py plus one MTP layer (HF layer 2, after the two decoder layers).
 """
 
 from __future__ import annotations
@@ -25,20 +25,18 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlpost.backends.megatron.conversion import torch_dist_to_hf
 from rlpost.backends.megatron.convert import has_mtp_layers
-from rlpost.backends.megatron.hf_files import HFCheckpoint
 from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.backends.megatron.weights import Placement, WeightMap
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
-from rlpost.plan.layout import ParallelLayout
-from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+from rlpost.schema import ModelConfig
 from rlpost.types import TrainSample
 
 REPO = Path(__file__).resolve().parents[4]
 LAYERS = 2  # decoder layers of the tiny checkpoints; HF layer 2 is the MTP layer
 TOLERANCE = 1e-5
+MTP = "model.layers.2."  # the HF names of the MTP layer start so
 MTP_HF = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight")
-Configs = tuple[AlgoConfig, OptimConfig, TrainConfig]
 
 
 def add_mtp_layer(src: Path, dst: Path, repeats: bool) -> None:
@@ -52,13 +50,12 @@ def add_mtp_layer(src: Path, dst: Path, repeats: bool) -> None:
         copy = tensors[name] + 0.05 * torch.randn(tensors[name].shape, generator=gen)
         tensors[name.replace("layers.1.", "layers.2.")] = copy
     hidden = tensors["model.embed_tokens.weight"].shape[1]
-    mtp = "model.layers.2."
-    tensors[mtp + "eh_proj.weight"] = 0.08 * torch.randn(hidden, 2 * hidden, generator=gen)
+    tensors[MTP + "eh_proj.weight"] = 0.08 * torch.randn(hidden, 2 * hidden, generator=gen)
     for norm in MTP_HF[1:]:
-        tensors[mtp + norm] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
+        tensors[MTP + norm] = 1.0 + 0.2 * torch.randn(hidden, generator=gen)
     if repeats:
-        tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
-        tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+        tensors[MTP + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[MTP + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((dst / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps(config | {"num_nextn_predict_layers": 1}))
@@ -83,41 +80,36 @@ def mtp_models(
     return get
 
 
-def with_mtp(configs: Configs, on: bool = True, **optim: Any) -> Configs:
-    algo, opt, train = configs
-    train = train.model_copy(update={"mtp_training": on})
-    return algo, opt.model_copy(update=optim), train
+@pytest.fixture
+def mtp_setup(
+    mtp_models: Callable[[str], ModelConfig], make_setup: Callable[..., Any]
+) -> Callable[..., Any]:
+    """mtp_setup(arch, on=True, train=, **make_setup's keywords): a Setup of the architecture's
+    MTP checkpoint, training its MTP layer or not."""
+
+    def make(arch: str, on: bool = True, *, train: dict | None = None, **fields: Any) -> Any:
+        return make_setup(mtp_models(arch), train={"mtp_training": on} | (train or {}), **fields)
+
+    return make
 
 
-def read_all(folder: Path) -> dict[str, torch.Tensor]:
-    ckpt = HFCheckpoint(folder)
-    try:
-        return {name: ckpt.get(name) for name in ckpt.names()}
-    finally:
-        ckpt.close()
+def initial_tensors(model: ModelConfig) -> dict[str, torch.Tensor]:
+    """The tensors of a tiny checkpoint (one safetensors file)."""
+    return load_file(str(Path(model.hf_checkpoint) / "model.safetensors"))
 
 
 def train(
-    rank: int,
-    world: int,
-    port: int,
-    model: ModelConfig,
-    configs: Configs,
-    par: ParallelLayout,
+    trainer: MegatronTrainer,
     samples: list[TrainSample],
     steps: int = 1,
     export_to: Path | None = None,
-) -> dict[str, Any] | None:
+) -> dict[str, Any]:
     """`steps` rollouts of training; metrics per rollout and the weights in HF names after."""
-    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
-    try:
-        metrics = [trainer.train_step(samples) for _ in range(steps)]
-        weights = dict(kv for b in trainer.iter_hf_weights(bucket_bytes=16 << 10) for kv in b)
-        if export_to is not None:
-            trainer.export_hf(export_to)
-    finally:
-        trainer.close()
-    return {"metrics": metrics, "weights": weights} if rank == 0 else None
+    metrics = [trainer.train_step(samples) for _ in range(steps)]
+    weights = dict(kv for b in trainer.iter_hf_weights(bucket_bytes=16 << 10) for kv in b)
+    if export_to is not None:
+        trainer.export_hf(export_to)
+    return {"metrics": metrics, "weights": weights}
 
 
 # ---- names, conversion, export ---------------------------------------------------------------
@@ -168,50 +160,52 @@ def test_round_trip_through_torch_dist_is_exact(
     arch: str,
     mtp_models: Callable[[str], ModelConfig],
     world: Callable[..., list[Any]],
+    same_hf: Callable[[str | Path, str | Path], None],
     tmp_path: Path,
 ) -> None:
     model = mtp_models(arch)
     assert world(round_trip, 1, model, tmp_path)[0]  # the MTP layer is in the torch_dist
-    before, after = read_all(Path(model.hf_checkpoint)), read_all(tmp_path / "hf")
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[n], after[n]) for n in before)
+    same_hf(model.hf_checkpoint, tmp_path / "hf")
+
+
+@pytest.fixture
+def train_and_export(
+    mtp_setup: Callable[..., Any],
+    make_rollout: Callable[..., list[TrainSample]],
+    hf_tensors: Callable[..., dict[str, torch.Tensor]],
+    tmp_path: Path,
+) -> Callable[..., tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """(arch, on) -> train's results after one rollout, the checkpoint's tensors, and those of
+    the HF checkpoint exported after training (under the same names)."""
+
+    def run(arch: str, on: bool) -> tuple[Any, Any, Any]:
+        setup = mtp_setup(arch, on)
+        result = setup.run(train, make_rollout(8), 1, tmp_path)
+        before, after = hf_tensors(setup.model.hf_checkpoint), hf_tensors(tmp_path)
+        assert before.keys() == after.keys()
+        return result, before, after
+
+    return run
 
 
 def test_trained_mtp_layer_is_exported_with_its_repeats(
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
-    tmp_path: Path,
+    train_and_export: Callable[..., tuple[Any, Any, Any]],
 ) -> None:
-    model = mtp_models("glm4_moe")
-    world(train, 1, model, with_mtp(make_configs()), make_layout(), make_rollout(8), 1, tmp_path)
-    before, after = read_all(Path(model.hf_checkpoint)), read_all(tmp_path)
-    assert before.keys() == after.keys()
+    _, before, after = train_and_export("glm4_moe", True)
     for name in MTP_HF:  # trained, not passed through
-        assert not torch.equal(before[f"model.layers.2.{name}"], after[f"model.layers.2.{name}"])
+        assert not torch.equal(before[f"{MTP}{name}"], after[f"{MTP}{name}"])
     for repeat, shared in (("embed_tokens", "model.embed_tokens"), ("shared_head.head", "lm_head")):
-        assert torch.equal(after[f"model.layers.2.{repeat}.weight"], after[f"{shared}.weight"])
+        assert torch.equal(after[f"{MTP}{repeat}.weight"], after[f"{shared}.weight"])
         assert not torch.equal(after[f"{shared}.weight"], before[f"{shared}.weight"])
 
 
 def test_without_mtp_training_the_mtp_layer_passes_through(
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
-    tmp_path: Path,
+    train_and_export: Callable[..., tuple[Any, Any, Any]],
 ) -> None:
-    model = mtp_models("glm4_moe_lite")
-    configs = with_mtp(make_configs(), on=False)
-    result = world(train, 1, model, configs, make_layout(), make_rollout(8), 1, tmp_path)[0]
+    result, before, after = train_and_export("glm4_moe_lite", False)
     assert "train/mtp_loss" not in result["metrics"][0]
-    assert not any(name.startswith("model.layers.2.") for name in result["weights"])
-    before, after = read_all(Path(model.hf_checkpoint)), read_all(tmp_path)
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[n], after[n]) for n in before if n.startswith("model.layers.2."))
+    assert not any(name.startswith(MTP) for name in result["weights"])
+    assert all(torch.equal(before[n], after[n]) for n in before if n.startswith(MTP))
 
 
 # ---- the loss ----------------------------------------------------------------------------------
@@ -230,7 +224,7 @@ def hf_mtp_loss(model: ModelConfig, samples: list[TrainSample]) -> float:
     if getattr(config, "mlp_layer_types", None):
         config.mlp_layer_types = [*config.mlp_layer_types[:LAYERS], "sparse"]
     layer = AutoModelForCausalLM.from_pretrained(path, config=config).model.layers[LAYERS].eval()
-    extra = {n: t for n, t in read_all(path).items() if n.startswith("model.layers.2.")}
+    extra = {n.removeprefix(MTP): t for n, t in initial_tensors(model).items() if n.startswith(MTP)}
     eps = model.norm_epsilon
     total, count = 0.0, 0.0
     with torch.no_grad():
@@ -238,21 +232,16 @@ def hf_mtp_loss(model: ModelConfig, samples: list[TrainSample]) -> float:
             ids = torch.tensor([s.tokens])
             hidden = main.model(ids).last_hidden_state[:, :-1]
             embedded = main.model.embed_tokens(ids[:, 1:])
-            x = (
-                torch.cat(
-                    [
-                        _rms(embedded, extra["model.layers.2.enorm.weight"], eps),
-                        _rms(hidden, extra["model.layers.2.hnorm.weight"], eps),
-                    ],
-                    dim=-1,
-                )
-                @ extra["model.layers.2.eh_proj.weight"].T
-            )
+            normed = [
+                _rms(embedded, extra["enorm.weight"], eps),
+                _rms(hidden, extra["hnorm.weight"], eps),
+            ]
+            x = torch.cat(normed, dim=-1) @ extra["eh_proj.weight"].T
             positions = torch.arange(x.shape[1]).unsqueeze(0)
             rope = main.model.rotary_emb(x, positions)
             y = layer(x, position_ids=positions, position_embeddings=rope)
             y = y[0] if isinstance(y, tuple) else y
-            logits = main.lm_head(_rms(y, extra["model.layers.2.shared_head.norm.weight"], eps))
+            logits = main.lm_head(_rms(y, extra["shared_head.norm.weight"], eps))
             ce = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 2:], reduction="none")
             mask = torch.zeros(s.length)
             mask[s.length - s.response_length :] = torch.tensor(s.loss_mask, dtype=torch.float)
@@ -263,40 +252,25 @@ def hf_mtp_loss(model: ModelConfig, samples: list[TrainSample]) -> float:
 
 @pytest.mark.parametrize("arch", ["glm4_moe", "glm4_moe_lite"])
 def test_mtp_loss_matches_transformers(
-    arch: str,
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    arch: str, mtp_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
-    model, samples = mtp_models(arch), make_rollout(8, seed=3, min_len=3)
-    result = world(train, 1, model, with_mtp(make_configs()), make_layout(), samples)[0]
+    setup, samples = mtp_setup(arch), make_rollout(8, seed=3, min_len=3)
+    result = setup.run(train, samples)
     assert result["metrics"][0]["train/mtp_loss"] == pytest.approx(
-        hf_mtp_loss(model, samples), abs=TOLERANCE
+        hf_mtp_loss(setup.model, samples), abs=TOLERANCE
     )
 
 
 def test_mtp_loss_falls_when_training_on_one_batch(
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    mtp_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
-    model, configs = mtp_models("glm4_moe_lite"), with_mtp(make_configs())
-    result = world(train, 1, model, configs, make_layout(), make_rollout(8, seed=4), 4)[0]
+    result = mtp_setup("glm4_moe_lite").run(train, make_rollout(8, seed=4), 4)
     losses = [m["train/mtp_loss"] for m in result["metrics"]]
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert losses[-1] < losses[0] - 0.1
 
 
-def test_mtp_loss_does_not_leak_across_packed_samples(
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_configs: Callable[..., Any],
-) -> None:
+def test_mtp_loss_does_not_leak_across_packed_samples(mtp_setup: Callable[..., Any]) -> None:
     """One-token prompts make every token after the first one a loss token, so a depth that
     read or predicted across a sample boundary would change the loss: all eight samples in one
     micro-batch train exactly as eight micro-batches of one."""
@@ -304,16 +278,8 @@ def test_mtp_loss_does_not_leak_across_packed_samples(
         TrainSample([2 + (5 * i + 3 * j) % 90 for j in range(n)], n - 1, float(i % 2 * 2 - 1))
         for i, n in enumerate([9, 7, 12, 7, 10, 8, 8, 11])
     ]
-    model = mtp_models("glm4_moe")
     runs = [
-        world(
-            train,
-            1,
-            model,
-            with_mtp(make_configs(train={"max_tokens_per_gpu": cap})),
-            make_layout(),
-            samples,
-        )[0]
+        mtp_setup("glm4_moe", train={"max_tokens_per_gpu": cap}).run(train, samples)
         for cap in (12, 96)
     ]
     assert [r["metrics"][0]["train/micro_batches"] for r in runs] == [8, 1]
@@ -325,97 +291,52 @@ def test_mtp_loss_does_not_leak_across_packed_samples(
 
 
 def test_mtp_training_leaves_the_policy_update_alone(
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    mtp_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
     """Without clipping (whose global norm counts the MTP layer's gradients too) the main
     model's weights after a step are the same with MTP training on and off."""
-    model, samples = mtp_models("glm4_moe"), make_rollout(8, seed=8)
+    samples = make_rollout(8, seed=8)
     on, off = (
-        world(
-            train, 1, model, with_mtp(make_configs(), mtp, clip_grad=0.0), make_layout(), samples
-        )[0]
+        mtp_setup("glm4_moe", mtp, optim={"clip_grad": 0.0}).run(train, samples)
         for mtp in (True, False)
     )
     assert on["metrics"][0]["train/loss"] == off["metrics"][0]["train/loss"]
     assert off["weights"].keys() < on["weights"].keys()
     for name, weight in off["weights"].items():
         assert torch.equal(on["weights"][name], weight), name
-    initial = read_all(Path(model.hf_checkpoint))
-    assert not torch.equal(
-        on["weights"]["model.layers.2.eh_proj.weight"], initial["model.layers.2.eh_proj.weight"]
-    )
+    initial = initial_tensors(mtp_setup("glm4_moe").model)[MTP + "eh_proj.weight"]
+    assert not torch.equal(on["weights"][MTP + "eh_proj.weight"], initial)
 
 
 def test_torch_dist_without_mtp_layers_takes_them_from_hf(
     tiny_models: Callable[[str], ModelConfig],
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
+    mtp_setup: Callable[..., Any],
     make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    world: Callable[..., list[Any]],
+    same_hf: Callable[[str | Path, str | Path], None],
     tmp_path: Path,
 ) -> None:
     """A torch_dist of the same weights without the MTP layer (converted from the checkpoint
     before it had one): training loads the layer from model.hf_checkpoint, and conversion back
     to HF passes it through."""
     world(round_trip, 1, tiny_models("glm4_moe"), tmp_path)
-    model, samples, configs = mtp_models("glm4_moe"), make_rollout(8, seed=6), make_configs()
-    from_dist = model.model_copy(update={"load": str(tmp_path / "torch_dist")})
-    runs = [
-        world(train, 1, m, with_mtp(configs), make_layout(), samples)[0] for m in (model, from_dist)
-    ]
+    setup, samples = mtp_setup("glm4_moe"), make_rollout(8, seed=6)
+    from_dist = setup.with_model(load=str(tmp_path / "torch_dist"))
+    runs = [s.run(train, samples) for s in (setup, from_dist)]
     assert runs[0]["metrics"][0]["train/mtp_loss"] == runs[1]["metrics"][0]["train/mtp_loss"]
+    model = setup.model
     world(lambda r, w, p: torch_dist_to_hf(model, tmp_path / "torch_dist", tmp_path / "back"), 1)
-    before, after = read_all(Path(model.hf_checkpoint)), read_all(tmp_path / "back")
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[n], after[n]) for n in before)
-
-
-def step_after(
-    rank: int,
-    world: int,
-    port: int,
-    model: ModelConfig,
-    configs: Configs,
-    par: ParallelLayout,
-    samples: list[TrainSample],
-    ckpt: Path,
-    resume: bool,
-) -> dict[str, Any] | None:
-    """Keep going: step, save, step. Resume: load, step. The last step's results."""
-    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
-    try:
-        if resume:
-            trainer.load_checkpoint(ckpt)
-        else:
-            trainer.train_step(samples)
-            trainer.save_checkpoint(ckpt)
-        metrics = trainer.train_step(samples)
-        weights = dict(kv for b in trainer.iter_hf_weights() for kv in b)
-    finally:
-        trainer.close()
-    return {"metrics": metrics, "weights": weights} if rank == 0 else None
+    same_hf(model.hf_checkpoint, tmp_path / "back")
 
 
 def test_resumed_run_takes_the_same_step(
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
+    mtp_setup: Callable[..., Any],
     make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
-    tmp_path: Path,
+    kept_and_resumed: Callable[..., tuple[dict[str, Any], dict[str, Any]]],
 ) -> None:
     """Under PP 2 the last stage holds the MTP layer and its own copy of the embedding."""
-    model, samples, configs = mtp_models("glm4_moe"), make_rollout(8, seed=9), make_configs()
-    par = make_layout(pp=2)
-    kept, resumed = (
-        world(step_after, 2, model, with_mtp(configs), par, samples, tmp_path, resume)[0]
-        for resume in (False, True)
-    )
+    setup = mtp_setup("glm4_moe", pp=2)
+    kept, resumed = kept_and_resumed(setup, make_rollout(8, seed=9))
     assert resumed["metrics"]["train/mtp_loss"] == kept["metrics"]["train/mtp_loss"]
     for name, weight in kept["weights"].items():
         assert torch.equal(resumed["weights"][name], weight), name
@@ -423,7 +344,6 @@ def test_resumed_run_takes_the_same_step(
 
 # ---- parallel layouts --------------------------------------------------------------------------
 
-_REFERENCE: dict[str, dict[str, Any]] = {}
 CASES = {
     "moe-tp2-etp2-sp": ("glm4_moe", {"tp": 2, "etp": 2, "sequence_parallel": True}),
     "moe-pp2": ("glm4_moe", {"pp": 2}),
@@ -438,19 +358,13 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_ranks_match_one(
     case: str,
-    mtp_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
+    mtp_setup: Callable[..., Any],
     make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    reference_and_run: Callable[..., tuple[Any, Any]],
 ) -> None:
     arch, sizes = CASES[case]
-    model, samples, configs = mtp_models(arch), make_rollout(8, seed=11), with_mtp(make_configs())
-    if arch not in _REFERENCE:
-        _REFERENCE[arch] = world(train, 1, model, configs, make_layout(), samples)[0]
-    reference = _REFERENCE[arch]
-    par = make_layout(**sizes)
-    result = world(train, par.world, model, configs, par, samples)[0]
+    setup = mtp_setup(arch, **sizes)
+    reference, result = reference_and_run(setup, train, make_rollout(8, seed=11))
     for key in ("train/loss", "train/mtp_loss", "train/grad_norm"):
         assert result["metrics"][0][key] == pytest.approx(
             reference["metrics"][0][key], abs=TOLERANCE
@@ -458,10 +372,8 @@ def test_two_ranks_match_one(
     assert result["weights"].keys() == reference["weights"].keys()
     for name, weight in reference["weights"].items():
         assert float((result["weights"][name] - weight).abs().max()) <= TOLERANCE, name
-    initial = read_all(Path(model.hf_checkpoint))["model.layers.2.eh_proj.weight"]
-    assert (
-        float((reference["weights"]["model.layers.2.eh_proj.weight"] - initial).abs().max()) > 1e-4
-    )
+    initial = initial_tensors(setup.model)[MTP + "eh_proj.weight"]
+    assert float((reference["weights"][MTP + "eh_proj.weight"] - initial).abs().max()) > 1e-4
 
 
 # ---- configuration -----------------------------------------------------------------------------

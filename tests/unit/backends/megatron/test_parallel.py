@@ -15,8 +15,6 @@ import pytest
 import torch
 
 from rlpost.backends.megatron.trainer import MegatronTrainer
-from rlpost.plan.layout import ParallelLayout
-from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
 LOSS_TOLERANCE = 1e-5
@@ -24,29 +22,13 @@ WEIGHT_TOLERANCE = 1e-5
 LOGPROB_TOLERANCE = 1e-5
 
 
-def train_once(
-    rank: int,
-    world: int,
-    port: int,
-    model: ModelConfig,
-    configs: tuple[AlgoConfig, OptimConfig, TrainConfig],
-    par: ParallelLayout,
-    samples: list[TrainSample],
-) -> dict[str, Any] | None:
+def train_once(trainer: MegatronTrainer, samples: list[TrainSample]) -> dict[str, Any]:
     """Logprobs, one rollout's training step, then the weights in HF names (small buckets)."""
-    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
-    try:
-        logprobs = trainer.compute_logprobs(samples)
-        metrics = trainer.train_step(samples)
-        weights = dict(kv for b in trainer.iter_hf_weights(bucket_bytes=16 << 10) for kv in b)
-    finally:
-        trainer.close()
-    if rank != 0:
-        return None
+    logprobs = trainer.compute_logprobs(samples)
+    metrics = trainer.train_step(samples)
+    weights = dict(kv for b in trainer.iter_hf_weights(bucket_bytes=16 << 10) for kv in b)
     return {"logprobs": logprobs, "metrics": metrics, "weights": weights}
 
-
-_REFERENCE: dict[str, dict[str, Any]] = {}
 
 # (architecture, layout); MoE with TP needs sequence parallelism, and EP ranks are DP ranks
 CASES = {
@@ -72,19 +54,14 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_ranks_match_one(
     case: str,
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
+    make_setup: Callable[..., Any],
     make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    reference_and_run: Callable[..., tuple[Any, Any]],
+    hf_tensors: Callable[[str], dict[str, torch.Tensor]],
 ) -> None:
     arch, sizes = CASES[case]
-    model, samples, configs = tiny_models(arch), make_rollout(8, seed=11), make_configs()
-    if arch not in _REFERENCE:
-        _REFERENCE[arch] = world(train_once, 1, model, configs, make_layout(), samples)[0]
-    reference = _REFERENCE[arch]
-    par = make_layout(**sizes)
-    result = world(train_once, par.world, model, configs, par, samples)[0]
+    setup = make_setup(arch, **sizes)
+    reference, result = reference_and_run(setup, train_once, make_rollout(8, seed=11))
 
     logp_diff = max(
         float((a - b).abs().max())
@@ -99,27 +76,13 @@ def test_two_ranks_match_one(
         float((result["weights"][n] - w).abs().max()) for n, w in reference["weights"].items()
     )
     assert worst <= WEIGHT_TOLERANCE, f"{case}: max |weight diff| = {worst:.2e}"
-    moved = max(
-        float((reference["weights"][n] - w).abs().max()) for n, w in _initial_weights(model).items()
-    )
+    initial = hf_tensors(setup.model.hf_checkpoint)
+    moved = max(float((reference["weights"][n] - w).abs().max()) for n, w in initial.items())
     assert moved > 1e-4  # the step changed the weights, so equal weights mean equal steps
 
 
-def _initial_weights(model: ModelConfig) -> dict[str, torch.Tensor]:
-    from rlpost.backends.megatron.hf_files import HFCheckpoint
-
-    ckpt = HFCheckpoint(model.hf_checkpoint)
-    try:
-        return {name: ckpt.get(name) for name in ckpt.names()}
-    finally:
-        ckpt.close()
-
-
 def test_expert_ranks_with_unequal_micro_batch_counts(
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_configs: Callable[..., Any],
+    make_setup: Callable[..., Any], reference_and_run: Callable[..., tuple[Any, Any]]
 ) -> None:
     """Balanced over 2 DP ranks, one long sample faces three short ones: the long one's rank
     needs one micro-batch, the other two, and expert all-to-alls need both ranks in step (the
@@ -129,11 +92,9 @@ def test_expert_ranks_with_unequal_micro_batch_counts(
         TrainSample([2 + (7 * i + j) % 90 for j in range(n)], n // 2, float(i % 2), None, None)
         for i, n in enumerate(lengths)
     ]
-    model = tiny_models("glm4_moe")
-    configs = make_configs(4, train={"max_tokens_per_gpu": 12, "balance_data": True})
-    single = world(train_once, 1, model, configs, make_layout(), samples)[0]
-    par = make_layout(ep=2, dp=2)
-    result = world(train_once, par.world, model, configs, par, samples)[0]
+    train = {"max_tokens_per_gpu": 12, "balance_data": True}
+    setup = make_setup("glm4_moe", 4, train=train, ep=2, dp=2)
+    single, result = reference_and_run(setup, train_once, samples)
     assert result["metrics"]["train/micro_batches"] == 2  # this rank's, after evening out
     assert abs(result["metrics"]["train/loss"] - single["metrics"]["train/loss"]) <= LOSS_TOLERANCE
     worst = max(float((result["weights"][n] - w).abs().max()) for n, w in single["weights"].items())

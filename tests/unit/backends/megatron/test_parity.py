@@ -18,27 +18,13 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from rlpost.backends.megatron.trainer import MegatronTrainer
-from rlpost.plan.layout import ParallelLayout
-from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
 TOLERANCE = 1e-4
 
 
-def megatron_logprobs(
-    rank: int,
-    world: int,
-    port: int,
-    model: ModelConfig,
-    configs: tuple[AlgoConfig, OptimConfig, TrainConfig],
-    par: ParallelLayout,
-    samples: list[TrainSample],
-) -> list[Tensor]:
-    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
-    try:
-        return trainer.compute_logprobs(samples)
-    finally:
-        trainer.close()
+def megatron_logprobs(trainer: MegatronTrainer, samples: list[TrainSample]) -> list[Tensor]:
+    return trainer.compute_logprobs(samples)
 
 
 def hf_logprobs(model_dir: str, samples: Sequence[TrainSample]) -> list[Tensor]:
@@ -55,17 +41,11 @@ def hf_logprobs(model_dir: str, samples: Sequence[TrainSample]) -> list[Tensor]:
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_untied", "glm4", "glm4_moe", "glm4_moe_lite"])
 def test_logprobs_match_hf(
-    arch: str,
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    arch: str, make_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
-    model = tiny_models(arch)
-    samples = make_rollout(6, seed=3)
-    [ours] = world(megatron_logprobs, 1, model, make_configs(), make_layout(), samples)
-    theirs = hf_logprobs(model.hf_checkpoint, samples)
+    setup, samples = make_setup(arch), make_rollout(6, seed=3)
+    ours = setup.run(megatron_logprobs, samples)
+    theirs = hf_logprobs(setup.model.hf_checkpoint, samples)
     worst = max(float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True))
     assert [len(t) for t in ours] == [s.response_length for s in samples]
     assert worst <= TOLERANCE, f"{arch}: max |logp diff| = {worst:.2e}"

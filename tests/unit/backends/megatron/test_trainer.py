@@ -11,8 +11,6 @@ import pytest
 
 from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.backends.torch_trainer import TorchTrainer
-from rlpost.plan.layout import ParallelLayout
-from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
 TOLERANCE = 1e-5
@@ -36,23 +34,11 @@ ALGOS: dict[str, tuple[int, dict[str, Any]]] = {
 }
 
 
-def megatron_run(
-    rank: int,
-    world: int,
-    port: int,
-    model: ModelConfig,
-    configs: tuple[AlgoConfig, OptimConfig, TrainConfig],
-    par: ParallelLayout,
-    samples: list[TrainSample],
-) -> dict[str, Any] | None:
-    trainer = MegatronTrainer(model, *configs, par, rank=rank, world_size=world, master_port=port)
-    try:
-        stats = trainer.compute_token_stats(samples)
-        metrics = trainer.train_step(samples)
-        weights = dict(kv for b in trainer.iter_hf_weights() for kv in b)
-    finally:
-        trainer.close()
-    return {"stats": stats, "metrics": metrics, "weights": weights} if rank == 0 else None
+def megatron_run(trainer: MegatronTrainer, samples: list[TrainSample]) -> dict[str, Any]:
+    stats = trainer.compute_token_stats(samples)
+    metrics = trainer.train_step(samples)
+    weights = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+    return {"stats": stats, "metrics": metrics, "weights": weights}
 
 
 @pytest.mark.parametrize("algo", sorted(ALGOS))
@@ -60,19 +46,14 @@ def megatron_run(
 def test_matches_torch_backend(
     algo: str,
     sizes: dict[str, int],
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
+    make_setup: Callable[..., Any],
     make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
 ) -> None:
     gbs, algo_fields = ALGOS[algo]
-    model, samples = tiny_models("qwen3"), make_rollout(8, seed=5)
-    configs = make_configs(gbs, algo=algo_fields)
-    par = make_layout(**sizes)
-    ours = world(megatron_run, par.world, model, configs, par, samples)[0]
+    setup, samples = make_setup("qwen3", gbs, algo=algo_fields, **sizes), make_rollout(8, seed=5)
+    ours = setup.run(megatron_run, samples)
 
-    torch_trainer = TorchTrainer(model.hf_checkpoint, *configs)
+    torch_trainer = TorchTrainer(setup.model.hf_checkpoint, *setup.configs)
     stats = torch_trainer.compute_token_stats(samples)
     metrics = torch_trainer.train_step(samples)
     for a, b in zip(ours["stats"].logprobs, stats.logprobs, strict=True):
@@ -88,27 +69,16 @@ def test_matches_torch_backend(
 
 
 def test_metric_names_match_torch_backend(
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    make_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
-    model, samples = tiny_models("qwen3"), make_rollout(8, seed=6)
-    configs = make_configs(8, algo={"use_tis": True})
-    ours = world(megatron_run, 1, model, configs, make_layout(), samples)[0]
-    theirs = TorchTrainer(model.hf_checkpoint, *configs).train_step(samples)
+    setup, samples = make_setup("qwen3", 8, algo={"use_tis": True}), make_rollout(8, seed=6)
+    ours = setup.run(megatron_run, samples)
+    theirs = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).train_step(samples)
     assert ours["metrics"].keys() == theirs.keys()
 
 
 def test_rejects_rollout_that_does_not_split_into_steps(
-    tiny_models: Callable[[str], ModelConfig],
-    world: Callable[..., list[Any]],
-    make_layout: Callable[..., ParallelLayout],
-    make_rollout: Callable[..., list[TrainSample]],
-    make_configs: Callable[..., Any],
+    make_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
     with pytest.raises(Exception, match="global_batch_size=8"):
-        world(
-            megatron_run, 1, tiny_models("qwen3"), make_configs(8), make_layout(), make_rollout(6)
-        )
+        make_setup("qwen3", 8).run(megatron_run, make_rollout(6))
