@@ -6,6 +6,7 @@ neither torch/transformers nor megatron.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -31,10 +32,13 @@ def publish_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
     """Call `fill(staging)` on a sibling temp folder, then rename it to `out_dir`.
 
     Readers (engines reloading weights from disk) never see a half-written folder; an existing
-    `out_dir` is replaced, and a failed `fill` leaves it untouched.
+    `out_dir` is replaced, and a failed `fill` leaves it untouched. Staging folders of an
+    export that was killed are removed first.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{glob.escape(out.name)}.*"):  # left by a killed export
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(staging, 0o755)
     try:

@@ -225,10 +225,12 @@ class TrainLoop:
 
     def _save_when_due(self, done: int) -> None:
         save, total = self.cfg.recipe.save, self.cfg.recipe.rollout.num_rollout
-        if _due(save.interval, done, total):
-            self.save(done)
+        # the HF export first: a run killed between the two resumes from an older checkpoint
+        # and exports again, where the other order would resume past a missing export
         if _due(save.save_hf_interval, done, total):
             self.session.export_policy(self.run_dir / "hf" / f"rollout_{done}")
+        if _due(save.interval, done, total):
+            self.save(done)
 
     def save(self, done: int) -> Path:
         """Write ckpt/rollout_<done> atomically (see rlpost.runtime.checkpoint)."""

@@ -59,3 +59,12 @@ def test_failed_fill_leaves_the_old_folder(tmp_path: Path) -> None:
         publish_folder(out, broken)
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
     assert (out / "a.txt").read_text() == "1"
+
+
+def test_staging_left_by_a_killed_export_is_removed(tmp_path: Path) -> None:
+    for leftover in (".export.k1ll3d", ".export.old-4242"):  # staging, retired folder
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / "half.txt").write_text("x")
+    (tmp_path / ".other.k1ll3d").mkdir()  # another export's: not ours to remove
+    publish_folder(tmp_path / "export", lambda staging: (staging / "a.txt").write_text("1"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.k1ll3d", "export"]
