@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,9 @@ REQUIRED = (
 pytestmark = pytest.mark.integration
 
 
-def launch(run_dir: Path, *overrides: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+def launch(
+    run_dir: Path, *overrides: str, timeout_s: float = 240
+) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable, str(ROOT / "launch.py"), f"run.dir={run_dir}", "run.progress=false",
         *overrides,
@@ -69,4 +72,4 @@ def test_decoupled_layout_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = read_metrics(run_dir)
-    assert record["rollout/num_samples"] == 64 and record["train/loss"] == record["train/loss"]
+    assert record["rollout/num_samples"] == 64 and math.isfinite(record["train/loss"])
