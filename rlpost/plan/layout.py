@@ -38,6 +38,24 @@ class ParallelLayout:
     num_layers_in_first_pipeline_stage: int | None = None
     num_layers_in_last_pipeline_stage: int | None = None
 
+    @classmethod
+    def single_process(cls, **changes: Any) -> ParallelLayout:
+        """One rank, no parallelism, no recompute, unless `changes` say otherwise."""
+        base: dict[str, Any] = {
+            "tp": 1,
+            "pp": 1,
+            "cp": 1,
+            "ep": 1,
+            "etp": 1,
+            "dp": 1,
+            "sequence_parallel": False,
+            "recompute": RECOMPUTE_NONE,
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+            "distributed_optimizer": False,
+        }
+        return cls(**(base | changes))
+
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.cp * self.dp

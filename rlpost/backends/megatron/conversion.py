@@ -36,19 +36,7 @@ from rlpost.backends.megatron.provider import build_gpt_model
 from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import ModelConfig
 
-SINGLE_PROCESS = ParallelLayout(
-    tp=1,
-    pp=1,
-    cp=1,
-    ep=1,
-    etp=1,
-    dp=1,
-    sequence_parallel=False,
-    recompute="none",
-    recompute_method="uniform",
-    recompute_num_layers=1,
-    distributed_optimizer=False,
-)
+SINGLE_PROCESS = ParallelLayout.single_process()
 
 
 def _free_port() -> int:

@@ -4,7 +4,7 @@ own process (`TrainActor.apply(fn, *args)` calls `fn(trainer, *args)`).
 A trainer here is either backend (torch or megatron-core): it offers `iter_hf_weights(bucket_bytes)`
 (the policy in Hugging Face names, in size-bounded buckets; collective for megatron-core, whose
 weights are sharded), `model_dir` (the HF folder with the tokenizer), `compute_logprobs` and, for
-offload, `offload()` / `onload()` or a torch `model` and `optimizer`. State that must outlive one
+offload, `offload()` / `onload()`. State that must outlive one
 call (the weight stream being sent, an open weight-update group, a bucket whose IPC handles an
 engine is still reading) is kept per process in this module.
 """
@@ -30,7 +30,6 @@ NamedTensors = list[tuple[str, Tensor]]
 
 _GROUPS: dict[str, torch.distributed.ProcessGroup] = {}
 _HELD_BUCKET: list[Tensor] = []
-_OFFLOADED: dict[int, torch.device] = {}
 _STREAM: dict[str, Iterator[tuple[NamedTensors, bool]]] = {}
 _CURRENT: dict[str, NamedTensors] = {}
 
@@ -219,44 +218,14 @@ def probe_logprobs(trainer: Any, prompt_ids: list[int], output_ids: list[int]) -
 # ---- offload ------------------------------------------------------------------------------
 
 
-def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, Tensor):
-                state[key] = value.to(device, non_blocking=True)
-
-
 def offload(trainer: Any) -> int:
-    """Model, gradients and optimizer state to host memory; returns bytes moved off the
-    accelerator (0 when the trainer already runs on the CPU). A trainer whose memory is laid
-    out in its own buffers (megatron-core) moves it itself."""
-    if hasattr(trainer, "offload"):
-        moved: int = trainer.offload()
-        return moved
-    params = list(trainer.model.parameters())
-    device = params[0].device if params else torch.device("cpu")
-    if device.type == "cpu":
-        return 0
-    moved = sum(p.numel() * p.element_size() for p in params)
-    _OFFLOADED[id(trainer)] = device
-    trainer.model.to("cpu")
-    for p in params:
-        if p.grad is not None:
-            p.grad = None
-    _move_optimizer(trainer.optimizer, torch.device("cpu"))
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    """The trainer's model, gradients and optimizer state to host memory while the engines
+    generate; returns bytes moved off the accelerator (0 on CPU). Each backend knows where its
+    memory lives."""
+    moved: int = trainer.offload()
     return moved
 
 
 def onload(trainer: Any) -> None:
-    """Back to the device `offload` took the trainer from (a no-op when nothing moved)."""
-    if hasattr(trainer, "onload"):
-        trainer.onload()
-        return
-    device = _OFFLOADED.pop(id(trainer), None)
-    if device is None:
-        return
-    trainer.model.to(device)
-    _move_optimizer(trainer.optimizer, device)
-    torch.cuda.synchronize()
+    """Back to the device `offload` took the trainer from."""
+    trainer.onload()

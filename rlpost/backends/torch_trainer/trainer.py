@@ -83,6 +83,7 @@ class TorchTrainer:
         )
         self.optimizer = build_optimizer(self.model, optim)
         self.step = 0
+        self._offloaded_from: torch.device | None = None
 
     # ---- logprobs without gradients ------------------------------------------------------
 
@@ -232,5 +233,38 @@ class TorchTrainer:
             state["optimizer"] = self.optimizer.state_dict()
         self.load_state_dict(state)
 
+    def offload(self) -> int:
+        """Model, gradients and optimizer state to host memory; returns bytes moved off the
+        accelerator (0 when the model already lives on the CPU)."""
+        params = list(self.model.parameters())
+        device = params[0].device if params else torch.device("cpu")
+        if device.type == "cpu":
+            return 0
+        moved = sum(p.numel() * p.element_size() for p in params)
+        self._offloaded_from = device
+        self.model.to("cpu")
+        for p in params:
+            p.grad = None
+        _move_optimizer(self.optimizer, torch.device("cpu"))
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return moved
+
+    def onload(self) -> None:
+        """Back to the device `offload` took the trainer from (a no-op when nothing moved)."""
+        device, self._offloaded_from = self._offloaded_from, None
+        if device is None:
+            return
+        self.model.to(device)
+        _move_optimizer(self.optimizer, device)
+        torch.cuda.synchronize()
+
     def close(self) -> None:
         self.dp.close()
+
+
+def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, Tensor):
+                state[key] = value.to(device, non_blocking=True)

@@ -24,21 +24,8 @@ Runs = Callable[..., RunConfig]
 
 
 def layout(**changes: object) -> ParallelLayout:
-    base: dict[str, object] = dict(
-        tp=1,
-        pp=1,
-        cp=1,
-        ep=1,
-        etp=1,
-        dp=1,
-        sequence_parallel=False,
-        recompute="full",
-        recompute_method="uniform",
-        recompute_num_layers=1,
-        distributed_optimizer=True,
-    )
-    base.update(changes)
-    return ParallelLayout(**base)  # type: ignore[arg-type]
+    base: dict[str, object] = {"recompute": "full", "distributed_optimizer": True}
+    return ParallelLayout.single_process(**(base | changes))
 
 
 def state_bytes_per_param(run: RunConfig, par: ParallelLayout) -> float:

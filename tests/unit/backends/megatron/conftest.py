@@ -75,20 +75,7 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
 
 def layout(**sizes: Any) -> ParallelLayout:
     """A ParallelLayout of all ones unless given; world = tp x pp x cp x dp."""
-    base: dict[str, Any] = {
-        "tp": 1,
-        "pp": 1,
-        "cp": 1,
-        "ep": 1,
-        "etp": 1,
-        "dp": 1,
-        "sequence_parallel": False,
-        "recompute": "none",
-        "recompute_method": "uniform",
-        "recompute_num_layers": 1,
-        "distributed_optimizer": True,
-    }
-    return ParallelLayout(**(base | sizes))
+    return ParallelLayout.single_process(**({"distributed_optimizer": True} | sizes))
 
 
 def rollout(count: int, *, seed: int = 0, min_len: int = 5, max_len: int = 24) -> list[TrainSample]:
