@@ -46,16 +46,20 @@ class Issue:
 class UserError(Exception):
     """Bad input from a user: config, data or paths. Exits 2 with no traceback."""
 
-    def __init__(self, issues: Sequence[Issue], title: str = "configuration error") -> None:
+    def __init__(
+        self, issues: Sequence[Issue], title: str = "configuration error", note: str = ""
+    ) -> None:
         self.issues = list(issues)
         self.title = title
+        self.note = note
         super().__init__(self.render())
 
     def render(self) -> str:
         count = len(self.issues)
         plural = "s" if count > 1 else ""
         body = "\n\n".join(issue.render() for issue in self.issues)
-        return f"rlpost: {count} {self.title}{plural}\n\n{body}"
+        note = f"\n\n{self.note}" if self.note else ""
+        return f"rlpost: {count} {self.title}{plural}\n\n{body}{note}"
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -1,5 +1,6 @@
 """The learning-rate schedule of `OptimConfig`: linear warmup, then constant, linear or cosine
-decay to min_lr. Shared by every trainer backend."""
+decay to min_lr. Shared by every trainer backend (OptimConfig itself refuses a schedule
+that cannot run)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,6 @@ DECAY_STYLES: dict[str, Callable[[float], float]] = {
     "linear": lambda progress: 1.0 - progress,
     "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
 }
-
-
-def check_schedule(optim: OptimConfig) -> None:
-    decays = optim.lr_decay_style != "constant"
-    if decays and optim.lr_decay_steps is None:
-        raise ValueError(
-            f"optim.lr_decay_style={optim.lr_decay_style!r} needs optim.lr_decay_steps (the "
-            "step at which lr reaches min_lr); set it, or use lr_decay_style: constant"
-        )
-    if (
-        decays
-        and optim.lr_decay_steps is not None
-        and optim.lr_decay_steps <= optim.lr_warmup_steps
-    ):
-        raise ValueError(
-            f"optim.lr_decay_steps={optim.lr_decay_steps} must exceed "
-            f"optim.lr_warmup_steps={optim.lr_warmup_steps}: decay starts after warmup"
-        )
 
 
 def lr_at_step(step: int, optim: OptimConfig) -> float:

@@ -9,9 +9,10 @@ megatron or sglang) and create no run directory; `mode=train` hands the run to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
@@ -41,12 +42,18 @@ def _print_slime_args(cfg: RunConfig, plan: Plan) -> None:
 
 
 def _train(cfg: RunConfig, plan: Plan) -> None:
-    from rlpost.plan.fit import enforce_memory_fit
+    """The preflight and the resume point (both light), then the run itself."""
+    from rlpost.plan.preflight import preflight
+    from rlpost.runtime.resume import find_resume_point
+    from rlpost.runtime.rundir import run_dir_of
+
+    warnings = preflight(cfg, plan)
+    resume = find_resume_point(cfg, plan, run_dir_of(cfg))
+    for issue in warnings:
+        print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
     from rlpost.runtime.train import run
 
-    for issue in enforce_memory_fit(cfg, plan):
-        print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
-    run(cfg, plan)
+    run(cfg, plan, resume)
 
 
 PRINTING_MODES = {"plan", "slime_args"}
@@ -79,10 +86,18 @@ def plan_run(cfg: RunConfig, sources: SourceMap) -> Plan:
     """build_plan, with each planning Issue located where its key was set."""
     from rlpost.plan import build_plan
 
-    try:
+    with located(sources):
         return build_plan(cfg)
+
+
+@contextlib.contextmanager
+def located(sources: SourceMap) -> Iterator[None]:
+    """Every Issue of a UserError raised inside gets the place its key was set."""
+    try:
+        yield
     except UserError as exc:
-        raise UserError(attach_locations(exc.issues, sources), title=exc.title) from None
+        issues = attach_locations(exc.issues, sources)
+        raise UserError(issues, title=exc.title, note=exc.note) from None
 
 
 def run_job(cfg: DictConfig) -> None:
@@ -92,7 +107,8 @@ def run_job(cfg: DictConfig) -> None:
         _default_run_dir(cfg)
         run = load_run_config(cfg, sources)
         plan = plan_run(run, sources)
-        MODES[run.mode](run, plan)
+        with located(sources):
+            MODES[run.mode](run, plan)
     except UserError as exc:
         exit_with(exc)
 

@@ -22,6 +22,12 @@ HELP = "check a config (every launcher check, plan included) without running any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
+    parser.add_argument(
+        "--no-local-checks",
+        action="store_true",
+        help="for a config meant to run on another machine: skip what depends on this one "
+        "(checkpoint and data files, packages, GPUs, credentials)",
+    )
 
 
 def _render_slime_args(run: RunConfig, plan: Plan) -> None:
@@ -30,32 +36,47 @@ def _render_slime_args(run: RunConfig, plan: Plan) -> None:
     render_slime_args(run, plan)
 
 
-def _no_check(run: RunConfig, plan: Plan) -> None:
+def _no_check(run: RunConfig, plan: Plan, machine: bool) -> None:
     return None
 
 
-def _memory_fit(run: RunConfig, plan: Plan) -> None:
-    from rlpost.plan.fit import enforce_memory_fit
+LOCAL_NOTE = (
+    "(the checks above include this machine's files, packages and GPUs; for a config meant "
+    "to run on another machine, add --no-local-checks)"
+)
 
-    enforce_memory_fit(run, plan)
+
+def _preflight(run: RunConfig, plan: Plan, machine: bool) -> None:
+    from rlpost.errors import UserError
+    from rlpost.plan.preflight import preflight
+
+    try:
+        preflight(run, plan, machine=machine)
+    except UserError as exc:
+        if not machine:
+            raise
+        raise UserError(exc.issues, title=exc.title, note=LOCAL_NOTE) from None
 
 
 # Checks a mode adds after planning (the launcher's MODES, minus their side effects).
-MODE_CHECKS: dict[str, Callable[[RunConfig, Plan], None]] = {
-    "slime_args": _render_slime_args,
-    "train": _memory_fit,
+MODE_CHECKS: dict[str, Callable[[RunConfig, Plan, bool], None]] = {
+    "slime_args": lambda run, plan, machine: _render_slime_args(run, plan),
+    "train": _preflight,
 }
 
 
-def check(target: Target) -> tuple[RunConfig, SourceMap, Plan]:
-    """Compose, validate and plan `target`; UserError lists what is wrong."""
-    from rlpost.cli.launch import plan_run
+def check(target: Target, machine: bool = True) -> tuple[RunConfig, SourceMap, Plan]:
+    """Compose, validate and plan `target`, then run what its mode checks before it starts
+    (for training: the preflight, with this machine's files and packages unless `machine`
+    is false); UserError lists what is wrong."""
+    from rlpost.cli.launch import located, plan_run
 
     run, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
     plan = plan_run(run, sources)
-    MODE_CHECKS.get(run.mode, _no_check)(run, plan)
+    with located(sources):
+        MODE_CHECKS.get(run.mode, _no_check)(run, plan, machine)
     return run, sources, plan
 
 
@@ -70,7 +91,8 @@ def summary(run: RunConfig, plan: Plan) -> str:
     lines = [
         f"rlpost: OK  model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout}, mode {run.mode})",
-        "  checked  overrides, defaults lists, schema, hooks, SGLang options, config.json, plan",
+        "  checked  overrides, defaults lists, schema, hooks, SGLang options, config.json, plan"
+        + (", files and this machine" if run.mode == "train" else ""),
         f"  layout   {split}: train TP{par.tp} PP{par.pp} CP{par.cp} EP{par.ep} DP{par.dp}; "
         f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} GPU(s)",
         f"  batch    {batch.samples_per_rollout} samples per rollout, "
@@ -83,6 +105,6 @@ def summary(run: RunConfig, plan: Plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, _, plan = check(target_from_args(args))
+    config, _, plan = check(target_from_args(args), machine=not args.no_local_checks)
     print(summary(config, plan))
     return 0

@@ -49,6 +49,100 @@ PLAN_OWNED: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The values an option's meaning allows: an interval (each end open or closed) plus
+    special values SGLang gives a meaning of their own (-1: "off" or "unlimited")."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    special: tuple[int, ...] = ()
+    meaning: str = ""
+
+    def holds(self, value: float) -> bool:
+        if value in self.special:
+            return True
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return not (
+            self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        )
+
+    def describe(self) -> str:
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        text = f"{'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        if self.special:
+            text += " or " + " or ".join(map(str, self.special))
+        return text
+
+
+FRACTION = Bound(0.0, 1.0, low_open=True, meaning="a fraction of the GPU's memory")
+SHARE = Bound(0.0, 1.0, meaning="a share between 0 and 1")
+COUNT = Bound(1, meaning="a count or size")
+NON_NEGATIVE = Bound(0, meaning="an amount that cannot be negative")
+POSITIVE = Bound(0.0, low_open=True, meaning="a positive amount")
+PORT = Bound(1, 65535, meaning="a TCP port")
+COUNT_OR_OFF = Bound(1, special=(-1,), meaning="a count, or -1 to switch it off")
+
+# SGLang options whose meaning bounds them (lists are checked element by element).
+BOUNDS: dict[str, Bound] = {
+    "mem_fraction_static": FRACTION,
+    "swa_full_tokens_ratio": FRACTION,
+    "mamba_full_memory_ratio": FRACTION,
+    "hicache_host_memory_fraction": FRACTION,
+    "tbo_token_distribution_threshold": SHARE,
+    "prefill_delayer_token_usage_low_watermark": SHARE,
+    "prefill_delayer_queue_min_ratio": SHARE,
+    "hicache_ratio": POSITIVE,
+    "schedule_conservativeness": POSITIVE,
+    "watchdog_timeout": POSITIVE,
+    "soft_watchdog_timeout": POSITIVE,
+    "chunked_prefill_size": COUNT_OR_OFF,
+    "cpu_offload_gb": NON_NEGATIVE,
+    "ep_num_redundant_experts": NON_NEGATIVE,
+    "hicache_size": NON_NEGATIVE,
+    "nccl_port": PORT,
+    **dict.fromkeys(
+        (
+            "context_length",
+            "max_running_requests",
+            "max_queued_requests",
+            "max_total_tokens",
+            "max_prefill_tokens",
+            "prefill_max_requests",
+            "page_size",
+            "dp_size",
+            "pp_size",
+            "ep_size",
+            "attn_dp_size",
+            "moe_dense_tp_size",
+            "dist_timeout",
+            "stream_interval",
+            "num_continuous_decode_steps",
+            "tokenizer_worker_num",
+            "detokenizer_worker_num",
+            "cuda_graph_max_bs_decode",
+            "cuda_graph_max_bs_prefill",
+            "cuda_graph_bs_decode",
+            "cuda_graph_bs_prefill",
+            "torch_compile_max_bs",
+            "triton_attention_num_kv_splits",
+            "speculative_num_steps",
+            "speculative_eagle_topk",
+            "speculative_num_draft_tokens",
+            "max_lora_rank",
+            "max_loaded_loras",
+            "max_loras_per_batch",
+            "max_mamba_cache_size",
+        ),
+        COUNT,
+    ),
+}
+
+
+@dataclass(frozen=True)
 class OptionSpec:
     """One SGLang option: accepted kinds ('int', 'list[int]', ...), null, fixed choices."""
 
@@ -148,7 +242,54 @@ def check_option(name: str, value: Any, table: SGLangOptions) -> Issue | None:
             f"set it to {spec.expected()} (SGLang's default: {spec.default!r})",
             value=value,
         )
+    return _out_of_bounds(name, value) or _unrenderable(name, value, spec)
+
+
+def _out_of_bounds(name: str, value: Any) -> Issue | None:
+    bound = BOUNDS.get(name)
+    if bound is None or value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    bad = [v for v in items if isinstance(v, int | float) and not bound.holds(v)]
+    if not bad:
+        return None
+    return Issue(
+        f"{SGLANG_KEY}.{name}",
+        f"SGLang option '{name}' is {bound.meaning}, so it must be in {bound.describe()}; "
+        f"{bad[0]!r} is not",
+        f"use a value in {bound.describe()}, or remove it for SGLang's default",
+        value=value,
+    )
+
+
+def _unrenderable(name: str, value: Any, spec: OptionSpec) -> Issue | None:
+    """Options the engine's command line cannot carry (SGLang reads only its flags)."""
+    cli = cli_names().get(name, "--" + name.replace("_", "-"))
+    key = f"{SGLANG_KEY}.{name}"
+    if cli is None and value is not None:
+        return Issue(
+            key,
+            f"SGLang option '{name}' has no command-line flag, and rlpost starts each engine "
+            "from its command line: the value would never reach the server",
+            "remove it",
+            value=value,
+        )
+    if value is False and spec.default is True:
+        return Issue(
+            key,
+            f"SGLang's flag for '{name}' only switches it on (its default is true), so false "
+            "cannot be passed on the command line",
+            "remove it (SGLang keeps it on), or look for SGLang's --disable-... counterpart",
+            value=value,
+        )
     return None
+
+
+@functools.cache
+def cli_names() -> dict[str, str | None]:
+    """Each option's command-line flag (None: SGLang has no flag for it)."""
+    document = json.loads(OPTIONS_FILE.read_text(encoding="utf-8"))
+    return {name: entry.get("cli") for name, entry in document["options"].items()}
 
 
 def check_sglang_options(options: Any) -> list[Issue]:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue
 from rlpost.plan.plan import Plan
-from rlpost.schema import RunConfig
 
 ANYWAY = "; or set plan.memory_check=warn to launch anyway"
 
@@ -42,13 +41,4 @@ def memory_issues(plan: Plan) -> list[Issue]:
                 "use more nodes, or a machine with more host memory" + ANYWAY,
             )
         )
-    return issues
-
-
-def enforce_memory_fit(cfg: RunConfig, plan: Plan) -> list[Issue]:
-    """Before a training launch: UserError when the run does not fit and
-    plan.memory_check is `refuse`; otherwise the issues to warn about (none when it fits)."""
-    issues = memory_issues(plan)
-    if issues and cfg.plan.memory_check == "refuse":
-        raise UserError(issues, title="memory problem")
     return issues

@@ -21,6 +21,7 @@ from rlpost.plan.memory import (
 from rlpost.plan.parallel import resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
+from rlpost.plan.runtime import RuntimePlan, plan_runtime
 from rlpost.schema import RunConfig
 
 
@@ -43,6 +44,7 @@ class Plan:
     engine: EngineLayout
     batch: BatchPlan
     memory: MemoryPlan
+    runtime: RuntimePlan
     pipeline_stages: tuple[int, ...]
     derived: tuple[str, ...]
     notes: tuple[str, ...]
@@ -67,6 +69,7 @@ class Plan:
                 "engine": _engine_dict(self.engine),
                 "batch": asdict(self.batch),
                 "memory": _memory_dict(self.memory),
+                "runtime": asdict(self.runtime),
                 "derived": list(self.derived),
                 "notes": list(self.notes),
             }
@@ -210,6 +213,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         engine=engine,
         batch=batch,
         memory=memory,
+        runtime=plan_runtime(cfg, sizes.colocate),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch)),

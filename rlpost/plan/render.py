@@ -125,6 +125,24 @@ def render_batch(plan: Plan) -> str:
     return render_table(["batch", "value"], rows, "Batch arithmetic")
 
 
+ENGINE_NAMES = {"sglang": "SGLang", "cpu": "rlpost CPU engine"}
+SYNC_NAMES = {
+    "disk": "disk (an HF folder the engines load)",
+    "tensor": "tensor (CUDA IPC handles, same GPU)",
+    "distributed": "distributed (broadcast group: NCCL on GPUs, gloo on CPU)",
+}
+
+
+def render_runtime(plan: Plan) -> str:
+    rt = plan.runtime
+    rows: list[list[Cell]] = [
+        ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
+        ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
+        ["release memory around training", "yes" if rt.offload else "no"],
+    ]
+    return render_table(["runtime", "value"], rows, "Runtime")
+
+
 def _verdict(fits: bool, margin: float) -> str:
     if fits:
         return f"fits, {margin:.2f} GiB spare"
@@ -195,6 +213,7 @@ SECTIONS: tuple[Callable[[Plan], str], ...] = (
     render_parallel,
     render_engines,
     render_batch,
+    render_runtime,
     render_memory,
 )
 

@@ -13,7 +13,6 @@ from rlpost.rewards.hub import (
     REWARD_TYPES,
     RewardContext,
     RewardFn,
-    check_reward_config,
     compute_rewards,
     register_reward,
 )
@@ -27,7 +26,6 @@ __all__ = [
     "RewardError",
     "RewardFn",
     "answers_match",
-    "check_reward_config",
     "compute_rewards",
     "f1_score",
     "grade_dapo",

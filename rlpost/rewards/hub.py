@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlpost.errors import Issue, did_you_mean
+from rlpost.errors import did_you_mean
 from rlpost.hooks import (
     GROUP_REWARD_FUNCTION,
     REWARD_FUNCTION,
@@ -89,47 +89,6 @@ async def compute_rewards(samples: Sequence[Sample], config: RewardConfig) -> li
         return list(await asyncio.gather(*(_sample_reward(s, ctx) for s in samples)))
     finally:
         await ctx.close()
-
-
-def check_reward_config(config: RewardConfig, prefix: str = "rollout.reward") -> list[Issue]:
-    """Problems with a reward section, found without computing anything."""
-    issues: list[Issue] = []
-    if config.group and not config.custom_function:
-        issues.append(
-            Issue(
-                f"{prefix}.group",
-                "group rewards call a custom function with a whole group, and "
-                "custom_function is not set",
-                "set custom_function to 'module.fn' with def fn(samples) -> list[float], "
-                "or group: false",
-                value=True,
-            )
-        )
-    if config.custom_function:
-        signature = GROUP_REWARD_FUNCTION if config.group else REWARD_FUNCTION
-        try:
-            load_hook(config.custom_function, signature)
-        except HookError as exc:
-            issues.append(exc.as_issue(f"{prefix}.custom_function"))
-    elif config.type not in REWARD_TYPES:
-        issues.append(
-            Issue(
-                f"{prefix}.type",
-                f"unknown reward type.{did_you_mean(config.type, REWARD_TYPES)}",
-                f"use one of {sorted(REWARD_TYPES)}, or set custom_function",
-                value=config.type,
-            )
-        )
-    if config.type == "remote" and not config.custom_function and not config.remote_url:
-        issues.append(
-            Issue(
-                f"{prefix}.remote_url",
-                "reward type 'remote' posts each sample to a reward server, and remote_url "
-                "is not set",
-                "set remote_url: http://host:port/path",
-            )
-        )
-    return issues
 
 
 async def _sample_reward(sample: Sample, ctx: RewardContext) -> float:

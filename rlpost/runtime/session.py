@@ -9,7 +9,6 @@ memory around training (engine.offload).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import time
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import ray
 
 from rlpost.backends.ports import free_port
 from rlpost.backends.sglang import trainer_side
-from rlpost.backends.sglang.launch import engine_backend, engine_specs, resolve_engine_backend
+from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.plan import Plan
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.runtime.actors import TrainActor, TrainerSpec
@@ -36,7 +35,6 @@ from rlpost.runtime.weight_sync import (
     ProbeSettings,
     SyncContext,
     WeightSync,
-    choose_weight_sync,
     on_trainer,
     probe_weights,
     update_engines,
@@ -56,40 +54,10 @@ def _since(start: float) -> str:
     return f"{time.perf_counter() - start:.1f} s"
 
 
-def _check_backends(cfg: RunConfig) -> None:
-    """The CPU engine anywhere, SGLang on GPUs where it is installed (the trainer backend is
-    checked with the plan)."""
-    engine = resolve_engine_backend(cfg.engine.backend, cfg.hardware.kind)
-    if engine_backend(engine).needs_gpu and cfg.hardware.kind != "gpu":
-        raise RuntimeError(
-            f"engine.backend={engine} serves on GPUs and hardware.kind is {cfg.hardware.kind}; "
-            "use engine.backend=cpu (or auto)"
-        )
-    if engine == "sglang" and importlib.util.find_spec("sglang") is None:
-        raise RuntimeError(
-            "engine.backend=sglang needs SGLang in this environment (pip install "
-            "'rlpost[gpu]'); or set engine.backend=cpu"
-        )
-
-
-def _offload(cfg: RunConfig, plan: Plan) -> bool:
-    """engine.offload: null means on for colocated GPU runs."""
-    colocate = plan.placement.colocate
-    if cfg.engine.offload is None:
-        return colocate and cfg.hardware.kind == "gpu"
-    if cfg.engine.offload and not colocate:
-        raise RuntimeError(
-            "engine.offload: true releases engine memory so that training fits beside the "
-            "engines, and this run is decoupled (layout.colocate: false); remove it"
-        )
-    return cfg.engine.offload
-
-
 class Session:
     def __init__(
         self, cfg: RunConfig, plan: Plan, run_dir: Path, loop: asyncio.AbstractEventLoop
     ) -> None:
-        _check_backends(cfg)
         self.cfg = cfg
         self.plan = plan
         self.run_dir = run_dir
@@ -104,7 +72,7 @@ class Session:
         self.weights_dir = run_dir / "weights"
         self.weight_sync: WeightSync | None = None
         self.weight_version = 0
-        self.offload = _offload(cfg, plan)
+        self.offload = plan.runtime.offload
         self.probe: ProbeSettings | None = None
 
     @property
@@ -217,7 +185,7 @@ class Session:
 
     def _start_engines(self) -> None:
         cfg, placement = self.cfg, self.plan.placement
-        backend = engine_backend(resolve_engine_backend(cfg.engine.backend, cfg.hardware.kind))
+        backend = engine_backend(self.plan.runtime.engine_backend)
         slots = self.cluster.slots
         first_slots = [self._slot_index(n, 0) for n in range(placement.num_nodes)]
         specs = engine_specs(
@@ -283,7 +251,7 @@ class Session:
     def _start_weight_sync(self) -> None:
         assert self.client is not None and self.pool is not None
         cfg, placement = self.cfg, self.plan.placement
-        kind = choose_weight_sync(cfg.engine.weight_sync, cfg.hardware.kind, placement.colocate)
+        kind = self.plan.runtime.weight_sync
         context = SyncContext(
             client=self.client,
             call=self.call_trainer,

@@ -32,7 +32,6 @@ from rlpost.runtime.metrics import MetricsLogger
 from rlpost.runtime.progress import Progress, status
 from rlpost.runtime.resume import (
     ResumePoint,
-    find_resume_point,
     plan_grid,
     set_aside_newer,
     trainer_backend,
@@ -51,15 +50,13 @@ from rlpost.schema import RunConfig
 from rlpost.types import Sample
 
 
-def run(cfg: RunConfig, plan: Plan) -> Path:
-    """Train as configured; returns the run directory."""
+def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
+    """Train as configured, from `resume` (see find_resume_point) or rollout 0; returns the
+    run directory."""
     # Nothing is fetched from a model hub at run time: every path is local.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     run_dir = run_dir_of(cfg)
-    # Resume problems (a broken checkpoint, a change the saved state cannot take) stop the
-    # launch here, before the run directory is touched or anything starts.
-    resume = find_resume_point(cfg, plan, run_dir)
     start = resume.start_rollout if resume else 0
     total = cfg.recipe.rollout.num_rollout
     if start >= total:

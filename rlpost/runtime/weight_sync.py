@@ -46,26 +46,6 @@ class WeightSyncError(RuntimeError):
     """Engines that did not take the weights, or that serve other weights than the trainer."""
 
 
-def choose_weight_sync(configured: str, hardware_kind: str, colocate: bool) -> str:
-    """engine.weight_sync=auto: tensor when colocated on GPUs, distributed when decoupled on
-    GPUs, disk on CPU. Tensor sync needs CUDA; asking for it on CPU is an error."""
-    if configured == "auto":
-        if hardware_kind != "gpu":
-            return "disk"
-        return "tensor" if colocate else "distributed"
-    if configured == "tensor" and hardware_kind != "gpu":
-        raise ValueError(
-            "engine.weight_sync=tensor passes CUDA IPC handles, and hardware.kind is "
-            f"{hardware_kind}; use engine.weight_sync=disk (or distributed, over gloo)"
-        )
-    if configured == "tensor" and not colocate:
-        raise ValueError(
-            "engine.weight_sync=tensor needs the engines on the trainer's GPUs "
-            "(layout.colocate: true); decoupled runs use engine.weight_sync=distributed"
-        )
-    return configured
-
-
 # ---- disk -------------------------------------------------------------------------------
 
 

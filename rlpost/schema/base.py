@@ -27,3 +27,19 @@ class InvariantError(ValueError):
         self.message = message
         self.fields = fields
         self.fix = fix
+
+
+def refuse_unused(section: BaseModel, field: str, *, why: str, fix: str, prefix: str = "") -> None:
+    """An InvariantError when `field` differs from its default although nothing reads it.
+
+    A setting the run would ignore is refused rather than accepted: whoever changed it
+    expected an effect. A field at its default value is never reported (a shipped file may
+    spell out a default that a derived recipe then makes moot). `prefix` is the path from
+    the validating section to `section` ('optim.'), so the error points at the right key.
+    """
+    info = type(section).model_fields[field]
+    value = getattr(section, field)
+    if value != info.get_default(call_default_factory=True):
+        raise InvariantError(
+            f"{field}={value!r} has no effect: {why}", fields=(prefix + field,), fix=fix
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     Field,
@@ -13,7 +13,24 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.base import InvariantError, Section, refuse_unused
+
+# The reward types rlpost registers (rlpost.rewards.hub; a test holds the two together), and
+# those that grade a response against the sample's label.
+RewardType = Literal["math", "deepscaler", "dapo", "f1", "remote"]
+LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1"})
+
+# What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
+# the two together). Group baselines subtract the group's mean reward, so a group of one
+# sample always gets advantage zero.
+AdvantageEstimatorName = Literal[
+    "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
+]
+GROUP_BASELINE_ESTIMATORS = frozenset({"grpo", "gspo", "reinforce_plus_plus_baseline"})
+KL_REWARD_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+DISCOUNTING_ESTIMATORS = frozenset({"reinforce_plus_plus"})
+WHITENING_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+STD_SCALING_ESTIMATORS = frozenset({"grpo"})
 
 
 class DataConfig(Section):
@@ -29,12 +46,74 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    type: str = "math"
+    type: RewardType = "math"
     custom_function: str | None = None
     group: bool = False
     remote_url: str | None = None
     timeout_s: PositiveFloat = 30.0
     max_retries: NonNegativeInt = 3
+
+    @property
+    def posts_to_server(self) -> bool:
+        return self.type == "remote" and not self.custom_function
+
+    @property
+    def needs_label(self) -> bool:
+        """Whether scoring compares responses with the sample's label."""
+        return self.type in LABELLED_REWARD_TYPES and not self.custom_function
+
+    @model_validator(mode="after")
+    def check_group_has_function(self) -> RewardConfig:
+        if self.group and not self.custom_function:
+            raise InvariantError(
+                "group rewards call custom_function with a whole group, and custom_function "
+                "is not set",
+                fields=("group",),
+                fix="set custom_function to 'module.fn' with def fn(samples) -> list[float], "
+                "or group: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_remote_has_url(self) -> RewardConfig:
+        if self.posts_to_server and not self.remote_url:
+            raise InvariantError(
+                "reward type 'remote' posts each sample to a reward server, and remote_url is "
+                "not set",
+                fields=("remote_url",),
+                fix="set remote_url: http://host:port/path",
+            )
+        if not self.posts_to_server:
+            why = "only reward type 'remote' (without custom_function) talks to a reward server"
+            refuse_unused(self, "remote_url", why=why, fix="remove it, or set type: remote")
+            refuse_unused(self, "max_retries", why=why, fix="remove it, or set type: remote")
+        return self
+
+    @model_validator(mode="after")
+    def check_remote_url_is_http(self) -> RewardConfig:
+        url = self.remote_url
+        if url is None:
+            return self
+        scheme, _, rest = url.partition("://")
+        host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        if scheme not in ("http", "https") or not host:
+            raise InvariantError(
+                f"remote_url={_redacted(url)!r} is not an http(s) URL with a host",
+                fields=("remote_url",),
+                fix="write it as http://host:port/path or https://host/path",
+            )
+        return self
+
+
+def _redacted(url: str) -> str:
+    """The URL without a password (user:pass@host -> user:***@host)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    credentials, _, host = authority.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}{slash}{path}"
 
 
 class RolloutConfig(Section):
@@ -69,6 +148,31 @@ class RolloutConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_top_k(self) -> RolloutConfig:
+        if self.top_k == 0 or self.top_k < -1:
+            raise InvariantError(
+                f"top_k={self.top_k} keeps no token to sample from (SGLang takes -1 for "
+                '"all tokens", or a positive count)',
+                fields=("top_k",),
+                fix="use -1 (no top-k cut, the seeds' value) or a positive integer",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_over_sampling_has_filter(self) -> RolloutConfig:
+        over = self.over_sampling_batch_size
+        if over is not None and over > self.batch_size and not self.dynamic_sampling_filter:
+            raise InvariantError(
+                f"over_sampling_batch_size={over} starts {over} groups per draw for "
+                f"batch_size={self.batch_size}, and no dynamic_sampling_filter is set: every "
+                "group passes, so the extra groups are generated only to be aborted",
+                fields=("over_sampling_batch_size",),
+                fix="set dynamic_sampling_filter (e.g. "
+                "rlpost.filters.check_reward_nonzero_std), or remove over_sampling_batch_size",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_over_sampling_covers_batch(self) -> RolloutConfig:
         over = self.over_sampling_batch_size
         if over is not None and over < self.batch_size:
@@ -94,9 +198,7 @@ class RolloutConfig(Section):
 
 
 class AlgoConfig(Section):
-    advantage_estimator: Literal[
-        "grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
-    ] = "grpo"
+    advantage_estimator: AdvantageEstimatorName = "grpo"
     grpo_std_normalization: bool = True
     normalize_advantages: bool = False
     gamma: float = Field(1.0, ge=0.0, le=1.0)
@@ -112,6 +214,56 @@ class AlgoConfig(Section):
     use_tis: bool = False
     tis_clip_low: NonNegativeFloat = 0.0
     tis_clip_high: PositiveFloat = 2.0
+
+    @model_validator(mode="after")
+    def check_estimator_reads_its_settings(self) -> AlgoConfig:
+        name = self.advantage_estimator
+        fix = "remove it, or pick an estimator that uses it"
+        if name not in KL_REWARD_ESTIMATORS:
+            refuse_unused(
+                self,
+                "kl_coef",
+                why=f"{name} does not put a KL penalty into the reward (only "
+                f"{', '.join(sorted(KL_REWARD_ESTIMATORS))} do); the KL loss term is "
+                "use_kl_loss with kl_loss_coef",
+                fix="use use_kl_loss: true with kl_loss_coef, or remove kl_coef",
+            )
+        if name not in DISCOUNTING_ESTIMATORS:
+            refuse_unused(self, "gamma", why=f"{name} does not discount returns", fix=fix)
+        if name not in STD_SCALING_ESTIMATORS:
+            refuse_unused(
+                self,
+                "grpo_std_normalization",
+                why=f"only grpo divides by the group's reward std, and the estimator is {name}",
+                fix=fix,
+            )
+        if name in WHITENING_ESTIMATORS:
+            refuse_unused(
+                self,
+                "normalize_advantages",
+                why=f"{name} always whitens its advantages",
+                fix="remove it",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_tis_settings(self) -> AlgoConfig:
+        if not self.use_tis:
+            for name in ("tis_clip_low", "tis_clip_high"):
+                refuse_unused(
+                    self,
+                    name,
+                    why="truncated importance sampling is off (use_tis: false)",
+                    fix=f"set use_tis: true, or remove {name}",
+                )
+        elif self.tis_clip_low >= self.tis_clip_high:
+            raise InvariantError(
+                f"tis_clip_low={self.tis_clip_low} is not below tis_clip_high="
+                f"{self.tis_clip_high}: every importance weight would be clamped to one value",
+                fields=("tis_clip_low",),
+                fix="use a low bound below the high one (e.g. 0.0 and 2.0)",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_dual_clip_above_one(self) -> AlgoConfig:
@@ -141,6 +293,53 @@ class OptimConfig(Section):
     overlap_cpu_optimizer_d2h_h2d: bool = False
     precision_aware_optimizer: bool = False
 
+    @model_validator(mode="after")
+    def check_schedule(self) -> OptimConfig:
+        if self.lr_decay_style == "constant":
+            why = "lr_decay_style is constant"
+            for name in ("lr_decay_steps", "min_lr"):
+                refuse_unused(
+                    self,
+                    name,
+                    why=why,
+                    fix=f"set lr_decay_style: linear or cosine, or remove {name}",
+                )
+            return self
+        if self.lr_decay_steps is None:
+            raise InvariantError(
+                f"lr_decay_style={self.lr_decay_style} decays the learning rate to min_lr by "
+                "step lr_decay_steps, which is not set",
+                fields=("lr_decay_steps",),
+                fix="set lr_decay_steps (e.g. the run's optimizer steps), or use "
+                "lr_decay_style: constant",
+            )
+        if self.lr_decay_steps <= self.lr_warmup_steps:
+            raise InvariantError(
+                f"lr_decay_steps={self.lr_decay_steps} must exceed lr_warmup_steps="
+                f"{self.lr_warmup_steps}: decay starts when warmup ends",
+                fields=("lr_decay_steps",),
+                fix=f"set lr_decay_steps above {self.lr_warmup_steps}",
+            )
+        if self.min_lr > self.lr:
+            raise InvariantError(
+                f"min_lr={self.min_lr} is above lr={self.lr}: the schedule would raise the "
+                "learning rate while it 'decays'",
+                fields=("min_lr",),
+                fix=f"set min_lr below {self.lr} (e.g. {self.lr / 10:g})",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_offload_options(self) -> OptimConfig:
+        if not self.cpu_offload:
+            refuse_unused(
+                self,
+                "overlap_cpu_optimizer_d2h_h2d",
+                why="it overlaps the copies of a CPU-offloaded optimizer, and cpu_offload is off",
+                fix="set cpu_offload: true, or remove it",
+            )
+        return self
+
 
 class TrainConfig(Section):
     global_batch_size: PositiveInt
@@ -156,6 +355,27 @@ class TrainConfig(Section):
     mtp_loss_scaling_factor: PositiveFloat = Field(
         0.2, description="weight of the MTP loss (mean over MTP layers) beside the policy loss"
     )
+
+    @model_validator(mode="after")
+    def check_batching_settings_used(self) -> TrainConfig:
+        if self.use_dynamic_batch_size:
+            refuse_unused(
+                self,
+                "micro_batch_size",
+                why="use_dynamic_batch_size packs micro-batches by max_tokens_per_gpu, not by "
+                "a sample count",
+                fix="remove micro_batch_size (or set it to 1), or use_dynamic_batch_size: false",
+            )
+        else:
+            refuse_unused(
+                self,
+                "max_tokens_per_gpu",
+                why="micro-batches hold micro_batch_size samples each when "
+                "use_dynamic_batch_size is false",
+                fix="set use_dynamic_batch_size: true to pack by tokens, or "
+                "max_tokens_per_gpu: null",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_dynamic_batch_has_cap(self) -> TrainConfig:
@@ -240,6 +460,77 @@ class RecipeConfig(Section):
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to a divisor of {samples} "
                 f"(e.g. {', '.join(map(str, divisors))}), or change the rollout counts",
+            )
+        return self
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps over the whole run (each rollout's samples / global batch)."""
+        per_rollout = self.rollout.batch_size * self.rollout.n_samples_per_prompt
+        return self.rollout.num_rollout * max(1, per_rollout // self.train.global_batch_size)
+
+    @model_validator(mode="after")
+    def check_groups_carry_signal(self) -> RecipeConfig:
+        name, n = self.algo.advantage_estimator, self.rollout.n_samples_per_prompt
+        if n == 1 and name in GROUP_BASELINE_ESTIMATORS:
+            others = sorted(set(get_args(AdvantageEstimatorName)) - GROUP_BASELINE_ESTIMATORS)
+            raise InvariantError(
+                f"rollout.n_samples_per_prompt=1 with algo.advantage_estimator={name}: {name} "
+                "subtracts each group's mean reward, so a group of one sample always gets "
+                "advantage 0 and the run trains nothing",
+                fields=("rollout.n_samples_per_prompt",),
+                fix="sample several responses per prompt (the seeds use 8), or use an "
+                f"estimator that works with groups of one: {', '.join(others)}",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_reward_has_labels(self) -> RecipeConfig:
+        reward = self.rollout.reward
+        if not reward.needs_label:
+            return self
+        if self.data.label_key is None:
+            raise InvariantError(
+                f"rollout.reward.type={reward.type} grades each response against the "
+                "prompt's label, and data.label_key is not set: every sample would fail",
+                fields=("data.label_key",),
+                fix="set data.label_key to the jsonl field holding the answer (the seeds use "
+                "label), or use a reward that needs no label",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_warmup_fits_run(self) -> RecipeConfig:
+        warmup, steps = self.optim.lr_warmup_steps, self.optimizer_steps
+        if warmup >= steps:
+            raise InvariantError(
+                f"optim.lr_warmup_steps={warmup} is not below the run's {steps} optimizer "
+                f"steps ({self.rollout.num_rollout} rollouts): the run would end before the "
+                "learning rate reaches optim.lr",
+                fields=("optim.lr_warmup_steps",),
+                fix=f"use fewer warmup steps (e.g. {max(0, steps // 20)}), or more rollouts",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_partial_rollout_has_groups_to_keep(self) -> RecipeConfig:
+        rollout = self.rollout
+        cuts_groups = rollout.dynamic_sampling_filter is not None
+        if rollout.partial_rollout and not cuts_groups:
+            raise InvariantError(
+                "partial_rollout keeps groups a rollout cut short for the next one, and "
+                "without dynamic_sampling_filter no group is ever cut short: every group a "
+                "rollout starts is trained",
+                fields=("rollout.partial_rollout",),
+                fix="set rollout.dynamic_sampling_filter (with over_sampling_batch_size), or "
+                "partial_rollout: false",
+            )
+        if rollout.mask_offpolicy_in_partial_rollout and not rollout.partial_rollout:
+            raise InvariantError(
+                "mask_offpolicy_in_partial_rollout masks the tokens a partial rollout "
+                "generated under an older policy, and partial_rollout is off",
+                fields=("rollout.mask_offpolicy_in_partial_rollout",),
+                fix="set rollout.partial_rollout: true, or remove it",
             )
         return self
 

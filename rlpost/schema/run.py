@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import ModelConfig
-from rlpost.schema.recipe import RecipeConfig
+from rlpost.schema.recipe import KL_REWARD_ESTIMATORS, RecipeConfig
 
 
 class TrainerConfig(Section):
@@ -54,6 +54,29 @@ class EngineConfig(Section):
         300.0, description="grace after an engine (re)starts before it is health-checked"
     )
 
+    @model_validator(mode="after")
+    def check_dependent_settings_used(self) -> EngineConfig:
+        if not self.fault_tolerance:
+            for name in (
+                "health_check_interval_s",
+                "health_check_timeout_s",
+                "health_check_first_wait_s",
+            ):
+                refuse_unused(
+                    self,
+                    name,
+                    why="engines are health-checked only with fault_tolerance: true",
+                    fix=f"set fault_tolerance: true, or remove {name}",
+                )
+        if not self.weight_probe:
+            refuse_unused(
+                self,
+                "weight_probe_tolerance",
+                why="the probe runs only with weight_probe: true",
+                fix="set weight_probe: true, or remove weight_probe_tolerance",
+            )
+        return self
+
 
 class PlanOptions(Section):
     format: Literal["table", "json"] = "table"
@@ -70,6 +93,18 @@ class WandbConfig(Section):
     project: str = "rlpost"
     group: str | None = None
     run_id: str | None = None
+
+    @model_validator(mode="after")
+    def check_settings_need_enabled(self) -> WandbConfig:
+        if not self.enabled:
+            for name in ("mode", "project", "group", "run_id"):
+                refuse_unused(
+                    self,
+                    name,
+                    why="wandb logging is off (enabled: false)",
+                    fix=f"set enabled: true, or remove {name}",
+                )
+        return self
 
 
 class TrackingConfig(Section):
@@ -122,14 +157,45 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_kl_loss_has_reference(self) -> RunConfig:
-        if self.recipe.algo.use_kl_loss and not self.model.ref_load:
+        algo = self.recipe.algo
+        kl_reward = algo.kl_coef > 0 and algo.advantage_estimator in KL_REWARD_ESTIMATORS
+        if (algo.use_kl_loss or kl_reward) and not self.model.ref_load:
+            what = "recipe.algo.use_kl_loss" if algo.use_kl_loss else "recipe.algo.kl_coef"
             raise InvariantError(
-                "recipe.algo.use_kl_loss needs a frozen reference model, and model.ref_load "
-                "is not set",
+                f"{what} needs a frozen reference model, and model.ref_load is not set",
                 fields=("model.ref_load",),
                 fix="set model.ref_load (an HF folder or a torch_dist checkpoint; the initial "
-                "policy, e.g. ${model.hf_checkpoint}), or recipe.algo.use_kl_loss: false",
+                "policy, e.g. ${model.hf_checkpoint}), or turn the KL term off",
             )
+        return self
+
+    @model_validator(mode="after")
+    def check_stop_tokens_in_vocabulary(self) -> RunConfig:
+        vocab = self.model.vocab_size
+        outside = [t for t in self.recipe.rollout.stop_token_ids if not 0 <= t < vocab]
+        if outside:
+            raise InvariantError(
+                f"stop token ids {outside} are outside the model's vocabulary of {vocab} "
+                "tokens: generation could never stop on them",
+                fields=("recipe.rollout.stop_token_ids",),
+                fix=f"use token ids in 0..{vocab - 1} (the tokenizer's eos or end-of-turn "
+                "ids), or remove them",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_cpu_offload_on_gpus(self) -> RunConfig:
+        optim = self.recipe.optim
+        if self.hardware.kind == "cpu":
+            for name in ("cpu_offload", "precision_aware_optimizer"):
+                refuse_unused(
+                    optim,
+                    name,
+                    why=f"hardware {self.hardware.name} is a CPU machine: the optimizer "
+                    "already lives in host memory, in fp32",
+                    fix=f"remove recipe.optim.{name}",
+                    prefix="recipe.optim.",
+                )
         return self
 
     @model_validator(mode="after")

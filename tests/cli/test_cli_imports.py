@@ -19,14 +19,14 @@ from rlpost.cli.main import main
 examples, fixture, out = sys.argv[1], sys.argv[2], tempfile.mkdtemp()
 commands = [
     ["ls", "--config-dir", examples],
-    ["validate", examples + "/qwen3_8b_a100x4.yaml"],
+    ["validate", "--no-local-checks", examples + "/qwen3_8b_a100x4.yaml"],
     ["validate", "model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8",
      "mode=slime_args"],
     ["show", "--config-dir", examples, "model=qwen3-8b", "recipe=my_grpo", "hardware=a100x4"],
     ["new", "model", "--from-hf", fixture, "--config-dir", out],
     ["new", "recipe", "mine", "--from", "grpo_dapo", "optim.lr=3e-6", "--config-dir", out],
-    ["validate", "--config-dir", out, "model=deepseek-v3", "recipe=mine", "hardware=cpu",
-     "plan.memory_check=warn"],
+    ["validate", "--no-local-checks", "--config-dir", out, "model=deepseek-v3", "recipe=mine",
+     "hardware=cpu", "plan.memory_check=warn"],
 ]
 for argv in commands:
     with contextlib.redirect_stdout(io.StringIO()):

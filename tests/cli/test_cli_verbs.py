@@ -163,6 +163,7 @@ def test_new_recipe_writes_only_the_differences(
     status, out, _ = run_main(
         [
             "validate",
+            "--no-local-checks",
             "--config-dir",
             str(tmp_path),
             "recipe=short",
@@ -201,7 +202,7 @@ def test_an_unknown_command_suggests_the_right_one(capsys: pytest.CaptureFixture
 
 
 def test_the_command_validates_a_run_file_end_to_end() -> None:
-    result = rlpost("validate", str(EXAMPLES / "qwen3_8b_a100x4.yaml"))
+    result = rlpost("validate", "--no-local-checks", str(EXAMPLES / "qwen3_8b_a100x4.yaml"))
     assert result.returncode == 0, result.stderr
     assert "layout qwen3-8b_a100x4" in result.stdout
 

@@ -170,7 +170,11 @@ CASES = [
     ),
     Bad(
         "context parallel without packing",
-        (*GLM9, "recipe.train.use_dynamic_batch_size=false"),
+        (
+            *GLM9,
+            "recipe.train.use_dynamic_batch_size=false",
+            "recipe.train.max_tokens_per_gpu=null",
+        ),
         "layout.train.cp",
         "packing is off",
     ),
@@ -227,6 +231,7 @@ CASES = [
             "recipe.rollout.batch_size=1",
             "recipe.rollout.n_samples_per_prompt=1",
             "recipe.train.global_batch_size=1",
+            "recipe.algo.advantage_estimator=reinforce_plus_plus",
         ),
         "recipe.rollout.batch_size",
         "cannot keep 2 engines busy",

@@ -170,15 +170,17 @@ def test_validate_refuses_a_user_file_shadowed_by_a_shipped_one(
     [
         [
             "validate",
+            "--no-local-checks",
             "--config-dir",
             str(EXAMPLES),
             "model=qwen3-8b",
             "recipe=my_grpo",
             "hardware=a100x4",
         ],
-        ["validate", str(EXAMPLES / "qwen3_8b_a100x4.yaml")],
+        ["validate", "--no-local-checks", str(EXAMPLES / "qwen3_8b_a100x4.yaml")],
         [
             "validate",
+            "--no-local-checks",
             str(EXAMPLES / "recipe" / "my_grpo.yaml"),
             "model=qwen3-1.7b",
             "hardware=a100x4",

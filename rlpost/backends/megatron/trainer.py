@@ -25,7 +25,7 @@ from torch import Tensor
 
 from rlpost.algo.advantages import get_estimator, needs_reference_kl
 from rlpost.algo.losses import compute_loss
-from rlpost.algo.schedule import check_schedule, lr_at_step
+from rlpost.algo.schedule import lr_at_step
 from rlpost.algo.steps import (
     RolloutTiming,
     SampleTensors,
@@ -101,7 +101,6 @@ class MegatronTrainer:
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        check_schedule(optim)
         self.model_config, self.algo, self.optim, self.train = model, algo, optim, train
         self.layout, self.temperature = layout, rollout_temperature
         self.policy_loss_kind = get_estimator(algo.advantage_estimator).policy_loss

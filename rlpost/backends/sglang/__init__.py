@@ -12,7 +12,6 @@ from rlpost.backends.sglang.launch import (
     engine_backend,
     engine_commands,
     engine_specs,
-    resolve_engine_backend,
 )
 
 __all__ = [
@@ -22,5 +21,4 @@ __all__ = [
     "engine_backend",
     "engine_commands",
     "engine_specs",
-    "resolve_engine_backend",
 ]

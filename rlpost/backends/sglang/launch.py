@@ -12,14 +12,13 @@ head (node rank 0) serves HTTP.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.config.sglang_options import OPTIONS_FILE, OptionSpec, load_sglang_options
+from rlpost.config.sglang_options import OptionSpec, cli_names, load_sglang_options
 from rlpost.plan import Plan
 from rlpost.plan.placement import EnginePlacement
 from rlpost.schema import RunConfig
@@ -100,16 +99,10 @@ def render_option(name: str, value: Any, spec: OptionSpec | None, cli: str | Non
     return [cli, _render_value(value)]
 
 
-@functools.cache
-def _cli_names() -> dict[str, str | None]:
-    document = json.loads(OPTIONS_FILE.read_text(encoding="utf-8"))
-    return {name: entry.get("cli") for name, entry in document["options"].items()}
-
-
 def render_options(options: Sequence[tuple[str, Any]]) -> list[str]:
     """Every pass-through option, in the order given."""
     table = load_sglang_options().options
-    cli = _cli_names()
+    cli = cli_names()
     args: list[str] = []
     for name, value in options:
         default_cli = "--" + name.replace("_", "-")
@@ -196,13 +189,6 @@ def engine_backend(name: str) -> EngineBackend:
         raise ValueError(
             f"engine.backend={name!r} is unknown; use one of {sorted(ENGINE_BACKENDS)}"
         ) from None
-
-
-def resolve_engine_backend(configured: str, hardware_kind: str) -> str:
-    """engine.backend=auto: SGLang on GPUs, the CPU engine on CPU."""
-    if configured != "auto":
-        return configured
-    return "sglang" if hardware_kind == "gpu" else "cpu"
 
 
 # ---- a plan's engines -------------------------------------------------------------------

@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlpost.algo.schedule import check_schedule
 from rlpost.schema import OptimConfig
 
 
 def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
     """AdamW; norms and biases (1-D parameters) are exempt from weight decay."""
-    check_schedule(optim)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": optim.weight_decay},

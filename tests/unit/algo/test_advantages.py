@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from rlpost.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -140,6 +141,21 @@ def test_normalize_advantages_whitens_grpo() -> None:
 
 
 def test_reference_kl_needed_only_by_kl_estimators_with_a_coefficient() -> None:
-    assert not needs_reference_kl(algo(kl_coef=0.1))
+    with pytest.raises(ValidationError, match="does not put a KL penalty into the reward"):
+        algo(kl_coef=0.1)  # grpo: the coefficient would be ignored, so it is refused
     assert not needs_reference_kl(algo(advantage_estimator="reinforce_plus_plus"))
     assert needs_reference_kl(algo(advantage_estimator="reinforce_plus_plus", kl_coef=0.1))
+
+
+def test_the_schema_knows_what_each_estimator_reads() -> None:
+    from rlpost.algo.advantages import center_and_scale, keep_raw
+    from rlpost.schema import recipe
+
+    assert set(recipe.AdvantageEstimatorName.__args__) == set(ADVANTAGE_ESTIMATORS)
+    for name, estimator in ADVANTAGE_ESTIMATORS.items():
+        assert (name in recipe.KL_REWARD_ESTIMATORS) == estimator.uses_kl
+        assert (name in recipe.WHITENING_ESTIMATORS) == estimator.always_whiten
+        baseline = estimator.shape_group is not keep_raw
+        assert (name in recipe.GROUP_BASELINE_ESTIMATORS) == baseline
+        scaled = estimator.shape_group is center_and_scale
+        assert (name in recipe.STD_SCALING_ESTIMATORS) == scaled

@@ -28,7 +28,6 @@ from rlpost.runtime.weight_sync import (
     DistributedSync,
     ProbeSettings,
     WeightSyncError,
-    choose_weight_sync,
     probe_weights,
     update_engines,
 )
@@ -165,14 +164,3 @@ def test_bucket_size_bounds_the_distributed_updates(engine_url: str, trainer: To
 
     assert largest > 1
     run(scenario())
-
-
-def test_auto_weight_sync_follows_hardware_and_placement() -> None:
-    assert choose_weight_sync("auto", "cpu", colocate=True) == "disk"
-    assert choose_weight_sync("auto", "gpu", colocate=True) == "tensor"
-    assert choose_weight_sync("auto", "gpu", colocate=False) == "distributed"
-    assert choose_weight_sync("distributed", "cpu", colocate=False) == "distributed"
-    with pytest.raises(ValueError, match="CUDA IPC"):
-        choose_weight_sync("tensor", "cpu", colocate=True)
-    with pytest.raises(ValueError, match=r"layout\.colocate"):
-        choose_weight_sync("tensor", "gpu", colocate=False)

@@ -21,7 +21,6 @@ from rlpost.backends.sglang.launch import (
     engine_specs,
     render_option,
     render_options,
-    resolve_engine_backend,
 )
 from rlpost.config.loader import compose_run_config
 from rlpost.config.sglang_options import load_sglang_options
@@ -220,10 +219,7 @@ def test_option_rendering_follows_sglang_types() -> None:
         render_options([("custom_sigquit_handler", "x")])
 
 
-def test_backend_registry_picks_the_cpu_engine_or_sglang() -> None:
-    assert resolve_engine_backend("auto", "cpu") == "cpu"
-    assert resolve_engine_backend("auto", "gpu") == "sglang"
-    assert resolve_engine_backend("cpu", "gpu") == "cpu"
+def test_backend_registry_starts_the_cpu_engine_or_sglang() -> None:
     spec = EngineSpec(
         index=1, backend="cpu", model_path="/m", host="127.0.0.1", port=20004, seed=7,
         log_path="/tmp/e.log", startup_timeout_s=60, num_threads=2, max_batch_size=32,

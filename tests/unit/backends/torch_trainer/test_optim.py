@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlpost.algo.schedule import check_schedule, lr_at_step
+from rlpost.algo.schedule import lr_at_step
 from rlpost.backends.torch_trainer.optim import build_optimizer
 from rlpost.schema import OptimConfig
 
@@ -37,13 +37,15 @@ def test_cosine_decay() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"lr_decay_style": "cosine"}, "needs optim.lr_decay_steps"),
+        ({"lr_decay_style": "cosine"}, "lr_decay_steps, which is not set"),
         ({"lr_decay_style": "linear", "lr_decay_steps": 5, "lr_warmup_steps": 5}, "must exceed"),
+        ({"lr_decay_style": "linear", "lr_decay_steps": 5, "min_lr": 1.0}, "above lr"),
+        ({"min_lr": 1e-7}, "has no effect"),
     ],
 )
-def test_schedule_errors_name_the_keys(kwargs: dict, match: str) -> None:
+def test_schedules_that_cannot_run_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        check_schedule(OptimConfig(**kwargs))
+        OptimConfig(**kwargs)
 
 
 def test_adamw_decays_matrices_but_not_norms_or_biases() -> None:

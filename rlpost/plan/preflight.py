@@ -1,0 +1,353 @@
+"""What a training launch checks on this machine before it starts anything.
+
+The plan says whether a run can work on its hardware; the preflight says whether it can start
+here: the checkpoint folders and data files it names exist and read (every jsonl line has its
+keys), the credentials and packages it will need are present, the run directory can be
+written, and the run fits in memory (plan.memory_check). `launch.py mode=train` and
+`rlpost validate` run it; `mode=plan` does not, so a config meant for a cluster plans anywhere.
+
+Standard library only, and quick: data files are parsed as JSON, never tokenized (prompt
+length against data.max_prompt_len is judged when the tokenizer loads, still before anything
+starts). What can only be judged while the run is under way (a reward server that answers,
+a hook that raises on some sample) is handled by the run itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+import typing
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from rlpost.errors import Issue, UserError
+from rlpost.plan.fit import memory_issues
+from rlpost.plan.plan import Plan
+from rlpost.schema import RunConfig
+from rlpost.schema.recipe import RewardType
+
+MAX_BAD_LINES = 5
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+HUB_NOTE = (
+    "rlpost reads local folders only and never downloads (a hub id such as Qwen/Qwen3-4B is "
+    "not fetched)"
+)
+
+
+def preflight(cfg: RunConfig, plan: Plan, *, machine: bool = True) -> list[Issue]:
+    """Problems that would stop this training launch, and the memory verdict's warnings.
+
+    Raises UserError listing every problem; returns the memory issues to warn about when
+    plan.memory_check is `warn`. `machine=False` skips what depends on this machine (files,
+    packages, GPUs, credentials): for a config meant to run elsewhere.
+    """
+    memory = memory_issues(plan)
+    refused = list(memory) if cfg.plan.memory_check == "refuse" else []
+    if machine:
+        for rule in MACHINE_CHECKS:
+            refused.extend(rule(cfg, plan))
+    if refused:
+        title = "launch problem" if len(refused) > len(memory) else "memory problem"
+        raise UserError(refused, title=title)
+    return memory
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+
+
+def _folder_issue(key: str, value: str, problem: str, fix: str) -> Issue:
+    return Issue(key, problem, fix, value=value)
+
+
+def check_hf_folder(key: str, value: str, *, needs_weights: bool = True) -> list[Issue]:
+    """A local Hugging Face model folder: config.json, tokenizer files and weights."""
+    path = Path(value).expanduser()
+    fix = (
+        "point it at a local HF checkpoint folder (config.json, *.safetensors, tokenizer "
+        "files), e.g. one made with `hf download <repo> --local-dir <folder>`"
+    )
+    if not path.exists():
+        return [_folder_issue(key, value, f"no such folder on this machine; {HUB_NOTE}", fix)]
+    if not path.is_dir():
+        return [_folder_issue(key, value, "is a file, not a checkpoint folder", fix)]
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer files ({', '.join(TOKENIZER_FILES[:2])})")
+    if needs_weights and not any(any(path.glob(p)) for p in WEIGHT_PATTERNS):
+        missing.append("weights (*.safetensors)")
+    if missing:
+        return [_folder_issue(key, value, f"the folder has no {' and no '.join(missing)}", fix)]
+    return []
+
+
+def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    model = cfg.model
+    issues = check_hf_folder("model.hf_checkpoint", model.hf_checkpoint)
+    # model.load may name a folder a run has yet to write (slime's --load: empty means "start
+    # from the reference"); the reference must exist when the recipe reads it
+    ref = model.ref_load
+    reads_ref = ref is not None and ref != model.hf_checkpoint and _reads_reference(cfg)
+    if reads_ref and not Path(str(ref)).expanduser().exists():
+        issues.append(
+            _folder_issue(
+                "model.ref_load",
+                str(ref),
+                f"no such checkpoint on this machine; {HUB_NOTE}",
+                "point it at a local HF folder or torch_dist checkpoint (e.g. "
+                "${model.hf_checkpoint}), or turn the KL term off",
+            )
+        )
+    if (
+        cfg.recipe.data.apply_chat_template
+        and not issues
+        and not _has_chat_template(Path(model.hf_checkpoint).expanduser())
+    ):
+        issues.append(
+            Issue(
+                "recipe.data.apply_chat_template",
+                f"the tokenizer in {model.hf_checkpoint} has no chat template "
+                f"(tokenizer_config.json's chat_template, or {CHAT_TEMPLATE_FILES[0]})",
+                "use a checkpoint whose tokenizer has a chat template (an instruct or chat "
+                "model), or set recipe.data.apply_chat_template: false",
+                value=True,
+            )
+        )
+    return issues
+
+
+def _reads_reference(cfg: RunConfig) -> bool:
+    algo = cfg.recipe.algo
+    return algo.use_kl_loss or algo.kl_coef > 0
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if any((folder / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(config, dict) and config.get("chat_template"))
+
+
+# ---- data files ---------------------------------------------------------------------------
+
+REWARD_TYPES = frozenset(typing.get_args(RewardType))
+
+
+def check_jsonl(
+    key: str, path_text: str, input_key: str, label_key: str | None, metadata_key: str
+) -> list[Issue]:
+    """Every line of a prompt file is a JSON object with the keys the recipe reads."""
+    path = Path(path_text).expanduser()
+    fix_path = f"point {key} at an existing jsonl file (one JSON object per line)"
+    if not path.is_file():
+        what = "is a folder, not a jsonl file" if path.is_dir() else "no such file"
+        return [Issue(key, f"{what} on this machine", fix_path, value=path_text)]
+    issues: list[Issue] = []
+    bad = rows = 0
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                rows += 1
+                problem = _row_problem(line, input_key, label_key, metadata_key)
+                if problem is None:
+                    continue
+                bad += 1
+                if len(issues) < MAX_BAD_LINES:
+                    issues.append(Issue(f"{path}:{number}", problem[0], problem[1], value=None))
+    except (OSError, UnicodeDecodeError) as exc:
+        return [Issue(key, f"cannot be read: {exc}", fix_path, value=path_text)]
+    if bad > len(issues):
+        issues.append(
+            Issue(
+                str(path),
+                f"{bad - len(issues)} more bad line(s) ({bad} of {rows})",
+                "fix every line listed by the same rule",
+            )
+        )
+    if not rows:
+        issues.append(Issue(key, "the file holds no prompts", fix_path, value=path_text))
+    return issues
+
+
+def _row_problem(
+    line: str, input_key: str, label_key: str | None, metadata_key: str
+) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for one jsonl line, or None."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})", "make it one JSON object"
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object", "make it one JSON object"
+    if input_key not in row:
+        keys = ", ".join(sorted(row)[:6])
+        return (
+            f"has no '{input_key}' (the input key); its keys: {keys}",
+            "set recipe.data.input_key (or the eval dataset's input_key) to the prompt's field",
+        )
+    prompt = row[input_key]
+    if not isinstance(prompt, str | list) or not prompt:
+        return (
+            f"'{input_key}' is {type(prompt).__name__} {str(prompt)[:40]!r}, not a prompt",
+            "give a string or a chat message list [{role, content}, ...]",
+        )
+    if label_key is not None and row.get(label_key) is None:
+        return (
+            f"has no '{label_key}' (the label key) to grade responses against",
+            "add the answer under that key, or set label_key to the field holding it",
+        )
+    metadata = row.get(metadata_key)
+    if metadata is not None and not isinstance(metadata, dict):
+        return f"'{metadata_key}' is not an object", f"make '{metadata_key}' a JSON object"
+    rm_type = (metadata or {}).get("rm_type")
+    if rm_type is not None and rm_type not in REWARD_TYPES:
+        return (
+            f"metadata rm_type {rm_type!r} is not a reward type",
+            f"use one of {', '.join(sorted(REWARD_TYPES))}",
+        )
+    return None
+
+
+def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    data, recipe = cfg.recipe.data, cfg.recipe
+    label = data.label_key if recipe.rollout.reward.needs_label else None
+    issues = check_jsonl(
+        "recipe.data.prompt_data", data.prompt_data, data.input_key, label, data.metadata_key
+    )
+    for i, dataset in enumerate(recipe.eval.datasets):
+        eval_label = dataset.label_key or data.label_key
+        issues += check_jsonl(
+            f"recipe.eval.datasets.{i}.path",
+            dataset.path,
+            dataset.input_key or data.input_key,
+            eval_label if recipe.rollout.reward.needs_label else None,
+            data.metadata_key,
+        )
+    return issues
+
+
+# ---- this machine -------------------------------------------------------------------------
+
+
+def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    issues = []
+    if plan.runtime.engine_backend == "sglang" and importlib.util.find_spec("sglang") is None:
+        issues.append(
+            Issue(
+                "engine.backend",
+                "SGLang serves this run and is not installed in this environment",
+                "install the GPU extra (pip install -c constraints.txt -e '.[gpu]') on the "
+                "GPU machine, or use engine.backend=cpu",
+                value=cfg.engine.backend,
+            )
+        )
+    joins_cluster = bool(os.environ.get("RAY_ADDRESS"))
+    if cfg.hardware.kind == "gpu" and not joins_cluster:
+        found = _local_gpus()
+        needed = cfg.hardware.gpus_per_node
+        if found < needed:
+            issues.append(
+                Issue(
+                    "hardware",
+                    f"hardware {cfg.hardware.name} needs {needed} GPUs on this node and this "
+                    f"machine has {found}",
+                    "run on a machine with those GPUs (or join a Ray cluster that has them: "
+                    "RAY_ADDRESS), or pick a hardware profile that matches this one "
+                    "(hardware=cpu on a machine without GPUs)",
+                    value=cfg.hardware.name,
+                )
+            )
+    wandb = cfg.tracking.wandb
+    if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
+        issues.append(
+            Issue(
+                "tracking.wandb.mode",
+                "online wandb logging needs an API key, and neither WANDB_API_KEY nor a "
+                "wandb login (~/.netrc) is present",
+                "run `wandb login` or export WANDB_API_KEY, or set tracking.wandb.mode=offline",
+                value="online",
+            )
+        )
+    return issues
+
+
+def _local_gpus() -> int:
+    try:
+        return sum(1 for _ in NVIDIA_GPUS.iterdir())
+    except OSError:
+        return 0
+
+
+def _has_wandb_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb.ai" in netrc.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+# ---- the run directory --------------------------------------------------------------------
+
+
+def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    issues = []
+    if cfg.run.dir is not None:
+        target = Path(cfg.run.dir).expanduser().resolve()
+        existing = next((p for p in (target, *target.parents) if p.exists()), None)
+        if existing is None or not _writable_folder(existing):
+            issues.append(
+                Issue(
+                    "run.dir",
+                    f"cannot be created or written: {existing} is not a writable folder",
+                    "choose a run.dir under a folder you can write to",
+                    value=cfg.run.dir,
+                )
+            )
+    resume = cfg.run.resume
+    if resume not in (None, "auto") and not Path(resume).expanduser().is_dir():
+        issues.append(
+            Issue(
+                "run.resume",
+                "no such checkpoint or run directory on this machine",
+                "point run.resume at <run.dir>/ckpt/rollout_<n> or at a run directory, or use "
+                "run.resume=auto",
+                value=resume,
+            )
+        )
+    return issues
+
+
+def _writable_folder(folder: Path) -> bool:
+    """Whether a file can be made in `folder` (tried: permission bits do not tell for root, or
+    for special file systems)."""
+    if not folder.is_dir():
+        return False
+    try:
+        handle, name = tempfile.mkstemp(prefix=".rlpost-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(handle)
+    os.unlink(name)
+    return True
+
+
+MachineCheck = Callable[[RunConfig, Plan], Iterable[Issue]]
+MACHINE_CHECKS: tuple[MachineCheck, ...] = (
+    check_checkpoints,
+    check_data,
+    check_environment,
+    check_run_dir,
+)

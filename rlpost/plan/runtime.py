@@ -1,0 +1,159 @@
+"""What the runtime will do, decided here: engine backend, weight-sync path, memory offload.
+
+Each `engine.*` choice left at `auto` (or null) is resolved from the hardware and the
+placement; a choice the hardware or placement cannot carry out is an Issue before anything
+starts. The runtime reads `Plan.runtime` and decides nothing itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlpost.errors import Issue
+from rlpost.plan.checks import PlanContext, check
+from rlpost.schema import RunConfig
+from rlpost.schema.base import Section
+
+
+def _changed(section: Section, field: str) -> bool:
+    default = type(section).model_fields[field].get_default(call_default_factory=True)
+    return bool(getattr(section, field) != default)
+
+
+# engine backend -> does it run on GPUs only
+ENGINE_BACKENDS = {"sglang": True, "cpu": False}
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """The runtime's choices: which engine serves, how weights reach it, whether colocated
+    engines and trainers hand memory back and forth around training."""
+
+    engine_backend: str
+    weight_sync: str
+    offload: bool
+
+
+def resolve_engine_backend(cfg: RunConfig) -> str:
+    """engine.backend=auto: SGLang on GPUs, rlpost's CPU engine on CPU."""
+    if cfg.engine.backend != "auto":
+        return cfg.engine.backend
+    return "sglang" if cfg.hardware.kind == "gpu" else "cpu"
+
+
+def resolve_weight_sync(cfg: RunConfig, colocate: bool) -> str:
+    """engine.weight_sync=auto: CUDA IPC (tensor) when colocated on GPUs, a broadcast group
+    (distributed: NCCL) when decoupled on GPUs, disk on CPU."""
+    if cfg.engine.weight_sync != "auto":
+        return cfg.engine.weight_sync
+    if cfg.hardware.kind != "gpu":
+        return "disk"
+    return "tensor" if colocate else "distributed"
+
+
+def resolve_offload(cfg: RunConfig, colocate: bool) -> bool:
+    """engine.offload=null: on for colocated GPU runs, where training needs the engines'
+    memory; off otherwise."""
+    if cfg.engine.offload is None:
+        return colocate and cfg.hardware.kind == "gpu"
+    return cfg.engine.offload
+
+
+def plan_runtime(cfg: RunConfig, colocate: bool) -> RuntimePlan:
+    return RuntimePlan(
+        engine_backend=resolve_engine_backend(cfg),
+        weight_sync=resolve_weight_sync(cfg, colocate),
+        offload=resolve_offload(cfg, colocate),
+    )
+
+
+@check("engine_backend")
+def check_engine_backend(ctx: PlanContext) -> list[Issue]:
+    cfg = ctx.cfg
+    backend = resolve_engine_backend(cfg)
+    issues = []
+    if ENGINE_BACKENDS[backend] and cfg.hardware.kind != "gpu":
+        issues.append(
+            Issue(
+                "engine.backend",
+                f"SGLang serves on GPUs, and hardware {cfg.hardware.name} is a CPU machine",
+                "use engine.backend=cpu (or auto)",
+                value=cfg.engine.backend,
+            )
+        )
+    user_options = cfg.layout.rollout.sglang
+    if backend == "cpu" and user_options:
+        names = ", ".join(sorted(user_options))
+        issues.append(
+            Issue(
+                "layout.rollout.sglang",
+                f"rlpost's CPU engine serves this run, and it reads no SGLang options ({names} "
+                "would be ignored)",
+                "remove them; engine.max_batch_size sets the CPU engine's batch",
+            )
+        )
+    if backend == "sglang" and _changed(cfg.engine, "max_batch_size"):
+        issues.append(
+            Issue(
+                "engine.max_batch_size",
+                "it sizes rlpost's CPU engine batches, and SGLang serves this run",
+                "use layout.rollout.sglang.max_running_requests, or remove it",
+                value=cfg.engine.max_batch_size,
+            )
+        )
+    return issues
+
+
+@check("weight_sync")
+def check_weight_sync(ctx: PlanContext) -> list[Issue]:
+    cfg, colocate = ctx.cfg, ctx.sizes.colocate
+    kind = resolve_weight_sync(cfg, colocate)
+    issues = []
+    if kind == "tensor" and cfg.hardware.kind != "gpu":
+        issues.append(
+            Issue(
+                "engine.weight_sync",
+                "tensor sync hands the engines CUDA IPC handles of the trainer's GPU memory, "
+                f"and hardware {cfg.hardware.name} has no GPUs",
+                "use engine.weight_sync=disk (or distributed, which runs over gloo on CPU)",
+                value=kind,
+            )
+        )
+    elif kind == "tensor" and not colocate:
+        issues.append(
+            Issue(
+                "engine.weight_sync",
+                "tensor sync hands the engines CUDA IPC handles, which only a process on the "
+                "same GPU can open, and this layout puts the engines on other GPUs "
+                "(decoupled)",
+                "use engine.weight_sync=distributed (an NCCL broadcast; the auto choice for "
+                "decoupled runs) or disk, or layout.colocate: true",
+                value=kind,
+            )
+        )
+    if kind == "disk" and _changed(cfg.engine, "weight_bucket_mb"):
+        issues.append(
+            Issue(
+                "engine.weight_bucket_mb",
+                "buckets size the tensor and distributed transfers, and this run syncs "
+                "weights through disk",
+                "remove it, or use engine.weight_sync=distributed",
+                value=cfg.engine.weight_bucket_mb,
+            )
+        )
+    return issues
+
+
+@check("offload")
+def check_offload(ctx: PlanContext) -> list[Issue]:
+    if ctx.cfg.engine.offload and not ctx.sizes.colocate:
+        return [
+            Issue(
+                "engine.offload",
+                "offload releases the engines' memory so that training fits beside them on "
+                "the same GPUs, and this layout is decoupled (engines on their own GPUs)",
+                "remove engine.offload, or set layout.colocate: true",
+                value=True,
+            )
+        ]
+    return []

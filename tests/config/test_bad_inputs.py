@@ -1,0 +1,695 @@
+"""The launcher refuses bad input before anything starts: a corpus through `launch.py`.
+
+Every case is a training launch (`mode=train`, the default) that must end with exit status 2,
+a message naming the key or file and saying the fix, no traceback, no Ray started and no run
+directory written, in under 3 s. The cases run one after the other in a single interpreter
+(the launcher's own `main`, as `launch.py` calls it), so the corpus costs one start-up;
+`test_a_bad_launch_is_refused_from_the_command_line` holds the same contract for a real
+`launch.py` process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ASSETS = REPO / "rlpost" / "assets"
+TINY_MODEL = ASSETS / "qwen3-tiny"
+LIMIT_S = 3.0
+GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
+DECOUPLED_CPU = ("layout.colocate=false", "layout.train.num_gpus=1", "layout.rollout.num_gpus=1")
+
+
+@dataclass(frozen=True)
+class Bad:
+    name: str
+    argv: tuple[str, ...]
+    names: str  # what the message must name: a key, or (part of) a file path
+    says: str  # part of the message
+
+
+CASES: list[Bad] = [
+    # ---- overrides: rewards, sampling, groups ---------------------------------------------
+    Bad(
+        "reward type typo",
+        ("recipe.rollout.reward.type=mth",),
+        "recipe.rollout.reward.type",
+        "Did you mean 'math'?",
+    ),
+    Bad(
+        "group of one with grpo",
+        ("recipe.rollout.n_samples_per_prompt=1", "recipe.train.global_batch_size=8"),
+        "recipe.rollout.n_samples_per_prompt",
+        "groups of one: reinforce_plus_plus",
+    ),
+    Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
+    Bad(
+        "over-sampling without a filter",
+        ("recipe.rollout.over_sampling_batch_size=16",),
+        "recipe.rollout.over_sampling_batch_size",
+        "no dynamic_sampling_filter",
+    ),
+    Bad(
+        "partial rollout that keeps nothing",
+        ("recipe.rollout.partial_rollout=true",),
+        "recipe.rollout.partial_rollout",
+        "no group is ever cut short",
+    ),
+    Bad(
+        "off-policy mask without partial rollout",
+        ("recipe.rollout.mask_offpolicy_in_partial_rollout=true",),
+        "recipe.rollout.mask_offpolicy_in_partial_rollout",
+        "partial_rollout is off",
+    ),
+    Bad(
+        "buffer filter without partial rollout",
+        ("recipe.rollout.buffer_filter=rlpost.filters.pop_first",),
+        "recipe.rollout.buffer_filter",
+        "partial_rollout is off",
+    ),
+    Bad(
+        "remote reward without a URL",
+        ("recipe.rollout.reward.type=remote",),
+        "recipe.rollout.reward.remote_url",
+        "remote_url is not set",
+    ),
+    Bad(
+        "reward URL that nothing reads",
+        ("recipe.rollout.reward.remote_url=http://h:1/s",),
+        "recipe.rollout.reward.remote_url",
+        "has no effect",
+    ),
+    Bad(
+        "reward URL without a scheme",
+        (
+            "recipe.rollout.reward.type=remote",
+            "recipe.rollout.reward.remote_url=localhost:8000/score",
+        ),
+        "recipe.rollout.reward.remote_url",
+        "not an http(s) URL",
+    ),
+    Bad(
+        "group reward without a function",
+        ("recipe.rollout.reward.group=true",),
+        "recipe.rollout.reward.group",
+        "custom_function is not set",
+    ),
+    Bad(
+        "stop token outside the vocabulary",
+        ("recipe.rollout.stop_token_ids=[99999]",),
+        "recipe.rollout.stop_token_ids",
+        "outside the model's vocabulary",
+    ),
+    Bad(
+        "math reward without labels",
+        ("recipe.data.label_key=null",),
+        "recipe.data.label_key",
+        "data.label_key is not set",
+    ),
+    Bad(
+        "temperature zero",
+        ("recipe.rollout.temperature=0",),
+        "recipe.rollout.temperature",
+        "must be > 0",
+    ),
+    Bad(
+        "global batch that does not divide",
+        ("recipe.train.global_batch_size=60",),
+        "recipe.train.global_batch_size",
+        "not a multiple",
+    ),
+    Bad(
+        "eval interval without datasets",
+        ("recipe.eval.datasets=[]",),
+        "recipe.eval.datasets",
+        "no datasets are named",
+    ),
+    # ---- algorithm and optimizer ------------------------------------------------------------
+    Bad(
+        "KL reward coefficient grpo ignores",
+        ("recipe.algo.kl_coef=0.1",),
+        "recipe.algo.kl_coef",
+        "does not put a KL penalty",
+    ),
+    Bad(
+        "discount grpo ignores",
+        ("recipe.algo.gamma=0.9",),
+        "recipe.algo.gamma",
+        "does not discount",
+    ),
+    Bad(
+        "std normalisation of another estimator",
+        ("recipe.algo.advantage_estimator=gspo", "recipe.algo.grpo_std_normalization=false"),
+        "recipe.algo.grpo_std_normalization",
+        "only grpo divides",
+    ),
+    Bad(
+        "advantage normalisation reinforce++ always does",
+        (
+            "recipe.algo.advantage_estimator=reinforce_plus_plus",
+            "recipe.algo.normalize_advantages=true",
+        ),
+        "recipe.algo.normalize_advantages",
+        "always whitens",
+    ),
+    Bad(
+        "TIS clip without TIS",
+        ("recipe.algo.tis_clip_high=3.0",),
+        "recipe.algo.tis_clip_high",
+        "use_tis: false",
+    ),
+    Bad(
+        "TIS clips in the wrong order",
+        ("recipe.algo.use_tis=true", "recipe.algo.tis_clip_low=3.0"),
+        "recipe.algo.tis_clip_low",
+        "not below",
+    ),
+    Bad(
+        "dual clip at or below one",
+        ("recipe.algo.eps_clip_c=1.0",),
+        "recipe.algo.eps_clip_c",
+        "must be > 1",
+    ),
+    Bad(
+        "unknown estimator",
+        ("recipe.algo.advantage_estimator=grp",),
+        "recipe.algo.advantage_estimator",
+        "Did you mean 'grpo'?",
+    ),
+    Bad(
+        "decay without its steps",
+        ("recipe.optim.lr_decay_style=cosine",),
+        "recipe.optim.lr_decay_steps",
+        "not set",
+    ),
+    Bad(
+        "decay before warmup ends",
+        (
+            "recipe.optim.lr_decay_style=linear",
+            "recipe.optim.lr_decay_steps=5",
+            "recipe.optim.lr_warmup_steps=5",
+        ),
+        "recipe.optim.lr_decay_steps",
+        "must exceed",
+    ),
+    Bad(
+        "min lr of a constant schedule",
+        ("recipe.optim.min_lr=1e-6",),
+        "recipe.optim.min_lr",
+        "lr_decay_style is constant",
+    ),
+    Bad(
+        "min lr above lr",
+        (
+            "recipe.optim.lr_decay_style=linear",
+            "recipe.optim.lr_decay_steps=50",
+            "recipe.optim.min_lr=1.0",
+        ),
+        "recipe.optim.min_lr",
+        "above lr",
+    ),
+    Bad(
+        "warmup longer than the run",
+        ("recipe.optim.lr_warmup_steps=60",),
+        "recipe.optim.lr_warmup_steps",
+        "end before the learning rate",
+    ),
+    Bad(
+        "offload overlap without offload",
+        ("recipe.optim.overlap_cpu_optimizer_d2h_h2d=true",),
+        "recipe.optim.overlap_cpu_optimizer_d2h_h2d",
+        "cpu_offload is off",
+    ),
+    Bad(
+        "CPU Adam on a CPU machine",
+        ("recipe.optim.cpu_offload=true",),
+        "recipe.optim.cpu_offload",
+        "CPU machine",
+    ),
+    Bad(
+        "micro-batch size dynamic batching ignores",
+        ("recipe.train.micro_batch_size=4",),
+        "recipe.train.micro_batch_size",
+        "packs micro-batches by max_tokens_per_gpu",
+    ),
+    Bad(
+        "token cap without dynamic batching",
+        ("recipe.train.use_dynamic_batch_size=false",),
+        "recipe.train.max_tokens_per_gpu",
+        "micro_batch_size samples each",
+    ),
+    # ---- engines, weight sync, trainer ----------------------------------------------------
+    Bad(
+        "CUDA IPC weight sync on CPU",
+        ("engine.weight_sync=tensor",),
+        "engine.weight_sync",
+        "no GPUs",
+    ),
+    Bad("SGLang on a CPU machine", ("engine.backend=sglang",), "engine.backend", "CPU machine"),
+    Bad(
+        "offload on a decoupled layout",
+        (*DECOUPLED_CPU, "engine.offload=true"),
+        "engine.offload",
+        "decoupled",
+    ),
+    Bad(
+        "health checks without fault tolerance",
+        ("engine.health_check_interval_s=5",),
+        "engine.health_check_interval_s",
+        "fault_tolerance: true",
+    ),
+    Bad(
+        "probe tolerance without the probe",
+        ("engine.weight_probe_tolerance=0.1",),
+        "engine.weight_probe_tolerance",
+        "weight_probe: true",
+    ),
+    Bad(
+        "bucket size of disk sync",
+        ("engine.weight_bucket_mb=64",),
+        "engine.weight_bucket_mb",
+        "through disk",
+    ),
+    Bad(
+        "SGLang options the CPU engine ignores",
+        ("++layout.rollout.sglang.mem_fraction_static=0.5",),
+        "layout.rollout.sglang",
+        "reads no SGLang options",
+    ),
+    Bad(
+        "torch trainer with tensor parallelism",
+        ("trainer.backend=torch", "layout.train.tp=2"),
+        "trainer.backend",
+        "data parallel only",
+    ),
+    Bad("unknown trainer backend", ("trainer.backend=jax",), "trainer.backend", "Input should be"),
+    Bad("memory the CPU does not have", ("model=qwen3-8b",), "layout.train", "training needs"),
+    # ---- SGLang options by range and by command line ---------------------------------------
+    Bad(
+        "memory fraction above one",
+        (*GLM9, "layout.rollout.sglang.mem_fraction_static=1.5"),
+        "layout.rollout.sglang.mem_fraction_static",
+        "(0, 1]",
+    ),
+    Bad(
+        "memory fraction zero",
+        (*GLM9, "layout.rollout.sglang.mem_fraction_static=0"),
+        "layout.rollout.sglang.mem_fraction_static",
+        "(0, 1]",
+    ),
+    Bad(
+        "chunked prefill of zero",
+        (*GLM9, "++layout.rollout.sglang.chunked_prefill_size=0"),
+        "layout.rollout.sglang.chunked_prefill_size",
+        "or -1",
+    ),
+    Bad(
+        "CUDA graph batch size zero",
+        (*GLM9, "++layout.rollout.sglang.cuda_graph_bs_decode=[1,0]"),
+        "layout.rollout.sglang.cuda_graph_bs_decode",
+        "0 is not",
+    ),
+    Bad(
+        "running requests zero",
+        (*GLM9, "++layout.rollout.sglang.max_running_requests=0"),
+        "layout.rollout.sglang.max_running_requests",
+        "a count or size",
+    ),
+    Bad(
+        "option without a command-line flag",
+        (*GLM9, "++layout.rollout.sglang.grpc_worker_threads=4"),
+        "layout.rollout.sglang.grpc_worker_threads",
+        "no command-line flag",
+    ),
+    Bad(
+        "option the plan sets",
+        (*GLM9, "++layout.rollout.sglang.tp_size=2"),
+        "layout.rollout.sglang.tp_size",
+        "set by rlpost",
+    ),
+    Bad(
+        "option typo",
+        (*GLM9, "++layout.rollout.sglang.mem_fracton_static=0.5"),
+        "layout.rollout.sglang.mem_fracton_static",
+        "Did you mean",
+    ),
+    Bad(
+        "option of the wrong type",
+        (*GLM9, "++layout.rollout.sglang.max_running_requests=x"),
+        "layout.rollout.sglang.max_running_requests",
+        "takes an integer",
+    ),
+    Bad(
+        "CUDA IPC to engines on other GPUs",
+        (*GLM9, "engine.weight_sync=tensor"),
+        "engine.weight_sync",
+        "same GPU",
+    ),
+    Bad(
+        "GPUs this machine does not have",
+        ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"),
+        "hardware",
+        "this machine has 0",
+    ),
+    # ---- tracking -------------------------------------------------------------------------
+    Bad(
+        "wandb run id while wandb is off",
+        ("tracking.wandb.run_id=abc",),
+        "tracking.wandb.run_id",
+        "enabled: false",
+    ),
+    Bad(
+        "online wandb without a key",
+        ("tracking.wandb.enabled=true", "tracking.wandb.mode=online"),
+        "tracking.wandb.mode",
+        "needs an API key",
+    ),
+    # ---- overrides and groups -------------------------------------------------------------
+    Bad(
+        "unknown key",
+        ("recipe.rollout.temprature=1.0",),
+        "recipe.rollout.temprature",
+        "Did you mean 'temperature'?",
+    ),
+    Bad("unknown group choice", ("model=qwen3-tinyy",), "model", "Did you mean 'qwen3-tiny'?"),
+    Bad("unknown section", ("recipee.rollout.temperature=1.0",), "recipee", "Did you mean"),
+]
+
+
+def _case(name: str, argv: tuple[str, ...], names: str, says: str) -> Bad:
+    return Bad(name, argv, names, says)
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files the file cases point at: data, checkpoints, user configs, a used run dir."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    good = (ASSETS / "data" / "arith_train.jsonl").read_text().splitlines()
+    data = root / "data"
+    data.mkdir()
+    (data / "bad_json.jsonl").write_text("\n".join([good[0], "{not json", good[1]]) + "\n")
+    (data / "no_input.jsonl").write_text(good[0] + '\n{"question": "1+1?", "label": "2"}\n')
+    (data / "no_label.jsonl").write_text(good[0] + '\n{"prompt": "1+1?"}\n')
+    (data / "bad_rm_type.jsonl").write_text(
+        '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "mth"}}\n'
+    )
+    (data / "empty.jsonl").write_text("\n")
+    (data / "a_list.jsonl").write_text('["prompt", "label"]\n')
+    (root / "file_not_folder").write_text("x")
+    weightless = root / "no_weights"
+    weightless.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY_MODEL / name, weightless / name)
+    no_template = root / "no_template"
+    no_template.mkdir()
+    for item in TINY_MODEL.iterdir():
+        if item.name != "chat_template.jinja":
+            (no_template / item.name).symlink_to(item)
+    conf = root / "conf" / "recipe"
+    conf.mkdir(parents=True)
+    (conf / "typo.yaml").write_text(
+        "defaults:\n  - grpo_tiny_math\n  - _self_\n\nname: typo\nrollout:\n  temprature: 0.9\n"
+    )
+    (conf / "bad_base.yaml").write_text("defaults:\n  - grpo_tiny_mth\n  - _self_\nname: b\n")
+    (conf / "broken.yaml").write_text("name: broken\nrollout: [unclosed\n")
+    (conf / "cold.yaml").write_text(
+        "defaults:\n  - grpo_tiny_math\n  - _self_\n\nname: cold\nrollout:\n  temperature: -1\n"
+    )
+    used = root / "used_run" / "ckpt" / "rollout_5"
+    used.mkdir(parents=True)
+    (used / "manifest.json").write_text("{}")
+    (root / "not_a_checkpoint").mkdir()
+    return root
+
+
+def file_cases(root: Path) -> list[Bad]:
+    data, conf = root / "data", root / "conf"
+    eval_path = "recipe.eval.datasets.0.path"
+    cases = [
+        _case(
+            "checkpoint folder missing",
+            ("model.hf_checkpoint=/no/such/ckpt",),
+            "model.hf_checkpoint",
+            "never downloads",
+        ),
+        _case(
+            "checkpoint is a file",
+            (f"model.hf_checkpoint={root / 'file_not_folder'}",),
+            "model.hf_checkpoint",
+            "not a checkpoint folder",
+        ),
+        _case(
+            "checkpoint without weights",
+            (f"model.hf_checkpoint={root / 'no_weights'}",),
+            "model.hf_checkpoint",
+            "no weights",
+        ),
+        _case(
+            "tokenizer without a chat template",
+            (f"model.hf_checkpoint={root / 'no_template'}",),
+            "recipe.data.apply_chat_template",
+            "no chat template",
+        ),
+        _case(
+            "reference checkpoint missing",
+            ("model.ref_load=/no/such/ref",),
+            "model.ref_load",
+            "no such checkpoint",
+        ),
+        _case(
+            "prompt file missing",
+            ("recipe.data.prompt_data=/no/such.jsonl",),
+            "recipe.data.prompt_data",
+            "no such file",
+        ),
+        _case(
+            "prompt file is a folder",
+            (f"recipe.data.prompt_data={data}",),
+            "recipe.data.prompt_data",
+            "is a folder",
+        ),
+        _case(
+            "prompt line that is not JSON",
+            (f"recipe.data.prompt_data={data / 'bad_json.jsonl'}",),
+            f"{data / 'bad_json.jsonl'}:2",
+            "not valid JSON",
+        ),
+        _case(
+            "prompt line without the input key",
+            (f"recipe.data.prompt_data={data / 'no_input.jsonl'}",),
+            f"{data / 'no_input.jsonl'}:2",
+            "has no 'prompt'",
+        ),
+        _case(
+            "prompt line without a label",
+            (f"recipe.data.prompt_data={data / 'no_label.jsonl'}",),
+            f"{data / 'no_label.jsonl'}:2",
+            "has no 'label'",
+        ),
+        _case(
+            "prompt line with an unknown reward type",
+            (f"recipe.data.prompt_data={data / 'bad_rm_type.jsonl'}",),
+            f"{data / 'bad_rm_type.jsonl'}:1",
+            "not a reward type",
+        ),
+        _case(
+            "prompt line that is a list",
+            (f"recipe.data.prompt_data={data / 'a_list.jsonl'}",),
+            f"{data / 'a_list.jsonl'}:1",
+            "not an object",
+        ),
+        _case(
+            "empty prompt file",
+            (f"recipe.data.prompt_data={data / 'empty.jsonl'}",),
+            "recipe.data.prompt_data",
+            "holds no prompts",
+        ),
+        _case(
+            "eval file missing",
+            ("recipe.eval.datasets.0.path=/no/eval.jsonl",),
+            eval_path,
+            "no such file",
+        ),
+        _case(
+            "eval line without a label",
+            (f"recipe.eval.datasets.0.path={data / 'no_label.jsonl'}",),
+            f"{data / 'no_label.jsonl'}:2",
+            "has no 'label'",
+        ),
+        _case(
+            "resume target missing",
+            ("run.resume=/no/such/run",),
+            "run.resume",
+            "no such checkpoint",
+        ),
+        _case(
+            "resume target that is not a checkpoint",
+            (f"run.resume={root / 'not_a_checkpoint'}",),
+            "run.resume",
+            "holds no complete checkpoint",
+        ),
+        _case(
+            "run directory that cannot be written",
+            ("run.dir=/proc/rlpost-run",),
+            "run.dir",
+            "cannot be created",
+        ),
+        _case(
+            "run directory holding another run",
+            (f"run.dir={root / 'used_run'}",),
+            "run.dir",
+            "already holds checkpoints",
+        ),
+        _case(
+            "hook module missing",
+            (
+                "recipe.rollout.over_sampling_batch_size=16",
+                "recipe.rollout.dynamic_sampling_filter=nope.filters.keep",
+            ),
+            "recipe.rollout.dynamic_sampling_filter",
+            "was not found",
+        ),
+        _case(
+            "hook with the wrong signature",
+            ("recipe.rollout.generate_function=rlpost.filters.check_reward_nonzero_std",),
+            "recipe.rollout.generate_function",
+            "expected async def",
+        ),
+        _case(
+            "hook attribute typo",
+            ("recipe.rollout.reward.custom_function=rlpost.filters.pop_frst",),
+            "recipe.rollout.reward.custom_function",
+            "Did you mean 'rlpost.filters.pop_first'",
+        ),
+        _case(
+            "user recipe with a typo",
+            ("--config-dir", str(conf), "recipe=typo"),
+            "typo.yaml",
+            "Did you mean 'temperature'?",
+        ),
+        _case(
+            "user recipe with a bad defaults entry",
+            ("--config-dir", str(conf), "recipe=bad_base"),
+            "bad_base.yaml",
+            "grpo_tiny_math",
+        ),
+        _case(
+            "user recipe that is not YAML",
+            ("--config-dir", str(conf), "recipe=broken"),
+            "broken.yaml",
+            "fix:",
+        ),
+        _case(
+            "user recipe with a bad value",
+            ("--config-dir", str(conf), "recipe=cold"),
+            "cold.yaml",
+            "must be > 0",
+        ),
+    ]
+    return cases
+
+
+DRIVER = """
+import contextlib, io, json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+from rlpost.cli import launch
+
+results = []
+for case in json.loads(open(sys.argv[1]).read()):
+    err = io.StringIO()
+    started = time.perf_counter()
+    code = 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            launch.main(case["argv"])
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException as exc:
+            import traceback
+            err.write("Traceback (from the driver)\\n" + traceback.format_exc())
+            code = -1
+    ray = sys.modules.get("ray")
+    results.append({
+        "name": case["name"], "code": code, "stderr": err.getvalue(),
+        "seconds": time.perf_counter() - started,
+        "ray_started": bool(ray is not None and ray.is_initialized()),
+    })
+print(json.dumps(results))
+"""
+
+
+def run_corpus(cases: list[Bad], workdir: Path) -> dict[str, dict]:
+    spec = workdir / "cases.json"
+    runs = workdir / "runs"
+    items = []
+    for i, case in enumerate(cases):
+        argv = list(case.argv)
+        if not any(a.startswith("run.dir=") for a in argv):
+            argv.append(f"run.dir={runs / str(i)}")
+        items.append({"name": case.name, "argv": [*argv, f"hydra.run.dir={runs / 'hydra'}"]})
+    spec.write_text(json.dumps(items))
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "RAY_ADDRESS")}
+    env["NETRC"] = str(workdir / "no-netrc")
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(spec), str(REPO / "tests" / "hooks_fixtures")],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def test_every_bad_input_is_refused_before_anything_starts(fixtures: Path, tmp_path: Path) -> None:
+    cases = CASES + file_cases(fixtures)
+    assert len(cases) >= 60
+    assert len({c.name for c in cases}) == len(cases)
+    results = run_corpus(cases, tmp_path)
+    problems = []
+    for case in cases:
+        got = results[case.name]
+        err = got["stderr"]
+        wrong = []
+        if got["code"] != 2:
+            wrong.append(f"exit {got['code']}")
+        if "Traceback" in err:
+            wrong.append("a traceback")
+        if case.names not in err:
+            wrong.append(f"no mention of {case.names!r}")
+        if case.says not in err:
+            wrong.append(f"no {case.says!r}")
+        if "fix:" not in err:
+            wrong.append("no fix")
+        if got["ray_started"]:
+            wrong.append("Ray started")
+        if got["seconds"] > LIMIT_S:
+            wrong.append(f"{got['seconds']:.1f} s")
+        if wrong:
+            problems.append(f"{case.name}: {', '.join(wrong)}\n{err[-1500:]}")
+    assert not problems, "\n\n".join(problems)
+    written = [p for p in (tmp_path / "runs").iterdir() if p.name != "hydra"]
+    assert written == [], f"run directories written by refused launches: {written}"
+
+
+def test_a_bad_launch_is_refused_from_the_command_line(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        str(REPO / "launch.py"),
+        "recipe.rollout.reward.type=mth",
+        f"run.dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "Did you mean 'math'?" in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
