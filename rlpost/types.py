@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 Prompt = str | list[dict[str, Any]]
 
 
-class SampleStatus(str, Enum):
+class SampleStatus(StrEnum):
     PENDING = "pending"
     COMPLETED = "completed"
     TRUNCATED = "truncated"
     ABORTED = "aborted"
+
+
+UNVERSIONED = -1  # tokens no policy wrote (tool or environment output)
 
 
 @dataclass
@@ -22,6 +25,13 @@ class Sample:
 
     Mutable on purpose: generation, reward and filtering each fill their own fields on a
     sample owned by one rollout; nothing else holds a reference to it.
+
+    Per response token, four lists of the same length: `response_ids`, `rollout_logprobs`
+    (the sampling policy's logprob; 0.0 for tokens it did not sample), `loss_mask` (1 for
+    tokens the policy generated, 0 for tokens a tool or environment inserted) and
+    `token_versions` (the policy version that generated the token; UNVERSIONED for inserted
+    tokens). `resumed_at` is where the current generation began: earlier tokens were carried
+    over from an earlier rollout (partial rollout).
     """
 
     group_index: int
@@ -33,6 +43,9 @@ class Sample:
     response_ids: list[int] = field(default_factory=list)
     response_text: str = ""
     rollout_logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    resumed_at: int = 0
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
     weight_version: str | None = None
@@ -40,6 +53,51 @@ class Sample:
     @property
     def total_length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+
+    def append_policy_tokens(
+        self, token_ids: list[int], logprobs: list[float], text: str, version: int
+    ) -> None:
+        """Tokens the policy sampled (trained), with their logprobs and policy version."""
+        if len(logprobs) != len(token_ids):
+            raise ValueError(
+                f"{len(token_ids)} generated tokens came with {len(logprobs)} logprobs"
+            )
+        self.response_ids += token_ids
+        self.rollout_logprobs += logprobs
+        self.loss_mask += [1] * len(token_ids)
+        self.token_versions += [version] * len(token_ids)
+        self.response_text += text
+
+    def append_inserted_tokens(self, token_ids: list[int], text: str) -> None:
+        """Tokens a tool or environment inserted: part of the context, never trained."""
+        self.response_ids += token_ids
+        self.rollout_logprobs += [0.0] * len(token_ids)
+        self.loss_mask += [0] * len(token_ids)
+        self.token_versions += [UNVERSIONED] * len(token_ids)
+        self.response_text += text
+
+    def policy_versions(self, since: int = 0) -> list[int]:
+        """Versions of the policy tokens from response position `since` on."""
+        return [
+            v
+            for v, m in zip(self.token_versions[since:], self.loss_mask[since:], strict=True)
+            if m and v != UNVERSIONED
+        ]
+
+    def fresh(self) -> Sample:
+        """The same prompt with nothing generated (to generate again)."""
+        return Sample(
+            group_index=self.group_index,
+            index=self.index,
+            prompt=self.prompt,
+            prompt_ids=list(self.prompt_ids),
+            label=self.label,
+            metadata=dict(self.metadata),
+        )
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from rlpost.algo.losses import (
     compute_kl,
     compute_loss,
     entropy_from_logits,
+    importance_weights,
     reduction_weights,
-    tis_weights,
 )
 from rlpost.algo.packing import (
     balance_partitions,
@@ -44,6 +44,7 @@ __all__ = [
     "compute_loss",
     "entropy_from_logits",
     "get_estimator",
+    "importance_weights",
     "needs_reference_kl",
     "normalize_rewards",
     "pack_first_fit",
@@ -52,6 +53,5 @@ __all__ = [
     "packing_efficiency",
     "partition_ranks",
     "reduction_weights",
-    "tis_weights",
     "whiten",
 ]

@@ -138,9 +138,23 @@ def entropy_of_log_probs(log_probs: Tensor) -> Tensor:
     return -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
-def tis_weights(old_logp: Tensor, rollout_logp: Tensor, algo: AlgoConfig) -> Tensor:
-    """Truncated importance weight correcting for the engine's rollout numerics."""
-    return torch.exp(old_logp - rollout_logp).clamp(algo.tis_clip_low, algo.tis_clip_high)
+def importance_weights(
+    old_logp: Tensor, rollout_logp: Tensor, algo: AlgoConfig
+) -> tuple[Tensor, Tensor]:
+    """(per-token weight, whether it was cut) for algo.off_policy_correction.
+
+    Both weigh by pi_old / pi_rollout: the policy the ratio is clipped against (recomputed
+    at train time: the proximal policy) over the one that sampled the token (the engines,
+    possibly several versions older). tis clamps the weight into [tis_clip_low,
+    tis_clip_high]; decoupled_ppo keeps it as it is and drops tokens whose weight exceeds
+    behaviour_weight_cap (weight 0), so a few very unlikely tokens cannot dominate.
+    """
+    raw = torch.exp(old_logp - rollout_logp)
+    if algo.off_policy_correction == "tis":
+        clamped = raw.clamp(algo.tis_clip_low, algo.tis_clip_high)
+        return clamped, clamped != raw
+    dropped = raw > algo.behaviour_weight_cap
+    return raw.masked_fill(dropped, 0.0), dropped
 
 
 def reduction_weights(
@@ -196,12 +210,15 @@ class LossInputs:
 class LossOutput:
     loss: Tensor
     metrics: dict[str, float]
+    maxima: dict[str, float]
 
 
 def compute_loss(inputs: LossInputs, algo: AlgoConfig, policy_loss_kind: str) -> LossOutput:
-    """pg * tis - entropy_coef * entropy + kl_loss_coef * kl, weighted to the step's share.
+    """pg * w - entropy_coef * entropy + kl_loss_coef * kl, weighted to the step's share, where
+    w is the off-policy importance weight (1 without a correction).
 
-    `metrics` holds weighted sums (so sums over micro-batches and ranks are step means).
+    `metrics` holds weighted sums (so sums over micro-batches and ranks are step means);
+    `maxima` the largest value of a quantity in this micro-batch.
     """
     w = inputs.weights
     terms = POLICY_LOSSES[policy_loss_kind](
@@ -209,15 +226,19 @@ def compute_loss(inputs: LossInputs, algo: AlgoConfig, policy_loss_kind: str) ->
     )
     pg = terms.loss
     metrics: dict[str, Tensor] = {}
-    if algo.use_tis:
+    maxima: dict[str, float] = {}
+    if algo.off_policy_correction != "none":
         if inputs.rollout_logp is None:
             raise ValueError(
-                "algo.use_tis needs rollout logprobs from the engine, but a sample has none; "
-                "ask the engine for logprobs or set algo.use_tis: false"
+                f"algo.off_policy_correction={algo.off_policy_correction} needs rollout "
+                "logprobs from the engine, but a sample has none"
             )
-        tis = tis_weights(inputs.old_logp, inputs.rollout_logp, algo)
-        pg = pg * tis
-        metrics["tis_weight"] = tis
+        weight, cut = importance_weights(inputs.old_logp, inputs.rollout_logp, algo)
+        pg = pg * weight
+        metrics["is_weight"] = weight
+        metrics["is_clipfrac"] = cut.float()
+        raw = torch.exp(inputs.old_logp - inputs.rollout_logp) * inputs.mask
+        maxima["is_weight_max"] = float(raw.max()) if raw.numel() else 0.0
     total = pg - algo.entropy_coef * inputs.entropy
     metrics["kl"] = torch.zeros_like(inputs.logp)
     if inputs.ref_logp is not None:
@@ -230,4 +251,4 @@ def compute_loss(inputs: LossInputs, algo: AlgoConfig, policy_loss_kind: str) ->
     with torch.no_grad():
         sums = {name: float((value.detach() * w).sum()) for name, value in metrics.items()}
     sums["loss"] = float(loss.detach())
-    return LossOutput(loss, sums)
+    return LossOutput(loss, sums, maxima)

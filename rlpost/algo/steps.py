@@ -204,7 +204,8 @@ def loss_inputs(
 
 def metric_names(algo: AlgoConfig) -> list[str]:
     """The loss metrics every micro-batch reports, summed over micro-batches and ranks."""
-    return [*BASE_METRICS, *(["tis_weight"] if algo.use_tis else [])]
+    corrected = algo.off_policy_correction != "none"
+    return [*BASE_METRICS, *(["is_weight", "is_clipfrac"] if corrected else [])]
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,12 @@ def rollout_metrics(
     """`train/*` metrics of one rollout: per-step values averaged (lr: the last step's),
     plus step and micro-batch counts, timings, throughput and packing efficiency."""
     elapsed = timing.end_s - timing.start_s
-    metrics = {f"train/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+    metrics = {
+        f"train/{k}": max(s[k] for s in steps)
+        if k.endswith("_max")
+        else sum(s[k] for s in steps) / len(steps)
+        for k in steps[0]
+    }
     metrics["train/lr"] = steps[-1]["lr"]
     tokens = sum(s.length for s in batch)
     metrics.update(

@@ -4,7 +4,9 @@
 
 `mode=plan` and `mode=slime_args` import nothing heavy (no torch, ray, transformers,
 megatron or sglang) and create no run directory; `mode=train` hands the run to
-`rlpost.runtime.train`. Any UserError exits with status 2 and its message, no traceback.
+`rlpost.runtime.train`. Exit status: 0 when the run is done; 2 for a configuration error
+(any UserError: its message, no traceback, before anything starts); 3 when a run that
+started could not finish (what failed, the run directory, the checkpoint to resume from).
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     resume = find_resume_point(cfg, plan, run_dir_of(cfg))
     for issue in warnings:
         print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
+    from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed
     from rlpost.runtime.train import run
 
-    run(cfg, plan, resume)
+    try:
+        run(cfg, plan, resume)
+    except RunFailed as failure:
+        print(failure.render(), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_RUN_FAILED) from None
 
 
 PRINTING_MODES = {"plan", "slime_args"}

@@ -273,22 +273,6 @@ def check_context_parallel(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("async_loop")
-def check_async_loop(ctx: PlanContext) -> list[Issue]:
-    if ctx.cfg.recipe.loop.mode == "async" and ctx.sizes.colocate:
-        return [
-            Issue(
-                "recipe.loop.mode",
-                "the async loop generates rollout N+1 while training on rollout N, which "
-                "needs separate train and rollout GPUs, and the layout is colocated",
-                "set layout.colocate: false with layout.train.num_gpus and "
-                "layout.rollout.num_gpus, or recipe.loop.mode: sync",
-                "async",
-            )
-        ]
-    return []
-
-
 @check("trainer_backend")
 def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     configured = ctx.cfg.trainer.backend

@@ -23,6 +23,7 @@ from typing import Any
 from rlpost.errors import Issue
 from rlpost.plan.engine_memory import default_mem_fraction, estimate_rollout
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
 from rlpost.plan.placement import engine_offset, misplaced_engines
 from rlpost.schema import RunConfig
@@ -59,8 +60,7 @@ def resolve_sizes(cfg: RunConfig, rec: _Record) -> Sizes:
     hw, layout = cfg.hardware, cfg.layout
     total = hw.total_gpus
     train_n, rollout_n = layout.train.num_gpus, layout.rollout.num_gpus
-    default_colocate = cfg.recipe.loop.mode != "async" and not rollout_n
-    colocate = rec.pick(layout.colocate, default_colocate, "layout.colocate")
+    colocate = rec.pick(layout.colocate, default_colocate(cfg, bool(rollout_n)), "layout.colocate")
     if colocate:
         train = rec.pick(train_n, total, "layout.train.num_gpus")
         return Sizes(True, total, train, train)

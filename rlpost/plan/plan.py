@@ -213,7 +213,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         engine=engine,
         batch=batch,
         memory=memory,
-        runtime=plan_runtime(cfg, sizes.colocate),
+        runtime=plan_runtime(cfg, sizes.colocate, batch.longest_sample_tokens),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch)),

@@ -133,13 +133,32 @@ SYNC_NAMES = {
 }
 
 
+LOOP_NAMES = {
+    "sync": "sync (each rollout generated with the newest weights)",
+    "async": "async (rollout N+1 generated while rollout N trains)",
+    "fully_async": "fully_async (continuous generation into a bounded queue)",
+}
+
+
 def render_runtime(plan: Plan) -> str:
-    rt = plan.runtime
+    rt, loop = plan.runtime, plan.runtime.loop
+    ahead = "unbounded" if loop.lookahead_steps is None else f"{loop.lookahead_steps} step(s)"
     rows: list[list[Cell]] = [
         ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
         ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
         ["release memory around training", "yes" if rt.offload else "no"],
+        ["loop", LOOP_NAMES.get(loop.mode, loop.mode)],
+        ["weights to the engines every", f"{loop.update_weights_interval} train step(s)"],
+        ["generation runs ahead of training by", ahead],
+        ["staleness bound (policy versions)", loop.max_staleness],
+        [
+            "groups buffered ahead of the trainer",
+            f"{loop.max_buffered_groups} (drawn {loop.draw_groups} at a time; "
+            f"{loop.queue_host_gib:.3f} GiB host memory at most)",
+        ],
     ]
+    if loop.mode == "fully_async":
+        rows.append(["a group past the bound is", f"{loop.stale_groups}d"])
     return render_table(["runtime", "value"], rows, "Runtime")
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
+from rlpost.plan.loop import LoopPlan, plan_loop
 from rlpost.schema import RunConfig
 from rlpost.schema.base import Section
 
@@ -32,6 +33,7 @@ class RuntimePlan:
     engine_backend: str
     weight_sync: str
     offload: bool
+    loop: LoopPlan
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -59,11 +61,12 @@ def resolve_offload(cfg: RunConfig, colocate: bool) -> bool:
     return cfg.engine.offload
 
 
-def plan_runtime(cfg: RunConfig, colocate: bool) -> RuntimePlan:
+def plan_runtime(cfg: RunConfig, colocate: bool, longest_sample_tokens: int) -> RuntimePlan:
     return RuntimePlan(
         engine_backend=resolve_engine_backend(cfg),
         weight_sync=resolve_weight_sync(cfg, colocate),
         offload=resolve_offload(cfg, colocate),
+        loop=plan_loop(cfg, longest_sample_tokens),
     )
 
 

@@ -176,8 +176,8 @@ def grpo_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         *switch(a.normalize_advantages, "--normalize-advantages"),
         *switch(not a.grpo_std_normalization, "--disable-grpo-std-normalization"),
         *option(a.gamma, "--gamma", 1.0),
-        *switch(a.use_tis, "--use-tis"),
-        *(tis if a.use_tis else []),
+        *switch(a.off_policy_correction == "tis", "--use-tis"),
+        *(tis if a.off_policy_correction == "tis" else []),
         *switch(a.loss_reduction == "token_mean", "--calculate-per-token-loss"),
     ]
 
@@ -316,7 +316,44 @@ GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
 }
 
 
+# recipe features slime has no counterpart for: (key, value test, why, fix)
+NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
+    (
+        "recipe.loop.mode",
+        lambda cfg: cfg.recipe.loop.mode == "fully_async",
+        "slime's trainers are train.py (sync) and train_async.py (one rollout ahead); it has "
+        "no fully asynchronous loop with a staleness bound",
+        "export with recipe.loop.mode=async (or sync)",
+    ),
+    (
+        "recipe.algo.off_policy_correction",
+        lambda cfg: cfg.recipe.algo.off_policy_correction == "decoupled_ppo",
+        "slime corrects off-policy tokens with truncated importance sampling only (--use-tis)",
+        "export with recipe.algo.off_policy_correction=tis",
+    ),
+)
+
+
+def check_exportable(cfg: RunConfig) -> None:
+    """UserError for a recipe feature slime lacks: never exported as something it ignores."""
+    issues = [
+        Issue(key, why, fix, value=cfg_value(cfg, key))
+        for key, applies, why, fix in NOT_IN_SLIME
+        if applies(cfg)
+    ]
+    if issues:
+        raise UserError(issues, title="feature slime does not have")
+
+
+def cfg_value(cfg: RunConfig, key: str) -> object:
+    node: object = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def slime_flag_groups(cfg: RunConfig, plan: Plan) -> dict[str, list[Flag]]:
+    check_exportable(cfg)
     groups = {name: build(cfg, plan) for name, build in GROUPS.items()}
     return {name: flags for name, flags in groups.items() if flags}
 

@@ -95,6 +95,15 @@ def write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def staging_path(run_dir: Path, rollouts_done: int) -> Path:
+    return checkpoint_root(run_dir) / f"{STAGING_PREFIX}{rollouts_done}"
+
+
+def discard_save(staging: Path) -> None:
+    """Remove a save that failed (the disk refused it): never a half checkpoint left."""
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def start_save(run_dir: Path, rollouts_done: int) -> Path:
     """An empty staging folder for the checkpoint after `rollouts_done` rollouts.
 
@@ -105,7 +114,7 @@ def start_save(run_dir: Path, rollouts_done: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(stale, ignore_errors=True)
-    staging = root / f"{STAGING_PREFIX}{rollouts_done}"
+    staging = staging_path(run_dir, rollouts_done)
     staging.mkdir()
     return staging
 

@@ -1,8 +1,10 @@
 """Deterministic mode: fixed seeds everywhere, so a resumed run repeats an uninterrupted one.
 
 Engines sample each request from its own generator seeded with `sampling_seed`; here that
-seed is derived from (run seed, stream, rollout id, sample index), so a sample draws the same
-tokens whichever engine serves it, in whatever order requests arrive, and after a resume.
+seed is derived from (run seed, stream, round, sample index, tokens already generated), so a
+sample draws the same tokens whichever engine serves it, in whatever order requests arrive,
+and after a resume. Sample indices are unique over a run (epoch and position in the data),
+so the train stream needs no round; evaluation repeats its prompts and counts rounds.
 """
 
 from __future__ import annotations
@@ -11,39 +13,39 @@ import hashlib
 import random
 from typing import Any
 
-from rlpost.runtime.rollout.manager import GenerateHook, GenerationClient
+from rlpost.runtime.rollout.manager import GenerateHook
 from rlpost.types import Sample
 
 SEED_BITS = 62
 
 
-def sampling_seed(run_seed: int, stream: str, rollout_id: int, sample_index: int) -> int:
+def sampling_seed(
+    run_seed: int, stream: str, round_id: int, sample_index: int, generated: int = 0
+) -> int:
     """A stable 62-bit seed; independent of Python's hash randomisation."""
-    key = f"{run_seed}/{stream}/{rollout_id}/{sample_index}".encode()
+    key = f"{run_seed}/{stream}/{round_id}/{sample_index}/{generated}".encode()
     digest = hashlib.blake2b(key, digest_size=8).digest()
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
 class SeededGenerate:
-    """Wraps a generate function; every request carries its sample's derived seed.
+    """Wraps a generate function; every request carries its sample's derived seed (a sample
+    continued after an interruption gets a seed of its own for the rest)."""
 
-    Set the stream ("train" or "eval") and rollout id with `at` before each generation.
-    """
-
-    def __init__(self, inner: GenerateHook, run_seed: int) -> None:
+    def __init__(self, inner: GenerateHook, run_seed: int, stream: str = "train") -> None:
         self.inner = inner
         self.run_seed = run_seed
-        self.stream = "train"
-        self.rollout_id = 0
+        self.stream = stream
+        self.round = 0
 
-    def at(self, stream: str, rollout_id: int) -> SeededGenerate:
-        self.stream, self.rollout_id = stream, rollout_id
+    def at(self, round_id: int) -> SeededGenerate:
+        self.round = round_id
         return self
 
-    async def __call__(
-        self, sample: Sample, params: dict[str, Any], client: GenerationClient
-    ) -> Sample:
-        seed = sampling_seed(self.run_seed, self.stream, self.rollout_id, sample.index)
+    async def __call__(self, sample: Sample, params: dict[str, Any], client: Any) -> Sample:
+        seed = sampling_seed(
+            self.run_seed, self.stream, self.round, sample.index, len(sample.response_ids)
+        )
         return await self.inner(sample, {**params, "sampling_seed": seed}, client)
 
 

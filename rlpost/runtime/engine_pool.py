@@ -9,6 +9,10 @@ router's retries, by the rollout client; a sample is filled by exactly one answe
 
 Health checks, restarts and weight updates exclude one another (`exclusive()`): an engine
 paused for an update is never judged hung, and an update never reaches a half-restarted one.
+
+An engine that needs more than `max_restarts` restarts (a crash loop: it dies at load, or
+every time it serves) is given up: it stays out of the router and is not tried again. The run
+goes on with the others; once none is left, `exhausted` says why.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class HealthSettings:
     first_wait_s: float = 300.0
     path: str = "/health_generate"
     router_timeout_s: float = 60.0
+    max_restarts: int = 3
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,8 @@ class EnginePool:
         self._serving: set[int] = set()
         self._released: set[int] = set()
         self._check_after: dict[int, float] = {}
+        self._attempts: dict[int, int] = {}
+        self.given_up: dict[int, str] = {}
         self._lock = asyncio.Lock()
         self._monitor: asyncio.Task[None] | None = None
 
@@ -262,7 +269,8 @@ class EnginePool:
         indices = [
             i
             for i in range(len(self.engines))
-            if not (respect_grace and now < self._check_after.get(i, 0.0))
+            if i not in self.given_up
+            and not (respect_grace and now < self._check_after.get(i, 0.0))
         ]
         problems = await asyncio.gather(*(self.problem(i) for i in indices))
         done = []
@@ -327,6 +335,17 @@ class EnginePool:
     def released(self) -> bool:
         return bool(self._released)
 
+    @property
+    def exhausted(self) -> str | None:
+        """Why no engine is left, once every one has been given up."""
+        if len(self.given_up) < len(self.engines):
+            return None
+        reasons = "; ".join(f"engine {i}: {why}" for i, why in sorted(self.given_up.items()))
+        return (
+            f"every engine was given up after engine.max_restarts_per_engine="
+            f"{self.health.max_restarts} restarts ({reasons})"
+        )
+
     # ---- restart -----------------------------------------------------------------------
 
     async def restart(self, index: int, reason: str) -> Restart | None:
@@ -336,8 +355,17 @@ class EnginePool:
         """
         started = time.perf_counter()
         old_url = self.urls[index]
-        log.warning("engine %d at %s: %s; restarting it", index, old_url, reason)
         self._set_serving(index, False)
+        self._attempts[index] = self._attempts.get(index, 0) + 1
+        if self._attempts[index] > self.health.max_restarts:
+            self.given_up[index] = reason
+            log.error(
+                "engine %d at %s: %s; it was restarted %d time(s) already "
+                "(engine.max_restarts_per_engine), so it is given up",
+                index, old_url, reason, self.health.max_restarts,
+            )  # fmt: skip
+            return None
+        log.warning("engine %d at %s: %s; restarting it", index, old_url, reason)
         self._released.discard(index)  # it comes back with its memory in place
         try:
             await self._unregister(old_url)

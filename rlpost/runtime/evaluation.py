@@ -1,17 +1,21 @@
-"""Evaluation on named datasets: n samples per prompt, accuracy = mean reward."""
+"""Evaluation on named datasets: n samples per prompt, accuracy = mean reward.
+
+Every group of every eval set is generated and scored once: no dynamic-sampling filter, no
+over-sampling, so the accuracy is exact whatever the training recipe filters.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from rlpost.data.prompts import ChatTokenizer
 from rlpost.data.source import Group, load_eval_groups
 from rlpost.plan.table import render_table
-from rlpost.runtime.rollout.manager import RolloutManager, SamplingSettings
+from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
 from rlpost.schema import RecipeConfig
-from rlpost.types import Sample
 
 
 @dataclass(frozen=True)
@@ -58,27 +62,23 @@ def load_eval_sets(
 
 
 async def evaluate(
-    manager: RolloutManager, eval_sets: Sequence[EvalSet], rollout_id: int
+    runner: GroupRunner, eval_sets: Sequence[EvalSet], rollout_id: int, weight_version: int
 ) -> EvalReport:
+    """Every eval group generated and scored once, by engines serving `weight_version`."""
     accuracy: dict[str, float] = {}
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {"eval/weight_version": float(weight_version)}
     for eval_set in eval_sets:
-        groups = [[_fresh(s) for s in g] for g in eval_set.groups]
-        result = await manager.generate(
-            lambda n, groups=groups: groups, len(groups), len(groups), eval_set.sampling
-        )
-        rewards = [float(s.reward or 0.0) for s in result.samples]
-        lengths = [len(s.response_ids) for s in result.samples]
+        groups = [[s.fresh() for s in g] for g in eval_set.groups]
+        params = eval_set.sampling.to_sglang()
+        done = await asyncio.gather(*(runner.run(g, params, runner.client_for(g)) for g in groups))
+        samples = [s for g in done for s in g]
+        rewards = [float(s.reward or 0.0) for s in samples]
+        lengths = [sum(s.loss_mask) for s in samples]
         accuracy[eval_set.name] = statistics.fmean(rewards)
         metrics[f"eval/{eval_set.name}/accuracy"] = accuracy[eval_set.name]
         metrics[f"eval/{eval_set.name}/response_len_mean"] = statistics.fmean(lengths)
         metrics[f"eval/{eval_set.name}/num_samples"] = float(len(rewards))
     return EvalReport(rollout_id, accuracy, metrics)
-
-
-def _fresh(sample: Sample) -> Sample:
-    """A clean copy: eval groups are reused at every evaluation."""
-    return replace(sample, metadata=dict(sample.metadata))
 
 
 def format_eval_table(reports: Sequence[EvalReport]) -> str:

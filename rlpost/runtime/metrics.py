@@ -33,7 +33,9 @@ class MetricsLogger:
         *,
         start_rollout: int = 0,
         wandb_run_id: str | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
+        """`config` is the run's (redacted) config, recorded as the wandb run's config."""
         self.path = run_dir / METRICS_FILE
         truncate_metrics(self.path, start_rollout)
         self._file = self.path.open("a", encoding="utf-8")
@@ -47,20 +49,24 @@ class MetricsLogger:
             purge = start_rollout if tb_dir.is_dir() and any(tb_dir.iterdir()) else None
             self._tb = SummaryWriter(log_dir=str(tb_dir), purge_step=purge)
         if tracking.wandb.enabled:
-            self._wandb_run = _start_wandb(run_dir, tracking, run_name, wandb_run_id)
+            self._wandb_run = _start_wandb(run_dir, tracking, run_name, wandb_run_id, config)
 
     @property
     def wandb_run_id(self) -> str | None:
         return self._wandb_run.id if self._wandb_run is not None else None
 
-    def log(self, rollout_id: int, metrics: dict[str, Any]) -> None:
+    def log(
+        self, rollout_id: int, metrics: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> None:
+        """One rollout's metrics (numbers: every tracker) and `extra` (any JSON: the jsonl
+        file only, e.g. which groups the step trained)."""
         record = {"rollout_id": rollout_id, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
         numeric = {
             k: v for k, v in record.items() if isinstance(v, int | float) and k != "rollout_id"
         }
+        self._file.write(json.dumps({**record, **(extra or {})}) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
         if self._tb is not None:
             for key, value in numeric.items():
                 self._tb.add_scalar(key, value, global_step=rollout_id)
@@ -122,7 +128,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def _start_wandb(
-    run_dir: Path, tracking: TrackingConfig, run_name: str, resumed_id: str | None
+    run_dir: Path,
+    tracking: TrackingConfig,
+    run_name: str,
+    resumed_id: str | None,
+    config: dict[str, Any] | None,
 ) -> Any:
     import wandb
 
@@ -136,4 +146,5 @@ def _start_wandb(
         resume="allow" if run_id else None,
         mode=cfg.mode,
         dir=str(run_dir),
+        config=config,
     )

@@ -29,6 +29,7 @@ from rlpost.runtime.config_changes import (
 )
 from rlpost.runtime.progress import status
 from rlpost.runtime.run_state import CONFIG_FILE, LoopState, read_loop_state
+from rlpost.runtime.rundir import config_dict
 from rlpost.schema import RunConfig
 
 AUTO = "auto"
@@ -65,7 +66,7 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
         return None
     state = read_loop_state(path)
     saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
-    changes = diff_configs(saved, cfg.model_dump(mode="json"))
+    changes = diff_configs(saved, config_dict(cfg))  # both redacted alike
     # both backends reload under another DP size: the torch trainer's ranks are replicas, and
     # megatron-core's distributed optimizer state is saved in a DP-reshardable format
     grid = parallel_changes(state.parallel, plan_grid(plan), dp_reshards=True)

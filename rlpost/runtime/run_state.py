@@ -4,7 +4,9 @@ each train rank's model and optimizer.
     rollout_<n>/
       loop.json          rollouts done, data position (epoch, offset, seed), tracker run ids,
                          eval history, the trainer's backend and parallel grid
-      buffer.pkl         partial-rollout groups waiting for a later rollout (pickled samples)
+      buffer.pkl         groups waiting for a later rollout (pickled samples): the partial-rollout
+                         buffer and prompts being generated (drawn again), and finished groups
+                         queued for the trainer (async loops)
       rng/driver.pt      python and torch RNG of the driver
       rng/rank_<r>.pt    python and torch RNG of train rank r
       trainer/           model, optimizer and step, in the trainer backend's own format:
@@ -104,11 +106,21 @@ def _load_torch(path: Path) -> Any:
 # ---- the driver's part --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SavedGroups:
+    """Groups a checkpoint keeps: `buffer` is drawn before fresh prompts (partial rollouts,
+    prompts to generate again); `queued` are finished groups the trainer takes first."""
+
+    buffer: list[Group] = field(default_factory=list)
+    queued: list[Group] = field(default_factory=list)
+
+
 def write_driver_state(
-    staging: Path, state: LoopState, buffer: list[Group], config_yaml: str, provenance: str
+    staging: Path, state: LoopState, groups: SavedGroups, config_yaml: str, provenance: str
 ) -> None:
+    payload = {"buffer": groups.buffer, "queued": groups.queued}
     write_synced(staging / LOOP_FILE, state.to_json().encode())
-    write_synced(staging / BUFFER_FILE, pickle.dumps(buffer, protocol=pickle.HIGHEST_PROTOCOL))
+    write_synced(staging / BUFFER_FILE, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
     write_synced(staging / CONFIG_FILE, config_yaml.encode())
     write_synced(staging / PROVENANCE_FILE, provenance.encode())
     _save_torch(capture_rng(), staging / DRIVER_RNG_FILE)
@@ -118,10 +130,12 @@ def read_loop_state(path: Path) -> LoopState:
     return LoopState.from_json((path / LOOP_FILE).read_text(encoding="utf-8"))
 
 
-def read_buffer(path: Path) -> list[Group]:
+def read_groups(path: Path) -> SavedGroups:
     # Only read from a checkpoint whose manifest hashes were verified: our own bytes.
-    groups: list[Group] = pickle.loads((path / BUFFER_FILE).read_bytes())
-    return groups
+    saved = pickle.loads((path / BUFFER_FILE).read_bytes())
+    if isinstance(saved, list):  # checkpoints before the async loops: the buffer alone
+        return SavedGroups(buffer=saved)
+    return SavedGroups(buffer=saved["buffer"], queued=saved["queued"])
 
 
 def restore_driver_rng(path: Path) -> None:

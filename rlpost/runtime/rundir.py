@@ -20,9 +20,11 @@ import sys
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from rlpost.runtime.redact import redact
 from rlpost.schema import RunConfig
 
 TRACKED_PACKAGES = ("rlpost", "torch", "transformers", "ray", "megatron-core", "sglang-router")
@@ -36,33 +38,45 @@ def run_dir_of(cfg: RunConfig) -> Path:
     return Path(cfg.run.dir).resolve()
 
 
-def prepare_run_dir(cfg: RunConfig, start_rollout: int = 0) -> Path:
-    """Create the run directory and record the resolved config and provenance in it."""
+def prepare_run_dir(cfg: RunConfig, start_rollout: int = 0, restart: int = 0) -> Path:
+    """Create the run directory and record the resolved config and provenance in it (and
+    in launches.jsonl, one line per launch and per restart of one)."""
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(config_yaml(cfg), encoding="utf-8")
     record = provenance()
     (run_dir / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     launch = {"start_rollout": start_rollout, "resume": cfg.run.resume, **record}
+    if restart:
+        launch["restart"] = restart
     with (run_dir / LAUNCHES_FILE).open("a", encoding="utf-8") as f:
         f.write(json.dumps(launch) + "\n")
     return run_dir
 
 
+def config_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as plain data, secrets redacted (what a run writes of it)."""
+    data: dict[str, Any] = redact(cfg.model_dump(mode="json"))
+    return data
+
+
 def config_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(config_dict(cfg), sort_keys=False)
 
 
-def provenance() -> dict[str, object]:
-    return {
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "argv": sys.argv,
-        "overrides": command_line_overrides(),
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "git_revision": git_revision(),
-        "packages": {name: _version(name) for name in TRACKED_PACKAGES},
-    }
+def provenance() -> dict[str, Any]:
+    record: dict[str, Any] = redact(
+        {
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "argv": sys.argv,
+            "overrides": command_line_overrides(),
+            "python": platform.python_version(),
+            "host": platform.node(),
+            "git_revision": git_revision(),
+            "packages": {name: _version(name) for name in TRACKED_PACKAGES},
+        }
+    )
+    return record
 
 
 def command_line_overrides() -> list[str]:

@@ -1,9 +1,14 @@
 """Everything a run holds while it trains: Ray placement, trainers, engines, router, client.
 
-Built from the Plan, torn down in reverse order on exit (also on Ctrl-C or an error). The
-engines form an EnginePool (restarted when they die, with engine.fault_tolerance); weights
-reach them through the configured WeightSync; colocated runs can release the engines'
-memory around training (engine.offload).
+Built from the Plan (which has decided the engine backend, the weight-sync path and memory
+offload), started and torn down by `async with Session(...)`, in reverse order on exit (also
+on an error). The engines form an EnginePool (restarted when they die, with
+engine.fault_tolerance); weights reach them through the plan's WeightSync; colocated runs can
+release the engines' memory around training.
+
+Every call to the train ranks goes to all of them at once and is awaited as a whole: a rank
+that does not answer within trainer.collective_timeout_s is named in the error, and a rank
+whose process died is reported as a fault (`RunFault`) that `run.max_restarts` can restart.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from rlpost.backends.ports import free_port
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.plan import Plan
-from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.runtime.actors import TrainActor, TrainerSpec
 from rlpost.runtime.cluster import Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
+from rlpost.runtime.failures import RunFault, actor_died
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 # weights' memory, the KV cache only the next rollout.
 RELEASE_STAGES = (("kv_cache",), ("cuda_graph",), ("weights",))
 PROBE_TEXT = "The capital of France is"
+# After one rank fails, how long the others get to answer before they count as missing.
+RANK_GRACE_S = 10.0
 
 
 def _since(start: float) -> str:
@@ -55,13 +62,10 @@ def _since(start: float) -> str:
 
 
 class Session:
-    def __init__(
-        self, cfg: RunConfig, plan: Plan, run_dir: Path, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def __init__(self, cfg: RunConfig, plan: Plan, run_dir: Path) -> None:
         self.cfg = cfg
         self.plan = plan
         self.run_dir = run_dir
-        self.loop = loop
         placement = plan.placement
         used = placement.train_gpus + (0 if placement.colocate else placement.rollout_gpus)
         self.cluster = Cluster(cfg.hardware, used)
@@ -81,48 +85,52 @@ class Session:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    def __enter__(self) -> Session:
+    async def __aenter__(self) -> Session:
         try:
             start = time.perf_counter()
-            self.cluster.start()
+            self.cluster.start()  # in the main thread: Ray installs its signal handlers
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             self._start_trainers()
-            self._start_engines()
+            await self._start_engines()
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
-            self._start_router()
-            ray.get([t.ready.remote() for t in self.trainers])
-            self._start_weight_sync()
+            await self._start_router()
+            await self.on_ranks("start", [t.ready.remote() for t in self.trainers])
+            await self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
         except BaseException:
-            self.close()
+            await self.close()
             raise
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        await self.close()
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop everything the session started; a part that fails to stop is reported and
+        the rest still stops."""
+        steps: list[tuple[str, Any]] = []
         if self.pool is not None:
-            self.loop.run_until_complete(self.pool.stop_monitor())
+            steps.append(("engine monitor", self.pool.stop_monitor()))
         if self.weight_sync is not None:
-            try:
-                self.loop.run_until_complete(self.weight_sync.close())
-            except Exception:  # shutting down: report and go on
-                log.warning("the weight sync did not close cleanly", exc_info=True)
-            self.weight_sync = None
+            steps.append(("weight sync", self.weight_sync.close()))
         if self.client is not None:
-            self.loop.run_until_complete(self.client.close())
-            self.client = None
+            steps.append(("engine client", self.client.close()))
+        for what, step in steps:
+            try:
+                await asyncio.wait_for(step, 30)
+            except Exception:  # shutting down: report and go on
+                log.warning("%s did not close cleanly", what, exc_info=True)
+        self.weight_sync, self.client = None, None
         if self.router is not None:
             self.router.stop()
             self.router = None
         if self.pool is not None:
-            self.loop.run_until_complete(self.pool.stop())
+            await self.pool.stop()
             self.pool = None
         for trainer in self.trainers:  # before Ray's shutdown SIGTERMs them mid-cleanup
             ray.kill(trainer)
@@ -159,7 +167,7 @@ class Session:
         placement = self.plan.placement
         cfg = self.cfg
         spec = TrainerSpec(
-            backend=resolve_trainer_backend(cfg, self.plan.parallel),
+            backend=self.plan.trainer_backend,
             model=cfg.model,
             layout=self.plan.parallel,
             algo=cfg.recipe.algo,
@@ -173,6 +181,7 @@ class Session:
             master_port=free_port(),
             num_threads=self._threads_per_slot(),
             seed=cfg.run.seed,
+            collective_timeout_s=cfg.trainer.collective_timeout_s,
         )
         share = 0.4 if placement.colocate else 1.0
         for rank, slot in enumerate(placement.train_slots):
@@ -183,7 +192,7 @@ class Session:
             ).remote(spec, rank)
             self.trainers.append(actor)
 
-    def _start_engines(self) -> None:
+    async def _start_engines(self) -> None:
         cfg, placement = self.cfg, self.plan.placement
         backend = engine_backend(self.plan.runtime.engine_backend)
         slots = self.cluster.slots
@@ -218,12 +227,13 @@ class Session:
             timeout_s=cfg.engine.health_check_timeout_s,
             first_wait_s=cfg.engine.health_check_first_wait_s,
             path=backend.health_path,
+            max_restarts=cfg.engine.max_restarts_per_engine,
         )
         engines = ray_engines(specs, self.cluster, self.plan, env, resources)
         self.pool = EnginePool(engines, health)
-        self.loop.run_until_complete(self.pool.start())
+        await self.pool.start()
 
-    def _start_router(self) -> None:
+    async def _start_router(self) -> None:
         assert self.pool is not None
         engine = self.cfg.engine
         settings = RouterSettings(
@@ -232,12 +242,13 @@ class Session:
             port=port_or_free(self.plan.placement.router_port),
             log_path=str(self.run_dir / "logs" / "router.log"),
         )
-        self.router = Router(settings).start()
+        router = Router(settings)
+        self.router = await asyncio.to_thread(router.start)
         for url in self.pool.urls:
-            self.router.add_worker(url)
-        self.router.wait_ready(len(self.pool.urls))
+            await asyncio.to_thread(router.add_worker, url)
+        await asyncio.to_thread(router.wait_ready, len(self.pool.urls))
         self.client = EngineClient(
-            self.router.url,
+            router.url,
             worker_urls=self.pool.urls,
             max_concurrency=self.cfg.recipe.rollout.max_concurrency,
             request_timeout_s=engine.request_timeout_s,
@@ -245,10 +256,10 @@ class Session:
             # own only briefly); without, fail fast.
             max_attempts=60 if engine.fault_tolerance else 5,
         )
-        self.pool.connect(self.router, self.client, self._catch_up)
-        self.pool.start_monitor(self.loop)
+        self.pool.connect(router, self.client, self._catch_up)
+        self.pool.start_monitor(asyncio.get_running_loop())
 
-    def _start_weight_sync(self) -> None:
+    async def _start_weight_sync(self) -> None:
         assert self.client is not None and self.pool is not None
         cfg, placement = self.cfg, self.plan.placement
         kind = self.plan.runtime.weight_sync
@@ -265,11 +276,7 @@ class Session:
         )
         self.weight_sync = WEIGHT_SYNCS[kind](context)
         if cfg.engine.weight_probe:
-            prompt = ray.get(
-                self.trainers[0].__ray_call__.remote(
-                    on_trainer, trainer_side.probe_prompt_ids, PROBE_TEXT
-                )
-            )
+            prompt = await self.call_trainer(0, trainer_side.probe_prompt_ids, PROBE_TEXT)
             self.probe = ProbeSettings(
                 prompt_ids=tuple(prompt),
                 temperature=cfg.recipe.rollout.temperature,
@@ -278,9 +285,51 @@ class Session:
             )
         log.info("weight sync: %s; offload around training: %s", kind, self.offload)
 
+    # ---- calling the train ranks ---------------------------------------------------------
+
+    async def on_ranks(self, what: str, refs: Sequence[Any]) -> list[Any]:
+        """Await one call on every train rank. A rank whose process died is a RunFault; when
+        the others finish (or fail) and a rank still has not answered within
+        trainer.collective_timeout_s, it is named as the one that did not arrive."""
+        timeout = self.cfg.trainer.collective_timeout_s
+        tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
+        done, pending = await asyncio.wait(
+            tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
+        )
+        failed = [t for t in done if t.exception() is not None]
+        if failed and pending:  # the others are probably stuck in a collective with it
+            more, pending = await asyncio.wait(pending, timeout=RANK_GRACE_S)
+            done |= more
+        for task in pending:
+            task.cancel()
+        missing = [rank for rank, t in enumerate(tasks) if t in pending]
+        errors = {
+            rank: t.exception() for rank, t in enumerate(tasks) if t in done and t.exception()
+        }
+        dead = [rank for rank, exc in errors.items() if actor_died(exc)]
+        if dead:
+            raise RunFault(
+                f"train rank(s) {dead} died during {what} ({errors[dead[0]]})",
+                component="train rank",
+            ) from errors[dead[0]]
+        if missing:
+            reason = f"; rank {min(errors)} failed: {errors[min(errors)]}" if errors else ""
+            raise RunFault(
+                f"train rank(s) {missing} did not arrive: {what} did not finish within "
+                f"trainer.collective_timeout_s={timeout:g} s{reason}",
+                component="train rank",
+            )
+        if errors:
+            first = min(errors)
+            raise errors[first]  # type: ignore[misc]
+        return [t.result() for t in tasks]
+
     async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
         """`fn(trainer, *args)` in train rank `rank`'s process."""
         return await self.trainers[rank].__ray_call__.remote(on_trainer, fn, *args)
+
+    def _on_all_trainers(self, fn: Any, *args: Any) -> list[Any]:
+        return [t.__ray_call__.remote(on_trainer, fn, *args) for t in self.trainers]
 
     def _engine_ranks(self, url: str) -> Sequence[int]:
         """The train rank on each GPU of the engine at `url`, in its TP order (colocated)."""
@@ -289,23 +338,31 @@ class Session:
         engine = placement.engines[self.pool.urls.index(url)]
         return [placement.train_slots.index(slot) for slot in engine.slots]
 
+    def diagnose(self) -> str | None:
+        """A part of the run that has died (the router process, every engine), or None."""
+        if self.router is not None and not self.router.is_running:
+            return f"the sglang-router process exited (see {self.run_dir / 'logs/router.log'})"
+        if self.pool is not None and self.pool.exhausted:
+            return f"{self.pool.exhausted}; see the engine logs in {self.run_dir / 'logs'}"
+        return None
+
     # ---- per rollout -------------------------------------------------------------------
 
-    def train(self, batch: list[TrainSample]) -> dict[str, float]:
+    async def train(self, batch: list[TrainSample]) -> dict[str, float]:
         """Every rank gets the whole rollout and takes its own share (see TorchTrainer).
         With offload, the engines release their memory first and the trainers give theirs
         back after; push_weights brings the engines back."""
         if self.offload:
-            self.loop.run_until_complete(self._release_engines())
-            ray.get(self._on_all_trainers(trainer_side.onload))
+            await self._release_engines()
+            await self.on_ranks("onload", self._on_all_trainers(trainer_side.onload))
         ref = ray.put(batch)
-        results = ray.get([t.train.remote(ref) for t in self.trainers])
+        results = await self.on_ranks("a train step", [t.train.remote(ref) for t in self.trainers])
         if self.offload:
-            ray.get(self._on_all_trainers(trainer_side.offload))
-        return results[0]
-
-    def _on_all_trainers(self, fn: Any) -> list[ray.ObjectRef]:
-        return [t.__ray_call__.remote(on_trainer, fn) for t in self.trainers]
+            await self.on_ranks("offload", self._on_all_trainers(trainer_side.offload))
+        merged: dict[str, float] = dict(results[0])
+        for key in (k for k in merged if k.endswith("_max")):  # each rank saw its own share
+            merged[key] = max(r[key] for r in results if key in r)
+        return merged
 
     async def _release_engines(self) -> None:
         assert self.pool is not None
@@ -332,12 +389,8 @@ class Session:
 
     async def _trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """Rank 0's answer; every rank computes it (a sharded trainer's forward is collective)."""
-        results = await asyncio.gather(
-            *(
-                self.call_trainer(rank, trainer_side.probe_logprobs, prompt_ids, output_ids)
-                for rank in range(len(self.trainers))
-            )
-        )
+        refs = self._on_all_trainers(trainer_side.probe_logprobs, prompt_ids, output_ids)
+        results = await self.on_ranks("the weight probe", refs)
         first: list[float] = results[0]
         return first
 
@@ -349,36 +402,39 @@ class Session:
 
     # ---- checkpoints ---------------------------------------------------------------------
 
-    def save_trainer(self, staging: Path, with_optimizer: bool) -> None:
+    async def save_trainer(self, staging: Path, with_optimizer: bool) -> None:
         """Every rank writes its RNG and its part of the trainer's state (see run_state)."""
         from rlpost.runtime.run_state import save_rank_state
 
-        ray.get(
-            [
-                t.__ray_call__.remote(
-                    on_trainer, save_rank_state, str(staging), rank, with_optimizer
-                )
-                for rank, t in enumerate(self.trainers)
-            ]
-        )
+        refs = [
+            t.__ray_call__.remote(on_trainer, save_rank_state, str(staging), rank, with_optimizer)
+            for rank, t in enumerate(self.trainers)
+        ]
+        await self.on_ranks("a checkpoint save", refs)
 
-    def load_trainer(self, checkpoint: Path) -> list[int]:
+    async def load_trainer(self, checkpoint: Path) -> list[int]:
         """Load a checkpoint into every rank; returns the ranks that had no saved RNG."""
         from rlpost.runtime.run_state import load_rank_state
 
-        found = ray.get(
-            [
-                t.__ray_call__.remote(on_trainer, load_rank_state, str(checkpoint), rank)
-                for rank, t in enumerate(self.trainers)
-            ]
-        )
+        refs = [
+            t.__ray_call__.remote(on_trainer, load_rank_state, str(checkpoint), rank)
+            for rank, t in enumerate(self.trainers)
+        ]
+        found = await self.on_ranks("loading the checkpoint", refs)
         return [rank for rank, ok in enumerate(found) if not ok]
 
-    def export_policy(self, out_dir: Path) -> None:
+    async def export_policy(self, out_dir: Path) -> None:
         """The current policy as an HF folder (written by rank 0, atomically)."""
-        ray.get([t.export_hf.remote(str(out_dir)) for t in self.trainers])
+        await self.on_ranks(
+            "an HF export", [t.export_hf.remote(str(out_dir)) for t in self.trainers]
+        )
 
-    def use_deterministic_algorithms(self) -> None:
+    async def use_deterministic_algorithms(self) -> None:
         from rlpost.runtime.run_state import use_deterministic_algorithms
 
-        ray.get([t.__ray_call__.remote(use_deterministic_algorithms) for t in self.trainers])
+        refs = [t.__ray_call__.remote(use_deterministic_algorithms) for t in self.trainers]
+        await self.on_ranks("switching to deterministic kernels", refs)
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref

@@ -32,6 +32,7 @@ class TrainerSpec:
     master_port: int
     num_threads: int
     seed: int
+    collective_timeout_s: float = 600.0
 
 
 def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
@@ -43,6 +44,7 @@ def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
         "master_addr": spec.master_addr,
         "master_port": spec.master_port,
         "num_threads": spec.num_threads,
+        "collective_timeout_s": spec.collective_timeout_s,
     }
 
 

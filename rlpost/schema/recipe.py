@@ -32,6 +32,9 @@ DISCOUNTING_ESTIMATORS = frozenset({"reinforce_plus_plus"})
 WHITENING_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
 STD_SCALING_ESTIMATORS = frozenset({"grpo"})
 
+OffPolicyCorrection = Literal["none", "tis", "decoupled_ppo"]
+LoopMode = Literal["sync", "async", "fully_async"]
+
 
 class DataConfig(Section):
     prompt_data: str
@@ -211,9 +214,18 @@ class AlgoConfig(Section):
     eps_clip_high: PositiveFloat | None = None
     eps_clip_c: PositiveFloat | None = None
     loss_reduction: Literal["sample_mean", "token_mean"] = "sample_mean"
-    use_tis: bool = False
+    off_policy_correction: OffPolicyCorrection = Field(
+        "none",
+        description="how the loss corrects for tokens sampled by another policy than the one "
+        "trained (the engines' numerics, or an older version in the async loops): tis "
+        "multiplies by the importance weight pi_old/pi_rollout clamped to [tis_clip_low, "
+        "tis_clip_high]; decoupled_ppo clips the ratio against the proximal policy "
+        "(recomputed at train time) and weighs by pi_prox/pi_behaviour, dropping tokens whose "
+        "weight exceeds behaviour_weight_cap",
+    )
     tis_clip_low: NonNegativeFloat = 0.0
     tis_clip_high: PositiveFloat = 2.0
+    behaviour_weight_cap: PositiveFloat = 5.0
 
     @model_validator(mode="after")
     def check_estimator_reads_its_settings(self) -> AlgoConfig:
@@ -248,15 +260,23 @@ class AlgoConfig(Section):
 
     @model_validator(mode="after")
     def check_tis_settings(self) -> AlgoConfig:
-        if not self.use_tis:
+        correction = self.off_policy_correction
+        if correction != "tis":
             for name in ("tis_clip_low", "tis_clip_high"):
                 refuse_unused(
                     self,
                     name,
-                    why="truncated importance sampling is off (use_tis: false)",
-                    fix=f"set use_tis: true, or remove {name}",
+                    why=f"off_policy_correction is {correction}, not tis",
+                    fix=f"set off_policy_correction: tis, or remove {name}",
                 )
-        elif self.tis_clip_low >= self.tis_clip_high:
+        if correction != "decoupled_ppo":
+            refuse_unused(
+                self,
+                "behaviour_weight_cap",
+                why=f"off_policy_correction is {correction}, not decoupled_ppo",
+                fix="set off_policy_correction: decoupled_ppo, or remove behaviour_weight_cap",
+            )
+        if correction == "tis" and self.tis_clip_low >= self.tis_clip_high:
             raise InvariantError(
                 f"tis_clip_low={self.tis_clip_low} is not below tis_clip_high="
                 f"{self.tis_clip_high}: every importance weight would be clamped to one value",
@@ -428,10 +448,64 @@ class SaveConfig(Section):
 
 
 class LoopConfig(Section):
-    """How rollout and training interleave."""
+    """How rollout and training interleave: one pipeline (a producer of rewarded groups, a
+    bounded queue, the trainer) whose bounds each mode sets.
 
-    mode: Literal["sync", "async"] = "sync"
-    update_weights_interval: PositiveInt = 1
+    - sync: rollout N is generated with the weights after N train steps.
+    - async (slime's train_async.py): rollout N+1 is generated while rollout N trains; samples
+      are at most `update_weights_interval` policy versions old.
+    - fully_async: a producer generates continuously into a queue of `max_buffered_groups`
+      groups; the trainer takes a batch as soon as one is there; a group whose oldest token
+      would be more than `max_staleness` versions behind the trained version is dropped or
+      regenerated (`stale_groups`). Weight updates interrupt generation: requests are
+      paused, the weights swapped, and generation continues under the new version.
+    """
+
+    mode: LoopMode = "sync"
+    update_weights_interval: PositiveInt = Field(
+        1, description="train steps between weight updates to the engines"
+    )
+    max_staleness: NonNegativeInt | None = Field(
+        None,
+        description="fully_async: policy versions a trained token may lag behind the trained "
+        "version (null: 4); sync and async derive it (interval - 1, interval)",
+    )
+    max_buffered_groups: PositiveInt | None = Field(
+        None,
+        description="fully_async: groups generated or generating ahead of the trainer (slime's "
+        "--async-buffer-size; null: two rollouts' worth); async derives it",
+    )
+    stale_groups: Literal["drop", "regenerate"] = Field(
+        "regenerate",
+        description="fully_async: a group past max_staleness is dropped, or its prompt is "
+        "generated again under the current weights (both counted)",
+    )
+
+    @model_validator(mode="after")
+    def check_bounds_belong_to_fully_async(self) -> LoopConfig:
+        if self.mode != "fully_async":
+            for name in ("max_staleness", "max_buffered_groups", "stale_groups"):
+                refuse_unused(
+                    self,
+                    name,
+                    why=f"loop.mode {self.mode} sets the pipeline's bounds itself (sync: "
+                    "generation waits for the weights; async: one rollout ahead, at most "
+                    "update_weights_interval versions old)",
+                    fix=f"set mode: fully_async, or remove {name}",
+                )
+        elif self.max_staleness is not None and self.max_staleness + 1 < (
+            self.update_weights_interval
+        ):
+            raise InvariantError(
+                f"max_staleness={self.max_staleness} is below update_weights_interval - 1 = "
+                f"{self.update_weights_interval - 1}: with weights pushed every "
+                f"{self.update_weights_interval} steps, groups generated right after a push "
+                "would already be too old to train",
+                fields=("max_staleness",),
+                fix=f"use max_staleness >= {self.update_weights_interval - 1}, or push weights "
+                "more often",
+            )
+        return self
 
 
 class RecipeConfig(Section):
@@ -515,12 +589,16 @@ class RecipeConfig(Section):
     @model_validator(mode="after")
     def check_partial_rollout_has_groups_to_keep(self) -> RecipeConfig:
         rollout = self.rollout
-        cuts_groups = rollout.dynamic_sampling_filter is not None
+        # groups are cut short when dynamic sampling has enough, or (fully_async) when they
+        # fall behind the staleness bound
+        cuts_groups = rollout.dynamic_sampling_filter is not None or self.loop.mode == (
+            "fully_async"
+        )
         if rollout.partial_rollout and not cuts_groups:
             raise InvariantError(
-                "partial_rollout keeps groups a rollout cut short for the next one, and "
-                "without dynamic_sampling_filter no group is ever cut short: every group a "
-                "rollout starts is trained",
+                "partial_rollout keeps groups a rollout cut short for a later one, and "
+                "without dynamic_sampling_filter (or loop.mode fully_async) no group is ever "
+                "cut short: every group the loop starts is trained",
                 fields=("rollout.partial_rollout",),
                 fix="set rollout.dynamic_sampling_filter (with over_sampling_batch_size), or "
                 "partial_rollout: false",

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.hardware import HardwareConfig
@@ -16,6 +23,11 @@ from rlpost.schema.recipe import KL_REWARD_ESTIMATORS, RecipeConfig
 class TrainerConfig(Section):
     backend: Literal["auto", "torch", "megatron"] = "auto"
     threads_per_rank: PositiveInt | None = None
+    collective_timeout_s: PositiveFloat = Field(
+        600.0,
+        description="a collective (gloo, NCCL) or a call on the train ranks that takes longer "
+        "fails, naming the rank that did not arrive",
+    )
 
 
 class EngineConfig(Section):
@@ -53,6 +65,11 @@ class EngineConfig(Section):
     health_check_first_wait_s: NonNegativeFloat = Field(
         300.0, description="grace after an engine (re)starts before it is health-checked"
     )
+    max_restarts_per_engine: NonNegativeInt = Field(
+        3,
+        description="an engine that needs more restarts than this in one launch is given up "
+        "(a crash loop); the run goes on with the others while any are left",
+    )
 
     @model_validator(mode="after")
     def check_dependent_settings_used(self) -> EngineConfig:
@@ -61,6 +78,7 @@ class EngineConfig(Section):
                 "health_check_interval_s",
                 "health_check_timeout_s",
                 "health_check_first_wait_s",
+                "max_restarts_per_engine",
             ):
                 refuse_unused(
                     self,
@@ -118,6 +136,11 @@ class RunOptions(Section):
     resume: str | None = Field(None, description="auto, or a checkpoint directory")
     deterministic: bool = False
     progress: bool = True
+    max_restarts: NonNegativeInt = Field(
+        0,
+        description="when a train rank, the router or the driver's actors die mid-run, start "
+        "again from the newest complete checkpoint, up to this many times",
+    )
 
 
 class RunConfig(Section):

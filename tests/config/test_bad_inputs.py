@@ -164,11 +164,11 @@ CASES: list[Bad] = [
         "TIS clip without TIS",
         ("recipe.algo.tis_clip_high=3.0",),
         "recipe.algo.tis_clip_high",
-        "use_tis: false",
+        "not tis",
     ),
     Bad(
         "TIS clips in the wrong order",
-        ("recipe.algo.use_tis=true", "recipe.algo.tis_clip_low=3.0"),
+        ("recipe.algo.off_policy_correction=tis", "recipe.algo.tis_clip_low=3.0"),
         "recipe.algo.tis_clip_low",
         "not below",
     ),

@@ -21,7 +21,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from rlpost.config.loader import compose_run_config
 from rlpost.plan import build_plan
-from rlpost.runtime.rollout.manager import Group, RolloutManager, RolloutResult, SamplingSettings
+from rlpost.runtime.rollout.manager import Group, GroupRunner, SamplingSettings
 from rlpost.runtime.session import Session
 from rlpost.runtime.train_data import to_train_samples
 from rlpost.types import Sample, SampleStatus
@@ -57,7 +57,7 @@ def save_qwen3_tiny(out: Path, tokenizer_dir: Path) -> Path:
     return out
 
 
-def groups_of(rollout_id: int) -> list[Group]:
+def fresh_groups() -> list[Group]:
     return [
         [
             Sample(group_index=g, index=i, prompt="", prompt_ids=[*PROMPT, 50 + g])
@@ -71,9 +71,16 @@ async def length_reward(samples: list[Sample]) -> list[float]:
     return [len(s.response_ids) / MAX_NEW_TOKENS for s in samples]
 
 
-def check_rollout(result: RolloutResult, version: str) -> None:
-    samples = result.samples
-    assert len(result.groups) == GROUPS and not result.aborted
+async def rollout(runner: GroupRunner, params: dict) -> list[Group]:
+    groups = fresh_groups()
+    return list(
+        await asyncio.gather(*(runner.run(g, params, runner.client_for(g)) for g in groups))
+    )
+
+
+def check_rollout(groups: list[Group], version: str) -> None:
+    samples = [s for g in groups for s in g]
+    assert len(groups) == GROUPS
     keys = sorted((s.group_index, s.index) for s in samples)
     assert keys == [(g, i) for g in range(GROUPS) for i in range(PER_GROUP)]
     for s in samples:
@@ -112,47 +119,43 @@ def test_a_killed_engine_is_restarted_at_the_current_version_mid_rollout(
         ]
     )
     plan = build_plan(cfg)
-    sampling = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
-    loop = asyncio.new_event_loop()
-    with Session(cfg, plan, tmp_path / "run", loop) as session:
-        assert session.client is not None and session.pool is not None
-        pool, client = session.pool, session.client
-        manager = RolloutManager(client, length_reward)
-        loop.run_until_complete(session.push_weights(version=1))
-        victim = pool.urls[1]
-        victim_pid = loop.run_until_complete(pool.engines[1].pid())
-        assert victim_pid is not None
+    params = SamplingSettings(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0).to_sglang()
 
-        async def rollout_with_a_kill() -> RolloutResult:
-            task = asyncio.create_task(manager.generate(groups_of, GROUPS, GROUPS, sampling))
+    async def scenario() -> float:
+        async with Session(cfg, plan, tmp_path / "run") as session:
+            assert session.client is not None and session.pool is not None
+            pool, client = session.pool, session.client
+            runner = GroupRunner(client, length_reward)
+            await session.push_weights(version=1)
+            victim = pool.urls[1]
+            victim_pid = await pool.engines[1].pid()
+            assert victim_pid is not None
+            task = asyncio.create_task(rollout(runner, params))
             async with asyncio.timeout(60):
                 while await client.num_requests([victim]) == 0:
                     await asyncio.sleep(0.01)
             os.kill(victim_pid, signal.SIGKILL)
-            result = await task
+            groups = await task
             async with asyncio.timeout(120):  # the rollout may finish before the restart
                 while not pool.restarts:
                     await asyncio.sleep(0.1)
-            return result
+            check_rollout(groups, version="1")
+            (restart,) = pool.restarts
+            assert restart.index == 1
+            assert await pool.engines[1].pid() != victim_pid
+            assert await client.get_weight_version(pool.urls[1]) == "1"
 
-        result = loop.run_until_complete(rollout_with_a_kill())
-        check_rollout(result, version="1")
-        (restart,) = pool.restarts
-        assert restart.index == 1
-        assert loop.run_until_complete(pool.engines[1].pid()) != victim_pid
-        assert loop.run_until_complete(client.get_weight_version(pool.urls[1])) == "1"
+            # the run goes on: train, push, and a rollout that both engines serve
+            await session.train(to_train_samples(groups, cfg.recipe.algo))
+            await session.push_weights(version=2)
+            served_before = await _served(client, pool.urls)
+            check_rollout(await rollout(runner, params), "2")
+            served_after = await _served(client, pool.urls)
+            assert all(a > b for a, b in zip(served_after, served_before, strict=True))
+            return restart.seconds
 
-        # the run goes on: train, push, and a rollout that both engines serve
-        session.train(to_train_samples(result.groups, cfg.recipe.algo))
-        loop.run_until_complete(session.push_weights(version=2))
-        served_before = loop.run_until_complete(_served(client, pool.urls))
-        check_rollout(
-            loop.run_until_complete(manager.generate(groups_of, GROUPS, GROUPS, sampling)), "2"
-        )
-        served_after = loop.run_until_complete(_served(client, pool.urls))
-        assert all(a > b for a, b in zip(served_after, served_before, strict=True))
-    loop.close()
-    print(f"engine restart {restart.seconds:.1f} s; test {time.monotonic() - started:.1f} s")
+    seconds = asyncio.run(scenario())
+    print(f"engine restart {seconds:.1f} s; test {time.monotonic() - started:.1f} s")
 
 
 async def _served(client: object, urls: list[str]) -> list[int]:

@@ -95,6 +95,7 @@ class MegatronTrainer:
         world_size: int = 1,
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
+        collective_timeout_s: float = 600.0,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
         seed: int = 1234,
@@ -113,7 +114,7 @@ class MegatronTrainer:
         )
         with cpu_compat():
             init_parallel(
-                ProcessPlace(rank, world_size, master_addr, master_port),
+                ProcessPlace(rank, world_size, master_addr, master_port, collective_timeout_s),
                 self.settings.parallel,
                 seed,
             )
@@ -295,7 +296,8 @@ class MegatronTrainer:
             [result.metrics[n] for n in names], dtype=torch.float64, device=output.device
         )
         # every CP rank computes the whole loss from gathered values; their gradients add up
-        return result.loss / ps.get_context_parallel_world_size(), {"metrics": metrics}
+        extra = {"metrics": metrics, "maxima": result.maxima}
+        return result.loss / ps.get_context_parallel_world_size(), extra
 
     def _optimizer_step(
         self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
@@ -322,8 +324,13 @@ class MegatronTrainer:
             for out in outputs:
                 sums += out["metrics"]
         dist.all_reduce(sums)
+        maxima: dict[str, float] = {}  # this rank's largest values (the driver takes the max)
+        for out in outputs:
+            for key, value in out.get("maxima", {}).items():
+                maxima[key] = max(maxima.get(key, value), value)
         return {
             **dict(zip(names, sums.tolist(), strict=True)),
+            **maxima,
             **mtp_step_metrics(mbs, self.settings),
             "grad_norm": float("nan") if grad_norm is None else float(grad_norm),
             "lr": lr,

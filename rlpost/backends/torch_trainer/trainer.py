@@ -60,6 +60,7 @@ class TorchTrainer:
         world_size: int = 1,
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
+        collective_timeout_s: float = 600.0,
         attn_implementation: str = PACKED_SDPA,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
@@ -73,7 +74,7 @@ class TorchTrainer:
         # With one optimizer step per rollout the old policy is the current one, so the
         # training forward's own logprobs (detached) are the old logprobs: one pass saved.
         self.reuse_logprobs_single_step = reuse_logprobs_single_step
-        self.dp = DataParallel(rank, world_size, master_addr, master_port)
+        self.dp = DataParallel(rank, world_size, master_addr, master_port, collective_timeout_s)
         self.dp.init()
         self.model = load_causal_lm(self.model_dir, attn_implementation)
         self.dp.broadcast_params(self.model)
@@ -148,17 +149,20 @@ class TorchTrainer:
         )
         result = compute_loss(inputs, self.algo, self.policy_loss_kind)
         torch.autograd.backward(result.loss)
-        return result.metrics
+        return {**result.metrics, **result.maxima}
 
     def _optimizer_step(
         self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
     ) -> dict[str, float]:
         names = metric_names(self.algo)
         sums = torch.zeros(len(names), dtype=torch.float64)
+        maxima: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for micro in plan.micro_batches:
             metrics = self._micro_batch_loss(batch, micro, data, plan.denominator)
             sums += torch.tensor([metrics[n] for n in names], dtype=torch.float64)
+            for key in metrics.keys() - set(names):  # maxima: this rank's largest value
+                maxima[key] = max(maxima.get(key, metrics[key]), metrics[key])
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.dp.sum_grads(params)
         max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
@@ -168,7 +172,8 @@ class TorchTrainer:
         self.optimizer.step()
         self.step += 1
         self.dp.sum(sums)
-        return {**dict(zip(names, sums.tolist(), strict=True)), "grad_norm": grad_norm, "lr": lr}
+        summed = dict(zip(names, sums.tolist(), strict=True))
+        return {**summed, **maxima, "grad_norm": grad_norm, "lr": lr}
 
     def train_step(self, batch: Sequence[TrainSample]) -> dict[str, float]:
         """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics."""

@@ -293,6 +293,12 @@ class EngineClient:
                 raise EngineRequestError(f"requests still running after abort for {timeout_s} s")
             await asyncio.sleep(0.2)
 
+    async def abort_rid(self, rid_prefix: str, worker_urls: Sequence[str] | None = None) -> None:
+        """Abort the requests whose rid starts with `rid_prefix`, on every engine (they come
+        back with what they generated so far)."""
+        urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
+        await self._each_reachable("POST", "/abort_request", {"rid": rid_prefix}, urls)
+
     async def num_requests(self, worker_urls: Sequence[str] | None = None) -> int:
         """Requests running or waiting, summed over the engines."""
         urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()

@@ -1,15 +1,18 @@
-"""One rollout: prompts in, rewarded groups of samples out, through the engine router.
+"""Generating and rewarding one group of samples through the engine router.
 
 The same code drives rlpost's CPU engines and SGLang servers: it only speaks HTTP to the
-router (generation) and to each engine (abort).
+router (generation) and to each engine (abort). A group's requests carry a rid prefix of its
+own, so the group can be stopped alone; a weight update interrupts generation (the engines
+abort their requests and hold new ones until the update is done) and the group simply goes
+on generating under the new weights, each token recording the version that produced it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlpost.types import Sample, SampleStatus
@@ -26,15 +29,16 @@ class GenerateResult(Protocol):
 
 
 class GenerationClient(Protocol):
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> Any: ...
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None
+    ) -> Any: ...
 
-    async def abort_all(self) -> None: ...
+    async def abort_rid(self, rid_prefix: str) -> None: ...
 
 
-GroupSource = Callable[[int], list[Group]]
 RewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
 GroupFilter = Callable[[list[Sample]], bool]
-GenerateHook = Callable[[Sample, dict[str, Any], GenerationClient], Awaitable[Sample]]
+GenerateHook = Callable[[Sample, dict[str, Any], Any], Awaitable[Sample]]
 
 
 @dataclass(frozen=True)
@@ -63,23 +67,29 @@ class SamplingSettings:
         return params
 
 
-@dataclass
-class RolloutResult:
-    groups: list[Group]
-    aborted: list[Group] = field(default_factory=list)
-    num_filtered: int = 0
-    wall_s: float = 0.0
+def version_number(reported: str | None) -> int:
+    """An engine's weight version as a policy version: 'default' (never updated) is 0."""
+    if reported is None or reported == "default":
+        return 0
+    return int(reported)
 
-    @property
-    def samples(self) -> list[Sample]:
-        return [s for g in self.groups for s in g]
+
+FINISH_STATUS = {
+    "stop": SampleStatus.COMPLETED,
+    "length": SampleStatus.TRUNCATED,
+    "abort": SampleStatus.ABORTED,
+}
 
 
 async def generate_sample(
     sample: Sample, params: dict[str, Any], client: GenerationClient
 ) -> Sample:
-    """Default generate function: one /generate call, continuing any partial response."""
-    if sample.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED):
+    """Default generate function: one /generate call continuing the sample's response.
+
+    An aborted call (a weight update, or the group being stopped) leaves the sample ABORTED
+    with the tokens generated so far; calling again continues from there.
+    """
+    if sample.finished:
         return sample
     budget = params["max_new_tokens"] - len(sample.response_ids)
     if budget <= 0:
@@ -88,81 +98,107 @@ async def generate_sample(
     result = await client.generate(
         sample.prompt_ids + sample.response_ids, {**params, "max_new_tokens": budget}
     )
-    sample.response_ids = sample.response_ids + list(result.output_ids)
-    sample.rollout_logprobs = sample.rollout_logprobs + list(result.output_logprobs)
-    sample.response_text = sample.response_text + result.text
+    version = version_number(result.weight_version)
+    sample.append_policy_tokens(
+        list(result.output_ids), list(result.output_logprobs), result.text, version
+    )
     sample.weight_version = result.weight_version
-    sample.status = {
-        "stop": SampleStatus.COMPLETED,
-        "length": SampleStatus.TRUNCATED,
-        "abort": SampleStatus.ABORTED,
-    }[result.finish_reason]
+    sample.status = FINISH_STATUS[str(result.finish_reason)]
     return sample
 
 
-class RolloutManager:
-    """Generates rewarded groups, with optional dynamic sampling and partial rollout."""
+class GroupClient:
+    """The engine client as one group sees it: its requests carry the group's rid prefix,
+    so `stop()` aborts exactly them (on every engine) and they come back with what they
+    generated so far."""
+
+    _serial = itertools.count()
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client = client
+        self.prefix = f"{key}-{next(self._serial)}-"
+        self._count = itertools.count()
+        self.stopping = False
+
+    async def generate(
+        self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None
+    ) -> Any:
+        rid = rid if rid is not None else f"{self.prefix}{next(self._count)}"
+        return await self.client.generate(input_ids, sampling_params, rid=rid)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        await self.client.abort_rid(self.prefix)
+
+    def __getattr__(self, name: str) -> Any:  # everything else: the shared client
+        return getattr(self.client, name)
+
+
+class MalformedSampleError(RuntimeError):
+    """A generate hook returned something the loop cannot train on."""
+
+
+def check_generated(sample: Any, original: Sample, hook_name: str) -> Sample:
+    """What a generate hook returned, checked: a Sample of the same prompt whose per-token
+    lists are as long as its response."""
+    if not isinstance(sample, Sample):
+        raise MalformedSampleError(
+            f"generate function '{hook_name}' returned {type(sample).__name__}, not a Sample "
+            f"(sample index {original.index})"
+        )
+    lengths = {
+        name: len(getattr(sample, name))
+        for name in ("rollout_logprobs", "loss_mask", "token_versions")
+    }
+    wrong = {name: n for name, n in lengths.items() if n != len(sample.response_ids)}
+    if wrong:
+        raise MalformedSampleError(
+            f"generate function '{hook_name}' returned sample {sample.index} with "
+            f"{len(sample.response_ids)} response tokens but {wrong}: every per-token list "
+            "must be as long as response_ids (use Sample.append_policy_tokens / "
+            "append_inserted_tokens)"
+        )
+    if sample.status is SampleStatus.PENDING:
+        raise MalformedSampleError(
+            f"generate function '{hook_name}' returned sample {sample.index} still pending: "
+            "set its status to completed, truncated or aborted"
+        )
+    return sample
+
+
+class GroupRunner:
+    """Generates every sample of a group (continuing across weight updates), then rewards
+    the group. A stopped group comes back unrewarded, its samples ABORTED."""
 
     def __init__(
         self,
-        client: GenerationClient,
+        client: Any,
         reward_fn: RewardFn,
         generate_fn: GenerateHook = generate_sample,
-        group_filter: GroupFilter | None = None,
+        hook_name: str = "rlpost.runtime.rollout.manager.generate_sample",
     ) -> None:
         self.client = client
         self.reward_fn = reward_fn
         self.generate_fn = generate_fn
-        self.group_filter = group_filter
+        self.hook_name = hook_name
 
-    async def _run_group(self, group: Group, params: dict[str, Any]) -> Group:
-        await asyncio.gather(*(self.generate_fn(s, params, self.client) for s in group))
-        if any(s.status is SampleStatus.ABORTED for s in group):
+    async def run(self, group: Group, params: dict[str, Any], gclient: GroupClient) -> Group:
+        while True:
+            pending = [i for i, s in enumerate(group) if not s.finished]
+            results = await asyncio.gather(
+                *(self.generate_fn(group[i], params, gclient) for i in pending)
+            )
+            for i, result in zip(pending, results, strict=True):
+                group[i] = check_generated(result, group[i], self.hook_name)
+            if gclient.stopping or all(s.finished for s in group):
+                break
+            # Aborted by a weight update: the rest is generated under the new weights.
+        if gclient.stopping:
             return group
         rewards = await self.reward_fn(group)
         for sample, reward in zip(group, rewards, strict=True):
             sample.reward = float(reward)
         return group
 
-    async def generate(
-        self,
-        source: GroupSource,
-        num_groups: int,
-        draw_size: int,
-        sampling: SamplingSettings,
-    ) -> RolloutResult:
-        """Draw `draw_size` prompts at a time until `num_groups` groups pass the filter.
-
-        Without a filter draw_size == num_groups and every group is kept. Groups still
-        running once enough have passed are aborted and returned in `aborted` (the caller
-        may keep them for the next rollout: partial rollout).
-        """
-        start = time.perf_counter()
-        params = sampling.to_sglang()
-        kept: list[Group] = []
-        filtered = 0
-        pending: set[asyncio.Task[Group]] = set()
-        while len(kept) < num_groups:
-            if not pending:
-                pending = {
-                    asyncio.create_task(self._run_group(g, params)) for g in source(draw_size)
-                }
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                group = task.result()
-                if len(kept) >= num_groups:
-                    pending.add(task)  # finished late: treat like the aborted ones
-                    continue
-                if self.group_filter is None or self.group_filter(group):
-                    kept.append(group)
-                else:
-                    filtered += 1
-        aborted = await self._abort(pending)
-        return RolloutResult(kept, aborted, filtered, time.perf_counter() - start)
-
-    async def _abort(self, pending: set[asyncio.Task[Group]]) -> list[Group]:
-        if not pending:
-            return []
-        await self.client.abort_all()
-        groups = await asyncio.gather(*pending)
-        return list(groups)
+    def client_for(self, group: Group) -> GroupClient:
+        return GroupClient(self.client, f"g{group[0].group_index}")

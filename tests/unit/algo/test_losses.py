@@ -12,7 +12,7 @@ from rlpost.algo.losses import (
     compute_loss,
     entropy_from_logits,
     reduction_weights,
-    tis_weights,
+    importance_weights,
 )
 from rlpost.schema import AlgoConfig
 
@@ -90,10 +90,28 @@ def test_gspo_uses_the_sequence_mean_log_ratio() -> None:
 
 
 def test_tis_weight_is_clamped_ratio_of_train_to_rollout() -> None:
-    config = AlgoConfig(use_tis=True, tis_clip_low=0.5, tis_clip_high=2.0)
-    weights = tis_weights(t(-1.0, -1.0, -1.0), t(-1.5, -0.8, -3.0), config)
+    config = AlgoConfig(off_policy_correction="tis", tis_clip_low=0.5, tis_clip_high=2.0)
+    weights, cut = importance_weights(t(-1.0, -1.0, -1.0), t(-1.5, -0.8, -3.0), config)
     assert weights.tolist() == pytest.approx([math.exp(0.5), math.exp(-0.2), 2.0], rel=1e-6)
-    assert tis_weights(t(-5.0), t(-1.0), config).tolist() == [0.5]
+    assert cut.tolist() == [False, False, True]
+    assert importance_weights(t(-5.0), t(-1.0), config)[0].tolist() == [0.5]
+
+
+def test_decoupled_ppo_keeps_weights_and_drops_those_over_the_cap() -> None:
+    config = AlgoConfig(off_policy_correction="decoupled_ppo", behaviour_weight_cap=3.0)
+    weights, dropped = importance_weights(t(-1.0, -1.0, -1.0), t(-1.5, -0.8, -3.0), config)
+    assert weights.tolist() == pytest.approx([math.exp(0.5), math.exp(-0.2), 0.0], rel=1e-6)
+    assert dropped.tolist() == [False, False, True]  # exp(2) > 3: an outlier, not trained
+
+
+def test_the_loss_reports_importance_weights() -> None:
+    logp = t(-0.6, -1.2, -0.8, -2.0, -1.5, -0.9)
+    inputs = loss_inputs(logp, slice(None), torch.full((6,), 1 / 6))
+    out = compute_loss(inputs, FULL, "ppo_clip")
+    raw = torch.exp(inputs.old_logp - inputs.rollout_logp)
+    assert out.metrics["is_weight"] == pytest.approx(float(raw.clamp(0, 2).mean()), rel=1e-6)
+    assert out.metrics["is_clipfrac"] == pytest.approx(float((raw > 2).float().mean()))
+    assert out.maxima["is_weight_max"] == pytest.approx(float(raw.max()), rel=1e-6)
 
 
 def test_entropy_from_logits() -> None:
@@ -144,7 +162,7 @@ FULL = AlgoConfig(
     eps_clip=0.2,
     eps_clip_high=0.28,
     eps_clip_c=3.0,
-    use_tis=True,
+    off_policy_correction="tis",
 )
 
 
@@ -191,5 +209,5 @@ def test_loss_and_grads_split_over_micro_batches_sum_to_the_whole(kind: str) -> 
 def test_tis_without_rollout_logprobs_is_an_error() -> None:
     inputs = loss_inputs(t(-1.0, -1.0, -1.0, -1.0, -1.0, -1.0), slice(None), torch.ones(6))
     bare = LossInputs(**{**inputs.__dict__, "rollout_logp": None})
-    with pytest.raises(ValueError, match="use_tis"):
+    with pytest.raises(ValueError, match="off_policy_correction=tis"):
         compute_loss(bare, FULL, "ppo_clip")

@@ -26,7 +26,8 @@ from rlpost.runtime.config_changes import (
 from rlpost.runtime.resume import find_resume_point, plan_grid, set_aside_newer
 from rlpost.runtime.run_state import (
     LoopState,
-    read_buffer,
+    SavedGroups,
+    read_groups,
     read_loop_state,
     write_driver_state,
 )
@@ -42,8 +43,9 @@ def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = 
     staging = checkpoint.start_save(run_dir, done)
     state = LoopState(rollouts_done=done, data=DataSourceState(0, done, 42))
     buffer = [[Sample(group_index=done, index=0, prompt="p", prompt_ids=[1, 2])]]
+    queued = [[Sample(group_index=done + 1, index=0, prompt="q", prompt_ids=[3])]]
     yaml_text = config_yaml(cfg) if cfg is not None else "model: {}\n"
-    write_driver_state(staging, state, buffer, yaml_text, "{}\n")
+    write_driver_state(staging, state, SavedGroups(buffer, queued), yaml_text, "{}\n")
     checkpoint.write_synced(staging / "trainer" / "rank_0.pt", os.urandom(4096))
     return checkpoint.commit_save(staging, keep_last)
 
@@ -60,13 +62,17 @@ def test_commit_renames_staging_and_lists_every_file(tmp_path: Path) -> None:
     assert {"loop.json", "buffer.pkl", "rng/driver.pt", "trainer/rank_0.pt"} <= on_disk
     assert manifest["rollouts_done"] == 3
     assert read_loop_state(path).data == DataSourceState(0, 3, 42)
-    assert read_buffer(path)[0][0].group_index == 3
+    saved = read_groups(path)
+    assert saved.buffer[0][0].group_index == 3 and saved.queued[0][0].group_index == 4
 
 
 def test_unfinished_save_is_never_taken_for_a_checkpoint(tmp_path: Path) -> None:
     save(tmp_path, 2)
     staging = checkpoint.start_save(tmp_path, 4)
-    write_driver_state(staging, LoopState(4, DataSourceState(0, 4, 42)), [], "model: {}\n", "{}\n")
+    empty = SavedGroups()
+    write_driver_state(
+        staging, LoopState(4, DataSourceState(0, 4, 42)), empty, "model: {}\n", "{}\n"
+    )
     (staging / checkpoint.MANIFEST).write_text("{}")  # even a manifest does not make it one
     found = checkpoint.scan(tmp_path)
     assert [p.name for p in found.complete] == ["rollout_2"]

@@ -15,13 +15,14 @@ def test_seed_is_stable_and_fits_a_signed_64_bit_generator() -> None:
     assert 0 <= seed < 2**62
 
 
-def test_seeds_differ_across_rollouts_samples_streams_and_runs() -> None:
+def test_seeds_differ_across_rounds_samples_streams_runs_and_continuations() -> None:
     keys = [
-        (run, stream, rollout, index)
+        (run, stream, rollout, index, generated)
         for run in (1, 2)
         for stream in ("train", "eval")
-        for rollout in range(20)
+        for rollout in range(10)
         for index in range(64)
+        for generated in (0, 5)
     ]
     assert len({sampling_seed(*key) for key in keys}) == len(keys)
 
@@ -33,7 +34,12 @@ def test_seeded_generate_sends_the_samples_seed() -> None:
         seen.append(params)
         return sample
 
-    generate = SeededGenerate(inner, run_seed=5).at("train", 3)
+    generate = SeededGenerate(inner, run_seed=5, stream="eval").at(3)
     sample = Sample(group_index=0, index=9, prompt="p", prompt_ids=[1])
     asyncio.run(generate(sample, {"temperature": 1.0}, None))
-    assert seen == [{"temperature": 1.0, "sampling_seed": sampling_seed(5, "train", 3, 9)}]
+    sample.append_policy_tokens([4, 5], [-0.1, -0.2], "45", version=0)
+    asyncio.run(generate(sample, {"temperature": 1.0}, None))
+    assert seen == [
+        {"temperature": 1.0, "sampling_seed": sampling_seed(5, "eval", 3, 9)},
+        {"temperature": 1.0, "sampling_seed": sampling_seed(5, "eval", 3, 9, generated=2)},
+    ]

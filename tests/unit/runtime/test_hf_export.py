@@ -19,6 +19,7 @@ from rlpost.data.source import DataSourceState
 from rlpost.runtime import checkpoint
 from rlpost.runtime.run_state import (
     LoopState,
+    SavedGroups,
     load_rank_state,
     save_rank_state,
     write_driver_state,
@@ -64,7 +65,9 @@ def save_checkpoint(run_dir: Path, trainer: TorchTrainer, model_dir: Path) -> Pa
     staging = checkpoint.start_save(run_dir, 1)
     save_rank_state(trainer, str(staging), 0, with_optimizer=True)
     config = f"model:\n  hf_checkpoint: {model_dir}\n  load: null\n"
-    write_driver_state(staging, LoopState(1, DataSourceState(0, 4, 1)), [], config, "{}\n")
+    write_driver_state(
+        staging, LoopState(1, DataSourceState(0, 4, 1)), SavedGroups(), config, "{}\n"
+    )
     return checkpoint.commit_save(staging, keep_last=2)
 
 

@@ -26,7 +26,7 @@ ALGOS: dict[str, tuple[int, dict[str, Any]]] = {
             "kl_loss_coef": 0.1,
             "kl_loss_type": "low_var_kl",
             "entropy_coef": 0.01,
-            "use_tis": True,
+            "off_policy_correction": "tis",
             "eps_clip_high": 0.28,
         },
     ),
@@ -71,7 +71,8 @@ def test_matches_torch_backend(
 def test_metric_names_match_torch_backend(
     make_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:
-    setup, samples = make_setup("qwen3", 8, algo={"use_tis": True}), make_rollout(8, seed=6)
+    algo = {"off_policy_correction": "tis"}
+    setup, samples = make_setup("qwen3", 8, algo=algo), make_rollout(8, seed=6)
     ours = setup.run(megatron_run, samples)
     theirs = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).train_step(samples)
     assert ours["metrics"].keys() == theirs.keys()

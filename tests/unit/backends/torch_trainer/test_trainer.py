@@ -20,7 +20,7 @@ FULL_ALGO = {
     "entropy_coef": 0.01,
     "eps_clip_high": 0.28,
     "eps_clip_c": 3.0,
-    "use_tis": True,
+    "off_policy_correction": "tis",
 }
 
 
@@ -69,7 +69,7 @@ def test_loss_and_grads_do_not_depend_on_micro_batching(
     ref_metrics, ref_grads = results["one_by_one"]
     assert results["packed_capped"][0]["train/micro_batches"] > 2
     assert ref_metrics["train/clipfrac"] > 0 and ref_metrics["train/kl"] > 0
-    keys = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl", "tis_weight", "grad_norm"]
+    keys = ["loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl", "is_weight", "grad_norm"]
     for name, (metrics, g) in results.items():
         for key in keys:
             expected = ref_metrics[f"train/{key}"]

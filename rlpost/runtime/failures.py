@@ -1,0 +1,89 @@
+"""How a run that has started ends when something fails, and which failures a restart mends.
+
+A fault (`RunFault`) is a part of the run that died or hung: a train rank, the router, the
+driver's actors, a collective that timed out. Starting the run again from its newest complete
+checkpoint mends it, and `run.max_restarts` does so. Anything else (a reward hook that
+raises, a generate hook that returns garbage, a bug) would fail the same way again: the run
+ends. Either way the launcher prints one message (`RunFailed.render`): what failed, the run
+directory and the newest checkpoint to resume from, and exits with EXIT_RUN_FAILED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+EXIT_RUN_FAILED = 3
+FAILURES_LOG = "failures.log"  # in <run.dir>/logs: each failure's whole traceback
+
+
+class RunFault(RuntimeError):
+    """A part of the run died or stopped answering; a restart from a checkpoint mends it."""
+
+    def __init__(self, message: str, component: str = "") -> None:
+        super().__init__(message)
+        self.component = component
+
+
+def actor_died(exc: BaseException | None) -> bool:
+    """Whether `exc` says a Ray actor or worker process is gone (killed, crashed, its node
+    lost)."""
+    if exc is None:
+        return False
+    import ray.exceptions as rex
+
+    gone = (
+        rex.RayActorError,
+        rex.WorkerCrashedError,
+        rex.NodeDiedError,
+        rex.ObjectLostError,
+        rex.OwnerDiedError,
+    )
+    return isinstance(exc, gone)
+
+
+def is_fault(exc: BaseException) -> bool:
+    """Whether a restart can mend `exc` (it or its cause is a fault)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, RunFault) or actor_died(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def describe(exc: BaseException) -> str:
+    """The failure in a line or two: the exception and its first cause, no traceback."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text += f"\n    caused by {type(cause).__name__}: {cause}"
+    return text
+
+
+@dataclass
+class RunFailed(Exception):
+    """A run that started and could not finish."""
+
+    what: str
+    run_dir: Path
+    checkpoint: Path | None
+    restarts: int = 0
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def render(self) -> str:
+        lines = [f"rlpost: the run failed: {self.what}", f"  run directory: {self.run_dir}"]
+        if self.restarts:
+            lines.append(f"  restarted {self.restarts} time(s) before giving up")
+        if self.checkpoint is not None:
+            lines.append(f"  newest usable checkpoint: {self.checkpoint}")
+            lines.append(f"  to continue: add run.dir={self.run_dir} run.resume=auto")
+        else:
+            lines.append("  no checkpoint was saved yet")
+        logs = self.run_dir / "logs"
+        lines.append(f"  logs: {logs} (the traceback: {logs / FAILURES_LOG})")
+        return "\n".join(lines)

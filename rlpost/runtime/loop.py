@@ -1,0 +1,252 @@
+"""The train steps of one launch, top to bottom, inside a started Session.
+
+The rollout pipeline (rlpost.runtime.pipeline) produces rewarded groups within the bounds of
+the plan's loop; each train step takes its batch, trains, pushes the weights to the engines
+when due, evaluates when due, logs, and saves when due. The same steps serve every loop mode:
+only the pipeline's bounds differ.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rlpost.data.source import DataSource
+from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, GENERATE_FUNCTION, load_hook
+from rlpost.plan import Plan
+from rlpost.rewards import compute_rewards
+from rlpost.runtime import checkpoint
+from rlpost.runtime.determinism import SeededGenerate
+from rlpost.runtime.evaluation import EvalReport, EvalSet, evaluate
+from rlpost.runtime.metrics import MetricsLogger
+from rlpost.runtime.pipeline import PipelineState, RolloutPipeline
+from rlpost.runtime.progress import Progress, status
+from rlpost.runtime.resume import ResumePoint, plan_grid
+from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings, generate_sample
+from rlpost.runtime.run_state import (
+    LoopState,
+    SavedGroups,
+    read_groups,
+    restore_driver_rng,
+    write_driver_state,
+)
+from rlpost.runtime.rundir import config_dict, config_yaml, provenance
+from rlpost.runtime.session import Session
+from rlpost.runtime.train_data import accounting, rollout_metrics, to_train_samples
+from rlpost.schema import RunConfig
+from rlpost.types import Sample
+
+DEFAULT_GENERATE = "rlpost.runtime.rollout.manager.generate_sample"
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the loop reads: prompts (at the resumed position), eval sets, sampling."""
+
+    data: DataSource
+    eval_sets: list[EvalSet]
+    sampling: SamplingSettings
+
+
+class SaveFailedError(RuntimeError):
+    """The run's last checkpoint could not be written."""
+
+
+class TrainLoop:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        session: Session,
+        inputs: Inputs,
+        resume: ResumePoint | None,
+    ) -> None:
+        assert session.client is not None
+        self.cfg, self.plan, self.session, self.inputs = cfg, plan, session, inputs
+        self.run_dir = session.run_dir
+        rollout = cfg.recipe.rollout
+        hook_name = rollout.generate_function or DEFAULT_GENERATE
+        hook = load_hook(hook_name, GENERATE_FUNCTION) if rollout.generate_function else None
+        generate = hook or generate_sample
+        train_generate: Any = generate
+        self.eval_generate: SeededGenerate | None = None
+        eval_generate: Any = generate
+        if cfg.run.deterministic:  # every request samples with its own derived seed
+            train_generate = SeededGenerate(generate, cfg.run.seed, "train")
+            self.eval_generate = eval_generate = SeededGenerate(generate, cfg.run.seed, "eval")
+        self.eval_runner = GroupRunner(session.client, self._reward, eval_generate, hook_name)
+        self.resume = resume
+        self.start = resume.start_rollout if resume else 0
+        group_filter = (
+            load_hook(rollout.dynamic_sampling_filter, DYNAMIC_SAMPLING_FILTER)
+            if rollout.dynamic_sampling_filter
+            else None
+        )
+        self.pipeline = RolloutPipeline(
+            GroupRunner(session.client, self._reward, train_generate, hook_name),
+            inputs.data,
+            inputs.sampling.to_sglang(),
+            plan.runtime.loop,
+            rollout.batch_size,
+            group_filter=group_filter,
+            partial_rollout=rollout.partial_rollout,
+            start_step=self.start,
+            start_version=self.start,
+        )
+        self.reports = [EvalReport(**r) for r in resume.state.eval_history] if resume else []
+        self.logger = MetricsLogger(
+            self.run_dir,
+            cfg.tracking,
+            run_name=self.run_dir.name,
+            start_rollout=self.start,
+            wandb_run_id=self._resumed_wandb_id(),
+            config=config_dict(cfg),
+        )
+        self.failed_saves: list[int] = []
+
+    async def _reward(self, samples: list[Sample]) -> list[float]:
+        return await compute_rewards(samples, self.cfg.recipe.rollout.reward)
+
+    async def run(self) -> list[EvalReport]:
+        cfg, total, start = self.cfg, self.cfg.recipe.rollout.num_rollout, self.start
+        if cfg.run.deterministic:
+            await self.session.use_deterministic_algorithms()
+        pending_eval: dict[str, float] = {}
+        if self.resume:
+            await self._restore(self.resume)
+        elif self.inputs.eval_sets and not cfg.recipe.eval.skip_before_train:
+            pending_eval = await self._evaluate(0)  # logged with rollout 0
+        if self.resume:
+            restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
+        progress = Progress(total, initial=start, enabled=cfg.run.progress)
+        self.pipeline.start()
+        try:
+            for step in range(start, total):
+                metrics, groups = await self.step(step)
+                record = {**pending_eval, **metrics}
+                pending_eval = {}
+                # Logged before the save: a checkpoint never runs ahead of metrics.jsonl.
+                self.logger.log(step, record, extra={"groups": groups})
+                progress.update(record)
+                await self._save_when_due(step + 1)
+                self.pipeline.step_done(step)
+        finally:
+            await self.pipeline.close()
+            progress.close()
+            self.logger.close()
+        return self.reports
+
+    async def step(self, step: int) -> tuple[dict[str, float], dict[str, list[int]]]:
+        """Take the step's groups, train, push weights and evaluate when due."""
+        cfg, rollout = self.cfg, self.cfg.recipe.rollout
+        started = time.perf_counter()
+        batch = await self.pipeline.take(step)
+        # Groups finish in arrival order; train in prompt order instead, so the update does
+        # not depend on which engine answered first.
+        batch.groups.sort(key=lambda g: g[0].group_index)
+        metrics = rollout_metrics(batch)
+        samples = to_train_samples(
+            batch.groups, cfg.recipe.algo, rollout.mask_offpolicy_in_partial_rollout
+        )
+        metrics.update(await self.session.train(samples))
+        done = step + 1
+        eval_due = bool(self.inputs.eval_sets) and _due(
+            cfg.recipe.eval.interval, done, rollout.num_rollout
+        )
+        if done % cfg.recipe.loop.update_weights_interval == 0 or eval_due:
+            await self.session.push_weights(version=done)
+            self.pipeline.weights_pushed(done)
+        if eval_due:
+            metrics.update(await self._evaluate(done))
+        wall = time.perf_counter() - started
+        metrics["perf/step_time_s"] = wall
+        metrics["perf/rollout_tokens_per_s"] = metrics["rollout/response_tokens"] / wall
+        metrics["perf/weight_version"] = float(self.session.weight_version)
+        return metrics, accounting(batch)
+
+    async def _evaluate(self, done: int) -> dict[str, float]:
+        if self.eval_generate is not None:
+            self.eval_generate.at(done)
+        version = self.session.weight_version
+        report = await evaluate(self.eval_runner, self.inputs.eval_sets, done, version)
+        self.reports.append(report)
+        return report.metrics
+
+    async def _save_when_due(self, done: int) -> None:
+        save, total = self.cfg.recipe.save, self.cfg.recipe.rollout.num_rollout
+        # the HF export first: a run killed between the two resumes from an older checkpoint
+        # and exports again, where the other order would resume past a missing export
+        if _due(save.save_hf_interval, done, total):
+            try:
+                await self.session.export_policy(self.run_dir / "hf" / f"rollout_{done}")
+            except OSError as exc:
+                status(f"the HF export after rollout {done} could not be written: {exc}")
+        if _due(save.interval, done, total):
+            await self.save(done)
+
+    async def save(self, done: int) -> Path | None:
+        """Write ckpt/rollout_<done> atomically (see rlpost.runtime.checkpoint). A save the
+        disk refuses (full, a quota, a size limit) is reported and the previous checkpoint
+        stays the newest; when it was the run's last save, the run fails."""
+        start = time.perf_counter()
+        cfg, data = self.cfg, self.inputs.data
+        # one consistent cut of the data position, the buffer and the pipeline's groups
+        pipeline = self.pipeline.snapshot()
+        groups = SavedGroups(buffer=data.buffer + pipeline.generating, queued=pipeline.queued)
+        state = LoopState(
+            rollouts_done=done,
+            data=data.state(),
+            wandb_run_id=self.logger.wandb_run_id,
+            tensorboard_step=done,
+            eval_history=[asdict(r) for r in self.reports],
+            trainer_backend=self.plan.trainer_backend,
+            parallel=plan_grid(self.plan),
+            train_ranks=len(self.session.trainers),
+            optimizer_saved=cfg.recipe.save.save_optimizer,
+        )
+        staging = checkpoint.staging_path(self.run_dir, done)
+        try:
+            checkpoint.start_save(self.run_dir, done)
+            await self.session.save_trainer(staging, cfg.recipe.save.save_optimizer)
+            record = json.dumps(provenance(), indent=2) + "\n"
+            write_driver_state(staging, state, groups, config_yaml(cfg), record)
+            path = checkpoint.commit_save(staging, cfg.recipe.save.keep_last)
+        except OSError as exc:
+            return self._save_failed(done, staging, exc)
+        status(f"saved {path} ({time.perf_counter() - start:.1f} s)")
+        return path
+
+    def _save_failed(self, done: int, staging: Path, exc: OSError) -> None:
+        checkpoint.discard_save(staging)
+        newest = checkpoint.scan(self.run_dir, check_hashes=False).latest
+        self.failed_saves.append(done)
+        kept = f"{newest} is still the newest checkpoint" if newest else "no checkpoint exists"
+        message = f"the checkpoint after rollout {done} could not be written ({exc}); {kept}"
+        if done == self.cfg.recipe.rollout.num_rollout:
+            raise SaveFailedError(message) from exc
+        status(message + "; training goes on and the next save tries again")
+
+    async def _restore(self, resume: ResumePoint) -> None:
+        """Load every rank, give the engines the resumed weights before the first rollout,
+        and put the checkpoint's queued groups back in the pipeline."""
+        without_rng = await self.session.load_trainer(resume.path)
+        if without_rng:
+            status(f"train rank(s) {without_rng} had no saved RNG state (more ranks than saved)")
+        await self.session.push_weights(version=resume.start_rollout)
+        saved = read_groups(resume.path)
+        self.pipeline.restore(PipelineState(queued=saved.queued, generating=[]))
+
+    def _resumed_wandb_id(self) -> str | None:
+        """The same wandb run when the run continues in its own directory; a fork starts
+        a new one."""
+        resume = self.resume
+        if resume is None or resume.path.parent != checkpoint.checkpoint_root(self.run_dir):
+            return None
+        return resume.state.wandb_run_id
+
+
+def _due(interval: int | None, done: int, total: int) -> bool:
+    return interval is not None and (done % interval == 0 or done == total)

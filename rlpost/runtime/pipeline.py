@@ -1,0 +1,307 @@
+"""The rollout pipeline: a producer of rewarded groups, a bounded queue, and a trainer that
+takes one batch per train step. Every `recipe.loop.mode` is this pipeline with the bounds of
+its LoopPlan (rlpost.plan.loop):
+
+- draw: `draw_groups` prompts are drawn while fewer than `max_buffered_groups` groups are
+  queued or generating, and the step they would land in, s, satisfies s <= steps_done +
+  lookahead (when bounded) and s - engine_version <= max_staleness;
+- finish: a finished group passes the dynamic-sampling filter into the queue, or is counted
+  as filtered;
+- take: the trainer takes `batch_size` queued groups in queue order; a group whose oldest
+  policy token is more than max_staleness versions behind the trained step is dropped or
+  regenerated; groups still generating that could no longer land within the bounds (sync:
+  everything still running once a batch is complete) are stopped: to the partial-rollout
+  buffer, regenerated or dropped.
+
+Staleness counts the tokens generated since a group was drawn; tokens a partial rollout
+carried over from an earlier rollout are off-policy by design (recipe.rollout.
+mask_offpolicy_in_partial_rollout takes them out of the loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlpost.data.source import DataSource
+from rlpost.plan.loop import LoopPlan
+from rlpost.runtime.rollout.manager import Group, GroupClient, GroupFilter, GroupRunner
+from rlpost.types import Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    group: Group
+    client: GroupClient
+    task: asyncio.Task[Group]
+    start_version: int
+    drawn_for: int
+    stop_reason: str | None = None
+
+
+@dataclass
+class Tally:
+    """What happened to groups since the last take (group indices), for metrics and the
+    accounting record of each step."""
+
+    filtered: list[int] = field(default_factory=list)
+    dropped_stale: list[int] = field(default_factory=list)
+    regenerated: list[int] = field(default_factory=list)
+    to_buffer: list[int] = field(default_factory=list)
+    cut_short: list[int] = field(default_factory=list)
+
+    def as_record(self) -> dict[str, list[int]]:
+        return {name: list(values) for name, values in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The groups of one train step, and how stale each sample is."""
+
+    groups: list[Group]
+    staleness: list[int]
+    tally: Tally
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class PipelineState:
+    """For a checkpoint: finished groups waiting for the trainer (trained after a resume as
+    they would have been) and prompts being generated (generated again)."""
+
+    queued: list[Group]
+    generating: list[Group]
+
+
+class PipelineError(RuntimeError):
+    """Generating or rewarding a group failed (the cause is chained)."""
+
+
+def oldest_version(group: Group) -> int | None:
+    """The oldest policy version among the tokens generated since the group was drawn."""
+    versions = [v for s in group for v in s.policy_versions(s.resumed_at)]
+    return min(versions) if versions else None
+
+
+def _oldest(sample: Sample, default: int) -> int:
+    versions = sample.policy_versions(sample.resumed_at)
+    return min(versions) if versions else default
+
+
+class RolloutPipeline:
+    def __init__(
+        self,
+        runner: GroupRunner,
+        data: DataSource,
+        params: dict[str, Any],
+        bounds: LoopPlan,
+        batch_size: int,
+        *,
+        group_filter: GroupFilter | None = None,
+        partial_rollout: bool = False,
+        start_step: int = 0,
+        start_version: int = 0,
+    ) -> None:
+        self.runner, self.data, self.params = runner, data, params
+        self.bounds, self.batch_size = bounds, batch_size
+        self.group_filter = group_filter
+        self.partial_rollout = partial_rollout
+        self.steps_taken = start_step
+        self.steps_done = start_step
+        self.engine_version = start_version
+        self.queue: list[Group] = []
+        self.in_flight: list[InFlight] = []
+        self.tally = Tally()
+        self._changed = asyncio.Event()
+        self._error: BaseException | None = None
+        self._failed_at = ""
+        self._producer: asyncio.Task[None] | None = None
+
+    # ---- the trainer's side ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._producer = asyncio.get_running_loop().create_task(self._produce())
+
+    async def take(self, step: int) -> Batch:
+        """The next train step's groups, once `batch_size` fresh enough ones are queued."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while True:
+            self._raise_failure()
+            self._drop_stale(step)
+            if len(self.queue) >= self.batch_size:
+                break
+            self._changed.clear()
+            await self._changed.wait()
+        taken, self.queue = self.queue[: self.batch_size], self.queue[self.batch_size :]
+        self.steps_taken = step + 1
+        await self._stop_out_of_bounds()
+        groups = list(taken)
+        staleness = [step - _oldest(s, step) for g in groups for s in g]
+        tally, self.tally = self.tally, Tally()
+        self._changed.set()
+        return Batch(groups, staleness, tally, loop.time() - started)
+
+    def weights_pushed(self, version: int) -> None:
+        """The engines serve `version` now."""
+        self.engine_version = version
+        self._changed.set()
+
+    def step_done(self, step: int) -> None:
+        """Train step `step` is complete (trained, pushed, evaluated, saved): generation
+        may run ahead of the next one."""
+        self.steps_done = step + 1
+        self._changed.set()
+
+    def snapshot(self) -> PipelineState:
+        """The pipeline's groups as a checkpoint keeps them (synchronous: a consistent cut
+        with the data position)."""
+        return PipelineState(
+            queued=list(self.queue),
+            generating=[[s.fresh() for s in f.group] for f in self.in_flight],
+        )
+
+    def restore(self, state: PipelineState) -> None:
+        """Queued groups go back in the queue; prompts that were generating are drawn again
+        first (through the data source's buffer)."""
+        self.queue.extend(state.queued)
+        self.data.add_to_buffer(state.generating)
+
+    async def close(self) -> None:
+        """Stop generating: the producer, then every group in flight."""
+        if self._producer is not None:
+            self._producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._producer
+            self._producer = None
+        flights = list(self.in_flight)
+        for flight in flights:
+            flight.task.cancel()
+        for flight in flights:
+            with contextlib.suppress(BaseException):
+                await flight.task
+        self.in_flight.clear()
+
+    # ---- the producer ------------------------------------------------------------------
+
+    def _landing_step(self, ahead: int = 0) -> int:
+        """The train step a group finishing now would land in (after `ahead` more)."""
+        return self.steps_taken + (len(self.queue) + ahead) // self.batch_size
+
+    def _may_draw(self) -> bool:
+        b = self.bounds
+        if len(self.queue) + len(self.in_flight) >= b.max_buffered_groups:
+            return False
+        step = self._landing_step(len(self.in_flight))
+        if b.lookahead_steps is not None and step > self.steps_done + b.lookahead_steps:
+            return False
+        return step - self.engine_version <= b.max_staleness
+
+    async def _produce(self) -> None:
+        try:
+            while True:
+                while self._error is None and self._may_draw():
+                    self._draw()
+                self._changed.clear()
+                await self._changed.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # drawing failed (data, buffer filter): the trainer reports it
+            self._fail(exc, "drawing prompts")
+
+    def _draw(self) -> None:
+        step = self._landing_step(len(self.in_flight))
+        for group in self.data.next_groups(self.bounds.draw_groups, step):
+            for sample in group:
+                sample.resumed_at = len(sample.response_ids)
+            client = self.runner.client_for(group)
+            task = asyncio.get_running_loop().create_task(
+                self.runner.run(group, self.params, client)
+            )
+            flight = InFlight(group, client, task, self.engine_version, step)
+            self.in_flight.append(flight)
+            task.add_done_callback(lambda _, f=flight: self._finished(f))
+
+    def _finished(self, flight: InFlight) -> None:
+        if flight in self.in_flight:
+            self.in_flight.remove(flight)
+        self._changed.set()
+        if flight.task.cancelled():
+            return
+        error = flight.task.exception()
+        index = flight.group[0].group_index
+        if error is not None:
+            self._fail(
+                error, f"generating group {index} (prompt of sample {flight.group[0].index})"
+            )
+            return
+        group = flight.task.result()
+        try:
+            if flight.stop_reason is not None:
+                self._settle_stopped(group, flight.stop_reason)
+            elif self.group_filter is None or self.group_filter(group):
+                self.queue.append(group)
+            else:
+                self.tally.filtered.append(index)
+        except Exception as exc:  # a filter hook that raised
+            self._fail(exc, f"filtering group {index}")
+
+    # ---- bounds ------------------------------------------------------------------------
+
+    def _drop_stale(self, step: int) -> None:
+        kept = []
+        for group in self.queue:
+            oldest = oldest_version(group)
+            if oldest is not None and step - oldest > self.bounds.max_staleness:
+                self._settle_stale(group)
+            else:
+                kept.append(group)
+        self.queue = kept
+
+    async def _stop_out_of_bounds(self) -> None:
+        """Stop the groups in flight that could no longer be trained within the bounds, and
+        wait until they have stopped (a colocated run releases the engines next)."""
+        b, land = self.bounds, self._landing_step()
+        doomed = []
+        for flight in self.in_flight:
+            ahead = b.lookahead_steps is not None and land > self.steps_done + b.lookahead_steps
+            stale = land - flight.start_version > b.max_staleness
+            if ahead or stale:
+                flight.stop_reason = "stale" if stale and not ahead else "cut short"
+                doomed.append(flight)
+        await asyncio.gather(*(f.client.stop() for f in doomed), return_exceptions=True)
+        await asyncio.gather(*(f.task for f in doomed), return_exceptions=True)
+
+    def _settle_stopped(self, group: Group, reason: str) -> None:
+        index = group[0].group_index
+        if self.partial_rollout:
+            self.data.add_to_buffer([group], self.steps_taken)
+            self.tally.to_buffer.append(index)
+        elif reason == "stale":
+            self._settle_stale(group)
+        else:
+            self.tally.cut_short.append(index)
+
+    def _settle_stale(self, group: Group) -> None:
+        index = group[0].group_index
+        if self.bounds.stale_groups == "regenerate":
+            self.data.add_to_buffer([[s.fresh() for s in group]])
+            self.tally.regenerated.append(index)
+        else:
+            self.tally.dropped_stale.append(index)
+
+    def _fail(self, error: BaseException, what: str) -> None:
+        if self._error is None:
+            self._error = error
+            self._failed_at = what
+        self._changed.set()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            error = self._error
+            raise PipelineError(f"{self._failed_at}: {type(error).__name__}: {error}") from error
