@@ -47,7 +47,9 @@ def report(records: list[dict[str, float]]) -> None:
     rollout_s = total("perf/rollout_time_s")
     train_s = total("train/time_s")
     samples = total("rollout/num_samples")
-    response_tokens = sum(r["rollout/num_samples"] * r["rollout/response_len_mean"] for r in records)
+    response_tokens = sum(
+        r["rollout/num_samples"] * r["rollout/response_len_mean"] for r in records
+    )
     train_tokens = sum(r["train/tokens_per_s"] * r["train/time_s"] for r in records)
     efficiency = statistics.fmean(float(r["train/packing_efficiency"]) for r in records)
     rows = [

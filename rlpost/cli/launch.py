@@ -15,6 +15,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
@@ -24,7 +25,7 @@ from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
 from rlpost.config.overrides import prepare_argv
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
-from rlpost.errors import UserError, exit_with
+from rlpost.errors import Issue, UserError, exit_with
 from rlpost.schema import RunConfig
 
 if TYPE_CHECKING:
@@ -43,6 +44,25 @@ def _print_slime_args(cfg: RunConfig, plan: Plan) -> None:
     print(render_slime_args(cfg, plan))
 
 
+def _claim(run_dir: Path) -> None:
+    """One launch at a time per run directory: two would mix their metrics and checkpoints."""
+    from rlpost.runtime.rundir import lock_holder, lock_run_dir
+
+    if lock_run_dir(run_dir) is None:
+        raise UserError(
+            [
+                Issue(
+                    "run.dir",
+                    f"another launch (pid {lock_holder(run_dir)}) is running in this run "
+                    "directory; two would mix their metrics and checkpoints",
+                    "wait for it to end, or choose another run.dir",
+                    value=str(run_dir),
+                )
+            ],
+            title="run directory in use",
+        )
+
+
 def _train(cfg: RunConfig, plan: Plan) -> None:
     """The preflight and the resume point (both light), then the run itself."""
     from rlpost.plan.preflight import preflight
@@ -50,7 +70,9 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     from rlpost.runtime.rundir import run_dir_of
 
     warnings = preflight(cfg, plan)
-    resume = find_resume_point(cfg, plan, run_dir_of(cfg))
+    run_dir = run_dir_of(cfg)
+    resume = find_resume_point(cfg, plan, run_dir)
+    _claim(run_dir)
     for issue in warnings:
         print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
     from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed
@@ -82,11 +104,23 @@ def _sources_of_current_job() -> SourceMap:
 
 
 def _default_run_dir(cfg: DictConfig) -> None:
-    """run.dir: null means the job's Hydra output directory (a sweep job's own subdir)."""
+    """run.dir: null means the job's Hydra output directory (a sweep job's own subdir). A
+    training launch claims it; when another launch that started in the same second holds
+    it, this one takes <dir>-2 (-3, ...)."""
     from hydra.core.hydra_config import HydraConfig
 
-    if OmegaConf.select(cfg, "run.dir", default=None) is None:
-        OmegaConf.update(cfg, "run.dir", HydraConfig.get().runtime.output_dir, force_add=True)
+    if OmegaConf.select(cfg, "run.dir", default=None) is not None:
+        return
+    base = Path(HydraConfig.get().runtime.output_dir)
+    chosen = base
+    if OmegaConf.select(cfg, "mode", default="train") == "train":
+        from rlpost.runtime.rundir import lock_run_dir
+
+        n = 1
+        while lock_run_dir(chosen) is None:
+            n += 1
+            chosen = base.with_name(f"{base.name}-{n}")
+    OmegaConf.update(cfg, "run.dir", str(chosen), force_add=True)
 
 
 def plan_run(cfg: RunConfig, sources: SourceMap) -> Plan:

@@ -147,6 +147,11 @@ def render_runtime(plan: Plan) -> str:
         ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
         ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
         ["release memory around training", "yes" if rt.offload else "no"],
+        [
+            "train ranks meet through",
+            "a file in the run directory" if rt.rendezvous == "file" else "TCP on rank 0's node",
+        ],
+        ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
         ["loop", LOOP_NAMES.get(loop.mode, loop.mode)],
         ["weights to the engines every", f"{loop.update_weights_interval} train step(s)"],
         ["generation runs ahead of training by", ahead],

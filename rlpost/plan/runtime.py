@@ -34,6 +34,10 @@ class RuntimePlan:
     weight_sync: str
     offload: bool
     loop: LoopPlan
+    # Single-node runs keep to loopback: the train ranks meet through a file in the run
+    # directory (no TCP store listening), and every server rlpost starts binds 127.0.0.1.
+    rendezvous: str  # file | tcp
+    loopback_only: bool
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -67,6 +71,8 @@ def plan_runtime(cfg: RunConfig, colocate: bool, longest_sample_tokens: int) -> 
         weight_sync=resolve_weight_sync(cfg, colocate),
         offload=resolve_offload(cfg, colocate),
         loop=plan_loop(cfg, longest_sample_tokens),
+        rendezvous="file" if cfg.hardware.num_nodes == 1 else "tcp",
+        loopback_only=cfg.hardware.num_nodes == 1,
     )
 
 

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +102,29 @@ def staging_path(run_dir: Path, rollouts_done: int) -> Path:
 def discard_save(staging: Path) -> None:
     """Remove a save that failed (the disk refused it): never a half checkpoint left."""
     shutil.rmtree(staging, ignore_errors=True)
+
+
+class SaveError(Exception):
+    """A save the disk refused (full, a quota, a file size limit); nothing was left behind
+    and the previous checkpoint is still the newest."""
+
+
+async def save(
+    run_dir: Path,
+    rollouts_done: int,
+    write: Callable[[Path], Awaitable[None]],
+    keep_last: int,
+) -> Path:
+    """Stage, `write(staging)` every file, then commit: the checkpoint after `rollouts_done`
+    rollouts, or SaveError (with the staging folder removed) when the disk refuses a write."""
+    staging = staging_path(run_dir, rollouts_done)
+    try:
+        start_save(run_dir, rollouts_done)
+        await write(staging)
+        return commit_save(staging, keep_last)
+    except OSError as exc:
+        discard_save(staging)
+        raise SaveError(f"{type(exc).__name__}: {exc}") from exc
 
 
 def start_save(run_dir: Path, rollouts_done: int) -> Path:

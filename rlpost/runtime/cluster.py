@@ -13,6 +13,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlpost.schema import HardwareConfig
 
 log = logging.getLogger(__name__)
+LOCALHOST = "127.0.0.1"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray turns it to "token" for a new local cluster
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,19 @@ class Cluster:
             num_cpus=num_cpus,
             num_gpus=self.hardware.gpus_per_node if self.on_gpu else 0,
             include_dashboard=False,
+            dashboard_host=LOCALHOST,
             log_to_driver=True,
             logging_level=logging.WARNING,
             configure_logging=True,
         )
         self._started_ray = True
+        if os.environ.get(AUTH_MODE_ENV) != "token":
+            log.warning(
+                "Ray's token authentication is off (%s=%s): Ray's own servers, which listen "
+                "on every interface, accept calls from anyone who can reach this machine",
+                AUTH_MODE_ENV,
+                os.environ.get(AUTH_MODE_ENV),
+            )
 
     def _probe_order(self) -> list[Slot]:
         assert self.pg is not None

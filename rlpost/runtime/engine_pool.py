@@ -207,6 +207,7 @@ class EnginePool:
         self._released: set[int] = set()
         self._check_after: dict[int, float] = {}
         self._attempts: dict[int, int] = {}
+        self._restart_errors: dict[int, str] = {}
         self.given_up: dict[int, str] = {}
         self._lock = asyncio.Lock()
         self._monitor: asyncio.Task[None] | None = None
@@ -358,7 +359,10 @@ class EnginePool:
         self._set_serving(index, False)
         self._attempts[index] = self._attempts.get(index, 0) + 1
         if self._attempts[index] > self.health.max_restarts:
-            self.given_up[index] = reason
+            failed = self._restart_errors.get(index)
+            self.given_up[index] = reason + (
+                f"; its last restart failed: {failed}" if failed else ""
+            )
             log.error(
                 "engine %d at %s: %s; it was restarted %d time(s) already "
                 "(engine.max_restarts_per_engine), so it is given up",
@@ -375,7 +379,8 @@ class EnginePool:
                 await self.catch_up(new_url)
             self.urls[index] = new_url
             await self._register(new_url)
-        except Exception:  # kept out of service; retried next round
+        except Exception as exc:  # kept out of service; retried next round
+            self._restart_errors[index] = f"{type(exc).__name__}: {exc}"
             log.exception("engine %d could not be restarted; it stays out of service", index)
             return None
         self._set_serving(index, True)

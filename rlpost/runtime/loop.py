@@ -207,20 +207,20 @@ class TrainLoop:
             train_ranks=len(self.session.trainers),
             optimizer_saved=cfg.recipe.save.save_optimizer,
         )
-        staging = checkpoint.staging_path(self.run_dir, done)
-        try:
-            checkpoint.start_save(self.run_dir, done)
+
+        async def write(staging: Path) -> None:
             await self.session.save_trainer(staging, cfg.recipe.save.save_optimizer)
             record = json.dumps(provenance(), indent=2) + "\n"
             write_driver_state(staging, state, groups, config_yaml(cfg), record)
-            path = checkpoint.commit_save(staging, cfg.recipe.save.keep_last)
-        except OSError as exc:
-            return self._save_failed(done, staging, exc)
+
+        try:
+            path = await checkpoint.save(self.run_dir, done, write, cfg.recipe.save.keep_last)
+        except checkpoint.SaveError as exc:
+            return self._save_failed(done, exc)
         status(f"saved {path} ({time.perf_counter() - start:.1f} s)")
         return path
 
-    def _save_failed(self, done: int, staging: Path, exc: OSError) -> None:
-        checkpoint.discard_save(staging)
+    def _save_failed(self, done: int, exc: checkpoint.SaveError) -> None:
         newest = checkpoint.scan(self.run_dir, check_hashes=False).latest
         self.failed_saves.append(done)
         kept = f"{newest} is still the newest checkpoint" if newest else "no checkpoint exists"

@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -31,6 +33,38 @@ TRACKED_PACKAGES = ("rlpost", "torch", "transformers", "ray", "megatron-core", "
 CONFIG_FILE = "config.yaml"
 PROVENANCE_FILE = "provenance.json"
 LAUNCHES_FILE = "launches.jsonl"
+
+
+LOCK_FILE = ".lock"
+_HELD_LOCKS: dict[Path, int] = {}
+
+
+def lock_run_dir(run_dir: Path) -> int | None:
+    """Hold the run directory for this process's lifetime (an advisory lock on
+    <run_dir>/.lock, released when the process ends, crashes included). Returns this
+    process's pid, or None when another process holds it."""
+    run_dir = run_dir.resolve()
+    if run_dir in _HELD_LOCKS:
+        return os.getpid()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD_LOCKS[run_dir] = fd
+    return os.getpid()
+
+
+def lock_holder(run_dir: Path) -> str:
+    """The pid a lock file names, for messages."""
+    try:
+        return (run_dir / LOCK_FILE).read_text().strip() or "?"
+    except OSError:
+        return "?"
 
 
 def run_dir_of(cfg: RunConfig) -> Path:

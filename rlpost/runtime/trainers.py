@@ -33,6 +33,7 @@ class TrainerSpec:
     num_threads: int
     seed: int
     collective_timeout_s: float = 600.0
+    init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
 
 
 def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
@@ -45,6 +46,7 @@ def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
         "master_port": spec.master_port,
         "num_threads": spec.num_threads,
         "collective_timeout_s": spec.collective_timeout_s,
+        "init_method": spec.init_method,
     }
 
 

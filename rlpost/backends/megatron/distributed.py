@@ -29,6 +29,7 @@ class ProcessPlace:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     timeout_s: float = 600.0
+    init_method: str | None = None  # default: tcp://master_addr:master_port
 
 
 def init_parallel(place: ProcessPlace, sizes: ParallelSizes, seed: int) -> None:
@@ -45,7 +46,7 @@ def init_parallel(place: ProcessPlace, sizes: ParallelSizes, seed: int) -> None:
             torch.cuda.set_device(place.rank % torch.cuda.device_count())
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{place.master_addr}:{place.master_port}",
+            init_method=place.init_method or f"tcp://{place.master_addr}:{place.master_port}",
             rank=place.rank,
             world_size=place.world_size,
             timeout=timedelta(seconds=place.timeout_s),

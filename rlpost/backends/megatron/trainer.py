@@ -96,6 +96,7 @@ class MegatronTrainer:
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
         collective_timeout_s: float = 600.0,
+        init_method: str | None = None,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
         seed: int = 1234,
@@ -114,7 +115,9 @@ class MegatronTrainer:
         )
         with cpu_compat():
             init_parallel(
-                ProcessPlace(rank, world_size, master_addr, master_port, collective_timeout_s),
+                ProcessPlace(
+                    rank, world_size, master_addr, master_port, collective_timeout_s, init_method
+                ),
                 self.settings.parallel,
                 seed,
             )

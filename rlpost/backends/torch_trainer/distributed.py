@@ -25,6 +25,7 @@ class DataParallel:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     timeout_s: float = 600.0
+    init_method: str | None = None  # default: tcp://master_addr:master_port
 
     @property
     def enabled(self) -> bool:
@@ -37,7 +38,7 @@ class DataParallel:
             return
         dist.init_process_group(
             backend="gloo",
-            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            init_method=self.init_method or f"tcp://{self.master_addr}:{self.master_port}",
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=self.timeout_s),

@@ -61,6 +61,7 @@ class TorchTrainer:
         master_addr: str = "127.0.0.1",
         master_port: int = 29500,
         collective_timeout_s: float = 600.0,
+        init_method: str | None = None,
         attn_implementation: str = PACKED_SDPA,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
@@ -74,7 +75,9 @@ class TorchTrainer:
         # With one optimizer step per rollout the old policy is the current one, so the
         # training forward's own logprobs (detached) are the old logprobs: one pass saved.
         self.reuse_logprobs_single_step = reuse_logprobs_single_step
-        self.dp = DataParallel(rank, world_size, master_addr, master_port, collective_timeout_s)
+        self.dp = DataParallel(
+            rank, world_size, master_addr, master_port, collective_timeout_s, init_method
+        )
         self.dp.init()
         self.model = load_causal_lm(self.model_dir, attn_implementation)
         self.dp.broadcast_params(self.model)

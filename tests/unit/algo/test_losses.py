@@ -11,8 +11,8 @@ from rlpost.algo.losses import (
     compute_kl,
     compute_loss,
     entropy_from_logits,
-    reduction_weights,
     importance_weights,
+    reduction_weights,
 )
 from rlpost.schema import AlgoConfig
 

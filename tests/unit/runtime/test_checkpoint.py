@@ -263,3 +263,35 @@ def test_resume_with_another_model_shape_is_refused(tmp_path: Path) -> None:
 def test_plan_grid_names_every_parallel_axis(tmp_path: Path) -> None:
     _, plan = compose(tmp_path)
     assert set(plan_grid(plan)) == {"tp", "pp", "cp", "ep", "etp", "dp"}  # type: ignore[arg-type]
+
+
+FULL_DISK = """
+import asyncio, os, resource, signal, sys
+from pathlib import Path
+from rlpost.runtime import checkpoint
+
+run_dir = Path(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+
+async def write(staging: Path) -> None:
+    (staging / "loop.json").write_text("{}")
+    checkpoint.write_synced(staging / "trainer" / "rank_0.pt", os.urandom(4 << 20))
+
+try:
+    asyncio.run(checkpoint.save(run_dir, 4, write, keep_last=3))
+except checkpoint.SaveError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_save_the_disk_refuses_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    previous = save(tmp_path, 3)
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: OSError" in done.stdout and "File too large" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["rollout_3"]
+    assert checkpoint.scan(tmp_path).latest == previous
+    checkpoint.verify(previous)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Coroutine, Iterator
@@ -148,3 +149,34 @@ def test_released_engines_stay_out_of_generation_until_resumed(rig: Rig) -> None
         assert (await client.generate_on(pool.urls[1], PROMPT, GREEDY)).output_ids
 
     rig.run(scenario())
+
+
+def test_an_engine_in_a_crash_loop_is_given_up_after_its_restarts(
+    tiny_lm_dir: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_lm_dir, model)
+    health = HealthSettings(enabled=True, timeout_s=2.0, first_wait_s=0.0, max_restarts=1)
+    pool = EnginePool([engine(0, model, tmp_path)], health)
+
+    async def scenario() -> None:
+        (url,) = await pool.start()
+        async with EngineClient(url, worker_urls=[url]) as client:
+            pool.connect(None, client)  # type: ignore[arg-type]  # no router to keep
+            model.rename(tmp_path / "moved")  # from now on every start dies at load
+            pid = await pool.engines[0].pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            assert await pool.heal() == []  # the restart failed: out of service, counted
+            assert pool.exhausted is None and not pool.serving_urls
+            assert await pool.heal() == []  # one restart allowed: now it is given up
+            assert list(pool.given_up) == [0]
+            assert "its last restart failed: EngineStartError" in pool.given_up[0]
+            assert pool.exhausted is not None
+            assert "engine.max_restarts_per_engine=1" in pool.exhausted
+            starts = pool.engines[0].process.starts  # type: ignore[attr-defined]
+            assert await pool.heal() == []  # never tried again
+            assert pool.engines[0].process.starts == starts  # type: ignore[attr-defined]
+        await pool.stop()
+
+    asyncio.run(scenario())

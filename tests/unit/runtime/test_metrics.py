@@ -52,6 +52,9 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path: Path) -> None:
     assert run_id is not None and second.wandb_run_id == run_id
     second.log(1, {"x": 2.0})
     second.close()
-    runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)
+    # one folder per launch (named by start time, with a -1 suffix when two start within the
+    # same second), each holding the same run's record
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    assert all((folder / f"run-{run_id}.wandb").is_file() for folder in runs)
     wandb.teardown()  # stop this process's wandb service (and unset WANDB_SERVICE)

@@ -1,0 +1,213 @@
+"""The rollout pipeline against a real CPU engine: ordering, accounting, the staleness bound
+under a slow trainer and a slow engine, and generation interrupted by a weight update.
+
+The consumer here plays the trainer's part in time only (it sleeps instead of training) and
+updates the engine's weight version the way a weight push does: generation paused (requests
+aborted with what they have), the version switched, generation continued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlpost.backends.cpu_engine.engine import EngineSettings
+from rlpost.backends.cpu_engine.server import BackgroundServer
+from rlpost.data.prompts import PromptRecord
+from rlpost.data.source import DataSource
+from rlpost.plan.loop import LoopPlan
+from rlpost.runtime.pipeline import Batch, RolloutPipeline
+from rlpost.runtime.rollout.client import EngineClient
+from rlpost.runtime.rollout.manager import GenerateHook, Group, GroupRunner, generate_sample
+from rlpost.types import Sample, SampleStatus
+
+BATCH, PER_GROUP = 4, 2
+
+
+@pytest.fixture(scope="module")
+def url(tiny_lm_dir: Path) -> Iterator[str]:
+    threads = torch.get_num_threads()
+    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
+    yield server.start()
+    server.stop()
+    torch.set_num_threads(threads)
+
+
+def data_source(num_prompts: int = 64) -> DataSource:
+    rng = random.Random(0)
+    prompts = [
+        PromptRecord(i + 1, f"p{i}", tuple(rng.randrange(40, 200) for _ in range(6)), None)
+        for i in range(num_prompts)
+    ]
+    return DataSource(prompts, n_samples_per_prompt=PER_GROUP, shuffle=False, seed=0)
+
+
+async def length_reward(samples: list[Sample]) -> list[float]:
+    return [float(len(s.response_ids) % 3) for s in samples]
+
+
+def bounds(mode: str, staleness: int, lookahead: int | None, buffered: int) -> LoopPlan:
+    return LoopPlan(mode, 1, lookahead, staleness, buffered, BATCH, "regenerate", 0.0)
+
+
+async def push(client: EngineClient, url: str, version: int) -> None:
+    """What a weight push does to generation, without new weights."""
+    await client.pause("abort", [url])
+    await client.flush_cache([url])
+    await client.post(url, "/update_weight_version", {"new_version": str(version)})
+    await client.continue_generation([url])
+
+
+@dataclass
+class Trained:
+    batches: list[Batch] = field(default_factory=list)
+    outstanding: set[int] = field(default_factory=set)
+
+
+async def drive(
+    url: str,
+    loop_plan: LoopPlan,
+    steps: int,
+    *,
+    train_s: float,
+    generate: GenerateHook = generate_sample,
+) -> Trained:
+    """Run the pipeline for `steps` train steps with a trainer that takes `train_s` each."""
+    params = {"max_new_tokens": 24, "temperature": 1.0}
+    data = data_source()
+    trained = Trained()
+    async with EngineClient(url, worker_urls=[url]) as client:
+        await client.post(url, "/update_weight_version", {"new_version": "0"})
+        runner = GroupRunner(client, length_reward, generate)
+        pipeline = RolloutPipeline(runner, data, params, loop_plan, BATCH)
+        pipeline.start()
+        try:
+            for step in range(steps):
+                batch = await pipeline.take(step)
+                trained.batches.append(batch)
+                await asyncio.sleep(train_s)
+                await push(client, url, step + 1)
+                pipeline.weights_pushed(step + 1)
+                pipeline.step_done(step)
+            snapshot = pipeline.snapshot()
+            waiting = [*snapshot.queued, *snapshot.generating, *data.buffer]
+            trained.outstanding = {g[0].group_index for g in waiting}
+        finally:
+            await pipeline.close()
+    return trained
+
+
+def trained_indices(trained: Trained) -> list[int]:
+    return [g[0].group_index for b in trained.batches for g in b.groups]
+
+
+def check_accounting(trained: Trained) -> None:
+    """No group trained twice, and every prompt drawn is trained, counted, or still waiting."""
+    indices = trained_indices(trained)
+    assert len(indices) == len(set(indices))
+    settled = set(indices) | trained.outstanding
+    for batch in trained.batches:
+        tally = batch.tally
+        settled |= {*tally.filtered, *tally.dropped_stale, *tally.cut_short}
+        assert not set(tally.dropped_stale) & set(indices)
+    assert set(range(max(indices) + 1)) <= settled
+
+
+def check_versions(trained: Trained, max_staleness: int) -> None:
+    for step, batch in enumerate(trained.batches):
+        assert len(batch.groups) == BATCH
+        assert max(batch.staleness) <= max_staleness, (step, batch.staleness)
+        for group in batch.groups:
+            for sample in group:
+                versions = sample.token_versions
+                assert versions == sorted(versions)  # a token never predates the one before
+                assert len(versions) == len(sample.response_ids) == len(sample.rollout_logprobs)
+                assert max(versions) <= step
+                assert sample.reward is not None and sample.finished
+
+
+def test_sync_trains_each_step_on_tokens_of_its_own_version(url: str) -> None:
+    trained = asyncio.run(drive(url, bounds("sync", 0, 0, BATCH), 4, train_s=0.05))
+    check_versions(trained, max_staleness=0)
+    check_accounting(trained)
+    for step, batch in enumerate(trained.batches):
+        versions = {v for g in batch.groups for s in g for v in s.token_versions}
+        assert versions == {step}
+    assert trained_indices(trained) == list(range(4 * BATCH))  # in order, none skipped
+
+
+def test_async_runs_one_step_ahead_at_most_one_version_old(url: str) -> None:
+    trained = asyncio.run(drive(url, bounds("async", 1, 1, 2 * BATCH), 5, train_s=0.2))
+    check_versions(trained, max_staleness=1)
+    check_accounting(trained)
+    assert max(max(b.staleness) for b in trained.batches[1:]) == 1  # it did run ahead
+
+
+def test_a_slow_trainer_never_trains_groups_past_the_bound(url: str) -> None:
+    # fully_async with room for three batches: a slow trainer leaves finished groups waiting,
+    # and the producer holds back instead of generating groups that would be too old
+    trained = asyncio.run(drive(url, bounds("fully_async", 1, None, 3 * BATCH), 5, train_s=0.6))
+    check_versions(trained, max_staleness=1)
+    check_accounting(trained)
+    assert max(max(b.staleness) for b in trained.batches) == 1  # ahead by the whole bound
+    assert not any(b.tally.dropped_stale or b.tally.regenerated for b in trained.batches)
+
+
+def test_a_slow_engine_never_trains_groups_past_the_bound(url: str) -> None:
+    # a third of the groups are slow to generate the first time: the others overtake them,
+    # and those that could no longer be trained within the bound are stopped and generated
+    # again
+    first_time: set[int] = set()
+
+    async def slow_for_some(sample: Sample, params: dict[str, Any], client: Any) -> Sample:
+        if sample.group_index % 3 == 0 and sample.group_index not in first_time:
+            first_time.add(sample.group_index)
+            await asyncio.sleep(1.5)
+        return await generate_sample(sample, params, client)
+
+    plan = bounds("fully_async", 1, None, 3 * BATCH)
+    trained = asyncio.run(drive(url, plan, 6, train_s=0.05, generate=slow_for_some))
+    check_versions(trained, max_staleness=1)
+    check_accounting(trained)
+    regenerated = [i for b in trained.batches for i in b.tally.regenerated]
+    assert regenerated, "no group outlived the bound"
+    assert set(regenerated) <= set(trained_indices(trained)) | trained.outstanding
+
+
+def test_an_interrupted_group_keeps_its_tokens_and_goes_on_under_the_new_version(
+    url: str,
+) -> None:
+    async def scenario() -> Group:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            runner = GroupRunner(client, length_reward)
+            prompt = [40, 41, 42]
+            group = [
+                Sample(group_index=0, index=i, prompt="p", prompt_ids=prompt) for i in range(32)
+            ]
+            params: dict[str, Any] = {"max_new_tokens": 240, "temperature": 1.0, "ignore_eos": True}
+            task = asyncio.create_task(runner.run(group, params, runner.client_for(group)))
+            async with asyncio.timeout(30):
+                while await client.num_requests([url]) == 0:
+                    assert not task.done(), task
+                    await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)  # some tokens under version 0
+            await push(client, url, 1)
+            return await asyncio.wait_for(task, 60)
+
+    group = asyncio.run(scenario())
+    interrupted = 0
+    for sample in group:
+        assert sample.status is SampleStatus.TRUNCATED and len(sample.response_ids) == 240
+        assert len(sample.rollout_logprobs) == len(sample.loss_mask) == 240
+        assert sample.token_versions == sorted(sample.token_versions)
+        assert all(lp <= 0.0 for lp in sample.rollout_logprobs)
+        interrupted += set(sample.token_versions) == {0, 1}
+    assert interrupted > 0  # tokens from before the update were kept, the rest came after
