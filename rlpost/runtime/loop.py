@@ -165,7 +165,14 @@ class TrainLoop:
         metrics["perf/step_time_s"] = wall
         metrics["perf/rollout_tokens_per_s"] = metrics["rollout/response_tokens"] / wall
         metrics["perf/weight_version"] = float(self.session.weight_version)
-        return metrics, accounting(batch)
+        return metrics, accounting(batch, self.outstanding())
+
+    def outstanding(self) -> list[int]:
+        """Groups drawn but not yet trained, filtered or dropped: queued, generating, or
+        waiting in the data buffer (partial rollouts, prompts put back)."""
+        pipeline = self.pipeline.snapshot()
+        groups = [*pipeline.queued, *pipeline.generating, *self.inputs.data.buffer]
+        return sorted({g[0].group_index for g in groups})
 
     async def _evaluate(self, done: int) -> dict[str, float]:
         if self.eval_generate is not None:

@@ -76,6 +76,12 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     }
 
 
-def accounting(batch: Batch) -> dict[str, list[int]]:
-    """Which groups (by group index) this step trained, and what happened to the others."""
-    return {"trained": [g[0].group_index for g in batch.groups], **batch.tally.as_record()}
+def accounting(batch: Batch, outstanding: list[int]) -> dict[str, list[int]]:
+    """Which groups (by group index) this step trained, what happened to the others since
+    the previous step, and which are still on their way (`outstanding`): every group drawn is
+    in exactly one of these at any step."""
+    return {
+        "trained": [g[0].group_index for g in batch.groups],
+        **batch.tally.as_record(),
+        "outstanding": outstanding,
+    }

@@ -58,18 +58,26 @@ def test_colocated_default_runs_rollouts_trains_and_evaluates(tmp_path: Path) ->
     assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v3"]
 
 
-def test_decoupled_layout_runs(tmp_path: Path) -> None:
+def test_decoupled_layout_runs_one_step_off(tmp_path: Path) -> None:
+    """recipe.loop.mode=async: rollout N+1 is generated while rollout N trains, so a step
+    trains samples at most one weight version old."""
     run_dir = tmp_path / "run"
     done = launch(
         run_dir,
         "layout.colocate=false",
         "layout.train.num_gpus=1",
         "layout.rollout.num_gpus=1",
-        "recipe.rollout.num_rollout=1",
+        "recipe.loop.mode=async",
+        "recipe.rollout.num_rollout=3",
         "recipe.eval.interval=null",
         "recipe.eval.datasets=[]",
         "tracking.tensorboard=false",
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    (record,) = read_metrics(run_dir)
-    assert record["rollout/num_samples"] == 64 and math.isfinite(record["train/loss"])
+    records = read_metrics(run_dir)
+    assert [r["rollout_id"] for r in records] == [0, 1, 2]
+    for record in records:
+        assert record["rollout/num_samples"] == 64 and math.isfinite(record["train/loss"])
+        assert record["rollout/staleness_max"] <= 1
+    assert records[0]["rollout/staleness_max"] == 0  # nothing was trained before it
+    assert any(r["rollout/staleness_max"] == 1 for r in records)  # generated during a step

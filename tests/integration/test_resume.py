@@ -258,3 +258,85 @@ def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
     finished = launch(overrides(assets, reference, "run.resume=auto"))
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "nothing to train" in finished.stdout
+
+
+def train_rank(launch_pid: int) -> int:
+    """The process of the run's (single) train rank: Ray names it after its actor."""
+    for pid in run_processes(launch_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.startswith(b"ray::TrainActor"):
+            return pid
+    raise AssertionError("no ray::TrainActor process in the run")
+
+
+def test_a_hung_then_a_dead_train_rank_restart_the_run_in_place(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    """A rank that stops answering is named after trainer.collective_timeout_s and the run
+    restarts from its newest checkpoint; so does a rank that dies. Nothing is lost: the
+    metrics equal those of a run that never faulted."""
+    run_dir = tmp_path / "run"
+    args = overrides(assets, run_dir, "run.max_restarts=2", "trainer.collective_timeout_s=15")
+    log = tmp_path / "run.log"
+    proc = start(args, log)
+    try:
+        ckpt = run_dir / "ckpt"
+        wait_for(lambda: (ckpt / "rollout_1").is_dir(), proc, log, 240)
+        os.kill(train_rank(proc.pid), signal.SIGSTOP)  # hangs: alive, never answers
+        wait_for(lambda: "restart 1 of" in log.read_text(), proc, log, 120)
+        wait_for(lambda: (ckpt / "rollout_3").is_dir(), proc, log, 240)
+        os.kill(train_rank(proc.pid), signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_run(proc)
+    out = log.read_text()
+    assert "train rank(s) [0] did not arrive" in out and "restart 2 of" in out, out[-3000:]
+    assert "died" in out and "Traceback" not in out, out[-3000:]
+    assert comparable(run_dir) == comparable(reference)
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    assert [x.get("restart", 0) for x in launches] == [0, 1, 2]
+    assert launches[1]["start_rollout"] >= 1 and launches[2]["start_rollout"] >= 3
+    failures = (run_dir / "logs" / "failures.log").read_text().splitlines()
+    assert sum(line.startswith("--- ") for line in failures) == 2  # one entry per fault
+
+
+def test_a_fully_async_run_restarted_after_a_dead_rank_accounts_for_every_group(
+    assets: Path, tmp_path: Path
+) -> None:
+    """Decoupled train and rollout, generation never waiting for the trainer: a train rank
+    dies mid-run, the run restarts from its newest checkpoint (queued groups included) and
+    finishes; no group is trained twice, none goes missing, none is older than the bound."""
+    run_dir = tmp_path / "run"
+    args = [
+        a for a in overrides(assets, run_dir) if a != "run.deterministic=true"
+    ] + [
+        "recipe.loop.mode=fully_async", "recipe.loop.max_staleness=2",
+        "layout.colocate=false", "layout.rollout.num_gpus=1", "hardware.gpus_per_node=2",
+        "run.max_restarts=1", "recipe.eval.interval=null", "recipe.eval.datasets=[]",
+        "recipe.rollout.num_rollout=6",
+    ]  # fmt: skip
+    args.remove("hardware.gpus_per_node=1")
+    args.remove(f"recipe.rollout.num_rollout={NUM_ROLLOUT}")
+    log = tmp_path / "run.log"
+    proc = start(args, log)
+    try:
+        wait_for(lambda: (run_dir / "ckpt" / "rollout_2").is_dir(), proc, log, 240)
+        os.kill(train_rank(proc.pid), signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        kill_run(proc)
+    assert "restart 1 of" in log.read_text()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in records] == list(range(6))
+    assert max(r["rollout/staleness_max"] for r in records) <= 2
+    assert any(r["rollout/staleness_max"] > 0 for r in records)  # generation ran ahead
+    trained = [i for r in records for i in r["groups"]["trained"]]
+    assert len(trained) == len(set(trained)) == 6 * 4  # batch_size groups per step, once each
+    accounted = set(trained) | set(records[-1]["groups"]["outstanding"])
+    for r in records:
+        accounted |= {i for what in ("filtered", "dropped_stale", "cut_short") for i in
+                      r["groups"][what]}  # fmt: skip
+    assert set(range(max(trained) + 1)) <= accounted
