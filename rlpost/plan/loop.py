@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlpost.config.sources import CONF_DIR
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
 from rlpost.schema import RunConfig
@@ -93,6 +94,9 @@ def check_async_loop(ctx: PlanContext) -> list[Issue]:
             if train < total
             else "layout.colocate=false with layout.train.num_gpus and layout.rollout.num_gpus"
         )
+        shipped = f"{cfg.layout.name}_async"
+        if (CONF_DIR / "layout" / f"{shipped}.yaml").is_file():
+            split = f"layout={shipped} (ships for this model and hardware), or {split}"
         issues.append(
             Issue(
                 "recipe.loop.mode",

@@ -342,7 +342,7 @@ def check_exportable(cfg: RunConfig) -> None:
         if applies(cfg)
     ]
     if issues:
-        raise UserError(issues, title="feature slime does not have")
+        raise UserError(issues, title="slime export error")
 
 
 def cfg_value(cfg: RunConfig, key: str) -> object:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from rlpost.errors import UserError
 from rlpost.plan import build_plan, render_slime_args, slime_arg_groups
 from rlpost.schema import RunConfig
 
@@ -227,3 +228,37 @@ def test_mtp_training_flags_follow_the_seed(groups_for: GroupsFor) -> None:
     )
     plain = groups_for("glm4.7-flash", "h100x8")
     assert "SPEC_ARGS" not in plain and "--mtp-num-layers" not in plain["MODEL_ARGS"]
+
+
+def test_the_async_layout_runs_seed_001s_alternative(compose_run: ComposeRun) -> None:
+    """Seed 001: 2 GPUs train, 6 generate, and train_async.py overlaps the two."""
+    cfg = compose_run(
+        "model=qwen3-4b", "recipe=grpo_dapo_async", "hardware=h100x8",
+        "layout=qwen3-4b_h100x8_async",
+    )  # fmt: skip
+    groups = slime_arg_groups(cfg, build_plan(cfg))
+    assert groups["CLUSTER_ARGS"] == [
+        "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "6"
+    ]  # fmt: skip
+    assert "python3 train_async.py" in render_slime_args(cfg, build_plan(cfg))
+
+
+def test_the_colocated_layout_refuses_async_naming_the_one_that_runs(
+    compose_run: ComposeRun,
+) -> None:
+    for recipe in ("grpo_dapo_async", "grpo_dapo_fully_async"):
+        with pytest.raises(UserError) as refused:
+            build_plan(compose_run("model=qwen3-4b", f"recipe={recipe}", "hardware=h100x8"))
+        assert "layout=qwen3-4b_h100x8_async" in refused.value.render()
+
+
+def test_fully_async_is_refused_by_the_export_with_the_reason(compose_run: ComposeRun) -> None:
+    cfg = compose_run(
+        "model=qwen3-4b", "recipe=grpo_dapo_fully_async", "hardware=h100x8",
+        "layout=qwen3-4b_h100x8_async",
+    )  # fmt: skip
+    plan = build_plan(cfg)  # it plans and runs in rlpost
+    with pytest.raises(UserError) as refused:
+        render_slime_args(cfg, plan)
+    keys = {issue.key for issue in refused.value.issues}
+    assert keys == {"recipe.loop.mode", "recipe.algo.off_policy_correction"}

@@ -303,18 +303,33 @@ def test_a_hung_then_a_dead_train_rank_restart_the_run_in_place(
     assert sum(line.startswith("--- ") for line in failures) == 2  # one entry per fault
 
 
-def test_a_fully_async_run_restarted_after_a_dead_rank_accounts_for_every_group(
+def engine_server(launch_pid: int) -> int:
+    for pid in run_processes(launch_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"rlpost.backends.cpu_engine" in cmdline:
+            return pid
+    raise AssertionError("no CPU engine server in the run")
+
+
+def test_a_fully_async_run_survives_a_dead_engine_and_a_dead_rank_and_accounts_for_every_group(
     assets: Path, tmp_path: Path
 ) -> None:
-    """Decoupled train and rollout, generation never waiting for the trainer: a train rank
-    dies mid-run, the run restarts from its newest checkpoint (queued groups included) and
-    finishes; no group is trained twice, none goes missing, none is older than the bound."""
+    """Decoupled train (megatron-core) and rollout, generation never waiting for the trainer:
+    the engine is killed mid-run and comes back at the current weights (fault tolerance); a
+    train rank dies and the run restarts from its newest checkpoint (queued groups included)
+    and finishes. No group is trained twice, none goes missing, none is past the bound."""
     run_dir = tmp_path / "run"
     args = [
         a for a in overrides(assets, run_dir) if a != "run.deterministic=true"
     ] + [
         "recipe.loop.mode=fully_async", "recipe.loop.max_staleness=2",
         "layout.colocate=false", "layout.rollout.num_gpus=1", "hardware.gpus_per_node=2",
+        "trainer.backend=megatron",
+        "engine.fault_tolerance=true", "engine.health_check_interval_s=0.5",
+        "engine.health_check_timeout_s=10", "engine.health_check_first_wait_s=0",
         "run.max_restarts=1", "recipe.eval.interval=null", "recipe.eval.datasets=[]",
         "recipe.rollout.num_rollout=6",
     ]  # fmt: skip
@@ -323,12 +338,20 @@ def test_a_fully_async_run_restarted_after_a_dead_rank_accounts_for_every_group(
     log = tmp_path / "run.log"
     proc = start(args, log)
     try:
-        wait_for(lambda: (run_dir / "ckpt" / "rollout_2").is_dir(), proc, log, 240)
+        ckpt = run_dir / "ckpt"
+        wait_for(lambda: (ckpt / "rollout_1").is_dir(), proc, log, 240)
+        engine = engine_server(proc.pid)
+        os.kill(engine, signal.SIGKILL)
+        wait_for(lambda: (ckpt / "rollout_3").is_dir(), proc, log, 240)
+        assert engine_server(proc.pid) != engine  # restarted in place, not by a run restart
         os.kill(train_rank(proc.pid), signal.SIGKILL)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         kill_run(proc)
-    assert "restart 1 of" in log.read_text()
+    out = log.read_text()
+    assert "restart 1 of" in out and "restart 2 of" not in out, out[-3000:]
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    assert [x.get("restart", 0) for x in launches] == [0, 1]  # the engine cost no restart
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in records] == list(range(6))
     assert max(r["rollout/staleness_max"] for r in records) <= 2
