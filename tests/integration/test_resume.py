@@ -272,6 +272,32 @@ def train_rank(launch_pid: int) -> int:
     raise AssertionError("no ray::TrainActor process in the run")
 
 
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def check_listening_sockets(launch_pid: int) -> None:
+    """rlpost's servers (engines, router, the train ranks' collective) listen on loopback
+    only; Ray's own gRPC server in each of its workers and in the driver binds every
+    interface (Ray 2.60 has no option against it) and is the one exception allowed."""
+    import psutil
+
+    seen = set()
+    for pid in run_processes(launch_pid):
+        try:
+            process = psutil.Process(pid)
+            name = " ".join(process.cmdline())
+            sockets = [c.laddr for c in process.net_connections("inet") if c.status == "LISTEN"]
+        except psutil.Error:
+            continue
+        outside = [f"{a.ip}:{a.port}" for a in sockets if a.ip not in LOOPBACK]
+        if "rlpost.backends.cpu_engine" in name or name.startswith("sglang::router"):
+            seen.add("engine" if "cpu_engine" in name else "router")
+            assert sockets and not outside, (name, outside)
+        elif name.startswith(("ray::TrainActor", "ray::EngineActor")) or pid == launch_pid:
+            assert len(outside) <= 1, (name, outside)  # Ray's core-worker server
+    assert seen == {"engine", "router"}
+
+
 def test_a_hung_then_a_dead_train_rank_restart_the_run_in_place(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:
@@ -285,6 +311,7 @@ def test_a_hung_then_a_dead_train_rank_restart_the_run_in_place(
     try:
         ckpt = run_dir / "ckpt"
         wait_for(lambda: (ckpt / "rollout_1").is_dir(), proc, log, 240)
+        check_listening_sockets(proc.pid)
         os.kill(train_rank(proc.pid), signal.SIGSTOP)  # hangs: alive, never answers
         wait_for(lambda: "restart 1 of" in log.read_text(), proc, log, 120)
         wait_for(lambda: (ckpt / "rollout_3").is_dir(), proc, log, 240)
