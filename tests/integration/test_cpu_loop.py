@@ -25,45 +25,42 @@ REQUIRED = (
 pytestmark = pytest.mark.integration
 
 
-def launch(
-    run_dir: Path, *overrides: str, timeout_s: float = 240
-) -> subprocess.CompletedProcess[str]:
+def start(hydra_dir: Path, *overrides: str) -> subprocess.Popen[str]:
+    """A launch whose run directory is left to Hydra (run.dir unset): `hydra_dir`."""
     command = [
-        sys.executable, str(ROOT / "launch.py"), f"run.dir={run_dir}", "run.progress=false",
-        *overrides,
+        sys.executable, str(ROOT / "launch.py"), f"hydra.run.dir={hydra_dir}",
+        "run.progress=false", *overrides,
     ]  # fmt: skip
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float = 300) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    return out, err
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_colocated_default_runs_rollouts_trains_and_evaluates(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    done = launch(run_dir, "recipe.rollout.num_rollout=3", "recipe.eval.interval=2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = read_metrics(run_dir)
-    assert [r["rollout_id"] for r in records] == [0, 1, 2]
-    for record in records:
-        assert set(REQUIRED) <= set(record), set(REQUIRED) - set(record)
-        assert record["rollout/num_samples"] == 64
-        assert 0.0 <= record["rollout/reward_mean"] <= 1.0
-        assert record["train/optimizer_steps"] == 1
-    # eval before training (logged with rollout 0), after rollout 2 (interval) and at the end
-    assert all("eval/arith/accuracy" in records[i] for i in (0, 1, 2))
-    assert "eval accuracy" in done.stdout and f"run directory: {run_dir}" in done.stdout
-    assert (run_dir / "tensorboard").is_dir() and (run_dir / "config.yaml").is_file()
-    # the engines serve the last pushed weights: only the newest version is kept on disk
-    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v3"]
-
-
-def test_decoupled_layout_runs_one_step_off(tmp_path: Path) -> None:
-    """recipe.loop.mode=async: rollout N+1 is generated while rollout N trains, so a step
-    trains samples at most one weight version old."""
-    run_dir = tmp_path / "run"
-    done = launch(
-        run_dir,
+def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish(
+    tmp_path: Path,
+) -> None:
+    """Started in the same moment with the same default run directory: the second takes
+    <dir>-2, and each has its own Ray cluster, ports and files. One is the colocated
+    default (rollouts, training, eval); the other runs decoupled, one step off (async:
+    rollout N+1 is generated while rollout N trains)."""
+    shared = tmp_path / "run"
+    default = start(shared, "recipe.rollout.num_rollout=3", "recipe.eval.interval=2")
+    decoupled = start(
+        shared,
         "layout.colocate=false",
         "layout.train.num_gpus=1",
         "layout.rollout.num_gpus=1",
@@ -73,8 +70,30 @@ def test_decoupled_layout_runs_one_step_off(tmp_path: Path) -> None:
         "recipe.eval.datasets=[]",
         "tracking.tensorboard=false",
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = read_metrics(run_dir)
+    default_out, _ = finish(default)
+    decoupled_out, _ = finish(decoupled)
+    dirs = {
+        out.rsplit("run directory: ", 1)[1].strip(): out for out in (default_out, decoupled_out)
+    }
+    assert set(dirs) == {str(shared), f"{shared}-2"}, list(dirs)
+    default_dir = Path(next(d for d, out in dirs.items() if out is default_out))
+    decoupled_dir = Path(next(d for d, out in dirs.items() if out is decoupled_out))
+
+    records = read_metrics(default_dir)
+    assert [r["rollout_id"] for r in records] == [0, 1, 2]
+    for record in records:
+        assert set(REQUIRED) <= set(record), set(REQUIRED) - set(record)
+        assert record["rollout/num_samples"] == 64
+        assert 0.0 <= record["rollout/reward_mean"] <= 1.0
+        assert record["train/optimizer_steps"] == 1
+    # eval before training (logged with rollout 0), after rollout 2 (interval) and at the end
+    assert all("eval/arith/accuracy" in records[i] for i in (0, 1, 2))
+    assert "eval accuracy" in default_out
+    assert (default_dir / "tensorboard").is_dir() and (default_dir / "config.yaml").is_file()
+    # the engines serve the last pushed weights: only the newest version is kept on disk
+    assert sorted(p.name for p in (default_dir / "weights").iterdir()) == ["v3"]
+
+    records = read_metrics(decoupled_dir)
     assert [r["rollout_id"] for r in records] == [0, 1, 2]
     for record in records:
         assert record["rollout/num_samples"] == 64 and math.isfinite(record["train/loss"])
