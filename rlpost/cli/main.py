@@ -7,6 +7,9 @@
     rlpost new model --from-hf DIR [--name NAME] [--out PATH]
     rlpost new recipe NAME --from BASE [KEY=VALUE...]
     rlpost run ...                                                       # python launch.py ...
+    rlpost cluster up --hostfile FILE | status | down                    # a Ray cluster over ssh
+    rlpost slurm model=... recipe=... hardware=... [--out FILE]         # an sbatch script
+    rlpost kuberay model=... recipe=... hardware=... --image IMAGE      # a KubeRay RayJob
 
 Every user error exits 2 with its message and no traceback. None of these commands imports
 torch, ray, transformers, megatron or sglang except `run` when it trains.
@@ -72,7 +75,7 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def verbs() -> dict[str, Verb]:
-    from rlpost.cli import catalog, show, validate
+    from rlpost.cli import catalog, cluster, schedulers, show, validate
 
     return {
         "ls": _verb(catalog),
@@ -85,6 +88,11 @@ def verbs() -> dict[str, Verb]:
             _new,
         ),
         "run": Verb("launch: exactly `python launch.py ARGS`", lambda p: None, lambda a: 0),
+        "cluster": _verb(cluster),
+        "slurm": Verb(schedulers.SLURM_HELP, schedulers.add_slurm_arguments, schedulers.slurm),
+        "kuberay": Verb(
+            schedulers.KUBERAY_HELP, schedulers.add_kuberay_arguments, schedulers.kuberay
+        ),
     }
 
 

@@ -17,18 +17,21 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import tempfile
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rlpost.errors import Issue, UserError
+from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import RunConfig
 from rlpost.schema.recipe import RewardType
 
 MAX_BAD_LINES = 5
+HEAD_CONNECT_TIMEOUT_S = 3.0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
@@ -252,7 +255,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 value=cfg.engine.backend,
             )
         )
-    joins_cluster = bool(os.environ.get("RAY_ADDRESS"))
+    joins_cluster = ray_address(cfg) is not None
     if cfg.hardware.kind == "gpu" and not joins_cluster:
         found = _local_gpus()
         needed = cfg.hardware.gpus_per_node
@@ -263,7 +266,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
                     f"hardware {cfg.hardware.name} needs {needed} GPUs on this node and this "
                     f"machine has {found}",
                     "run on a machine with those GPUs (or join a Ray cluster that has them: "
-                    "RAY_ADDRESS), or pick a hardware profile that matches this one "
+                    "run.ray_address), or pick a hardware profile that matches this one "
                     "(hardware=cpu on a machine without GPUs)",
                     value=cfg.hardware.name,
                 )
@@ -345,9 +348,34 @@ def _writable_folder(folder: Path) -> bool:
 
 
 MachineCheck = Callable[[RunConfig, Plan], Iterable[Issue]]
+
+
+def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    """A multi-node profile has a cluster to join, and a head given as host:port answers."""
+    issues = check_cluster_source(cfg)
+    address = ray_address(cfg)
+    if address and address != "auto" and ":" in address and "://" not in address:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as exc:
+            key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+            issues.append(
+                Issue(
+                    key,
+                    f"no Ray head answers at {address} ({exc})",
+                    "start the cluster first (rlpost cluster up --hostfile FILE, or ray start "
+                    "--head on the head node) or correct the address",
+                    value=address,
+                )
+            )
+    return issues
+
+
 MACHINE_CHECKS: tuple[MachineCheck, ...] = (
     check_checkpoints,
     check_data,
     check_environment,
+    check_cluster,
     check_run_dir,
 )

@@ -140,6 +140,16 @@ LOOP_NAMES = {
 }
 
 
+def _ray_cluster(address: str | None, num_nodes: int) -> str:
+    if address == "auto":
+        return "joins the one this machine belongs to"
+    if address:
+        return f"joins the one at {address}"
+    if num_nodes > 1:
+        return f"joins RAY_ADDRESS (set it, or run.ray_address: {num_nodes} nodes)"
+    return "joins RAY_ADDRESS when set, else a new one on this machine"
+
+
 def render_runtime(plan: Plan) -> str:
     rt, loop = plan.runtime, plan.runtime.loop
     ahead = "unbounded" if loop.lookahead_steps is None else f"{loop.lookahead_steps} step(s)"
@@ -152,6 +162,7 @@ def render_runtime(plan: Plan) -> str:
             "a file in the run directory" if rt.rendezvous == "file" else "TCP on rank 0's node",
         ],
         ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
+        ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
         ["loop", LOOP_NAMES.get(loop.mode, loop.mode)],
         ["weights to the engines every", f"{loop.update_weights_interval} train step(s)"],
         ["generation runs ahead of training by", ahead],

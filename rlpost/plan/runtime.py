@@ -38,6 +38,9 @@ class RuntimePlan:
     # directory (no TCP store listening), and every server rlpost starts binds 127.0.0.1.
     rendezvous: str  # file | tcp
     loopback_only: bool
+    # Where Ray comes from: the run's ray_address, or (null) RAY_ADDRESS when the launch
+    # sees it, else a new one-node cluster on this machine.
+    ray_address: str | None
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -73,6 +76,7 @@ def plan_runtime(cfg: RunConfig, colocate: bool, longest_sample_tokens: int) -> 
         loop=plan_loop(cfg, longest_sample_tokens),
         rendezvous="file" if cfg.hardware.num_nodes == 1 else "tcp",
         loopback_only=cfg.hardware.num_nodes == 1,
+        ray_address=cfg.run.ray_address,
     )
 
 

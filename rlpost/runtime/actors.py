@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ray
 
 from rlpost.backends.sglang.launch import EngineSpec
@@ -21,6 +23,11 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _where() -> dict[str, object]:
+    """The node this actor runs on (its cluster address) and its process."""
+    return {"address": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
 @ray.remote
 class TrainActor:
     """One train rank; the backend (rlpost.runtime.trainers) does the work, the actor only
@@ -33,6 +40,9 @@ class TrainActor:
 
     def ready(self) -> bool:
         return True
+
+    def where(self) -> dict[str, object]:
+        return _where()
 
     def train(self, batch: list[TrainSample]) -> dict[str, float]:
         metrics: dict[str, float] = self.trainer.train_step(batch)
@@ -58,6 +68,9 @@ class EngineActor:
 
     def url(self) -> str:
         return self.process.url
+
+    def where(self) -> dict[str, object]:
+        return {**_where(), "server_pid": self.process.pid(), "url": self.process.url}
 
     def pid(self) -> int | None:
         return self.process.pid()

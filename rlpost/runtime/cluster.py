@@ -4,17 +4,39 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlpost.schema import HardwareConfig
+from rlpost.errors import Issue, UserError
+from rlpost.plan.cluster import NodeInfo, choose_nodes, nodes_from_ray, ray_address
+from rlpost.schema import HardwareConfig, RunConfig
 
 log = logging.getLogger(__name__)
 LOCALHOST = "127.0.0.1"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray turns it to "token" for a new local cluster
+NODE_PIN = 0.001  # of a node's `node:<address>` resource (1.0): pins a bundle, shares the node
+# The nodes are known to hold the run before the reservation: a wait this long means
+# another job holds the slots.
+PLACEMENT_TIMEOUT_S = 120.0
+
+
+def use_cluster_token() -> None:
+    """Joining a cluster: talk to it with token authentication whenever a token is here
+    (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN) and RAY_AUTH_MODE does not
+    say otherwise; Ray itself only does this for `ray start`."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 @dataclass(frozen=True)
@@ -24,24 +46,50 @@ class Slot:
     bundle_index: int
     node_ip: str
     gpu_id: int
+    ifname: str | None = None  # the interface that carries node_ip on its node
 
 
 @ray.remote(num_cpus=0)
-def _probe_bundle() -> tuple[str, int]:
+def _probe_bundle() -> tuple[str, int, str | None]:
+    from rlpost.runtime.netif import interface_for
+
     gpu_ids = ray.get_gpu_ids()
-    return ray.util.get_node_ip_address(), int(gpu_ids[0]) if gpu_ids else -1
+    address = ray.util.get_node_ip_address()
+    return address, int(gpu_ids[0]) if gpu_ids else -1, interface_for(address)
+
+
+@ray.remote(num_cpus=0)
+def _reads(path: str, expected: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == expected
+    except OSError:
+        return False
+
+
+@ray.remote(num_cpus=0)
+def _free_port_here() -> int:
+    """A port free on this node, on its cluster address."""
+    from rlpost.backends.ports import free_port
+
+    return free_port(ray.util.get_node_ip_address())
 
 
 class Cluster:
     """Starts (or joins) Ray and reserves one bundle per device slot of the plan.
 
-    Ray's bundle index order is not the physical order, so bundles are probed and sorted
-    by (node IP, GPU id); `slots[i]` is then the i-th device of the plan's placement.
+    Before anything is reserved, the cluster's nodes are matched to the hardware profile
+    (`choose_nodes`): a cluster that cannot hold the run is refused at once, naming what is
+    missing. Bundles are pinned node by node (plan node 0 is where the launch runs); Ray's
+    bundle index order is not the physical order, so bundles are probed and sorted by (plan
+    node, GPU id); `slots[i]` is then the i-th device of the plan's placement.
     """
 
-    def __init__(self, hardware: HardwareConfig, num_slots: int) -> None:
+    def __init__(self, hardware: HardwareConfig, num_slots: int, cfg: RunConfig) -> None:
         self.hardware = hardware
         self.num_slots = num_slots
+        self.cfg = cfg
+        self.nodes: list[NodeInfo] = []
         self.pg: PlacementGroup | None = None
         self.slots: list[Slot] = []
         self._started_ray = False
@@ -53,15 +101,55 @@ class Cluster:
     def start(self) -> None:
         if not ray.is_initialized():
             self._init_ray()
-        bundle = {"GPU": 1, "CPU": 1} if self.on_gpu else {"CPU": 1}
-        self.pg = placement_group([dict(bundle) for _ in range(self.num_slots)], strategy="PACK")
-        ray.get(self.pg.ready(), timeout=600)
+        driver = ray.util.get_node_ip_address()
+        self.nodes = choose_nodes(
+            self.hardware, nodes_from_ray(ray.nodes()), driver, self.num_slots
+        )
+        self.pg = placement_group(self._bundles(), strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise UserError(
+                [
+                    Issue(
+                        "hardware",
+                        f"the cluster's nodes ({', '.join(n.address for n in self.nodes)}) "
+                        f"have the {self.num_slots} device slot(s) this run needs, but not "
+                        f"free: after {PLACEMENT_TIMEOUT_S:.0f} s Ray still could not reserve "
+                        "them (another job holds them)",
+                        "wait for the other job, or stop it (ray list actors / ray status)",
+                        value=self.hardware.name,
+                    )
+                ],
+                title="cluster busy",
+            ) from None
         self.slots = self._probe_order()
 
+    def _bundles(self) -> list[dict[str, float]]:
+        """One bundle per device slot, node by node, each pinned to its chosen node (Ray's
+        `node:<address>` resource) so plan node n is the n-th chosen node, whatever else
+        the cluster holds."""
+        per_node = self.hardware.gpus_per_node
+        bundles = []
+        for i in range(self.num_slots):
+            bundle = {"GPU": 1.0, "CPU": 1.0} if self.on_gpu else {"CPU": 1.0}
+            bundle[f"node:{self.nodes[i // per_node].address}"] = NODE_PIN
+            bundles.append(bundle)
+        return bundles
+
     def _init_ray(self) -> None:
-        address = os.environ.get("RAY_ADDRESS")
+        address = ray_address(self.cfg)
         if address:
-            ray.init(address=address, log_to_driver=True)
+            use_cluster_token()
+            try:
+                ray.init(
+                    address=address,
+                    _node_ip_address=self.cfg.run.node_address,
+                    log_to_driver=True,
+                    logging_level=logging.WARNING,
+                )
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise _cannot_join(address, self.cfg, exc) from None
             return
         # Ray enables token auth on a new local cluster and warns that it did; the cluster
         # only listens on this host, so the notice is noise for the person running rlpost.
@@ -71,6 +159,8 @@ class Cluster:
         # A local cluster: logical CPUs are slots, not cores, so colocated actors can share one.
         num_cpus = max(self.num_slots * 2, os.cpu_count() or 1)
         ray.init(
+            # never a cluster that `ray start` left running here: only run.ray_address joins
+            address="local",
             num_cpus=num_cpus,
             num_gpus=self.hardware.gpus_per_node if self.on_gpu else 0,
             include_dashboard=False,
@@ -98,8 +188,11 @@ class Cluster:
             for i in range(self.num_slots)
         ]
         found = ray.get(probes)
-        slots = [Slot(i, ip, gpu) for i, (ip, gpu) in enumerate(found)]
-        return sorted(slots, key=lambda s: (s.node_ip, s.gpu_id, s.bundle_index))
+        rank = {node.address: n for n, node in enumerate(self.nodes)}
+        slots = [Slot(i, ip, gpu, ifname) for i, (ip, gpu, ifname) in enumerate(found)]
+        return sorted(
+            slots, key=lambda s: (rank.get(s.node_ip, len(rank)), s.gpu_id, s.bundle_index)
+        )
 
     def strategy_for_bundle(self, bundle_index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
@@ -107,6 +200,50 @@ class Cluster:
             placement_group_bundle_index=bundle_index,
             placement_group_capture_child_tasks=True,
         )
+
+    def check_shared(self, folder: Path) -> None:
+        """Every node sees `folder` (the run directory: checkpoints written by ranks on every
+        node, weights the engines load from disk), or a UserError naming the nodes that
+        do not."""
+        if len(self.nodes) < 2:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
+        marker = folder / f".shared-{token}"
+        marker.write_text(token, encoding="utf-8")
+        try:
+            per_node = self.hardware.gpus_per_node
+            firsts = [
+                n * per_node for n in range(len(self.nodes)) if n * per_node < len(self.slots)
+            ]
+            seen = ray.get(
+                [
+                    _reads.options(scheduling_strategy=self.strategy(i)).remote(str(marker), token)
+                    for i in firsts
+                ]
+            )
+        finally:
+            marker.unlink(missing_ok=True)
+        blind = [self.slots[i].node_ip for i, ok in zip(firsts, seen, strict=True) if not ok]
+        if blind:
+            raise UserError(
+                [
+                    Issue(
+                        "run.dir",
+                        f"node(s) {', '.join(blind)} cannot see the run directory: ranks on "
+                        "every node write checkpoints there and engines load weights from it",
+                        "put run.dir on storage every node mounts at the same path (NFS, "
+                        "Lustre, a shared volume)",
+                        value=str(folder),
+                    )
+                ],
+                title="run directory not shared",
+            )
+
+    def free_port_on(self, slot_index: int) -> int:
+        """A port free on the node of the plan's `slot_index`-th device, chosen there."""
+        strategy = self.strategy(slot_index)
+        return int(ray.get(_free_port_here.options(scheduling_strategy=strategy).remote()))
 
     def strategy(self, slot_index: int) -> PlacementGroupSchedulingStrategy:
         """Scheduling strategy for the plan's `slot_index`-th device."""
@@ -119,3 +256,22 @@ class Cluster:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+def _cannot_join(address: str, cfg: RunConfig, exc: BaseException) -> UserError:
+    key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError(
+        [
+            Issue(
+                key,
+                f"could not join the Ray cluster at {address}: {first}",
+                "start the cluster first (rlpost cluster up --hostfile FILE), launch on one "
+                "of its nodes, and set run.node_address when this machine has several "
+                "addresses; a cluster with token authentication needs its token here "
+                "(~/.ray/auth_token or RAY_AUTH_TOKEN)",
+                value=address,
+            )
+        ],
+        title="cannot join the cluster",
+    )

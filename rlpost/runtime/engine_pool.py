@@ -170,11 +170,11 @@ def ray_engines(
     specs: Sequence[Sequence[EngineSpec]],
     cluster: Cluster,
     plan: Plan,
-    runtime_env: dict[str, Any],
+    runtime_env: Callable[[int], dict[str, Any]],
     resources: dict[str, float],
 ) -> list[RayEngine]:
     """One RayEngine per engine; each node's actor in the bundle of the engine's first GPU
-    on that node."""
+    on that node, with `runtime_env(slot index)`."""
     placement = plan.placement
 
     def bundle_of(spec: EngineSpec) -> int:
@@ -184,9 +184,9 @@ def ray_engines(
         return slot.node * placement.gpus_per_node + slot.gpu
 
     def make_actor(spec: EngineSpec) -> ray.actor.ActorHandle:
-        strategy = cluster.strategy(bundle_of(spec))
+        index = bundle_of(spec)
         return EngineActor.options(
-            scheduling_strategy=strategy, runtime_env=runtime_env, **resources
+            scheduling_strategy=cluster.strategy(index), runtime_env=runtime_env(index), **resources
         ).remote(spec)
 
     return [RayEngine(per_node, make_actor) for per_node in specs]

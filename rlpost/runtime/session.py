@@ -14,6 +14,7 @@ whose process died is reported as a fault (`RunFault`) that `run.max_restarts` c
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -24,7 +25,6 @@ from typing import Any
 
 import ray
 
-from rlpost.backends.ports import free_port
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.plan import Plan
@@ -70,7 +70,7 @@ class Session:
         self.run_dir = run_dir
         placement = plan.placement
         used = placement.train_gpus + (0 if placement.colocate else placement.rollout_gpus)
-        self.cluster = Cluster(cfg.hardware, used)
+        self.cluster = Cluster(cfg.hardware, used, cfg)
         self.trainers: list[ray.actor.ActorHandle] = []
         self.pool: EnginePool | None = None
         self.router: Router | None = None
@@ -80,6 +80,7 @@ class Session:
         self.weight_version = 0
         self.offload = plan.runtime.offload
         self.probe: ProbeSettings | None = None
+        self.rendezvous = ""
 
     @property
     def engine_urls(self) -> list[str]:
@@ -91,6 +92,7 @@ class Session:
         try:
             start = time.perf_counter()
             self.cluster.start()  # in the main thread: Ray installs its signal handlers
+            self.cluster.check_shared(self.run_dir)
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             self._start_trainers()
             await self._start_engines()
@@ -99,6 +101,7 @@ class Session:
             await self.on_ranks("start", [t.ready.remote() for t in self.trainers])
             await self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
+            await self._record_placement()
         except BaseException:
             await self.close()
             raise
@@ -148,9 +151,10 @@ class Session:
         hw = self.cfg.hardware
         return max(1, hw.cpus_per_node // hw.gpus_per_node)
 
-    def _thread_env(self) -> dict[str, dict[str, str]]:
-        """Set before torch loads in the actor: its thread pool size and wait policy, and on
-        a single node the loopback interface for collectives.
+    def _thread_env(self, slot_index: int | None = None) -> dict[str, dict[str, str]]:
+        """Set before torch loads in the actor: its thread pool size and wait policy, and the
+        interface its collectives use: loopback on a single node; across nodes the hardware
+        profile's `socket_ifname`, or the interface that carries the slot's node address.
 
         Passive waiting matters on shared cores: spinning OpenMP threads of one process
         starve the others (measured 3x slower steps with two processes on two cores).
@@ -163,9 +167,50 @@ class Session:
             "TRANSFORMERS_VERBOSITY": "error",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         }
-        if self.plan.runtime.loopback_only:
-            env.update(GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, NCCL_SOCKET_IFNAME=LOOPBACK_IFNAME)
+        ifname = self._socket_ifname(slot_index)
+        if ifname:
+            env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
         return {"env_vars": env}
+
+    def _socket_ifname(self, slot_index: int | None) -> str | None:
+        if self.plan.runtime.loopback_only:
+            return LOOPBACK_IFNAME
+        if self.cfg.hardware.socket_ifname:
+            return self.cfg.hardware.socket_ifname
+        if slot_index is None:
+            return None
+        return self.cluster.slots[slot_index].ifname
+
+    async def _record_placement(self) -> None:
+        """placement.json in the run directory: where each rank and engine runs, next to the
+        node the plan gave it; a difference is reported."""
+        placement = self.plan.placement
+        nodes = self.cluster.nodes
+        entries: list[dict[str, Any]] = []
+        wheres = await asyncio.gather(*(t.where.remote() for t in self.trainers))
+        for rank, (slot, where) in enumerate(zip(placement.train_slots, wheres, strict=True)):
+            entries.append({"role": "train", "rank": rank, "node": slot.node, **where})
+        assert self.pool is not None
+        for engine in self.pool.engines:
+            for actor in getattr(engine, "actors", []):
+                where = await actor.where.remote()
+                node = placement.engines[engine.index].slots[0].node
+                entries.append({"role": "engine", "index": engine.index, "node": node, **where})
+        for entry in entries:
+            entry["planned_address"] = nodes[entry["node"]].address if nodes else None
+        misplaced = [e for e in entries if e["planned_address"] not in (None, e["address"])]
+        for e in misplaced:
+            log.warning(
+                "%s is on %s, not on plan node %d (%s)",
+                e,
+                e["address"],
+                e["node"],
+                e["planned_address"],
+            )
+        (self.run_dir / "placement.json").write_text(
+            json.dumps({"rendezvous": self.rendezvous, "processes": entries}, indent=1) + "\n",
+            encoding="utf-8",
+        )
 
     def _rendezvous(self) -> str | None:
         """Where the train ranks meet: a file store in the run directory on one node (no
@@ -179,6 +224,8 @@ class Session:
     def _start_trainers(self) -> None:
         placement = self.plan.placement
         cfg = self.cfg
+        rank0 = placement.train_slots[0]
+        first = self._slot_index(rank0.node, rank0.gpu)
         spec = TrainerSpec(
             backend=self.plan.trainer_backend,
             model=cfg.model,
@@ -188,21 +235,24 @@ class Session:
             train=cfg.recipe.train,
             rollout_temperature=cfg.recipe.rollout.temperature,
             world_size=placement.train_gpus,
-            master_addr="127.0.0.1",
-            # the kernel's pick, not the plan's fixed port: runs that start together on one
-            # host would both find the fixed port free before either rank 0 binds it
-            master_port=free_port(),
+            # rank 0's node, at a port free there: the kernel's pick, not the plan's fixed
+            # port (runs that start together on one host would both find it free)
+            master_addr=self.cluster.slots[first].node_ip,
+            master_port=self.cluster.free_port_on(first),
             num_threads=self._threads_per_slot(),
             seed=cfg.run.seed,
             collective_timeout_s=cfg.trainer.collective_timeout_s,
             init_method=self._rendezvous(),
         )
+        self.rendezvous = spec.init_method or f"tcp://{spec.master_addr}:{spec.master_port}"
+        status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
         share = 0.4 if placement.colocate else 1.0
         for rank, slot in enumerate(placement.train_slots):
-            strategy = self.cluster.strategy(self._slot_index(slot.node, slot.gpu))
+            index = self._slot_index(slot.node, slot.gpu)
+            strategy = self.cluster.strategy(index)
             resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
             actor = TrainActor.options(
-                scheduling_strategy=strategy, runtime_env=self._thread_env(), **resources
+                scheduling_strategy=strategy, runtime_env=self._thread_env(index), **resources
             ).remote(spec, rank)
             self.trainers.append(actor)
 
@@ -229,10 +279,14 @@ class Session:
             if self.cluster.on_gpu
             else None,
         )
-        env = self._thread_env()
-        if backend.needs_gpu:
-            # The server picks its GPUs by --base-gpu-id, so it must see the whole node.
-            env["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+
+        def env(slot_index: int) -> dict[str, dict[str, str]]:
+            runtime_env = self._thread_env(slot_index)
+            if backend.needs_gpu:
+                # The server picks its GPUs by --base-gpu-id, so it must see the whole node.
+                runtime_env["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+            return runtime_env
+
         share = 0.2 if placement.colocate else 1.0
         resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
         health = HealthSettings(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -42,4 +44,28 @@ def refuse_unused(section: BaseModel, field: str, *, why: str, fix: str, prefix:
     if value != info.get_default(call_default_factory=True):
         raise InvariantError(
             f"{field}={value!r} has no effect: {why}", fields=(prefix + field,), fix=fix
+        )
+
+
+def check_ip(value: str, field: str) -> None:
+    """An InvariantError unless `value` is an IPv4 or IPv6 address (not a host name: Ray
+    and the collectives compare node addresses as written)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise InvariantError(
+            f"{value!r} is not an IP address",
+            fields=(field,),
+            fix="write the node's IP, e.g. 10.0.0.2",
+        ) from None
+
+
+def check_host_port(value: str, field: str, expected: str) -> None:
+    """An InvariantError unless `value` is host:port with a port in 1..65535."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvariantError(
+            f"{value!r} is not host:port",
+            fields=(field,),
+            fix=f"write {expected}, e.g. 10.0.0.1:6379",
         )

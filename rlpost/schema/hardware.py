@@ -27,6 +27,12 @@ class HardwareConfig(Section):
     host_memory_gib: PositiveFloat = Field(description="host memory per node")
     cpus_per_node: PositiveInt = 64
     nvlink_within_node: bool = True
+    socket_ifname: str | None = Field(
+        None,
+        description="network interface the collectives use between nodes (NCCL_SOCKET_IFNAME "
+        "and GLOO_SOCKET_IFNAME, e.g. eth0 or ib0); null: on each node, the interface that "
+        "carries the node's cluster address",
+    )
 
     @property
     def total_gpus(self) -> int:

@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.base import InvariantError, Section, check_host_port, check_ip, refuse_unused
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import ModelConfig
@@ -141,6 +141,25 @@ class RunOptions(Section):
         description="when a train rank, the router or the driver's actors die mid-run, start "
         "again from the newest complete checkpoint, up to this many times",
     )
+    ray_address: str | None = Field(
+        None,
+        description="join a running Ray cluster: auto (the one this machine belongs to) or "
+        "its head's host:port; null: RAY_ADDRESS when set, else start Ray on this machine "
+        "(single-node hardware only)",
+    )
+    node_address: str | None = Field(
+        None,
+        description="this machine's address in the Ray cluster, where the launch runs (plan "
+        "node 0); null: the address Ray finds by routing towards the head",
+    )
+
+    @model_validator(mode="after")
+    def check_addresses(self) -> RunOptions:
+        if self.ray_address not in (None, "auto"):
+            check_host_port(self.ray_address, "ray_address", "auto, or the head's host:port")
+        if self.node_address is not None:
+            check_ip(self.node_address, "node_address")
+        return self
 
 
 class RunConfig(Section):

@@ -100,7 +100,7 @@ def update_group_address(trainer: Any, multi_node: bool) -> tuple[str, int]:
         import ray
 
         host = ray.util.get_node_ip_address()
-    return host, free_port("0.0.0.0" if multi_node else host)
+    return host, free_port(host)
 
 
 def join_update_group(

@@ -1,0 +1,466 @@
+"""`rlpost cluster`: bring a Ray cluster up from an MPI hostfile, show it, take it down.
+
+    rlpost cluster up --hostfile hosts        # lines `10.0.0.1 slots=8`, one per node
+    rlpost cluster status
+    rlpost cluster down
+    rlpost cluster wait --address HEAD:PORT --node-address IP --nodes N   # in scheduler scripts
+
+`up` starts the head on this machine (the first hostfile address that is this machine's),
+then each other node as a worker over ssh with its own `ray start` (its node address, its GPU
+count, the head's address), all at once, and waits until every node has registered. Token
+authentication stays on: the head's token (~/.ray/auth_token, made if missing) reaches each
+worker through ssh's standard input into a file only its owner reads, never a command line.
+The ssh command is `--ssh` (default `ssh -o BatchMode=yes`); rlpost appends the host and the
+remote command, as ssh takes them. What `up` started is kept in a state file for `status`
+and `down`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import secrets
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlpost.errors import Issue, UserError
+
+HELP = "bring a Ray cluster up from a hostfile (over ssh), show it, or take it down"
+DEFAULT_SSH = "ssh -o BatchMode=yes"
+DEFAULT_PORT = 6379
+STATE_FILE = Path.home() / ".cache" / "rlpost" / "cluster.json"
+TOKEN_FILE = Path.home() / ".ray" / "auth_token"  # where Ray and its drivers look first
+COMMAND_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Host:
+    """One hostfile line: a node's address and its slots (GPUs, or CPUs with --kind cpu)."""
+
+    address: str
+    slots: int
+
+
+def parse_hostfile(text: str, path: str) -> list[Host]:
+    """MPI hostfile lines `ADDRESS slots=N` (blank lines and # comments skipped)."""
+    hosts: list[Host] = []
+    issues: list[Issue] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        words = line.split()
+        # `slots=N` (MPI), or `slot=N` as seed hostfiles write it
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith(("slots=", "slot="))]
+        try:
+            ipaddress.ip_address(words[0])
+        except ValueError:
+            issues.append(
+                Issue(where, f"{words[0]!r} is not an IP address", "write the node's IP", raw)
+            )
+            continue
+        if len(slots) != 1 or not slots[0].isdigit() or int(slots[0]) < 1:
+            issues.append(
+                Issue(
+                    where,
+                    "each line needs its node's GPU count as slots=N (N >= 1)",
+                    f"write e.g. `{words[0]} slots=8`",
+                    raw,
+                )
+            )
+            continue
+        if any(h.address == words[0] for h in hosts):
+            issues.append(Issue(where, f"{words[0]} is listed twice", "list each node once", raw))
+            continue
+        hosts.append(Host(words[0], int(slots[0])))
+    if not hosts and not issues:
+        issues.append(Issue(path, "no host in the hostfile", "one line per node: IP slots=N"))
+    if issues:
+        raise UserError(issues, title="hostfile error")
+    return hosts
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What `up` started, for `status` and `down`."""
+
+    head: str
+    port: int
+    workers: list[str]
+    ssh: str
+    ray: str
+    slots: dict[str, int]
+    kind: str
+
+    @property
+    def address(self) -> str:
+        return f"{self.head}:{self.port}"
+
+
+def _ray_bin() -> str:
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else "ray"
+
+
+def _resources(kind: str, slots: int) -> list[str]:
+    if kind == "gpu":
+        return [f"--num-gpus={slots}"]
+    return [f"--num-cpus={slots}", "--num-gpus=0"]
+
+
+def _is_local(address: str) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def choose_head(hosts: Sequence[Host], path: str) -> str:
+    """The head is this machine: the first hostfile address that is one of its own."""
+    for host in hosts:
+        if _is_local(host.address):
+            return host.address
+    raise UserError(
+        [
+            Issue(
+                "--hostfile",
+                "the head runs where `rlpost cluster up` runs, and none of the hostfile's "
+                f"addresses ({', '.join(h.address for h in hosts)}) is this machine's",
+                "run it on the node that should be the head (one of those addresses), or add "
+                "this machine's line",
+                path,
+            )
+        ],
+        title="cluster error",
+    )
+
+
+def ensure_token(path: Path = TOKEN_FILE) -> str:
+    """The cluster's token: Ray's default file, made (readable by its owner only) if missing."""
+    if path.exists() and path.read_text(encoding="utf-8").strip():
+        return path.read_text(encoding="utf-8").strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token)
+    return token
+
+
+def _token_env() -> dict[str, str]:
+    return {**os.environ, "RAY_AUTH_MODE": "token"}
+
+
+def _failed(what: str, output: str, fix: str) -> UserError:
+    tail = "\n      ".join(output.strip().splitlines()[-8:]) or "(no output)"
+    return UserError([Issue("cluster", f"{what}:\n      {tail}", fix)], title="cluster error")
+
+
+def start_head(state: ClusterState, dashboard: bool) -> None:
+    cmd = [
+        state.ray,
+        "start",
+        "--head",
+        f"--node-ip-address={state.head}",
+        f"--port={state.port}",
+        *_resources(state.kind, state.slots[state.head]),
+        "--disable-usage-stats",
+    ]
+    cmd += ["--dashboard-host=127.0.0.1"] if dashboard else ["--include-dashboard=false"]
+    done = subprocess.run(
+        cmd, env=_token_env(), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+    )
+    if done.returncode != 0:
+        raise _failed(
+            f"the head did not start ({shlex.join(cmd)})",
+            done.stdout + done.stderr,
+            "read Ray's message above; `ray stop` ends a Ray left running on this machine",
+        )
+
+
+def worker_command(state: ClusterState, address: str) -> str:
+    """The remote command of one worker: the token from standard input into a file only the
+    user reads, then `ray start` against the head with that token."""
+    token_file = f"$HOME/.ray/rlpost-token-{state.head}-{state.port}"
+    start = [
+        state.ray,
+        "start",
+        f"--address={state.address}",
+        f"--node-ip-address={address}",
+        *_resources(state.kind, state.slots[address]),
+        "--disable-usage-stats",
+    ]
+    return (
+        f'umask 077 && mkdir -p "$HOME/.ray" && cat > "{token_file}" && '
+        f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token_file}" {shlex.join(start)}'
+    )
+
+
+def _over_ssh(ssh: str, host: str, remote: str, stdin: str | None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*shlex.split(ssh), host, remote],
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def start_workers(state: ClusterState, token: str) -> None:
+    running = {
+        host: _over_ssh(state.ssh, host, worker_command(state, host), token)
+        for host in state.workers
+    }
+    failed = []
+    for host, proc in running.items():
+        try:
+            output, _ = proc.communicate(token, timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = f"no answer within {COMMAND_TIMEOUT_S:.0f} s"
+        if proc.returncode != 0:
+            failed.append(f"{host}: {output.strip().splitlines()[-1] if output.strip() else ''}")
+    if failed:
+        raise _failed(
+            f"{len(failed)} worker(s) did not start",
+            "\n".join(failed),
+            "check that `ssh HOST` works without a password (BatchMode), that rlpost's Python "
+            f"environment is at the same path there ({state.ray}), and that the head's port "
+            f"{state.port} is reachable; `rlpost cluster down` stops what did start",
+        )
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    address: str
+    alive: bool
+    gpus: float
+    cpus: float
+
+
+def read_nodes(address: str, node_address: str) -> list[NodeRow]:
+    """The cluster's nodes as its head reports them (joins as a driver, then leaves)."""
+    import logging
+
+    import ray
+
+    from rlpost.runtime.cluster import use_cluster_token
+
+    use_cluster_token()
+    ray.init(
+        address=address,
+        _node_ip_address=node_address,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
+    try:
+        return [
+            NodeRow(
+                str(n["NodeManagerAddress"]),
+                bool(n["Alive"]),
+                float(n["Resources"].get("GPU", 0)),
+                float(n["Resources"].get("CPU", 0)),
+            )
+            for n in ray.nodes()
+        ]
+    finally:
+        ray.shutdown()
+
+
+def wait_for_nodes(state: ClusterState, timeout_s: float) -> list[NodeRow]:
+    expected = {state.head, *state.workers}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = read_nodes(state.address, state.head)
+        alive = {r.address for r in rows if r.alive}
+        if expected <= alive:
+            return rows
+        if time.monotonic() > deadline:
+            missing = ", ".join(sorted(expected - alive))
+            raise _failed(
+                f"after {timeout_s:.0f} s these nodes have not registered with the head: {missing}",
+                "",
+                "look at /tmp/ray/session_latest/logs/raylet.out on those nodes",
+            )
+        time.sleep(1.0)
+
+
+def render_nodes(state: ClusterState, rows: Sequence[NodeRow]) -> str:
+    from rlpost.plan.table import render_table
+
+    unit = "GPUs" if state.kind == "gpu" else "CPUs"
+    table = [
+        [
+            r.address,
+            "head" if r.address == state.head else "worker",
+            "alive" if r.alive else "dead",
+            int(r.gpus if state.kind == "gpu" else r.cpus),
+        ]
+        for r in sorted(rows, key=lambda r: (r.address != state.head, r.address))
+    ]
+    alive = sum(1 for r in rows if r.alive)
+    return render_table(
+        ["node", "role", "state", unit],
+        table,
+        f"Ray cluster at {state.address}: {alive} node(s) alive",
+    ) + (
+        f"\njoin it from the head: python launch.py ... run.ray_address={state.address} "
+        f"run.node_address={state.head}"
+    )
+
+
+def _save(state: ClusterState, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
+
+
+def _load(path: Path) -> ClusterState:
+    try:
+        return ClusterState(**json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise UserError(
+            [
+                Issue(
+                    "--state",
+                    f"no cluster state at {path}: `rlpost cluster up` writes it",
+                    "bring a cluster up first, or pass the --state file `up` wrote",
+                    str(path),
+                )
+            ],
+            title="cluster error",
+        ) from None
+
+
+def up(args: argparse.Namespace) -> int:
+    path = Path(args.hostfile)
+    try:
+        hosts = parse_hostfile(path.read_text(encoding="utf-8"), str(path))
+    except OSError as exc:
+        raise UserError(
+            [
+                Issue(
+                    "--hostfile",
+                    f"cannot read it ({exc.strerror})",
+                    "give a readable file",
+                    str(path),
+                )
+            ],
+            title="hostfile error",
+        ) from None
+    head = choose_head(hosts, str(path))
+    state = ClusterState(
+        head=head,
+        port=args.port,
+        workers=[h.address for h in hosts if h.address != head],
+        ssh=args.ssh,
+        ray=args.ray or _ray_bin(),
+        slots={h.address: h.slots for h in hosts},
+        kind=args.kind,
+    )
+    token = ensure_token()
+    print(f"rlpost: starting the head at {state.address}", flush=True)
+    start_head(state, args.dashboard)
+    _save(state, Path(args.state))
+    if state.workers:
+        print(f"rlpost: starting {len(state.workers)} worker(s) over `{state.ssh}`", flush=True)
+        start_workers(state, token)
+    rows = wait_for_nodes(state, args.timeout)
+    print(render_nodes(state, rows))
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    state = _load(Path(args.state))
+    rows = read_nodes(state.address, state.head)
+    print(render_nodes(state, rows))
+    expected = {state.head, *state.workers}
+    return 0 if expected <= {r.address for r in rows if r.alive} else 1
+
+
+def down(args: argparse.Namespace) -> int:
+    state = _load(Path(args.state))
+    stop = f"{shlex.quote(state.ray)} stop"
+    for host in state.workers:
+        proc = _over_ssh(state.ssh, host, stop, None)
+        output, _ = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+        if proc.returncode != 0:
+            print(f"rlpost: warning: {host}: `ray stop` failed: {output.strip()}", file=sys.stderr)
+    subprocess.run([state.ray, "stop"], capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
+    Path(args.state).unlink(missing_ok=True)
+    print(f"rlpost: the cluster at {state.address} is down ({1 + len(state.workers)} node(s))")
+    return 0
+
+
+def wait(args: argparse.Namespace) -> int:
+    """Until `--nodes` nodes are alive in the cluster at --address (a scheduler's script)."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        try:
+            alive = sum(1 for r in read_nodes(args.address, args.node_address) if r.alive)
+        except (ConnectionError, RuntimeError):
+            alive = 0
+        if alive >= args.nodes:
+            print(f"rlpost: {alive} node(s) alive in the cluster at {args.address}")
+            return 0
+        if time.monotonic() > deadline:
+            print(
+                f"rlpost: after {args.timeout:.0f} s, {alive} of {args.nodes} node(s) alive in "
+                f"the cluster at {args.address}",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(2.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{up,status,down,wait}")
+    state_help = f"where `up` records the cluster (default {STATE_FILE})"
+    p = actions.add_parser("up", help="start the head here and the workers over ssh")
+    p.add_argument("--hostfile", required=True, metavar="FILE", help="lines `IP slots=N`")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="the head's port")
+    p.add_argument(
+        "--kind",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="slots are GPUs (default) or CPUs (a CPU hardware profile's device slots)",
+    )
+    p.add_argument("--ssh", default=DEFAULT_SSH, help=f"the ssh command (default: {DEFAULT_SSH})")
+    p.add_argument("--ray", help="the ray command on every node (default: this environment's)")
+    p.add_argument("--timeout", type=float, default=COMMAND_TIMEOUT_S, help="seconds to wait")
+    p.add_argument(
+        "--dashboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Ray's dashboard on the head's loopback (ray job submit needs it)",
+    )
+    p.add_argument("--state", default=str(STATE_FILE), help=state_help)
+    p.set_defaults(handler=up)
+    w = actions.add_parser("wait", help="wait until N nodes are alive (for scheduler scripts)")
+    w.add_argument("--address", required=True, help="the head's host:port")
+    w.add_argument("--node-address", required=True, help="this node's address in the cluster")
+    w.add_argument("--nodes", type=int, required=True, help="how many nodes to wait for")
+    w.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
+    w.set_defaults(handler=wait)
+    for name, handler, text in (
+        ("status", status, "print the nodes and whether each is alive (exit 1 if one is not)"),
+        ("down", down, "stop every node `up` started"),
+    ):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("--state", default=str(STATE_FILE), help=state_help)
+        sub.set_defaults(handler=handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args.handler(args))

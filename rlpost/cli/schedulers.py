@@ -1,0 +1,337 @@
+"""`rlpost slurm` and `rlpost kuberay`: a scheduler's job for a run, written from its plan.
+
+    rlpost slurm model=glm4.5-355b-a32b recipe=grpo_dapo hardware=h100x64 --partition gpu
+    rlpost kuberay model=qwen3-4b recipe=grpo_dapo hardware=h100x16 --image IMG --pvc runs
+
+Both compose and plan the run first (a config error stops here, exit 2), then write a file
+that is generated, never edited: regenerate it after a change. The sbatch script asks for
+the plan's nodes and GPUs, starts the Ray head on the first node and one worker per other
+node through srun (each `ray start --block`, its log in the run directory), waits until every
+node has registered, and launches the run on the head with the same overrides. The RayJob
+has a head group and a worker group sized from the hardware profile, the launch as its
+entrypoint, and the run directory on a volume every pod mounts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from rlpost.cli.target import Target, add_target_arguments, target_from_args
+from rlpost.errors import Issue, UserError
+from rlpost.schema import RunConfig
+
+SLURM_HELP = "write an sbatch script for a run: a Ray cluster over the job's nodes, then the launch"
+KUBERAY_HELP = "write a KubeRay RayJob manifest for a run (head and worker groups, the launch)"
+RAY_PORT = 6379
+ROOT = Path(__file__).resolve().parents[2]  # where launch.py is
+TOKEN_SECRET_KEY = "auth_token"
+
+
+def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig]:
+    """The run's config, checked and planned (a config or planning error stops here)."""
+    from rlpost.cli.launch import plan_run
+    from rlpost.config.loader import compose_run_config
+
+    target = target_from_args(args)
+    cfg, sources = compose_run_config(
+        target.overrides, config_dir=target.config_dir, config_name=target.config_name
+    )
+    plan_run(cfg, sources)
+    return target, cfg
+
+
+def job_name(cfg: RunConfig) -> str:
+    """rlpost-<model>-<recipe>, as a DNS-1123 label (Kubernetes names, Slurm job names)."""
+    raw = f"rlpost-{cfg.model.name}-{cfg.recipe.name}".lower()
+    return re.sub(r"[^a-z0-9-]+", "-", raw).strip("-")[:63].rstrip("-")
+
+
+def _launch_argv(target: Target) -> list[str]:
+    return [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+
+
+def _resources(cfg: RunConfig) -> str:
+    hw = cfg.hardware
+    if hw.kind == "gpu":
+        return f"--num-gpus={hw.gpus_per_node} --num-cpus={hw.cpus_per_node}"
+    return f"--num-cpus={hw.gpus_per_node} --num-gpus=0"
+
+
+def _node_ip(cfg: RunConfig) -> str:
+    """Shell that prints this node's cluster address."""
+    ifname = cfg.hardware.socket_ifname
+    if ifname:
+        return (
+            f"ip -4 -o addr show {shlex.quote(ifname)} "
+            "| awk '{split($4, a, \"/\"); print a[1]; exit}'"
+        )
+    return "hostname --ip-address | awk '{print $1}'"
+
+
+# @NAME@ marks what render_sbatch fills in; everything else is the script as written.
+SBATCH_BODY = r"""set -euo pipefail
+
+RUN_DIR=@RUN_DIR@
+RLPOST_DIR=@RLPOST_DIR@
+PYTHON=@PYTHON@
+RAY="$(dirname "$PYTHON")/ray"
+PORT=@PORT@
+NODE_IP=@NODE_IP@
+mkdir -p "$RUN_DIR/logs"
+
+# Token authentication: one token on the shared home (~/.ray/auth_token) for every node.
+export RAY_AUTH_MODE=token
+"$RAY" get-auth-token --generate > /dev/null
+
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+HEAD="${NODES[0]}"
+HEAD_IP="$(srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" bash -c "$NODE_IP")"
+
+# The head on the first node, a worker on each other node, each `ray start --block` in its
+# own step with its log in the run directory.
+srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" \
+    "$RAY" start --head --block --node-ip-address="$HEAD_IP" --port="$PORT" @RESOURCES@ \
+    --disable-usage-stats --include-dashboard=false > "$RUN_DIR/logs/ray-head.log" 2>&1 &
+for i in $(seq 60); do
+    "$RAY" status --address "$HEAD_IP:$PORT" > /dev/null 2>&1 && break
+    sleep 2
+done
+for node in "${NODES[@]:1}"; do
+    srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c \
+        'exec "$0" start --block --address="$1" --node-ip-address="$(eval "$2")" "${@:3}"' \
+        "$RAY" "$HEAD_IP:$PORT" "$NODE_IP" @RESOURCES@ --disable-usage-stats \
+        > "$RUN_DIR/logs/ray-worker-$node.log" 2>&1 &
+done
+"$PYTHON" -m rlpost.cli.main cluster wait --address "$HEAD_IP:$PORT" \
+    --node-address "$HEAD_IP" --nodes @NODES@ --timeout 600
+
+# The run, on the head, with the same overrides.
+cd "$RLPOST_DIR"
+srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" "$PYTHON" launch.py @LAUNCH@ \
+    run.dir="$RUN_DIR" run.ray_address="$HEAD_IP:$PORT" run.node_address="$HEAD_IP"
+"""
+
+
+def render_sbatch(cfg: RunConfig, target: Target, args: argparse.Namespace) -> str:
+    hw = cfg.hardware
+    run_dir = Path(args.run_dir).resolve()
+    directives = [
+        f"--job-name={job_name(cfg)}",
+        f"--nodes={hw.num_nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={hw.cpus_per_node}",
+        "--exclusive",
+        f"--output={run_dir}/logs/slurm-%j.out",
+    ]
+    if hw.kind == "gpu":
+        directives.insert(3, f"--gpus-per-node={hw.gpus_per_node}")
+    for flag in ("partition", "account", "time"):
+        if getattr(args, flag):
+            directives.append(f"--{flag}={getattr(args, flag)}")
+    launch = shlex.join(_launch_argv(target))
+    fills = {
+        "RUN_DIR": shlex.quote(str(run_dir)),
+        "RLPOST_DIR": shlex.quote(str(args.rlpost_dir or ROOT)),
+        "PYTHON": shlex.quote(args.python or sys.executable),
+        "PORT": str(RAY_PORT),
+        "NODE_IP": shlex.quote(_node_ip(cfg)),
+        "RESOURCES": _resources(cfg),
+        "NODES": str(hw.num_nodes),
+        "LAUNCH": launch,
+    }
+    body = SBATCH_BODY
+    for name, value in fills.items():
+        body = body.replace(f"@{name}@", value)
+    head = [
+        "#!/bin/bash",
+        f"# Generated by `rlpost slurm` from the plan of: {launch}",
+        "# Regenerate it after a change; do not edit. Submit: sbatch <this file>",
+        *(f"#SBATCH {d}" for d in directives),
+    ]
+    return "\n".join(head) + "\n" + body
+
+
+def _container(cfg: RunConfig, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    hw = cfg.hardware
+    limits: dict[str, Any] = {
+        "cpu": str(hw.cpus_per_node),
+        "memory": f"{int(hw.host_memory_gib)}Gi",
+    }
+    if hw.kind == "gpu":
+        limits["nvidia.com/gpu"] = hw.gpus_per_node
+    env = [
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {
+            "name": "RAY_AUTH_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": args.token_secret, "key": TOKEN_SECRET_KEY}},
+        },
+    ]
+    container: dict[str, Any] = {
+        "name": name,
+        "image": args.image,
+        "env": env,
+        "resources": {"limits": limits, "requests": dict(limits)},
+        "volumeMounts": [{"name": "runs", "mountPath": args.runs_mount}],
+    }
+    if name == "ray-head":
+        container["ports"] = [
+            {"containerPort": RAY_PORT, "name": "gcs-server"},
+            {"containerPort": 8265, "name": "dashboard"},
+        ]
+    return container
+
+
+def _pod(cfg: RunConfig, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    return {
+        "spec": {
+            "containers": [_container(cfg, args, name)],
+            "volumes": [
+                {"name": "runs", "persistentVolumeClaim": {"claimName": args.pvc}}
+                if args.pvc
+                else {"name": "runs", "emptyDir": {}}
+            ],
+        }
+    }
+
+
+def _start_params(cfg: RunConfig) -> dict[str, str]:
+    hw = cfg.hardware
+    if hw.kind == "gpu":
+        return {"num-gpus": str(hw.gpus_per_node), "num-cpus": str(hw.cpus_per_node)}
+    return {"num-cpus": str(hw.gpus_per_node), "num-gpus": "0"}
+
+
+def render_rayjob(cfg: RunConfig, target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    hw = cfg.hardware
+    name = job_name(cfg)
+    run_dir = f"{args.runs_mount.rstrip('/')}/{name}"
+    launch = shlex.join(["python", "launch.py", *_launch_argv(target)])
+    entrypoint = (
+        f"cd {shlex.quote(args.workdir)} && {launch} run.dir={shlex.quote(run_dir)} "
+        "run.ray_address=auto"
+    )
+    workers = hw.num_nodes - 1
+    cluster: dict[str, Any] = {
+        "rayVersion": version("ray"),
+        "headGroupSpec": {
+            # The dashboard takes the job submission; it listens on the pod's network only.
+            "rayStartParams": {**_start_params(cfg), "dashboard-host": "0.0.0.0"},
+            "template": _pod(cfg, args, "ray-head"),
+        },
+        "workerGroupSpecs": [],
+    }
+    if workers:
+        cluster["workerGroupSpecs"].append(
+            {
+                "groupName": "workers",
+                "replicas": workers,
+                "minReplicas": workers,
+                "maxReplicas": workers,
+                "rayStartParams": _start_params(cfg),
+                "template": _pod(cfg, args, "ray-worker"),
+            }
+        )
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "rlpost"},
+            "annotations": {"rlpost/launch": shlex.join(_launch_argv(target))},
+        },
+        "spec": {
+            "entrypoint": entrypoint,
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": 3600,
+            "submissionMode": "K8sJobMode",
+            "submitterPodTemplate": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "ray-job-submitter",
+                            "image": args.image,
+                            "env": _container(cfg, args, "submitter")["env"],
+                        }
+                    ],
+                }
+            },
+            "rayClusterSpec": cluster,
+        },
+    }
+
+
+def _write(text: str, out: str | None, what: str) -> None:
+    if not out:
+        print(text, end="" if text.endswith("\n") else "\n")
+        return
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    print(f"rlpost: wrote {what} to {path}", file=sys.stderr)
+
+
+def slurm(args: argparse.Namespace) -> int:
+    target, cfg = _planned(args)
+    text = render_sbatch(cfg, target, args)
+    Path(args.run_dir, "logs").mkdir(parents=True, exist_ok=True)  # sbatch opens --output there
+    _write(text, args.out, "the sbatch script")
+    return 0
+
+
+def kuberay(args: argparse.Namespace) -> int:
+    import yaml  # type: ignore[import-untyped]
+
+    target, cfg = _planned(args)
+    if cfg.hardware.num_nodes > 1 and not args.pvc:
+        raise UserError(
+            [
+                Issue(
+                    "--pvc",
+                    f"hardware={cfg.hardware.name} has {cfg.hardware.num_nodes} nodes, and their "
+                    "ranks write checkpoints into one run directory",
+                    "name a PersistentVolumeClaim (ReadWriteMany) every pod mounts: --pvc NAME",
+                )
+            ],
+            title="command-line error",
+        )
+    manifest = render_rayjob(cfg, target, args)
+    header = (
+        "# Generated by `rlpost kuberay` from the plan; regenerate it after a change, do not "
+        "edit.\n# Needs a Secret with the Ray token: kubectl create secret generic "
+        f"{args.token_secret} --from-literal={TOKEN_SECRET_KEY}=$(openssl rand -hex 32)\n"
+    )
+    _write(header + yaml.safe_dump(manifest, sort_keys=False), args.out, "the RayJob")
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument("--out", "-o", metavar="FILE", help="write here (default: stdout)")
+
+
+def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--run-dir", required=True, help="the run directory (on shared storage)")
+    parser.add_argument("--partition", help="#SBATCH --partition")
+    parser.add_argument("--account", help="#SBATCH --account")
+    parser.add_argument("--time", help="#SBATCH --time, e.g. 24:00:00")
+    parser.add_argument("--python", help="the Python of rlpost's environment on the nodes")
+    parser.add_argument("--rlpost-dir", help="where launch.py is on the nodes")
+
+
+def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--image", required=True, help="a container image with rlpost installed")
+    parser.add_argument("--pvc", default="", help="a PersistentVolumeClaim for the run directory")
+    parser.add_argument("--runs-mount", default="/runs", help="where the claim is mounted")
+    parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
+    parser.add_argument(
+        "--token-secret", default="rlpost-ray-token", help="the Secret with the Ray token"
+    )

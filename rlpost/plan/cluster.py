@@ -1,0 +1,156 @@
+"""Which Ray cluster a run uses, and which of its nodes become the plan's nodes.
+
+Light (no Ray import): the launcher's preflight decides here whether the run starts Ray on
+this machine or joins a running cluster, and the runtime hands the cluster's node list to
+`choose_nodes` before it asks for a single placement group, so a cluster that cannot hold
+the hardware profile is refused in seconds with what is missing, never after a long wait.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rlpost.errors import Issue, UserError
+from rlpost.schema import HardwareConfig, RunConfig
+
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def ray_address(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The cluster to join (auto, or host:port), or None to start Ray on this machine."""
+    env = os.environ if environ is None else environ
+    return cfg.run.ray_address or env.get(RAY_ADDRESS_ENV) or None
+
+
+def describe_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    if cfg.run.ray_address == "auto":
+        return "joins the cluster this machine belongs to (run.ray_address=auto)"
+    if cfg.run.ray_address:
+        return f"joins the cluster at {cfg.run.ray_address} (run.ray_address)"
+    if env.get(RAY_ADDRESS_ENV):
+        return f"joins the cluster at {env[RAY_ADDRESS_ENV]} ({RAY_ADDRESS_ENV})"
+    return "a new one on this machine"
+
+
+def check_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[Issue]:
+    """A multi-node profile needs a cluster to join: a Ray started here has one node."""
+    hw = cfg.hardware
+    if hw.num_nodes == 1 or ray_address(cfg, environ):
+        return []
+    unit = "GPUs" if hw.kind == "gpu" else "CPU slots"
+    return [
+        Issue(
+            "run.ray_address",
+            f"hardware={hw.name} has {hw.num_nodes} nodes x {hw.gpus_per_node} {unit}, and "
+            "with no cluster to join this launch would start Ray on this machine alone",
+            "bring the cluster up (rlpost cluster up --hostfile FILE, or your scheduler: "
+            "rlpost slurm / rlpost kuberay) and launch on its head with run.ray_address=auto "
+            "(or the head's host:port, or RAY_ADDRESS)",
+            value=None,
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One live node of a Ray cluster, as the cluster reports it."""
+
+    address: str
+    gpus: int
+    cpus: int
+
+
+def nodes_from_ray(entries: Sequence[Mapping[str, object]]) -> list[NodeInfo]:
+    """`ray.nodes()` -> the live nodes."""
+    nodes = []
+    for entry in entries:
+        if not entry.get("Alive"):
+            continue
+        resources = entry.get("Resources") or {}
+        assert isinstance(resources, Mapping)
+        nodes.append(
+            NodeInfo(
+                address=str(entry["NodeManagerAddress"]),
+                gpus=int(resources.get("GPU", 0)),
+                cpus=int(resources.get("CPU", 0)),
+            )
+        )
+    return nodes
+
+
+def _capacity(hw: HardwareConfig, node: NodeInfo) -> int:
+    return node.gpus if hw.kind == "gpu" else node.cpus
+
+
+def _address_key(address: str) -> tuple[int, int | str]:
+    try:
+        return (0, int(ipaddress.ip_address(address)))
+    except ValueError:
+        return (1, address)
+
+
+def describe_nodes(hw: HardwareConfig, nodes: Sequence[NodeInfo]) -> str:
+    """'1 node with 8 GPUs', '3 nodes (2 with 8 GPUs, 1 with 4 GPUs)'."""
+    unit = "GPUs" if hw.kind == "gpu" else "CPUs"
+    if not nodes:
+        return "no live node"
+    counts = Counter(_capacity(hw, n) for n in nodes)
+    if len(counts) == 1:
+        (size,) = counts
+        return f"{len(nodes)} node{'s' if len(nodes) > 1 else ''} with {size} {unit}"
+    parts = ", ".join(f"{c} with {size} {unit}" for size, c in sorted(counts.items(), reverse=True))
+    return f"{len(nodes)} nodes ({parts})"
+
+
+def choose_nodes(
+    hw: HardwareConfig, nodes: Sequence[NodeInfo], driver: str, slots: int
+) -> list[NodeInfo]:
+    """The cluster nodes that become plan nodes 0, 1, ...: the node this launch runs on
+    first (the router and the driver are on plan node 0), then the others that can hold a
+    node's worth of slots, by address. `slots` is how many device slots the run uses, node
+    by node. Raises a UserError naming what the cluster lacks."""
+    per_node = hw.gpus_per_node
+    needed_nodes = -(-slots // per_node)
+    unit = "GPUs" if hw.kind == "gpu" else "CPUs"
+    fits = [n for n in nodes if _capacity(hw, n) >= per_node]
+    here = next((n for n in nodes if n.address == driver), None)
+    have = describe_nodes(hw, nodes)
+    need = f"needs {needed_nodes} node{'s' if needed_nodes > 1 else ''} x {per_node} {unit}"
+    if here is None:
+        raise _mismatch(
+            hw,
+            f"this launch runs at {driver}, which is not a node of the cluster "
+            f"({have}: {', '.join(n.address for n in nodes)})",
+            "set run.node_address to this machine's address in the cluster (the one its "
+            "`ray start --node-ip-address` used), or launch on a node of the cluster",
+        )
+    if _capacity(hw, here) < per_node:
+        raise _mismatch(
+            hw,
+            f"the launch runs on node {driver} with {_capacity(hw, here)} {unit}, and plan "
+            f"node 0 (router, driver, train rank 0) is that node; hardware={hw.name} {need}",
+            f"launch on a node with {per_node} {unit} (the head, as `ray job submit` does), "
+            f"or give this node its {unit}",
+        )
+    others = sorted((n for n in fits if n is not here), key=lambda n: _address_key(n.address))
+    chosen = [here, *others][:needed_nodes]
+    if len(chosen) < needed_nodes:
+        raise _mismatch(
+            hw,
+            f"the cluster has {have}; hardware={hw.name} {need}",
+            f"add {needed_nodes - len(chosen)} node(s) with {per_node} {unit} (rlpost cluster "
+            "up --hostfile FILE, or ray start --address HEAD on each), or pick the hardware "
+            "profile this cluster matches",
+        )
+    return chosen
+
+
+def _mismatch(hw: HardwareConfig, message: str, fix: str) -> UserError:
+    return UserError(
+        [Issue("hardware", message, fix, value=hw.name)], title="cluster does not match"
+    )

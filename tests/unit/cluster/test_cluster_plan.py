@@ -1,0 +1,172 @@
+"""Matching a Ray cluster to a hardware profile before anything is reserved, and the
+settings and preflight that decide which cluster a run uses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlpost.config.loader import compose_run_config
+from rlpost.errors import UserError
+from rlpost.plan import build_plan
+from rlpost.plan.cluster import NodeInfo, check_cluster_source, choose_nodes, nodes_from_ray
+from rlpost.plan.preflight import check_cluster
+from rlpost.runtime.netif import interface_for
+from rlpost.schema import HardwareConfig
+
+H100X64 = HardwareConfig(
+    name="h100x64",
+    num_nodes=8,
+    gpus_per_node=8,
+    gpu_memory_gib=80,
+    peak_bf16_tflops=989,
+    host_memory_gib=2048,
+)
+CPU2X2 = HardwareConfig(
+    name="cpu2x2",
+    kind="cpu",
+    num_nodes=2,
+    gpus_per_node=2,
+    gpu_memory_gib=8,
+    peak_bf16_tflops=0.1,
+    host_memory_gib=16,
+)
+
+
+def gpu_nodes(*sizes: int) -> list[NodeInfo]:
+    return [NodeInfo(f"10.0.0.{i + 1}", gpus, 64) for i, gpus in enumerate(sizes)]
+
+
+def message(exc: pytest.ExceptionInfo[UserError]) -> str:
+    return exc.value.render()
+
+
+def test_one_node_cluster_for_an_eight_node_profile_says_what_is_missing() -> None:
+    with pytest.raises(UserError) as exc:
+        choose_nodes(H100X64, gpu_nodes(8), "10.0.0.1", 64)
+    text = message(exc)
+    assert "the cluster has 1 node with 8 GPUs; hardware=h100x64 needs 8 nodes x 8 GPUs" in text
+    assert "add 7 node(s) with 8 GPUs" in text
+
+
+def test_mixed_nodes_are_described_and_small_ones_do_not_count() -> None:
+    with pytest.raises(UserError) as exc:
+        choose_nodes(H100X64, gpu_nodes(8, 8, 4, 8, 8, 8, 8, 8), "10.0.0.1", 64)
+    assert "8 nodes (7 with 8 GPUs, 1 with 4 GPUs)" in message(exc)
+
+
+def test_the_launch_node_is_plan_node_zero_and_the_others_follow_by_address() -> None:
+    nodes = [NodeInfo(a, 8, 64) for a in ("10.0.0.10", "10.0.0.9", "10.0.0.2", "10.0.0.3")]
+    chosen = choose_nodes(H100X64.model_copy(update={"num_nodes": 3}), nodes, "10.0.0.3", 24)
+    assert [n.address for n in chosen] == ["10.0.0.3", "10.0.0.2", "10.0.0.9"]
+
+
+def test_a_run_on_fewer_slots_than_the_profile_needs_only_the_nodes_it_uses() -> None:
+    chosen = choose_nodes(H100X64, gpu_nodes(8, 8), "10.0.0.1", 12)
+    assert [n.address for n in chosen] == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_a_launch_node_without_gpus_is_refused_with_the_reason() -> None:
+    with pytest.raises(UserError) as exc:
+        choose_nodes(H100X64, [NodeInfo("10.0.0.1", 0, 8), *gpu_nodes(8)[1:]], "10.0.0.1", 8)
+    assert "plan node 0 (router, driver, train rank 0) is that node" in message(exc)
+
+
+def test_a_launch_from_outside_the_cluster_names_run_node_address() -> None:
+    with pytest.raises(UserError) as exc:
+        choose_nodes(H100X64, gpu_nodes(8), "192.168.1.5", 8)
+    assert "run.node_address" in message(exc)
+
+
+def test_cpu_profiles_count_cpus_as_slots() -> None:
+    nodes = [NodeInfo("127.0.0.2", 0, 2), NodeInfo("127.0.0.3", 0, 2)]
+    assert [n.address for n in choose_nodes(CPU2X2, nodes, "127.0.0.2", 4)] == [
+        "127.0.0.2",
+        "127.0.0.3",
+    ]
+    with pytest.raises(UserError) as exc:
+        choose_nodes(CPU2X2, nodes[:1], "127.0.0.2", 4)
+    assert "needs 2 nodes x 2 CPUs" in message(exc)
+
+
+def test_nodes_from_ray_keeps_the_live_ones() -> None:
+    entries = [
+        {"Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"GPU": 8.0, "CPU": 64}},
+        {"Alive": False, "NodeManagerAddress": "10.0.0.2", "Resources": {"GPU": 8.0}},
+        {"Alive": True, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 4.0}},
+    ]
+    assert nodes_from_ray(entries) == [NodeInfo("10.0.0.1", 8, 64), NodeInfo("10.0.0.3", 0, 4)]
+
+
+def compose(*overrides: str):  # type: ignore[no-untyped-def]
+    cfg, _ = compose_run_config(list(overrides))
+    return cfg
+
+
+def test_a_multi_node_profile_with_no_cluster_to_join_is_refused_before_ray() -> None:
+    cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64")
+    issues = check_cluster_source(cfg, environ={})
+    assert [i.key for i in issues] == ["run.ray_address"]
+    assert "rlpost cluster up --hostfile FILE" in issues[0].fix
+    assert check_cluster_source(cfg, environ={"RAY_ADDRESS": "10.0.0.1:6379"}) == []
+    joined = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
+    assert check_cluster_source(joined, environ={}) == []
+
+
+def test_a_head_that_does_not_answer_is_refused_in_seconds() -> None:
+    cfg = compose("run.ray_address=127.0.0.1:9")  # the discard port: nothing listens
+    started = time.monotonic()
+    issues = check_cluster(cfg, build_plan(cfg))
+    assert time.monotonic() - started < 5
+    assert [i.key for i in issues] == ["run.ray_address"]
+    assert "no Ray head answers at 127.0.0.1:9" in issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("run.ray_address=10.0.0.1", "is not host:port"),
+        ("run.ray_address=head:99999", "is not host:port"),
+        ("run.node_address=node-1", "is not an IP address"),
+    ],
+)
+def test_bad_addresses_are_refused_by_validation(override: str, expected: str) -> None:
+    with pytest.raises(UserError) as exc:
+        compose(override)
+    assert expected in exc.value.render()
+    assert override.split("=")[0] in exc.value.render()
+
+
+def test_the_plan_says_which_cluster_it_joins() -> None:
+    from rlpost.plan import render_plan
+
+    text = render_plan(build_plan(compose("run.ray_address=10.0.0.1:6379")), "table")
+    assert "joins the one at 10.0.0.1:6379" in text
+
+
+def test_the_interface_of_a_loopback_node_address_is_lo() -> None:
+    assert interface_for("127.0.0.3") == "lo"
+    assert interface_for("not-an-ip") is None
+
+
+def test_seed_002_bundles_are_pinned_eight_per_node_in_plan_order() -> None:
+    """The glm4.5 seed on 8 x 8 GPUs: plan node n's eight bundles ask for node n's address,
+    the launch node first; nothing is reserved or built here."""
+    from rlpost.runtime.cluster import Cluster
+
+    cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
+    plan = build_plan(cfg)
+    used = plan.placement.train_gpus + (
+        0 if plan.placement.colocate else plan.placement.rollout_gpus
+    )
+    cluster = Cluster(cfg.hardware, used, cfg)
+    nodes = [NodeInfo(f"10.0.0.{i}", 8, 224) for i in (5, 1, 2, 3, 4, 6, 7, 8)]
+    cluster.nodes = choose_nodes(cfg.hardware, nodes, "10.0.0.5", used)
+    bundles = cluster._bundles()
+    assert len(bundles) == used == 64
+    order = ["10.0.0.5", "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.6"]
+    order += ["10.0.0.7", "10.0.0.8"]
+    for index, bundle in enumerate(bundles):
+        assert bundle["GPU"] == 1.0
+        assert f"node:{order[index // 8]}" in bundle, (index, bundle)
