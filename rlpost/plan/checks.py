@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rlpost.errors import Issue
 from rlpost.plan.backends import GPU_TRAINERS, resolve_trainer_backend, unsupported_parallel
-from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
 from rlpost.schema import RunConfig
 
@@ -297,6 +297,17 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
                 f"the {backend} trainer is data parallel only, and the layout has {sizes}",
                 "set trainer.backend=megatron (or auto), or set layout.train sizes to 1",
                 value=configured,
+            )
+        )
+    if backend == "torch" and ctx.parallel.recompute != RECOMPUTE_NONE:
+        issues.append(
+            Issue(
+                "layout.train.recompute.granularity",
+                f"the torch trainer keeps every activation and never recomputes, so recompute "
+                f"{ctx.parallel.recompute} would be ignored",
+                "remove layout.train.recompute, or set trainer.backend=megatron, which "
+                "recomputes as configured",
+                value=ctx.parallel.recompute,
             )
         )
     return issues

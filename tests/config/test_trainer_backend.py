@@ -50,3 +50,15 @@ def test_a_backend_that_cannot_train_the_layout_is_refused(
         build_plan(compose_run(*overrides))
     (issue,) = [i for i in caught.value.issues if fragment in i.message]
     assert issue.key == "trainer.backend" and "trainer.backend=megatron" in issue.fix
+
+
+def test_recompute_on_the_torch_trainer_is_refused_not_ignored(compose_run: ComposeRun) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*TINY, "layout.train.recompute.granularity=full"))
+    (issue,) = caught.value.issues
+    assert issue.key == "layout.train.recompute.granularity"
+    assert "never recomputes" in issue.message and "trainer.backend=megatron" in issue.fix
+    plan = build_plan(
+        compose_run(*TINY, "layout.train.recompute.granularity=full", "trainer.backend=megatron")
+    )
+    assert plan.parallel.recompute == "full"
