@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -279,22 +279,37 @@ def read_nodes(address: str, node_address: str) -> list[NodeRow]:
         ray.shutdown()
 
 
-def wait_for_nodes(state: ClusterState, timeout_s: float) -> list[NodeRow]:
-    expected = {state.head, *state.workers}
+def poll_nodes(
+    address: str, node_address: str, done: Callable[[list[NodeRow]], bool], timeout_s: float
+) -> tuple[bool, list[NodeRow]]:
+    """Read the cluster's nodes every second until `done(nodes)` or the timeout; a head not
+    answering yet counts as no node."""
     deadline = time.monotonic() + timeout_s
     while True:
-        rows = read_nodes(state.address, state.head)
-        alive = {r.address for r in rows if r.alive}
-        if expected <= alive:
-            return rows
-        if time.monotonic() > deadline:
-            missing = ", ".join(sorted(expected - alive))
-            raise _failed(
-                f"after {timeout_s:.0f} s these nodes have not registered with the head: {missing}",
-                "",
-                "look at /tmp/ray/session_latest/logs/raylet.out on those nodes",
-            )
+        try:
+            rows = read_nodes(address, node_address)
+        except (ConnectionError, RuntimeError):
+            rows = []
+        if done(rows) or time.monotonic() > deadline:
+            return done(rows), rows
         time.sleep(1.0)
+
+
+def _alive(rows: Sequence[NodeRow]) -> set[str]:
+    return {r.address for r in rows if r.alive}
+
+
+def wait_for_nodes(state: ClusterState, timeout_s: float) -> list[NodeRow]:
+    expected = {state.head, *state.workers}
+    ok, rows = poll_nodes(state.address, state.head, lambda r: expected <= _alive(r), timeout_s)
+    if not ok:
+        missing = ", ".join(sorted(expected - _alive(rows)))
+        raise _failed(
+            f"after {timeout_s:.0f} s these nodes have not registered with the head: {missing}",
+            "",
+            "look at /tmp/ray/session_latest/logs/raylet.out on those nodes",
+        )
+    return rows
 
 
 def render_nodes(state: ClusterState, rows: Sequence[NodeRow]) -> str:
@@ -385,8 +400,7 @@ def status(args: argparse.Namespace) -> int:
     state = _load(Path(args.state))
     rows = read_nodes(state.address, state.head)
     print(render_nodes(state, rows))
-    expected = {state.head, *state.workers}
-    return 0 if expected <= {r.address for r in rows if r.alive} else 1
+    return 0 if {state.head, *state.workers} <= _alive(rows) else 1
 
 
 def down(args: argparse.Namespace) -> int:
@@ -405,23 +419,19 @@ def down(args: argparse.Namespace) -> int:
 
 def wait(args: argparse.Namespace) -> int:
     """Until `--nodes` nodes are alive in the cluster at --address (a scheduler's script)."""
-    deadline = time.monotonic() + args.timeout
-    while True:
-        try:
-            alive = sum(1 for r in read_nodes(args.address, args.node_address) if r.alive)
-        except (ConnectionError, RuntimeError):
-            alive = 0
-        if alive >= args.nodes:
-            print(f"rlpost: {alive} node(s) alive in the cluster at {args.address}")
-            return 0
-        if time.monotonic() > deadline:
-            print(
-                f"rlpost: after {args.timeout:.0f} s, {alive} of {args.nodes} node(s) alive in "
-                f"the cluster at {args.address}",
-                file=sys.stderr,
-            )
-            return 1
-        time.sleep(2.0)
+    ok, rows = poll_nodes(
+        args.address, args.node_address, lambda r: len(_alive(r)) >= args.nodes, args.timeout
+    )
+    alive = len(_alive(rows))
+    if ok:
+        print(f"rlpost: {alive} node(s) alive in the cluster at {args.address}")
+        return 0
+    print(
+        f"rlpost: after {args.timeout:.0f} s, {alive} of {args.nodes} node(s) alive in the "
+        f"cluster at {args.address}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

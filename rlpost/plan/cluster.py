@@ -26,17 +26,6 @@ def ray_address(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str
     return cfg.run.ray_address or env.get(RAY_ADDRESS_ENV) or None
 
 
-def describe_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    if cfg.run.ray_address == "auto":
-        return "joins the cluster this machine belongs to (run.ray_address=auto)"
-    if cfg.run.ray_address:
-        return f"joins the cluster at {cfg.run.ray_address} (run.ray_address)"
-    if env.get(RAY_ADDRESS_ENV):
-        return f"joins the cluster at {env[RAY_ADDRESS_ENV]} ({RAY_ADDRESS_ENV})"
-    return "a new one on this machine"
-
-
 def check_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[Issue]:
     """A multi-node profile needs a cluster to join: a Ray started here has one node."""
     hw = cfg.hardware

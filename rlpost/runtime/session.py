@@ -245,7 +245,8 @@ class Session:
             init_method=self._rendezvous(),
         )
         self.rendezvous = spec.init_method or f"tcp://{spec.master_addr}:{spec.master_port}"
-        status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
+        if spec.init_method is None:  # across nodes; on one node it is a file (placement.json)
+            status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
         share = 0.4 if placement.colocate else 1.0
         for rank, slot in enumerate(placement.train_slots):
             index = self._slot_index(slot.node, slot.gpu)
