@@ -29,7 +29,18 @@ def ray_address(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str
 def check_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[Issue]:
     """A multi-node profile needs a cluster to join: a Ray started here has one node."""
     hw = cfg.hardware
-    if hw.num_nodes == 1 or ray_address(cfg, environ):
+    joins = ray_address(cfg, environ)
+    if cfg.run.node_address and not joins:
+        return [
+            Issue(
+                "run.node_address",
+                "it names this machine's address in a Ray cluster the run joins, and this "
+                "launch joins none (it starts Ray on this machine)",
+                "set run.ray_address (or RAY_ADDRESS) too, or remove run.node_address",
+                value=cfg.run.node_address,
+            )
+        ]
+    if hw.num_nodes == 1 or joins:
         return []
     unit = "GPUs" if hw.kind == "gpu" else "CPU slots"
     return [

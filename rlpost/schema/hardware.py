@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from rlpost.schema.base import Section
+from rlpost.schema.base import InvariantError, Section
 
 
 class HardwareConfig(Section):
@@ -33,6 +33,17 @@ class HardwareConfig(Section):
         "and GLOO_SOCKET_IFNAME, e.g. eth0 or ib0); null: on each node, the interface that "
         "carries the node's cluster address",
     )
+
+    @model_validator(mode="after")
+    def check_socket_ifname(self) -> HardwareConfig:
+        if self.socket_ifname and self.num_nodes == 1:
+            raise InvariantError(
+                f"socket_ifname={self.socket_ifname!r} has no effect: on one node every "
+                "collective stays on loopback",
+                fields=("socket_ifname",),
+                fix="remove it, or use it in a profile with num_nodes > 1",
+            )
+        return self
 
     @property
     def total_gpus(self) -> int:

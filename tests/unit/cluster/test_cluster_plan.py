@@ -170,3 +170,13 @@ def test_seed_002_bundles_are_pinned_eight_per_node_in_plan_order() -> None:
     for index, bundle in enumerate(bundles):
         assert bundle["GPU"] == 1.0
         assert f"node:{order[index // 8]}" in bundle, (index, bundle)
+
+
+def test_settings_with_nothing_to_act_on_are_refused() -> None:
+    (issue,) = check_cluster_source(compose("run.node_address=10.0.0.2"), environ={})
+    assert issue.key == "run.node_address" and "run.ray_address" in issue.fix
+    with pytest.raises(UserError) as exc:
+        compose("hardware.socket_ifname=eth0")
+    assert "hardware.socket_ifname" in exc.value.render()
+    assert "stays on loopback" in exc.value.render()
+    compose("hardware=h100x16", "model=qwen3-4b", "hardware.socket_ifname=eth0")
