@@ -240,8 +240,7 @@ def compute_loss(inputs: LossInputs, algo: AlgoConfig, policy_loss_kind: str) ->
         raw = torch.exp(inputs.old_logp - inputs.rollout_logp) * inputs.mask
         maxima["is_weight_max"] = float(raw.max()) if raw.numel() else 0.0
     total = pg - algo.entropy_coef * inputs.entropy
-    metrics["kl"] = torch.zeros_like(inputs.logp)
-    if inputs.ref_logp is not None:
+    if inputs.ref_logp is not None:  # measured on the rollouts the reference runs
         kl = compute_kl(inputs.logp, inputs.ref_logp, algo.kl_loss_type)
         metrics["kl"] = kl
         if algo.use_kl_loss:

@@ -20,7 +20,7 @@ from rlpost.algo.packing import pack_micro_batches, packing_efficiency, partitio
 from rlpost.schema import AlgoConfig, TrainConfig
 from rlpost.types import TrainSample
 
-BASE_METRICS = ("loss", "pg_loss", "kl", "entropy", "clipfrac", "ppo_kl")
+BASE_METRICS = ("loss", "pg_loss", "entropy", "clipfrac", "ppo_kl")
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,24 @@ def reuses_logprobs(plans: Sequence[StepPlan], algo: AlgoConfig, allowed: bool) 
     return allowed and len(plans) == 1 and not needs_reference_kl(algo)
 
 
+def check_reference(algo: AlgoConfig, loaded: bool, wanted: bool | None) -> bool:
+    """Whether this rollout runs the reference forward: `wanted` (None: whenever it is
+    loaded), refused when the reference is not loaded, or when the KL weighs in the loss or
+    the reward and the rollout would go without it."""
+    run = loaded if wanted is None else wanted
+    if run and not loaded:
+        raise ValueError(
+            "no reference model is loaded (the plan loads it only when the recipe reads its "
+            "KL: algo.kl_loss_coef, algo.kl_coef or algo.kl_metric_interval)"
+        )
+    if not run and (algo.kl_in_loss or algo.kl_in_reward):
+        raise ValueError(
+            "the KL to the reference weighs in this run's loss or reward: it "
+            "cannot skip the reference forward"
+        )
+    return run
+
+
 # ---- loss inputs ---------------------------------------------------------------------------
 
 
@@ -202,10 +220,15 @@ def loss_inputs(
 # ---- metrics -------------------------------------------------------------------------------
 
 
-def metric_names(algo: AlgoConfig) -> list[str]:
-    """The loss metrics every micro-batch reports, summed over micro-batches and ranks."""
+def metric_names(algo: AlgoConfig, with_reference: bool) -> list[str]:
+    """The loss metrics every micro-batch reports, summed over micro-batches and ranks
+    (the KL to the reference on the rollouts the reference runs)."""
     corrected = algo.off_policy_correction != "none"
-    return [*BASE_METRICS, *(["is_weight", "is_clipfrac"] if corrected else [])]
+    return [
+        *BASE_METRICS,
+        *(["kl"] if with_reference else []),
+        *(["is_weight", "is_clipfrac"] if corrected else []),
+    ]
 
 
 @dataclass(frozen=True)

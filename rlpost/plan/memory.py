@@ -218,11 +218,11 @@ def estimate_host(
     sizes: Sizes,
 ) -> HostMemory:
     """Ranks on the fullest node x (offloaded optimizer + reference weights kept on the host
-    between uses when the KL loss needs them, 2 bytes/param) + per-process overhead."""
+    between uses when the reference runs at all, 2 bytes/param) + per-process overhead."""
     ranks = min(sizes.train_gpus, hardware.gpus_per_node)
     optimizer = ranks * train.host_optimizer_gib
     reference = 0.0
-    if recipe.algo.use_kl_loss:
+    if recipe.algo.reference_interval > 0:
         reference = ranks * train.params_per_gpu * weight_bytes(model) / GIB
     processes = ranks * HOST_PER_PROCESS_GIB
     return HostMemory(

@@ -22,6 +22,7 @@ from rlpost.plan.parallel import resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
+from rlpost.plan.work import TrainWork, plan_work
 from rlpost.schema import RunConfig
 
 
@@ -45,6 +46,7 @@ class Plan:
     batch: BatchPlan
     memory: MemoryPlan
     runtime: RuntimePlan
+    work: TrainWork
     pipeline_stages: tuple[int, ...]
     derived: tuple[str, ...]
     notes: tuple[str, ...]
@@ -70,6 +72,7 @@ class Plan:
                 "batch": asdict(self.batch),
                 "memory": _memory_dict(self.memory),
                 "runtime": asdict(self.runtime),
+                "work": {**asdict(self.work), "saved_fraction": self.work.saved_fraction},
                 "derived": list(self.derived),
                 "notes": list(self.notes),
             }
@@ -174,6 +177,13 @@ def _notes(cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan]) -> tupl
         )
     if par.tp > cfg.hardware.gpus_per_node:
         notes.append(f"tp={par.tp} spans nodes: its all-reduces leave the node's fast links")
+    algo = cfg.recipe.algo
+    if algo.use_kl_loss and not algo.kl_in_loss and not algo.reference_interval:
+        notes.append(
+            "algo.use_kl_loss with kl_loss_coef 0: the KL weighs nothing in the loss, so the "
+            "reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
+            "logs the KL every N rollouts)"
+        )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
     return tuple(notes)
@@ -214,6 +224,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         batch=batch,
         memory=memory,
         runtime=plan_runtime(cfg, sizes.colocate, batch.longest_sample_tokens),
+        work=plan_work(cfg, par, batch, memory.params_active),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch)),

@@ -96,7 +96,9 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
     # model.load may name a folder a run has yet to write (slime's --load: empty means "start
     # from the reference"); the reference must exist when the recipe reads it
     ref = model.ref_load
-    reads_ref = ref is not None and ref != model.hf_checkpoint and _reads_reference(cfg)
+    reads_ref = (
+        ref is not None and ref != model.hf_checkpoint and cfg.recipe.algo.reference_interval > 0
+    )
     if reads_ref and not Path(str(ref)).expanduser().exists():
         issues.append(
             _folder_issue(
@@ -123,11 +125,6 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
             )
         )
     return issues
-
-
-def _reads_reference(cfg: RunConfig) -> bool:
-    algo = cfg.recipe.algo
-    return algo.use_kl_loss or algo.kl_coef > 0
 
 
 def _has_chat_template(folder: Path) -> bool:

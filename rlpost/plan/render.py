@@ -178,6 +178,45 @@ def render_runtime(plan: Plan) -> str:
     return render_table(["runtime", "value"], rows, "Runtime")
 
 
+REFERENCE_RUNS = {
+    "loss": "every rollout (its KL weighs in the loss)",
+    "reward": "every rollout (its KL goes into the reward)",
+    "metric": "every {n} rollout(s), to log the KL (it weighs nothing)",
+    "off": "never: not loaded (nothing reads its KL)",
+}
+
+
+def _flops(tflop: float) -> str:
+    for unit, scale in (("EFLOP", 1e6), ("PFLOP", 1e3)):
+        if tflop >= scale:
+            return f"{tflop / scale:.3g} {unit}"
+    return f"{tflop:.3g} TFLOP"
+
+
+def render_work(plan: Plan) -> str:
+    w = plan.work
+    old = (
+        "from the training forward (one optimizer step per rollout)"
+        if w.reuse_old_logprobs
+        else f"a forward before training ({w.steps_per_rollout} optimizer steps per rollout)"
+        if w.steps_per_rollout > 1
+        else "a forward before training (the KL in the reward needs them first)"
+    )
+    passes = f"{w.passes_per_rollout:.2f}"
+    if w.saved_fraction > 0:
+        passes += (
+            f" ({w.passes_every_forward:.0f} if the old-policy and reference forwards ran "
+            f"every rollout: {w.saved_fraction:.0%} less)"
+        )
+    rows: list[list[Cell]] = [
+        ["reference model runs", REFERENCE_RUNS[w.reference].format(n=w.reference_interval)],
+        ["old-policy logprobs", old],
+        ["forward-equivalents per token", passes],
+        ["train compute per rollout (longest samples)", _flops(w.train_tflop_per_rollout)],
+    ]
+    return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
+
+
 def _verdict(fits: bool, margin: float) -> str:
     if fits:
         return f"fits, {margin:.2f} GiB spare"
@@ -249,6 +288,7 @@ SECTIONS: tuple[Callable[[Plan], str], ...] = (
     render_engines,
     render_batch,
     render_runtime,
+    render_work,
     render_memory,
 )
 

@@ -44,8 +44,8 @@ class TrainActor:
     def where(self) -> dict[str, object]:
         return _where()
 
-    def train(self, batch: list[TrainSample]) -> dict[str, float]:
-        metrics: dict[str, float] = self.trainer.train_step(batch)
+    def train(self, batch: list[TrainSample], with_reference: bool) -> dict[str, float]:
+        metrics: dict[str, float] = self.trainer.train_step(batch, with_reference)
         return metrics
 
     def export_hf(self, out_dir: str) -> str:

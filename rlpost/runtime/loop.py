@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import rlpost
 from rlpost.data.source import DataSource
 from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, GENERATE_FUNCTION, load_hook
 from rlpost.plan import Plan
@@ -143,6 +144,8 @@ class TrainLoop:
         """Take the step's groups, train, push weights and evaluate when due."""
         cfg, rollout = self.cfg, self.cfg.recipe.rollout
         started = time.perf_counter()
+        first = step == self.start
+        startup = time.time() - rlpost.IMPORTED_AT  # the launch to this process's first step
         batch = await self.pipeline.take(step)
         # Groups finish in arrival order; train in prompt order instead, so the update does
         # not depend on which engine answered first.
@@ -151,13 +154,13 @@ class TrainLoop:
         samples = to_train_samples(
             batch.groups, cfg.recipe.algo, rollout.mask_offpolicy_in_partial_rollout
         )
-        metrics.update(await self.session.train(samples))
+        metrics.update(await self.session.train(samples, self.plan.work.reference_due(step)))
         done = step + 1
         eval_due = bool(self.inputs.eval_sets) and _due(
             cfg.recipe.eval.interval, done, rollout.num_rollout
         )
         if done % cfg.recipe.loop.update_weights_interval == 0 or eval_due:
-            await self.session.push_weights(version=done)
+            metrics["perf/weight_sync_s"] = await self.session.push_weights(version=done)
             self.pipeline.weights_pushed(done)
         if eval_due:
             metrics.update(await self._evaluate(done))
@@ -165,6 +168,8 @@ class TrainLoop:
         metrics["perf/step_time_s"] = wall
         metrics["perf/rollout_tokens_per_s"] = metrics["rollout/response_tokens"] / wall
         metrics["perf/weight_version"] = float(self.session.weight_version)
+        if first:
+            metrics["perf/startup_s"] = startup
         return metrics, accounting(batch, self.outstanding())
 
     def outstanding(self) -> list[int]:

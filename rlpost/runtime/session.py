@@ -241,6 +241,8 @@ class Session:
             master_port=self.cluster.free_port_on(first),
             num_threads=self._threads_per_slot(),
             seed=cfg.run.seed,
+            load_reference=self.plan.work.load_reference,
+            reuse_old_logprobs=self.plan.work.reuse_old_logprobs,
             collective_timeout_s=cfg.trainer.collective_timeout_s,
             init_method=self._rendezvous(),
         )
@@ -417,15 +419,17 @@ class Session:
 
     # ---- per rollout -------------------------------------------------------------------
 
-    async def train(self, batch: list[TrainSample]) -> dict[str, float]:
-        """Every rank gets the whole rollout and takes its own share (see TorchTrainer).
+    async def train(self, batch: list[TrainSample], with_reference: bool) -> dict[str, float]:
+        """Every rank gets the whole rollout and takes its own share (see TorchTrainer);
+        `with_reference`: the reference forward runs this rollout (Plan.work).
         With offload, the engines release their memory first and the trainers give theirs
         back after; push_weights brings the engines back."""
         if self.offload:
             await self._release_engines()
             await self.on_ranks("onload", self._on_all_trainers(trainer_side.onload))
         ref = ray.put(batch)
-        results = await self.on_ranks("a train step", [t.train.remote(ref) for t in self.trainers])
+        calls = [t.train.remote(ref, with_reference) for t in self.trainers]
+        results = await self.on_ranks("a train step", calls)
         if self.offload:
             await self.on_ranks("offload", self._on_all_trainers(trainer_side.offload))
         merged: dict[str, float] = dict(results[0])
@@ -438,9 +442,10 @@ class Session:
         async with self.pool.exclusive():
             await self.pool.release_memory(RELEASE_STAGES)
 
-    async def push_weights(self, version: int) -> None:
+    async def push_weights(self, version: int) -> float:
         """The trainers' weights to every engine as `version` (see weight_sync), after
-        restarting any engine that died; every engine must then report `version`."""
+        restarting any engine that died; every engine must then report `version`. Returns
+        the seconds it took."""
         assert self.client is not None and self.pool is not None and self.weight_sync
         start = time.perf_counter()
         async with self.pool.exclusive():
@@ -454,7 +459,9 @@ class Session:
             if self.probe is not None:
                 gaps = await probe_weights(self.client, urls, self._trainer_logprobs, self.probe)
                 log.info("weight probe after version %d: %s", version, gaps)
-        log.info("weights v%d pushed in %.2f s", version, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        log.info("weights v%d pushed in %.2f s", version, seconds)
+        return seconds
 
     async def _trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """Rank 0's answer; every rank computes it (a sharded trainer's forward is collective)."""

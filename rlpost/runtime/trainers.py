@@ -32,6 +32,10 @@ class TrainerSpec:
     master_port: int
     num_threads: int
     seed: int
+    # Plan.work: whether the reference model is loaded, and whether the training forward's
+    # logprobs serve as the old policy's (one optimizer step per rollout)
+    load_reference: bool
+    reuse_old_logprobs: bool
     collective_timeout_s: float = 600.0
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
 
@@ -47,6 +51,8 @@ def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
         "num_threads": spec.num_threads,
         "collective_timeout_s": spec.collective_timeout_s,
         "init_method": spec.init_method,
+        "load_reference": spec.load_reference,
+        "reuse_logprobs_single_step": spec.reuse_old_logprobs,
     }
 
 

@@ -209,6 +209,12 @@ class AlgoConfig(Section):
     kl_loss_coef: NonNegativeFloat = 0.0
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "k1"
     kl_coef: NonNegativeFloat = 0.0
+    kl_metric_interval: NonNegativeInt = Field(
+        0,
+        description="measure the policy's KL to the reference every N rollouts when it "
+        "weighs in neither the loss nor the reward (0: never; the reference model is then "
+        "neither loaded nor run). Where the KL weighs, it is measured every rollout",
+    )
     entropy_coef: NonNegativeFloat = 0.0
     eps_clip: PositiveFloat = 0.2
     eps_clip_high: PositiveFloat | None = None
@@ -226,6 +232,37 @@ class AlgoConfig(Section):
     tis_clip_low: NonNegativeFloat = 0.0
     tis_clip_high: PositiveFloat = 2.0
     behaviour_weight_cap: PositiveFloat = 5.0
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """The estimator puts a KL penalty into the reward (needs the reference's logprobs)."""
+        return self.kl_coef > 0 and self.advantage_estimator in KL_REWARD_ESTIMATORS
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """A KL term with a weight in the loss (use_kl_loss with kl_loss_coef 0 weighs
+        nothing: the seeds' recipes log a KL that way)."""
+        return self.use_kl_loss and self.kl_loss_coef > 0
+
+    @property
+    def reference_interval(self) -> int:
+        """Rollouts between reference forwards: 1 where the KL weighs in the loss or the
+        reward, kl_metric_interval where it is only measured; 0: the reference never runs."""
+        if self.kl_in_loss or self.kl_in_reward:
+            return 1
+        return self.kl_metric_interval
+
+    @model_validator(mode="after")
+    def check_kl_metric_interval(self) -> AlgoConfig:
+        if self.kl_in_loss or self.kl_in_reward:
+            where = "loss (kl_loss_coef > 0)" if self.kl_in_loss else "reward (kl_coef > 0)"
+            refuse_unused(
+                self,
+                "kl_metric_interval",
+                why=f"the KL weighs in the {where}, so it is measured every rollout",
+                fix="remove it",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_estimator_reads_its_settings(self) -> AlgoConfig:

@@ -17,7 +17,7 @@ from rlpost.schema.base import InvariantError, Section, check_host_port, check_i
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import ModelConfig
-from rlpost.schema.recipe import KL_REWARD_ESTIMATORS, RecipeConfig
+from rlpost.schema.recipe import RecipeConfig
 
 
 class TrainerConfig(Section):
@@ -200,9 +200,14 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def check_kl_loss_has_reference(self) -> RunConfig:
         algo = self.recipe.algo
-        kl_reward = algo.kl_coef > 0 and algo.advantage_estimator in KL_REWARD_ESTIMATORS
-        if (algo.use_kl_loss or kl_reward) and not self.model.ref_load:
-            what = "recipe.algo.use_kl_loss" if algo.use_kl_loss else "recipe.algo.kl_coef"
+        if algo.reference_interval and not self.model.ref_load:
+            what = (
+                "recipe.algo.kl_loss_coef"
+                if algo.kl_in_loss
+                else "recipe.algo.kl_coef"
+                if algo.kl_in_reward
+                else "recipe.algo.kl_metric_interval"
+            )
             raise InvariantError(
                 f"{what} needs a frozen reference model, and model.ref_load is not set",
                 fields=("model.ref_load",),

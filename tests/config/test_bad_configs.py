@@ -200,17 +200,24 @@ CASES = [
     ),
     Case(
         "kl_loss_without_ref",
-        (*QWEN, "model.ref_load=null"),
+        (*QWEN, "model.ref_load=null", "recipe.algo.kl_loss_coef=0.01"),
         "model.ref_load",
         CMD,
         "needs a frozen reference model",
     ),
     Case(
-        "kl_loss_without_ref_unset",
-        ("model=no_ref", "recipe=grpo_dapo"),
+        "kl_metric_without_ref_unset",
+        ("model=no_ref", "recipe=grpo_dapo", "recipe.algo.kl_metric_interval=5"),
         "model.ref_load",
         "default",
-        "needs a frozen reference model",
+        "kl_metric_interval needs a frozen reference model",
+    ),
+    Case(
+        "kl_metric_interval_where_kl_weighs",
+        (*QWEN, "recipe.algo.kl_loss_coef=0.01", "recipe.algo.kl_metric_interval=5"),
+        "recipe.algo.kl_metric_interval",
+        CMD,
+        "it is measured every rollout",
     ),
     Case(
         "kl_coef_without_kl_loss",

@@ -460,7 +460,7 @@ def file_cases(root: Path) -> list[Bad]:
         ),
         _case(
             "reference checkpoint missing",
-            ("model.ref_load=/no/such/ref",),
+            ("model.ref_load=/no/such/ref", "recipe.algo.kl_metric_interval=2"),
             "model.ref_load",
             "no such checkpoint",
         ),

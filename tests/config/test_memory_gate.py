@@ -24,10 +24,17 @@ def test_the_default_and_the_seed_runs_fit(compose_run: ComposeRun) -> None:
 
 
 def test_each_part_that_does_not_fit_is_an_issue(compose_run: ComposeRun) -> None:
-    plan = build_plan(compose_run("model=qwen3-8b", "hardware=cpu"))
+    # the KL logged every rollout keeps the reference weights in host memory
+    plan = build_plan(
+        compose_run("model=qwen3-8b", "hardware=cpu", "recipe.algo.kl_metric_interval=1")
+    )
     issues = memory_issues(plan)
     assert [i.key for i in issues] == ["layout.train", "layout.rollout", "hardware.host_memory_gib"]
     assert all("plan.memory_check=warn" in i.fix for i in issues)
+    # a KL that weighs nothing and is never logged: no reference weights anywhere
+    unlogged = build_plan(compose_run("model=qwen3-8b", "hardware=cpu"))
+    assert unlogged.memory.host.reference_weights_gib == 0.0
+    assert [i.key for i in memory_issues(unlogged)] == ["layout.train", "layout.rollout"]
 
 
 def test_the_launch_refuses_it_with_exit_2_and_no_traceback(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ REQUIRED = (
     "rollout/reward_mean",
     "rollout/num_samples",
     "train/loss",
-    "train/kl",
     "train/entropy",
     "perf/step_time_s",
     "perf/rollout_tokens_per_s",
@@ -58,7 +57,13 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
     default (rollouts, training, eval); the other runs decoupled, one step off (async:
     rollout N+1 is generated while rollout N trains)."""
     shared = tmp_path / "run"
-    default = start(shared, "recipe.rollout.num_rollout=3", "recipe.eval.interval=2")
+    # the default's KL weighs nothing (kl_loss_coef 0): logged every 2nd rollout on request
+    default = start(
+        shared,
+        "recipe.rollout.num_rollout=3",
+        "recipe.eval.interval=2",
+        "recipe.algo.kl_metric_interval=2",
+    )
     decoupled = start(
         shared,
         "layout.colocate=false",
@@ -86,6 +91,8 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
         assert record["rollout/num_samples"] == 64
         assert 0.0 <= record["rollout/reward_mean"] <= 1.0
         assert record["train/optimizer_steps"] == 1
+    assert ["train/kl" in r for r in records] == [True, False, True]
+    assert records[2]["train/kl"] > 0.0  # the policy has moved from the reference
     # eval before training (logged with rollout 0), after rollout 2 (interval) and at the end
     assert all("eval/arith/accuracy" in records[i] for i in (0, 1, 2))
     assert "eval accuracy" in default_out
@@ -97,6 +104,7 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
     assert [r["rollout_id"] for r in records] == [0, 1, 2]
     for record in records:
         assert record["rollout/num_samples"] == 64 and math.isfinite(record["train/loss"])
+        assert "train/kl" not in record  # the reference is neither loaded nor run
         assert record["rollout/staleness_max"] <= 1
     assert records[0]["rollout/staleness_max"] == 0  # nothing was trained before it
     assert any(r["rollout/staleness_max"] == 1 for r in records)  # generated during a step

@@ -146,7 +146,7 @@ def test_a_killed_engine_is_restarted_at_the_current_version_mid_rollout(
             assert await client.get_weight_version(pool.urls[1]) == "1"
 
             # the run goes on: train, push, and a rollout that both engines serve
-            await session.train(to_train_samples(groups, cfg.recipe.algo))
+            await session.train(to_train_samples(groups, cfg.recipe.algo), with_reference=False)
             await session.push_weights(version=2)
             served_before = await _served(client, pool.urls)
             check_rollout(await rollout(runner, params), "2")

@@ -20,6 +20,7 @@ SHORT = (
     "tracking.tensorboard=false",
     "run.deterministic=true",  # engine sampling seeded per sample: both runs see one rollout
     "run.progress=false",
+    "recipe.algo.kl_metric_interval=1",  # the KL weighs nothing: measure it each rollout
 )
 # the first optimizer step, computed by each backend from the same rollout
 FIRST_STEP = ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")

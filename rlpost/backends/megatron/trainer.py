@@ -23,7 +23,7 @@ from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer import get_megatron_optimizer
 from torch import Tensor
 
-from rlpost.algo.advantages import get_estimator, needs_reference_kl
+from rlpost.algo.advantages import get_estimator
 from rlpost.algo.losses import compute_loss
 from rlpost.algo.schedule import lr_at_step
 from rlpost.algo.steps import (
@@ -31,6 +31,7 @@ from rlpost.algo.steps import (
     SampleTensors,
     StepPlan,
     TokenStats,
+    check_reference,
     loss_inputs,
     metric_names,
     micro_batches,
@@ -99,6 +100,7 @@ class MegatronTrainer:
         init_method: str | None = None,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
+        load_reference: bool | None = None,
         seed: int = 1234,
     ) -> None:
         if num_threads is not None:
@@ -126,8 +128,10 @@ class MegatronTrainer:
             module = self._load(build_gpt_model(self.settings), model.load)
             # before the config gets the DDP hooks below: building MoE experts deep-copies it,
             # and a bound method of the DDP wrapper (holding process groups) cannot be copied
-            wants_ref = algo.use_kl_loss or needs_reference_kl(algo)
-            self.ref_model = self._frozen(model.ref_load) if wants_ref else None
+            # the plan decides (Plan.work); None: whenever the recipe ever reads its KL
+            if load_reference is None:
+                load_reference = algo.reference_interval > 0
+            self.ref_model = self._frozen(model.ref_load) if load_reference else None
             config = self.settings.transformer
             self.model = DistributedDataParallel(config, self.settings.ddp, module)
             config.finalize_model_grads_func = finalize_grads
@@ -272,19 +276,23 @@ class MegatronTrainer:
         return tensor
 
     def _prepare(
-        self, batch: Sequence[TrainSample], mine: list[int], reuse: bool
+        self, batch: Sequence[TrainSample], mine: list[int], reuse: bool, with_reference: bool
     ) -> dict[int, SampleTensors]:
         """Old/ref logprobs and advantages of this rank's samples, before any update."""
         samples = [batch[i] for i in mine]
         old = None if reuse else _on_host(self.compute_logprobs(samples, "actor"))
-        ref = _on_host(self.compute_logprobs(samples, "ref")) if self.ref_model else None
+        ref = _on_host(self.compute_logprobs(samples, "ref")) if with_reference else None
         tensors = sample_tensors(samples, old, ref, self.algo, self._dp_sum)  # on the host
         return {i: _sample_on(t, self.device) for i, t in zip(mine, tensors, strict=True)}
 
     def _train_loss(
-        self, data: dict[int, SampleTensors], denominator: float, mb: MicroBatch, output: Tensor
+        self,
+        data: dict[int, SampleTensors],
+        step: tuple[float, list[str]],
+        mb: MicroBatch,
+        output: Tensor,
     ) -> tuple[Tensor, dict[str, Any]]:
-        names = metric_names(self.algo)
+        denominator, names = step
         if not mb.samples:  # an evening-out micro-batch: no sample, no gradient
             zeros = torch.zeros(len(names), dtype=torch.float64, device=output.device)
             return output.sum() * 0.0, {"metrics": zeros}
@@ -303,9 +311,13 @@ class MegatronTrainer:
         return result.loss / ps.get_context_parallel_world_size(), extra
 
     def _optimizer_step(
-        self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
+        self,
+        batch: Sequence[TrainSample],
+        plan: StepPlan,
+        data: dict[int, SampleTensors],
+        with_reference: bool,
     ) -> dict[str, float]:
-        names = metric_names(self.algo)
+        names = metric_names(self.algo, with_reference)
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -313,7 +325,7 @@ class MegatronTrainer:
         outputs = run_micro_batches(
             self.model,
             mbs,
-            lambda mb, out: self._train_loss(data, plan.denominator, mb, out),
+            lambda mb, out: self._train_loss(data, (plan.denominator, names), mb, out),
             False,
         )
         lr = lr_at_step(self.step, self.optim)
@@ -339,18 +351,23 @@ class MegatronTrainer:
             "lr": lr,
         }
 
-    def train_step(self, batch: Sequence[TrainSample]) -> dict[str, float]:
-        """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics."""
+    def train_step(
+        self, batch: Sequence[TrainSample], with_reference: bool | None = None
+    ) -> dict[str, float]:
+        """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics.
+        `with_reference`: run the reference forward this rollout (the plan's
+        TrainWork.reference_due; None: whenever it is loaded)."""
         start = time.perf_counter()
         for index, sample in enumerate(batch):
             validate_sample(sample, index)
+        ref = check_reference(self.algo, self.ref_model is not None, with_reference)
         with cpu_compat():
             plans = self._plans(batch)
             mine = sorted(i for plan in plans for micro in plan.micro_batches for i in micro)
             reuse = reuses_logprobs(plans, self.algo, self.reuse_logprobs_single_step)
-            data = self._prepare(batch, mine, reuse)
+            data = self._prepare(batch, mine, reuse, ref)
             prepared = time.perf_counter()
-            steps = [self._optimizer_step(batch, plan, data) for plan in plans]
+            steps = [self._optimizer_step(batch, plan, data, ref) for plan in plans]
         timing = RolloutTiming(start, prepared, time.perf_counter())
         return rollout_metrics(steps, plans, batch, timing)
 

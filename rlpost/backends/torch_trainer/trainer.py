@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from rlpost.algo.advantages import get_estimator, needs_reference_kl
+from rlpost.algo.advantages import get_estimator
 from rlpost.algo.losses import compute_loss
 from rlpost.algo.schedule import lr_at_step
 from rlpost.algo.steps import (
@@ -23,6 +23,7 @@ from rlpost.algo.steps import (
     SampleTensors,
     StepPlan,
     TokenStats,
+    check_reference,
     loss_inputs,
     metric_names,
     micro_batches,
@@ -65,6 +66,7 @@ class TorchTrainer:
         attn_implementation: str = PACKED_SDPA,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
+        load_reference: bool | None = None,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -81,9 +83,11 @@ class TorchTrainer:
         self.dp.init()
         self.model = load_causal_lm(self.model_dir, attn_implementation)
         self.dp.broadcast_params(self.model)
-        wants_ref = algo.use_kl_loss or needs_reference_kl(algo)
+        # the plan decides (Plan.work); None: whenever the recipe ever reads its KL
+        if load_reference is None:
+            load_reference = algo.reference_interval > 0
         self.ref_model = (
-            freeze(load_causal_lm(self.model_dir, attn_implementation)) if wants_ref else None
+            freeze(load_causal_lm(self.model_dir, attn_implementation)) if load_reference else None
         )
         self.optimizer = build_optimizer(self.model, optim)
         self.step = 0
@@ -126,12 +130,12 @@ class TorchTrainer:
         return plan_steps(batch, self.train, self.algo, self.dp.rank, self.dp.world_size)
 
     def _prepare(
-        self, batch: Sequence[TrainSample], mine: list[int], reuse: bool
+        self, batch: Sequence[TrainSample], mine: list[int], reuse: bool, with_reference: bool
     ) -> dict[int, SampleTensors]:
         """Old/ref logprobs and advantages of this rank's samples, before any update."""
         samples = [batch[i] for i in mine]
         old = None if reuse else self.compute_logprobs(samples, "actor")
-        ref = self.compute_logprobs(samples, "ref") if self.ref_model is not None else None
+        ref = self.compute_logprobs(samples, "ref") if with_reference else None
         tensors = sample_tensors(samples, old, ref, self.algo, self.dp.sum)
         return dict(zip(mine, tensors, strict=True))
 
@@ -155,9 +159,13 @@ class TorchTrainer:
         return {**result.metrics, **result.maxima}
 
     def _optimizer_step(
-        self, batch: Sequence[TrainSample], plan: StepPlan, data: dict[int, SampleTensors]
+        self,
+        batch: Sequence[TrainSample],
+        plan: StepPlan,
+        data: dict[int, SampleTensors],
+        with_reference: bool,
     ) -> dict[str, float]:
-        names = metric_names(self.algo)
+        names = metric_names(self.algo, with_reference)
         sums = torch.zeros(len(names), dtype=torch.float64)
         maxima: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
@@ -178,17 +186,22 @@ class TorchTrainer:
         summed = dict(zip(names, sums.tolist(), strict=True))
         return {**summed, **maxima, "grad_norm": grad_norm, "lr": lr}
 
-    def train_step(self, batch: Sequence[TrainSample]) -> dict[str, float]:
-        """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics."""
+    def train_step(
+        self, batch: Sequence[TrainSample], with_reference: bool | None = None
+    ) -> dict[str, float]:
+        """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics.
+        `with_reference`: run the reference forward this rollout (the plan's
+        TrainWork.reference_due; None: whenever it is loaded)."""
         start = time.perf_counter()
         for index, sample in enumerate(batch):
             validate_sample(sample, index)
+        ref = check_reference(self.algo, self.ref_model is not None, with_reference)
         plans = self.plan_steps(batch)
         mine = sorted(i for plan in plans for micro in plan.micro_batches for i in micro)
         reuse = reuses_logprobs(plans, self.algo, self.reuse_logprobs_single_step)
-        data = self._prepare(batch, mine, reuse)
+        data = self._prepare(batch, mine, reuse, ref)
         prepared = time.perf_counter()
-        steps = [self._optimizer_step(batch, plan, data) for plan in plans]
+        steps = [self._optimizer_step(batch, plan, data, ref) for plan in plans]
         timing = RolloutTiming(start, prepared, time.perf_counter())
         return rollout_metrics(steps, plans, batch, timing)
 

@@ -61,7 +61,8 @@ def test_matches_torch_backend(
     for a, b in zip(ours["stats"].entropy, stats.entropy, strict=True):
         assert float((a - b).abs().max()) <= TOLERANCE
     assert ours["metrics"]["train/optimizer_steps"] == metrics["train/optimizer_steps"]
-    for key in METRICS:
+    for key in (k for k in METRICS if k in metrics):  # train/kl: where a KL is measured
+        assert key in ours["metrics"], key
         assert abs(ours["metrics"][key] - metrics[key]) <= TOLERANCE, key
     state = torch_trainer.model.state_dict()
     for name, weight in ours["weights"].items():
@@ -83,3 +84,32 @@ def test_rejects_rollout_that_does_not_split_into_steps(
 ) -> None:
     with pytest.raises(Exception, match="global_batch_size=8"):
         make_setup("qwen3", 8).run(megatron_run, make_rollout(6))
+
+
+def _two_rollouts(trainer: MegatronTrainer, rollouts: list[list[TrainSample]]) -> dict[str, Any]:
+    metrics = [trainer.train_step(samples) for samples in rollouts]
+    weights = dict(kv for b in trainer.iter_hf_weights() for kv in b)
+    return {"metrics": metrics, "weights": weights, "reference": trainer.ref_model is not None}
+
+
+def test_a_reference_that_weighs_nothing_is_skipped_and_the_updates_do_not_change(
+    make_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
+) -> None:
+    """use_kl_loss with kl_loss_coef 0: measuring the KL every rollout (as before) and not
+    loading the reference at all train to the same weights."""
+    weightless = {"use_kl_loss": True, "kl_loss_coef": 0.0, "off_policy_correction": "tis"}
+    rollouts = [make_rollout(8, seed=seed) for seed in (5, 6)]
+    runs = {
+        interval: make_setup("qwen3", 4, algo=weightless | {"kl_metric_interval": interval}).run(
+            _two_rollouts, rollouts
+        )
+        for interval in (1, 0)
+    }
+    measured, skipped = runs[1], runs[0]
+    assert measured["reference"] and not skipped["reference"]
+    for a, b in zip(measured["metrics"], skipped["metrics"], strict=True):
+        assert "train/kl" in a and "train/kl" not in b
+        for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-6, key
+    for name, weight in measured["weights"].items():
+        assert float((weight - skipped["weights"][name]).abs().max()) <= 1e-6, name

@@ -117,9 +117,10 @@ def test_kl_loss_pulls_towards_the_reference(tiny_model_dir: Path, make_configs:
     batch = toy_group()
     drift = {}
     for coef in (0.0, 5.0):
-        algo, optim, train = make_configs(
-            8, algo={"use_kl_loss": True, "kl_loss_coef": coef, "kl_loss_type": "k2"}
-        )
+        kl = {"use_kl_loss": True, "kl_loss_coef": coef, "kl_loss_type": "k2"}
+        if not coef:  # the KL weighs nothing: measured only when asked
+            kl["kl_metric_interval"] = 1
+        algo, optim, train = make_configs(8, algo=kl)
         t = trainer(tiny_model_dir, algo, optim, train)
         kls = [t.train_step(batch)["train/kl"] for _ in range(4)]
         drift[coef] = kls[-1]
@@ -186,3 +187,62 @@ def test_checkpoint_resume_reproduces_training(
     resumed.train_step(second)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+# A KL term that weighs nothing, as in the seeds' recipes (use_kl_loss with kl_loss_coef 0)
+WEIGHTLESS_KL = {"use_kl_loss": True, "kl_loss_coef": 0.0, "kl_loss_type": "low_var_kl"}
+TIMINGS = ("train/time_s", "train/prepare_time_s", "train/samples_per_s", "train/tokens_per_s")
+
+
+def _same_updates(a: TorchTrainer, b: TorchTrainer, rollouts: list[list[TrainSample]]) -> None:
+    for samples in rollouts:
+        ma, mb = a.train_step(samples), b.train_step(samples)
+        for key in mb.keys() - set(TIMINGS):
+            assert mb[key] == pytest.approx(ma[key], rel=1e-6, abs=1e-7), key
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert float((pa - pb).detach().abs().max()) <= 1e-6, name
+
+
+@pytest.mark.parametrize("gbs", [8, 4], ids=["one-step", "two-steps"])
+def test_a_reference_that_weighs_nothing_is_skipped_and_the_updates_do_not_change(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs, gbs: int
+) -> None:
+    """Run (KL measured every rollout, as before) and skipped (not even loaded) train to the
+    same weights; only the KL metric is missing, and rollouts the plan marks get it."""
+    extra = {"entropy_coef": 0.01, "off_policy_correction": "tis"}
+    measured = trainer(
+        tiny_model_dir,
+        *make_configs(gbs, algo=WEIGHTLESS_KL | extra | {"kl_metric_interval": 1}),
+    )
+    skipped = trainer(tiny_model_dir, *make_configs(gbs, algo=WEIGHTLESS_KL | extra))
+    assert measured.ref_model is not None and skipped.ref_model is None
+    rollouts = [make_samples(8, seed=seed, with_rollout=True) for seed in (3, 4)]
+    _same_updates(measured, skipped, rollouts)
+    assert "train/kl" in measured.train_step(rollouts[0])
+    assert "train/kl" not in skipped.train_step(rollouts[0])
+    # every N rollouts: loaded, and run only when the loop asks
+    assert "train/kl" not in measured.train_step(rollouts[1], with_reference=False)
+    with pytest.raises(ValueError, match="no reference model is loaded"):
+        skipped.train_step(rollouts[1], with_reference=True)
+
+
+def test_a_kl_that_weighs_cannot_skip_the_reference(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    t = trainer(tiny_model_dir, *make_configs(8, algo=FULL_ALGO))
+    with pytest.raises(ValueError, match="cannot skip the reference forward"):
+        t.train_step(make_samples(8, seed=3, with_rollout=True), with_reference=False)
+
+
+def test_old_logprobs_from_the_training_forward_give_the_same_updates(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    """One optimizer step per rollout: the training forward's detached logprobs stand in for
+    the old-policy forward, with TIS and a KL loss in play."""
+    configs = make_configs(8, algo=FULL_ALGO)
+    recomputed = TorchTrainer(
+        tiny_model_dir, *configs, num_threads=1, reuse_logprobs_single_step=False
+    )
+    reused = TorchTrainer(tiny_model_dir, *configs, num_threads=1)
+    rollouts = [make_samples(8, seed=seed, with_rollout=True) for seed in (5, 6)]
+    _same_updates(recomputed, reused, rollouts)

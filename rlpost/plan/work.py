@@ -1,0 +1,84 @@
+"""The trainer's work per rollout, decided here: which forward passes run, and what they cost.
+
+Every rollout's tokens go through up to three kinds of pass, counted in forward-equivalents
+(a backward costs two forwards, so a training step costs 2 * params * tokens * 3 FLOPs;
+Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1):
+
+- the training forward and backward: 3, plus 1 more with full activation recompute, which
+  runs every layer's forward again in the backward;
+- the old policy's logprobs: 1, or 0 when the rollout is one optimizer step (the policy that
+  is trained is then the old one, and the training forward's own detached logprobs serve);
+  KL-in-reward estimators need them before training starts, so they always pay it;
+- the reference model's logprobs: 1 on the rollouts it runs. It runs every rollout when its
+  KL weighs in the loss or the reward; when it weighs nothing (use_kl_loss with
+  kl_loss_coef 0, as in the seeds' recipes) only every `algo.kl_metric_interval` rollouts, to
+  log the KL, and with 0 it is neither loaded nor run.
+
+The trainers and the loop read `Plan.work` and decide none of this themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlpost.plan.batch import BatchPlan
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import RunConfig
+
+TRAIN_PASSES = 3.0  # forward + backward
+RECOMPUTE_PASSES = 1.0  # full recompute: the forward once more inside the backward
+
+
+@dataclass(frozen=True)
+class TrainWork:
+    reference: str  # loss | reward | metric | off: why the reference model runs
+    reference_interval: int  # rollouts between reference forwards; 0: never (not loaded)
+    reuse_old_logprobs: bool  # the training forward's own logprobs are the old policy's
+    steps_per_rollout: int
+    passes_per_rollout: float  # forward-equivalents over the rollout's tokens (averaged)
+    passes_every_forward: float  # the same with old and reference forwards every rollout
+    train_tflop_per_rollout: float  # at the longest samples: an upper bound
+
+    @property
+    def load_reference(self) -> bool:
+        return self.reference_interval > 0
+
+    def reference_due(self, rollout: int) -> bool:
+        """Whether rollout `rollout` (0-based) runs the reference forward."""
+        return self.load_reference and rollout % self.reference_interval == 0
+
+    @property
+    def saved_fraction(self) -> float:
+        """The share of the always-every-forward work this plan does not do."""
+        return 1.0 - self.passes_per_rollout / self.passes_every_forward
+
+
+def _reference(cfg: RunConfig) -> str:
+    algo = cfg.recipe.algo
+    if algo.kl_in_loss:
+        return "loss"
+    if algo.kl_in_reward:
+        return "reward"
+    return "metric" if algo.kl_metric_interval else "off"
+
+
+def plan_work(
+    cfg: RunConfig, par: ParallelLayout, batch: BatchPlan, params_active: int
+) -> TrainWork:
+    algo = cfg.recipe.algo
+    interval = algo.reference_interval
+    reuse = batch.steps_per_rollout == 1 and not algo.kl_in_reward
+    train = TRAIN_PASSES + (RECOMPUTE_PASSES if par.recompute == "full" else 0.0)
+    passes = train + (0.0 if reuse else 1.0) + (1.0 / interval if interval else 0.0)
+    wants_reference = algo.use_kl_loss or algo.kl_in_reward or interval > 0
+    every = train + 1.0 + (1.0 if wants_reference else 0.0)
+    tokens = batch.samples_per_rollout * batch.longest_sample_tokens
+    return TrainWork(
+        reference=_reference(cfg),
+        reference_interval=interval,
+        reuse_old_logprobs=reuse,
+        steps_per_rollout=batch.steps_per_rollout,
+        passes_per_rollout=passes,
+        passes_every_forward=every,
+        train_tflop_per_rollout=2.0 * params_active * tokens * passes / 1e12,
+    )
