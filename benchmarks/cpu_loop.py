@@ -114,7 +114,7 @@ def phases(records: list[dict[str, Any]]) -> dict[str, float]:
         "rollout (waiting for the batch)": mean("perf/rollout_time_s"),
         "logprob preparation (old, reference)": prepare,
         "training (forward, backward, optimizer)": mean("train/time_s") - prepare,
-        "weight sync": mean("perf/weight_sync_s"),
+        "weight sync": mean("perf/weight_sync_time_s"),
     }
     split["other (data, rewards, logging)"] = mean("perf/step_time_s") - sum(split.values())
     split["step"] = mean("perf/step_time_s")
@@ -175,7 +175,7 @@ def report(rl: dict[str, Any], trl: dict[str, Any] | None, generate_s: float) ->
     rewards = [float(r["rollout/reward_mean"]) for r in records]
     rows: list[tuple[str, str]] = [
         ("rollouts (after warm-up)", f"{len(records)} ({len(steady)})"),
-        ("start-up: launch to first rollout s", f"{records[0].get('perf/startup_s', 0):.1f}"),
+        ("start-up: launch to first rollout s", f"{records[0].get('perf/startup_time_s', 0):.1f}"),
         ("end to end s", f"{rl['end_to_end_s']:.1f}"),
         ("steady state samples/s", f"{samples / loop_s:,.1f}"),
     ]

@@ -5,5 +5,5 @@ import time
 __version__ = "0.1.0"
 
 # When this process first imported rlpost (the launcher's first act): start-up is measured
-# from here (perf/startup_s).
+# from here (perf/startup_time_s).
 IMPORTED_AT = time.time()

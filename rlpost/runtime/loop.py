@@ -160,7 +160,7 @@ class TrainLoop:
             cfg.recipe.eval.interval, done, rollout.num_rollout
         )
         if done % cfg.recipe.loop.update_weights_interval == 0 or eval_due:
-            metrics["perf/weight_sync_s"] = await self.session.push_weights(version=done)
+            metrics["perf/weight_sync_time_s"] = await self.session.push_weights(version=done)
             self.pipeline.weights_pushed(done)
         if eval_due:
             metrics.update(await self._evaluate(done))
@@ -169,7 +169,7 @@ class TrainLoop:
         metrics["perf/rollout_tokens_per_s"] = metrics["rollout/response_tokens"] / wall
         metrics["perf/weight_version"] = float(self.session.weight_version)
         if first:
-            metrics["perf/startup_s"] = startup
+            metrics["perf/startup_time_s"] = startup
         return metrics, accounting(batch, self.outstanding())
 
     def outstanding(self) -> list[int]:
