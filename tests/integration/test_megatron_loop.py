@@ -1,6 +1,6 @@
 """The real loop with trainer.backend=megatron on CPU: the same rollout trains to the same
-first step as the torch trainer's, under data and tensor parallelism, and the weights reach
-the engines by disk export and by broadcast (gathered from the TP shards)."""
+first step as the torch trainer's under tensor parallelism, and the weights reach the
+engines by broadcast (gathered from the TP shards)."""
 
 from __future__ import annotations
 
@@ -41,17 +41,13 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return launch(tmp_path_factory.mktemp("torch") / "run", "trainer.backend=torch")
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        (),  # the default layout: DP2
-        ("layout.train.tp=2", "engine.weight_sync=distributed"),
-    ],
-    ids=["dp2-disk", "tp2-distributed"],
-)
 def test_megatron_takes_the_torch_trainers_first_step(
-    torch_run: list[dict[str, Any]], overrides: tuple[str, ...], tmp_path: Path
+    torch_run: list[dict[str, Any]], tmp_path: Path
 ) -> None:
+    """TP2 with the weights broadcast to the engines (gathered from the TP shards). DP2 and
+    disk sync with megatron-core run in tests/unit/backends/megatron and in the fully
+    asynchronous fault run (tests/integration/test_resume.py)."""
+    overrides = ("layout.train.tp=2", "engine.weight_sync=distributed")
     run = launch(tmp_path / "run", "trainer.backend=megatron", *overrides)
     assert [r["rollout_id"] for r in run] == [0, 1]
     first, reference = run[0], torch_run[0]

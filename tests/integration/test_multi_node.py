@@ -70,7 +70,7 @@ def test_the_tiny_model_trains_data_parallel_across_two_nodes(cluster: str, tmp_
         [
             sys.executable, str(ROOT / "launch.py"), "--config-dir", str(CONF),
             "hardware=cpu2x2", f"run.ray_address={cluster}", f"run.node_address={HEAD}",
-            f"run.dir={run_dir}", "run.progress=false", "recipe.rollout.num_rollout=3",
+            f"run.dir={run_dir}", "run.progress=false", "recipe.rollout.num_rollout=2",
             "recipe.eval.interval=null", "recipe.eval.datasets=[]", "tracking.tensorboard=false",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=420,
@@ -90,7 +90,7 @@ def test_the_tiny_model_trains_data_parallel_across_two_nodes(cluster: str, tmp_
         assert url.startswith(f"http://{address}:"), url  # a node's server binds its address
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "train/loss" in m]
-    assert [m["rollout_id"] for m in steps] == [0, 1, 2]
+    assert [m["rollout_id"] for m in steps] == [0, 1]
     assert all(m["rollout/num_samples"] == 64 for m in steps)
 
 

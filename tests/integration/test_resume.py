@@ -185,30 +185,44 @@ def reference(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_run_killed_at_a_random_moment_resumes_with_identical_metrics(
+def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identical_metrics(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
+    """SIGKILLed at a random moment, resumed; SIGKILLed again in the middle of its last save,
+    resumed from the save before it. The metrics equal those of a run that never stopped."""
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
     args = overrides(assets, run_dir, "tracking.wandb.enabled=true", "tracking.wandb.mode=offline")
     proc = start(args, tmp_path / "first.log")
-    wait_for(lambda: (run_dir / "ckpt" / "rollout_1").is_dir(), proc, tmp_path / "first.log", 240)
+    wait_for(lambda: (ckpt / "rollout_1").is_dir(), proc, tmp_path / "first.log", 240)
     delay_s = random.Random().uniform(0.0, 3.0)
     time.sleep(delay_s)
     assert proc.poll() is None, "the run finished before the kill; lower the delay"
     kill_run(proc)
     killed_at = len(comparable(run_dir))
+    assert not (ckpt / f"tmp-{NUM_ROLLOUT}").exists(), "the first run reached its last save"
+
+    log = tmp_path / "second.log"
+    proc = start([*args, "run.resume=auto"], log)
+    last_save = ckpt / f"tmp-{NUM_ROLLOUT}"
+    wait_for(last_save.exists, proc, log, 240)
+    kill_run(proc)
+    assert last_save.is_dir(), "the save finished before the kill landed"
+    assert "resuming from" in log.read_text(), log.read_text()[-3000:]
 
     resumed = launch([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stdout, resumed.stdout
-    assert comparable(run_dir) == comparable(reference), f"killed after {delay_s:.2f} s"
+    assert f"tmp-{NUM_ROLLOUT} is a save that did not finish; ignored" in resumed.stdout
+    assert f"resuming from {ckpt / f'rollout_{NUM_ROLLOUT - 1}'}" in resumed.stdout
+    assert comparable(run_dir) == comparable(reference), f"first kill after {delay_s:.2f} s"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["rollout_3", "rollout_4", "rollout_5"]
 
     launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
     restart = launches[1]["start_rollout"]
-    assert [x["start_rollout"] for x in launches] == [0, restart] and 1 <= restart <= killed_at
+    assert [x["start_rollout"] for x in launches] == [0, restart, NUM_ROLLOUT - 1]
+    assert 1 <= restart <= killed_at
     # one wandb run, continued; TensorBoard keeps one value per step, the resumed one
     wandb_runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
-    assert len(wandb_runs) == 2 and len({name.rsplit("-", 1)[1] for name in wandb_runs}) == 1
+    assert len(wandb_runs) == 3 and len({name.rsplit("-", 1)[1] for name in wandb_runs}) == 1
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     scalars = events.Scalars("rollout/reward_mean")
@@ -218,27 +232,6 @@ def test_run_killed_at_a_random_moment_resumes_with_identical_metrics(
     assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [
         "rollout_2", "rollout_4", "rollout_5"
     ]  # fmt: skip
-
-
-def test_kill_during_a_save_resumes_from_the_previous_checkpoint(
-    assets: Path, reference: Path, tmp_path: Path
-) -> None:
-    run_dir = tmp_path / "run"
-    args = overrides(assets, run_dir)
-    log = tmp_path / "first.log"
-    proc = start(args, log)
-    ckpt = run_dir / "ckpt"
-    wait_for(lambda: (ckpt / "tmp-3").exists(), proc, log, 240)
-    kill_run(proc)
-    assert (ckpt / "tmp-3").is_dir(), "the save finished before the kill landed"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["rollout_1", "rollout_2", "tmp-3"]
-
-    resumed = launch([*args, "run.resume=auto"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "tmp-3 is a save that did not finish; ignored" in resumed.stdout
-    assert f"resuming from {ckpt / 'rollout_2'}" in resumed.stdout
-    assert comparable(run_dir) == comparable(reference)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["rollout_3", "rollout_4", "rollout_5"]
 
 
 def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
