@@ -94,7 +94,8 @@ def run_rlpost(rollouts: int, overrides: list[str], tmp: Path) -> dict[str, Any]
         with MemorySampler(proc.pid) as sampler:
             proc.wait()
         memory = sampler.summary()
-    proc.wait()
+    else:
+        proc.wait()
     end_to_end = time.time() - start
     if proc.returncode != 0:
         sys.exit(f"the rlpost run failed (exit {proc.returncode})")

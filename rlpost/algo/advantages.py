@@ -219,5 +219,6 @@ def compute_advantages(
 
 
 def needs_reference_kl(algo: AlgoConfig) -> bool:
-    """Whether advantages need the reference model's logprobs."""
-    return get_estimator(algo.advantage_estimator).uses_kl and algo.kl_coef > 0
+    """Whether advantages need the reference model's logprobs (the estimator puts a KL
+    penalty into the reward: AlgoConfig.kl_in_reward, which the plan reads too)."""
+    return algo.kl_in_reward

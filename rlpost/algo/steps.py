@@ -142,6 +142,12 @@ def reuses_logprobs(plans: Sequence[StepPlan], algo: AlgoConfig, allowed: bool) 
     return allowed and len(plans) == 1 and not needs_reference_kl(algo)
 
 
+def loads_reference(algo: AlgoConfig, load_reference: bool | None) -> bool:
+    """A trainer's choice to load the reference: the plan's (Plan.work), or, when built
+    without one (None), whenever the recipe ever reads its KL."""
+    return algo.reference_interval > 0 if load_reference is None else load_reference
+
+
 def check_reference(algo: AlgoConfig, loaded: bool, wanted: bool | None) -> bool:
     """Whether this rollout runs the reference forward: `wanted` (None: whenever it is
     loaded), refused when the reference is not loaded, or when the KL weighs in the loss or

@@ -32,6 +32,7 @@ from rlpost.algo.steps import (
     StepPlan,
     TokenStats,
     check_reference,
+    loads_reference,
     loss_inputs,
     metric_names,
     micro_batches,
@@ -128,10 +129,8 @@ class MegatronTrainer:
             module = self._load(build_gpt_model(self.settings), model.load)
             # before the config gets the DDP hooks below: building MoE experts deep-copies it,
             # and a bound method of the DDP wrapper (holding process groups) cannot be copied
-            # the plan decides (Plan.work); None: whenever the recipe ever reads its KL
-            if load_reference is None:
-                load_reference = algo.reference_interval > 0
-            self.ref_model = self._frozen(model.ref_load) if load_reference else None
+            wants_ref = loads_reference(algo, load_reference)
+            self.ref_model = self._frozen(model.ref_load) if wants_ref else None
             config = self.settings.transformer
             self.model = DistributedDataParallel(config, self.settings.ddp, module)
             config.finalize_model_grads_func = finalize_grads
@@ -288,11 +287,11 @@ class MegatronTrainer:
     def _train_loss(
         self,
         data: dict[int, SampleTensors],
-        step: tuple[float, list[str]],
+        denominator: float,
+        names: list[str],
         mb: MicroBatch,
         output: Tensor,
     ) -> tuple[Tensor, dict[str, Any]]:
-        denominator, names = step
         if not mb.samples:  # an evening-out micro-batch: no sample, no gradient
             zeros = torch.zeros(len(names), dtype=torch.float64, device=output.device)
             return output.sum() * 0.0, {"metrics": zeros}
@@ -325,7 +324,7 @@ class MegatronTrainer:
         outputs = run_micro_batches(
             self.model,
             mbs,
-            lambda mb, out: self._train_loss(data, (plan.denominator, names), mb, out),
+            lambda mb, out: self._train_loss(data, plan.denominator, names, mb, out),
             False,
         )
         lr = lr_at_step(self.step, self.optim)

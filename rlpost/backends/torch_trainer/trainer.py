@@ -24,6 +24,7 @@ from rlpost.algo.steps import (
     StepPlan,
     TokenStats,
     check_reference,
+    loads_reference,
     loss_inputs,
     metric_names,
     micro_batches,
@@ -83,11 +84,10 @@ class TorchTrainer:
         self.dp.init()
         self.model = load_causal_lm(self.model_dir, attn_implementation)
         self.dp.broadcast_params(self.model)
-        # the plan decides (Plan.work); None: whenever the recipe ever reads its KL
-        if load_reference is None:
-            load_reference = algo.reference_interval > 0
         self.ref_model = (
-            freeze(load_causal_lm(self.model_dir, attn_implementation)) if load_reference else None
+            freeze(load_causal_lm(self.model_dir, attn_implementation))
+            if loads_reference(algo, load_reference)
+            else None
         )
         self.optimizer = build_optimizer(self.model, optim)
         self.step = 0
