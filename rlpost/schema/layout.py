@@ -11,13 +11,26 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
-from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.base import InvariantError, Section, refuse_unused
 
 
 class RecomputeConfig(Section):
     granularity: Literal["full", "selective"] | None = None
     method: Literal["uniform", "block"] = "uniform"
     num_layers: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def check_method_needs_full(self) -> RecomputeConfig:
+        if self.granularity != "full":
+            what = f"granularity {self.granularity}" if self.granularity else "no granularity"
+            for name in ("method", "num_layers"):
+                refuse_unused(
+                    self,
+                    name,
+                    why=f"it says which layers full recompute covers, and the recompute has {what}",
+                    fix="set granularity: full, or remove it",
+                )
+        return self
 
 
 class TrainLayout(Section):

@@ -213,6 +213,17 @@ CASES = [
         "kl_metric_interval needs a frozen reference model",
     ),
     Case(
+        "recompute_method_without_full",
+        (
+            *QWEN,
+            "layout.train.recompute.granularity=selective",
+            "layout.train.recompute.method=block",
+        ),
+        "layout.train.recompute.method",
+        CMD,
+        "which layers full recompute covers",
+    ),
+    Case(
         "kl_metric_interval_where_kl_weighs",
         (*QWEN, "recipe.algo.kl_loss_coef=0.01", "recipe.algo.kl_metric_interval=5"),
         "recipe.algo.kl_metric_interval",
