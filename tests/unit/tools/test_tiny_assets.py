@@ -19,6 +19,8 @@ ASSETS = REPO_ROOT / "rlpost" / "assets"
 MODEL_DIR = ASSETS / "qwen3-tiny"
 TRAIN_PATH = ASSETS / "data" / "arith_train.jsonl"
 EVAL_PATH = ASSETS / "data" / "arith_eval.jsonl"
+CALC_TRAIN_PATH = ASSETS / "data" / "calc_train.jsonl"
+CALC_EVAL_PATH = ASSETS / "data" / "calc_eval.jsonl"
 BUILDER_PATH = REPO_ROOT / "tools" / "build_tiny_assets.py"
 
 # The shipped model greedily solves 23 of the first 32 eval problems (0.72) and 77% of all 128.
@@ -83,7 +85,7 @@ def test_digits_tokenize_one_per_token(tokenizer: PreTrainedTokenizerBase) -> No
 
 
 def test_data_files_have_prompt_messages_and_string_labels() -> None:
-    for path in (TRAIN_PATH, EVAL_PATH):
+    for path in (TRAIN_PATH, EVAL_PATH, CALC_TRAIN_PATH, CALC_EVAL_PATH):
         for record in read_jsonl(path):
             assert set(record) == {"prompt", "label"}, path
             prompt = record["prompt"]
@@ -118,6 +120,11 @@ def test_builder_reproduces_shipped_data_and_tokenizer(builder: ModuleType, tmp_
     builder.write_jsonl(tmp_path / "eval.jsonl", evaluation)
     assert (tmp_path / "train.jsonl").read_bytes() == TRAIN_PATH.read_bytes()
     assert (tmp_path / "eval.jsonl").read_bytes() == EVAL_PATH.read_bytes()
+    calc_train, calc_eval = builder.split_calc_problems(builder.SEED)
+    builder.write_jsonl(tmp_path / "calc_train.jsonl", calc_train)
+    builder.write_jsonl(tmp_path / "calc_eval.jsonl", calc_eval)
+    assert (tmp_path / "calc_train.jsonl").read_bytes() == CALC_TRAIN_PATH.read_bytes()
+    assert (tmp_path / "calc_eval.jsonl").read_bytes() == CALC_EVAL_PATH.read_bytes()
     builder.train_tokenizer(train).save_pretrained(tmp_path / "tok")
     rebuilt = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
     shipped = json.loads((MODEL_DIR / "tokenizer.json").read_text(encoding="utf-8"))
@@ -149,3 +156,36 @@ def test_model_greedily_solves_eval_problems(tokenizer: PreTrainedTokenizerBase)
     answers = [m.group(1) if (m := BOXED.search(c)) else None for c in completions]
     solved = sum(a == r["label"] for a, r in zip(answers, records, strict=True)) / len(records)
     assert solved >= MIN_GREEDY_SOLVE_RATE, (solved, completions[:4])
+
+
+def test_calculator_labels_are_two_digit_products_and_eval_is_disjoint() -> None:
+    train, evaluation = read_jsonl(CALC_TRAIN_PATH), read_jsonl(CALC_EVAL_PATH)
+    for record in train + evaluation:
+        a, b = re.fullmatch(r"What is (\d\d)\*(\d\d)\?", record["prompt"][0]["content"]).groups()
+        assert int(record["label"]) == int(a) * int(b)
+    assert not {r["prompt"][0]["content"] for r in train} & {
+        r["prompt"][0]["content"] for r in evaluation
+    }
+    assert len(train) + len(evaluation) == 90 * 90
+
+
+def test_a_calculator_transcript_renders_as_the_runtime_renders_its_turns(
+    builder: ModuleType, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """The warm start trains on the call and the answer, never on the tool's turn, and the
+    tool's turn is the text the runtime inserts (rlpost.runtime.rollout.context)."""
+    segments = builder.calc_segments(tokenizer, builder.CalcProblem(23, 47))
+    texts = [(tokenizer.decode(ids), trained) for ids, trained in segments]
+    assert texts[1:] == [
+        ("<calc>23*47</calc><|im_end|>", True),
+        ("\n<|im_start|>tool\n1081<|im_end|>\n<|im_start|>assistant\n", False),
+        ("\\boxed{1081}<|im_end|>", True),
+    ]
+
+
+def test_model_calls_the_calculator_and_states_its_answer(
+    builder: ModuleType, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, local_files_only=True).eval()
+    problems = [builder.CalcProblem(a, b) for a, b in ((23, 47), (91, 18), (55, 66), (12, 89))]
+    assert builder.calc_solve_rate(model, tokenizer, problems, do_sample=False) == 1.0
