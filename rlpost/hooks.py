@@ -38,9 +38,9 @@ class HookSignature:
 REWARD_FUNCTION = HookSignature("reward function", ("sample",))
 GROUP_REWARD_FUNCTION = HookSignature("group reward function", ("samples",))
 DYNAMIC_SAMPLING_FILTER = HookSignature("dynamic sampling filter", ("samples",), is_async=False)
-GENERATE_FUNCTION = HookSignature(
-    "generate function", ("sample", "sampling_params", "client"), is_async=True
-)
+GENERATE_FUNCTION = HookSignature("generate function", ("sample", "ctx"), is_async=True)
+DATA_SOURCE = HookSignature("data source class", ("ctx",))
+REWARD_MODEL = HookSignature("reward model class", ("ctx",))
 BUFFER_FILTER = HookSignature(
     "buffer filter", ("rollout_id", "buffer", "num_groups"), is_async=False
 )
@@ -74,6 +74,14 @@ class HookError(ValueError):
 
 def load_hook(path: str, signature: HookSignature) -> Callable[..., Any]:
     """Import `path` ('pkg.module.attr') and return the callable, or raise HookError."""
+    hook: Callable[..., Any] = load_object(path, signature)
+    check_signature(hook, path, signature)
+    return hook
+
+
+def load_object(path: str, signature: HookSignature) -> Any:
+    """Import `path` and return the attribute it names (a function, a class), or raise
+    HookError; `signature` words the messages, its parameters are not checked."""
     module_name, _, attr = path.rpartition(".")
     if not module_name or not attr or any(not part.isidentifier() for part in path.split(".")):
         raise HookError(
@@ -93,9 +101,7 @@ def load_hook(path: str, signature: HookSignature) -> Callable[..., Any]:
             f"define {signature.describe()} named '{attr}' in {_module_file(module)}, "
             "or correct the name",
         )
-    hook: Callable[..., Any] = getattr(module, attr)
-    check_signature(hook, path, signature)
-    return hook
+    return getattr(module, attr)
 
 
 def check_signature(hook: Any, path: str, signature: HookSignature) -> None:

@@ -31,7 +31,9 @@ class Sample:
     tokens the policy generated, 0 for tokens a tool or environment inserted) and
     `token_versions` (the policy version that generated the token; UNVERSIONED for inserted
     tokens). `resumed_at` is where the current generation began: earlier tokens were carried
-    over from an earlier rollout (partial rollout).
+    over from an earlier rollout (partial rollout). `turns` counts the policy turns that
+    ended (multi-turn generate functions); `turn_start` is where the current or last policy
+    turn began in `response_text`.
     """
 
     group_index: int
@@ -46,6 +48,8 @@ class Sample:
     loss_mask: list[int] = field(default_factory=list)
     token_versions: list[int] = field(default_factory=list)
     resumed_at: int = 0
+    turns: int = 0
+    turn_start: int = 0
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
     weight_version: str | None = None

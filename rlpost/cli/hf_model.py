@@ -289,14 +289,10 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
 
 
 def checkpoint_paths(hf_checkpoint: str) -> dict[str, str]:
-    """The checkpoint layout every shipped model uses: HF folder, its torch_dist, rlpost's."""
+    """The checkpoint layout every shipped model uses: the HF folder and its torch_dist (the
+    reference); the policy starts from the HF folder, and runs write under run.dir."""
     base = hf_checkpoint.rstrip("/")
-    return {
-        "hf_checkpoint": base,
-        "ref_load": f"{base}_torch_dist",
-        "load": f"{base}_rlpost/",
-        "save": f"{base}_rlpost/",
-    }
+    return {"hf_checkpoint": base, "ref_load": f"{base}_torch_dist"}
 
 
 def describe(facts: Mapping[str, Any], display: str) -> str:

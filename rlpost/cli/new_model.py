@@ -24,7 +24,7 @@ from rlpost.errors import Issue, UserError
 
 HELP = "write a model YAML from a Hugging Face config.json"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-CHECKPOINT_KEYS = ("hf_checkpoint", "ref_load", "load", "save")
+CHECKPOINT_KEYS = ("hf_checkpoint", "ref_load")
 SECTION_KEYS = ("rope_scaling", "mla", "moe")
 
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hf-checkpoint",
         metavar="PATH",
-        help="where runs read the checkpoint (default: DIR); ref_load, load and save follow it",
+        help="where runs read the checkpoint (default: DIR); ref_load follows it",
     )
     parser.add_argument("--description", help="one line (default: drawn from the architecture)")
     add_config_dir_argument(parser)

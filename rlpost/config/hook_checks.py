@@ -6,11 +6,17 @@ are up; here it is an Issue at the recipe key, before anything starts.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from rlpost import hooks
 from rlpost.errors import Issue
+
+# the methods each extension class must have (rlpost.data.source.RolloutDataSource,
+# rlpost.rewards.model.RewardModel; kept here so validation imports neither)
+SOURCE_METHODS = ("get_samples", "add_samples", "state_dict", "load_state_dict")
+REWARD_MODEL_METHODS = ("__call__",)
 
 ROLLOUT = "recipe.rollout"
 
@@ -33,9 +39,74 @@ def check_hook(key: str, path: Any, signature: hooks.HookSignature) -> Issue | N
     return None
 
 
+def check_class(
+    key: str, path: Any, signature: hooks.HookSignature, methods: tuple[str, ...]
+) -> Issue | None:
+    """Import the class at `key` and check that it is built as `cls(ctx)` and has `methods`."""
+    if not isinstance(path, str):
+        return None
+    try:
+        cls = hooks.load_object(path, signature)
+        missing = [m for m in methods if not _defines(cls, m)]
+        if "__call__" in methods and not missing and not inspect.iscoroutinefunction(cls.__call__):
+            missing = ["an async def __call__"]
+        if not isinstance(cls, type) or missing:
+            what = f"lacks {', '.join(missing)}" if missing else f"is a {type(cls).__name__}"
+            raise hooks.HookError(
+                hooks.HookErrorKind.WRONG_SIGNATURE,
+                path,
+                f"{signature.role} '{path}' {what}; expected a class with {', '.join(methods)}",
+                f"point it at a class with {', '.join(methods)} (see the README's extension "
+                "points)",
+            )
+        hooks.check_signature(cls, path, signature)
+    except hooks.HookError as exc:
+        return exc.as_issue(key)
+    return None
+
+
+def _defines(cls: Any, name: str) -> bool:
+    """Whether the class (not `object`) defines the method."""
+    if not isinstance(cls, type):
+        return False
+    return any(callable(vars(k).get(name)) for k in cls.__mro__ if k is not object)
+
+
+def check_settings(
+    path: Any, signature: hooks.HookSignature, settings_key: str, settings: Any
+) -> list[Issue]:
+    """A hook's own check of its settings: an extension point (generate function, reward
+    model, data source) may define `check_settings(settings) -> [(name, problem, fix)]`,
+    which runs here, before anything starts."""
+    if not isinstance(path, str) or not isinstance(settings, Mapping):
+        return []
+    try:
+        hook = hooks.load_object(path, signature)
+    except hooks.HookError:
+        return []  # reported by the signature check
+    checker = getattr(hook, "check_settings", None)
+    if not callable(checker):
+        return []
+    try:
+        problems = list(checker(dict(settings)))
+    except Exception as exc:  # a user's check can fail in any way: say which
+        return [
+            Issue(
+                settings_key,
+                f"{path}.check_settings raised {type(exc).__name__}: {exc}",
+                f"fix the check in {path}'s module",
+            )
+        ]
+    return [
+        Issue(f"{settings_key}.{name}", message, fix, value=settings.get(name))
+        for name, message, fix in problems
+    ]
+
+
 def check_hooks(data: Mapping[str, Any]) -> list[Issue]:
     """Problems with every hook a resolved run config (plain dict) names."""
-    rollout = (data.get("recipe") or {}).get("rollout") or {}
+    recipe = data.get("recipe") or {}
+    rollout = recipe.get("rollout") or {} if isinstance(recipe, Mapping) else {}
     if not isinstance(rollout, Mapping):
         return []
     checks = [
@@ -46,4 +117,36 @@ def check_hooks(data: Mapping[str, Any]) -> list[Issue]:
         sig = hooks.GROUP_REWARD_FUNCTION if reward.get("group") else hooks.REWARD_FUNCTION
         checks.insert(0, (f"{ROLLOUT}.reward.custom_function", reward.get("custom_function"), sig))
     found = (check_hook(key, path, sig) for key, path, sig in checks)
-    return [issue for issue in found if issue is not None]
+    issues = [issue for issue in found if issue is not None]
+    issues += _class_issues(recipe)
+    if not issues:
+        issues += check_settings(
+            rollout.get("generate_function"),
+            hooks.GENERATE_FUNCTION,
+            f"{ROLLOUT}.generate_settings",
+            rollout.get("generate_settings") or {},
+        )
+    return issues
+
+
+def _class_issues(recipe: Mapping[str, Any]) -> list[Issue]:
+    """The data source class and the reward model class, with their settings."""
+    issues: list[Issue] = []
+    data = recipe.get("data") or {}
+    reward = ((recipe.get("rollout") or {}).get("reward")) or {}
+    named = [
+        ("recipe.data", data, "source", "source_settings", hooks.DATA_SOURCE, SOURCE_METHODS),
+        ("recipe.rollout.reward", reward, "model", "model_settings", hooks.REWARD_MODEL,
+         REWARD_MODEL_METHODS),
+    ]  # fmt: skip
+    for prefix, section, key, settings_key, signature, methods in named:
+        if not isinstance(section, Mapping):
+            continue
+        path = section.get(key)
+        issue = check_class(f"{prefix}.{key}", path, signature, methods)
+        if issue is not None:
+            issues.append(issue)
+            continue
+        settings = section.get(settings_key) or {}
+        issues += check_settings(path, signature, f"{prefix}.{settings_key}", settings)
+    return issues

@@ -9,7 +9,11 @@ from rlpost.data.prompts import (
 )
 from rlpost.data.source import (
     DataSource,
+    DataSourceError,
     DataSourceState,
+    JsonlSource,
+    RolloutDataSource,
+    SourceContext,
     load_eval_groups,
     make_group,
     prompt_format,
@@ -18,10 +22,14 @@ from rlpost.data.source import (
 __all__ = [
     "ChatTokenizer",
     "DataSource",
+    "DataSourceError",
     "DataSourceState",
+    "JsonlSource",
     "PromptDataError",
     "PromptFormat",
     "PromptRecord",
+    "RolloutDataSource",
+    "SourceContext",
     "load_eval_groups",
     "load_prompts",
     "make_group",

@@ -249,3 +249,12 @@ def _more_lines(count: int, path: Path) -> list[Issue]:
 def _short(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def render_prompt_ids(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> list[int]:
+    """One prompt's token ids, rendered as a prompt file's lines are (data sources' groups)."""
+    try:
+        text = _render(prompt, fmt, tokenizer)
+    except _LineError as exc:
+        raise ValueError(f"prompt {_short(prompt)}: {exc.message}; fix: {exc.fix}") from None
+    return list(tokenizer([text], add_special_tokens=False)["input_ids"][0])

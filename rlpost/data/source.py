@@ -1,23 +1,32 @@
-"""Where rollouts get their prompts: an epoch-shuffled stream of groups, plus a buffer.
+"""Where rollouts get their prompts: a RolloutDataSource, plus the loop's buffer.
 
-Epoch e visits every prompt once, in the order of a shuffle seeded with seed + e, so the
-position (epoch, offset) alone fixes everything that follows: saving it with a checkpoint
-and loading it back continues exactly where the run stopped. Groups left unfinished by a
-rollout (partial rollout) wait in a buffer and are handed out before fresh prompts.
+The shipped source (JsonlSource) reads `recipe.data.prompt_data`: epoch e visits every
+prompt once, in the order of a shuffle seeded with seed + e, so the position (epoch,
+offset) alone fixes everything that follows: saving it with a checkpoint and loading it back
+continues exactly where the run stopped. `recipe.data.source` replaces it with a class of
+the user's (curricula, online prompts). Either way, groups left unfinished by a rollout
+(partial rollout) wait in the loop's buffer and are handed out before fresh prompts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence, Sized
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rlpost.data.prompts import ChatTokenizer, PromptFormat, PromptRecord, load_prompts
-from rlpost.hooks import BUFFER_FILTER, load_hook
-from rlpost.types import Sample
+from rlpost.data.prompts import (
+    ChatTokenizer,
+    PromptFormat,
+    PromptRecord,
+    load_prompts,
+    render_prompt_ids,
+)
+from rlpost.hooks import BUFFER_FILTER, DATA_SOURCE, load_hook, load_object
+from rlpost.types import Prompt, Sample
 
 if TYPE_CHECKING:
     from rlpost.schema.recipe import DataConfig
@@ -39,8 +48,65 @@ class DataSourceState:
     seed: int
 
 
-class DataSource:
-    """Hands out groups of `n_samples_per_prompt` samples per prompt, buffer first."""
+@runtime_checkable
+class RolloutDataSource(Protocol):
+    """Where rollouts get fresh prompts (slime's RolloutDataSource), by dotted path in
+    `recipe.data.source`; built once per launch as `cls(ctx: SourceContext)`.
+
+    - `get_samples(num_groups)`: that many fresh groups of `ctx.n_samples_per_prompt`
+      samples each (`ctx.make_group` builds one); group indices unique over the run.
+    - `add_samples(groups)`: the groups a train step trained, rewards filled in (for
+      curricula and online prompts; a source may ignore them).
+    - `state_dict()` / `load_state_dict(state)`: JSON-able state, saved with every
+      checkpoint and loaded on resume, so a resumed run draws what an uninterrupted one would.
+
+    Groups a rollout leaves unfinished (partial rollout, prompts to generate again) never
+    come back here: the loop's buffer holds them and hands them out first.
+    """
+
+    def get_samples(self, num_groups: int) -> list[Group]: ...
+
+    def add_samples(self, groups: list[Group]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a data source class is built with: its settings (`recipe.data.source_settings`),
+    the tokenizer and prompt format of `recipe.data`, and the group size."""
+
+    settings: Mapping[str, Any]
+    tokenizer: Any
+    fmt: PromptFormat
+    n_samples_per_prompt: int
+    seed: int
+    prompt_data: str | None = None
+
+    def make_group(
+        self,
+        group_index: int,
+        prompt: Prompt,
+        label: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Group:
+        """One group for `prompt` (a string or a chat message list), rendered with the chat
+        template when `recipe.data.apply_chat_template` is set, and tokenized."""
+        record = PromptRecord(
+            line=0,
+            prompt=prompt,
+            prompt_ids=tuple(render_prompt_ids(prompt, self.fmt, self.tokenizer)),
+            label=label,
+            metadata=dict(metadata or {}),
+        )
+        return make_group(record, group_index, self.n_samples_per_prompt)
+
+
+class JsonlSource:
+    """The shipped source: the prompts of `recipe.data.prompt_data`, epoch by epoch, each
+    epoch in the order of a shuffle seeded with seed + epoch."""
 
     def __init__(
         self,
@@ -49,7 +115,6 @@ class DataSource:
         n_samples_per_prompt: int,
         shuffle: bool,
         seed: int,
-        buffer_filter: str | None = None,
         num_dropped: int = 0,
     ) -> None:
         if not prompts:
@@ -58,13 +123,97 @@ class DataSource:
         self.n_samples_per_prompt = n_samples_per_prompt
         self.shuffle = shuffle
         self.num_dropped = num_dropped
-        self._buffer_filter_path = buffer_filter or DEFAULT_BUFFER_FILTER
-        self._buffer_filter: BufferFilter = load_hook(self._buffer_filter_path, BUFFER_FILTER)
-        self._buffer: list[Group] = []
         self._seed = seed
         self._epoch = 0
         self._offset = 0
         self._order = self._epoch_order(0)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def get_samples(self, num_groups: int) -> list[Group]:
+        groups = []
+        while len(groups) < num_groups:
+            if self._offset == len(self.prompts):
+                self._epoch += 1
+                self._offset = 0
+                self._order = self._epoch_order(self._epoch)
+            position = self._offset
+            self._offset += 1
+            groups.append(self._make_group(position))
+        return groups
+
+    def add_samples(self, groups: list[Group]) -> None:
+        """The file's order does not depend on what was trained."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(DataSourceState(epoch=self._epoch, offset=self._offset, seed=self._seed))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved position."""
+        saved = DataSourceState(**state)
+        if not 0 <= saved.offset <= len(self.prompts) or saved.epoch < 0:
+            raise ValueError(
+                f"saved data position epoch={saved.epoch} offset={saved.offset} does not fit "
+                f"a dataset of {len(self.prompts)} prompts; was the prompt file or "
+                "max_prompt_len changed since the checkpoint?"
+            )
+        if saved.seed != self._seed:
+            logger.warning(
+                "data seed is %d in the config but %d in the checkpoint; continuing with the "
+                "checkpoint's so the prompt order stays the same",
+                self._seed,
+                saved.seed,
+            )
+        self._seed = saved.seed
+        self._epoch = saved.epoch
+        self._offset = saved.offset
+        self._order = self._epoch_order(saved.epoch)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(self._seed + epoch).shuffle(order)
+        return order
+
+    def _make_group(self, position: int) -> Group:
+        group_index = self._epoch * len(self.prompts) + position
+        return make_group(
+            self.prompts[self._order[position]], group_index, self.n_samples_per_prompt
+        )
+
+
+class DataSource:
+    """A RolloutDataSource and the buffer the loop keeps in front of it: groups handed back
+    unfinished are handed out first (through the buffer filter), then fresh ones."""
+
+    def __init__(self, source: RolloutDataSource, *, buffer_filter: str | None = None) -> None:
+        self.source = source
+        self.name = f"{type(source).__module__}.{type(source).__qualname__}"
+        self._buffer_filter_path = buffer_filter or DEFAULT_BUFFER_FILTER
+        self._buffer_filter: BufferFilter = load_hook(self._buffer_filter_path, BUFFER_FILTER)
+        self._buffer: list[Group] = []
+        self._seen: set[int] = set()
+
+    @classmethod
+    def of_prompts(
+        cls,
+        prompts: Sequence[PromptRecord],
+        *,
+        n_samples_per_prompt: int,
+        shuffle: bool,
+        seed: int,
+        buffer_filter: str | None = None,
+        num_dropped: int = 0,
+    ) -> DataSource:
+        source = JsonlSource(
+            prompts,
+            n_samples_per_prompt=n_samples_per_prompt,
+            shuffle=shuffle,
+            seed=seed,
+            num_dropped=num_dropped,
+        )
+        return cls(source, buffer_filter=buffer_filter)
 
     @classmethod
     def from_config(
@@ -75,10 +224,22 @@ class DataSource:
         n_samples_per_prompt: int,
         buffer_filter: str | None = None,
     ) -> DataSource:
+        if config.source:
+            ctx = SourceContext(
+                settings=dict(config.source_settings),
+                tokenizer=tokenizer,
+                fmt=prompt_format(config),
+                n_samples_per_prompt=n_samples_per_prompt,
+                seed=config.seed,
+                prompt_data=config.prompt_data,
+            )
+            source_class = load_object(config.source, DATA_SOURCE)
+            return cls(source_class(ctx), buffer_filter=buffer_filter)
+        assert config.prompt_data is not None  # the schema requires one of the two
         prompts, dropped = load_prompts(
             config.prompt_data, prompt_format(config), tokenizer, config.max_prompt_len
         )
-        return cls(
+        return cls.of_prompts(
             prompts,
             n_samples_per_prompt=n_samples_per_prompt,
             shuffle=config.shuffle,
@@ -88,20 +249,23 @@ class DataSource:
         )
 
     def __len__(self) -> int:
-        return len(self.prompts)
+        return len(self.source) if isinstance(self.source, Sized) else 0
+
+    @property
+    def num_dropped(self) -> int:
+        return int(getattr(self.source, "num_dropped", 0))
 
     def next_groups(self, num_prompts: int, rollout_id: int = 0) -> list[Group]:
         """`num_prompts` groups: buffered ones first (via the buffer filter), then fresh."""
         groups = self._take_from_buffer(rollout_id, num_prompts) if self._buffer else []
-        while len(groups) < num_prompts:
-            if self._offset == len(self.prompts):
-                self._epoch += 1
-                self._offset = 0
-                self._order = self._epoch_order(self._epoch)
-            position = self._offset
-            self._offset += 1
-            groups.append(self._make_group(position))
+        if len(groups) < num_prompts:
+            wanted = num_prompts - len(groups)
+            groups += self._checked(self.source.get_samples(wanted), wanted)
         return groups
+
+    def trained(self, groups: Sequence[Group]) -> None:
+        """Tell the source which groups a train step trained (RolloutDataSource.add_samples)."""
+        self.source.add_samples(list(groups))
 
     def add_to_buffer(self, groups: Sequence[Group], rollout_id: int | None = None) -> None:
         """Keep unfinished groups for a later rollout, tagged with the rollout they began in."""
@@ -116,40 +280,45 @@ class DataSource:
         """The buffered groups, oldest first (a copy: change it through the methods)."""
         return list(self._buffer)
 
-    def state(self) -> DataSourceState:
-        return DataSourceState(epoch=self._epoch, offset=self._offset, seed=self._seed)
+    def state(self) -> dict[str, Any]:
+        """A copy of the source's state as it is now (the buffer is saved with the
+        checkpoint's groups): JSON, so drawing on while a checkpoint is written cannot
+        change what it saves."""
+        state = self.source.state_dict()
+        try:
+            copied: dict[str, Any] = json.loads(json.dumps(state))
+        except (TypeError, ValueError) as exc:
+            raise DataSourceError(
+                f"data source '{self.name}'.state_dict() returned a state that is not JSON "
+                f"({exc}): return plain dicts, lists, strings and numbers"
+            ) from None
+        return copied
 
-    def load_state(self, state: DataSourceState) -> None:
-        """Continue from a saved position (the buffer is restored with add_to_buffer)."""
-        if not 0 <= state.offset <= len(self.prompts) or state.epoch < 0:
-            raise ValueError(
-                f"saved data position epoch={state.epoch} offset={state.offset} does not fit "
-                f"a dataset of {len(self.prompts)} prompts; was the prompt file or "
-                "max_prompt_len changed since the checkpoint?"
-            )
-        if state.seed != self._seed:
-            logger.warning(
-                "data seed is %d in the config but %d in the checkpoint; continuing with the "
-                "checkpoint's so the prompt order stays the same",
-                self._seed,
-                state.seed,
-            )
-        self._seed = state.seed
-        self._epoch = state.epoch
-        self._offset = state.offset
-        self._order = self._epoch_order(state.epoch)
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved state (the buffer is restored with add_to_buffer)."""
+        self.source.load_state_dict(state)
 
-    def _epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self._seed + epoch).shuffle(order)
-        return order
-
-    def _make_group(self, position: int) -> Group:
-        group_index = self._epoch * len(self.prompts) + position
-        return make_group(
-            self.prompts[self._order[position]], group_index, self.n_samples_per_prompt
-        )
+    def _checked(self, groups: Any, wanted: int) -> list[Group]:
+        """What a source's get_samples returned, checked: a list of `wanted` groups, each a
+        non-empty list of Samples of one new group index."""
+        where = f"data source '{self.name}'.get_samples({wanted})"
+        if not isinstance(groups, list) or len(groups) != wanted:
+            size = len(groups) if isinstance(groups, list) else type(groups).__name__
+            raise DataSourceError(f"{where} returned {size}; expected a list of {wanted} groups")
+        for group in groups:
+            if not group or not all(isinstance(s, Sample) for s in group):
+                raise DataSourceError(
+                    f"{where} returned a group that is not a non-empty list of Samples "
+                    "(build groups with ctx.make_group)"
+                )
+            index = group[0].group_index
+            if any(s.group_index != index for s in group) or index in self._seen:
+                raise DataSourceError(
+                    f"{where} returned group index {index} twice: group indices must be "
+                    "unique over the run (keep a counter in the source's state_dict)"
+                )
+            self._seen.add(index)
+        return groups
 
     def _take_from_buffer(self, rollout_id: int, num_groups: int) -> list[Group]:
         taken = self._buffer_filter(rollout_id, self._buffer, num_groups)
@@ -162,6 +331,10 @@ class DataSource:
         taken_ids = {id(group) for group in taken}
         self._buffer[:] = [group for group in self._buffer if id(group) not in taken_ids]
         return list(taken)
+
+
+class DataSourceError(RuntimeError):
+    """A data source class returned something the loop cannot use."""
 
 
 def make_group(record: PromptRecord, group_index: int, n_samples: int) -> Group:

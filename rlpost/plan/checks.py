@@ -53,7 +53,9 @@ def _examples(values: list[int], limit: int = 6) -> str:
 @check("gpu_budget")
 def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
     s, hw = ctx.sizes, ctx.cfg.hardware
-    where = f"{hw.name} has {s.total_gpus} GPUs ({hw.num_nodes} x {hw.gpus_per_node})"
+    where = f"{hw.name} has {s.total_gpus} GPUs ({hw.num_nodes} x {hw.gpus_per_node}"
+    kept = hw.total_gpus - s.total_gpus
+    where += f", less {kept} for the reward model)" if kept else ")"
     if s.colocate and s.train_gpus > s.total_gpus:
         return [
             Issue(

@@ -58,7 +58,8 @@ def powers_of_two(limit: int) -> list[int]:
 
 def resolve_sizes(cfg: RunConfig, rec: _Record) -> Sizes:
     hw, layout = cfg.hardware, cfg.layout
-    total = hw.total_gpus
+    # a reward model on a slot of its own (reward.model_placement: actor) takes one
+    total = hw.total_gpus - cfg.recipe.rollout.reward.device_slots
     train_n, rollout_n = layout.train.num_gpus, layout.rollout.num_gpus
     colocate = rec.pick(layout.colocate, default_colocate(cfg, bool(rollout_n)), "layout.colocate")
     if colocate:

@@ -61,6 +61,7 @@ class Placement:
     num_engines: int
     train_slots: tuple[Slot, ...]
     engines: tuple[EnginePlacement, ...]
+    reward_slot: Slot | None = None  # the reward model's own slot (reward.model_placement)
     router_port: int = ROUTER_PORT
     train_master_port: int = TRAIN_MASTER_PORT
     weight_update_port: int = WEIGHT_UPDATE_PORT
@@ -122,8 +123,10 @@ def plan_placement(
     train_gpus: int,
     rollout_gpus: int,
     gpus_per_engine: int,
+    reward_slots: int = 0,
 ) -> Placement:
-    """Assign slots to train ranks and engines; the counts must already be valid."""
+    """Assign slots to train ranks and engines, then (`reward_slots`) the reward model the
+    slot after them; the counts must already be valid."""
     slots = all_slots(num_nodes, gpus_per_node)
     num_engines = rollout_gpus // gpus_per_engine
     offset = engine_offset(colocate, train_gpus)
@@ -147,4 +150,10 @@ def plan_placement(
         num_engines=num_engines,
         train_slots=tuple(slots[:train_gpus]),
         engines=engines,
+        reward_slot=slots[used_slots(colocate, train_gpus, rollout_gpus)] if reward_slots else None,
     )
+
+
+def used_slots(colocate: bool, train_gpus: int, rollout_gpus: int) -> int:
+    """Slots training and the engines take (the first ones)."""
+    return train_gpus if colocate else train_gpus + rollout_gpus

@@ -101,6 +101,7 @@ def _placement_dict(p: Placement) -> dict[str, Any]:
         "gpus_per_engine": p.gpus_per_engine,
         "num_engines": p.num_engines,
         "train_ranks": [[slot.node, slot.gpu] for slot in p.train_slots],
+        "reward_model": None if p.reward_slot is None else [p.reward_slot.node, p.reward_slot.gpu],
         "engines": [
             {
                 "index": e.index,
@@ -208,6 +209,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         sizes.train_gpus,
         sizes.rollout_gpus,
         engine.gpus_per_engine,
+        cfg.recipe.rollout.reward.device_slots,
     )
     batch = plan_batch(cfg.recipe, par, engine)
     memory = estimate_memory(cfg, sizes, par, engine)
@@ -223,7 +225,9 @@ def build_plan(cfg: RunConfig) -> Plan:
         engine=engine,
         batch=batch,
         memory=memory,
-        runtime=plan_runtime(cfg, sizes.colocate, batch.longest_sample_tokens),
+        runtime=plan_runtime(
+            cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines
+        ),
         work=plan_work(cfg, par, batch, memory.params_active),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,

@@ -90,25 +90,49 @@ def check_hf_folder(key: str, value: str, *, needs_weights: bool = True) -> list
     return []
 
 
+def _weights_issues(key: str, value: str, backend: str) -> list[Issue]:
+    """A policy or reference checkpoint the trainer will read: an HF folder, or (megatron
+    only) a torch_dist checkpoint."""
+    path = Path(value).expanduser()
+    readable = (
+        "an HF folder or a torch_dist checkpoint"
+        if backend == "megatron"
+        else ("an HF folder (the torch trainer reads no torch_dist checkpoint)")
+    )
+    if not path.exists():
+        return [
+            _folder_issue(
+                key,
+                value,
+                f"no such checkpoint on this machine; {HUB_NOTE}",
+                f"point it at {readable} on this machine (e.g. ${{model.hf_checkpoint}}), "
+                "or remove it",
+            )
+        ]
+    if (path / "metadata.json").is_file():
+        if backend == "megatron":
+            return []
+        return [
+            _folder_issue(
+                key,
+                value,
+                "is a torch_dist checkpoint, which the torch trainer cannot read",
+                "point it at an HF folder (tools/convert_megatron_to_hf.py writes one), or "
+                "train with the megatron backend",
+            )
+        ]
+    return check_hf_folder(key, value)
+
+
 def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
     model = cfg.model
     issues = check_hf_folder("model.hf_checkpoint", model.hf_checkpoint)
-    # model.load may name a folder a run has yet to write (slime's --load: empty means "start
-    # from the reference"); the reference must exist when the recipe reads it
+    # the reference only matters when the recipe reads it
     ref = model.ref_load
-    reads_ref = (
-        ref is not None and ref != model.hf_checkpoint and cfg.recipe.algo.reference_interval > 0
-    )
-    if reads_ref and not Path(str(ref)).expanduser().exists():
-        issues.append(
-            _folder_issue(
-                "model.ref_load",
-                str(ref),
-                f"no such checkpoint on this machine; {HUB_NOTE}",
-                "point it at a local HF folder or torch_dist checkpoint (e.g. "
-                "${model.hf_checkpoint}), or turn the KL term off",
-            )
-        )
+    if ref is not None and ref != model.hf_checkpoint and cfg.recipe.algo.reference_interval > 0:
+        issues += _weights_issues("model.ref_load", ref, plan.trainer_backend)
+    if model.load is not None and model.load != model.hf_checkpoint:
+        issues += _weights_issues("model.load", model.load, plan.trainer_backend)
     if (
         cfg.recipe.data.apply_chat_template
         and not issues
@@ -222,9 +246,11 @@ def _row_problem(
 def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     data, recipe = cfg.recipe.data, cfg.recipe
     label = data.label_key if recipe.rollout.reward.needs_label else None
-    issues = check_jsonl(
-        "recipe.data.prompt_data", data.prompt_data, data.input_key, label, data.metadata_key
-    )
+    issues = []
+    if data.source is None and data.prompt_data is not None:  # a source reads its own way
+        issues += check_jsonl(
+            "recipe.data.prompt_data", data.prompt_data, data.input_key, label, data.metadata_key
+        )
     for i, dataset in enumerate(recipe.eval.datasets):
         eval_label = dataset.label_key or data.label_key
         issues += check_jsonl(

@@ -54,6 +54,8 @@ def render_placement(plan: Plan) -> str:
             rows.append(
                 [f"engine {e.index}", f"{len(e.slots)} TP ranks", node, ranges(gpus), ports]
             )
+    if p.reward_slot is not None:
+        rows.append(["reward model", "1 actor", p.reward_slot.node, p.reward_slot.gpu, "-"])
     title = (
         f"Placement (router on node 0 port {p.router_port}, trainer rendezvous "
         f"{p.train_master_port}, weight updates {p.weight_update_port})"

@@ -41,6 +41,9 @@ class RuntimePlan:
     # Where Ray comes from: the run's ray_address, or (null) RAY_ADDRESS when the launch
     # sees it, else a new one-node cluster on this machine.
     ray_address: str | None
+    # Generate requests in flight over all engines: recipe.rollout.max_concurrency, or
+    # 512 per engine (slime's default).
+    max_concurrency: int = 512
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -68,7 +71,13 @@ def resolve_offload(cfg: RunConfig, colocate: bool) -> bool:
     return cfg.engine.offload
 
 
-def plan_runtime(cfg: RunConfig, colocate: bool, longest_sample_tokens: int) -> RuntimePlan:
+DEFAULT_CONCURRENCY_PER_ENGINE = 512
+
+
+def plan_runtime(
+    cfg: RunConfig, colocate: bool, longest_sample_tokens: int, num_engines: int
+) -> RuntimePlan:
+    concurrency = cfg.recipe.rollout.max_concurrency
     return RuntimePlan(
         engine_backend=resolve_engine_backend(cfg),
         weight_sync=resolve_weight_sync(cfg, colocate),
@@ -77,6 +86,7 @@ def plan_runtime(cfg: RunConfig, colocate: bool, longest_sample_tokens: int) -> 
         rendezvous="file" if cfg.hardware.num_nodes == 1 else "tcp",
         loopback_only=cfg.hardware.num_nodes == 1,
         ray_address=cfg.run.ray_address,
+        max_concurrency=concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines,
     )
 
 

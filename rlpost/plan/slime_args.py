@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rlpost.errors import Issue, UserError
@@ -27,6 +28,9 @@ SLIME_HOOKS = {
     "rlpost.filters.pop_first": "slime.rollout.filter_hub.buffer_filters.pop_first",
 }
 """rlpost's built-in hooks and their slime counterparts; user hooks pass through as written."""
+
+SLIME_REWARD_TYPES = {"remote": "remote_rm"}
+"""rlpost's reward type names that slime spells otherwise (--rm-type)."""
 
 SLIME_SGLANG_NAMES = {
     "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
@@ -73,13 +77,39 @@ def cluster_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     return flags
 
 
+SLIME_CKPT_DIR = "slime"
+"""Under run.dir: where the exported run saves and resumes (slime's --save and --load)."""
+
+
 def ckpt_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    """slime resumes from --load and saves to --save: both are the run directory's slime/
+    (./slime/ when run.dir is unset), so the exported run resumes itself as rlpost does. A
+    policy that starts from other weights than the HF checkpoint's (model.load) starts from
+    that torch_dist checkpoint; slime cannot start a policy from an HF folder."""
     m, save = cfg.model, cfg.recipe.save
+    ckpt_dir = f"{(cfg.run.dir or '.').rstrip('/')}/{SLIME_CKPT_DIR}/"
+    load = ckpt_dir
+    if m.load is not None and m.load != m.hf_checkpoint:
+        if (Path(m.load).expanduser() / "config.json").is_file():  # an HF folder, here
+            raise UserError(
+                [
+                    Issue(
+                        "model.load",
+                        "slime starts a policy from a torch_dist checkpoint (--load) or from "
+                        "the reference (--ref-load), never from an HF folder",
+                        "convert it (tools/convert_hf_to_megatron.py) and point model.load "
+                        "at the torch_dist folder, or remove model.load",
+                        value=m.load,
+                    )
+                ],
+                title="export error",
+            )
+        load = m.load
     return [
         flag("--hf-checkpoint", m.hf_checkpoint),
         *option(m.ref_load, "--ref-load"),
-        *option(m.load, "--load"),
-        *option(m.save, "--save"),
+        flag("--load", load),
+        flag("--save", ckpt_dir),
         *option(save.interval, "--save-interval"),
         *switch(not save.save_optimizer, "--no-save-optim"),
     ]
@@ -92,7 +122,7 @@ def _hook(path: str | None, name: str) -> list[Flag]:
 def _reward_args(cfg: RunConfig) -> list[Flag]:
     reward = cfg.recipe.rollout.reward
     return [
-        flag("--rm-type", reward.type),
+        flag("--rm-type", SLIME_REWARD_TYPES.get(reward.type, reward.type)),
         *_hook(reward.custom_function, "--custom-rm-path"),
         *option(reward.remote_url, "--rm-url"),
         *switch(reward.group, "--group-rm"),
@@ -103,7 +133,7 @@ def rollout_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     data, rollout, train = cfg.recipe.data, cfg.recipe.rollout, cfg.recipe.train
     kwargs = data.apply_chat_template_kwargs
     return [
-        flag("--prompt-data", data.prompt_data),
+        *option(data.prompt_data, "--prompt-data"),
         flag("--input-key", data.input_key),
         *option(data.label_key, "--label-key"),
         *option(data.metadata_key, "--metadata-key", "metadata"),
@@ -248,7 +278,12 @@ def sglang_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     for name, value in plan.engine.sglang:
         if name not in skip:
             flags += _sglang_option(name, value)
-    flags += option(cfg.recipe.rollout.max_concurrency, "--sglang-server-concurrency", 512)
+    # slime's rollout client allows --sglang-server-concurrency x (number of engines)
+    # requests at once; rlpost's max_concurrency is that total
+    total = cfg.recipe.rollout.max_concurrency
+    if total is not None:
+        per_engine = -(-total // plan.placement.num_engines)
+        flags += option(per_engine, "--sglang-server-concurrency", 512)
     return flags
 
 
@@ -330,6 +365,28 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
         lambda cfg: cfg.recipe.algo.off_policy_correction == "decoupled_ppo",
         "slime corrects off-policy tokens with truncated importance sampling only (--use-tis)",
         "export with recipe.algo.off_policy_correction=tis",
+    ),
+    (
+        "recipe.rollout.generate_function",
+        lambda cfg: cfg.recipe.rollout.generate_function is not None,
+        "rlpost's generate functions take (sample, ctx) and slime's "
+        "--custom-generate-function-path calls generate(args, sample, sampling_params): "
+        "slime would call this one wrongly",
+        "port the function to slime's signature and pass it to slime yourself, or export "
+        "without it",
+    ),
+    (
+        "recipe.rollout.reward.model",
+        lambda cfg: cfg.recipe.rollout.reward.type == "model",
+        "slime has no reward model classes (--custom-rm-path names a function rm(args, sample))",
+        "export with a reward type slime has (math, deepscaler, dapo, f1, remote)",
+    ),
+    (
+        "recipe.data.source",
+        lambda cfg: cfg.recipe.data.source is not None,
+        "rlpost's data sources are built as cls(ctx) with get_samples/add_samples/state_dict; "
+        "slime's --data-source-path classes take (args) and another interface",
+        "export with recipe.data.prompt_data, or port the class to slime's RolloutDataSource",
     ),
 )
 

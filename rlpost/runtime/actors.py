@@ -11,7 +11,7 @@ from rlpost.backends.sglang.process import EngineProcess
 from rlpost.runtime.trainers import TrainerSpec, build_trainer
 from rlpost.types import TrainSample
 
-__all__ = ["EngineActor", "EngineSpec", "TrainActor", "TrainerSpec"]
+__all__ = ["EngineActor", "EngineSpec", "RewardModelActor", "TrainActor", "TrainerSpec"]
 
 
 def _seed_everything(seed: int) -> None:
@@ -80,3 +80,26 @@ class EngineActor:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+@ray.remote
+class RewardModelActor:
+    """The run's reward model on a device slot of its own (reward.model_placement: actor):
+    built once, scoring the batches the driver sends (async: batches may overlap)."""
+
+    def __init__(self, path: str, settings: dict[str, object], on_gpu: bool) -> None:
+        from rlpost.rewards.model import build_reward_model
+
+        self.path = path
+        self.model = build_reward_model(path, settings, "cuda" if on_gpu else "cpu")
+
+    def ready(self) -> bool:
+        return True
+
+    def where(self) -> dict[str, object]:
+        return _where()
+
+    async def score(self, samples: list[object]) -> list[float]:
+        from rlpost.rewards.model import score
+
+        return await score(self.model, samples, self.path)  # type: ignore[arg-type]

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
 
-from rlpost.runtime.rollout.manager import GenerateHook
 from rlpost.types import Sample
 
 SEED_BITS = 62
@@ -28,25 +26,24 @@ def sampling_seed(
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
-class SeededGenerate:
-    """Wraps a generate function; every request carries its sample's derived seed (a sample
-    continued after an interruption gets a seed of its own for the rest)."""
+class Seeding:
+    """Every request carries its sample's derived seed (a sample continued after an
+    interruption, or in a later turn, gets a seed of its own for the rest). The generate
+    context asks it for each request (GenerateContext.params_for)."""
 
-    def __init__(self, inner: GenerateHook, run_seed: int, stream: str = "train") -> None:
-        self.inner = inner
+    def __init__(self, run_seed: int, stream: str = "train") -> None:
         self.run_seed = run_seed
         self.stream = stream
         self.round = 0
 
-    def at(self, round_id: int) -> SeededGenerate:
+    def at(self, round_id: int) -> Seeding:
         self.round = round_id
         return self
 
-    async def __call__(self, sample: Sample, params: dict[str, Any], client: Any) -> Sample:
-        seed = sampling_seed(
+    def seed_for(self, sample: Sample) -> int:
+        return sampling_seed(
             self.run_seed, self.stream, self.round, sample.index, len(sample.response_ids)
         )
-        return await self.inner(sample, {**params, "sampling_seed": seed}, client)
 
 
 def seed_driver(seed: int) -> None:

@@ -8,6 +8,8 @@ only the pipeline's bounds differ.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -18,14 +20,16 @@ import rlpost
 from rlpost.data.source import DataSource
 from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, GENERATE_FUNCTION, load_hook
 from rlpost.plan import Plan
-from rlpost.rewards import compute_rewards
+from rlpost.rewards import RewardError, compute_rewards
+from rlpost.rewards.model import RewardBatcher, build_reward_model, score
 from rlpost.runtime import checkpoint
-from rlpost.runtime.determinism import SeededGenerate
+from rlpost.runtime.determinism import Seeding
 from rlpost.runtime.evaluation import EvalReport, EvalSet, evaluate
 from rlpost.runtime.metrics import MetricsLogger
 from rlpost.runtime.pipeline import PipelineState, RolloutPipeline
 from rlpost.runtime.progress import Progress, status
 from rlpost.runtime.resume import ResumePoint, plan_grid
+from rlpost.runtime.rollout.context import ContextFactory
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings, generate_sample
 from rlpost.runtime.run_state import (
     LoopState,
@@ -45,11 +49,13 @@ DEFAULT_GENERATE = "rlpost.runtime.rollout.manager.generate_sample"
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the loop reads: prompts (at the resumed position), eval sets, sampling."""
+    """What the loop reads: prompts (at the resumed position), eval sets, sampling, and the
+    tokenizer (generate functions render environment turns with it)."""
 
     data: DataSource
     eval_sets: list[EvalSet]
     sampling: SamplingSettings
+    tokenizer: Any = None
 
 
 class SaveFailedError(RuntimeError):
@@ -68,17 +74,24 @@ class TrainLoop:
         assert session.client is not None
         self.cfg, self.plan, self.session, self.inputs = cfg, plan, session, inputs
         self.run_dir = session.run_dir
+        self.reward_model = self._reward_model()
         rollout = cfg.recipe.rollout
         hook_name = rollout.generate_function or DEFAULT_GENERATE
         hook = load_hook(hook_name, GENERATE_FUNCTION) if rollout.generate_function else None
         generate = hook or generate_sample
-        train_generate: Any = generate
-        self.eval_generate: SeededGenerate | None = None
-        eval_generate: Any = generate
-        if cfg.run.deterministic:  # every request samples with its own derived seed
-            train_generate = SeededGenerate(generate, cfg.run.seed, "train")
-            self.eval_generate = eval_generate = SeededGenerate(generate, cfg.run.seed, "eval")
-        self.eval_runner = GroupRunner(session.client, self._reward, eval_generate, hook_name)
+        # deterministic mode: every request samples with its own derived seed
+        seeded = cfg.run.deterministic
+        self.eval_seeding = Seeding(cfg.run.seed, "eval") if seeded else None
+        shared = ContextFactory(
+            tokenizer=inputs.tokenizer,
+            max_turns=rollout.max_turns,
+            settings=dict(rollout.generate_settings),
+            seeder=Seeding(cfg.run.seed, "train") if seeded else None,
+        )
+        evaluation = dataclasses.replace(shared, evaluation=True, seeder=self.eval_seeding)
+        self.eval_runner = GroupRunner(
+            session.client, self._reward, generate, hook_name, evaluation
+        )
         self.resume = resume
         self.start = resume.start_rollout if resume else 0
         group_filter = (
@@ -87,7 +100,7 @@ class TrainLoop:
             else None
         )
         self.pipeline = RolloutPipeline(
-            GroupRunner(session.client, self._reward, train_generate, hook_name),
+            GroupRunner(session.client, self._reward, generate, hook_name, shared),
             inputs.data,
             inputs.sampling.to_sglang(),
             plan.runtime.loop,
@@ -108,7 +121,34 @@ class TrainLoop:
         )
         self.failed_saves: list[int] = []
 
+    def _reward_model(self) -> RewardBatcher | None:
+        """The reward model class, when the recipe names one: in its actor, or built here."""
+        reward = self.cfg.recipe.rollout.reward
+        if reward.type != "model" or reward.model is None:
+            return None
+        name, timeout_s = reward.model, reward.timeout_s
+        if self.session.reward_actor is not None:
+            remote = self.session.score_rewards
+        else:
+            model = build_reward_model(name, reward.model_settings, "cpu")
+
+            async def remote(samples: list[Sample]) -> list[float]:
+                return await score(model, samples, name)
+
+        async def scorer(samples: list[Sample]) -> list[float]:
+            try:
+                return await asyncio.wait_for(remote(samples), timeout_s)
+            except TimeoutError:
+                raise RewardError(
+                    f"reward model '{name}' ran past reward.timeout_s={timeout_s} on "
+                    f"{len(samples)} samples; raise the timeout or lower model_batch_size"
+                ) from None
+
+        return RewardBatcher(scorer, reward.model_batch_size)
+
     async def _reward(self, samples: list[Sample]) -> list[float]:
+        if self.reward_model is not None:
+            return await self.reward_model(samples)
         return await compute_rewards(samples, self.cfg.recipe.rollout.reward)
 
     async def run(self) -> list[EvalReport]:
@@ -150,6 +190,7 @@ class TrainLoop:
         # Groups finish in arrival order; train in prompt order instead, so the update does
         # not depend on which engine answered first.
         batch.groups.sort(key=lambda g: g[0].group_index)
+        self.inputs.data.trained(batch.groups)
         metrics = rollout_metrics(batch)
         samples = to_train_samples(
             batch.groups, cfg.recipe.algo, rollout.mask_offpolicy_in_partial_rollout
@@ -180,8 +221,8 @@ class TrainLoop:
         return sorted({g[0].group_index for g in groups})
 
     async def _evaluate(self, done: int) -> dict[str, float]:
-        if self.eval_generate is not None:
-            self.eval_generate.at(done)
+        if self.eval_seeding is not None:
+            self.eval_seeding.at(done)
         version = self.session.weight_version
         report = await evaluate(self.eval_runner, self.inputs.eval_sets, done, version)
         self.reports.append(report)

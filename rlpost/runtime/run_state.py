@@ -2,7 +2,8 @@
 each train rank's model and optimizer.
 
     rollout_<n>/
-      loop.json          rollouts done, data position (epoch, offset, seed), tracker run ids,
+      loop.json          rollouts done, the data source's state (the jsonl source: epoch,
+                         offset, seed), tracker run ids,
                          eval history, the trainer's backend and parallel grid
       buffer.pkl         groups waiting for a later rollout (pickled samples): the partial-rollout
                          buffer and prompts being generated (drawn again), and finished groups
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlpost.data.source import DataSourceState, Group
+from rlpost.data.source import Group
 from rlpost.runtime.checkpoint import write_synced
 
 LOOP_FILE = "loop.json"
@@ -46,7 +47,7 @@ class LoopState:
     """Where the loop stands after `rollouts_done` rollouts; JSON in loop.json."""
 
     rollouts_done: int
-    data: DataSourceState
+    data: dict[str, Any]  # the data source's state_dict
     wandb_run_id: str | None = None
     tensorboard_step: int = 0
     eval_history: list[dict[str, Any]] = field(default_factory=list)
@@ -60,9 +61,7 @@ class LoopState:
 
     @classmethod
     def from_json(cls, text: str) -> LoopState:
-        raw = json.loads(text)
-        raw["data"] = DataSourceState(**raw["data"])
-        return cls(**raw)
+        return cls(**json.loads(text))
 
 
 # ---- RNG ----------------------------------------------------------------------------------

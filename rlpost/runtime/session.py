@@ -28,7 +28,7 @@ import ray
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.plan import Plan
-from rlpost.runtime.actors import TrainActor, TrainerSpec
+from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
 from rlpost.runtime.cluster import Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import RunFault, actor_died
@@ -46,7 +46,7 @@ from rlpost.runtime.weight_sync import (
     update_engines,
 )
 from rlpost.schema import RunConfig
-from rlpost.types import TrainSample
+from rlpost.types import Sample, TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,10 @@ class Session:
         self.run_dir = run_dir
         placement = plan.placement
         used = placement.train_gpus + (0 if placement.colocate else placement.rollout_gpus)
+        used += 1 if placement.reward_slot is not None else 0
         self.cluster = Cluster(cfg.hardware, used, cfg)
         self.trainers: list[ray.actor.ActorHandle] = []
+        self.reward_actor: ray.actor.ActorHandle | None = None
         self.pool: EnginePool | None = None
         self.router: Router | None = None
         self.client: EngineClient | None = None
@@ -95,10 +97,13 @@ class Session:
             self.cluster.check_shared(self.run_dir)
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             self._start_trainers()
+            self._start_reward_model()
             await self._start_engines()
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
             await self._start_router()
             await self.on_ranks("start", [t.ready.remote() for t in self.trainers])
+            if self.reward_actor is not None:
+                await self.on_ranks("the reward model's start", [self.reward_actor.ready.remote()])
             await self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
             await self._record_placement()
@@ -140,6 +145,9 @@ class Session:
         for trainer in self.trainers:  # before Ray's shutdown SIGTERMs them mid-cleanup
             ray.kill(trainer)
         self.trainers = []
+        if self.reward_actor is not None:
+            ray.kill(self.reward_actor)
+            self.reward_actor = None
         self.cluster.shutdown()
 
     def _slot_index(self, node: int, gpu: int) -> int:
@@ -196,6 +204,9 @@ class Session:
                 where = await actor.where.remote()
                 node = placement.engines[engine.index].slots[0].node
                 entries.append({"role": "engine", "index": engine.index, "node": node, **where})
+        if self.reward_actor is not None and placement.reward_slot is not None:
+            where = await self.reward_actor.where.remote()
+            entries.append({"role": "reward model", "node": placement.reward_slot.node, **where})
         for entry in entries:
             entry["planned_address"] = nodes[entry["node"]].address if nodes else None
         misplaced = [e for e in entries if e["planned_address"] not in (None, e["address"])]
@@ -259,6 +270,25 @@ class Session:
             ).remote(spec, rank)
             self.trainers.append(actor)
 
+    def _start_reward_model(self) -> None:
+        """The reward model's actor on the plan's slot for it (reward.model_placement)."""
+        slot, reward = self.plan.placement.reward_slot, self.cfg.recipe.rollout.reward
+        if slot is None or reward.type != "model" or reward.model is None:
+            return
+        index = self._slot_index(slot.node, slot.gpu)
+        resources = {"num_gpus": 1.0} if self.cluster.on_gpu else {"num_cpus": 1.0}
+        self.reward_actor = RewardModelActor.options(
+            scheduling_strategy=self.cluster.strategy(index),
+            runtime_env=self._thread_env(index),
+            **resources,
+        ).remote(reward.model, dict(reward.model_settings), self.cluster.on_gpu)
+
+    async def score_rewards(self, samples: list[Sample]) -> list[float]:
+        """Rewards from the reward model's actor."""
+        assert self.reward_actor is not None
+        rewards: list[float] = await self.reward_actor.score.remote(samples)
+        return rewards
+
     async def _start_engines(self) -> None:
         cfg, placement = self.cfg, self.plan.placement
         backend = engine_backend(self.plan.runtime.engine_backend)
@@ -321,7 +351,7 @@ class Session:
         self.client = EngineClient(
             router.url,
             worker_urls=self.pool.urls,
-            max_concurrency=self.cfg.recipe.rollout.max_concurrency,
+            max_concurrency=self.plan.runtime.max_concurrency,
             request_timeout_s=engine.request_timeout_s,
             # With restarts, a request may have to outwait one (the router retries on its
             # own only briefly); without, fail fast.

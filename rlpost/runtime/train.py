@@ -136,4 +136,5 @@ def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
         stop_token_ids=tuple(rollout.stop_token_ids),
         skip_special_tokens=rollout.skip_special_tokens,
     )
-    return Inputs(data, load_eval_sets(recipe, tokenizer, rollout.stop_token_ids), sampling)
+    eval_sets = load_eval_sets(recipe, tokenizer, rollout.stop_token_ids)
+    return Inputs(data, eval_sets, sampling, tokenizer)

@@ -47,9 +47,10 @@ def to_train_samples(
 def rollout_metrics(batch: Batch) -> dict[str, float]:
     """`rollout/*` metrics of one train step's groups, and how the pipeline got them.
 
-    Response lengths count the tokens the policy generated (not those a tool inserted);
-    staleness is the trained version minus the oldest policy version of each sample's
-    tokens generated since it was drawn.
+    Response lengths count the tokens the policy generated (not those a tool inserted,
+    counted apart with the policy turns of multi-turn samples); staleness is the trained
+    version minus the oldest policy version of each sample's tokens generated since it was
+    drawn.
     """
     samples = [s for g in batch.groups for s in g]
     rewards = [float(s.reward or 0.0) for s in samples]
@@ -72,6 +73,8 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "rollout/staleness_max": float(max(batch.staleness, default=0)),
         "rollout/carried_over_tokens": float(sum(s.resumed_at for s in samples)),
         "rollout/response_tokens": float(tokens),
+        "rollout/inserted_tokens": float(sum(len(s.loss_mask) for s in samples) - tokens),
+        "rollout/turns_mean": statistics.fmean(s.turns for s in samples) if samples else 0.0,
         "perf/rollout_time_s": batch.wait_s,
     }
 

@@ -59,8 +59,15 @@ def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
 def _torch(spec: TrainerSpec, rank: int) -> Any:
     from rlpost.backends.torch_trainer.trainer import TorchTrainer
 
-    model_dir = spec.model.load or spec.model.hf_checkpoint
-    return TorchTrainer(model_dir, spec.algo, spec.optim, spec.train, **_rank_kwargs(spec, rank))
+    model = spec.model
+    return TorchTrainer(
+        model.load or model.hf_checkpoint,
+        spec.algo,
+        spec.optim,
+        spec.train,
+        reference_dir=model.ref_load or model.hf_checkpoint,
+        **_rank_kwargs(spec, rank),
+    )
 
 
 def _megatron(spec: TrainerSpec, rank: int) -> Any:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from rlpost.schema.base import InvariantError, Section
 
@@ -105,10 +112,38 @@ class ModelConfig(Section):
     mtp_num_layers: NonNegativeInt = 0
     params_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
 
-    hf_checkpoint: str
-    ref_load: str | None = None
-    load: str | None = None
-    save: str | None = None
+    hf_checkpoint: str = Field(
+        description="the HF folder: architecture, tokenizer, the engines' first weights, and "
+        "the policy's unless `load` names others"
+    )
+    ref_load: str | None = Field(
+        None,
+        description="the frozen reference for KL terms: an HF folder (both trainers) or a "
+        "torch_dist checkpoint (megatron); read only when the recipe reads the KL",
+    )
+    load: str | None = Field(
+        None,
+        description="the policy's initial weights when not hf_checkpoint's: an HF folder of "
+        "the same architecture (both trainers) or a torch_dist checkpoint (megatron). "
+        "Resuming a run is run.resume",
+    )
+    save: str | None = Field(
+        None,
+        description="not used: checkpoints go to <run.dir>/ckpt (recipe.save); kept only to "
+        "refuse it with the reason",
+    )
+
+    @model_validator(mode="after")
+    def check_save_unset(self) -> ModelConfig:
+        if self.save is not None:
+            raise InvariantError(
+                f"save={self.save!r} has no effect: rlpost writes checkpoints under "
+                "<run.dir>/ckpt (recipe.save.interval, keep_last) and HF exports under "
+                "<run.dir>/hf; mode=slime_args exports slime's --load/--save from run.dir",
+                fields=("save",),
+                fix="remove model.save, and set run.dir to choose where the run writes",
+            )
+        return self
 
     @property
     def head_dim(self) -> int:

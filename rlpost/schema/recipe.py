@@ -16,8 +16,9 @@ from pydantic import (
 from rlpost.schema.base import InvariantError, Section, refuse_unused
 
 # The reward types rlpost registers (rlpost.rewards.hub; a test holds the two together), and
-# those that grade a response against the sample's label.
-RewardType = Literal["math", "deepscaler", "dapo", "f1", "remote"]
+# those that grade a response against the sample's label. "model" is no per-sample type:
+# reward.model's class scores whole batches (rlpost.rewards.model).
+RewardType = Literal["math", "deepscaler", "dapo", "f1", "remote", "model"]
 LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1"})
 
 # What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
@@ -37,7 +38,18 @@ LoopMode = Literal["sync", "async", "fully_async"]
 
 
 class DataConfig(Section):
-    prompt_data: str
+    prompt_data: str | None = Field(
+        None, description="a jsonl file of prompts (required unless `source` is set)"
+    )
+    source: str | None = Field(
+        None,
+        description="a data source class by dotted path (slime's RolloutDataSource): "
+        "get_samples(n), add_samples(groups), state_dict(), load_state_dict(state); "
+        "built as cls(ctx) with rlpost.data.source.SourceContext",
+    )
+    source_settings: dict[str, Any] = Field(
+        default_factory=dict, description="the data source class's own settings (ctx.settings)"
+    )
     input_key: str = "input"
     label_key: str | None = None
     metadata_key: str = "metadata"
@@ -47,6 +59,24 @@ class DataConfig(Section):
     seed: int = 42
     max_prompt_len: PositiveInt | None = None
 
+    @model_validator(mode="after")
+    def check_prompts_have_a_source(self) -> DataConfig:
+        if self.prompt_data is None and self.source is None:
+            raise InvariantError(
+                "no prompts: neither prompt_data (a jsonl file) nor source (a data source "
+                "class) is set",
+                fields=("prompt_data",),
+                fix="set prompt_data: /path/train.jsonl, or source: my_pkg.data.MySource",
+            )
+        if self.source is None:
+            refuse_unused(
+                self,
+                "source_settings",
+                why="the jsonl source reads no settings",
+                fix="set source to the class that reads them, or remove source_settings",
+            )
+        return self
+
 
 class RewardConfig(Section):
     type: RewardType = "math"
@@ -55,6 +85,23 @@ class RewardConfig(Section):
     remote_url: str | None = None
     timeout_s: PositiveFloat = 30.0
     max_retries: NonNegativeInt = 3
+    model: str | None = Field(
+        None,
+        description="a reward model class by dotted path, built once per run as cls(ctx) "
+        "(rlpost.rewards.model.RewardModelContext) and called as `async __call__(samples) "
+        "-> list[float]` on batches of samples; it scores every sample",
+    )
+    model_settings: dict[str, Any] = Field(
+        default_factory=dict, description="the reward model's own settings (ctx.settings)"
+    )
+    model_placement: Literal["driver", "actor"] = Field(
+        "driver",
+        description="driver: in the launching process; actor: a Ray actor on a device slot "
+        "of its own (a GPU on GPU hardware), taken from the hardware by the plan",
+    )
+    model_batch_size: PositiveInt = Field(
+        64, description="samples per reward model call at most (groups are never split)"
+    )
 
     @property
     def posts_to_server(self) -> bool:
@@ -64,6 +111,32 @@ class RewardConfig(Section):
     def needs_label(self) -> bool:
         """Whether scoring compares responses with the sample's label."""
         return self.type in LABELLED_REWARD_TYPES and not self.custom_function
+
+    @property
+    def device_slots(self) -> int:
+        """Device slots the reward model takes from the hardware."""
+        return 1 if self.type == "model" and self.model_placement == "actor" else 0
+
+    @model_validator(mode="after")
+    def check_model_scores_alone(self) -> RewardConfig:
+        if self.type == "model":
+            if not self.model:
+                raise InvariantError(
+                    "reward type 'model' scores with a reward model class, and model is not set",
+                    fields=("model",),
+                    fix="set model: my_pkg.rm.MyRewardModel (a class built as cls(ctx) with "
+                    "async def __call__(self, samples) -> list[float])",
+                )
+            why = "reward type 'model' scores every sample with reward.model"
+            fix = "remove it, or choose another reward type"
+            for name in ("custom_function", "group"):
+                refuse_unused(self, name, why=why, fix=fix)
+        else:
+            why = f"reward type {self.type!r} uses no reward model class"
+            fix = "set type: model, or remove it"
+            for name in ("model", "model_settings", "model_placement", "model_batch_size"):
+                refuse_unused(self, name, why=why, fix=fix)
+        return self
 
     @model_validator(mode="after")
     def check_group_has_function(self) -> RewardConfig:
@@ -135,9 +208,36 @@ class RolloutConfig(Section):
     partial_rollout: bool = False
     mask_offpolicy_in_partial_rollout: bool = False
     buffer_filter: str | None = None
-    generate_function: str | None = None
-    max_concurrency: PositiveInt = 512
+    generate_function: str | None = Field(
+        None,
+        description="async def fn(sample, ctx) -> Sample, by dotted path: multi-turn and "
+        "tool-using rollouts (rlpost.runtime.rollout.context.GenerateContext)",
+    )
+    max_turns: PositiveInt = Field(
+        1,
+        description="policy turns a generate function may take per sample (ctx.max_turns); "
+        "every turn counts in max_response_len",
+    )
+    generate_settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the generate function's own settings (ctx.settings): tool URLs, "
+        "timeouts, prompts",
+    )
+    max_concurrency: PositiveInt | None = Field(
+        None,
+        description="generate requests in flight over all engines (null: 512 per engine, "
+        "slime's --sglang-server-concurrency default)",
+    )
     reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @model_validator(mode="after")
+    def check_generate_settings_have_a_reader(self) -> RolloutConfig:
+        if not self.generate_function:
+            why = "the default generate function takes one turn and reads no settings"
+            fix = "set generate_function to a multi-turn generate function, or remove it"
+            refuse_unused(self, "max_turns", why=why, fix=fix)
+            refuse_unused(self, "generate_settings", why=why, fix=fix)
+        return self
 
     @model_validator(mode="after")
     def check_temperature_positive(self) -> RolloutConfig:

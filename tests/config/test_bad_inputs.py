@@ -427,6 +427,9 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     used.mkdir(parents=True)
     (used / "manifest.json").write_text("{}")
     (root / "not_a_checkpoint").mkdir()
+    torch_dist = root / "ref_torch_dist"
+    torch_dist.mkdir()
+    (torch_dist / "metadata.json").write_text("{}")
     return root
 
 
@@ -463,6 +466,18 @@ def file_cases(root: Path) -> list[Bad]:
             ("model.ref_load=/no/such/ref", "recipe.algo.kl_metric_interval=2"),
             "model.ref_load",
             "no such checkpoint",
+        ),
+        _case(
+            "initial policy weights missing",
+            ("model.load=/no/such/sft",),
+            "model.load",
+            "no such checkpoint",
+        ),
+        _case(
+            "a torch_dist reference for the torch trainer",
+            (f"model.ref_load={root / 'ref_torch_dist'}", "recipe.algo.kl_metric_interval=2"),
+            "model.ref_load",
+            "the torch trainer cannot read",
         ),
         _case(
             "prompt file missing",

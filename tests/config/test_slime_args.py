@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -146,18 +147,16 @@ def test_group_contains_seed_flags(
         assert flag in actual, f"{flag!r} missing from {group}: {actual}"
 
 
-def test_checkpoint_paths_pass_through(groups_for: GroupsFor) -> None:
-    groups = groups_for(
-        "glm4-9b",
-        "h100x8",
-        "model.load=/root/GLM-Z1-9B-0414_slime/",
-        "model.save=/root/GLM-Z1-9B-0414_slime/",
-    )
+def test_checkpoint_paths_come_from_the_run_directory(groups_for: GroupsFor) -> None:
+    groups = groups_for("glm4-9b", "h100x8", "run.dir=/root/runs/glm")
     expected = (
         "--hf-checkpoint /root/GLM-Z1-9B-0414 --ref-load /root/GLM-Z1-9B-0414_torch_dist "
-        "--load /root/GLM-Z1-9B-0414_slime/ --save /root/GLM-Z1-9B-0414_slime/ --save-interval 20"
+        "--load /root/runs/glm/slime/ --save /root/runs/glm/slime/ --save-interval 20"
     )
     assert_tokens_equal(groups["CKPT_ARGS"], expected.split())
+    # a policy that starts from a torch_dist checkpoint starts there in slime too
+    groups = groups_for("glm4-9b", "h100x8", "model.load=/root/glm_sft_torch_dist")
+    assert "--load /root/glm_sft_torch_dist --save ./slime/" in " ".join(groups["CKPT_ARGS"])
 
 
 def test_dynamic_sampling_maps_to_slime_filters(groups_for: GroupsFor) -> None:
@@ -262,3 +261,38 @@ def test_fully_async_is_refused_by_the_export_with_the_reason(compose_run: Compo
         render_slime_args(cfg, plan)
     keys = {issue.key for issue in refused.value.issues}
     assert keys == {"recipe.loop.mode", "recipe.algo.off_policy_correction"}
+
+
+def test_extension_points_slime_calls_otherwise_are_refused_by_the_export(
+    compose_run: ComposeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    cfg = compose_run(
+        "model=qwen3-tiny", "recipe=grpo_tiny_calculator", "hardware=cpu",
+        "recipe.rollout.reward.type=model",
+        "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
+        "recipe.data.source=rlpost_test_hooks.FeedbackSource",
+    )  # fmt: skip
+    with pytest.raises(UserError) as refused:
+        render_slime_args(cfg, build_plan(cfg))
+    keys = {issue.key for issue in refused.value.issues}
+    assert keys == {
+        "recipe.rollout.generate_function",
+        "recipe.rollout.reward.model",
+        "recipe.data.source",
+    }
+
+
+def test_remote_rewards_and_concurrency_are_spelled_as_slime_reads_them(
+    groups_for: GroupsFor,
+) -> None:
+    groups = groups_for(
+        "qwen3-4b", "h100x8",
+        "recipe.rollout.reward.type=remote",
+        "recipe.rollout.reward.remote_url=http://rm:8000/score",
+        "recipe.rollout.max_concurrency=1000",
+    )  # fmt: skip
+    rollout, sglang = " ".join(groups["ROLLOUT_ARGS"]), " ".join(groups["SGLANG_ARGS"])
+    assert "--rm-type remote_rm --rm-url http://rm:8000/score" in rollout
+    # slime allows --sglang-server-concurrency requests per engine: 1000 over 4 engines
+    assert "--sglang-server-concurrency 250" in sglang

@@ -6,8 +6,13 @@ tests/hooks_fixtures is put on sys.path by the tests' `hook_modules` fixture.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import statistics
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 from rlpost.types import Sample
 
@@ -63,3 +68,115 @@ def keep_everything(rollout_id: int, buffer: list[list[Sample]], num_groups: int
 
 
 NOT_A_FUNCTION = 3
+
+
+class FeedbackSource:
+    """A data source whose draws depend on what was trained: the prompts of
+    ctx.prompt_data in file order, except that a group whose mean reward fell below the
+    median so far is asked again first (at most `max_repeats` waiting). Everything it needs
+    to continue is in its state_dict, so a resumed run draws what an uninterrupted one does.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        lines = Path(ctx.prompt_data).read_text(encoding="utf-8").splitlines()
+        self.rows = [json.loads(line) for line in lines]
+        self.max_repeats = int(ctx.settings.get("max_repeats", 2))
+        self.position = 0
+        self.again: list[int] = []
+        self.next_index = 0
+        self.history: list[float] = []
+
+    @staticmethod
+    def check_settings(settings: dict[str, Any]) -> list[tuple[str, str, str]]:
+        value = settings.get("max_repeats", 2)
+        if not isinstance(value, int) or value < 0:
+            return [("max_repeats", f"{value!r} must be an integer >= 0", "e.g. 2")]
+        return []
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        groups = []
+        for _ in range(num_groups):
+            if self.again:
+                row = self.again.pop(0)
+            else:
+                row, self.position = self.position, (self.position + 1) % len(self.rows)
+            record = self.rows[row]
+            fmt = self.ctx.fmt
+            label = str(record[fmt.label_key]) if fmt.label_key else None
+            group = self.ctx.make_group(self.next_index, record[fmt.input_key], label, {"row": row})
+            self.next_index += 1
+            groups.append(group)
+        return groups
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        for group in groups:
+            mean = sum(float(s.reward or 0.0) for s in group) / len(group)
+            below = bool(self.history) and mean < statistics.median(self.history)
+            if below and len(self.again) < self.max_repeats:
+                self.again.append(int(group[0].metadata["row"]))
+            self.history = [*self.history, mean][-32:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "again": self.again,
+            "next_index": self.next_index,
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+        self.again = [int(r) for r in state["again"]]
+        self.next_index = int(state["next_index"])
+        self.history = [float(v) for v in state["history"]]
+
+
+class BoxedAnswerModel:
+    """A reward model class: built once per run, scoring whole batches. `scale` when the
+    last \\boxed{} answer equals the label, else 0. With settings `log_dir`, each call
+    appends '<pid> <batch size>' to <log_dir>/calls.txt (which process scored, how many)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.scale = float(ctx.settings.get("scale", 1.0))
+        self.log = (
+            Path(ctx.settings["log_dir"]) / "calls.txt" if "log_dir" in ctx.settings else None
+        )
+        self.device = ctx.device
+
+    async def __call__(self, samples: list[Sample]) -> list[float]:
+        from rlpost.rewards.answers import last_boxed
+
+        if self.log is not None:
+            with self.log.open("a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()} {len(samples)}\n")
+        return [
+            self.scale if s.label is not None and last_boxed(s.response_text) == s.label else 0.0
+            for s in samples
+        ]
+
+
+class PlainCallModel:
+    def __init__(self, ctx: Any) -> None: ...
+
+    def __call__(self, samples: list[Sample]) -> list[float]:
+        return [0.0] * len(samples)
+
+
+async def calculator_on_a_copy(sample: Sample, ctx: Any) -> Sample:
+    """The shipped calculator episode, run on a new Sample object built from the one given
+    (the loop trains what a generate function returns)."""
+    import dataclasses
+
+    from rlpost.envs.calculator import generate
+
+    copy = dataclasses.replace(sample, metadata={**sample.metadata, "copied": True})
+    return await generate(copy, ctx)
+
+
+async def drops_a_logprob(sample: Sample, ctx: Any) -> Sample:
+    """A generate function with a bug: one logprob short of the response."""
+    await ctx.policy_turn(sample)
+    if sample.rollout_logprobs:
+        sample.rollout_logprobs.pop()
+    return sample

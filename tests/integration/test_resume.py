@@ -72,6 +72,9 @@ def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
         "recipe.train.global_batch_size=16",
         # a reward a random model earns unevenly, so every rollout changes the weights
         "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+        # a data source of the user's whose draws depend on the rewards it was told of
+        "recipe.data.source=rlpost_test_hooks.FeedbackSource",
+        "recipe.data.source_settings={max_repeats: 2}",
         "recipe.save.interval=1",
         "recipe.save.keep_last=3",
         "recipe.save.save_hf_interval=2",
@@ -194,9 +197,14 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
     args = overrides(assets, run_dir, "tracking.wandb.enabled=true", "tracking.wandb.mode=offline")
     proc = start(args, tmp_path / "first.log")
     wait_for(lambda: (ckpt / "rollout_1").is_dir(), proc, tmp_path / "first.log", 240)
+    # a random moment up to 3 s on, and before the last save starts whatever the speed
     delay_s = random.Random().uniform(0.0, 3.0)
-    time.sleep(delay_s)
-    assert proc.poll() is None, "the run finished before the kill; lower the delay"
+    kill_s = time.monotonic() + delay_s
+    before_last = ckpt / f"rollout_{NUM_ROLLOUT - 1}"
+    wait_for(
+        lambda: time.monotonic() >= kill_s or before_last.is_dir(),
+        proc, tmp_path / "first.log", 240,
+    )  # fmt: skip
     kill_run(proc)
     killed_at = len(comparable(run_dir))
     assert not (ckpt / f"tmp-{NUM_ROLLOUT}").exists(), "the first run reached its last save"
@@ -214,6 +222,9 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
     assert f"tmp-{NUM_ROLLOUT} is a save that did not finish; ignored" in resumed.stdout
     assert f"resuming from {ckpt / f'rollout_{NUM_ROLLOUT - 1}'}" in resumed.stdout
     assert comparable(run_dir) == comparable(reference), f"first kill after {delay_s:.2f} s"
+    # the source's own state went through every checkpoint (4 groups a rollout)
+    source_state = json.loads((ckpt / f"rollout_{NUM_ROLLOUT}" / "loop.json").read_text())["data"]
+    assert source_state["next_index"] >= 4 * NUM_ROLLOUT and source_state["history"]
     assert sorted(p.name for p in ckpt.iterdir()) == ["rollout_3", "rollout_4", "rollout_5"]
 
     launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]

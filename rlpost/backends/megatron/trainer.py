@@ -145,23 +145,29 @@ class MegatronTrainer:
 
     # ---- construction ------------------------------------------------------------------------
 
-    def _load(self, module: torch.nn.Module, torch_dist_dir: str | None) -> torch.nn.Module:
-        """Weights from a torch_dist checkpoint when given, else from model.hf_checkpoint."""
-        if torch_dist_dir and (Path(torch_dist_dir) / "metadata.json").is_file():
+    def _load(self, module: torch.nn.Module, path: str | None) -> torch.nn.Module:
+        """Weights from `path`, a torch_dist checkpoint or an HF folder (model.load,
+        model.ref_load); from model.hf_checkpoint when it is None."""
+        if path and (Path(path) / "metadata.json").is_file():
             # MTP layers a checkpoint lacks (saved without MTP training) come from the HF one
-            load_torch_dist(module, torch_dist_dir, self.model_config.hf_checkpoint, self.weights)
+            load_torch_dist(module, path, self.model_config.hf_checkpoint, self.weights)
             return module
-        ckpt = HFCheckpoint(self.model_config.hf_checkpoint)
+        if path and not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path} is neither a torch_dist checkpoint (metadata.json) nor an HF folder "
+                "(config.json)"
+            )
+        ckpt = HFCheckpoint(path or self.model_config.hf_checkpoint)
         try:
             load_hf_weights(module, ckpt, self.weights)
         finally:
             ckpt.close()
         return module
 
-    def _frozen(self, torch_dist_dir: str | None) -> torch.nn.Module:
+    def _frozen(self, path: str | None) -> torch.nn.Module:
         """The reference model: frozen, and kept in host memory on a GPU machine (it visits
         the GPU only for its forward; the plan counts it in host memory)."""
-        module = self._load(build_gpt_model(self.settings, with_mtp=False), torch_dist_dir)
+        module = self._load(build_gpt_model(self.settings, with_mtp=False), path)
         for p in module.parameters():
             p.requires_grad_(False)
         return module.eval().to("cpu")

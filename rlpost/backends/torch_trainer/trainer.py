@@ -68,7 +68,10 @@ class TorchTrainer:
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
         load_reference: bool | None = None,
+        reference_dir: str | Path | None = None,
     ) -> None:
+        """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
+        the policy's)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model_dir = Path(model_dir)
@@ -85,7 +88,7 @@ class TorchTrainer:
         self.model = load_causal_lm(self.model_dir, attn_implementation)
         self.dp.broadcast_params(self.model)
         self.ref_model = (
-            freeze(load_causal_lm(self.model_dir, attn_implementation))
+            freeze(load_causal_lm(Path(reference_dir or model_dir), attn_implementation))
             if loads_reference(algo, load_reference)
             else None
         )

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rlpost.runtime.rollout.context import ContextFactory, GenerateContext
 from rlpost.types import Sample, SampleStatus
 
 Group = list[Sample]
@@ -38,7 +39,7 @@ class GenerationClient(Protocol):
 
 RewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
 GroupFilter = Callable[[list[Sample]], bool]
-GenerateHook = Callable[[Sample, dict[str, Any], Any], Awaitable[Sample]]
+GenerateHook = Callable[[Sample, GenerateContext], Awaitable[Sample]]
 
 
 @dataclass(frozen=True)
@@ -67,43 +68,14 @@ class SamplingSettings:
         return params
 
 
-def version_number(reported: str | None) -> int:
-    """An engine's weight version as a policy version: 'default' (never updated) is 0."""
-    if reported is None or reported == "default":
-        return 0
-    return int(reported)
-
-
-FINISH_STATUS = {
-    "stop": SampleStatus.COMPLETED,
-    "length": SampleStatus.TRUNCATED,
-    "abort": SampleStatus.ABORTED,
-}
-
-
-async def generate_sample(
-    sample: Sample, params: dict[str, Any], client: GenerationClient
-) -> Sample:
-    """Default generate function: one /generate call continuing the sample's response.
+async def generate_sample(sample: Sample, ctx: GenerateContext) -> Sample:
+    """Default generate function: one policy turn continuing the sample's response.
 
     An aborted call (a weight update, or the group being stopped) leaves the sample ABORTED
     with the tokens generated so far; calling again continues from there.
     """
-    if sample.finished:
-        return sample
-    budget = params["max_new_tokens"] - len(sample.response_ids)
-    if budget <= 0:
-        sample.status = SampleStatus.TRUNCATED
-        return sample
-    result = await client.generate(
-        sample.prompt_ids + sample.response_ids, {**params, "max_new_tokens": budget}
-    )
-    version = version_number(result.weight_version)
-    sample.append_policy_tokens(
-        list(result.output_ids), list(result.output_logprobs), result.text, version
-    )
-    sample.weight_version = result.weight_version
-    sample.status = FINISH_STATUS[str(result.finish_reason)]
+    if not sample.finished:
+        await ctx.policy_turn(sample)
     return sample
 
 
@@ -138,9 +110,11 @@ class MalformedSampleError(RuntimeError):
     """A generate hook returned something the loop cannot train on."""
 
 
-def check_generated(sample: Any, original: Sample, hook_name: str) -> Sample:
+def check_generated(
+    sample: Any, original: Sample, hook_name: str, max_response_len: int | None = None
+) -> Sample:
     """What a generate hook returned, checked: a Sample of the same prompt whose per-token
-    lists are as long as its response."""
+    lists are as long as its response, within the response budget, in a final status."""
     if not isinstance(sample, Sample):
         raise MalformedSampleError(
             f"generate function '{hook_name}' returned {type(sample).__name__}, not a Sample "
@@ -157,6 +131,24 @@ def check_generated(sample: Any, original: Sample, hook_name: str) -> Sample:
             f"{len(sample.response_ids)} response tokens but {wrong}: every per-token list "
             "must be as long as response_ids (use Sample.append_policy_tokens / "
             "append_inserted_tokens)"
+        )
+    if sample.group_index != original.group_index or sample.prompt_ids != original.prompt_ids:
+        raise MalformedSampleError(
+            f"generate function '{hook_name}' returned a sample of another prompt (group "
+            f"{sample.group_index}, for group {original.group_index}): return the sample it "
+            "was given, or one built from it"
+        )
+    if max_response_len is not None and len(sample.response_ids) > max_response_len:
+        raise MalformedSampleError(
+            f"generate function '{hook_name}' returned sample {sample.index} with "
+            f"{len(sample.response_ids)} response tokens, over max_response_len="
+            f"{max_response_len}: every turn counts (ctx.policy_turn and "
+            "ctx.environment_turn keep within it)"
+        )
+    if not isinstance(sample.status, SampleStatus):
+        raise MalformedSampleError(
+            f"generate function '{hook_name}' returned sample {sample.index} with status "
+            f"{sample.status!r}: use a SampleStatus"
         )
     if sample.status is SampleStatus.PENDING:
         raise MalformedSampleError(
@@ -176,20 +168,21 @@ class GroupRunner:
         reward_fn: RewardFn,
         generate_fn: GenerateHook = generate_sample,
         hook_name: str = "rlpost.runtime.rollout.manager.generate_sample",
+        contexts: ContextFactory | None = None,
     ) -> None:
         self.client = client
         self.reward_fn = reward_fn
         self.generate_fn = generate_fn
         self.hook_name = hook_name
+        self.contexts = contexts or ContextFactory()
 
     async def run(self, group: Group, params: dict[str, Any], gclient: GroupClient) -> Group:
+        ctx = self.contexts.context(gclient, params)
         while True:
             pending = [i for i, s in enumerate(group) if not s.finished]
-            results = await asyncio.gather(
-                *(self.generate_fn(group[i], params, gclient) for i in pending)
-            )
+            results = await asyncio.gather(*(self.generate_fn(group[i], ctx) for i in pending))
             for i, result in zip(pending, results, strict=True):
-                group[i] = check_generated(result, group[i], self.hook_name)
+                group[i] = check_generated(result, group[i], self.hook_name, ctx.max_response_len)
             if gclient.stopping or all(s.finished for s in group):
                 break
             # Aborted by a weight update: the rest is generated under the new weights.

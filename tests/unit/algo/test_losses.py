@@ -211,3 +211,51 @@ def test_tis_without_rollout_logprobs_is_an_error() -> None:
     bare = LossInputs(**{**inputs.__dict__, "rollout_logp": None})
     with pytest.raises(ValueError, match="off_policy_correction=tis"):
         compute_loss(bare, FULL, "ppo_clip")
+
+
+@pytest.mark.parametrize("policy_loss", sorted(POLICY_LOSSES))
+@pytest.mark.parametrize("reduction", ["sample_mean", "token_mean"])
+def test_tool_tokens_get_no_gradient_and_count_in_no_metric(
+    policy_loss: str, reduction: str
+) -> None:
+    """Two multi-turn samples: policy, tool (mask 0), policy tokens. Every loss term (policy
+    gradient, entropy bonus, KL loss, importance weights) leaves the tool tokens' logprobs
+    and entropies without gradient, and changing them changes no metric."""
+    from rlpost.algo.steps import SampleTensors, loss_inputs
+
+    algo = AlgoConfig(
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        entropy_coef=0.01,
+        off_policy_correction="tis",
+        loss_reduction=reduction,
+    )
+    masks = [t(1, 1, 0, 0, 0, 1), t(1, 0, 0, 1)]
+    rows = [
+        SampleTensors(
+            mask=mask,
+            advantages=torch.full_like(mask, adv),
+            old_logp=torch.full_like(mask, -1.0),
+            ref_logp=torch.full_like(mask, -1.2),
+            rollout_logp=torch.full_like(mask, -0.9),
+        )
+        for mask, adv in zip(masks, (1.0, -0.5), strict=True)
+    ]
+    segment_ids = torch.tensor([0] * 6 + [1] * 4)
+    tool = torch.cat(masks) == 0
+
+    def run(shift: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        base = torch.linspace(-2.0, -0.5, 10)
+        logp = (base + shift * tool).requires_grad_(True)  # tool positions moved by `shift`
+        entropy = (1.0 + base.abs() + shift * tool).requires_grad_(True)
+        inputs = loss_inputs(rows, segment_ids, logp, entropy, algo, denominator=2.0)
+        out = compute_loss(inputs, algo, policy_loss)
+        out.loss.backward()
+        assert logp.grad is not None and entropy.grad is not None
+        return logp.grad, entropy.grad, out.metrics
+
+    logp_grad, entropy_grad, metrics = run(0.0)
+    assert torch.all(logp_grad[tool] == 0) and torch.all(entropy_grad[tool] == 0)
+    assert torch.all(logp_grad[~tool] != 0)
+    _, _, moved = run(3.0)
+    assert moved == pytest.approx(metrics)

@@ -1,9 +1,8 @@
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from rlpost.data import DataSource, DataSourceState, PromptRecord, load_eval_groups
+from rlpost.data import DataSource, PromptRecord, load_eval_groups
 from rlpost.schema import DataConfig
 from rlpost.types import Sample
 
@@ -13,7 +12,9 @@ def records(count: int) -> list[PromptRecord]:
 
 
 def source(count: int = 5, *, n: int = 2, shuffle: bool = True, seed: int = 42, **kw) -> DataSource:
-    return DataSource(records(count), n_samples_per_prompt=n, shuffle=shuffle, seed=seed, **kw)
+    return DataSource.of_prompts(
+        records(count), n_samples_per_prompt=n, shuffle=shuffle, seed=seed, **kw
+    )
 
 
 def labels(groups: list[list[Sample]]) -> list[str]:
@@ -48,7 +49,7 @@ def test_epochs_are_crossed_inside_one_call_and_reshuffled() -> None:
     epochs = [labels(groups[i : i + 5]) for i in (0, 5)]
     assert all(sorted(e) == ["0", "1", "2", "3", "4"] for e in epochs)
     assert epochs[0] != epochs[1]  # epoch 1 uses seed + 1
-    assert data.state() == DataSourceState(epoch=2, offset=2, seed=42)
+    assert data.state() == {"epoch": 2, "offset": 2, "seed": 42}
     indices = [g[0].group_index for g in groups]
     assert indices == list(range(12))
 
@@ -57,11 +58,11 @@ def test_resume_from_state_continues_identically() -> None:
     run = source(7, seed=3)
     run.next_groups(4)
     run.next_groups(5)
-    saved = dataclasses.asdict(run.state())
+    saved = run.state()
     expected = run.next_groups(6)
 
     resumed = source(7, seed=3)
-    resumed.load_state(DataSourceState(**saved))
+    resumed.load_state(saved)
     again = resumed.next_groups(6)
     assert labels(again) == labels(expected)
     assert [g[0].group_index for g in again] == [g[0].group_index for g in expected]
@@ -75,7 +76,7 @@ def test_resume_keeps_the_saved_seed_and_rejects_a_position_past_the_data() -> N
     other.load_state(state)
     assert labels(other.next_groups(3)) == labels(run.next_groups(3))
     with pytest.raises(ValueError, match="prompt file or max_prompt_len changed"):
-        source(5).load_state(DataSourceState(epoch=0, offset=9, seed=42))
+        source(5).load_state({"epoch": 0, "offset": 9, "seed": 42})
 
 
 def test_buffered_groups_come_first_and_keep_their_start_rollout() -> None:
@@ -88,7 +89,7 @@ def test_buffered_groups_come_first_and_keep_their_start_rollout() -> None:
     assert all(s.metadata["start_rollout_id"] == 7 for g in taken[:2] for s in g)
     assert "start_rollout_id" not in taken[2][0].metadata
     assert data.buffer == []
-    assert data.state().offset == 4
+    assert data.state()["offset"] == 4
 
 
 def test_buffer_larger_than_the_request_is_drained_in_order() -> None:
@@ -135,3 +136,70 @@ def test_from_config_and_eval_groups(write_jsonl, chat_tokenizer) -> None:
     assert labels(groups) == ["0", "3", "6"]  # file order, never shuffled
     assert [len(g) for g in groups] == [16, 16, 16]
     assert chat_tokenizer.decode(groups[1][0].prompt_ids).startswith("<|im_start|>user\nwhat")
+
+
+def feedback_config(path: Path, **settings: object) -> DataConfig:
+    return DataConfig(
+        prompt_data=str(path),
+        input_key="prompt",
+        label_key="answer",
+        apply_chat_template=True,
+        source="rlpost_test_hooks.FeedbackSource",
+        source_settings=settings,
+    )
+
+
+def rewarded(groups: list[list[Sample]], rewards: list[float]) -> list[list[Sample]]:
+    for group, reward in zip(groups, rewards, strict=True):
+        for sample in group:
+            sample.reward = reward
+    return groups
+
+
+def test_a_data_source_class_draws_learns_from_what_was_trained_and_resumes(
+    hook_modules: Path, write_jsonl, chat_tokenizer
+) -> None:
+    rows = [{"prompt": f"what is {i} times 2?", "answer": str(2 * i)} for i in range(6)]
+    config = feedback_config(write_jsonl(rows), max_repeats=1)
+    data = DataSource.from_config(config, chat_tokenizer, n_samples_per_prompt=2)
+    first = data.next_groups(3)
+    assert labels(first) == ["0", "2", "4"] and [len(g) for g in first] == [2, 2, 2]
+    assert chat_tokenizer.decode(first[0][0].prompt_ids).startswith("<|im_start|>user\nwhat")
+    data.trained(rewarded(first, [1.0, 0.0, 1.0]))  # the second fell below the median
+    saved = data.state()
+    expected = labels(data.next_groups(3))
+    assert expected == ["2", "6", "8"]  # asked again first, then on in file order
+
+    resumed = DataSource.from_config(config, chat_tokenizer, n_samples_per_prompt=2)
+    resumed.load_state(saved)
+    again = resumed.next_groups(3)
+    assert labels(again) == expected
+    assert [g[0].group_index for g in again] == [3, 4, 5]
+
+
+class ShortSource:
+    def __init__(self, ctx: object) -> None:
+        self.ctx = ctx
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        return [self.ctx.make_group(0, "q") for _ in range(num_groups)]  # type: ignore[attr-defined]
+
+    def add_samples(self, groups: list[list[Sample]]) -> None: ...
+
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
+
+
+def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
+    from rlpost.data.source import DataSourceError, SourceContext, prompt_format
+
+    config = DataConfig(prompt_data="unused.jsonl")
+    ctx = SourceContext({}, chat_tokenizer, prompt_format(config), 2, seed=0)
+    data = DataSource(ShortSource(ctx))
+    assert len(data.next_groups(1)) == 1
+    with pytest.raises(DataSourceError, match="group index 0 twice"):
+        data.next_groups(1)
+    with pytest.raises(ValueError, match="message list, which needs the chat template"):
+        ctx.make_group(1, [{"role": "user", "content": "q"}])

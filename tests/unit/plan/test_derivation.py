@@ -100,3 +100,34 @@ def test_user_values_are_kept_and_not_marked_derived(run_config: Runs) -> None:
     assert not plan.is_derived("layout.train.tp")
     assert plan.is_derived("layout.train.dp")
     assert plan.engine.mem_fraction_static == 0.7
+
+
+REWARD_ACTOR = {
+    "recipe__rollout__reward__type": "model",
+    "recipe__rollout__reward__model": "my_rm.Model",
+    "recipe__rollout__reward__model_placement": "actor",
+}
+
+
+def test_a_reward_model_actor_gets_a_slot_of_its_own(run_config: Runs) -> None:
+    cfg = run_config(
+        "qwen3-tiny", "cpu", "grpo_tiny_math", hardware__gpus_per_node=3, **REWARD_ACTOR
+    )
+    p = build_plan(cfg).placement
+    assert (p.train_gpus, p.num_engines) == (2, 2)
+    assert p.reward_slot is not None and (p.reward_slot.node, p.reward_slot.gpu) == (0, 2)
+    assert p.reward_slot not in p.train_slots
+    # in the driver, it takes none
+    in_driver = {**REWARD_ACTOR, "recipe__rollout__reward__model_placement": "driver"}
+    assert build_plan(run_config("qwen3-4b", "h100x8", **in_driver)).placement.reward_slot is None
+
+
+def test_a_reward_model_actor_is_counted_in_the_gpu_budget(run_config: Runs) -> None:
+    with pytest.raises(UserError) as info:
+        build_plan(run_config("qwen3-4b", "h100x8", **REWARD_ACTOR))
+    issue = info.value.issues[0]
+    assert issue.key == "layout.train.num_gpus"
+    assert "h100x8 has 7 GPUs (1 x 8, less 1 for the reward model)" in issue.message
+    cfg = run_config("qwen3-4b", "h100x8", layout__train__num_gpus=4, **REWARD_ACTOR)
+    p = build_plan(cfg).placement
+    assert p.train_gpus == 4 and p.reward_slot is not None and p.reward_slot.gpu == 4

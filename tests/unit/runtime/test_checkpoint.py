@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from rlpost.config.loader import compose_run_config
-from rlpost.data.source import DataSourceState
 from rlpost.errors import UserError
 from rlpost.plan import build_plan
 from rlpost.runtime import checkpoint
@@ -41,7 +40,7 @@ REPO = Path(__file__).resolve().parents[3]
 def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = None) -> Path:
     """A checkpoint through the real writer; the trainer file is a stand-in payload."""
     staging = checkpoint.start_save(run_dir, done)
-    state = LoopState(rollouts_done=done, data=DataSourceState(0, done, 42))
+    state = LoopState(rollouts_done=done, data={"epoch": 0, "offset": done, "seed": 42})
     buffer = [[Sample(group_index=done, index=0, prompt="p", prompt_ids=[1, 2])]]
     queued = [[Sample(group_index=done + 1, index=0, prompt="q", prompt_ids=[3])]]
     yaml_text = config_yaml(cfg) if cfg is not None else "model: {}\n"
@@ -61,7 +60,7 @@ def test_commit_renames_staging_and_lists_every_file(tmp_path: Path) -> None:
     assert set(manifest["files"]) == on_disk
     assert {"loop.json", "buffer.pkl", "rng/driver.pt", "trainer/rank_0.pt"} <= on_disk
     assert manifest["rollouts_done"] == 3
-    assert read_loop_state(path).data == DataSourceState(0, 3, 42)
+    assert read_loop_state(path).data == {"epoch": 0, "offset": 3, "seed": 42}
     saved = read_groups(path)
     assert saved.buffer[0][0].group_index == 3 and saved.queued[0][0].group_index == 4
 
@@ -71,7 +70,7 @@ def test_unfinished_save_is_never_taken_for_a_checkpoint(tmp_path: Path) -> None
     staging = checkpoint.start_save(tmp_path, 4)
     empty = SavedGroups()
     write_driver_state(
-        staging, LoopState(4, DataSourceState(0, 4, 42)), empty, "model: {}\n", "{}\n"
+        staging, LoopState(4, {"epoch": 0, "offset": 4, "seed": 42}), empty, "model: {}\n", "{}\n"
     )
     (staging / checkpoint.MANIFEST).write_text("{}")  # even a manifest does not make it one
     found = checkpoint.scan(tmp_path)

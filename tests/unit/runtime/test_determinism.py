@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rlpost.runtime.determinism import SeededGenerate, sampling_seed
+from rlpost.runtime.determinism import Seeding, sampling_seed
+from rlpost.runtime.rollout.client import FinishKind, GenerateResult
+from rlpost.runtime.rollout.context import GenerateContext
 from rlpost.types import Sample
 
 
@@ -27,19 +29,25 @@ def test_seeds_differ_across_rounds_samples_streams_runs_and_continuations() -> 
     assert len({sampling_seed(*key) for key in keys}) == len(keys)
 
 
-def test_seeded_generate_sends_the_samples_seed() -> None:
+def test_every_request_of_a_context_carries_the_samples_seed() -> None:
     seen: list[dict[str, Any]] = []
 
-    async def inner(sample: Sample, params: dict[str, Any], client: Any) -> Sample:
-        seen.append(params)
-        return sample
+    class Client:
+        async def generate(self, input_ids: list[int], params: dict[str, Any]) -> Any:
+            seen.append(params)
+            return GenerateResult([4, 5], "45", [-0.1, -0.2], FinishKind.ABORT, "0", 1, 2)
 
-    generate = SeededGenerate(inner, run_seed=5, stream="eval").at(3)
+    ctx = GenerateContext(
+        Client(), None, {"temperature": 1.0, "max_new_tokens": 8}, seeder=Seeding(5, "eval").at(3)
+    )
     sample = Sample(group_index=0, index=9, prompt="p", prompt_ids=[1])
-    asyncio.run(generate(sample, {"temperature": 1.0}, None))
-    sample.append_policy_tokens([4, 5], [-0.1, -0.2], "45", version=0)
-    asyncio.run(generate(sample, {"temperature": 1.0}, None))
+    asyncio.run(ctx.policy_turn(sample))
+    asyncio.run(ctx.policy_turn(sample))  # continued after the interruption: its own seed
     assert seen == [
-        {"temperature": 1.0, "sampling_seed": sampling_seed(5, "eval", 3, 9)},
-        {"temperature": 1.0, "sampling_seed": sampling_seed(5, "eval", 3, 9, generated=2)},
+        {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": sampling_seed(5, "eval", 3, 9)},
+        {
+            "temperature": 1.0,
+            "max_new_tokens": 6,
+            "sampling_seed": sampling_seed(5, "eval", 3, 9, generated=2),
+        },
     ]

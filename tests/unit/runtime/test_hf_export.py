@@ -15,7 +15,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlpost.backends.torch_trainer import TorchTrainer
-from rlpost.data.source import DataSourceState
 from rlpost.runtime import checkpoint
 from rlpost.runtime.run_state import (
     LoopState,
@@ -66,7 +65,7 @@ def save_checkpoint(run_dir: Path, trainer: TorchTrainer, model_dir: Path) -> Pa
     save_rank_state(trainer, str(staging), 0, with_optimizer=True)
     config = f"model:\n  hf_checkpoint: {model_dir}\n  load: null\n"
     write_driver_state(
-        staging, LoopState(1, DataSourceState(0, 4, 1)), SavedGroups(), config, "{}\n"
+        staging, LoopState(1, {"epoch": 0, "offset": 4, "seed": 1}), SavedGroups(), config, "{}\n"
     )
     return checkpoint.commit_save(staging, keep_last=2)
 

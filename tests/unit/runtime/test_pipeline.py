@@ -25,6 +25,7 @@ from rlpost.data.source import DataSource
 from rlpost.plan.loop import LoopPlan
 from rlpost.runtime.pipeline import Batch, RolloutPipeline
 from rlpost.runtime.rollout.client import EngineClient
+from rlpost.runtime.rollout.context import GenerateContext
 from rlpost.runtime.rollout.manager import GenerateHook, Group, GroupRunner, generate_sample
 from rlpost.types import Sample, SampleStatus
 
@@ -46,7 +47,7 @@ def data_source(num_prompts: int = 64) -> DataSource:
         PromptRecord(i + 1, f"p{i}", tuple(rng.randrange(40, 200) for _ in range(6)), None)
         for i in range(num_prompts)
     ]
-    return DataSource(prompts, n_samples_per_prompt=PER_GROUP, shuffle=False, seed=0)
+    return DataSource.of_prompts(prompts, n_samples_per_prompt=PER_GROUP, shuffle=False, seed=0)
 
 
 async def length_reward(samples: list[Sample]) -> list[float]:
@@ -166,11 +167,11 @@ def test_a_slow_engine_never_trains_groups_past_the_bound(url: str) -> None:
     # again
     first_time: set[int] = set()
 
-    async def slow_for_some(sample: Sample, params: dict[str, Any], client: Any) -> Sample:
+    async def slow_for_some(sample: Sample, ctx: GenerateContext) -> Sample:
         if sample.group_index % 3 == 0 and sample.group_index not in first_time:
             first_time.add(sample.group_index)
             await asyncio.sleep(1.5)
-        return await generate_sample(sample, params, client)
+        return await generate_sample(sample, ctx)
 
     plan = bounds("fully_async", 1, None, 3 * BATCH)
     trained = asyncio.run(drive(url, plan, 6, train_s=0.05, generate=slow_for_some))

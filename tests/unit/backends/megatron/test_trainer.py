@@ -4,10 +4,14 @@ losses and advantages (rlpost.algo) give the same metrics and the same weights a
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.backends.torch_trainer import TorchTrainer
@@ -113,3 +117,44 @@ def test_a_reference_that_weighs_nothing_is_skipped_and_the_updates_do_not_chang
             assert abs(a[key] - b[key]) <= 1e-6, key
     for name, weight in measured["weights"].items():
         assert float((weight - skipped["weights"][name]).abs().max()) <= 1e-6, name
+
+
+def _ref_stats(trainer: MegatronTrainer, samples: list[TrainSample]) -> list[Any]:
+    return trainer.compute_token_stats(samples, "ref", with_entropy=False).logprobs
+
+
+def _policy_stats(trainer: MegatronTrainer, samples: list[TrainSample]) -> list[Any]:
+    return trainer.compute_token_stats(samples, with_entropy=False).logprobs
+
+
+def test_an_hf_reference_folder_is_the_reference_in_both_trainers(
+    make_setup: Callable[..., Any],
+    make_rollout: Callable[..., list[TrainSample]],
+    tmp_path: Path,
+) -> None:
+    """model.ref_load naming an HF folder with other weights than hf_checkpoint: both
+    trainers' reference forwards use that folder's weights (not hf_checkpoint's); and
+    model.load naming it starts megatron's policy there, as it does the torch trainer's."""
+    setup = make_setup("qwen3", 8, algo={"use_kl_loss": True, "kl_loss_coef": 0.1})
+    other = tmp_path / "sft"
+    shutil.copytree(setup.model.hf_checkpoint, other)
+    weights = load_file(other / "model.safetensors")
+    torch.manual_seed(3)
+    save_file(
+        {k: v + 0.05 * torch.randn_like(v) for k, v in weights.items()}, other / "model.safetensors"
+    )
+    samples = make_rollout(8, seed=7)
+    ours = setup.with_model(ref_load=str(other)).run(_ref_stats, samples)
+    torch_ref = TorchTrainer(
+        setup.model.hf_checkpoint, *setup.configs, reference_dir=other
+    ).compute_token_stats(samples, "ref", with_entropy=False)
+    as_policy = TorchTrainer(other, *setup.configs).compute_token_stats(samples, with_entropy=False)
+    policy = setup.with_model(load=str(other)).run(_policy_stats, samples)
+    for a, b, c, d in zip(ours, torch_ref.logprobs, as_policy.logprobs, policy, strict=True):
+        assert float((a - c).abs().max()) <= TOLERANCE
+        assert float((b - c).abs().max()) <= TOLERANCE
+        assert float((d - c).abs().max()) <= TOLERANCE
+    own = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).compute_token_stats(
+        samples, with_entropy=False
+    )
+    assert any(float((a - b).abs().max()) > 1e-3 for a, b in zip(ours, own.logprobs, strict=True))
