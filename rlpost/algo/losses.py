@@ -239,6 +239,10 @@ def compute_loss(inputs: LossInputs, algo: AlgoConfig, policy_loss_kind: str) ->
         metrics["is_clipfrac"] = cut.float()
         raw = torch.exp(inputs.old_logp - inputs.rollout_logp) * inputs.mask
         maxima["is_weight_max"] = float(raw.max()) if raw.numel() else 0.0
+    if inputs.rollout_logp is not None:
+        # the engines' numerics against the trainer's (FP8 rollout, other kernels), and the
+        # policy versions between them in the async loops
+        metrics["rollout_logprob_abs_diff"] = (inputs.old_logp - inputs.rollout_logp).abs()
     total = pg - algo.entropy_coef * inputs.entropy
     if inputs.ref_logp is not None:  # measured on the rollouts the reference runs
         kl = compute_kl(inputs.logp, inputs.ref_logp, algo.kl_loss_type)

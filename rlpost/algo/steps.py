@@ -226,15 +226,24 @@ def loss_inputs(
 # ---- metrics -------------------------------------------------------------------------------
 
 
-def metric_names(algo: AlgoConfig, with_reference: bool) -> list[str]:
+def metric_names(
+    algo: AlgoConfig, with_reference: bool, with_rollout_logprobs: bool = False
+) -> list[str]:
     """The loss metrics every micro-batch reports, summed over micro-batches and ranks
-    (the KL to the reference on the rollouts the reference runs)."""
+    (the KL to the reference on the rollouts the reference runs; the mean absolute
+    difference between the trainer's and the engines' token logprobs when the samples
+    carry the engines')."""
     corrected = algo.off_policy_correction != "none"
     return [
         *BASE_METRICS,
         *(["kl"] if with_reference else []),
         *(["is_weight", "is_clipfrac"] if corrected else []),
+        *(["rollout_logprob_abs_diff"] if with_rollout_logprobs else []),
     ]
+
+
+def has_rollout_logprobs(batch: Sequence[TrainSample]) -> bool:
+    return all(sample.rollout_logprobs is not None for sample in batch)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rlpost.backends.fp8_format import Fp8Error, Fp8Format, folder_format
 from rlpost.plan.params import layer_params, mtp_layer_params
 from rlpost.schema import HardwareConfig, ModelConfig, RecipeConfig
 
@@ -36,6 +37,34 @@ _FP8_NAMES = ("fp8", "int8", "w8a8")
 def _quantized_bytes(options: dict[str, Any]) -> float:
     quant = str(options.get("quantization") or "")
     return 1.0 if any(name in quant for name in _FP8_NAMES) else 2.0
+
+
+def checkpoint_fp8(hf_checkpoint: str) -> Fp8Format | None:
+    """The FP8 format of the checkpoint the engines serve, when its folder is here to read
+    (config.json only); None for an unquantised or absent one (check_fp8_checkpoint refuses
+    one that cannot be read)."""
+    try:
+        return folder_format(hf_checkpoint)
+    except (Fp8Error, OSError, ValueError):
+        return None
+
+
+def engine_weight_bytes(
+    model: ModelConfig,
+    params: float,
+    attention_tp: int,
+    options: dict[str, Any],
+    fp8: Fp8Format | None,
+) -> float:
+    """An engine GPU's weight bytes. From an FP8 checkpoint: one byte per parameter, plus a
+    float32 scale per block of the linear weights, plus a second byte for the embedding and
+    output head, which stay bf16 (rlpost.backends.fp8); norms and router gates are too
+    small to count. Otherwise two bytes, or one under an FP8/INT8 `quantization` option."""
+    if fp8 is None:
+        return params * _quantized_bytes(options)
+    block = fp8.block_size or (1, model.hidden_size)
+    embeddings = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    return params * (1 + 4 / (block[0] * block[1])) + embeddings / attention_tp
 
 
 def _kv_dtype_bytes(options: dict[str, Any]) -> int:
@@ -219,12 +248,14 @@ def estimate_rollout(
     mem_fraction_static: float,
     options: dict[str, Any],
     colocate: bool,
+    fp8: Fp8Format | None = None,
 ) -> RolloutMemory:
-    """Weight shard, KV cache left under the static fraction, and the peak per engine GPU."""
+    """Weight shard, KV cache left under the static fraction, and the peak per engine GPU.
+    `fp8`: the engines serve an FP8 checkpoint of that format (engine_weight_bytes)."""
     on_gpu = hardware.kind == "gpu"
     attention_tp = max(1, gpus_per_engine // dp_size)
     params = engine_params_per_gpu(model, gpus_per_engine, attention_tp, options)
-    weights_gib = params * _quantized_bytes(options) / GIB
+    weights_gib = engine_weight_bytes(model, params, attention_tp, options, fp8) / GIB
     context_gib = CUDA_CONTEXT_GIB if on_gpu else 0.0
     static_gib = mem_fraction_static * hardware.gpu_memory_gib
     kv_gib = static_gib - weights_gib - context_gib

@@ -235,6 +235,20 @@ def estimate_host(
     )
 
 
+def fp8_update_buffer_bytes(model: ModelConfig, bucket_bytes: int) -> float:
+    """Quantising an update for FP8 engines on the trainer (rlpost.backends.fp8.quantize):
+    the bucket's FP8 copy (half of the bf16 bucket; scales are 1/4096 of that at 128 x 128),
+    and, while the largest linear weight is quantised, its float32 working copy and the
+    scaled float32 result (8 bytes an element). Embeddings and the output head are not
+    quantised."""
+    largest = max(
+        model.ffn_hidden_size * model.hidden_size,
+        model.num_attention_heads * model.head_dim * model.hidden_size,
+        model.moe.expert_ffn_hidden_size * model.hidden_size if model.moe else 0,
+    )
+    return bucket_bytes / 2 + 8 * largest
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Both peaks against the GPU, the host against its memory, and the verdicts."""
@@ -245,10 +259,20 @@ class MemoryPlan:
     train: TrainMemory
     rollout: RolloutMemory
     host: HostMemory
+    # FP8 engines: what quantising an update takes on a trainer GPU during weight sync
+    # (fp8_update_buffer_bytes), after the step's activations and logits are freed
+    fp8_update_buffer_gib: float = 0.0
+
+    @property
+    def weight_sync_gib(self) -> float:
+        """A trainer GPU while it sends weights: the step's state without its activations,
+        plus the FP8 quantisation buffer."""
+        t = self.train
+        return t.total_gib - t.activations_gib - t.logits_gib + self.fp8_update_buffer_gib
 
     @property
     def train_margin_gib(self) -> float:
-        return self.gpu_gib - self.train.total_gib
+        return self.gpu_gib - max(self.train.total_gib, self.weight_sync_gib)
 
     @property
     def rollout_margin_gib(self) -> float:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlpost.errors import Issue
-from rlpost.plan.engine_memory import default_mem_fraction, estimate_rollout
+from rlpost.plan.engine_memory import checkpoint_fp8, default_mem_fraction, estimate_rollout
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
@@ -222,7 +222,15 @@ def _derive_engine_size(cfg: RunConfig, sizes: Sizes, options: dict[str, Any], r
             cfg.hardware, size, dp_size, options, sizes.colocate
         )
         need = estimate_rollout(
-            cfg.model, cfg.recipe, cfg.hardware, size, dp_size, fraction, options, sizes.colocate
+            cfg.model,
+            cfg.recipe,
+            cfg.hardware,
+            size,
+            dp_size,
+            fraction,
+            options,
+            sizes.colocate,
+            checkpoint_fp8(cfg.model.hf_checkpoint),
         )
         if need.holds_one_sample and need.total_gib <= cfg.hardware.gpu_memory_gib:
             return size

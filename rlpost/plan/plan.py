@@ -10,12 +10,14 @@ from rlpost.errors import UserError
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
-from rlpost.plan.engine_memory import estimate_rollout
+from rlpost.plan.engine_memory import checkpoint_fp8, estimate_rollout
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import (
+    GIB,
     MemoryPlan,
     estimate_host,
     estimate_train,
+    fp8_update_buffer_bytes,
     pipeline_stages,
 )
 from rlpost.plan.parallel import resolve_layout
@@ -148,6 +150,8 @@ def _memory_dict(m: MemoryPlan) -> dict[str, Any]:
         "host_fits": m.host_fits,
         "train_gib_per_gpu": m.train.total_gib,
         "train_margin_gib": m.train_margin_gib,
+        "weight_sync_gib_per_gpu": m.weight_sync_gib,
+        "fp8_update_buffer_gib": m.fp8_update_buffer_gib,
         "rollout_weights_gib_per_gpu": m.rollout.weights_gib,
         "rollout_gib_per_gpu": m.rollout.total_gib,
         "rollout_margin_gib": m.rollout_margin_gib,
@@ -184,6 +188,14 @@ def _notes(cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan]) -> tupl
             "algo.use_kl_loss with kl_loss_coef 0: the KL weighs nothing in the loss, so the "
             "reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
             "logs the KL every N rollouts)"
+        )
+    fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
+    if fp8 is not None and cfg.model.load is None:
+        notes.append(
+            "model.hf_checkpoint is FP8 and model.load is not set: the trainer starts from the "
+            "FP8 weights dequantised, and on that grid updates smaller than an FP8 step are "
+            "rounded away on the way to the engines (the rollout/trainer mismatch grows); "
+            "point model.load at the bf16 checkpoint the FP8 one was converted from"
         )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
@@ -251,8 +263,11 @@ def estimate_memory(
         engine.mem_fraction_static,
         engine.options,
         colocate,
+        checkpoint_fp8(cfg.model.hf_checkpoint),
     )
     params = count_params(model)
+    fp8 = checkpoint_fp8(model.hf_checkpoint)
+    bucket_bytes = cfg.engine.weight_bucket_mb << 20
     return MemoryPlan(
         gpu_gib=hw.gpu_memory_gib,
         params_total=params.total,
@@ -260,4 +275,5 @@ def estimate_memory(
         train=train,
         rollout=rollout,
         host=estimate_host(model, recipe, hw, train, sizes),
+        fp8_update_buffer_gib=fp8_update_buffer_bytes(model, bucket_bytes) / GIB if fp8 else 0.0,
     )

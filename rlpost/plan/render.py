@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
+from rlpost.plan.runtime import RuntimePlan
 from rlpost.plan.table import Cell, format_cell, ranges, render_table
 
 DERIVED_MARK = "*"
@@ -152,12 +153,24 @@ def _ray_cluster(address: str | None, num_nodes: int) -> str:
     return "joins RAY_ADDRESS when set, else a new one on this machine"
 
 
+def _engine_weights(rt: RuntimePlan) -> str:
+    if rt.fp8 is None:
+        return "as trained (the checkpoint is not quantised)"
+    blocks = (
+        "one scale per row"
+        if rt.fp8.block_size is None
+        else "blocks {}x{}".format(*rt.fp8.block_size)
+    )
+    return f"FP8 e4m3 ({blocks}): each update quantised on the trainer"
+
+
 def render_runtime(plan: Plan) -> str:
     rt, loop = plan.runtime, plan.runtime.loop
     ahead = "unbounded" if loop.lookahead_steps is None else f"{loop.lookahead_steps} step(s)"
     rows: list[list[Cell]] = [
         ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
         ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
+        ["engine weights", _engine_weights(rt)],
         ["release memory around training", "yes" if rt.offload else "no"],
         [
             "train ranks meet through",
@@ -241,6 +254,10 @@ def render_memory(plan: Plan) -> str:
         ],
         ["total", t.total_gib],
     ]
+    if m.fp8_update_buffer_gib:
+        train_rows.append(
+            ["weight sync (no activations; + FP8 quantisation buffer)", m.weight_sync_gib]
+        )
     rollout_rows: list[list[Cell]] = [
         ["weight shard", r.weights_gib],
         [

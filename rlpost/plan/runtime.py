@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlpost.backends.fp8_format import Fp8Error, Fp8Format, folder_format
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
+from rlpost.plan.engine_memory import checkpoint_fp8
 from rlpost.plan.loop import LoopPlan, plan_loop
 from rlpost.schema import RunConfig
 from rlpost.schema.base import Section
@@ -44,6 +46,9 @@ class RuntimePlan:
     # Generate requests in flight over all engines: recipe.rollout.max_concurrency, or
     # 512 per engine (slime's default).
     max_concurrency: int = 512
+    # The engines serve an FP8 checkpoint (model.hf_checkpoint's quantization_config): every
+    # weight update is quantised to this format on the trainer's device before it travels.
+    fp8: Fp8Format | None = None
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -87,7 +92,35 @@ def plan_runtime(
         loopback_only=cfg.hardware.num_nodes == 1,
         ray_address=cfg.run.ray_address,
         max_concurrency=concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines,
+        fp8=checkpoint_fp8(cfg.model.hf_checkpoint),
     )
+
+
+@check("fp8_checkpoint")
+def check_fp8_checkpoint(ctx: PlanContext) -> list[Issue]:
+    """A quantised checkpoint rlpost cannot read right is refused, not read as plain tensors;
+    SGLang engines are given block-quantised FP8 only."""
+    cfg = ctx.cfg
+    try:
+        fmt = folder_format(cfg.model.hf_checkpoint)
+    except Fp8Error as error:
+        fix = "point it at a bf16 or block-FP8 checkpoint (tools/convert_hf_to_fp8.py makes one)"
+        return [Issue("model.hf_checkpoint", str(error), fix, value=cfg.model.hf_checkpoint)]
+    except (OSError, ValueError):
+        return []
+    if fmt is not None and fmt.block_size is None and resolve_engine_backend(cfg) == "sglang":
+        return [
+            Issue(
+                "model.hf_checkpoint",
+                "this FP8 checkpoint has one scale per output channel (--strategy channel), "
+                "which rlpost's CPU engine and trainers read but SGLang's FP8 loader does not "
+                "(and its DeepEP kernels take block-quantised weights only)",
+                "convert the bf16 checkpoint with tools/convert_hf_to_fp8.py --strategy block "
+                "--block-size 128 128",
+                value=cfg.model.hf_checkpoint,
+            )
+        ]
+    return []
 
 
 @check("engine_backend")

@@ -374,6 +374,7 @@ class Session:
             engine_ranks=self._engine_ranks,
             on_gpu=self.cluster.on_gpu,
             multi_node=cfg.hardware.num_nodes > 1,
+            fp8=self.plan.runtime.fp8,
         )
         self.weight_sync = WEIGHT_SYNCS[kind](context)
         if cfg.engine.weight_probe:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlpost.backends.fp8_format import Fp8Format
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.buckets import WeightInfo
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
@@ -54,10 +55,16 @@ class DiskSync:
     newest folder is kept: it is what a restarted engine catches up from."""
 
     def __init__(
-        self, client: EngineClient, call: TrainerCall, num_ranks: int, weights_dir: Path
+        self,
+        client: EngineClient,
+        call: TrainerCall,
+        num_ranks: int,
+        weights_dir: Path,
+        fp8: Fp8Format | None = None,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.weights_dir = weights_dir
+        self.fp8 = fp8
         self.exported: int | None = None
 
     def folder(self, version: int) -> Path:
@@ -68,7 +75,7 @@ class DiskSync:
         if self.exported != version:
             # Every rank enters (the export ends in a barrier); rank 0 writes.
             await asyncio.gather(
-                *(self.call(r, _export, str(target)) for r in range(self.num_ranks))
+                *(self.call(r, _export, str(target), self.fp8) for r in range(self.num_ranks))
             )
             if self.exported is not None:
                 shutil.rmtree(self.folder(self.exported), ignore_errors=True)
@@ -81,21 +88,40 @@ class DiskSync:
         return None
 
 
-def _export(trainer: Any, out_dir: str) -> str:
-    return str(trainer.export_hf(out_dir))
+def _export(trainer: Any, out_dir: str, fp8: Fp8Format | None = None) -> str:
+    """The policy as an HF folder; for FP8 engines, converted as tools/convert_hf_to_fp8.py
+    converts (rank 0, after every rank's part of the export)."""
+    if fp8 is None:
+        return str(trainer.export_hf(out_dir))
+    from rlpost.backends.fp8_convert import convert_folder
+
+    unquantised = f"{out_dir}.unquantised"
+    trainer.export_hf(unquantised)
+    if _rank() == 0:
+        convert_folder(unquantised, out_dir, fp8)
+        shutil.rmtree(unquantised, ignore_errors=True)
+    return out_dir
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 # ---- shared by the bucketed ways ----------------------------------------------------------
 
 
 async def _weight_buckets(
-    call: TrainerCall, num_ranks: int, bucket_bytes: int
+    call: TrainerCall, num_ranks: int, bucket_bytes: int, fp8: Fp8Format | None
 ) -> AsyncIterator[tuple[list[WeightInfo], bool]]:
     """The trainers' weights bucket by bucket, each with whether it is the last. Every rank
     steps through the stream together (a sharded trainer gathers each bucket collectively);
     the bucket stays current on every rank until the next step."""
     ranks = range(num_ranks)
-    await asyncio.gather(*(call(r, trainer_side.open_weight_stream, bucket_bytes) for r in ranks))
+    await asyncio.gather(
+        *(call(r, trainer_side.open_weight_stream, bucket_bytes, fp8) for r in ranks)
+    )
     try:
         while True:
             steps = await asyncio.gather(*(call(r, trainer_side.next_weight_bucket) for r in ranks))
@@ -126,13 +152,15 @@ class TensorSync:
         num_ranks: int,
         engine_ranks: Callable[[str], Sequence[int]],
         bucket_bytes: int,
+        fp8: Fp8Format | None = None,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.engine_ranks = engine_ranks
         self.bucket_bytes = bucket_bytes
+        self.fp8 = fp8
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
-        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes)
+        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
             async for _, last in buckets:
                 try:
@@ -184,6 +212,7 @@ class DistributedSync:
         backend: str = "nccl",
         multi_node: bool = False,
         timeout_s: float = 600.0,
+        fp8: Fp8Format | None = None,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.gpus_per_engine = gpus_per_engine
@@ -191,12 +220,13 @@ class DistributedSync:
         self.backend = backend
         self.multi_node = multi_node
         self.timeout_s = timeout_s
+        self.fp8 = fp8
         self.group_name: str | None = None
         self.group_urls: tuple[str, ...] = ()
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         await self._form_group(tuple(worker_urls))
-        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes)
+        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
             async for bucket, last in buckets:
                 await self._send(bucket, last, version, worker_urls)
@@ -277,11 +307,14 @@ class SyncContext:
     engine_ranks: Callable[[str], Sequence[int]]
     on_gpu: bool
     multi_node: bool
+    fp8: Fp8Format | None = None  # the engines serve FP8: updates are quantised to it
 
 
 WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
-    "disk": lambda c: DiskSync(c.client, c.call, c.num_ranks, c.weights_dir),
-    "tensor": lambda c: TensorSync(c.client, c.call, c.num_ranks, c.engine_ranks, c.bucket_bytes),
+    "disk": lambda c: DiskSync(c.client, c.call, c.num_ranks, c.weights_dir, c.fp8),
+    "tensor": lambda c: TensorSync(
+        c.client, c.call, c.num_ranks, c.engine_ranks, c.bucket_bytes, c.fp8
+    ),
     "distributed": lambda c: DistributedSync(
         c.client,
         c.call,
@@ -290,6 +323,7 @@ WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
         bucket_bytes=c.bucket_bytes,
         backend="nccl" if c.on_gpu else "gloo",
         multi_node=c.multi_node,
+        fp8=c.fp8,
     ),
 }
 

@@ -430,6 +430,19 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch_dist = root / "ref_torch_dist"
     torch_dist.mkdir()
     (torch_dist / "metadata.json").write_text("{}")
+    # FP8 checkpoints: one scale per tensor (not read), one scale per channel (not SGLang's)
+    for name, quant in (
+        ("fp8_per_tensor", {"quant_method": "fp8", "activation_scheme": "static"}),
+        ("fp8_channel", {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": None,
+                         "weight_granularity": "channel"}),
+    ):  # fmt: skip
+        folder = root / name
+        folder.mkdir()
+        for item in TINY_MODEL.iterdir():
+            if item.name != "config.json":
+                (folder / item.name).symlink_to(item)
+        config = json.loads((TINY_MODEL / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
     return root
 
 
@@ -478,6 +491,18 @@ def file_cases(root: Path) -> list[Bad]:
             (f"model.ref_load={root / 'ref_torch_dist'}", "recipe.algo.kl_metric_interval=2"),
             "model.ref_load",
             "the torch trainer cannot read",
+        ),
+        _case(
+            "an FP8 checkpoint with one scale per tensor",
+            (f"model.hf_checkpoint={root / 'fp8_per_tensor'}",),
+            "model.hf_checkpoint",
+            "one scale per tensor (no weight_block_size) is not supported",
+        ),
+        _case(
+            "a channel-FP8 checkpoint for SGLang engines",
+            ("hardware=h100x8", f"model.hf_checkpoint={root / 'fp8_channel'}"),
+            "model.hf_checkpoint",
+            "--strategy block",
         ),
         _case(
             "prompt file missing",

@@ -91,6 +91,9 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
         assert record["rollout/num_samples"] == 64
         assert 0.0 <= record["rollout/reward_mean"] <= 1.0
         assert record["train/optimizer_steps"] == 1
+        # fp32 engines and an fp32 trainer on the same weights agree on every token (the
+        # figure FP8 rollout is compared with: tests/integration/test_fp8_rollout.py)
+        assert record["train/rollout_logprob_abs_diff"] < 1e-4
     assert ["train/kl" in r for r in records] == [True, False, True]
     assert records[2]["train/kl"] > 0.0  # the policy has moved from the reference
     # eval before training (logged with rollout 0), after rollout 2 (interval) and at the end

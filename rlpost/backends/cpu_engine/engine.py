@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from rlpost.backends.cpu_engine.generator import BatchGenerator
 from rlpost.backends.cpu_engine.protocol import GenerateRequest, RowOutput
 from rlpost.backends.cpu_engine.row import Row
 from rlpost.backends.cpu_engine.sampling import RequestError
 from rlpost.backends.cpu_engine.scheduler import Load, Scheduler
-from rlpost.backends.cpu_engine.weights import ModelWeights, read_safetensors_dir
+from rlpost.backends.cpu_engine.weights import ModelWeights, read_weights
+from rlpost.backends.fp8 import FP8_DTYPE, SCALE_SUFFIX, dequantize_state, folder_format
+from rlpost.backends.hf_load import load_causal_lm
 from rlpost.backends.sglang.buckets import WeightInfo
 
 logger = logging.getLogger(__name__)
@@ -55,9 +57,10 @@ class CpuEngine:
                 f"the CPU engine loads local folders only"
             )
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, local_files_only=True
-        )
+        # an FP8 checkpoint is served dequantised: the weights it stands for, rounded as
+        # FP8 rounds them (and so is every update: see receive_weights)
+        self.fp8 = folder_format(path)
+        self.model = load_causal_lm(path, torch.float32)
         self.model.train(False)
         self.weights = ModelWeights(self.model)
         self.weights_path = str(path)
@@ -68,6 +71,7 @@ class CpuEngine:
         self._row_counter = itertools.count()
         self._lock = threading.Lock()
         self._update_groups: dict[str, Any] = {}
+        self._fp8_waiting: dict[str, torch.Tensor] = {}
         self.scheduler.start()
 
     def _eos_ids(self) -> list[int]:
@@ -135,7 +139,7 @@ class CpuEngine:
         """Load a safetensors folder into the live model at the next safe point."""
 
         def load() -> None:
-            state = read_safetensors_dir(model_path)
+            state = read_weights(model_path, torch.float32)
             self.weights.assign(state)
             self.weights_path = model_path
             if weight_version is not None:
@@ -168,7 +172,7 @@ class CpuEngine:
         group = self._update_groups.get(name)
         if group is None:
             raise RequestError(f"no weight-update group named '{name}'; init it first")
-        state = dict(receive_weights(infos, group))
+        state = self._dequantized(dict(receive_weights(infos, group)), weight_version)
 
         def load() -> None:
             self.weights.assign_some(state)
@@ -176,6 +180,34 @@ class CpuEngine:
                 self.generator.weight_version = weight_version
 
         return self.scheduler.call(load)
+
+    def _dequantized(
+        self, received: dict[str, torch.Tensor], weight_version: str | None
+    ) -> dict[str, torch.Tensor]:
+        """An FP8 update's weights dequantised. A weight and its scales travel in buckets of
+        their own dtype, so one may wait here for the other; the last bucket (the one with
+        the version) leaves nothing waiting."""
+        if self.fp8 is None:
+            if any(t.dtype == FP8_DTYPE for t in received.values()):
+                raise RequestError("FP8 weights sent to an engine serving an unquantised model")
+            return received
+        waiting = {**self._fp8_waiting, **received}
+        pairs = {n for n, t in waiting.items() if t.dtype == FP8_DTYPE}
+        complete = {n for n in pairs if n + SCALE_SUFFIX in waiting}
+        held = (pairs - complete) | {
+            n
+            for n in waiting
+            if n.endswith(SCALE_SUFFIX) and n.removesuffix(SCALE_SUFFIX) not in waiting
+        }
+        self._fp8_waiting = {n: waiting[n] for n in held}
+        if weight_version is not None and held:
+            self._fp8_waiting = {}
+            raise RequestError(
+                f"the update ended with {len(held)} FP8 weight(s) or scale(s) unmatched, e.g. "
+                f"{sorted(held)[:2]}"
+            )
+        ready = {n: t for n, t in waiting.items() if n not in held}
+        return dequantize_state(ready, self.fp8, torch.float32)
 
     def leave_update_group(self, name: str) -> None:
         from rlpost.backends.sglang.update_group import destroy_update_group
@@ -208,7 +240,7 @@ class CpuEngine:
 
         def resume() -> None:
             if "weights" in tags and self.weights.released:
-                self.weights.assign(read_safetensors_dir(self.weights_path))
+                self.weights.assign(read_weights(self.weights_path, torch.float32))
 
         return self.scheduler.call(resume)
 

@@ -6,37 +6,12 @@ head) are one tensor under several names; a checkpoint may carry any one of the 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
+from rlpost.backends.hf_load import WeightLoadError, read_safetensors_dir, read_weights
 
-class WeightLoadError(Exception):
-    """A checkpoint folder that does not fit the model; the message names what and why."""
-
-
-def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the *.safetensors files in a folder (a single file or shards)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise WeightLoadError(f"model_path '{folder}' is not a directory")
-    files = sorted(folder.glob("*.safetensors"))
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shard_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / name for name in shard_names]
-    if not files:
-        raise WeightLoadError(
-            f"no *.safetensors files in '{folder}'; save the checkpoint with "
-            f"save_pretrained(..., safe_serialization=True)"
-        )
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file), device="cpu"))
-    return state
+__all__ = ["ModelWeights", "WeightLoadError", "read_safetensors_dir", "read_weights"]
 
 
 class ModelWeights:

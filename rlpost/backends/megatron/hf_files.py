@@ -14,13 +14,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlpost.backends.fp8 import SCALE_SUFFIX, dequantize, folder_format
 from rlpost.backends.hf_folder import INDEX_NAMES, copy_side_files, publish_folder
 
 INDEX_NAME = INDEX_NAMES[0]
 
 
 class HFCheckpoint:
-    """Lazy access to the tensors of a local HF folder; opens each shard once."""
+    """Lazy access to the tensors of a local HF folder; opens each shard once.
+
+    An FP8 folder (config.json's quantization_config, see rlpost.backends.fp8) reads as the
+    weights it stands for: each FP8 weight dequantised with its scales (float32), the
+    scales themselves not listed. It is never read as plain tensors cast to bf16.
+    """
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -46,6 +52,11 @@ class HFCheckpoint:
                     self._file_of.update({name: file for name in handle.keys()})  # noqa: SIM118
         self._stack = ExitStack()
         self._open: dict[Path, Any] = {}
+        self._scales: dict[str, Path] = {}
+        self.fp8 = folder_format(self.folder)
+        if self.fp8 is not None:
+            self._scales = {n: f for n, f in self._file_of.items() if n.endswith(SCALE_SUFFIX)}
+            self._file_of = {n: f for n, f in self._file_of.items() if n not in self._scales}
 
     @property
     def config(self) -> dict[str, Any]:
@@ -61,7 +72,13 @@ class HFCheckpoint:
     def get(self, name: str) -> torch.Tensor:
         if name not in self._file_of:
             raise KeyError(f"{self.folder} has no tensor {name!r}")
-        file = self._file_of[name]
+        tensor = self._read(name)
+        if self.fp8 is not None and name + SCALE_SUFFIX in self._scales:
+            return dequantize(tensor, self._read(name + SCALE_SUFFIX), self.fp8, torch.float32)
+        return tensor
+
+    def _read(self, name: str) -> torch.Tensor:
+        file = self._file_of.get(name) or self._scales[name]
         if file not in self._open:
             self._open[file] = self._stack.enter_context(safe_open(str(file), "pt"))
         return self._open[file].get_tensor(name)
@@ -86,10 +103,20 @@ def write_hf_folder(
 
     def fill(staging: Path) -> None:
         copy_side_files(src, staging)
-        shutil.copy2(src / "config.json", staging / "config.json")
+        write_config(src, staging)
         _write_shards(staging, tensors, shard_bytes)
 
     return publish_folder(out_dir, fill)
+
+
+def write_config(src: Path, dst: Path) -> None:
+    """`src`'s config.json for the unquantised weights written beside it: an FP8 source's
+    quantization_config is dropped (the tensors written are not FP8)."""
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    if config.pop("quantization_config", None) is None:
+        shutil.copy2(src / "config.json", dst / "config.json")
+        return
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _write_shards(

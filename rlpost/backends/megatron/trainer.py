@@ -32,6 +32,7 @@ from rlpost.algo.steps import (
     StepPlan,
     TokenStats,
     check_reference,
+    has_rollout_logprobs,
     loads_reference,
     loss_inputs,
     metric_names,
@@ -322,7 +323,7 @@ class MegatronTrainer:
         data: dict[int, SampleTensors],
         with_reference: bool,
     ) -> dict[str, float]:
-        names = metric_names(self.algo, with_reference)
+        names = metric_names(self.algo, with_reference, has_rollout_logprobs(batch))
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlpost.backends.fp8 import Fp8Format, quantize_named
 from rlpost.backends.sglang.buckets import WeightInfo, plan_buckets, weight_infos
 from rlpost.backends.sglang.update_group import (
     broadcast_weights,
@@ -57,9 +58,14 @@ def _with_last(items: Iterator[NamedTensors]) -> Iterator[tuple[NamedTensors, bo
         current = following
 
 
-def open_weight_stream(trainer: Any, bucket_bytes: int) -> None:
-    """Start walking the policy's weights; every rank must, when the trainer shards them."""
-    buckets = _one_dtype_buckets(iter(trainer.iter_hf_weights(bucket_bytes)), bucket_bytes)
+def open_weight_stream(trainer: Any, bucket_bytes: int, fp8: Fp8Format | None = None) -> None:
+    """Start walking the policy's weights; every rank must, when the trainer shards them.
+    `fp8`: the engines serve FP8, and each bucket is quantised to it here, on the trainer's
+    device, before it travels (weights with no FP8 counterpart go as they are)."""
+    trained = iter(trainer.iter_hf_weights(bucket_bytes))
+    if fp8 is not None:
+        trained = (list(quantize_named(bucket, fp8)) for bucket in trained)
+    buckets = _one_dtype_buckets(trained, bucket_bytes)
     _STREAM["policy"] = _with_last(buckets)
     _CURRENT.pop("policy", None)
 

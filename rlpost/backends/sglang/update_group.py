@@ -52,10 +52,15 @@ def destroy_update_group(group: dist.ProcessGroup) -> None:
     dist.destroy_process_group(group)
 
 
+def _wire(tensor: Tensor) -> Tensor:
+    """FP8 travels as its bytes (gloo has no float8 types; NCCL's are newer than ours)."""
+    return tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor
+
+
 def broadcast_weights(tensors: Sequence[Tensor], group: dist.ProcessGroup) -> None:
     """Send from group rank 0, in order; receivers allocate from the same WeightInfo list."""
     for tensor in tensors:
-        dist.broadcast(tensor.detach().contiguous(), group=group, group_src=0)
+        dist.broadcast(_wire(tensor.detach().contiguous()), group=group, group_src=0)
 
 
 def receive_weights(
@@ -64,6 +69,6 @@ def receive_weights(
     received = []
     for info in infos:
         tensor = torch.empty(info.shape, dtype=to_dtype(info.dtype), device=device)
-        dist.broadcast(tensor, group=group, group_src=0)
+        dist.broadcast(_wire(tensor), group=group, group_src=0)
         received.append((info.name, tensor))
     return received

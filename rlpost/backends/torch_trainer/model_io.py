@@ -7,9 +7,10 @@ from typing import TypeVar
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from rlpost.backends.hf_folder import copy_side_files, publish_folder
+from rlpost.backends.hf_load import load_causal_lm as load_hf_causal_lm
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -25,9 +26,8 @@ def load_causal_lm(
             f"model folder {str(path)!r} has no config.json; point the model path at a local "
             "HF checkpoint folder (config.json, *.safetensors, tokenizer files)"
         )
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation=attn_implementation
-    )
+    # an FP8 folder is dequantised (weight x scale per block), never read as plain tensors
+    model = load_hf_causal_lm(path, torch.float32, attn_implementation=attn_implementation)
     model.train(False)
     return model
 

@@ -24,6 +24,7 @@ from rlpost.algo.steps import (
     StepPlan,
     TokenStats,
     check_reference,
+    has_rollout_logprobs,
     loads_reference,
     loss_inputs,
     metric_names,
@@ -168,7 +169,7 @@ class TorchTrainer:
         data: dict[int, SampleTensors],
         with_reference: bool,
     ) -> dict[str, float]:
-        names = metric_names(self.algo, with_reference)
+        names = metric_names(self.algo, with_reference, has_rollout_logprobs(batch))
         sums = torch.zeros(len(names), dtype=torch.float64)
         maxima: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)

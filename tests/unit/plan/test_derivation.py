@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import UserError
 from rlpost.plan import build_plan
 from rlpost.plan.parallel import powers_of_two
+from rlpost.plan.render import render_json, render_runtime
 from rlpost.schema import RunConfig
 
 Runs = Callable[..., RunConfig]
@@ -131,3 +135,27 @@ def test_a_reward_model_actor_is_counted_in_the_gpu_budget(run_config: Runs) -> 
     cfg = run_config("qwen3-4b", "h100x8", layout__train__num_gpus=4, **REWARD_ACTOR)
     p = build_plan(cfg).placement
     assert p.train_gpus == 4 and p.reward_slot is not None and p.reward_slot.gpu == 4
+
+
+def test_engines_serving_an_fp8_checkpoint_hold_a_byte_a_weight_plus_scales(
+    run_config: Runs, tmp_path: Path
+) -> None:
+    """The plan reads the checkpoint's quantization_config: the engines' weights take one byte
+    per parameter, a float32 scale per 128 x 128 block, and bf16 embeddings; the KV cache gets
+    the rest; every weight update is quantised to the same blocks."""
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }}))  # fmt: skip
+    bf16 = build_plan(run_config("qwen3-4b", "h200x1"))
+    fp8 = build_plan(run_config("qwen3-4b", "h200x1", model__hf_checkpoint=str(tmp_path)))
+    assert bf16.runtime.fp8 is None and fp8.runtime.fp8 == Fp8Format((128, 128))
+    model, params = fp8.memory.rollout, bf16.memory.rollout.params_per_gpu
+    cfg = run_config("qwen3-4b", "h200x1").model
+    embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    expected = (params * (1 + 4 / 128**2) + embeddings) / 2**30
+    assert model.weights_gib == pytest.approx(expected)
+    assert 0.5 < model.weights_gib / bf16.memory.rollout.weights_gib < 0.6
+    assert model.kv_cache_gib > bf16.memory.rollout.kv_cache_gib
+    assert "FP8 e4m3 (blocks 128x128)" in render_runtime(fp8)
+    assert json.loads(render_json(fp8))["runtime"]["fp8"] == {"block_size": [128, 128]}

@@ -18,6 +18,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlpost.backends.fp8 import Fp8Format
+from rlpost.backends.fp8_convert import convert_folder
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess, free_port
@@ -163,4 +165,59 @@ def test_bucket_size_bounds_the_distributed_updates(engine_url: str, trainer: To
             await dist.close()
 
     assert largest > 1
+    run(scenario())
+
+
+@pytest.fixture(scope="module")
+def fp8_engine(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A CPU engine serving an FP8 conversion of the tiny model (blocks of 32 x 32)."""
+    folder = convert_folder(tiny_lm_dir, tmp_path_factory.mktemp("fp8_lm") / "lm", FP8_BLOCKS)
+    logs = tmp_path_factory.mktemp("fp8_engine_logs")
+    spec = EngineSpec(
+        index=0, backend="cpu", model_path=str(folder), host="127.0.0.1",
+        port=free_port("127.0.0.1"), seed=0, log_path=str(logs / "engine.log"),
+        startup_timeout_s=120, num_threads=1,
+    )  # fmt: skip
+    process = EngineProcess(spec)
+    try:
+        yield process.start()
+    finally:
+        process.stop()
+
+
+FP8_BLOCKS = Fp8Format((32, 32))
+
+
+def test_updates_to_an_fp8_engine_equal_the_converters_output_on_every_path(
+    fp8_engine: str, trainer: TorchTrainer, tmp_path: Path
+) -> None:
+    """Distributed and disk sync quantise the trainer's weights as tools/convert_hf_to_fp8.py
+    does: the engine then serves exactly what a trainer loading the tool's output holds."""
+    call = trainer_call(trainer)
+
+    async def scenario() -> None:
+        async with EngineClient(fp8_engine, worker_urls=[fp8_engine]) as client:
+            syncs = {
+                "distributed": DistributedSync(
+                    client, call, num_ranks=1, gpus_per_engine=1, bucket_bytes=64 << 10,
+                    backend="gloo", fp8=FP8_BLOCKS,
+                ),
+                "disk": DiskSync(client, call, 1, tmp_path / "weights", FP8_BLOCKS),
+            }  # fmt: skip
+            for version, (kind, sync) in enumerate(syncs.items(), start=1):
+                nudge(trainer)
+                await update_engines(client, sync, [fp8_engine], version=version)
+                exported = trainer.export_hf(tmp_path / f"{kind}_trained")
+                converted = convert_folder(exported, tmp_path / f"{kind}_fp8", FP8_BLOCKS)
+                as_converted = TorchTrainer(
+                    converted, AlgoConfig(), OptimConfig(), TrainConfig(global_batch_size=1),
+                    num_threads=1,
+                )  # fmt: skip
+                gap = await probe(client, fp8_engine, as_converted)
+                assert gap[fp8_engine] < 1e-4, (kind, gap)
+                # and not the trainer's own (unquantised) weights
+                with pytest.raises(WeightSyncError, match="disagree"):
+                    await probe(client, fp8_engine, trainer)
+                await sync.close()
+
     run(scenario())

@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlpost.backends.fp8 import Fp8Format
+from rlpost.backends.fp8_convert import convert_folder
 from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.backends.torch_trainer import TorchTrainer
 from rlpost.types import TrainSample
@@ -158,3 +160,25 @@ def test_an_hf_reference_folder_is_the_reference_in_both_trainers(
         samples, with_entropy=False
     )
     assert any(float((a - b).abs().max()) > 1e-3 for a, b in zip(ours, own.logprobs, strict=True))
+
+
+def test_an_fp8_checkpoint_is_dequantised_by_both_trainers_never_cast(
+    make_setup: Callable[..., Any],
+    make_rollout: Callable[..., list[TrainSample]],
+    tmp_path: Path,
+) -> None:
+    """model.hf_checkpoint naming an FP8 folder (tools/convert_hf_to_fp8.py): megatron's
+    conversion reads each weight times its block scales, as the torch trainer does, and the
+    policy is the FP8 weights, not the FP8 bytes cast to bf16/fp32 with the scales ignored."""
+    setup = make_setup("qwen3", 8)
+    fp8 = convert_folder(setup.model.hf_checkpoint, tmp_path / "fp8", Fp8Format((16, 16)))
+    samples = make_rollout(8, seed=9)
+    megatron = setup.with_model(hf_checkpoint=str(fp8)).run(_policy_stats, samples)
+    torch_fp8 = TorchTrainer(fp8, *setup.configs).compute_token_stats(samples, with_entropy=False)
+    original = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).compute_token_stats(
+        samples, with_entropy=False
+    )
+    for a, b in zip(megatron, torch_fp8.logprobs, strict=True):
+        assert float((a - b).abs().max()) <= TOLERANCE
+    gaps = [float((a - b).abs().max()) for a, b in zip(megatron, original.logprobs, strict=True)]
+    assert 0 < max(gaps) < 0.5, gaps  # FP8's rounding, not a different network
