@@ -30,10 +30,12 @@ __all__ = ["SCALE_SUFFIX", "Fp8Error", "Fp8Format", "folder_format"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
-# Weights kept in their own dtype: embeddings, the output head, norms, an MoE router's gate
-# (DeepSeek-V3 / GLM-4.5 `mlp.gate`, Qwen-MoE `shared_expert_gate`).
+# Weights kept in their own dtype: embeddings, output heads (an MTP layer's `shared_head.head`
+# too), norms, an MoE router's gate (DeepSeek-V3 / GLM-4.5 `mlp.gate`, Qwen-MoE
+# `shared_expert_gate`).
 KEPT = re.compile(
-    r"(embed_tokens|embed|wte|lm_head|output_layer|norm|\.mlp\.gate\.|shared_expert_gate\.)"
+    r"(embed_tokens|embed|wte|lm_head|output_layer|shared_head\.head|norm|\.mlp\.gate\."
+    r"|shared_expert_gate\.)"
 )
 
 

@@ -89,6 +89,8 @@ def test_the_tensors_match_the_published_deepseek_v3_fp8_checkpoint() -> None:
         ("model.layers.0.self_attn.q_norm.weight", (64,), False),
         ("model.embed_tokens.weight", (320, 256), False),
         ("lm_head.weight", (320, 256), False),
+        ("model.layers.61.shared_head.head.weight", (320, 256), False),  # an MTP layer's head
+        ("model.layers.61.eh_proj.weight", (256, 512), True),
         ("model.layers.0.self_attn.q_proj.bias", (256,), False),
     ],
 )
