@@ -197,6 +197,12 @@ def _notes(cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan]) -> tupl
             "rounded away on the way to the engines (the rollout/trainer mismatch grows); "
             "point model.load at the bf16 checkpoint the FP8 one was converted from"
         )
+    if fp8 is not None and algo.off_policy_correction == "none":
+        notes.append(
+            "the engines serve FP8 and recipe.algo.off_policy_correction is none: tokens the "
+            "FP8 policy sampled are trained as the trainer's own (train/rollout_logprob_abs_diff "
+            "shows by how much they differ); tis reweights them"
+        )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
     return tuple(notes)

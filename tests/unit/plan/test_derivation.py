@@ -159,3 +159,7 @@ def test_engines_serving_an_fp8_checkpoint_hold_a_byte_a_weight_plus_scales(
     assert model.kv_cache_gib > bf16.memory.rollout.kv_cache_gib
     assert "FP8 e4m3 (blocks 128x128)" in render_runtime(fp8)
     assert json.loads(render_json(fp8))["runtime"]["fp8"] == {"block_size": [128, 128]}
+    # the plan says what an FP8 rollout without the bf16 weights or a correction costs
+    assert any("model.load is not set" in note for note in fp8.notes)
+    assert any("off_policy_correction is none" in note for note in fp8.notes)
+    assert not any("FP8" in note for note in bf16.notes)
