@@ -20,7 +20,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlpost.backends.fp8 import Fp8Error, Fp8Format
-from rlpost.backends.fp8_convert import convert_folder, return_freed_memory, shard_files
+from rlpost.backends.fp8_convert import convert_folder, return_freed_memory
+from rlpost.backends.hf_folder import shard_files
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

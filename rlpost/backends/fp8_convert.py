@@ -15,25 +15,20 @@ import ctypes
 import json
 import multiprocessing
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from rlpost.backends.fp8 import Fp8Error, Fp8Format, folder_format, quantize_named
-from rlpost.backends.hf_folder import INDEX_NAMES, publish_folder
+from rlpost.backends.fp8 import Fp8Error, Fp8Format, quantize_named
+from rlpost.backends.hf_folder import (
+    INDEX_NAMES,
+    copy_side_files,
+    publish_folder,
+    shard_files,
+    write_index,
+)
 
 INDEX = INDEX_NAMES[0]
-
-
-def shard_files(folder: Path) -> list[str]:
-    """The folder's safetensors shards, from its index or the files present."""
-    index = folder / INDEX
-    if index.is_file():
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        raise Fp8Error(f"{folder} has no *.safetensors files (and no {INDEX})")
-    return files
 
 
 def return_freed_memory() -> None:
@@ -79,16 +74,17 @@ def convert_shard(
     return {name: t.numel() * t.element_size() for name, t in out.items()}
 
 
-def _refuse_fp8(folder: Path) -> None:
+def _unquantised_config(folder: Path) -> dict[str, Any]:
+    """The folder's config.json, refused when the folder is no model or already quantised."""
     if not (folder / "config.json").is_file():
         raise Fp8Error(f"{folder} is not a Hugging Face model folder (no config.json)")
-    if folder_format(folder) is not None or "quantization_config" in json.loads(
-        (folder / "config.json").read_text(encoding="utf-8")
-    ):
+    config: dict[str, Any] = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if "quantization_config" in config:
         raise Fp8Error(
             f"{folder} is already quantised (config.json has a quantization_config); point "
             "--model-dir at the bf16 checkpoint"
         )
+    return config
 
 
 def convert_folder(
@@ -101,17 +97,16 @@ def convert_folder(
     """Write `model_dir` converted to FP8 at `save_dir` (atomically: the folder appears
     whole or not at all). `progress(1)` is called as each shard is done."""
     src = Path(model_dir)
-    _refuse_fp8(src)
+    config = _unquantised_config(src)
     shards = shard_files(src)
+    if not shards:
+        raise Fp8Error(f"{src} has no *.safetensors files (and no {INDEX})")
 
     def fill(staging: Path) -> None:
-        for item in src.iterdir():
-            if item.is_file() and item.suffix != ".safetensors" and item.name != INDEX:
-                shutil.copy2(item, staging / item.name)
+        copy_side_files(src, staging)
         sizes = _convert_shards(src, staging, shards, fmt, max_workers, progress)
-        config = json.loads((src / "config.json").read_text(encoding="utf-8"))
-        config["quantization_config"] = fmt.quantization_config()
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        quantised = {**config, "quantization_config": fmt.quantization_config()}
+        (staging / "config.json").write_text(json.dumps(quantised, indent=2) + "\n")
         _write_index(staging, sizes)
 
     return publish_folder(save_dir, fill)
@@ -150,5 +145,4 @@ def _convert_shards(
 def _write_index(folder: Path, sizes: dict[str, dict[str, int]]) -> None:
     weight_map = {name: shard for shard, tensors in sizes.items() for name in tensors}
     total = sum(n for tensors in sizes.values() for n in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    write_index(folder, dict(sorted(weight_map.items())), total)

@@ -7,6 +7,7 @@ neither torch/transformers nor megatron.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import tempfile
@@ -54,3 +55,19 @@ def publish_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def shard_files(folder: str | Path) -> list[str]:
+    """The folder's safetensors shard names: those its index lists, else the files present
+    (empty when there are none)."""
+    path = Path(folder)
+    index = path / INDEX_NAMES[0]
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return sorted(p.name for p in path.glob("*.safetensors"))
+
+
+def write_index(folder: str | Path, weight_map: dict[str, str], total_size: int) -> None:
+    """A safetensors index: which shard holds each tensor, and the tensors' total bytes."""
+    index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+    (Path(folder) / INDEX_NAMES[0]).write_text(json.dumps(index, indent=2) + "\n")

@@ -8,7 +8,6 @@ same dequantised weights in any dtype on CPU.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from rlpost.backends.fp8 import dequantize_state, folder_format
-from rlpost.backends.hf_folder import INDEX_NAMES
+from rlpost.backends.hf_folder import shard_files
 
 
 class WeightLoadError(Exception):
@@ -30,11 +29,7 @@ def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     folder = Path(path)
     if not folder.is_dir():
         raise WeightLoadError(f"model_path '{folder}' is not a directory")
-    files = sorted(folder.glob("*.safetensors"))
-    index = folder / INDEX_NAMES[0]
-    if index.is_file():
-        shard_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / name for name in shard_names]
+    files = [folder / name for name in shard_files(folder)]
     if not files:
         raise WeightLoadError(
             f"no *.safetensors files in '{folder}'; save the checkpoint with "
@@ -69,9 +64,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype, **kwargs: Any) -> PreTr
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
     state = read_weights(folder, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or ())
-    if isinstance(getattr(model, "_tied_weights_keys", None), dict):
-        tied = set(model._tied_weights_keys)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())  # names (or a name map)
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise WeightLoadError(

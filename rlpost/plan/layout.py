@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlpost.backends.fp8_format import Fp8Format
+
 RECOMPUTE_NONE = "none"
 
 
@@ -85,6 +87,9 @@ class EngineLayout:
     dp_size: int
     ep_size: int
     sglang: tuple[tuple[str, Any], ...]
+    # the FP8 format of the checkpoint the engines serve (model.hf_checkpoint's
+    # quantization_config, read once per plan); None for unquantised weights
+    fp8: Fp8Format | None = None
 
     @property
     def attention_tp(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import Issue
 from rlpost.plan.engine_memory import checkpoint_fp8, default_mem_fraction, estimate_rollout
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
@@ -212,7 +213,9 @@ def engine_size_candidates(cfg: RunConfig, sizes: Sizes, dp_size: int) -> list[i
     return found
 
 
-def _derive_engine_size(cfg: RunConfig, sizes: Sizes, options: dict[str, Any], rec: _Record) -> int:
+def _derive_engine_size(
+    cfg: RunConfig, sizes: Sizes, options: dict[str, Any], fp8: Fp8Format | None, rec: _Record
+) -> int:
     if cfg.hardware.kind == "cpu" or sizes.rollout_gpus == 0:
         return 1
     dp_size, _ = _engine_shape(options)
@@ -230,7 +233,7 @@ def _derive_engine_size(cfg: RunConfig, sizes: Sizes, options: dict[str, Any], r
             fraction,
             options,
             sizes.colocate,
-            checkpoint_fp8(cfg.model.hf_checkpoint),
+            fp8,
         )
         if need.holds_one_sample and need.total_gib <= cfg.hardware.gpu_memory_gib:
             return size
@@ -256,9 +259,10 @@ def resolve_engine(cfg: RunConfig, sizes: Sizes, rec: _Record) -> EngineLayout:
     rollout = cfg.layout.rollout
     options = dict(rollout.sglang)
     dp_size, ep_size = _engine_shape(options)
+    fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
     size = rollout.gpus_per_engine
     if size is None:
-        size = _derive_engine_size(cfg, sizes, options, rec)
+        size = _derive_engine_size(cfg, sizes, options, fp8, rec)
         rec.derived.append("layout.rollout.gpus_per_engine")
     if options.get("mem_fraction_static") is None:
         options["mem_fraction_static"] = default_mem_fraction(
@@ -272,6 +276,7 @@ def resolve_engine(cfg: RunConfig, sizes: Sizes, rec: _Record) -> EngineLayout:
         dp_size=dp_size,
         ep_size=ep_size,
         sglang=tuple(options.items()),
+        fp8=fp8,
     )
 
 

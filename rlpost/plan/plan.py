@@ -10,7 +10,7 @@ from rlpost.errors import UserError
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
-from rlpost.plan.engine_memory import checkpoint_fp8, estimate_rollout
+from rlpost.plan.engine_memory import estimate_rollout
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import (
     GIB,
@@ -166,8 +166,10 @@ def _memory_dict(m: MemoryPlan) -> dict[str, Any]:
     }
 
 
-def _notes(cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan]) -> tuple[str, ...]:
-    par, batch = plan_parts
+def _notes(
+    cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan, EngineLayout]
+) -> tuple[str, ...]:
+    par, batch, engine = plan_parts
     notes = []
     if cfg.recipe.data.max_prompt_len is None:
         notes.append(
@@ -189,7 +191,7 @@ def _notes(cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan]) -> tupl
             "reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
             "logs the KL every N rollouts)"
         )
-    fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
+    fp8 = engine.fp8
     if fp8 is not None and cfg.model.load is None:
         notes.append(
             "model.hf_checkpoint is FP8 and model.load is not set: the trainer starts from the "
@@ -244,12 +246,12 @@ def build_plan(cfg: RunConfig) -> Plan:
         batch=batch,
         memory=memory,
         runtime=plan_runtime(
-            cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines
+            cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
         ),
         work=plan_work(cfg, par, batch, memory.params_active),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
-        notes=_notes(cfg, (par, batch)),
+        notes=_notes(cfg, (par, batch, engine)),
     )
 
 
@@ -269,10 +271,9 @@ def estimate_memory(
         engine.mem_fraction_static,
         engine.options,
         colocate,
-        checkpoint_fp8(cfg.model.hf_checkpoint),
+        engine.fp8,
     )
     params = count_params(model)
-    fp8 = checkpoint_fp8(model.hf_checkpoint)
     bucket_bytes = cfg.engine.weight_bucket_mb << 20
     return MemoryPlan(
         gpu_gib=hw.gpu_memory_gib,
@@ -281,5 +282,7 @@ def estimate_memory(
         train=train,
         rollout=rollout,
         host=estimate_host(model, recipe, hw, train, sizes),
-        fp8_update_buffer_gib=fp8_update_buffer_bytes(model, bucket_bytes) / GIB if fp8 else 0.0,
+        fp8_update_buffer_gib=(
+            fp8_update_buffer_bytes(model, bucket_bytes) / GIB if engine.fp8 else 0.0
+        ),
     )

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from rlpost.backends.fp8_format import Fp8Error, Fp8Format, folder_format
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
-from rlpost.plan.engine_memory import checkpoint_fp8
 from rlpost.plan.loop import LoopPlan, plan_loop
 from rlpost.schema import RunConfig
 from rlpost.schema.base import Section
@@ -80,7 +79,11 @@ DEFAULT_CONCURRENCY_PER_ENGINE = 512
 
 
 def plan_runtime(
-    cfg: RunConfig, colocate: bool, longest_sample_tokens: int, num_engines: int
+    cfg: RunConfig,
+    colocate: bool,
+    longest_sample_tokens: int,
+    num_engines: int,
+    fp8: Fp8Format | None = None,
 ) -> RuntimePlan:
     concurrency = cfg.recipe.rollout.max_concurrency
     return RuntimePlan(
@@ -92,7 +95,7 @@ def plan_runtime(
         loopback_only=cfg.hardware.num_nodes == 1,
         ray_address=cfg.run.ray_address,
         max_concurrency=concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines,
-        fp8=checkpoint_fp8(cfg.model.hf_checkpoint),
+        fp8=fp8,
     )
 
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlpost.backends.fp8 import SCALE_SUFFIX, dequantize, folder_format
-from rlpost.backends.hf_folder import INDEX_NAMES, copy_side_files, publish_folder
+from rlpost.backends.hf_folder import INDEX_NAMES, copy_side_files, publish_folder, write_index
 
 INDEX_NAME = INDEX_NAMES[0]
 
@@ -149,5 +149,4 @@ def _write_shards(
         file = f"model-{i:05d}-of-{len(written):05d}.safetensors"
         os.replace(path, folder / file)
         weight_map.update({name: file for name in names})
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    write_index(folder, weight_map, total)
