@@ -123,12 +123,13 @@ def _default_run_dir(cfg: DictConfig) -> None:
     OmegaConf.update(cfg, "run.dir", str(chosen), force_add=True)
 
 
-def plan_run(cfg: RunConfig, sources: SourceMap) -> Plan:
-    """build_plan, with each planning Issue located where its key was set."""
-    from rlpost.plan import build_plan
+def plan_run(cfg: RunConfig, sources: SourceMap) -> tuple[RunConfig, Plan]:
+    """The config (with the searched layout written in, for layout=auto) and its plan, with
+    each planning Issue located where its key was set."""
+    from rlpost.plan import plan_config
 
     with located(sources):
-        return build_plan(cfg)
+        return plan_config(cfg)
 
 
 @contextlib.contextmanager
@@ -146,8 +147,7 @@ def run_job(cfg: DictConfig) -> None:
     try:
         sources = _sources_of_current_job()
         _default_run_dir(cfg)
-        run = load_run_config(cfg, sources)
-        plan = plan_run(run, sources)
+        run, plan = plan_run(load_run_config(cfg, sources), sources)
         with located(sources):
             MODES[run.mode](run, plan)
     except UserError as exc:
@@ -168,7 +168,7 @@ def _print_once(args: Sequence[str]) -> None:
 
     try:
         run, sources = compose_run_config(args)
-        MODES[run.mode](run, plan_run(run, sources))
+        MODES[run.mode](*plan_run(run, sources))
     except UserError as exc:
         exit_with(exc)
 

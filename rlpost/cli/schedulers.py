@@ -42,7 +42,7 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig]:
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
-    plan_run(cfg, sources)
+    cfg, _ = plan_run(cfg, sources)
     return target, cfg
 
 

@@ -74,7 +74,7 @@ def check(target: Target, machine: bool = True) -> tuple[RunConfig, SourceMap, P
     run, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
-    plan = plan_run(run, sources)
+    run, plan = plan_run(run, sources)
     with located(sources):
         MODE_CHECKS.get(run.mode, _no_check)(run, plan, machine)
     return run, sources, plan

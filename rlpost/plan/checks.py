@@ -27,19 +27,28 @@ class PlanContext:
 
 Check = Callable[[PlanContext], list[Issue]]
 CHECKS: dict[str, Check] = {}
+# What a rule reads besides the config: "train" the training grid, "engine" the engines,
+# "run" only the GPU split. The layout search checks each part of a candidate on its own.
+SCOPES: dict[str, str] = {}
 
 
-def check(name: str) -> Callable[[Check], Check]:
+def check(name: str, scope: str = "run") -> Callable[[Check], Check]:
     def register(fn: Check) -> Check:
         CHECKS[name] = fn
+        SCOPES[name] = scope
         return fn
 
     return register
 
 
-def run_checks(ctx: PlanContext) -> list[Issue]:
-    """Every registered rule's issues, in registration order."""
-    return [issue for rule in CHECKS.values() for issue in rule(ctx)]
+def run_checks(ctx: PlanContext, scope: str | None = None) -> list[Issue]:
+    """Every registered rule's issues (of one scope when given), in registration order."""
+    return [
+        issue
+        for name, rule in CHECKS.items()
+        if scope is None or SCOPES[name] == scope
+        for issue in rule(ctx)
+    ]
 
 
 def divisors(n: int) -> list[int]:
@@ -92,7 +101,7 @@ def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("train_grid")
+@check("train_grid", scope="train")
 def check_train_grid(ctx: PlanContext) -> list[Issue]:
     p, world = ctx.parallel, ctx.sizes.train_gpus
     model_parallel = p.tp * p.pp * p.cp
@@ -121,7 +130,7 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("attention_heads")
+@check("attention_heads", scope="train")
 def check_attention_heads(ctx: PlanContext) -> list[Issue]:
     model, tp = ctx.cfg.model, ctx.parallel.tp
     issues = []
@@ -151,7 +160,7 @@ def check_attention_heads(ctx: PlanContext) -> list[Issue]:
     return issues
 
 
-@check("experts")
+@check("experts", scope="train")
 def check_experts(ctx: PlanContext) -> list[Issue]:
     moe, p = ctx.cfg.model.moe, ctx.parallel
     if moe is None:
@@ -192,7 +201,7 @@ def check_experts(ctx: PlanContext) -> list[Issue]:
     return issues
 
 
-@check("pipeline")
+@check("pipeline", scope="train")
 def check_pipeline(ctx: PlanContext) -> list[Issue]:
     p, layers = ctx.parallel, ctx.cfg.model.num_layers
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
@@ -231,7 +240,7 @@ def check_pipeline(ctx: PlanContext) -> list[Issue]:
     ]
 
 
-@check("sequence_parallel")
+@check("sequence_parallel", scope="train")
 def check_sequence_parallel(ctx: PlanContext) -> list[Issue]:
     p = ctx.parallel
     if p.sequence_parallel and p.tp == 1:
@@ -257,7 +266,7 @@ def check_sequence_parallel(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("context_parallel")
+@check("context_parallel", scope="train")
 def check_context_parallel(ctx: PlanContext) -> list[Issue]:
     train = ctx.cfg.recipe.train
     if ctx.parallel.cp > 1 and not train.use_dynamic_batch_size:
@@ -275,7 +284,7 @@ def check_context_parallel(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("trainer_backend")
+@check("trainer_backend", scope="train")
 def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     configured = ctx.cfg.trainer.backend
     backend = resolve_trainer_backend(ctx.cfg, ctx.parallel)

@@ -7,7 +7,7 @@ from rlpost.plan.checks import PlanContext, check, divisors
 from rlpost.plan.placement import engine_offset, misplaced_engines
 
 
-@check("engine_divides_rollout")
+@check("engine_divides_rollout", scope="engine")
 def check_engine_divides_rollout(ctx: PlanContext) -> list[Issue]:
     size, gpus = ctx.engine.gpus_per_engine, ctx.sizes.rollout_gpus
     if gpus and gpus % size:
@@ -22,7 +22,7 @@ def check_engine_divides_rollout(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("engine_nodes")
+@check("engine_nodes", scope="engine")
 def check_engine_nodes(ctx: PlanContext) -> list[Issue]:
     hw, size, s = ctx.cfg.hardware, ctx.engine.gpus_per_engine, ctx.sizes
     if not s.rollout_gpus or s.rollout_gpus % size:
@@ -52,7 +52,7 @@ def check_engine_nodes(ctx: PlanContext) -> list[Issue]:
     return [Issue("layout.rollout.gpus_per_engine", why, fix, size)]
 
 
-@check("engine_heads")
+@check("engine_heads", scope="engine")
 def check_engine_heads(ctx: PlanContext) -> list[Issue]:
     model, attention_tp = ctx.cfg.model, ctx.engine.attention_tp
     heads, groups = model.num_attention_heads, model.num_query_groups
@@ -80,7 +80,7 @@ def check_engine_heads(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("dp_attention")
+@check("dp_attention", scope="engine")
 def check_dp_attention(ctx: PlanContext) -> list[Issue]:
     options, size = ctx.engine.options, ctx.engine.gpus_per_engine
     dp_size = int(options.get("dp_size") or 1)
@@ -108,7 +108,7 @@ def check_dp_attention(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("sglang_expert_parallel")
+@check("sglang_expert_parallel", scope="engine")
 def check_sglang_expert_parallel(ctx: PlanContext) -> list[Issue]:
     ep_size, size, moe = ctx.engine.ep_size, ctx.engine.gpus_per_engine, ctx.cfg.model.moe
     if ep_size == 1:
@@ -135,7 +135,7 @@ def check_sglang_expert_parallel(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("global_batch_over_dp")
+@check("global_batch_over_dp", scope="train")
 def check_global_batch_over_dp(ctx: PlanContext) -> list[Issue]:
     gbs, dp = ctx.cfg.recipe.train.global_batch_size, ctx.parallel.dp
     if gbs % dp:
@@ -153,7 +153,7 @@ def check_global_batch_over_dp(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("rollout_feeds_engines")
+@check("rollout_feeds_engines", scope="engine")
 def check_rollout_feeds_engines(ctx: PlanContext) -> list[Issue]:
     rollout, engines = ctx.cfg.recipe.rollout, ctx.engine.num_engines
     samples = rollout.batch_size * rollout.n_samples_per_prompt
@@ -171,7 +171,7 @@ def check_rollout_feeds_engines(ctx: PlanContext) -> list[Issue]:
     return []
 
 
-@check("cpu_slots")
+@check("cpu_slots", scope="engine")
 def check_cpu_slots(ctx: PlanContext) -> list[Issue]:
     if ctx.cfg.hardware.kind != "cpu":
         return []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rlpost.plan.engine_memory import (
     CUDA_CONTEXT_GIB,
@@ -79,30 +80,36 @@ def _layer_activation_coef(model: ModelConfig, index: int) -> float:
     return 8 + gate * model.ffn_hidden_size / model.hidden_size
 
 
-def _layer_activation_bytes(
-    model: ModelConfig, index: int, tokens: int, par: ParallelLayout
-) -> float:
-    sh = tokens * model.hidden_size
-    inner = _layer_activation_coef(model, index)
-    if par.sequence_parallel:
-        return sh * (REPLICATED_ACTIVATION_FACTOR + inner) / par.tp
-    return sh * (REPLICATED_ACTIVATION_FACTOR + inner / par.tp)
+@lru_cache(maxsize=1024)
+def _stage_coefs(model: ModelConfig, layers: tuple[int, ...]) -> tuple[float, float]:
+    """(sum, max) of the stage's layers' activation coefficients (cached per stage split)."""
+    coefs = [_layer_activation_coef(model, i) for i in layers]
+    return sum(coefs), max(coefs)
 
 
 def _stage_activation_bytes(
     model: ModelConfig, stage: StageParams, index: int, tokens: int, par: ParallelLayout
 ) -> float:
-    layers = list(range(stage.first_layer, stage.first_layer + stage.num_layers))
+    """Per layer s*h*(10 + inner/tp), or s*h*(10 + inner)/tp under SP, summed or maxed."""
+    layers = tuple(range(stage.first_layer, stage.first_layer + stage.num_layers))
     if index == par.pp - 1:
-        layers += [model.num_layers] * model.mtp_num_layers
+        layers += (model.num_layers,) * model.mtp_num_layers
     in_flight = par.pp - index
-    per_layer = [_layer_activation_bytes(model, i, tokens, par) for i in layers]
+    sh = tokens * model.hidden_size
+    inner_sum, inner_max = _stage_coefs(model, layers)
+    r = REPLICATED_ACTIVATION_FACTOR
+
+    def bytes_of(count: int, inner: float) -> float:
+        if par.sequence_parallel:
+            return sh * (r * count + inner) / par.tp
+        return sh * (r * count + inner / par.tp)
+
     if par.recompute != "full":
-        return in_flight * sum(per_layer)
+        return in_flight * bytes_of(len(layers), inner_sum)
     layer_input = 2 * tokens * model.hidden_size / (par.tp if par.sequence_parallel else 1)
     group = par.recompute_num_layers
     kept = math.ceil(len(layers) / group) * layer_input
-    return in_flight * kept + group * max(per_layer)
+    return in_flight * kept + group * bytes_of(1, inner_max)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rlpost.schema import ModelConfig
 
@@ -104,6 +105,7 @@ def is_moe_layer(model: ModelConfig, index: int) -> bool:
     return model.moe is not None and index >= model.moe.first_k_dense_layers
 
 
+@lru_cache(maxsize=4096)
 def layer_params(model: ModelConfig, index: int) -> LayerParams:
     """Parameters of layer `index` (0-based); MTP layers use index >= num_layers."""
     h = model.hidden_size
@@ -198,8 +200,12 @@ class StageParams:
     num_layers: int
 
 
-def params_per_stage(model: ModelConfig, layers_per_stage: tuple[int, ...]) -> list[StageParams]:
-    """Embedding on the first stage; final norm, output head and MTP layers on the last."""
+@lru_cache(maxsize=1024)
+def params_per_stage(
+    model: ModelConfig, layers_per_stage: tuple[int, ...]
+) -> tuple[StageParams, ...]:
+    """Embedding on the first stage; final norm, output head and MTP layers on the last.
+    Cached: the layout search sizes thousands of grids with the same few stage splits."""
     stages: list[StageParams] = []
     start = 0
     last = len(layers_per_stage) - 1
@@ -218,4 +224,4 @@ def params_per_stage(model: ModelConfig, layers_per_stage: tuple[int, ...]) -> l
                 dense += model.vocab_size * model.hidden_size
         stages.append(StageParams(dense, experts, start, count))
         start += count
-    return stages
+    return tuple(stages)

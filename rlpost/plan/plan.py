@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rlpost.plan.engine_checks  # noqa: F401  (registers the engine and batch rules)
 from rlpost.errors import UserError
@@ -26,6 +26,9 @@ from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
 from rlpost.plan.work import TrainWork, plan_work
 from rlpost.schema import RunConfig
+
+if TYPE_CHECKING:
+    from rlpost.plan.search import LayoutSearch
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class Plan:
     pipeline_stages: tuple[int, ...]
     derived: tuple[str, ...]
     notes: tuple[str, ...]
+    # layout=auto: the search that chose this layout (rlpost.plan.search.LayoutSearch)
+    search: LayoutSearch | None = None
 
     def is_derived(self, key: str) -> bool:
         return key in self.derived
@@ -79,6 +84,8 @@ class Plan:
                 "notes": list(self.notes),
             }
         )
+        if self.search is not None:
+            data["search"] = self.search.to_dict()
         return data
 
 

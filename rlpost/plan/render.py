@@ -312,8 +312,48 @@ SECTIONS: tuple[Callable[[Plan], str], ...] = (
 )
 
 
+def render_search(plan: Plan) -> str:
+    """layout=auto: the choice, the runners-up, what lost and why, the shipped layout."""
+    search = plan.search
+    assert search is not None and search.chosen is not None
+    chosen = search.chosen
+    lines = [
+        f"Layout search (layout=auto): {search.enumerated} candidates, {search.feasible} pass "
+        f"every check and fit, searched in {search.seconds:.2f} s",
+        f"  chosen: {chosen.describe()}",
+        f"          {chosen.step_s:.2f} s per rollout predicted (rollout "
+        f"{chosen.cost.rollout.total_s:.2f}, train {chosen.cost.train.total_s:.2f}, weight sync "
+        f"{chosen.cost.sync_s:.2f}, offload {chosen.cost.offload_s:.2f}); {chosen.memory_text()}",
+    ]
+    rows: list[list[Cell]] = [
+        [i + 2, f"{c.step_s:.2f}", f"{c.train.memory.total_gib:.1f}", c.describe()]
+        for i, c in enumerate(search.ranked[1:])
+    ]
+    if rows:
+        header = ["rank", "s/rollout", "train GiB", "layout"]
+        lines.append(render_table(header, rows, "  runners-up"))
+    if search.rejected:
+        lines.append("  rejected:")
+        for r in search.rejected:
+            timing = f" (would take {r.step_s:.2f} s)" if r.step_s is not None else ""
+            lines.append(f"    - {r.description}{timing}: {r.reason}")
+    ref = search.reference
+    if ref is not None:
+        rated = f"{ref.step_s:.2f} s per rollout" if ref.step_s is not None else "not rated"
+        rank = f", rank {ref.rank} of {search.feasible}" if ref.rank else ""
+        lines.append(f"  shipped layout {ref.name}: {ref.description}; {rated}{rank}")
+        lines.append(f"    {ref.reason}")
+    lines.append(
+        "  predicted times come from rlpost/plan/cost.py's model: they rank layouts, they do "
+        "not promise wall-clock time"
+    )
+    return "\n".join(lines)
+
+
 def render_tables(plan: Plan) -> str:
     text = "\n\n".join(section(plan) for section in SECTIONS)
+    if plan.search is not None:
+        text = render_search(plan) + "\n\n" + text
     if plan.notes:
         text += "\n\nNotes:\n" + "\n".join(f"  - {note}" for note in plan.notes)
     return text + "\n"

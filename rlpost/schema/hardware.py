@@ -27,6 +27,29 @@ class HardwareConfig(Section):
     host_memory_gib: PositiveFloat = Field(description="host memory per node")
     cpus_per_node: PositiveInt = 64
     nvlink_within_node: bool = True
+    # Bandwidths the layout search's cost model (rlpost.plan.cost) reads; the defaults are an
+    # H100 SXM node's published figures.
+    memory_bandwidth_gbps: PositiveFloat = Field(
+        3350.0, description="accelerator memory bandwidth, GB/s (H100 SXM: 3350; H200: 4800)"
+    )
+    intra_node_gbps: PositiveFloat = Field(
+        450.0,
+        description="one accelerator's bandwidth to the others of its node, one direction, "
+        "GB/s (NVLink 4: 450)",
+    )
+    inter_node_gbps: PositiveFloat = Field(
+        50.0,
+        description="one accelerator's network bandwidth to other nodes, GB/s (a 400 Gb/s "
+        "NIC per GPU: 50)",
+    )
+    pcie_gbps: PositiveFloat = Field(
+        50.0,
+        description="host <-> accelerator copies, GB/s (PCIe 5 x16: 64 nominal, about 50 "
+        "pinned in practice)",
+    )
+    host_memory_bandwidth_gbps: PositiveFloat = Field(
+        400.0, description="a node's host memory bandwidth, GB/s (two DDR5 sockets)"
+    )
     socket_ifname: str | None = Field(
         None,
         description="network interface the collectives use between nodes (NCCL_SOCKET_IFNAME "

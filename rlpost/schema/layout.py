@@ -1,8 +1,9 @@
 """Where a run goes on its hardware: placement, parallelism and engine sizing.
 
 Every field may be left null; the planner then derives a valid value (and says so in the
-plan). Shipped layouts live in conf/layout/<model>_<hardware>.yaml and are picked
-automatically for that combination.
+plan), by fixed rules, or with `search: true` (`layout=auto`) by searching every layout that
+fits for the one its cost model rates fastest. Shipped layouts live in
+conf/layout/<model>_<hardware>.yaml and are picked automatically for that combination.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from rlpost.schema.base import InvariantError, Section, refuse_unused
 
 
 class RecomputeConfig(Section):
-    granularity: Literal["full", "selective"] | None = None
+    granularity: Literal["full", "selective", "none"] | None = Field(
+        None, description="null: full on GPUs, none on CPU"
+    )
     method: Literal["uniform", "block"] = "uniform"
     num_layers: PositiveInt = 1
 
@@ -75,7 +78,13 @@ class RolloutLayout(Section):
 
 
 class LayoutConfig(Section):
-    name: str = "auto"
+    name: str = "derived"
+    search: bool = Field(
+        False,
+        description="search every layout that fits for the fastest (layout=auto): the fields "
+        "set here stay fixed, the null ones are searched, and recipe.optim.cpu_offload is "
+        "chosen too; false: null fields follow the planner's fixed rules",
+    )
     colocate: bool | None = None
     train: TrainLayout = Field(default_factory=TrainLayout)
     rollout: RolloutLayout = Field(default_factory=RolloutLayout)

@@ -206,7 +206,7 @@ def test_combination(model: str, recipe: str, hardware: str) -> None:
         run, sources = compose_run_config(
             [f"model={model}", f"recipe={recipe}", f"hardware={hardware}"]
         )
-        plan = plan_run(run, sources)
+        run, plan = plan_run(run, sources)
     except UserError as exc:
         if expected is None:
             pytest.fail(f"{model} x {recipe} x {hardware} should plan:\n{exc.render()}")

@@ -70,7 +70,7 @@ def errors_of(overrides: tuple[str, ...], **kwargs: object) -> UserError:
 
 def test_a_user_recipe_extends_a_shipped_one_and_plans_on_user_hardware(user_dir: Path) -> None:
     run, sources = compose_run_config(CHOICES, config_dir=user_dir)
-    plan = plan_run(run, sources)
+    run, plan = plan_run(run, sources)
     assert run.recipe.rollout.max_response_len == 4096  # the user's value
     assert run.recipe.rollout.n_samples_per_prompt == 8  # grpo_dapo's, inherited
     assert plan.placement.train_gpus == 4 and plan.hardware == "a100x4"

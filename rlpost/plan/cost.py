@@ -1,0 +1,268 @@
+"""Predicted time of one rollout-and-train iteration of a layout: what `layout=auto` ranks by.
+
+The model is a sum of bounds, each from a published account of where the time goes; it ranks
+layouts of one run against each other and is not a promise of wall-clock time.
+
+Training (per rollout):
+- compute: 2 x active params x tokens FLOPs per forward, three forwards' worth for forward and
+  backward, one more for full recompute, plus the old-policy and reference forwards the plan's
+  TrainWork runs (Kaplan et al. 2020, section 2.1), at an assumed model-FLOPs utilisation:
+  `DENSE_MFU` for dense models, `MOE_MFU` for MoE (Narayanan et al. 2021, "Efficient
+  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", report 44-52% of
+  peak for dense GPT models; routed experts run smaller GEMMs and wait on their dispatch).
+- the pipeline: 1F1B's bubble makes a stage idle (p - 1) / (m + p - 1) of the step for m
+  micro-batches (Narayanan et al. 2021, section 2.2.1), and the slowest stage sets the pace
+  (uneven splits exist to even out the embedding and output head).
+- tensor parallelism with sequence parallelism: per layer, two all-gathers and two
+  reduce-scatters of the layer's activations forward, as many backward and again in a
+  recompute (Korthikanti et al. 2022, section 4.2.2); each moves (tp - 1) / tp of the tokens x
+  hidden x 2 bytes through every rank's link.
+- context parallelism (ring attention): every rank passes its K and V blocks cp - 1 times per
+  layer forward, and K, V and their gradients backward.
+- expert parallelism: a dispatch and a combine all-to-all per MoE layer and pass, each moving
+  (ep - 1) / ep of tokens x top_k x hidden x 2 bytes.
+- data parallelism: the distributed optimizer reduce-scatters fp32 gradients and all-gathers
+  bf16 parameters once per optimizer step (Rajbhandari et al. 2020, "ZeRO", section 5).
+- the optimizer: Adam reads and writes `ADAM_BYTES_PER_PARAM` per parameter it owns; CPU
+  Adam does so in host memory and moves the gradients down and the weights up over PCIe each
+  step (Ren et al. 2021, "ZeRO-Offload", section 4).
+Collectives within a node run at `hardware.intra_node_gbps` (PCIe without NVLink), across
+nodes at `hardware.inter_node_gbps`, and are not assumed to overlap compute.
+
+Rollout: decoding is bound by memory bandwidth (Pope et al. 2022, "Efficiently Scaling
+Transformer Inference", section 2): each step reads the engine GPU's weight shard (for MoE only
+the experts the batch routes to) and the KV cache of the sequences in flight, at
+`DECODE_EFFICIENCY` of `hardware.memory_bandwidth_gbps`, or is bound by compute when the batch
+is large; tensor-parallel engines add two all-reduces per layer and step, at a latency of
+`ALLREDUCE_LATENCY_S`. An engine holds as many sequences as its KV cache fits, and a rollout
+takes as many waves of max_response_len decode steps as its samples need.
+
+Weight sync: the bf16 (FP8: 1 byte) weights once per `update_weights_interval` rollouts, over
+the node's links when colocated (CUDA IPC) or when the engines share the trainer's node, else
+over the network. Colocation adds the trainer's offload: its GPU state to the host and back
+over PCIe every rollout.
+
+Per iteration: synchronous loops add rollout, training, sync and offload; the asynchronous
+loops (decoupled) overlap rollout with training, so the slower of the two counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlpost.plan.batch import BatchPlan
+from rlpost.plan.engine_memory import GIB, RolloutMemory
+from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.memory import TrainMemory, pipeline_stages
+from rlpost.plan.params import ParamCount, params_per_stage
+from rlpost.plan.work import TrainWork
+from rlpost.schema import RunConfig
+
+DENSE_MFU = 0.45
+MOE_MFU = 0.30
+DECODE_EFFICIENCY = 0.6
+"""Share of peak memory bandwidth a decode step reaches (kernel launch gaps, small GEMMs)."""
+PREFILL_MFU = 0.4
+ALLREDUCE_LATENCY_S = 10e-6
+"""One small all-reduce within a node; across nodes `INTER_NODE_LATENCY_S`."""
+INTER_NODE_LATENCY_S = 30e-6
+ADAM_BYTES_PER_PARAM = 28
+"""fp32 gradient, master weight and two moments read (16), master and moments written (12)."""
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class TrainTime:
+    compute_s: float
+    pipeline_s: float  # bubble and stage imbalance on top of compute
+    tp_s: float
+    cp_s: float
+    ep_s: float
+    dp_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return (
+            self.compute_s
+            + self.pipeline_s
+            + self.tp_s
+            + self.cp_s
+            + self.ep_s
+            + self.dp_s
+            + self.optimizer_s
+        )
+
+
+@dataclass(frozen=True)
+class RolloutTime:
+    concurrent_per_engine: int  # sequences an engine decodes at once (KV cache, requests)
+    waves: int
+    decode_step_s: float
+    decode_s: float
+    prefill_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.decode_s + self.prefill_s
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds per rollout-and-train iteration, and the parts it is made of."""
+
+    train: TrainTime
+    rollout: RolloutTime
+    sync_s: float
+    offload_s: float
+    overlapped: bool  # asynchronous loop: rollout and training run at the same time
+
+    @property
+    def total_s(self) -> float:
+        train, rollout = self.train.total_s, self.rollout.total_s
+        busy = max(train, rollout) if self.overlapped else train + rollout
+        return busy + self.sync_s + self.offload_s
+
+
+def _link_gbps(cfg: RunConfig, group: int, stride: int = 1) -> float:
+    """A group of `group` ranks `stride` apart stays in a node when it spans at most one."""
+    hw = cfg.hardware
+    if group * stride > hw.gpus_per_node:
+        return hw.inter_node_gbps
+    return hw.intra_node_gbps if hw.nvlink_within_node else hw.pcie_gbps
+
+
+def _ring_s(bytes_: float, group: int, gbps: float) -> float:
+    """A ring collective over `group` ranks moves (group - 1) / group of the data per rank."""
+    if group <= 1:
+        return 0.0
+    return bytes_ * (group - 1) / group / (gbps * GB)
+
+
+def _stage_flops_share(cfg: RunConfig, par: ParallelLayout) -> tuple[float, int]:
+    """(slowest stage's share of the model's per-token work x pp, layers on it): 1.0 for an
+    even split. A stage's work is its parameters' (its MoE experts counted at top_k)."""
+    model = cfg.model
+    stages = params_per_stage(model, pipeline_stages(model, par))
+    active = 1.0
+    if model.moe is not None:
+        active = model.moe.top_k / model.moe.num_experts
+    work = [s.dense + s.experts * active for s in stages]
+    slowest = max(range(len(work)), key=lambda i: work[i])
+    return max(work) * len(work) / sum(work), stages[slowest].num_layers
+
+
+def train_time(
+    cfg: RunConfig,
+    par: ParallelLayout,
+    batch: BatchPlan,
+    work: TrainWork,
+    params: ParamCount,
+    memory: TrainMemory,
+    train_gpus: int,
+) -> TrainTime:
+    model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
+    mfu = MOE_MFU if model.moe is not None else DENSE_MFU
+    tokens = batch.samples_per_rollout * batch.longest_sample_tokens
+    compute = work.train_tflop_per_rollout * 1e12 / (train_gpus * hw.peak_bf16_tflops * 1e12 * mfu)
+    imbalance, stage_layers = _stage_flops_share(cfg, par)
+    per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
+    micro = max(1, math.ceil(per_step_rank / max(1, memory.tokens_per_gpu * par.cp)))
+    bubble = (par.pp - 1) / (micro + par.pp - 1)
+    pipeline = compute * imbalance / (1 - bubble) - compute
+    # tokens each rank of a TP group sees over the rollout, and how often a layer's
+    # collectives run on them (forward 1, backward 2 in units of a forward's traffic)
+    rank_tokens = tokens / (par.dp * par.cp)
+    passes = work.passes_per_rollout - 1.0  # forward + backward (+ recompute) ~ 4 collectives
+    h = model.hidden_size
+    tp_bytes = 4 * rank_tokens * h * 2 * stage_layers * passes
+    tp = _ring_s(tp_bytes, par.tp, _link_gbps(cfg, par.tp))
+    kv_dim = 2 * model.num_query_groups * model.head_dim / par.tp  # K and V, per TP rank
+    cp_bytes = (par.cp - 1) * rank_tokens * kv_dim * 2 * stage_layers * (1 + 2)
+    cp = cp_bytes / (_link_gbps(cfg, par.cp, par.tp) * GB) if par.cp > 1 else 0.0
+    ep = 0.0
+    if model.moe is not None and par.ep > 1:
+        moe_layers = stage_layers * (1 - model.moe.first_k_dense_layers / model.num_layers)
+        ep_bytes = 2 * rank_tokens / par.tp * model.moe.top_k * h * 2 * moe_layers * passes
+        ep = _ring_s(ep_bytes, par.ep, _link_gbps(cfg, par.ep * par.etp))
+    grads = memory.params_per_gpu
+    dp_group = par.dp * par.cp
+    dp = work.steps_per_rollout * _ring_s(grads * (4 + 2), dp_group, _link_gbps(cfg, dp_group))
+    owned = grads / max(1, par.optimizer_shards)
+    if recipe.optim.cpu_offload:
+        ranks = min(train_gpus, hw.gpus_per_node)
+        host = owned * ADAM_BYTES_PER_PARAM / (hw.host_memory_bandwidth_gbps * GB / ranks)
+        copies = owned * (4 + 2) / (hw.pcie_gbps * GB)
+        optimizer = work.steps_per_rollout * (host + copies)
+    else:
+        optimizer = (
+            work.steps_per_rollout * owned * ADAM_BYTES_PER_PARAM / (hw.memory_bandwidth_gbps * GB)
+        )
+    return TrainTime(compute, pipeline, tp, cp, ep, dp, optimizer)
+
+
+def rollout_time(
+    cfg: RunConfig,
+    engine: EngineLayout,
+    memory: RolloutMemory,
+    batch: BatchPlan,
+    params: ParamCount,
+) -> RolloutTime:
+    model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
+    engines = max(1, engine.num_engines)
+    per_engine = math.ceil(batch.samples_per_rollout / engines)
+    longest = batch.longest_sample_tokens
+    capacity = max(1, memory.kv_cache_tokens_per_engine // max(1, longest))
+    limit = engine.option("max_running_requests") or per_engine
+    concurrent = max(1, min(per_engine, capacity, int(limit)))
+    waves = math.ceil(per_engine / concurrent)
+    per_group = concurrent / engine.dp_size  # sequences per attention group
+    expert_share = 1.0
+    if model.moe is not None:
+        routed = per_group * model.moe.top_k / model.moe.num_experts
+        expert_share = min(1.0, routed)
+    weights = memory.weights_gib * GIB
+    if model.moe is not None:
+        expert_bytes = weights * params.experts / max(1, params.total)
+        weights = weights - expert_bytes + expert_bytes * expert_share
+    kv = per_group * longest / 2 * memory.kv_bytes_per_token_per_gpu
+    bandwidth = hw.memory_bandwidth_gbps * GB * DECODE_EFFICIENCY
+    read = (weights + kv) / bandwidth
+    flops = 2 * params.active * concurrent / engine.gpus_per_engine
+    compute = flops / (hw.peak_bf16_tflops * 1e12 * PREFILL_MFU)
+    reduce = 0.0
+    if engine.gpus_per_engine > 1:
+        # two all-reduces per layer of the step's hidden states (an all-reduce moves
+        # 2 (n - 1) / n of them), each paying a launch latency
+        spans = engine.gpus_per_engine > hw.gpus_per_node
+        per_call = INTER_NODE_LATENCY_S if spans else ALLREDUCE_LATENCY_S
+        hidden = concurrent * model.hidden_size * 2
+        moved = 2 * _ring_s(hidden, engine.gpus_per_engine, _link_gbps(cfg, engine.gpus_per_engine))
+        reduce = 2 * model.num_layers * (per_call + moved)
+    step = max(read, compute) + reduce
+    response = recipe.rollout.max_response_len
+    prompt = recipe.data.max_prompt_len or 0
+    prefill_flops = 2 * params.active * per_engine * prompt
+    prefill = prefill_flops / (engine.gpus_per_engine * hw.peak_bf16_tflops * 1e12 * PREFILL_MFU)
+    return RolloutTime(concurrent, waves, step, waves * response * step, prefill)
+
+
+def sync_time(cfg: RunConfig, sizes: Sizes, engine: EngineLayout, params: ParamCount) -> float:
+    """One weight update, averaged over the rollouts between updates."""
+    hw = cfg.hardware
+    per_param = 1 if engine.fp8 is not None else 2
+    bytes_ = params.total * per_param
+    local = sizes.colocate or sizes.total_gpus <= hw.gpus_per_node
+    gbps = (hw.intra_node_gbps if hw.nvlink_within_node else hw.pcie_gbps) if local else None
+    seconds = bytes_ / ((gbps or hw.inter_node_gbps) * GB)
+    return seconds / cfg.recipe.loop.update_weights_interval
+
+
+def offload_time(cfg: RunConfig, sizes: Sizes, memory: TrainMemory) -> float:
+    """Colocated on GPUs: the trainer's weights, gradients and optimizer state leave the GPU
+    for the rollout and come back for training."""
+    if not sizes.colocate or cfg.hardware.kind != "gpu":
+        return 0.0
+    state = (memory.weights_gib + memory.grads_gib + memory.optimizer_gib) * GIB
+    return 2 * state / (cfg.hardware.pcie_gbps * GB)

@@ -1,0 +1,904 @@
+"""`layout=auto`: every layout that passes the checks and fits, ranked by the cost model.
+
+A candidate is a GPU split (colocated, or every split of the GPUs between training and
+rollout: any count on one node, whole nodes on several), a training grid (TP with sequence
+parallelism, PP with its even and near-even uneven stage splits, CP, EP and ETP for MoE, the
+DP that fills the rest), a recompute setting, Adam on the GPU or the host (CPU Adam), and the
+engines (GPUs per engine and, for MoE, dp-attention). Fields the layout sets stay fixed; the
+null ones are searched.
+
+The training side and the rollout side of a split are checked and sized on their own (each
+rule names what it reads: rlpost.plan.checks SCOPES) and combined cheapest first; the best
+combination is then planned in full, every rule again, exactly as a hand-written layout
+would be. A candidate fits when its training peak leaves `MARGIN_FRACTION` of the GPU free,
+its engines hold a full sample, and the host holds what is offloaded to it.
+
+Imports nothing heavy: `mode=plan` searches in well under a second for a node and in a few
+for 64 GPUs (benchmarks/layout_search.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlpost.errors import Issue, UserError
+from rlpost.plan.batch import BatchPlan, plan_batch
+from rlpost.plan.checks import PlanContext, divisors, run_checks
+from rlpost.plan.cost import (
+    RolloutTime,
+    StepCost,
+    TrainTime,
+    offload_time,
+    rollout_time,
+    sync_time,
+    train_time,
+)
+from rlpost.plan.engine_memory import (
+    RolloutMemory,
+    checkpoint_fp8,
+    default_mem_fraction,
+    estimate_rollout,
+)
+from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.loop import asynchronous
+from rlpost.plan.memory import TrainMemory, estimate_host, estimate_train
+from rlpost.plan.parallel import powers_of_two
+from rlpost.plan.params import ParamCount, count_params, stage_layers
+from rlpost.plan.work import plan_work
+from rlpost.schema import RunConfig
+
+MARGIN_FRACTION = 0.05
+"""Training memory kept free on every GPU beyond the estimate (allocator fragmentation)."""
+MAX_PP = 16
+MAX_CP = 8
+COMBINED = 8
+"""Best training and rollout options per split that are combined and ranked in full."""
+SHOWN = 5
+RECOMPUTES = (RECOMPUTE_NONE, "full")
+"""Selective recompute drops only the attention softmax's activations, which the memory model
+never counts (flash attention does not store them), so it is searched only when set."""
+CPU_ADAM = {"cpu_offload": True, "overlap_cpu_optimizer_d2h_h2d": True}
+GPU_ADAM = {"cpu_offload": False, "overlap_cpu_optimizer_d2h_h2d": False}
+
+
+@dataclass(frozen=True)
+class TrainOption:
+    parallel: ParallelLayout
+    cpu_offload: bool
+    memory: TrainMemory
+    time: TrainTime
+    offload_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.time.total_s + self.offload_s
+
+
+@dataclass(frozen=True)
+class EngineOption:
+    engine: EngineLayout
+    memory: RolloutMemory
+    time: RolloutTime
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A layout that passes every check and fits, with its predicted cost."""
+
+    sizes: Sizes
+    train: TrainOption
+    rollout: EngineOption
+    cost: StepCost
+
+    @property
+    def parallel(self) -> ParallelLayout:
+        return self.train.parallel
+
+    @property
+    def engine(self) -> EngineLayout:
+        return self.rollout.engine
+
+    @property
+    def step_s(self) -> float:
+        return self.cost.total_s
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return candidate_key(self.sizes, self.parallel, self.train.cpu_offload, self.engine)
+
+    def describe(self) -> str:
+        train = describe_train(self.parallel, self.train.cpu_offload)
+        return f"{describe_split(self.sizes)}; {train}; {describe_engine(self.engine)}"
+
+    def memory_text(self) -> str:
+        return (
+            f"train {self.train.memory.total_gib:.1f} GiB, "
+            f"engine {self.rollout.memory.total_gib:.1f} GiB per GPU"
+        )
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A layout that lost for a reason other than speed; `step_s` when it could be timed."""
+
+    description: str
+    reason: str
+    step_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The layout that ships for this model and hardware, rated by the same model."""
+
+    name: str
+    description: str
+    step_s: float | None
+    rank: int | None  # 1-based among the feasible candidates; None when it is not one
+    reason: str  # why the search chose otherwise (or that it chose the same)
+
+
+@dataclass(frozen=True)
+class LayoutSearch:
+    chosen: Candidate | None
+    ranked: tuple[Candidate, ...]
+    rejected: tuple[Rejected, ...]
+    enumerated: int
+    feasible: int
+    seconds: float
+    suggestions: tuple[str, ...] = ()
+    reference: Reference | None = None
+    feasible_keys: frozenset[tuple[Any, ...]] = field(default=frozenset(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        def cand(c: Candidate) -> dict[str, Any]:
+            return {
+                "layout": c.describe(),
+                "step_s": round(c.step_s, 3),
+                "train_s": round(c.cost.train.total_s, 3),
+                "rollout_s": round(c.cost.rollout.total_s, 3),
+                "sync_s": round(c.cost.sync_s, 3),
+                "offload_s": round(c.cost.offload_s, 3),
+                "train_gib_per_gpu": round(c.train.memory.total_gib, 3),
+                "rollout_gib_per_gpu": round(c.rollout.memory.total_gib, 3),
+                "overrides": layout_overrides(c),
+            }
+
+        return {
+            "chosen": cand(self.chosen) if self.chosen else None,
+            "runners_up": [cand(c) for c in self.ranked[1:]],
+            "rejected": [
+                {
+                    "layout": r.description,
+                    "reason": r.reason,
+                    "step_s": None if r.step_s is None else round(r.step_s, 3),
+                }
+                for r in self.rejected
+            ],
+            "enumerated": self.enumerated,
+            "feasible": self.feasible,
+            "seconds": round(self.seconds, 3),
+            "suggestions": list(self.suggestions),
+            "reference": None
+            if self.reference is None
+            else {
+                "layout": self.reference.name,
+                "description": self.reference.description,
+                "step_s": None
+                if self.reference.step_s is None
+                else round(self.reference.step_s, 3),
+                "rank": self.reference.rank,
+                "reason": self.reference.reason,
+            },
+        }
+
+
+def candidate_key(
+    sizes: Sizes, par: ParallelLayout, cpu_offload: bool, engine: EngineLayout
+) -> tuple[Any, ...]:
+    """What identifies a layout: the split, the grid with its stage split, Adam's place, the
+    engines."""
+    stages = (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage)
+    return (
+        sizes.colocate,
+        sizes.train_gpus,
+        sizes.rollout_gpus,
+        par.tp,
+        par.sequence_parallel,
+        par.pp,
+        stages,
+        par.cp,
+        par.ep,
+        par.etp,
+        par.dp,
+        par.recompute,
+        cpu_offload,
+        engine.gpus_per_engine,
+        engine.dp_size,
+    )
+
+
+def describe_split(sizes: Sizes) -> str:
+    if sizes.colocate:
+        return f"colocated on {sizes.train_gpus}"
+    return f"decoupled {sizes.train_gpus} train + {sizes.rollout_gpus} rollout"
+
+
+def describe_train(par: ParallelLayout, cpu_offload: bool) -> str:
+    parts = [f"TP{par.tp}" + ("+SP" if par.sequence_parallel else "")]
+    if par.pp > 1:
+        first, last = par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage
+        uneven = f" (first {first})" if first else ""
+        uneven += f" (last {last})" if last else ""
+        parts.append(f"PP{par.pp}{uneven}")
+    if par.cp > 1:
+        parts.append(f"CP{par.cp}")
+    if par.ep > 1 or par.etp > 1:
+        parts.append(f"EP{par.ep}" + (f" ETP{par.etp}" if par.etp > 1 else ""))
+    parts.append(f"DP{par.dp}")
+    recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
+    adam = "CPU Adam" if cpu_offload else "GPU Adam"
+    return f"{' '.join(parts)}, {recompute}, {adam}"
+
+
+def describe_engine(engine: EngineLayout) -> str:
+    text = f"{engine.num_engines} engine(s) of {engine.gpus_per_engine}"
+    if engine.dp_size > 1:
+        text += f" with dp-attention {engine.dp_size}"
+    return text
+
+
+# ----------------------------------------------------------------------------- enumeration
+
+
+def gpu_splits(cfg: RunConfig) -> list[Sizes]:
+    """Colocated and every decoupled split the layout leaves open."""
+    hw, layout = cfg.hardware, cfg.layout
+    total = hw.total_gpus - cfg.recipe.rollout.reward.device_slots
+    train_n, rollout_n = layout.train.num_gpus, layout.rollout.num_gpus
+    splits = []
+    if layout.colocate is not False and not rollout_n:
+        train = train_n or total
+        splits.append(Sizes(True, total, train, train))
+    if layout.colocate is not True and total > 1:
+        if train_n is not None:
+            counts = [train_n]
+        elif rollout_n is not None:
+            counts = [total - rollout_n]
+        elif hw.num_nodes > 1:
+            counts = [n * hw.gpus_per_node for n in range(1, hw.num_nodes)]
+        else:
+            counts = list(range(1, total))
+        for train in counts:
+            rollout = rollout_n if rollout_n is not None else total - train
+            if train >= 1 and rollout >= 1:
+                splits.append(Sizes(False, total, train, rollout))
+    return splits
+
+
+def _pipeline_splits(
+    num_layers: int, pp: int, first: int | None, last: int | None
+) -> list[tuple[int | None, int | None]]:
+    """(first, last) stage sizes: the even split when there is one, and the uneven ones
+    whose stages differ by at most two layers (fixed values kept)."""
+    if pp == 1:
+        return [(None, None)]
+    if first is not None or last is not None:
+        return [(first, last)] if stage_layers(num_layers, pp, first, last) else []
+    found: dict[tuple[int, ...], tuple[int | None, int | None]] = {}
+    base = num_layers // pp
+    options: list[int | None] = [None, *range(max(1, base - 2), base + 3)]
+    for f in options:
+        for la in options:
+            split = stage_layers(num_layers, pp, f, la)
+            if split is None or max(split) - min(split) > 2 or split in found:
+                continue
+            found[split] = (f, la)
+    return list(found.values())
+
+
+def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
+    """Every training grid over `world` GPUs the layout's fixed fields allow."""
+    model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
+    moe = model.moe
+    on_cpu = hw.kind == "cpu"
+    tps = [t.tp] if t.tp else powers_of_two(min(world, hw.gpus_per_node))
+    pps = [t.pp] if t.pp else [p for p in divisors(world) if p <= min(MAX_PP, model.num_layers)]
+    cps = [t.cp] if t.cp else powers_of_two(min(world, MAX_CP))
+    if t.recompute.granularity:
+        recomputes: tuple[str, ...] = (t.recompute.granularity,)
+    else:
+        recomputes = (RECOMPUTE_NONE,) if on_cpu else RECOMPUTES
+    dispatcher = t.moe_token_dispatcher_type or ("alltoall" if moe is not None else None)
+    for tp in tps:
+        for pp in pps:
+            for cp in cps:
+                if world % (tp * pp * cp):
+                    continue
+                dp = world // (tp * pp * cp)
+                if t.dp is not None and t.dp != dp:
+                    continue
+                etps = [t.etp] if t.etp else ([1, tp] if moe is not None and tp > 1 else [1])
+                for etp in etps:
+                    grid = world // pp
+                    if t.ep:
+                        eps = [t.ep]
+                    elif moe is None or on_cpu:
+                        eps = [1]
+                    else:
+                        eps = [e for e in divisors(moe.num_experts) if grid % (e * etp) == 0]
+                    for ep in eps:
+                        for first, last in _pipeline_splits(
+                            model.num_layers,
+                            pp,
+                            t.num_layers_in_first_pipeline_stage,
+                            t.num_layers_in_last_pipeline_stage,
+                        ):
+                            for recompute in recomputes:
+                                yield ParallelLayout(
+                                    tp=tp,
+                                    pp=pp,
+                                    cp=cp,
+                                    ep=ep,
+                                    etp=etp,
+                                    dp=dp,
+                                    sequence_parallel=(
+                                        tp > 1
+                                        if t.sequence_parallel is None
+                                        else t.sequence_parallel
+                                    ),
+                                    recompute=recompute,
+                                    recompute_method=t.recompute.method,
+                                    recompute_num_layers=t.recompute.num_layers,
+                                    distributed_optimizer=t.distributed_optimizer,
+                                    moe_token_dispatcher_type=dispatcher,
+                                    moe_enable_deepep=t.moe_enable_deepep,
+                                    num_layers_in_first_pipeline_stage=first,
+                                    num_layers_in_last_pipeline_stage=last,
+                                )
+
+
+def engine_layouts(cfg: RunConfig, sizes: Sizes) -> Iterator[EngineLayout]:
+    """Every engine size (and, for MoE, dp-attention size) over the rollout GPUs."""
+    rollout, model, hw = cfg.layout.rollout, cfg.model, cfg.hardware
+    fixed = dict(rollout.sglang)
+    fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
+    if rollout.gpus_per_engine:
+        engine_sizes = [rollout.gpus_per_engine]
+    elif hw.kind == "cpu":
+        engine_sizes = [1]
+    else:
+        engine_sizes = powers_of_two(sizes.rollout_gpus)
+    dp_fixed = "enable_dp_attention" in fixed or "dp_size" in fixed
+    for size in engine_sizes:
+        if sizes.rollout_gpus % size:
+            continue
+        if dp_fixed or model.moe is None:
+            dp_options = [int(fixed.get("dp_size") or 1) if fixed.get("enable_dp_attention") else 1]
+        else:
+            dp_options = powers_of_two(size)
+        for dp_size in dp_options:
+            options = dict(fixed)
+            if dp_size > 1 and not dp_fixed:
+                options.update(enable_dp_attention=True, dp_size=dp_size)
+            # the options the layout will set (SGLang's default fraction stays derived)
+            fraction = options.get("mem_fraction_static") or default_mem_fraction(
+                hw, size, dp_size, options, sizes.colocate
+            )
+            ep_size = int(options.get("ep_size") or options.get("expert_parallel_size") or 1)
+            yield EngineLayout(
+                gpus_per_engine=size,
+                num_engines=sizes.rollout_gpus // size,
+                mem_fraction_static=float(fraction),
+                dp_size=dp_size,
+                ep_size=ep_size,
+                sglang=tuple(options.items()),
+                fp8=fp8,
+            )
+
+
+# ----------------------------------------------------------------------------- the search
+
+
+def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
+    """The config with Adam on the host or the GPU (the seeds' CPU Adam settings)."""
+    optim = cfg.recipe.optim
+    if optim.cpu_offload == cpu_offload:
+        return cfg
+    changes: dict[str, Any] = dict(CPU_ADAM if cpu_offload else GPU_ADAM)
+    recipe = cfg.recipe.model_copy(update={"optim": optim.model_copy(update=changes)})
+    return cfg.model_copy(update={"recipe": recipe})
+
+
+def _adam_options(cfg: RunConfig) -> tuple[bool, ...]:
+    """Where Adam may run: the GPU, and the host when the config validates with it (never
+    on CPU hardware, where it already is)."""
+    try:
+        RunConfig.model_validate(with_adam(cfg, not cfg.recipe.optim.cpu_offload).model_dump())
+    except ValueError:
+        return (cfg.recipe.optim.cpu_offload,)
+    return (False, True)
+
+
+def _first_reason(issues: list[Issue]) -> str:
+    issue = issues[0]
+    return f"{issue.key}: {issue.message}"
+
+
+@dataclass
+class _Split:
+    """One GPU split's options, each side sorted cheapest first."""
+
+    sizes: Sizes
+    trains: list[TrainOption] = field(default_factory=list)
+    engines: list[EngineOption] = field(default_factory=list)
+    rejected_trains: list[tuple[TrainOption, str]] = field(default_factory=list)
+    rejected_engines: list[tuple[EngineOption, str]] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (description, reason)
+    enumerated_trains: int = 0
+    enumerated_engines: int = 0
+
+
+class _Searcher:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.params: ParamCount = count_params(cfg.model)
+        self.adam = {flag: with_adam(cfg, flag) for flag in _adam_options(cfg)}
+        self.margin = MARGIN_FRACTION * cfg.hardware.gpu_memory_gib
+
+    def _dummy_engine(self, sizes: Sizes) -> EngineLayout:
+        return EngineLayout(1, sizes.rollout_gpus, 0.8, 1, 1, ())
+
+    def _batch(self, par: ParallelLayout) -> BatchPlan:
+        return plan_batch(self.cfg.recipe, par, self._dummy_engine(Sizes(True, 1, 1, 1)))
+
+    def split(self, sizes: Sizes) -> _Split:
+        out = _Split(sizes)
+        probe = ParallelLayout.single_process(dp=sizes.train_gpus)
+        run_issues = run_checks(
+            PlanContext(self.cfg, sizes, probe, self._dummy_engine(sizes)), "run"
+        )
+        if run_issues:
+            out.refused.append((describe_split(sizes), _first_reason(run_issues)))
+            return out
+        self._trains(out)
+        if out.trains:
+            self._engines(out)
+        return out
+
+    def _trains(self, out: _Split) -> None:
+        sizes, hw = out.sizes, self.cfg.hardware
+        engine = self._dummy_engine(sizes)
+        for par in train_layouts(self.cfg, sizes.train_gpus):
+            batch = None
+            for cpu_offload, cfg in self.adam.items():
+                out.enumerated_trains += 1
+                issues = run_checks(PlanContext(cfg, sizes, par, engine), "train")
+                if issues:
+                    out.refused.append((describe_train(par, cpu_offload), _first_reason(issues)))
+                    break  # the rules do not depend on where Adam runs
+                memory = estimate_train(cfg.model, cfg.recipe, hw, par, sizes.colocate)
+                batch = batch or self._batch(par)
+                work = plan_work(cfg, par, batch, self.params.active)
+                timing = train_time(cfg, par, batch, work, self.params, memory, sizes.train_gpus)
+                option = TrainOption(
+                    par, cpu_offload, memory, timing, offload_time(cfg, sizes, memory)
+                )
+                host = estimate_host(cfg.model, cfg.recipe, hw, memory, sizes)
+                short = memory.total_gib + self.margin - hw.gpu_memory_gib
+                if short > 0:
+                    out.rejected_trains.append(
+                        (
+                            option,
+                            f"needs {memory.total_gib:.1f} GiB per GPU for training, "
+                            f"{short:.1f} more than {hw.gpu_memory_gib:g} less a "
+                            f"{self.margin:.1f} GiB margin",
+                        )
+                    )
+                elif host.total_gib > host.host_gib:
+                    out.rejected_trains.append(
+                        (
+                            option,
+                            f"needs {host.total_gib:.0f} GiB of host memory per node "
+                            f"(has {host.host_gib:g})",
+                        )
+                    )
+                else:
+                    out.trains.append(option)
+        out.trains.sort(key=lambda o: o.seconds)
+
+    def _engines(self, out: _Split) -> None:
+        sizes, cfg = out.sizes, self.cfg
+        probe = out.trains[0].parallel
+        batch = self._batch(probe)
+        for engine in engine_layouts(cfg, sizes):
+            out.enumerated_engines += 1
+            issues = run_checks(PlanContext(cfg, sizes, probe, engine), "engine")
+            if issues:
+                out.refused.append((describe_engine(engine), _first_reason(issues)))
+                continue
+            memory = estimate_rollout(
+                cfg.model,
+                cfg.recipe,
+                cfg.hardware,
+                engine.gpus_per_engine,
+                engine.dp_size,
+                engine.mem_fraction_static,
+                engine.options,
+                sizes.colocate,
+                engine.fp8,
+            )
+            timing = rollout_time(cfg, engine, memory, batch, self.params)
+            option = EngineOption(engine, memory, timing)
+            if not memory.holds_one_sample:
+                out.rejected_engines.append(
+                    (
+                        option,
+                        f"its KV cache holds {memory.kv_cache_tokens_per_gpu} tokens per GPU, "
+                        f"less than one {memory.longest_sample_tokens}-token sample",
+                    )
+                )
+            elif memory.total_gib > cfg.hardware.gpu_memory_gib:
+                out.rejected_engines.append(
+                    (option, f"needs {memory.total_gib:.1f} GiB per engine GPU")
+                )
+            else:
+                out.engines.append(option)
+        out.engines.sort(key=lambda o: o.time.total_s)
+
+    def cost(self, sizes: Sizes, train: TrainOption, engine: EngineOption) -> StepCost:
+        return StepCost(
+            train=train.time,
+            rollout=engine.time,
+            sync_s=sync_time(self.cfg, sizes, engine.engine, self.params),
+            offload_s=train.offload_s,
+            overlapped=asynchronous(self.cfg) and not sizes.colocate,
+        )
+
+
+def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None) -> LayoutSearch:
+    """Every candidate checked and sized, the fastest first; `reference` (name, config) is a
+    hand-written layout for the same run to rate beside them."""
+    start = time.perf_counter()
+    searcher = _Searcher(cfg)
+    splits = [searcher.split(sizes) for sizes in gpu_splits(cfg)]
+    ranked: list[Candidate] = []
+    feasible_keys: set[tuple[Any, ...]] = set()
+    rejected: list[Rejected] = []
+    feasible = 0
+    for s in splits:
+        feasible += len(s.trains) * len(s.engines)
+        for t in s.trains:
+            for e in s.engines:
+                feasible_keys.add(candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine))
+        for t in s.trains[:COMBINED]:
+            for e in s.engines[:COMBINED]:
+                ranked.append(Candidate(s.sizes, t, e, searcher.cost(s.sizes, t, e)))
+        best_engine = s.engines[0] if s.engines else None
+        for t, reason in s.rejected_trains:
+            step = None
+            if best_engine is not None:
+                step = searcher.cost(s.sizes, t, best_engine).total_s
+            text = f"{describe_split(s.sizes)}; {describe_train(t.parallel, t.cpu_offload)}"
+            rejected.append(Rejected(text, reason, step))
+        best_train = s.trains[0] if s.trains else None
+        for e, reason in s.rejected_engines:
+            step = None
+            if best_train is not None:
+                step = searcher.cost(s.sizes, best_train, e).total_s
+            rejected.append(
+                Rejected(f"{describe_split(s.sizes)}; {describe_engine(e.engine)}", reason, step)
+            )
+        rejected += [Rejected(f"{describe_split(s.sizes)}; {d}", r) for d, r in s.refused]
+    ranked.sort(key=_rank_key)
+    chosen = ranked[0] if ranked else None
+    enumerated = sum(s.enumerated_trains * max(1, s.enumerated_engines) for s in splits)
+    result = LayoutSearch(
+        chosen=chosen,
+        ranked=tuple(ranked[:SHOWN]),
+        rejected=tuple(_worth_showing(rejected, chosen)),
+        enumerated=enumerated,
+        feasible=feasible,
+        seconds=0.0,
+        feasible_keys=frozenset(feasible_keys),
+    )
+    if chosen is None:
+        result = replace(result, suggestions=tuple(_suggestions(cfg, splits)))
+    if reference is not None:
+        result = replace(result, reference=rate_reference(result, splits, *reference))
+    return replace(result, seconds=time.perf_counter() - start)
+
+
+def _faster_than(splits: list[_Split], searcher: _Searcher, bound: float) -> int:
+    """How many feasible candidates are predicted faster than `bound` seconds."""
+    count = 0
+    for s in splits:
+        for e in s.engines:
+            for t in s.trains:
+                if searcher.cost(s.sizes, t, e).total_s < bound:
+                    count += 1
+    return count
+
+
+def _rank_key(c: Candidate) -> tuple[float, int]:
+    """Fastest first; within 10 ms, the fewest model-parallel splits and smallest engines
+    (the simpler layout, when the model cannot tell them apart)."""
+    par = c.parallel
+    splits = par.tp * par.pp * par.cp * par.ep * par.etp * c.engine.gpus_per_engine
+    return round(c.step_s, 2), splits + int(c.train.cpu_offload)
+
+
+def _worth_showing(rejected: list[Rejected], chosen: Candidate | None) -> list[Rejected]:
+    """The rejected layouts that would have been faster than the choice (fastest first),
+    then the ones refused by a rule; a few of each."""
+    bound = chosen.step_s if chosen else math.inf
+    faster = sorted(
+        (r for r in rejected if r.step_s is not None and r.step_s < bound),
+        key=lambda r: r.step_s or 0.0,
+    )
+    keys_seen: set[tuple[str, str]] = set()
+    shown = faster[:3]
+    for r in rejected:
+        # one line per split and rule (or per split for memory)
+        rule = r.reason.split(":", 1)[0] if ":" in r.reason else "memory"
+        key = (r.description.split(";", 1)[0], rule)
+        if r.step_s is None and key not in keys_seen and len(shown) < 6:
+            keys_seen.add(key)
+            shown.append(r)
+    return shown
+
+
+def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
+    """Nothing fits: what would (CPU Adam, a shorter max_tokens_per_gpu, more GPUs)."""
+    found = []
+    trains = [t for s in splits for t, _ in s.rejected_trains]
+    if trains:
+        least = min(trains, key=lambda t: t.memory.total_gib)
+        budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
+        found.append(
+            f"the leanest training layout ({describe_train(least.parallel, least.cpu_offload)}) "
+            f"needs {least.memory.total_gib:.1f} GiB per GPU of {budget:.1f} usable"
+        )
+        static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
+        if static < budget:
+            tokens = cfg.recipe.train.max_tokens_per_gpu
+            if tokens:
+                fits = _tokens_that_fit(cfg, least, tokens)
+                if fits:
+                    found.append(f"recipe.train.max_tokens_per_gpu={fits} fits it")
+        hw = cfg.hardware
+        more = max(1, math.ceil(static / budget * hw.total_gpus))
+        nodes = -(-more // hw.gpus_per_node)
+        found.append(
+            f"weights, gradients and optimizer state alone need about {more} GPUs of "
+            f"{hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node}): use a larger "
+            "hardware profile"
+        )
+    engines = [e for s in splits for e, _ in s.rejected_engines]
+    if engines and not any(s.engines for s in splits):
+        found.append(
+            "no engine holds one sample: give the rollout more GPUs, raise "
+            "layout.rollout.sglang.mem_fraction_static or shorten recipe.rollout.max_response_len"
+        )
+    return found
+
+
+def _tokens_that_fit(cfg: RunConfig, option: TrainOption, tokens: int) -> int | None:
+    """The largest halving of max_tokens_per_gpu under which `option` fits (down to 512)."""
+    adam = with_adam(cfg, option.cpu_offload)
+    budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
+    while tokens > 512:
+        tokens //= 2
+        train = adam.recipe.train.model_copy(update={"max_tokens_per_gpu": tokens})
+        recipe = adam.recipe.model_copy(update={"train": train})
+        need = estimate_train(cfg.model, recipe, cfg.hardware, option.parallel, False)
+        if need.total_gib <= budget:
+            return tokens
+    return None
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+def layout_overrides(c: Candidate) -> dict[str, Any]:
+    """The chosen layout as config values (key path -> value)."""
+    par, eng, sizes = c.parallel, c.engine, c.sizes
+    values: dict[str, Any] = {
+        "layout.colocate": sizes.colocate,
+        "layout.train.num_gpus": sizes.train_gpus,
+        "layout.train.tp": par.tp,
+        "layout.train.sequence_parallel": par.sequence_parallel,
+        "layout.train.pp": par.pp,
+        "layout.train.cp": par.cp,
+        "layout.train.ep": par.ep,
+        "layout.train.etp": par.etp,
+        "layout.train.dp": par.dp,
+        "layout.train.recompute.granularity": par.recompute,
+    }
+    if par.num_layers_in_first_pipeline_stage:
+        values["layout.train.num_layers_in_first_pipeline_stage"] = (
+            par.num_layers_in_first_pipeline_stage
+        )
+    if par.num_layers_in_last_pipeline_stage:
+        values["layout.train.num_layers_in_last_pipeline_stage"] = (
+            par.num_layers_in_last_pipeline_stage
+        )
+    if not sizes.colocate:
+        values["layout.rollout.num_gpus"] = sizes.rollout_gpus
+    values["layout.rollout.gpus_per_engine"] = eng.gpus_per_engine
+    for name, value in eng.sglang:
+        values[f"layout.rollout.sglang.{name}"] = value
+    values["recipe.optim.cpu_offload"] = c.train.cpu_offload
+    return values
+
+
+def searched_keys(cfg: RunConfig, chosen: Candidate) -> tuple[str, ...]:
+    """The key paths the search filled in: null in the layout (and where Adam runs)."""
+    data: Any = cfg.model_dump()
+    found = []
+    for path in layout_overrides(chosen):
+        node = data
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None or path == "recipe.optim.cpu_offload":
+            found.append(path)
+    return tuple(found)
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+
+
+def apply_choice(cfg: RunConfig, chosen: Candidate) -> RunConfig:
+    """The run's config with the chosen layout written into it (and Adam where chosen)."""
+    data = with_adam(cfg, chosen.train.cpu_offload).model_dump()
+    for path, value in layout_overrides(chosen).items():
+        _set(data, path, value)
+    return RunConfig.model_validate(data)
+
+
+def nothing_fits(search: LayoutSearch) -> UserError:
+    lines = "; ".join(search.suggestions) or "see the rejected layouts in mode=plan"
+    return UserError(
+        [
+            Issue(
+                "layout",
+                f"no layout fits: {search.enumerated} candidates searched, none passes every "
+                "check with its memory",
+                lines,
+                "auto",
+            )
+        ],
+        title="planning error",
+    )
+
+
+# ----------------------------------------------------------------------------- a reference
+
+
+def rate_reference(
+    search: LayoutSearch, splits: list[_Split], name: str, ref: RunConfig
+) -> Reference:
+    """A hand-written layout rated by the same cost model, and why the choice differs."""
+    from rlpost.plan.plan import build_plan
+
+    try:
+        plan = build_plan(ref)
+    except UserError as exc:
+        return Reference(name, name, None, None, f"it does not plan: {exc.issues[0].message}")
+    searcher = _Searcher(ref)
+    sizes = Sizes(
+        plan.placement.colocate,
+        plan.placement.total_gpus,
+        plan.placement.train_gpus,
+        plan.placement.rollout_gpus,
+    )
+    par, offload = plan.parallel, ref.recipe.optim.cpu_offload
+    batch, memory = plan.batch, plan.memory
+    timing = train_time(ref, par, batch, plan.work, searcher.params, memory.train, sizes.train_gpus)
+    train = TrainOption(par, offload, memory.train, timing, offload_time(ref, sizes, memory.train))
+    engine = EngineOption(
+        plan.engine,
+        memory.rollout,
+        rollout_time(ref, plan.engine, memory.rollout, batch, searcher.params),
+    )
+    cost = searcher.cost(sizes, train, engine)
+    ref_candidate = Candidate(sizes, train, engine, cost)
+    key = candidate_key(sizes, par, offload, plan.engine)
+    rank = None
+    if search.chosen is not None and search.chosen.key == key:
+        rank = 1
+    elif key in search.feasible_keys:
+        rank = _faster_than(splits, searcher, cost.total_s) + 1
+    chosen = search.chosen
+    if chosen is None:
+        reason = "the search found nothing that fits"
+    elif chosen.key == key:
+        reason = "the search chose this layout"
+    else:
+        reason = why_faster(chosen, ref_candidate)
+        if rank is None:
+            reason += "; and it is not among the candidates that fit with the search's margin"
+    return Reference(name, ref_candidate.describe(), cost.total_s, rank, reason)
+
+
+def why_faster(chosen: Candidate, other: Candidate) -> str:
+    """One line: where the chosen layout's predicted time beats the other's."""
+    a, b = chosen.cost, other.cost
+    parts = {
+        "rollout": (a.rollout.total_s, b.rollout.total_s),
+        "training compute": (a.train.compute_s, b.train.compute_s),
+        "pipeline bubble": (a.train.pipeline_s, b.train.pipeline_s),
+        "tensor-parallel traffic": (a.train.tp_s, b.train.tp_s),
+        "context-parallel traffic": (a.train.cp_s, b.train.cp_s),
+        "expert all-to-all": (a.train.ep_s, b.train.ep_s),
+        "gradient sync": (a.train.dp_s, b.train.dp_s),
+        "optimizer": (a.train.optimizer_s, b.train.optimizer_s),
+        "weight sync": (a.sync_s, b.sync_s),
+        "offload around rollout": (a.offload_s, b.offload_s),
+    }
+    gains = sorted(((theirs - ours, name) for name, (ours, theirs) in parts.items()), reverse=True)
+    shown = [f"{name} {gain:.2f} s less" for gain, name in gains[:2] if gain > 0.005]
+    total = b.total_s - a.total_s
+    what = ", ".join(shown) if shown else "the parts add up lower"
+    overlap = ""
+    if a.overlapped != b.overlapped:
+        overlap = " (rollout overlaps training)" if a.overlapped else ""
+    return f"the choice is {total:.2f} s per rollout faster{overlap}: {what}"
+
+
+# ----------------------------------------------------------------------------- the entry
+
+
+def shipped_reference(cfg: RunConfig) -> tuple[str, RunConfig] | None:
+    """The layout that ships for this model and hardware (conf/layout/<model>_<hardware>.yaml),
+    applied to this run's config, to rate beside the search's choice."""
+    import yaml  # type: ignore[import-untyped]
+
+    from rlpost.config.sources import CONF_DIR
+
+    name = f"{cfg.model.name}_{cfg.hardware.name}"
+    path = CONF_DIR / "layout" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    shipped = yaml.safe_load(path.read_text()) or {}
+    data = cfg.model_dump()
+    data["layout"] = shipped.get("layout", {})
+    optim = shipped.get("recipe", {}).get("optim", {})
+    data["recipe"]["optim"].update({k: v for k, v in optim.items() if k in CPU_ADAM})
+    try:
+        return name, RunConfig.model_validate(data)
+    except ValueError:
+        return None
+
+
+def choose_layout(cfg: RunConfig) -> tuple[RunConfig, LayoutSearch]:
+    """The config with the fastest layout that plans written in, and the search; UserError
+    when nothing fits (saying what would)."""
+    from rlpost.plan.plan import build_plan
+
+    search = search_layout(cfg, shipped_reference(cfg))
+    refused: list[Issue] = []
+    for candidate in search.ranked:
+        try:
+            chosen = apply_choice(cfg, candidate)
+            build_plan(chosen)
+        except UserError as exc:  # a rule that reads both sides at once
+            refused.extend(exc.issues)
+            continue
+        except ValueError as exc:  # the config refuses the combination
+            refused.append(Issue("layout", f"{candidate.describe()}: {exc}", "", "auto"))
+            continue
+        if candidate is not search.chosen:
+            search = replace(search, chosen=candidate)
+        return chosen, search
+    if refused:
+        raise UserError(refused, title="planning error")
+    raise nothing_fits(search)

@@ -1,0 +1,135 @@
+"""layout=auto: the search finds what fits, rates the seeds' own layouts beside its choice, and
+the chosen layout is what the run plans (and trains) with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from rlpost.errors import UserError
+from rlpost.plan import plan_config, render_plan
+from rlpost.plan.search import (
+    candidate_key,
+    choose_layout,
+    gpu_splits,
+    search_layout,
+)
+from rlpost.schema import RunConfig
+from rlpost.schema.layout import LayoutConfig
+
+SEEDS = {
+    "glm4-9b_h100x8": ("glm4-9b", "h100x8"),
+    "qwen3-4b_h100x8": ("qwen3-4b", "h100x8"),
+    "glm4.5-355b-a32b_h100x64": ("glm4.5-355b-a32b", "h100x64"),
+    "glm4.7-flash_h100x8": ("glm4.7-flash", "h100x8"),
+}
+
+
+MakeRun = Callable[..., RunConfig]
+
+
+def searching(cfg: RunConfig, **layout: object) -> RunConfig:
+    """The same run with its layout left to the search (fields in `layout` fixed)."""
+    return cfg.model_copy(
+        update={"layout": LayoutConfig.model_validate({"name": "auto", "search": True, **layout})}
+    )
+
+
+@pytest.mark.parametrize("seed", sorted(SEEDS))
+def test_the_seeds_layout_is_a_candidate_and_the_choice_rates_at_least_as_well(
+    seed: str, run_config: MakeRun
+) -> None:
+    model, hardware = SEEDS[seed]
+    shipped = run_config(model, hardware)  # the seed's layout, and its recipe settings
+    search = search_layout(searching(shipped), reference=(seed, shipped))
+    ref, chosen = search.reference, search.chosen
+    assert chosen is not None and ref is not None and ref.step_s is not None
+    assert ref.rank is not None, f"{seed}: {ref.description} is not among the feasible layouts"
+    assert chosen.step_s <= ref.step_s + 0.01
+    assert search.feasible >= ref.rank >= 1
+    if ref.rank > 1:  # where they differ, the output says by how much and where
+        assert ref.reason.startswith("the choice is ") and " less" in ref.reason
+    assert search.enumerated >= search.feasible > 0
+
+
+@pytest.mark.parametrize(
+    ("model", "hardware"),
+    [("qwen3-30b-a3b", "h100x16"), ("llama3.1-8b", "h200x1"), ("qwen3-8b", "h100x8")],
+)
+def test_pairs_without_a_shipped_layout_get_one_that_fits(
+    model: str, hardware: str, run_config: MakeRun
+) -> None:
+    cfg = searching(run_config(model, hardware, layout=False))
+    chosen_cfg, plan = plan_config(cfg)
+    assert plan.memory.fits
+    assert plan.search is not None and plan.search.chosen is not None
+    par = plan.parallel
+    assert (chosen_cfg.layout.train.tp, chosen_cfg.layout.train.pp) == (par.tp, par.pp)
+    # the plan marks what the search filled in
+    assert plan.is_derived("layout.train.tp") and plan.is_derived("recipe.optim.cpu_offload")
+    # the runners-up are slower or tied, never faster
+    steps = [c.step_s for c in plan.search.ranked]
+    assert steps[0] == pytest.approx(min(steps), abs=0.01)
+
+
+def test_fixed_fields_stay_fixed(run_config: MakeRun) -> None:
+    cfg = searching(run_config("qwen3-8b", "h100x8", layout=False), train={"tp": 2, "pp": 1})
+    chosen, plan = plan_config(cfg)
+    assert (plan.parallel.tp, plan.parallel.pp) == (2, 1)
+    assert not plan.is_derived("layout.train.tp")
+    assert chosen.layout.search  # searching again finds the same layout
+    again, _ = choose_layout(chosen)
+    assert again.layout == chosen.layout
+
+
+def test_async_loops_search_decoupled_splits_only(run_config: MakeRun) -> None:
+    cfg = searching(run_config("qwen3-4b", "h100x8", "grpo_dapo_async", layout=False))
+    _, plan = plan_config(cfg)
+    assert not plan.placement.colocate
+    assert plan.search is not None and plan.search.chosen is not None
+    assert plan.search.chosen.cost.overlapped  # rollout overlaps training in the estimate
+    refused = [r for r in plan.search.rejected if r.description.startswith("colocated")]
+    assert refused and "recipe.loop.mode" in refused[0].reason
+
+
+def test_nothing_fits_says_what_would(run_config: MakeRun) -> None:
+    cfg = searching(run_config("glm4.5-355b-a32b", "h100x8", layout=False))
+    with pytest.raises(UserError) as caught:
+        plan_config(cfg)
+    text = caught.value.issues[0].fix
+    assert "GPUs of 79.6 GiB" in text and "larger hardware profile" in text
+
+
+def test_splits_follow_the_layout(run_config: MakeRun) -> None:
+    base = run_config("qwen3-4b", "h100x16", layout=False)
+    splits = gpu_splits(searching(base))
+    assert splits[0].colocate and splits[0].train_gpus == 16
+    # several nodes: decoupled splits are whole nodes
+    assert [(s.train_gpus, s.rollout_gpus) for s in splits[1:]] == [(8, 8)]
+    assert all(not s.colocate for s in gpu_splits(searching(base, colocate=False)))
+
+
+def test_the_plan_shows_the_search_in_both_formats(run_config: MakeRun) -> None:
+    _, plan = plan_config(searching(run_config("qwen3-8b", "h100x8", layout=False)))
+    text = render_plan(plan, "table")
+    assert text.startswith("Layout search (layout=auto): ")
+    assert "chosen: colocated on 8" in text and "runners-up" in text
+    data = json.loads(render_plan(plan, "json"))
+    search = data["search"]
+    assert search["chosen"]["overrides"]["layout.train.tp"] == plan.parallel.tp
+    assert search["feasible"] > len(search["runners_up"]) > 0
+    assert search["chosen"]["step_s"] <= min(r["step_s"] for r in search["runners_up"]) + 0.01
+
+
+def test_candidate_keys_tell_layouts_apart(run_config: MakeRun) -> None:
+    _, plan = plan_config(searching(run_config("qwen3-8b", "h100x8", layout=False)))
+    assert plan.search is not None
+    keys = {c.key for c in plan.search.ranked}
+    assert len(keys) == len(plan.search.ranked)
+    chosen = plan.search.chosen
+    assert chosen is not None
+    assert chosen.key == candidate_key(
+        chosen.sizes, plan.parallel, plan.memory.host.optimizer_gib > 0, chosen.engine
+    )
