@@ -848,10 +848,13 @@ def why_faster(chosen: Candidate, other: Candidate) -> str:
     shown = [f"{name} {gain:.2f} s less" for gain, name in gains[:2] if gain > 0.005]
     total = b.total_s - a.total_s
     what = ", ".join(shown) if shown else "the parts add up lower"
-    overlap = ""
-    if a.overlapped != b.overlapped:
-        overlap = " (rollout overlaps training)" if a.overlapped else ""
-    return f"the choice is {total:.2f} s per rollout faster{overlap}: {what}"
+    split = ""
+    if (chosen.sizes.colocate, chosen.sizes.train_gpus) != (
+        other.sizes.colocate,
+        other.sizes.train_gpus,
+    ):
+        split = f" ({describe_split(chosen.sizes)} instead of {describe_split(other.sizes)})"
+    return f"the choice is {total:.2f} s per rollout faster{split}: {what}"
 
 
 # ----------------------------------------------------------------------------- the entry
