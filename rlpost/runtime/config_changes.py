@@ -7,7 +7,7 @@ and the resume check both use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ SHAPE_FIELDS = (
 IGNORED_ON_RESUME = ("run.resume", "run.progress", "mode", "plan.format")
 
 NOTES = {
+    "layout.train": "the saved weights and optimizer state are resharded to the new layout",
     "recipe.data": "the prompt order after the resume differs from the original run's",
     "run.seed": "sampling after the resume differs from the original run's",
     "recipe.rollout.num_rollout": "the run now ends at the new count",
@@ -110,15 +111,15 @@ class ParallelChange:
 
 
 def parallel_changes(
-    before: Mapping[str, Any], after: Mapping[str, Any], dp_reshards: bool
+    before: Mapping[str, Any], after: Mapping[str, Any], reshards: Collection[str]
 ) -> list[ParallelChange]:
-    """Differences of the plans' parallel grids; with `dp_reshards` the saved state loads
-    under another DP size."""
+    """Differences of the plans' parallel grids; the saved state loads under another value of
+    the sizes in `reshards`."""
     changes = []
     for key in ("tp", "pp", "cp", "ep", "etp", "dp"):
         old, new = before.get(key), after.get(key)
         if old is not None and new is not None and old != new:
-            changes.append(ParallelChange(key, old, new, key == "dp" and dp_reshards))
+            changes.append(ParallelChange(key, old, new, key in reshards))
     return changes
 
 
@@ -149,8 +150,10 @@ def check_resume_changes(
         Issue(
             key=f"layout.train.{g.key}",
             value=g.after,
-            message=f"the checkpoint was saved with {g.key}={g.before}; this trainer cannot "
-            "reshard saved state to another parallel layout",
+            message=f"the checkpoint was saved with {g.key}={g.before}, and its saved state "
+            f"cannot be resharded to {g.key}={g.after} (the torch trainer's state is data "
+            "parallel only; a megatron checkpoint written before rlpost saved Adam's state "
+            "per parameter keeps its TP/PP/EP; a replicated optimizer keeps its EP/ETP)",
             fix=f"resume with {g.key}={g.before} (set layout.train.{g.key}), or export the "
             "checkpoint to HF (tools/export_hf.py) and start a new run from it",
         )

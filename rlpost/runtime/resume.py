@@ -28,7 +28,7 @@ from rlpost.runtime.config_changes import (
     render_changes,
 )
 from rlpost.runtime.progress import status
-from rlpost.runtime.run_state import CONFIG_FILE, LoopState, read_loop_state
+from rlpost.runtime.run_state import CONFIG_FILE, TRAINER_DIR, LoopState, read_loop_state
 from rlpost.runtime.rundir import config_dict
 from rlpost.schema import RunConfig
 
@@ -67,9 +67,7 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     state = read_loop_state(path)
     saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
     changes = diff_configs(saved, config_dict(cfg))  # both redacted alike
-    # both backends reload under another DP size: the torch trainer's ranks are replicas, and
-    # megatron-core's distributed optimizer state is saved in a DP-reshardable format
-    grid = parallel_changes(state.parallel, plan_grid(plan), dp_reshards=True)
+    grid = parallel_changes(state.parallel, plan_grid(plan), _reshards(path, state, saved))
     backends = (state.trainer_backend, trainer_backend(cfg, plan))
     reported = check_resume_changes(changes, grid, str(path), backends)
     status(f"resuming from {path} ({state.rollouts_done} rollouts done)")
@@ -79,6 +77,18 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     if not state.optimizer_saved:
         status("the checkpoint has no optimizer state (save.save_optimizer=false): Adam restarts")
     return ResumePoint(path, state, reported)
+
+
+def _reshards(path: Path, state: LoopState, saved: dict[str, Any]) -> frozenset[str]:
+    """The parallel sizes the saved trainer state loads under when they change: the torch
+    trainer's ranks are replicas (DP only); megatron-core's checkpoints reshard as their
+    record says (rlpost.backends.megatron.ckpt_format)."""
+    if state.trainer_backend != "megatron":
+        return frozenset({"dp"})
+    from rlpost.backends.megatron.ckpt_format import reshardable_keys
+
+    train = (saved.get("layout") or {}).get("train") or {}
+    return reshardable_keys(path / TRAINER_DIR, bool(train.get("distributed_optimizer", True)))
 
 
 def _report(scan: checkpoint.Scan) -> None:

@@ -57,3 +57,46 @@ def test_megatron_takes_the_torch_trainers_first_step(
     # the second rollout came from engines serving the megatron trainer's updated weights
     assert run[1]["train/kl"] > 0.0
     assert (tmp_path / "run" / "ckpt" / "rollout_2" / "trainer" / "metadata.json").is_file()
+
+
+def hf_weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    return tensors
+
+
+def test_a_run_moves_to_another_layout_and_takes_the_same_step(tmp_path: Path) -> None:
+    """Three rollouts under TP2, then the fourth resumed under TP1 x DP2 (the weights and
+    Adam's state resharded by megatron-core) equals the fourth of the run that stayed on TP2:
+    the same samples (data position and RNG carried over), loss, grad norm and weights."""
+    common = (
+        "trainer.backend=megatron",
+        "recipe.rollout.num_rollout=4",
+        "recipe.save.interval=1",
+        "recipe.save.keep_last=4",
+        "recipe.save.save_hf_interval=4",
+    )
+    kept = launch(tmp_path / "kept", *common, "layout.train.tp=2")
+    resume = f"run.resume={tmp_path / 'kept' / 'ckpt' / 'rollout_3'}"
+    moved_dir = tmp_path / "moved"
+    command = [sys.executable, str(ROOT / "launch.py"), f"run.dir={moved_dir}", *SHORT, *common]
+    command += [resume, "layout.train.tp=1", "layout.train.dp=2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "layout.train.tp: 2 -> 1" in done.stdout  # the change is listed, and allowed
+    moved = [json.loads(line) for line in (moved_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in moved] == [3]
+    after, stayed = moved[0], kept[3]
+    assert after["rollout/reward_mean"] == stayed["rollout/reward_mean"]  # the same samples
+    assert after["rollout/response_tokens"] == stayed["rollout/response_tokens"]
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+        assert after[key] == pytest.approx(stayed[key], rel=1e-4, abs=1e-7), key
+    kept_w = hf_weights(tmp_path / "kept" / "hf" / "rollout_4")
+    moved_w = hf_weights(moved_dir / "hf" / "rollout_4")
+    assert kept_w.keys() == moved_w.keys()
+    for name, weight in kept_w.items():
+        diff = (moved_w[name].float() - weight.float()).abs().max().item()
+        assert diff <= 1e-4 * weight.float().abs().max().item() + 1e-7, name

@@ -43,6 +43,9 @@ These apply on any machine, CUDA or not, and are equally version-gated:
   * `multi_latent_attention.HAVE_TE = False`: 0.16's import guard succeeds without TE (the
     extension module imports with mocks in TE's place) and MLA's constructor then calls
     isinstance(..., <mock>). Can go with the same upstream fix.
+  * `DistributedOptimizer._set_main_param_and_optimizer_states` keeps torch Adam's live
+    `step` when a fully_reshardable checkpoint's state (which leaves `step` out) is copied in;
+    without Apex or TE only. Can go when megatron-core copies by the saved keys.
 - `untie_adam_steps(optimizer)` after loading a distributed-optimizer checkpoint: without Apex
   or TransformerEngine (torch's own AdamW) megatron-core 0.16 restores every parameter's Adam
   `step` as one shared tensor, which torch's foreach AdamW then increments once per parameter
@@ -280,6 +283,34 @@ def install_te_fallbacks() -> None:
         moe_utils.te_general_gemm = None
     if importlib.util.find_spec("transformer_engine") is None:
         multi_latent_attention.HAVE_TE = False
+    _keep_adam_steps_on_reshard()
+
+
+def _keep_adam_steps_on_reshard() -> None:
+    """Without Apex or TE, torch's Adam keeps `step` in every parameter's state; loading a
+    fully_reshardable checkpoint copies each saved state into the live one by the live keys
+    and skips `step` on the saved side (load_state_dict already restored it), so the copy
+    fails on `step`. The live step stays as it is."""
+    from megatron.core.optimizer import distrib_optimizer as dopt
+
+    if getattr(dopt, "HAVE_APEX_OR_TE", True):
+        return
+    cls = dopt.DistributedOptimizer
+    original = cls._set_main_param_and_optimizer_states
+    if getattr(original, "_keeps_steps", False):
+        return
+
+    def set_states(self: Any, model_param: Any, tensors: dict[str, Any]) -> None:
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state[main_param].get("step")
+            if step is not None:
+                tensors = {**tensors, "step": step}
+        original(self, model_param, tensors)
+
+    set_states._keeps_steps = True  # type: ignore[attr-defined]
+    cls._set_main_param_and_optimizer_states = set_states
 
 
 def install_cpu_state() -> None:

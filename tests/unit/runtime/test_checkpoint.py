@@ -192,14 +192,35 @@ def test_other_changes_are_reported_and_launch_options_ignored() -> None:
     assert [(c.key, c.before, c.after) for c in reported] == [("recipe.optim.lr", 1e-4, 2e-4)]
 
 
-def test_data_parallel_change_loads_replicas_but_tensor_parallel_does_not() -> None:
+def test_a_grid_change_passes_only_where_the_saved_state_reshards() -> None:
     grid = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 2}
-    fewer_ranks = parallel_changes(grid, {**grid, "dp": 1}, dp_reshards=True)
+    fewer_ranks = parallel_changes(grid, {**grid, "dp": 1}, {"dp"})
     assert check_resume_changes([], fewer_ranks, "c") == []
     with pytest.raises(UserError, match=r"layout\.train\.dp"):
-        check_resume_changes([], parallel_changes(grid, {**grid, "dp": 1}, False), "c")
+        check_resume_changes([], parallel_changes(grid, {**grid, "dp": 1}, ()), "c")
     with pytest.raises(UserError, match=r"layout\.train\.tp"):
-        check_resume_changes([], parallel_changes(grid, {**grid, "tp": 2}, True), "c")
+        check_resume_changes([], parallel_changes(grid, {**grid, "tp": 2}, {"dp"}), "c")
+    moved = parallel_changes(grid, {**grid, "tp": 2, "dp": 1}, {"tp", "dp"})
+    assert [(g.key, g.resharded) for g in moved] == [("tp", True), ("dp", True)]
+    assert check_resume_changes([], moved, "c") == []
+
+
+@pytest.mark.parametrize(
+    ("record", "distributed", "expected"),
+    [
+        ({"optimizer": True, "optimizer_format": "fully_reshardable"}, True, "tp pp cp ep etp dp"),
+        ({"optimizer": True, "optimizer_format": "fully_reshardable"}, False, "tp pp cp dp"),
+        ({"optimizer": True}, True, "dp"),  # written before the format was recorded
+        ({"optimizer": False}, True, "tp pp cp ep etp dp"),  # weights alone load anywhere
+    ],
+)
+def test_megatron_checkpoints_reshard_as_their_record_says(
+    tmp_path: Path, record: dict[str, object], distributed: bool, expected: str
+) -> None:
+    from rlpost.backends.megatron.ckpt_format import STATE_FILE, reshardable_keys
+
+    (tmp_path / STATE_FILE).write_text(json.dumps({"step": 3, **record}))
+    assert reshardable_keys(tmp_path, distributed) == frozenset(expected.split())
 
 
 # ---- where a launch starts ------------------------------------------------------------------

@@ -236,15 +236,20 @@ def make_setup(tiny_models: Callable[[str], ModelConfig]) -> Callable[..., Setup
 
 @pytest.fixture
 def kept_and_resumed(tmp_path: Path) -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
-    """(setup, samples, with_optimizer=True) -> step_after's results for the run that kept
-    going, then for the run resumed from its checkpoint (saved under tmp_path)."""
+    """(setup, samples, with_optimizer=True, resumed_layout=None) -> step_after's results for
+    the run that kept going, then for the run resumed from its checkpoint (saved under
+    tmp_path), under `resumed_layout` when given."""
 
     def both(
-        setup: Setup, samples: list[TrainSample], with_optimizer: bool = True
+        setup: Setup,
+        samples: list[TrainSample],
+        with_optimizer: bool = True,
+        resumed_layout: ParallelLayout | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         ckpt = tmp_path / "checkpoint"
         kept = setup.run(step_after, samples, ckpt, False, with_optimizer)
-        return kept, setup.run(step_after, samples, ckpt, True, with_optimizer)
+        resumed = setup if resumed_layout is None else replace(setup, layout=resumed_layout)
+        return kept, resumed.run(step_after, samples, ckpt, True, with_optimizer)
 
     return both
 
@@ -273,6 +278,11 @@ def one_thread() -> None:
 @pytest.fixture
 def world() -> Callable[..., list[Any]]:
     return run_world
+
+
+@pytest.fixture
+def make_layout() -> Callable[..., ParallelLayout]:
+    return layout
 
 
 @pytest.fixture
