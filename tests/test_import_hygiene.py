@@ -33,6 +33,10 @@ with initialize_config_dir(config_dir={str(REPO / "conf")!r}, version_base=None)
 run = rlpost.schema.RunConfig.model_validate(OmegaConf.to_container(cfg, resolve=True))
 plan = build_plan(run)
 render_plan(plan, "table"); render_plan(plan, "json"); render_slime_args(run, plan)
+from rlpost.plan import plan_config
+from rlpost.schema.layout import LayoutConfig
+auto = run.model_copy(update={{"layout": LayoutConfig(name="auto", search=True)}})
+render_plan(plan_config(auto)[1], "table")  # layout=auto searches with the same light imports
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {FORBIDDEN!r})))
 """
 
