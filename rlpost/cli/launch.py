@@ -41,7 +41,7 @@ def _print_plan(cfg: RunConfig, plan: Plan) -> None:
 def _print_slime_args(cfg: RunConfig, plan: Plan) -> None:
     from rlpost.plan import render_slime_args
 
-    print(render_slime_args(cfg, plan))
+    print(render_slime_args(cfg, plan, cfg.plan.format), end="")
 
 
 def _claim(run_dir: Path) -> None:

@@ -10,6 +10,7 @@
     rlpost cluster up --hostfile FILE | status | down                    # a Ray cluster over ssh
     rlpost slurm model=... recipe=... hardware=... [--out FILE]         # an sbatch script
     rlpost kuberay model=... recipe=... hardware=... --image IMAGE      # a KubeRay RayJob
+    rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR]         # configs from slime
 
 Every user error exits 2 with its message and no traceback. None of these commands imports
 torch, ray, transformers, megatron or sglang except `run` when it trains.
@@ -75,7 +76,7 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def verbs() -> dict[str, Verb]:
-    from rlpost.cli import catalog, cluster, schedulers, show, validate
+    from rlpost.cli import catalog, cluster, import_slime, schedulers, show, validate
 
     return {
         "ls": _verb(catalog),
@@ -93,6 +94,7 @@ def verbs() -> dict[str, Verb]:
         "kuberay": Verb(
             schedulers.KUBERAY_HELP, schedulers.add_kuberay_arguments, schedulers.kuberay
         ),
+        "import": _verb(import_slime),
     }
 
 

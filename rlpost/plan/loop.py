@@ -102,7 +102,8 @@ def check_async_loop(ctx: PlanContext) -> list[Issue]:
                 "recipe.loop.mode",
                 f"the {mode} loop generates while the trainer trains, which needs separate "
                 f"train and rollout GPUs, and the layout ({cfg.layout.name}) is colocated",
-                f"decouple it, e.g. {split}, or use recipe.loop.mode: sync",
+                f"decouple it, e.g. {split}, or layout=auto (it searches decoupled layouts "
+                "only), or use recipe.loop.mode: sync",
                 mode,
             )
         )

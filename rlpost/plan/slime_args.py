@@ -25,9 +25,30 @@ SLIME_HOOKS = {
     "rlpost.filters.check_reward_nonzero_std": (
         "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
     ),
-    "rlpost.filters.pop_first": "slime.rollout.filter_hub.buffer_filters.pop_first",
 }
 """rlpost's built-in hooks and their slime counterparts; user hooks pass through as written."""
+
+SLIME_DEFAULT_HOOKS = {"--buffer-filter-path": "rlpost.filters.pop_first"}
+"""rlpost's hooks that do what slime does without the flag: not exported (slime's buffer
+takes the oldest groups first when --buffer-filter-path is unset; the module that once
+held its pop_first is gone from slime)."""
+
+SLIME_COMMIT = "624b824a"
+MEGATRON_COMMIT = "1dcf0daf"
+SGLANG_VERSION = "0.5.15.post1"
+PINNED = (
+    f"slime at commit {SLIME_COMMIT} (Megatron-LM {MEGATRON_COMMIT} as its docker image pins "
+    f"it, sglang {SGLANG_VERSION})"
+)
+"""The slime the export is written for."""
+
+RUNTIME_ENV = {
+    "PYTHONPATH": "/root/Megatron-LM/",
+    # Megatron's validate_args refuses TP or CP > 1 on Hopper without it (overlapped
+    # communication needs one hardware queue); slime's run scripts set it the same way
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+}
+"""The environment every train and rollout process of the exported job gets."""
 
 SLIME_REWARD_TYPES = {"remote": "remote_rm"}
 """rlpost's reward type names that slime spells otherwise (--rm-type)."""
@@ -116,7 +137,9 @@ def ckpt_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
 
 
 def _hook(path: str | None, name: str) -> list[Flag]:
-    return [] if path is None else [flag(name, SLIME_HOOKS.get(path, path))]
+    if path is None or SLIME_DEFAULT_HOOKS.get(name) == path:
+        return []
+    return [flag(name, SLIME_HOOKS.get(path, path))]
 
 
 def _reward_args(cfg: RunConfig) -> list[Flag]:
@@ -428,18 +451,66 @@ def _quote(token: str) -> str:
     return token if safe else "'" + token.replace("'", "'\\''") + "'"
 
 
-def render_slime_args(cfg: RunConfig, plan: Plan) -> str:
-    """Bash arrays per group, then the train.py command line that uses them."""
-    groups = slime_flag_groups(cfg, plan)
-    lines = [
-        f"# slime arguments for model={plan.model} recipe={plan.recipe} "
-        f"hardware={plan.hardware} (layout {plan.layout})",
-    ]
+def _arrays(groups: dict[str, list[Flag]]) -> list[str]:
+    lines = []
     for name, flags in groups.items():
         lines.append(f"{name}=(")
         lines += ["   " + " ".join(_quote(t) for t in f) for f in flags]
         lines.append(")")
-    script = "train_async.py" if cfg.recipe.loop.mode == "async" else "train.py"
+    return lines
+
+
+def _entry(cfg: RunConfig) -> str:
+    return "train_async.py" if cfg.recipe.loop.mode == "async" else "train.py"
+
+
+def render_slime_args(cfg: RunConfig, plan: Plan, fmt: str = "table") -> str:
+    """`table`: bash arrays per group, then the train.py command line that uses them; `json`:
+    the groups' argument tokens; `script`: a complete launch script in the shape of slime's
+    scripts/run-*.sh (environment, Ray head, `ray job submit` with the runtime env)."""
+    groups = slime_flag_groups(cfg, plan)
+    if fmt == "json":
+        tokens = {name: [t for f in flags for t in f] for name, flags in groups.items()}
+        return json.dumps({"slime": PINNED, "entry": _entry(cfg), "args": tokens}, indent=2) + "\n"
+    header = [
+        f"# slime arguments for model={plan.model} recipe={plan.recipe} "
+        f"hardware={plan.hardware} (layout {plan.layout})",
+        f"# written by rlpost from its plan for {PINNED}",
+    ]
     uses = " \\\n".join(f"   ${{{name}[@]}}" for name in groups)
-    lines.append(f"\npython3 {script} \\\n{uses}")
-    return "\n".join(lines) + "\n"
+    if fmt != "script":
+        lines = [*header, *_arrays(groups), f"\npython3 {_entry(cfg)} \\\n{uses}"]
+        return "\n".join(lines) + "\n"
+    env = "".join(f"export {k}={_quote(v)}\n" for k, v in RUNTIME_ENV.items())
+    runtime = json.dumps({"env_vars": RUNTIME_ENV})
+    p = plan.placement
+    head = (
+        'ray start --head --node-ip-address "${MASTER_ADDR}" '
+        f"--num-gpus {p.gpus_per_node} --disable-usage-stats"
+    )
+    workers = ""
+    if p.num_nodes > 1:
+        workers = (
+            f"# {p.num_nodes - 1} more node(s) join with `ray start --address "
+            f"${{MASTER_ADDR}}:6379 --num-gpus {p.gpus_per_node}` (or `rlpost cluster up "
+            "--hostfile FILE`)\n"
+        )
+    lines = [
+        "#!/bin/bash",
+        *header,
+        "set -ex",
+        env.rstrip("\n"),
+        'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"',
+        head,
+        *([workers.rstrip("\n")] if workers else []),
+        "",
+        *_arrays(groups),
+        "",
+        f"RUNTIME_ENV_JSON={_quote(runtime)}",
+        "",
+        'ray job submit --address="http://127.0.0.1:8265" \\',
+        '   --runtime-env-json="${RUNTIME_ENV_JSON}" \\',
+        f"   -- python3 {_entry(cfg)} \\",
+        uses,
+    ]
+    return "\n".join(line for line in lines if line is not None) + "\n"

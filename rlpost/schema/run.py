@@ -97,7 +97,11 @@ class EngineConfig(Section):
 
 
 class PlanOptions(Section):
-    format: Literal["table", "json"] = "table"
+    format: Literal["table", "json", "script"] = Field(
+        "table",
+        description="mode=plan: table or json; mode=slime_args: table (bash arrays), json, or "
+        "script (a complete slime launch script)",
+    )
     memory_check: Literal["refuse", "warn"] = Field(
         "refuse",
         description="a training launch whose plan does not fit in memory: refuse it before "
@@ -173,6 +177,17 @@ class RunConfig(Section):
     plan: PlanOptions = Field(default_factory=PlanOptions)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run: RunOptions = Field(default_factory=RunOptions)
+
+    @model_validator(mode="after")
+    def check_format_fits_mode(self) -> RunConfig:
+        if self.plan.format == "script" and self.mode != "slime_args":
+            raise InvariantError(
+                f"plan.format=script writes a slime launch script, which mode={self.mode} "
+                "does not print",
+                fields=("plan.format",),
+                fix="use mode=slime_args with it, or plan.format=table or json",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_context_fits(self) -> RunConfig:

@@ -169,7 +169,34 @@ def test_dynamic_sampling_maps_to_slime_filters(groups_for: GroupsFor) -> None:
         "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std" in rollout
     )
     assert "--partial-rollout" in rollout
-    assert "--buffer-filter-path slime.rollout.filter_hub.buffer_filters.pop_first" in rollout
+    # pop_first is what slime's buffer does unasked (the module once naming it is gone)
+    assert "--buffer-filter-path" not in rollout
+
+
+def test_every_format_of_the_export(compose_run: ComposeRun) -> None:
+    """json: the groups' tokens with the pinned slime; script: a launch script that bash
+    parses, with the environment Megatron needs for TP/CP on Hopper."""
+    import json
+
+    cfg = compose_run("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
+    plan = build_plan(cfg)
+    data = json.loads(render_slime_args(cfg, plan, "json"))
+    assert data["entry"] == "train.py" and "624b824a" in data["slime"]
+    assert data["args"] == slime_arg_groups(cfg, plan)
+    script = render_slime_args(cfg, plan, "script")
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script
+    assert '"CUDA_DEVICE_MAX_CONNECTIONS": "1"' in script  # in the job's runtime env too
+    assert "-- python3 train.py" in script and "ray start --head" in script
+    import subprocess
+
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_mla_models_give_megatron_their_kv_channels(groups_for: GroupsFor) -> None:
+    """Megatron derives kv_channels as hidden / heads unless told, and 2048 / 20 does not
+    divide: GLM-4.7-Flash's export names the V head size."""
+    model = groups_for("glm4.7-flash", "h100x8")["MODEL_ARGS"]
+    assert model[model.index("--kv-channels") + 1] == "256"
 
 
 def test_decoupled_alternative_of_the_qwen_seed(groups_for: GroupsFor) -> None:

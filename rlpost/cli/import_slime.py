@@ -1,0 +1,73 @@
+"""`rlpost import slime SCRIPT.sh`: a slime launch script as rlpost configs.
+
+    rlpost import slime scripts/run-glm4-9B.sh --out imported/ [--slime-dir ~/slime]
+
+Reads the script's bash (arrays, `source scripts/models/*.sh`, variables, continuations) down
+to the `train.py` / `train_async.py` arguments, writes recipe/ and layout/ YAML (model/ and
+hardware/ when no shipped one matches) under --out, composes and plans them, and prints the
+command that launches them and every flag it did not import, with the reason and the
+nearest rlpost key. A sourced model script is read from --slime-dir when given, else stands
+for rlpost's own model of that name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlpost.errors import Issue, UserError
+
+HELP = "write rlpost configs from a slime launch script (scripts/run-*.sh)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", choices=["slime"], help="the framework the script is for")
+    parser.add_argument("script", type=Path, nargs="?", help="the launch script (bash)")
+    parser.add_argument(
+        "--table", action="store_true", help="print the flag -> key table (markdown) and exit"
+    )
+    parser.add_argument("--out", type=Path, default=Path("imported"), help="where to write")
+    parser.add_argument("--slime-dir", type=Path, help="a slime checkout, for sourced files")
+    parser.add_argument("--name", help="recipe and layout name (default: the script's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlpost.config.loader import compose_run_config
+    from rlpost.interop.slime_import import import_slime
+    from rlpost.plan import plan_config
+
+    if args.table:
+        from rlpost.interop.slime_import import flag_table
+
+        print(flag_table(), end="")
+        return 0
+    if args.script is None or not args.script.is_file():
+        raise UserError(
+            [Issue("SCRIPT", f"{args.script} is not a file", "give a slime launch script")],
+            title="import error",
+        )
+    imported = import_slime(args.script, args.slime_dir, args.name)
+    written = imported.write(args.out)
+    overrides = [*imported.overrides(), *imported.extra_overrides()]
+    cfg, _ = compose_run_config(overrides, config_dir=args.out)
+    _, plan = plan_config(cfg)
+    for path in written:
+        print(f"wrote {path}")
+    print(
+        f"\nentry point: {'async loop' if cfg.recipe.loop.mode == 'async' else 'sync loop'}; "
+        f"plan: {plan.placement.train_gpus} train GPUs, TP{plan.parallel.tp} PP"
+        f"{plan.parallel.pp} CP{plan.parallel.cp} EP{plan.parallel.ep} DP{plan.parallel.dp}, "
+        f"{plan.engine.num_engines} engine(s) of {plan.engine.gpus_per_engine}"
+    )
+    print("launch it with:")
+    print(f"  python launch.py --config-dir {args.out} {' '.join(overrides)}")
+    if imported.unmapped:
+        print(f"\n{len(imported.unmapped)} flag(s) not imported:")
+        for u in imported.unmapped:
+            value = f" {' '.join(u.values)}" if u.values else ""
+            print(f"  {u.flag}{value}: {u.reason} (nearest: {u.nearest})")
+    if imported.skipped:
+        print(f"\n{len(imported.skipped)} statement(s) of the script not run:")
+        for line in imported.skipped:
+            print(f"  {line}")
+    return 0

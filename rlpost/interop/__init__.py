@@ -1,0 +1,1 @@
+"""Reading other frameworks' launch scripts into rlpost configs (slime)."""

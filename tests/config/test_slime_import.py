@@ -1,0 +1,197 @@
+"""`rlpost import slime`: slime launch scripts become configs that plan to the same values, and
+export -> import -> export gives back the same arguments for every shipped combination."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+from rlpost.config.loader import compose_run_config
+from rlpost.errors import UserError
+from rlpost.interop.bash_script import read_script
+from rlpost.interop.slime_import import SLIME_MODEL_SCRIPTS, import_slime
+from rlpost.plan import build_plan, plan_config, render_slime_args, slime_arg_groups
+from rlpost.plan.slime_args import check_exportable
+from rlpost.schema import RunConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+SLIME_NAMES = {ours: slime for slime, ours in SLIME_MODEL_SCRIPTS.items()}
+SEEDS = [
+    ("glm4-9b", "h100x8"),
+    ("qwen3-4b", "h100x8"),
+    ("glm4.5-355b-a32b", "h100x64"),
+    ("glm4.7-flash", "h100x8"),
+]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def imported_config(script: Path, out: Path) -> tuple[RunConfig, object]:
+    imported = import_slime(script)
+    imported.write(out)
+    cfg, _ = compose_run_config(
+        [*imported.overrides(), *imported.extra_overrides()], config_dir=out
+    )
+    return plan_config(cfg)
+
+
+def seed_shaped(export: str, model: str) -> str:
+    """An export rewritten the way slime's run scripts are: the model's flags sourced from
+    scripts/models/, the command behind `ray job submit` with continuations."""
+    model_array = re.compile(r"^MODEL_ARGS=\(\n(?:   .*\n)*?\)\n", re.M)
+    source = 'SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+    source += f'source "${{SCRIPT_DIR}}/models/{SLIME_NAMES[model]}.sh"\n'
+    text = model_array.sub(lambda m: source, export, count=1)
+    return text.replace(
+        "\npython3 ",
+        '\nray job submit --address="http://127.0.0.1:8265" \\\n'
+        '   --runtime-env-json="${RUNTIME_ENV_JSON}" \\\n   -- python3 ',
+    )
+
+
+@pytest.mark.parametrize(("model", "hardware"), SEEDS)
+def test_the_seed_scripts_import_to_the_shipped_plans(
+    model: str, hardware: str, tmp_path: Path
+) -> None:
+    shipped, _ = compose_run_config([f"model={model}", "recipe=grpo_dapo", f"hardware={hardware}"])
+    plan = build_plan(shipped)
+    script = tmp_path / f"run-{SLIME_NAMES[model]}.sh"
+    script.write_text(seed_shaped(render_slime_args(shipped, plan), model))
+    cfg, imported_plan = imported_config(script, tmp_path / "out")
+    assert cfg.model.name == model and cfg.hardware.name == hardware
+    ours, theirs = imported_plan.to_dict(), plan.to_dict()  # type: ignore[attr-defined]
+    for section in ("placement", "parallel", "engine", "batch", "memory", "runtime", "work"):
+        assert ours[section] == theirs[section], section
+    assert cfg.recipe.model_dump(exclude={"name", "description"}) == shipped.recipe.model_dump(
+        exclude={"name", "description"}
+    )
+
+
+def exportable(model: str, recipe: str, hardware: str) -> RunConfig | None:
+    try:
+        cfg, _ = compose_run_config([f"model={model}", f"recipe={recipe}", f"hardware={hardware}"])
+        check_exportable(cfg)
+        slime_arg_groups(cfg, build_plan(cfg))
+    except UserError:
+        return None
+    return cfg
+
+
+COMBINATIONS = list(
+    itertools.product(options("model"), options("recipe"), [h for h in options("hardware")])
+)
+
+
+def test_export_import_export_is_identical_for_every_shipped_combination(tmp_path: Path) -> None:
+    checked = 0
+    for i, (model, recipe, hardware) in enumerate(COMBINATIONS):
+        cfg = exportable(model, recipe, hardware)
+        if cfg is None:
+            continue
+        first = slime_arg_groups(cfg, build_plan(cfg))
+        script = tmp_path / f"run-{i}.sh"
+        script.write_text(render_slime_args(cfg, build_plan(cfg)))
+        again_cfg, again_plan = imported_config(script, tmp_path / f"out-{i}")
+        again = slime_arg_groups(again_cfg, again_plan)  # type: ignore[arg-type]
+        assert again == first, f"{model} x {recipe} x {hardware}"
+        checked += 1
+    assert checked >= 40
+
+
+def test_script_shapes_variables_arrays_and_what_is_not_imported(tmp_path: Path) -> None:
+    script = tmp_path / "run-custom.sh"
+    script.write_text(
+        """#!/bin/bash
+# a hand-written slime script
+set -ex
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+source "${SCRIPT_DIR}/models/qwen3-4B.sh"
+DATA=/data/math.jsonl
+LR=2e-6
+ROLLOUT_ARGS=(
+   --prompt-data ${DATA}     # the prompts
+   --input-key prompt --label-key label
+   --rm-type math
+   --num-rollout 10 --rollout-batch-size 8 --n-samples-per-prompt 4
+   --rollout-max-response-len 1024
+   --global-batch-size 32
+)
+ROLLOUT_ARGS+=( --rollout-temperature 0.8 )
+OPT=(--lr $LR --lr 3e-6 --weight-decay 0.0 --made-up-flag 3 --use-fault-tolerance)
+ray job submit --address="http://127.0.0.1:8265" \\
+   -- python3 train_async.py \\
+   --actor-num-nodes 1 --actor-num-gpus-per-node 4 --rollout-num-gpus 4 \\
+   ${MODEL_ARGS[@]} --hf-checkpoint /models/Qwen3-4B \\
+   ${ROLLOUT_ARGS[@]} "${OPT[@]}" \\
+   --tensor-model-parallel-size 2 --sequence-parallel \\
+   --use-dynamic-batch-size --max-tokens-per-gpu 4096 --rollout-num-gpus-per-engine 2
+"""
+    )
+    imported = import_slime(script)
+    values = imported.values
+    assert values["recipe.data.prompt_data"] == "/data/math.jsonl"
+    assert values["recipe.rollout.temperature"] == 0.8
+    assert values["recipe.optim.lr"] == 3e-6  # the later value counts, as in argparse
+    assert values["recipe.loop.mode"] == "async"
+    assert (values["layout.train.num_gpus"], values["layout.rollout.num_gpus"]) == (4, 4)
+    assert imported.model == "qwen3-4b-run_custom"  # qwen3-4b with the script's checkpoint
+    assert imported.model_file is not None
+    assert imported.model_file["hf_checkpoint"] == "/models/Qwen3-4B"
+    unmapped = {u.flag: u for u in imported.unmapped}
+    assert unmapped["--lr"].reason.startswith("given twice")
+    assert "not a slime or Megatron flag" in unmapped["--made-up-flag"].reason
+    assert unmapped["--use-fault-tolerance"].nearest == "engine.max_restarts"
+    assert any(s.startswith("set -ex") for s in imported.skipped)
+    cfg, plan = imported_config(script, tmp_path / "out")
+    assert not plan.placement.colocate and plan.parallel.tp == 2  # type: ignore[attr-defined]
+    assert cfg.recipe.loop.mode == "async"
+
+
+def test_model_flags_that_differ_are_listed_not_dropped(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "source scripts/models/glm4-9B.sh\nMODEL_ARGS+=( --rotary-base 500000 )\n"
+        "python3 train.py ${MODEL_ARGS[@]} --colocate --global-batch-size 8\n"
+    )
+    imported = import_slime(script)
+    assert imported.model == "glm4-9b"
+    [rotary] = [u for u in imported.unmapped if u.flag == "--rotary-base"]
+    assert rotary.values == ("500000",) and "differ from rlpost's glm4-9b" in rotary.reason
+
+
+def test_a_script_without_a_train_command_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "setup.sh"
+    script.write_text("pip install slime\nray start --head\n")
+    with pytest.raises(UserError, match=r"runs neither train\.py nor train_async\.py"):
+        import_slime(script)
+
+
+def test_bash_reading_continuations_arrays_and_sources(tmp_path: Path) -> None:
+    text = 'A=1\nARR=(\n  --x "$A b"  # c\n  --y\n)\npython3 x/train.py \\\n  ${ARR[@]} --z=$A\n'
+    script = read_script(tmp_path / "s.sh", lambda target: None, text)
+    assert script.entry == "train.py"
+    assert script.argv == ["--x", "1 b", "--y", "--z=1"]
+
+
+def test_the_readme_table_is_the_generated_one() -> None:
+    from rlpost.interop.slime_import import flag_table
+
+    readme = (CONF.parent / "README.md").read_text()
+    assert flag_table() in readme
+
+
+def test_the_launch_script_export_imports_too(tmp_path: Path) -> None:
+    shipped, _ = compose_run_config(["model=qwen3-4b", "recipe=grpo_dapo_async", "hardware=h100x8",
+                                     "layout=qwen3-4b_h100x8_async"])  # fmt: skip
+    plan = build_plan(shipped)
+    script = tmp_path / "run-qwen3-4B-async.sh"
+    script.write_text(render_slime_args(shipped, plan, "script"))
+    cfg, again = imported_config(script, tmp_path / "out")
+    assert cfg.recipe.loop.mode == "async"
+    assert slime_arg_groups(cfg, again) == slime_arg_groups(shipped, plan)  # type: ignore[arg-type]
