@@ -19,6 +19,19 @@ ComposeRun = Callable[..., RunConfig]
 
 
 @functools.cache
+def composed_combination(model: str, recipe: str, hardware: str) -> Any:
+    """compose_run_config's (RunConfig, SourceMap) for one shipped combination, or the
+    UserError it raised; composed once per test session (several test files go through every
+    combination, and Hydra takes ~70 ms per compose)."""
+    from rlpost.errors import UserError
+
+    try:
+        return compose_run_config([f"model={model}", f"recipe={recipe}", f"hardware={hardware}"])
+    except UserError as exc:
+        return exc
+
+
+@functools.cache
 def _composed(groups: tuple[str, ...]) -> dict[str, Any]:
     """The validated tree for these group choices, through the launcher's own loader."""
     return compose_run_config(list(groups))[0].model_dump()
@@ -45,3 +58,9 @@ def compose_run(*overrides: str) -> RunConfig:
 def compose_run_fixture() -> ComposeRun:
     """`compose_run("model=qwen3-4b", "recipe=grpo_dapo", "layout.train.tp=2") -> RunConfig`."""
     return compose_run
+
+
+@pytest.fixture(name="combination", scope="session")
+def combination_fixture() -> Callable[[str, str, str], Any]:
+    """`combination(model, recipe, hardware)`: composed_combination, shared by the files."""
+    return composed_combination

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rlpost.cli.launch import plan_run
-from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -200,13 +201,15 @@ def test_the_table_covers_shipped_groups_only() -> None:
 @pytest.mark.parametrize(
     ("model", "recipe", "hardware"), COMBINATIONS, ids=[" x ".join(c) for c in COMBINATIONS]
 )
-def test_combination(model: str, recipe: str, hardware: str) -> None:
+def test_combination(
+    model: str, recipe: str, hardware: str, combination: Callable[[str, str, str], Any]
+) -> None:
     expected = expected_failure(model, recipe, hardware)
     try:
-        run, sources = compose_run_config(
-            [f"model={model}", f"recipe={recipe}", f"hardware={hardware}"]
-        )
-        run, plan = plan_run(run, sources)
+        composed = combination(model, recipe, hardware)
+        if isinstance(composed, UserError):
+            raise composed
+        run, plan = plan_run(*composed)
     except UserError as exc:
         if expected is None:
             pytest.fail(f"{model} x {recipe} x {hardware} should plan:\n{exc.render()}")

@@ -133,3 +133,30 @@ def test_candidate_keys_tell_layouts_apart(run_config: MakeRun) -> None:
     assert chosen.key == candidate_key(
         chosen.sizes, plan.parallel, plan.memory.host.optimizer_gib > 0, chosen.engine
     )
+
+
+def test_the_launcher_plans_and_runs_the_chosen_layout() -> None:
+    """`launch.py layout=auto`: the config the run gets is the chosen one (the CPU default's
+    search picks its shipped layout: two train ranks, two engines of one slot)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlpost.cli.launch import plan_run
+    from rlpost.config.loader import compose_run_config
+
+    cfg, sources = compose_run_config(["layout=auto"])
+    run, plan = plan_run(cfg, sources)
+    assert run.layout.search and run.layout.train.num_gpus == plan.placement.train_gpus == 2
+    assert (run.layout.train.tp, run.layout.rollout.gpus_per_engine) == (1, 1)
+    assert plan.search is not None and plan.search.reference is not None
+    assert plan.search.reference.reason == "the search chose this layout"
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, str(root / "launch.py"), "layout=auto", "mode=plan", "plan.format=json"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"search": {' in done.stdout
