@@ -41,22 +41,38 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return launch(tmp_path_factory.mktemp("torch") / "run", "trainer.backend=torch")
 
 
+# four rollouts under TP2, a checkpoint after each, the policy as HF after the last
+MEGATRON = (
+    "trainer.backend=megatron",
+    "engine.weight_sync=distributed",
+    "recipe.rollout.num_rollout=4",
+    "recipe.save.interval=1",
+    "recipe.save.keep_last=4",
+    "recipe.save.save_hf_interval=4",
+)
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    run_dir = tmp_path_factory.mktemp("tp2") / "run"
+    return run_dir, launch(run_dir, *MEGATRON, "layout.train.tp=2")
+
+
 def test_megatron_takes_the_torch_trainers_first_step(
-    torch_run: list[dict[str, Any]], tmp_path: Path
+    torch_run: list[dict[str, Any]], tp2_run: tuple[Path, list[dict[str, Any]]]
 ) -> None:
     """TP2 with the weights broadcast to the engines (gathered from the TP shards). DP2 and
     disk sync with megatron-core run in tests/unit/backends/megatron and in the fully
     asynchronous fault run (tests/integration/test_resume.py)."""
-    overrides = ("layout.train.tp=2", "engine.weight_sync=distributed")
-    run = launch(tmp_path / "run", "trainer.backend=megatron", *overrides)
-    assert [r["rollout_id"] for r in run] == [0, 1]
+    run_dir, run = tp2_run
+    assert [r["rollout_id"] for r in run] == [0, 1, 2, 3]
     first, reference = run[0], torch_run[0]
     assert first["rollout/reward_mean"] == reference["rollout/reward_mean"]  # same samples
     for key in FIRST_STEP:
         assert first[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), key
     # the second rollout came from engines serving the megatron trainer's updated weights
     assert run[1]["train/kl"] > 0.0
-    assert (tmp_path / "run" / "ckpt" / "rollout_2" / "trainer" / "metadata.json").is_file()
+    assert (run_dir / "ckpt" / "rollout_2" / "trainer" / "metadata.json").is_file()
 
 
 def hf_weights(folder: Path) -> dict[str, Any]:
@@ -68,22 +84,17 @@ def hf_weights(folder: Path) -> dict[str, Any]:
     return tensors
 
 
-def test_a_run_moves_to_another_layout_and_takes_the_same_step(tmp_path: Path) -> None:
+def test_a_run_moves_to_another_layout_and_takes_the_same_step(
+    tp2_run: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     """Three rollouts under TP2, then the fourth resumed under TP1 x DP2 (the weights and
     Adam's state resharded by megatron-core) equals the fourth of the run that stayed on TP2:
     the same samples (data position and RNG carried over), loss, grad norm and weights."""
-    common = (
-        "trainer.backend=megatron",
-        "recipe.rollout.num_rollout=4",
-        "recipe.save.interval=1",
-        "recipe.save.keep_last=4",
-        "recipe.save.save_hf_interval=4",
-    )
-    kept = launch(tmp_path / "kept", *common, "layout.train.tp=2")
-    resume = f"run.resume={tmp_path / 'kept' / 'ckpt' / 'rollout_3'}"
+    kept_dir, kept = tp2_run
     moved_dir = tmp_path / "moved"
-    command = [sys.executable, str(ROOT / "launch.py"), f"run.dir={moved_dir}", *SHORT, *common]
-    command += [resume, "layout.train.tp=1", "layout.train.dp=2"]
+    command = [sys.executable, str(ROOT / "launch.py"), f"run.dir={moved_dir}", *SHORT, *MEGATRON]
+    command += [f"run.resume={kept_dir / 'ckpt' / 'rollout_3'}", "layout.train.tp=1"]
+    command += ["layout.train.dp=2"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "layout.train.tp: 2 -> 1" in done.stdout  # the change is listed, and allowed
@@ -94,7 +105,7 @@ def test_a_run_moves_to_another_layout_and_takes_the_same_step(tmp_path: Path) -
     assert after["rollout/response_tokens"] == stayed["rollout/response_tokens"]
     for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
         assert after[key] == pytest.approx(stayed[key], rel=1e-4, abs=1e-7), key
-    kept_w = hf_weights(tmp_path / "kept" / "hf" / "rollout_4")
+    kept_w = hf_weights(kept_dir / "hf" / "rollout_4")
     moved_w = hf_weights(moved_dir / "hf" / "rollout_4")
     assert kept_w.keys() == moved_w.keys()
     for name, weight in kept_w.items():
