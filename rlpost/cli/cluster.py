@@ -251,32 +251,11 @@ class NodeRow:
 
 
 def read_nodes(address: str, node_address: str) -> list[NodeRow]:
-    """The cluster's nodes as its head reports them (joins as a driver, then leaves)."""
-    import logging
+    """The cluster's nodes as its GCS reports them (no driver joins: milliseconds).
+    `node_address` is this machine's address in the cluster (unused by the GCS read)."""
+    from rlpost.runtime.gcs import read_gcs_nodes
 
-    import ray
-
-    from rlpost.runtime.cluster import use_cluster_token
-
-    use_cluster_token()
-    ray.init(
-        address=address,
-        _node_ip_address=node_address,
-        logging_level=logging.ERROR,
-        log_to_driver=False,
-    )
-    try:
-        return [
-            NodeRow(
-                str(n["NodeManagerAddress"]),
-                bool(n["Alive"]),
-                float(n["Resources"].get("GPU", 0)),
-                float(n["Resources"].get("CPU", 0)),
-            )
-            for n in ray.nodes()
-        ]
-    finally:
-        ray.shutdown()
+    return [NodeRow(n.address, n.alive, n.gpus, n.cpus) for n in read_gcs_nodes(address)]
 
 
 def poll_nodes(

@@ -137,17 +137,28 @@ def choose_nodes(
             f"launch on a node with {per_node} {unit} (the head, as `ray job submit` does), "
             f"or give this node its {unit}",
         )
+    check_capacity(hw, nodes, slots)  # `here` holds a node's worth: it is one of them
     others = sorted((n for n in fits if n is not here), key=lambda n: _address_key(n.address))
-    chosen = [here, *others][:needed_nodes]
-    if len(chosen) < needed_nodes:
+    return [here, *others][:needed_nodes]
+
+
+def check_capacity(hw: HardwareConfig, nodes: Sequence[NodeInfo], slots: int) -> None:
+    """UserError when the cluster has fewer nodes that hold a node's worth of slots than the
+    run needs, wherever it is launched from (the preflight checks this before the launch
+    joins the cluster)."""
+    per_node = hw.gpus_per_node
+    needed_nodes = -(-slots // per_node)
+    unit = "GPUs" if hw.kind == "gpu" else "CPUs"
+    fits = [n for n in nodes if _capacity(hw, n) >= per_node]
+    if len(fits) < needed_nodes:
+        need = f"needs {needed_nodes} node{'s' if needed_nodes > 1 else ''} x {per_node} {unit}"
         raise _mismatch(
             hw,
-            f"the cluster has {have}; hardware={hw.name} {need}",
-            f"add {needed_nodes - len(chosen)} node(s) with {per_node} {unit} (rlpost cluster "
+            f"the cluster has {describe_nodes(hw, nodes)}; hardware={hw.name} {need}",
+            f"add {needed_nodes - len(fits)} node(s) with {per_node} {unit} (rlpost cluster "
             "up --hostfile FILE, or ray start --address HEAD on each), or pick the hardware "
             "profile this cluster matches",
         )
-    return chosen
 
 
 def _mismatch(hw: HardwareConfig, message: str, fix: str) -> UserError:

@@ -70,6 +70,12 @@ class Placement:
     def total_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
+    @property
+    def slots_in_use(self) -> int:
+        """Device slots the run reserves: train ranks, engines (unless colocated), reward."""
+        used = used_slots(self.colocate, self.train_gpus, self.rollout_gpus)
+        return used + (1 if self.reward_slot is not None else 0)
+
 
 def all_slots(num_nodes: int, gpus_per_node: int) -> list[Slot]:
     return [Slot(node, gpu) for node in range(num_nodes) for gpu in range(gpus_per_node)]

@@ -374,15 +374,19 @@ MachineCheck = Callable[[RunConfig, Plan], Iterable[Issue]]
 
 
 def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
-    """A multi-node profile has a cluster to join, and a head given as host:port answers."""
+    """A multi-node profile has a cluster to join, a head given as host:port answers, and
+    the cluster has the nodes the profile needs (read from its GCS in well under a second,
+    before the launch joins it)."""
     issues = check_cluster_source(cfg)
     address = ray_address(cfg)
-    if address and address != "auto" and ":" in address and "://" not in address:
+    if not address or "://" in address:
+        return issues
+    key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+    if address != "auto" and ":" in address:
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_TIMEOUT_S).close()
         except (OSError, ValueError) as exc:
-            key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
             issues.append(
                 Issue(
                     key,
@@ -392,7 +396,25 @@ def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
                     value=address,
                 )
             )
+            return issues
+    issues += _cluster_capacity(cfg, plan, address)
     return issues
+
+
+def _cluster_capacity(cfg: RunConfig, plan: Plan, address: str) -> list[Issue]:
+    from rlpost.plan.cluster import NodeInfo, check_capacity
+    from rlpost.runtime.gcs import read_gcs_nodes
+
+    try:
+        found = read_gcs_nodes(address)
+    except (ConnectionError, RuntimeError, ValueError):
+        return []  # joining reports it, with Ray's own words
+    nodes = [NodeInfo(n.address, int(n.gpus), int(n.cpus)) for n in found if n.alive]
+    try:
+        check_capacity(cfg.hardware, nodes, plan.placement.slots_in_use)
+    except UserError as exc:
+        return list(exc.issues)
+    return []
 
 
 MACHINE_CHECKS: tuple[MachineCheck, ...] = (

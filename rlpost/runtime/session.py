@@ -68,10 +68,7 @@ class Session:
         self.cfg = cfg
         self.plan = plan
         self.run_dir = run_dir
-        placement = plan.placement
-        used = placement.train_gpus + (0 if placement.colocate else placement.rollout_gpus)
-        used += 1 if placement.reward_slot is not None else 0
-        self.cluster = Cluster(cfg.hardware, used, cfg)
+        self.cluster = Cluster(cfg.hardware, plan.placement.slots_in_use, cfg)
         self.trainers: list[ray.actor.ActorHandle] = []
         self.reward_actor: ray.actor.ActorHandle | None = None
         self.pool: EnginePool | None = None

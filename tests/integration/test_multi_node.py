@@ -113,4 +113,6 @@ def test_a_profile_the_running_cluster_cannot_hold_is_refused_in_seconds(
     )
     assert "Traceback" not in done.stderr
     print(f"refused after {elapsed:.1f} s")
-    assert elapsed < 30  # imports and joining included; the check itself takes milliseconds
+    # the preflight reads the cluster's nodes from its GCS before torch or a Ray driver:
+    # about 1.2 s end to end on an idle 2-core machine, the interpreter and imports included
+    assert elapsed < 10

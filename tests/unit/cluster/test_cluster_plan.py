@@ -123,6 +123,33 @@ def test_a_head_that_does_not_answer_is_refused_in_seconds() -> None:
     assert "no Ray head answers at 127.0.0.1:9" in issues[0].message
 
 
+def test_the_preflight_compares_the_clusters_nodes_before_joining_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GCS's node list (read without joining) against the profile: the refusal comes
+    from the preflight, before torch or a Ray driver."""
+    from rlpost.runtime import gcs
+
+    cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
+    plan = build_plan(cfg)
+    one_node = [gcs.GcsNode("10.0.0.1", True, 8, 224), gcs.GcsNode("10.0.0.2", False, 8, 224)]
+    monkeypatch.setattr(gcs, "read_gcs_nodes", lambda address: one_node)
+    issues = check_cluster(cfg, plan)
+    assert [i.key for i in issues] == ["hardware"]
+    assert "the cluster has 1 node with 8 GPUs; hardware=h100x64 needs 8 nodes x 8 GPUs" in (
+        issues[0].message
+    )
+    eight = [gcs.GcsNode(f"10.0.0.{i}", True, 8, 224) for i in range(1, 9)]
+    monkeypatch.setattr(gcs, "read_gcs_nodes", lambda address: eight)
+    assert check_cluster(cfg, plan) == []
+
+    def unreachable(address: str) -> list[gcs.GcsNode]:
+        raise ConnectionError("no GCS")
+
+    monkeypatch.setattr(gcs, "read_gcs_nodes", unreachable)
+    assert check_cluster(cfg, plan) == []  # joining reports it, in Ray's words
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
