@@ -32,11 +32,8 @@ def _attention_args(m: ModelConfig) -> list[Flag]:
         mla = m.mla
         flags: list[Flag] = [("--multi-latent-attention",)]
         flags += [_flag("--q-lora-rank", mla.q_lora_rank)] if mla.q_lora_rank else []
-        # Megatron's validate_args derives kv_channels as hidden / heads unless given, and
-        # refuses sizes that do not divide (GLM-4.7-Flash: 2048 / 20); MLA attention itself
-        # reads the head dims below, so the value heads use for V is given, as slime's
-        # DeepSeek-V3 script does
-        flags.append(_flag("--kv-channels", m.kv_channels or mla.v_head_dim))
+        # ModelConfig.megatron_kv_channels says why (slime's DeepSeek-V3 script gives it too)
+        flags.append(_flag("--kv-channels", m.megatron_kv_channels))
         return [
             *flags,
             _flag("--kv-lora-rank", mla.kv_lora_rank),

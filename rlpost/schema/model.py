@@ -149,6 +149,15 @@ class ModelConfig(Section):
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
+    @property
+    def megatron_kv_channels(self) -> int | None:
+        """Megatron's kv_channels: the model's, else for multi-latent attention the V head
+        size (MLA reads its own head dims; Megatron's validate_args derives hidden / heads
+        otherwise, and refuses sizes that do not divide, as GLM-4.7-Flash's 2048 / 20)."""
+        if self.kv_channels:
+            return self.kv_channels
+        return self.mla.v_head_dim if self.mla is not None else None
+
     @model_validator(mode="after")
     def check_query_groups_divide_heads(self) -> ModelConfig:
         if self.num_attention_heads % self.num_query_groups:

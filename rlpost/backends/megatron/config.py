@@ -242,7 +242,7 @@ def transformer_config(
         "ffn_hidden_size": model.ffn_hidden_size,
         "num_attention_heads": model.num_attention_heads,
         "num_query_groups": model.num_query_groups,
-        "kv_channels": model.kv_channels,
+        "kv_channels": model.megatron_kv_channels,
         "normalization": "RMSNorm",
         "layernorm_epsilon": model.norm_epsilon,
         "gated_linear_unit": True,

@@ -57,6 +57,8 @@ def test_resolve_loc_drops_pydantic_tags() -> None:
 def test_describe_field_states_type_range_and_null() -> None:
     assert describe_field(TrainLayout.model_fields["tp"]) == "an integer > 0, or null"
     assert describe_field(RolloutConfig.model_fields["top_p"]) == "a number > 0.0 and <= 1.0"
-    assert describe_field(PlanOptions.model_fields["format"]) == "one of 'table', 'json'"
+    assert describe_field(PlanOptions.model_fields["format"]) == (
+        "one of 'table', 'json', 'script'"
+    )
     assert describe_field(RolloutConfig.model_fields["stop"]) == "a list of strings"
     assert describe_field(RolloutLayout.model_fields["sglang"]) == "a mapping"
