@@ -222,3 +222,27 @@ def test_the_launch_script_export_imports_too(tmp_path: Path) -> None:
     cfg, again = imported_config(script, tmp_path / "out")
     assert cfg.recipe.loop.mode == "async"
     assert slime_arg_groups(cfg, again) == slime_arg_groups(shipped, plan)  # type: ignore[arg-type]
+
+
+SLIME_GROUPS = (
+    "CLUSTER_ARGS", "CKPT_ARGS", "ROLLOUT_ARGS", "EVAL_ARGS", "GRPO_ARGS", "SPEC_ARGS",
+    "TRACKING_ARGS",
+)  # fmt: skip
+"""The groups of slime's own flags (MODEL, PERF, OPTIMIZER and MISC hold Megatron's, and
+--sglang-* pass SGLang's options through)."""
+
+
+def test_exports_use_only_flags_slime_defines(combination: Callable[[str, str, str], Any]) -> None:
+    """slime parses with parse_known_args, so a flag it lacks would be dropped silently:
+    every exported flag of slime's own groups is one of its recorded argument names."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "slime_flags.txt"
+    known = {line for line in fixture.read_text().splitlines() if line.startswith("--")}
+    unknown: set[str] = set()
+    for model, recipe, hardware in COMBINATIONS:
+        cfg = exportable(combination(model, recipe, hardware))
+        if cfg is None:
+            continue
+        groups = slime_arg_groups(cfg, build_plan(cfg))
+        for name in SLIME_GROUPS:
+            unknown |= {t for t in groups.get(name, []) if t.startswith("--")} - known
+    assert not unknown
