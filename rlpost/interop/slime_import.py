@@ -12,9 +12,11 @@ from the script takes slime's (or Megatron's) default, as it would in slime.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,23 +381,16 @@ def _resolver(script: Path, slime_dir: Path | None) -> Callable[[str], str | Non
         if ours is None:
             return None
         tokens = [t for f in model_args(load_model(ours)) for t in f]
-        return "MODEL_ARGS=(\n" + "\n".join(_quote(t) for t in tokens) + "\n)\n"
+        return "MODEL_ARGS=(\n" + "\n".join(shlex.quote(t) for t in tokens) + "\n)\n"
 
     return resolve
 
 
-def _quote(token: str) -> str:
-    import shlex
-
-    return shlex.quote(token)
-
-
-def load_model(name: str, search: Path | None = None) -> ModelConfig:
-    for base in (search, CONF_DIR):
-        if base is not None and (base / "model" / f"{name}.yaml").is_file():
-            data = yaml.safe_load((base / "model" / f"{name}.yaml").read_text())
-            return ModelConfig.model_validate(data)
-    raise KeyError(name)
+@functools.cache
+def load_model(name: str) -> ModelConfig:
+    """A shipped model (read once: an import matches the script against all of them)."""
+    data = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())
+    return ModelConfig.model_validate(data)
 
 
 def shipped_models() -> list[str]:

@@ -158,7 +158,6 @@ def train_time(
     par: ParallelLayout,
     batch: BatchPlan,
     work: TrainWork,
-    params: ParamCount,
     memory: TrainMemory,
     train_gpus: int,
 ) -> TrainTime:

@@ -188,7 +188,7 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
     return resolved
 
 
-def _engine_shape(options: dict[str, Any]) -> tuple[int, int]:
+def engine_shape(options: dict[str, Any]) -> tuple[int, int]:
     """(attention dp size, SGLang expert-parallel size) from the pass-through options."""
     dp_size = int(options.get("dp_size") or 1) if options.get("enable_dp_attention") else 1
     ep_size = int(options.get("ep_size") or options.get("expert_parallel_size") or 1)
@@ -218,7 +218,7 @@ def _derive_engine_size(
 ) -> int:
     if cfg.hardware.kind == "cpu" or sizes.rollout_gpus == 0:
         return 1
-    dp_size, _ = _engine_shape(options)
+    dp_size, _ = engine_shape(options)
     candidates = engine_size_candidates(cfg, sizes, dp_size) or [1]
     for size in candidates:
         fraction = options.get("mem_fraction_static") or default_mem_fraction(
@@ -258,7 +258,7 @@ def _derive_engine_size(
 def resolve_engine(cfg: RunConfig, sizes: Sizes, rec: _Record) -> EngineLayout:
     rollout = cfg.layout.rollout
     options = dict(rollout.sglang)
-    dp_size, ep_size = _engine_shape(options)
+    dp_size, ep_size = engine_shape(options)
     fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
     size = rollout.gpus_per_engine
     if size is None:

@@ -46,7 +46,7 @@ from rlpost.plan.engine_memory import (
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host, estimate_train
-from rlpost.plan.parallel import powers_of_two
+from rlpost.plan.parallel import engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
 from rlpost.plan.work import plan_work
 from rlpost.schema import RunConfig
@@ -377,7 +377,7 @@ def engine_layouts(cfg: RunConfig, sizes: Sizes) -> Iterator[EngineLayout]:
         if sizes.rollout_gpus % size:
             continue
         if dp_fixed or model.moe is None:
-            dp_options = [int(fixed.get("dp_size") or 1) if fixed.get("enable_dp_attention") else 1]
+            dp_options = [engine_shape(fixed)[0]]
         else:
             dp_options = powers_of_two(size)
         for dp_size in dp_options:
@@ -388,7 +388,7 @@ def engine_layouts(cfg: RunConfig, sizes: Sizes) -> Iterator[EngineLayout]:
             fraction = options.get("mem_fraction_static") or default_mem_fraction(
                 hw, size, dp_size, options, sizes.colocate
             )
-            ep_size = int(options.get("ep_size") or options.get("expert_parallel_size") or 1)
+            ep_size = engine_shape(options)[1]
             yield EngineLayout(
                 gpus_per_engine=size,
                 num_engines=sizes.rollout_gpus // size,
@@ -483,7 +483,7 @@ class _Searcher:
                 memory = estimate_train(cfg.model, cfg.recipe, hw, par, sizes.colocate)
                 batch = batch or self._batch(par)
                 work = plan_work(cfg, par, batch, self.params.active)
-                timing = train_time(cfg, par, batch, work, self.params, memory, sizes.train_gpus)
+                timing = train_time(cfg, par, batch, work, memory, sizes.train_gpus)
                 option = TrainOption(
                     par, cpu_offload, memory, timing, offload_time(cfg, sizes, memory)
                 )
@@ -802,7 +802,7 @@ def rate_reference(
     )
     par, offload = plan.parallel, ref.recipe.optim.cpu_offload
     batch, memory = plan.batch, plan.memory
-    timing = train_time(ref, par, batch, plan.work, searcher.params, memory.train, sizes.train_gpus)
+    timing = train_time(ref, par, batch, plan.work, memory.train, sizes.train_gpus)
     train = TrainOption(par, offload, memory.train, timing, offload_time(ref, sizes, memory.train))
     engine = EngineOption(
         plan.engine,
