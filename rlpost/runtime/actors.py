@@ -33,7 +33,8 @@ class TrainActor:
     """One train rank; the backend (rlpost.runtime.trainers) does the work, the actor only
     hosts it. The run calls every method on all ranks at once."""
 
-    def __init__(self, spec: TrainerSpec, rank: int) -> None:
+    def __init__(self, spec: TrainerSpec, rank: int, env: dict[str, str]) -> None:
+        os.environ.update(env)  # before torch loads here: its thread pool reads it
         _seed_everything(spec.seed + rank)
         self.backend = spec.backend
         self.trainer = build_trainer(spec, rank)
@@ -87,7 +88,10 @@ class RewardModelActor:
     """The run's reward model on a device slot of its own (reward.model_placement: actor):
     built once, scoring the batches the driver sends (async: batches may overlap)."""
 
-    def __init__(self, path: str, settings: dict[str, object], on_gpu: bool) -> None:
+    def __init__(
+        self, path: str, settings: dict[str, object], on_gpu: bool, env: dict[str, str]
+    ) -> None:
+        os.environ.update(env)  # before torch loads here: its thread pool reads it
         from rlpost.rewards.model import build_reward_model
 
         self.path = path

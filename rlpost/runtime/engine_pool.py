@@ -170,11 +170,12 @@ def ray_engines(
     specs: Sequence[Sequence[EngineSpec]],
     cluster: Cluster,
     plan: Plan,
-    runtime_env: Callable[[int], dict[str, Any]],
+    server_env: Callable[[int], dict[str, str]],
     resources: dict[str, float],
+    runtime_env: dict[str, Any] | None = None,
 ) -> list[RayEngine]:
     """One RayEngine per engine; each node's actor in the bundle of the engine's first GPU
-    on that node, with `runtime_env(slot index)`."""
+    on that node, its server process started with `server_env(slot index)`."""
     placement = plan.placement
 
     def bundle_of(spec: EngineSpec) -> int:
@@ -185,9 +186,10 @@ def ray_engines(
 
     def make_actor(spec: EngineSpec) -> ray.actor.ActorHandle:
         index = bundle_of(spec)
-        return EngineActor.options(
-            scheduling_strategy=cluster.strategy(index), runtime_env=runtime_env(index), **resources
-        ).remote(spec)
+        options: dict[str, Any] = {"scheduling_strategy": cluster.strategy(index), **resources}
+        if runtime_env is not None:
+            options["runtime_env"] = runtime_env
+        return EngineActor.options(**options).remote(spec, server_env(index))
 
     return [RayEngine(per_node, make_actor) for per_node in specs]
 

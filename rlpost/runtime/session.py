@@ -18,15 +18,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import ray
 
-from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
+from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
 from rlpost.runtime.cluster import Cluster
@@ -64,8 +64,17 @@ def _since(start: float) -> str:
 
 
 class Session:
-    def __init__(self, cfg: RunConfig, plan: Plan, run_dir: Path) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        run_dir: Path,
+        before_actors: Awaitable[object] | None = None,
+    ) -> None:
+        """`before_actors`: awaited once Ray is up and before any actor starts (the run's
+        inputs, loading meanwhile: a problem with them stops the run there)."""
         self.cfg = cfg
+        self.before_actors = before_actors
         self.plan = plan
         self.run_dir = run_dir
         self.cluster = Cluster(cfg.hardware, plan.placement.slots_in_use, cfg)
@@ -93,9 +102,21 @@ class Session:
             self.cluster.start()  # in the main thread: Ray installs its signal handlers
             self.cluster.check_shared(self.run_dir)
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
+            if self.before_actors is not None:
+                await self.before_actors
             self._start_trainers()
             self._start_reward_model()
-            await self._start_engines()
+            # The router starts while the engines load (it needs none of them to start).
+            started = await asyncio.gather(
+                self._start_engines(),
+                asyncio.to_thread(self._launch_router),
+                return_exceptions=True,
+            )
+            if isinstance(started[1], Router):
+                self.router = started[1]
+            for outcome in started:
+                if isinstance(outcome, BaseException):
+                    raise outcome
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
             await self._start_router()
             await self.on_ranks("start", [t.ready.remote() for t in self.trainers])
@@ -156,10 +177,13 @@ class Session:
         hw = self.cfg.hardware
         return max(1, hw.cpus_per_node // hw.gpus_per_node)
 
-    def _thread_env(self, slot_index: int | None = None) -> dict[str, dict[str, str]]:
-        """Set before torch loads in the actor: its thread pool size and wait policy, and the
-        interface its collectives use: loopback on a single node; across nodes the hardware
-        profile's `socket_ifname`, or the interface that carries the slot's node address.
+    def _thread_env(self, slot_index: int | None = None) -> dict[str, str]:
+        """Set by each actor before torch loads in its process (an argument, not a Ray
+        runtime_env: a runtime_env gives every actor a fresh worker started through Ray's
+        setup process, while the workers Ray started in advance sit idle): the thread pool
+        size and wait policy, and the interface collectives use: loopback on a single node;
+        across nodes the hardware profile's `socket_ifname`, or the interface that carries
+        the slot's node address.
 
         Passive waiting matters on shared cores: spinning OpenMP threads of one process
         starve the others (measured 3x slower steps with two processes on two cores).
@@ -175,7 +199,7 @@ class Session:
         ifname = self._socket_ifname(slot_index)
         if ifname:
             env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
-        return {"env_vars": env}
+        return env
 
     def _socket_ifname(self, slot_index: int | None) -> str | None:
         if self.plan.runtime.loopback_only:
@@ -262,9 +286,9 @@ class Session:
             index = self._slot_index(slot.node, slot.gpu)
             strategy = self.cluster.strategy(index)
             resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
-            actor = TrainActor.options(
-                scheduling_strategy=strategy, runtime_env=self._thread_env(index), **resources
-            ).remote(spec, rank)
+            actor = TrainActor.options(scheduling_strategy=strategy, **resources).remote(
+                spec, rank, self._thread_env(index)
+            )
             self.trainers.append(actor)
 
     def _start_reward_model(self) -> None:
@@ -275,10 +299,10 @@ class Session:
         index = self._slot_index(slot.node, slot.gpu)
         resources = {"num_gpus": 1.0} if self.cluster.on_gpu else {"num_cpus": 1.0}
         self.reward_actor = RewardModelActor.options(
-            scheduling_strategy=self.cluster.strategy(index),
-            runtime_env=self._thread_env(index),
-            **resources,
-        ).remote(reward.model, dict(reward.model_settings), self.cluster.on_gpu)
+            scheduling_strategy=self.cluster.strategy(index), **resources
+        ).remote(
+            reward.model, dict(reward.model_settings), self.cluster.on_gpu, self._thread_env(index)
+        )
 
     async def score_rewards(self, samples: list[Sample]) -> list[float]:
         """Rewards from the reward model's actor."""
@@ -310,13 +334,13 @@ class Session:
             else None,
         )
 
-        def env(slot_index: int) -> dict[str, dict[str, str]]:
-            runtime_env = self._thread_env(slot_index)
-            if backend.needs_gpu:
-                # The server picks its GPUs by --base-gpu-id, so it must see the whole node.
-                runtime_env["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
-            return runtime_env
-
+        # The server picks its GPUs by --base-gpu-id, so it must see the whole node: the one
+        # actor that needs a Ray runtime_env (the server's own environment is an argument).
+        runtime_env = (
+            {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+            if backend.needs_gpu
+            else None
+        )
         share = 0.2 if placement.colocate else 1.0
         resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
         health = HealthSettings(
@@ -327,21 +351,27 @@ class Session:
             path=backend.health_path,
             max_restarts=cfg.engine.max_restarts_per_engine,
         )
-        engines = ray_engines(specs, self.cluster, self.plan, env, resources)
+        engines = ray_engines(
+            specs, self.cluster, self.plan, self._thread_env, resources, runtime_env
+        )
         self.pool = EnginePool(engines, health)
         await self.pool.start()
 
-    async def _start_router(self) -> None:
-        assert self.pool is not None
-        engine = self.cfg.engine
+    def _launch_router(self) -> Router:
+        engine, logs = self.cfg.engine, self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         settings = RouterSettings(
             policy=engine.router_policy,
             request_timeout_s=engine.request_timeout_s,
             port=port_or_free(self.plan.placement.router_port),
-            log_path=str(self.run_dir / "logs" / "router.log"),
+            log_path=str(logs / "router.log"),
         )
-        router = Router(settings)
-        self.router = await asyncio.to_thread(router.start)
+        return Router(settings).start()
+
+    async def _start_router(self) -> None:
+        """Register the serving engines with the launched router; the client goes through it."""
+        assert self.pool is not None and self.router is not None
+        engine, router = self.cfg.engine, self.router
         for url in self.pool.urls:
             await asyncio.to_thread(router.add_worker, url)
         await asyncio.to_thread(router.wait_ready, len(self.pool.urls))

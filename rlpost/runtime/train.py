@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,30 +50,34 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
                 "to train; raise num_rollout to continue the run"
             )
             return run_dir
-        inputs = load_inputs(cfg, resume)  # a data problem stops here, before anything starts
         prepare_run_dir(cfg, start, restart=restarts)
         if resume:
             set_aside_newer(run_dir, start)
         if cfg.run.deterministic:
             seed_driver(cfg.run.seed)
-        try:
-            reports = asyncio.run(_train(cfg, plan, run_dir, inputs, resume))
-            break
-        except UserError:
-            raise
-        except KeyboardInterrupt:
-            raise _failed("interrupted (Ctrl-C)", run_dir, restarts) from None
-        except Exception as exc:
-            record_failure(run_dir, exc)
-            if not is_fault(exc) or restarts >= cfg.run.max_restarts:
-                raise _failed(describe(exc), run_dir, restarts) from exc
-            restarts += 1
-            resume = find_resume_point(_resuming(cfg), plan, run_dir)
-            where = resume.path if resume else "rollout 0 (no checkpoint yet)"
-            status(
-                f"{describe(exc)}\n[rlpost] restarting from {where} "
-                f"(restart {restarts} of run.max_restarts={cfg.run.max_restarts})"
-            )
+        # The inputs (tokenizer, data) load while Ray starts; the session waits for them
+        # before it starts any actor, so a data problem still stops the run before then.
+        with ThreadPoolExecutor(1, thread_name_prefix="rlpost-inputs") as loading:
+            inputs = loading.submit(load_inputs, cfg, resume)
+            try:
+                reports = asyncio.run(_train(cfg, plan, run_dir, inputs, resume))
+                break
+            except UserError:
+                raise
+            except KeyboardInterrupt:
+                raise _failed("interrupted (Ctrl-C)", run_dir, restarts) from None
+            except Exception as exc:
+                record_failure(run_dir, exc)
+                if not is_fault(exc) or restarts >= cfg.run.max_restarts:
+                    raise _failed(describe(exc), run_dir, restarts) from exc
+                fault = describe(exc)
+        restarts += 1
+        resume = find_resume_point(_resuming(cfg), plan, run_dir)
+        where = resume.path if resume else "rollout 0 (no checkpoint yet)"
+        status(
+            f"{fault}\n[rlpost] restarting from {where} "
+            f"(restart {restarts} of run.max_restarts={cfg.run.max_restarts})"
+        )
     if reports:
         print(format_eval_table(reports))
     print(f"run directory: {run_dir}")
@@ -80,10 +85,15 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
 
 
 async def _train(
-    cfg: RunConfig, plan: Plan, run_dir: Path, inputs: Inputs, resume: ResumePoint | None
+    cfg: RunConfig,
+    plan: Plan,
+    run_dir: Path,
+    inputs: Future[Inputs],
+    resume: ResumePoint | None,
 ) -> list[EvalReport]:
-    async with Session(cfg, plan, run_dir) as session:
-        loop = TrainLoop(cfg, plan, session, inputs, resume)
+    loaded: asyncio.Future[Inputs] = asyncio.wrap_future(inputs)
+    async with Session(cfg, plan, run_dir, before_actors=loaded) as session:
+        loop = TrainLoop(cfg, plan, session, inputs.result(), resume)
         try:
             return await loop.run()
         except Exception as exc:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from rlpost.algo.advantages import normalize_rewards
 from rlpost.runtime.pipeline import Batch
 from rlpost.runtime.rollout.manager import Group
 from rlpost.schema import AlgoConfig
@@ -26,6 +25,10 @@ def to_train_samples(
     groups: Sequence[Group], algo: AlgoConfig, mask_carried_over: bool = False
 ) -> list[TrainSample]:
     """Group-normalise rewards (the whole group is needed), then flatten to train samples."""
+    # torch, which the baselines use, loads in the driver with its inputs (the tokenizer),
+    # alongside Ray's start; importing it with this module would delay that start
+    from rlpost.algo.advantages import normalize_rewards
+
     samples = [s for group in groups for s in group]
     sizes = {len(group) for group in groups}
     if len(sizes) != 1:

@@ -22,12 +22,14 @@ import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlpost.backends.fp8_format import Fp8Format
-from rlpost.backends.sglang import trainer_side
-from rlpost.backends.sglang.buckets import WeightInfo
+from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
+
+if TYPE_CHECKING:
+    from rlpost.backends.sglang.buckets import WeightInfo
 
 log = logging.getLogger(__name__)
 

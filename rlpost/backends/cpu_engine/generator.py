@@ -7,6 +7,7 @@ so the batch stays full while requests keep arriving.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -35,6 +36,10 @@ class BatchGenerator:
         self.eos_ids = frozenset(eos_ids)
         self.decode = decode
         self.weight_version = "default"
+        # transformers 5 renames forward's `past_key_values` to `cache` (the old name warns
+        # and is to go): use whichever this model's forward takes
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
 
     @torch.inference_mode()
     def run(
@@ -110,8 +115,8 @@ class BatchGenerator:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_arg: cache},
             logits_to_keep=1,
         )
         logits: torch.Tensor = out.logits[:, -1, :].float()
