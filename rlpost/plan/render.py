@@ -164,6 +164,13 @@ def _engine_weights(rt: RuntimePlan) -> str:
     return f"FP8 e4m3 ({blocks}): each update quantised on the trainer"
 
 
+def _requests(plan: Plan) -> str:
+    rt = plan.runtime
+    if rt.requests == "group":
+        return f"one per group (its {plan.batch.n_samples_per_prompt} samples together)"
+    return f"one per sample ({rt.requests_why})"
+
+
 def render_runtime(plan: Plan) -> str:
     rt, loop = plan.runtime, plan.runtime.loop
     ahead = "unbounded" if loop.lookahead_steps is None else f"{loop.lookahead_steps} step(s)"
@@ -178,6 +185,7 @@ def render_runtime(plan: Plan) -> str:
         ],
         ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
         ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
+        ["generate requests", _requests(plan)],
         ["loop", LOOP_NAMES.get(loop.mode, loop.mode)],
         ["weights to the engines every", f"{loop.update_weights_interval} train step(s)"],
         ["generation runs ahead of training by", ahead],

@@ -48,6 +48,11 @@ class RuntimePlan:
     # The engines serve an FP8 checkpoint (model.hf_checkpoint's quantization_config): every
     # weight update is quantised to this format on the trainer's device before it travels.
     fp8: Fp8Format | None = None
+    # How a group's samples travel: "group" = the samples that share their sampling
+    # parameters in one /generate call (SGLang's batch form: one HTTP exchange and one
+    # prefill wave instead of n); "sample" = a call each, and `requests_why` says why.
+    requests: str = "group"
+    requests_why: str = ""
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -96,7 +101,21 @@ def plan_runtime(
         ray_address=cfg.run.ray_address,
         max_concurrency=concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines,
         fp8=fp8,
+        **plan_requests(cfg),
     )
+
+
+def plan_requests(cfg: RunConfig) -> dict[str, str]:
+    """One request per group unless something gives each sample requests of its own (more
+    than one turn needs a generate function, so it is covered by the first)."""
+    rollout = cfg.recipe.rollout
+    if rollout.generate_function:
+        why = "recipe.rollout.generate_function makes each sample's requests"
+    elif cfg.run.deterministic:
+        why = "run.deterministic: each sample is drawn with a seed of its own"
+    else:
+        return {"requests": "group", "requests_why": ""}
+    return {"requests": "sample", "requests_why": why}
 
 
 @check("fp8_checkpoint")

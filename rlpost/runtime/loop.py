@@ -89,8 +89,9 @@ class TrainLoop:
             seeder=Seeding(cfg.run.seed, "train") if seeded else None,
         )
         evaluation = dataclasses.replace(shared, evaluation=True, seeder=self.eval_seeding)
+        together = plan.runtime.requests == "group"
         self.eval_runner = GroupRunner(
-            session.client, self._reward, generate, hook_name, evaluation
+            session.client, self._reward, generate, hook_name, evaluation, together
         )
         self.resume = resume
         self.start = resume.start_rollout if resume else 0
@@ -100,7 +101,7 @@ class TrainLoop:
             else None
         )
         self.pipeline = RolloutPipeline(
-            GroupRunner(session.client, self._reward, generate, hook_name, shared),
+            GroupRunner(session.client, self._reward, generate, hook_name, shared, together),
             inputs.data,
             inputs.sampling.to_sglang(),
             plan.runtime.loop,

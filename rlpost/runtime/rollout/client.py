@@ -8,9 +8,10 @@ sent to every engine directly (the router answers 404 to them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -119,7 +120,9 @@ class EngineClient:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.max_concurrency = max_concurrency
         self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._taking = asyncio.Lock()
         self._generate_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._control_timeout = aiohttp.ClientTimeout(total=control_timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -167,6 +170,50 @@ class EngineClient:
         async with self._semaphore:
             answer = await self._post_with_retries(f"{self.router_url}/generate", body)
         return parse_generate_response(answer)[0]
+
+    async def generate_batch(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        sampling_params: Mapping[str, Any],
+        *,
+        return_logprob: bool = True,
+        rid: str | None = None,
+    ) -> list[GenerateResult]:
+        """One completion for each prompt, in one request through the router (SGLang's
+        batch form; the engine names them `{rid}_{i}`). It holds one concurrency slot per
+        prompt."""
+        if int(sampling_params.get("n", 1) or 1) != 1:
+            raise ValueError("generate_batch() returns one completion per prompt")
+        body: dict[str, Any] = {
+            "input_ids": [list(ids) for ids in input_ids],
+            "sampling_params": dict(sampling_params),
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        async with self._slots(len(input_ids)):
+            answer = await self._post_with_retries(f"{self.router_url}/generate", body)
+        results = parse_generate_response(answer)
+        if len(results) != len(input_ids):
+            raise EngineRequestError(
+                f"/generate answered {len(results)} completions for {len(input_ids)} prompts",
+                body=answer,
+            )
+        return results
+
+    @contextlib.asynccontextmanager
+    async def _slots(self, count: int) -> AsyncIterator[None]:
+        """`count` slots of the concurrency bound (at most all of them), taken under a lock
+        so two requests never each hold part of what they need."""
+        count = min(count, self.max_concurrency)
+        async with self._taking:
+            for _ in range(count):
+                await self._semaphore.acquire()
+        try:
+            yield
+        finally:
+            for _ in range(count):
+                self._semaphore.release()
 
     async def _post_with_retries(self, url: str, body: Mapping[str, Any]) -> Any:
         last_error = ""

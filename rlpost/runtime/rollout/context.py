@@ -20,7 +20,9 @@ not fit is cut at the budget and the sample is TRUNCATED.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,14 +102,53 @@ class GenerateContext:
         response budget), ABORTED (a weight update or the group being stopped; call again to
         continue the same turn). `sample.turns` counts the policy turns that ended.
         """
-        if sample.status is not SampleStatus.ABORTED:  # a new turn (not a continued one)
-            sample.turn_start = len(sample.response_text)
-        if self.remaining(sample) <= 0:
-            sample.status = SampleStatus.TRUNCATED
+        if not self._begin_turn(sample):
             return self._turn(sample)
         result = await self.client.generate(
             sample.prompt_ids + sample.response_ids, self.params_for(sample, **overrides)
         )
+        return self._end_turn(sample, result)
+
+    async def policy_turns(self, samples: Sequence[Sample]) -> list[Turn]:
+        """`policy_turn` for each of `samples`, those with the same sampling parameters in
+        one request (SGLang's batch form); the group's samples when none was interrupted."""
+        live = [s for s in samples if self._begin_turn(s)]
+        together: dict[str, list[Sample]] = {}
+        for sample in live:
+            key = json.dumps(self.params_for(sample), sort_keys=True)
+            together.setdefault(key, []).append(sample)
+        calls = []
+        for group in together.values():
+            if len(group) == 1:
+                calls.append(self._one_turn(group[0]))
+            else:
+                calls.append(self._batch_turn(group))
+        await asyncio.gather(*calls)
+        return [self._turn(s) for s in samples]
+
+    async def _one_turn(self, sample: Sample) -> None:
+        result = await self.client.generate(
+            sample.prompt_ids + sample.response_ids, self.params_for(sample)
+        )
+        self._end_turn(sample, result)
+
+    async def _batch_turn(self, samples: list[Sample]) -> None:
+        results = await self.client.generate_batch(
+            [s.prompt_ids + s.response_ids for s in samples], self.params_for(samples[0])
+        )
+        for sample, result in zip(samples, results, strict=True):
+            self._end_turn(sample, result)
+
+    def _begin_turn(self, sample: Sample) -> bool:
+        """Mark where a new turn starts; False (and TRUNCATED) when no budget is left."""
+        if sample.status is not SampleStatus.ABORTED:  # a new turn (not a continued one)
+            sample.turn_start = len(sample.response_text)
+        if self.remaining(sample) <= 0:
+            sample.status = SampleStatus.TRUNCATED
+            return False
+        return True
+
+    def _end_turn(self, sample: Sample, result: Any) -> Turn:
         sample.append_policy_tokens(
             list(result.output_ids),
             list(result.output_logprobs),

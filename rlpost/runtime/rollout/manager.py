@@ -34,6 +34,10 @@ class GenerationClient(Protocol):
         self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> Any: ...
 
+    async def generate_batch(
+        self, input_ids: list[list[int]], sampling_params: dict[str, Any], *, rid: str | None = None
+    ) -> list[Any]: ...
+
     async def abort_rid(self, rid_prefix: str) -> None: ...
 
 
@@ -98,6 +102,12 @@ class GroupClient:
         rid = rid if rid is not None else f"{self.prefix}{next(self._count)}"
         return await self.client.generate(input_ids, sampling_params, rid=rid)
 
+    async def generate_batch(
+        self, input_ids: list[list[int]], sampling_params: dict[str, Any], *, rid: str | None = None
+    ) -> list[Any]:
+        rid = rid if rid is not None else f"{self.prefix}{next(self._count)}"
+        return list(await self.client.generate_batch(input_ids, sampling_params, rid=rid))
+
     async def stop(self) -> None:
         self.stopping = True
         await self.client.abort_rid(self.prefix)
@@ -160,7 +170,11 @@ def check_generated(
 
 class GroupRunner:
     """Generates every sample of a group (continuing across weight updates), then rewards
-    the group. A stopped group comes back unrewarded, its samples ABORTED."""
+    the group. A stopped group comes back unrewarded, its samples ABORTED.
+
+    With `group_requests` (the plan's `runtime.requests == "group"`; only for the default
+    generate function), the group's samples go out together (`GenerateContext.policy_turns`)
+    instead of one generate call each."""
 
     def __init__(
         self,
@@ -169,20 +183,29 @@ class GroupRunner:
         generate_fn: GenerateHook = generate_sample,
         hook_name: str = "rlpost.runtime.rollout.manager.generate_sample",
         contexts: ContextFactory | None = None,
+        group_requests: bool = False,
     ) -> None:
+        if group_requests and generate_fn is not generate_sample:
+            raise ValueError("group requests need the default generate function")
         self.client = client
         self.reward_fn = reward_fn
         self.generate_fn = generate_fn
         self.hook_name = hook_name
         self.contexts = contexts or ContextFactory()
+        self.group_requests = group_requests
 
     async def run(self, group: Group, params: dict[str, Any], gclient: GroupClient) -> Group:
         ctx = self.contexts.context(gclient, params)
         while True:
             pending = [i for i, s in enumerate(group) if not s.finished]
-            results = await asyncio.gather(*(self.generate_fn(group[i], ctx) for i in pending))
-            for i, result in zip(pending, results, strict=True):
-                group[i] = check_generated(result, group[i], self.hook_name, ctx.max_response_len)
+            if self.group_requests:
+                await ctx.policy_turns([group[i] for i in pending])
+            else:
+                results = await asyncio.gather(*(self.generate_fn(group[i], ctx) for i in pending))
+                for i, result in zip(pending, results, strict=True):
+                    group[i] = check_generated(
+                        result, group[i], self.hook_name, ctx.max_response_len
+                    )
             if gclient.stopping or all(s.finished for s in group):
                 break
             # Aborted by a weight update: the rest is generated under the new weights.

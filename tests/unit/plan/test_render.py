@@ -82,3 +82,26 @@ def test_user_values_are_not_marked(run_config: Runs) -> None:
 def test_unknown_format_is_rejected(run_config: Runs) -> None:
     with pytest.raises(ValueError, match="unknown plan format"):
         render_plan(build_plan(run_config("qwen3-4b", "h100x8")), "yaml")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "requests", "why"),
+    [
+        ({}, "group", ""),
+        ({"run__deterministic": True}, "sample", "run.deterministic"),
+        (
+            {"recipe__rollout__generate_function": "rlpost.envs.calculator.generate"},
+            "sample",
+            "recipe.rollout.generate_function",
+        ),
+    ],
+)
+def test_the_plan_says_how_a_groups_samples_travel(
+    run_config: Runs, overrides: dict[str, object], requests: str, why: str
+) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8", **overrides))
+    assert plan.runtime.requests == requests
+    assert why in plan.runtime.requests_why
+    rendered = render_plan(plan)
+    expected = "one per group (its 8 samples together)" if requests == "group" else why
+    assert expected in rendered

@@ -182,13 +182,33 @@ def test_a_slow_engine_never_trains_groups_past_the_bound(url: str) -> None:
     assert set(regenerated) <= set(trained_indices(trained)) | trained.outstanding
 
 
+class CountingClient:
+    """The engine client, counting the /generate calls a group makes."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client, self.calls = client, 0
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return await self.client.generate(*args, **kwargs)
+
+    async def generate_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return await self.client.generate_batch(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["per_sample", "per_group"])
 def test_an_interrupted_group_keeps_its_tokens_and_goes_on_under_the_new_version(
-    url: str,
+    url: str, together: bool
 ) -> None:
-    async def scenario() -> Group:
-        async with EngineClient(url, worker_urls=[url]) as client:
-            await client.post(url, "/update_weight_version", {"new_version": "0"})
-            runner = GroupRunner(client, length_reward)
+    async def scenario() -> tuple[Group, int]:
+        async with EngineClient(url, worker_urls=[url]) as engine_client:
+            await engine_client.post(url, "/update_weight_version", {"new_version": "0"})
+            client = CountingClient(engine_client)
+            runner = GroupRunner(client, length_reward, group_requests=together)
             prompt = [40, 41, 42]
             group = [
                 Sample(group_index=0, index=i, prompt="p", prompt_ids=prompt) for i in range(32)
@@ -200,10 +220,13 @@ def test_an_interrupted_group_keeps_its_tokens_and_goes_on_under_the_new_version
                     assert not task.done(), task
                     await asyncio.sleep(0.005)
             await asyncio.sleep(0.05)  # some tokens under version 0
-            await push(client, url, 1)
-            return await asyncio.wait_for(task, 60)
+            await push(engine_client, url, 1)
+            return await asyncio.wait_for(task, 60), client.calls
 
-    group = asyncio.run(scenario())
+    group, calls = asyncio.run(scenario())
+    # a request per sample, and one per interrupted sample; or the group's 32 in one
+    # request, and those interrupted at the same length together again
+    assert 32 < calls <= 64 if not together else 2 <= calls <= 33
     interrupted = 0
     for sample in group:
         assert sample.status is SampleStatus.TRUNCATED and len(sample.response_ids) == 240

@@ -65,6 +65,23 @@ def test_generate_parses_the_sglang_answer(url: str) -> None:
     assert all(r.output_ids == first.output_ids for r in results)
 
 
+def test_a_batch_answers_each_prompt_in_order_and_names_it_after_the_rid(url: str) -> None:
+    prompts = [PROMPT, PROMPT[:2], [7, 8, 9]]
+
+    async def scenario() -> list[list[GenerateResult]]:
+        # 4 batches of 3 against 3 slots: each holds every slot in turn, none waits forever
+        async with client_for(url, max_concurrency=3) as client:
+            batches = (client.generate_batch(prompts, GREEDY, rid=f"b{i}") for i in range(4))
+            return list(await asyncio.gather(*batches))
+
+    answers = run(scenario())
+    for i, batch in enumerate(answers):
+        assert [r.prompt_tokens for r in batch] == [4, 2, 3]
+        assert [r.rid for r in batch] == [f"b{i}_{j}" for j in range(3)]
+        assert all(len(r.output_ids) == len(r.output_logprobs) == 5 for r in batch)
+    assert answers[0][0].output_ids == answers[3][0].output_ids  # greedy: same prompt, same text
+
+
 def test_a_dead_router_fails_after_bounded_retries() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
 
