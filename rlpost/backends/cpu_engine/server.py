@@ -398,7 +398,26 @@ def parse_args(argv: Sequence[str] | None) -> tuple[EngineSettings, str, int]:
         weight_version=args.weight_version,
     )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(quiet_http2_probe)
     return settings, args.host, args.port
+
+
+def quiet_http2_probe(record: logging.LogRecord) -> bool:
+    """The sglang-router's first connections to a worker it registers start with the HTTP/2
+    preface; aiohttp answers it with a 400 and logs a traceback. That answer is expected (the
+    router then speaks HTTP/1.1), not an error: one line instead."""
+    error = record.exc_info[1] if record.exc_info else None
+    if error is None or "PRI/Upgrade" not in str(error):
+        return True
+    record.msg, record.args, record.exc_info, record.exc_text = (
+        "a connection opened with the HTTP/2 preface (the router registering this server) "
+        "was answered 400: this server speaks HTTP/1.1",
+        (),
+        None,
+        None,
+    )
+    record.levelno, record.levelname = logging.INFO, "INFO"
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,11 +13,12 @@ from typing import Any
 
 import pytest
 import torch
+from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.test_utils import TestClient, TestServer
 from transformers import AutoModelForCausalLM
 
 from rlpost.backends.cpu_engine.engine import EngineSettings
-from rlpost.backends.cpu_engine.server import BackgroundServer, EngineServer
+from rlpost.backends.cpu_engine.server import BackgroundServer, EngineServer, quiet_http2_probe
 from rlpost.runtime.router import http_json
 
 PROMPT = [40, 41, 42, 43]
@@ -232,3 +235,21 @@ def test_health_is_503_until_the_model_is_loaded(tiny_lm_dir: Path) -> None:
     threads = torch.get_num_threads()
     asyncio.run(scenario())
     torch.set_num_threads(threads)
+
+
+def test_the_routers_http2_preface_is_one_line_and_other_errors_keep_their_traceback() -> None:
+    def record(error: Exception) -> logging.LogRecord:
+        try:
+            raise error
+        except Exception:
+            return logging.LogRecord(
+                "aiohttp.server", logging.ERROR, "", 0, "Error handling request", (), sys.exc_info()
+            )
+
+    probe = record(BadHttpMessage("Pause on PRI/Upgrade:\n\n    b''"))
+    assert quiet_http2_probe(probe)
+    assert probe.levelno == logging.INFO and probe.exc_info is None
+    assert "HTTP/2 preface" in probe.getMessage()
+    other = record(BadHttpMessage("Invalid method encountered"))
+    assert quiet_http2_probe(other)
+    assert other.levelno == logging.ERROR and other.exc_info is not None
