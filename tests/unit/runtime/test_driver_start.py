@@ -1,5 +1,6 @@
 """The driver reaches Ray's start without loading torch or transformers (they load with the
-run's inputs, alongside Ray), and names the train ranks' functions only by name."""
+run's inputs, alongside Ray), and names the train ranks' functions only by name; an actor
+loads torch only after its thread settings are in place."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from rlpost.backends.sglang.trainer_calls import TrainerFunction, trainer_side
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_the_driver_modules_load_no_torch() -> None:
+def test_the_driver_and_actor_modules_load_no_torch() -> None:
+    """Nor does the actors' module, which each actor process imports before its __init__
+    sets the thread settings torch reads when it loads."""
     code = (
-        "import sys, rlpost.cli.launch, rlpost.runtime.train; "
+        "import sys, rlpost.cli.launch, rlpost.runtime.train, rlpost.runtime.actors; "
         "print([m for m in ('torch', 'transformers') if m in sys.modules])"
     )
     out = subprocess.run(
