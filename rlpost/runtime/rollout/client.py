@@ -91,6 +91,23 @@ def _parse_one(item: Any) -> GenerateResult:
     )
 
 
+def generate_body(
+    input_ids: list[int] | list[list[int]],
+    sampling_params: Mapping[str, Any],
+    return_logprob: bool,
+    rid: str | None = None,
+) -> dict[str, Any]:
+    """A /generate request: one prompt, or a batch of them (a list of lists)."""
+    body: dict[str, Any] = {
+        "input_ids": input_ids,
+        "sampling_params": dict(sampling_params),
+        "return_logprob": return_logprob,
+    }
+    if rid is not None:
+        body["rid"] = rid
+    return body
+
+
 def _retryable(status: int) -> bool:
     # 4xx means the request itself is wrong; sending it again cannot help.
     return status >= 500 or status in (408, 429)
@@ -160,13 +177,7 @@ class EngineClient:
         """One completion for one prompt, through the router."""
         if int(sampling_params.get("n", 1) or 1) != 1:
             raise ValueError("generate() returns one completion; send n requests instead")
-        body: dict[str, Any] = {
-            "input_ids": list(input_ids),
-            "sampling_params": dict(sampling_params),
-            "return_logprob": return_logprob,
-        }
-        if rid is not None:
-            body["rid"] = rid
+        body = generate_body(list(input_ids), sampling_params, return_logprob, rid)
         async with self._semaphore:
             answer = await self._post_with_retries(f"{self.router_url}/generate", body)
         return parse_generate_response(answer)[0]
@@ -184,13 +195,8 @@ class EngineClient:
         prompt."""
         if int(sampling_params.get("n", 1) or 1) != 1:
             raise ValueError("generate_batch() returns one completion per prompt")
-        body: dict[str, Any] = {
-            "input_ids": [list(ids) for ids in input_ids],
-            "sampling_params": dict(sampling_params),
-            "return_logprob": return_logprob,
-        }
-        if rid is not None:
-            body["rid"] = rid
+        prompts = [list(ids) for ids in input_ids]
+        body = generate_body(prompts, sampling_params, return_logprob, rid)
         async with self._slots(len(input_ids)):
             answer = await self._post_with_retries(f"{self.router_url}/generate", body)
         results = parse_generate_response(answer)
@@ -273,11 +279,7 @@ class EngineClient:
         return_logprob: bool = True,
     ) -> GenerateResult:
         """One completion from one engine, bypassing the router (probes, checks)."""
-        body = {
-            "input_ids": list(input_ids),
-            "sampling_params": dict(sampling_params),
-            "return_logprob": return_logprob,
-        }
+        body = generate_body(list(input_ids), sampling_params, return_logprob)
         answer = await self._call_ok("POST", f"{worker_url.rstrip('/')}/generate", body)
         return parse_generate_response(answer)[0]
 

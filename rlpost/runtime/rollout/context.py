@@ -102,40 +102,31 @@ class GenerateContext:
         response budget), ABORTED (a weight update or the group being stopped; call again to
         continue the same turn). `sample.turns` counts the policy turns that ended.
         """
-        if not self._begin_turn(sample):
-            return self._turn(sample)
-        result = await self.client.generate(
-            sample.prompt_ids + sample.response_ids, self.params_for(sample, **overrides)
-        )
-        return self._end_turn(sample, result)
+        if self._begin_turn(sample):
+            await self._generate([sample], self.params_for(sample, **overrides))
+        return self._turn(sample)
 
     async def policy_turns(self, samples: Sequence[Sample]) -> list[Turn]:
         """`policy_turn` for each of `samples`, those with the same sampling parameters in
         one request (SGLang's batch form); the group's samples when none was interrupted."""
-        live = [s for s in samples if self._begin_turn(s)]
-        together: dict[str, list[Sample]] = {}
-        for sample in live:
-            key = json.dumps(self.params_for(sample), sort_keys=True)
-            together.setdefault(key, []).append(sample)
-        calls = []
-        for group in together.values():
-            if len(group) == 1:
-                calls.append(self._one_turn(group[0]))
-            else:
-                calls.append(self._batch_turn(group))
-        await asyncio.gather(*calls)
+        together: dict[str, tuple[dict[str, Any], list[Sample]]] = {}
+        for sample in samples:
+            if self._begin_turn(sample):
+                params = self.params_for(sample)
+                key = json.dumps(params, sort_keys=True)
+                together.setdefault(key, (params, []))[1].append(sample)
+        await asyncio.gather(
+            *(self._generate(group, params) for params, group in together.values())
+        )
         return [self._turn(s) for s in samples]
 
-    async def _one_turn(self, sample: Sample) -> None:
-        result = await self.client.generate(
-            sample.prompt_ids + sample.response_ids, self.params_for(sample)
-        )
-        self._end_turn(sample, result)
-
-    async def _batch_turn(self, samples: list[Sample]) -> None:
-        results = await self.client.generate_batch(
-            [s.prompt_ids + s.response_ids for s in samples], self.params_for(samples[0])
-        )
+    async def _generate(self, samples: list[Sample], params: dict[str, Any]) -> None:
+        """Continue `samples` under `params`: one request, batched when there are several."""
+        prompts = [s.prompt_ids + s.response_ids for s in samples]
+        if len(samples) == 1:
+            results = [await self.client.generate(prompts[0], params)]
+        else:
+            results = await self.client.generate_batch(prompts, params)
         for sample, result in zip(samples, results, strict=True):
             self._end_turn(sample, result)
 
@@ -148,7 +139,7 @@ class GenerateContext:
             return False
         return True
 
-    def _end_turn(self, sample: Sample, result: Any) -> Turn:
+    def _end_turn(self, sample: Sample, result: Any) -> None:
         sample.append_policy_tokens(
             list(result.output_ids),
             list(result.output_logprobs),
@@ -159,7 +150,6 @@ class GenerateContext:
         sample.status = FINISH_STATUS[str(result.finish_reason)]
         if sample.status is not SampleStatus.ABORTED:
             sample.turns += 1
-        return self._turn(sample)
 
     def environment_turn(self, sample: Sample, content: str, role: str = "tool") -> bool:
         """Append what the environment answers (masked), rendered with the chat template,

@@ -99,14 +99,18 @@ class GroupClient:
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> Any:
-        rid = rid if rid is not None else f"{self.prefix}{next(self._count)}"
-        return await self.client.generate(input_ids, sampling_params, rid=rid)
+        return await self.client.generate(input_ids, sampling_params, rid=self._rid(rid))
 
     async def generate_batch(
         self, input_ids: list[list[int]], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> list[Any]:
-        rid = rid if rid is not None else f"{self.prefix}{next(self._count)}"
-        return list(await self.client.generate_batch(input_ids, sampling_params, rid=rid))
+        return list(
+            await self.client.generate_batch(input_ids, sampling_params, rid=self._rid(rid))
+        )
+
+    def _rid(self, rid: str | None) -> str:
+        """The caller's rid, else the group's next (the engine adds `_i` per batch item)."""
+        return rid if rid is not None else f"{self.prefix}{next(self._count)}"
 
     async def stop(self) -> None:
         self.stopping = True
