@@ -87,6 +87,28 @@ def _capacity(hw: HardwareConfig, node: NodeInfo) -> int:
     return node.gpus if hw.kind == "gpu" else node.cpus
 
 
+def _short_of_cpus(hw: HardwareConfig, node: NodeInfo, per_node: int) -> bool:
+    """A GPU node with the GPUs but fewer Ray CPUs: each GPU's bundle reserves a CPU too."""
+    return hw.kind == "gpu" and node.gpus >= per_node > node.cpus
+
+
+def _holds(hw: HardwareConfig, node: NodeInfo, per_node: int) -> bool:
+    return _capacity(hw, node) >= per_node and not _short_of_cpus(hw, node, per_node)
+
+
+def _cpu_note(hw: HardwareConfig, nodes: Sequence[NodeInfo], per_node: int) -> tuple[str, str]:
+    """(what, fix) for the GPU nodes whose Ray CPUs are fewer than their GPU slots, or ''."""
+    short = [n for n in nodes if _short_of_cpus(hw, n, per_node)]
+    if not short:
+        return "", ""
+    listed = ", ".join(f"{n.address} ({n.cpus})" for n in short)
+    return (
+        f"; node(s) {listed} have the GPUs but fewer CPUs in Ray than {per_node}, and each "
+        "GPU slot reserves one CPU with it",
+        f"; start Ray on those nodes with --num-cpus of at least {per_node}",
+    )
+
+
 def _address_key(address: str) -> tuple[int, int | str]:
     try:
         return (0, int(ipaddress.ip_address(address)))
@@ -117,7 +139,7 @@ def choose_nodes(
     per_node = hw.gpus_per_node
     needed_nodes = -(-slots // per_node)
     unit = "GPUs" if hw.kind == "gpu" else "CPUs"
-    fits = [n for n in nodes if _capacity(hw, n) >= per_node]
+    fits = [n for n in nodes if _holds(hw, n, per_node)]
     here = next((n for n in nodes if n.address == driver), None)
     have = describe_nodes(hw, nodes)
     need = f"needs {needed_nodes} node{'s' if needed_nodes > 1 else ''} x {per_node} {unit}"
@@ -129,13 +151,14 @@ def choose_nodes(
             "set run.node_address to this machine's address in the cluster (the one its "
             "`ray start --node-ip-address` used), or launch on a node of the cluster",
         )
-    if _capacity(hw, here) < per_node:
+    if not _holds(hw, here, per_node):
+        what, fix = _cpu_note(hw, [here], per_node)
         raise _mismatch(
             hw,
             f"the launch runs on node {driver} with {_capacity(hw, here)} {unit}, and plan "
-            f"node 0 (router, driver, train rank 0) is that node; hardware={hw.name} {need}",
+            f"node 0 (router, driver, train rank 0) is that node; hardware={hw.name} {need}" + what,
             f"launch on a node with {per_node} {unit} (the head, as `ray job submit` does), "
-            f"or give this node its {unit}",
+            f"or give this node its {unit}" + fix,
         )
     check_capacity(hw, nodes, slots)  # `here` holds a node's worth: it is one of them
     others = sorted((n for n in fits if n is not here), key=lambda n: _address_key(n.address))
@@ -149,15 +172,16 @@ def check_capacity(hw: HardwareConfig, nodes: Sequence[NodeInfo], slots: int) ->
     per_node = hw.gpus_per_node
     needed_nodes = -(-slots // per_node)
     unit = "GPUs" if hw.kind == "gpu" else "CPUs"
-    fits = [n for n in nodes if _capacity(hw, n) >= per_node]
+    fits = [n for n in nodes if _holds(hw, n, per_node)]
     if len(fits) < needed_nodes:
         need = f"needs {needed_nodes} node{'s' if needed_nodes > 1 else ''} x {per_node} {unit}"
+        what, fix = _cpu_note(hw, nodes, per_node)
         raise _mismatch(
             hw,
-            f"the cluster has {describe_nodes(hw, nodes)}; hardware={hw.name} {need}",
+            f"the cluster has {describe_nodes(hw, nodes)}; hardware={hw.name} {need}" + what,
             f"add {needed_nodes - len(fits)} node(s) with {per_node} {unit} (rlpost cluster "
             "up --hostfile FILE, or ray start --address HEAD on each), or pick the hardware "
-            "profile this cluster matches",
+            "profile this cluster matches" + fix,
         )
 
 

@@ -49,6 +49,16 @@ class EnginePlacement:
     def num_nodes(self) -> int:
         return len({slot.node for slot in self.slots})
 
+    @property
+    def node_slots(self) -> tuple[Slot, ...]:
+        """The engine's first GPU on each node it spans, head node first: where each of its
+        server processes runs (one per node, --node-rank in this order)."""
+        firsts: dict[int, Slot] = {}
+        for slot in self.slots:
+            if slot.node not in firsts or slot.gpu < firsts[slot.node].gpu:
+                firsts[slot.node] = slot
+        return tuple(firsts.values())
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -65,6 +75,10 @@ class Placement:
     router_port: int = ROUTER_PORT
     train_master_port: int = TRAIN_MASTER_PORT
     weight_update_port: int = WEIGHT_UPDATE_PORT
+
+    def index(self, slot: Slot) -> int:
+        """The slot's position in node-major order: its device in the run's placement group."""
+        return slot.node * self.gpus_per_node + slot.gpu
 
     @property
     def total_gpus(self) -> int:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -14,12 +17,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlpost.errors import Issue, UserError
 from rlpost.plan.cluster import NodeInfo, choose_nodes, nodes_from_ray, ray_address
+from rlpost.plan.placement import Placement
 from rlpost.schema import HardwareConfig, RunConfig
 
 log = logging.getLogger(__name__)
 LOCALHOST = "127.0.0.1"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray turns it to "token" for a new local cluster
 NODE_PIN = 0.001  # of a node's `node:<address>` resource (1.0): pins a bundle, shares the node
+# Colocated, a train rank and an engine share each device slot: the parts of it they ask for.
+TRAIN_SHARE = 0.4
+ENGINE_SHARE = 0.2
 # The nodes are known to hold the run before the reservation: a wait this long means
 # another job holds the slots.
 PLACEMENT_TIMEOUT_S = 120.0
@@ -49,7 +56,7 @@ class Slot:
     ifname: str | None = None  # the interface that carries node_ip on its node
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_calls=0)  # max_calls=0: the worker stays for the next probe
 def _probe_bundle() -> tuple[str, int, str | None]:
     from rlpost.runtime.netif import interface_for
 
@@ -73,6 +80,24 @@ def _free_port_here() -> int:
     from rlpost.backends.ports import free_port
 
     return free_port(ray.util.get_node_ip_address())
+
+
+def one_per_node_at_a_time(calls: Sequence[tuple[int, Callable[[], ray.ObjectRef]]]) -> list[Any]:
+    """The results of remote calls given as (node, start the call), run in waves of at most
+    one call per node. Short tasks then reuse one worker process per node (with max_calls=0,
+    which a task that asks for a GPU needs: Ray otherwise starts a fresh worker for each).
+    Probing seed 002's 64 bundles on a fake 8 x 8 cluster on two cores: 5 s, against 40 s
+    all at once."""
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for i, (node, _) in enumerate(calls):
+        by_node[node].append(i)
+    results: list[Any] = [None] * len(calls)
+    for wave in range(max((len(q) for q in by_node.values()), default=0)):
+        batch = [queue[wave] for queue in by_node.values() if wave < len(queue)]
+        refs = [calls[i][1]() for i in batch]
+        for i, result in zip(batch, ray.get(refs), strict=True):
+            results[i] = result
+    return results
 
 
 class Cluster:
@@ -180,19 +205,39 @@ class Cluster:
 
     def _probe_order(self) -> list[Slot]:
         assert self.pg is not None
-        probes = [
-            _probe_bundle.options(
-                num_gpus=0.01 if self.on_gpu else 0,
-                scheduling_strategy=self.strategy_for_bundle(i),
-            ).remote()
-            for i in range(self.num_slots)
-        ]
-        found = ray.get(probes)
+        per_node = self.hardware.gpus_per_node
+        found = one_per_node_at_a_time(
+            [
+                (
+                    i // per_node,  # bundle i is pinned to chosen node i // per_node
+                    lambda i=i: _probe_bundle.options(
+                        num_gpus=0.01 if self.on_gpu else 0,
+                        scheduling_strategy=self.strategy_for_bundle(i),
+                    ).remote(),
+                )
+                for i in range(self.num_slots)
+            ]
+        )
         rank = {node.address: n for n, node in enumerate(self.nodes)}
         slots = [Slot(i, ip, gpu, ifname) for i, (ip, gpu, ifname) in enumerate(found)]
         return sorted(
             slots, key=lambda s: (rank.get(s.node_ip, len(rank)), s.gpu_id, s.bundle_index)
         )
+
+    def share(self, fraction: float) -> dict[str, float]:
+        """Ray resources of an actor that takes `fraction` of its device slot."""
+        return {"num_gpus": fraction} if self.on_gpu else {"num_cpus": fraction}
+
+    @property
+    def node_addresses(self) -> list[str]:
+        """Plan node n's address in the cluster, n = 0, 1, ..."""
+        return [node.address for node in self.nodes]
+
+    def gpu_ids(self, placement: Placement) -> dict[tuple[int, int], int]:
+        """Each plan slot (node, GPU) the run uses -> the GPU index Ray gave its bundle on
+        that node (the two differ when other jobs hold some of the node's GPUs)."""
+        used = [*placement.train_slots, *(s for e in placement.engines for s in e.slots)]
+        return {(s.node, s.gpu): self.slots[placement.index(s)].gpu_id for s in used}
 
     def strategy_for_bundle(self, bundle_index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(

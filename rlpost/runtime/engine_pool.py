@@ -30,6 +30,7 @@ import ray
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess
 from rlpost.plan import Plan
+from rlpost.plan.placement import Placement
 from rlpost.runtime.actors import EngineActor
 from rlpost.runtime.cluster import Cluster
 from rlpost.runtime.rollout.client import EngineClient
@@ -166,6 +167,13 @@ class RayEngine:
         self.actors = []
 
 
+def server_slot(placement: Placement, spec: EngineSpec) -> int:
+    """The slot index of an engine server process: its engine's first GPU on the node of
+    its --node-rank."""
+    engine = placement.engines[spec.index]
+    return placement.index(engine.node_slots[spec.node_rank])
+
+
 def ray_engines(
     specs: Sequence[Sequence[EngineSpec]],
     cluster: Cluster,
@@ -178,14 +186,8 @@ def ray_engines(
     on that node, its server process started with `server_env(slot index)`."""
     placement = plan.placement
 
-    def bundle_of(spec: EngineSpec) -> int:
-        engine = placement.engines[spec.index]
-        nodes = list(dict.fromkeys(slot.node for slot in engine.slots))
-        slot = next(s for s in engine.slots if s.node == nodes[spec.node_rank])
-        return slot.node * placement.gpus_per_node + slot.gpu
-
     def make_actor(spec: EngineSpec) -> ray.actor.ActorHandle:
-        index = bundle_of(spec)
+        index = server_slot(placement, spec)
         options: dict[str, Any] = {"scheduling_strategy": cluster.strategy(index), **resources}
         if runtime_env is not None:
             options["runtime_env"] = runtime_env

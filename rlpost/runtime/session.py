@@ -29,7 +29,7 @@ from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
-from rlpost.runtime.cluster import Cluster
+from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import RunFault, actor_died
 from rlpost.runtime.ports import port_or_free
@@ -168,9 +168,6 @@ class Session:
             self.reward_actor = None
         self.cluster.shutdown()
 
-    def _slot_index(self, node: int, gpu: int) -> int:
-        return node * self.plan.placement.gpus_per_node + gpu
-
     def _threads_per_slot(self) -> int:
         if self.cfg.trainer.threads_per_rank:
             return self.cfg.trainer.threads_per_rank
@@ -257,7 +254,7 @@ class Session:
         placement = self.plan.placement
         cfg = self.cfg
         rank0 = placement.train_slots[0]
-        first = self._slot_index(rank0.node, rank0.gpu)
+        first = placement.index(rank0)
         spec = TrainerSpec(
             backend=self.plan.trainer_backend,
             model=cfg.model,
@@ -281,11 +278,10 @@ class Session:
         self.rendezvous = spec.init_method or f"tcp://{spec.master_addr}:{spec.master_port}"
         if spec.init_method is None:  # across nodes; on one node it is a file (placement.json)
             status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
-        share = 0.4 if placement.colocate else 1.0
+        resources = self.cluster.share(TRAIN_SHARE if placement.colocate else 1.0)
         for rank, slot in enumerate(placement.train_slots):
-            index = self._slot_index(slot.node, slot.gpu)
+            index = placement.index(slot)
             strategy = self.cluster.strategy(index)
-            resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
             actor = TrainActor.options(scheduling_strategy=strategy, **resources).remote(
                 spec, rank, self._thread_env(index)
             )
@@ -296,8 +292,8 @@ class Session:
         slot, reward = self.plan.placement.reward_slot, self.cfg.recipe.rollout.reward
         if slot is None or reward.type != "model" or reward.model is None:
             return
-        index = self._slot_index(slot.node, slot.gpu)
-        resources = {"num_gpus": 1.0} if self.cluster.on_gpu else {"num_cpus": 1.0}
+        index = self.plan.placement.index(slot)
+        resources = self.cluster.share(1.0)
         self.reward_actor = RewardModelActor.options(
             scheduling_strategy=self.cluster.strategy(index), **resources
         ).remote(
@@ -313,25 +309,15 @@ class Session:
     async def _start_engines(self) -> None:
         cfg, placement = self.cfg, self.plan.placement
         backend = engine_backend(self.plan.runtime.engine_backend)
-        slots = self.cluster.slots
-        first_slots = [self._slot_index(n, 0) for n in range(placement.num_nodes)]
         specs = engine_specs(
             cfg,
             self.plan,
             backend=backend.name,
-            node_addresses=[
-                slots[i].node_ip if i < len(slots) else "127.0.0.1" for i in first_slots
-            ],
+            node_addresses=self.cluster.node_addresses,
             log_dir=str(self.run_dir / "logs"),
             threads_per_engine=self._threads_per_slot() * placement.gpus_per_engine,
             memory_saver=self.offload,
-            gpu_ids={
-                (s.node, s.gpu): slots[self._slot_index(s.node, s.gpu)].gpu_id
-                for e in placement.engines
-                for s in e.slots
-            }
-            if self.cluster.on_gpu
-            else None,
+            gpu_ids=self.cluster.gpu_ids(placement) if self.cluster.on_gpu else None,
         )
 
         # The server picks its GPUs by --base-gpu-id, so it must see the whole node: the one
@@ -341,8 +327,7 @@ class Session:
             if backend.needs_gpu
             else None
         )
-        share = 0.2 if placement.colocate else 1.0
-        resources = {"num_gpus": share} if self.cluster.on_gpu else {"num_cpus": share}
+        resources = self.cluster.share(ENGINE_SHARE if placement.colocate else 1.0)
         health = HealthSettings(
             enabled=cfg.engine.fault_tolerance,
             interval_s=cfg.engine.health_check_interval_s,

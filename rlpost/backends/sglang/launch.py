@@ -20,7 +20,6 @@ from typing import Any
 
 from rlpost.config.sglang_options import OptionSpec, cli_names, load_sglang_options
 from rlpost.plan import Plan
-from rlpost.plan.placement import EnginePlacement
 from rlpost.schema import RunConfig
 
 LOCALHOST = "127.0.0.1"
@@ -233,15 +232,15 @@ def engine_specs(
     options = pass_through_options(plan, memory_saver)
     specs = []
     for engine in plan.placement.engines:
-        nodes = _engine_nodes(engine)
-        head = nodes[0]
+        firsts = engine.node_slots
+        nodes = [slot.node for slot in firsts]
         dist_init = None
         if len(nodes) > 1:
-            dist_init = f"{node_addresses[head]}:{engine.dist_init_port}"
+            dist_init = f"{node_addresses[engine.head_node]}:{engine.dist_init_port}"
         per_node = []
-        for rank, node in enumerate(nodes):
-            first = min(slot.gpu for slot in engine.slots if slot.node == node)
-            physical = (gpu_ids or {}).get((node, first), first)
+        for rank, first in enumerate(firsts):
+            node = first.node
+            physical = (gpu_ids or {}).get((node, first.gpu), first.gpu)
             per_node.append(
                 EngineSpec(
                     index=engine.index,
@@ -267,14 +266,6 @@ def engine_specs(
             )
         specs.append(per_node)
     return specs
-
-
-def _engine_nodes(engine: EnginePlacement) -> list[int]:
-    nodes: list[int] = []
-    for slot in engine.slots:
-        if slot.node not in nodes:
-            nodes.append(slot.node)
-    return nodes
 
 
 def engine_commands(specs: Sequence[Sequence[EngineSpec]]) -> list[list[list[str]]]:

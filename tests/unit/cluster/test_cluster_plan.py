@@ -67,6 +67,23 @@ def test_a_run_on_fewer_slots_than_the_profile_needs_only_the_nodes_it_uses() ->
     assert [n.address for n in chosen] == ["10.0.0.1", "10.0.0.2"]
 
 
+def test_gpu_nodes_with_fewer_ray_cpus_than_gpus_are_refused_not_waited_for() -> None:
+    """Each GPU's bundle reserves a CPU: a node started with --num-cpus below its GPU count
+    could never hold its bundles, and would leave the reservation waiting."""
+    short = [
+        NodeInfo(n.address, 8, 4) if n.address == "10.0.0.3" else n for n in gpu_nodes(*[8] * 8)
+    ]
+    with pytest.raises(UserError) as exc:
+        choose_nodes(H100X64, short, "10.0.0.1", 64)
+    text = message(exc)
+    assert "node(s) 10.0.0.3 (4) have the GPUs but fewer CPUs in Ray than 8" in text
+    assert "--num-cpus of at least 8" in text
+    with pytest.raises(UserError) as exc:
+        choose_nodes(H100X64, short, "10.0.0.3", 8)
+    assert "plan node 0" in message(exc) and "10.0.0.3 (4)" in message(exc)
+    assert len(choose_nodes(H100X64, short, "10.0.0.1", 56)) == 7  # seven nodes suffice
+
+
 def test_a_launch_node_without_gpus_is_refused_with_the_reason() -> None:
     with pytest.raises(UserError) as exc:
         choose_nodes(H100X64, [NodeInfo("10.0.0.1", 0, 8), *gpu_nodes(8)[1:]], "10.0.0.1", 8)
