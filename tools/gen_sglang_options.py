@@ -1,8 +1,13 @@
-"""Generate rlpost/config/sglang_options.json: every SGLang server option, typed.
+"""Generate an SGLang option table: every SGLang server option, typed, with its flags.
 
-rlpost passes `layout.rollout.sglang` to the engines by SGLang's own option names and checks
-them against this file at validation time, without importing SGLang (which needs a GPU stack).
-Rerun after moving to a new SGLang version and commit both files.
+Two tables are kept, each generated from the SGLang it names and committed:
+- rlpost/config/sglang_options.json, the SGLang rlpost's engines run: rlpost passes
+  `layout.rollout.sglang` to them by SGLang's own option names and checks them against it at
+  validation time, without importing SGLang (which needs a GPU stack);
+- rlpost/plan/slime_sglang_options.json, the SGLang that slime's pinned commit runs
+  (rlpost.plan.slime_args.SGLANG_VERSION): mode=slime_args passes only options it has, as
+  --sglang-<flag>, and refuses the others (slime would drop them without a word).
+Rerun after moving to a new SGLang version (or slime commit).
 
 SGLang pins a CUDA torch, so run this in a throwaway environment, never rlpost's own:
 
@@ -13,6 +18,11 @@ SGLang pins a CUDA torch, so run this in a throwaway environment, never rlpost's
 
 The package list is what `from sglang.srt.server_args import ServerArgs` asks for; torch
 2.13.0 is the CPU build (a bare `torch` would pull the CUDA wheels). No engine runs there.
+SGLang 0.5.15.post1 (slime's) also imports torchvision, transformers 5.12.1, zstandard, dill,
+openai, partial_json_parser and sentencepiece: install `torch==2.14.1 torchvision==0.29.1`
+(the pair this machine's pip has on disk) in place of torch 2.13.0, then
+
+    /tmp/sgl/bin/python tools/gen_sglang_options.py --out rlpost/plan/slime_sglang_options.json
 
 Types are written as a small vocabulary rlpost checks values against: `bool`, `int`,
 `float`, `str`, `list[<kind>]`, `dict`, `any`; plus `nullable` and, for Literal types and
@@ -106,16 +116,20 @@ def _field_names(cls: type) -> list[str]:
     return list(cls.__struct_fields__)  # type: ignore[attr-defined]
 
 
-def _cli_flags(cls: type) -> dict[str, str]:
-    """Option name -> the long flag SGLang's own command line takes for it."""
+def _cli_actions(cls: type) -> dict[str, list[argparse.Action]]:
+    """Option name -> the argparse actions SGLang's own command line has for it (the flag,
+    then any aliases added on their own, deprecated spellings among them)."""
     parser = argparse.ArgumentParser(add_help=False)
     cls.add_cli_args(parser)  # type: ignore[attr-defined]
-    flags: dict[str, str] = {}
+    actions: dict[str, list[argparse.Action]] = {}
     for action in parser._actions:
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        if longs and action.dest not in flags:
-            flags[action.dest] = longs[0]
-    return flags
+        if any(o.startswith("--") for o in action.option_strings):
+            actions.setdefault(action.dest, []).append(action)
+    return actions
+
+
+def _longs(action: argparse.Action) -> list[str]:
+    return [o for o in action.option_strings if o.startswith("--")]
 
 
 def _arg_choices(meta: tuple[Any, ...]) -> list[Any] | None:
@@ -129,7 +143,7 @@ def _arg_choices(meta: tuple[Any, ...]) -> list[Any] | None:
 
 def describe_options(cls: type) -> dict[str, dict[str, Any]]:
     hints = typing.get_type_hints(cls, include_extras=True)
-    defaults, flags = _defaults(cls), _cli_flags(cls)
+    defaults, actions = _defaults(cls), _cli_actions(cls)
     options: dict[str, dict[str, Any]] = {}
     for name in _field_names(cls):
         if name.startswith("_"):
@@ -144,7 +158,12 @@ def describe_options(cls: type) -> dict[str, dict[str, Any]]:
             entry["default"] = _jsonable(defaults[name])
         else:
             entry["required"] = True
-        entry["cli"] = flags.get(name)
+        own = actions.get(name, [])
+        entry["cli"] = _longs(own[0])[0] if own else None
+        if own:
+            # every spelling the command line takes, and whether the flag takes a value
+            entry["flags"] = [flag for action in own for flag in _longs(action)]
+            entry["switch"] = own[0].nargs == 0
         options[name] = entry
     return options
 

@@ -24,15 +24,17 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from rlpost.config.sglang_options import load_sglang_options
 from rlpost.config.sources import CONF_DIR
 from rlpost.errors import Issue, UserError
 from rlpost.interop.bash_script import Script, read_script
 from rlpost.plan.model_args import model_args
 from rlpost.plan.slime_args import (
+    SGLANG_VERSION,
     SLIME_CKPT_DIR,
     SLIME_HOOKS,
     SLIME_REWARD_TYPES,
-    SLIME_SGLANG_NAMES,
+    slime_sglang_flags,
 )
 from rlpost.schema import ModelConfig
 
@@ -537,10 +539,25 @@ def _map(script: Script, flags: list[tuple[str, list[str]]], name: str) -> Impor
         elif flag in ("--load", "--save", "--eval-prompt-data", "--eval-input-key",
                       "--eval-label-key", "--sglang-server-concurrency"):  # fmt: skip
             together[flag] = vals
-        elif flag.startswith("--sglang-"):
-            option = flag.removeprefix("--sglang-").replace("-", "_")
-            option = {v: k for k, v in SLIME_SGLANG_NAMES.items()}.get(option, option)
-            sglang[option] = True if not vals else (_one(vals) if len(vals) == 1 else _many(vals))
+        elif flag in NOT_IMPORTED:
+            reason, nearest = NOT_IMPORTED[flag]
+            unmapped.append(Unmapped(flag, tuple(vals), reason, nearest))
+        elif flag in slime_sglang_flags():
+            option = slime_sglang_flags()[flag]  # whichever spelling, SGLang's option name
+            if option in load_sglang_options().options:
+                sglang[option] = (
+                    True if not vals else (_one(vals) if len(vals) == 1 else _many(vals))
+                )
+            else:
+                unmapped.append(
+                    Unmapped(
+                        flag,
+                        tuple(vals),
+                        f"sglang {load_sglang_options().version}, which rlpost's engines run, "
+                        f"has no option '{option}' any more",
+                        "layout.rollout.sglang",
+                    )
+                )
         elif flag in FIXED_SETTINGS:
             if vals != FIXED_SETTINGS[flag]:
                 unmapped.append(
@@ -551,9 +568,16 @@ def _map(script: Script, flags: list[tuple[str, list[str]]], name: str) -> Impor
                         "(fixed)",
                     )
                 )
-        elif flag in NOT_IMPORTED:
-            reason, nearest = NOT_IMPORTED[flag]
-            unmapped.append(Unmapped(flag, tuple(vals), reason, nearest))
+        elif flag.startswith("--sglang-"):
+            unmapped.append(
+                Unmapped(
+                    flag,
+                    tuple(vals),
+                    f"sglang {SGLANG_VERSION}, which slime runs, has no such flag: slime drops "
+                    "it without a word",
+                    "layout.rollout.sglang",
+                )
+            )
         else:
             unmapped.append(
                 Unmapped(

@@ -8,11 +8,13 @@ those the seeds always spell out.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlpost.config.sglang_options import load_sglang_options
 from rlpost.errors import Issue, UserError
 from rlpost.plan.model_args import format_value, model_args
 from rlpost.plan.plan import Plan
@@ -57,8 +59,60 @@ SLIME_SGLANG_NAMES = {
     "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
     "cuda_graph_bs_decode": "cuda_graph_bs",
 }
-"""Options rlpost validates under SGLang 0.5.2x names that slime's pinned SGLang still spells
-the older way (its scripts pass --sglang-cuda-graph-max-bs)."""
+"""Options exported under the older spelling slime's scripts use (--sglang-cuda-graph-max-bs),
+which slime's SGLang still takes as an alias (checked against its table by the tests)."""
+
+SLIME_SGLANG_TABLE = Path(__file__).with_name("slime_sglang_options.json")
+"""The server options of slime's SGLang (SGLANG_VERSION), generated from its ServerArgs by
+tools/gen_sglang_options.py: slime adds each of their flags as --sglang-<flag>."""
+
+
+@functools.cache
+def slime_sglang_flags() -> dict[str, str]:
+    """Every --sglang-<flag> slime's SGLang gives it -> the option (ServerArgs field)."""
+    document = json.loads(SLIME_SGLANG_TABLE.read_text(encoding="utf-8"))
+    return {
+        "--sglang-" + spelled.removeprefix("--"): name
+        for name, entry in document["options"].items()
+        for spelled in entry.get("flags", [])
+    }
+
+
+def slime_sglang_flag(name: str) -> str:
+    """The --sglang-* flag the export spells an SGLang option with."""
+    return "--sglang-" + SLIME_SGLANG_NAMES.get(name, name).replace("_", "-")
+
+
+def check_sglang_for_slime(plan: Plan) -> list[Issue]:
+    """The engine's SGLang options that slime's SGLang lacks or would read otherwise: slime
+    drops an unknown --sglang-* flag without a word, so the export refuses them."""
+    table = load_sglang_options(SLIME_SGLANG_TABLE)
+    issues = []
+    for name, value in plan.engine.sglang:
+        key = f"layout.rollout.sglang.{name}"
+        spec = table.options.get(name)
+        if spec is None or slime_sglang_flags().get(slime_sglang_flag(name)) != name:
+            issues.append(
+                Issue(
+                    key,
+                    f"sglang {SGLANG_VERSION}, which slime {SLIME_COMMIT} runs, has no server "
+                    f"option '{name}' (it came with a later SGLang): slime would drop "
+                    f"{slime_sglang_flag(name)} without a word",
+                    "remove it for the export (rlpost's own engines take it)",
+                    value=value,
+                )
+            )
+        elif not spec.accepts(value):
+            issues.append(
+                Issue(
+                    key,
+                    f"in sglang {SGLANG_VERSION}, which slime {SLIME_COMMIT} runs, '{name}' "
+                    f"takes {spec.expected()}",
+                    "set a value both SGLang versions take, or remove it for the export",
+                    value=value,
+                )
+            )
+    return issues
 
 
 def flag(name: str, *values: Any) -> Flag:
@@ -283,7 +337,7 @@ def perf_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
 
 
 def _sglang_option(name: str, value: Any) -> list[Flag]:
-    dashed = "--sglang-" + SLIME_SGLANG_NAMES.get(name, name).replace("_", "-")
+    dashed = slime_sglang_flag(name)
     if isinstance(value, bool):
         return switch(value, dashed)
     if isinstance(value, list | tuple):
@@ -414,13 +468,16 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
 )
 
 
-def check_exportable(cfg: RunConfig) -> None:
-    """UserError for a recipe feature slime lacks: never exported as something it ignores."""
+def check_exportable(cfg: RunConfig, plan: Plan | None = None) -> None:
+    """UserError for a recipe feature slime lacks: never exported as something it ignores
+    (with the plan, the engines' SGLang options too)."""
     issues = [
         Issue(key, why, fix, value=cfg_value(cfg, key))
         for key, applies, why, fix in NOT_IN_SLIME
         if applies(cfg)
     ]
+    if plan is not None:
+        issues += check_sglang_for_slime(plan)
     if issues:
         raise UserError(issues, title="slime export error")
 
@@ -433,7 +490,7 @@ def cfg_value(cfg: RunConfig, key: str) -> object:
 
 
 def slime_flag_groups(cfg: RunConfig, plan: Plan) -> dict[str, list[Flag]]:
-    check_exportable(cfg)
+    check_exportable(cfg, plan)
     groups = {name: build(cfg, plan) for name, build in GROUPS.items()}
     return {name: flags for name, flags in groups.items() if flags}
 

@@ -4,6 +4,7 @@ export -> import -> export gives back the same arguments for every shipped combi
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +15,17 @@ import pytest
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
 from rlpost.interop.bash_script import read_script
-from rlpost.interop.slime_import import SLIME_MODEL_SCRIPTS, Imported, import_slime
+from rlpost.interop.slime_import import SLIME_MODEL_SCRIPTS, Imported, import_slime, split_flags
 from rlpost.plan import build_plan, plan_config, render_slime_args, slime_arg_groups
-from rlpost.plan.slime_args import check_exportable
+from rlpost.plan.slime_args import (
+    SGLANG_VERSION,
+    SLIME_COMMIT,
+    SLIME_SGLANG_NAMES,
+    SLIME_SGLANG_TABLE,
+    check_exportable,
+    slime_sglang_flag,
+    slime_sglang_flags,
+)
 from rlpost.schema import RunConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -157,7 +166,8 @@ ray job submit --address="http://127.0.0.1:8265" \\
    ${MODEL_ARGS[@]} --hf-checkpoint /models/Qwen3-4B \\
    ${ROLLOUT_ARGS[@]} "${OPT[@]}" \\
    --tensor-model-parallel-size 2 --sequence-parallel \\
-   --use-dynamic-batch-size --max-tokens-per-gpu 4096 --rollout-num-gpus-per-engine 2
+   --use-dynamic-batch-size --max-tokens-per-gpu 4096 --rollout-num-gpus-per-engine 2 \
+   --sglang-cuda-graph-max-bs 16 --sglang-mem-fraction-static 0.8 --sglang-made-up 1
 """
     )
     imported = import_slime(script)
@@ -174,6 +184,12 @@ ray job submit --address="http://127.0.0.1:8265" \\
     assert unmapped["--lr"].reason.startswith("given twice")
     assert "not a slime or Megatron flag" in unmapped["--made-up-flag"].reason
     assert unmapped["--use-fault-tolerance"].nearest == "engine.max_restarts"
+    assert "has no such flag: slime drops it" in unmapped["--sglang-made-up"].reason
+    # the old spelling slime's scripts use is an alias in slime's SGLang: the same option
+    assert values["layout.rollout.sglang"] == {
+        "cuda_graph_max_bs_decode": 16,
+        "mem_fraction_static": 0.8,
+    }
     assert any(s.startswith("set -ex") for s in imported.skipped)
     cfg, plan = imported_config(script, tmp_path / "out")
     assert not plan.placement.colocate and plan.parallel.tp == 2  # type: ignore[attr-defined]
@@ -246,3 +262,64 @@ def test_exports_use_only_flags_slime_defines(combination: Callable[[str, str, s
         for name in SLIME_GROUPS:
             unknown |= {t for t in groups.get(name, []) if t.startswith("--")} - known
     assert not unknown
+
+
+def test_exports_pass_sglang_only_flags_slimes_sglang_takes(
+    combination: Callable[[str, str, str], Any],
+) -> None:
+    """slime adds each flag of its pinned SGLang as --sglang-<flag> (and a few of its own):
+    every exported --sglang-* flag is one of those, switches come bare, and each value reads
+    as the recorded type."""
+    table = json.loads(SLIME_SGLANG_TABLE.read_text())
+    assert table["sglang_version"] == SGLANG_VERSION  # generated from the pinned SGLang
+    options = table["options"]
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "slime_flags.txt"
+    slime_own = {line for line in fixture.read_text().splitlines() if line.startswith("--sglang")}
+    seen = set()
+    for model, recipe, hardware in COMBINATIONS:
+        cfg = exportable(combination(model, recipe, hardware))
+        if cfg is None:
+            continue
+        flags = split_flags(slime_arg_groups(cfg, build_plan(cfg)).get("SGLANG_ARGS", []))
+        for flag, values in flags:
+            if flag in slime_own or not flag.startswith("--sglang-"):
+                continue
+            assert flag in slime_sglang_flags(), f"{model}/{recipe}/{hardware}: {flag}"
+            entry = options[slime_sglang_flags()[flag]]
+            assert (values == []) == entry["switch"], (flag, values)
+            for value in values:
+                assert reads_as(value, entry["type"]), (flag, value, entry["type"])
+            seen.add(flag)
+    assert {"--sglang-mem-fraction-static", "--sglang-cuda-graph-max-bs"} <= seen
+
+
+def reads_as(token: str, kinds: list[str]) -> bool:
+    """The token parses as one of the recorded kinds (argparse's type= for it)."""
+    for kind in kinds:
+        item = kind.removeprefix("list[").removesuffix("]")
+        try:
+            {"int": int, "float": float}.get(item, str)(token)
+            return True
+        except ValueError:
+            continue
+    return False
+
+
+def test_the_old_spellings_the_export_uses_are_aliases_in_slimes_sglang() -> None:
+    for name in SLIME_SGLANG_NAMES:
+        assert slime_sglang_flags()[slime_sglang_flag(name)] == name
+
+
+def test_an_sglang_option_slimes_sglang_lacks_is_refused_by_the_export(
+    compose_run: Callable[..., RunConfig],
+) -> None:
+    cfg = compose_run(
+        "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8",
+        "++layout.rollout.sglang.enable_dense_mlp_attn_tp=true",
+    )  # fmt: skip
+    plan = build_plan(cfg)  # rlpost's own engines (SGLang 0.5.23) take it
+    with pytest.raises(UserError) as refused:
+        slime_arg_groups(cfg, plan)
+    (issue,) = refused.value.issues
+    assert issue.key == "layout.rollout.sglang.enable_dense_mlp_attn_tp"
+    assert f"sglang {SGLANG_VERSION}, which slime {SLIME_COMMIT} runs, has no" in issue.message

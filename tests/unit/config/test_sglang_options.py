@@ -118,13 +118,19 @@ class FakeServerArgs:
     cuda_graph_bs: list[int] | None = None
     json_override: str | dict = "{}"
     stat_loggers: list[Any] = dataclasses.field(default_factory=list)
+    enable_metrics: bool = False
     _internal: bool = False
 
     @staticmethod
     def add_cli_args(parser: Any) -> None:
         for field in dataclasses.fields(FakeServerArgs):
-            if not field.name.startswith("_"):
+            if field.name == "tp_size":  # a second spelling in the same call
+                parser.add_argument("--tp-size", "--tensor-parallel-size", dest=field.name)
+            elif field.name == "enable_metrics":
+                parser.add_argument("--enable-metrics", action="store_true", dest=field.name)
+            elif not field.name.startswith("_"):
                 parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name)
+        parser.add_argument("--cuda-graph-batch-sizes", dest="cuda_graph_bs")  # an old alias
 
 
 def test_generator_describes_types_defaults_choices_and_flags() -> None:
@@ -135,14 +141,22 @@ def test_generator_describes_types_defaults_choices_and_flags() -> None:
         "nullable": False,
         "required": True,
         "cli": "--model-path",
+        "flags": ["--model-path"],
+        "switch": False,
     }
     assert options["tp_size"]["type"] == ["int"] and options["tp_size"]["default"] == 1
+    assert options["tp_size"]["flags"] == ["--tp-size", "--tensor-parallel-size"]
     assert options["mem_fraction_static"] == {
         "type": ["float"],
         "nullable": True,
         "default": None,
         "cli": "--mem-fraction-static",
+        "flags": ["--mem-fraction-static"],
+        "switch": False,
     }
+    assert options["cuda_graph_bs"]["flags"] == ["--cuda-graph-bs", "--cuda-graph-batch-sizes"]
+    assert options["cuda_graph_bs"]["cli"] == "--cuda-graph-bs"
+    assert options["enable_metrics"]["switch"] is True
     assert options["attention_backend"]["choices"] == ["fa3", "triton"]
     assert options["load_balance"]["choices"] == ["round_robin", "minimum_tokens"]
     assert options["cuda_graph_bs"]["type"] == ["list[int]"]
