@@ -129,3 +129,26 @@ def test_worker_protocol_reports_rewards_and_errors() -> None:
     assert handle({"grader": "math", "response": "\\boxed{2}", "label": "2"}) == {"reward": 1.0}
     assert "unknown grader 'maths'" in handle({"grader": "maths"})["error"]
     assert "KeyError" in handle({"grader": "f1", "response": "x"})["error"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "label"),
+    [
+        ("42", "42"), ("42", "43"), ("007", "7"), ("+5", "5"), ("-5", "5"), ("-0", "0"),
+        ("$12$", "12"), (" 12 ", "$12$"), ("12", "\\boxed{12}"), ("10", "-10"),
+        ("123456789012345678901", "123456789012345678901"),
+        ("123456789012345678901", "123456789012345678902"),
+    ],
+)  # fmt: skip
+def test_integers_are_compared_as_math_verify_compares_them(answer: str, label: str) -> None:
+    """Plain integers skip math_verify's parser: the verdict is the one it gives."""
+    import math_verify as mv
+
+    def parsed(text: str) -> list[object]:
+        text = text.strip().strip("$").strip()
+        config = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+        return mv.parse(f"${text}$", extraction_config=config, parsing_timeout=None)
+
+    gold = last_boxed(label) or label
+    expected = mv.verify(parsed(gold), parsed(answer), timeout_seconds=None)
+    assert answers_match(answer, label) is expected
