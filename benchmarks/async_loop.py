@@ -1,14 +1,16 @@
 """The three loop modes side by side on a decoupled CPU layout: rollouts/s, trained
 samples/s, staleness and final eval accuracy, with each mode's speed-up over sync.
 
-    .venv/bin/python benchmarks/async_loop.py [--rollouts 30] [--modes sync async fully_async]
-        [overrides ...]
+    .venv/bin/python benchmarks/async_loop.py [overrides ...] [--rollouts 30]
+        [--modes sync async fully_async]
 
 One train slot and one engine slot (one thread each) of the tiny default: while the trainer
 trains, the engine would sit idle under `sync`; `async` generates the next rollout meanwhile
 and `fully_async` never stops generating. Each mode runs the real loop (`python launch.py`)
 with the same data, model and number of rollouts, so they train on the same number of
-samples; the first two steps are dropped as warm-up and the last (it evaluates) too.
+samples; the first two steps are dropped as warm-up and the last (it evaluates) too. Every
+mode trains with `off_policy_correction: tis` unless an override names another. Overrides
+go before --modes.
 """
 
 from __future__ import annotations
@@ -24,11 +26,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 2
+CORRECTION = "tis"
 DECOUPLED = (
     "layout.colocate=false",
     "layout.train.num_gpus=1",
     "layout.rollout.num_gpus=1",
 )
+
+
+def correction(overrides: list[str]) -> list[str]:
+    """Every mode the same recipe: truncated importance sampling against the rollout logprobs
+    corrects what the async modes' staler tokens (and, in every mode, the engine's numerics)
+    differ from the trained policy, at no extra forward; unless the overrides choose."""
+    key = "recipe.algo.off_policy_correction="
+    return [] if any(o.startswith(key) for o in overrides) else [key + CORRECTION]
 
 
 def run_mode(mode: str, rollouts: int, overrides: list[str]) -> dict[str, float]:
@@ -37,6 +48,7 @@ def run_mode(mode: str, rollouts: int, overrides: list[str]) -> dict[str, float]
         command = [
             sys.executable, str(ROOT / "launch.py"), *DECOUPLED,
             f"recipe.loop.mode={mode}",
+            *correction(overrides),
             f"recipe.rollout.num_rollout={rollouts}",
             f"recipe.eval.interval={rollouts}", "recipe.eval.skip_before_train=true",
             "recipe.save.interval=null",
