@@ -270,6 +270,25 @@ NOT_IMPORTED = {
     ),
     "--wandb-key": ("credentials come from the environment (WANDB_API_KEY)", "tracking.wandb"),
     "--sglang-log-level": ("rlpost's engine logs go to the run directory", "run.dir"),
+    # slime's own --sglang-* flags (not SGLang server options)
+    "--sglang-router-ip": ("rlpost starts the run's router itself", "engine.router_policy"),
+    "--sglang-router-port": ("rlpost starts the run's router itself", "engine.router_policy"),
+    "--sglang-router-request-timeout-secs": (
+        "rlpost's router timeout is its own setting (default 3600 s)",
+        "engine.request_timeout_s",
+    ),
+    "--sglang-config": (
+        "SGLang options are part of the layout, not a separate file",
+        "layout.rollout.sglang",
+    ),
+    "--sglang-pp-size": (
+        "rlpost's engines are tensor parallel only",
+        "layout.rollout.gpus_per_engine",
+    ),
+    "--sglang-pipeline-parallel-size": (
+        "rlpost's engines are tensor parallel only",
+        "layout.rollout.gpus_per_engine",
+    ),
 }
 
 

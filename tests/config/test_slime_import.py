@@ -167,7 +167,8 @@ ray job submit --address="http://127.0.0.1:8265" \\
    ${ROLLOUT_ARGS[@]} "${OPT[@]}" \\
    --tensor-model-parallel-size 2 --sequence-parallel \\
    --use-dynamic-batch-size --max-tokens-per-gpu 4096 --rollout-num-gpus-per-engine 2 \
-   --sglang-cuda-graph-max-bs 16 --sglang-mem-fraction-static 0.8 --sglang-made-up 1
+   --sglang-cuda-graph-max-bs 16 --sglang-mem-fraction-static 0.8 --sglang-made-up 1 \
+   --sglang-router-ip 10.0.0.1
 """
     )
     imported = import_slime(script)
@@ -185,6 +186,7 @@ ray job submit --address="http://127.0.0.1:8265" \\
     assert "not a slime or Megatron flag" in unmapped["--made-up-flag"].reason
     assert unmapped["--use-fault-tolerance"].nearest == "engine.max_restarts"
     assert "has no such flag: slime drops it" in unmapped["--sglang-made-up"].reason
+    assert "router itself" in unmapped["--sglang-router-ip"].reason  # slime's own flag
     # the old spelling slime's scripts use is an alias in slime's SGLang: the same option
     assert values["layout.rollout.sglang"] == {
         "cuda_graph_max_bs_decode": 16,
