@@ -10,7 +10,13 @@ import pytest
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
 from rlpost.plan import build_plan
-from rlpost.plan.cluster import NodeInfo, check_cluster_source, choose_nodes, nodes_from_ray
+from rlpost.plan.cluster import (
+    NodeInfo,
+    check_capacity,
+    check_cluster_source,
+    choose_nodes,
+    nodes_from_ray,
+)
 from rlpost.plan.preflight import check_cluster
 from rlpost.runtime.netif import interface_for
 from rlpost.schema import HardwareConfig
@@ -82,6 +88,9 @@ def test_gpu_nodes_with_fewer_ray_cpus_than_gpus_are_refused_not_waited_for() ->
         choose_nodes(H100X64, short, "10.0.0.3", 8)
     assert "plan node 0" in message(exc) and "10.0.0.3 (4)" in message(exc)
     assert len(choose_nodes(H100X64, short, "10.0.0.1", 56)) == 7  # seven nodes suffice
+    with pytest.raises(UserError) as exc:  # the preflight's check, before joining the cluster
+        check_capacity(H100X64, short, 64)
+    assert "10.0.0.3 (4) have the GPUs but fewer CPUs" in message(exc)
 
 
 def test_a_launch_node_without_gpus_is_refused_with_the_reason() -> None:
