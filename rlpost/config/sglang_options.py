@@ -151,6 +151,8 @@ class OptionSpec:
     nullable: bool
     choices: tuple[Any, ...] | None = None
     default: Any = None
+    cli: str | None = None  # SGLang's own flag for it (None: it has none)
+    flags: tuple[str, ...] = ()  # every spelling its command line takes (aliases included)
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -213,6 +215,8 @@ def load_sglang_options(path: Path = OPTIONS_FILE) -> SGLangOptions:
             nullable=bool(entry["nullable"]),
             choices=tuple(entry["choices"]) if "choices" in entry else None,
             default=entry.get("default"),
+            cli=entry.get("cli"),
+            flags=tuple(entry.get("flags", ())),
         )
         for name, entry in document["options"].items()
     }
@@ -288,8 +292,7 @@ def _unrenderable(name: str, value: Any, spec: OptionSpec) -> Issue | None:
 @functools.cache
 def cli_names() -> dict[str, str | None]:
     """Each option's command-line flag (None: SGLang has no flag for it)."""
-    document = json.loads(OPTIONS_FILE.read_text(encoding="utf-8"))
-    return {name: entry.get("cli") for name, entry in document["options"].items()}
+    return {name: spec.cli for name, spec in load_sglang_options().options.items()}
 
 
 def check_sglang_options(options: Any) -> list[Issue]:

@@ -70,11 +70,10 @@ tools/gen_sglang_options.py: slime adds each of their flags as --sglang-<flag>."
 @functools.cache
 def slime_sglang_flags() -> dict[str, str]:
     """Every --sglang-<flag> slime's SGLang gives it -> the option (ServerArgs field)."""
-    document = json.loads(SLIME_SGLANG_TABLE.read_text(encoding="utf-8"))
     return {
         "--sglang-" + spelled.removeprefix("--"): name
-        for name, entry in document["options"].items()
-        for spelled in entry.get("flags", [])
+        for name, spec in load_sglang_options(SLIME_SGLANG_TABLE).options.items()
+        for spelled in spec.flags
     }
 
 
