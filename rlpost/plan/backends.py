@@ -15,6 +15,10 @@ TRAINER_PARALLEL: dict[str, frozenset[str]] = {
     "megatron": frozenset({"tp", "pp", "cp", "ep", "etp"}),
 }
 GPU_TRAINERS = frozenset({"megatron"})
+# backends that pack a group's prompt once per micro-batch, its samples' responses attending to
+# that one copy (the torch trainer's packed attention gathers each sample's rows; megatron-core's
+# THD attention takes contiguous sequences only)
+PROMPT_SHARING = frozenset({"torch"})
 
 
 def model_parallel_sizes(layout: ParallelLayout) -> dict[str, int]:

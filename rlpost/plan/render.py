@@ -209,6 +209,12 @@ REFERENCE_RUNS = {
 }
 
 
+PROMPTS = {
+    True: "packed once per micro-batch, its samples' responses attending to that copy",
+    False: "packed with each of its samples",
+}
+
+
 def _flops(tflop: float) -> str:
     for unit, scale in (("EFLOP", 1e6), ("PFLOP", 1e3)):
         if tflop >= scale:
@@ -235,6 +241,7 @@ def render_work(plan: Plan) -> str:
         ["reference model runs", REFERENCE_RUNS[w.reference].format(n=w.reference_interval)],
         ["old-policy logprobs", old],
         ["forward-equivalents per token", passes],
+        ["a group's prompt", PROMPTS[w.share_prompts]],
         ["train compute per rollout (longest samples)", _flops(w.train_tflop_per_rollout)],
     ]
     return render_table(["trainer work", "value"], rows, "Trainer work per rollout")

@@ -14,6 +14,12 @@ Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1):
   kl_loss_coef 0, as in the seeds' recipes) only every `algo.kl_metric_interval` rollouts, to
   log the KL, and with 0 it is neither loaded nor run.
 
+The torch trainer also packs a group's prompt once per micro-batch: the group's responses
+attend to that one copy (the same logprobs, since a prompt's hidden states do not depend on
+what follows it), so the layers run over prompt + n x response tokens instead of
+n x (prompt + response). The compute figure stays an upper bound: it counts every sample's
+prompt, since a micro-batch need not hold a whole group.
+
 The trainers and the loop read `Plan.work` and decide none of this themselves.
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlpost.plan.backends import PROMPT_SHARING, resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan
 from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import RunConfig
@@ -38,6 +45,7 @@ class TrainWork:
     passes_per_rollout: float  # forward-equivalents over the rollout's tokens (averaged)
     passes_every_forward: float  # the same with old and reference forwards every rollout
     train_tflop_per_rollout: float  # at the longest samples: an upper bound
+    share_prompts: bool  # a group's prompt is packed once per micro-batch (torch trainer)
 
     @property
     def load_reference(self) -> bool:
@@ -81,4 +89,6 @@ def plan_work(
         passes_per_rollout=passes,
         passes_every_forward=every,
         train_tflop_per_rollout=2.0 * params_active * tokens * passes / 1e12,
+        share_prompts=resolve_trainer_backend(cfg, par) in PROMPT_SHARING
+        and cfg.recipe.rollout.n_samples_per_prompt > 1,
     )

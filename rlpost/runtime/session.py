@@ -272,6 +272,7 @@ class Session:
             seed=cfg.run.seed,
             load_reference=self.plan.work.load_reference,
             reuse_old_logprobs=self.plan.work.reuse_old_logprobs,
+            share_prompts=self.plan.work.share_prompts,
             collective_timeout_s=cfg.trainer.collective_timeout_s,
             init_method=self._rendezvous(),
         )

@@ -36,6 +36,7 @@ class TrainerSpec:
     # logprobs serve as the old policy's (one optimizer step per rollout)
     load_reference: bool
     reuse_old_logprobs: bool
+    share_prompts: bool  # Plan.work: a group's prompt packed once per micro-batch (torch)
     collective_timeout_s: float = 600.0
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
 
@@ -66,6 +67,7 @@ def _torch(spec: TrainerSpec, rank: int) -> Any:
         spec.optim,
         spec.train,
         reference_dir=model.ref_load or model.hf_checkpoint,
+        share_prompts=spec.share_prompts,
         **_rank_kwargs(spec, rank),
     )
 

@@ -3,13 +3,18 @@
 transformers' own packed path (sdpa/eager plus a block-diagonal mask derived from
 position_ids) is exact but dense: a row of T tokens costs T^2 attention whatever the sample
 lengths, which on CPU dominates a step (64 samples of 40 tokens: 2560^2 versus 64 x 40^2).
-Here the row is regathered into one padded batch with a sample per entry and run through a
-single causal sdpa call. Right padding is harmless under a causal mask: a real query never
-sees a later (padded) key, and padded queries are dropped on the way back.
+Here the row is regathered into one padded batch with a sample per entry, each entry the
+sample's own row positions in order, and run through a single causal sdpa call. The
+positions need not be contiguous: a prompt shared by several samples (forward.py) sits once
+in the row and is gathered into each of them. Right padding is harmless under a causal mask:
+a real query never sees a later (padded) key. On the way back each row position is taken
+from the one entry that owns it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,15 +24,24 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 PACKED_SDPA = "rlpost_packed_sdpa"
+ROWS_KWARG = "rlpost_sample_rows"  # passed through the model's forward to the attention
 
 
-def segment_layout(cu_seq_lens: Tensor, total: int) -> tuple[Tensor, Tensor]:
-    """Row positions of each segment, padded: (gather index [S, L], valid mask [S, L])."""
-    starts, lengths = cu_seq_lens[:-1], cu_seq_lens.diff()
-    offsets = torch.arange(int(lengths.max()), device=cu_seq_lens.device)
-    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
-    index = (starts.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=total - 1)
-    return index, valid
+@dataclass(frozen=True)
+class SampleRows:
+    """Where each sample of a packed row sits: `index[s, l]` is the row position of sample
+    s's l-th token (padded past its length); `owner[t]` is the flat entry (s * L + l) whose
+    output row position t takes."""
+
+    index: Tensor  # [S, L]
+    owner: Tensor  # [T]
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[int]], owners: Sequence[tuple[int, int]]) -> SampleRows:
+        width = max(len(r) for r in rows)
+        index = torch.tensor([[*r, *[0] * (width - len(r))] for r in rows], dtype=torch.long)
+        owner = torch.tensor([s * width + offset for s, offset in owners], dtype=torch.long)
+        return cls(index, owner)
 
 
 def packed_sdpa_attention(
@@ -40,17 +54,16 @@ def packed_sdpa_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Query/key/value [1, heads, T, dim]; segments given by `cu_seq_lens_q`."""
-    cu_seq_lens = kwargs.get("cu_seq_lens_q")
-    if cu_seq_lens is None or query.shape[0] != 1 or key.shape[2] != query.shape[2]:
-        # Not a packed training row (generation, or a caller without boundaries).
+    """Query/key/value [1, heads, T, dim]; each sample's row positions in `rlpost_sample_rows`."""
+    rows: SampleRows | None = kwargs.get(ROWS_KWARG)
+    if rows is None or query.shape[0] != 1 or key.shape[2] != query.shape[2]:
+        # Not a packed training row (generation, or a caller without sample rows).
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    index, valid = segment_layout(cu_seq_lens, query.shape[2])
 
     def gather(x: Tensor) -> Tensor:  # [1, H, T, D] -> [S, H, L, D]
-        return x[0][:, index].transpose(0, 1)
+        return x[0][:, rows.index].transpose(0, 1)
 
     out = F.scaled_dot_product_attention(
         gather(query),
@@ -61,8 +74,8 @@ def packed_sdpa_attention(
         scale=scaling,
         enable_gqa=key.shape[1] != query.shape[1],
     )
-    # [S, H, L, D] -> [S, L, H, D] -> valid tokens in row order -> [1, T, H, D]
-    return out.transpose(1, 2)[valid].unsqueeze(0), None
+    # [S, H, L, D] -> [S * L, H, D] -> each row position from its owner -> [1, T, H, D]
+    return out.transpose(1, 2).flatten(0, 1)[rows.owner].unsqueeze(0), None
 
 
 AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)

@@ -1,19 +1,25 @@
 """Packed forward passes: several samples in one row, each attending only to itself.
 
-Samples are concatenated into a single row whose position_ids restart at 0 for every sample
-(RoPE sees each sample from position 0). Attention stays within a sample in either of two ways:
-- the default `rlpost_packed_sdpa` implementation (attention.py) gets the row's sample
-  boundaries as `cu_seq_lens_q` and attends sample by sample;
+Samples are concatenated into a single row; every token keeps its position within its own
+sample (RoPE sees each sample from position 0). Attention stays within a sample in either of
+two ways:
+- the default `rlpost_packed_sdpa` implementation (attention.py) gets each sample's row
+  positions (`SampleRows`) and attends sample by sample;
 - with transformers' "sdpa" or "eager", transformers (>= 5) reads the position restarts as
   packed-sequence boundaries (`find_packed_sequence_indices` in masking_utils) and builds a
   block-diagonal causal mask, provided no 2D attention mask and no KV cache are passed.
-Tests compare packed against one-by-one forwards for all three, so an upstream change cannot
-go unnoticed.
+
+With `share_prompts` (the default implementation only), samples with the same prompt (a
+GRPO group: n samples of one prompt) share one copy of it in the row: the prompt's tokens
+are computed once, and each response attends to that copy as if it were its own. Causal
+attention makes the prompt's hidden states the same in every sample, so the logprobs are the
+same; the tokens the layers run over drop from n x (prompt + response) to prompt + n x
+response per group. Tests compare packed, shared and one-by-one forwards, so an upstream
+change cannot go unnoticed.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +28,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from rlpost.algo.losses import entropy_of_log_probs
-from rlpost.backends.torch_trainer.attention import PACKED_SDPA
+from rlpost.backends.torch_trainer.attention import PACKED_SDPA, ROWS_KWARG, SampleRows
 from rlpost.types import TrainSample
 
 
@@ -35,8 +41,9 @@ class PackedBatch:
     logit_positions: Tensor  # [R] row positions whose logits predict response tokens
     targets: Tensor  # [R] the response tokens
     segment_ids: Tensor  # [R] sample index within the micro-batch
-    cu_seq_lens: Tensor  # [S + 1] row offsets where samples start, then T
+    rows: SampleRows  # each sample's row positions, for the packed attention
     response_lengths: tuple[int, ...]
+    shared: bool  # prompts appear once per distinct prompt (only rlpost_packed_sdpa reads that)
 
     @property
     def num_tokens(self) -> int:
@@ -47,31 +54,44 @@ class PackedBatch:
         return list(torch.split(flat, list(self.response_lengths)))
 
 
-def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
-    """Concatenate samples into one row; no padding, no truncation."""
+def pack_samples(samples: Sequence[TrainSample], share_prompts: bool = False) -> PackedBatch:
+    """Concatenate samples into one row, no padding, no truncation; with `share_prompts`, a
+    prompt already in the row is not repeated (the sample's rows point at the first copy)."""
     ids: list[int] = []
     positions: list[int] = []
+    owners: list[tuple[int, int]] = []  # per row position: (sample, offset) that computes it
+    sample_rows: list[list[int]] = []
     logit_positions: list[int] = []
     targets: list[int] = []
     segments: list[int] = []
-    offset = 0
+    seen: dict[tuple[int, ...], list[int]] = {}
     for segment, sample in enumerate(samples):
         length, response = len(sample.tokens), sample.response_length
-        ids.extend(sample.tokens)
-        positions.extend(range(length))
-        start = offset + length - response - 1
-        logit_positions.extend(range(start, start + response))
-        targets.extend(sample.tokens[length - response :])
+        prompt = tuple(sample.tokens[: length - response])
+        prompt_rows = seen.get(prompt) if share_prompts else None
+        if prompt_rows is None:
+            prompt_rows = list(range(len(ids), len(ids) + len(prompt)))
+            ids.extend(prompt)
+            positions.extend(range(len(prompt)))
+            owners.extend((segment, offset) for offset in range(len(prompt)))
+            seen[prompt] = prompt_rows
+        rows = prompt_rows + list(range(len(ids), len(ids) + response))
+        ids.extend(sample.tokens[len(prompt) :])
+        positions.extend(range(len(prompt), length))
+        owners.extend((segment, offset) for offset in range(len(prompt), length))
+        sample_rows.append(rows)
+        logit_positions.extend(rows[len(prompt) - 1 : length - 1])
+        targets.extend(sample.tokens[len(prompt) :])
         segments.extend([segment] * response)
-        offset += length
     return PackedBatch(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([positions], dtype=torch.long),
         logit_positions=torch.tensor(logit_positions, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         segment_ids=torch.tensor(segments, dtype=torch.long),
-        cu_seq_lens=torch.tensor([0, *itertools.accumulate(len(s.tokens) for s in samples)]),
+        rows=SampleRows.of(sample_rows, owners),
         response_lengths=tuple(s.response_length for s in samples),
+        shared=share_prompts and len(ids) < sum(len(s.tokens) for s in samples),
     )
 
 
@@ -95,7 +115,12 @@ def forward_tokens(
     """
     boundaries = {}
     if model.config._attn_implementation == PACKED_SDPA:
-        boundaries = {"cu_seq_lens_q": batch.cu_seq_lens, "cu_seq_lens_k": batch.cu_seq_lens}
+        boundaries = {ROWS_KWARG: batch.rows}
+    elif batch.shared:
+        raise ValueError(
+            f"a row with shared prompts needs the {PACKED_SDPA!r} attention; "
+            f"{model.config._attn_implementation!r} would not let a response see its prompt"
+        )
     out = model(
         input_ids=batch.input_ids,
         position_ids=batch.position_ids,

@@ -68,6 +68,7 @@ class TorchTrainer:
         attn_implementation: str = PACKED_SDPA,
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
+        share_prompts: bool = True,
         load_reference: bool | None = None,
         reference_dir: str | Path | None = None,
     ) -> None:
@@ -82,6 +83,9 @@ class TorchTrainer:
         # With one optimizer step per rollout the old policy is the current one, so the
         # training forward's own logprobs (detached) are the old logprobs: one pass saved.
         self.reuse_logprobs_single_step = reuse_logprobs_single_step
+        # A group's samples share one copy of their prompt in the packed row (forward.py):
+        # the same logprobs, the prompt's tokens computed once.
+        self.share_prompts = share_prompts and attn_implementation == PACKED_SDPA
         self.dp = DataParallel(
             rank, world_size, master_addr, master_port, collective_timeout_s, init_method
         )
@@ -113,7 +117,7 @@ class TorchTrainer:
         entropy: list[Tensor] = [torch.empty(0)] * len(batch)
         with torch.no_grad():
             for micro in micro_batches([s.length for s in batch], self.train):
-                packed = pack_samples([batch[i] for i in micro])
+                packed = pack_samples([batch[i] for i in micro], self.share_prompts)
                 out = forward_tokens(model, packed, self.temperature, entropy_mode)
                 for i, value in zip(micro, packed.split(out.logp), strict=True):
                     logprobs[i] = value
@@ -150,7 +154,7 @@ class TorchTrainer:
         data: dict[int, SampleTensors],
         denominator: float,
     ) -> dict[str, float]:
-        packed = pack_samples([batch[i] for i in micro])
+        packed = pack_samples([batch[i] for i in micro], self.share_prompts)
         entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
         out = forward_tokens(self.model, packed, self.temperature, entropy_mode)
         assert out.entropy is not None

@@ -105,3 +105,29 @@ def test_the_plan_says_how_a_groups_samples_travel(
     rendered = render_plan(plan)
     expected = "one per group (its 8 samples together)" if requests == "group" else why
     assert expected in rendered
+
+
+@pytest.mark.parametrize(
+    ("args", "overrides", "shared"),
+    [
+        (("qwen3-tiny", "cpu", "grpo_tiny_math"), {}, True),
+        (
+            ("qwen3-tiny", "cpu", "grpo_tiny_math"),
+            {
+                "recipe__rollout__n_samples_per_prompt": 1,
+                "recipe__train__global_batch_size": 8,
+                "recipe__algo__advantage_estimator": "reinforce_plus_plus",
+            },
+            False,
+        ),
+        (("qwen3-tiny", "cpu", "grpo_tiny_math"), {"trainer__backend": "megatron"}, False),
+        (("qwen3-4b", "h100x8"), {}, False),  # megatron-core
+    ],
+)
+def test_the_plan_decides_whether_a_groups_prompt_is_packed_once(
+    run_config: Runs, args: tuple[str, ...], overrides: dict[str, object], shared: bool
+) -> None:
+    plan = build_plan(run_config(*args, **overrides))
+    assert plan.work.share_prompts is shared
+    expected = "packed once per micro-batch" if shared else "packed with each of its samples"
+    assert expected in render_plan(plan)

@@ -63,6 +63,32 @@ def random_samples(
     return samples
 
 
+def random_groups(
+    groups: int, per_group: int, *, seed: int = 0, with_rollout: bool = False
+) -> list[TrainSample]:
+    """GRPO-shaped: `per_group` samples of each of `groups` prompts, the groups interleaved
+    (a micro-batch need not hold a group together)."""
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randrange(2, VOCAB_SIZE) for _ in range(rng.randint(1, 9))] for _ in range(groups)
+    ]
+    samples = []
+    for _ in range(per_group):
+        for prompt in prompts:
+            n = rng.randint(1, 12)
+            mask = [int(rng.random() > 0.2) for _ in range(n - 1)] + [1]
+            rollout = [-rng.uniform(3.0, 5.0) for _ in range(n)] if with_rollout else None
+            response = [rng.randrange(2, VOCAB_SIZE) for _ in range(n)]
+            reward = rng.choice([-1.0, -0.5, 0.5, 1.0])
+            samples.append(TrainSample(prompt + response, n, reward, rollout, mask))
+    return samples
+
+
+@pytest.fixture
+def make_groups() -> Callable[..., list[TrainSample]]:
+    return random_groups
+
+
 @pytest.fixture
 def make_samples() -> Callable[..., list[TrainSample]]:
     return random_samples

@@ -8,7 +8,7 @@ from torch import nn
 from transformers.masking_utils import find_packed_sequence_indices
 
 from rlpost.algo.steps import validate_sample
-from rlpost.backends.torch_trainer.attention import packed_sdpa_attention
+from rlpost.backends.torch_trainer.attention import ROWS_KWARG, SampleRows, packed_sdpa_attention
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
 from rlpost.types import TrainSample
@@ -31,6 +31,65 @@ def test_pack_samples_layout() -> None:
     assert packed.targets.tolist() == [7, 10, 11]
     assert packed.segment_ids.tolist() == [0, 1, 1]
     assert [t.tolist() for t in packed.split(torch.tensor([1.0, 2.0, 3.0]))] == [[1.0], [2.0, 3.0]]
+    assert packed.rows.index.tolist() == [[0, 1, 2, 0], [3, 4, 5, 6]]
+    assert packed.rows.owner.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert not packed.shared
+
+
+def test_pack_samples_shares_a_prompt_once_per_row() -> None:
+    samples = [
+        TrainSample([1, 2, 3, 7], 1, 0.0),
+        TrainSample([4, 5, 6], 1, 0.0),
+        TrainSample([1, 2, 3, 8, 9], 2, 0.0),
+    ]
+    packed = pack_samples(samples, share_prompts=True)
+    assert packed.shared
+    assert packed.input_ids.tolist() == [[1, 2, 3, 7, 4, 5, 6, 8, 9]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4]]
+    # The third sample's response is predicted from the shared prompt's last token (row 2),
+    # then from its own first response token (row 7).
+    assert packed.logit_positions.tolist() == [2, 5, 2, 7]
+    assert packed.targets.tolist() == [7, 6, 8, 9]
+    assert packed.segment_ids.tolist() == [0, 1, 2, 2]
+    assert packed.rows.index.tolist() == [[0, 1, 2, 3, 0], [4, 5, 6, 0, 0], [0, 1, 2, 7, 8]]
+    # Row positions 0-3 from the first sample, 4-6 from the second, 7-8 from the third.
+    assert packed.rows.owner.tolist() == [0, 1, 2, 3, 5, 6, 7, 13, 14]
+    unshared = pack_samples(samples, share_prompts=False)
+    assert unshared.num_tokens == 12 and not unshared.shared
+
+
+def test_shared_prompts_give_the_same_logprobs_entropy_and_grads(
+    tiny_model_dir: Path, make_groups: Samples
+) -> None:
+    model = load_causal_lm(tiny_model_dir)
+    samples = make_groups(3, 4, seed=2)
+    gen = torch.Generator().manual_seed(0)
+    results = []
+    for share in (False, True):
+        packed = pack_samples(samples, share_prompts=share)
+        assert packed.shared == share
+        out = forward_tokens(model, packed, 0.7, entropy="grad")
+        weights = torch.randn(out.logp.shape, generator=gen.manual_seed(0))
+        loss = (out.logp * weights).sum() + out.entropy.sum()
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        results.append((out.logp.detach(), out.entropy.detach(), grads))
+    (logp, entropy, grads), (shared_logp, shared_entropy, shared_grads) = results
+    assert torch.allclose(logp, shared_logp, atol=1e-5), (logp - shared_logp).abs().max()
+    assert torch.allclose(entropy, shared_entropy, atol=1e-5)
+    for a, b in zip(grads, shared_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    with torch.no_grad():
+        alone = [forward_tokens(model, pack_samples([s]), 0.7).logp for s in samples]
+    assert torch.allclose(torch.cat(alone), shared_logp, atol=1e-5)
+
+
+def test_a_shared_row_is_refused_by_transformers_attention(
+    tiny_model_dir: Path, make_groups: Samples
+) -> None:
+    model = load_causal_lm(tiny_model_dir, "sdpa")
+    packed = pack_samples(make_groups(1, 2, seed=0), share_prompts=True)
+    with pytest.raises(ValueError, match="needs the 'rlpost_packed_sdpa' attention"):
+        forward_tokens(model, packed, 1.0)
 
 
 def test_transformers_reads_position_restarts_as_sequence_boundaries() -> None:
@@ -96,9 +155,13 @@ def test_packed_attention_matches_a_block_diagonal_mask_with_gqa() -> None:
     query = torch.randn(1, 4, total, dim, generator=gen, requires_grad=True)
     key = torch.randn(1, 2, total, dim, generator=gen, requires_grad=True)
     value = torch.randn(1, 2, total, dim, generator=gen, requires_grad=True)
-    cu = torch.tensor([0, 3, 10, 11, 16])
-    out, _ = packed_sdpa_attention(nn.Module(), query, key, value, None, cu_seq_lens_q=cu)
     segment = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
+    starts = [sum(lengths[:s]) for s in range(4)]
+    rows = SampleRows.of(
+        [range(start, start + n) for start, n in zip(starts, lengths, strict=True)],
+        [(int(s), t - starts[s]) for t, s in enumerate(segment.tolist())],
+    )
+    out, _ = packed_sdpa_attention(nn.Module(), query, key, value, None, **{ROWS_KWARG: rows})
     pos = torch.arange(total)
     mask = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
     dense = F.scaled_dot_product_attention(

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpost.backends.torch_trainer import TorchTrainer
+from rlpost.backends.torch_trainer.forward import pack_samples
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -79,6 +80,30 @@ def test_loss_and_grads_do_not_depend_on_micro_batching(
             )
         for a, b in zip(g, ref_grads, strict=True):
             assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (name, (a - b).abs().max())
+
+
+def test_shared_prompts_train_the_same_as_unshared(
+    tiny_model_dir: Path, make_groups: Samples, make_configs: Configs
+) -> None:
+    """A group's samples share one copy of their prompt in the packed row: the same loss,
+    metrics and grads as each sample with its own copy, over two optimizer steps (the second
+    with ratios != 1, clipping and KL) and capped micro-batches that split the groups."""
+    samples = make_groups(4, 4, seed=5, with_rollout=True)
+    train = {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 48}
+    configs = make_configs(8, algo=FULL_ALGO, optim={"lr": 0.02, "adam_eps": 1e-4}, train=train)
+    results = []
+    for share in (False, True):
+        t = TorchTrainer(tiny_model_dir, *configs, num_threads=1, share_prompts=share)
+        results.append((t.train_step(samples), grads(t)))
+    (metrics, g), (shared_metrics, shared_g) = results
+    assert metrics["train/micro_batches"] > 2 and metrics["train/clipfrac"] > 0
+    micros = [m for plan in t.plan_steps(samples) for m in plan.micro_batches]
+    shared = [pack_samples([samples[i] for i in m], share_prompts=True).shared for m in micros]
+    assert any(shared) and not all(shared)
+    for key in ["loss", "pg_loss", "kl", "entropy", "clipfrac", "is_weight", "grad_norm"]:
+        assert shared_metrics[f"train/{key}"] == pytest.approx(metrics[f"train/{key}"], rel=1e-5)
+    for a, b in zip(g, shared_g, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (a - b).abs().max()
 
 
 def test_token_mean_and_sample_mean_differ(
