@@ -130,6 +130,15 @@ def partition_ranks(lengths: Sequence[int], num_ranks: int, balance: bool) -> li
     return split_contiguous(len(lengths), num_ranks)
 
 
+def partition_groups(
+    group_lengths: Sequence[int], groups: Sequence[Sequence[int]], num_ranks: int
+) -> list[list[int]]:
+    """Whole groups of samples over data-parallel ranks, balanced by each group's token count
+    (`group_lengths`); each rank's sample indices in ascending order."""
+    parts = balance_partitions(group_lengths, num_ranks)
+    return [sorted(i for g in part for i in groups[g]) for part in parts]
+
+
 def packing_efficiency(
     lengths: Sequence[int], bins: Sequence[Sequence[int]], max_tokens: int
 ) -> float:

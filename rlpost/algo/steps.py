@@ -16,7 +16,12 @@ from torch import Tensor
 
 from rlpost.algo.advantages import MomentReducer, compute_advantages, needs_reference_kl
 from rlpost.algo.losses import LossInputs, compute_kl, reduction_weights
-from rlpost.algo.packing import pack_micro_batches, packing_efficiency, partition_ranks
+from rlpost.algo.packing import (
+    pack_micro_batches,
+    packing_efficiency,
+    partition_groups,
+    partition_ranks,
+)
 from rlpost.schema import AlgoConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -106,6 +111,37 @@ def step_denominator(samples: Sequence[TrainSample], algo: AlgoConfig) -> float:
     return max(float(tokens), 1.0)
 
 
+def prompt_of(sample: TrainSample) -> tuple[int, ...]:
+    return tuple(sample.tokens[: len(sample.tokens) - sample.response_length])
+
+
+def prompt_groups(samples: Sequence[TrainSample]) -> list[list[int]]:
+    """Indices of the samples with the same prompt, groups in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, sample in enumerate(samples):
+        groups.setdefault(prompt_of(sample), []).append(index)
+    return list(groups.values())
+
+
+def _rank_shares(
+    samples: Sequence[TrainSample], train: TrainConfig, dp_size: int, share_prompts: bool
+) -> list[list[int]]:
+    """One step's samples over the DP ranks. A trainer that packs a prompt once
+    (`share_prompts`) keeps each group on one rank, balanced by the tokens it computes
+    (the prompt once, every response), when balancing and when there are groups enough to
+    give every rank one."""
+    lengths = [s.length for s in samples]
+    if share_prompts and train.balance_data and dp_size > 1:
+        groups = prompt_groups(samples)
+        if len(groups) >= dp_size:
+            tokens = [
+                len(prompt_of(samples[g[0]])) + sum(samples[i].response_length for i in g)
+                for g in groups
+            ]
+            return partition_groups(tokens, groups, dp_size)
+    return partition_ranks(lengths, dp_size, train.balance_data)
+
+
 def plan_steps(
     batch: Sequence[TrainSample],
     train: TrainConfig,
@@ -113,8 +149,10 @@ def plan_steps(
     dp_rank: int,
     dp_size: int,
     cp: int = 1,
+    share_prompts: bool = False,
 ) -> list[StepPlan]:
-    """Optimizer steps of `train.global_batch_size` samples, this DP rank's micro-batches."""
+    """Optimizer steps of `train.global_batch_size` samples, this DP rank's micro-batches
+    (`share_prompts`: the trainer packs a prompt once, so a rank takes whole groups)."""
     gbs = train.global_batch_size
     if not batch or len(batch) % gbs:
         raise ValueError(
@@ -124,8 +162,8 @@ def plan_steps(
     plans = []
     for start in range(0, len(batch), gbs):
         step = list(range(start, start + gbs))
-        lengths = [batch[i].length for i in step]
-        mine = [step[j] for j in partition_ranks(lengths, dp_size, train.balance_data)[dp_rank]]
+        shares = _rank_shares([batch[i] for i in step], train, dp_size, share_prompts)
+        mine = [step[j] for j in shares[dp_rank]]
         my_lengths = [batch[i].length for i in mine]
         local = micro_batches(my_lengths, train, cp)
         efficiency = None

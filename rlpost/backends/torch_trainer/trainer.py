@@ -135,7 +135,14 @@ class TorchTrainer:
 
     def plan_steps(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
         """Split the rollout into optimizer steps, this rank's share, and its micro-batches."""
-        return plan_steps(batch, self.train, self.algo, self.dp.rank, self.dp.world_size)
+        return plan_steps(
+            batch,
+            self.train,
+            self.algo,
+            self.dp.rank,
+            self.dp.world_size,
+            share_prompts=self.share_prompts,
+        )
 
     def _prepare(
         self, batch: Sequence[TrainSample], mine: list[int], reuse: bool, with_reference: bool

@@ -9,6 +9,7 @@ from rlpost.algo.packing import (
     pack_fixed_count,
     pack_micro_batches,
     packing_efficiency,
+    partition_groups,
     partition_ranks,
     split_contiguous,
 )
@@ -115,3 +116,16 @@ def test_fewer_samples_than_ranks_leaves_some_empty() -> None:
 def test_contiguous_split_when_not_balancing() -> None:
     assert partition_ranks([1] * 5, 2, balance=False) == [[0, 1, 2], [3, 4]]
     assert_partition(partition_ranks([3, 1, 2], 2, balance=True), 3)
+
+
+def test_groups_stay_whole_and_balanced() -> None:
+    groups = [[0, 4], [1, 5, 6], [2], [3, 7]]
+    lengths = [30, 50, 20, 40]
+    parts = partition_groups(lengths, groups, 2)
+    assert sorted(i for p in parts for i in p) == list(range(8))
+    for group in groups:
+        assert sum(set(group) <= set(p) for p in parts) == 1
+    loads = sorted(
+        sum(lengths[g] for g, members in enumerate(groups) if set(members) <= set(p)) for p in parts
+    )
+    assert loads == [70, 70]

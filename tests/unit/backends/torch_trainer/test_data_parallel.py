@@ -40,17 +40,27 @@ def run_rank(
     trainer.close()
 
 
+@pytest.mark.parametrize("kind", ["samples", "groups"])
 def test_two_ranks_match_one_rank(
-    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs, tmp_path: Path
+    tiny_model_dir: Path,
+    make_samples: Samples,
+    make_groups: Samples,
+    make_configs: Configs,
+    tmp_path: Path,
+    kind: str,
 ) -> None:
-    """Same rollout, same step: gloo DP over 2 ranks gives 1 rank's gradients and weights."""
+    """Same rollout, same step: gloo DP over 2 ranks gives 1 rank's gradients and weights;
+    with groups of one prompt, each rank takes whole groups and packs each prompt once."""
     configs = make_configs(
         8,
         algo={"loss_reduction": "token_mean", "normalize_advantages": True},
         optim={"lr": 1e-3, "adam_eps": 1e-4, "clip_grad": 1.0},
         train={"use_dynamic_batch_size": True, "max_tokens_per_gpu": 48, "balance_data": True},
     )
-    samples = make_samples(8, seed=11, with_rollout=True)
+    if kind == "samples":
+        samples = make_samples(8, seed=11, with_rollout=True)
+    else:
+        samples = make_groups(4, 2, seed=11, with_rollout=True)
     single_dir, dual_dir = tmp_path / "single", tmp_path / "dual"
     single_dir.mkdir()
     dual_dir.mkdir()

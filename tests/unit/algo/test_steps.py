@@ -1,0 +1,72 @@
+"""Step planning: a trainer that packs a prompt once takes whole groups per DP rank."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rlpost.algo.steps import plan_steps, prompt_groups
+from rlpost.schema import AlgoConfig, TrainConfig
+from rlpost.types import TrainSample
+
+
+def groups_of(count: int, size: int, seed: int = 0) -> list[TrainSample]:
+    """`count` prompts with `size` samples each, interleaved, responses of random length."""
+    rng = random.Random(seed)
+    prompts = [[100 + g] * rng.randint(3, 20) for g in range(count)]
+    return [
+        TrainSample(prompt + [7] * (n := rng.randint(1, 30)), n, 0.0)
+        for _ in range(size)
+        for prompt in prompts
+    ]
+
+
+def shares(samples: list[TrainSample], ranks: int, share: bool, balance: bool = True):
+    train = TrainConfig(global_batch_size=len(samples), balance_data=balance)
+    return [
+        sorted(
+            i
+            for plan in plan_steps(samples, train, AlgoConfig(), r, ranks, share_prompts=share)
+            for micro in plan.micro_batches
+            for i in micro
+        )
+        for r in range(ranks)
+    ]
+
+
+def test_prompt_groups_in_order_of_first_appearance() -> None:
+    samples = groups_of(3, 2)
+    assert prompt_groups(samples) == [[0, 3], [1, 4], [2, 5]]
+
+
+@pytest.mark.parametrize(("count", "ranks"), [(8, 2), (8, 4), (16, 8), (5, 2)])
+def test_each_group_on_one_rank_every_sample_once(count: int, ranks: int) -> None:
+    samples = groups_of(count, 8, seed=count + ranks)
+    parts = shares(samples, ranks, share=True)
+    assert sorted(i for p in parts for i in p) == list(range(len(samples)))
+    assert all(parts)
+    for group in prompt_groups(samples):
+        assert sum(set(group) <= set(p) for p in parts) == 1
+
+
+def test_ranks_balance_the_tokens_they_compute() -> None:
+    samples = groups_of(16, 8, seed=3)
+    parts = shares(samples, 2, share=True)
+
+    def computed(part: list[int]) -> int:
+        groups = {
+            tuple(samples[i].tokens[: len(samples[i].tokens) - samples[i].response_length])
+            for i in part
+        }
+        return sum(len(g) for g in groups) + sum(samples[i].response_length for i in part)
+
+    loads = [computed(p) for p in parts]
+    assert max(loads) - min(loads) <= max(len(s.tokens) for s in samples)
+
+
+def test_samples_are_split_when_groups_are_fewer_than_ranks_or_not_balancing() -> None:
+    samples = groups_of(2, 8)
+    assert shares(samples, 4, share=True) == shares(samples, 4, share=False)
+    samples = groups_of(8, 8)
+    assert shares(samples, 2, share=True, balance=False) == [list(range(32)), list(range(32, 64))]
