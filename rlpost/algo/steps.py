@@ -112,6 +112,7 @@ def step_denominator(samples: Sequence[TrainSample], algo: AlgoConfig) -> float:
 
 
 def prompt_of(sample: TrainSample) -> tuple[int, ...]:
+    """The tokens before the response (a multi-turn sample's first prompt)."""
     return tuple(sample.tokens[: len(sample.tokens) - sample.response_length])
 
 
@@ -130,7 +131,6 @@ def _rank_shares(
     (`share_prompts`) keeps each group on one rank, balanced by the tokens it computes
     (the prompt once, every response), when balancing and when there are groups enough to
     give every rank one."""
-    lengths = [s.length for s in samples]
     if share_prompts and train.balance_data and dp_size > 1:
         groups = prompt_groups(samples)
         if len(groups) >= dp_size:
@@ -139,7 +139,7 @@ def _rank_shares(
                 for g in groups
             ]
             return partition_groups(tokens, groups, dp_size)
-    return partition_ranks(lengths, dp_size, train.balance_data)
+    return partition_ranks([s.length for s in samples], dp_size, train.balance_data)
 
 
 def plan_steps(

@@ -28,6 +28,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from rlpost.algo.losses import entropy_of_log_probs
+from rlpost.algo.steps import prompt_of
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA, ROWS_KWARG, SampleRows
 from rlpost.types import TrainSample
 
@@ -67,7 +68,7 @@ def pack_samples(samples: Sequence[TrainSample], share_prompts: bool = False) ->
     seen: dict[tuple[int, ...], list[int]] = {}
     for segment, sample in enumerate(samples):
         length, response = len(sample.tokens), sample.response_length
-        prompt = tuple(sample.tokens[: length - response])
+        prompt = prompt_of(sample)
         prompt_rows = seen.get(prompt) if share_prompts else None
         if prompt_rows is None:
             prompt_rows = list(range(len(ids), len(ids) + len(prompt)))
