@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from rlpost.backends.cpu_engine.batch import ActiveBatch, left_pad
 from rlpost.backends.cpu_engine.row import FinishReason, Row
@@ -80,15 +81,33 @@ class BatchGenerator:
         return batch
 
     def _start(self, rows: Sequence[Row]) -> ActiveBatch | None:
-        """Prefill `rows` and sample their first tokens; None when none needs decoding."""
+        """Prefill `rows` and sample their first tokens; None when none needs decoding.
+
+        Rows with the same prompt (a group's samples, sent together) are prefilled once and
+        their KV cache copied to each of them, as SGLang's prefix cache would share it."""
         live = [r for r in rows if not self._finished_before_start(r)]
         if not live:
             return None
-        input_ids, attention_mask = left_pad([r.prompt_ids for r in live])
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        sampler = BatchSampler([r.params for r in live], [r.generator for r in live])
+        prompts: dict[tuple[int, ...], int] = {}
+        copies = [prompts.setdefault(tuple(r.prompt_ids), len(prompts)) for r in live]
+        shared = len(prompts) < len(live) and all(
+            type(layer) is DynamicLayer for layer in cache.layers
+        )
+        input_ids, attention_mask = left_pad(
+            list(prompts) if shared else [r.prompt_ids for r in live]
+        )
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        if shared:
+            index = torch.tensor(copies, dtype=torch.long)
+            cache.batch_select_indices(index)
+            attention_mask, position_ids, logits = (
+                attention_mask[index],
+                position_ids[index],
+                logits[index],
+            )
+        sampler = BatchSampler([r.params for r in live], [r.generator for r in live])
         tokens = self._sample(live, sampler, logits)
         return ActiveBatch(live, cache, attention_mask, position_ids[:, -1], tokens, sampler)
 

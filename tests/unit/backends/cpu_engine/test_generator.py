@@ -70,6 +70,38 @@ def test_seeded_sampling_does_not_depend_on_batch(engine: CpuEngine) -> None:
     assert other_seed.output_ids != alone.output_ids
 
 
+def test_a_groups_prompt_is_prefilled_once_and_every_row_samples_as_if_alone(
+    engine: CpuEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three prompts, four rows each, interleaved and with their own seeds and lengths: the
+    prefill runs over the three distinct prompts only, and each row's tokens and logprobs
+    are those it gets decoded on its own."""
+    params = {"temperature": 1.0, "ignore_eos": True}
+    group_prompts = prompts(engine)[:3]
+    rows = [
+        make_row(group_prompts[i % 3], seed=i, max_new_tokens=4 + i % 5, **params)
+        for i in range(12)
+    ]
+    prefills: list[int] = []
+    forward = engine.generator._forward
+
+    def counting(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        if input_ids.shape[1] > 1:  # a prefill, not a one-token decode step
+            prefills.append(input_ids.shape[0])
+        return forward(input_ids, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.generator, "_forward", counting)
+    run(engine, rows)
+    assert prefills == [3]
+    monkeypatch.undo()
+    for i, row in enumerate(rows):
+        alone = run(engine, [make_row(row.prompt_ids, seed=i, max_new_tokens=4 + i % 5, **params)])[
+            0
+        ]
+        assert alone.output_ids == row.output_ids
+        torch.testing.assert_close(alone.logprobs, row.logprobs, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
 def test_logprobs_match_a_forward_pass(engine: CpuEngine, temperature: float) -> None:
     params = {"max_new_tokens": 9, "temperature": temperature, "ignore_eos": True}
