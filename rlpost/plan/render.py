@@ -198,7 +198,18 @@ def render_runtime(plan: Plan) -> str:
     ]
     if loop.mode == "fully_async":
         rows.append(["a group past the bound is", f"{loop.stale_groups}d"])
+    if rt.engine_backend == "cpu":
+        rows.append(["engine CPU priority", _engine_priority(rt.engine_nice)])
     return render_table(["runtime", "value"], rows, "Runtime")
+
+
+def _engine_priority(nice: int) -> str:
+    if not nice:
+        return "the trainers' own"
+    return (
+        f"below the trainers' (nice {nice}): generation runs ahead on a shared CPU, "
+        "training is the critical path"
+    )
 
 
 REFERENCE_RUNS = {

@@ -53,6 +53,13 @@ class RuntimePlan:
     # prefill wave instead of n); "sample" = a call each, and `requests_why` says why.
     requests: str = "group"
     requests_why: str = ""
+    # CPU engines' scheduling priority (nice): on a CPU host whose generation runs ahead of
+    # training (async modes, engines on cores of their own), training is the critical path,
+    # so the engines yield a shared core to the trainers; 0 elsewhere.
+    engine_nice: int = 0
+
+
+ENGINE_NICE = 10  # the CPU engines' niceness when training is the critical path
 
 
 def resolve_engine_backend(cfg: RunConfig) -> str:
@@ -91,17 +98,22 @@ def plan_runtime(
     fp8: Fp8Format | None = None,
 ) -> RuntimePlan:
     concurrency = cfg.recipe.rollout.max_concurrency
+    backend = resolve_engine_backend(cfg)
+    loop = plan_loop(cfg, longest_sample_tokens)
+    # CPU engines on cores of their own, generating ahead of the trainers they share them with
+    yields = backend == "cpu" and not colocate and loop.mode != "sync"
     return RuntimePlan(
-        engine_backend=resolve_engine_backend(cfg),
+        engine_backend=backend,
         weight_sync=resolve_weight_sync(cfg, colocate),
         offload=resolve_offload(cfg, colocate),
-        loop=plan_loop(cfg, longest_sample_tokens),
+        loop=loop,
         rendezvous="file" if cfg.hardware.num_nodes == 1 else "tcp",
         loopback_only=cfg.hardware.num_nodes == 1,
         ray_address=cfg.run.ray_address,
         max_concurrency=concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines,
         fp8=fp8,
         **plan_requests(cfg),
+        engine_nice=ENGINE_NICE if yields else 0,
     )
 
 

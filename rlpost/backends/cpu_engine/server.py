@@ -388,7 +388,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[EngineSettings, str, int]:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--nice", type=int, default=0, help="added to the process's niceness before it loads"
+    )
     args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
     settings = EngineSettings(
         model_path=args.model_path,
         seed=args.seed,

@@ -50,6 +50,7 @@ class EngineSpec:
     nccl_port: int | None = None
     num_threads: int | None = None
     max_batch_size: int = 64
+    nice: int = 0  # the CPU engine's scheduling priority (RuntimePlan.engine_nice)
     options: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -146,6 +147,8 @@ def cpu_engine_command(spec: EngineSpec, port: int) -> list[str]:
     ]  # fmt: skip
     if spec.num_threads is not None:
         command += ["--num-threads", str(spec.num_threads)]
+    if spec.nice:
+        command += ["--nice", str(spec.nice)]
     return command
 
 
@@ -261,6 +264,7 @@ def engine_specs(
                     nccl_port=engine.nccl_port,
                     num_threads=threads_per_engine,
                     max_batch_size=cfg.engine.max_batch_size,
+                    nice=plan.runtime.engine_nice,
                     options=options,
                 )
             )

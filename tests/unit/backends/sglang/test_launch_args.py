@@ -232,3 +232,37 @@ def test_backend_registry_starts_the_cpu_engine_or_sglang() -> None:
     assert "--mem-fraction-static" not in flags  # SGLang-only options stay with SGLang
     assert ENGINE_BACKENDS["cpu"].env(spec)["OMP_NUM_THREADS"] == "2"
     assert ENGINE_BACKENDS["sglang"].health_path == "/health_generate"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "nice"),
+    [
+        ((), 0),  # colocated: engines and trainers take turns
+        (("recipe.loop.mode=fully_async",), 10),
+        (("recipe.loop.mode=async",), 10),
+        (("recipe.loop.mode=sync",), 0),  # decoupled, but generation waits for training
+    ],
+)
+def test_cpu_engines_yield_to_the_trainers_when_generation_runs_ahead(
+    overrides: tuple[str, ...], nice: int
+) -> None:
+    decoupled = ("layout.colocate=false", "layout.train.num_gpus=1", "layout.rollout.num_gpus=1")
+    cfg, _ = compose_run_config([*(decoupled if overrides else ()), *overrides])
+    plan = build_plan(cfg)
+    assert plan.runtime.engine_nice == nice
+    specs = engine_specs(cfg, plan, backend="cpu", node_addresses=["127.0.0.1"], log_dir="/logs")
+    flags = parse_flags(engine_commands(specs)[0][0][3:])
+    assert flags.get("--nice") == ((str(nice),) if nice else None)
+
+
+def test_the_cpu_engine_applies_its_niceness_before_it_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rlpost.backends.cpu_engine import server
+
+    applied: list[int] = []
+    monkeypatch.setattr(server.os, "nice", applied.append)
+    monkeypatch.setattr(server.logging, "basicConfig", lambda **kwargs: None)
+    server.parse_args(["--model-path", "/m", "--nice", "10"])
+    server.parse_args(["--model-path", "/m"])
+    assert applied == [10]
