@@ -207,7 +207,7 @@ def _engine_priority(nice: int) -> str:
     if not nice:
         return "the trainers' own"
     return (
-        f"below the trainers' (nice {nice}): generation runs ahead on a shared CPU, "
+        f"below the trainers' (niceness +{nice}): generation runs ahead on a shared CPU, "
         "training is the critical path"
     )
 
