@@ -32,8 +32,16 @@ __all__ = ["BatchGenerator", "FinishReason", "Row"]
 class BatchGenerator:
     """Decodes batches with a transformers causal LM; one instance per engine."""
 
-    def __init__(self, model: PreTrainedModel, eos_ids: Sequence[int], decode: Decoder) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_ids: Sequence[int],
+        decode: Decoder,
+        share_prefill: bool = True,
+    ) -> None:
+        """`share_prefill`: rows with the same prompt are prefilled once (see `_start`)."""
         self.model = model
+        self.share_prefill = share_prefill
         self.eos_ids = frozenset(eos_ids)
         self.decode = decode
         self.weight_version = "default"
@@ -91,8 +99,10 @@ class BatchGenerator:
         cache = DynamicCache(config=self.model.config)
         prompts: dict[tuple[int, ...], int] = {}
         copies = [prompts.setdefault(tuple(r.prompt_ids), len(prompts)) for r in live]
-        shared = len(prompts) < len(live) and all(
-            type(layer) is DynamicLayer for layer in cache.layers
+        shared = (
+            self.share_prefill
+            and len(prompts) < len(live)
+            and all(type(layer) is DynamicLayer for layer in cache.layers)
         )
         input_ids, attention_mask = left_pad(
             list(prompts) if shared else [r.prompt_ids for r in live]
