@@ -43,6 +43,9 @@ ENGINE_RESIDUAL_GIB = 1.0
 """Colocated: an engine process's CUDA context, left on the GPU after it releases memory."""
 HOST_PER_PROCESS_GIB = 2.0
 """Host memory of one train rank's process (Python, CUDA host allocations, pinned buffers)."""
+LOGPROB_CHUNK_BYTES = 256 << 20
+"""float32 logits of one chunk of tokens in the trainers' log-prob kernel: the logits are
+never whole in memory (rlpost.backends.megatron.logits)."""
 REPLICATED_ACTIVATION_FACTOR = 10
 """Korthikanti's per-layer terms outside TP: two norm inputs (4), QKV and MLP inputs (4),
 two dropout masks (2), in units of s*h bytes."""

@@ -91,6 +91,14 @@ class MegatronSettings:
     post_mlp_layernorm: bool
     moe_layer_pattern: tuple[int, ...] = field(default=())
 
+    @property
+    def own_rope(self) -> bool:
+        """RoPE is applied by rlpost's PackedAttention from a per-micro-batch table (MLA
+        applies its own rotary embedding inside megatron-core)."""
+        return self.gpt.position_embedding_type == "rope" and not (
+            self.transformer.multi_latent_attention
+        )
+
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
     return int(math.ceil(vocab_size / tp) * tp)
@@ -253,6 +261,9 @@ def transformer_config(
         "rotary_interleaved": model.rotary_interleaved,
         "apply_rope_fusion": False,
         "bias_activation_fusion": False,
+        # the MLP hands fc1's output to rlpost's SwiGLU module (kernels.swiglu), which keeps
+        # only that output for backward; the flag's name is megatron-core's, no TE is needed
+        "use_te_activation_func": True,
         "masked_softmax_fusion": False,
         "bias_dropout_fusion": False,
         "persist_layer_norm": False,

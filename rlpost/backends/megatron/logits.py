@@ -1,16 +1,26 @@
-"""Per-token logprobs and entropy from vocabulary-parallel logits.
+"""Per-token logprobs and entropy over a vocabulary-parallel output layer.
+
+`hidden_logprobs` is the training path: it takes the final hidden states and the output
+layer's weight and never holds the `[tokens x vocab]` logits whole. It walks the tokens in
+chunks of rows: each chunk's logits are computed, reduced to four numbers per token (the
+chunk's max, sum of exponentials, the target's logit and, for the entropy, the expected logit)
+and dropped; one max and one sum across the tensor-parallel group combine the vocabulary
+slices. The backward pass recomputes each chunk's logits from the saved hidden states and
+turns them straight into that chunk's gradients of the hidden states and of the weight, each
+token weighted by its own upstream gradient (a policy-gradient loss weights every token; a
+kernel that folds one scalar gradient into its forward, as fused cross-entropy kernels do,
+cannot serve it). Memory: one chunk of float32 logits (`LOGPROB_CHUNK_BYTES`) instead of the
+logits, their float32 copies and their gradient.
+
+The models hand out their final hidden states for this (provider.py; mtp.py for models with
+MTP layers, whose loss goes through the same kernel); `output_layer_input` gives the kernel
+the hidden states every tensor-parallel rank needs, as the output layer would have.
 
 Each tensor-parallel rank holds a slice of the vocabulary. The softmax normaliser, the target's
 logit and the entropy's expectation are sums over the whole vocabulary: each is computed on the
-local slice and summed across the group with megatron-core's all-reduce (identity backward,
-which is the right gradient because every rank computes the same loss from the sums). The max
-subtracted for stability is detached; log-softmax does not depend on it. Columns of the padded
-vocabulary (beyond the real vocabulary) are left out.
-
-Without an entropy bonus the logprobs come from `_LeanLogprobs`: it walks the logits in chunks
-of rows and keeps only the logits themselves for the backward pass, which recomputes the
-softmax chunk by chunk. The plain path keeps several fp32 copies of [tokens, V/tp] (about 10 GB
-each for 16k tokens of a 150k vocabulary), which would dominate a GPU's training memory.
+local slice and combined across the group. Columns of the padded vocabulary (beyond the real
+vocabulary) are left out. Every rank's gradient of the hidden states covers its own slice; the
+tensor-parallel region around the kernel sums them.
 """
 
 from __future__ import annotations
@@ -21,8 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+from megatron.core.tensor_parallel import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+)
 from torch import Tensor
+
+from rlpost.plan.memory import LOGPROB_CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -31,11 +46,7 @@ class TokenLogprobs:
     entropy: Tensor | None
 
 
-def _tp_sum(x: Tensor) -> Tensor:
-    return reduce_from_tensor_model_parallel_region(x)
-
-
-CHUNK_BYTES = 256 << 20  # fp32 working set per chunk of rows
+CHUNK_BYTES = LOGPROB_CHUNK_BYTES  # fp32 working set per chunk of rows
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,9 @@ class _Slice:
     def rows_per_chunk(self, width: int) -> int:
         return max(1, CHUNK_BYTES // (4 * max(width, 1)))
 
-    def scaled(self, logits: Tensor) -> Tensor:
-        return logits[:, : self.valid].float() / self.temperature
+    def logits(self, hidden: Tensor, weight: Tensor) -> Tensor:
+        """float32 logits / T of a chunk of hidden states over this rank's real columns."""
+        return (hidden @ weight[: self.valid].t()).float() / self.temperature
 
 
 def _tp_group() -> dist.ProcessGroup | None:
@@ -72,97 +84,107 @@ def _targets_in_slice(targets: Tensor, part: _Slice) -> tuple[Tensor, Tensor]:
     return in_slice, index
 
 
-class _LeanLogprobs(torch.autograd.Function):
-    """logp [t] of `targets` under softmax(logits / T) over the whole (TP-split) vocabulary,
-    and the detached entropy; saves only the logits for backward."""
+class _LinearLogprobs(torch.autograd.Function):
+    """logp [t] and entropy [t] of softmax(hidden @ weight.T / T) over the whole (TP-split)
+    vocabulary; saves the hidden states, the weight and two floats per token."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, logits: Tensor, targets: Tensor, part: _Slice, with_entropy: bool
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, part: _Slice, entropy: str
     ) -> tuple[Tensor, Tensor]:
-        rows, fp32 = logits.shape[0], torch.float32
-        peak = logits.new_full((rows,), -1e30, dtype=fp32)
-        step = part.rows_per_chunk(logits.shape[-1])
-        if part.valid:
-            for lo in range(0, rows, step):
-                peak[lo : lo + step] = part.scaled(logits[lo : lo + step]).max(dim=-1).values
-        _reduce(peak, dist.ReduceOp.MAX)
-        sums = logits.new_zeros((3, rows), dtype=fp32)  # sum exp, picked logit, sum exp * x
+        rows, fp32 = hidden.shape[0], torch.float32
+        # per token: this slice's max, sum exp(x - max), target logit, sum exp(x - max) * x
+        local = hidden.new_zeros((4, rows), dtype=fp32)
+        local[0] = -1e30
         in_slice, index = _targets_in_slice(targets, part)
-        if part.valid:
-            for lo in range(0, rows, step):
-                hi = lo + step
-                shifted = part.scaled(logits[lo:hi]) - peak[lo:hi, None]
-                exp = shifted.exp()
-                sums[0, lo:hi] = exp.sum(dim=-1)
-                sums[1, lo:hi] = shifted.gather(-1, index[lo:hi, None]).squeeze(-1)
-                if with_entropy:
-                    sums[2, lo:hi] = (exp * shifted).sum(dim=-1)
-        sums[1] *= in_slice
+        step = part.rows_per_chunk(part.valid)
+        for lo in range(0, rows if part.valid else 0, step):
+            hi = lo + step
+            x = part.logits(hidden[lo:hi], weight)
+            peak = x.max(dim=-1).values
+            exp = (x - peak[:, None]).exp()
+            local[0, lo:hi] = peak
+            local[1, lo:hi] = exp.sum(dim=-1)
+            local[2, lo:hi] = x.gather(-1, index[lo:hi, None]).squeeze(-1)
+            if entropy != "none":
+                local[3, lo:hi] = (exp * x).sum(dim=-1)
+        peak = _reduce(local[0].clone(), dist.ReduceOp.MAX)
+        rescale = (local[0] - peak).exp()
+        sums = torch.stack((local[1] * rescale, local[2] * in_slice, local[3] * rescale))
         _reduce(sums, dist.ReduceOp.SUM)
-        log_z = sums[0].log()
-        ctx.save_for_backward(logits, targets, peak + log_z)
-        ctx.part = part
-        entropy = log_z - sums[2] / sums[0]
-        ctx.mark_non_differentiable(entropy)
-        return sums[1] - log_z, entropy
+        lse = peak + sums[0].log()
+        mean_logit = sums[2] / sums[0]
+        ctx.save_for_backward(hidden, weight, targets, lse, mean_logit)
+        ctx.part, ctx.entropy = part, entropy
+        ent = lse - mean_logit
+        if entropy != "grad":
+            ctx.mark_non_differentiable(ent)
+        return sums[1] - lse, ent
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, None, None, None]:
-        logits, targets, lse = ctx.saved_tensors
+        ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        hidden, weight, targets, lse, mean_logit = ctx.saved_tensors
         part: _Slice = ctx.part
-        grad = torch.zeros_like(logits)
+        wants_hidden, wants_weight = ctx.needs_input_grad[:2]
+        grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
+        # the weight's gradient adds up over chunks in float32, rounded once at the end
+        grad_weight = None
+        if wants_weight:
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         in_slice, index = _targets_in_slice(targets, part)
-        step = part.rows_per_chunk(logits.shape[-1])
-        for lo in range(0, logits.shape[0] if part.valid else 0, step):
+        if grad_logp is None:
+            grad_logp = lse.new_zeros(lse.shape)
+        with_entropy = ctx.entropy == "grad" and grad_entropy is not None
+        step = part.rows_per_chunk(part.valid)
+        for lo in range(0, hidden.shape[0] if part.valid else 0, step):
             hi = lo + step
-            # d logp / d x_j = (1[j = target] - softmax_j) / T, on this rank's columns
-            chunk = -(part.scaled(logits[lo:hi]) - lse[lo:hi, None]).exp()
-            chunk.scatter_add_(-1, index[lo:hi, None], in_slice[lo:hi, None].to(chunk.dtype))
-            chunk *= grad_logp[lo:hi, None] / part.temperature
-            grad[lo:hi, : part.valid] = chunk.to(grad.dtype)
-        return grad, None, None, None
+            h = hidden[lo:hi]
+            x = part.logits(h, weight)
+            probs = (x - lse[lo:hi, None]).exp()
+            # d logp / dx_j = 1[j = target] - p_j;  d entropy / dx_j = -p_j (x_j - E[x])
+            grad = probs * -grad_logp[lo:hi, None]
+            picked = (in_slice[lo:hi] * grad_logp[lo:hi])[:, None].to(grad.dtype)
+            grad.scatter_add_(-1, index[lo:hi, None], picked)
+            if with_entropy:
+                assert grad_entropy is not None
+                grad -= probs * (x - mean_logit[lo:hi, None]) * grad_entropy[lo:hi, None]
+            grad = (grad / part.temperature).to(hidden.dtype)  # through x = logits / T
+            if grad_hidden is not None:
+                grad_hidden[lo:hi] = grad @ weight[: part.valid]
+            if grad_weight is not None:
+                grad_weight[: part.valid] += (grad.t() @ h).float()
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None
 
 
-def vocab_parallel_logprobs(
-    logits: Tensor,
+def hidden_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
     targets: Tensor,
     true_vocab_size: int,
     temperature: float = 1.0,
     entropy: str = "none",
 ) -> TokenLogprobs:
-    """logits [t, V/tp] (this rank's vocabulary slice), targets [t] -> logp [t] (+ entropy).
+    """hidden [t, h] (every TP rank's copy, whole sequence), weight [V/tp, h] (this rank's
+    vocabulary slice of the output layer), targets [t] -> logp [t] (+ entropy).
 
     `entropy`: "none", "detached" or "grad" (kept in the graph for an entropy bonus).
     """
-    width = logits.shape[-1]
+    width = weight.shape[0]
     start = parallel_state.get_tensor_model_parallel_rank() * width
     part = _Slice(start, max(0, min(width, true_vocab_size - start)), temperature)
-    if entropy != "grad" or not torch.is_grad_enabled():
-        logp, ent = _LeanLogprobs.apply(logits, targets, part, entropy != "none")
-        return TokenLogprobs(logp, None if entropy == "none" else ent)
-    return _differentiable(logits, targets, part)
+    logp, ent = _LinearLogprobs.apply(hidden, weight, targets, part, entropy)
+    return TokenLogprobs(logp, None if entropy == "none" else ent)
 
 
-def _differentiable(logits: Tensor, targets: Tensor, part: _Slice) -> TokenLogprobs:
-    """Logprobs and entropy both in the autograd graph (an entropy bonus trains on it)."""
-    local = part.scaled(logits)
-    if part.valid:
-        peak = local.max(dim=-1).values.detach()
-    else:
-        peak = local.new_full((len(local),), -1e30)
-    _reduce(peak, dist.ReduceOp.MAX)
-    shifted = local - peak.unsqueeze(-1)
-    exp = shifted.exp()
-    normaliser = _tp_sum(exp.sum(dim=-1))
-    log_z = normaliser.log()
-    in_slice, index = _targets_in_slice(targets, part)
-    if part.valid:
-        picked = shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-    else:
-        picked = shifted.new_zeros(len(local))
-    logp = _tp_sum(picked * in_slice) - log_z
-    expected = _tp_sum((exp * shifted).sum(dim=-1)) / normaliser
-    return TokenLogprobs(logp, log_z - expected)
+def output_layer_input(hidden: Tensor, sequence_parallel: bool) -> Tensor:
+    """Final hidden states [t(/tp), h] as the output layer's input on every TP rank, with the
+    backward that sums the ranks' partial gradients (what ColumnParallelLinear does)."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return hidden
+    if sequence_parallel:
+        return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+    return copy_to_tensor_model_parallel_region(hidden)
