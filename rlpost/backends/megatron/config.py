@@ -20,7 +20,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-from rlpost.plan.layout import RECOMPUTE_NONE, ParallelLayout
+from rlpost.plan.layout import RECOMPUTE_NONE, SELECTIVE_RECOMPUTE_MODULES, ParallelLayout
 from rlpost.schema import ModelConfig, OptimConfig
 
 try:
@@ -224,7 +224,10 @@ def _recompute_kwargs(par: ParallelLayout) -> dict[str, Any]:
     if par.recompute == RECOMPUTE_NONE:
         return {}
     if par.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+        return {
+            "recompute_granularity": "selective",
+            "recompute_modules": list(SELECTIVE_RECOMPUTE_MODULES),
+        }
     return {
         "recompute_granularity": par.recompute,
         "recompute_method": par.recompute_method,
