@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from rlpost.backends import logprobs
 from rlpost.backends.megatron import logits as logits_module
 from rlpost.backends.megatron.config import ParallelSizes
 from rlpost.backends.megatron.distributed import ProcessPlace, destroy_parallel, init_parallel
@@ -50,7 +51,7 @@ def linear_on_rank(
     sizes = ParallelSizes(world, 1, 1, 1, 1, 1)
     init_parallel(ProcessPlace(rank, world, "127.0.0.1", port), sizes, seed=0)
     try:
-        logits_module.CHUNK_BYTES = chunk_bytes
+        logprobs.CHUNK_BYTES = chunk_bytes
         ref = linear_reference(seed)
         width = PADDED_VOCAB // world
         h = ref["hidden"].float().requires_grad_(True)
