@@ -71,7 +71,7 @@ class _LinearLogprobs(torch.autograd.Function):
     vocabulary; saves the hidden states, the weight and two floats per token."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, part: _Slice, entropy: str
     ) -> tuple[Tensor, Tensor]:
         rows, fp32 = hidden.shape[0], torch.float32
@@ -104,7 +104,7 @@ class _LinearLogprobs(torch.autograd.Function):
         return sums[1] - lse, ent
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
     ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         hidden, weight, targets, lse, mean_logit = ctx.saved_tensors
@@ -162,5 +162,7 @@ def linear_logprobs(
     width = weight.shape[0]
     valid = max(0, min(width, true_vocab_size - vocab_start))
     part = _Slice(vocab_start, valid, temperature, group)
-    logp, ent = _LinearLogprobs.apply(hidden, weight, targets, part, entropy)
+    logp, ent = _LinearLogprobs.apply(  # type: ignore[no-untyped-call]
+        hidden, weight, targets, part, entropy
+    )
     return TokenLogprobs(logp, None if entropy == "none" else ent)
