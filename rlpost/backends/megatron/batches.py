@@ -127,7 +127,7 @@ def build_micro_batch(
         full_targets += [PAD_TOKEN] * padded[-1]
         full_positions += list(range(padded[-1]))
     local_positions = [[cp_chunks(size, r, cp_size) for size in padded] for r in range(cp_size)]
-    local_of_rank = [_local_rows(padded, r, cp_size) for r in range(cp_size)]
+    local_of_rank = [_local_rows(padded, positions) for positions in local_positions]
     gathered_row = {row: i for i, row in enumerate(r for rows in local_of_rank for r in rows)}
     mine = local_of_rank[cp_rank]
     cu = torch.tensor([0, *itertools.accumulate(padded)], dtype=torch.int32)
@@ -156,10 +156,11 @@ def build_micro_batch(
     )
 
 
-def _local_rows(padded: Sequence[int], cp_rank: int, cp_size: int) -> list[int]:
+def _local_rows(padded: Sequence[int], positions: Sequence[Sequence[int]]) -> list[int]:
+    """A CP rank's rows of the whole packed row, from the positions it keeps per sample."""
     rows, offset = [], 0
-    for size in padded:
-        rows += [offset + p for p in cp_chunks(size, cp_rank, cp_size)]
+    for size, kept in zip(padded, positions, strict=True):
+        rows += [offset + p for p in kept]
         offset += size
     return rows
 
