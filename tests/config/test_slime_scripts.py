@@ -1,0 +1,83 @@
+"""slime's own launch scripts (tests/fixtures/slime, copied from slime at 624b824a) import as the
+README's table says: each row's outcome, model and reason, and never a traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlpost.config.loader import compose_run_config
+from rlpost.errors import UserError
+from rlpost.interop.slime_import import import_slime
+from rlpost.plan import plan_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SLIME = ROOT / "tests" / "fixtures" / "slime"
+ENV = {"BASE_DIR": "/root", "BASE_FOLDER": "/root", "HIP_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+"""What the README's table gives every script with --env (three refuse to start without)."""
+
+
+def table() -> dict[str, tuple[str, str, str]]:
+    """script -> (outcome, model, reason) from the README's table of slime's scripts."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| slime script | outcome | model | reason |")
+    rows: dict[str, tuple[str, str, str]] = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        script, outcome, model, reason = (c.strip().strip("`") for c in line.strip("|").split("|"))
+        rows[script] = (outcome, model, reason)
+    return rows
+
+
+def words(text: str) -> str:
+    return " ".join(text.replace("`", "").split())
+
+
+def test_the_table_has_every_script_once() -> None:
+    assert sorted(table()) == sorted(p.name for p in (SLIME / "scripts").glob("run-*.sh"))
+    outcomes = [row[0] for row in table().values()]
+    assert outcomes.count("imports and plans") >= 10
+
+
+@pytest.mark.parametrize("script", sorted(table()))
+def test_each_slime_script_meets_its_row(script: str, tmp_path: Path) -> None:
+    outcome, model, reason = table()[script]
+    try:
+        imported = import_slime(SLIME / "scripts" / script, SLIME, env=ENV)
+    except UserError as refused:
+        assert outcome == "refused", f"{script}: {refused}"
+        assert words(reason) in words(str(refused))
+        return
+    assert outcome in ("imports and plans", "imports; the plan refuses it"), script
+    assert imported.model == model
+    imported.write(tmp_path)
+    cfg, _ = compose_run_config(
+        [*imported.overrides(), *imported.extra_overrides()], config_dir=tmp_path
+    )
+    if outcome == "imports and plans":
+        plan_config(cfg)
+        return
+    with pytest.raises(UserError) as refused:
+        plan_config(cfg)
+    assert words(reason) in words(str(refused.value))
+
+
+def test_nothing_a_script_names_is_written_into_yaml(tmp_path: Path) -> None:
+    """A secret the script reads from its environment stays out of the YAML."""
+    script = tmp_path / "run-secret.sh"
+    text = (SLIME / "scripts" / "run-qwen3-4B.sh").read_text()
+    script.write_text(
+        re.sub(r"   # --wandb-key \$\{WANDB_KEY\}", "   --use-wandb --wandb-key ${WANDB_KEY}", text)
+    )
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "qwen3-4B.sh").write_text(
+        (SLIME / "scripts" / "models" / "qwen3-4B.sh").read_text()
+    )
+    imported = import_slime(script, env={"WANDB_KEY": "s3cret-value", "MY_TOKEN": "t0ken"})
+    written = imported.write(tmp_path / "out")
+    assert all("s3cret" not in path.read_text() for path in written)
+    assert "s3cret" not in repr(imported)
+    assert "t0ken" not in repr(imported)
