@@ -81,3 +81,51 @@ def test_nothing_a_script_names_is_written_into_yaml(tmp_path: Path) -> None:
     assert all("s3cret" not in path.read_text() for path in written)
     assert "s3cret" not in repr(imported)
     assert "t0ken" not in repr(imported)
+
+
+SEED_DOCS = {"glm4-9B.txt": ("glm4-9b", "h100x8"), "qwen3-4B.txt": ("qwen3-4b", "h100x8")}
+"""The seed documents (tests/fixtures/seeds) and the shipped run each one is."""
+
+
+def completed(document: str) -> str:
+    """The launch script a user writes from a seed document: its model script sourced, its
+    argument arrays, and its first `ray job submit ... \\` command (the rest are fragments)."""
+    model = re.search(r"source \S*models/([\w.-]+\.sh)", document)
+    assert model is not None
+    arrays = re.findall(r"^[A-Z_]+=\(\n.*?^\)$", document, re.M | re.S)
+    start = document.index('ray job submit --address="http://127.0.0.1:8265"')
+    lines = []
+    for line in document[start:].splitlines():
+        lines.append(line)
+        if not line.rstrip().endswith("\\"):
+            break
+    return "\n".join(
+        ['SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"',
+         f'source "${{SCRIPT_DIR}}/models/{model.group(1)}"', *arrays, *lines, ""]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("document", sorted(SEED_DOCS))
+def test_the_seed_documents_import_to_the_shipped_plans(document: str, tmp_path: Path) -> None:
+    model, hardware = SEED_DOCS[document]
+    text = (ROOT / "tests" / "fixtures" / "seeds" / document).read_text()
+    script = tmp_path / f"run-{document.removesuffix('.txt')}.sh"
+    script.write_text(completed(text))
+    imported = import_slime(script, SLIME)
+    imported.write(tmp_path / "out")
+    cfg, _ = compose_run_config(
+        [*imported.overrides(), *imported.extra_overrides()], config_dir=tmp_path / "out"
+    )
+    _, plan = plan_config(cfg)
+    shipped, _ = compose_run_config([f"model={model}", "recipe=grpo_dapo", f"hardware={hardware}"])
+    _, expected = plan_config(shipped)
+    assert cfg.model.name.startswith(model) and cfg.hardware.name == hardware
+    ours, theirs = plan.to_dict(), expected.to_dict()  # type: ignore[attr-defined]
+    for section in ("placement", "parallel", "engine", "batch", "memory", "work"):
+        assert ours[section] == theirs[section], section
+    differ = {
+        key: (value, shipped.recipe.model_dump().get(key))
+        for key, value in cfg.recipe.model_dump(exclude={"name", "description"}).items()
+        if value != shipped.recipe.model_dump().get(key)
+    }
+    assert not differ
