@@ -32,7 +32,7 @@ SLIME_MODEL_SCRIPTS = {
     "qwen3-30B-A3B": "qwen3-30b-a3b",
     "glm4.5-355B-A32B": "glm4.5-355b-a32b",
     "glm4.7-30B-A3B": "glm4.7-flash",
-    "llama3.1-8B": "llama3.1-8b",
+    "llama3.1-8B-Instruct": "llama3.1-8b",
     "deepseek-v3": "deepseek-v3",
 }
 """slime's scripts/models/<name>.sh -> rlpost's conf/model/<name>.yaml."""
@@ -47,6 +47,7 @@ MEGATRON_DEFAULTS: Flags = {
     "--moe-router-group-topk": ["1"],
     "--moe-router-topk-scaling-factor": ["1.0"],
     "--make-vocab-size-divisible-by": ["128"],
+    "--rope-scaling-factor": ["8.0"],
 }
 """What Megatron-LM's parse_args gives a flag left out (megatron/training/arguments.py), or
 its equal: one router group choosing its one group routes over all experts, as no groups do
@@ -82,6 +83,14 @@ SAME_NETWORK_WITH_MLA = {
 }
 """Flags that multi-latent attention does not read."""
 
+SAME_NETWORK_WITHOUT_MLA = {
+    flag: "read by YaRN RoPE only, which multi-latent attention builds "
+    "(models/common/embeddings/yarn_rotary_pos_embedding.py); Llama 3's RoPE scaling reads "
+    "--rope-scaling-factor"
+    for flag in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim")
+}
+"""Flags that only multi-latent attention reads."""
+
 SAME_NETWORK_WITH_SIGMOID = {
     "--moe-router-pre-softmax": "applies only to the softmax score function; this router "
     "scores by sigmoid (moe/moe_utils.py:714, topk_routing_with_score_function)",
@@ -106,8 +115,9 @@ SPECS = {
     "slime_plugins.models.minimax_m2": "MiniMax-M2's blocks",
 }
 
-NOT_MODEL = frozenset({"--moe-token-dispatcher-type"})
-"""Flags slime's model scripts carry that rlpost reads as layout (see slime_flags)."""
+NOT_MODEL = frozenset({"--moe-token-dispatcher-type", "--attention-softmax-in-fp32"})
+"""Flags slime's model scripts carry that rlpost reads as layout or always runs with (see
+slime_flags)."""
 
 
 @functools.cache
@@ -130,6 +140,7 @@ def model_flag_names() -> set[str]:
     leave the network as it is, and the features rlpost lacks."""
     names = {flag for m in shipped_models() for flag in exported(load_model(m))}
     names |= set(SAME_NETWORK) | set(SAME_NETWORK_WITH_MLA) | set(SAME_NETWORK_WITH_SIGMOID)
+    names |= set(SAME_NETWORK_WITHOUT_MLA)
     return (
         names
         | set(MEGATRON_DEFAULTS)
@@ -181,6 +192,11 @@ def normalized(flags: Flags) -> Flags:
     if "--num-query-groups" not in out and "--num-attention-heads" in out:
         out["--num-query-groups"] = out["--num-attention-heads"]
     out.pop("--group-query-attention", None)
+    mla = "--multi-latent-attention" in out
+    if not mla and "--kv-channels" not in out and "--num-attention-heads" in out:
+        # Megatron's validate_args: hidden_size // num_attention_heads
+        heads = int(out["--num-attention-heads"][0])
+        out["--kv-channels"] = [str(int(out.get("--hidden-size", ["0"])[0]) // heads)]
     out.pop("--mtp-num-layers", None)  # the model's MTP layers are read on their own
     if "--moe-layer-freq" in out and "--num-layers" in out:
         pattern = _layer_pattern(out["--moe-layer-freq"][0], int(out["--num-layers"][0]))
@@ -380,8 +396,11 @@ def match_model(flags: Flags, hint: str | None, name: str, script: str) -> Model
         drawn_traits = {}
     near_traits = _traits(nearest)
     has = [k if v else f"no {k}" for k, v in drawn_traits.items() if v != near_traits[k]]
+    qwen2 = drawn_traits.get("q/k/v bias") and not drawn_traits.get("QK norm")
     described = (
-        f"{', '.join(has)}, which no rlpost family has (the nearest, {nearest.family}, has "
+        f"{', '.join(has)}, which no rlpost family has"
+        + (" (Qwen2-style attention)" if qwen2 else "")
+        + f" (the nearest, {nearest.family}, has "
         + ", ".join(k if near_traits[k] else f"no {k}" for k, v in drawn_traits.items()
                     if v != near_traits[k])
         + ")"
@@ -408,6 +427,8 @@ def why_same_network(flag: str, model: ModelConfig) -> str | None:
         return SAME_NETWORK[flag]
     if model.mla is not None and flag in SAME_NETWORK_WITH_MLA:
         return SAME_NETWORK_WITH_MLA[flag]
+    if model.mla is None and flag in SAME_NETWORK_WITHOUT_MLA:
+        return SAME_NETWORK_WITHOUT_MLA[flag]
     if model.moe is not None and model.moe.router_score == "sigmoid":
         return SAME_NETWORK_WITH_SIGMOID.get(flag)
     return None
