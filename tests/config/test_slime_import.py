@@ -247,7 +247,7 @@ def test_exports_use_only_flags_slime_defines(combination: Callable[[str, str, s
     """slime parses with parse_known_args, so a flag it lacks would be dropped silently:
     every exported flag of slime's own groups is one of its recorded argument names."""
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "slime_flags.txt"
-    known = {line for line in fixture.read_text().splitlines() if line.startswith("--")}
+    known = {line.split()[0] for line in fixture.read_text().splitlines() if line.startswith("--")}
     unknown: set[str] = set()
     for model, recipe, hardware in COMBINATIONS:
         cfg = exportable(combination(model, recipe, hardware))
@@ -269,7 +269,9 @@ def test_exports_pass_sglang_only_flags_slimes_sglang_takes(
     assert table["sglang_version"] == SGLANG_VERSION  # generated from the pinned SGLang
     options = table["options"]
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "slime_flags.txt"
-    slime_own = {line for line in fixture.read_text().splitlines() if line.startswith("--sglang")}
+    slime_own = {
+        line.split()[0] for line in fixture.read_text().splitlines() if line.startswith("--sglang")
+    }
     seen = set()
     for model, recipe, hardware in COMBINATIONS:
         cfg = exportable(combination(model, recipe, hardware))
