@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             value = f" {' '.join(u.values)}" if u.values else ""
             print(f"  {u.flag}{value}: {u.reason} (nearest: {u.nearest})")
     if imported.model_notes:
-        print(f"\nMODEL_ARGS that differ from {imported.model}'s and build the same network:")
+        print("\nMODEL_ARGS that differ from rlpost's export and build the same network:")
         for d in imported.model_notes:
             print(f"  {d.flag}: {d.reason}")
     for note in imported.cluster_notes:
