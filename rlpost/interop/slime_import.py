@@ -231,43 +231,83 @@ def _no_train_command(launch: Launch) -> Issue:
     )
 
 
-def _map(
-    launch: Launch, flags: list[tuple[str, list[str]]], name: str, gpus_per_node: int
-) -> Imported:
-    values: dict[str, Any] = {}
-    unmapped: list[Unmapped] = []
+@dataclass
+class _Sorted:
+    """A train command's flags, sorted by how they are read."""
+
+    values: dict[str, Any] = field(default_factory=dict)  # keys set flag by flag
+    unmapped: list[Unmapped] = field(default_factory=list)
+    model: dict[str, list[str]] = field(default_factory=dict)
+    cluster: dict[str, list[str]] = field(default_factory=dict)
+    together: dict[str, list[str]] = field(default_factory=dict)
+    sglang: dict[str, Any] = field(default_factory=dict)
+
+
+def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
+    out = _Sorted()
     seen: dict[str, list[str]] = {}
-    model_flags: dict[str, list[str]] = {}
     model_names = model_flag_names()
-    sglang: dict[str, Any] = {}
-    cluster: dict[str, list[str]] = {}
-    together: dict[str, list[str]] = {}
     for flag, vals in flags:
         if flag in SECRET_FLAGS:
             vals = ["<not copied>"] if vals else []
         if flag in seen and seen[flag] != vals:
             # argparse keeps the last: so does the import, and says so
-            unmapped.append(
-                Unmapped(flag, tuple(seen[flag]), "given twice: the later value counts", flag)
-            )
+            why = "given twice: the later value counts"
+            out.unmapped.append(Unmapped(flag, tuple(seen[flag]), why, flag))
         seen[flag] = vals
         if flag in RULES:
             try:
-                values[RULES[flag].key] = RULES[flag].read(vals)
+                out.values[RULES[flag].key] = RULES[flag].read(vals)
             except (ValueError, IndexError, json.JSONDecodeError) as exc:
-                unmapped.append(
-                    Unmapped(flag, tuple(vals), f"its value does not read: {exc}", RULES[flag].key)
-                )
+                why = f"its value does not read: {exc}"
+                out.unmapped.append(Unmapped(flag, tuple(vals), why, RULES[flag].key))
         elif flag in model_names:
-            model_flags[flag] = vals
+            out.model[flag] = vals
         elif flag in CLUSTER_FLAGS:
-            cluster[flag] = vals
+            out.cluster[flag] = vals
         elif flag in TOGETHER_FLAGS:
-            together[flag] = vals
+            out.together[flag] = vals
         else:
-            unmapped += _other(flag, vals, sglang)
+            out.unmapped += _other(flag, vals, out.sglang)
+    return out
+
+
+def _map(
+    launch: Launch, flags: list[tuple[str, list[str]]], name: str, gpus_per_node: int
+) -> Imported:
+    got = _sort(flags)
+    values, unmapped = got.values, got.unmapped
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
+    match = _match(launch, got.model, name)
+    mtp = got.model.get("--mtp-num-layers")
+    if mtp is not None and not values.get("recipe.train.mtp_training"):
+        why = "rlpost builds MTP layers only to train them"
+        unmapped.append(Unmapped("--mtp-num-layers", tuple(mtp), why, "recipe.train.mtp_training"))
+    per_node = launch.head_gpus or gpus_per_node
+    hardware, hardware_file = _read_cluster(got.cluster, values, per_node)
+    _read_together(got.together, values, got.sglang, unmapped)
+    if got.sglang:
+        values["layout.rollout.sglang"] = got.sglang
+    _layout_defaults(values, match.model)
+    model_name, model_file = _model_file(match, values, name)
+    return Imported(
+        name,
+        model_name,
+        hardware,
+        values,
+        unmapped,
+        list(launch.not_run),
+        model_file,
+        hardware_file,
+        environment=[(k, v, environment_note(k)) for k, v in launch.env.items()],
+        model_notes=list(match.differences),
+        cluster_notes=_cluster_notes(launch),
+    )
+
+
+def _match(launch: Launch, model_flags: dict[str, list[str]], name: str) -> ModelMatch:
+    """The model MODEL_ARGS describe; the sourced model script names a drawn one."""
     sourced = [Path(s).stem for s in launch.sourced]
     hint = next((SLIME_MODEL_SCRIPTS[s] for s in sourced if s in SLIME_MODEL_SCRIPTS), None)
     drawn_name = next((s.lower() for s in sourced), f"{name}-model")
@@ -288,38 +328,7 @@ def _map(
             ],
             title="import error",
         )
-    match = match_model(model_flags, hint, drawn_name, str(launch.script))
-    model = match.model
-    mtp = model_flags.get("--mtp-num-layers")
-    if mtp is not None and not values.get("recipe.train.mtp_training"):
-        unmapped.append(
-            Unmapped(
-                "--mtp-num-layers",
-                tuple(mtp),
-                "rlpost builds MTP layers only to train them",
-                "recipe.train.mtp_training",
-            )
-        )
-    per_node = launch.head_gpus or gpus_per_node
-    hardware, hardware_file = _read_cluster(cluster, values, per_node)
-    _read_together(together, values, sglang, unmapped)
-    if sglang:
-        values["layout.rollout.sglang"] = sglang
-    _layout_defaults(values, model)
-    model_name, model_file = _model_file(match, values, name)
-    return Imported(
-        name,
-        model_name,
-        hardware,
-        values,
-        unmapped,
-        list(launch.not_run),
-        model_file,
-        hardware_file,
-        environment=[(k, v, environment_note(k)) for k, v in launch.env.items()],
-        model_notes=list(match.differences),
-        cluster_notes=_cluster_notes(launch),
-    )
+    return match_model(model_flags, hint, drawn_name, str(launch.script))
 
 
 def _other(flag: str, vals: list[str], sglang: dict[str, Any]) -> list[Unmapped]:

@@ -266,6 +266,7 @@ def draw_model(flags: Flags, base: ModelConfig, name: str) -> ModelConfig:
         ("norm_epsilon", "--norm-epsilon"),
         ("max_position_embeddings", "--max-position-embeddings"),
         ("mtp_num_layers", "--mtp-num-layers"),
+        ("make_vocab_size_divisible_by", "--make-vocab-size-divisible-by"),
     ):
         if flag in f:
             data[field] = _num(f, flag)
@@ -284,46 +285,58 @@ def draw_model(flags: Flags, base: ModelConfig, name: str) -> ModelConfig:
     mla = "--multi-latent-attention" in f
     # multi-latent attention reads neither (SAME_NETWORK_WITH_MLA)
     data["kv_channels"] = None if mla else _num(f, "--kv-channels")
+    if data["kv_channels"] == data["hidden_size"] // data["num_attention_heads"]:
+        data["kv_channels"] = base.kv_channels  # Megatron's own hidden / heads, as left out
     data["add_qkv_bias"] = data["add_qkv_bias"] and not mla
     if mla:
-        data["mla"] = {
-            "q_lora_rank": _num(f, "--q-lora-rank"),
-            "kv_lora_rank": _num(f, "--kv-lora-rank"),
-            "qk_head_dim": _num(f, "--qk-head-dim"),
-            "qk_pos_emb_head_dim": _num(f, "--qk-pos-emb-head-dim"),
-            "v_head_dim": _num(f, "--v-head-dim"),
-        }
-        if data.get("rope_scaling") and data["rope_scaling"]["type"] == "yarn":
-            yarn = data["rope_scaling"]
-            yarn["factor"] = _num(f, "--rotary-scaling-factor", yarn["factor"])
-            yarn["mscale"] = _num(f, "--mscale", yarn["mscale"])
-            yarn["mscale_all_dim"] = _num(f, "--mscale-all-dim", yarn["mscale_all_dim"])
+        _draw_mla(f, data)
     if "--use-rope-scaling" in f and data.get("rope_scaling"):
         data["rope_scaling"]["factor"] = _num(f, "--rope-scaling-factor")
     if "--num-experts" in f and data.get("moe") is not None:
-        pattern = _layer_pattern(f.get("--moe-layer-freq", ["1"])[0], data["num_layers"])
-        dense = len(pattern) - len("".join(map(str, pattern)).lstrip("0"))
-        shared = _num(f, "--moe-shared-expert-intermediate-size", 0)
-        expert = _num(f, "--moe-ffn-hidden-size")
-        data["moe"].update(
-            num_experts=_num(f, "--num-experts"),
-            top_k=_num(f, "--moe-router-topk"),
-            expert_ffn_hidden_size=expert,
-            num_shared_experts=shared // expert if shared else 0,
-            shared_expert_ffn_hidden_size=shared,
-            first_k_dense_layers=dense,
-            router_score=f.get("--moe-router-score-function", ["softmax"])[0],
-            router_expert_bias="--moe-router-enable-expert-bias" in f,
-            router_topk_scaling_factor=_num(f, "--moe-router-topk-scaling-factor"),
-            router_dtype=f.get("--moe-router-dtype", [data["moe"]["router_dtype"]])[0],
-            grouped_gemm="--moe-grouped-gemm" in f,
-        )
-        groups = (_num(f, "--moe-router-num-groups"), _num(f, "--moe-router-group-topk"))
-        keep = base.moe is not None and base.moe.router_num_groups is not None
-        if groups != (1, 1) or keep:
-            data["moe"].update(router_num_groups=groups[0], router_group_topk=groups[1])
+        _draw_moe(f, data, base)
     data.update(name=name, description=f"drawn from a slime model script on {base.name}")
     return ModelConfig.model_validate(data)
+
+
+def _draw_mla(f: Flags, data: dict[str, Any]) -> None:
+    data["mla"] = {
+        "q_lora_rank": _num(f, "--q-lora-rank"),
+        "kv_lora_rank": _num(f, "--kv-lora-rank"),
+        "qk_head_dim": _num(f, "--qk-head-dim"),
+        "qk_pos_emb_head_dim": _num(f, "--qk-pos-emb-head-dim"),
+        "v_head_dim": _num(f, "--v-head-dim"),
+    }
+    if data.get("rope_scaling") and data["rope_scaling"]["type"] == "yarn":
+        yarn = data["rope_scaling"]
+        yarn["factor"] = _num(f, "--rotary-scaling-factor", yarn["factor"])
+        yarn["mscale"] = _num(f, "--mscale", yarn["mscale"])
+        yarn["mscale_all_dim"] = _num(f, "--mscale-all-dim", yarn["mscale_all_dim"])
+
+
+def _draw_moe(f: Flags, data: dict[str, Any], base: ModelConfig) -> None:
+    pattern = _layer_pattern(f.get("--moe-layer-freq", ["1"])[0], data["num_layers"])
+    dense = len(pattern) - len("".join(map(str, pattern)).lstrip("0"))
+    if pattern != [0] * dense + [1] * (len(pattern) - dense):
+        raise ValueError(f"--moe-layer-freq {pattern}: dense layers only before the MoE ones")
+    shared = _num(f, "--moe-shared-expert-intermediate-size", 0)
+    expert = _num(f, "--moe-ffn-hidden-size")
+    data["moe"].update(
+        num_experts=_num(f, "--num-experts"),
+        top_k=_num(f, "--moe-router-topk"),
+        expert_ffn_hidden_size=expert,
+        num_shared_experts=shared // expert if shared else 0,
+        shared_expert_ffn_hidden_size=shared,
+        first_k_dense_layers=dense,
+        router_score=f.get("--moe-router-score-function", ["softmax"])[0],
+        router_expert_bias="--moe-router-enable-expert-bias" in f,
+        router_topk_scaling_factor=_num(f, "--moe-router-topk-scaling-factor"),
+        router_dtype=f.get("--moe-router-dtype", [data["moe"]["router_dtype"]])[0],
+        grouped_gemm="--moe-grouped-gemm" in f,
+    )
+    groups = (_num(f, "--moe-router-num-groups"), _num(f, "--moe-router-group-topk"))
+    keep = base.moe is not None and base.moe.router_num_groups is not None
+    if groups != (1, 1) or keep:
+        data["moe"].update(router_num_groups=groups[0], router_group_topk=groups[1])
 
 
 def _traits(m: ModelConfig) -> dict[str, bool]:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
@@ -129,3 +130,15 @@ def test_the_seed_documents_import_to_the_shipped_plans(document: str, tmp_path:
         if value != shipped.recipe.model_dump().get(key)
     }
     assert not differ
+
+
+def test_a_script_of_a_shipped_model_keeps_it_with_its_own_paths() -> None:
+    """slime's glm4-9B script describes rlpost's glm4-9b: the written model is that one, with
+    the script's checkpoint paths, not a model drawn anew."""
+    imported = import_slime(SLIME / "scripts" / "run-glm4-9B.sh", SLIME, env=ENV)
+    shipped = yaml.safe_load((ROOT / "conf" / "model" / "glm4-9b.yaml").read_text())
+    assert imported.model_file is not None
+    paths = {"name", "hf_checkpoint", "ref_load", "load"}
+    assert {k: v for k, v in imported.model_file.items() if k not in paths} == {
+        k: v for k, v in shipped.items() if k not in paths
+    }
