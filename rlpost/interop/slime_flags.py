@@ -214,9 +214,16 @@ READ_TOGETHER: dict[str, tuple[str, str]] = {
         "recipe.train.global_batch_size",
         "rollout batch x samples per prompt / steps, as slime computes it",
     ),
+    "--rollout-function-path": (
+        "recipe.loop.mode",
+        "fully_async for slime's fully-async rollout under train_async.py",
+    ),
     "MODEL_ARGS": ("model", "a shipped model, or one drawn from the flags on its family"),
     "train_async.py": ("recipe.loop.mode", "async"),
 }
+
+SLIME_FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+"""The rollout function that makes slime's train_async.py fully asynchronous."""
 
 CLUSTER_FLAGS = frozenset(
     {"--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--colocate",
@@ -224,7 +231,7 @@ CLUSTER_FLAGS = frozenset(
 )  # fmt: skip
 TOGETHER_FLAGS = frozenset(
     {"--load", "--save", "--eval-prompt-data", "--eval-input-key", "--eval-label-key",
-     "--sglang-server-concurrency", "--num-steps-per-rollout"}
+     "--sglang-server-concurrency", "--num-steps-per-rollout", "--rollout-function-path"}
 )  # fmt: skip
 SECRET_FLAGS = frozenset({"--wandb-key"})
 """Flags whose values are never copied (not into YAML, not into what the import prints)."""

@@ -33,6 +33,7 @@ from rlpost.interop.slime_flags import (
     NOT_IMPORTED,
     RULES,
     SECRET_FLAGS,
+    SLIME_FULLY_ASYNC,
     TOGETHER_FLAGS,
     environment_note,
     many,
@@ -279,6 +280,7 @@ def _map(
     values, unmapped = got.values, got.unmapped
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
+    unmapped += _read_rollout_function(got.together, launch, values)
     match = _match(launch, got.model, name)
     mtp = got.model.get("--mtp-num-layers")
     if mtp is not None and not values.get("recipe.train.mtp_training"):
@@ -304,6 +306,31 @@ def _map(
         model_notes=list(match.differences),
         cluster_notes=_cluster_notes(launch),
     )
+
+
+def _read_rollout_function(
+    together: dict[str, list[str]], launch: Launch, values: dict[str, Any]
+) -> list[Unmapped]:
+    """slime's fully-async rollout is rlpost's fully_async loop, with two differences said;
+    any other whole-rollout function is not imported."""
+    function = together.get("--rollout-function-path")
+    if not function:
+        return []
+    flag, given = "--rollout-function-path", tuple(function)
+    if function[0] == SLIME_FULLY_ASYNC and launch.entry == "train_async.py":
+        values["recipe.loop.mode"] = "fully_async"
+        why = (
+            "imported as loop.mode fully_async, which differs from slime's in two ways: slime "
+            "bounds no policy lag (rlpost trains a token at most max_staleness versions old, "
+            "null: 4), and regenerates a group a weight update interrupts, where rlpost pauses "
+            "and continues it"
+        )
+        return [Unmapped(flag, given, why, "recipe.loop.max_staleness")]
+    why = (
+        "a whole rollout function of slime's (args, rollout_id, data_source): rlpost's loop "
+        "generates, and takes a per-sample generate function"
+    )
+    return [Unmapped(flag, given, why, "recipe.rollout.generate_function")]
 
 
 def _match(launch: Launch, model_flags: dict[str, list[str]], name: str) -> ModelMatch:
@@ -449,6 +476,9 @@ def _layout_defaults(values: dict[str, Any], model: ModelConfig) -> None:
     for size in ("tp", "pp", "cp", "ep", "etp"):
         values.setdefault(f"layout.train.{size}", 1)
     values.setdefault("layout.train.sequence_parallel", False)
+    if values["layout.train.tp"] == 1:
+        # Megatron's validate_args turns it off without tensor parallelism (arguments.py:906)
+        values["layout.train.sequence_parallel"] = False
     values.setdefault("layout.train.recompute.granularity", "none")
     if values["layout.train.recompute.granularity"] != "full":
         values.pop("layout.train.recompute.method", None)

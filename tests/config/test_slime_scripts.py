@@ -142,3 +142,40 @@ def test_a_script_of_a_shipped_model_keeps_it_with_its_own_paths() -> None:
     assert {k: v for k, v in imported.model_file.items() if k not in paths} == {
         k: v for k, v in shipped.items() if k not in paths
     }
+
+
+FULLY_ASYNC = SLIME / "examples" / "fully_async"
+
+
+@pytest.mark.parametrize(
+    ("script", "feature"),
+    [
+        ("run-qwen2.5-0.5B-fully_async.sh", "q/k/v bias, which no rlpost family has"),
+        ("run-qwen3.5-9B-fully_async.sh", "gated delta-net linear attention (Qwen3.5)"),
+    ],
+)
+def test_slimes_fully_async_examples_are_refused_for_their_models(
+    script: str, feature: str
+) -> None:
+    with pytest.raises(UserError) as refused:
+        import_slime(FULLY_ASYNC / script, SLIME, env=ENV)
+    assert feature in words(str(refused.value))
+
+
+def test_slimes_fully_async_rollout_imports_as_the_fully_async_loop(tmp_path: Path) -> None:
+    """The Qwen2.5 example with a model rlpost has (as a user would swap it): the loop maps,
+    and the two ways slime's differs are said."""
+    text = (FULLY_ASYNC / "run-qwen2.5-0.5B-fully_async.sh").read_text()
+    script = tmp_path / "examples" / "fully_async" / "run-qwen3-0.6B-fully_async.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text(text.replace("models/qwen2.5-0.5B.sh", "models/qwen3-0.6B.sh"))
+    imported = import_slime(script, SLIME, env=ENV)
+    assert imported.values["recipe.loop.mode"] == "fully_async"
+    [note] = [u for u in imported.unmapped if u.flag == "--rollout-function-path"]
+    assert "bounds no policy lag" in note.reason and note.nearest == "recipe.loop.max_staleness"
+    imported.write(tmp_path / "out")
+    cfg, _ = compose_run_config(
+        [*imported.overrides(), *imported.extra_overrides()], config_dir=tmp_path / "out"
+    )
+    _, plan = plan_config(cfg)
+    assert cfg.recipe.loop.mode == "fully_async" and not plan.placement.colocate  # type: ignore[attr-defined]
