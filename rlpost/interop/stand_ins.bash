@@ -188,22 +188,73 @@ __rlpost_source() {
 source() { __rlpost_source "$@"; }
 .() { __rlpost_source "$@"; }
 
-# Commands named by path and writes to files are skipped (and recorded).
+# The next shell word of $1 (quotes and escapes kept) into __rlpost_word, the rest into
+# __rlpost_rest.
+__rlpost_split() {
+    local text=$1 word="" quote="" c
+    text=${text#"${text%%[![:space:]]*}"}
+    while [[ -n $text ]]; do
+        c=${text:0:1}
+        if [[ $c == \\ && $quote != \' ]]; then
+            word+=${text:0:2}
+            text=${text:2}
+            continue
+        elif [[ -n $quote ]]; then
+            [[ $c == "$quote" ]] && quote=""
+        elif [[ $c == \" || $c == \' ]]; then
+            quote=$c
+        elif [[ $c == [[:space:]] ]]; then
+            break
+        fi
+        word+=$c
+        text=${text:1}
+    done
+    __rlpost_word=$word
+    __rlpost_rest=$text
+}
+
+# The command word of a simple command as bash will run it, into __rlpost_first: the
+# assignments before it passed over, quotes removed, and $NAME, ${NAME}, ${NAME[@]} or
+# ${NAME:-literal} expanded; "?" when it is computed otherwise (a command substitution, another expansion),
+# which the guard does not run; empty for an assignment alone.
+__rlpost_command_word() {
+    local text=$1 word name default
+    while :; do
+        __rlpost_split "$text"
+        word=$__rlpost_word text=$__rlpost_rest
+        [[ $word =~ ^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=(.?) ]] || break
+        if [[ ${BASH_REMATCH[2]} == "(" ]]; then # an array assignment: no command
+            word=""
+            break
+        fi
+    done
+    word=${word//[\"\'\\]/}
+    if [[ $word =~ ^\$\{?([A-Za-z_][A-Za-z0-9_]*)(\[[@*0]\])?(:-([^\$\`\}]*))?\}?$ ]]; then
+        name=${BASH_REMATCH[1]} default=${BASH_REMATCH[4]} # an array: its first item
+        word=${!name:-$default}
+    elif [[ $word == *[\$\`]* ]]; then
+        word="?"
+    fi
+    __rlpost_first=$word
+    __rlpost_split "$text"
+}
+
+# Commands named by path (or by an expansion the guard cannot see through) and writes to
+# files are skipped, and recorded.
 __rlpost_guard() {
     case ${FUNCNAME[1]:-} in __rlpost_* | command_not_found_handle | set) return 0 ;; esac
     local text=$BASH_COMMAND first rest
-    first=${text%%[[:space:]]*}
-    rest=${text#"$first"}
-    rest=${rest#"${rest%%[![:space:]]*}"}
-    if [[ $first == builtin || $first == \\builtin ]]; then
-        case ${rest%%[[:space:]]*} in
+    __rlpost_command_word "$text"
+    first=$__rlpost_first rest=$__rlpost_word
+    if [[ $first == builtin ]]; then
+        case $rest in
         kill | exec | trap | enable | ulimit | disown | hash | command | builtin)
             __rlpost_emit run "$text"
             return 1
             ;;
         esac
     fi
-    if [[ $first == */* && $first != *=* ]]; then
+    if [[ $first == */* || $first == "?" ]]; then
         __rlpost_emit path "$text"
         return 1
     fi

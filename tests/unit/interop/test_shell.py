@@ -103,3 +103,26 @@ def test_the_job_environment_leaves_secrets_out(tmp_path: Path) -> None:
     assert launch.env == {"NCCL_DEBUG": "INFO"}
     assert "abc123secret" not in " ".join(launch.not_run)
     assert launch.argv == ("--x", "1")
+
+
+def test_a_command_named_through_a_variable_is_not_run(tmp_path: Path) -> None:
+    marks = [tmp_path / f"mark{i}" for i in range(6)]
+    commands = run(
+        tmp_path,
+        f"""TOUCH=/usr/bin/touch
+"$TOUCH" {marks[0]}
+${{TOUCH}} {marks[1]}
+${{NOPE:-/usr/bin/touch}} {marks[2]}
+PYTHONPATH=/x:/y $TOUCH {marks[3]}
+$(echo /usr/bin/touch) {marks[4]}
+CMD=(/usr/bin/touch {marks[5]})
+"${{CMD[@]}}"
+ARGS=( --data /root/data.jsonl --out "/root/a b" )
+JSON="{{ \\"a\\": \\"/b\\" }}"
+python3 train.py "${{ARGS[@]}}" --json "$JSON"
+""",
+    )
+    assert not any(mark.exists() for mark in marks)
+    [train] = [c for c in commands if c[:2] == ("python3", "train.py")]
+    assert train[2:] == ("--data", "/root/data.jsonl", "--out", "/root/a b", "--json",
+                         '{ "a": "/b" }')  # fmt: skip
