@@ -32,6 +32,9 @@ DEFAULT_ENV = {"MASTER_ADDR": "127.0.0.1", "NODE_RANK": "0"}
 """The environment a script is evaluated in besides the caller's: the head node of its own
 cluster (multi-node scripts refuse to start without MASTER_ADDR)."""
 TIMEOUT_S = 20.0
+SHELL_CONTROL = frozenset({"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PATH", "IFS", "PS4"})
+"""Variables that change how bash itself starts or finds commands: never taken from the
+caller (BASH_ENV would run a file before the stand-ins are in place)."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,10 @@ def evaluate_script(
         (work / "sources").mkdir()
         for name, text in (sources or {}).items():
             (work / "sources" / name).write_text(text)
+        given = {k: v for k, v in (env or {}).items() if k not in SHELL_CONTROL}
         environment = {
             **DEFAULT_ENV,
-            **(env or {}),
+            **given,
             "PATH": str(work / "bin"),
             "HOME": str(work),
             "TMPDIR": str(work),

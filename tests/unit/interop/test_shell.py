@@ -126,3 +126,14 @@ python3 train.py "${{ARGS[@]}}" --json "$JSON"
     [train] = [c for c in commands if c[:2] == ("python3", "train.py")]
     assert train[2:] == ("--data", "/root/data.jsonl", "--out", "/root/a b", "--json",
                          '{ "a": "/b" }')  # fmt: skip
+
+
+def test_variables_that_steer_bash_itself_are_not_taken(tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    (tmp_path / "env.sh").write_text(f"/usr/bin/touch {mark}\n")
+    commands = run(
+        tmp_path,
+        "python3 train.py --x $X\n",
+        env={"BASH_ENV": str(tmp_path / "env.sh"), "PATH": "/usr/bin:/bin", "X": "1"},
+    )
+    assert not mark.exists() and ("python3", "train.py", "--x", "1") in commands
