@@ -56,7 +56,7 @@ command_not_found_handle() {
     case $1 in
     nvidia-smi) __rlpost_nvidia_smi "${@:2}" ;;
     # text tools in pipelines over probes: the stand-ins below, in bash
-    dirname | basename | wc | tr | grep | head | cat | hostname) "__rlpost_$1" "${@:2}" ;;
+    dirname | basename | wc | tr | grep | head | cat | hostname | awk) "__rlpost_$1" "${@:2}" ;;
     esac
     return 0
 }
@@ -126,6 +126,17 @@ __rlpost_cat() {
     local line
     [[ $# -gt 0 && $1 != - ]] && return 0
     while IFS= read -r line || [[ -n $line ]]; do printf '%s\n' "$line"; done
+}
+
+# `awk '{print $N}' [FILE]` only (a hostfile's addresses); any other program prints nothing
+__rlpost_awk() {
+    local line fields
+    [[ $1 =~ ^\{[[:space:]]*print[[:space:]]+\$([0-9]+)[[:space:]]*\}$ ]] || return 0
+    local n=${BASH_REMATCH[1]}
+    while IFS= read -r line || [[ -n $line ]]; do
+        read -ra fields <<<"$line"
+        ((n == 0)) && printf '%s\n' "$line" || printf '%s\n' "${fields[n - 1]:-}"
+    done < <([[ -n ${2:-} ]] && printf '%s\n' "$(<"$2")" || __rlpost_cat)
 }
 
 __rlpost_hostname() { printf '%s\n' "${MASTER_ADDR:-127.0.0.1}"; }

@@ -179,3 +179,14 @@ def test_slimes_fully_async_rollout_imports_as_the_fully_async_loop(tmp_path: Pa
     )
     _, plan = plan_config(cfg)
     assert cfg.recipe.loop.mode == "fully_async" and not plan.placement.colocate  # type: ignore[attr-defined]
+
+
+def test_a_multi_node_script_lists_its_head_and_workers(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("10.0.0.1 slots=8\n10.0.0.2 slots=8\n10.0.0.3 slots=8\n")
+    env = {**ENV, "MASTER_ADDR": "10.0.0.1", "HOSTFILE": str(hostfile)}
+    imported = import_slime(SLIME / "scripts" / "run-glm4.7-355B-A32B.sh", SLIME, env=env)
+    assert imported.cluster_notes[0].startswith("Ray head started with --num-gpus 8")
+    workers = [n for n in imported.cluster_notes if n.startswith("Ray worker: ssh root@")]
+    assert [w.split()[3] for w in workers] == ["root@10.0.0.2", "root@10.0.0.3"]
+    assert all("ray start --address=10.0.0.1:6379" in w for w in workers)
