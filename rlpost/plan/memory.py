@@ -10,15 +10,21 @@ CPU offload (Megatron's HybridDeviceOptimizer) the 12 bytes and an fp32 copy of 
 live on the host, and the GPU keeps 6 bytes per parameter. fp32 models need no master copy:
 4 + 4 + 8 = 16 bytes.
 
-Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", section 4: a layer stores s*b*h*(34 + 5*a*s/h) bytes for tokens s*b and
-hidden h; tensor parallelism splits 24 of the 34 (the attention and MLP interiors), sequence
-parallelism the other 10 as well; selective recompute and flash attention drop the 5*a*s/h
-softmax term. The MLP interior 16 = 4*ffn/h generalises to 6*ffn/h for gated MLPs (gate and
-up outputs plus their product) and to top_k expert MLPs plus shared experts for MoE layers.
-Full recompute keeps only each layer's input (2*s*h bytes, split by TP under SP) and rebuilds
-one layer at a time. Pipeline stage i of p holds p - i micro-batches in flight under 1F1B
-(section 4.2.3). The output layer's fp32 logits take vocab/TP x tokens x 4 bytes.
+Activations are counted tensor by tensor from what this backend keeps for backward (megatron-core's
+local layer spec with rlpost's kernels; tests/unit/plan/test_activation_memory.py measures
+them): per token and layer, the two norms' inputs and outputs (4h, plus GLM-4's post norms),
+the attention block (`_attention_elements`: QKV output and query copy with QK-norm, the padded
+Q, K, V and output SDPA keeps, the projection's input; its width is heads x head_dim, not the
+hidden size), the MLP (SwiGLU's input and fc2's input, 3f; MoE layers per routed copy), all in
+the compute dtype, and SDPA's float32 log-sum-exp. Tensor parallelism splits the attention and
+MLP terms, sequence parallelism the norms' too. Selective recompute (core attention,
+`SELECTIVE_RECOMPUTE_MODULES`) keeps the normed Q and K instead of SDPA's tensors; full
+recompute keeps each layer's input and rebuilds one group of layers at a time. Pipeline stage
+i of p holds p - i micro-batches in flight under 1F1B (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", section 4.2.3). The output side is the
+log-prob kernel's: the hidden states, three float32 chunks of logits and the output weight's
+float32 gradient, never the [tokens x vocab] logits. Padded attention rows are taken as the
+tokens: samples of very different lengths in one micro-batch pad to the longest.
 """
 
 from __future__ import annotations
@@ -43,9 +49,9 @@ ENGINE_RESIDUAL_GIB = 1.0
 """Colocated: an engine process's CUDA context, left on the GPU after it releases memory."""
 HOST_PER_PROCESS_GIB = 2.0
 """Host memory of one train rank's process (Python, CUDA host allocations, pinned buffers)."""
-REPLICATED_ACTIVATION_FACTOR = 10
-"""Korthikanti's per-layer terms outside TP: two norm inputs (4), QKV and MLP inputs (4),
-two dropout masks (2), in units of s*h bytes."""
+LOGPROB_CHUNK_BYTES = 256 << 20
+"""float32 logits of one chunk of tokens in the trainers' log-prob kernel: the logits are
+never whole in memory (rlpost.backends.megatron.logits)."""
 
 
 def weight_bytes(model: ModelConfig) -> int:
@@ -67,49 +73,108 @@ def train_tokens_per_gpu(recipe: RecipeConfig, cp: int) -> int:
     return train.micro_batch_size * longest_per_gpu
 
 
-def _layer_activation_coef(model: ModelConfig, index: int) -> float:
-    """Bytes per token per hidden unit inside TP (attention 8 + MLP interior)."""
-    gate = 6 if model.activation == "swiglu" else 4
+def _attention_elements(model: ModelConfig, recompute: str) -> float:
+    """Elements per token the attention block keeps inside TP (megatron-core's local spec with
+    rlpost's PackedAttention): the fused QKV output (its key view stays with the K norm), the
+    query copy its reshape makes (with QK-norm), the padded per-sample Q, K, V and the output
+    SDPA keeps, and the output projection's input. Selective recompute (core attention) keeps
+    the normed Q and K instead of what SDPA keeps."""
+    if model.mla is not None:  # queries and latents through low-rank projections
+        mla = model.mla
+        heads = model.num_attention_heads
+        a = heads * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
+        g = heads * mla.v_head_dim
+        latents = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_pos_emb_head_dim
+        kept = 2 * latents + 2 * a + g
+        return kept + (a + g if recompute == "selective" else 2 * a + 2 * g)
+    a = model.num_attention_heads * model.head_dim
+    g = model.num_query_groups * model.head_dim
+    qkv = (a + 2 * g) + a if model.qk_layernorm else 0.0  # fused output, query copy
+    if recompute == "selective":  # the checkpoint's inputs: Q and K (V is a view of QKV);
+        # without QK-norm, the query copy and the QKV output the key and value view
+        core = a + g if model.qk_layernorm else 2 * a + 2 * g
+    else:
+        core = 2 * a + 2 * g
+    return qkv + core + a
+
+
+def _mlp_elements(model: ModelConfig, index: int) -> float:
+    """Elements per token the MLP keeps inside TP: SwiGLU's input (2 f) and fc2's input (f);
+    for an MoE layer, per routed copy of the token its dispatched input (h), SwiGLU's input,
+    the activation before and after the routing probability (f each), plus shared experts."""
     moe = model.moe
-    if moe is not None and is_moe_layer(model, index):
-        shared = moe.shared_expert_ffn_hidden_size or moe.num_shared_experts * (
-            moe.expert_ffn_hidden_size
-        )
-        ffn = moe.top_k * moe.expert_ffn_hidden_size + shared
-        return 8 + gate * ffn / model.hidden_size + 2 * moe.top_k
-    return 8 + gate * model.ffn_hidden_size / model.hidden_size
+    if moe is None or not is_moe_layer(model, index):
+        return 3.0 * model.ffn_hidden_size
+    shared = moe.shared_expert_ffn_hidden_size or moe.num_shared_experts * (
+        moe.expert_ffn_hidden_size
+    )
+    routed = moe.top_k * (model.hidden_size + 4 * moe.expert_ffn_hidden_size)
+    return routed + 3.0 * shared
+
+
+def _routing_bytes(model: ModelConfig, index: int) -> float:
+    """Bytes per token of an MoE layer's routing: float32 scores and probabilities, routing
+    maps and int64 indices."""
+    moe = model.moe
+    if moe is None or not is_moe_layer(model, index):
+        return 0.0
+    return 10.0 * moe.num_experts + 24.0 * moe.top_k + 16.0
+
+
+def _replicated_elements(model: ModelConfig) -> float:
+    """Elements per token outside TP (split by TP only under sequence parallelism): the two
+    norms' inputs and outputs, and GLM-4's post norms' inputs."""
+    post = int(model.post_self_attn_layernorm) + int(model.post_mlp_layernorm)
+    return (4.0 + post) * model.hidden_size
+
+
+def layer_activation_bytes(
+    model: ModelConfig, index: int, tokens: int, par: ParallelLayout, recompute: str
+) -> float:
+    """Bytes decoder layer `index` keeps for backward over `tokens` tokens on one GPU, under
+    `recompute` none or selective (full keeps its input: `layer_input_bytes`). Every tensor is
+    in the compute dtype except SDPA's float32 log-sum-exp and the routing's."""
+    element = weight_bytes(model)
+    inner = _attention_elements(model, recompute) + _mlp_elements(model, index)
+    replicated = _replicated_elements(model)
+    lse = 4.0 * model.num_attention_heads / par.tp if recompute != "selective" else 0.0
+    if par.sequence_parallel:
+        per_token = element * (replicated + inner) / par.tp
+    else:
+        per_token = element * (replicated + inner / par.tp)
+    return tokens * (per_token + lse + _routing_bytes(model, index))
+
+
+def layer_input_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -> float:
+    """A layer's input, what full recompute keeps of each checkpointed group."""
+    split = par.tp if par.sequence_parallel else 1
+    return tokens * model.hidden_size * weight_bytes(model) / split
 
 
 @lru_cache(maxsize=1024)
-def _stage_coefs(model: ModelConfig, layers: tuple[int, ...]) -> tuple[float, float]:
-    """(sum, max) of the stage's layers' activation coefficients (cached per stage split)."""
-    coefs = [_layer_activation_coef(model, i) for i in layers]
-    return sum(coefs), max(coefs)
-
-
 def _stage_activation_bytes(
-    model: ModelConfig, stage: StageParams, index: int, tokens: int, par: ParallelLayout
+    model: ModelConfig, layers: tuple[int, ...], index: int, tokens: int, par: ParallelLayout
 ) -> float:
-    """Per layer s*h*(10 + inner/tp), or s*h*(10 + inner)/tp under SP, summed or maxed."""
-    layers = tuple(range(stage.first_layer, stage.first_layer + stage.num_layers))
-    if index == par.pp - 1:
-        layers += (model.num_layers,) * model.mtp_num_layers
+    """The stage's layers' activations for its micro-batches in flight (1F1B holds pp - i on
+    stage i); under full recompute their inputs plus one recomputed group during backward."""
     in_flight = par.pp - index
-    sh = tokens * model.hidden_size
-    inner_sum, inner_max = _stage_coefs(model, layers)
-    r = REPLICATED_ACTIVATION_FACTOR
-
-    def bytes_of(count: int, inner: float) -> float:
-        if par.sequence_parallel:
-            return sh * (r * count + inner) / par.tp
-        return sh * (r * count + inner / par.tp)
-
-    if par.recompute != "full":
-        return in_flight * bytes_of(len(layers), inner_sum)
-    layer_input = 2 * tokens * model.hidden_size / (par.tp if par.sequence_parallel else 1)
+    recompute = par.recompute if par.recompute in ("none", "selective") else "full"
+    if recompute != "full":
+        total = sum(layer_activation_bytes(model, i, tokens, par, recompute) for i in layers)
+        return in_flight * total
     group = par.recompute_num_layers
-    kept = math.ceil(len(layers) / group) * layer_input
-    return in_flight * kept + group * bytes_of(1, inner_max)
+    kept = math.ceil(len(layers) / group) * layer_input_bytes(model, tokens, par)
+    widest = max(layer_activation_bytes(model, i, tokens, par, "none") for i in layers)
+    return in_flight * kept + group * widest
+
+
+def logprob_kernel_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -> float:
+    """The last stage's output side: the final norm's input and the log-prob kernel's saved
+    hidden states (compute dtype), three float32 chunks of logits in flight, and the float32
+    accumulator of the output weight's gradient (rlpost.backends.megatron.logits)."""
+    hidden = 2 * tokens * model.hidden_size * weight_bytes(model)
+    weight_grad = 4 * model.vocab_size / par.tp * model.hidden_size
+    return hidden + 3 * LOGPROB_CHUNK_BYTES + weight_grad
 
 
 @dataclass(frozen=True)
@@ -145,8 +210,11 @@ def _stage_memory(
     optimizer = dense * opt / par.optimizer_shards + experts * opt / par.expert_optimizer_shards
     offload = recipe.optim.cpu_offload
     tokens = train_tokens_per_gpu(recipe, par.cp)
-    activations = _stage_activation_bytes(model, stage, index, tokens, par)
-    logits = model.vocab_size / par.tp * tokens * 4 if index == par.pp - 1 else 0.0
+    layers = tuple(range(stage.first_layer, stage.first_layer + stage.num_layers))
+    if index == par.pp - 1:  # MTP layers sit on the last stage
+        layers += (model.num_layers,) * model.mtp_num_layers
+    activations = _stage_activation_bytes(model, layers, index, tokens, par)
+    logits = logprob_kernel_bytes(model, tokens, par) if index == par.pp - 1 else 0.0
     overhead = 0.0
     if hardware.kind == "gpu":
         overhead = CUDA_CONTEXT_GIB + TRAIN_WORKSPACE_GIB

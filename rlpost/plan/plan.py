@@ -10,10 +10,9 @@ from rlpost.errors import UserError
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
-from rlpost.plan.engine_memory import estimate_rollout
+from rlpost.plan.engine_memory import GIB, estimate_rollout
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import (
-    GIB,
     MemoryPlan,
     estimate_host,
     estimate_train,

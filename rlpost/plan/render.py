@@ -273,7 +273,7 @@ def render_memory(plan: Plan) -> str:
         ["gradients (fp32 main grads)", t.grads_gib],
         [f"optimizer (master + Adam, /{par.optimizer_shards} shards){offload}", t.optimizer_gib],
         [f"activations ({par.recompute} recompute, {t.tokens_per_gpu} tokens)", t.activations_gib],
-        ["logits (fp32, vocab / TP)", t.logits_gib],
+        ["log-prob kernel (no whole logits)", t.logits_gib],
         [
             "CUDA context, workspaces" + (", engine residue" if plan.placement.colocate else ""),
             t.overhead_gib,

@@ -37,7 +37,7 @@ def read_gcs_nodes(address: str) -> list[GcsNode]:
     from ray._private.authentication.authentication_token_setup import (
         maybe_enable_token_auth_if_token_available,
     )
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR

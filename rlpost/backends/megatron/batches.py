@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from megatron.core.packed_seq_params import PackedSeqParams
 from torch import Tensor
 
+from rlpost.backends.megatron.packed import PackedBatchParams, attention_index
 from rlpost.types import TrainSample
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class MicroBatch:
 
     input_ids: Tensor  # [1, t_local]
     position_ids: Tensor  # [1, t_local]
-    packed: PackedSeqParams
+    packed: PackedBatchParams
     targets: Tensor  # [t_local] next token of each local position (PAD where none)
     response_index: Tensor  # [R] rows of the CP-gathered tokens predicting response tokens
     segment_ids: Tensor  # [R] sample index within the micro-batch
@@ -57,8 +57,10 @@ class MicroBatch:
         """The same micro-batch with its tensors on `device` (the model's)."""
         if self.input_ids.device == device:
             return self
+        assert self.packed.attention is not None
         packed = dataclasses.replace(
             self.packed,
+            attention=self.packed.attention.to(device),
             **{
                 name: getattr(self.packed, name).to(device)
                 for name in CU_SEQLENS
@@ -124,6 +126,7 @@ def build_micro_batch(
         full_ids += [PAD_TOKEN] * padded[-1]
         full_targets += [PAD_TOKEN] * padded[-1]
         full_positions += list(range(padded[-1]))
+    local_positions = [[cp_chunks(size, r, cp_size) for size in padded] for r in range(cp_size)]
     local_of_rank = [_local_rows(padded, r, cp_size) for r in range(cp_size)]
     gathered_row = {row: i for i, row in enumerate(r for rows in local_of_rank for r in rows)}
     mine = local_of_rank[cp_rank]
@@ -132,7 +135,8 @@ def build_micro_batch(
     return MicroBatch(
         input_ids=torch.tensor([[full_ids[r] for r in mine]], dtype=torch.long),
         position_ids=torch.tensor([[full_positions[r] for r in mine]], dtype=torch.long),
-        packed=PackedSeqParams(
+        packed=PackedBatchParams(
+            attention=attention_index(padded, local_positions, cp_rank),
             qkv_format="thd",
             cu_seqlens_q=cu,
             cu_seqlens_kv=cu,

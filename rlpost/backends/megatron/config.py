@@ -20,7 +20,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-from rlpost.plan.layout import RECOMPUTE_NONE, ParallelLayout
+from rlpost.plan.layout import RECOMPUTE_NONE, SELECTIVE_RECOMPUTE_MODULES, ParallelLayout
 from rlpost.schema import ModelConfig, OptimConfig
 
 try:
@@ -90,6 +90,14 @@ class MegatronSettings:
     post_self_attn_layernorm: bool
     post_mlp_layernorm: bool
     moe_layer_pattern: tuple[int, ...] = field(default=())
+
+    @property
+    def own_rope(self) -> bool:
+        """RoPE is applied by rlpost's PackedAttention from a per-micro-batch table (MLA
+        applies its own rotary embedding inside megatron-core)."""
+        return self.gpt.position_embedding_type == "rope" and not (
+            self.transformer.multi_latent_attention
+        )
 
 
 def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
@@ -220,7 +228,10 @@ def _recompute_kwargs(par: ParallelLayout) -> dict[str, Any]:
     if par.recompute == RECOMPUTE_NONE:
         return {}
     if par.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+        return {
+            "recompute_granularity": "selective",
+            "recompute_modules": list(SELECTIVE_RECOMPUTE_MODULES),
+        }
     return {
         "recompute_granularity": par.recompute,
         "recompute_method": par.recompute_method,
@@ -257,6 +268,9 @@ def transformer_config(
         "rotary_interleaved": model.rotary_interleaved,
         "apply_rope_fusion": False,
         "bias_activation_fusion": False,
+        # the MLP hands fc1's output to rlpost's SwiGLU module (kernels.swiglu), which keeps
+        # only that output for backward; the flag's name is megatron-core's, no TE is needed
+        "use_te_activation_func": True,
         "masked_softmax_fusion": False,
         "bias_dropout_fusion": False,
         "persist_layer_norm": False,

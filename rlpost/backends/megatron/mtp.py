@@ -53,7 +53,7 @@ from megatron.core.transformer.multi_token_prediction import (
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from torch import Tensor
 
-from rlpost.backends.megatron.logits import vocab_parallel_logprobs
+from rlpost.backends.megatron.logits import hidden_logprobs, output_layer_input
 from rlpost.schema import ModelConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -145,13 +145,8 @@ class MTPGPTModel(GPTModel):
                 packed_seq_params,
                 rotary=(rotary_pos_emb, rotary_pos_cos, rotary_pos_sin),
             )
-        weight = None
-        if self.share_embeddings_and_output_weights:
-            weight = self.shared_embedding_or_output_weight()
-        logits, _ = self.output_layer(
-            hidden_states, weight=weight, runtime_gather_output=runtime_gather_output
-        )
-        return logits.transpose(0, 1).contiguous()
+        # the final hidden states: the trainer's log-prob kernel applies the output layer
+        return hidden_states.transpose(0, 1).contiguous()
 
     def sharded_state_dict(
         self, prefix: str = "", sharded_offsets: tuple[Any, ...] = (), metadata: Any = None
@@ -202,8 +197,8 @@ class MTPGPTModel(GPTModel):
         for depth, hidden in enumerate(outputs):
             labels, _ = roll_tensor(labels, -1, -1, self.cp_group, packed_seq_params)
             mask, _ = roll_tensor(mask, -1, -1, self.cp_group, packed_seq_params)
-            logits, _ = self.output_layer(hidden, weight=head)
-            logp = vocab_parallel_logprobs(logits[:, 0], labels[0], self.true_vocab_size).logp
+            inputs = output_layer_input(hidden[:, 0], self.config.sequence_parallel)
+            logp = hidden_logprobs(inputs, head, labels[0], self.true_vocab_size).logp
             losses.append(-(logp * mask[0]).sum() / targets.denominators[depth])
         mean = torch.stack(losses).mean()
         _record(mean.detach(), targets.loss_out, self.cp_group)

@@ -43,6 +43,7 @@ from megatron.core.transformer.transformer_layer import (
 )
 
 from rlpost.backends.megatron.config import MegatronSettings
+from rlpost.backends.megatron.kernels import SwiGLU
 from rlpost.backends.megatron.layers import (
     LatentRMSNorm,
     PackedAttention,
@@ -90,11 +91,16 @@ def _attention_spec(settings: MegatronSettings) -> ModuleSpec:
 
 
 def _mlp_spec(settings: MegatronSettings, moe: bool) -> ModuleSpec:
+    # every MLP (dense, expert, shared expert) hands fc1's whole output to rlpost's SwiGLU
+    # (config.use_te_activation_func asks megatron-core's MLP for exactly that call)
     fc2 = PostNormRowParallelLinear if settings.post_mlp_layernorm else RowParallelLinear
-    dense = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=fc2)
+    act = SwiGLU if settings.transformer.use_te_activation_func else None
+    dense = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=fc2, activation_func=act)
     if not moe:
         return ModuleSpec(module=MLP, submodules=dense)
-    plain = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    plain = MLPSubmodules(
+        linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear, activation_func=act
+    )
     shared = None
     if settings.transformer.moe_shared_expert_intermediate_size:
         shared = ModuleSpec(module=SharedExpertMLP, submodules=plain)
@@ -172,15 +178,34 @@ def build_gpt_model(settings: MegatronSettings, with_mtp: bool = True) -> GPTMod
         "pre_process": parallel_state.is_pipeline_first_stage(),
         "post_process": parallel_state.is_pipeline_last_stage(),
         "share_embeddings_and_output_weights": gpt.share_embeddings_and_output_weights,
-        "position_embedding_type": gpt.position_embedding_type,
+        # RoPE is applied in PackedAttention from the micro-batch's table (packed.py); MLA
+        # applies its own inside megatron-core's attention
+        "position_embedding_type": "none" if settings.own_rope else gpt.position_embedding_type,
         "rotary_percent": gpt.rotary_percent,
         "rotary_base": gpt.rotary_base,
     }
     if not settings.transformer.mtp_num_layers:
-        return _placed(GPTModel(**kwargs), settings)
+        model = GPTModel(**kwargs)
+        if model.post_process:
+            _hand_out_hidden_states(model)
+        return _placed(model, settings)
     spec = mtp_block_spec(settings) if with_mtp else None
     model = MTPGPTModel(**kwargs, mtp_block_spec=spec, true_vocab_size=gpt.true_vocab_size)
     return _placed(model, settings)
+
+
+def _hand_out_hidden_states(model: GPTModel) -> None:
+    """The model's output is its final hidden states: the output projection runs inside the
+    log-prob kernel (logits.hidden_logprobs), which never holds the logits whole. The output
+    layer keeps its weight, its checkpoint entries and its place in the model. (MTPGPTModel
+    returns its hidden states itself.)"""
+
+    def forward(
+        hidden: torch.Tensor, weight: torch.Tensor | None = None, **kwargs: object
+    ) -> tuple[torch.Tensor, None]:
+        return hidden, None
+
+    model.output_layer.forward = forward  # type: ignore[method-assign]
 
 
 def _placed(model: GPTModel, settings: MegatronSettings) -> GPTModel:

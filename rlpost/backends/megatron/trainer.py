@@ -61,9 +61,11 @@ from rlpost.backends.megatron.distributed import (
 )
 from rlpost.backends.megatron.export import export_hf_folder
 from rlpost.backends.megatron.hf_files import HFCheckpoint
+from rlpost.backends.megatron.kernels import fuse_adam, inverse_frequencies, rope_table
 from rlpost.backends.megatron.layers import gather_along_sequence
-from rlpost.backends.megatron.logits import vocab_parallel_logprobs
+from rlpost.backends.megatron.logits import hidden_logprobs, output_layer_input
 from rlpost.backends.megatron.mtp import mtp_loss_factor, mtp_step_metrics, with_mtp_targets
+from rlpost.backends.megatron.packed import with_rope
 from rlpost.backends.megatron.provider import build_gpt_model
 from rlpost.backends.megatron.schedule import finalize_grads, from_last_stage, run_micro_batches
 from rlpost.backends.megatron.steps import equalize
@@ -79,6 +81,9 @@ from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
 NO_CLIP = 1e30  # clip_grad 0 means "report the norm, never clip"
+# torch's fused AdamW on both: one kernel per step, and the step count stays on the device (the
+# unfused kernel reads it on the host once per parameter)
+FUSED_ADAM_DEVICES = ("cuda", "cpu")
 
 
 class MegatronTrainer:
@@ -143,6 +148,13 @@ class MegatronTrainer:
             )
             if config.fp16:  # the fp16 optimizer divides grads by its loss scale: scale the loss
                 config.grad_scale_func = self.optimizer.scale_loss
+            fuse_adam(self.optimizer, FUSED_ADAM_DEVICES)
+        self.inv_freq = None
+        if self.settings.own_rope:
+            gpt = self.settings.gpt
+            self.inv_freq = inverse_frequencies(
+                self.settings.transformer.kv_channels, gpt.rotary_percent, gpt.rotary_base
+            ).to(self.device)
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -203,6 +215,19 @@ class MegatronTrainer:
     # ---- packing -------------------------------------------------------------------------------
 
     def _build(self, batch: Sequence[TrainSample], bins: list[list[int]]) -> list[MicroBatch]:
+        return [self._with_rope(mb) for mb in self._packed(batch, bins)]
+
+    def _with_rope(self, mb: MicroBatch) -> MicroBatch:
+        """The micro-batch with its RoPE table, computed on the device from its positions."""
+        if self.inv_freq is None:
+            return mb
+        config = self.settings.transformer
+        table = rope_table(
+            mb.position_ids[0], self.inv_freq, config.rotary_interleaved, config.params_dtype
+        )
+        return dataclasses.replace(mb, packed=with_rope(mb.packed, table))
+
+    def _packed(self, batch: Sequence[TrainSample], bins: list[list[int]]) -> list[MicroBatch]:
         return [
             build_micro_batch(
                 [batch[i] for i in mb],
@@ -223,11 +248,14 @@ class MegatronTrainer:
         return values[mb.response_index]
 
     def _token_outputs(
-        self, mb: MicroBatch, output: Tensor, entropy: str
+        self, model: torch.nn.Module, mb: MicroBatch, output: Tensor, entropy: str
     ) -> tuple[Tensor, Tensor | None]:
-        out = vocab_parallel_logprobs(
-            output[0], mb.targets, self.settings.gpt.true_vocab_size, self.temperature, entropy
-        )
+        """Response-token logprobs (and entropy) from the model's output, its final hidden
+        states: the log-prob kernel applies the output layer."""
+        hidden = output_layer_input(output[0], self.layout.sequence_parallel)
+        weight = _output_weight(_unwrapped(model))
+        vocab = self.settings.gpt.true_vocab_size
+        out = hidden_logprobs(hidden, weight, mb.targets, vocab, self.temperature, entropy)
         ent = None if out.entropy is None else self._response_values(mb, out.entropy)
         return self._response_values(mb, out.logp), ent
 
@@ -251,7 +279,7 @@ class MegatronTrainer:
         bins = equalize([bins], lengths, self.layout.ep > 1)[0]
 
         def collect(mb: MicroBatch, output: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            logp, ent = self._token_outputs(mb, output, mode)
+            logp, ent = self._token_outputs(model, mb, output, mode)
             return output.new_zeros(()), {"logp": logp, "entropy": ent}
 
         with cpu_compat(), torch.no_grad(), self._on_device(model):
@@ -303,7 +331,7 @@ class MegatronTrainer:
             zeros = torch.zeros(len(names), dtype=torch.float64, device=output.device)
             return output.sum() * 0.0, {"metrics": zeros}
         entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
-        logp, entropy = self._token_outputs(mb, output, entropy_mode)
+        logp, entropy = self._token_outputs(self.model, mb, output, entropy_mode)
         assert entropy is not None
         inputs = loss_inputs(
             [data[i] for i in mb.samples], mb.segment_ids, logp, entropy, self.algo, denominator
@@ -416,6 +444,7 @@ class MegatronTrainer:
         """Inverse of save_checkpoint; without a saved optimizer, Adam starts over. Collective."""
         with cpu_compat():
             self.step = load_state(self.model, self.optimizer, Path(ckpt_dir))
+            fuse_adam(self.optimizer, FUSED_ADAM_DEVICES)  # loading restores saved flags
 
     @property
     def model_dir(self) -> Path:
@@ -436,6 +465,19 @@ class MegatronTrainer:
         destroy_parallel()
 
 
+def _unwrapped(model: torch.nn.Module) -> Any:
+    """The GPTModel inside megatron-core's DDP wrapper (the reference model has none)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _output_weight(gpt: Any) -> Tensor:
+    """The output layer's weight as GPTModel applies it: the embedding's when they are tied
+    (on the last pipeline stage, its copy there), else the output layer's own."""
+    if gpt.share_embeddings_and_output_weights:
+        return gpt.shared_embedding_or_output_weight()  # type: ignore[no-any-return]
+    return gpt.output_layer.weight  # type: ignore[no-any-return]
+
+
 def _on_host(tensors: list[Tensor]) -> list[Tensor]:
     return [t.cpu() for t in tensors]
 
@@ -443,7 +485,9 @@ def _on_host(tensors: list[Tensor]) -> list[Tensor]:
 def _sample_on(tensors: SampleTensors, device: torch.device) -> SampleTensors:
     """A sample's loss inputs on the device its logprobs come out on."""
     fields = {
-        f.name: None if (value := getattr(tensors, f.name)) is None else value.to(device)
+        f.name: value
+        if (value := getattr(tensors, f.name)) is None or value.device == device
+        else value.to(device)
         for f in dataclasses.fields(tensors)
     }
     return SampleTensors(**fields)

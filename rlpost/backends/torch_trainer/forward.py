@@ -16,6 +16,10 @@ attention makes the prompt's hidden states the same in every sample, so the logp
 same; the tokens the layers run over drop from n x (prompt + response) to prompt + n x
 response per group. Tests compare packed, shared and one-by-one forwards, so an upstream
 change cannot go unnoticed.
+
+Logprobs come from the final hidden states through the chunked log-prob kernel shared with
+the megatron backend (rlpost.backends.logprobs), so the logits are never whole; a model whose
+logits are more than its output layer's (a bias, softcapping, a scale) goes through its own.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from transformers import PreTrainedModel
 
 from rlpost.algo.losses import entropy_of_log_probs
 from rlpost.algo.steps import prompt_of
+from rlpost.backends.logprobs import linear_logprobs
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA, ROWS_KWARG, SampleRows
 from rlpost.types import TrainSample
 
@@ -122,14 +127,28 @@ def forward_tokens(
             f"a row with shared prompts needs the {PACKED_SDPA!r} attention; "
             f"{model.config._attn_implementation!r} would not let a response see its prompt"
         )
-    out = model(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        logits_to_keep=batch.logit_positions,
-        **boundaries,
+    head = plain_output_weight(model)
+    if head is not None:  # the output layer inside the chunked log-prob kernel
+        hidden = model.base_model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            **boundaries,
+        ).last_hidden_state[0, batch.logit_positions]
+        out = linear_logprobs(hidden, head, batch.targets, head.shape[0], temperature, entropy)
+        return TokenOutputs(out.logp, out.entropy)
+    logits = (
+        model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=batch.logit_positions,
+            **boundaries,
+        )
+        .logits[0]
+        .float()
+        / temperature
     )
-    logits = out.logits[0].float() / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     if entropy == "none":
@@ -138,3 +157,19 @@ def forward_tokens(
         return TokenOutputs(logp, entropy_of_log_probs(log_probs))
     with torch.no_grad():
         return TokenOutputs(logp, entropy_of_log_probs(log_probs.detach()))
+
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
+"""Config fields with which an HF model changes its logits after the output layer."""
+
+
+def plain_output_weight(model: PreTrainedModel) -> Tensor | None:
+    """The output layer's weight when the model's logits are exactly hidden @ weight.T (no
+    bias, no softcapping or scaling afterwards); None sends the forward through the model's
+    own logits."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    if any(getattr(model.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS):
+        return None
+    return head.weight

@@ -79,7 +79,8 @@ def test_loss_and_grads_do_not_depend_on_micro_batching(
                 key,
             )
         for a, b in zip(g, ref_grads, strict=True):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (name, (a - b).abs().max())
+            # float32 summation order differs with the micro-batching
+            assert torch.allclose(a, b, atol=2e-6, rtol=1e-4), (name, (a - b).abs().max())
 
 
 def test_shared_prompts_train_the_same_as_unshared(

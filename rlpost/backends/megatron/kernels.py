@@ -1,0 +1,165 @@
+"""The elementwise pieces of a decoder layer, each behind one function with a torch path.
+
+Every function here computes in the activations' own dtype wherever the arithmetic allows it,
+instead of a float32 copy of the activations and a cast back:
+- `rms_norm`: torch's `F.rms_norm` forward (a fused kernel on CUDA; it accumulates the mean
+  square in float32 whatever the input dtype), keeping only its input for backward.
+- `apply_rope`: rotary embeddings from a per-micro-batch cos/sin table (`rope_table`) in the
+  compute dtype: two multiplies and an add per layer, no trigonometry, no host reads.
+- `swiglu`: silu(gate) * up as one autograd function that keeps only its input for backward
+  (megatron-core's unfused path also keeps silu(gate), a third tensor of the MLP's width).
+- `fuse_adam`: torch's fused AdamW kernel for the optimizer megatron-core builds without
+  TransformerEngine or Apex (one kernel per step instead of a dozen per parameter).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlpost.backends.megatron.packed import RopeTable
+
+
+class _RMSNorm(torch.autograd.Function):
+    """Forward: torch's rms_norm (fused on CUDA). Saved for backward: the input alone (torch's
+    composite rms_norm keeps float32 copies of the input and the normalised output as well);
+    the backward recomputes the reciprocal root mean square from it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        with torch.no_grad():
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+        normed = xf * rstd
+        g = grad.float()
+        grad_weight = (g * normed).reshape(-1, x.shape[-1]).sum(0)
+        scaled = g * weight.float()
+        grad_x = rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """weight * x / rms(x) over the last dim; keeps only x for backward."""
+    return _RMSNorm.apply(x, weight, eps)  # type: ignore[no-any-return]
+
+
+# ---- rotary embeddings ------------------------------------------------------------------------
+
+
+def inverse_frequencies(head_dim: int, rotary_percent: float, base: float) -> Tensor:
+    """megatron-core's RotaryEmbedding.inv_freq: the rotary part of each head, in float32."""
+    dim = int(head_dim * rotary_percent) if rotary_percent < 1.0 else head_dim
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
+def rope_table(
+    positions: Tensor, inv_freq: Tensor, interleaved: bool, dtype: torch.dtype
+) -> RopeTable:
+    """cos/sin [t, 1, rotary dim] for token positions [t], on the positions' device. The angle
+    is taken in float32 (as megatron-core does), the table is stored in the compute dtype."""
+    angles = torch.outer(positions.to(torch.float32), inv_freq.to(positions.device))
+    if interleaved:
+        angles = angles.repeat_interleave(2, dim=-1)
+    else:
+        angles = torch.cat((angles, angles), dim=-1)
+    angles = angles.unsqueeze(1)
+    return RopeTable(angles.cos().to(dtype), angles.sin().to(dtype))
+
+
+def _rotate_half(x: Tensor, interleaved: bool) -> Tensor:
+    if not interleaved:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def apply_rope(x: Tensor, rope: RopeTable, interleaved: bool) -> Tensor:
+    """x [t, heads, d] rotated by each token's angles; the dims past the rotary part (partial
+    rotary, GLM-4) pass through."""
+    rot = rope.cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * rope.cos + _rotate_half(x, interleaved) * rope.sin
+    head, tail = x[..., :rot], x[..., rot:]
+    return torch.cat((head * rope.cos + _rotate_half(head, interleaved) * rope.sin, tail), dim=-1)
+
+
+# ---- SwiGLU -----------------------------------------------------------------------------------
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        gate, up = x.chunk(2, dim=-1)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        d_gate = grad * up * sig * (1 + gate * (1 - sig))
+        return torch.cat((d_gate, grad * silu), dim=-1)
+
+
+def swiglu(x: Tensor) -> Tensor:
+    """[..., 2f] (gate then up, megatron-core's fc1 layout) -> silu(gate) * up [..., f]."""
+    return _SwiGLU.apply(x)  # type: ignore[no-any-return]
+
+
+class SwiGLU(nn.Module):
+    """The MLP activation module megatron-core's MLP calls on fc1's whole output."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return swiglu(x)
+
+    def sharded_state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}  # no weights (megatron-core's MLP asks each child for its checkpoint entries)
+
+
+# ---- the optimizer ----------------------------------------------------------------------------
+
+
+def fuse_adam(optimizer: Any, devices: tuple[str, ...] = ("cuda",)) -> int:
+    """Switch every torch Adam/AdamW inside megatron-core's optimizer wrappers to torch's
+    fused kernel where all its parameters are on `devices`; returns how many were switched.
+    Call it again after loading optimizer state: torch restores each group's saved flags."""
+    switched = 0
+    for inner in _torch_optimizers(optimizer):
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        params = [p for group in inner.param_groups for p in group["params"]]
+        on_devices = all(p.device.type in devices and p.is_floating_point() for p in params)
+        if not params or not on_devices:
+            continue
+        for group in inner.param_groups:
+            group["fused"], group["foreach"] = True, False
+        inner.defaults["fused"], inner.defaults["foreach"] = True, False
+        switched += 1
+    return switched
+
+
+def _torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers under megatron-core's (chained, mixed-precision) wrappers."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is not None:
+        return [inner for child in chained for inner in _torch_optimizers(child)]
+    inner = getattr(optimizer, "optimizer", None)
+    return [] if inner is None or inner is optimizer else _torch_optimizers(inner)

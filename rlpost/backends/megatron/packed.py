@@ -1,0 +1,124 @@
+"""What every layer needs to know about a packed micro-batch, worked out once per micro-batch.
+
+A decoder layer must not read a tensor's value on the host: on a GPU each such read waits for
+the device to catch up, and a layer that does it waits once per layer per micro-batch. So the
+sample boundaries are turned into index tensors when the micro-batch is packed (on the host,
+from the lengths the packer already has, before any device work), moved to the device with the
+batch, and the RoPE angles are computed there once from the batch's position ids. Both ride in
+`PackedBatchParams`, a `PackedSeqParams` that megatron-core hands unchanged to every layer's
+core attention (`layers.PackedAttention`).
+
+Attention runs as one padded batch of samples: `rows[s, j]` is the local row of the j-th token
+of sample s (clamped past its end), `slots[r]` the place `s * W + j` of local row r in that
+padded batch, so the output comes back with one gather. Under context parallelism the keys are
+gathered across the CP group first (rank-major); `keys` indexes them per sample and `mask` says
+which key each query may see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from megatron.core.packed_seq_params import PackedSeqParams
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttentionIndex:
+    rows: Tensor  # [S, W] local rows of each sample, in position order (clamped in padding)
+    slots: Tensor  # [t_local] each local row's place s * W + j in the padded batch
+    keys: Tensor | None = None  # CP: [S, Wk] rows of the CP-gathered keys, per sample
+    mask: Tensor | None = None  # CP: [S, 1, W, Wk] True where a query may see a key
+
+    def to(self, device: torch.device) -> AttentionIndex:
+        return AttentionIndex(
+            *(None if t is None else t.to(device, non_blocking=True) for t in self.tensors())
+        )
+
+    def tensors(self) -> tuple[Tensor | None, ...]:
+        return (self.rows, self.slots, self.keys, self.mask)
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """cos and sin of each local token's rotary angles, [t_local, 1, rotary dim], in the
+    compute dtype (`kernels.apply_rope`)."""
+
+    cos: Tensor
+    sin: Tensor
+
+
+@dataclass
+class PackedBatchParams(PackedSeqParams):
+    attention: AttentionIndex | None = None
+    rope: RopeTable | None = None
+
+
+def _grouped(samples: list[list[int]]) -> tuple[Tensor, Tensor, int]:
+    """(rows [S, W], valid [S, W], W) for per-sample row lists."""
+    width = max((len(rows) for rows in samples), default=1) or 1
+    rows = torch.zeros(len(samples), width, dtype=torch.long)
+    valid = torch.zeros(len(samples), width, dtype=torch.bool)
+    for s, sample_rows in enumerate(samples):
+        n = len(sample_rows)
+        if n:
+            rows[s, :n] = torch.tensor(sample_rows, dtype=torch.long)
+            rows[s, n:] = sample_rows[-1]
+            valid[s, :n] = True
+    return rows, valid, width
+
+
+def attention_index(
+    padded: Sequence[int], local_positions: Sequence[Sequence[Sequence[int]]], cp_rank: int
+) -> AttentionIndex:
+    """The index tensors for a micro-batch whose (padded) samples have lengths `padded`;
+    `local_positions[r][s]` are the positions of sample s that CP rank r keeps, in its local
+    order (each rank's rows are its samples' kept positions, sample after sample)."""
+    cp_size = len(local_positions)
+
+    def rows_by_sample(rank: int, base: int) -> list[list[int]]:
+        """Rows (from `base`) of each sample's tokens on `rank`, sorted by position."""
+        out, offset = [], base
+        for positions in local_positions[rank]:
+            order = sorted(range(len(positions)), key=positions.__getitem__)
+            out.append([offset + i for i in order])
+            offset += len(positions)
+        return out
+
+    mine = rows_by_sample(cp_rank, 0)
+    rows, valid, width = _grouped(mine)
+    local_count = sum(len(p) for p in local_positions[cp_rank])
+    slots = torch.empty(local_count, dtype=torch.long)
+    for s, sample_rows in enumerate(mine):
+        for j, row in enumerate(sample_rows):
+            slots[row] = s * width + j
+    if cp_size == 1:
+        return AttentionIndex(rows, slots)
+    bases = [0]
+    for rank in range(cp_size - 1):
+        bases.append(bases[-1] + sum(len(p) for p in local_positions[rank]))
+    per_rank = [rows_by_sample(r, bases[r]) for r in range(cp_size)]
+    keys_by_sample = [
+        sorted(row for r in range(cp_size) for row in per_rank[r][s]) for s in range(len(padded))
+    ]
+    position_of = {}
+    for r in range(cp_size):
+        for s, sample_rows in enumerate(per_rank[r]):
+            sorted_positions = sorted(local_positions[r][s])
+            for row, pos in zip(sample_rows, sorted_positions, strict=True):
+                position_of[row] = pos
+    keys, key_valid, _ = _grouped(keys_by_sample)
+    q_pos = torch.tensor([[position_of[bases[cp_rank] + int(r)] for r in row] for row in rows])
+    k_pos = torch.tensor([[position_of[int(r)] for r in row] for row in keys])
+    causal = k_pos.unsqueeze(1) <= q_pos.unsqueeze(2)
+    # padding query slots see every key (their rows are dropped), so no row is all -inf
+    mask = causal & key_valid.unsqueeze(1) | ~valid.unsqueeze(2)
+    return AttentionIndex(rows, slots, keys, mask.unsqueeze(1))
+
+
+def with_rope(packed: PackedSeqParams, rope: RopeTable) -> PackedBatchParams:
+    assert isinstance(packed, PackedBatchParams)
+    return dataclasses.replace(packed, rope=rope)
