@@ -2,12 +2,13 @@
 
     rlpost import slime scripts/run-glm4-9B.sh --out imported/ [--slime-dir ~/slime]
 
-Reads the script's bash (arrays, `source scripts/models/*.sh`, variables, continuations) down
-to the `train.py` / `train_async.py` arguments, writes recipe/ and layout/ YAML (model/ and
+Lets bash evaluate the script with every command it runs recorded instead (nothing external
+runs: `pkill`, `ray`, `pip` and `python3` only leave a record), takes the `train.py` /
+`train_async.py` arguments it would have started, writes recipe/ and layout/ YAML (model/ and
 hardware/ when no shipped one matches) under --out, composes and plans them, and prints the
-command that launches them and every flag it did not import, with the reason and the
-nearest rlpost key. A sourced model script is read from --slime-dir when given, else stands
-for rlpost's own model of that name.
+command that launches them, every flag it did not import (with the reason and the nearest
+rlpost key), and the job's environment. A sourced model script missing beside the script is
+read from --slime-dir when given, else stands for rlpost's own model of that name.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from rlpost.errors import Issue, UserError
+from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE
 
 HELP = "write rlpost configs from a slime launch script (scripts/run-*.sh)"
 
@@ -29,6 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("imported"), help="where to write")
     parser.add_argument("--slime-dir", type=Path, help="a slime checkout, for sourced files")
     parser.add_argument("--name", help="recipe and layout name (default: the script's)")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=DEFAULT_GPUS_PER_NODE,
+        help=f"the GPUs `nvidia-smi` shows the script (default {DEFAULT_GPUS_PER_NODE})",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable the script reads (MASTER_ADDR=127.0.0.1 and NODE_RANK=0 are given)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from rlpost.plan import plan_config
 
     if args.table:
-        from rlpost.interop.slime_import import flag_table
+        from rlpost.interop.slime_flags import flag_table
 
         print(flag_table(), end="")
         return 0
@@ -46,7 +61,16 @@ def run(args: argparse.Namespace) -> int:
             [Issue("SCRIPT", f"{args.script} is not a file", "give a slime launch script")],
             title="import error",
         )
-    imported = import_slime(args.script, args.slime_dir, args.name)
+    bad = [item for item in args.env if "=" not in item]
+    if bad:
+        raise UserError(
+            [Issue("--env", f"{bad[0]!r} is not NAME=VALUE", "give --env NAME=VALUE")],
+            title="import error",
+        )
+    env = dict(item.split("=", 1) for item in args.env)
+    imported = import_slime(
+        args.script, args.slime_dir, args.name, gpus_per_node=args.gpus_per_node, env=env
+    )
     written = imported.write(args.out)
     overrides = [*imported.overrides(), *imported.extra_overrides()]
     cfg, _ = compose_run_config(overrides, config_dir=args.out)
@@ -66,8 +90,18 @@ def run(args: argparse.Namespace) -> int:
         for u in imported.unmapped:
             value = f" {' '.join(u.values)}" if u.values else ""
             print(f"  {u.flag}{value}: {u.reason} (nearest: {u.nearest})")
+    if imported.model_notes:
+        print("\nMODEL_ARGS that differ from rlpost's export and build the same network:")
+        for d in imported.model_notes:
+            print(f"  {d.flag}: {d.reason}")
+    for note in imported.cluster_notes:
+        print(note)
+    if imported.environment:
+        print("\nthe job's environment (rlpost does not copy it; export what you need):")
+        for name, value, note in imported.environment:
+            print(f"  {name}={value}: {note}")
     if imported.skipped:
-        print(f"\n{len(imported.skipped)} statement(s) of the script not run:")
+        print(f"\n{len(imported.skipped)} command(s) of the script recorded, not run:")
         for line in imported.skipped:
-            print(f"  {line}")
+            print(f"  {line[:160]}")
     return 0

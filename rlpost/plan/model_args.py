@@ -129,6 +129,8 @@ def model_args(m: ModelConfig) -> list[Flag]:
         _flag("--norm-epsilon", m.norm_epsilon),
         _flag("--vocab-size", m.vocab_size),
     ]
+    if m.make_vocab_size_divisible_by != 128:  # Megatron's default: the padded rows' shape
+        flags.append(_flag("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by))
     flags += [] if m.add_bias_linear else [("--disable-bias-linear",)]
     flags += [("--add-qkv-bias",)] if m.add_qkv_bias else []
     flags += [("--qk-layernorm",)] if m.qk_layernorm else []

@@ -432,9 +432,11 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
     (
         "recipe.loop.mode",
         lambda cfg: cfg.recipe.loop.mode == "fully_async",
-        "slime's trainers are train.py (sync) and train_async.py (one rollout ahead); it has "
-        "no fully asynchronous loop with a staleness bound",
-        "export with recipe.loop.mode=async (or sync)",
+        "slime's fully-async rollout (train_async.py with --rollout-function-path "
+        "slime.rollout.fully_async_rollout.generate_rollout_fully_async) bounds no policy lag "
+        "and regenerates the groups a weight update interrupts: it would train tokens older "
+        "than max_staleness, which rlpost's loop never does",
+        "export with recipe.loop.mode=async (one rollout ahead), or run fully_async in rlpost",
     ),
     (
         "recipe.algo.off_policy_correction",

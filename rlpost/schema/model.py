@@ -94,6 +94,12 @@ class ModelConfig(Section):
     num_query_groups: PositiveInt
     kv_channels: PositiveInt | None = None
     vocab_size: PositiveInt
+    make_vocab_size_divisible_by: PositiveInt = Field(
+        128,
+        description="Megatron pads the embedding and output rows to a multiple of this x TP "
+        "(its default 128): a torch_dist checkpoint holds the padded rows, so this must be "
+        "what the checkpoint was saved with",
+    )
     max_position_embeddings: PositiveInt
     rotary_base: PositiveFloat = 10000.0
     rotary_percent: PositiveFloat = 1.0

@@ -213,3 +213,24 @@ def test_the_command_exits_2_without_a_traceback(tmp_path: Path) -> None:
     result = rlpost("validate", str(tmp_path / "recipe" / "r.yaml"))
     assert result.returncode == 2
     assert "Did you mean 'grpo_dapo'?" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_import_slime_reads_slimes_own_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slime = REPO / "tests" / "fixtures" / "slime"
+    argv = ["import", "slime", str(slime / "scripts" / "run-qwen3-32B.sh"), "--out", str(tmp_path),
+            "--slime-dir", str(slime), "--env", "BASE_DIR=/data"]  # fmt: skip
+    status, out, _ = run_main(argv, capsys)
+    assert status == 0
+    assert "wrote" in out and "model=qwen3-32b" in out  # drawn from slime's MODEL_ARGS
+    assert "pkill -9 python" in out  # recorded, not run
+    assert "NCCL_NVLS_ENABLE=1" in out  # the job's environment, listed
+
+
+def test_import_slime_refuses_an_sft_script_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = REPO / "tests" / "fixtures" / "slime" / "scripts" / "run-qwen3-4B-base-sft.sh"
+    status, _, err = run_main(["import", "slime", str(script), "--out", str(tmp_path)], capsys)
+    assert status != 0 and "supervised fine-tuning" in err and "Traceback" not in err

@@ -71,7 +71,7 @@ class ParallelSizes:
 class GPTArgs:
     """GPTModel's constructor arguments besides the config and the layer spec."""
 
-    vocab_size: int  # padded to a multiple of tp; logits beyond `true_vocab_size` are masked
+    vocab_size: int  # padded as Megatron pads; logits beyond `true_vocab_size` are masked
     true_vocab_size: int
     max_sequence_length: int
     share_embeddings_and_output_weights: bool
@@ -100,8 +100,12 @@ class MegatronSettings:
         )
 
 
-def padded_vocab_size(vocab_size: int, tp: int) -> int:
-    return int(math.ceil(vocab_size / tp) * tp)
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron-LM's padding (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding):
+    rows to a multiple of divisible_by x TP, so a torch_dist checkpoint of Megatron's (slime's)
+    has the same embedding shape as rlpost's."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 def moe_layer_pattern(model: ModelConfig) -> list[int]:
@@ -343,7 +347,7 @@ def megatron_settings(
     factor, its multi-token-prediction layers as well (rlpost.backends.megatron.mtp)."""
     config = transformer_config(model, par, on_gpu, mtp_loss_scaling_factor=mtp_loss_scaling_factor)
     gpt = GPTArgs(
-        vocab_size=padded_vocab_size(model.vocab_size, par.tp),
+        vocab_size=padded_vocab_size(model.vocab_size, par.tp, model.make_vocab_size_divisible_by),
         true_vocab_size=model.vocab_size,
         max_sequence_length=model.max_position_embeddings,
         share_embeddings_and_output_weights=model.tie_word_embeddings,

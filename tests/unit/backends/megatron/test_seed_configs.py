@@ -17,7 +17,11 @@ import pytest
 import torch.nn.functional as F
 from megatron.core.transformer.enums import AttnBackend
 
-from rlpost.backends.megatron.config import MegatronSettings, megatron_settings
+from rlpost.backends.megatron.config import (
+    MegatronSettings,
+    megatron_settings,
+    padded_vocab_size,
+)
 from rlpost.plan import Plan, build_plan
 from rlpost.plan.slime_args import slime_flag_groups
 from rlpost.schema import RunConfig
@@ -63,6 +67,17 @@ VALUED: dict[str, tuple[Check, Callable[[str], Any]]] = {
     "--normalization": (t("normalization"), str),
     "--norm-epsilon": (t("layernorm_epsilon"), float),
     "--vocab-size": (lambda s, v: s.gpt.true_vocab_size, int),
+    "--make-vocab-size-divisible-by": (
+        lambda s, v: (
+            int(v[0])
+            if s.gpt.vocab_size
+            == padded_vocab_size(
+                s.gpt.true_vocab_size, s.transformer.tensor_model_parallel_size, int(v[0])
+            )
+            else s.gpt.vocab_size
+        ),
+        int,
+    ),
     "--q-lora-rank": (t("q_lora_rank"), int),
     "--kv-lora-rank": (t("kv_lora_rank"), int),
     "--qk-head-dim": (t("qk_head_dim"), int),

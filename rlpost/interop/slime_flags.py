@@ -1,0 +1,334 @@
+"""slime's flags and the rlpost keys they set: the table the import reads and the README prints.
+
+Every flag of a slime script's train command is mapped to the config key it sets (`FLAGS`),
+read together with others (`READ_TOGETHER`: the cluster, checkpoint, evaluation flags), held
+at the value rlpost always runs with (`FIXED_SETTINGS`), or listed as not imported with the
+reason and the nearest rlpost key (`NOT_IMPORTED`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]
+
+from rlpost.plan.slime_args import SLIME_HOOKS, SLIME_REWARD_TYPES
+
+Values = list[str]
+
+
+@dataclass(frozen=True)
+class FlagRule:
+    """One slime flag and the rlpost key it sets; `read` turns its values into the value."""
+
+    flag: str
+    key: str
+    read: Callable[[Values], Any]
+    note: str = ""
+
+
+def _on(values: Values) -> bool:
+    return True
+
+
+def _off(values: Values) -> bool:
+    return False
+
+
+def one(values: Values) -> Any:
+    return yaml.safe_load(values[0]) if values else None
+
+
+def _text(values: Values) -> str:
+    return values[0]
+
+
+def many(values: Values) -> list[Any]:
+    return [yaml.safe_load(v) for v in values]
+
+
+def _texts(values: Values) -> list[str]:
+    return list(values)
+
+
+_HOOKS_BACK = {slime: ours for ours, slime in SLIME_HOOKS.items()} | {
+    # older slime scripts name the buffer filter slime applies by default
+    "slime.rollout.filter_hub.buffer_filters.pop_first": "rlpost.filters.pop_first",
+}
+_REWARDS_BACK = {slime: ours for ours, slime in SLIME_REWARD_TYPES.items()}
+
+
+def _hook(values: Values) -> str:
+    return _HOOKS_BACK.get(values[0], values[0])
+
+
+FLAGS: tuple[FlagRule, ...] = (
+    # data and rollout
+    FlagRule("--prompt-data", "recipe.data.prompt_data", _text),
+    FlagRule("--input-key", "recipe.data.input_key", _text),
+    FlagRule("--label-key", "recipe.data.label_key", _text),
+    FlagRule("--metadata-key", "recipe.data.metadata_key", _text),
+    FlagRule("--apply-chat-template", "recipe.data.apply_chat_template", _on),
+    FlagRule(
+        "--apply-chat-template-kwargs",
+        "recipe.data.apply_chat_template_kwargs",
+        lambda v: json.loads(v[0]),
+    ),
+    FlagRule("--rollout-shuffle", "recipe.data.shuffle", _on),
+    FlagRule("--rollout-seed", "recipe.data.seed", one),
+    FlagRule("--rollout-max-prompt-len", "recipe.data.max_prompt_len", one),
+    FlagRule("--rm-type", "recipe.rollout.reward.type", lambda v: _REWARDS_BACK.get(v[0], v[0])),
+    FlagRule("--custom-rm-path", "recipe.rollout.reward.custom_function", _hook),
+    FlagRule("--rm-url", "recipe.rollout.reward.remote_url", _text),
+    FlagRule("--group-rm", "recipe.rollout.reward.group", _on),
+    FlagRule("--num-rollout", "recipe.rollout.num_rollout", one),
+    FlagRule("--rollout-batch-size", "recipe.rollout.batch_size", one),
+    FlagRule("--n-samples-per-prompt", "recipe.rollout.n_samples_per_prompt", one),
+    FlagRule("--rollout-max-response-len", "recipe.rollout.max_response_len", one),
+    FlagRule("--rollout-temperature", "recipe.rollout.temperature", lambda v: float(v[0])),
+    FlagRule("--rollout-top-p", "recipe.rollout.top_p", lambda v: float(v[0])),
+    FlagRule("--rollout-top-k", "recipe.rollout.top_k", one),
+    FlagRule("--rollout-stop", "recipe.rollout.stop", _texts),
+    FlagRule("--rollout-stop-token-ids", "recipe.rollout.stop_token_ids", many),
+    FlagRule("--rollout-skip-special-tokens", "recipe.rollout.skip_special_tokens", _on),
+    FlagRule("--over-sampling-batch-size", "recipe.rollout.over_sampling_batch_size", one),
+    FlagRule("--dynamic-sampling-filter-path", "recipe.rollout.dynamic_sampling_filter", _hook),
+    FlagRule("--partial-rollout", "recipe.rollout.partial_rollout", _on),
+    FlagRule(
+        "--mask-offpolicy-in-partial-rollout",
+        "recipe.rollout.mask_offpolicy_in_partial_rollout",
+        _on,
+    ),
+    FlagRule("--buffer-filter-path", "recipe.rollout.buffer_filter", _hook),
+    FlagRule("--update-weights-interval", "recipe.loop.update_weights_interval", one),
+    FlagRule("--global-batch-size", "recipe.train.global_batch_size", one),
+    FlagRule("--balance-data", "recipe.train.balance_data", _on),
+    FlagRule("--micro-batch-size", "recipe.train.micro_batch_size", one),
+    FlagRule("--use-dynamic-batch-size", "recipe.train.use_dynamic_batch_size", _on),
+    FlagRule("--max-tokens-per-gpu", "recipe.train.max_tokens_per_gpu", one),
+    FlagRule("--enable-mtp-training", "recipe.train.mtp_training", _on),
+    FlagRule("--mtp-loss-scaling-factor", "recipe.train.mtp_loss_scaling_factor", one),
+    # evaluation (--eval-prompt-data and the per-dataset keys are read together)
+    FlagRule("--eval-interval", "recipe.eval.interval", one),
+    FlagRule("--n-samples-per-eval-prompt", "recipe.eval.n_samples_per_prompt", one),
+    FlagRule("--eval-max-response-len", "recipe.eval.max_response_len", one),
+    FlagRule("--eval-temperature", "recipe.eval.temperature", lambda v: float(v[0])),
+    FlagRule("--eval-top-p", "recipe.eval.top_p", lambda v: float(v[0])),
+    FlagRule("--eval-top-k", "recipe.eval.top_k", one),
+    FlagRule("--skip-eval-before-train", "recipe.eval.skip_before_train", _on),
+    # the algorithm
+    FlagRule("--advantage-estimator", "recipe.algo.advantage_estimator", _text),
+    FlagRule("--use-kl-loss", "recipe.algo.use_kl_loss", _on),
+    FlagRule("--kl-loss-coef", "recipe.algo.kl_loss_coef", lambda v: float(v[0])),
+    FlagRule("--kl-loss-type", "recipe.algo.kl_loss_type", _text),
+    FlagRule("--kl-coef", "recipe.algo.kl_coef", lambda v: float(v[0])),
+    FlagRule("--entropy-coef", "recipe.algo.entropy_coef", lambda v: float(v[0])),
+    FlagRule("--eps-clip", "recipe.algo.eps_clip", lambda v: float(v[0])),
+    FlagRule("--eps-clip-high", "recipe.algo.eps_clip_high", lambda v: float(v[0])),
+    FlagRule("--eps-clip-c", "recipe.algo.eps_clip_c", lambda v: float(v[0])),
+    FlagRule("--normalize-advantages", "recipe.algo.normalize_advantages", _on),
+    FlagRule("--disable-grpo-std-normalization", "recipe.algo.grpo_std_normalization", _off),
+    FlagRule("--gamma", "recipe.algo.gamma", lambda v: float(v[0])),
+    FlagRule("--use-tis", "recipe.algo.off_policy_correction", lambda v: "tis", "the value is tis"),
+    FlagRule("--tis-clip", "recipe.algo.tis_clip_high", lambda v: float(v[0])),
+    FlagRule("--tis-clip-low", "recipe.algo.tis_clip_low", lambda v: float(v[0])),
+    FlagRule(
+        "--calculate-per-token-loss",
+        "recipe.algo.loss_reduction",
+        lambda v: "token_mean",
+        "the value is token_mean",
+    ),
+    # the optimizer
+    FlagRule("--optimizer", "recipe.optim.optimizer", _text),
+    FlagRule("--lr", "recipe.optim.lr", lambda v: float(v[0])),
+    FlagRule("--lr-decay-style", "recipe.optim.lr_decay_style", _text),
+    FlagRule("--min-lr", "recipe.optim.min_lr", lambda v: float(v[0])),
+    FlagRule("--lr-warmup-iters", "recipe.optim.lr_warmup_steps", one),
+    FlagRule("--lr-decay-iters", "recipe.optim.lr_decay_steps", one),
+    FlagRule("--weight-decay", "recipe.optim.weight_decay", lambda v: float(v[0])),
+    FlagRule("--adam-beta1", "recipe.optim.adam_beta1", lambda v: float(v[0])),
+    FlagRule("--adam-beta2", "recipe.optim.adam_beta2", lambda v: float(v[0])),
+    FlagRule("--adam-eps", "recipe.optim.adam_eps", lambda v: float(v[0])),
+    FlagRule("--clip-grad", "recipe.optim.clip_grad", lambda v: float(v[0])),
+    FlagRule("--optimizer-cpu-offload", "recipe.optim.cpu_offload", _on),
+    FlagRule("--overlap-cpu-optimizer-d2h-h2d", "recipe.optim.overlap_cpu_optimizer_d2h_h2d", _on),
+    FlagRule("--use-precision-aware-optimizer", "recipe.optim.precision_aware_optimizer", _on),
+    # checkpoints
+    FlagRule("--hf-checkpoint", "model.hf_checkpoint", _text),
+    FlagRule("--ref-load", "model.ref_load", _text),
+    FlagRule("--save-interval", "recipe.save.interval", one),
+    FlagRule("--no-save-optim", "recipe.save.save_optimizer", _off),
+    # training layout
+    FlagRule("--tensor-model-parallel-size", "layout.train.tp", one),
+    FlagRule("--sequence-parallel", "layout.train.sequence_parallel", _on),
+    FlagRule("--pipeline-model-parallel-size", "layout.train.pp", one),
+    FlagRule("--context-parallel-size", "layout.train.cp", one),
+    FlagRule("--expert-model-parallel-size", "layout.train.ep", one),
+    FlagRule("--expert-tensor-parallel-size", "layout.train.etp", one),
+    FlagRule(
+        "--decoder-first-pipeline-num-layers",
+        "layout.train.num_layers_in_first_pipeline_stage",
+        one,
+    ),
+    FlagRule(
+        "--decoder-last-pipeline-num-layers", "layout.train.num_layers_in_last_pipeline_stage", one
+    ),
+    FlagRule("--recompute-granularity", "layout.train.recompute.granularity", _text),
+    FlagRule("--recompute-method", "layout.train.recompute.method", _text),
+    FlagRule("--recompute-num-layers", "layout.train.recompute.num_layers", one),
+    FlagRule("--moe-token-dispatcher-type", "layout.train.moe_token_dispatcher_type", _text),
+    FlagRule("--moe-enable-deepep", "layout.train.moe_enable_deepep", _on),
+    FlagRule("--rollout-num-gpus-per-engine", "layout.rollout.gpus_per_engine", one),
+    # run and tracking
+    FlagRule("--seed", "run.seed", one),
+    FlagRule("--use-wandb", "tracking.wandb.enabled", _on),
+    FlagRule("--wandb-mode", "tracking.wandb.mode", _text),
+    FlagRule("--wandb-project", "tracking.wandb.project", _text),
+    FlagRule("--wandb-group", "tracking.wandb.group", _text),
+    FlagRule("--wandb-run-id", "tracking.wandb.run_id", _text),
+    FlagRule("--use-tensorboard", "tracking.tensorboard", _on),
+)
+RULES = {rule.flag: rule for rule in FLAGS}
+
+# Flags read together with others (see the functions that read them), for the README table.
+READ_TOGETHER: dict[str, tuple[str, str]] = {
+    "--actor-num-nodes": ("layout.train.num_gpus", "x --actor-num-gpus-per-node"),
+    "--actor-num-gpus-per-node": ("layout.train.num_gpus", "x --actor-num-nodes"),
+    "--rollout-num-gpus": ("layout.rollout.num_gpus", "decoupled (colocate: false)"),
+    "--colocate": ("layout.colocate", "true"),
+    "--num-gpus-per-node": ("hardware.gpus_per_node", "the hardware profile is picked by GPUs"),
+    "--load": ("run.dir", "--load = --save = <run.dir>/slime/ is the run's own; else model.load"),
+    "--save": ("run.dir", "<run.dir>/slime/"),
+    "--eval-prompt-data": ("recipe.eval.datasets", "NAME PATH pairs"),
+    "--eval-input-key": ("recipe.eval.datasets[].input_key", "every dataset"),
+    "--eval-label-key": ("recipe.eval.datasets[].label_key", "every dataset"),
+    "--sglang-*": ("layout.rollout.sglang.*", "SGLang's own option names"),
+    "--sglang-server-concurrency": (
+        "recipe.rollout.max_concurrency",
+        "x the number of engines",
+    ),
+    "--num-steps-per-rollout": (
+        "recipe.train.global_batch_size",
+        "rollout batch x samples per prompt / steps, as slime computes it",
+    ),
+    "--rollout-function-path": (
+        "recipe.loop.mode",
+        "fully_async for slime's fully-async rollout under train_async.py",
+    ),
+    "MODEL_ARGS": ("model", "a shipped model, or one drawn from the flags on its family"),
+    "train_async.py": ("recipe.loop.mode", "async"),
+}
+
+SLIME_FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+"""The rollout function that makes slime's train_async.py fully asynchronous."""
+
+CLUSTER_FLAGS = frozenset(
+    {"--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--colocate",
+     "--num-gpus-per-node"}
+)  # fmt: skip
+TOGETHER_FLAGS = frozenset(
+    {"--load", "--save", "--eval-prompt-data", "--eval-input-key", "--eval-label-key",
+     "--sglang-server-concurrency", "--num-steps-per-rollout", "--rollout-function-path"}
+)  # fmt: skip
+SECRET_FLAGS = frozenset({"--wandb-key"})
+"""Flags whose values are never copied (not into YAML, not into what the import prints)."""
+
+# What rlpost always does, as slime's scripts spell it: accepted at exactly these values.
+FIXED_SETTINGS = {
+    "--loss-type": ["policy_loss"],
+    "--attention-dropout": ["0.0"],
+    "--hidden-dropout": ["0.0"],
+    "--accumulate-allreduce-grads-in-fp32": [],
+    "--attention-softmax-in-fp32": [],
+    "--attention-backend": ["flash"],
+}
+
+# Flags rlpost has no key for: (reason, nearest rlpost key)
+NOT_IMPORTED = {
+    "--async-buffer-size": (
+        "train_async.py keeps one rollout ahead; rlpost bounds its queue itself",
+        "recipe.loop.max_buffered_groups (fully_async)",
+    ),
+    "--use-fault-tolerance": (
+        "rlpost's engine pool always restarts dead engines",
+        "engine.max_restarts",
+    ),
+    "--wandb-key": ("credentials come from the environment (WANDB_API_KEY)", "tracking.wandb"),
+    "--sglang-log-level": ("rlpost's engine logs go to the run directory", "run.dir"),
+    # slime's own --sglang-* flags (not SGLang server options)
+    "--sglang-router-ip": ("rlpost starts the run's router itself", "engine.router_policy"),
+    "--sglang-router-port": ("rlpost starts the run's router itself", "engine.router_policy"),
+    "--sglang-router-request-timeout-secs": (
+        "rlpost's router timeout is its own setting (default 3600 s)",
+        "engine.request_timeout_s",
+    ),
+    "--sglang-config": (
+        "SGLang options are part of the layout, not a separate file",
+        "layout.rollout.sglang",
+    ),
+    "--sglang-pp-size": (
+        "rlpost's engines are tensor parallel only",
+        "layout.rollout.gpus_per_engine",
+    ),
+    "--sglang-pipeline-parallel-size": (
+        "rlpost's engines are tensor parallel only",
+        "layout.rollout.gpus_per_engine",
+    ),
+}
+
+
+def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """`--a 1 2 --b` -> [('--a', ['1', '2']), ('--b', [])]; values never start with '--'."""
+    flags: list[tuple[str, list[str]]] = []
+    for token in argv:
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            flags.append((name, [value] if eq else []))
+        elif flags:
+            flags[-1][1].append(token)
+    return flags
+
+
+def nearest_key(flag: str) -> str:
+    from difflib import get_close_matches
+
+    names = [r.flag for r in FLAGS]
+    close = get_close_matches(flag, names, n=1)
+    return RULES[close[0]].key if close else "-"
+
+
+def flag_table() -> str:
+    """The README's flag -> key table, in markdown: generated here so it cannot drift."""
+    rows = [(r.flag, f"`{r.key}`", r.note) for r in FLAGS]
+    rows += [(flag, f"`{key}`", note) for flag, (key, note) in READ_TOGETHER.items()]
+    rows += [
+        (flag, "(always)", f"rlpost runs with {' '.join([flag, *v])}")
+        for flag, v in FIXED_SETTINGS.items()
+    ]
+    rows += [
+        (flag, f"not imported: nearest `{near}`", why) for flag, (why, near) in NOT_IMPORTED.items()
+    ]
+    lines = ["| slime flag | rlpost key | note |", "| --- | --- | --- |"]
+    lines += [f"| `{flag}` | {key} | {note} |" for flag, key, note in rows]
+    return "\n".join(lines) + "\n"
+
+
+ENVIRONMENT = {
+    "PYTHONPATH": "rlpost's install provides Megatron-LM and its own modules",
+    "PYTHONUNBUFFERED": "rlpost's processes log unbuffered",
+    "MASTER_ADDR": "the cluster's address is rlpost's (`rlpost cluster up`)",
+    "no_proxy": "the cluster's addresses are rlpost's (`rlpost cluster up`)",
+}
+"""The job environment a slime script sets, and why rlpost needs it no more."""
+
+
+def environment_note(name: str) -> str:
+    """What becomes of a variable the job's environment sets."""
+    return ENVIRONMENT.get(
+        name,
+        "read from the environment by the library that names it: export it where rlpost's "
+        "Ray cluster starts",
+    )
