@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rlpost.plan.params import count_params
 from rlpost.schema import ModelConfig
@@ -60,7 +61,9 @@ class ForwardFlops:
         return forwards * sum(s * self.per_token(s) for s in lengths)
 
 
+@lru_cache(maxsize=64)
 def forward_flops(model: ModelConfig) -> ForwardFlops:
+    """Cached: the layout search plans thousands of grids of one model."""
     return ForwardFlops(
         matmul=2.0 * matmul_params(model),
         attention=4.0 * model.num_layers * attention_width(model),

@@ -85,7 +85,7 @@ def plan_work(cfg: RunConfig, par: ParallelLayout, batch: BatchPlan) -> TrainWor
     passes = train + (0.0 if reuse else 1.0) + (1.0 / interval if interval else 0.0)
     wants_reference = algo.use_kl_loss or algo.kl_in_reward or interval > 0
     every = train + 1.0 + (1.0 if wants_reference else 0.0)
-    longest = [batch.longest_sample_tokens] * batch.samples_per_rollout
+    longest = forward_flops(cfg.model).over([batch.longest_sample_tokens], passes)
     return TrainWork(
         reference=_reference(cfg),
         reference_interval=interval,
@@ -94,7 +94,7 @@ def plan_work(cfg: RunConfig, par: ParallelLayout, batch: BatchPlan) -> TrainWor
         passes_per_rollout=passes,
         recompute_passes=recompute,
         passes_every_forward=every,
-        train_tflop_per_rollout=forward_flops(cfg.model).over(longest, passes) / 1e12,
+        train_tflop_per_rollout=batch.samples_per_rollout * longest / 1e12,
         share_prompts=resolve_trainer_backend(cfg, par) in PROMPT_SHARING
         and cfg.recipe.rollout.n_samples_per_prompt > 1,
     )
