@@ -45,7 +45,7 @@ class PlainLoop:
 
         self.device, self.max_tokens = device, max_tokens
         self.model = AutoModelForCausalLM.from_pretrained(
-            hf_dir, torch_dtype=torch.float32, attn_implementation="sdpa"
+            hf_dir, dtype=torch.float32, attn_implementation="sdpa"
         ).to(device)
         if recompute:
             self.model.gradient_checkpointing_enable({"use_reentrant": False})

@@ -4,7 +4,9 @@
 plan's per-GPU training estimate less its overhead term (the CUDA context and workspaces, which
 the allocator does not see); on CPU, the train rank's peak resident memory over the step
 (VmHWM, reset at the step's start where Linux allows it, else the process's lifetime peak)
-over the same estimate (whose overhead term is 0 there). `perf/train_time_vs_plan`: the step's
+over the same estimate (whose overhead term is 0 there; the RSS also holds the interpreter and
+its libraries, which the estimate does not count, so a tiny model reads several times over
+it). `perf/train_time_vs_plan`: the step's
 seconds over the cost model's training seconds per rollout. `perf/mfu` (CUDA only): model
 FLOPs (rlpost.plan.flops) over the step's seconds x train GPUs x the profile's peak.
 """
