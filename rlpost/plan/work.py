@@ -57,11 +57,6 @@ class TrainWork:
         return self.load_reference and rollout % self.reference_interval == 0
 
     @property
-    def model_passes_per_rollout(self) -> float:
-        """The forwards MFU counts: training and the no-grad forwards, not recompute."""
-        return self.passes_per_rollout - self.recompute_passes
-
-    @property
     def saved_fraction(self) -> float:
         """The share of the always-every-forward work this plan does not do."""
         return 1.0 - self.passes_per_rollout / self.passes_every_forward
