@@ -352,7 +352,8 @@ def report_baseline(
         ("plain loop", f"HF model, SDPA, {compute}, AdamW float32 states, "
                        f"{plain.micro_batch_samples} samples per micro-batch{recompute}"),
         ("plain train tokens/s", f"{theirs:,.1f}"),
-        (f"plain {memory} GiB", f"{plain.peak_memory_gib:.3f}"),
+        (f"plain {memory} GiB", f"{plain.peak_memory_gib:.3f}"
+         + (f" (less {plain.held_gib:.3f} GiB held before it)" if plain.held_gib else "")),
         ("rlpost / plain tokens/s", f"{ours / theirs:.3f}"),
     ]  # fmt: skip
     if on_gpu:

@@ -28,7 +28,10 @@ from rlpost.types import TrainSample
 @dataclass(frozen=True)
 class PlainResult:
     elapsed_s: float  # the timed rollouts
-    peak_memory_gib: float  # max_memory_allocated on CUDA; peak RSS on CPU
+    # max_memory_allocated on CUDA, less what was allocated before the loop began (anything
+    # the trainer before it left behind: `held_gib`); the process's peak RSS on CPU
+    peak_memory_gib: float
+    held_gib: float
     micro_batch_samples: int
 
 
@@ -89,6 +92,7 @@ def run_plain_loop(
     """One warm-up rollout, then the rest timed; peak memory over the timed ones."""
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
+    held_gib = torch.cuda.memory_allocated(device) / 1024**3 if on_gpu else 0.0
     loop = PlainLoop(hf_dir, device, lr, recompute, max_tokens)
     loop.step(rollouts[0])
     meter = StepMeter(device, 1, None)
@@ -102,4 +106,5 @@ def run_plain_loop(
         torch.cuda.synchronize()
     elapsed_s = time.perf_counter() - start
     seq_len = len(rollouts[0][0].tokens)
-    return PlainResult(elapsed_s, meter.peak_memory_gib(), micro_batch_samples(seq_len, max_tokens))
+    peak_gib = meter.peak_memory_gib() - held_gib
+    return PlainResult(elapsed_s, peak_gib, held_gib, micro_batch_samples(seq_len, max_tokens))
