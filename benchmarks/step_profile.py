@@ -64,7 +64,7 @@ def top_kernels(step: Callable[[], object], rows: int = 15) -> str:
         step()
         if on_gpu:
             torch.cuda.synchronize()
-    key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     return str(prof.key_averages().table(sort_by=key, row_limit=rows))
 
 
