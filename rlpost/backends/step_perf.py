@@ -8,7 +8,9 @@ over the same estimate (whose overhead term is 0 there; the RSS also holds the i
 its libraries, which the estimate does not count, so a tiny model reads several times over
 it). `perf/train_time_vs_plan`: the step's
 seconds over the cost model's training seconds per rollout. `perf/mfu` (CUDA only): model
-FLOPs (rlpost.plan.flops) over the step's seconds x train GPUs x the profile's peak.
+FLOPs (rlpost.plan.flops) over the step's seconds x train GPUs x the profile's peak. The model
+FLOPs are the samples' as the rollout gives them: where the torch trainer packs a group's
+prompt once, it computes less than that, and its MFU reads high by as much.
 """
 
 from __future__ import annotations
