@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -36,8 +37,18 @@ SEEDS = [
 UNSHIPPED = [("qwen3-30b-a3b", "h100x16"), ("llama3.1-8b", "h200x1"), ("qwen3-8b", "h100x8")]
 
 
-def auto(cfg: RunConfig) -> RunConfig:
-    return cfg.model_copy(update={"layout": LayoutConfig(name="auto", search=True)})
+def auto(cfg: RunConfig, hold: tuple[str, ...] = ()) -> RunConfig:
+    """The run with its layout left to the search, but for the `hold` parts of the seed's
+    ("recompute": its training recompute; "sglang": its engines' SGLang options)."""
+    layout: dict[str, Any] = {"name": "auto", "search": True}
+    if "recompute" in hold:
+        layout["train"] = {"recompute": cfg.layout.train.recompute.model_dump()}
+    if "sglang" in hold:
+        layout["rollout"] = {"sglang": cfg.layout.rollout.sglang}
+    return cfg.model_copy(update={"layout": LayoutConfig.model_validate(layout)})
+
+
+HOLDS = (("recompute",), ("recompute", "sglang"))
 
 
 def timed(
@@ -80,6 +91,19 @@ def main() -> None:
         print(row(name, seconds, search))
         if search.reference is not None:
             print(f"{'':<32}{search.reference.reason}")
+    print("\nthe seeds' layouts again, with parts of the seed held beside layout=auto")
+    for model, hardware in SEEDS:
+        seed, _ = compose_run_config([f"model={model}", "recipe=grpo_dapo", f"hardware={hardware}"])
+        for hold in HOLDS:
+            search = search_layout(auto(seed, hold), (f"{model}_{hardware}", seed))
+            ref, chosen = search.reference, search.chosen
+            assert ref is not None and ref.step_s is not None and chosen is not None
+            print(
+                f"{model}_{hardware} holding {' + '.join(hold)}: seed's rank {ref.rank} of "
+                f"{search.feasible}, predicted {ref.step_s / chosen.step_s:.2f}x the choice's "
+                f"time ({chosen.describe()})"
+            )
+    print()
     for model, hardware in UNSHIPPED:
         cfg, _ = compose_run_config(
             [f"model={model}", "recipe=grpo_dapo", f"hardware={hardware}", "layout=auto"]

@@ -1,28 +1,37 @@
-"""Training tokens/s, MFU and peak memory of the megatron-core trainer on a Qwen3 shape.
+"""Training tokens/s, MFU and peak memory of the megatron-core trainer on a Qwen3 shape, and the
+same work as a plain PyTorch loop beside it.
 
     .venv/bin/python benchmarks/megatron_train.py --size tiny --steps 2     # CPU smoke run
-    python benchmarks/megatron_train.py --size 0.6b --steps 5               # one GPU
+    .venv/bin/python benchmarks/megatron_train.py --size tiny --steps 1 --baseline --profile
+    python benchmarks/megatron_train.py --size 0.6b --steps 5 --baseline    # one GPU
     python benchmarks/megatron_train.py --size 1.7b layout.train.recompute.granularity=selective
 
 Composes conf/ (model qwen3-<size>, recipe grpo_dapo, one device, batch sizes as overrides),
 plans it (build_plan), writes a random-weight HF checkpoint of the model YAML's shape (bf16 on
 GPU, fp32 on CPU) and times MegatronTrainer.train_step on synthetic rollouts (--samples x
---seq-len tokens, a quarter prompt; dynamic batching): one warm-up rollout, then --steps.
+--seq-len tokens, a quarter prompt; dynamic batching): one warm-up rollout, then --steps. The
+trainer gets what the plan decides (reference model, old-policy logprobs) and its prediction.
 
-MFU = model FLOP/s / peak FLOP/s measured here (square matmuls: bf16 8192^3 on GPU, fp32
-1024^3 on CPU; best trial). Forward FLOPs per token = 2 N + 4 L a s (PaLM, Chowdhery et al.
-2022, app. B; Megatron, Narayanan et al. 2021): N the decoder-layer parameters plus the V x h
-output projection (a matmul even when tied; the input embedding is a lookup), L layers, a the
-attention width heads x head_dim (2048 for Qwen3-0.6B, hidden 1024), s the sample length (full
-attention, not halved for causality). Training is 3 forwards: 6 N + 12 L a s. Each no-grad
-forward of train_step adds 1: the reference model's whenever it is loaded (grpo_dapo's
-use_kl_loss loads it even at kl_loss_coef 0), and the old-policy logprobs unless the rollout is
-one optimizer step (--global-batch = --samples, the default) and no advantage needs the
-reference KL: then the training forward's own logprobs serve. Recompute is not counted.
+The presets' micro-batches (max_tokens_per_gpu) fit an 80 GB card for both loops: measured on
+an H200, rlpost peaked at 21-56 GiB (0.6b, 16384 tokens) and 41 GiB (1.7b, full recompute) and
+82.6 GiB for qwen3-4b at 16384 tokens, so 1.7b and 4b take 8192; a plain loop keeps float32
+[tokens x vocab] logits and every layer's activations (0.6b at 16384 tokens, bf16 weights: 63
+GiB; 1.7b: 89 GiB) on top of 16 bytes of float32 state per parameter.
 
-Memory: torch.cuda.max_memory_allocated against the plan's per-GPU training estimate
-(rlpost.plan.memory.estimate_train) less its context/workspace overhead, which the allocator
-does not see; on CPU the growth of peak RSS from trainer construction on.
+--baseline: benchmarks/plain_loop.py on the same checkpoint, rollouts and micro-batch bound, in
+this process after the trainer is gone; prints its tokens/s, memory and rlpost / plain.
+--profile: one more rlpost train step counted for host reads, and one under torch.profiler
+(benchmarks/step_profile.py).
+
+MFU = model FLOPs / (seconds x the hardware profile's peak_bf16_tflops), rlpost.plan.flops'
+definition: 2 N + 4 L a s per token and forward, 3 forwards for training plus each no-grad
+forward train_step ran (the reference model's, the old policy's unless the training forward's
+own logprobs serve); recompute is not counted. The peak of a large matmul measured here is
+printed beside it (bf16 8192^3 on GPU, fp32 1024^3 on CPU).
+
+Memory: torch.cuda.max_memory_allocated against the plan's per-GPU training estimate less its
+context/workspace overhead, which the allocator does not see; on CPU the growth of peak RSS
+from trainer construction on.
 """
 
 from __future__ import annotations
@@ -44,10 +53,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from plain_loop import PlainResult, run_plain_loop  # noqa: E402
+from step_profile import profile_report  # noqa: E402
+
 from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
 from rlpost.config.loader import compose_run_config  # noqa: E402
 from rlpost.plan import Plan, build_plan  # noqa: E402
+from rlpost.plan.flops import mfu  # noqa: E402
 from rlpost.plan.params import count_params  # noqa: E402
 from rlpost.schema import ModelConfig, RunConfig  # noqa: E402
 from rlpost.types import TrainSample  # noqa: E402
@@ -66,10 +79,11 @@ class Preset:
     max_tokens_per_gpu: int
 
 
-PRESETS = {
+PRESETS = {  # micro-batches that fit an 80 GB card for both loops (see the docstring)
     "tiny": Preset("qwen3-tiny", 128, 16, 1024),
     "0.6b": Preset("qwen3-0.6b", 4096, 32, 16384),
-    "1.7b": Preset("qwen3-1.7b", 4096, 32, 16384),
+    "1.7b": Preset("qwen3-1.7b", 4096, 32, 8192),
+    "4b": Preset("qwen3-4b", 4096, 32, 8192),
 }
 
 
@@ -144,12 +158,6 @@ def measure_peak_flops(device: torch.device) -> tuple[float, str]:
     return 2 * size**3 * repeats / best_s, f"{dtype} {size}^3 matmul, best of {PEAK_TRIALS}"
 
 
-def forward_flops_per_token(model: ModelConfig, seq_len: int) -> float:
-    matmul_params = count_params(model).layers + model.vocab_size * model.hidden_size
-    attention_width = model.num_attention_heads * model.head_dim
-    return 2 * matmul_params + 4 * model.num_layers * attention_width * seq_len
-
-
 def extra_forwards(trainer: MegatronTrainer, optimizer_steps: float) -> list[str]:
     """The no-grad forwards train_step runs besides the training forward (see the docstring)."""
     extra = ["reference model"] if trainer.ref_model is not None else []
@@ -177,22 +185,23 @@ class Measured:
     reference_gib: float
     memory_label: str
     memory_gib: float
+    profile: str = ""
 
 
-def time_trainer(run: RunConfig, plan: Plan, args: argparse.Namespace) -> Measured:
+def time_trainer(
+    run: RunConfig, plan: Plan, rollouts: list[list[TrainSample]], profile: bool
+) -> Measured:
     on_gpu = torch.cuda.is_available()
-    gc.collect()
-    if on_gpu:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    free_memory(on_gpu)
     rss_before_gib = peak_rss_gib()
-    recipe, vocab = run.recipe, run.model.vocab_size
+    recipe, work = run.recipe, plan.work
     trainer = MegatronTrainer(
         run.model, recipe.algo, recipe.optim, recipe.train, plan.parallel,
         rollout_temperature=recipe.rollout.temperature, master_port=free_port(),
+        load_reference=work.load_reference, reuse_logprobs_single_step=work.reuse_old_logprobs,
+        prediction=plan.prediction,
     )  # fmt: skip
     try:
-        rollouts = [rollout(args.samples, args.seq_len, vocab, s) for s in range(args.steps + 1)]
         trainer.train_step(rollouts[0])
         synchronize(on_gpu)
         start = time.perf_counter()
@@ -202,14 +211,26 @@ def time_trainer(run: RunConfig, plan: Plan, args: argparse.Namespace) -> Measur
         extra = extra_forwards(trainer, steps[0]["train/optimizer_steps"])
         ref = [] if trainer.ref_model is None else list(trainer.ref_model.parameters())
         reference_gib = sum(p.numel() * p.element_size() for p in ref) / GIB
+        memory = measured_memory(on_gpu, rss_before_gib)
+        # after the timing and the memory peak: it changes neither
+        profiled = profile_report(lambda: trainer.train_step(rollouts[1])) if profile else ""
     finally:
         trainer.close()
+    return Measured(steps, elapsed_s, extra, reference_gib, *memory, profiled)
+
+
+def free_memory(on_gpu: bool) -> None:
+    gc.collect()
     if on_gpu:
-        memory = ("max_memory_allocated GiB", torch.cuda.max_memory_allocated() / GIB)
-    else:
-        rss_gib = peak_rss_gib()
-        memory = (f"peak RSS growth GiB (peak RSS {rss_gib:.3f})", rss_gib - rss_before_gib)
-    return Measured(steps, elapsed_s, extra, reference_gib, *memory)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def measured_memory(on_gpu: bool, rss_before_gib: float) -> tuple[str, float]:
+    if on_gpu:
+        return "max_memory_allocated GiB", torch.cuda.max_memory_allocated() / GIB
+    rss_gib = peak_rss_gib()
+    return f"peak RSS growth GiB (peak RSS {rss_gib:.3f})", rss_gib - rss_before_gib
 
 
 def main() -> None:
@@ -221,6 +242,8 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, help="samples per optimizer step (--samples)")
     parser.add_argument("--max-tokens-per-gpu", type=int, help="dynamic batch bound (preset)")
     parser.add_argument("--hardware", help="conf/hardware profile (h200x1 on GPU, cpu on CPU)")
+    parser.add_argument("--baseline", action="store_true", help="the plain loop too, and ratios")
+    parser.add_argument("--profile", action="store_true", help="top kernels and host reads")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, applied last")
     args = parser.parse_args()
     preset = PRESETS[args.size]
@@ -229,14 +252,38 @@ def main() -> None:
     args.max_tokens_per_gpu = args.max_tokens_per_gpu or preset.max_tokens_per_gpu
     on_gpu = torch.cuda.is_available()
     args.hardware = args.hardware or ("h200x1" if on_gpu else "cpu")
+    device = torch.device("cuda" if on_gpu else "cpu")
 
-    peak = measure_peak_flops(torch.device("cuda" if on_gpu else "cpu"))
+    peak = measure_peak_flops(device)
+    plain = None
     with tempfile.TemporaryDirectory() as tmp:
-        run = compose_run(args, Path(tmp) / "hf", "bf16" if on_gpu else "fp32")
+        hf_dir = Path(tmp) / "hf"
+        run = compose_run(args, hf_dir, "bf16" if on_gpu else "fp32")
         plan = build_plan(run)
-        write_checkpoint(run.model, Path(tmp) / "hf", torch.device("cuda" if on_gpu else "cpu"))
-        measured = time_trainer(run, plan, args)
+        write_checkpoint(run.model, hf_dir, device)
+        vocab = run.model.vocab_size
+        rollouts = [rollout(args.samples, args.seq_len, vocab, s) for s in range(args.steps + 1)]
+        measured = time_trainer(run, plan, rollouts, args.profile)
+        if args.baseline:
+            free_memory(on_gpu)
+            recompute = plan.parallel.recompute == "full"
+            lr = run.recipe.optim.lr
+            plain = run_plain_loop(hf_dir, rollouts, lr, recompute, args.max_tokens_per_gpu)
     report(args, plan, run.model, peak, measured)
+    if plain is not None:
+        report_baseline(args, plan, measured, plain)
+    if measured.profile:
+        print(f"\nrlpost train step, profiled\n{measured.profile}")
+
+
+def print_rows(rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name.ljust(width)}  {value}")
+
+
+def tokens_per_s(args: argparse.Namespace, rollouts: int, elapsed_s: float) -> float:
+    return args.samples * args.seq_len * rollouts / elapsed_s
 
 
 def report(
@@ -247,11 +294,13 @@ def report(
     measured: Measured,
 ) -> None:
     steps = measured.steps
-    tokens_per_s = args.samples * args.seq_len * len(steps) / measured.elapsed_s
+    rate = tokens_per_s(args, len(steps), measured.elapsed_s)
     extra = measured.extra_forwards
-    forward = forward_flops_per_token(model, args.seq_len)
-    flops_per_token = (3 + len(extra)) * forward
-    achieved = tokens_per_s * flops_per_token
+    flops = plan.prediction.flops
+    forwards = 3 + len(extra)
+    step_flops = flops.over([args.seq_len] * args.samples, forwards)
+    step_s = measured.elapsed_s / len(steps)
+    gpus = plan.placement.train_gpus
     mem, par = plan.memory.train, plan.parallel
     mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
     rows = [
@@ -260,17 +309,21 @@ def report(
         ("layout", f"tp {par.tp} pp {par.pp} cp {par.cp} dp {par.dp}, recompute {par.recompute}"),
         ("rollout", f"{args.samples} samples x {args.seq_len} tokens, "
                     f"{mean['train/optimizer_steps']:.0f} optimizer step(s), "
-                    f"{mean['train/micro_batches']:.0f} micro-batches"),
+                    f"{mean['train/micro_batches']:.0f} micro-batches of <= "
+                    f"{args.max_tokens_per_gpu} tokens"),
         ("packing efficiency", f"{mean.get('train/packing_efficiency', math.nan):.3f}"),
         ("timed rollouts (after 1 warm-up)", f"{len(steps)}"),
         ("step time s (mean; no-grad forwards)",
-         f"{measured.elapsed_s / len(steps):.3f} ({mean['train/prepare_time_s']:.3f})"),
-        ("train tokens/s", f"{tokens_per_s:,.1f}"),
+         f"{step_s:.3f} ({mean['train/prepare_time_s']:.3f})"),
+        ("train tokens/s", f"{rate:,.1f}"),
         ("forwards per token", f"3 (train) + {len(extra)} ({', '.join(extra) or 'none'})"),
-        ("model GFLOP per token", f"{flops_per_token / 1e9:.4f} (forward {forward / 1e9:.4f})"),
-        ("measured peak TFLOP/s", f"{peak[0] / 1e12:.3f} ({peak[1]})"),
-        ("achieved TFLOP/s", f"{achieved / 1e12:.3f}"),
-        ("MFU", f"{achieved / peak[0]:.3f}"),
+        ("model GFLOP per token", f"{step_flops / (args.samples * args.seq_len) / 1e9:.4f} "
+         f"(forward {flops.per_token(args.seq_len) / 1e9:.4f})"),
+        ("achieved TFLOP/s", f"{step_flops / step_s / 1e12:.3f}"),
+        (f"MFU (of {args.hardware}'s {plan.prediction.peak_tflops:g} TFLOP/s)",
+         f"{mfu(step_flops, step_s, gpus, plan.prediction.peak_tflops):.3f}"),
+        ("measured peak TFLOP/s; MFU of it",
+         f"{peak[0] / 1e12:.3f} ({peak[1]}); {step_flops / step_s / peak[0]:.3f}"),
         (measured.memory_label, f"{measured.memory_gib:.3f}"),
         ("plan train estimate GiB/GPU", f"{mem.total_gib:.3f} (weights {mem.weights_gib:.3f}, "
          f"grads {mem.grads_gib:.3f}, optimizer {mem.optimizer_gib:.3f}, activations "
@@ -279,10 +332,34 @@ def report(
         ("reference weights GiB (not estimated)", f"{measured.reference_gib:.3f}"),
         ("measured / (estimate - overhead)",
          f"{measured.memory_gib / (mem.total_gib - mem.overhead_gib):.3f}"),
+        ("step time / plan's training seconds",
+         f"{step_s / plan.prediction.train_s:.3f} (plan {plan.prediction.train_s:.3f} s)"),
     ]  # fmt: skip
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name.ljust(width)}  {value}")
+    print_rows(rows)
+
+
+def report_baseline(
+    args: argparse.Namespace, plan: Plan, measured: Measured, plain: PlainResult
+) -> None:
+    steps = len(measured.steps)
+    ours = tokens_per_s(args, steps, measured.elapsed_s)
+    theirs = tokens_per_s(args, steps, plain.elapsed_s)
+    on_gpu = torch.cuda.is_available()
+    compute = "bf16 autocast over float32 weights" if on_gpu else "float32"
+    memory = "max_memory_allocated" if on_gpu else "peak RSS of this process"
+    recompute = ", every layer checkpointed" if plan.parallel.recompute == "full" else ""
+    rows = [
+        ("plain loop", f"HF model, SDPA, {compute}, AdamW float32 states, "
+                       f"{plain.micro_batch_samples} samples per micro-batch{recompute}"),
+        ("plain train tokens/s", f"{theirs:,.1f}"),
+        (f"plain {memory} GiB", f"{plain.peak_memory_gib:.3f}"
+         + (f" (less {plain.held_gib:.3f} GiB held before it)" if plain.held_gib else "")),
+        ("rlpost / plain tokens/s", f"{ours / theirs:.3f}"),
+    ]  # fmt: skip
+    if on_gpu:
+        rows.append(("rlpost / plain memory", f"{measured.memory_gib / plain.peak_memory_gib:.3f}"))
+    print()
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,11 @@ The model is a sum of bounds, each from a published account of where the time go
 layouts of one run against each other and is not a promise of wall-clock time.
 
 Training (per rollout):
-- compute: 2 x active params x tokens FLOPs per forward, three forwards' worth for forward and
-  backward, one more for full recompute, plus the old-policy and reference forwards the plan's
-  TrainWork runs (Kaplan et al. 2020, section 2.1), at an assumed model-FLOPs utilisation:
-  `DENSE_MFU` for dense models, `MOE_MFU` for MoE (Narayanan et al. 2021, "Efficient
-  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", report 44-52% of
-  peak for dense GPT models; routed experts run smaller GEMMs and wait on their dispatch).
+- compute: the plan's TrainWork passes (three forwards' worth for forward and backward, the
+  old-policy and reference forwards it runs, one more for full recompute) at rlpost.plan.flops'
+  FLOPs per forward over the longest samples, at the model-FLOPs utilisation this backend
+  measured without recompute: `DENSE_MFU` for dense models, `MOE_MFU` for MoE. Recompute runs
+  at the same rate, so its forward shows as a lower MFU (see `DENSE_MFU`).
 - the pipeline: 1F1B's bubble makes a stage idle (p - 1) / (m + p - 1) of the step for m
   micro-batches (Narayanan et al. 2021, section 2.2.1), and the slowest stage sets the pace
   (uneven splits exist to even out the embedding and output head).
@@ -59,8 +58,18 @@ from rlpost.plan.params import ParamCount, params_per_stage
 from rlpost.plan.work import TrainWork
 from rlpost.schema import RunConfig
 
-DENSE_MFU = 0.45
-MOE_MFU = 0.30
+DENSE_MFU = 0.30
+"""Model-FLOPs utilisation of a training step without recompute, by rlpost.plan.flops'
+definition against the profile's 989 TFLOP/s. Measured with benchmarks/megatron_train.py on one
+H200 (2026-11-26, megatron-core 0.16.1 without TransformerEngine, 32 x 4096 tokens, bf16):
+qwen3-0.6b 0.205 without recompute, 0.180 selective, 0.150 full; qwen3-1.7b 0.226 and qwen3-4b
+0.289 with full recompute. Full recompute adds a fourth forward's work at the same rate
+(0.6b: 1.37x slower than none, 4/3 predicted), so these are 0.20, 0.30 and 0.39 without it;
+0.30 is the middle one. Megatron-LM with TransformerEngine reports 0.44-0.52 on dense GPT
+models (Narayanan et al. 2021); this backend is not there yet."""
+MOE_MFU = 0.20
+"""Not measured on a GPU yet: DENSE_MFU scaled by the 2/3 it had to the published dense
+figure (routed experts run smaller GEMMs and wait on their dispatch)."""
 DECODE_EFFICIENCY = 0.6
 """Share of peak memory bandwidth a decode step reaches (kernel launch gaps, small GEMMs)."""
 PREFILL_MFU = 0.4
@@ -164,7 +173,7 @@ def train_time(
     model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
     mfu = MOE_MFU if model.moe is not None else DENSE_MFU
     tokens = batch.samples_per_rollout * batch.longest_sample_tokens
-    compute = work.train_tflop_per_rollout * 1e12 / (train_gpus * hw.peak_bf16_tflops * 1e12 * mfu)
+    compute = work.train_tflop_per_rollout / (train_gpus * hw.peak_bf16_tflops * mfu)
     imbalance, stage_layers = _stage_flops_share(cfg, par)
     per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
     micro = max(1, math.ceil(per_step_rank / max(1, memory.tokens_per_gpu * par.cp)))

@@ -22,6 +22,7 @@ from rlpost.plan.memory import (
 from rlpost.plan.parallel import resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
+from rlpost.plan.prediction import TrainPrediction, predict_train
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
 from rlpost.plan.work import TrainWork, plan_work
 from rlpost.schema import RunConfig
@@ -51,6 +52,7 @@ class Plan:
     memory: MemoryPlan
     runtime: RuntimePlan
     work: TrainWork
+    prediction: TrainPrediction
     pipeline_stages: tuple[int, ...]
     derived: tuple[str, ...]
     notes: tuple[str, ...]
@@ -79,6 +81,7 @@ class Plan:
                 "memory": _memory_dict(self.memory),
                 "runtime": asdict(self.runtime),
                 "work": {**asdict(self.work), "saved_fraction": self.work.saved_fraction},
+                "prediction": asdict(self.prediction),
                 "derived": list(self.derived),
                 "notes": list(self.notes),
             }
@@ -239,6 +242,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     )
     batch = plan_batch(cfg.recipe, par, engine)
     memory = estimate_memory(cfg, sizes, par, engine)
+    work = plan_work(cfg, par, batch)
     return Plan(
         model=cfg.model.name,
         recipe=cfg.recipe.name,
@@ -254,7 +258,8 @@ def build_plan(cfg: RunConfig) -> Plan:
         runtime=plan_runtime(
             cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
         ),
-        work=plan_work(cfg, par, batch, memory.params_active),
+        work=work,
+        prediction=predict_train(cfg, par, batch, work, memory.train, sizes.train_gpus),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch, engine)),

@@ -254,6 +254,11 @@ def render_work(plan: Plan) -> str:
         ["forward-equivalents per token", passes],
         ["a group's prompt", PROMPTS[w.share_prompts]],
         ["train compute per rollout (longest samples)", _flops(w.train_tflop_per_rollout)],
+        [
+            "predicted, logged beside the measured",
+            f"{plan.prediction.train_s:.3g} s per rollout (perf/train_time_vs_plan), "
+            f"{plan.prediction.memory_gib:.2f} GiB per GPU (perf/memory_vs_plan)",
+        ],
     ]
     return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
 

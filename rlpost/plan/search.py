@@ -482,7 +482,7 @@ class _Searcher:
                     break  # the rules do not depend on where Adam runs
                 memory = estimate_train(cfg.model, cfg.recipe, hw, par, sizes.colocate)
                 batch = batch or self._batch(par)
-                work = plan_work(cfg, par, batch, self.params.active)
+                work = plan_work(cfg, par, batch)
                 timing = train_time(cfg, par, batch, work, memory, sizes.train_gpus)
                 option = TrainOption(
                     par, cpu_offload, memory, timing, offload_time(cfg, sizes, memory)

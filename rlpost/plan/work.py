@@ -1,8 +1,7 @@
 """The trainer's work per rollout, decided here: which forward passes run, and what they cost.
 
 Every rollout's tokens go through up to three kinds of pass, counted in forward-equivalents
-(a backward costs two forwards, so a training step costs 2 * params * tokens * 3 FLOPs;
-Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1):
+(a backward costs two forwards; a forward's FLOPs are rlpost.plan.flops'):
 
 - the training forward and backward: 3, plus 1 more with full activation recompute, which
   runs every layer's forward again in the backward;
@@ -29,10 +28,11 @@ from dataclasses import dataclass
 
 from rlpost.plan.backends import PROMPT_SHARING, resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan
+from rlpost.plan.flops import TRAIN_FORWARDS, forward_flops
 from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import RunConfig
 
-TRAIN_PASSES = 3.0  # forward + backward
+TRAIN_PASSES = TRAIN_FORWARDS  # forward + backward
 RECOMPUTE_PASSES = 1.0  # full recompute: the forward once more inside the backward
 
 
@@ -43,8 +43,9 @@ class TrainWork:
     reuse_old_logprobs: bool  # the training forward's own logprobs are the old policy's
     steps_per_rollout: int
     passes_per_rollout: float  # forward-equivalents over the rollout's tokens (averaged)
+    recompute_passes: float  # of which recompute: hardware work, not model work (MFU)
     passes_every_forward: float  # the same with old and reference forwards every rollout
-    train_tflop_per_rollout: float  # at the longest samples: an upper bound
+    train_tflop_per_rollout: float  # all passes, recompute's too, at the longest samples
     share_prompts: bool  # a group's prompt is packed once per micro-batch (torch trainer)
 
     @property
@@ -70,25 +71,25 @@ def _reference(cfg: RunConfig) -> str:
     return "metric" if algo.kl_metric_interval else "off"
 
 
-def plan_work(
-    cfg: RunConfig, par: ParallelLayout, batch: BatchPlan, params_active: int
-) -> TrainWork:
+def plan_work(cfg: RunConfig, par: ParallelLayout, batch: BatchPlan) -> TrainWork:
     algo = cfg.recipe.algo
     interval = algo.reference_interval
     reuse = batch.steps_per_rollout == 1 and not algo.kl_in_reward
-    train = TRAIN_PASSES + (RECOMPUTE_PASSES if par.recompute == "full" else 0.0)
+    recompute = RECOMPUTE_PASSES if par.recompute == "full" else 0.0
+    train = TRAIN_PASSES + recompute
     passes = train + (0.0 if reuse else 1.0) + (1.0 / interval if interval else 0.0)
     wants_reference = algo.use_kl_loss or algo.kl_in_reward or interval > 0
     every = train + 1.0 + (1.0 if wants_reference else 0.0)
-    tokens = batch.samples_per_rollout * batch.longest_sample_tokens
+    longest = forward_flops(cfg.model).over([batch.longest_sample_tokens], passes)
     return TrainWork(
         reference=_reference(cfg),
         reference_interval=interval,
         reuse_old_logprobs=reuse,
         steps_per_rollout=batch.steps_per_rollout,
         passes_per_rollout=passes,
+        recompute_passes=recompute,
         passes_every_forward=every,
-        train_tflop_per_rollout=2.0 * params_active * tokens * passes / 1e12,
+        train_tflop_per_rollout=batch.samples_per_rollout * longest / 1e12,
         share_prompts=resolve_trainer_backend(cfg, par) in PROMPT_SHARING
         and cfg.recipe.rollout.n_samples_per_prompt > 1,
     )

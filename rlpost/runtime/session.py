@@ -28,6 +28,7 @@ import ray
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
+from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
@@ -273,6 +274,7 @@ class Session:
             load_reference=self.plan.work.load_reference,
             reuse_old_logprobs=self.plan.work.reuse_old_logprobs,
             share_prompts=self.plan.work.share_prompts,
+            prediction=self.plan.prediction,
             collective_timeout_s=cfg.trainer.collective_timeout_s,
             init_method=self._rendezvous(),
         )
@@ -477,7 +479,8 @@ class Session:
         if self.offload:
             await self.on_ranks("offload", self._on_all_trainers(trainer_side.offload))
         merged: dict[str, float] = dict(results[0])
-        for key in (k for k in merged if k.endswith("_max")):  # each rank saw its own share
+        # each rank saw its own share, and measured its own memory
+        for key in (k for k in merged if k.endswith("_max") or k in RANK_PEAK_METRICS):
             merged[key] = max(r[key] for r in results if key in r)
         return merged
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 
 
@@ -37,6 +38,7 @@ class TrainerSpec:
     load_reference: bool
     reuse_old_logprobs: bool
     share_prompts: bool  # Plan.work: a group's prompt packed once per micro-batch (torch)
+    prediction: TrainPrediction  # Plan.prediction: logged beside each step's measurements
     collective_timeout_s: float = 600.0
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
 
@@ -54,6 +56,7 @@ def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
         "init_method": spec.init_method,
         "load_reference": spec.load_reference,
         "reuse_logprobs_single_step": spec.reuse_old_logprobs,
+        "prediction": spec.prediction,
     }
 
 

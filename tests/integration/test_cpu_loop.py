@@ -19,6 +19,8 @@ REQUIRED = (
     "train/entropy",
     "perf/step_time_s",
     "perf/rollout_tokens_per_s",
+    "perf/memory_vs_plan",  # each run checks the plan (rlpost.backends.step_perf)
+    "perf/train_time_vs_plan",
 )
 
 pytestmark = pytest.mark.integration

@@ -72,6 +72,10 @@ def test_megatron_takes_the_torch_trainers_first_step(
         assert first[key] == pytest.approx(reference[key], rel=1e-4, abs=1e-6), key
     # the second rollout came from engines serving the megatron trainer's updated weights
     assert run[1]["train/kl"] > 0.0
+    # both backends log each step against the plan's prediction (no MFU on CPU)
+    for record in (first, reference):
+        assert record["perf/memory_vs_plan"] > 0 and record["perf/train_time_vs_plan"] > 0
+        assert "perf/mfu" not in record
     assert (run_dir / "ckpt" / "rollout_2" / "trainer" / "metadata.json").is_file()
 
 

@@ -75,7 +75,9 @@ from rlpost.backends.megatron.trainer_state import (
     onload_from_host,
     save_state,
 )
+from rlpost.backends.step_perf import StepMeter, forwards_run
 from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -108,8 +110,10 @@ class MegatronTrainer:
         num_threads: int | None = None,
         reuse_logprobs_single_step: bool = True,
         load_reference: bool | None = None,
+        prediction: TrainPrediction | None = None,
         seed: int = 1234,
     ) -> None:
+        """`prediction`: the plan's, logged beside what each step measured (perf/*)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model_config, self.algo, self.optim, self.train = model, algo, optim, train
@@ -131,6 +135,7 @@ class MegatronTrainer:
                 seed,
             )
             self.device = compute_device()
+            self.meter = StepMeter(self.device, world_size, prediction)
             self.weights = ModelWeights.current(model, self.settings)
             module = self._load(build_gpt_model(self.settings), model.load)
             # before the config gets the DDP hooks below: building MoE experts deep-copies it,
@@ -391,6 +396,7 @@ class MegatronTrainer:
         """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics.
         `with_reference`: run the reference forward this rollout (the plan's
         TrainWork.reference_due; None: whenever it is loaded)."""
+        self.meter.start()
         start = time.perf_counter()
         for index, sample in enumerate(batch):
             validate_sample(sample, index)
@@ -403,7 +409,9 @@ class MegatronTrainer:
             prepared = time.perf_counter()
             steps = [self._optimizer_step(batch, plan, data, ref) for plan in plans]
         timing = RolloutTiming(start, prepared, time.perf_counter())
-        return rollout_metrics(steps, plans, batch, timing)
+        lengths, forwards = [s.length for s in batch], forwards_run(reuse, ref)
+        perf = self.meter.metrics(lengths, forwards, timing.end_s - timing.start_s)
+        return {**rollout_metrics(steps, plans, batch, timing), **perf}
 
     def _plans(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
         plans = plan_steps(

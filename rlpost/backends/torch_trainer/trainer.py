@@ -36,11 +36,13 @@ from rlpost.algo.steps import (
     validate_sample,
 )
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
+from rlpost.backends.step_perf import StepMeter, forwards_run
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 from rlpost.backends.torch_trainer.distributed import DataParallel
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import export_hf, freeze, load_causal_lm
 from rlpost.backends.torch_trainer.optim import build_optimizer, set_lr
+from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -71,9 +73,10 @@ class TorchTrainer:
         share_prompts: bool = True,
         load_reference: bool | None = None,
         reference_dir: str | Path | None = None,
+        prediction: TrainPrediction | None = None,
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
-        the policy's)."""
+        the policy's); `prediction`: the plan's, logged beside what each step measured."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model_dir = Path(model_dir)
@@ -98,6 +101,8 @@ class TorchTrainer:
             else None
         )
         self.optimizer = build_optimizer(self.model, optim)
+        device = next(self.model.parameters()).device
+        self.meter = StepMeter(device, world_size, prediction)
         self.step = 0
         self._offloaded_from: torch.device | None = None
 
@@ -207,6 +212,7 @@ class TorchTrainer:
         """Train on one rollout: all of its optimizer steps. Returns `train/*` metrics.
         `with_reference`: run the reference forward this rollout (the plan's
         TrainWork.reference_due; None: whenever it is loaded)."""
+        self.meter.start()
         start = time.perf_counter()
         for index, sample in enumerate(batch):
             validate_sample(sample, index)
@@ -218,7 +224,9 @@ class TorchTrainer:
         prepared = time.perf_counter()
         steps = [self._optimizer_step(batch, plan, data, ref) for plan in plans]
         timing = RolloutTiming(start, prepared, time.perf_counter())
-        return rollout_metrics(steps, plans, batch, timing)
+        lengths, forwards = [s.length for s in batch], forwards_run(reuse, ref)
+        perf = self.meter.metrics(lengths, forwards, timing.end_s - timing.start_s)
+        return {**rollout_metrics(steps, plans, batch, timing), **perf}
 
     # ---- weights and checkpoints -----------------------------------------------------------
 

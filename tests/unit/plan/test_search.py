@@ -54,6 +54,24 @@ def test_the_seeds_layout_is_a_candidate_and_the_choice_rates_at_least_as_well(
     assert search.enumerated >= search.feasible > 0
 
 
+def test_holding_the_seeds_recompute_and_sglang_options_the_search_picks_its_layout(
+    run_config: MakeRun,
+) -> None:
+    """Where the search and glm4.7-flash's seed differ is recompute (the search drops it where
+    its memory estimate allows) and the seed's engine caps (max_running_requests 64), not the
+    grid: with both held, the seed's layout is the choice (README, "layout=auto")."""
+    shipped = run_config("glm4.7-flash", "h100x8")
+    held = searching(
+        shipped,
+        train={"recompute": shipped.layout.train.recompute.model_dump()},
+        rollout={"sglang": shipped.layout.rollout.sglang},
+    )
+    search = search_layout(held, reference=("glm4.7-flash_h100x8", shipped))
+    ref, chosen = search.reference, search.chosen
+    assert ref is not None and chosen is not None and ref.step_s is not None
+    assert ref.rank == 1 and ref.step_s == pytest.approx(chosen.step_s)
+
+
 @pytest.mark.parametrize(
     ("model", "hardware"),
     [("qwen3-30b-a3b", "h100x16"), ("llama3.1-8b", "h200x1"), ("qwen3-8b", "h100x8")],
