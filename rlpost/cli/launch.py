@@ -111,6 +111,8 @@ def _default_run_dir(cfg: DictConfig) -> None:
 
     if OmegaConf.select(cfg, "run.dir", default=None) is not None:
         return
+    if OmegaConf.select(cfg, "run.resume", default=None) == "auto":
+        return  # a fresh dated directory holds nothing to resume: validation says so
     base = Path(HydraConfig.get().runtime.output_dir)
     chosen = base
     if OmegaConf.select(cfg, "mode", default="train") == "train":
