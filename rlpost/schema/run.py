@@ -169,19 +169,6 @@ class RunOptions(Section):
             check_ip(self.node_address, "node_address")
         return self
 
-    @model_validator(mode="after")
-    def check_auto_resume_has_a_dir(self) -> RunOptions:
-        if self.resume == "auto" and self.dir is None:
-            raise InvariantError(
-                "resume=auto continues the newest checkpoint in run.dir, and run.dir is not "
-                "set: each launch then writes to a new dated directory (runs/<date>/<time>), "
-                "which holds no checkpoint, so every launch starts again at rollout 0",
-                fields=("resume",),
-                fix="set run.dir to the run's directory (e.g. run.dir=runs/my_run) on every "
-                "launch of the run, or point resume at a checkpoint",
-            )
-        return self
-
 
 class RunConfig(Section):
     mode: Literal["train", "plan", "slime_args"] = "train"
@@ -275,6 +262,20 @@ class RunConfig(Section):
                     fix=f"remove recipe.optim.{name}",
                     prefix="recipe.optim.",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_auto_resume_has_a_dir(self) -> RunConfig:
+        if self.mode == "train" and self.run.resume == "auto" and self.run.dir is None:
+            raise InvariantError(
+                "run.resume=auto continues the newest checkpoint in run.dir, and run.dir is "
+                "not set: each launch then writes to a new dated directory "
+                "(runs/<date>/<time>), which holds no checkpoint, so every launch starts "
+                "again at rollout 0",
+                fields=("run.resume",),
+                fix="set run.dir to the run's directory (e.g. run.dir=runs/my_run) on every "
+                "launch of the run, or point run.resume at a checkpoint",
+            )
         return self
 
     @model_validator(mode="after")
