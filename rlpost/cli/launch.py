@@ -111,9 +111,12 @@ def _default_run_dir(cfg: DictConfig) -> None:
 
     if OmegaConf.select(cfg, "run.dir", default=None) is not None:
         return
+    training = OmegaConf.select(cfg, "mode", default="train") == "train"
+    if training and OmegaConf.select(cfg, "run.resume", default=None) == "auto":
+        return  # a fresh dated directory holds nothing to resume: validation says so
     base = Path(HydraConfig.get().runtime.output_dir)
     chosen = base
-    if OmegaConf.select(cfg, "mode", default="train") == "train":
+    if training:
         from rlpost.runtime.rundir import lock_run_dir
 
         n = 1

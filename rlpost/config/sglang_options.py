@@ -41,6 +41,18 @@ PLAN_OWNED: dict[str, tuple[str, str]] = {
         "set layout.rollout.gpus_per_engine instead",
     ),
     "node_rank": ("rlpost gives each node of a multi-node engine its rank", "remove it"),
+    "random_seed": (
+        "each engine gets run.seed + its index, so that engines draw different samples; one "
+        "seed for every engine gives them the same draws",
+        "set run.seed instead",
+    ),
+    "quantization": (
+        "engines serve model.hf_checkpoint as stored, and an FP8 checkpoint's weight updates "
+        "are quantised to match it; SGLang's online quantization converts only the weights "
+        "loaded at start, not the bf16 weights each update sends",
+        "convert the checkpoint with tools/convert_hf_to_fp8.py (README, FP8 rollout), point "
+        "model.hf_checkpoint at it, and remove quantization",
+    ),
     "dist_init_addr": (
         "rlpost picks the first node of each multi-node engine as its rendezvous",
         "remove it",

@@ -173,7 +173,7 @@ def check_experts(ctx: PlanContext) -> list[Issue]:
                     p.ep,
                 )
             ]
-        return []
+        return _dense_dispatcher(ctx)
     issues = []
     if moe.num_experts % p.ep:
         issues.append(
@@ -199,6 +199,26 @@ def check_experts(ctx: PlanContext) -> list[Issue]:
             )
         )
     return issues
+
+
+def _dense_dispatcher(ctx: PlanContext) -> list[Issue]:
+    """MoE token-dispatch settings on a dense model: nothing dispatches tokens."""
+    train, name = ctx.cfg.layout.train, ctx.cfg.model.name
+    for key, value in (
+        ("moe_token_dispatcher_type", train.moe_token_dispatcher_type),
+        ("moe_enable_deepep", train.moe_enable_deepep or None),
+    ):
+        if value is not None:
+            return [
+                Issue(
+                    f"layout.train.{key}",
+                    f"it routes tokens between MoE experts, and {name} is dense (no model.moe): "
+                    "it would have no effect",
+                    "remove it, or choose an MoE model (a layout copied from one keeps it)",
+                    value,
+                )
+            ]
+    return []
 
 
 @check("pipeline", scope="train")

@@ -153,6 +153,27 @@ def check_global_batch_over_dp(ctx: PlanContext) -> list[Issue]:
     return []
 
 
+@check("micro_batch_within_step", scope="train")
+def check_micro_batch_within_step(ctx: PlanContext) -> list[Issue]:
+    train, dp = ctx.cfg.recipe.train, ctx.parallel.dp
+    per_rank = train.global_batch_size // dp
+    if train.use_dynamic_batch_size or not per_rank or train.micro_batch_size <= per_rank:
+        return []
+    return [
+        Issue(
+            "recipe.train.micro_batch_size",
+            f"a micro-batch of {train.micro_batch_size} samples is more than a DP rank gets per "
+            f"optimizer step (global_batch_size {train.global_batch_size} / dp {dp} = "
+            f"{per_rank}): every micro-batch holds {per_rank}, and the memory plan is sized "
+            "for samples that never come",
+            f"set recipe.train.micro_batch_size <= {per_rank} (a divisor, e.g. "
+            f"{max(d for d in divisors(per_rank) if d <= min(per_rank, 8))}), or raise "
+            "global_batch_size",
+            train.micro_batch_size,
+        )
+    ]
+
+
 @check("rollout_feeds_engines", scope="engine")
 def check_rollout_feeds_engines(ctx: PlanContext) -> list[Issue]:
     rollout, engines = ctx.cfg.recipe.rollout, ctx.engine.num_engines

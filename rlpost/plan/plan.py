@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import rlpost.plan.engine_checks  # noqa: F401  (registers the engine and batch rules)
+import rlpost.plan.engine_checks  # registers the engine and batch rules
+import rlpost.plan.engine_options  # noqa: F401  (registers the SGLang option rules)
 from rlpost.errors import UserError
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch

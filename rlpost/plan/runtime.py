@@ -246,4 +246,17 @@ def check_offload(ctx: PlanContext) -> list[Issue]:
                 value=True,
             )
         ]
+    if ctx.cfg.engine.offload is False and ctx.sizes.colocate and ctx.cfg.hardware.kind == "gpu":
+        return [
+            Issue(
+                "engine.offload",
+                "colocated engines would keep their weights and KV cache (mem_fraction_static "
+                "of each GPU) while the trainer runs on the same GPUs, and the training memory "
+                "estimate counts on that memory being released: the first training step "
+                "runs out of memory",
+                "remove engine.offload (on for colocated GPU runs), or set layout.colocate: "
+                "false to give the engines GPUs of their own",
+                value=False,
+            )
+        ]
     return []

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ ENGINE_SHARE = 0.2
 # The nodes are known to hold the run before the reservation: a wait this long means
 # another job holds the slots.
 PLACEMENT_TIMEOUT_S = 120.0
+# Ray's own switch for one-machine clusters (its name says where Ray uses it by default)
+CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_LOOPBACK_VERSIONS = ("2.60.",)  # where loopback_node_address was measured
 
 
 def use_cluster_token() -> None:
@@ -44,6 +48,39 @@ def use_cluster_token() -> None:
         logging.ERROR
     )
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+@contextlib.contextmanager
+def loopback_node_address() -> Iterator[None]:
+    """A Ray started inside takes 127.0.0.1 as its node's address, so that its servers (GCS,
+    raylet, object manager, every worker's gRPC endpoint, the dashboard and runtime-env
+    agents, the metrics exporters) listen on loopback only.
+
+    Ray 2.60 binds each server to the node's address, but `ray.init` turns a loopback
+    `_node_ip_address` into the address of the route to the internet
+    (`services.resolve_ip_for_localhost`); its address lookup answers 127.0.0.1 only where
+    `ray_constants.ENABLE_RAY_CLUSTER` is off, as on a laptop (the
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER switch). Both are set for the start alone: the
+    processes it spawns inherit the variable, and a later `ray.init(address=...)` in this
+    process finds its own node's address again. Can go when `ray.init` keeps a loopback
+    `_node_ip_address` (pass it then)."""
+    from ray._private import ray_constants
+
+    if not ray.__version__.startswith(RAY_LOOPBACK_VERSIONS):
+        log.warning(
+            "Ray %s is untested here: its servers may bind every interface", ray.__version__
+        )
+    saved_constant, saved_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(CLUSTER_SWITCH)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[CLUSTER_SWITCH] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_constant
+        if saved_env is None:
+            os.environ.pop(CLUSTER_SWITCH, None)
+        else:
+            os.environ[CLUSTER_SWITCH] = saved_env
 
 
 @dataclass(frozen=True)
@@ -183,22 +220,23 @@ class Cluster:
         )
         # A local cluster: logical CPUs are slots, not cores, so colocated actors can share one.
         num_cpus = max(self.num_slots * 2, os.cpu_count() or 1)
-        ray.init(
-            # never a cluster that `ray start` left running here: only run.ray_address joins
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=self.hardware.gpus_per_node if self.on_gpu else 0,
-            include_dashboard=False,
-            dashboard_host=LOCALHOST,
-            log_to_driver=True,
-            logging_level=logging.WARNING,
-            configure_logging=True,
-        )
+        with loopback_node_address():
+            ray.init(
+                # never a cluster that `ray start` left running here: only run.ray_address joins
+                address="local",
+                num_cpus=num_cpus,
+                num_gpus=self.hardware.gpus_per_node if self.on_gpu else 0,
+                include_dashboard=False,
+                dashboard_host=LOCALHOST,
+                log_to_driver=True,
+                logging_level=logging.WARNING,
+                configure_logging=True,
+            )
         self._started_ray = True
         if os.environ.get(AUTH_MODE_ENV) != "token":
             log.warning(
-                "Ray's token authentication is off (%s=%s): Ray's own servers, which listen "
-                "on every interface, accept calls from anyone who can reach this machine",
+                "Ray's token authentication is off (%s=%s): Ray's own servers, on 127.0.0.1, "
+                "accept calls from any process on this machine",
                 AUTH_MODE_ENV,
                 os.environ.get(AUTH_MODE_ENV),
             )

@@ -67,6 +67,27 @@ class TrainLayout(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def check_token_dispatcher(self) -> TrainLayout:
+        dispatcher = self.moe_token_dispatcher_type
+        if dispatcher == "allgather":
+            raise InvariantError(
+                "the allgather token dispatcher needs every micro-batch to have one sequence "
+                "length, and rlpost packs samples of varying length: megatron-core refuses it "
+                "when the trainers start (variable_seq_lengths)",
+                fields=("moe_token_dispatcher_type",),
+                fix="use alltoall (the default), or flex with moe_enable_deepep: true",
+            )
+        if self.moe_enable_deepep and dispatcher != "flex":
+            raise InvariantError(
+                f"moe_enable_deepep runs DeepEP as a backend of the flex token dispatcher, and "
+                f"moe_token_dispatcher_type is {dispatcher or 'unset (alltoall)'}: "
+                "megatron-core refuses the pair when the trainers start",
+                fields=("moe_token_dispatcher_type",),
+                fix="set moe_token_dispatcher_type: flex, or moe_enable_deepep: false",
+            )
+        return self
+
 
 class RolloutLayout(Section):
     num_gpus: NonNegativeInt | None = None

@@ -33,8 +33,21 @@ DISCOUNTING_ESTIMATORS = frozenset({"reinforce_plus_plus"})
 WHITENING_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
 STD_SCALING_ESTIMATORS = frozenset({"grpo"})
 
+# The shipped filter that keeps groups whose rewards differ (rlpost.filters).
+NONZERO_STD_FILTER = "rlpost.filters.check_reward_nonzero_std"
+
 OffPolicyCorrection = Literal["none", "tis", "decoupled_ppo"]
 LoopMode = Literal["sync", "async", "fully_async"]
+
+
+def check_top_k(top_k: int, field: str) -> None:
+    if top_k == 0 or top_k < -1:
+        raise InvariantError(
+            f"top_k={top_k} keeps no token to sample from (SGLang takes -1 for "
+            '"all tokens", or a positive count)',
+            fields=(field,),
+            fix="use -1 (no top-k cut, the seeds' value) or a positive integer",
+        )
 
 
 class DataConfig(Section):
@@ -74,6 +87,18 @@ class DataConfig(Section):
                 "source_settings",
                 why="the jsonl source reads no settings",
                 fix="set source to the class that reads them, or remove source_settings",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_template_kwargs_have_a_template(self) -> DataConfig:
+        if not self.apply_chat_template:
+            refuse_unused(
+                self,
+                "apply_chat_template_kwargs",
+                why="they are passed to the tokenizer's chat template, and apply_chat_template "
+                "is false: prompts are sent as written",
+                fix="set apply_chat_template: true, or remove apply_chat_template_kwargs",
             )
         return self
 
@@ -252,12 +277,19 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def check_top_k(self) -> RolloutConfig:
-        if self.top_k == 0 or self.top_k < -1:
+        check_top_k(self.top_k, "top_k")
+        return self
+
+    @model_validator(mode="after")
+    def check_stop_strings_not_empty(self) -> RolloutConfig:
+        if "" in self.stop:
+            kept = [s for s in self.stop if s]
             raise InvariantError(
-                f"top_k={self.top_k} keeps no token to sample from (SGLang takes -1 for "
-                '"all tokens", or a positive count)',
-                fields=("top_k",),
-                fix="use -1 (no top-k cut, the seeds' value) or a positive integer",
+                f"stop={self.stop!r} holds an empty string, which every text contains: each "
+                "response would stop after its first token",
+                fields=("stop",),
+                fix=f"remove the empty string (stop: {kept!r}); an unset environment "
+                "variable in an interpolation is a common source",
             )
         return self
 
@@ -365,6 +397,19 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_kl_loss_has_a_gradient(self) -> AlgoConfig:
+        if self.kl_in_loss and self.kl_loss_type == "k1":
+            raise InvariantError(
+                f"kl_loss_type=k1 with kl_loss_coef={self.kl_loss_coef}: as a loss, k1 = log "
+                "pi - log pi_ref has the gradient of log pi alone, zero in expectation, so the "
+                "reference never pulls on the policy and the term only adds noise",
+                fields=("kl_loss_type",),
+                fix="use kl_loss_type: low_var_kl (the seeds' choice) or k3; k1 is the "
+                "estimator for a KL in the reward (kl_coef)",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_estimator_reads_its_settings(self) -> AlgoConfig:
         name = self.advantage_estimator
         fix = "remove it, or pick an estimator that uses it"
@@ -419,6 +464,52 @@ class AlgoConfig(Section):
                 f"{self.tis_clip_high}: every importance weight would be clamped to one value",
                 fields=("tis_clip_low",),
                 fix="use a low bound below the high one (e.g. 0.0 and 2.0)",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_clips_are_epsilons(self) -> AlgoConfig:
+        # 1.0 is a deliberate "no low clip"; above it, 1 + eps or another coefficient was meant
+        if self.eps_clip > 1.0:
+            raise InvariantError(
+                f"eps_clip={self.eps_clip} is the epsilon of the ratio's range [1 - eps_clip, "
+                f"1 + eps_clip], and 1 - {self.eps_clip} < 0: the low side never clips, so "
+                "negative-advantage tokens are pushed down without bound (eps_clip_c is the "
+                "dual-clip coefficient)",
+                fields=("eps_clip",),
+                fix="write the epsilon, not 1 + epsilon: e.g. 0.2 (the seeds' value)",
+            )
+        high = self.eps_clip_high
+        if high is not None and high < self.eps_clip:
+            raise InvariantError(
+                f"eps_clip_high={high} is below eps_clip={self.eps_clip}: clip-higher widens "
+                "the upper side of the ratio's range (DAPO), and this narrows it instead",
+                fields=("eps_clip_high",),
+                fix=f"use a value >= {self.eps_clip} (DAPO: 0.28 with eps_clip 0.2), or remove "
+                "eps_clip_high for a symmetric range",
+            )
+        if high is not None and high > 1.0:
+            raise InvariantError(
+                f"eps_clip_high={high} is an epsilon (the ratio's upper bound is 1 + "
+                f"eps_clip_high = {1 + high:g}), not the bound itself: a token's probability "
+                f"could grow {1 + high:g}x in one update",
+                fields=("eps_clip_high",),
+                fix=f"write the epsilon: e.g. {high - 1:.2f} for a bound of {high:g}, or 0.28 "
+                "(DAPO's clip-higher, the seeds' value)",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_behaviour_cap_keeps_on_policy_tokens(self) -> AlgoConfig:
+        cap = self.behaviour_weight_cap
+        if self.off_policy_correction == "decoupled_ppo" and cap <= 1.0:
+            raise InvariantError(
+                f"behaviour_weight_cap={cap} drops every token whose weight "
+                "pi_prox/pi_behaviour exceeds it, "
+                "and a token the trained policy sampled itself has a weight of about 1: "
+                f"{'about half' if cap == 1.0 else 'nearly all'} of the tokens would be dropped",
+                fields=("behaviour_weight_cap",),
+                fix="use a cap above 1 (e.g. 5.0, the default)",
             )
         return self
 
@@ -535,6 +626,17 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_mtp_settings_used(self) -> TrainConfig:
+        if not self.mtp_training:
+            refuse_unused(
+                self,
+                "mtp_loss_scaling_factor",
+                why="it weighs the multi-token-prediction loss, and mtp_training is off",
+                fix="set mtp_training: true, or remove mtp_loss_scaling_factor",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_dynamic_batch_has_cap(self) -> TrainConfig:
         if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
             raise InvariantError(
@@ -574,6 +676,65 @@ class EvalConfig(Section):
                 fields=("datasets",),
                 fix="add datasets: [{name: aime, path: /path/aime-2024.jsonl}], or interval: null",
             )
+        return self
+
+    @model_validator(mode="after")
+    def check_datasets_are_evaluated(self) -> EvalConfig:
+        if self.datasets and self.interval is None and self.skip_before_train:
+            raise InvariantError(
+                "datasets are named but never evaluated: interval is null (no evaluation "
+                "during or after training) and skip_before_train skips the one before it",
+                fields=("interval",),
+                fix="set interval (e.g. 20: every 20 rollouts and after the last), or remove "
+                "skip_before_train to evaluate once before training",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_sampling(self) -> EvalConfig:
+        if self.temperature is not None and self.temperature < 0:
+            raise InvariantError(
+                f"temperature={self.temperature} is negative; the engines refuse it at the "
+                "first evaluation, after the run has started",
+                fields=("temperature",),
+                fix="use 0 (greedy, with n_samples_per_prompt: 1), a positive value, or null "
+                "(the rollout's temperature)",
+            )
+        if self.top_k is not None:
+            check_top_k(self.top_k, "top_k")
+        return self
+
+    @model_validator(mode="after")
+    def check_greedy_samples_differ(self) -> EvalConfig:
+        if self.temperature != 0:
+            return self
+        many = [("n_samples_per_prompt", self.n_samples_per_prompt)] + [
+            (f"datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
+            for i, d in enumerate(self.datasets)
+        ]
+        for field, n in many:
+            if n is not None and n > 1:
+                raise InvariantError(
+                    f"{field.rsplit('.', 1)[-1]}={n} with temperature=0: greedy decoding "
+                    f"gives the same response {n} times, so the accuracy is one sample's and "
+                    f"the evaluation costs {n}x",
+                    fields=(field,),
+                    fix="use n_samples_per_prompt: 1 for greedy evaluation, or a temperature "
+                    "above 0 (e.g. 0.6) to average several samples",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def check_dataset_names_unique(self) -> EvalConfig:
+        names = [d.name for d in self.datasets]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise InvariantError(
+                    f"two eval datasets are named {name!r}: their metrics are logged under "
+                    f"eval/{name}/..., so one overwrites the other",
+                    fields=(f"datasets.{i}.name",),
+                    fix=f"give each dataset its own name (e.g. {name}_{i})",
+                )
         return self
 
 
@@ -661,6 +822,17 @@ class RecipeConfig(Section):
     def check_batch_divides(self) -> RecipeConfig:
         samples = self.rollout.batch_size * self.rollout.n_samples_per_prompt
         gbs = self.train.global_batch_size
+        if gbs > samples:
+            prompts_needed = -(-gbs // self.rollout.n_samples_per_prompt)
+            raise InvariantError(
+                f"train.global_batch_size={gbs} is more than the {samples} samples a rollout "
+                f"makes (rollout.batch_size x rollout.n_samples_per_prompt = "
+                f"{self.rollout.batch_size} x {self.rollout.n_samples_per_prompt}): no "
+                "optimizer step would ever fill, and the run would train nothing",
+                fields=("train.global_batch_size",),
+                fix=f"set train.global_batch_size to {samples} (one step per rollout) or a "
+                f"divisor of it, or raise rollout.batch_size to {prompts_needed} prompts",
+            )
         if samples % gbs:
             divisors = [d for d in range(samples, 0, -1) if samples % d == 0][:3]
             raise InvariantError(
@@ -692,6 +864,62 @@ class RecipeConfig(Section):
                 fields=("rollout.n_samples_per_prompt",),
                 fix="sample several responses per prompt (the seeds use 8), or use an "
                 f"estimator that works with groups of one: {', '.join(others)}",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_filter_can_pass_groups(self) -> RecipeConfig:
+        rollout = self.rollout
+        if rollout.dynamic_sampling_filter == NONZERO_STD_FILTER and (
+            rollout.n_samples_per_prompt == 1
+        ):
+            raise InvariantError(
+                f"rollout.dynamic_sampling_filter={NONZERO_STD_FILTER} keeps groups whose "
+                "rewards differ, and with rollout.n_samples_per_prompt=1 every group holds one "
+                "reward: every group is dropped, and the rollout draws prompts forever",
+                fields=("rollout.dynamic_sampling_filter",),
+                fix="sample several responses per prompt (e.g. n_samples_per_prompt: 8), or "
+                "remove the filter (and over_sampling_batch_size)",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_decay_spans_run(self) -> RecipeConfig:
+        optim, steps = self.optim, self.optimizer_steps
+        decay = optim.lr_decay_steps
+        if decay is not None and decay < steps and optim.min_lr == 0:
+            raise InvariantError(
+                f"optim.lr_decay_steps={decay} ends the decay {steps - decay} optimizer steps "
+                f"before the run's {steps} ({self.rollout.num_rollout} rollouts), and min_lr is "
+                f"0: the last {steps - decay} steps would train with a learning rate of 0",
+                fields=("optim.lr_decay_steps",),
+                fix=f"set optim.lr_decay_steps: {steps} (the run's optimizer steps), or a "
+                "min_lr above 0 to hold after the decay",
+            )
+        if decay is not None and decay > steps:
+            share = (steps - optim.lr_warmup_steps) / (optim.lr_decay_steps - optim.lr_warmup_steps)
+            raise InvariantError(
+                f"optim.lr_decay_steps={optim.lr_decay_steps} is beyond the run's {steps} "
+                f"optimizer steps ({self.rollout.num_rollout} rollouts): the run ends "
+                f"{share:.0%} of the way through the {optim.lr_decay_style} decay, and the "
+                f"learning rate never reaches min_lr={optim.min_lr:g}",
+                fields=("optim.lr_decay_steps",),
+                fix=f"set optim.lr_decay_steps: {steps} (the run's optimizer steps), or more "
+                "rollouts",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_buffer_holds_a_batch(self) -> RecipeConfig:
+        buffered, batch = self.loop.max_buffered_groups, self.rollout.batch_size
+        if self.loop.mode == "fully_async" and buffered is not None and buffered < batch:
+            raise InvariantError(
+                f"loop.max_buffered_groups={buffered} is below rollout.batch_size={batch}: "
+                f"the trainer waits for {batch} finished groups, and the producer stops "
+                f"drawing at {buffered}, so the run hangs before its first step",
+                fields=("loop.max_buffered_groups",),
+                fix=f"set loop.max_buffered_groups >= {batch} (e.g. {2 * batch}, two rollouts' "
+                "worth), or remove it",
             )
         return self
 

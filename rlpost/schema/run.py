@@ -19,6 +19,10 @@ from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import ModelConfig
 from rlpost.schema.recipe import RecipeConfig
 
+# Faster than any engine decodes one sequence today (H100, small model, batch 1: ~200-300):
+# a request timeout below max_response_len / this cannot be met by a full-length response.
+FASTEST_DECODE_TOKENS_PER_S = 500
+
 
 class TrainerConfig(Section):
     backend: Literal["auto", "torch", "megatron"] = "auto"
@@ -258,6 +262,69 @@ class RunConfig(Section):
                     fix=f"remove recipe.optim.{name}",
                     prefix="recipe.optim.",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_auto_resume_has_a_dir(self) -> RunConfig:
+        if self.mode == "train" and self.run.resume == "auto" and self.run.dir is None:
+            raise InvariantError(
+                "run.resume=auto continues the newest checkpoint in run.dir, and run.dir is "
+                "not set: each launch then writes to a new dated directory "
+                "(runs/<date>/<time>), which holds no checkpoint, so every launch starts "
+                "again at rollout 0",
+                fields=("run.resume",),
+                fix="set run.dir to the run's directory (e.g. run.dir=runs/my_run) on every "
+                "launch of the run, or point run.resume at a checkpoint",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_request_timeout_fits_a_response(self) -> RunConfig:
+        recipe = self.recipe
+        longest = max(
+            [recipe.rollout.max_response_len, recipe.eval.max_response_len or 0]
+            + [d.max_response_len or 0 for d in recipe.eval.datasets]
+        )
+        fastest_s = longest / FASTEST_DECODE_TOKENS_PER_S
+        timeout = self.engine.request_timeout_s
+        if timeout < fastest_s:
+            raise InvariantError(
+                f"engine.request_timeout_s={timeout:g} is shorter than a {longest}-token "
+                f"response takes even at {FASTEST_DECODE_TOKENS_PER_S} tokens/s per sequence "
+                f"({fastest_s:.0f} s): long responses would time out mid-rollout, every one of "
+                "them, and the run fails or trains on what is left",
+                fields=("engine.request_timeout_s",),
+                fix=f"raise engine.request_timeout_s well above {fastest_s:.0f} (the default is "
+                "3600), or lower max_response_len",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_restarts_have_checkpoints(self) -> RunConfig:
+        if self.run.max_restarts and self.recipe.save.interval is None:
+            raise InvariantError(
+                f"run.max_restarts={self.run.max_restarts} restarts a failed run from its "
+                "newest checkpoint, and recipe.save.interval is null: no checkpoint is written "
+                "before the end, so every restart begins again at rollout 0",
+                fields=("recipe.save.interval",),
+                fix="set recipe.save.interval (e.g. 20: a checkpoint every 20 rollouts), or "
+                "run.max_restarts: 0",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_precision_aware_optimizer_is_distributed(self) -> RunConfig:
+        if self.recipe.optim.precision_aware_optimizer and not (
+            self.layout.train.distributed_optimizer
+        ):
+            raise InvariantError(
+                "recipe.optim.precision_aware_optimizer keeps Adam's state in the distributed "
+                "optimizer's shards, and layout.train.distributed_optimizer is false: "
+                "megatron-core refuses the pair when the trainers start",
+                fields=("layout.train.distributed_optimizer",),
+                fix="set layout.train.distributed_optimizer: true (the default), or "
+                "recipe.optim.precision_aware_optimizer: false",
+            )
         return self
 
     @model_validator(mode="after")

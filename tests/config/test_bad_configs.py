@@ -286,6 +286,50 @@ CASES = [
         CMD,
         "colocate: true shares the train GPUs",
     ),
+    Case(
+        "eval_temperature_negative",
+        (*QWEN, "recipe.eval.temperature=-0.5"),
+        "recipe.eval.temperature",
+        CMD,
+        "is negative",
+    ),
+    Case(
+        "eval_datasets_never_evaluated",
+        (*QWEN, "recipe.eval.interval=null", "recipe.eval.skip_before_train=true"),
+        "recipe.eval.interval",
+        CMD,
+        "never evaluated",
+    ),
+    Case(
+        "behaviour_cap_drops_on_policy_tokens",
+        (
+            *QWEN,
+            "recipe.algo.off_policy_correction=decoupled_ppo",
+            "recipe.algo.behaviour_weight_cap=0.9",
+        ),
+        "recipe.algo.behaviour_weight_cap",
+        CMD,
+        "nearly all of the tokens would be dropped",
+    ),
+    Case(
+        "empty_stop_string",
+        (*QWEN, 'recipe.rollout.stop=[""]'),
+        "recipe.rollout.stop",
+        CMD,
+        "holds an empty string",
+    ),
+    Case(
+        "deepep_without_flex_dispatcher",
+        (
+            "model=glm4.7-flash",
+            "recipe=grpo_dapo",
+            "hardware=h100x8",
+            "layout.train.moe_enable_deepep=true",
+        ),
+        "layout.train.moe_token_dispatcher_type",
+        "glm4.7-flash_h100x8.yaml",
+        "backend of the flex token dispatcher",
+    ),
     # hooks
     Case(
         "hook_not_dotted",

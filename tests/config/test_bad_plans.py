@@ -237,6 +237,18 @@ CASES = [
         "cannot keep 2 engines busy",
     ),
     Bad(
+        "moe token dispatcher on a dense model",
+        (*GLM9, "++layout.train.moe_token_dispatcher_type=alltoall"),
+        "layout.train.moe_token_dispatcher_type",
+        "is dense (no model.moe)",
+    ),
+    Bad(
+        "engines given another tokenizer",
+        (*GLM9, "++layout.rollout.sglang.tokenizer_path=/root/other-tokenizer"),
+        "layout.rollout.sglang.tokenizer_path",
+        "another tokenizer than the trainer",
+    ),
+    Bad(
         "cpu engine with tensor parallelism",
         (*TINY, "++layout.rollout.gpus_per_engine=2"),
         "layout.rollout.gpus_per_engine",

@@ -18,6 +18,7 @@ from rlpost.backends.megatron.compat import (
     needs_cpu_compat,
 )
 from rlpost.backends.megatron.config import ParallelSizes
+from rlpost.backends.stores import process_group_store
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,20 @@ def init_parallel(place: ProcessPlace, sizes: ParallelSizes, seed: int) -> None:
         backend = "gloo" if needs_cpu_compat() else "nccl"
         if backend == "nccl":
             torch.cuda.set_device(place.rank % torch.cuda.device_count())
+        timeout = timedelta(seconds=place.timeout_s)
         dist.init_process_group(
             backend=backend,
-            init_method=place.init_method or f"tcp://{place.master_addr}:{place.master_port}",
             rank=place.rank,
             world_size=place.world_size,
-            timeout=timedelta(seconds=place.timeout_s),
+            timeout=timeout,
+            **process_group_store(
+                place.init_method,
+                place.master_addr,
+                place.master_port,
+                place.rank,
+                place.world_size,
+                timeout,
+            ),
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(

@@ -1,7 +1,8 @@
 """The weight-update process group, formed the way SGLang's engines form theirs.
 
 For distributed weight sync the trainer (rank 0) and every engine TP rank (ranks 1..) meet
-at the trainer's address: `tcp://` rendezvous, a store prefixed with the group's name, and a
+at the trainer's address: a TCP store the trainer serves on that address alone
+(rlpost.backends.stores), prefixed with the group's name, and a
 group built outside the default one, so it coexists with the trainer's own data-parallel
 group and the engine's TP group. SGLang's `init_custom_process_group` builds its side in the
 same steps, so the keys both sides write to the store agree (for the same torch release).
@@ -23,6 +24,7 @@ from torch import Tensor
 from torch.distributed import distributed_c10d as c10d
 
 from rlpost.backends.sglang.buckets import WeightInfo, to_dtype
+from rlpost.backends.stores import tcp_store
 
 
 def init_update_group(
@@ -36,9 +38,8 @@ def init_update_group(
 ) -> dist.ProcessGroup:
     """Join (rank 0: host) the group; blocks until all `world_size` ranks have joined."""
     timeout = timedelta(seconds=timeout_s)
-    url = f"tcp://{master_address}:{master_port}"
-    store, rank, world_size = next(c10d.rendezvous(url, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    # rank 0 serves the rendezvous on master_address alone; the engines connect by URL
+    store = tcp_store(master_address, master_port, rank, world_size, timeout)
     store = c10d.PrefixStore(group_name, store)
     group, _ = c10d._new_process_group_helper(
         world_size, rank, [], backend, store, group_name=group_name, timeout=timeout

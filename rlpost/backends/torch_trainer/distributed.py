@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlpost.backends.stores import process_group_store
+
 
 @dataclass(frozen=True)
 class DataParallel:
@@ -36,12 +38,20 @@ class DataParallel:
             raise ValueError(f"rank={self.rank} is outside world_size={self.world_size}")
         if not self.enabled or dist.is_initialized():
             return
+        timeout = timedelta(seconds=self.timeout_s)
         dist.init_process_group(
             backend="gloo",
-            init_method=self.init_method or f"tcp://{self.master_addr}:{self.master_port}",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=self.timeout_s),
+            timeout=timeout,
+            **process_group_store(
+                self.init_method,
+                self.master_addr,
+                self.master_port,
+                self.rank,
+                self.world_size,
+                timeout,
+            ),
         )
 
     def sum(self, tensor: Tensor) -> Tensor:

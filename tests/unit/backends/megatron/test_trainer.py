@@ -137,7 +137,8 @@ def test_an_hf_reference_folder_is_the_reference_in_both_trainers(
     """model.ref_load naming an HF folder with other weights than hf_checkpoint: both
     trainers' reference forwards use that folder's weights (not hf_checkpoint's); and
     model.load naming it starts megatron's policy there, as it does the torch trainer's."""
-    setup = make_setup("qwen3", 8, algo={"use_kl_loss": True, "kl_loss_coef": 0.1})
+    algo = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl"}
+    setup = make_setup("qwen3", 8, algo=algo)
     other = tmp_path / "sft"
     shutil.copytree(setup.model.hf_checkpoint, other)
     weights = load_file(other / "model.safetensors")

@@ -1,0 +1,166 @@
+"""Rules for SGLang options passed through `layout.rollout.sglang` that SGLang accepts but
+that break a training run: lengths its requests cannot fit, numerics that differ from the
+trainer's, and engines that would start from weights or tokens the trainer does not have.
+
+Each is a registered plan check (rlpost.plan.checks), so `mode=plan`, `rlpost validate` and a
+training launch refuse them before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlpost.errors import Issue
+from rlpost.plan.checks import PlanContext, check
+from rlpost.plan.engine_memory import longest_sample_tokens
+from rlpost.schema import RunConfig
+
+KEY = "layout.rollout.sglang"
+# SGLang's --dtype spellings for each of the model's parameter dtypes
+DTYPES = {"bf16": ("bfloat16",), "fp16": ("float16", "half"), "fp32": ("float32", "float")}
+
+
+def _options(cfg: RunConfig) -> dict[str, Any]:
+    return cfg.layout.rollout.sglang if cfg.engine.backend != "cpu" else {}
+
+
+def longest_request_tokens(cfg: RunConfig) -> int:
+    """Prompt + response of the longest rollout or evaluation request (an unset
+    max_prompt_len counts as 0: the plan says so)."""
+    recipe = cfg.recipe
+    eval_len = max(
+        [recipe.eval.max_response_len or 0]
+        + [d.max_response_len or 0 for d in recipe.eval.datasets]
+    )
+    return max(longest_sample_tokens(recipe), (recipe.data.max_prompt_len or 0) + eval_len)
+
+
+@check("sglang_context_length", scope="engine")
+def check_context_length(ctx: PlanContext) -> list[Issue]:
+    options, cfg = _options(ctx.cfg), ctx.cfg
+    context = options.get("context_length")
+    if not isinstance(context, int) or isinstance(context, bool):
+        return []
+    longest, model_max = longest_request_tokens(cfg), cfg.model.max_position_embeddings
+    if context < longest:
+        return [
+            Issue(
+                f"{KEY}.context_length",
+                f"engines would hold {context} tokens per request, and a request asks for up "
+                f"to {longest} (max_prompt_len {cfg.recipe.data.max_prompt_len or 0} + "
+                "max_response_len): SGLang refuses those requests mid-rollout",
+                f"set it to at least {longest} (up to model.max_position_embeddings="
+                f"{model_max}), or remove it (the model's own length)",
+                context,
+            )
+        ]
+    if context > model_max and cfg.model.rope_scaling is None:
+        return [
+            Issue(
+                f"{KEY}.context_length",
+                f"it is beyond model.max_position_embeddings={model_max}: SGLang refuses to "
+                "start an engine past the model's positions (or, forced, decodes NaNs there)",
+                f"use a value in {longest}..{model_max}, or remove it",
+                context,
+            )
+        ]
+    return []
+
+
+@check("sglang_kv_pool", scope="engine")
+def check_max_total_tokens(ctx: PlanContext) -> list[Issue]:
+    total = _options(ctx.cfg).get("max_total_tokens")
+    longest = longest_request_tokens(ctx.cfg)
+    if isinstance(total, int) and not isinstance(total, bool) and 0 < total < longest:
+        return [
+            Issue(
+                f"{KEY}.max_total_tokens",
+                f"it caps each engine's KV cache at {total} tokens, and one request can need "
+                f"{longest}: SGLang rejects it ('exceeds the maximum allowed length') once "
+                "the rollout reaches it",
+                f"set it to at least {longest}, or remove it (SGLang sizes the pool from "
+                "mem_fraction_static)",
+                total,
+            )
+        ]
+    return []
+
+
+@check("sglang_dtype", scope="engine")
+def check_dtype(ctx: PlanContext) -> list[Issue]:
+    dtype = _options(ctx.cfg).get("dtype")
+    params = ctx.cfg.model.params_dtype
+    if dtype in (None, "auto") or dtype in DTYPES[params]:
+        return []
+    return [
+        Issue(
+            f"{KEY}.dtype",
+            f"engines would compute in {dtype} and the trainer in model.params_dtype={params}: "
+            "every sampled token's logprob then differs between the two, and the policy "
+            "ratio and the rollout/trainer mismatch grow with it",
+            f"remove it (engines follow the checkpoint), or set {DTYPES[params][0]}; to "
+            "change precision, change model.params_dtype",
+            dtype,
+        )
+    ]
+
+
+@check("sglang_engine_shape", scope="engine")
+def check_pipeline_engine(ctx: PlanContext) -> list[Issue]:
+    pp = _options(ctx.cfg).get("pp_size")
+    if isinstance(pp, int) and pp > 1:
+        size = ctx.engine.gpus_per_engine
+        return [
+            Issue(
+                f"{KEY}.pp_size",
+                f"rlpost places each engine on layout.rollout.gpus_per_engine={size} GPUs as "
+                f"one tensor-parallel group; pp_size={pp} would make SGLang ask for "
+                f"{size * pp} GPUs and fail to start, and weight updates address TP ranks only",
+                "remove it; size engines with layout.rollout.gpus_per_engine",
+                pp,
+            )
+        ]
+    return []
+
+
+@check("sglang_inputs", scope="engine")
+def check_engine_inputs(ctx: PlanContext) -> list[Issue]:
+    options, model = _options(ctx.cfg), ctx.cfg.model
+    issues = []
+    tokenizer = options.get("tokenizer_path")
+    if tokenizer is not None and tokenizer != model.hf_checkpoint:
+        issues.append(
+            Issue(
+                f"{KEY}.tokenizer_path",
+                "engines would decode with another tokenizer than the trainer, which reads "
+                f"model.hf_checkpoint's ({model.hf_checkpoint}): token ids, stop strings and "
+                "rewards would be computed on different text",
+                "remove it; to change the tokenizer, point model.hf_checkpoint at a folder "
+                "holding it",
+                tokenizer,
+            )
+        )
+    load_format = options.get("load_format")
+    if isinstance(load_format, str) and load_format.startswith("dummy"):
+        issues.append(
+            Issue(
+                f"{KEY}.load_format",
+                "engines would start from random weights, and the first weight update comes "
+                "after the first training step: rollout 0 (and the evaluation before training) "
+                "would be sampled from noise",
+                "remove it (engines load model.hf_checkpoint)",
+                load_format,
+            )
+        )
+    if options.get("allow_auto_truncate"):
+        issues.append(
+            Issue(
+                f"{KEY}.allow_auto_truncate",
+                "SGLang would cut prompts that do not fit and answer the shortened prompt, "
+                "while the trainer trains the response after the full one: those samples' "
+                "logprobs and rewards belong to a prompt nobody trained",
+                "remove it; drop long prompts with recipe.data.max_prompt_len instead",
+                True,
+            )
+        )
+    return issues

@@ -1,0 +1,523 @@
+"""Mistakes users of other RL post-training frameworks made, as their trackers report them.
+
+Each case names the issue or pull request (its URL), quotes the symptom its author saw - a
+late failure, a silently wrong run, or a hang - and writes the same mistake in rlpost's
+config. A training launch (`mode=train`) with it must stop before anything starts: exit
+status 2, no traceback, no Ray, no run directory, under 3 s, naming the key, the value and a
+fix. The fix it gives, applied to the same launch, must itself validate
+(`rlpost validate --no-local-checks`: schema, hooks, plan and memory).
+
+The cases run in one interpreter (the launcher's own `main`), as test_bad_inputs.py's corpus
+does; each is a test of its own so that a failure names the issue it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT_S = 3.0
+GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
+QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
+FLASH = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+DECOUPLED_CPU = ("layout.colocate=false", "layout.train.num_gpus=1", "layout.rollout.num_gpus=1")
+SG = "++layout.rollout.sglang"
+
+
+@dataclass(frozen=True)
+class Mistake:
+    name: str
+    url: str
+    symptom: str  # what the issue's author saw, quoted
+    argv: tuple[str, ...]  # the mistake in rlpost's config (the CPU default unless named)
+    key: str  # the key the refusal names
+    says: str  # part of the refusal's reason
+    fix: tuple[str, ...]  # overrides that replace (same key) or join argv: the fix it names
+    fix_says: str  # part of the refusal's fix line
+    value: str | None = None  # the value as the message shows it, where the head cannot
+    own_dir: bool = True  # False: the launch gets no run.dir
+
+
+MISTAKES: list[Mistake] = [
+    # ---- batch arithmetic -----------------------------------------------------------------
+    Mistake(
+        "micro-batch larger than a rank's share of the step",
+        "https://github.com/verl-project/verl/pull/833",
+        "original assertion is inside `if`, only executed when `ppo_micro_batch_size` is not "
+        "None, and otherwise may results in NaN when training",
+        (
+            "recipe.train.use_dynamic_batch_size=false",
+            "recipe.train.max_tokens_per_gpu=null",
+            "recipe.train.micro_batch_size=64",
+        ),
+        "recipe.train.micro_batch_size",
+        "more than a DP rank gets per optimizer step",
+        ("recipe.train.micro_batch_size=8",),
+        "<= 32",
+    ),
+    Mistake(
+        "global batch larger than a rollout",
+        "https://github.com/THUDM/slime/pull/2366",
+        "computes `train_iters = 2 * 8 * 8 // 256 = 0` ... fails during actor bring-up with a "
+        "bare `AssertionError` ... (`assert self.lr_decay_steps > 0`, no message)",
+        ("recipe.train.global_batch_size=128",),
+        "recipe.train.global_batch_size",
+        "more than the 64 samples a rollout makes",
+        ("recipe.train.global_batch_size=64",),
+        "global_batch_size to 64",
+    ),
+    # ---- algorithm ------------------------------------------------------------------------
+    Mistake(
+        "a group filter that no group of one passes",
+        "https://github.com/verl-project/verl/issues/953",
+        "ValueError: num_gen_batches=10 > max_num_gen_batches=10. Generated too many. "
+        "Please check your data.",
+        (
+            "recipe.algo.advantage_estimator=reinforce_plus_plus",
+            "recipe.rollout.n_samples_per_prompt=1",
+            "recipe.train.global_batch_size=8",
+            "recipe.rollout.over_sampling_batch_size=16",
+            "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        ),
+        "recipe.rollout.dynamic_sampling_filter",
+        "every group is dropped",
+        ("recipe.rollout.n_samples_per_prompt=8",),
+        "n_samples_per_prompt: 8",
+    ),
+    Mistake(
+        "the clip written as 1 + epsilon",
+        "https://github.com/redai-studio/Relax/issues/23",
+        "--eps-clip 3.0 --eps-clip-high 0.28 ... 1-3=-2 Why? (a slime launch script; the "
+        "maintainers: 'mixed up with `--eps-clip-c`')",
+        ("recipe.algo.eps_clip=3.0",),
+        "recipe.algo.eps_clip",
+        "the low side never clips",
+        ("recipe.algo.eps_clip=0.2",),
+        "e.g. 0.2",
+    ),
+    Mistake(
+        "the clip-higher written as the ratio bound",
+        "https://github.com/thunlp/JustRL/issues/2",
+        "请问文章里写clip ratio是[0.8, 1.28]，如何理解呢？主流的取值一般采用[0.2, 0.28] (the paper "
+        "writes the bounds, verl takes the epsilons; JustRL trains with verl)",
+        ("recipe.algo.eps_clip_high=1.28",),
+        "recipe.algo.eps_clip_high",
+        "not the bound itself",
+        ("recipe.algo.eps_clip_high=0.28",),
+        "e.g. 0.28",
+    ),
+    Mistake(
+        "a decay that ends before the run with min_lr 0",
+        "https://github.com/areal-project/AReaL/pull/1289",
+        "The cosine schedule hit `min_lr` roughly one full warmup phase earlier than intended "
+        "(e.g. lr=0 at step 198 for a 220-step run with 22 warmup steps), wasting ~10% of "
+        "training on zero lr.",
+        ("recipe.optim.lr_decay_style=cosine", "recipe.optim.lr_decay_steps=50"),
+        "recipe.optim.lr_decay_steps",
+        "would train with a learning rate of 0",
+        ("recipe.optim.lr_decay_steps=60",),
+        "lr_decay_steps: 60",
+    ),
+    Mistake(
+        "a clip-higher below the low clip",
+        "https://github.com/areal-project/AReaL/pull/285",
+        'assert eps_clip_higher > eps_clip, "eps_clip_higher must be greater than eps_clip" '
+        "(AReaL's decoupled clip ratio, DAPO's clip-higher)",
+        ("recipe.algo.eps_clip_high=0.1",),
+        "recipe.algo.eps_clip_high",
+        "narrows it instead",
+        ("recipe.algo.eps_clip_high=0.28",),
+        ">= 0.2",
+    ),
+    Mistake(
+        "the k1 estimator as a KL loss",
+        "https://github.com/OpenRLHF/OpenRLHF/pull/1309",
+        "The current implementation differentiates k1, k2 or k3 directly ... k1's gradient "
+        "vanishes in expectation, and k3's gradient descends the forward KL",
+        (
+            "recipe.algo.kl_loss_type=k1",
+            "recipe.algo.kl_loss_coef=0.01",
+        ),
+        "recipe.algo.kl_loss_type",
+        "zero in expectation",
+        ("recipe.algo.kl_loss_type=low_var_kl",),
+        "low_var_kl",
+    ),
+    Mistake(
+        "a decay that outlasts the run",
+        "https://github.com/vllm-project/speculators/pull/1104",
+        "Cosine/linear schedules therefore never reached their decay endpoint within the "
+        "actual run — the LR stayed higher than intended for the whole training.",
+        (
+            "recipe.optim.lr_decay_style=cosine",
+            "recipe.optim.lr_decay_steps=1000",
+            "recipe.optim.min_lr=1e-5",
+        ),
+        "recipe.optim.lr_decay_steps",
+        "never reaches min_lr",
+        ("recipe.optim.lr_decay_steps=60",),
+        "lr_decay_steps: 60",
+    ),
+    # ---- evaluation -----------------------------------------------------------------------
+    Mistake(
+        "two eval datasets under one name",
+        "https://github.com/NVIDIA-NeMo/RL/issues/2501",
+        "the validation aggregator collapses all rewards into one `validation/accuracy` ... "
+        "That single number is a sample-weighted mean across both datasets, which is "
+        "meaningless if the per-dataset accuracies diverge.",
+        ("recipe.eval.datasets=[{name:arith,path:/data/a.jsonl},{name:arith,path:/data/b.jsonl}]",),
+        "recipe.eval.datasets.1.name",
+        "one overwrites the other",
+        (
+            "recipe.eval.datasets=[{name:arith,path:/data/a.jsonl},"
+            "{name:arith_1,path:/data/b.jsonl}]",
+        ),
+        "arith_1",
+    ),
+    Mistake(
+        "greedy evaluation sampled n times",
+        "https://github.com/verl-project/verl/issues/6202",
+        "`val_kwargs.temperature` / ... / `n`: Set `temperature > 0` to prevent repetitive "
+        "thinking chains. For small test sets (e.g., AIME24) raise `n` (verl's guidance a "
+        "user asks about: n samples only differ when sampled)",
+        ("recipe.eval.temperature=0", "recipe.eval.n_samples_per_prompt=4"),
+        "recipe.eval.n_samples_per_prompt",
+        "gives the same response 4 times",
+        ("recipe.eval.n_samples_per_prompt=1",),
+        "n_samples_per_prompt: 1",
+    ),
+    Mistake(
+        "top_k 0 meaning 'off' (HF) for an engine that takes -1",
+        "https://github.com/unslothai/unsloth/pull/3935",
+        "trl added top_k in GRPOConfig and defaults to 0 ... vllm's all include top_k is -1 "
+        "and 0 returns an error on SamplingParams creation (TRL's own change: "
+        "https://github.com/huggingface/trl/pull/3494)",
+        ("recipe.eval.top_k=0",),
+        "recipe.eval.top_k",
+        "keeps no token to sample from",
+        ("recipe.eval.top_k=-1",),
+        "use -1",
+    ),
+    # ---- data -----------------------------------------------------------------------------
+    Mistake(
+        "chat-template arguments without the chat template",
+        "https://github.com/OpenRLHF/OpenRLHF/issues/1073",
+        "do we have a method to turn off the thinking mode of Qwen3 series models? ... "
+        "`enable_thinking=False` is needed to be added to `tokenize_fn`",
+        (
+            "recipe.data.apply_chat_template=false",
+            "recipe.data.apply_chat_template_kwargs={enable_thinking:false}",
+        ),
+        "recipe.data.apply_chat_template_kwargs",
+        "prompts are sent as written",
+        ("recipe.data.apply_chat_template=true",),
+        "set apply_chat_template: true",
+        value="{'enable_thinking': False}",
+    ),
+    # ---- the loop and the run -------------------------------------------------------------
+    Mistake(
+        "restarts with no checkpoint to restart from",
+        "https://github.com/radixark/miles/pull/2978",
+        "Put a trainer back at the start of its run when it saved nothing yet (miles, slime's "
+        "successor: a restart before the first save begins again from step 0)",
+        ("run.max_restarts=2", "recipe.save.interval=null"),
+        "recipe.save.interval",
+        "every restart begins again at rollout 0",
+        ("recipe.save.interval=20",),
+        "e.g. 20",
+        value="run.max_restarts=2",
+    ),
+    Mistake(
+        "a fully-async buffer smaller than a batch",
+        "https://github.com/NVIDIA-NeMo/RL/pull/1098",
+        "# Ensure the buffer has at least one step worth of prompt-groups before training "
+        "(NeMo-RL's async GRPO adds the check: a smaller buffer never fills a step)",
+        ("recipe.loop.mode=fully_async", "recipe.loop.max_buffered_groups=2", *DECOUPLED_CPU),
+        "recipe.loop.max_buffered_groups",
+        "the run hangs before its first step",
+        ("recipe.loop.max_buffered_groups=16",),
+        "e.g. 16",
+    ),
+    Mistake(
+        "auto-resume into a new directory each launch",
+        "https://github.com/huggingface/trl/issues/3179",
+        "I set resume_from_checkpoint=True in the GRPOConfig, but based on the output, it "
+        "seems to start training from the first step.",
+        ("run.resume=auto",),
+        "run.resume",
+        "every launch starts again at rollout 0",
+        ("run.dir={tmp}/resumable",),
+        "set run.dir",
+        own_dir=False,
+    ),
+    Mistake(
+        "a request timeout shorter than a long response",
+        "https://github.com/THUDM/slime/issues/1562",
+        "Rollout generation:  62%| 40/64 ... ray.exceptions.RayTaskError(TimeoutError): "
+        "ray::RolloutManager.generate() ('raised by excessive token generation -> time out', "
+        "https://github.com/THUDM/slime/pull/1570)",
+        (*GLM9, "engine.request_timeout_s=20"),
+        "engine.request_timeout_s",
+        "long responses would time out mid-rollout",
+        ("engine.request_timeout_s=3600",),
+        "well above 33",
+    ),
+    # ---- trainer --------------------------------------------------------------------------
+    Mistake(
+        "the allgather token dispatcher with packed samples",
+        "https://github.com/THUDM/slime/issues/1725",
+        "ValueError: Token dispatcher type: allgather does not support variable sequence "
+        "length, please use alltoall dispatcher instead.",
+        (*FLASH, "layout.train.moe_token_dispatcher_type=allgather"),
+        "layout.train.moe_token_dispatcher_type",
+        "megatron-core refuses it",
+        ("layout.train.moe_token_dispatcher_type=alltoall",),
+        "use alltoall",
+    ),
+    Mistake(
+        "a precision-aware optimizer without the distributed optimizer",
+        "https://github.com/NVIDIA/Megatron-LM/pull/7288",
+        "It never surfaced because nothing reached it: `DistributedOptimizer` never called "
+        "`init_state_fn`, and the non-distributed wrappers cannot be precision-aware "
+        "(`get_megatron_optimizer` refuses that combination).",
+        (*FLASH, "layout.train.distributed_optimizer=false"),
+        "layout.train.distributed_optimizer",
+        "megatron-core refuses the pair",
+        ("layout.train.distributed_optimizer=true",),
+        "distributed_optimizer: true",
+    ),
+    Mistake(
+        "an MTP loss weight without MTP training",
+        "https://github.com/inclusionAI/AReno/pull/550",
+        "Until now the MTP layer shipped in Ling / Bailing V3 checkpoints was dropped at load "
+        "time, so it degraded silently during RL fine-tuning (AReaL's team; the checkpoint's "
+        "`mtp_loss_scaling_factor` trains nothing unless MTP training is on)",
+        ("recipe.train.mtp_loss_scaling_factor=0.5",),
+        "recipe.train.mtp_loss_scaling_factor",
+        "mtp_training is off",
+        ("~recipe.train.mtp_loss_scaling_factor",),
+        "remove mtp_loss_scaling_factor",
+    ),
+    # ---- engines: memory and numerics -----------------------------------------------------
+    Mistake(
+        "one sampling seed for every engine",
+        "https://github.com/NVIDIA-NeMo/RL/issues/53",
+        "vLLM set seed (each engine needs different seed); verl: 'I assume the seed should "
+        "depend on the model parallel rank' (https://github.com/verl-project/verl/pull/912)",
+        (*GLM9, f"{SG}.random_seed=42"),
+        "layout.rollout.sglang.random_seed",
+        "one seed for every engine gives them the same draws",
+        (f"~{SG}.random_seed", "run.seed=42"),
+        "set run.seed instead",
+    ),
+    Mistake(
+        "online FP8 quantization of a bf16 checkpoint",
+        "https://github.com/verl-project/verl/issues/1803",
+        "The real issue was that the current vllm implementation doesn't support loading "
+        "bf16 weights online and dynamically quantize them to fp8.",
+        (*GLM9, f"{SG}.quantization=fp8"),
+        "layout.rollout.sglang.quantization",
+        "not the bf16 weights each update sends",
+        (f"~{SG}.quantization",),
+        "remove quantization",
+    ),
+    Mistake(
+        "engines started from random weights",
+        "https://github.com/google/tunix/pull/2096",
+        "Rollouts for step 0 come from uninitialized weights. `train_stage` only syncs *after* "
+        "a step ... The rollouts are degenerate but still scored",
+        (*GLM9, f"{SG}.load_format=dummy"),
+        "layout.rollout.sglang.load_format",
+        "sampled from noise",
+        (f"~{SG}.load_format",),
+        "remove it",
+    ),
+    Mistake(
+        "colocated engines that keep their memory while training",
+        "https://github.com/verl-project/verl/issues/2208",
+        "the memory it occupies is not released after initialization ... This behavior can "
+        "lead to out-of-memory (OOM) errors",
+        (*QWEN, "engine.offload=false"),
+        "engine.offload",
+        "runs out of memory",
+        ("engine.offload=null",),
+        "remove engine.offload",
+    ),
+    Mistake(
+        "engines computing in another dtype than the trainer",
+        "https://github.com/NVIDIA-NeMo/RL/pull/3936",
+        "Must be paired with NRL_VLLM_FP32_LM_HEAD=1 below — enabling this on only one engine "
+        "makes the multiplicative error worse, since both otherwise round to the same grid.",
+        (*GLM9, f"{SG}.dtype=float16"),
+        "layout.rollout.sglang.dtype",
+        "every sampled token's logprob then differs",
+        (f"{SG}.dtype=bfloat16",),
+        "set bfloat16",
+    ),
+    # ---- engines: lengths -----------------------------------------------------------------
+    Mistake(
+        "an engine context shorter than prompt + response",
+        "https://github.com/verl-project/verl/pull/1627",
+        "[SGLang Async Rollout] Validate prompt_len + max_resp_len <= max_model_len "
+        "(the request otherwise fails inside the engine mid-rollout)",
+        (*GLM9, f"{SG}.context_length=4096"),
+        "layout.rollout.sglang.context_length",
+        "SGLang refuses those requests mid-rollout",
+        (f"{SG}.context_length=16384",),
+        "at least 16384",
+    ),
+    Mistake(
+        "an engine context beyond the model's positions",
+        "https://github.com/sgl-project/sglang/pull/1778",
+        "addresses potential issues when users specify a context length exceeding the model's "
+        "derived maximum ... These changes will prevent decoding nan errors, which I have met "
+        "recently.",
+        (*GLM9, f"{SG}.context_length=1000000"),
+        "layout.rollout.sglang.context_length",
+        "beyond model.max_position_embeddings=32768",
+        (f"{SG}.context_length=32768",),
+        "16384..32768",
+    ),
+    Mistake(
+        "a KV pool smaller than one request",
+        "https://github.com/sgl-project/sglang/issues/4048",
+        "Input length (160062 tokens) exceeds the maximum allowed length (59862 tokens). Use "
+        "a shorter input or enable --allow-auto-truncate.",
+        (*GLM9, f"{SG}.max_total_tokens=1024"),
+        "layout.rollout.sglang.max_total_tokens",
+        "one request can need 16384",
+        (f"{SG}.max_total_tokens=16384",),
+        "at least 16384",
+    ),
+    Mistake(
+        "prompts cut short by the engine",
+        "https://github.com/NVIDIA-NeMo/Gym/pull/1557",
+        "this keeps the prompt **head** and drops the **tail** ... an overflowing prompt "
+        "generates from a malformed context with no generation marker, and the result enters "
+        "the dataset as a valid rollout (NeMo-RL's SGLang worker)",
+        (*GLM9, f"{SG}.allow_auto_truncate=true"),
+        "layout.rollout.sglang.allow_auto_truncate",
+        "belong to a prompt nobody trained",
+        (f"{SG}.allow_auto_truncate=false",),
+        "recipe.data.max_prompt_len",
+    ),
+    Mistake(
+        "a pipeline-parallel engine",
+        "https://github.com/areal-project/AReaL/pull/232",
+        "System Hang (disk-based weight update): The SGLang server hangs on startup when "
+        "using `dp=1, pp=4, tp=1`; Error with Combined PP and TP ... (e.g., `dp=1, pp=2, tp=2`)",
+        (*GLM9, f"{SG}.pp_size=2"),
+        "layout.rollout.sglang.pp_size",
+        "fail to start",
+        (f"{SG}.pp_size=1",),
+        "layout.rollout.gpus_per_engine",
+    ),
+]
+
+
+def fixed_argv(case: Mistake, tmp: Path) -> list[str]:
+    """The launch's overrides with the case's fix applied: the same key replaced, or
+    dropped for `~key`."""
+    fix = [f.replace("{tmp}", str(tmp)) for f in case.fix]
+    keys = {f.lstrip("~+").split("=", 1)[0] for f in fix}
+    kept = [a for a in case.argv if a.lstrip("+").split("=", 1)[0] not in keys]
+    return kept + [f for f in fix if not f.startswith("~")]
+
+
+DRIVER = """
+import contextlib, io, json, sys, time
+from rlpost.cli import launch
+from rlpost.cli.main import main as rlpost_main
+
+def run(fn, argv):
+    err = io.StringIO()
+    started = time.perf_counter()
+    code = 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = fn(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            import traceback
+            err.write("Traceback (from the driver)\\n" + traceback.format_exc())
+            code = -1
+    return code or 0, err.getvalue(), time.perf_counter() - started
+
+results = {}
+for case in json.loads(open(sys.argv[1]).read()):
+    code, err, seconds = run(launch.main, case["launch"])
+    ray = sys.modules.get("ray")
+    fixed_code, fixed_err, _ = run(rlpost_main, ["validate", "--no-local-checks", *case["fixed"]])
+    results[case["name"]] = {
+        "code": code, "stderr": err, "seconds": seconds,
+        "ray_started": bool(ray is not None and ray.is_initialized()),
+        "fixed_code": fixed_code, "fixed_stderr": fixed_err,
+    }
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    work = tmp_path_factory.mktemp("tracker_mistakes")
+    runs = work / "runs"
+    items = []
+    for i, case in enumerate(MISTAKES):
+        launch = list(case.argv)
+        if case.own_dir:
+            launch.append(f"run.dir={runs / str(i)}")
+        launch.append(f"hydra.run.dir={runs / 'hydra' / str(i)}")
+        items.append({"name": case.name, "launch": launch, "fixed": fixed_argv(case, work)})
+    spec = work / "cases.json"
+    spec.write_text(json.dumps(items))
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "RAY_ADDRESS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(spec)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    written = [p for p in runs.iterdir() if p.name != "hydra"] if runs.exists() else []
+    assert written == [], f"run directories written by refused launches: {written}"
+    return got
+
+
+def test_the_corpus_is_tracker_sourced() -> None:
+    assert len(MISTAKES) >= 30
+    assert len({c.name for c in MISTAKES}) == len(MISTAKES)
+    assert len({c.url for c in MISTAKES}) == len(MISTAKES)
+    assert all(c.url.startswith("https://github.com/") and c.symptom for c in MISTAKES)
+
+
+@pytest.mark.parametrize("case", MISTAKES, ids=[c.name for c in MISTAKES])
+def test_refused_before_anything_starts(case: Mistake, results: dict[str, dict]) -> None:
+    got = results[case.name]
+    err = got["stderr"]
+    assert got["code"] == 2, f"{case.url}: exit {got['code']}\n{err[-2000:]}"
+    assert "Traceback" not in err, err[-2000:]
+    assert not got["ray_started"]
+    assert got["seconds"] < LIMIT_S, f"{got['seconds']:.1f} s"
+    shown = f"{case.key} = " if case.value is None else case.value
+    assert case.key in err and shown in err, f"{case.key!r} or its value not named\n{err}"
+    assert case.says in err, f"no {case.says!r}\n{err}"
+    fixes = [line for line in err.splitlines() if line.strip().startswith("fix:")]
+    assert any(case.fix_says in line for line in fixes), f"no fix {case.fix_says!r}\n{err}"
+
+
+@pytest.mark.parametrize("case", MISTAKES, ids=[c.name for c in MISTAKES])
+def test_the_fix_it_names_validates(case: Mistake, results: dict[str, dict]) -> None:
+    got = results[case.name]
+    assert got["fixed_code"] == 0, f"{asdict(case)['fix']}:\n{got['fixed_stderr'][-2000:]}"
