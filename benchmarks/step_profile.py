@@ -2,50 +2,17 @@
 kernels (torch.profiler, by self device time on CUDA, self CPU time on CPU) and the host reads
 of tensor values, each of which waits for the GPU.
 
-Host reads are seen by a TorchFunctionMode: Tensor.item, tolist, cpu, numpy, __int__,
-__float__, __bool__, __index__, and .to() towards the host (a TorchDispatchMode misses
-.tolist() and .cpu() on CPU tensors, so on CPU it would undercount).
+Host reads are counted by rlpost.backends.host_reads.HostReads.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-T = torch.Tensor
-READS = {T.item, T.tolist, T.cpu, T.numpy, T.__int__, T.__float__, T.__bool__, T.__index__}
-
-
-def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    device = kwargs.get("device")
-    for arg in args[1:]:
-        if isinstance(arg, str | torch.device):
-            device = arg
-    return device is not None and torch.device(device).type == "cpu"
-
-
-class HostReads(TorchFunctionMode):
-    """Counts host reads of tensor values by kind while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: Counter[str] = Counter()
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func in READS or (func is T.to and _to_host(args, kwargs)):
-            self.counts[getattr(func, "__name__", str(func))] += 1
-        return func(*args, **kwargs)
+from rlpost.backends.host_reads import HostReads
 
 
 def count_host_reads(step: Callable[[], object]) -> Counter[str]:
