@@ -897,7 +897,7 @@ class RecipeConfig(Section):
                 "min_lr above 0 to hold after the decay",
             )
         if decay is not None and decay > steps:
-            share = (steps - optim.lr_warmup_steps) / (optim.lr_decay_steps - optim.lr_warmup_steps)
+            share = (steps - optim.lr_warmup_steps) / (decay - optim.lr_warmup_steps)
             raise InvariantError(
                 f"optim.lr_decay_steps={optim.lr_decay_steps} is beyond the run's {steps} "
                 f"optimizer steps ({self.rollout.num_rollout} rollouts): the run ends "
