@@ -4,10 +4,11 @@
 plan's per-GPU training estimate less its overhead term (the CUDA context and workspaces, which
 the allocator does not see); on CPU, the train rank's peak resident memory over the step
 (VmHWM, reset at the step's start where Linux allows it, else the process's lifetime peak)
-over the same estimate (whose overhead term is 0 there; the RSS also holds the interpreter and
-its libraries, which the estimate does not count, so a tiny model reads several times over
-it). `perf/train_time_vs_plan`: the step's
-seconds over the cost model's training seconds per rollout. `perf/mfu` (CUDA only): model
+less its resident memory before the trainer built anything (the interpreter and its
+libraries, which the estimate does not count), over the same estimate (whose overhead term is
+0 there). Freed host memory the allocator keeps for reuse still counts as resident.
+`perf/train_time_vs_plan`: the step's seconds over the cost model's training seconds per
+rollout. `perf/mfu` (CUDA only): model
 FLOPs (rlpost.plan.flops) over the step's seconds x train GPUs x the profile's peak. The model
 FLOPs are the samples' as the rollout gives them: where the torch trainer packs a group's
 prompt once, it computes less than that, and its MFU reads high by as much.
@@ -55,6 +56,17 @@ def _rss_peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
 
 
+def host_memory_now_gib() -> float:
+    """This process's resident memory now (VmRSS), the CPU baseline of `StepMeter`."""
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / GIB  # kB
+    except OSError:
+        pass
+    return 0.0
+
+
 def _reset_rss_peak() -> None:
     # resets VmHWM (Linux >= 4.0); where it cannot, the lifetime peak: never below the step's
     with contextlib.suppress(OSError):
@@ -65,11 +77,18 @@ class StepMeter:
     """`start()` when a train step begins; `metrics()` when it ends."""
 
     def __init__(
-        self, device: torch.device, world_size: int, prediction: TrainPrediction | None
+        self,
+        device: torch.device,
+        world_size: int,
+        prediction: TrainPrediction | None,
+        host_baseline_gib: float = 0.0,
     ) -> None:
+        """`host_baseline_gib`: the process's resident memory before the trainer built its
+        models (host_memory_now_gib), left out of a CPU step's peak."""
         self.cuda = device.type == "cuda" and torch.cuda.is_available()
         self.device, self.world_size = device, world_size
         self.prediction = prediction
+        self.host_baseline_gib = host_baseline_gib
 
     def start(self) -> None:
         if self.cuda:
@@ -80,7 +99,7 @@ class StepMeter:
     def peak_memory_gib(self) -> float:
         if self.cuda:
             return torch.cuda.max_memory_allocated(self.device) / GIB
-        return _rss_peak_gib()
+        return _rss_peak_gib() - self.host_baseline_gib
 
     def metrics(self, lengths: Sequence[int], forwards: float, train_s: float) -> dict[str, float]:
         peak = self.peak_memory_gib()

@@ -75,7 +75,7 @@ from rlpost.backends.megatron.trainer_state import (
     onload_from_host,
     save_state,
 )
-from rlpost.backends.step_perf import StepMeter, forwards_run
+from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
@@ -116,6 +116,7 @@ class MegatronTrainer:
         """`prediction`: the plan's, logged beside what each step measured (perf/*)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        host_before = host_memory_now_gib()
         self.model_config, self.algo, self.optim, self.train = model, algo, optim, train
         self.layout, self.temperature = layout, rollout_temperature
         self.policy_loss_kind = get_estimator(algo.advantage_estimator).policy_loss
@@ -135,7 +136,7 @@ class MegatronTrainer:
                 seed,
             )
             self.device = compute_device()
-            self.meter = StepMeter(self.device, world_size, prediction)
+            self.meter = StepMeter(self.device, world_size, prediction, host_before)
             self.weights = ModelWeights.current(model, self.settings)
             module = self._load(build_gpt_model(self.settings), model.load)
             # before the config gets the DDP hooks below: building MoE experts deep-copies it,

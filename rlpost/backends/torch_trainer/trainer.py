@@ -36,7 +36,7 @@ from rlpost.algo.steps import (
     validate_sample,
 )
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
-from rlpost.backends.step_perf import StepMeter, forwards_run
+from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 from rlpost.backends.torch_trainer.distributed import DataParallel
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
@@ -79,6 +79,7 @@ class TorchTrainer:
         the policy's); `prediction`: the plan's, logged beside what each step measured."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        host_before = host_memory_now_gib()
         self.model_dir = Path(model_dir)
         self.algo, self.optim, self.train = algo, optim, train
         self.temperature = rollout_temperature
@@ -102,7 +103,7 @@ class TorchTrainer:
         )
         self.optimizer = build_optimizer(self.model, optim)
         device = next(self.model.parameters()).device
-        self.meter = StepMeter(device, world_size, prediction)
+        self.meter = StepMeter(device, world_size, prediction, host_before)
         self.step = 0
         self._offloaded_from: torch.device | None = None
 
