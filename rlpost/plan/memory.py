@@ -174,7 +174,8 @@ def logprob_kernel_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -
     accumulator of the output weight's gradient (rlpost.backends.megatron.logits)."""
     hidden = 2 * tokens * model.hidden_size * weight_bytes(model)
     weight_grad = 4 * model.vocab_size / par.tp * model.hidden_size
-    return hidden + 3 * LOGPROB_CHUNK_BYTES + weight_grad
+    chunk = min(LOGPROB_CHUNK_BYTES, 4 * tokens * model.vocab_size / par.tp)  # at most all
+    return hidden + 3 * chunk + weight_grad
 
 
 @dataclass(frozen=True)
