@@ -15,7 +15,13 @@ from pydantic import (
 
 from rlpost.schema.base import InvariantError, Section
 
-Family = Literal["qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3"]
+Family = Literal[
+    "qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3", "generic"
+]
+"""The seven named families are the architectures megatron-core's layer specs express.
+`generic` is any other HF causal LM, described by the facts its config.json states: the torch
+trainer loads it with transformers and trains it; the plan counts it from these fields."""
+GENERIC_FAMILY = "generic"
 
 
 class MoEConfig(Section):
