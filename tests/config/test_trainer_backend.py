@@ -62,3 +62,36 @@ def test_recompute_on_the_torch_trainer_is_refused_not_ignored(compose_run: Comp
         compose_run(*TINY, "layout.train.recompute.granularity=full", "trainer.backend=megatron")
     )
     assert plan.parallel.recompute == "full"
+
+
+GENERIC = ("model.family=generic", "model.hf_architecture=MistralForCausalLM")
+
+
+def test_auto_trains_a_generic_model_with_the_torch_trainer(compose_run: ComposeRun) -> None:
+    cfg = compose_run(*TINY, *GENERIC)
+    plan = build_plan(cfg)
+    assert resolve_trainer_backend(cfg, plan.parallel) == "torch"
+    (note,) = [n for n in plan.notes if "generic" in n]
+    assert "MistralForCausalLM" in note and "can fall short" in note
+
+
+def test_megatron_is_refused_for_a_generic_model(compose_run: ComposeRun) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*TINY, *GENERIC, "trainer.backend=megatron"))
+    (issue,) = caught.value.issues
+    assert issue.key == "trainer.backend" and issue.value == "megatron"
+    assert "no layer spec" in issue.message and "trainer.backend=torch" in issue.fix
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "megatron"])
+def test_a_generic_model_on_gpus_gets_one_refusal_naming_both_facts(
+    compose_run: ComposeRun, backend: str
+) -> None:
+    """No GPU trainer builds a generic model yet: one issue says so, whatever the backend."""
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*QWEN, *GENERIC, f"trainer.backend={backend}"))
+    backend_issues = [i for i in caught.value.issues if i.key == "trainer.backend"]
+    (issue,) = backend_issues
+    assert "only the torch trainer trains" in issue.message
+    assert "the torch trainer trains on CPU: h100x8 is a GPU machine" in issue.message
+    assert "hardware=cpu trainer.backend=torch" in issue.fix
