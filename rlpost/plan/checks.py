@@ -313,7 +313,7 @@ def check_context_parallel(ctx: PlanContext) -> list[Issue]:
 def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     configured = ctx.cfg.trainer.backend
     backend = resolve_trainer_backend(ctx.cfg, ctx.parallel)
-    issues = _generic_model_issues(ctx, backend)
+    issues = generic_model_issues(ctx.cfg)
     if issues:
         return issues
     if ctx.cfg.hardware.kind == "gpu" and backend not in GPU_TRAINERS:
@@ -351,12 +351,15 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     return issues
 
 
-def _generic_model_issues(ctx: PlanContext, backend: str) -> list[Issue]:
+def generic_model_issues(cfg: RunConfig) -> list[Issue]:
     """A generic model trains only where a trainer builds it from its HF config; on a GPU
-    profile no such trainer runs yet, which is one refusal naming both facts."""
-    model, hw = ctx.cfg.model, ctx.cfg.hardware
+    profile no such trainer runs yet, which is one refusal naming both facts. Whatever the
+    layout (`auto` trains a generic model with the torch trainer), so the layout search asks
+    before it enumerates."""
+    model, hw = cfg.model, cfg.hardware
     if model.family != GENERIC_FAMILY:
         return []
+    backend = "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
     shipped = "a model of a family megatron-core expresses (qwen3, llama, glm4, deepseek_v3, ...)"
     if hw.kind == "gpu" and not GPU_TRAINERS & GENERIC_TRAINERS:
         return [
@@ -367,7 +370,7 @@ def _generic_model_issues(ctx: PlanContext, backend: str) -> list[Issue]:
                 f"torch trainer trains on CPU: {hw.name} is a GPU machine",
                 f"run it on a CPU profile (hardware=cpu trainer.backend=torch), or train {shipped} "
                 "on this GPU profile",
-                value=ctx.cfg.trainer.backend,
+                value=cfg.trainer.backend,
             )
         ]
     if backend not in GENERIC_TRAINERS:
@@ -378,7 +381,7 @@ def _generic_model_issues(ctx: PlanContext, backend: str) -> list[Issue]:
                 "has no layer spec for it, so the megatron trainer cannot build it",
                 "set trainer.backend=torch (it loads the model with transformers), or use "
                 + shipped,
-                value=ctx.cfg.trainer.backend,
+                value=cfg.trainer.backend,
             )
         ]
     return []

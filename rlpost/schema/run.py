@@ -16,7 +16,7 @@ from pydantic import (
 from rlpost.schema.base import InvariantError, Section, check_host_port, check_ip, refuse_unused
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
-from rlpost.schema.model import ModelConfig
+from rlpost.schema.model import GENERIC_FAMILY, ModelConfig
 from rlpost.schema.recipe import RecipeConfig
 
 # Faster than any engine decodes one sequence today (H100, small model, batch 1: ~200-300):
@@ -190,6 +190,19 @@ class RunConfig(Section):
                 "does not print",
                 fields=("plan.format",),
                 fix="use mode=slime_args with it, or plan.format=table or json",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_slime_builds_the_model(self) -> RunConfig:
+        if self.mode == "slime_args" and self.model.family == GENERIC_FAMILY:
+            raise InvariantError(
+                f"slime trains with megatron-core, which has no layer spec for model "
+                f"{self.model.name} (family generic, {self.model.hf_architecture}): its "
+                "arguments would describe a different network",
+                fields=("mode",),
+                fix="train it here with trainer.backend=torch (mode=train), or export a model "
+                "of a family megatron-core expresses",
             )
         return self
 

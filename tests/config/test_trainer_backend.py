@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from rlpost.errors import UserError
-from rlpost.plan import build_plan
+from rlpost.plan import build_plan, plan_config
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.schema import RunConfig
 
@@ -83,15 +83,24 @@ def test_megatron_is_refused_for_a_generic_model(compose_run: ComposeRun) -> Non
     assert "no layer spec" in issue.message and "trainer.backend=torch" in issue.fix
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch", "megatron"])
+@pytest.mark.parametrize(
+    ("backend", "layout"),
+    [("auto", ()), ("torch", ()), ("megatron", ()), ("auto", ("layout=auto",))],
+    ids=["auto", "torch", "megatron", "layout-search"],
+)
 def test_a_generic_model_on_gpus_gets_one_refusal_naming_both_facts(
-    compose_run: ComposeRun, backend: str
+    compose_run: ComposeRun, backend: str, layout: tuple[str, ...]
 ) -> None:
-    """No GPU trainer builds a generic model yet: one issue says so, whatever the backend."""
+    """No GPU trainer builds a generic model yet: one issue says so, whatever the backend,
+    and the layout search says it too instead of rejecting every candidate."""
     with pytest.raises(UserError) as caught:
-        build_plan(compose_run(*QWEN, *GENERIC, f"trainer.backend={backend}"))
-    backend_issues = [i for i in caught.value.issues if i.key == "trainer.backend"]
-    (issue,) = backend_issues
+        plan_config(compose_run(*QWEN, *layout, *GENERIC, f"trainer.backend={backend}"))
+    (issue,) = caught.value.issues
     assert "only the torch trainer trains" in issue.message
     assert "the torch trainer trains on CPU: h100x8 is a GPU machine" in issue.message
     assert "hardware=cpu trainer.backend=torch" in issue.fix
+
+
+def test_slime_arguments_for_a_generic_model_are_refused(compose_run: ComposeRun) -> None:
+    with pytest.raises(ValueError, match="slime trains with megatron-core, which has no layer"):
+        compose_run(*TINY, *GENERIC, "mode=slime_args")
