@@ -142,11 +142,13 @@ def _traits(hf: HFConfig) -> FamilyTraits:
     architectures = hf.get("architectures", default=None)
     causal = isinstance(architectures, list) and architectures
     if not causal or not str(architectures[0]).endswith("ForCausalLM"):
+        named = f"names {architectures[0]}" if causal else "states no architectures"
         raise _error(
             "architectures",
             architectures,
-            f"{hf.path} is a {model_type!r} model whose architectures do not name a causal LM "
-            "class (...ForCausalLM), which the torch trainer loads it as."
+            f"{hf.path} is a {model_type!r} model, outside the families rlpost has a "
+            f"megatron-core spec for, and {named}: a model of another architecture is "
+            "trained as the causal LM class (...ForCausalLM) its config.json names."
             f"{did_you_mean(str(model_type), FAMILIES)}",
             f"point --from-hf at a causal LM checkpoint (families with a megatron-core spec: "
             f"{', '.join(FAMILIES)}; any other ...ForCausalLM is drawn as {GENERIC_FAMILY})",

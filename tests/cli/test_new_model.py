@@ -311,7 +311,7 @@ def test_rope_scaling_is_drawn_from_either_format(saved_tiny_configs: Path) -> N
     [
         (
             {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"]},
-            "(...ForCausalLM)",
+            "names Qwen3VLForConditionalGeneration",
         ),
         ({"use_sliding_window": True}, "sliding-window attention"),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "RoPE scaling"),
@@ -404,7 +404,7 @@ def test_a_class_that_adds_what_its_config_omits_is_drawn_with_it() -> None:
         ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
         ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0: softcapped attention"),
         ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act='gelu_pytorch_tanh'"),
-        ({"architectures": ["MistralModel"]}, "do not name a causal LM class"),
+        ({"architectures": ["MistralModel"]}, "names MistralModel"),
         ({"hidden_size": None}, "does not state hidden_size"),
     ],
 )
