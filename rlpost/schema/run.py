@@ -360,4 +360,12 @@ class RunConfig(Section):
                 fields=("trainer.backend",),
                 fix="set trainer.backend=megatron, or recipe.train.mtp_training: false",
             )
+        if self.model.family == GENERIC_FAMILY:
+            raise InvariantError(
+                "recipe.train.mtp_training needs the Megatron trainer, which builds the MTP "
+                f"layers, and model {self.model.name!r} is family generic: only the torch "
+                "trainer builds it, and it trains the main model only",
+                fields=("recipe.train.mtp_training",),
+                fix="set recipe.train.mtp_training: false",
+            )
         return self

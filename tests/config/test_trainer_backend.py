@@ -104,3 +104,10 @@ def test_a_generic_model_on_gpus_gets_one_refusal_naming_both_facts(
 def test_slime_arguments_for_a_generic_model_are_refused(compose_run: ComposeRun) -> None:
     with pytest.raises(ValueError, match="slime trains with megatron-core, which has no layer"):
         compose_run(*TINY, *GENERIC, "mode=slime_args")
+
+
+def test_mtp_training_of_a_generic_model_is_refused(compose_run: ComposeRun) -> None:
+    """The torch trainer, the only one that builds it, would train the main model alone."""
+    generic_mtp = (*GENERIC, "model.mtp_num_layers=1", "recipe.train.mtp_training=true")
+    with pytest.raises(ValueError, match="is family generic: only the torch trainer builds it"):
+        compose_run(*TINY, *generic_mtp)
