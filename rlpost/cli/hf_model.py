@@ -44,6 +44,7 @@ class FamilyTraits:
     router_expert_bias: bool = False
     norm_topk_prob: bool = True  # the family's default when config.json omits it
     qkv_bias: bool = False  # the class adds QKV biases without an `attention_bias` key
+    gated_gelu: bool = False  # the class gates its MLP with GELU (GeGLU)
 
 
 FAMILIES: dict[str, FamilyTraits] = {
@@ -79,9 +80,11 @@ FAMILIES: dict[str, FamilyTraits] = {
 # model types outside the seven whose modelling code has facts their config.json omits
 GENERIC_TRAITS: dict[str, FamilyTraits] = {
     "qwen2": FamilyTraits(GENERIC_FAMILY, "Qwen2ForCausalLM", qkv_bias=True),
+    "gemma": FamilyTraits(GENERIC_FAMILY, "GemmaForCausalLM", gated_gelu=True),
 }
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu"}  # gated MLPs: SwiGLU
+GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new")  # a gated-GELU class may name any of them
 SUPPORTED_ROPE_SCALING = ("llama3", "yarn")
 
 
@@ -293,8 +296,10 @@ def _moe(hf: HFConfig, traits: FamilyTraits) -> dict[str, Any] | None:
     )
 
 
-def _activation(hf: HFConfig) -> str:
-    act = hf.get("hidden_act", default="silu")
+def _activation(hf: HFConfig, traits: FamilyTraits) -> str:
+    act = hf.get("hidden_act", "hidden_activation", default="silu")
+    if traits.gated_gelu and act in GELUS:
+        return "geglu"
     if act not in ACTIVATIONS:
         raise _unsupported(hf, "hidden_act", act, f"supported: {', '.join(ACTIVATIONS)}")
     return ACTIVATIONS[act]
@@ -333,7 +338,7 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
         "post_self_attn_layernorm": traits.sandwich_norms,
         "post_mlp_layernorm": traits.sandwich_norms,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
-        "activation": _activation(hf),
+        "activation": _activation(hf, traits),
         "mtp_num_layers": hf.get("num_nextn_predict_layers", default=0),
         "params_dtype": DTYPES.get(str(hf.get("torch_dtype", "dtype", default="")), "bf16"),
         "mla": _mla(hf),

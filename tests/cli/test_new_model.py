@@ -176,6 +176,7 @@ def test_the_family_traits_reproduce_the_hand_written_models(name: str) -> None:
 def _tiny_configs() -> dict[str, Any]:
     from transformers import (
         DeepseekV3Config,
+        GemmaConfig,
         Glm4Config,
         Glm4MoeConfig,
         LlamaConfig,
@@ -246,6 +247,7 @@ def _tiny_configs() -> dict[str, Any]:
         # config.json names its class; a bare config's is set here)
         "mistral": MistralConfig(**small, sliding_window=None, architectures=[MISTRAL]),
         "phi3": Phi3Config(**small, architectures=["Phi3ForCausalLM"]),
+        "gemma": GemmaConfig(**small, head_dim=32, architectures=["GemmaForCausalLM"]),
     }
 
 
@@ -258,7 +260,8 @@ def saved_tiny_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3", "qwen3moe", "llama", "deepseek", "glm4", "glm4moe", "mistral", "phi3"]
+    "name",
+    ["qwen3", "qwen3moe", "llama", "deepseek", "glm4", "glm4moe", "mistral", "phi3", "gemma"],
 )
 def test_a_saved_tiny_config_round_trips_through_validate(
     name: str, saved_tiny_configs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -395,6 +398,9 @@ def test_a_class_that_adds_what_its_config_omits_is_drawn_with_it() -> None:
     del hf["attention_bias"]
     facts = architecture(HFConfig(hf, "config.json"))
     assert facts["family"] == "generic" and facts["add_qkv_bias"] is True  # Qwen2's QKV bias
+    gemma = hf | {"model_type": "gemma", "architectures": ["GemmaForCausalLM"]}
+    facts = architecture(HFConfig(gemma | {"hidden_act": "gelu_pytorch_tanh"}, "config.json"))
+    assert facts["activation"] == "geglu"  # Gemma gates its MLP with GELU
 
 
 @pytest.mark.parametrize(

@@ -141,10 +141,11 @@ GENERIC_SMALL = dict(
         ("MistralConfig", {"sliding_window": None}),
         ("MistralConfig", {"sliding_window": None, "tie_word_embeddings": True}),
         ("Phi3Config", {}),  # fused QKV and gate-up projections
+        ("GemmaConfig", {"head_dim": 32}),  # GeGLU, heads wider than hidden / heads
         ("Qwen2Config", {}),  # QKV biases its config.json does not state
         ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     ],
-    ids=["mistral", "mistral-tied", "phi3", "qwen2", "mixtral"],
+    ids=["mistral", "mistral-tied", "phi3", "gemma", "qwen2", "mixtral"],
 )
 def test_a_generic_models_count_is_the_hf_models(config_class: str, extra: dict) -> None:
     """The facts `new model --from-hf` draws from a config.json count exactly what the

@@ -197,13 +197,36 @@ def save_tiny_phi3(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def save_tiny_gemma(path: Path) -> Path:
+    """Gemma's GeGLU, scaled embeddings and (1 + weight) norms, random weights."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(0)
+    config = GemmaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    GemmaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma"])
 def test_models_megatron_does_not_express_pack_and_share_prompts_exactly(
     family: str, tiny_mistral_dir: Path, tmp_path: Path, make_groups: Samples
 ) -> None:
     """The packed attention is registered with transformers, so any causal LM that reads the
     attention interface trains packed, prompts shared, equal to one sample at a time."""
-    folder = tiny_mistral_dir if family == "mistral" else save_tiny_phi3(tmp_path / "phi3")
+    folders = {"phi3": save_tiny_phi3, "gemma": save_tiny_gemma}
+    folder = tiny_mistral_dir if family == "mistral" else folders[family](tmp_path / family)
     model = load_causal_lm(folder)
     samples = make_groups(3, 3, seed=4)
     with torch.no_grad():
