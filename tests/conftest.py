@@ -1,4 +1,5 @@
-"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, saved locally.
+"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, and a tiny random
+Mistral (a family megatron-core has no spec for) with the shipped tiny tokenizer, saved locally.
 
 torch, tokenizers and transformers are imported when an asset is built, not at collection:
 the config and plan tests never load them.
