@@ -270,10 +270,8 @@ def _moe(hf: HFConfig, traits: FamilyTraits) -> dict[str, Any] | None:
     experts = hf.get(*EXPERT_KEYS, default=0)
     if not experts:
         return None
-    # Mixtral's experts are its MLPs: their size is intermediate_size
-    expert_ffn = hf.get("moe_intermediate_size", default=MISSING)
-    if expert_ffn is MISSING:
-        expert_ffn = hf.require("moe_intermediate_size", "intermediate_size")
+    # Mixtral's experts are its MLPs: without moe_intermediate_size, intermediate_size
+    expert_ffn = hf.require("moe_intermediate_size", "intermediate_size")
     shared = hf.get("n_shared_experts", default=0)
     topk_method = hf.get("topk_method", default=None)
     return _present(
