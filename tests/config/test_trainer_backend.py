@@ -67,8 +67,11 @@ def test_recompute_on_the_torch_trainer_is_refused_not_ignored(compose_run: Comp
 GENERIC = ("model.family=generic", "model.hf_architecture=MistralForCausalLM")
 
 
-def test_auto_trains_a_generic_model_with_the_torch_trainer(compose_run: ComposeRun) -> None:
-    cfg = compose_run(*TINY, *GENERIC)
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_a_generic_model_trains_with_the_torch_trainer_on_cpu(
+    compose_run: ComposeRun, backend: str
+) -> None:
+    cfg = compose_run(*TINY, *GENERIC, f"trainer.backend={backend}")
     plan = build_plan(cfg)
     assert resolve_trainer_backend(cfg, plan.parallel) == "torch"
     (note,) = [n for n in plan.notes if "generic" in n]
