@@ -1,4 +1,5 @@
-"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, saved locally.
+"""Shared test assets: a tiny random Qwen3 with a byte-level BPE tokenizer, and a tiny random
+Mistral (a family megatron-core has no spec for) with the shipped tiny tokenizer, saved locally.
 
 torch, tokenizers and transformers are imported when an asset is built, not at collection:
 the config and plan tests never load them.
@@ -6,6 +7,7 @@ the config and plan tests never load them.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,3 +79,44 @@ def save_tiny_lm(
 def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, hidden-64 random Qwen3 (about 0.1M parameters) with its tokenizer."""
     return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+TINY_ASSETS = Path(__file__).resolve().parents[1] / "rlpost" / "assets" / "qwen3-tiny"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def save_tiny_mistral(path: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """A random MistralForCausalLM (a family megatron-core has no spec for) with the shipped
+    tiny model's tokenizer and chat template, so the default recipe's data reads with it."""
+    import shutil
+
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    shipped = json.loads((TINY_ASSETS / "config.json").read_text())
+    config = MistralConfig(
+        vocab_size=shipped["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=shipped["max_position_embeddings"],
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=shipped["bos_token_id"],
+        eos_token_id=shipped["eos_token_id"],
+        pad_token_id=shipped["pad_token_id"],
+    )
+    torch.manual_seed(seed)
+    MistralForCausalLM(config).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(TINY_ASSETS / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, hidden-64 random Mistral with the shipped tiny tokenizer."""
+    return save_tiny_mistral(tmp_path_factory.mktemp("tiny_mistral"))

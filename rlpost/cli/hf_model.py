@@ -3,6 +3,9 @@
 The HF keys are read by `rlpost.config.hf_check`'s own map, so a generated file agrees with its
 config.json by construction; facts a config.json does not state (GLM-4's sandwich norms,
 Qwen3's QK-norm, a family's router) come from the family's traits, keyed by `model_type`.
+A `model_type` outside the seven families is drawn as the `generic` family (trained by the
+torch trainer through transformers), from what its config.json states; what the schema cannot
+describe (sliding windows, attention softcapping, ...) is refused, naming the key.
 Published configs (rope_theta, rope_scaling) and transformers 5 ones (rope_parameters) both
 read. Reads JSON only: transformers is not imported.
 """
@@ -15,9 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlpost.config.hf_check import MISSING, ROPE_KEYS, ROPE_SCOPES, compare, hf_value
+from rlpost.config.hf_check import (
+    EXPERT_KEYS,
+    MISSING,
+    ROPE_KEYS,
+    ROPE_SCOPES,
+    compare,
+    hf_value,
+)
 from rlpost.errors import Issue, Location, UserError, did_you_mean
-from rlpost.schema import ModelConfig
+from rlpost.schema import GENERIC_FAMILY, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,8 @@ class FamilyTraits:
     router_score: str = "softmax"
     router_expert_bias: bool = False
     norm_topk_prob: bool = True  # the family's default when config.json omits it
+    qkv_bias: bool = False  # the class adds QKV biases without an `attention_bias` key
+    gated_gelu: bool = False  # the class gates its MLP with GELU (GeGLU)
 
 
 FAMILIES: dict[str, FamilyTraits] = {
@@ -65,8 +77,14 @@ FAMILIES: dict[str, FamilyTraits] = {
         router_expert_bias=True,
     ),
 }
+# model types outside the seven whose modelling code has facts their config.json omits
+GENERIC_TRAITS: dict[str, FamilyTraits] = {
+    "qwen2": FamilyTraits(GENERIC_FAMILY, "Qwen2ForCausalLM", qkv_bias=True),
+    "gemma": FamilyTraits(GENERIC_FAMILY, "GemmaForCausalLM", gated_gelu=True),
+}
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu"}  # gated MLPs: SwiGLU
+GELUS = ("gelu", "gelu_pytorch_tanh", "gelu_new")  # a gated-GELU class may name any of them
 SUPPORTED_ROPE_SCALING = ("llama3", "yarn")
 
 
@@ -119,17 +137,26 @@ def _error(key: str, value: Any, message: str, fix: str) -> UserError:
 
 
 def _traits(hf: HFConfig) -> FamilyTraits:
+    """The named family's traits; any other causal LM is `generic`, named by its class."""
     model_type = hf.get("model_type", "text_config.model_type", default=None)
-    traits = FAMILIES.get(str(model_type))
-    if traits is None:
+    traits = FAMILIES.get(str(model_type)) or GENERIC_TRAITS.get(str(model_type))
+    if traits is not None:
+        return traits
+    architectures = hf.get("architectures", default=None)
+    causal = isinstance(architectures, list) and architectures
+    if not causal or not str(architectures[0]).endswith("ForCausalLM"):
+        named = f"names {architectures[0]}" if causal else "states no architectures"
         raise _error(
-            "model_type",
-            model_type,
-            f"{hf.path} is a {model_type!r} model, which rlpost has no family for."
+            "architectures",
+            architectures,
+            f"{hf.path} is a {model_type!r} model, outside the families rlpost has a "
+            f"megatron-core spec for, and {named}: a model of another architecture is "
+            "trained as the causal LM class (...ForCausalLM) its config.json names."
             f"{did_you_mean(str(model_type), FAMILIES)}",
-            f"supported model types: {', '.join(FAMILIES)}",
+            f"point --from-hf at a causal LM checkpoint (families with a megatron-core spec: "
+            f"{', '.join(FAMILIES)}; any other ...ForCausalLM is drawn as {GENERIC_FAMILY})",
         )
-    return traits
+    return FamilyTraits(GENERIC_FAMILY, str(architectures[0]))
 
 
 def _unsupported(hf: HFConfig, key: str, value: Any, why: str) -> UserError:
@@ -141,10 +168,37 @@ def _unsupported(hf: HFConfig, key: str, value: Any, why: str) -> UserError:
     )
 
 
-def _check_expressible(hf: HFConfig) -> None:
-    """Refuse architectures the schema cannot describe rather than describe them wrongly."""
+def _check_sliding_window(hf: HFConfig) -> None:
+    """A window narrower than the context changes what a token attends to; both trainers
+    attend over the whole sample. Qwen-style configs switch it with use_sliding_window."""
     if hf.get("use_sliding_window", default=False):
         raise _unsupported(hf, "use_sliding_window", True, "sliding-window attention")
+    if hf.get("use_sliding_window") is MISSING:
+        window = hf.get("sliding_window", default=None)
+        context = hf.get("max_position_embeddings", default=None)
+        if isinstance(window, int) and (context is None or window < context):
+            raise _unsupported(
+                hf,
+                "sliding_window",
+                window,
+                f"sliding-window attention narrower than the context ({context} positions)",
+            )
+    kinds = hf.get("layer_types", default=[])
+    windowed = [k for k in kinds if k != "full_attention"] if isinstance(kinds, list) else []
+    if windowed:
+        raise _unsupported(hf, "layer_types", sorted(set(windowed)), "attention other than full")
+
+
+def _check_expressible(hf: HFConfig) -> None:
+    """Refuse architectures the schema cannot describe rather than describe them wrongly."""
+    _check_sliding_window(hf)
+    if hf.get("attn_logit_softcapping", default=None) is not None:
+        raise _unsupported(
+            hf,
+            "attn_logit_softcapping",
+            hf.get("attn_logit_softcapping"),
+            "softcapped attention scores (the trainers' SDPA attention has no softcap)",
+        )
     if hf.get("mlp_bias", default=False):
         raise _unsupported(hf, "mlp_bias", True, "biases on the MLP projections")
     if hf.get("mlp_only_layers", default=[]):
@@ -213,10 +267,11 @@ def _mla(hf: HFConfig) -> dict[str, Any] | None:
 
 
 def _moe(hf: HFConfig, traits: FamilyTraits) -> dict[str, Any] | None:
-    experts = hf.get("n_routed_experts", "num_experts", default=0)
+    experts = hf.get(*EXPERT_KEYS, default=0)
     if not experts:
         return None
-    expert_ffn = hf.require("moe_intermediate_size")
+    # Mixtral's experts are its MLPs: without moe_intermediate_size, intermediate_size
+    expert_ffn = hf.require("moe_intermediate_size", "intermediate_size")
     shared = hf.get("n_shared_experts", default=0)
     topk_method = hf.get("topk_method", default=None)
     return _present(
@@ -239,8 +294,10 @@ def _moe(hf: HFConfig, traits: FamilyTraits) -> dict[str, Any] | None:
     )
 
 
-def _activation(hf: HFConfig) -> str:
-    act = hf.get("hidden_act", default="silu")
+def _activation(hf: HFConfig, traits: FamilyTraits) -> str:
+    act = hf.get("hidden_act", "hidden_activation", default="silu")
+    if traits.gated_gelu and act in GELUS:
+        return "geglu"
     if act not in ACTIVATIONS:
         raise _unsupported(hf, "hidden_act", act, f"supported: {', '.join(ACTIVATIONS)}")
     return ACTIVATIONS[act]
@@ -274,12 +331,12 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
         "rope_scaling": _rope_scaling(hf),
         "norm_epsilon": hf.get("rms_norm_eps", default=1e-6),
         "qk_layernorm": _qk_layernorm(hf, traits),
-        "add_qkv_bias": bool(hf.get("attention_bias", default=False)),
+        "add_qkv_bias": bool(hf.get("attention_bias", default=traits.qkv_bias)),
         "add_bias_linear": False,
         "post_self_attn_layernorm": traits.sandwich_norms,
         "post_mlp_layernorm": traits.sandwich_norms,
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
-        "activation": _activation(hf),
+        "activation": _activation(hf, traits),
         "mtp_num_layers": hf.get("num_nextn_predict_layers", default=0),
         "params_dtype": DTYPES.get(str(hf.get("torch_dtype", "dtype", default="")), "bf16"),
         "mla": _mla(hf),
@@ -288,11 +345,13 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
     return _present(facts)
 
 
-def checkpoint_paths(hf_checkpoint: str) -> dict[str, str]:
+def checkpoint_paths(hf_checkpoint: str, family: str) -> dict[str, str]:
     """The checkpoint layout every shipped model uses: the HF folder and its torch_dist (the
-    reference); the policy starts from the HF folder, and runs write under run.dir."""
+    reference); the policy starts from the HF folder, and runs write under run.dir. A generic
+    model has no torch_dist (megatron's format): its reference is the HF folder itself."""
     base = hf_checkpoint.rstrip("/")
-    return {"hf_checkpoint": base, "ref_load": f"{base}_torch_dist"}
+    reference = base if family == GENERIC_FAMILY else f"{base}_torch_dist"
+    return {"hf_checkpoint": base, "ref_load": reference}
 
 
 def describe(facts: Mapping[str, Any], display: str) -> str:
@@ -316,7 +375,10 @@ def describe(facts: Mapping[str, Any], display: str) -> str:
     if facts["mtp_num_layers"]:
         parts.append(f"{facts['mtp_num_layers']} MTP layer(s)")
     parts.append("tied embeddings" if facts["tie_word_embeddings"] else "untied embeddings")
-    return f"{display} ({facts['family']} {kind}; {', '.join(parts)})"
+    family = facts["family"]
+    if family == GENERIC_FAMILY:
+        family = f"{facts['hf_architecture']}, {GENERIC_FAMILY}"
+    return f"{display} ({family} {kind}; {', '.join(parts)})"
 
 
 def model_fields(
@@ -325,7 +387,12 @@ def model_fields(
     """The whole model YAML as a mapping, checked by the schema and against `hf` itself."""
     facts = architecture(hf)
     text = description or describe(facts, Path(hf_checkpoint.rstrip("/")).name)
-    fields = {"name": name, "description": text, **facts, **checkpoint_paths(hf_checkpoint)}
+    fields = {
+        "name": name,
+        "description": text,
+        **facts,
+        **checkpoint_paths(hf_checkpoint, facts["family"]),
+    }
     cross_check(fields, hf)
     return fields
 

@@ -50,7 +50,7 @@ ARCHITECTURE = (
     FieldMap("mtp_num_layers", ("num_nextn_predict_layers",)),
 )
 MOE = (
-    FieldMap("moe.num_experts", ("n_routed_experts", "num_experts")),
+    FieldMap("moe.num_experts", ("n_routed_experts", "num_experts", "num_local_experts")),
     FieldMap("moe.top_k", ("num_experts_per_tok",)),
     FieldMap("moe.expert_ffn_hidden_size", ("moe_intermediate_size",)),
     FieldMap("moe.num_shared_experts", ("n_shared_experts",)),
@@ -82,7 +82,8 @@ ROPE_SCALING = tuple(
     for field, keys in ROPE_KEYS.items()
 )
 UNSCALED_ROPE_TYPES = (None, "default")
-EXPERT_KEYS = ("n_routed_experts", "num_experts")
+# transformers 5 saves Qwen3-MoE's num_experts as num_local_experts (Mixtral's key)
+EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
 def hf_value(hf: Mapping[str, Any], dotted: str) -> Any:

@@ -7,7 +7,7 @@ rlpost.runtime.trainers.
 from __future__ import annotations
 
 from rlpost.plan.layout import ParallelLayout
-from rlpost.schema import RunConfig
+from rlpost.schema import GENERIC_FAMILY, RunConfig
 
 # the model-parallel sizes (besides DP) each backend trains with
 TRAINER_PARALLEL: dict[str, frozenset[str]] = {
@@ -15,6 +15,9 @@ TRAINER_PARALLEL: dict[str, frozenset[str]] = {
     "megatron": frozenset({"tp", "pp", "cp", "ep", "etp"}),
 }
 GPU_TRAINERS = frozenset({"megatron"})
+# the backends that train an architecture described only by its HF config (family generic):
+# megatron-core needs a layer spec, the torch trainer builds the model with transformers
+GENERIC_TRAINERS = frozenset({"torch"})
 # backends that pack a group's prompt once per micro-batch, its samples' responses attending to
 # that one copy (the torch trainer's packed attention gathers each sample's rows; megatron-core's
 # THD attention takes contiguous sequences only)
@@ -27,10 +30,13 @@ def model_parallel_sizes(layout: ParallelLayout) -> dict[str, int]:
 
 
 def resolve_trainer_backend(cfg: RunConfig, layout: ParallelLayout) -> str:
-    """trainer.backend, with `auto` resolved: megatron-core on GPUs, whenever the layout
-    splits the model and when MTP layers train; the torch trainer for data-parallel CPU runs."""
+    """trainer.backend, with `auto` resolved: the torch trainer for a generic model (megatron
+    has no layer spec for it); else megatron-core on GPUs, whenever the layout splits the
+    model and when MTP layers train; the torch trainer for data-parallel CPU runs."""
     if cfg.trainer.backend != "auto":
         return cfg.trainer.backend
+    if cfg.model.family == GENERIC_FAMILY:
+        return "torch"
     splits = bool(model_parallel_sizes(layout))
     if cfg.hardware.kind == "gpu" or splits or cfg.recipe.train.mtp_training:
         return "megatron"

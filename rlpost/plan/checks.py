@@ -11,10 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlpost.errors import Issue
-from rlpost.plan.backends import GPU_TRAINERS, resolve_trainer_backend, unsupported_parallel
+from rlpost.plan.backends import (
+    GENERIC_TRAINERS,
+    GPU_TRAINERS,
+    resolve_trainer_backend,
+    unsupported_parallel,
+)
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
-from rlpost.schema import RunConfig
+from rlpost.schema import GENERIC_FAMILY, RunConfig
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,9 @@ def check_context_parallel(ctx: PlanContext) -> list[Issue]:
 def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     configured = ctx.cfg.trainer.backend
     backend = resolve_trainer_backend(ctx.cfg, ctx.parallel)
-    issues = []
+    issues = generic_model_issues(ctx.cfg)
+    if issues:
+        return issues
     if ctx.cfg.hardware.kind == "gpu" and backend not in GPU_TRAINERS:
         issues.append(
             Issue(
@@ -342,3 +349,39 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
             )
         )
     return issues
+
+
+def generic_model_issues(cfg: RunConfig) -> list[Issue]:
+    """A generic model trains only where a trainer builds it from its HF config; on a GPU
+    profile no such trainer runs yet, which is one refusal naming both facts. Whatever the
+    layout (`auto` trains a generic model with the torch trainer), so the layout search asks
+    before it enumerates."""
+    model, hw = cfg.model, cfg.hardware
+    if model.family != GENERIC_FAMILY:
+        return []
+    backend = "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
+    shipped = "a model of a family megatron-core expresses (qwen3, llama, glm4, deepseek_v3, ...)"
+    if hw.kind == "gpu" and not GPU_TRAINERS & GENERIC_TRAINERS:
+        return [
+            Issue(
+                "trainer.backend",
+                f"model {model.name} is family generic ({model.hf_architecture}), which only "
+                f"the torch trainer trains (megatron-core has no layer spec for it), and the "
+                f"torch trainer trains on CPU: {hw.name} is a GPU machine",
+                f"run it on a CPU profile (hardware=cpu trainer.backend=torch), or train {shipped} "
+                "on this GPU profile",
+                value=cfg.trainer.backend,
+            )
+        ]
+    if backend not in GENERIC_TRAINERS:
+        return [
+            Issue(
+                "trainer.backend",
+                f"model {model.name} is family generic ({model.hf_architecture}): megatron-core "
+                "has no layer spec for it, so the megatron trainer cannot build it",
+                "set trainer.backend=torch (it loads the model with transformers), or use "
+                + shipped,
+                value=cfg.trainer.backend,
+            )
+        ]
+    return []

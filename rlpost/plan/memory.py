@@ -25,6 +25,17 @@ Activation Recomputation in Large Transformer Models", section 4.2.3). The outpu
 log-prob kernel's: the hidden states, three float32 chunks of logits and the output weight's
 float32 gradient, never the [tokens x vocab] logits. Padded attention rows are taken as the
 tokens: samples of very different lengths in one micro-batch pad to the longest.
+
+A `generic` model (an HF causal LM outside the families megatron-core expresses, trained by the
+torch trainer through transformers) is counted from its config.json's facts the same way:
+parameters exactly for a llama-shaped decoder (norms, GQA attention, gated or plain MLP, tied or
+untied head, MoE experts when stated), activations with the terms above as if its layers were
+megatron-core's. What it cannot count: the modelling code's own tensors (transformers keeps
+more copies than megatron's fused layers, a fused QKV or gate-up projection keeps its output
+whole, eager attention keeps [heads x tokens x tokens] scores), weights the config does not
+state (extra norms, biases a class adds), and logits a model transforms before the log-probs
+(softcapping or scaling sends the forward through the model's own [tokens x vocab] logits).
+`GENERIC_MEMORY_NOTE` says so in the plan.
 """
 
 from __future__ import annotations
@@ -52,6 +63,15 @@ HOST_PER_PROCESS_GIB = 2.0
 LOGPROB_CHUNK_BYTES = 256 << 20
 """float32 logits of one chunk of tokens in the trainers' log-prob kernel: the logits are
 never whole in memory (rlpost.backends.megatron.logits)."""
+
+
+GENERIC_MEMORY_NOTE = (
+    "model family generic ({architecture}): parameters are counted from config.json's facts "
+    "as a llama-shaped decoder (weights its class adds beyond them are not counted), and "
+    "activations with megatron-core's per-tensor terms; transformers' own layers keep more "
+    "(unfused projections' outputs, eager attention's scores, a softcapped model's whole "
+    "logits), so the activation figure can fall short of what the run holds"
+)
 
 
 def weight_bytes(model: ModelConfig) -> int:

@@ -55,13 +55,16 @@ class ParamCount:
         return self.total - self.experts
 
 
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+
+
 def mlp_params(model: ModelConfig, ffn_hidden_size: int) -> int:
-    """Gated (SwiGLU) MLPs have gate, up and down projections; GELU ones have two."""
-    matrices = 3 if model.activation == "swiglu" else 2
-    weights = matrices * model.hidden_size * ffn_hidden_size
+    """Gated (SwiGLU, GeGLU) MLPs have gate, up and down projections; GELU ones have two."""
+    gated = model.activation in GATED_ACTIVATIONS
+    weights = (3 if gated else 2) * model.hidden_size * ffn_hidden_size
     if not model.add_bias_linear:
         return weights
-    fc1_out = ffn_hidden_size * (2 if model.activation == "swiglu" else 1)
+    fc1_out = ffn_hidden_size * (2 if gated else 1)
     return weights + fc1_out + model.hidden_size
 
 

@@ -14,6 +14,7 @@ from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import GIB, estimate_rollout
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import (
+    GENERIC_MEMORY_NOTE,
     MemoryPlan,
     estimate_host,
     estimate_train,
@@ -26,7 +27,7 @@ from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.prediction import TrainPrediction, predict_train
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
 from rlpost.plan.work import TrainWork, plan_work
-from rlpost.schema import RunConfig
+from rlpost.schema import GENERIC_FAMILY, RunConfig
 
 if TYPE_CHECKING:
     from rlpost.plan.search import LayoutSearch
@@ -217,6 +218,8 @@ def _notes(
         )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
+    if cfg.model.family == GENERIC_FAMILY:
+        notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
     return tuple(notes)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from rlpost.errors import Issue, UserError
 from rlpost.plan.batch import BatchPlan, plan_batch
-from rlpost.plan.checks import PlanContext, divisors, run_checks
+from rlpost.plan.checks import PlanContext, divisors, generic_model_issues, run_checks
 from rlpost.plan.cost import (
     RolloutTime,
     StepCost,
@@ -887,6 +887,9 @@ def choose_layout(cfg: RunConfig) -> tuple[RunConfig, LayoutSearch]:
     when nothing fits (saying what would)."""
     from rlpost.plan.plan import build_plan
 
+    unsearchable = generic_model_issues(cfg)  # no layout changes which trainer builds the model
+    if unsearchable:
+        raise UserError(unsearchable, title="planning error")
     search = search_layout(cfg, shipped_reference(cfg))
     refused: list[Issue] = []
     for candidate in search.ranked:

@@ -3,7 +3,13 @@
 from rlpost.schema.base import InvariantError, Section
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig, RecomputeConfig, RolloutLayout, TrainLayout
-from rlpost.schema.model import MLAConfig, ModelConfig, MoEConfig, RopeScalingConfig
+from rlpost.schema.model import (
+    GENERIC_FAMILY,
+    MLAConfig,
+    ModelConfig,
+    MoEConfig,
+    RopeScalingConfig,
+)
 from rlpost.schema.recipe import (
     AlgoConfig,
     DataConfig,
@@ -28,6 +34,7 @@ from rlpost.schema.run import (
 )
 
 __all__ = [
+    "GENERIC_FAMILY",
     "AlgoConfig",
     "DataConfig",
     "EngineConfig",

@@ -15,7 +15,13 @@ from pydantic import (
 
 from rlpost.schema.base import InvariantError, Section
 
-Family = Literal["qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3"]
+Family = Literal[
+    "qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3", "generic"
+]
+"""The seven named families are the architectures megatron-core's layer specs express.
+`generic` is any other HF causal LM, described by the facts its config.json states: the torch
+trainer loads it with transformers and trains it; the plan counts it from these fields."""
+GENERIC_FAMILY = "generic"
 
 
 class MoEConfig(Section):
@@ -112,7 +118,11 @@ class ModelConfig(Section):
     post_self_attn_layernorm: bool = False
     post_mlp_layernorm: bool = False
     tie_word_embeddings: bool = False
-    activation: Literal["swiglu", "gelu"] = "swiglu"
+    activation: Literal["swiglu", "geglu", "gelu"] = Field(
+        "swiglu",
+        description="swiglu and geglu MLPs are gated (gate, up and down projections; SiLU or "
+        "GELU on the gate), gelu ones are not (two projections)",
+    )
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
     mtp_num_layers: NonNegativeInt = 0
@@ -163,6 +173,18 @@ class ModelConfig(Section):
         if self.kv_channels:
             return self.kv_channels
         return self.mla.v_head_dim if self.mla is not None else None
+
+    @model_validator(mode="after")
+    def check_gated_gelu_is_generic(self) -> ModelConfig:
+        if self.activation == "geglu" and self.family != GENERIC_FAMILY:
+            raise InvariantError(
+                f"activation=geglu with family {self.family}: megatron-core's specs for the "
+                "named families build SwiGLU MLPs",
+                fields=("activation",),
+                fix="set family: generic (the torch trainer builds the model with "
+                "transformers), or activation: swiglu if the checkpoint's MLP is SiLU-gated",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_query_groups_divide_heads(self) -> ModelConfig:

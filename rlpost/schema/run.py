@@ -16,7 +16,7 @@ from pydantic import (
 from rlpost.schema.base import InvariantError, Section, check_host_port, check_ip, refuse_unused
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
-from rlpost.schema.model import ModelConfig
+from rlpost.schema.model import GENERIC_FAMILY, ModelConfig
 from rlpost.schema.recipe import RecipeConfig
 
 # Faster than any engine decodes one sequence today (H100, small model, batch 1: ~200-300):
@@ -194,6 +194,19 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_slime_builds_the_model(self) -> RunConfig:
+        if self.mode == "slime_args" and self.model.family == GENERIC_FAMILY:
+            raise InvariantError(
+                f"slime trains with megatron-core, which has no layer spec for model "
+                f"{self.model.name} (family generic, {self.model.hf_architecture}): its "
+                "arguments would describe a different network",
+                fields=("mode",),
+                fix="train it here with trainer.backend=torch (mode=train), or export a model "
+                "of a family megatron-core expresses",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_context_fits(self) -> RunConfig:
         rollout, data = self.recipe.rollout, self.recipe.data
         longest = (data.max_prompt_len or 0) + rollout.max_response_len
@@ -346,5 +359,13 @@ class RunConfig(Section):
                 "layers; trainer.backend=torch trains the main model only",
                 fields=("trainer.backend",),
                 fix="set trainer.backend=megatron, or recipe.train.mtp_training: false",
+            )
+        if self.model.family == GENERIC_FAMILY:
+            raise InvariantError(
+                "recipe.train.mtp_training needs the Megatron trainer, which builds the MTP "
+                f"layers, and model {self.model.name!r} is family generic: only the torch "
+                "trainer builds it, and it trains the main model only",
+                fields=("recipe.train.mtp_training",),
+                fix="set recipe.train.mtp_training: false",
             )
         return self

@@ -176,9 +176,12 @@ def test_the_family_traits_reproduce_the_hand_written_models(name: str) -> None:
 def _tiny_configs() -> dict[str, Any]:
     from transformers import (
         DeepseekV3Config,
+        GemmaConfig,
         Glm4Config,
         Glm4MoeConfig,
         LlamaConfig,
+        MistralConfig,
+        Phi3Config,
         Qwen3Config,
         Qwen3MoeConfig,
     )
@@ -240,6 +243,11 @@ def _tiny_configs() -> dict[str, Any]:
             use_qk_norm=True,
             **experts,
         ),
+        # families megatron-core has no spec for: drawn as generic (saved from a model, a
+        # config.json names its class; a bare config's is set here)
+        "mistral": MistralConfig(**small, sliding_window=None, architectures=[MISTRAL]),
+        "phi3": Phi3Config(**small, architectures=["Phi3ForCausalLM"]),
+        "gemma": GemmaConfig(**small, head_dim=32, architectures=["GemmaForCausalLM"]),
     }
 
 
@@ -251,7 +259,10 @@ def saved_tiny_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3moe", "llama", "deepseek", "glm4", "glm4moe"])
+@pytest.mark.parametrize(
+    "name",
+    ["qwen3", "qwen3moe", "llama", "deepseek", "glm4", "glm4moe", "mistral", "phi3", "gemma"],
+)
 def test_a_saved_tiny_config_round_trips_through_validate(
     name: str, saved_tiny_configs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -274,6 +285,8 @@ def test_a_saved_tiny_config_round_trips_through_validate(
     assert status == 0, err  # validation compared the YAML with the same config.json
     data = yaml.safe_load(written.read_text())
     assert data["hf_checkpoint"] == str(saved_tiny_configs / name)
+    if name == "qwen3moe":  # transformers 5 saves its experts as num_local_experts
+        assert data["moe"]["num_experts"] == 8 and data["moe"]["expert_ffn_hidden_size"] == 32
     data["hidden_size"] = 96  # now the YAML and its checkpoint disagree
     written.write_text(yaml.safe_dump(data, sort_keys=False))
     status, _, err = run_main(check, capsys)
@@ -299,7 +312,10 @@ def test_rope_scaling_is_drawn_from_either_format(saved_tiny_configs: Path) -> N
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        ({"model_type": "qwen2"}, "Did you mean 'qwen3'?"),
+        (
+            {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"]},
+            "names Qwen3VLForConditionalGeneration",
+        ),
         ({"use_sliding_window": True}, "sliding-window attention"),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "RoPE scaling"),
         ({"mlp_only_layers": [3]}, "dense layers scattered"),
@@ -319,3 +335,88 @@ def test_a_folder_without_config_json_is_a_user_error(
 ) -> None:
     status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path)], capsys)
     assert status == 2 and "config.json does not exist" in err
+
+
+MISTRAL = "MistralForCausalLM"
+
+
+def mistral_config(**change: Any) -> dict[str, Any]:
+    """A Mistral-7B-v0.3-shaped config.json (no sliding window), with `change` applied."""
+    return {
+        "architectures": [MISTRAL],
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 32768,
+        **change,
+    }
+
+
+def test_a_family_megatron_does_not_express_is_drawn_as_generic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(mistral_config()))
+    status, out, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
+    assert status == 0, err
+    data = yaml.safe_load(out)
+    assert data["family"] == "generic" and data["hf_architecture"] == MISTRAL
+    assert data["num_query_groups"] == 8 and data["kv_channels"] == 128
+    assert data["ffn_hidden_size"] == 14336 and data["rotary_base"] == 1000000.0
+    assert data["activation"] == "swiglu" and data["params_dtype"] == "bf16"
+    assert data["ref_load"] == data["hf_checkpoint"]  # no torch_dist: the torch trainer reads HF
+    assert data["description"].endswith(
+        "(MistralForCausalLM, generic dense; 32 layers, hidden 4096, GQA 32/8, untied embeddings)"
+    )
+
+
+def test_mixtral_style_experts_are_its_mlps() -> None:
+    """Mixtral keys its experts num_local_experts, sized by intermediate_size (transformers 5
+    saves Qwen3-MoE's experts under the same key, beside moe_intermediate_size)."""
+    hf = mistral_config(
+        architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=8
+    )
+    facts = architecture(HFConfig(hf | {"num_experts_per_tok": 2}, "config.json"))
+    assert facts["family"] == "generic"
+    assert facts["moe"]["num_experts"] == 8 and facts["moe"]["top_k"] == 2
+    assert facts["moe"]["expert_ffn_hidden_size"] == 14336
+
+
+def test_a_class_that_adds_what_its_config_omits_is_drawn_with_it() -> None:
+    hf = {**json.loads((FIXTURES / "qwen3-8b" / "config.json").read_text())}
+    hf |= {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    del hf["attention_bias"]
+    facts = architecture(HFConfig(hf, "config.json"))
+    assert facts["family"] == "generic" and facts["add_qkv_bias"] is True  # Qwen2's QKV bias
+    gemma = hf | {"model_type": "gemma", "architectures": ["GemmaForCausalLM"]}
+    facts = architecture(HFConfig(gemma | {"hidden_act": "gelu_pytorch_tanh"}, "config.json"))
+    assert facts["activation"] == "geglu"  # Gemma gates its MLP with GELU
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"sliding_window": 4096}, "sets sliding_window=4096: sliding-window attention narrower"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0: softcapped attention"),
+        ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act='gelu_pytorch_tanh'"),
+        ({"architectures": ["MistralModel"]}, "names MistralModel"),
+        ({"hidden_size": None}, "does not state hidden_size"),
+    ],
+)
+def test_what_a_generic_model_cannot_describe_is_refused_by_name(
+    change: dict[str, Any], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(mistral_config(**change)))
+    status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
+    assert status == 2 and fragment in err and "Traceback" not in err, err

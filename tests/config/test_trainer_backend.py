@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from rlpost.errors import UserError
-from rlpost.plan import build_plan
+from rlpost.plan import build_plan, plan_config
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.schema import RunConfig
 
@@ -62,3 +62,55 @@ def test_recompute_on_the_torch_trainer_is_refused_not_ignored(compose_run: Comp
         compose_run(*TINY, "layout.train.recompute.granularity=full", "trainer.backend=megatron")
     )
     assert plan.parallel.recompute == "full"
+
+
+GENERIC = ("model.family=generic", "model.hf_architecture=MistralForCausalLM")
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_a_generic_model_trains_with_the_torch_trainer_on_cpu(
+    compose_run: ComposeRun, backend: str
+) -> None:
+    cfg = compose_run(*TINY, *GENERIC, f"trainer.backend={backend}")
+    plan = build_plan(cfg)
+    assert resolve_trainer_backend(cfg, plan.parallel) == "torch"
+    (note,) = [n for n in plan.notes if "generic" in n]
+    assert "MistralForCausalLM" in note and "can fall short" in note
+
+
+def test_megatron_is_refused_for_a_generic_model(compose_run: ComposeRun) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*TINY, *GENERIC, "trainer.backend=megatron"))
+    (issue,) = caught.value.issues
+    assert issue.key == "trainer.backend" and issue.value == "megatron"
+    assert "no layer spec" in issue.message and "trainer.backend=torch" in issue.fix
+
+
+@pytest.mark.parametrize(
+    ("backend", "layout"),
+    [("auto", ()), ("torch", ()), ("megatron", ()), ("auto", ("layout=auto",))],
+    ids=["auto", "torch", "megatron", "layout-search"],
+)
+def test_a_generic_model_on_gpus_gets_one_refusal_naming_both_facts(
+    compose_run: ComposeRun, backend: str, layout: tuple[str, ...]
+) -> None:
+    """No GPU trainer builds a generic model yet: one issue says so, whatever the backend,
+    and the layout search says it too instead of rejecting every candidate."""
+    with pytest.raises(UserError) as caught:
+        plan_config(compose_run(*QWEN, *layout, *GENERIC, f"trainer.backend={backend}"))
+    (issue,) = caught.value.issues
+    assert "only the torch trainer trains" in issue.message
+    assert "the torch trainer trains on CPU: h100x8 is a GPU machine" in issue.message
+    assert "hardware=cpu trainer.backend=torch" in issue.fix
+
+
+def test_slime_arguments_for_a_generic_model_are_refused(compose_run: ComposeRun) -> None:
+    with pytest.raises(ValueError, match="slime trains with megatron-core, which has no layer"):
+        compose_run(*TINY, *GENERIC, "mode=slime_args")
+
+
+def test_mtp_training_of_a_generic_model_is_refused(compose_run: ComposeRun) -> None:
+    """The torch trainer, the only one that builds it, would train the main model alone."""
+    generic_mtp = (*GENERIC, "model.mtp_num_layers=1", "recipe.train.mtp_training=true")
+    with pytest.raises(ValueError, match="is family generic: only the torch trainer builds it"):
+        compose_run(*TINY, *generic_mtp)

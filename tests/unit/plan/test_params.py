@@ -119,3 +119,48 @@ def test_tied_head_is_a_second_copy_only_across_stages(model_config: Models) -> 
     vocab = model.vocab_size * model.hidden_size
     assert single.dense == count_params(model).total
     assert first.dense + last.dense == single.dense + vocab
+
+
+GENERIC_SMALL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=320,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+@pytest.mark.parametrize(
+    ("config_class", "extra"),
+    [
+        ("MistralConfig", {"sliding_window": None}),
+        ("MistralConfig", {"sliding_window": None, "tie_word_embeddings": True}),
+        ("Phi3Config", {}),  # fused QKV and gate-up projections
+        ("GemmaConfig", {"head_dim": 32}),  # GeGLU, heads wider than hidden / heads
+        ("Qwen2Config", {}),  # QKV biases its config.json does not state
+        ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    ],
+    ids=["mistral", "mistral-tied", "phi3", "gemma", "qwen2", "mixtral"],
+)
+def test_a_generic_models_count_is_the_hf_models(config_class: str, extra: dict) -> None:
+    """The facts `new model --from-hf` draws from a config.json count exactly what the
+    transformers model built from it holds."""
+    import torch
+    import transformers
+
+    from rlpost.cli.hf_model import HFConfig, architecture
+
+    config = getattr(transformers, config_class)(**GENERIC_SMALL, **extra)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        hf_model = transformers.AutoModelForCausalLM.from_config(config)
+    data = config.to_dict() | {"architectures": [type(hf_model).__name__]}
+    facts = architecture(HFConfig(data, "config.json"))
+    assert facts["family"] == "generic"
+    model = ModelConfig(name="m", hf_checkpoint="/m", **facts)
+    assert count_params(model).total == hf_model.num_parameters()

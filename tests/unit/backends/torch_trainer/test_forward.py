@@ -174,3 +174,64 @@ def test_packed_attention_matches_a_block_diagonal_mask_with_gqa() -> None:
     dense_grads = torch.autograd.grad((dense * weights).sum(), (query, key, value))
     for a, b in zip(grads, dense_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def save_tiny_phi3(path: Path) -> Path:
+    """Phi-3's fused QKV and gate-up projections, random weights."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Phi3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    Phi3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def save_tiny_gemma(path: Path) -> Path:
+    """Gemma's GeGLU, scaled embeddings and (1 + weight) norms, random weights."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(0)
+    config = GemmaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    GemmaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma"])
+def test_models_megatron_does_not_express_pack_and_share_prompts_exactly(
+    family: str, tiny_mistral_dir: Path, tmp_path: Path, make_groups: Samples
+) -> None:
+    """The packed attention is registered with transformers, so any causal LM that reads the
+    attention interface trains packed, prompts shared, equal to one sample at a time."""
+    folders = {"phi3": save_tiny_phi3, "gemma": save_tiny_gemma}
+    folder = tiny_mistral_dir if family == "mistral" else folders[family](tmp_path / family)
+    model = load_causal_lm(folder)
+    samples = make_groups(3, 3, seed=4)
+    with torch.no_grad():
+        shared = forward_tokens(model, pack_samples(samples, share_prompts=True), 0.7).logp
+        alone = [forward_tokens(model, pack_samples([s]), 0.7).logp for s in samples]
+    assert torch.allclose(torch.cat(alone), shared, atol=1e-5), (
+        (torch.cat(alone) - shared).abs().max()
+    )
