@@ -126,6 +126,25 @@ def check_kv_cache_dtype(ctx: PlanContext) -> list[Issue]:
     ]
 
 
+@check("sglang_deterministic", scope="engine")
+def check_deterministic_inference(ctx: PlanContext) -> list[Issue]:
+    if not _options(ctx.cfg).get("enable_deterministic_inference") or ctx.cfg.run.deterministic:
+        return []
+    n = ctx.cfg.recipe.rollout.n_samples_per_prompt
+    return [
+        Issue(
+            f"{KEY}.enable_deterministic_inference",
+            "SGLang's deterministic sampling draws from a seed per request, and without "
+            "run.deterministic rlpost sends a group's samples without seeds of their own: "
+            f"SGLang gives them one default seed, so the {n} samples of a prompt come out "
+            "token-identical and every group's advantage is 0",
+            "set run.deterministic=true (each sample is sent with a seed derived from "
+            "run.seed, rollout and index), or remove it",
+            True,
+        )
+    ]
+
+
 @check("sglang_engine_shape", scope="engine")
 def check_pipeline_engine(ctx: PlanContext) -> list[Issue]:
     pp = _options(ctx.cfg).get("pp_size")
