@@ -227,8 +227,8 @@ def check_weight_sync(ctx: PlanContext) -> list[Issue]:
                 "engine.weight_sync",
                 "distributed sync broadcasts the weights over NCCL from train rank 0 to the "
                 "engines, and colocated engines share the train ranks' GPUs: NCCL refuses two "
-                "ranks on one GPU ('Duplicate GPU detected') at the first weight update, "
-                "after the first training step",
+                "ranks on one GPU ('Duplicate GPU detected') once the broadcast group forms, "
+                "after the engines and trainers have started",
                 "use engine.weight_sync=tensor (CUDA IPC; the auto choice for colocated "
                 "runs), or layout.colocate: false to give the engines GPUs of their own",
                 value=kind,

@@ -286,17 +286,17 @@ class RolloutConfig(Section):
     @model_validator(mode="after")
     def check_sampling_untruncated(self) -> RolloutConfig:
         # The trainer scores each token under the full softmax of logits / temperature; it
-        # does not replay the engines' top-p/top-k cut (TRL measured the importance weight at
-        # the kept mass: 0.90 at top_p 0.9, 0.17 at top_k 50).
+        # does not replay the engines' top-p/top-k cut (TRL measured vLLM's importance weight
+        # at the kept mass: 0.90 at top_p 0.9, 0.17 at top_k 50).
         cuts = [f"top_p={self.top_p}"] if self.top_p < 1 else []
         cuts += [f"top_k={self.top_k}"] if self.top_k > 0 else []
         if cuts:
             raise InvariantError(
                 f"{' and '.join(cuts)} makes the engines sample from the truncated, "
                 "renormalised distribution, and the trainer scores each token under the full "
-                "one: the loss trains a policy nobody sampled from, and every importance "
-                "weight between the two (off_policy_correction, the async loops) is scaled by "
-                "the probability mass the cut kept",
+                "one: the loss trains a policy nobody sampled from, and importance weights "
+                "between the two (off_policy_correction, the async loops) compare "
+                "probabilities over different sets of tokens",
                 fields=("top_p" if self.top_p < 1 else "top_k",),
                 fix="sample rollouts untruncated: top_p: 1.0 and top_k: -1 (the seeds' "
                 "values); evaluation may truncate (eval.top_p, eval.top_k)",

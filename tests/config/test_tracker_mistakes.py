@@ -273,7 +273,7 @@ MISTAKES: list[Mistake] = [
         "of importance sampling and destabilizes training')",
         ("recipe.rollout.top_k=50",),
         "recipe.rollout.top_k",
-        "scaled by the probability mass the cut kept",
+        "over different sets of tokens",
         ("recipe.rollout.top_k=-1",),
         "top_k: -1",
     ),
