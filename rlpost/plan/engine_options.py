@@ -105,6 +105,46 @@ def check_dtype(ctx: PlanContext) -> list[Issue]:
     ]
 
 
+@check("sglang_kv_cache_dtype", scope="engine")
+def check_kv_cache_dtype(ctx: PlanContext) -> list[Issue]:
+    dtype = _options(ctx.cfg).get("kv_cache_dtype")
+    quantised = isinstance(dtype, str) and dtype.startswith(("fp8", "fp4"))
+    if not quantised or ctx.cfg.recipe.algo.off_policy_correction != "none":
+        return []
+    return [
+        Issue(
+            f"{KEY}.kv_cache_dtype",
+            f"engines would keep attention keys and values in {dtype} while the trainer "
+            f"computes them in model.params_dtype={ctx.cfg.model.params_dtype}: every "
+            "sampled token's logprob then differs between the two, and nothing in the loss "
+            "(off_policy_correction: none) corrects for it",
+            "remove it (the KV cache follows the model's dtype), or keep it with "
+            "recipe.algo.off_policy_correction: tis, which weighs each token by "
+            "pi_trainer/pi_engine",
+            dtype,
+        )
+    ]
+
+
+@check("sglang_deterministic", scope="engine")
+def check_deterministic_inference(ctx: PlanContext) -> list[Issue]:
+    if not _options(ctx.cfg).get("enable_deterministic_inference") or ctx.cfg.run.deterministic:
+        return []
+    n = ctx.cfg.recipe.rollout.n_samples_per_prompt
+    return [
+        Issue(
+            f"{KEY}.enable_deterministic_inference",
+            "SGLang's deterministic sampling draws from a seed per request, and without "
+            "run.deterministic rlpost sends a group's samples without seeds of their own: "
+            f"SGLang gives them one default seed, so the {n} samples of a prompt come out "
+            "token-identical and every group's advantage is 0",
+            "set run.deterministic=true (each sample is sent with a seed derived from "
+            "run.seed, rollout and index), or remove it",
+            True,
+        )
+    ]
+
+
 @check("sglang_engine_shape", scope="engine")
 def check_pipeline_engine(ctx: PlanContext) -> list[Issue]:
     pp = _options(ctx.cfg).get("pp_size")

@@ -221,6 +221,19 @@ def check_weight_sync(ctx: PlanContext) -> list[Issue]:
                 value=kind,
             )
         )
+    elif kind == "distributed" and colocate and cfg.hardware.kind == "gpu":
+        issues.append(
+            Issue(
+                "engine.weight_sync",
+                "distributed sync broadcasts the weights over NCCL from train rank 0 to the "
+                "engines, and colocated engines share the train ranks' GPUs: NCCL refuses two "
+                "ranks on one GPU ('Duplicate GPU detected') once the broadcast group forms, "
+                "after the engines and trainers have started",
+                "use engine.weight_sync=tensor (CUDA IPC; the auto choice for colocated "
+                "runs), or layout.colocate: false to give the engines GPUs of their own",
+                value=kind,
+            )
+        )
     if kind == "disk" and _changed(cfg.engine, "weight_bucket_mb"):
         issues.append(
             Issue(

@@ -36,6 +36,9 @@ STD_SCALING_ESTIMATORS = frozenset({"grpo"})
 # The shipped filter that keeps groups whose rewards differ (rlpost.filters).
 NONZERO_STD_FILTER = "rlpost.filters.check_reward_nonzero_std"
 
+# The widest clip epsilon that still binds on gspo's sequence ratios (its paper: 3e-4, 4e-4).
+GSPO_MAX_CLIP = 0.01
+
 OffPolicyCorrection = Literal["none", "tis", "decoupled_ppo"]
 LoopMode = Literal["sync", "async", "fully_async"]
 
@@ -281,6 +284,26 @@ class RolloutConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_sampling_untruncated(self) -> RolloutConfig:
+        # The trainer scores each token under the full softmax of logits / temperature; it
+        # does not replay the engines' top-p/top-k cut (TRL measured vLLM's importance weight
+        # at the kept mass: 0.90 at top_p 0.9, 0.17 at top_k 50).
+        cuts = [f"top_p={self.top_p}"] if self.top_p < 1 else []
+        cuts += [f"top_k={self.top_k}"] if self.top_k > 0 else []
+        if cuts:
+            raise InvariantError(
+                f"{' and '.join(cuts)} makes the engines sample from the truncated, "
+                "renormalised distribution, and the trainer scores each token under the full "
+                "one: the loss trains a policy nobody sampled from, and importance weights "
+                "between the two (off_policy_correction, the async loops) compare "
+                "probabilities over different sets of tokens",
+                fields=("top_p" if self.top_p < 1 else "top_k",),
+                fix="sample rollouts untruncated: top_p: 1.0 and top_k: -1 (the seeds' "
+                "values); evaluation may truncate (eval.top_p, eval.top_k)",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_stop_strings_not_empty(self) -> RolloutConfig:
         if "" in self.stop:
             kept = [s for s in self.stop if s]
@@ -521,6 +544,42 @@ class AlgoConfig(Section):
                 "negative-advantage tokens at eps_clip_c times the advantage",
                 fields=("eps_clip_c",),
                 fix="use 3.0 (a common value) or null to turn dual clip off",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_sequence_clip_is_narrow(self) -> AlgoConfig:
+        # gspo clips exp(mean log ratio) of a whole response, which moves about 1/length as
+        # much as one token's ratio; its paper clips at 3e-4 and 4e-4
+        wide = [
+            (name, value)
+            for name, value in (("eps_clip", self.eps_clip), ("eps_clip_high", self.eps_clip_high))
+            if value is not None and value > GSPO_MAX_CLIP
+        ]
+        if self.advantage_estimator == "gspo" and wide:
+            name, value = wide[0]
+            raise InvariantError(
+                f"{name}={value} with advantage_estimator=gspo: gspo clips each response's "
+                "sequence ratio (the mean of its tokens' log ratios), which moves far less "
+                "than a token's ratio, so a range of token-level width never binds and the "
+                "update is unclipped",
+                fields=(name,),
+                fix="use gspo's own range: eps_clip: 3e-4 and eps_clip_high: 4e-4 (the GSPO "
+                f"paper's; at most {GSPO_MAX_CLIP})",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_sequence_loss_averages_sequences(self) -> AlgoConfig:
+        if self.advantage_estimator == "gspo" and self.loss_reduction == "token_mean":
+            raise InvariantError(
+                "loss_reduction=token_mean with advantage_estimator=gspo: gspo's objective is "
+                "a mean over responses (one ratio and one advantage each), and token_mean "
+                "weighs each response by its token count, so long responses outweigh short "
+                "ones in proportion to their length",
+                fields=("loss_reduction",),
+                fix="use loss_reduction: sample_mean (each response's token mean, then the "
+                "mean over responses), or advantage_estimator: grpo for token-level ratios",
             )
         return self
 

@@ -341,6 +341,21 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_cpu_offload_is_distributed(self) -> RunConfig:
+        if self.recipe.optim.cpu_offload and not self.layout.train.distributed_optimizer:
+            raise InvariantError(
+                "recipe.optim.cpu_offload runs Adam on the host for the distributed "
+                "optimizer's shards, and layout.train.distributed_optimizer is false: "
+                "megatron-core's plain optimizer replaces the offloaded optimizer's parameter "
+                "groups with its own, and the first optimizer step fails (a KeyError), after "
+                "the first rollout",
+                fields=("layout.train.distributed_optimizer",),
+                fix="set layout.train.distributed_optimizer: true (the default), or "
+                "recipe.optim.cpu_offload: false",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_mtp_training_has_layers(self) -> RunConfig:
         train = self.recipe.train
         if not train.mtp_training:

@@ -18,6 +18,8 @@ ESTIMATORS = ["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseli
 
 
 def algo(**kwargs: object) -> AlgoConfig:
+    if kwargs.get("advantage_estimator") == "gspo":
+        kwargs.setdefault("eps_clip", 3e-4)  # gspo's own range: a token-level one is refused
     return AlgoConfig(**kwargs)
 
 

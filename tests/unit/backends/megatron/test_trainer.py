@@ -36,7 +36,15 @@ ALGOS: dict[str, tuple[int, dict[str, Any]]] = {
             "eps_clip_high": 0.28,
         },
     ),
-    "gspo": (8, {"advantage_estimator": "gspo"}),
+    "gspo": (
+        8,
+        {
+            "advantage_estimator": "gspo",
+            "eps_clip": 3e-3,
+            "eps_clip_high": 4e-3,
+            "loss_reduction": "sample_mean",
+        },
+    ),
 }
 
 
