@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = ROOT / "tests" / "hooks_fixtures"
 NUM_ROLLOUT = 5
-# Wall-clock figures, and anything computed from them, differ between any two runs.
+# Wall-clock figures, and anything computed from them, differ between any two runs; so do the
+# measurements every run logs beside the plan (perf/*: peak memory, time against the plan).
 TIMING_WORDS = ("time", "per_s")
+MEASURED = "perf/"
 # The engines' logprobs of the same tokens differ in their last bits with how requests were
 # batched together (as SGLang's do); what training reads is exact, this figure is compared
 # to a tolerance (engine_numerics).
@@ -182,7 +184,9 @@ def comparable(run_dir: Path) -> list[dict[str, object]]:
         {
             k: v
             for k, v in json.loads(line).items()
-            if not any(w in k for w in TIMING_WORDS) and k not in ENGINE_NUMERICS
+            if not any(w in k for w in TIMING_WORDS)
+            and not k.startswith(MEASURED)
+            and k not in ENGINE_NUMERICS
         }
         for line in lines
     ]
