@@ -31,7 +31,7 @@ from rlpost.plan import Plan
 from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
-from rlpost.runtime.failures import RunFault, actor_died
+from rlpost.runtime.failures import RunFault, actor_died, is_fault, killed_while_starting
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
@@ -57,6 +57,9 @@ PROBE_TEXT = "The capital of France is"
 # After one rank fails, how long the others get to answer before they count as missing.
 RANK_GRACE_S = 10.0
 LOOPBACK_IFNAME = "lo"
+# With engine.fault_tolerance, a weight update that an engine's death interrupted is sent
+# again (after the engine's restart) this many times in all.
+PUSH_ATTEMPTS = 3
 
 
 def _since(start: float) -> str:
@@ -125,6 +128,12 @@ class Session:
             await self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
             await self._record_placement()
+        except Exception as exc:
+            fault = await self.fault_behind(exc)
+            await self.close()
+            if fault is not None:
+                raise fault from exc
+            raise
         except BaseException:
             await self.close()
             raise
@@ -453,13 +462,31 @@ class Session:
         engine = placement.engines[self.pool.urls.index(url)]
         return [placement.train_slots.index(slot) for slot in engine.slots]
 
-    def diagnose(self) -> str | None:
-        """A part of the run that has died (the router process, every engine), or None."""
+    async def diagnose(self) -> str | None:
+        """A part of the run that has died (the router process, an engine), or None."""
         if self.router is not None and not self.router.is_running:
             return f"the sglang-router process exited (see {self.run_dir / 'logs/router.log'})"
         if self.pool is not None and self.pool.exhausted:
             return f"{self.pool.exhausted}; see the engine logs in {self.run_dir / 'logs'}"
+        if self.pool is not None:
+            dead = await self.pool.dead()
+            if dead:
+                gone = "; ".join(dead[i] for i in sorted(dead))
+                return f"{gone} (see the engine logs in {self.run_dir / 'logs'})"
         return None
+
+    async def fault_behind(self, exc: BaseException) -> RunFault | None:
+        """The fault that `exc` is a symptom of, when it is not one itself: a request that
+        failed because an engine or the router had died, an engine killed while starting.
+        None when `exc` is a fault already or nothing has died (a bug, a hook that raises)."""
+        if is_fault(exc):
+            return None
+        if killed_while_starting(exc):
+            return RunFault(f"an engine was killed while starting ({exc})", component="engine")
+        dead = await self.diagnose()
+        if dead is None:
+            return None
+        return RunFault(f"{dead} ({type(exc).__name__}: {exc})", component="engine")
 
     # ---- per rollout -------------------------------------------------------------------
 
@@ -492,12 +519,24 @@ class Session:
         the seconds it took."""
         assert self.client is not None and self.pool is not None and self.weight_sync
         start = time.perf_counter()
+        fault_tolerant = self.cfg.engine.fault_tolerance
         async with self.pool.exclusive():
-            if self.cfg.engine.fault_tolerance:
-                await self.pool.heal()
-            await self.pool.resume_memory([("weights",)], done=False)
-            urls = self.pool.serving_urls
-            await update_engines(self.client, self.weight_sync, urls, version)
+            for attempt in range(1, PUSH_ATTEMPTS + 1):
+                if fault_tolerant:
+                    await self.pool.heal()
+                await self.pool.resume_memory([("weights",)], done=False)
+                urls = self.pool.serving_urls
+                try:
+                    await update_engines(self.client, self.weight_sync, urls, version)
+                    break
+                except Exception as exc:
+                    # An engine that died during the update is restarted (and caught up to
+                    # the previous version) by the next heal; then every engine gets it.
+                    dead = await self.pool.dead() if fault_tolerant else {}
+                    if not dead or attempt == PUSH_ATTEMPTS:
+                        raise
+                    log.warning("weight update to version %d: %s (%s); pushing again",
+                                version, "; ".join(dead.values()), exc)  # fmt: skip
             await self.pool.resume_memory([("kv_cache",), ("cuda_graph",)], done=True)
             self.weight_version = version
             if self.probe is not None:
