@@ -39,7 +39,7 @@ from rlpost.plan import Plan
 from rlpost.plan.placement import Placement
 from rlpost.runtime.actors import EngineActor
 from rlpost.runtime.cluster import Cluster
-from rlpost.runtime.failures import killed_while_starting
+from rlpost.runtime.failures import killed_while_starting, remote_cause
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterWorker
 
@@ -246,7 +246,7 @@ class EnginePool:
                     raise
                 self._attempts[engine.index] = attempts
                 log.warning("engine %d died while starting (%s); starting it again",
-                            engine.index, exc)  # fmt: skip
+                            engine.index, remote_cause(exc))  # fmt: skip
                 await engine.stop()
 
     def connect(

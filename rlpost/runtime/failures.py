@@ -49,11 +49,15 @@ def killed_while_starting(exc: BaseException) -> bool:
 
     if actor_died(exc):
         return True
+    cause = remote_cause(exc)
+    return isinstance(cause, EngineStartError) and cause.killed
+
+
+def remote_cause(exc: BaseException) -> BaseException:
+    """The exception an actor raised, without Ray's wrapping (whose text is the actor's
+    whole traceback); `exc` itself when it is not wrapped."""
     cause = getattr(exc, "cause", None)  # a RayTaskError carries the actor's exception
-    for candidate in (exc, cause):
-        if isinstance(candidate, EngineStartError) and candidate.killed:
-            return True
-    return False
+    return cause if isinstance(cause, BaseException) else exc
 
 
 def is_fault(exc: BaseException) -> bool:

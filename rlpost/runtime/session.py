@@ -31,7 +31,13 @@ from rlpost.plan import Plan
 from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
-from rlpost.runtime.failures import RunFault, actor_died, is_fault, killed_while_starting
+from rlpost.runtime.failures import (
+    RunFault,
+    actor_died,
+    is_fault,
+    killed_while_starting,
+    remote_cause,
+)
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
@@ -482,7 +488,8 @@ class Session:
         if is_fault(exc):
             return None
         if killed_while_starting(exc):
-            return RunFault(f"an engine was killed while starting ({exc})", component="engine")
+            why = remote_cause(exc)
+            return RunFault(f"an engine was killed while starting ({why})", component="engine")
         dead = await self.diagnose()
         if dead is None:
             return None

@@ -97,11 +97,12 @@ def command(args: Sequence[str]) -> list[str]:
     return [sys.executable, str(ROOT / "launch.py"), *args]
 
 
-def env() -> dict[str, str]:
+def env(**extra: str) -> dict[str, str]:
     # WANDB_SERVICE would hand the runs a wandb service that this process started (and
     # that would still hold the killed run's stream): each launch starts its own
     inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    return {**inherited, "PYTHONPATH": str(HOOKS), "WANDB_SILENT": "true"}
+    path = os.pathsep.join(p for p in (str(HOOKS), inherited.get("PYTHONPATH")) if p)
+    return {**inherited, "PYTHONPATH": path, "WANDB_SILENT": "true", **extra}
 
 
 def launch(args: Sequence[str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
@@ -110,12 +111,12 @@ def launch(args: Sequence[str], timeout_s: float = 300) -> subprocess.CompletedP
     )
 
 
-def start(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+def start(args: Sequence[str], log: Path, **extra_env: str) -> subprocess.Popen[bytes]:
     """A launch in its own session, so that it and everything it starts can be killed."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            command(args), cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            command(args), cwd=ROOT, env=env(**extra_env), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
 
@@ -363,6 +364,65 @@ def engine_server(launch_pid: int) -> int:
         if b"rlpost.backends.cpu_engine" in cmdline:
             return pid
     raise AssertionError("no CPU engine server in the run")
+
+
+LENGTH_REWARD = "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward"
+# The same reward, and an engine server SIGKILLed when group 9's is first asked for: a fixed
+# point of rollout 2 (4 groups a rollout), after ckpt/rollout_2 was saved.
+KILLING_REWARD = (
+    "recipe.rollout.reward.custom_function=rlpost_fault_hooks.length_reward_with_a_kill"
+)
+
+
+def kill_engine_server_while_it_starts(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """SIGKILL the run's engine server as soon as its process exists (it then loads)."""
+    found: list[int] = []
+
+    def appeared() -> bool:
+        with contextlib.suppress(AssertionError):
+            found.append(engine_server(proc.pid))
+        return bool(found)
+
+    wait_for(appeared, proc, log, 240)
+    os.kill(found[0], signal.SIGKILL)
+    return found[0]
+
+
+@pytest.mark.parametrize("fault_tolerance", [False, True], ids=["run_restarts", "engine_restarts"])
+def test_a_killed_engine_server_is_a_fault_the_run_survives_with_identical_metrics(
+    assets: Path, reference: Path, tmp_path: Path, fault_tolerance: bool
+) -> None:
+    """The engine server is SIGKILLed while it starts, then at a fixed point of rollout 2.
+    Without engine fault tolerance each death restarts the run: from scratch (no checkpoint
+    yet), then from ckpt/rollout_2. With it, the engine is started again in place both times
+    and the run never restarts. Either way the metrics equal those of a run that never
+    faulted."""
+    run_dir = tmp_path / "run"
+    args = [KILLING_REWARD if a == LENGTH_REWARD else a for a in overrides(assets, run_dir)]
+    if fault_tolerance:
+        args += ["engine.fault_tolerance=true", "engine.health_check_interval_s=0.5"]
+    else:
+        args += ["run.max_restarts=2"]
+    log, marker = tmp_path / "run.log", tmp_path / "killed"
+    proc = start(args, log, KILL_AT_GROUP="9", KILL_MARKER=str(marker))
+    try:
+        first = kill_engine_server_while_it_starts(proc, log)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        kill_run(proc)
+    out = log.read_text()
+    assert "Traceback" not in out and marker.exists(), out[-3000:]
+    assert int(marker.read_text()) != first  # two deaths: at start-up, then mid-run
+    same_run(run_dir, reference)
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    if fault_tolerance:
+        assert [x.get("restart", 0) for x in launches] == [0], out[-3000:]
+        assert "died while starting" in out and "restarting it" in out, out[-3000:]
+    else:
+        assert [x.get("restart", 0) for x in launches] == [0, 1, 2], out[-3000:]
+        assert [x["start_rollout"] for x in launches] == [0, 0, 2]
+        assert "restarting from rollout 0 (no checkpoint yet)" in out, out[-3000:]
+        assert "server process is gone" in out, out[-3000:]
 
 
 def test_a_fully_async_run_survives_a_dead_engine_and_a_dead_rank_and_accounts_for_every_group(
