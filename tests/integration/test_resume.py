@@ -474,3 +474,55 @@ def test_a_fully_async_run_survives_a_dead_engine_and_a_dead_rank_and_accounts_f
         accounted |= {i for what in ("filtered", "dropped_stale", "cut_short") for i in
                       r["groups"][what]}  # fmt: skip
     assert set(range(max(trained) + 1)) <= accounted
+
+
+def trained_groups(run_dir: Path) -> tuple[list[dict[str, object]], list[int]]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return records, [i for r in records for i in r["groups"]["trained"]]
+
+
+def test_an_async_run_killed_and_resumed_trains_every_group_once(
+    assets: Path, tmp_path: Path
+) -> None:
+    """One step off (loop.mode async: rollout N+1 generates while rollout N trains), the
+    whole run SIGKILLed once rollout 2 is logged (groups queued and generating), then
+    resumed with run.resume=auto: no group is lost and none is trained twice."""
+    run_dir = tmp_path / "run"
+    total = 6
+    args = [
+        a for a in overrides(assets, run_dir)
+        if a not in ("run.deterministic=true", "hardware.gpus_per_node=1")
+        and not a.startswith("recipe.rollout.num_rollout=")
+    ] + [
+        "recipe.loop.mode=async", "layout.colocate=false", "layout.rollout.num_gpus=1",
+        "hardware.gpus_per_node=2", "recipe.eval.interval=null", "recipe.eval.datasets=[]",
+        f"recipe.rollout.num_rollout={total}",
+    ]  # fmt: skip
+    log = tmp_path / "first.log"
+    proc = start(args, log)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        wait_for(
+            lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3,
+            proc, log, 300,
+        )  # fmt: skip
+    finally:
+        kill_run(proc)
+    killed, _ = trained_groups(run_dir)
+    assert 3 <= len(killed) < total
+
+    resumed = launch([*args, "run.resume=auto"], timeout_s=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout, resumed.stdout[-3000:]
+    records, trained = trained_groups(run_dir)
+    assert [r["rollout_id"] for r in records] == list(range(total))
+    assert len(trained) == len(set(trained)) == total * 4  # batch_size groups a step, once each
+    accounted = set(trained) | set(records[-1]["groups"]["outstanding"])
+    for r in records:
+        accounted |= {i for what in ("filtered", "dropped_stale", "cut_short") for i in
+                      r["groups"][what]}  # fmt: skip
+    assert set(range(max(trained) + 1)) <= accounted  # drawn before the last trained: all seen
+    assert max(r["rollout/staleness_max"] for r in records) <= 1  # update_weights_interval
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    assert [x["start_rollout"] for x in launches][:1] == [0] and len(launches) == 2
+    assert 1 <= launches[1]["start_rollout"] <= len(killed)
