@@ -384,6 +384,7 @@ class Session:
             # With restarts, a request may have to outwait one (the router retries on its
             # own only briefly); without, fail fast.
             max_attempts=60 if engine.fault_tolerance else 5,
+            gone=self._router_gone,
         )
         self.pool.connect(router, self.client, self._catch_up)
         self.pool.start_monitor(asyncio.get_running_loop())
@@ -467,6 +468,10 @@ class Session:
         placement = self.plan.placement
         engine = placement.engines[self.pool.urls.index(url)]
         return [placement.train_slots.index(slot) for slot in engine.slots]
+
+    def _router_gone(self) -> str | None:
+        router = self.router
+        return None if router is None or router.is_running else "the sglang-router process exited"
 
     async def diagnose(self) -> str | None:
         """A part of the run that has died (the router process, an engine), or None."""
