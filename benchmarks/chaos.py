@@ -488,6 +488,7 @@ class Settings:
     disk_mb: int = 256
     collective_timeout_s: float = 60.0
     workdir: Path | None = None
+    keep: bool = False  # keep the runs' folders (and say where)
 
 
 def launch_args(settings: Settings, run_dir: Path, faults: int, rollouts: int) -> list[str]:
@@ -520,8 +521,12 @@ def run_config(run_dir: Path) -> dict[str, object]:
 def bench(settings: Settings) -> Report:
     kinds = list(settings.kinds)
     skipped = []
-    with tempfile.TemporaryDirectory(dir=settings.workdir) as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if settings.keep:
+            work = Path(tempfile.mkdtemp(prefix="chaos-", dir=settings.workdir))
+            print(f"runs and logs in {work}", flush=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=settings.workdir)))
         disk = None
         if "disk_full" in kinds:
             disk = SmallDisk(work / "chaos" / "run" / "ckpt", settings.disk_mb)
@@ -601,6 +606,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--no-engine-fault-tolerance", action="store_true")
     parser.add_argument("--disk-mb", type=int, default=256)
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
     ns = parser.parse_args()
     settings = Settings(
@@ -612,6 +618,7 @@ def main() -> None:
         engine_fault_tolerance=not ns.no_engine_fault_tolerance,
         overrides=tuple(ns.overrides),
         disk_mb=ns.disk_mb,
+        keep=ns.keep,
     )
     faults = schedule(settings.seed, settings.kinds, settings.per_kind)
     print(f"schedule (seed {settings.seed}): " + ", ".join(

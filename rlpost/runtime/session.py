@@ -495,10 +495,15 @@ class Session:
         if killed_while_starting(exc):
             why = remote_cause(exc)
             return RunFault(f"an engine was killed while starting ({why})", component="engine")
-        dead = await self.diagnose()
+        try:
+            dead = await self.diagnose()
+        except Exception:  # asking must not hide the failure being explained
+            log.warning("could not tell whether a part of the run died", exc_info=True)
+            return None
         if dead is None:
             return None
-        return RunFault(f"{dead} ({type(exc).__name__}: {exc})", component="engine")
+        part = "router" if self._router_gone() else "engine"
+        return RunFault(f"{dead} ({type(exc).__name__}: {exc})", component=part)
 
     # ---- per rollout -------------------------------------------------------------------
 
