@@ -267,6 +267,7 @@ class Chaos:
         self.open: list[tuple[Outcome, float, int]] = []  # delivered, not yet got past
         self.filled_at: int | None = None  # record count when the disk was filled
         self.refusals = 0
+        self.filling: Outcome | None = None
         # the processes of killed launches, until they end: (process, killed at, what)
         self.killed: dict[int, tuple[psutil.Process, float, str]] = {}
         self.lingered: list[tuple[float, str]] = []  # how long each outlived its launch
@@ -351,10 +352,14 @@ class Chaos:
                 outcome.survived, outcome.recovery_s = True, now - at
                 self.open.remove((outcome, at, records))
         if self.filled_at is not None and self.disk is not None:
-            refusals = self._text().count(SAVE_REFUSED)
-            if refusals > self.refusals or self.records > self.filled_at:
+            refused = self._text().count(SAVE_REFUSED) > self.refusals
+            if refused or self.records > self.filled_at:
                 self.disk.empty()
                 self.filled_at = None
+                if self.filling is not None:
+                    self.filling.note = (
+                        "a save was refused" if refused else "no save ran while it was full"
+                    )
 
     def _text(self) -> str:
         with contextlib.suppress(OSError):
@@ -370,7 +375,7 @@ class Chaos:
                 return
             self.refusals = self._text().count(SAVE_REFUSED)
             self.disk.fill()
-            self.filled_at = self.records
+            self.filled_at, self.filling = self.records, outcome
             outcome.target = "ckpt/ (tmpfs)"
         else:
             if kind == "driver":
