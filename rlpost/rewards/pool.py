@@ -46,6 +46,8 @@ class GraderProcess:
         try:
             self._read()  # {"ready": true}: the imports are done
         except BrokenPipeError:
+            if self.process.wait() < 0:  # killed while it started: another may start fine
+                raise
             raise RewardError(
                 f"a grading worker ({sys.executable} -m rlpost.rewards.worker) exited while "
                 "starting; its error is printed above"
@@ -100,8 +102,13 @@ class GradingPool:
         request = {"grader": grader, "response": response, "label": label}
         async with self._slot(loop):
             for attempt in range(2):
-                # Starting a worker (~1-2 s of imports) does not count against the limit.
-                worker = await loop.run_in_executor(self._threads, self._checkout)
+                try:
+                    # Starting a worker (~1-2 s of imports) does not count against the limit.
+                    worker = await loop.run_in_executor(self._threads, self._checkout)
+                except BrokenPipeError:  # killed while it started: once more
+                    if attempt:
+                        raise self._died_twice(grader) from None
+                    continue
                 call = loop.run_in_executor(self._threads, worker.call, request)
                 try:
                     reply = await asyncio.wait_for(call, timeout_s)
@@ -118,16 +125,20 @@ class GradingPool:
                 except BrokenPipeError:
                     self._replace(worker)  # died under us (OOM killer?): once more
                     if attempt:
-                        raise RewardError(
-                            f"grading workers died twice running grader {grader!r}; "
-                            "check the machine's memory (each worker imports sympy)"
-                        ) from None
+                        raise self._died_twice(grader) from None
                     continue
                 self._checkin(worker)
                 if "error" in reply:
                     raise RewardError(f"grader {grader!r} failed: {reply['error']}")
                 return float(reply["reward"])
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _died_twice(grader: str) -> RewardError:
+        return RewardError(
+            f"grading workers died twice running grader {grader!r}; "
+            "check the machine's memory (each worker imports sympy)"
+        )
 
     def start(self) -> None:
         """Start all workers now rather than on first use."""

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rlpost.runtime.failures import remote_cause
+
 CKPT_DIR = "ckpt"
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -124,7 +126,8 @@ async def save(
         return commit_save(staging, keep_last)
     except OSError as exc:
         discard_save(staging)
-        raise SaveError(f"{type(exc).__name__}: {exc}") from exc
+        cause = remote_cause(exc)  # a train rank's OSError, without Ray's traceback text
+        raise SaveError(f"{type(cause).__name__}: {cause}") from exc
 
 
 def start_save(run_dir: Path, rollouts_done: int) -> Path:

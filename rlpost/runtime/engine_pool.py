@@ -12,7 +12,13 @@ paused for an update is never judged hung, and an update never reaches a half-re
 
 An engine that needs more than `max_restarts` restarts (a crash loop: it dies at load, or
 every time it serves) is given up: it stays out of the router and is not tried again. The run
-goes on with the others; once none is left, `exhausted` says why.
+goes on with the others; once none is left, `exhausted` says why. An engine killed while it
+starts (by a signal, or its actor gone) is started again under the same count.
+
+An engine whose process is gone is restarted at once, even in its first-wait grace: the grace
+is for an engine that is slow to answer, and a dead one will never answer. Without fault
+tolerance nothing restarts an engine; `dead()` names the ones that are gone, and the run
+treats that as a fault (see rlpost.runtime.failures).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from rlpost.plan import Plan
 from rlpost.plan.placement import Placement
 from rlpost.runtime.actors import EngineActor
 from rlpost.runtime.cluster import Cluster
+from rlpost.runtime.failures import killed_while_starting, remote_cause
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterWorker
 
@@ -219,11 +226,28 @@ class EnginePool:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> list[str]:
-        self.urls = list(await asyncio.gather(*(e.start() for e in self.engines)))
+        self.urls = list(await asyncio.gather(*(self._first_start(e) for e in self.engines)))
         self._serving = set(range(len(self.engines)))
         grace = time.monotonic() + self.health.first_wait_s
         self._check_after = dict.fromkeys(self._serving, grace)
         return list(self.urls)
+
+    async def _first_start(self, engine: EngineHandle) -> str:
+        """Start one engine; with fault tolerance, one killed while it starts is started
+        again, up to max_restarts times."""
+        while True:
+            try:
+                return await engine.start()
+            except Exception as exc:
+                attempts = self._attempts.get(engine.index, 0) + 1
+                if not (self.health.enabled and killed_while_starting(exc)):
+                    raise
+                if attempts > self.health.max_restarts:
+                    raise
+                self._attempts[engine.index] = attempts
+                log.warning("engine %d died while starting (%s); starting it again",
+                            engine.index, remote_cause(exc))  # fmt: skip
+                await engine.stop()
 
     def connect(
         self, router: Router, client: EngineClient, catch_up: CatchUp | None = None
@@ -252,11 +276,12 @@ class EnginePool:
 
     # ---- health ------------------------------------------------------------------------
 
-    async def problem(self, index: int) -> str | None:
+    async def problem(self, index: int, *, process_only: bool = False) -> str | None:
         """Why engine `index` is unhealthy, or None. An engine whose memory is released
-        cannot generate, so for it only a process that is gone counts."""
+        cannot generate, so for it (and with `process_only`) only a process that is gone
+        counts."""
         assert self.client is not None, "connect() the pool first"
-        if index in self._released:
+        if index in self._released or process_only:
             return None if await self.engines[index].alive() else "its process exited"
         url = self.urls[index]
         try:
@@ -269,15 +294,16 @@ class EnginePool:
 
     async def heal(self, *, respect_grace: bool = False) -> list[Restart]:
         """Check every engine once and restart those that fail; the caller holds
-        `exclusive()`. Engines still in their first-wait grace are skipped when asked."""
+        `exclusive()`. Engines still in their first-wait grace are only checked for a
+        process that is gone, when asked."""
         now = time.monotonic()
-        indices = [
-            i
-            for i in range(len(self.engines))
-            if i not in self.given_up
-            and not (respect_grace and now < self._check_after.get(i, 0.0))
-        ]
-        problems = await asyncio.gather(*(self.problem(i) for i in indices))
+        indices = [i for i in range(len(self.engines)) if i not in self.given_up]
+        problems = await asyncio.gather(
+            *(
+                self.problem(i, process_only=respect_grace and now < self._check_after.get(i, 0))
+                for i in indices
+            )
+        )
         done = []
         for index, problem in zip(indices, problems, strict=True):
             if problem is not None:
@@ -335,6 +361,20 @@ class EnginePool:
                 await self.client.resume_memory(tags, urls)
         if done:
             self._released.clear()
+
+    async def dead(self) -> dict[int, str]:
+        """The engines (not given up) whose process is gone, each with what is known."""
+        indices = [i for i in range(len(self.engines)) if i not in self.given_up]
+        found = await asyncio.gather(*(self._alive(i) for i in indices))
+        return {i: why for i, why in zip(indices, found, strict=True) if why is not None}
+
+    async def _alive(self, index: int) -> str | None:
+        where = f"engine {index}" + (f" at {self.urls[index]}" if index < len(self.urls) else "")
+        try:
+            up = await asyncio.wait_for(self.engines[index].alive(), self.health.timeout_s)
+        except TimeoutError:  # its actor is stopped or stuck
+            return f"{where}: its actor did not answer within {self.health.timeout_s:g} s"
+        return None if up else f"{where}: its server process is gone"
 
     @property
     def released(self) -> bool:

@@ -1,10 +1,10 @@
 """How a run that has started ends when something fails, and which failures a restart mends.
 
-A fault (`RunFault`) is a part of the run that died or hung: a train rank, the router, the
-driver's actors, a collective that timed out. Starting the run again from its newest complete
-checkpoint mends it, and `run.max_restarts` does so. Anything else (a reward hook that
-raises, a generate hook that returns garbage, a bug) would fail the same way again: the run
-ends. Either way the launcher prints one message (`RunFailed.render`): what failed, the run
+A fault (`RunFault`) is a part of the run that died or hung: a train rank, an engine, the
+router, the driver's actors, a collective that timed out. Starting the run again from its
+newest complete checkpoint mends it, and `run.max_restarts` does so. Anything else (a reward
+hook that raises, a generate hook that returns garbage, a bug) would fail the same way again:
+the run ends. Either way the launcher prints one message (`RunFailed.render`): what failed, the run
 directory and the newest checkpoint to resume from, and exits with EXIT_RUN_FAILED.
 """
 
@@ -40,6 +40,24 @@ def actor_died(exc: BaseException | None) -> bool:
         rex.OwnerDiedError,
     )
     return isinstance(exc, gone)
+
+
+def killed_while_starting(exc: BaseException) -> bool:
+    """Whether `exc` says an engine was killed while it started (a signal, its actor gone),
+    rather than failing on its own (a bad model folder fails the same way every time)."""
+    from rlpost.backends.sglang.process import EngineStartError
+
+    if actor_died(exc):
+        return True
+    cause = remote_cause(exc)
+    return isinstance(cause, EngineStartError) and cause.killed
+
+
+def remote_cause(exc: BaseException) -> BaseException:
+    """The exception an actor raised, without Ray's wrapping (whose text is the actor's
+    whole traceback); `exc` itself when it is not wrapped."""
+    cause = getattr(exc, "cause", None)  # a RayTaskError carries the actor's exception
+    return cause if isinstance(cause, BaseException) else exc
 
 
 def is_fault(exc: BaseException) -> bool:

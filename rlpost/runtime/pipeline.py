@@ -72,7 +72,8 @@ class Batch:
 @dataclass(frozen=True)
 class PipelineState:
     """For a checkpoint: finished groups waiting for the trainer (trained after a resume as
-    they would have been) and prompts being generated (generated again)."""
+    they would have been) and prompts being generated, or whose generation failed (generated
+    again)."""
 
     queued: list[Group]
     generating: list[Group]
@@ -120,6 +121,9 @@ class RolloutPipeline:
         self._changed = asyncio.Event()
         self._error: BaseException | None = None
         self._failed_at = ""
+        # Groups whose generation failed: until the failure reaches the trainer (at its next
+        # take) a checkpoint may still be written, and it must keep them to generate again.
+        self.failed: list[Group] = []
         self._producer: asyncio.Task[None] | None = None
 
     # ---- the trainer's side ------------------------------------------------------------
@@ -163,8 +167,11 @@ class RolloutPipeline:
         with the data position)."""
         return PipelineState(
             queued=list(self.queue),
-            generating=[[s.fresh() for s in f.group] for f in self.in_flight],
+            generating=[[s.fresh() for s in g] for g in [*self._generating(), *self.failed]],
         )
+
+    def _generating(self) -> list[Group]:
+        return [f.group for f in self.in_flight]
 
     def restore(self, state: PipelineState) -> None:
         """Queued groups go back in the queue; prompts that were generating are drawn again
@@ -236,6 +243,7 @@ class RolloutPipeline:
         error = flight.task.exception()
         index = flight.group[0].group_index
         if error is not None:
+            self.failed.append(flight.group)
             self._fail(
                 error, f"generating group {index} (prompt of sample {flight.group[0].index})"
             )

@@ -32,7 +32,13 @@ from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
-from rlpost.runtime.failures import RunFault, actor_died
+from rlpost.runtime.failures import (
+    RunFault,
+    actor_died,
+    is_fault,
+    killed_while_starting,
+    remote_cause,
+)
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
@@ -58,6 +64,9 @@ PROBE_TEXT = "The capital of France is"
 # After one rank fails, how long the others get to answer before they count as missing.
 RANK_GRACE_S = 10.0
 LOOPBACK_IFNAME = "lo"
+# With engine.fault_tolerance, a weight update that an engine's death interrupted is sent
+# again (after the engine's restart) this many times in all.
+PUSH_ATTEMPTS = 3
 
 
 def _since(start: float) -> str:
@@ -126,6 +135,12 @@ class Session:
             await self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
             await self._record_placement()
+        except Exception as exc:
+            fault = await self.fault_behind(exc)
+            await self.close()
+            if fault is not None:
+                raise fault from exc
+            raise
         except BaseException:
             await self.close()
             raise
@@ -371,6 +386,7 @@ class Session:
             # With restarts, a request may have to outwait one (the router retries on its
             # own only briefly); without, fail fast.
             max_attempts=60 if engine.fault_tolerance else 5,
+            gone=self._router_gone,
         )
         self.pool.connect(router, self.client, self._catch_up)
         self.pool.start_monitor(asyncio.get_running_loop())
@@ -455,13 +471,41 @@ class Session:
         engine = placement.engines[self.pool.urls.index(url)]
         return [placement.train_slots.index(slot) for slot in engine.slots]
 
-    def diagnose(self) -> str | None:
-        """A part of the run that has died (the router process, every engine), or None."""
+    def _router_gone(self) -> str | None:
+        router = self.router
+        return None if router is None or router.is_running else "the sglang-router process exited"
+
+    async def diagnose(self) -> str | None:
+        """A part of the run that has died (the router process, an engine), or None."""
         if self.router is not None and not self.router.is_running:
             return f"the sglang-router process exited (see {self.run_dir / 'logs/router.log'})"
         if self.pool is not None and self.pool.exhausted:
             return f"{self.pool.exhausted}; see the engine logs in {self.run_dir / 'logs'}"
+        if self.pool is not None:
+            dead = await self.pool.dead()
+            if dead:
+                gone = "; ".join(dead[i] for i in sorted(dead))
+                return f"{gone} (see the engine logs in {self.run_dir / 'logs'})"
         return None
+
+    async def fault_behind(self, exc: BaseException) -> RunFault | None:
+        """The fault that `exc` is a symptom of, when it is not one itself: a request that
+        failed because an engine or the router had died, an engine killed while starting.
+        None when `exc` is a fault already or nothing has died (a bug, a hook that raises)."""
+        if is_fault(exc):
+            return None
+        if killed_while_starting(exc):
+            why = remote_cause(exc)
+            return RunFault(f"an engine was killed while starting ({why})", component="engine")
+        try:
+            dead = await self.diagnose()
+        except Exception:  # asking must not hide the failure being explained
+            log.warning("could not tell whether a part of the run died", exc_info=True)
+            return None
+        if dead is None:
+            return None
+        part = "router" if self._router_gone() else "engine"
+        return RunFault(f"{dead} ({type(exc).__name__}: {exc})", component=part)
 
     # ---- per rollout -------------------------------------------------------------------
 
@@ -495,12 +539,24 @@ class Session:
         the seconds it took."""
         assert self.client is not None and self.pool is not None and self.weight_sync
         start = time.perf_counter()
+        fault_tolerant = self.cfg.engine.fault_tolerance
         async with self.pool.exclusive():
-            if self.cfg.engine.fault_tolerance:
-                await self.pool.heal()
-            await self.pool.resume_memory([("weights",)], done=False)
-            urls = self.pool.serving_urls
-            await update_engines(self.client, self.weight_sync, urls, version)
+            for attempt in range(1, PUSH_ATTEMPTS + 1):
+                if fault_tolerant:
+                    await self.pool.heal()
+                await self.pool.resume_memory([("weights",)], done=False)
+                urls = self.pool.serving_urls
+                try:
+                    await update_engines(self.client, self.weight_sync, urls, version)
+                    break
+                except Exception as exc:
+                    # An engine that died during the update is restarted (and caught up to
+                    # the previous version) by the next heal; then every engine gets it.
+                    dead = await self.pool.dead() if fault_tolerant else {}
+                    if not dead or attempt == PUSH_ATTEMPTS:
+                        raise
+                    log.warning("weight update to version %d: %s (%s); pushing again",
+                                version, "; ".join(dead.values()), exc)  # fmt: skip
             await self.pool.resume_memory([("kv_cache",), ("cuda_graph",)], done=True)
             self.weight_version = version
             if self.probe is not None:

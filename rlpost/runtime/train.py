@@ -2,9 +2,10 @@
 train steps (rlpost.runtime.loop), and end it.
 
 A failure after the start ends the launch with one message (what failed, the run directory,
-the newest checkpoint to resume from) and exit status 3. A fault (a train rank, the router or
-an actor of the driver died, a collective hung) restarts the launch from the newest complete
-checkpoint, up to `run.max_restarts` times, each restart recorded in launches.jsonl.
+the newest checkpoint to resume from) and exit status 3. A fault (a train rank, an engine,
+the router or an actor of the driver died, a collective hung) restarts the launch from the
+newest complete checkpoint, up to `run.max_restarts` times, each restart recorded in
+launches.jsonl.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlpost.plan import Plan
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import seed_driver
 from rlpost.runtime.evaluation import EvalReport, format_eval_table, load_eval_sets
-from rlpost.runtime.failures import FAILURES_LOG, RunFailed, RunFault, describe, is_fault
+from rlpost.runtime.failures import FAILURES_LOG, RunFailed, describe, is_fault
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
@@ -97,9 +98,9 @@ async def _train(
         try:
             return await loop.run()
         except Exception as exc:
-            dead = session.diagnose()
-            if dead is not None and not is_fault(exc):
-                raise RunFault(f"{dead} ({type(exc).__name__}: {exc})") from exc
+            fault = await session.fault_behind(exc)
+            if fault is not None:
+                raise fault from exc
             raise
 
 

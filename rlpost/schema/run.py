@@ -146,8 +146,9 @@ class RunOptions(Section):
     progress: bool = True
     max_restarts: NonNegativeInt = Field(
         0,
-        description="when a train rank, the router or the driver's actors die mid-run, start "
-        "again from the newest complete checkpoint, up to this many times",
+        description="when a train rank, an engine (without engine.fault_tolerance), the router "
+        "or the driver's actors die mid-run, start again from the newest complete checkpoint "
+        "(from scratch before the first), up to this many times in one launch",
     )
     ray_address: str | None = Field(
         None,

@@ -25,6 +25,14 @@ def length_reward(sample: Sample) -> float:
     return float(len(sample.response_text))
 
 
+def score_in_metadata_or_length(sample: Sample) -> float:
+    """The prompt's own `score` when its line has one (the same for every sample of its
+    group, whatever was generated), else the response's length."""
+    if "score" in sample.metadata:
+        return float(sample.metadata["score"])
+    return float(len(sample.response_text))
+
+
 async def async_contains_label(sample: Sample) -> float:
     await asyncio.sleep(0)
     return 1.0 if sample.label and sample.label in sample.response_text else 0.0

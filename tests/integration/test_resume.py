@@ -99,11 +99,12 @@ def command(args: Sequence[str]) -> list[str]:
     return [sys.executable, str(ROOT / "launch.py"), *args]
 
 
-def env() -> dict[str, str]:
+def env(**extra: str) -> dict[str, str]:
     # WANDB_SERVICE would hand the runs a wandb service that this process started (and
     # that would still hold the killed run's stream): each launch starts its own
     inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    return {**inherited, "PYTHONPATH": str(HOOKS), "WANDB_SILENT": "true"}
+    path = os.pathsep.join(p for p in (str(HOOKS), inherited.get("PYTHONPATH")) if p)
+    return {**inherited, "PYTHONPATH": path, "WANDB_SILENT": "true", **extra}
 
 
 def launch(args: Sequence[str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
@@ -112,12 +113,12 @@ def launch(args: Sequence[str], timeout_s: float = 300) -> subprocess.CompletedP
     )
 
 
-def start(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+def start(args: Sequence[str], log: Path, **extra_env: str) -> subprocess.Popen[bytes]:
     """A launch in its own session, so that it and everything it starts can be killed."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            command(args), cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            command(args), cwd=ROOT, env=env(**extra_env), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
 
@@ -369,6 +370,65 @@ def engine_server(launch_pid: int) -> int:
     raise AssertionError("no CPU engine server in the run")
 
 
+LENGTH_REWARD = "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward"
+# The same reward, and an engine server SIGKILLed when group 9's is first asked for: a fixed
+# point of rollout 2 (4 groups a rollout), after ckpt/rollout_2 was saved.
+KILLING_REWARD = (
+    "recipe.rollout.reward.custom_function=rlpost_fault_hooks.length_reward_with_a_kill"
+)
+
+
+def kill_engine_server_while_it_starts(proc: subprocess.Popen[bytes], log: Path) -> int:
+    """SIGKILL the run's engine server as soon as its process exists (it then loads)."""
+    found: list[int] = []
+
+    def appeared() -> bool:
+        with contextlib.suppress(AssertionError):
+            found.append(engine_server(proc.pid))
+        return bool(found)
+
+    wait_for(appeared, proc, log, 240)
+    os.kill(found[0], signal.SIGKILL)
+    return found[0]
+
+
+@pytest.mark.parametrize("fault_tolerance", [False, True], ids=["run_restarts", "engine_restarts"])
+def test_a_killed_engine_server_is_a_fault_the_run_survives_with_identical_metrics(
+    assets: Path, reference: Path, tmp_path: Path, fault_tolerance: bool
+) -> None:
+    """The engine server is SIGKILLed while it starts, then at a fixed point of rollout 2.
+    Without engine fault tolerance each death restarts the run: from scratch (no checkpoint
+    yet), then from ckpt/rollout_2. With it, the engine is started again in place both times
+    and the run never restarts. Either way the metrics equal those of a run that never
+    faulted."""
+    run_dir = tmp_path / "run"
+    args = [KILLING_REWARD if a == LENGTH_REWARD else a for a in overrides(assets, run_dir)]
+    if fault_tolerance:
+        args += ["engine.fault_tolerance=true", "engine.health_check_interval_s=0.5"]
+    else:
+        args += ["run.max_restarts=2"]
+    log, marker = tmp_path / "run.log", tmp_path / "killed"
+    proc = start(args, log, KILL_AT_GROUP="9", KILL_MARKER=str(marker))
+    try:
+        first = kill_engine_server_while_it_starts(proc, log)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        kill_run(proc)
+    out = log.read_text()
+    assert "Traceback" not in out and marker.exists(), out[-3000:]
+    assert int(marker.read_text()) != first  # two deaths: at start-up, then mid-run
+    same_run(run_dir, reference)
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    if fault_tolerance:
+        assert [x.get("restart", 0) for x in launches] == [0], out[-3000:]
+        assert "died while starting" in out and "restarting it" in out, out[-3000:]
+    else:
+        assert [x.get("restart", 0) for x in launches] == [0, 1, 2], out[-3000:]
+        assert [x["start_rollout"] for x in launches] == [0, 0, 2]
+        assert "restarting from rollout 0 (no checkpoint yet)" in out, out[-3000:]
+        assert "server process is gone" in out, out[-3000:]
+
+
 def test_a_fully_async_run_survives_a_dead_engine_and_a_dead_rank_and_accounts_for_every_group(
     assets: Path, tmp_path: Path
 ) -> None:
@@ -418,3 +478,55 @@ def test_a_fully_async_run_survives_a_dead_engine_and_a_dead_rank_and_accounts_f
         accounted |= {i for what in ("filtered", "dropped_stale", "cut_short") for i in
                       r["groups"][what]}  # fmt: skip
     assert set(range(max(trained) + 1)) <= accounted
+
+
+def trained_groups(run_dir: Path) -> tuple[list[dict[str, object]], list[int]]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return records, [i for r in records for i in r["groups"]["trained"]]
+
+
+def test_an_async_run_killed_and_resumed_trains_every_group_once(
+    assets: Path, tmp_path: Path
+) -> None:
+    """One step off (loop.mode async: rollout N+1 generates while rollout N trains), the
+    whole run SIGKILLed once rollout 2 is logged (groups queued and generating), then
+    resumed with run.resume=auto: no group is lost and none is trained twice."""
+    run_dir = tmp_path / "run"
+    total = 6
+    args = [
+        a for a in overrides(assets, run_dir)
+        if a not in ("run.deterministic=true", "hardware.gpus_per_node=1")
+        and not a.startswith("recipe.rollout.num_rollout=")
+    ] + [
+        "recipe.loop.mode=async", "layout.colocate=false", "layout.rollout.num_gpus=1",
+        "hardware.gpus_per_node=2", "recipe.eval.interval=null", "recipe.eval.datasets=[]",
+        f"recipe.rollout.num_rollout={total}",
+    ]  # fmt: skip
+    log = tmp_path / "first.log"
+    proc = start(args, log)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        wait_for(
+            lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3,
+            proc, log, 300,
+        )  # fmt: skip
+    finally:
+        kill_run(proc)
+    killed, _ = trained_groups(run_dir)
+    assert 3 <= len(killed) < total
+
+    resumed = launch([*args, "run.resume=auto"], timeout_s=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout, resumed.stdout[-3000:]
+    records, trained = trained_groups(run_dir)
+    assert [r["rollout_id"] for r in records] == list(range(total))
+    assert len(trained) == len(set(trained)) == total * 4  # batch_size groups a step, once each
+    accounted = set(trained) | set(records[-1]["groups"]["outstanding"])
+    for r in records:
+        accounted |= {i for what in ("filtered", "dropped_stale", "cut_short") for i in
+                      r["groups"][what]}  # fmt: skip
+    assert set(range(max(trained) + 1)) <= accounted  # drawn before the last trained: all seen
+    assert max(r["rollout/staleness_max"] for r in records) <= 1  # update_weights_interval
+    launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
+    assert [x["start_rollout"] for x in launches][:1] == [0] and len(launches) == 2
+    assert 1 <= launches[1]["start_rollout"] <= len(killed)

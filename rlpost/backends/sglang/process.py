@@ -24,7 +24,18 @@ from rlpost.backends.sglang.launch import EngineSpec, engine_backend
 
 
 class EngineStartError(RuntimeError):
-    """An engine process exited or stayed unhealthy while starting."""
+    """An engine process exited or stayed unhealthy while starting. `returncode` is the
+    process's exit status when it exited (negative: the signal that killed it)."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+    @property
+    def killed(self) -> bool:
+        """Ended by a signal (SIGKILL, the OOM killer), not by an error of its own: starting
+        again may well succeed."""
+        return self.returncode is not None and self.returncode < 0
 
 
 class EngineProcess:
@@ -93,7 +104,8 @@ class EngineProcess:
                 code = self.proc.returncode if self.proc is not None else None
                 raise EngineStartError(
                     f"engine {self.spec.index} exited with {code} while starting; "
-                    f"see {self.spec.log_path}"
+                    f"see {self.spec.log_path}",
+                    returncode=code,
                 )
             try:
                 url = self.url + self.backend.health_path

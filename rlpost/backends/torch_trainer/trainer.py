@@ -269,7 +269,16 @@ class TorchTrainer:
             state.pop("optimizer")
         path = Path(ckpt_dir) / STATE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, path)
+        # Through a Python file, so that a write the disk refuses (ENOSPC, EDQUOT, EFBIG) is
+        # an OSError, which the run reports as a skipped save. torch's writer reports it as a
+        # RuntimeError ("unexpected pos") that would end the run; the OSError is behind it.
+        with path.open("wb") as f:
+            try:
+                torch.save(state, f)
+            except RuntimeError as exc:
+                if isinstance(exc.__context__, OSError):
+                    raise exc.__context__ from exc
+                raise
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
         """Every rank loads rank 0's copy; without a saved optimizer, Adam starts over."""

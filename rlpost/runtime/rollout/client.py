@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -129,7 +129,10 @@ class EngineClient:
         max_backoff_s: float = 8.0,
         request_timeout_s: float | None = None,
         control_timeout_s: float = 600.0,
+        gone: Callable[[], str | None] | None = None,
     ) -> None:
+        """`gone()` says why no retry can succeed (the router's process exited), or None;
+        asked before each retry, so a request does not outwait its retries for nothing."""
         if max_attempts < 1 or max_concurrency < 1:
             raise ValueError("max_attempts and max_concurrency must be >= 1")
         self.router_url = router_url.rstrip("/")
@@ -138,6 +141,7 @@ class EngineClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.max_concurrency = max_concurrency
+        self.gone = gone
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._taking = asyncio.Lock()
         self._generate_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -238,6 +242,9 @@ class EngineClient:
                         )
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
+            why = self.gone() if self.gone is not None else None
+            if why is not None:
+                raise EngineRequestError(f"POST {url} failed ({last_error}), and {why}")
             if attempt < self.max_attempts:
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
                 logger.warning("POST %s failed (%s); retry %d in %.1f s", url, last_error,

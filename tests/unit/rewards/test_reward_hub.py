@@ -152,6 +152,31 @@ def test_a_runaway_grader_is_killed_without_freezing_the_event_loop() -> None:
     assert worst_gap_s < 0.5
 
 
+def test_a_grading_worker_killed_while_it_starts_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGKILLed before it is ready (the OOM killer, a chaos run): the sample is graded by
+    the next worker, not failed."""
+    import os
+    import signal
+
+    from rlpost.rewards import pool
+
+    class KilledAtStart(pool.GraderProcess):
+        def _read(self) -> dict[str, Any]:
+            os.kill(self.process.pid, signal.SIGKILL)
+            monkeypatch.setattr(pool, "GraderProcess", original)  # the next one starts fine
+            return super()._read()
+
+    original = pool.GraderProcess
+    fresh = pool.GradingPool(max_workers=1)
+    monkeypatch.setattr(pool, "GraderProcess", KilledAtStart)
+    try:
+        assert asyncio.run(fresh.run("math", "\\boxed{34}", "34", timeout_s=30)) == 1.0
+    finally:
+        fresh.shutdown()
+
+
 def test_rewards_from_a_loop_in_another_thread() -> None:
     results: list[list[float]] = []
     worker = threading.Thread(target=lambda: results.append(rewards([sample("\\boxed{34}")])))

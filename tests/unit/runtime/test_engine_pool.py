@@ -180,3 +180,66 @@ def test_an_engine_in_a_crash_loop_is_given_up_after_its_restarts(
         await pool.stop()
 
     asyncio.run(scenario())
+
+
+async def _kill_when_started(local: LocalEngine) -> int:
+    """SIGKILL the engine's process as soon as it exists (it is then loading)."""
+    while (pid := local.process.pid()) is None or not local.process.is_alive():
+        await asyncio.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_an_engine_killed_while_starting_or_in_its_grace_is_started_again(
+    tiny_lm_dir: Path, tmp_path: Path
+) -> None:
+    """A dead engine never answers, so its first-wait grace does not shield it."""
+    health = HealthSettings(enabled=True, timeout_s=2.0, first_wait_s=300.0, max_restarts=2)
+    local = engine(0, tiny_lm_dir, tmp_path)
+    pool = EnginePool([local], health)
+
+    async def scenario() -> None:
+        starting = asyncio.create_task(pool.start())
+        killed = await _kill_when_started(local)
+        (url,) = await starting
+        assert local.process.starts == 2 and await local.pid() != killed
+        async with EngineClient(url, worker_urls=[url]) as client:
+            pool.connect(None, client)  # type: ignore[arg-type]  # no router to keep
+            assert await pool.dead() == {}
+            assert await pool.check() == []  # in its grace and alive: left alone
+            pid = await local.pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            while await local.alive():
+                await asyncio.sleep(0.02)
+            assert "server process is gone" in (await pool.dead())[0]
+            (restart,) = await pool.check()  # still in its grace, but dead: restarted
+            assert restart.index == 0 and "exited" in restart.reason
+            assert (await client.generate_on(pool.urls[0], PROMPT, GREEDY)).output_ids
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_without_fault_tolerance_an_engine_killed_while_starting_fails_the_start(
+    tiny_lm_dir: Path, tmp_path: Path
+) -> None:
+    """Nothing restarts it: the start fails, saying the engine was killed (a fault the run's
+    own restarts can mend, rlpost.runtime.failures)."""
+    from rlpost.backends.sglang.process import EngineStartError
+    from rlpost.runtime.failures import killed_while_starting
+
+    local = engine(0, tiny_lm_dir, tmp_path)
+    pool = EnginePool([local], HealthSettings())
+
+    async def scenario() -> None:
+        starting = asyncio.create_task(pool.start())
+        await _kill_when_started(local)
+        with pytest.raises(EngineStartError) as failed:
+            await starting
+        assert failed.value.killed and killed_while_starting(failed.value)
+        assert local.process.starts == 1
+        await pool.stop()
+
+    asyncio.run(scenario())
+    assert not killed_while_starting(EngineStartError("exited with 1", returncode=1))

@@ -23,7 +23,7 @@ from rlpost.backends.cpu_engine.server import BackgroundServer
 from rlpost.data.prompts import PromptRecord
 from rlpost.data.source import DataSource
 from rlpost.plan.loop import LoopPlan
-from rlpost.runtime.pipeline import Batch, RolloutPipeline
+from rlpost.runtime.pipeline import Batch, PipelineError, RolloutPipeline
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.rollout.context import GenerateContext
 from rlpost.runtime.rollout.manager import GenerateHook, Group, GroupRunner, generate_sample
@@ -235,3 +235,43 @@ def test_an_interrupted_group_keeps_its_tokens_and_goes_on_under_the_new_version
         assert all(lp <= 0.0 for lp in sample.rollout_logprobs)
         interrupted += set(sample.token_versions) == {0, 1}
     assert interrupted > 0  # tokens from before the update were kept, the rest came after
+
+
+def test_groups_whose_generation_failed_stay_in_a_checkpoint_taken_before_the_failure_surfaces(
+    url: str,
+) -> None:
+    """One step ahead, the next step's groups fail (say the router died) while the trainer
+    still trains the current step and saves: the save must keep them, to generate them again
+    after a resume, or they would be lost."""
+
+    async def failing_reward(samples: list[Sample]) -> list[float]:
+        if samples[0].group_index >= BATCH:
+            raise RuntimeError("the sglang-router process exited")
+        return await length_reward(samples)
+
+    async def scenario() -> tuple[Batch, list[Group], list[Group]]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            params = {"max_new_tokens": 8, "temperature": 1.0}
+            pipeline = RolloutPipeline(
+                GroupRunner(client, failing_reward), data_source(), params,
+                bounds("async", 1, 1, 2 * BATCH), BATCH,
+            )  # fmt: skip
+            pipeline.start()
+            try:
+                batch = await pipeline.take(0)
+                async with asyncio.timeout(60):  # the next step's groups fail meanwhile
+                    while len(pipeline.failed) < BATCH:
+                        await asyncio.sleep(0.01)
+                saved = pipeline.snapshot()
+                with pytest.raises(PipelineError, match="router process exited"):
+                    await pipeline.take(1)
+            finally:
+                await pipeline.close()
+        return batch, saved.queued, saved.generating
+
+    batch, queued, generating = asyncio.run(scenario())
+    assert sorted(g[0].group_index for g in batch.groups) == list(range(BATCH))
+    assert not queued
+    assert sorted(g[0].group_index for g in generating) == list(range(BATCH, 2 * BATCH))
+    assert all(not s.response_ids and s.reward is None for g in generating for s in g)

@@ -1,4 +1,6 @@
 import copy
+import resource
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -216,6 +218,23 @@ def test_checkpoint_resume_reproduces_training(
     resumed.train_step(second)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_checkpoint_the_disk_refuses_fails_with_os_error(
+    tiny_model_dir: Path, make_configs: Configs, tmp_path: Path
+) -> None:
+    """The run skips a save that raises OSError (a full disk, a quota) and trains on; the
+    write must surface as one, not as torch's own "unexpected pos" RuntimeError."""
+    t = trainer(tiny_model_dir, *make_configs(4))
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, limit[1]))
+    try:
+        with pytest.raises(OSError, match="too large"):
+            t.save_checkpoint(tmp_path / "ckpt")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 # A KL term that weighs nothing, as in the seeds' recipes (use_kl_loss with kl_loss_coef 0)

@@ -93,6 +93,23 @@ def test_a_dead_router_fails_after_bounded_retries() -> None:
         run(scenario())
 
 
+def test_a_request_is_not_retried_once_the_router_is_known_to_be_gone() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    asked = []
+
+    def gone() -> str:
+        asked.append(1)
+        return "the sglang-router process exited"
+
+    async def scenario() -> None:
+        async with EngineClient(dead, max_attempts=60, backoff_s=10.0, gone=gone) as client:
+            await client.generate(PROMPT, GREEDY)
+
+    with pytest.raises(EngineRequestError, match="and the sglang-router process exited"):
+        run(scenario())
+    assert asked == [1]  # after the first attempt, before any wait
+
+
 def test_a_rejected_request_is_not_retried(url: str) -> None:
     async def scenario() -> None:
         async with client_for(url, max_attempts=5, backoff_s=10.0) as client:

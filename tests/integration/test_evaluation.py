@@ -1,0 +1,65 @@
+"""Evaluation in the real loop is exact whatever the training recipe filters.
+
+Every eval group is generated and scored once: a dynamic-sampling filter that drops groups
+whose rewards are all equal (and so would drop every group of this eval set) must neither
+touch evaluation nor keep it from returning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOKS = ROOT / "tests" / "hooks_fixtures"
+SCORES = [1, 0, 1, 1, 0, 0, 1]  # one per eval prompt: 4 of 7 right
+N_SAMPLES = 4
+
+
+def test_evaluation_with_a_filter_on_groups_of_equal_rewards_returns_the_exact_accuracy(
+    tmp_path: Path,
+) -> None:
+    eval_file = tmp_path / "scored.jsonl"
+    lines = [
+        {"prompt": f"What is {i}+{i}?", "label": str(2 * i), "metadata": {"score": score}}
+        for i, score in enumerate(SCORES)
+    ]
+    eval_file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, str(ROOT / "launch.py"),
+        "recipe.rollout.num_rollout=3",
+        "recipe.rollout.over_sampling_batch_size=12",
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        # training prompts score their response's length (groups differ, the filter keeps
+        # them); the eval prompts' score is in their line (every group's rewards are equal)
+        "recipe.rollout.reward.custom_function=rlpost_test_hooks.score_in_metadata_or_length",
+        "recipe.eval.interval=2",
+        f"recipe.eval.datasets=[{{name: scored, path: {eval_file}, "
+        f"n_samples_per_prompt: {N_SAMPLES}}}]",
+        "layout.train.num_gpus=1", "hardware.gpus_per_node=1",
+        "run.progress=false", f"run.dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]  # fmt: skip
+    path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/scored/accuracy" in r]
+    assert len(evals) == 3  # before training (logged with rollout 0), after 2, at the end
+    exact = float(Fraction(sum(SCORES), len(SCORES)))
+    for record in evals:
+        assert record["eval/scored/accuracy"] == exact
+        assert record["eval/scored/num_samples"] == len(SCORES) * N_SAMPLES
+    assert all(r["rollout/num_samples"] == 64 for r in records)  # training went on
+    assert "0.571" in done.stdout  # the eval table
