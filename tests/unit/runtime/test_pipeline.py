@@ -244,8 +244,11 @@ def test_groups_whose_generation_failed_stay_in_a_checkpoint_taken_before_the_fa
     still trains the current step and saves: the save must keep them, to generate them again
     after a resume, or they would be lost."""
 
+    taken = asyncio.Event()  # the next step's groups fail once the current step is taken
+
     async def failing_reward(samples: list[Sample]) -> list[float]:
         if samples[0].group_index >= BATCH:
+            await taken.wait()
             raise RuntimeError("the sglang-router process exited")
         return await length_reward(samples)
 
@@ -260,6 +263,7 @@ def test_groups_whose_generation_failed_stay_in_a_checkpoint_taken_before_the_fa
             pipeline.start()
             try:
                 batch = await pipeline.take(0)
+                taken.set()
                 async with asyncio.timeout(60):  # the next step's groups fail meanwhile
                     while len(pipeline.failed) < BATCH:
                         await asyncio.sleep(0.01)
