@@ -163,6 +163,10 @@ def _hardware(total: int, per_node: int) -> tuple[str, dict[str, Any] | None]:
     return name, base
 
 
+SLIME_REQUIRED = ("--rollout-batch-size",)
+"""The flags slime's parser declares required=True (slime/utils/arguments.py at 624b824a)."""
+
+
 def import_slime(
     path: Path,
     slime_dir: Path | None = None,
@@ -207,6 +211,21 @@ def import_slime(
                     "trains reinforcement-learning recipes only",
                     "train SFT with slime (or another SFT trainer) and give its checkpoint to "
                     "rlpost as model.load",
+                    str(path),
+                )
+            ],
+            title="import error",
+        )
+    missing = [flag for flag in SLIME_REQUIRED if flag not in dict(flags)]
+    if missing:
+        raise UserError(
+            [
+                Issue(
+                    "SCRIPT",
+                    f"{path} runs {launch.entry} without {', '.join(missing)}, which slime's "
+                    "argument parser requires (it exits before anything starts)",
+                    "add it to the train command, e.g. in ROLLOUT_ARGS: --rollout-batch-size "
+                    "<prompts per rollout> (slime's example scripts use 32)",
                     str(path),
                 )
             ],

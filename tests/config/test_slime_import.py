@@ -203,7 +203,8 @@ def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
     script = tmp_path / "run.sh"
     script.write_text(
         "source scripts/models/glm4-9B.sh\nMODEL_ARGS+=( --rotary-base 500000 )\n"
-        "python3 train.py ${MODEL_ARGS[@]} --colocate --global-batch-size 8\n"
+        "python3 train.py ${MODEL_ARGS[@]} --colocate --rollout-batch-size 8 "
+        "--global-batch-size 8\n"
     )
     imported = import_slime(script)
     assert imported.model == "glm4-9b-run"  # drawn on glm4-9b, with the script's value
