@@ -496,7 +496,7 @@ def _layout_defaults(values: dict[str, Any], model: ModelConfig) -> None:
         values.setdefault(f"layout.train.{size}", 1)
     values.setdefault("layout.train.sequence_parallel", False)
     if values["layout.train.tp"] == 1:
-        # Megatron's validate_args turns it off without tensor parallelism (arguments.py:906)
+        # Megatron's validate_args turns it off without tensor parallelism (megatron_rules, 912)
         values["layout.train.sequence_parallel"] = False
     values.setdefault("layout.train.recompute.granularity", "none")
     if values["layout.train.recompute.granularity"] != "full":

@@ -16,6 +16,7 @@ from typing import Any
 
 from rlpost.config.sglang_options import load_sglang_options
 from rlpost.errors import Issue, UserError
+from rlpost.plan.megatron_rules import BY_LINE, MEGATRON_COMMIT
 from rlpost.plan.model_args import format_value, model_args
 from rlpost.plan.plan import Plan
 from rlpost.schema import RunConfig
@@ -36,7 +37,6 @@ takes the oldest groups first when --buffer-filter-path is unset; the module tha
 held its pop_first is gone from slime)."""
 
 SLIME_COMMIT = "624b824a"
-MEGATRON_COMMIT = "1dcf0daf"
 SGLANG_VERSION = "0.5.15.post1"
 PINNED = (
     f"slime at commit {SLIME_COMMIT} (Megatron-LM {MEGATRON_COMMIT} as its docker image pins "
@@ -47,7 +47,8 @@ PINNED = (
 RUNTIME_ENV = {
     "PYTHONPATH": "/root/Megatron-LM/",
     # Megatron's validate_args refuses TP or CP > 1 on Hopper without it (overlapped
-    # communication needs one hardware queue); slime's run scripts set it the same way
+    # communication needs one hardware queue; megatron_rules, line 950); slime's run scripts
+    # set it the same way
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
 }
 """The environment every train and rollout process of the exported job gets."""
@@ -469,12 +470,28 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
 )
 
 
+# settings rlpost's trainer runs and Megatron-LM's validate_args refuses, so slime would stop
+# at start-up: (key, value test, why, fix)
+MEGATRON_REFUSES: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
+    (
+        "recipe.optim.precision_aware_optimizer",
+        lambda cfg: cfg.recipe.optim.cpu_offload and not cfg.recipe.optim.precision_aware_optimizer,
+        "recipe.optim.cpu_offload exports as --optimizer-cpu-offload, which Megatron-LM's "
+        f"validate_args accepts only with --use-precision-aware-optimizer ({BY_LINE[1190].cite()}:"
+        " the hybrid device optimizer reuses that code path); slime would stop at start-up",
+        "set recipe.optim.precision_aware_optimizer: true (as the shipped CPU-Adam layouts do), "
+        "or recipe.optim.cpu_offload: false",
+    ),
+)
+
+
 def check_exportable(cfg: RunConfig, plan: Plan | None = None) -> None:
-    """UserError for a recipe feature slime lacks: never exported as something it ignores
-    (with the plan, the engines' SGLang options too)."""
+    """UserError for a recipe feature slime lacks, or a setting Megatron-LM refuses: never
+    exported as something slime ignores or stops on (with the plan, the engines' SGLang
+    options too)."""
     issues = [
         Issue(key, why, fix, value=cfg_value(cfg, key))
-        for key, applies, why, fix in NOT_IN_SLIME
+        for key, applies, why, fix in (*NOT_IN_SLIME, *MEGATRON_REFUSES)
         if applies(cfg)
     ]
     if plan is not None:

@@ -310,6 +310,23 @@ def test_extension_points_slime_calls_otherwise_are_refused_by_the_export(
     }
 
 
+def test_cpu_adam_without_the_precision_aware_optimizer_is_refused_by_the_export(
+    compose_run: ComposeRun,
+) -> None:
+    """rlpost's trainer runs the pair; Megatron-LM's validate_args stops slime on it."""
+    cfg = compose_run(
+        "model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8",
+        "recipe.optim.precision_aware_optimizer=false",
+    )  # fmt: skip
+    plan = build_plan(cfg)
+    assert cfg.recipe.optim.cpu_offload  # the shipped layout's CPU Adam
+    with pytest.raises(UserError) as refused:
+        render_slime_args(cfg, plan)
+    [issue] = refused.value.issues
+    assert issue.key == "recipe.optim.precision_aware_optimizer"
+    assert "arguments.py:1190" in issue.message and "precision_aware_optimizer: true" in issue.fix
+
+
 def test_remote_rewards_and_concurrency_are_spelled_as_slime_reads_them(
     groups_for: GroupsFor,
 ) -> None:

@@ -142,7 +142,7 @@ def test_the_padded_vocabulary_is_what_tells_glm47_flash_apart(tmp_path: Path) -
 
 DEFAULTED = {
     "--kv-channels": "Megatron-LM's validate_args sets hidden / heads when it is left out "
-    "(training/arguments.py:812)",
+    "(training/arguments.py:814)",
     "--group-query-attention": "a switch for --num-query-groups, which both give",
     "--use-rotary-position-embeddings": "the older spelling of --position-embedding-type rope",
     "--position-embedding-type": "rope, spelled --use-rotary-position-embeddings",
