@@ -61,8 +61,16 @@ SHOWN = 5
 RECOMPUTES = (RECOMPUTE_NONE, "full")
 """Selective recompute drops only the attention softmax's activations, which the memory model
 never counts (flash attention does not store them), so it is searched only when set."""
-CPU_ADAM = {"cpu_offload": True, "overlap_cpu_optimizer_d2h_h2d": True}
-GPU_ADAM = {"cpu_offload": False, "overlap_cpu_optimizer_d2h_h2d": False}
+CPU_ADAM = {
+    "cpu_offload": True,
+    "overlap_cpu_optimizer_d2h_h2d": True,
+    "precision_aware_optimizer": True,
+}
+GPU_ADAM = {
+    "cpu_offload": False,
+    "overlap_cpu_optimizer_d2h_h2d": False,
+    "precision_aware_optimizer": False,
+}
 
 
 @dataclass(frozen=True)

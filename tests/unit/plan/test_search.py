@@ -178,3 +178,17 @@ def test_the_launcher_plans_and_runs_the_chosen_layout() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert '"search": {' in done.stdout
+
+
+def test_cpu_adam_chosen_by_the_search_is_the_seeds_and_exports_to_slime(
+    run_config: MakeRun,
+) -> None:
+    """The seeds' CPU Adam is three flags; Megatron-LM refuses --optimizer-cpu-offload alone."""
+    from rlpost.plan.search import with_adam
+    from rlpost.plan.slime_args import check_exportable
+
+    gpu_adam = with_adam(run_config("glm4.7-flash", "h100x8"), False)
+    assert not gpu_adam.recipe.optim.precision_aware_optimizer
+    cpu_adam = with_adam(gpu_adam, True).recipe.optim
+    assert (cpu_adam.cpu_offload, cpu_adam.precision_aware_optimizer) == (True, True)
+    check_exportable(with_adam(gpu_adam, True))
