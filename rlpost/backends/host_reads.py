@@ -23,12 +23,20 @@ MOE_ROUTING = f"megatron{os.sep}core{os.sep}transformer{os.sep}moe{os.sep}"
 """Where megatron-core's MoE code reads its routing counts (its all-to-all is sized by them)."""
 
 
+CURRENT_DEVICE_ON_CPU = torch.device("cpu")
+"""What `torch.cuda.current_device()` answers on a CPU machine while megatron-core runs there
+(backends/megatron/compat.py). A `.to()` to it moves a tensor to the device it computes on, so
+on a GPU it reads nothing on the host: not counted."""
+
+
 def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     device = kwargs.get("device")
     for arg in args[1:]:
         if isinstance(arg, str | torch.device):
             device = arg
-    return device is not None and torch.device(device).type == "cpu"
+    if device is None or device is CURRENT_DEVICE_ON_CPU:
+        return False
+    return torch.device(device).type == "cpu"
 
 
 class HostReads(TorchFunctionMode):

@@ -46,6 +46,12 @@ These apply on any machine, CUDA or not, and are equally version-gated:
   * `DistributedOptimizer._set_main_param_and_optimizer_states` keeps torch Adam's live
     `step` when a fully_reshardable checkpoint's state (which leaves `step` out) is copied in;
     without Apex or TE only. Can go when megatron-core copies by the saved keys.
+  * with or without TE: `multi_latent_attention.apply_rotary_pos_emb` is
+    `kernels.packed_mla_rope`, which rotates a packed micro-batch of rlpost's by the positions
+    its cu_seqlens carry instead of reading cu_seqlens on the host for q and k in every layer
+    (megatron-core's unfused THD RoPE, which rlpost selects: apply_rope_fusion is off); every
+    other call goes to megatron-core's function. Can go when megatron-core's MLA takes
+    per-token positions.
 - `untie_adam_steps(optimizer)` after loading a distributed-optimizer checkpoint: without Apex
   or TransformerEngine (torch's own AdamW) megatron-core 0.16 restores every parameter's Adam
   `step` as one shared tensor, which torch's foreach AdamW then increments once per parameter
@@ -70,6 +76,8 @@ from typing import Any
 import torch
 import torch._dynamo
 from torch.overrides import TorchFunctionMode
+
+from rlpost.backends.host_reads import CURRENT_DEVICE_ON_CPU
 
 SUPPORTED_MEGATRON = (0, 16)
 
@@ -158,8 +166,9 @@ def _stream_context(*args: Any, **kwargs: Any) -> contextlib.AbstractContextMana
 _CUDA_STAND_INS: dict[str, Any] = {
     # a CPU device rather than an index: `device=torch.cuda.current_device()` then needs no
     # rewriting, which matters inside nested autograd.backward calls (activation
-    # recomputation), where torch runs the engine with function modes popped
-    "current_device": lambda: torch.device("cpu"),
+    # recomputation), where torch runs the engine with function modes popped; the one object
+    # host_reads knows, so that a move to the current device is not counted as a host read
+    "current_device": lambda: CURRENT_DEVICE_ON_CPU,
     "device_count": lambda: 1,
     "synchronize": lambda *args, **kwargs: None,
     "empty_cache": lambda: None,
@@ -284,6 +293,15 @@ def install_te_fallbacks() -> None:
     if importlib.util.find_spec("transformer_engine") is None:
         multi_latent_attention.HAVE_TE = False
     _keep_adam_steps_on_reshard()
+    _packed_mla_rope(multi_latent_attention)
+
+
+def _packed_mla_rope(module: Any) -> None:
+    """MLA's unfused RoPE reads cu_seqlens on the host per layer; rlpost's micro-batches carry
+    their positions, and kernels.packed_mla_rope uses them (other calls go to megatron-core's)."""
+    from rlpost.backends.megatron.kernels import packed_mla_rope
+
+    module.apply_rotary_pos_emb = packed_mla_rope
 
 
 def _keep_adam_steps_on_reshard() -> None:

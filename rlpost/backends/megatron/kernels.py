@@ -6,6 +6,10 @@ instead of a float32 copy of the activations and a cast back:
   square in float32 whatever the input dtype), keeping only its input for backward.
 - `apply_rope`: rotary embeddings from a per-micro-batch cos/sin table (`rope_table`) in the
   compute dtype: two multiplies and an add per layer, no trigonometry, no host reads.
+- `packed_mla_rope`: megatron-core's multi-latent attention applies its own RoPE and, for a
+  packed batch, splits it by sample with `cu_seqlens.tolist()` and `.item()` on the host for q
+  and k in every layer. This one takes each token's position from the micro-batch (attached to
+  its cu_seqlens, `attach_positions`) and gathers the angles in one indexing op.
 - `swiglu`: silu(gate) * up as one autograd function that keeps only its input for backward
   (megatron-core's unfused path also keeps silu(gate), a third tensor of the MLP's width).
 - `fuse_adam`: torch's fused AdamW kernel for the optimizer megatron-core builds without
@@ -14,6 +18,7 @@ instead of a float32 copy of the activations and a cast back:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -92,6 +97,47 @@ def apply_rope(x: Tensor, rope: RopeTable, interleaved: bool) -> Tensor:
         return x * rope.cos + _rotate_half(x, interleaved) * rope.sin
     head, tail = x[..., :rot], x[..., rot:]
     return torch.cat((head * rope.cos + _rotate_half(head, interleaved) * rope.sin, tail), dim=-1)
+
+
+# ---- RoPE inside multi-latent attention ---------------------------------------------------------
+
+POSITIONS_ATTR = "rlpost_positions"
+"""The attribute of a micro-batch's cu_seqlens tensors that holds each local token's position in
+its sample ([t_local], on the device): megatron-core's MLA hands RoPE the cu_seqlens alone."""
+
+
+def attach_positions(cu_seqlens: Sequence[Tensor | None], positions: Tensor) -> None:
+    """Give `packed_mla_rope` the tokens' positions through the cu_seqlens MLA passes it."""
+    for cu in cu_seqlens:
+        if cu is not None:
+            setattr(cu, POSITIONS_ATTR, positions)
+
+
+def packed_mla_rope(
+    t: Tensor,
+    freqs: Tensor,
+    config: Any,
+    cu_seqlens: Tensor | None = None,
+    mscale: float = 1.0,
+    cp_group: Any = None,
+) -> Tensor:
+    """megatron-core's `apply_rotary_pos_emb` as MLA calls it. For a packed micro-batch of
+    rlpost's (cu_seqlens carrying positions) t [t, heads, d] is rotated by freqs [max_s, 1, 1,
+    d] at each token's position in one gather: what megatron-core computes sample by sample
+    (rope_utils._apply_rotary_pos_emb_thd, the CP chunks included, as positions are this rank's
+    own), without reading cu_seqlens on the host. Anything else goes to megatron-core's."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    positions = getattr(cu_seqlens, POSITIONS_ATTR, None)
+    if positions is None or config.apply_rope_fusion:
+        return rope_utils.apply_rotary_pos_emb(t, freqs, config, cu_seqlens, mscale, cp_group)
+    return rope_utils._apply_rotary_pos_emb_bshd(
+        t.unsqueeze(1),
+        freqs[positions],
+        rotary_interleaved=config.rotary_interleaved,
+        multi_latent_attention=config.multi_latent_attention,
+        mscale=mscale,
+    ).squeeze(1)
 
 
 # ---- SwiGLU -----------------------------------------------------------------------------------

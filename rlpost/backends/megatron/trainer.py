@@ -43,7 +43,7 @@ from rlpost.algo.steps import (
     sample_tensors,
     validate_sample,
 )
-from rlpost.backends.megatron.batches import MicroBatch, build_micro_batch
+from rlpost.backends.megatron.batches import CU_SEQLENS, MicroBatch, build_micro_batch
 from rlpost.backends.megatron.compat import cpu_compat, needs_cpu_compat
 from rlpost.backends.megatron.config import megatron_settings
 from rlpost.backends.megatron.convert import (
@@ -61,7 +61,12 @@ from rlpost.backends.megatron.distributed import (
 )
 from rlpost.backends.megatron.export import export_hf_folder
 from rlpost.backends.megatron.hf_files import HFCheckpoint
-from rlpost.backends.megatron.kernels import fuse_adam, inverse_frequencies, rope_table
+from rlpost.backends.megatron.kernels import (
+    attach_positions,
+    fuse_adam,
+    inverse_frequencies,
+    rope_table,
+)
 from rlpost.backends.megatron.layers import gather_along_sequence
 from rlpost.backends.megatron.logits import hidden_logprobs, output_layer_input
 from rlpost.backends.megatron.mtp import mtp_loss_factor, mtp_step_metrics, with_mtp_targets
@@ -224,8 +229,10 @@ class MegatronTrainer:
         return [self._with_rope(mb) for mb in self._packed(batch, bins)]
 
     def _with_rope(self, mb: MicroBatch) -> MicroBatch:
-        """The micro-batch with its RoPE table, computed on the device from its positions."""
+        """The micro-batch with its RoPE table, computed on the device from its positions (MLA,
+        which applies its own: its cu_seqlens carry the positions, kernels.packed_mla_rope)."""
         if self.inv_freq is None:
+            attach_positions([getattr(mb.packed, n) for n in CU_SEQLENS], mb.position_ids[0])
             return mb
         config = self.settings.transformer
         table = rope_table(

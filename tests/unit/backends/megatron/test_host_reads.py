@@ -33,7 +33,8 @@ def reads_per_step(trainer: MegatronTrainer) -> tuple[int, dict[str, int], int]:
 
 
 @pytest.mark.parametrize(
-    ("arch", "recompute"), [("qwen3", "none"), ("qwen3", "full"), ("glm4_moe", "none")]
+    ("arch", "recompute"),
+    [("qwen3", "none"), ("qwen3", "full"), ("glm4_moe", "none"), ("glm4_moe_lite", "none")],
 )
 def test_host_reads_per_step_do_not_grow_with_depth(
     make_setup: Callable[..., Setup], tmp_path: Path, arch: str, recompute: str

@@ -48,6 +48,7 @@ CASES = {
     "moe-dp2": ("glm4_moe", {"dp": 2}),
     "mla-ep2": ("glm4_moe_lite", {"ep": 2, "dp": 2}),
     "mla-tp2-ep2-sp": ("glm4_moe_lite", {"tp": 2, "ep": 2, "sequence_parallel": True}),
+    "mla-cp2": ("glm4_moe_lite", {"cp": 2}),
 }
 
 
