@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 LEGACY_FILE = "rank_0.pt"  # the format before sharding: rank 0's replica, torch.save
-STATE_FILE = "trainer_state.json"
+RECORD_FILE = "trainer_state.json"
 FORMAT = "torch_dcp"
 FORMAT_VERSION = 1
 MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
@@ -79,7 +79,7 @@ def save_sharded(
         state[OPTIMIZER_KEY] = get_optimizer_state_dict(model, optimizer)
     path.mkdir(parents=True, exist_ok=True)
     if _rank() == 0:  # a save over an older one is incomplete until the record is back
-        (path / STATE_FILE).unlink(missing_ok=True)
+        (path / RECORD_FILE).unlink(missing_ok=True)
     try:
         with _quiet_single_process():
             dcp_save(state, storage_writer=_Writer(path), no_dist=not _distributed())
@@ -88,7 +88,7 @@ def save_sharded(
     error: OSError | None = None
     if _rank() == 0:
         try:
-            _write_synced(path / STATE_FILE, text.encode())
+            _write_synced(path / RECORD_FILE, text.encode())
         except OSError as exc:
             error = exc
     error = _from_rank0(error)  # every rank raises, or none: the next collective lines up
@@ -105,7 +105,7 @@ def load_sharded(
     optimizer is left fresh: Adam starts over. Collective when a process group is
     initialised."""
     path = Path(ckpt_dir)
-    if (path / STATE_FILE).is_file():
+    if (path / RECORD_FILE).is_file():
         return _load_dcp(path, model, optimizer)
     if (path / LEGACY_FILE).is_file():
         return _load_legacy(path, model, optimizer)
@@ -116,7 +116,7 @@ def read_full_model_state(ckpt_dir: str | Path) -> dict[str, Tensor]:
     """The model's full (unsharded) tensors by state-dict name, on the CPU, from either
     format; needs no process group (export to HF, inspection)."""
     path = Path(ckpt_dir)
-    if not (path / STATE_FILE).is_file():
+    if not (path / RECORD_FILE).is_file():
         if (path / LEGACY_FILE).is_file():
             state: dict[str, Tensor] = _load_legacy_file(path)[MODEL_KEY]
             return state
@@ -140,7 +140,7 @@ def read_full_model_state(ckpt_dir: str | Path) -> dict[str, Tensor]:
 def read_extra(ckpt_dir: str | Path) -> dict[str, Any]:
     """The `extra` a checkpoint was saved with (the legacy format's `scheduler` dict)."""
     path = Path(ckpt_dir)
-    if (path / STATE_FILE).is_file():
+    if (path / RECORD_FILE).is_file():
         extra: dict[str, Any] = _read_record(path)["extra"]
         return extra
     if (path / LEGACY_FILE).is_file():
@@ -153,17 +153,17 @@ def read_extra(ckpt_dir: str | Path) -> dict[str, Any]:
 
 def _not_a_checkpoint(path: Path) -> FileNotFoundError:
     return FileNotFoundError(
-        f"{path} holds no torch trainer checkpoint: neither {STATE_FILE} (sharded, beside "
+        f"{path} holds no torch trainer checkpoint: neither {RECORD_FILE} (sharded, beside "
         f"DCP's .metadata) nor {LEGACY_FILE} (before sharding); point at a checkpoint's "
         "trainer/ folder"
     )
 
 
 def _read_record(path: Path) -> dict[str, Any]:
-    record: dict[str, Any] = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    record: dict[str, Any] = json.loads((path / RECORD_FILE).read_text(encoding="utf-8"))
     if record.get("format") != FORMAT or record.get("version") != FORMAT_VERSION:
         raise ValueError(
-            f"{path / STATE_FILE} is format {record.get('format')!r} version "
+            f"{path / RECORD_FILE} is format {record.get('format')!r} version "
             f"{record.get('version')!r}; this rlpost reads {FORMAT!r} version {FORMAT_VERSION}"
         )
     return record

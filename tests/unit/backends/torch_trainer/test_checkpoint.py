@@ -7,7 +7,6 @@ per decoder layer and at the root), as the trainer shards it."""
 from __future__ import annotations
 
 import errno
-import os
 import resource
 import signal
 import socket
@@ -33,7 +32,7 @@ from transformers import AutoModelForCausalLM
 
 from rlpost.backends.torch_trainer.checkpoint import (
     LEGACY_FILE,
-    STATE_FILE,
+    RECORD_FILE,
     load_sharded,
     read_extra,
     read_full_model_state,
@@ -172,14 +171,18 @@ def _resume_same_layout(rank: int, model_dir: Path, ckpt: Path, out: Path) -> No
     step(resumed, 1)
     states = full_state(uninterrupted), full_state(resumed)
     if rank == 0:
-        torch.save({"extra": extra, "states": states, "files": os.listdir(ckpt)}, out)
+        files = {f.name: f.stat().st_size for f in ckpt.iterdir()}
+        torch.save({"extra": extra, "states": states, "files": files}, out)
 
 
 def test_resume_on_the_same_layout_continues_bitwise(tiny_model_dir: Path, tmp_path: Path) -> None:
     run_two_ranks(_resume_same_layout, tiny_model_dir, tmp_path / "ckpt", tmp_path / "out.pt")
     result = torch.load(tmp_path / "out.pt")
     assert result["extra"] == {"step": 1}
-    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", STATE_FILE} <= set(result["files"])
+    files = result["files"]
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", RECORD_FILE} <= files.keys()
+    shards = files["__0_0.distcp"], files["__1_0.distcp"]
+    assert max(shards) < 0.6 * sum(shards)  # each rank wrote its half, nothing gathered
     uninterrupted, resumed = result["states"]
     assert_same(resumed, uninterrupted)
 
@@ -316,7 +319,7 @@ def test_a_refused_write_is_an_os_error(tiny_model_dir: Path, tmp_path: Path) ->
     with file_size_limit(4096), pytest.raises(OSError) as refused:
         save_sharded(tmp_path, *trained, {"step": 1})
     assert refused.value.errno == errno.EFBIG
-    assert not (tmp_path / STATE_FILE).exists()  # no checkpoint that looks complete
+    assert not (tmp_path / RECORD_FILE).exists()  # no checkpoint that looks complete
 
 
 def _one_rank_refused(rank: int, model_dir: Path, out: Path) -> None:
@@ -338,3 +341,10 @@ def test_a_write_refused_on_one_rank_is_an_os_error_on_every_rank(
     run_two_ranks(_one_rank_refused, tiny_model_dir, tmp_path)
     raised = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert raised == [str(errno.EFBIG)] * 2
+
+
+def test_a_folder_without_a_checkpoint_is_refused_naming_both_formats(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=f"neither {RECORD_FILE}.* nor {LEGACY_FILE}"):
+        load_sharded(tmp_path, nn.Linear(2, 2), None)
+    with pytest.raises(FileNotFoundError, match="trainer/ folder"):
+        read_full_model_state(tmp_path)
