@@ -81,8 +81,8 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
 
 def _reshards(path: Path, state: LoopState, saved: dict[str, Any]) -> frozenset[str]:
     """The parallel sizes the saved trainer state loads under when they change: the torch
-    trainer's ranks are replicas (DP only); megatron-core's checkpoints reshard as their
-    record says (rlpost.backends.megatron.ckpt_format)."""
+    trainer's checkpoints load under any DP size (a replica, or DCP shards that reshard);
+    megatron-core's reshard as their record says (rlpost.backends.megatron.ckpt_format)."""
     if state.trainer_backend != "megatron":
         return frozenset({"dp"})
     from rlpost.backends.megatron.ckpt_format import reshardable_keys

@@ -11,7 +11,10 @@ each train rank's model and optimizer.
       rng/driver.pt      python and torch RNG of the driver
       rng/rank_<r>.pt    python and torch RNG of train rank r
       trainer/           model, optimizer and step, in the trainer backend's own format:
-                         torch: rank_0.pt (DP ranks hold identical replicas; rank 0 writes);
+                         torch: a torch.distributed.checkpoint every rank writes its shards
+                         of (__<r>_0.distcp, .metadata, trainer_state.json; it loads under
+                         another DP size), or rank_0.pt from before sharding (rank 0's replica;
+                         still loads); see rlpost.backends.torch_trainer.checkpoint;
                          megatron: a torch_dist checkpoint every rank writes its shards of
       config.yaml        the resolved config; provenance.json: overrides, git revision, packages
 """
@@ -212,10 +215,9 @@ def export_checkpoint_hf(checkpoint: Path, out_dir: Path, base_model: Path | Non
 
         fields = _saved_config(checkpoint)["model"] | {"hf_checkpoint": str(base)}
         return torch_dist_to_hf(ModelConfig(**fields), checkpoint / TRAINER_DIR, out_dir)
+    from rlpost.backends.torch_trainer.checkpoint import read_full_model_state
     from rlpost.backends.torch_trainer.model_io import export_hf, load_causal_lm
-    from rlpost.backends.torch_trainer.trainer import STATE_FILE
 
     model = load_causal_lm(base)
-    state = _load_torch(checkpoint / TRAINER_DIR / STATE_FILE)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(read_full_model_state(checkpoint / TRAINER_DIR))
     return export_hf(model, base, out_dir)
