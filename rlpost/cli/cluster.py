@@ -382,15 +382,34 @@ def status(args: argparse.Namespace) -> int:
     return 0 if {state.head, *state.workers} <= _alive(rows) else 1
 
 
+def stop_command(python: str, state: ClusterState) -> list[str]:
+    """Stops the cluster's processes on the machine it runs on, and no other Ray's (`ray
+    stop` would end them all: see rlpost.cli.ray_processes); the script on standard input."""
+    return [python, "-", state.address]
+
+
+def _python_beside(ray: str) -> str:
+    """The Python of the environment `ray` is in (workers: the same path as here)."""
+    return str(Path(ray).parent / "python") if os.sep in ray else "python3"
+
+
 def down(args: argparse.Namespace) -> int:
+    from rlpost.cli import ray_processes
+
     state = _load(Path(args.state))
-    stop = f"{shlex.quote(state.ray)} stop"
+    script = Path(ray_processes.__file__).read_text(encoding="utf-8")
+    remote = shlex.join(stop_command(_python_beside(state.ray), state))
     for host in state.workers:
-        proc = _over_ssh(state.ssh, host, stop, None)
-        output, _ = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+        proc = _over_ssh(state.ssh, host, remote, script)
+        output, _ = proc.communicate(script, timeout=COMMAND_TIMEOUT_S)
         if proc.returncode != 0:
-            print(f"rlpost: warning: {host}: `ray stop` failed: {output.strip()}", file=sys.stderr)
-    subprocess.run([state.ray, "stop"], capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
+            print(
+                f"rlpost: warning: {host}: stopping Ray failed: {output.strip()}", file=sys.stderr
+            )
+    subprocess.run(
+        stop_command(sys.executable, state), input=script, text=True, capture_output=True,
+        timeout=COMMAND_TIMEOUT_S, check=False,
+    )  # fmt: skip
     Path(args.state).unlink(missing_ok=True)
     print(f"rlpost: the cluster at {state.address} is down ({1 + len(state.workers)} node(s))")
     return 0

@@ -168,9 +168,11 @@ class TrainLoop:
         try:
             for step in range(start, total):
                 metrics, groups = await self.step(step)
-                record = {**pending_eval, **metrics}
+                *evaluations, record = step_records(pending_eval, metrics)
                 pending_eval = {}
                 # Logged before the save: a checkpoint never runs ahead of metrics.jsonl.
+                for evaluation in evaluations:
+                    self.logger.log(step, evaluation)
                 self.logger.log(step, record, extra={"groups": groups})
                 progress.update(record)
                 await self._save_when_due(step + 1)
@@ -300,6 +302,17 @@ class TrainLoop:
         if resume is None or resume.path.parent != checkpoint.checkpoint_root(self.run_dir):
             return None
         return resume.state.wandb_run_id
+
+
+def step_records(
+    before_training: dict[str, float], metrics: dict[str, float]
+) -> list[dict[str, float]]:
+    """What a step logs: its metrics, with the evaluation before training (if any) in the
+    same record (rollout 0's), or in a record of its own ahead of it when the step evaluated
+    too (eval.interval=1), so that neither evaluation overwrites the other."""
+    if before_training.keys() & metrics.keys():
+        return [before_training, metrics]
+    return [{**before_training, **metrics}]
 
 
 def _due(interval: int | None, done: int, total: int) -> bool:

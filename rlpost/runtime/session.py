@@ -544,6 +544,8 @@ class Session:
             for attempt in range(1, PUSH_ATTEMPTS + 1):
                 if fault_tolerant:
                     await self.pool.heal()
+                else:
+                    await self._refuse_dead_engines()
                 await self.pool.resume_memory([("weights",)], done=False)
                 urls = self.pool.serving_urls
                 try:
@@ -565,6 +567,19 @@ class Session:
         seconds = time.perf_counter() - start
         log.info("weights v%d pushed in %.2f s", version, seconds)
         return seconds
+
+    async def _refuse_dead_engines(self) -> None:
+        """Without engine fault tolerance nothing watches the engines, and a dead one's port
+        is free for another run on this machine to take: a weight update sent there would
+        load this run's weights into that run's engine (seen: a run that started while
+        another's engine was dead served the other's weights). So a dead engine is a fault
+        here, before any weights go out."""
+        assert self.pool is not None
+        dead = await self.pool.dead()
+        if dead:
+            gone = "; ".join(dead[i] for i in sorted(dead))
+            logs = self.run_dir / "logs"
+            raise RunFault(f"{gone} (see the engine logs in {logs})", component="engine")
 
     async def _trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """Rank 0's answer; every rank computes it (a sharded trainer's forward is collective)."""

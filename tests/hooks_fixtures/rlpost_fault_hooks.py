@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -20,6 +21,10 @@ import psutil
 from rlpost.types import Sample
 
 TARGETS = {"engine_server": "rlpost.backends.cpu_engine", "engine_actor": "ray::EngineActor"}
+TRAIN_RANK = "ray::TrainActor"
+# A file size limit the torch trainer's state (model and Adam: 36 MB for the tiny model)
+# cannot fit under, while the weights alone (12 MB: HF exports, weight updates) still can.
+SMALL_FILE_BYTES = 20 << 20
 _lock = threading.Lock()
 
 
@@ -45,3 +50,49 @@ def _find(name: str) -> psutil.Process:
         except psutil.Error:
             continue
     raise RuntimeError(f"no process of this run has {name!r} in its command line")
+
+
+def length_reward_with_a_refused_save_and_a_kill(sample: Sample) -> float:
+    """length_reward_with_a_kill, and a full disk for one save: when the run first asks for
+    the reward of group REFUSE_AT_GROUP, the train ranks' file size limit drops to
+    SMALL_FILE_BYTES, so that the next checkpoint save fails with EFBIG (an OSError: Python
+    ignores SIGXFSZ), as on a full disk; once that save's staging folder REFUSED_STAGING has
+    come and gone (the run discarded it), the limit is lifted and the next save succeeds."""
+    if sample.group_index == int(os.environ["REFUSE_AT_GROUP"]):
+        with _lock:
+            marker = Path(f"{os.environ['KILL_MARKER']}.refused")
+            if not marker.exists():
+                marker.write_text("")
+                ranks = _all(TRAIN_RANK)
+                _limit_file_size(ranks, SMALL_FILE_BYTES)
+                staging = Path(os.environ["REFUSED_STAGING"])
+                threading.Thread(target=_lift_after, args=(staging, ranks), daemon=True).start()
+    return length_reward_with_a_kill(sample)
+
+
+def _limit_file_size(ranks: list[psutil.Process], limit: int | None) -> None:
+    for rank in ranks:
+        try:
+            _, hard = rank.rlimit(psutil.RLIMIT_FSIZE)
+            rank.rlimit(psutil.RLIMIT_FSIZE, (hard if limit is None else limit, hard))
+        except psutil.Error:
+            continue
+
+
+def _lift_after(staging: Path, ranks: list[psutil.Process]) -> None:
+    while not staging.exists():
+        time.sleep(0.01)
+    while staging.exists():
+        time.sleep(0.01)
+    _limit_file_size(ranks, None)
+
+
+def _all(name: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if name in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found

@@ -41,9 +41,8 @@ def test_a_short_chaos_run_survives_every_fault_with_the_unfaulted_metrics(
     a save where a tmpfs can be mounted; the run (resumed after the driver's kill) finishes
     with the same records as a run that never faulted and leaves no process behind."""
     chaos = load_chaos()
-    # seed 25: the full disk comes last, after the driver's kill and its resume (a resume from
-    # the checkpoint after a refused save is the case benchmarks/chaos.py still finds
-    # diverging, see the README)
+    # seed 25: the full disk comes last, after the driver's kill and its resume (a refused save
+    # followed by a resume: tests/integration/test_resume.py's engine-server test)
     settings = chaos.Settings(
         seed=25,
         per_kind=1,

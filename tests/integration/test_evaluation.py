@@ -42,7 +42,7 @@ def test_evaluation_with_a_filter_on_groups_of_equal_rewards_returns_the_exact_a
         # training prompts score their response's length (groups differ, the filter keeps
         # them); the eval prompts' score is in their line (every group's rewards are equal)
         "recipe.rollout.reward.custom_function=rlpost_test_hooks.score_in_metadata_or_length",
-        "recipe.eval.interval=2",
+        "recipe.eval.interval=1",
         f"recipe.eval.datasets=[{{name: scored, path: {eval_file}, "
         f"n_samples_per_prompt: {N_SAMPLES}}}]",
         "layout.train.num_gpus=1", "hardware.gpus_per_node=1",
@@ -56,10 +56,17 @@ def test_evaluation_with_a_filter_on_groups_of_equal_rewards_returns_the_exact_a
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/scored/accuracy" in r]
-    assert len(evals) == 3  # before training (logged with rollout 0), after 2, at the end
+    # before training, then after every rollout (eval.interval=1): the first two both go with
+    # rollout 0, the one before training in a record of its own, and neither overwrites the other
+    assert [(r["rollout_id"], r["eval/weight_version"]) for r in evals] == [
+        (0, 0.0), (0, 1.0), (1, 2.0), (2, 3.0)
+    ]  # fmt: skip
+    assert not any(k.startswith(("rollout/", "train/")) for k in records[0])
     exact = float(Fraction(sum(SCORES), len(SCORES)))
     for record in evals:
         assert record["eval/scored/accuracy"] == exact
         assert record["eval/scored/num_samples"] == len(SCORES) * N_SAMPLES
-    assert all(r["rollout/num_samples"] == 64 for r in records)  # training went on
+    trained = records[1:]
+    assert [r["rollout_id"] for r in trained] == [0, 1, 2]
+    assert all(r["rollout/num_samples"] == 64 for r in trained)  # training went on
     assert "0.571" in done.stdout  # the eval table

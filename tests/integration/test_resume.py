@@ -382,9 +382,12 @@ def engine_server(launch_pid: int) -> int:
 
 LENGTH_REWARD = "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward"
 # The same reward, and an engine server SIGKILLed when group 9's is first asked for: a fixed
-# point of rollout 2 (4 groups a rollout), after ckpt/rollout_2 was saved.
+# point of rollout 2 (4 groups a rollout), after ckpt/rollout_2 was saved; before that, the
+# train ranks' file size limit refuses the save of ckpt/rollout_1 (from group 1's reward on,
+# lifted once the run has discarded that save), as a full disk would.
 KILLING_REWARD = (
-    "recipe.rollout.reward.custom_function=rlpost_fault_hooks.length_reward_with_a_kill"
+    "recipe.rollout.reward.custom_function="
+    "rlpost_fault_hooks.length_reward_with_a_refused_save_and_a_kill"
 )
 
 
@@ -406,11 +409,12 @@ def kill_engine_server_while_it_starts(proc: subprocess.Popen[bytes], log: Path)
 def test_a_killed_engine_server_is_a_fault_the_run_survives_with_identical_metrics(
     assets: Path, reference: Path, tmp_path: Path, fault_tolerance: bool
 ) -> None:
-    """The engine server is SIGKILLed while it starts, then at a fixed point of rollout 2.
-    Without engine fault tolerance each death restarts the run: from scratch (no checkpoint
-    yet), then from ckpt/rollout_2. With it, the engine is started again in place both times
-    and the run never restarts. Either way the metrics equal those of a run that never
-    faulted."""
+    """The engine server is SIGKILLed while it starts, then at a fixed point of rollout 2;
+    in between, the save of ckpt/rollout_1 is refused (EFBIG, as ENOSPC on a full disk) and
+    ckpt/rollout_2 is written. Without engine fault tolerance each death restarts the run:
+    from scratch (no checkpoint yet), then from ckpt/rollout_2, the checkpoint after the
+    refused one. With it, the engine is started again in place both times and the run never
+    restarts. Either way the metrics equal those of a run that never faulted."""
     run_dir = tmp_path / "run"
     args = [KILLING_REWARD if a == LENGTH_REWARD else a for a in overrides(assets, run_dir)]
     if fault_tolerance:
@@ -418,7 +422,11 @@ def test_a_killed_engine_server_is_a_fault_the_run_survives_with_identical_metri
     else:
         args += ["run.max_restarts=2"]
     log, marker = tmp_path / "run.log", tmp_path / "killed"
-    proc = start(args, log, KILL_AT_GROUP="9", KILL_MARKER=str(marker))
+    refused = run_dir / "ckpt" / "tmp-1"
+    proc = start(
+        args, log, KILL_AT_GROUP="9", KILL_MARKER=str(marker), REFUSE_AT_GROUP="1",
+        REFUSED_STAGING=str(refused),
+    )  # fmt: skip
     try:
         first = kill_engine_server_while_it_starts(proc, log)
         assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
@@ -427,6 +435,9 @@ def test_a_killed_engine_server_is_a_fault_the_run_survives_with_identical_metri
     out = log.read_text()
     assert "Traceback" not in out and marker.exists(), out[-3000:]
     assert int(marker.read_text()) != first  # two deaths: at start-up, then mid-run
+    assert out.count("could not be written") == 1, out[-3000:]
+    assert "the checkpoint after rollout 1 could not be written (OSError: [Errno 27]" in out
+    assert "saved " + str(run_dir / "ckpt" / "rollout_2") in out, out[-3000:]
     same_run(run_dir, reference)
     launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
     if fault_tolerance:
