@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpost.backends.torch_trainer import TorchTrainer
-from rlpost.backends.torch_trainer.forward import pack_samples
+from rlpost.backends.torch_trainer.distributed import full_tensor
+from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -34,7 +35,8 @@ def trainer(
 
 
 def grads(t: TorchTrainer) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in t.model.parameters()]
+    """Whole gradients, gathered from the trainer's shards."""
+    return [full_tensor(p.grad).clone() for p in t.model.parameters()]
 
 
 LAYOUTS = {
@@ -195,11 +197,14 @@ def test_export_hf_round_trips(
     assert (out / "tokenizer.json").is_file()
     assert "attn" not in (out / "config.json").read_text()  # engines pick their own
     assert AutoTokenizer.from_pretrained(out).eos_token == "<eos>"
-    ids = torch.tensor([samples[0].tokens])
+    packed = pack_samples(samples)
+    (trained,) = t.compute_logprobs(samples[:1])
     with torch.no_grad():
-        assert torch.allclose(reloaded(ids).logits, t.model(ids, use_cache=False).logits, atol=1e-6)
+        exported = forward_tokens(reloaded, pack_samples(samples[:1]), 0.8).logp
+        assert torch.allclose(exported, trained, atol=1e-6)
         original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-        assert not torch.allclose(original(ids).logits, reloaded(ids).logits, atol=1e-4)
+        before, after = (forward_tokens(m, packed, 0.8).logp for m in (original, reloaded))
+        assert not torch.allclose(before, after, atol=1e-4)
     assert [p.name for p in tmp_path.iterdir()] == ["weights"]
 
 
