@@ -46,7 +46,8 @@ def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
     """The model's repeated blocks: the modules transformers never splits across devices
     (`_no_split_modules`, e.g. Qwen3DecoderLayer)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    # by the class's ancestry: FSDP2 swaps a sharded module's class for a subclass
+    layers = [m for m in model.modules() if names & {c.__name__ for c in type(m).__mro__}]
     if not layers:
         raise ValueError(
             f"{type(model).__name__} names no decoder layer class (_no_split_modules="

@@ -2,6 +2,7 @@
 
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
 
 from rlpost.algo.steps import plan_steps
 from rlpost.backends.torch_trainer import TorchTrainer
@@ -97,9 +99,14 @@ def uneven_samples(make_samples: Samples) -> list[TrainSample]:
 
 
 @pytest.mark.parametrize(
-    ("kind", "shard_group_size"),
-    [("samples", None), ("groups", None), ("uneven", None), ("samples", 1)],
-    ids=["samples", "groups", "uneven-micro-batches", "hsdp-replicated"],
+    ("kind", "fsdp"),
+    [
+        ("samples", FsdpLayout()),
+        ("groups", FsdpLayout()),
+        ("uneven", FsdpLayout()),
+        ("samples", FsdpLayout(shard_group_size=1, cpu_offload=True)),
+    ],
+    ids=["samples", "groups", "uneven-micro-batches", "hsdp-replicated-cpu-offload"],
 )
 def test_two_ranks_match_one_rank(
     tiny_model_dir: Path,
@@ -108,12 +115,13 @@ def test_two_ranks_match_one_rank(
     make_configs: Configs,
     tmp_path: Path,
     kind: str,
-    shard_group_size: int | None,
+    fsdp: FsdpLayout,
 ) -> None:
     """Same rollout, same step: FSDP2 over 2 gloo ranks gives 1 rank's gradients (summed, not
     averaged) and weights; with groups of one prompt each rank takes whole groups and packs
     each prompt once; ranks with unequal micro-batch counts even them out with empty ones;
-    HSDP with shard groups of one rank replicates instead of sharding."""
+    HSDP with shard groups of one rank replicates instead of sharding (here with FSDP2's CPU
+    offload on, which on CPU leaves everything where it is)."""
     train = TRAIN | ({"balance_data": False} if kind == "uneven" else {})
     configs = make_configs(
         8,
@@ -132,7 +140,6 @@ def test_two_ranks_match_one_rank(
         assert counts[0] > counts[1], counts
     else:
         samples = make_samples(8, seed=11, with_rollout=True)
-    fsdp = FsdpLayout(shard_group_size=shard_group_size)
     (single,) = run_ranks(1, tiny_model_dir, configs, samples, tmp_path / "single")
     ranks = run_ranks(2, tiny_model_dir, configs, samples, tmp_path / "dual", fsdp=fsdp)
     for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
@@ -145,6 +152,65 @@ def test_two_ranks_match_one_rank(
         for a, b in zip(result["weights"], single["weights"], strict=True):
             assert torch.allclose(a, b, atol=1e-6)
     # each rank holds half of every tensor sharded over two ranks, all of it replicated
-    share = 1 if shard_group_size == 1 else 2
+    share = fsdp.shard_group_size or 2
     for whole, half in zip(single["shards"], ranks[0]["shards"], strict=True):
         assert half == -(-whole // share)
+
+
+def gather_weights_rank(
+    rank: int, world_size: int, port: int, model_dir: Path, bucket_bytes: int, out_dir: Path
+) -> None:
+    """Walk the policy's weights bucket by bucket, tracking the gathered bytes still alive
+    (each tensor's bytes until it is freed) when each bucket arrives."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    configs = (AlgoConfig(), OptimConfig(), TrainConfig(global_batch_size=2))
+    trainer = TorchTrainer(
+        model_dir, *configs, rank=rank, world_size=world_size, master_port=port, num_threads=1
+    )
+    alive = [0]
+
+    def freed(nbytes: int) -> None:
+        alive[0] -= nbytes
+
+    peaks, weights = [], {}
+    for bucket in trainer.iter_hf_weights(bucket_bytes):
+        for name, tensor in bucket:
+            nbytes = tensor.numel() * tensor.element_size()
+            alive[0] += nbytes
+            weakref.finalize(tensor, freed, nbytes)
+            weights[name] = tensor.clone()
+        peaks.append((alive[0], max(t.numel() * t.element_size() for _, t in bucket)))
+        del bucket, tensor
+    torch.save({"peaks": peaks, "weights": weights}, out_dir / f"rank{rank}.pt")
+    trainer.close()
+
+
+def test_weights_are_gathered_whole_one_bucket_at_a_time(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Every rank gets every tensor whole, and never holds more gathered bytes than one
+    bucket (or one tensor, where a tensor is larger than a bucket)."""
+    bucket_bytes = 40 << 10
+    ranks_ctx = mp.start_processes(
+        gather_weights_rank,
+        args=(2, free_port(), tiny_model_dir, bucket_bytes, tmp_path),
+        nprocs=2,
+        join=False,
+        start_method="fork",
+    )
+    deadline = time.monotonic() + 120
+    while not ranks_ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ranks_ctx.processes:
+                process.kill()
+            pytest.fail("2-rank weight gathering did not finish in 120 s")
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    expected = dict(loaded.named_parameters())
+    for rank in range(2):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        assert result["weights"].keys() == expected.keys()
+        for name, tensor in result["weights"].items():
+            assert torch.equal(tensor, expected[name].detach()), name
+        assert len(result["peaks"]) > 2
+        assert all(peak <= max(bucket_bytes, largest) for peak, largest in result["peaks"])
