@@ -22,13 +22,16 @@ step time).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -37,7 +40,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from rlpost.backends.stores import process_group_store
 
@@ -76,8 +79,8 @@ class DataParallel:
                 )
             return False
         timeout = timedelta(seconds=self.timeout_s)
-        if self.enabled:
-            store = process_group_store(
+        rendezvous: dict[str, Any] = (
+            process_group_store(
                 self.init_method,
                 self.master_addr,
                 self.master_port,
@@ -85,14 +88,15 @@ class DataParallel:
                 self.world_size,
                 timeout,
             )
-        else:
-            store = {"store": dist.HashStore()}
+            if self.enabled
+            else {"store": HashStore()}  # one rank: nothing to meet, no port to take
+        )
         dist.init_process_group(
             backend="nccl" if self.device_type == "cuda" else "gloo",
             rank=self.rank,
             world_size=self.world_size,
             timeout=timeout,
-            **store,
+            **rendezvous,
         )
         return True
 
@@ -158,13 +162,73 @@ def shard_model(
         else MixedPrecisionPolicy()
     )
     offload = CPUOffloadPolicy(pin_memory=cuda) if cpu_offload else OffloadPolicy()
+    # On CPU the gathered layers stay until the backward: host memory is plentiful there,
+    # and a gloo all-gather per layer costs more than the layer's compute in small models.
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mixed, offload_policy=offload)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=cuda,
+            mp_policy=mixed,
+            offload_policy=offload,
+        )
     fully_shard(root, mesh=mesh, mp_policy=mixed, offload_policy=offload)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+
+
+def reshard(root: nn.Module) -> None:
+    """Free every gathered layer of `root` (on CPU they outlive a no-grad forward), so that
+    the next forward gathers the shards as they are now: after a load, say."""
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def gather_full(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Whole tensors from FSDP2's shards (dim 0 over one mesh dimension, any others
+    replicated) in one all-gather for all of them: each rank's shards, padded to the even
+    chunk, travel as one flat buffer, and each tensor is copied out of the gathered one.
+    Anything else gathers tensor by tensor. Collective."""
+    shards = [_dim0_shard(t) for t in tensors]
+    if not tensors or any(s is None for s in shards):
+        return [full_tensor(t) for t in tensors]
+    dims = {cast(int, s) for s in shards}
+    if len(dims) != 1:
+        return [full_tensor(t) for t in tensors]
+    dtensors = [cast(DTensor, t) for t in tensors]
+    group = dtensors[0].device_mesh.get_group(dims.pop())
+    world = dist.get_world_size(group)
+    rows = [-(-t.shape[0] // world) for t in dtensors]  # the even chunk, as FSDP2 cuts it
+    chunks = [r * math.prod(t.shape[1:]) for r, t in zip(rows, dtensors, strict=True)]
+    local = torch.zeros(sum(chunks), dtype=dtensors[0].dtype, device=dtensors[0].to_local().device)
+    offset = 0
+    for size, t in zip(chunks, dtensors, strict=True):
+        piece = t.to_local().reshape(-1)
+        local[offset : offset + piece.numel()] = piece
+        offset += size
+    gathered = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    dist.all_gather_into_tensor(gathered, local, group=group)
+    del local
+    by_rank = gathered.view(world, -1)
+    out, offset = [], 0
+    for size, r, t in zip(chunks, rows, dtensors, strict=True):
+        whole = by_rank[:, offset : offset + size].reshape(world * r, *t.shape[1:])
+        out.append(whole[: t.shape[0]].clone())
+        offset += size
+    return out
+
+
+def _dim0_shard(tensor: Tensor) -> int | None:
+    """The mesh dimension a DTensor is sharded over on dim 0, if that is its only shard."""
+    if not isinstance(tensor, DTensor):
+        return None
+    sharded = [i for i, p in enumerate(tensor.placements) if not p.is_replicate()]
+    if len(sharded) != 1 or tensor.placements[sharded[0]] != Shard(0):
+        return None
+    return sharded[0]
 
 
 def full_tensor(tensor: Tensor) -> Tensor:

@@ -205,7 +205,7 @@ def plain_output_weight(model: PreTrainedModel) -> Tensor | None:
     """The output layer's weight when the model's logits are exactly hidden @ weight.T (no
     bias, no softcapping or scaling afterwards); None sends the forward through the model's
     own logits."""
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
     if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return None
     if any(getattr(model.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS):

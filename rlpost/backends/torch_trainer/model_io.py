@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
-from torch.distributed._composable import checkpoint
+from torch.distributed._composable import checkpoint  # type: ignore[attr-defined]
 from transformers import PreTrainedModel
 
 from rlpost.backends.hf_folder import copy_side_files, publish_folder

@@ -53,7 +53,8 @@ from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 from rlpost.backends.torch_trainer.distributed import (
     DataParallel,
     clip_grad_norm,
-    full_tensor,
+    gather_full,
+    reshard,
     shard_model,
 )
 from rlpost.backends.torch_trainer.forward import (
@@ -304,7 +305,7 @@ class TorchTrainer:
         """Rank 0 writes the policy as an HF folder, full tensors gathered bucket by bucket;
         every rank returns once it is there. Collective."""
         out = Path(out_dir)
-        weights = {}
+        weights: dict[str, Tensor] = {}
         for bucket in self.iter_hf_weights():
             if self.dp.rank == 0:
                 weights.update((name, tensor.cpu()) for name, tensor in bucket)
@@ -321,7 +322,9 @@ class TorchTrainer:
         time; a consumer that drops each bucket before asking for the next holds no more."""
         params = dict(self.model.named_parameters())
         for plan in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
-            bucket = [(w.name, full_tensor(params[w.name].detach())) for w in plan]
+            whole = gather_full([params[w.name].detach() for w in plan])
+            bucket = [(w.name, t) for w, t in zip(plan, whole, strict=True)]
+            del whole
             yield bucket
             del bucket
 
@@ -345,6 +348,7 @@ class TorchTrainer:
         options = StateDictOptions(
             full_state_dict=True, broadcast_from_rank0=self.dp.enabled, strict=True
         )
+        reshard(self.policy)
         model = {MODEL_PREFIX + k: v for k, v in state.get("model", {}).items()}
         if "optimizer" in state:
             set_state_dict(
@@ -406,6 +410,7 @@ class TorchTrainer:
         moved = sum(_local(p).numel() * _local(p).element_size() for p in params)
         self._offloaded_from = device
         self.optimizer.zero_grad(set_to_none=True)
+        reshard(self.policy)
         self.policy.to("cpu")
         _move_optimizer(self.optimizer, torch.device("cpu"))
         torch.cuda.synchronize()
