@@ -11,7 +11,7 @@ each train rank's model and optimizer.
       rng/driver.pt      python and torch RNG of the driver
       rng/rank_<r>.pt    python and torch RNG of train rank r
       trainer/           model, optimizer and step, in the trainer backend's own format:
-                         torch: rank_0.pt (DP ranks hold identical replicas; rank 0 writes);
+                         torch: rank_0.pt (whole tensors gathered from the shards; rank 0 writes);
                          megatron: a torch_dist checkpoint every rank writes its shards of
       config.yaml        the resolved config; provenance.json: overrides, git revision, packages
 """

@@ -2,8 +2,8 @@
 
 Both backends offer the same interface to the run (train_step, compute_logprobs,
 iter_hf_weights, export_hf, save_checkpoint / load_checkpoint, close, model_dir); every call is
-made on all ranks at once, which megatron-core needs (its weights are sharded) and the torch
-trainer tolerates. Which one a run gets is rlpost.plan.backends.resolve_trainer_backend.
+made on all ranks at once, which both need (their weights are sharded). Which one a run gets
+is rlpost.plan.backends.resolve_trainer_backend.
 """
 
 from __future__ import annotations

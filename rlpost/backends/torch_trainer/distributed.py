@@ -92,7 +92,8 @@ class DataParallel:
             else {"store": HashStore()}  # one rank: nothing to meet, no port to take
         )
         dist.init_process_group(
-            backend="nccl" if self.device_type == "cuda" else "gloo",
+            # on CUDA, gloo still carries host tensors (metric sums, counts)
+            backend="cpu:gloo,cuda:nccl" if self.device_type == "cuda" else "gloo",
             rank=self.rank,
             world_size=self.world_size,
             timeout=timeout,
@@ -190,13 +191,14 @@ def reshard(root: nn.Module) -> None:
 def gather_full(tensors: Sequence[Tensor]) -> list[Tensor]:
     """Whole tensors from FSDP2's shards (dim 0 over one mesh dimension, any others
     replicated) in one all-gather for all of them: each rank's shards, padded to the even
-    chunk, travel as one flat buffer, and each tensor is copied out of the gathered one.
+    chunk, travel as one flat buffer, and each tensor is copied out of the gathered one
+    (for a moment the gathered buffer and the copies both live: twice the tensors' bytes).
     Anything else gathers tensor by tensor. Collective."""
     shards = [_dim0_shard(t) for t in tensors]
     if not tensors or any(s is None for s in shards):
         return [full_tensor(t) for t in tensors]
     dims = {cast(int, s) for s in shards}
-    if len(dims) != 1:
+    if len(dims) != 1 or len({t.dtype for t in tensors}) != 1:
         return [full_tensor(t) for t in tensors]
     dtensors = [cast(DTensor, t) for t in tensors]
     group = dtensors[0].device_mesh.get_group(dims.pop())

@@ -319,7 +319,8 @@ class TorchTrainer:
         """The policy in HF names (it is an HF model), in buckets of <= bucket_bytes of one
         dtype each, every tensor whole (gathered from its shards). Collective: every rank
         must consume every bucket. This generator holds one bucket of gathered tensors at a
-        time; a consumer that drops each bucket before asking for the next holds no more."""
+        time (twice that while it gathers one, `gather_full`); a consumer that drops each
+        bucket before asking for the next holds no more."""
         params = dict(self.model.named_parameters())
         for plan in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
             whole = gather_full([params[w.name].detach() for w in plan])
