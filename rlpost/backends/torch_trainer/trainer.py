@@ -181,6 +181,10 @@ class TorchTrainer:
                 if ent is not None:
                     for i, value in zip(micro, packed.split(ent.cpu()), strict=True):
                         entropy[i] = value
+        # Layers gathered for a forward stay so on CPU until a backward; none follows a
+        # no-grad pass, and between calls every parameter is its shard again (what the
+        # optimizer steps, the weight stream gathers and a checkpoint saves).
+        reshard(model)
         return TokenStats(logprobs, entropy if entropy_mode != "none" else None)
 
     def _forward(
