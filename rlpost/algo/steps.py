@@ -174,6 +174,30 @@ def plan_steps(
     return plans
 
 
+def even_out(bins: list[list[int]], lengths: Sequence[int], count: int) -> list[list[int]]:
+    """Split the fullest multi-sample micro-batches until there are `count` of them (ranks that
+    share collectives in every forward must run the same number: megatron's expert-parallel
+    all-to-alls, FSDP's all-gathers); empty ones fill the rest."""
+    bins = [list(b) for b in bins]
+    while len(bins) < count:
+        splittable = [b for b in bins if len(b) > 1]
+        if not splittable:
+            bins.append([])
+            continue
+        fullest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
+        bins.remove(fullest)
+        ordered = sorted(fullest, key=lambda i: -lengths[i])
+        bins += [sorted(ordered[0::2]), sorted(ordered[1::2])]
+    return bins
+
+
+def even_counts(
+    groups: Sequence[list[list[int]]], lengths: Sequence[int], counts: Sequence[int]
+) -> list[list[list[int]]]:
+    """Each entry's micro-batches evened out to its count (the largest any rank needs)."""
+    return [even_out(g, lengths, n) for g, n in zip(groups, counts, strict=True)]
+
+
 def reuses_logprobs(plans: Sequence[StepPlan], algo: AlgoConfig, allowed: bool) -> bool:
     """With one optimizer step per rollout the old policy is the current one, so the
     training forward's own (detached) logprobs are the old logprobs: one pass saved."""

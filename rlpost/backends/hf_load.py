@@ -61,7 +61,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype, **kwargs: Any) -> PreTr
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)  # type: ignore[no-untyped-call]
     state = read_weights(folder, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())  # names (or a name map)

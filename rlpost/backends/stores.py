@@ -13,15 +13,15 @@ from __future__ import annotations
 import socket
 from datetime import timedelta
 
-import torch.distributed as dist
+from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
 
 TCP_PREFIX = "tcp://"
 
 
-def tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+def tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Store:
     """The rendezvous store at host:port; rank 0 serves it on host alone."""
     if rank != 0:
-        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        return TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -30,7 +30,7 @@ def tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedel
         bound_port = listener.getsockname()[1]
         # the store owns the socket from here on: the `with` must not close it
         fd = listener.detach()
-    return dist.TCPStore(
+    return TCPStore(
         host, bound_port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd
     )
 

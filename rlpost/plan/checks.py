@@ -17,7 +17,7 @@ from rlpost.plan.backends import (
     resolve_trainer_backend,
     unsupported_parallel,
 )
-from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
 from rlpost.schema import GENERIC_FAMILY, RunConfig
 
@@ -337,18 +337,77 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
                 value=configured,
             )
         )
-    if backend == "torch" and ctx.parallel.recompute != RECOMPUTE_NONE:
-        issues.append(
+    if backend == "torch":
+        issues += torch_recompute_issues(ctx.parallel)
+    return issues
+
+
+def torch_recompute_issues(parallel: ParallelLayout) -> list[Issue]:
+    """The torch trainer recomputes whole decoder layers (activation checkpointing): every
+    layer, or with method block the first num_layers; nothing finer, nothing grouped."""
+    if parallel.recompute == "selective":
+        return [
             Issue(
                 "layout.train.recompute.granularity",
-                f"the torch trainer keeps every activation and never recomputes, so recompute "
-                f"{ctx.parallel.recompute} would be ignored",
-                "remove layout.train.recompute, or set trainer.backend=megatron, which "
-                "recomputes as configured",
-                value=ctx.parallel.recompute,
+                "the torch trainer checkpoints whole decoder layers; selective recompute (of "
+                "the attention core inside a layer) is megatron-core's",
+                "set granularity: full (every decoder layer recomputed) or none, or "
+                "trainer.backend=megatron",
+                value=parallel.recompute,
             )
-        )
-    return issues
+        ]
+    if (
+        parallel.recompute == "full"
+        and parallel.recompute_method == "uniform"
+        and parallel.recompute_num_layers != 1
+    ):
+        return [
+            Issue(
+                "layout.train.recompute.num_layers",
+                f"the torch trainer checkpoints decoder layers one by one; uniform recompute "
+                f"of groups of {parallel.recompute_num_layers} layers is megatron-core's",
+                "set num_layers: 1 (every layer), or method: block to recompute only the "
+                "first num_layers layers",
+                value=parallel.recompute_num_layers,
+            )
+        ]
+    return []
+
+
+@check("fsdp_layout", scope="train")
+def check_fsdp_layout(ctx: PlanContext) -> list[Issue]:
+    """layout.train.fsdp configures the torch trainer's FSDP2 sharding; megatron would
+    ignore it, and an HSDP shard group must divide the data-parallel ranks."""
+    fsdp = ctx.cfg.layout.train.fsdp
+    backend = resolve_trainer_backend(ctx.cfg, ctx.parallel)
+    default = type(fsdp)().model_dump()
+    chosen = {k: v for k, v in fsdp.model_dump().items() if v != default[k]}
+    if backend != "torch" and chosen:
+        return [
+            Issue(
+                f"layout.train.fsdp.{name}",
+                f"FSDP2's {name} configures the torch trainer, and this run trains with "
+                f"{backend}, which would ignore it",
+                "remove layout.train.fsdp (megatron: recipe.optim.cpu_offload, the "
+                "distributed optimizer), or set trainer.backend=torch",
+                value=value,
+            )
+            for name, value in chosen.items()
+        ]
+    size = fsdp.shard_group_size
+    if size is not None and ctx.parallel.dp % size:
+        return [
+            Issue(
+                "layout.train.fsdp.shard_group_size",
+                f"HSDP shards within groups of shard_group_size={size} ranks and replicates "
+                f"across them, and {size} does not divide the dp={ctx.parallel.dp} "
+                "data-parallel ranks",
+                f"set shard_group_size to a divisor of {ctx.parallel.dp}, or null to shard "
+                "over all of them",
+                value=size,
+            )
+        ]
+    return []
 
 
 def generic_model_issues(cfg: RunConfig) -> list[Issue]:

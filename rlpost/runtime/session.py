@@ -292,6 +292,8 @@ class Session:
             prediction=self.plan.prediction,
             collective_timeout_s=cfg.trainer.collective_timeout_s,
             init_method=self._rendezvous(),
+            device="cuda" if cfg.hardware.kind == "gpu" else "cpu",
+            fsdp=cfg.layout.train.fsdp,
         )
         self.rendezvous = spec.init_method or f"tcp://{spec.master_addr}:{spec.master_port}"
         if spec.init_method is None:  # across nodes; on one node it is a file (placement.json)

@@ -2,8 +2,8 @@
 
 Both backends offer the same interface to the run (train_step, compute_logprobs,
 iter_hf_weights, export_hf, save_checkpoint / load_checkpoint, close, model_dir); every call is
-made on all ranks at once, which megatron-core needs (its weights are sharded) and the torch
-trainer tolerates. Which one a run gets is rlpost.plan.backends.resolve_trainer_backend.
+made on all ranks at once, which both need (their weights are sharded). Which one a run gets
+is rlpost.plan.backends.resolve_trainer_backend.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
-from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
+from rlpost.schema import AlgoConfig, FsdpLayout, ModelConfig, OptimConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class TrainerSpec:
     prediction: TrainPrediction  # Plan.prediction: logged beside each step's measurements
     collective_timeout_s: float = 600.0
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
+    device: str = "cpu"  # where the torch trainer computes: "cpu", or "cuda" on GPU profiles
+    fsdp: FsdpLayout | None = None  # layout.train.fsdp (None: its defaults), torch only
 
 
 def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
@@ -71,6 +73,9 @@ def _torch(spec: TrainerSpec, rank: int) -> Any:
         spec.train,
         reference_dir=model.ref_load or model.hf_checkpoint,
         share_prompts=spec.share_prompts,
+        device=spec.device,
+        layout=spec.layout,
+        fsdp=spec.fsdp,
         **_rank_kwargs(spec, rank),
     )
 

@@ -2,7 +2,13 @@
 
 from rlpost.schema.base import InvariantError, Section
 from rlpost.schema.hardware import HardwareConfig
-from rlpost.schema.layout import LayoutConfig, RecomputeConfig, RolloutLayout, TrainLayout
+from rlpost.schema.layout import (
+    FsdpLayout,
+    LayoutConfig,
+    RecomputeConfig,
+    RolloutLayout,
+    TrainLayout,
+)
 from rlpost.schema.model import (
     GENERIC_FAMILY,
     MLAConfig,
@@ -40,6 +46,7 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "EvalDataset",
+    "FsdpLayout",
     "HardwareConfig",
     "InvariantError",
     "LayoutConfig",

@@ -36,6 +36,22 @@ class RecomputeConfig(Section):
         return self
 
 
+class FsdpLayout(Section):
+    """The torch trainer's FSDP2 sharding (trainer.backend=torch only)."""
+
+    cpu_offload: bool = Field(
+        False,
+        description="FSDP2's CPU offload: sharded parameters, gradients and optimizer state "
+        "live in host memory and the optimizer steps on the CPU (apart from the offload "
+        "around a colocated rollout, which this does not replace)",
+    )
+    shard_group_size: PositiveInt | None = Field(
+        None,
+        description="HSDP: shard within groups of this many ranks, replicate across the "
+        "groups (it must divide dp); null: shard over all data-parallel ranks",
+    )
+
+
 class TrainLayout(Section):
     num_gpus: PositiveInt | None = None
     tp: PositiveInt | None = None
@@ -52,6 +68,7 @@ class TrainLayout(Section):
     )
     sequence_parallel: bool | None = None
     recompute: RecomputeConfig = Field(default_factory=RecomputeConfig)
+    fsdp: FsdpLayout = Field(default_factory=FsdpLayout)
     distributed_optimizer: bool = True
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] | None = None
     moe_enable_deepep: bool = False

@@ -52,16 +52,65 @@ def test_a_backend_that_cannot_train_the_layout_is_refused(
     assert issue.key == "trainer.backend" and "trainer.backend=megatron" in issue.fix
 
 
-def test_recompute_on_the_torch_trainer_is_refused_not_ignored(compose_run: ComposeRun) -> None:
+def test_full_recompute_on_the_torch_trainer_is_planned(compose_run: ComposeRun) -> None:
+    """The torch trainer checkpoints decoder layers: every one, or the first few (block)."""
+    for extra in (
+        (),
+        ("layout.train.recompute.method=block", "layout.train.recompute.num_layers=1"),
+    ):
+        plan = build_plan(compose_run(*TINY, "layout.train.recompute.granularity=full", *extra))
+        assert plan.parallel.recompute == "full"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (("layout.train.recompute.granularity=selective",), "granularity", "selective"),
+        (
+            ("layout.train.recompute.granularity=full", "layout.train.recompute.num_layers=2"),
+            "num_layers",
+            "groups of 2 layers",
+        ),
+    ],
+    ids=["selective", "uniform-groups"],
+)
+def test_recompute_the_torch_trainer_cannot_express_is_refused(
+    compose_run: ComposeRun, overrides: tuple[str, ...], key: str, fragment: str
+) -> None:
     with pytest.raises(UserError) as caught:
-        build_plan(compose_run(*TINY, "layout.train.recompute.granularity=full"))
+        build_plan(compose_run(*TINY, *overrides))
     (issue,) = caught.value.issues
-    assert issue.key == "layout.train.recompute.granularity"
-    assert "never recomputes" in issue.message and "trainer.backend=megatron" in issue.fix
-    plan = build_plan(
-        compose_run(*TINY, "layout.train.recompute.granularity=full", "trainer.backend=megatron")
+    assert issue.key == f"layout.train.recompute.{key}" and fragment in issue.message
+    plan = build_plan(compose_run(*TINY, *overrides, "trainer.backend=megatron"))
+    assert plan.parallel.recompute == overrides[0].rpartition("=")[2]
+
+
+def test_fsdp_options_plan_for_the_torch_trainer(compose_run: ComposeRun) -> None:
+    cfg = compose_run(
+        *TINY, "layout.train.fsdp.cpu_offload=true", "layout.train.fsdp.shard_group_size=1"
     )
-    assert plan.parallel.recompute == "full"
+    assert build_plan(cfg).parallel.dp == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (
+            ("trainer.backend=megatron", "layout.train.fsdp.cpu_offload=true"),
+            "cpu_offload",
+            "would ignore it",
+        ),
+        (("layout.train.fsdp.shard_group_size=3",), "shard_group_size", "does not divide"),
+    ],
+    ids=["megatron", "not-a-divisor"],
+)
+def test_fsdp_options_the_run_would_not_honour_are_refused(
+    compose_run: ComposeRun, overrides: tuple[str, ...], key: str, fragment: str
+) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*TINY, *overrides))
+    (issue,) = caught.value.issues
+    assert issue.key == f"layout.train.fsdp.{key}" and fragment in issue.message
 
 
 GENERIC = ("model.family=generic", "model.hf_architecture=MistralForCausalLM")

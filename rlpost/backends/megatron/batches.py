@@ -163,19 +163,3 @@ def _local_rows(padded: Sequence[int], positions: Sequence[Sequence[int]]) -> li
         rows += [offset + p for p in kept]
         offset += size
     return rows
-
-
-def even_out(bins: list[list[int]], lengths: Sequence[int], count: int) -> list[list[int]]:
-    """Split the fullest multi-sample micro-batches until there are `count` of them (ranks that
-    share expert-parallel collectives must run the same number); empty ones fill the rest."""
-    bins = [list(b) for b in bins]
-    while len(bins) < count:
-        splittable = [b for b in bins if len(b) > 1]
-        if not splittable:
-            bins.append([])
-            continue
-        fullest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
-        bins.remove(fullest)
-        ordered = sorted(fullest, key=lambda i: -lengths[i])
-        bins += [sorted(ordered[0::2]), sorted(ordered[1::2])]
-    return bins

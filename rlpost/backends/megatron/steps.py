@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from rlpost.backends.megatron.batches import even_out
+from rlpost.algo.steps import even_counts
 from rlpost.backends.megatron.distributed import compute_device
 
 
@@ -23,4 +23,4 @@ def equalize(
     if synced and dist.is_initialized() and dist.get_world_size() > 1:
         counts = counts.to(compute_device())
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    return [even_out(g, lengths, int(n)) for g, n in zip(groups, counts.tolist(), strict=True)]
+    return even_counts(groups, lengths, [int(n) for n in counts.tolist()])

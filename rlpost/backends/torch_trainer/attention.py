@@ -43,6 +43,9 @@ class SampleRows:
         owner = torch.tensor([s * width + offset for s, offset in owners], dtype=torch.long)
         return cls(index, owner)
 
+    def to(self, device: torch.device) -> SampleRows:
+        return SampleRows(self.index.to(device), self.owner.to(device))
+
 
 def packed_sdpa_attention(
     module: nn.Module,

@@ -1,19 +1,46 @@
-"""Data parallelism over gloo: one process group, explicit SUM all-reduces.
+"""Sharded data parallelism with FSDP2: one code path for CPU (gloo) and CUDA (NCCL).
 
-Losses are already divided by step-wide denominators, so summing gradients over ranks gives
-the exact full-batch gradient; no averaging, no DDP hooks, and ranks may run different
-numbers of micro-batches.
+Parameters, gradients and optimizer state are sharded over the data-parallel ranks
+(`fully_shard` per decoder layer, then at the root); with `shard_group_size` (HSDP) they are
+sharded within groups of that many ranks and replicated across the groups, over a 2-D device
+mesh (replicate, shard). On CUDA the layers compute in bf16 from float32 sharded master
+weights and reduce gradients in float32; on CPU everything is float32.
+
+Losses are divided by step-wide denominators, so the full-batch gradient is the SUM of the
+ranks' gradients: FSDP2 averages by default, and `shard_model` sets its divide factor to 1
+with plain SUM collectives (gloo has no PREMUL_SUM).
+
+FSDP2's all-gathers and reduce-scatters are collectives: every rank must run the same number
+of forwards and backwards (the trainer evens micro-batch counts out, rlpost.algo.steps).
+
+One rank runs the same path over a one-rank process group (an in-memory store, no port to
+listen on): the same DTensor state, clipping, weight export and checkpoint code as many
+ranks, and on one GPU FSDP2's CPU offload and float32 master weights are what let a model
+fit. The cost is a copy per layer where the all-gather would be (checked by the CPU default's
+step time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed import HashStore  # type: ignore[attr-defined]
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor, Shard
 
 from rlpost.backends.stores import process_group_store
 
@@ -28,30 +55,66 @@ class DataParallel:
     master_port: int = 29500
     timeout_s: float = 600.0
     init_method: str | None = None  # default: tcp://master_addr:master_port
+    device_type: str = "cpu"  # "cuda": NCCL, the GPU this process sees first
 
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
 
-    def init(self) -> None:
+    @property
+    def device(self) -> torch.device:
+        if self.device_type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def init(self) -> bool:
+        """Join (or, on one rank, make) the process group; True when this call created it."""
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank={self.rank} is outside world_size={self.world_size}")
-        if not self.enabled or dist.is_initialized():
-            return
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size:
+                raise RuntimeError(
+                    f"a process group of {dist.get_world_size()} ranks already exists in this "
+                    f"process; the trainer needs {self.world_size}"
+                )
+            return False
         timeout = timedelta(seconds=self.timeout_s)
-        dist.init_process_group(
-            backend="gloo",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timeout,
-            **process_group_store(
+        rendezvous: dict[str, Any] = (
+            process_group_store(
                 self.init_method,
                 self.master_addr,
                 self.master_port,
                 self.rank,
                 self.world_size,
                 timeout,
-            ),
+            )
+            if self.enabled
+            else {"store": HashStore()}  # one rank: nothing to meet, no port to take
+        )
+        dist.init_process_group(
+            # on CUDA, gloo still carries host tensors (metric sums, counts)
+            backend="cpu:gloo,cuda:nccl" if self.device_type == "cuda" else "gloo",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout,
+            **rendezvous,
+        )
+        return True
+
+    def mesh(self, shard_group_size: int | None = None) -> DeviceMesh:
+        """The ranks as FSDP sees them: one shard dimension, or (replicate, shard) for HSDP."""
+        shard = shard_group_size or self.world_size
+        if self.world_size % shard:
+            raise ValueError(
+                f"shard_group_size={shard} does not divide the {self.world_size} data-parallel "
+                "ranks"
+            )
+        if shard == self.world_size:
+            return init_device_mesh(self.device_type, (shard,), mesh_dim_names=("shard",))
+        return init_device_mesh(
+            self.device_type,
+            (self.world_size // shard, shard),
+            mesh_dim_names=("replicate", "shard"),
         )
 
     def sum(self, tensor: Tensor) -> Tensor:
@@ -60,34 +123,128 @@ class DataParallel:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def sum_grads(self, params: Iterable[nn.Parameter]) -> None:
-        """Sum gradients over ranks in one flat bucket; missing grads count as zeros."""
-        grads = []
-        for p in params:
-            if not p.requires_grad:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
+    def max_counts(self, counts: list[int]) -> list[int]:
+        """Each entry's largest value over the ranks."""
         if not self.enabled:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+            return counts
+        tensor = torch.tensor(counts, dtype=torch.long, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return [int(n) for n in tensor.tolist()]
 
-    def broadcast_params(self, module: nn.Module) -> None:
-        """Make every rank start from rank 0's weights."""
-        if self.enabled:
-            for tensor in module.state_dict().values():
-                dist.broadcast(tensor, src=0)
+    def broadcast_ints(self, values: list[int]) -> list[int]:
+        """Rank 0's values on every rank."""
+        if not self.enabled:
+            return values
+        tensor = torch.tensor(values, dtype=torch.long, device=self.device)
+        dist.broadcast(tensor, src=0)
+        return [int(n) for n in tensor.tolist()]
 
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
 
     def close(self) -> None:
-        if self.enabled and dist.is_initialized():
+        if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def shard_model(
+    root: nn.Module,
+    layers: Iterable[nn.Module],
+    mesh: DeviceMesh,
+    cpu_offload: bool = False,
+) -> None:
+    """`fully_shard` each of `layers`, then `root` (what no layer holds: embeddings, the final
+    norm, the output layer); gradients summed over the ranks, not averaged."""
+    cuda = mesh.device_type == "cuda"
+    mixed = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if cuda
+        else MixedPrecisionPolicy()
+    )
+    offload = CPUOffloadPolicy(pin_memory=cuda) if cpu_offload else OffloadPolicy()
+    # On CPU the gathered layers stay until the backward: host memory is plentiful there,
+    # and a gloo all-gather per layer costs more than the layer's compute in small models.
+    for layer in layers:
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=cuda,
+            mp_policy=mixed,
+            offload_policy=offload,
+        )
+    fully_shard(root, mesh=mesh, mp_policy=mixed, offload_policy=offload)
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def reshard(root: nn.Module) -> None:
+    """Free every gathered layer of `root` (on CPU they outlive a no-grad forward), so that
+    the next forward gathers the shards as they are now: after a load, say."""
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def gather_full(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Whole tensors from FSDP2's shards (dim 0 over one mesh dimension, any others
+    replicated) in one all-gather for all of them: each rank's shards, padded to the even
+    chunk, travel as one flat buffer, and each tensor is copied out of the gathered one
+    (for a moment the gathered buffer and the copies both live: twice the tensors' bytes).
+    Anything else gathers tensor by tensor. Collective."""
+    shards = [_dim0_shard(t) for t in tensors]
+    if not tensors or any(s is None for s in shards):
+        return [full_tensor(t) for t in tensors]
+    dims = {cast(int, s) for s in shards}
+    if len(dims) != 1 or len({t.dtype for t in tensors}) != 1:
+        return [full_tensor(t) for t in tensors]
+    dtensors = [cast(DTensor, t) for t in tensors]
+    group = dtensors[0].device_mesh.get_group(dims.pop())
+    world = dist.get_world_size(group)
+    rows = [-(-t.shape[0] // world) for t in dtensors]  # the even chunk, as FSDP2 cuts it
+    chunks = [r * math.prod(t.shape[1:]) for r, t in zip(rows, dtensors, strict=True)]
+    local = torch.zeros(sum(chunks), dtype=dtensors[0].dtype, device=dtensors[0].to_local().device)
+    offset = 0
+    for size, t in zip(chunks, dtensors, strict=True):
+        piece = t.to_local().reshape(-1)
+        local[offset : offset + piece.numel()] = piece
+        offset += size
+    gathered = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
+    dist.all_gather_single(gathered, local, group=group)
+    del local
+    by_rank = gathered.view(world, -1)
+    out, offset = [], 0
+    for size, r, t in zip(chunks, rows, dtensors, strict=True):
+        whole = by_rank[:, offset : offset + size].reshape(world * r, *t.shape[1:])
+        out.append(whole[: t.shape[0]].clone())
+        offset += size
+    return out
+
+
+def _dim0_shard(tensor: Tensor) -> int | None:
+    """The mesh dimension a DTensor is sharded over on dim 0, if that is its only shard."""
+    if not isinstance(tensor, DTensor):
+        return None
+    sharded = [i for i, p in enumerate(tensor.placements) if not p.is_replicate()]
+    if len(sharded) != 1 or tensor.placements[sharded[0]] != Shard(0):
+        return None
+    return sharded[0]
+
+
+def full_tensor(tensor: Tensor) -> Tensor:
+    """The whole tensor from its shards (collective over its mesh); a plain tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
+    """The gradients' global L2 norm over every shard; scaled down to `max_norm` when above."""
+    with_grads = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in with_grads if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = full_tensor(torch.nn.utils.get_total_norm(grads, 2.0, foreach=True))
+    if max_norm < float("inf"):
+        torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total, foreach=True)
+    return float(total)

@@ -24,11 +24,12 @@ logits are more than its output layer's (a bias, softcapping, a scale) goes thro
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from rlpost.algo.losses import entropy_of_log_probs
@@ -58,6 +59,20 @@ class PackedBatch:
     def split(self, flat: Tensor) -> list[Tensor]:
         """Flat response-token values back into one tensor per sample."""
         return list(torch.split(flat, list(self.response_lengths)))
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The same micro-batch with its tensors on `device` (the model's)."""
+        if self.input_ids.device == device:
+            return self
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            logit_positions=self.logit_positions.to(device),
+            targets=self.targets.to(device),
+            segment_ids=self.segment_ids.to(device),
+            rows=self.rows.to(device),
+        )
 
 
 def pack_samples(samples: Sequence[TrainSample], share_prompts: bool = False) -> PackedBatch:
@@ -159,6 +174,29 @@ def forward_tokens(
         return TokenOutputs(logp, entropy_of_log_probs(log_probs.detach()))
 
 
+class TokenForward(nn.Module):
+    """An HF causal LM behind one call, `forward_tokens`, so that FSDP2's root hooks (which
+    gather what no decoder layer holds: the embeddings, the final norm, the output layer) run
+    around the whole of it, the output layer inside the chunked log-prob kernel included."""
+
+    def __init__(self, lm: PreTrainedModel) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self, batch: PackedBatch, temperature: float, entropy: str = "none"
+    ) -> tuple[Tensor, Tensor | None]:
+        # a tuple, not TokenOutputs: FSDP2 finds the tensors of a forward's output to hook
+        # its backward onto, and it does not look inside dataclasses
+        out = forward_tokens(self.lm, batch, temperature, entropy)
+        return out.logp, out.entropy
+
+
+FILLER = TrainSample(tokens=[0, 0], response_length=1, reward=0.0)
+"""The sample of a micro-batch that evens out the ranks' counts: its forward (and, in
+training, its backward with a zero loss) joins the collectives and changes nothing."""
+
+
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
 """Config fields with which an HF model changes its logits after the output layer."""
 
@@ -167,7 +205,7 @@ def plain_output_weight(model: PreTrainedModel) -> Tensor | None:
     """The output layer's weight when the model's logits are exactly hidden @ weight.T (no
     bias, no softcapping or scaling afterwards); None sends the forward through the model's
     own logits."""
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[no-untyped-call]
     if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return None
     if any(getattr(model.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS):

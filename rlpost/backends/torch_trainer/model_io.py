@@ -1,12 +1,15 @@
-"""Loading a local HF causal LM and writing the policy back as an HF folder."""
+"""Loading a local HF causal LM, finding its decoder layers (the units FSDP2 shards and
+activation checkpointing recomputes), and writing the policy back as an HF folder."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed._composable import checkpoint  # type: ignore[attr-defined]
 from transformers import PreTrainedModel
 
 from rlpost.backends.hf_folder import copy_side_files, publish_folder
@@ -39,12 +42,54 @@ def freeze(model: ModuleT) -> ModuleT:
     return model
 
 
-def export_hf(model: PreTrainedModel, src_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write `model` as an HF folder at `out_dir` beside `src_dir`'s tokenizer files,
-    replacing it atomically (`publish_folder`)."""
+def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
+    """The model's repeated blocks: the modules transformers never splits across devices
+    (`_no_split_modules`, e.g. Qwen3DecoderLayer)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    # by the class's ancestry: FSDP2 swaps a sharded module's class for a subclass
+    layers = [m for m in model.modules() if names & {c.__name__ for c in type(m).__mro__}]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} names no decoder layer class (_no_split_modules="
+            f"{sorted(names)}): the torch trainer shards and recomputes per decoder layer"
+        )
+    return layers
+
+
+def checkpoint_layers(
+    model: PreTrainedModel, granularity: str, method: str = "uniform", num_layers: int = 1
+) -> int:
+    """Activation checkpointing (layout.train.recompute) per decoder layer: `full` keeps
+    only each checkpointed layer's input and recomputes the rest in the backward; with
+    method `block`, the first `num_layers` layers only (uniform: every layer). `none`: no
+    recompute. Returns how many layers recompute. Validation refuses what this does not
+    express (selective; uniform over groups of layers)."""
+    if granularity == "none":
+        return 0
+    if granularity != "full" or (method == "uniform" and num_layers != 1):
+        raise ValueError(
+            f"the torch trainer recomputes whole decoder layers: recompute {granularity} "
+            f"(method {method}, num_layers {num_layers}) is not one of its choices"
+        )
+    layers = decoder_layers(model)
+    chosen = layers[:num_layers] if method == "block" else layers
+    for layer in chosen:
+        checkpoint(layer)
+    return len(chosen)
+
+
+def export_hf(
+    model: PreTrainedModel,
+    src_dir: str | Path,
+    out_dir: str | Path,
+    weights: Mapping[str, Tensor] | None = None,
+) -> Path:
+    """Write `model` (its config, and `weights` when given: whole tensors, in place of its
+    own) as an HF folder at `out_dir` beside `src_dir`'s tokenizer files, replacing it
+    atomically (`publish_folder`)."""
 
     def fill(staging: Path) -> None:
         copy_side_files(src_dir, staging)
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, state_dict=None if weights is None else dict(weights))
 
     return publish_folder(out_dir, fill)

@@ -1,12 +1,16 @@
-"""TorchTrainer: policy-gradient training of a local HF causal LM, data parallel over gloo.
+"""TorchTrainer: policy-gradient training of a local HF causal LM, sharded with FSDP2.
 
 One `train_step` consumes one rollout. Every rank receives the whole rollout (the same list
 on every rank) and picks its own share of each optimizer step, so step-wide loss denominators
-are known locally and need no communication.
+are known locally and need no communication. Parameters, gradients and optimizer state are
+sharded over the data-parallel ranks (distributed.py: gloo on CPU, NCCL on CUDA, one rank
+included); every rank runs as many forwards as the busiest one, padding with empty
+micro-batches, because each forward gathers the shards collectively.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -14,6 +18,13 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from rlpost.algo.advantages import get_estimator
 from rlpost.algo.losses import compute_loss
@@ -24,6 +35,7 @@ from rlpost.algo.steps import (
     StepPlan,
     TokenStats,
     check_reference,
+    even_counts,
     has_rollout_logprobs,
     loads_reference,
     loss_inputs,
@@ -38,20 +50,40 @@ from rlpost.algo.steps import (
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
-from rlpost.backends.torch_trainer.distributed import DataParallel
-from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
-from rlpost.backends.torch_trainer.model_io import export_hf, freeze, load_causal_lm
+from rlpost.backends.torch_trainer.distributed import (
+    DataParallel,
+    clip_grad_norm,
+    gather_full,
+    reshard,
+    shard_model,
+)
+from rlpost.backends.torch_trainer.forward import (
+    FILLER,
+    PackedBatch,
+    TokenForward,
+    pack_samples,
+)
+from rlpost.backends.torch_trainer.model_io import (
+    checkpoint_layers,
+    decoder_layers,
+    export_hf,
+    freeze,
+    load_causal_lm,
+)
 from rlpost.backends.torch_trainer.optim import build_optimizer, set_lr
+from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
+from rlpost.schema.layout import FsdpLayout
 from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
 STATE_FILE = "rank_0.pt"
+MODEL_PREFIX = "lm."  # the HF model inside TokenForward; state dicts keep HF names
 
 
 class TorchTrainer:
-    """Trainer backend on torch: actor, optional frozen reference, AdamW, gloo data parallel."""
+    """Trainer backend on torch: actor, optional frozen reference, AdamW, FSDP2 sharding."""
 
     def __init__(
         self,
@@ -74,9 +106,14 @@ class TorchTrainer:
         load_reference: bool | None = None,
         reference_dir: str | Path | None = None,
         prediction: TrainPrediction | None = None,
+        device: str = "cpu",
+        layout: ParallelLayout | None = None,
+        fsdp: FsdpLayout | None = None,
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
-        the policy's); `prediction`: the plan's, logged beside what each step measured."""
+        the policy's); `prediction`: the plan's, logged beside what each step measured;
+        `device`: "cpu" or "cuda"; `layout`: the plan's (its recompute is honoured);
+        `fsdp`: layout.train.fsdp (FSDP2's CPU offload, the HSDP shard group size)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         host_before = host_memory_now_gib()
@@ -91,19 +128,27 @@ class TorchTrainer:
         # the same logprobs, the prompt's tokens computed once.
         self.share_prompts = share_prompts and attn_implementation == PACKED_SDPA
         self.dp = DataParallel(
-            rank, world_size, master_addr, master_port, collective_timeout_s, init_method
+            rank, world_size, master_addr, master_port, collective_timeout_s, init_method, device
         )
-        self.dp.init()
-        self.model = load_causal_lm(self.model_dir, attn_implementation)
-        self.dp.broadcast_params(self.model)
-        self.ref_model = (
-            freeze(load_causal_lm(Path(reference_dir or model_dir), attn_implementation))
-            if loads_reference(algo, load_reference)
-            else None
+        self._owns_group = self.dp.init()
+        fsdp = fsdp or FsdpLayout()
+        mesh = self.dp.mesh(fsdp.shard_group_size)
+        # Every rank loads the same folder, so the shards each one keeps agree.
+        self.model = load_causal_lm(self.model_dir, attn_implementation)  # its params: shards
+        layout = layout or ParallelLayout.single_process()
+        checkpoint_layers(
+            self.model, layout.recompute, layout.recompute_method, layout.recompute_num_layers
         )
+        self.policy = TokenForward(self.model)
+        shard_model(self.policy, decoder_layers(self.model), mesh, fsdp.cpu_offload)
+        self.ref_model: TokenForward | None = None
+        if loads_reference(algo, load_reference):
+            ref = freeze(load_causal_lm(Path(reference_dir or model_dir), attn_implementation))
+            self.ref_model = TokenForward(ref)
+            shard_model(self.ref_model, decoder_layers(ref), mesh, fsdp.cpu_offload)
         self.optimizer = build_optimizer(self.model, optim)
-        device = next(self.model.parameters()).device
-        self.meter = StepMeter(device, world_size, prediction, host_before)
+        self.device = self.dp.device
+        self.meter = StepMeter(self.device, world_size, prediction, host_before)
         self.step = 0
         self._offloaded_from: torch.device | None = None
 
@@ -112,8 +157,11 @@ class TorchTrainer:
     def compute_token_stats(
         self, batch: Sequence[TrainSample], which: Which = "actor", with_entropy: bool = True
     ) -> TokenStats:
-        """Per-sample response-token logprobs (and entropy, actor only), no gradients."""
-        model = self.model if which == "actor" else self.ref_model
+        """Per-sample response-token logprobs (and entropy, actor only), no gradients.
+
+        Collective: every rank calls it (with its own batch) and runs as many forwards as the
+        busiest rank."""
+        model = self.policy if which == "actor" else self.ref_model
         if model is None:
             raise ValueError("no reference model is loaded: it is loaded only for KL terms")
         for index, sample in enumerate(batch):
@@ -121,16 +169,35 @@ class TorchTrainer:
         entropy_mode = "detached" if with_entropy and which == "actor" else "none"
         logprobs: list[Tensor] = [torch.empty(0)] * len(batch)
         entropy: list[Tensor] = [torch.empty(0)] * len(batch)
+        lengths = [s.length for s in batch]
+        bins = self._even([micro_batches(lengths, self.train)], lengths)[0]
         with torch.no_grad():
-            for micro in micro_batches([s.length for s in batch], self.train):
-                packed = pack_samples([batch[i] for i in micro], self.share_prompts)
-                out = forward_tokens(model, packed, self.temperature, entropy_mode)
-                for i, value in zip(micro, packed.split(out.logp), strict=True):
+            for micro in bins:
+                packed, (logp, ent) = self._forward(model, batch, micro, entropy_mode)
+                if not micro:  # an evening-out micro-batch: its outputs belong to no sample
+                    continue
+                for i, value in zip(micro, packed.split(logp.cpu()), strict=True):
                     logprobs[i] = value
-                if out.entropy is not None:
-                    for i, value in zip(micro, packed.split(out.entropy), strict=True):
+                if ent is not None:
+                    for i, value in zip(micro, packed.split(ent.cpu()), strict=True):
                         entropy[i] = value
+        # Layers gathered for a forward stay so on CPU until a backward; none follows a
+        # no-grad pass, and between calls every parameter is its shard again (what the
+        # optimizer steps, the weight stream gathers and a checkpoint saves).
+        reshard(model)
         return TokenStats(logprobs, entropy if entropy_mode != "none" else None)
+
+    def _forward(
+        self, model: TokenForward, batch: Sequence[TrainSample], micro: list[int], entropy: str
+    ) -> tuple[PackedBatch, tuple[Tensor, Tensor | None]]:
+        """One micro-batch through `model`; an empty one runs the filler sample."""
+        samples = [batch[i] for i in micro] if micro else [FILLER]
+        packed = pack_samples(samples, self.share_prompts).to(self.device)
+        return packed, model(packed, self.temperature, entropy)
+
+    def _even(self, groups: list[list[list[int]]], lengths: Sequence[int]) -> list[list[list[int]]]:
+        """Each entry's micro-batches raised to the largest count any rank has for it."""
+        return even_counts(groups, lengths, self.dp.max_counts([len(g) for g in groups]))
 
     def compute_logprobs(
         self, batch: Sequence[TrainSample], which: Which = "actor"
@@ -140,8 +207,9 @@ class TorchTrainer:
     # ---- training ------------------------------------------------------------------------
 
     def plan_steps(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
-        """Split the rollout into optimizer steps, this rank's share, and its micro-batches."""
-        return plan_steps(
+        """Split the rollout into optimizer steps, this rank's share, and its micro-batches,
+        as many per step as the busiest rank's (the rest empty)."""
+        plans = plan_steps(
             batch,
             self.train,
             self.algo,
@@ -149,6 +217,9 @@ class TorchTrainer:
             self.dp.world_size,
             share_prompts=self.share_prompts,
         )
+        lengths = [s.length for s in batch]
+        even = self._even([p.micro_batches for p in plans], lengths)
+        return [dataclasses.replace(p, micro_batches=b) for p, b in zip(plans, even, strict=True)]
 
     def _prepare(
         self, batch: Sequence[TrainSample], mine: list[int], reuse: bool, with_reference: bool
@@ -167,14 +238,16 @@ class TorchTrainer:
         data: dict[int, SampleTensors],
         denominator: float,
     ) -> dict[str, float]:
-        packed = pack_samples([batch[i] for i in micro], self.share_prompts)
+        """Forward and backward of one micro-batch; an empty one (evening out the ranks'
+        counts) backpropagates a zero loss and reports nothing."""
         entropy_mode = "grad" if self.algo.entropy_coef > 0 else "detached"
-        out = forward_tokens(self.model, packed, self.temperature, entropy_mode)
-        assert out.entropy is not None
-        rows = [data[i] for i in micro]
-        inputs = loss_inputs(
-            rows, packed.segment_ids, out.logp, out.entropy, self.algo, denominator
-        )
+        packed, (logp, entropy) = self._forward(self.policy, batch, micro, entropy_mode)
+        if not micro:
+            torch.autograd.backward(logp.sum() * 0.0)
+            return {}
+        assert entropy is not None
+        rows = [_to_device(data[i], self.device) for i in micro]
+        inputs = loss_inputs(rows, packed.segment_ids, logp, entropy, self.algo, denominator)
         result = compute_loss(inputs, self.algo, self.policy_loss_kind)
         torch.autograd.backward(result.loss)
         return {**result.metrics, **result.maxima}
@@ -192,13 +265,14 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         for micro in plan.micro_batches:
             metrics = self._micro_batch_loss(batch, micro, data, plan.denominator)
+            if not metrics:
+                continue
             sums += torch.tensor([metrics[n] for n in names], dtype=torch.float64)
             for key in metrics.keys() - set(names):  # maxima: this rank's largest value
                 maxima[key] = max(maxima.get(key, metrics[key]), metrics[key])
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.dp.sum_grads(params)
         max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = clip_grad_norm(params, max_norm)
         lr = lr_at_step(self.step, self.optim)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
@@ -232,39 +306,73 @@ class TorchTrainer:
     # ---- weights and checkpoints -----------------------------------------------------------
 
     def export_hf(self, out_dir: str | Path) -> Path:
-        """Rank 0 writes the policy as an HF folder; every rank returns once it is there."""
+        """Rank 0 writes the policy as an HF folder, full tensors gathered bucket by bucket;
+        every rank returns once it is there. Collective."""
         out = Path(out_dir)
+        weights: dict[str, Tensor] = {}
+        for bucket in self.iter_hf_weights():
+            if self.dp.rank == 0:
+                weights.update((name, tensor.cpu()) for name, tensor in bucket)
+            del bucket
         if self.dp.rank == 0:
-            export_hf(self.model, self.model_dir, out)
+            export_hf(self.model, self.model_dir, out, weights)
         self.dp.barrier()
         return out
 
     def iter_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
         """The policy in HF names (it is an HF model), in buckets of <= bucket_bytes of one
-        dtype each. Local to this rank: every DP rank holds the whole model."""
+        dtype each, every tensor whole (gathered from its shards). Collective: every rank
+        must consume every bucket. This generator holds one bucket of gathered tensors at a
+        time (twice that while it gathers one, `gather_full`); a consumer that drops each
+        bucket before asking for the next holds no more."""
         params = dict(self.model.named_parameters())
-        for bucket in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
-            yield [(w.name, params[w.name].detach()) for w in bucket]
+        for plan in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
+            whole = gather_full([params[w.name].detach() for w in plan])
+            bucket = [(w.name, t) for w, t in zip(plan, whole, strict=True)]
+            del whole
+            yield bucket
+            del bucket
 
     def state_dict(self) -> dict[str, Any]:
+        """Model (HF names), optimizer and step, whole tensors on the host of rank 0 (other
+        ranks get empty model and optimizer entries). Collective."""
+        model, optimizer = get_state_dict(
+            self.policy,
+            self.optimizer,
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+        )
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": {k.removeprefix(MODEL_PREFIX): v for k, v in model.items()},
+            "optimizer": optimizer,
             "scheduler": {"step": self.step},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Inverse of `state_dict`: rank 0's whole tensors, sharded onto every rank.
+        Collective; only rank 0's `state` needs the tensors."""
+        options = StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=self.dp.enabled, strict=True
+        )
+        reshard(self.policy)
+        model = {MODEL_PREFIX + k: v for k, v in state.get("model", {}).items()}
+        if "optimizer" in state:
+            set_state_dict(
+                self.policy,
+                self.optimizer,
+                model_state_dict=model,
+                optim_state_dict=state["optimizer"],
+                options=options,
+            )
+        else:
+            set_model_state_dict(self.policy, model, options=options)
         self.step = int(state["scheduler"]["step"])
 
     def save_checkpoint(self, ckpt_dir: str | Path, with_optimizer: bool = True) -> None:
-        """Rank 0 writes `ckpt_dir/rank_0.pt`: every DP rank holds an identical replica of
-        the model and optimizer (gradients are summed before every step), so rank 0's copy is
-        every rank's and loads into any number of ranks."""
+        """Rank 0 writes `ckpt_dir/rank_0.pt`, the whole model and optimizer gathered from
+        the shards, which loads into any number of ranks. Collective."""
+        state = self.state_dict()
         if self.dp.rank != 0:
             return
-        state = self.state_dict()
         if not with_optimizer:
             state.pop("optimizer")
         path = Path(ckpt_dir) / STATE_FILE
@@ -281,24 +389,34 @@ class TorchTrainer:
                 raise
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        """Every rank loads rank 0's copy; without a saved optimizer, Adam starts over."""
-        state = torch.load(Path(ckpt_dir) / STATE_FILE, map_location="cpu", weights_only=True)
-        if "optimizer" not in state:
-            state["optimizer"] = self.optimizer.state_dict()
+        """Rank 0 reads rank 0's file and every rank takes its shards; without a saved
+        optimizer, Adam starts over. Collective."""
+        path = Path(ckpt_dir) / STATE_FILE
+        if self.dp.rank == 0 or not self.dp.enabled:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            state = {"model": {}, "optimizer": {}, "scheduler": {"step": 0}}
+        step, with_optimizer = self.dp.broadcast_ints(
+            [int(state["scheduler"]["step"]), int("optimizer" in state)]
+        )
+        if not with_optimizer:
+            state.pop("optimizer", None)
+        state["scheduler"] = {"step": step}
         self.load_state_dict(state)
 
     def offload(self) -> int:
-        """Model, gradients and optimizer state to host memory; returns bytes moved off the
-        accelerator (0 when the model already lives on the CPU)."""
-        params = list(self.model.parameters())
-        device = params[0].device if params else torch.device("cpu")
+        """This rank's shards of the model, its gradients and optimizer state to host memory;
+        returns bytes moved off the accelerator (0 when the model already lives on the CPU,
+        FSDP2's CPU offload included)."""
+        params = list(self.policy.parameters())
+        device = _local(params[0]).device if params else torch.device("cpu")
         if device.type == "cpu":
             return 0
-        moved = sum(p.numel() * p.element_size() for p in params)
+        moved = sum(_local(p).numel() * _local(p).element_size() for p in params)
         self._offloaded_from = device
-        self.model.to("cpu")
-        for p in params:
-            p.grad = None
+        self.optimizer.zero_grad(set_to_none=True)
+        reshard(self.policy)
+        self.policy.to("cpu")
         _move_optimizer(self.optimizer, torch.device("cpu"))
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -309,12 +427,27 @@ class TorchTrainer:
         device, self._offloaded_from = self._offloaded_from, None
         if device is None:
             return
-        self.model.to(device)
+        self.policy.to(device)
         _move_optimizer(self.optimizer, device)
         torch.cuda.synchronize()
 
     def close(self) -> None:
-        self.dp.close()
+        if self._owns_group:
+            self.dp.close()
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (the tensor itself otherwise)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _to_device(row: SampleTensors, device: torch.device) -> SampleTensors:
+    moved = {
+        f.name: getattr(row, f.name).to(device)
+        for f in dataclasses.fields(row)
+        if getattr(row, f.name) is not None
+    }
+    return dataclasses.replace(row, **moved)
 
 
 def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rlpost.algo.steps import plan_steps, prompt_groups
+from rlpost.algo.steps import even_out, plan_steps, prompt_groups
 from rlpost.schema import AlgoConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -70,3 +70,15 @@ def test_samples_are_split_when_groups_are_fewer_than_ranks_or_not_balancing() -
     assert shares(samples, 4, share=True) == shares(samples, 4, share=False)
     samples = groups_of(8, 8)
     assert shares(samples, 2, share=True, balance=False) == [list(range(32)), list(range(32, 64))]
+
+
+def test_even_out_splits_the_fullest_micro_batches_then_adds_empty_ones() -> None:
+    """Ranks whose forwards are collectives run the same number of micro-batches: the
+    fullest multi-sample ones split first, empty ones make up the rest, no sample is lost."""
+    lengths = [10, 40, 20, 30]
+    bins = even_out([[0, 1, 2], [3]], lengths, 3)
+    assert sorted(i for b in bins for i in b) == [0, 1, 2, 3] and len(bins) == 3
+    assert [3] in bins and all(len(b) <= 2 for b in bins)
+    padded = even_out([[0], [1]], lengths, 4)
+    assert padded[:2] == [[0], [1]] and padded[2:] == [[], []]
+    assert even_out([[0, 1]], lengths, 1) == [[0, 1]]

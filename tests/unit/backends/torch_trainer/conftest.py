@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -39,6 +40,15 @@ def save_tiny_qwen3(path: Path, *, layers: int = 2, hidden: int = 64, seed: int 
     )
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left() -> Iterator[None]:
+    """A one-rank trainer makes a one-rank process group in the test process; it goes with
+    the test, so that ranks forked by later tests do not inherit it."""
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

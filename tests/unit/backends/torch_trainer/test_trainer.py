@@ -9,7 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpost.backends.torch_trainer import TorchTrainer
-from rlpost.backends.torch_trainer.forward import pack_samples
+from rlpost.backends.torch_trainer.distributed import full_tensor
+from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
+from rlpost.backends.torch_trainer.model_io import decoder_layers
+from rlpost.plan.layout import ParallelLayout
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -34,7 +37,8 @@ def trainer(
 
 
 def grads(t: TorchTrainer) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in t.model.parameters()]
+    """Whole gradients, gathered from the trainer's shards."""
+    return [full_tensor(p.grad).clone() for p in t.model.parameters()]
 
 
 LAYOUTS = {
@@ -195,11 +199,14 @@ def test_export_hf_round_trips(
     assert (out / "tokenizer.json").is_file()
     assert "attn" not in (out / "config.json").read_text()  # engines pick their own
     assert AutoTokenizer.from_pretrained(out).eos_token == "<eos>"
-    ids = torch.tensor([samples[0].tokens])
+    packed = pack_samples(samples)
+    (trained,) = t.compute_logprobs(samples[:1])
     with torch.no_grad():
-        assert torch.allclose(reloaded(ids).logits, t.model(ids, use_cache=False).logits, atol=1e-6)
+        exported = forward_tokens(reloaded, pack_samples(samples[:1]), 0.8).logp
+        assert torch.allclose(exported, trained, atol=1e-6)
         original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-        assert not torch.allclose(original(ids).logits, reloaded(ids).logits, atol=1e-4)
+        before, after = (forward_tokens(m, packed, 0.8).logp for m in (original, reloaded))
+        assert not torch.allclose(before, after, atol=1e-4)
     assert [p.name for p in tmp_path.iterdir()] == ["weights"]
 
 
@@ -296,3 +303,32 @@ def test_old_logprobs_from_the_training_forward_give_the_same_updates(
     reused = TorchTrainer(tiny_model_dir, *configs, num_threads=1)
     rollouts = [make_samples(8, seed=seed, with_rollout=True) for seed in (5, 6)]
     _same_updates(recomputed, reused, rollouts)
+
+
+def test_recomputed_layers_train_the_same(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    """Activation checkpointing (recompute full) changes memory, not results: the same
+    logprobs, loss and gradients, while every decoder layer runs again in the backward."""
+    configs = make_configs(4, algo=FULL_ALGO, optim={"lr": 0.02, "adam_eps": 1e-4})
+    samples = make_samples(8, seed=3, with_rollout=True)
+    results = []
+    for recompute in ("none", "full"):
+        layout = ParallelLayout.single_process(recompute=recompute)
+        t = TorchTrainer(tiny_model_dir, *configs, num_threads=1, layout=layout)
+        calls: list[object] = []
+        for layer in decoder_layers(t.model):
+            layer.register_forward_pre_hook(lambda module, _, seen=calls: seen.append(module))
+        (logp,) = t.compute_logprobs(samples[:1])
+        before = len(calls)
+        metrics = t.train_step(samples)
+        results.append((logp, metrics, grads(t), len(calls) - before))
+    (logp, metrics, g, runs), (ac_logp, ac_metrics, ac_g, ac_runs) = results
+    # each training forward's layers run again in its backward (no-grad forwards do not)
+    layers = len(decoder_layers(t.model))
+    assert ac_runs - runs == layers * metrics["train/micro_batches"] > 0
+    assert torch.equal(ac_logp, logp)
+    for key in ["loss", "pg_loss", "kl", "entropy", "clipfrac", "grad_norm"]:
+        assert ac_metrics[f"train/{key}"] == pytest.approx(metrics[f"train/{key}"], rel=1e-6)
+    for a, b in zip(g, ac_g, strict=True):
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-5), (a - b).abs().max()

@@ -1,0 +1,51 @@
+"""The sharded torch trainer on one CUDA GPU: bf16 compute from float32 shards, and the
+offload around a colocated rollout."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from rlpost.backends.sglang import trainer_side
+from rlpost.backends.torch_trainer import TorchTrainer
+from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+Samples = Callable[..., list[TrainSample]]
+Configs = Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def test_offload_moves_model_and_optimizer_state_off_the_gpu(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    configs = make_configs(4)
+    samples = make_samples(4, seed=5, with_rollout=True)
+    # the CUDA trainer first: it makes the process group (gloo and NCCL), which the CPU
+    # trainer then shares
+    trainer = TorchTrainer(tiny_model_dir, *configs, device="cuda")
+    first = trainer.train_step(samples)
+    cpu = TorchTrainer(tiny_model_dir, *configs, num_threads=1).train_step(samples)
+    # bf16 compute from float32 master shards: the CPU's float32 loss to bf16 tolerance
+    assert first["train/loss"] == pytest.approx(cpu["train/loss"], abs=2e-2)
+    params = list(trainer.model.parameters())
+    assert all(_local(p).dtype == torch.float32 and _local(p).is_cuda for p in params)
+    moved = trainer_side.offload(trainer)
+    assert moved == sum(_local(p).numel() * 4 for p in params)
+    assert all(_local(p).device.type == "cpu" for p in trainer.model.parameters())
+    states = [v for s in trainer.optimizer.state.values() for v in s.values()]
+    tensors = [_local(v) for v in states if isinstance(v, torch.Tensor) and v.dim()]
+    assert tensors and all(v.device.type == "cpu" for v in tensors)
+    trainer_side.onload(trainer)
+    assert all(_local(p).is_cuda for p in trainer.model.parameters())
+    assert trainer.train_step(samples)["train/loss"] == pytest.approx(first["train/loss"], abs=0.5)
