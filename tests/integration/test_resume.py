@@ -283,7 +283,7 @@ def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
 ) -> None:
     broken = tmp_path / "rollout_5"
     shutil.copytree(reference / "ckpt" / "rollout_5", broken)
-    weights = broken / "trainer" / "rank_0.pt"
+    weights = broken / "trainer" / "__0_0.distcp"  # rank 0's shards
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))

@@ -50,6 +50,7 @@ from rlpost.algo.steps import (
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
+from rlpost.backends.torch_trainer.checkpoint import load_sharded, save_sharded
 from rlpost.backends.torch_trainer.distributed import (
     DataParallel,
     clip_grad_norm,
@@ -78,7 +79,6 @@ from rlpost.schema.layout import FsdpLayout
 from rlpost.types import TrainSample
 
 Which = Literal["actor", "ref"]
-STATE_FILE = "rank_0.pt"
 MODEL_PREFIX = "lm."  # the HF model inside TokenForward; state dicts keep HF names
 
 
@@ -368,41 +368,18 @@ class TorchTrainer:
         self.step = int(state["scheduler"]["step"])
 
     def save_checkpoint(self, ckpt_dir: str | Path, with_optimizer: bool = True) -> None:
-        """Rank 0 writes `ckpt_dir/rank_0.pt`, the whole model and optimizer gathered from
-        the shards, which loads into any number of ranks. Collective."""
-        state = self.state_dict()
-        if self.dp.rank != 0:
-            return
-        if not with_optimizer:
-            state.pop("optimizer")
-        path = Path(ckpt_dir) / STATE_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Through a Python file, so that a write the disk refuses (ENOSPC, EDQUOT, EFBIG) is
-        # an OSError, which the run reports as a skipped save. torch's writer reports it as a
-        # RuntimeError ("unexpected pos") that would end the run; the OSError is behind it.
-        with path.open("wb") as f:
-            try:
-                torch.save(state, f)
-            except RuntimeError as exc:
-                if isinstance(exc.__context__, OSError):
-                    raise exc.__context__ from exc
-                raise
+        """Every rank writes its shards of the model (HF names) and optimizer state, rank 0
+        the step (`checkpoint.save_sharded`): the checkpoint loads under any data-parallel
+        size. OSError on every rank when a disk refuses a write. Collective."""
+        optimizer = self.optimizer if with_optimizer else None
+        save_sharded(ckpt_dir, self.model, optimizer, {"step": self.step})
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        """Rank 0 reads rank 0's file and every rank takes its shards; without a saved
-        optimizer, Adam starts over. Collective."""
-        path = Path(ckpt_dir) / STATE_FILE
-        if self.dp.rank == 0 or not self.dp.enabled:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            state = {"model": {}, "optimizer": {}, "scheduler": {"step": 0}}
-        step, with_optimizer = self.dp.broadcast_ints(
-            [int(state["scheduler"]["step"]), int("optimizer" in state)]
-        )
-        if not with_optimizer:
-            state.pop("optimizer", None)
-        state["scheduler"] = {"step": step}
-        self.load_state_dict(state)
+        """Each rank reads the shards it holds now, from a sharded checkpoint or rank 0's
+        `rank_0.pt` of before; without a saved optimizer, Adam starts over. Collective."""
+        reshard(self.policy)
+        extra = load_sharded(ckpt_dir, self.model, self.optimizer)
+        self.step = int(extra["step"])
 
     def offload(self) -> int:
         """This rank's shards of the model, its gradients and optimizer state to host memory;

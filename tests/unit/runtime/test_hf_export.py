@@ -123,7 +123,7 @@ def test_export_refuses_a_corrupted_checkpoint(
     path, _ = trained
     broken = tmp_path / "rollout_1"
     shutil.copytree(path, broken)
-    (broken / "trainer" / "rank_0.pt").write_bytes(b"garbage")
+    (broken / "trainer" / "__0_0.distcp").write_bytes(b"garbage")  # rank 0's shards
     assert load_tool("export_hf").main([str(broken), str(tmp_path / "out")]) == 2
     assert "bytes, the manifest says" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
