@@ -325,4 +325,6 @@ def offload_time(cfg: RunConfig, sizes: Sizes, memory: TrainMemory) -> float:
     if not sizes.colocate or cfg.hardware.kind != "gpu":
         return 0.0
     state = (memory.weights_gib + memory.grads_gib + memory.optimizer_gib) * GIB
+    if isinstance(memory, FsdpTrainMemory):  # the reference model's shard goes with them
+        state += memory.reference_gib * GIB
     return 2 * state / (cfg.hardware.pcie_gbps * GB)

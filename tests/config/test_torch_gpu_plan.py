@@ -186,3 +186,19 @@ def test_fsdp_traffic_is_the_gathers_and_reduce_scatters_over_the_link(
     micro = math.ceil(32 * 8192 / 9216)
     moved = micro * (2 * params * 2 + params * 4) * 7 / 8  # bf16 gathers x2, fp32 reduce
     assert timing.dp_s == pytest.approx(moved / (cfg.hardware.intra_node_gbps * 1e9))
+
+
+def test_hsdp_shards_within_groups_and_all_reduces_across_them(compose_run: ComposeRun) -> None:
+    cfg = compose_run(*MISTRAL)
+    plan = build_plan(cfg)
+    hsdp = estimate_fsdp_train(cfg, plan.parallel, True, options=FsdpOptions(shard_group_size=4))
+    params, _, _ = hand_params(cfg.model)
+    assert hsdp.shards == 4 and hsdp.optimizer_gib == pytest.approx(8 * params / 4 / GIB)
+    full = train_time(cfg, plan.parallel, plan.batch, plan.work, plan.memory.train, 8)
+    grouped = train_time(cfg, plan.parallel, plan.batch, plan.work, hsdp, 8)
+    micro = math.ceil(32 * 8192 / 9216)
+    gbps = cfg.hardware.intra_node_gbps * 1e9
+    within = micro * (2 * params * 2 + params * 4) * 3 / 4 / gbps  # rings of 4
+    across = micro * 2 * (params / 4 * 4) * 1 / 2 / gbps  # an all-reduce over 2 replicas
+    assert grouped.dp_s == pytest.approx(within + across)
+    assert full.optimizer_s < grouped.optimizer_s  # each rank steps twice the parameters
