@@ -46,6 +46,7 @@ from rlpost.plan.memory import (
 )
 from rlpost.plan.params import count_params, layer_params
 from rlpost.schema import GENERIC_FAMILY, ModelConfig, RecipeConfig, RunConfig
+from rlpost.schema.layout import TrainLayout
 
 SHARDED_STATE_BYTES = 16
 """Per parameter, split over the shard group: float32 master, gradient and two Adam moments."""
@@ -81,6 +82,11 @@ class FsdpOptions:
     def shards(self, dp: int) -> int:
         """Ranks each sharded tensor is split over: the HSDP group, or every DP rank."""
         return min(self.shard_group_size or dp, dp)
+
+
+FSDP_IN_SCHEMA = "fsdp" in TrainLayout.model_fields
+"""Whether `layout.train.fsdp` exists to be read and written (the plan reads it defensively)."""
+FSDP_OFFLOAD_KEY = "layout.train.fsdp.cpu_offload"
 
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:

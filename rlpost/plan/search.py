@@ -47,6 +47,8 @@ from rlpost.plan.engine_memory import (
     estimate_rollout,
 )
 from rlpost.plan.fsdp import (
+    FSDP_IN_SCHEMA,
+    FSDP_OFFLOAD_KEY,
     FsdpOptions,
     FsdpTrainMemory,
     estimate_trainer,
@@ -440,7 +442,10 @@ def engine_layouts(cfg: RunConfig, sizes: Sizes) -> Iterator[EngineLayout]:
 
 
 def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
-    """The config with Adam on the host or the GPU (the seeds' CPU Adam settings)."""
+    """The config with Adam on the host or the GPU (the seeds' CPU Adam settings); for the
+    torch trainer, FSDP2's offload of its shards (layout.train.fsdp.cpu_offload)."""
+    if torch_searched(cfg):
+        return _with_fsdp_offload(cfg, cpu_offload)
     optim = cfg.recipe.optim
     if optim.cpu_offload == cpu_offload:
         return cfg
@@ -449,12 +454,22 @@ def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
     return cfg.model_copy(update={"recipe": recipe})
 
 
+def _with_fsdp_offload(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
+    train = cfg.layout.train
+    fsdp: Any = getattr(train, "fsdp", None)
+    if fsdp is None or fsdp.cpu_offload == cpu_offload:
+        return cfg
+    fsdp = fsdp.model_copy(update={"cpu_offload": cpu_offload})
+    layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
+    return cfg.model_copy(update={"layout": layout})
+
+
 def _adam_options(cfg: RunConfig) -> tuple[bool, ...]:
     """Where Adam may run: the GPU, and the host when the config validates with it (never
-    on CPU hardware, where it already is, nor for the torch trainer, whose offload is
-    FSDP2's: layout.train.fsdp.cpu_offload, which the search keeps as set)."""
+    on CPU hardware, where it already is). The torch trainer's state moves with FSDP2's
+    offload, searched where the schema has layout.train.fsdp."""
     if torch_searched(cfg):
-        return (cfg.recipe.optim.cpu_offload,)
+        return (False, True) if FSDP_IN_SCHEMA else (fsdp_options(cfg).cpu_offload,)
     try:
         RunConfig.model_validate(with_adam(cfg, not cfg.recipe.optim.cpu_offload).model_dump())
     except ValueError:
@@ -780,7 +795,10 @@ def layout_overrides(c: Candidate) -> dict[str, Any]:
     values["layout.rollout.gpus_per_engine"] = eng.gpus_per_engine
     for name, value in eng.sglang:
         values[f"layout.rollout.sglang.{name}"] = value
-    values["recipe.optim.cpu_offload"] = c.train.cpu_offload
+    if c.train.fsdp is None:
+        values["recipe.optim.cpu_offload"] = c.train.cpu_offload
+    elif FSDP_IN_SCHEMA:
+        values[FSDP_OFFLOAD_KEY] = c.train.cpu_offload
     return values
 
 
@@ -792,7 +810,7 @@ def searched_keys(cfg: RunConfig, chosen: Candidate) -> tuple[str, ...]:
         node = data
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if node is None or path == "recipe.optim.cpu_offload":
+        if node is None or path in ("recipe.optim.cpu_offload", FSDP_OFFLOAD_KEY):
             found.append(path)
     return tuple(found)
 

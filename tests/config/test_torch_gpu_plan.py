@@ -166,6 +166,19 @@ def test_layout_auto_picks_a_fitting_torch_layout(compose_run: ComposeRun) -> No
     assert cfg.layout.train.tp == 1
 
 
+@pytest.mark.skipif(
+    "fsdp" not in TrainLayout.model_fields, reason="layout.train.fsdp is not in the schema yet"
+)
+def test_layout_auto_offloads_the_shards_of_a_model_that_fits_no_other_way(
+    compose_run: ComposeRun,
+) -> None:
+    cfg, plan = plan_config(compose_run(*BIG, "layout=auto"))
+    assert plan.search is not None and plan.search.chosen is not None
+    assert "FSDP2 CPU offload" in plan.search.chosen.describe()
+    assert cfg.layout.train.fsdp.cpu_offload and plan.memory.train_fits  # type: ignore[attr-defined]
+    assert "layout.train.fsdp.cpu_offload" in plan.derived
+
+
 def test_megatron_settings_on_the_torch_trainer_are_refused(compose_run: ComposeRun) -> None:
     with pytest.raises(UserError) as caught:
         build_plan(compose_run(*QWEN3, "recipe.optim.cpu_offload=true"))
