@@ -352,6 +352,7 @@ def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
     cfg = ctx.cfg
     train, optim = cfg.layout.train, cfg.recipe.optim
     fsdp = "layout.train.fsdp.cpu_offload: true (FSDP2 keeps shards and Adam on the host)"
+    megatron = "" if cfg.model.family == GENERIC_FAMILY else ", or set trainer.backend=megatron"
     found = [
         (
             "recipe.optim.cpu_offload",
@@ -382,7 +383,7 @@ def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
         Issue(
             key,
             f"{key} configures {what}, and trainer.backend resolves to torch: it would be ignored",
-            f"{fix}, or set trainer.backend=megatron",
+            fix + megatron,
             value=True,
         )
         for key, is_set, what, fix in found

@@ -187,7 +187,9 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
     if train.ep is None:
         rec.derived.append("layout.train.ep")
     default_recompute = RECOMPUTE_NONE if on_cpu else "full"
-    moe_dispatcher = "alltoall" if cfg.model.moe is not None else None
+    torch_on_gpus = _torch_on_gpus(cfg)
+    # megatron-core's token dispatcher; the torch trainer runs the model's own MoE layers
+    moe_dispatcher = "alltoall" if cfg.model.moe is not None and not torch_on_gpus else None
     base = ParallelLayout(
         tp=train.tp or 1,
         pp=pp,
@@ -210,7 +212,6 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
     if train.moe_token_dispatcher_type is None and moe_dispatcher:
         rec.derived.append("layout.train.moe_token_dispatcher_type")
     tp = train.tp
-    torch_on_gpus = _torch_on_gpus(cfg)
     if tp is None:
         tp = 1 if on_cpu or torch_on_gpus else _derive_tp(cfg, sizes, base, rec)
         rec.derived.append("layout.train.tp")

@@ -348,7 +348,9 @@ def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
         recomputes: tuple[str, ...] = (t.recompute.granularity,)
     else:
         recomputes = (RECOMPUTE_NONE,) if on_cpu else RECOMPUTES
-    dispatcher = t.moe_token_dispatcher_type or ("alltoall" if moe is not None else None)
+    dispatcher = t.moe_token_dispatcher_type or (
+        "alltoall" if moe is not None and not only_dp else None
+    )
     for tp in tps:
         for pp in pps:
             for cp in cps:

@@ -215,3 +215,22 @@ def test_hsdp_shards_within_groups_and_all_reduces_across_them(compose_run: Comp
     across = micro * 2 * (params / 4 * 4) * 1 / 2 / gbps  # an all-reduce over 2 replicas
     assert grouped.dp_s == pytest.approx(within + across)
     assert full.optimizer_s < grouped.optimizer_s  # each rank steps twice the parameters
+
+
+def test_a_generic_moe_model_gathers_whole_expert_layers_and_says_what_is_not_counted(
+    compose_run: ComposeRun,
+) -> None:
+    moe = "model.moe={num_experts: 8, top_k: 2, expert_ffn_hidden_size: 1792}"
+    cfg = compose_run(*MISTRAL, "model.hf_architecture=MixtralForCausalLM", moe)
+    plan = build_plan(cfg)
+    m, t = cfg.model, plan.memory.train
+    assert isinstance(t, FsdpTrainMemory) and plan.parallel.ep == 1
+    assert plan.parallel.moe_token_dispatcher_type is None  # megatron-core's, not run here
+    h, hd = m.hidden_size, 128
+    attention = h * 32 * hd * 2 + h * 8 * hd * 2
+    layer = attention + 8 * h + 8 * 3 * h * 1792 + 2 * h  # router, 8 SwiGLU experts, norms
+    root = 2 * m.vocab_size * h + h
+    assert plan.memory.params_total == root + m.num_layers * layer
+    assert t.gathered_gib == pytest.approx((2 * root + 4 * layer + 6 * layer) / GIB)
+    (note,) = [n for n in plan.notes if "FSDP2" in n]
+    assert "experts are all gathered" in note and "not counted" in note
