@@ -58,7 +58,7 @@ def timed(
     for _ in range(repeats):
         params.layer_params.cache_clear()
         params.params_per_stage.cache_clear()
-        memory._stage_activation_bytes.cache_clear()
+        memory.stage_activation_bytes.cache_clear()
         start = time.perf_counter()
         result = search_layout(cfg, reference)
         times.append(time.perf_counter() - start)

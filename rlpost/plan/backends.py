@@ -14,7 +14,8 @@ TRAINER_PARALLEL: dict[str, frozenset[str]] = {
     "torch": frozenset(),
     "megatron": frozenset({"tp", "pp", "cp", "ep", "etp"}),
 }
-GPU_TRAINERS = frozenset({"megatron"})
+# the torch trainer shards with FSDP2 over the data-parallel ranks (rlpost.plan.fsdp)
+GPU_TRAINERS = frozenset({"megatron", "torch"})
 # the backends that train an architecture described only by its HF config (family generic):
 # megatron-core needs a layer spec, the torch trainer builds the model with transformers
 GENERIC_TRAINERS = frozenset({"torch"})

@@ -329,16 +329,22 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     unsupported = unsupported_parallel(backend, ctx.parallel)
     if unsupported:
         sizes = ", ".join(f"{k}={v}" for k, v in unsupported.items())
+        keys = " and ".join(f"layout.train.{k}" for k in unsupported)
+        megatron = "" if ctx.cfg.model.family == GENERIC_FAMILY else "; or trainer.backend=megatron"
         issues.append(
             Issue(
                 "trainer.backend",
-                f"the {backend} trainer is data parallel only, and the layout has {sizes}",
-                "set trainer.backend=megatron (or auto), or set layout.train sizes to 1",
+                f"the {backend} trainer is data parallel only (FSDP2 shards the model over the "
+                f"data-parallel ranks; it has no tensor, pipeline, context or expert "
+                f"parallelism), and the layout has {sizes}",
+                f"remove {keys} (every train GPU then holds 1/DP of the model); if it does not "
+                "fit, layout.train.fsdp.cpu_offload: true or more GPUs" + megatron,
                 value=configured,
             )
         )
     if backend == "torch":
         issues += torch_recompute_issues(ctx.parallel)
+        issues += _megatron_only_settings(ctx)
     return issues
 
 
@@ -410,28 +416,59 @@ def check_fsdp_layout(ctx: PlanContext) -> list[Issue]:
     return []
 
 
+def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
+    """Settings only megatron-core reads: the torch trainer would ignore them."""
+    cfg = ctx.cfg
+    train, optim = cfg.layout.train, cfg.recipe.optim
+    fsdp = "layout.train.fsdp.cpu_offload: true (FSDP2 keeps shards and Adam on the host)"
+    megatron = "" if cfg.model.family == GENERIC_FAMILY else ", or set trainer.backend=megatron"
+    found = [
+        (
+            "recipe.optim.cpu_offload",
+            optim.cpu_offload,
+            "megatron's CPU Adam (HybridDeviceOptimizer)",
+            f"remove it; the torch trainer offloads with {fsdp}",
+        ),
+        (
+            "recipe.optim.precision_aware_optimizer",
+            optim.precision_aware_optimizer,
+            "megatron's precision-aware optimizer",
+            "remove it (the torch trainer keeps float32 master weights and Adam state)",
+        ),
+        (
+            "layout.train.distributed_optimizer",
+            not train.distributed_optimizer,
+            "megatron's choice between a replicated and a distributed optimizer",
+            "remove it (FSDP2 always shards the optimizer state over the data-parallel ranks)",
+        ),
+        (
+            "layout.train.moe_token_dispatcher_type",
+            train.moe_token_dispatcher_type is not None or train.moe_enable_deepep,
+            "megatron-core's expert token dispatch",
+            "remove it (the torch trainer runs the model's own MoE layers on every rank)",
+        ),
+    ]
+    return [
+        Issue(
+            key,
+            f"{key} configures {what}, and trainer.backend resolves to torch: it would be ignored",
+            fix + megatron,
+            value=True,
+        )
+        for key, is_set, what, fix in found
+        if is_set
+    ]
+
+
 def generic_model_issues(cfg: RunConfig) -> list[Issue]:
-    """A generic model trains only where a trainer builds it from its HF config; on a GPU
-    profile no such trainer runs yet, which is one refusal naming both facts. Whatever the
-    layout (`auto` trains a generic model with the torch trainer), so the layout search asks
-    before it enumerates."""
-    model, hw = cfg.model, cfg.hardware
+    """A generic model trains only where a trainer builds it from its HF config (the torch
+    trainer, on CPU and on GPUs), whatever the layout, so the layout search asks before it
+    enumerates."""
+    model = cfg.model
     if model.family != GENERIC_FAMILY:
         return []
     backend = "torch" if cfg.trainer.backend == "auto" else cfg.trainer.backend
     shipped = "a model of a family megatron-core expresses (qwen3, llama, glm4, deepseek_v3, ...)"
-    if hw.kind == "gpu" and not GPU_TRAINERS & GENERIC_TRAINERS:
-        return [
-            Issue(
-                "trainer.backend",
-                f"model {model.name} is family generic ({model.hf_architecture}), which only "
-                f"the torch trainer trains (megatron-core has no layer spec for it), and the "
-                f"torch trainer trains on CPU: {hw.name} is a GPU machine",
-                f"run it on a CPU profile (hardware=cpu trainer.backend=torch), or train {shipped} "
-                "on this GPU profile",
-                value=cfg.trainer.backend,
-            )
-        ]
     if backend not in GENERIC_TRAINERS:
         return [
             Issue(

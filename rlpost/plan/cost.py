@@ -25,6 +25,13 @@ Training (per rollout):
 - the optimizer: Adam reads and writes `ADAM_BYTES_PER_PARAM` per parameter it owns; CPU
   Adam does so in host memory and moves the gradients down and the weights up over PCIe each
   step (Ren et al. 2021, "ZeRO-Offload", section 4).
+- the torch trainer (FSDP2, rlpost.plan.fsdp): every forward of a micro-batch all-gathers
+  the parameters in the compute dtype (the backward gathers them again; full recompute runs
+  inside the backward's gather), every backward reduce-scatters float32 gradients, and with
+  HSDP all-reduces the shard's gradients across the replicas; the no-grad forwards (old
+  policy, reference) gather once. With FSDP2's CPU offload each gather first copies the
+  float32 shard to the GPU and each reduce-scatter copies the gradients back over PCIe, and
+  Adam runs on the host. Its MFU is `TORCH_MFU`.
 Collectives within a node run at `hardware.intra_node_gbps` (PCIe without NVLink), across
 nodes at `hardware.inter_node_gbps`, and are not assumed to overlap compute.
 
@@ -52,6 +59,8 @@ from dataclasses import dataclass
 
 from rlpost.plan.batch import BatchPlan
 from rlpost.plan.engine_memory import GIB, RolloutMemory
+from rlpost.plan.flops import TRAIN_FORWARDS
+from rlpost.plan.fsdp import GRAD_REDUCE_BYTES, MASTER_BYTES, FsdpTrainMemory, trained_params
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import TrainMemory, pipeline_stages
 from rlpost.plan.params import ParamCount, params_per_stage
@@ -70,6 +79,9 @@ models (Narayanan et al. 2021); this backend is not there yet."""
 MOE_MFU = 0.20
 """Not measured on a GPU yet: DENSE_MFU scaled by the 2/3 it had to the published dense
 figure (routed experts run smaller GEMMs and wait on their dispatch)."""
+TORCH_MFU = DENSE_MFU
+"""The torch trainer (transformers' layers under FSDP2) on GPUs: not measured yet; taken as
+the megatron backend's until a GPU run measures it (docs/gpu-results.md)."""
 DECODE_EFFICIENCY = 0.6
 """Share of peak memory bandwidth a decode step reaches (kernel launch gaps, small GEMMs)."""
 PREFILL_MFU = 0.4
@@ -170,6 +182,8 @@ def train_time(
     memory: TrainMemory,
     train_gpus: int,
 ) -> TrainTime:
+    if isinstance(memory, FsdpTrainMemory):
+        return fsdp_train_time(cfg, par, batch, work, memory, train_gpus)
     model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
     mfu = MOE_MFU if model.moe is not None else DENSE_MFU
     tokens = batch.samples_per_rollout * batch.longest_sample_tokens
@@ -208,6 +222,44 @@ def train_time(
             work.steps_per_rollout * owned * ADAM_BYTES_PER_PARAM / (hw.memory_bandwidth_gbps * GB)
         )
     return TrainTime(compute, pipeline, tp, cp, ep, dp, optimizer)
+
+
+def fsdp_train_time(
+    cfg: RunConfig,
+    par: ParallelLayout,
+    batch: BatchPlan,
+    work: TrainWork,
+    memory: FsdpTrainMemory,
+    train_gpus: int,
+) -> TrainTime:
+    """The torch trainer's rollout of training: compute, FSDP2's collectives per micro-batch
+    (in `dp_s`) and the optimizer (with CPU offload, its PCIe copies too)."""
+    model, hw = cfg.model, cfg.hardware
+    mfu = TORCH_MFU * (MOE_MFU / DENSE_MFU if model.moe is not None else 1.0)
+    compute = work.train_tflop_per_rollout / (train_gpus * hw.peak_bf16_tflops * mfu)
+    per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
+    micro = work.steps_per_rollout * max(1, math.ceil(per_step_rank / memory.tokens_per_gpu))
+    no_grad = work.passes_per_rollout - TRAIN_FORWARDS - work.recompute_passes
+    gathers = micro * (2 + no_grad)  # forward and backward, and each no-grad forward
+    params = trained_params(model)
+    element = 4 if model.params_dtype == "fp32" else 2
+    shards, replicas = memory.shards, max(1, par.dp // memory.shards)
+    gather = _ring_s(params * element, shards, _link_gbps(cfg, shards))
+    reduce = _ring_s(params * GRAD_REDUCE_BYTES, shards, _link_gbps(cfg, shards))
+    shard_grads = memory.params_per_gpu * GRAD_REDUCE_BYTES
+    across = 2 * _ring_s(shard_grads, replicas, _link_gbps(cfg, replicas, shards))
+    collectives = gathers * gather + micro * (reduce + across)
+    owned = memory.params_per_gpu
+    if memory.cpu_offload:
+        ranks = min(train_gpus, hw.gpus_per_node)
+        host = owned * ADAM_BYTES_PER_PARAM / (hw.host_memory_bandwidth_gbps * GB / ranks)
+        copies = (gathers * owned * MASTER_BYTES + micro * shard_grads) / (hw.pcie_gbps * GB)
+        optimizer = work.steps_per_rollout * host + copies
+    else:
+        optimizer = (
+            work.steps_per_rollout * owned * ADAM_BYTES_PER_PARAM / (hw.memory_bandwidth_gbps * GB)
+        )
+    return TrainTime(compute, 0.0, 0.0, 0.0, 0.0, collectives, optimizer)
 
 
 def rollout_time(
@@ -273,4 +325,6 @@ def offload_time(cfg: RunConfig, sizes: Sizes, memory: TrainMemory) -> float:
     if not sizes.colocate or cfg.hardware.kind != "gpu":
         return 0.0
     state = (memory.weights_gib + memory.grads_gib + memory.optimizer_gib) * GIB
+    if isinstance(memory, FsdpTrainMemory):  # the reference model's shard goes with them
+        state += memory.reference_gib * GIB
     return 2 * state / (cfg.hardware.pcie_gbps * GB)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlpost.errors import Issue
+from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.plan import Plan
 
 ANYWAY = "; or set plan.memory_check=warn to launch anyway"
@@ -13,13 +14,22 @@ def memory_issues(plan: Plan) -> list[Issue]:
     m = plan.memory
     issues = []
     if not m.train_fits:
+        fix = (
+            "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
+            "lower recipe.train.max_tokens_per_gpu or offload the optimizer"
+        )
+        if isinstance(m.train, FsdpTrainMemory):
+            fix = (
+                "set layout.train.recompute.granularity: full or layout.train.fsdp.cpu_offload: "
+                "true, lower recipe.train.max_tokens_per_gpu, or use more GPUs (the torch "
+                "trainer's shards shrink as 1/DP)"
+            )
         issues.append(
             Issue(
                 "layout.train",
                 f"training needs {m.train.total_gib:.2f} GiB per GPU and {plan.hardware} has "
                 f"{m.gpu_gib:.2f} (short by {-m.train_margin_gib:.2f} GiB; see mode=plan)",
-                "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
-                "lower recipe.train.max_tokens_per_gpu or offload the optimizer" + ANYWAY,
+                fix + ANYWAY,
             )
         )
     if not m.rollout_fits:

@@ -172,7 +172,7 @@ def layer_input_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -> f
 
 
 @lru_cache(maxsize=1024)
-def _stage_activation_bytes(
+def stage_activation_bytes(
     model: ModelConfig, layers: tuple[int, ...], index: int, tokens: int, par: ParallelLayout
 ) -> float:
     """The stage's layers' activations for its micro-batches in flight (1F1B holds pp - i on
@@ -214,6 +214,10 @@ class TrainMemory:
     total_gib: float
     host_optimizer_gib: float
 
+    def host_reference_gib(self, model: ModelConfig) -> float:
+        """The reference model's weights kept on the host between uses, per rank."""
+        return self.params_per_gpu * weight_bytes(model) / GIB
+
 
 def _stage_memory(
     model: ModelConfig,
@@ -234,7 +238,7 @@ def _stage_memory(
     layers = tuple(range(stage.first_layer, stage.first_layer + stage.num_layers))
     if index == par.pp - 1:  # MTP layers sit on the last stage
         layers += (model.num_layers,) * model.mtp_num_layers
-    activations = _stage_activation_bytes(model, layers, index, tokens, par)
+    activations = stage_activation_bytes(model, layers, index, tokens, par)
     logits = logprob_kernel_bytes(model, tokens, par) if index == par.pp - 1 else 0.0
     overhead = 0.0
     if hardware.kind == "gpu":
@@ -319,7 +323,7 @@ def estimate_host(
     optimizer = ranks * train.host_optimizer_gib
     reference = 0.0
     if recipe.algo.reference_interval > 0:
-        reference = ranks * train.params_per_gpu * weight_bytes(model) / GIB
+        reference = ranks * train.host_reference_gib(model)
     processes = ranks * HOST_PER_PROCESS_GIB
     return HostMemory(
         ranks_per_node=ranks,

@@ -8,6 +8,9 @@ Rules, each recorded in the plan as derived:
   grid fits world / pp (megatron-core's rule); tp = the smallest power of two, within a node,
   that divides the heads (and query groups) and the GPUs, and whose training memory fits;
   dp = world / (tp x pp x cp); sequence parallel whenever tp > 1; full recompute on GPUs.
+  The torch trainer on GPUs (trainer.backend=torch, or auto for a generic model) is data
+  parallel over every train GPU with FSDP2 (tp = ep = 1); a derived layout it cannot fit is
+  refused with the remedies that do fit (rlpost.plan.fsdp.fsdp_fixes).
 - engines: the smallest power of two that divides the rollout GPUs, stays within a node (or
   covers whole nodes), divides the heads, and whose weight shard leaves a KV cache for at
   least one full sample under the memory fraction; `mem_fraction_static` defaults to
@@ -22,7 +25,9 @@ from typing import Any
 
 from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import Issue
+from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.engine_memory import checkpoint_fp8, default_mem_fraction, estimate_rollout
+from rlpost.plan.fsdp import estimate_fsdp_train, fsdp_fixes, fsdp_trains
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
@@ -81,11 +86,40 @@ def resolve_sizes(cfg: RunConfig, rec: _Record) -> Sizes:
 
 def _derive_ep(cfg: RunConfig, world: int, pp: int, etp: int) -> int:
     moe = cfg.model.moe
-    if moe is None or cfg.hardware.kind == "cpu" or world % pp:
+    if moe is None or cfg.hardware.kind == "cpu" or world % pp or _torch_on_gpus(cfg):
         return 1
     grid = world // pp
     divisors = [d for d in range(1, moe.num_experts + 1) if moe.num_experts % d == 0]
     return max((d for d in divisors if grid % (d * etp) == 0), default=1)
+
+
+def _torch_on_gpus(cfg: RunConfig) -> bool:
+    """The torch trainer trains (on GPUs it is chosen whatever the layout): data parallel
+    over every train GPU, FSDP2 sharding the model."""
+    return fsdp_trains(cfg, resolve_trainer_backend(cfg, ParallelLayout.single_process()))
+
+
+def _check_fsdp_fits(cfg: RunConfig, sizes: Sizes, par: ParallelLayout, rec: _Record) -> None:
+    need = estimate_fsdp_train(cfg, par, sizes.colocate)
+    gpu = cfg.hardware.gpu_memory_gib
+    if need.total_gib <= gpu:
+        return
+    state = need.weights_gib + need.grads_gib + need.optimizer_gib
+    rec.issues.append(
+        Issue(
+            key="layout.train",
+            value=None,
+            message=(
+                f"the torch trainer (FSDP2 over {par.dp} GPUs, {need.shards} per shard group) "
+                f"needs {need.total_gib:.1f} GiB per GPU for {cfg.model.name} and "
+                f"{cfg.hardware.name} has {gpu:g}: float32 shards of weights, gradients and "
+                f"Adam {state:.1f}, gathered layers {need.gathered_gib:.1f}, reference shard "
+                f"{need.reference_gib:.1f}, activations (recompute {par.recompute}) + logits "
+                f"{need.activations_gib + need.logits_gib:.1f}"
+            ),
+            fix=fsdp_fixes(cfg, par, sizes.colocate),
+        )
+    )
 
 
 def tp_candidates(cfg: RunConfig, world: int, pp: int, cp: int) -> list[int]:
@@ -153,7 +187,9 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
     if train.ep is None:
         rec.derived.append("layout.train.ep")
     default_recompute = RECOMPUTE_NONE if on_cpu else "full"
-    moe_dispatcher = "alltoall" if cfg.model.moe is not None else None
+    torch_on_gpus = _torch_on_gpus(cfg)
+    # megatron-core's token dispatcher; the torch trainer runs the model's own MoE layers
+    moe_dispatcher = "alltoall" if cfg.model.moe is not None and not torch_on_gpus else None
     base = ParallelLayout(
         tp=train.tp or 1,
         pp=pp,
@@ -177,9 +213,11 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
         rec.derived.append("layout.train.moe_token_dispatcher_type")
     tp = train.tp
     if tp is None:
-        tp = 1 if on_cpu else _derive_tp(cfg, sizes, base, rec)
+        tp = 1 if on_cpu or torch_on_gpus else _derive_tp(cfg, sizes, base, rec)
         rec.derived.append("layout.train.tp")
     resolved = _with_tp(cfg, base, tp, world)
+    if torch_on_gpus and train.tp is None and train.dp is None:
+        _check_fsdp_fits(cfg, sizes, resolved, rec)
     if train.sequence_parallel is None:
         rec.derived.append("layout.train.sequence_parallel")
     if train.dp is not None:

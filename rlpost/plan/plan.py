@@ -12,12 +12,12 @@ from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import GIB, estimate_rollout
+from rlpost.plan.fsdp import FSDP_MOE_NOTE, FSDP_NOTE, FsdpTrainMemory, estimate_trainer
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import (
     GENERIC_MEMORY_NOTE,
     MemoryPlan,
     estimate_host,
-    estimate_train,
     fp8_update_buffer_bytes,
     pipeline_stages,
 )
@@ -178,9 +178,9 @@ def _memory_dict(m: MemoryPlan) -> dict[str, Any]:
 
 
 def _notes(
-    cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan, EngineLayout]
+    cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan, EngineLayout, MemoryPlan]
 ) -> tuple[str, ...]:
-    par, batch, engine = plan_parts
+    par, batch, engine, memory = plan_parts
     notes = []
     if cfg.recipe.data.max_prompt_len is None:
         notes.append(
@@ -220,6 +220,9 @@ def _notes(
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
+    if isinstance(memory.train, FsdpTrainMemory):
+        moe = FSDP_MOE_NOTE if cfg.model.moe is not None else ""
+        notes.append(FSDP_NOTE.format(shards=memory.train.shards) + moe)
     return tuple(notes)
 
 
@@ -266,7 +269,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         prediction=predict_train(cfg, par, batch, work, memory.train, sizes.train_gpus),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
-        notes=_notes(cfg, (par, batch, engine)),
+        notes=_notes(cfg, (par, batch, engine, memory)),
     )
 
 
@@ -276,7 +279,7 @@ def estimate_memory(
     """Training and rollout peaks per GPU and the host need per node."""
     model, recipe, hw = cfg.model, cfg.recipe, cfg.hardware
     colocate = sizes.colocate
-    train = estimate_train(model, recipe, hw, par, colocate)
+    train = estimate_trainer(cfg, par, colocate)
     rollout = estimate_rollout(
         model,
         recipe,

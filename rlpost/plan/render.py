@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
 from rlpost.plan.runtime import RuntimePlan
@@ -19,6 +20,13 @@ def _mark(plan: Plan, value: Cell, key: str) -> str:
 
 
 TRAINER_NAMES = {"megatron": "megatron-core", "torch": "torch (data parallel)"}
+FSDP_TRAINER_NAME = "torch (FSDP2 over the data-parallel ranks)"
+
+
+def _trainer_name(plan: Plan) -> str:
+    if isinstance(plan.memory.train, FsdpTrainMemory):
+        return FSDP_TRAINER_NAME
+    return TRAINER_NAMES.get(plan.trainer_backend, plan.trainer_backend)
 
 
 def render_header(plan: Plan) -> str:
@@ -33,7 +41,7 @@ def render_header(plan: Plan) -> str:
         f"rlpost plan: model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout})\n"
         f"{mode}: {split} of {p.total_gpus} ({p.num_nodes} node(s) x {p.gpus_per_node}); "
-        f"trainer: {TRAINER_NAMES.get(plan.trainer_backend, plan.trainer_backend)}\n"
+        f"trainer: {_trainer_name(plan)}\n"
         f"values marked {DERIVED_MARK} were derived by the planner (the layout left them null)"
     )
 
@@ -70,6 +78,10 @@ def render_parallel(plan: Plan) -> str:
     optimizer = f"distributed over DP x CP = {par.optimizer_shards}"
     if not par.distributed_optimizer:
         optimizer = "replicated on every DP rank"
+    train = plan.memory.train
+    if isinstance(train, FsdpTrainMemory):
+        where = "on the host (FSDP2 CPU offload)" if train.cpu_offload else "on the GPU"
+        optimizer = f"FSDP2: weights, gradients, Adam sharded over {train.shards} ranks, {where}"
     rows: list[list[Cell]] = [
         ["train GPUs", _mark(plan, plan.placement.train_gpus, k + "num_gpus"), ""],
         ["TP (tensor)", _mark(plan, par.tp, k + "tp"), ""],
@@ -269,14 +281,35 @@ def _verdict(fits: bool, margin: float) -> str:
     return f"DOES NOT FIT, short by {-margin:.2f} GiB"
 
 
+def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
+    """The torch trainer's FSDP2 shards (1/shards of the model each) and what it gathers."""
+    where = " (on the host: FSDP2 CPU offload)" if t.cpu_offload else ""
+    shard = f"fp32 shard, 1/{t.shards}{where}"
+    return [
+        [f"weights ({shard})", t.weights_gib],
+        [f"gradients ({shard})", t.grads_gib],
+        [f"optimizer (Adam moments, {shard})", t.optimizer_gib],
+        ["gathered: root, 2 layers, a layer's gradients", t.gathered_gib],
+        [
+            f"reference model ({'on the host' if t.cpu_offload else f'shard, 1/{t.shards}'})",
+            t.reference_gib,
+        ],
+    ]
+
+
 def render_memory(plan: Plan) -> str:
     m, par = plan.memory, plan.parallel
     t, r, h = m.train, m.rollout, m.host
     offload = " (on the host: CPU offload)" if t.host_optimizer_gib else ""
-    train_rows: list[list[Cell]] = [
+    state_rows: list[list[Cell]] = [
         ["weights", t.weights_gib],
         ["gradients (fp32 main grads)", t.grads_gib],
         [f"optimizer (master + Adam, /{par.optimizer_shards} shards){offload}", t.optimizer_gib],
+    ]
+    if isinstance(t, FsdpTrainMemory):
+        state_rows = _fsdp_state_rows(t)
+    train_rows: list[list[Cell]] = [
+        *state_rows,
         [f"activations ({par.recompute} recompute, {t.tokens_per_gpu} tokens)", t.activations_gib],
         ["log-prob kernel (no whole logits)", t.logits_gib],
         [
@@ -302,8 +335,9 @@ def render_memory(plan: Plan) -> str:
         ["trainer residue (colocated)", r.trainer_residual_gib],
         ["peak", r.total_gib],
     ]
+    offloaded = "FSDP2 shards and reference" if isinstance(t, FsdpTrainMemory) else "optimizer"
     host_rows: list[list[Cell]] = [
-        [f"offloaded optimizer ({h.ranks_per_node} ranks)", h.optimizer_gib],
+        [f"offloaded {offloaded} ({h.ranks_per_node} ranks)", h.optimizer_gib],
         ["reference weights", h.reference_weights_gib],
         ["processes", h.processes_gib],
         ["total", h.total_gib],

@@ -5,7 +5,9 @@ rollout: any count on one node, whole nodes on several), a training grid (TP wit
 parallelism, PP with its even and near-even uneven stage splits, CP, EP and ETP for MoE, the
 DP that fills the rest), a recompute setting, Adam on the GPU or the host (CPU Adam), and the
 engines (GPUs per engine and, for MoE, dp-attention). Fields the layout sets stay fixed; the
-null ones are searched.
+null ones are searched. Where the torch trainer trains (trainer.backend=torch, or auto for a
+generic model) the grid is data parallel only, sized as FSDP2 (rlpost.plan.fsdp), and
+`layout.train.fsdp` stays as set.
 
 The training side and the rollout side of a split are checked and sized on their own (each
 rule names what it reads: rlpost.plan.checks SCOPES) and combined cheapest first; the best
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlpost.errors import Issue, UserError
+from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, divisors, generic_model_issues, run_checks
 from rlpost.plan.cost import (
@@ -43,9 +46,19 @@ from rlpost.plan.engine_memory import (
     default_mem_fraction,
     estimate_rollout,
 )
+from rlpost.plan.fsdp import (
+    FSDP_IN_SCHEMA,
+    FSDP_OFFLOAD_KEY,
+    FsdpOptions,
+    FsdpTrainMemory,
+    estimate_trainer,
+    fsdp_fixes,
+    fsdp_options,
+    fsdp_trains,
+)
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import asynchronous
-from rlpost.plan.memory import TrainMemory, estimate_host, estimate_train
+from rlpost.plan.memory import TrainMemory, estimate_host
 from rlpost.plan.parallel import engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
 from rlpost.plan.work import plan_work
@@ -85,6 +98,15 @@ class TrainOption:
     def seconds(self) -> float:
         return self.time.total_s + self.offload_s
 
+    @property
+    def fsdp(self) -> FsdpOptions | None:
+        """The torch trainer's FSDP2 options; None for megatron."""
+        m = self.memory
+        if not isinstance(m, FsdpTrainMemory):
+            return None
+        group = m.shards if m.shards < self.parallel.dp else None
+        return FsdpOptions(m.cpu_offload, group)
+
 
 @dataclass(frozen=True)
 class EngineOption:
@@ -119,7 +141,7 @@ class Candidate:
         return candidate_key(self.sizes, self.parallel, self.train.cpu_offload, self.engine)
 
     def describe(self) -> str:
-        train = describe_train(self.parallel, self.train.cpu_offload)
+        train = describe_train(self.parallel, self.train.cpu_offload, self.train.fsdp)
         return f"{describe_split(self.sizes)}; {train}; {describe_engine(self.engine)}"
 
     def memory_text(self) -> str:
@@ -235,7 +257,12 @@ def describe_split(sizes: Sizes) -> str:
     return f"decoupled {sizes.train_gpus} train + {sizes.rollout_gpus} rollout"
 
 
-def describe_train(par: ParallelLayout, cpu_offload: bool) -> str:
+def describe_train(par: ParallelLayout, cpu_offload: bool, fsdp: FsdpOptions | None = None) -> str:
+    """The grid, recompute and where the optimizer runs; `fsdp` for the torch trainer's."""
+    recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
+    if fsdp is not None:
+        where = "FSDP2 CPU offload" if fsdp.cpu_offload else "state on the GPU"
+        return f"torch FSDP2 DP{par.dp} (shards of {fsdp.shards(par.dp)}), {recompute}, {where}"
     parts = [f"TP{par.tp}" + ("+SP" if par.sequence_parallel else "")]
     if par.pp > 1:
         first, last = par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage
@@ -247,7 +274,6 @@ def describe_train(par: ParallelLayout, cpu_offload: bool) -> str:
     if par.ep > 1 or par.etp > 1:
         parts.append(f"EP{par.ep}" + (f" ETP{par.etp}" if par.etp > 1 else ""))
     parts.append(f"DP{par.dp}")
-    recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
     adam = "CPU Adam" if cpu_offload else "GPU Adam"
     return f"{' '.join(parts)}, {recompute}, {adam}"
 
@@ -308,19 +334,31 @@ def _pipeline_splits(
     return list(found.values())
 
 
+def torch_searched(cfg: RunConfig) -> bool:
+    """The torch trainer trains whatever the grid (trainer.backend=torch, or auto for a
+    generic model): only data parallelism is searched, FSDP2 sharding over it."""
+    return fsdp_trains(cfg, resolve_trainer_backend(cfg, ParallelLayout.single_process()))
+
+
 def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
-    """Every training grid over `world` GPUs the layout's fixed fields allow."""
+    """Every training grid over `world` GPUs the layout's fixed fields allow (for the torch
+    trainer, data parallel over all of them)."""
     model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
     moe = model.moe
     on_cpu = hw.kind == "cpu"
+    only_dp = torch_searched(cfg)
     tps = [t.tp] if t.tp else powers_of_two(min(world, hw.gpus_per_node))
     pps = [t.pp] if t.pp else [p for p in divisors(world) if p <= min(MAX_PP, model.num_layers)]
     cps = [t.cp] if t.cp else powers_of_two(min(world, MAX_CP))
+    if only_dp:
+        tps, pps, cps = [t.tp or 1], [t.pp or 1], [t.cp or 1]
     if t.recompute.granularity:
         recomputes: tuple[str, ...] = (t.recompute.granularity,)
     else:
         recomputes = (RECOMPUTE_NONE,) if on_cpu else RECOMPUTES
-    dispatcher = t.moe_token_dispatcher_type or ("alltoall" if moe is not None else None)
+    dispatcher = t.moe_token_dispatcher_type or (
+        "alltoall" if moe is not None and not only_dp else None
+    )
     for tp in tps:
         for pp in pps:
             for cp in cps:
@@ -330,11 +368,13 @@ def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
                 if t.dp is not None and t.dp != dp:
                     continue
                 etps = [t.etp] if t.etp else ([1, tp] if moe is not None and tp > 1 else [1])
+                if only_dp:
+                    etps = [t.etp or 1]
                 for etp in etps:
                     grid = world // pp
                     if t.ep:
                         eps = [t.ep]
-                    elif moe is None or on_cpu:
+                    elif moe is None or on_cpu or only_dp:
                         eps = [1]
                     else:
                         eps = [e for e in divisors(moe.num_experts) if grid % (e * etp) == 0]
@@ -412,7 +452,10 @@ def engine_layouts(cfg: RunConfig, sizes: Sizes) -> Iterator[EngineLayout]:
 
 
 def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
-    """The config with Adam on the host or the GPU (the seeds' CPU Adam settings)."""
+    """The config with Adam on the host or the GPU (the seeds' CPU Adam settings); for the
+    torch trainer, FSDP2's offload of its shards (layout.train.fsdp.cpu_offload)."""
+    if torch_searched(cfg):
+        return _with_fsdp_offload(cfg, cpu_offload)
     optim = cfg.recipe.optim
     if optim.cpu_offload == cpu_offload:
         return cfg
@@ -421,9 +464,22 @@ def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
     return cfg.model_copy(update={"recipe": recipe})
 
 
+def _with_fsdp_offload(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
+    train = cfg.layout.train
+    fsdp: Any = getattr(train, "fsdp", None)
+    if fsdp is None or fsdp.cpu_offload == cpu_offload:
+        return cfg
+    fsdp = fsdp.model_copy(update={"cpu_offload": cpu_offload})
+    layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
+    return cfg.model_copy(update={"layout": layout})
+
+
 def _adam_options(cfg: RunConfig) -> tuple[bool, ...]:
     """Where Adam may run: the GPU, and the host when the config validates with it (never
-    on CPU hardware, where it already is)."""
+    on CPU hardware, where it already is). The torch trainer's state moves with FSDP2's
+    offload, searched where the schema has layout.train.fsdp."""
+    if torch_searched(cfg):
+        return (False, True) if FSDP_IN_SCHEMA else (fsdp_options(cfg).cpu_offload,)
     try:
         RunConfig.model_validate(with_adam(cfg, not cfg.recipe.optim.cpu_offload).model_dump())
     except ValueError:
@@ -456,6 +512,7 @@ class _Searcher:
         self.params: ParamCount = count_params(cfg.model)
         self.adam = {flag: with_adam(cfg, flag) for flag in _adam_options(cfg)}
         self.margin = MARGIN_FRACTION * cfg.hardware.gpu_memory_gib
+        self.fsdp = fsdp_options(cfg) if torch_searched(cfg) else None
 
     def _dummy_engine(self, sizes: Sizes) -> EngineLayout:
         return EngineLayout(1, sizes.rollout_gpus, 0.8, 1, 1, ())
@@ -486,9 +543,11 @@ class _Searcher:
                 out.enumerated_trains += 1
                 issues = run_checks(PlanContext(cfg, sizes, par, engine), "train")
                 if issues:
-                    out.refused.append((describe_train(par, cpu_offload), _first_reason(issues)))
+                    out.refused.append(
+                        (describe_train(par, cpu_offload, self.fsdp), _first_reason(issues))
+                    )
                     break  # the rules do not depend on where Adam runs
-                memory = estimate_train(cfg.model, cfg.recipe, hw, par, sizes.colocate)
+                memory = estimate_trainer(cfg, par, sizes.colocate)
                 batch = batch or self._batch(par)
                 work = plan_work(cfg, par, batch)
                 timing = train_time(cfg, par, batch, work, memory, sizes.train_gpus)
@@ -590,7 +649,7 @@ def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None
             step = None
             if best_engine is not None:
                 step = searcher.cost(s.sizes, t, best_engine).total_s
-            text = f"{describe_split(s.sizes)}; {describe_train(t.parallel, t.cpu_offload)}"
+            text = f"{describe_split(s.sizes)}; {describe_train(t.parallel, t.cpu_offload, t.fsdp)}"
             rejected.append(Rejected(text, reason, step))
         best_train = s.trains[0] if s.trains else None
         for e, reason in s.rejected_engines:
@@ -666,25 +725,32 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
     if trains:
         least = min(trains, key=lambda t: t.memory.total_gib)
         budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
+        leanest = describe_train(least.parallel, least.cpu_offload, least.fsdp)
         found.append(
-            f"the leanest training layout ({describe_train(least.parallel, least.cpu_offload)}) "
+            f"the leanest training layout ({leanest}) "
             f"needs {least.memory.total_gib:.1f} GiB per GPU of {budget:.1f} usable"
         )
-        static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
-        if static < budget:
-            tokens = cfg.recipe.train.max_tokens_per_gpu
-            if tokens:
-                fits = _tokens_that_fit(cfg, least, tokens)
-                if fits:
-                    found.append(f"recipe.train.max_tokens_per_gpu={fits} fits it")
-        hw = cfg.hardware
-        more = max(1, math.ceil(static / budget * hw.total_gpus))
-        nodes = -(-more // hw.gpus_per_node)
-        found.append(
-            f"weights, gradients and optimizer state alone need about {more} GPUs of "
-            f"{hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node}): use a larger "
-            "hardware profile"
-        )
+        if least.fsdp is not None:  # each remedy tried on the torch trainer's estimate
+            colocate = any(
+                t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
+            )
+            found.append("the torch trainer fits with " + fsdp_fixes(cfg, least.parallel, colocate))
+        else:
+            static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
+            if static < budget:
+                tokens = cfg.recipe.train.max_tokens_per_gpu
+                if tokens:
+                    fits = _tokens_that_fit(cfg, least, tokens)
+                    if fits:
+                        found.append(f"recipe.train.max_tokens_per_gpu={fits} fits it")
+            hw = cfg.hardware
+            more = max(1, math.ceil(static / budget * hw.total_gpus))
+            nodes = -(-more // hw.gpus_per_node)
+            found.append(
+                f"weights, gradients and optimizer state alone need about {more} GPUs of "
+                f"{hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node}): use a larger "
+                "hardware profile"
+            )
     engines = [e for s in splits for e, _ in s.rejected_engines]
     if engines and not any(s.engines for s in splits):
         found.append(
@@ -702,7 +768,7 @@ def _tokens_that_fit(cfg: RunConfig, option: TrainOption, tokens: int) -> int | 
         tokens //= 2
         train = adam.recipe.train.model_copy(update={"max_tokens_per_gpu": tokens})
         recipe = adam.recipe.model_copy(update={"train": train})
-        need = estimate_train(cfg.model, recipe, cfg.hardware, option.parallel, False)
+        need = estimate_trainer(adam, option.parallel, False, recipe)
         if need.total_gib <= budget:
             return tokens
     return None
@@ -739,7 +805,10 @@ def layout_overrides(c: Candidate) -> dict[str, Any]:
     values["layout.rollout.gpus_per_engine"] = eng.gpus_per_engine
     for name, value in eng.sglang:
         values[f"layout.rollout.sglang.{name}"] = value
-    values["recipe.optim.cpu_offload"] = c.train.cpu_offload
+    if c.train.fsdp is None:
+        values["recipe.optim.cpu_offload"] = c.train.cpu_offload
+    elif FSDP_IN_SCHEMA:
+        values[FSDP_OFFLOAD_KEY] = c.train.cpu_offload
     return values
 
 
@@ -751,7 +820,7 @@ def searched_keys(cfg: RunConfig, chosen: Candidate) -> tuple[str, ...]:
         node = data
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if node is None or path == "recipe.optim.cpu_offload":
+        if node is None or path in ("recipe.optim.cpu_offload", FSDP_OFFLOAD_KEY):
             found.append(path)
     return tuple(found)
 

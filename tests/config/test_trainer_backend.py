@@ -14,7 +14,8 @@ from rlpost.schema import RunConfig
 ComposeRun = Callable[..., RunConfig]
 
 TINY = ("model=qwen3-tiny", "recipe=grpo_tiny_math", "hardware=cpu")
-QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
+QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")  # a shipped layout, TP2
+QWEN8 = ("model=qwen3-8b", "recipe=grpo_dapo", "hardware=h100x8")  # no shipped layout
 
 
 @pytest.mark.parametrize(
@@ -39,9 +40,9 @@ def test_auto_picks_a_backend_that_can_train_the_layout(
     ("overrides", "fragment"),
     [
         ((*TINY, "trainer.backend=torch", "layout.train.tp=2"), "data parallel only"),
-        ((*QWEN, "trainer.backend=torch"), "trains on CPU"),
+        ((*QWEN, "trainer.backend=torch"), "data parallel only"),
     ],
-    ids=["torch-tp2", "torch-on-gpus"],
+    ids=["torch-tp2", "torch-tp2-on-gpus"],
 )
 def test_a_backend_that_cannot_train_the_layout_is_refused(
     compose_run: ComposeRun, overrides: tuple[str, ...], fragment: str
@@ -50,6 +51,7 @@ def test_a_backend_that_cannot_train_the_layout_is_refused(
         build_plan(compose_run(*overrides))
     (issue,) = [i for i in caught.value.issues if fragment in i.message]
     assert issue.key == "trainer.backend" and "trainer.backend=megatron" in issue.fix
+    assert "remove layout.train.tp" in issue.fix
 
 
 def test_full_recompute_on_the_torch_trainer_is_planned(compose_run: ComposeRun) -> None:
@@ -135,22 +137,18 @@ def test_megatron_is_refused_for_a_generic_model(compose_run: ComposeRun) -> Non
     assert "no layer spec" in issue.message and "trainer.backend=torch" in issue.fix
 
 
-@pytest.mark.parametrize(
-    ("backend", "layout"),
-    [("auto", ()), ("torch", ()), ("megatron", ()), ("auto", ("layout=auto",))],
-    ids=["auto", "torch", "megatron", "layout-search"],
-)
-def test_a_generic_model_on_gpus_gets_one_refusal_naming_both_facts(
-    compose_run: ComposeRun, backend: str, layout: tuple[str, ...]
+@pytest.mark.parametrize("layout", [(), ("layout=auto",)], ids=["derived", "layout-search"])
+def test_a_generic_model_on_gpus_trains_with_torch_and_megatron_is_refused(
+    compose_run: ComposeRun, layout: tuple[str, ...]
 ) -> None:
-    """No GPU trainer builds a generic model yet: one issue says so, whatever the backend,
-    and the layout search says it too instead of rejecting every candidate."""
+    """The torch trainer is a GPU trainer: auto picks it for a generic model on GPUs, and
+    megatron (no layer spec) is refused with one issue, the layout search included."""
+    cfg, plan = plan_config(compose_run(*QWEN8, *layout, *GENERIC, "trainer.backend=auto"))
+    assert plan.trainer_backend == resolve_trainer_backend(cfg, plan.parallel) == "torch"
     with pytest.raises(UserError) as caught:
-        plan_config(compose_run(*QWEN, *layout, *GENERIC, f"trainer.backend={backend}"))
+        plan_config(compose_run(*QWEN8, *layout, *GENERIC, "trainer.backend=megatron"))
     (issue,) = caught.value.issues
-    assert "only the torch trainer trains" in issue.message
-    assert "the torch trainer trains on CPU: h100x8 is a GPU machine" in issue.message
-    assert "hardware=cpu trainer.backend=torch" in issue.fix
+    assert "no layer spec" in issue.message and "trainer.backend=torch" in issue.fix
 
 
 def test_slime_arguments_for_a_generic_model_are_refused(compose_run: ComposeRun) -> None:

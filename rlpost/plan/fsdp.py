@@ -1,0 +1,259 @@
+"""Per-GPU memory of the torch trainer on GPUs: FSDP2 over the data-parallel ranks.
+
+The torch trainer shards every decoder layer and the root (embedding, final norm, output
+head) with `fully_shard` over the DP ranks, or over groups of `layout.train.fsdp.
+shard_group_size` ranks with replicas across the groups (HSDP). Its mixed precision keeps
+the sharded parameters in float32 (the master copy), all-gathers them in the compute dtype
+(bf16) and reduce-scatters gradients in float32; AdamW's two moments are float32 too. So
+per parameter and GPU, a shard of S ranks holds (4 master + 4 gradient + 8 Adam) / S bytes
+(ZeRO stage 3: Rajbhandari et al. 2020, section 5.3). With `layout.train.fsdp.cpu_offload`
+(FSDP2's CPUOffloadPolicy) those 16 / S bytes live on the host, copied to the GPU one layer at
+a time for the all-gather and back for the optimizer step, which runs on the host.
+
+What a GPU holds besides its shards, during the training step's forward and backward:
+- gathered parameters: the root's (FSDP2 keeps the root's parameters gathered from the
+  forward to the end of the backward), the layer being computed and the next one, which
+  FSDP2 prefetches; during a layer's backward, its unsharded gradients in the compute dtype
+  and their float32 copy that the reduce-scatter reads;
+- the reference model (when the reference runs at all): a no-grad FSDP2 shard in the compute
+  dtype, (2 / S bytes a parameter), or on the host with cpu_offload;
+- activations: megatron-core's per-tensor terms (rlpost.plan.memory.layer_activation_bytes),
+  every layer's without recompute, each layer's input plus one layer's under full recompute
+  (activation checkpointing per decoder layer);
+- the log-prob kernel's hidden states, float32 chunks of logits and the output weight's
+  float32 gradient (rlpost.plan.memory.logprob_kernel_bytes): the logits are never whole.
+
+The torch trainer has no tensor, pipeline, context or expert parallelism: an MoE model's
+experts are all in every gathered layer. MTP layers are not built (it trains the main model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rlpost.plan.backends import resolve_trainer_backend
+from rlpost.plan.engine_memory import CUDA_CONTEXT_GIB, GIB
+from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.memory import (
+    ENGINE_RESIDUAL_GIB,
+    TRAIN_WORKSPACE_GIB,
+    TrainMemory,
+    estimate_train,
+    logprob_kernel_bytes,
+    stage_activation_bytes,
+    train_tokens_per_gpu,
+    weight_bytes,
+)
+from rlpost.plan.params import count_params, layer_params
+from rlpost.schema import GENERIC_FAMILY, ModelConfig, RecipeConfig, RunConfig
+from rlpost.schema.layout import TrainLayout
+
+SHARDED_STATE_BYTES = 16
+"""Per parameter, split over the shard group: float32 master, gradient and two Adam moments."""
+MASTER_BYTES = 4
+GRAD_BYTES = 4
+ADAM_BYTES = 8
+GRAD_REDUCE_BYTES = 4
+"""The float32 copy of a layer's gradients that the reduce-scatter reads (reduce_dtype)."""
+GATHERED_LAYERS = 2
+"""The layer being computed and the one FSDP2 prefetches (forward and backward)."""
+
+
+FSDP_NOTE = (
+    "trainer torch on GPUs (FSDP2 over {shards} ranks): the memory counts its float32 shards, "
+    "the gathered root and two layers, and activations with megatron-core's per-tensor terms "
+    "(transformers' layers may keep more); the step time assumes megatron's measured MFU, "
+    "not yet measured for this trainer, and FSDP2's all-gathers and reduce-scatters not "
+    "overlapping compute"
+)
+FSDP_MOE_NOTE = (
+    "; an MoE layer's experts are all gathered at once (no expert parallelism), and the "
+    "buffers of transformers' expert dispatch are not counted"
+)
+
+
+@dataclass(frozen=True)
+class FsdpOptions:
+    """`layout.train.fsdp`, read where the schema has it (defaults where it does not)."""
+
+    cpu_offload: bool = False
+    shard_group_size: int | None = None
+
+    def shards(self, dp: int) -> int:
+        """Ranks each sharded tensor is split over: the HSDP group, or every DP rank."""
+        return min(self.shard_group_size or dp, dp)
+
+
+FSDP_IN_SCHEMA = "fsdp" in TrainLayout.model_fields
+"""Whether `layout.train.fsdp` exists to be read and written (the plan reads it defensively)."""
+FSDP_OFFLOAD_KEY = "layout.train.fsdp.cpu_offload"
+
+
+def fsdp_options(cfg: RunConfig) -> FsdpOptions:
+    section = getattr(cfg.layout.train, "fsdp", None)
+    return FsdpOptions(
+        cpu_offload=bool(getattr(section, "cpu_offload", False)),
+        shard_group_size=getattr(section, "shard_group_size", None),
+    )
+
+
+@dataclass(frozen=True)
+class FsdpTrainMemory(TrainMemory):
+    """A torch trainer GPU during the step. `weights_gib`, `grads_gib` and `optimizer_gib`
+    are the float32 shards (0 when offloaded); `params_per_gpu` the parameters of a shard."""
+
+    shards: int
+    cpu_offload: bool
+    gathered_gib: float  # root, two layers and one layer's gradients, unsharded
+    reference_gib: float  # the reference model's shard on the GPU
+
+    def host_reference_gib(self, model: ModelConfig) -> float:
+        return 0.0  # sharded on the GPU, or in host_optimizer_gib when offloaded
+
+
+def trained_params(model: ModelConfig) -> int:
+    """What the torch trainer builds: the main model, without MTP layers."""
+    params = count_params(model)
+    return params.total - params.mtp
+
+
+def root_params(model: ModelConfig) -> int:
+    """The root unit: embedding, final norm and an untied output head."""
+    params = count_params(model)
+    return params.embedding + params.output + model.hidden_size
+
+
+def largest_layer_params(model: ModelConfig) -> int:
+    return max(layer_params(model, i).total for i in range(model.num_layers))
+
+
+def gathered_bytes(model: ModelConfig) -> float:
+    """Unsharded at the peak of a layer's backward: the root's and two layers' parameters in
+    the compute dtype, and the layer's gradients in the compute dtype and in float32."""
+    element = weight_bytes(model)
+    layer = largest_layer_params(model)
+    return element * (root_params(model) + GATHERED_LAYERS * layer) + layer * (
+        element + GRAD_REDUCE_BYTES
+    )
+
+
+def estimate_fsdp_train(
+    cfg: RunConfig,
+    par: ParallelLayout,
+    colocate: bool,
+    recipe: RecipeConfig | None = None,
+    options: FsdpOptions | None = None,
+) -> FsdpTrainMemory:
+    """Per-GPU training memory of the torch trainer (`recipe` and `options` replace the
+    config's, for trying what would fit)."""
+    model = cfg.model
+    recipe = recipe or cfg.recipe
+    options = options or fsdp_options(cfg)
+    shards = options.shards(par.dp)
+    shard = trained_params(model) / shards
+    offload = options.cpu_offload
+    on_gpu = 0.0 if offload else 1.0
+    reference = 0.0
+    if recipe.algo.reference_interval > 0:
+        reference = shard * weight_bytes(model) / GIB
+    tokens = train_tokens_per_gpu(recipe, 1)
+    layers = tuple(range(model.num_layers))
+    activations = stage_activation_bytes(model, layers, 0, tokens, par) / GIB
+    logits = logprob_kernel_bytes(model, tokens, par) / GIB
+    gathered = gathered_bytes(model) / GIB
+    overhead = CUDA_CONTEXT_GIB + TRAIN_WORKSPACE_GIB + (ENGINE_RESIDUAL_GIB if colocate else 0.0)
+    weights = on_gpu * shard * MASTER_BYTES / GIB
+    grads = on_gpu * shard * GRAD_BYTES / GIB
+    optimizer = on_gpu * shard * ADAM_BYTES / GIB
+    reference_gpu = on_gpu * reference
+    total = weights + grads + optimizer + gathered + reference_gpu + activations + logits + overhead
+    # offloaded: the shards and the reference live on the host, per rank
+    host_state = 0.0 if not offload else shard * SHARDED_STATE_BYTES / GIB + reference
+    return FsdpTrainMemory(
+        stage=0,
+        params_per_gpu=shard,
+        tokens_per_gpu=tokens,
+        weights_gib=weights,
+        grads_gib=grads,
+        optimizer_gib=optimizer,
+        activations_gib=activations,
+        logits_gib=logits,
+        overhead_gib=overhead,
+        total_gib=total,
+        host_optimizer_gib=host_state,
+        shards=shards,
+        cpu_offload=offload,
+        gathered_gib=gathered,
+        reference_gib=reference_gpu,
+    )
+
+
+def fsdp_trains(cfg: RunConfig, backend: str) -> bool:
+    """The plan sizes the torch trainer as FSDP2 on GPU profiles (on CPU every figure is
+    nominal and the megatron-shaped estimate stands)."""
+    return backend == "torch" and cfg.hardware.kind == "gpu"
+
+
+def estimate_trainer(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, recipe: RecipeConfig | None = None
+) -> TrainMemory:
+    """The training peak per GPU of the backend that trains `par`."""
+    if fsdp_trains(cfg, resolve_trainer_backend(cfg, par)):
+        return estimate_fsdp_train(cfg, par, colocate, recipe)
+    return estimate_train(cfg.model, recipe or cfg.recipe, cfg.hardware, par, colocate)
+
+
+def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
+    """What makes the torch trainer fit, each remedy tried on the estimate: full recompute,
+    FSDP2's CPU offload, a shorter max_tokens_per_gpu, more GPUs (the shards shrink as 1/DP;
+    the gathered layers, activations and logits do not)."""
+    budget = cfg.hardware.gpu_memory_gib
+    options = fsdp_options(cfg)
+    tried: list[tuple[str, FsdpTrainMemory]] = []
+    if par.recompute != "full":
+        full = replace(par, recompute="full")
+        tried.append(
+            ("layout.train.recompute.granularity: full", estimate_fsdp_train(cfg, full, colocate))
+        )
+    if not options.cpu_offload:
+        offload = replace(options, cpu_offload=True)
+        tried.append(
+            (
+                "layout.train.fsdp.cpu_offload: true",
+                estimate_fsdp_train(cfg, par, colocate, options=offload),
+            )
+        )
+    tokens = cfg.recipe.train.max_tokens_per_gpu
+    while tokens and tokens > 512:
+        tokens //= 2
+        train = cfg.recipe.train.model_copy(update={"max_tokens_per_gpu": tokens})
+        recipe = cfg.recipe.model_copy(update={"train": train})
+        need = estimate_fsdp_train(cfg, par, colocate, recipe=recipe)
+        if need.total_gib <= budget:
+            tried.append((f"recipe.train.max_tokens_per_gpu={tokens}", need))
+            break
+    dp = par.dp
+    while dp < 1024:
+        dp *= 2
+        need = estimate_fsdp_train(cfg, replace(par, dp=dp), colocate)
+        if need.total_gib <= budget:
+            tried.append((f"use {dp} train GPUs (a larger hardware profile)", need))
+            break
+    fitting = [
+        f"{fix} ({need.total_gib:.1f} GiB)" for fix, need in tried if need.total_gib <= budget
+    ]
+    if fitting:
+        return "any one of: " + "; ".join(fitting)
+    both = estimate_fsdp_train(
+        cfg, replace(par, recompute="full"), colocate, options=replace(options, cpu_offload=True)
+    )
+    megatron = (
+        ""
+        if cfg.model.family == GENERIC_FAMILY
+        else (", or train with trainer.backend=megatron, which splits the model (tp, pp)")
+    )
+    return (
+        "no single change fits: layout.train.recompute.granularity: full with "
+        f"layout.train.fsdp.cpu_offload: true needs {both.total_gib:.1f} GiB; lower "
+        "recipe.train.max_tokens_per_gpu, use a larger hardware profile" + megatron
+    )

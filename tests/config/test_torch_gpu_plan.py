@@ -1,0 +1,236 @@
+"""The torch trainer planned on GPUs: FSDP2's per-GPU memory, its refusals, and layout=auto.
+
+Every memory figure is checked against a count made here from the model's config facts
+(parameters x bytes / shards), not against the planner's own functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from rlpost.errors import UserError
+from rlpost.plan import build_plan, plan_config
+from rlpost.plan.cost import train_time
+from rlpost.plan.engine_memory import GIB
+from rlpost.plan.fsdp import FsdpOptions, FsdpTrainMemory, estimate_fsdp_train
+from rlpost.plan.layout import Sizes
+from rlpost.plan.memory import estimate_host
+from rlpost.schema import ModelConfig, RunConfig
+from rlpost.schema.layout import TrainLayout
+
+ComposeRun = Callable[..., RunConfig]
+
+H100X8 = ("recipe=grpo_dapo", "hardware=h100x8")
+# Mistral-7B-v0.3's config.json facts, on a model group without a shipped h100x8 layout
+MISTRAL = (
+    "model=llama3.1-8b",
+    "model.name=mistral-7b",
+    "model.family=generic",
+    "model.hf_architecture=MistralForCausalLM",
+    "model.vocab_size=32768",
+    "model.max_position_embeddings=32768",
+    "model.rotary_base=1000000",
+    "model.rope_scaling=null",
+    *H100X8,
+)
+QWEN3 = ("model=qwen3-8b", "trainer.backend=torch", *H100X8)
+KL_IN_LOSS = "recipe.algo.kl_loss_coef=0.001"  # the reference model runs every rollout
+
+
+def hand_params(m: ModelConfig) -> tuple[int, int, int]:
+    """(all, root, one layer) of a llama-shaped decoder, from its config facts."""
+    h, hd = m.hidden_size, m.kv_channels
+    assert hd is not None
+    attention = h * m.num_attention_heads * hd * 2 + h * m.num_query_groups * hd * 2
+    mlp = 3 * h * m.ffn_hidden_size  # gate, up, down
+    norms = 2 * h + (2 * hd if m.qk_layernorm else 0)
+    layer = attention + mlp + norms
+    root = m.vocab_size * h * (1 if m.tie_word_embeddings else 2) + h
+    return root + m.num_layers * layer, root, layer
+
+
+@pytest.mark.parametrize("overrides", [MISTRAL, QWEN3], ids=["mistral-generic", "qwen3-8b"])
+def test_a_model_plans_with_torch_fsdp2_on_eight_gpus(
+    compose_run: ComposeRun, overrides: tuple[str, ...]
+) -> None:
+    cfg = compose_run(*overrides, KL_IN_LOSS)
+    plan = build_plan(cfg)
+    par, t = plan.parallel, plan.memory.train
+    assert plan.trainer_backend == "torch" and isinstance(t, FsdpTrainMemory)
+    assert (par.tp, par.pp, par.cp, par.ep, par.dp) == (1, 1, 1, 1, 8)
+    params, root, layer = hand_params(cfg.model)
+    assert plan.memory.params_total == params
+    shard = params / 8
+    # float32 master, gradients and two Adam moments, each 1/8 of the model
+    assert t.weights_gib == pytest.approx(4 * shard / GIB)
+    assert t.grads_gib == pytest.approx(4 * shard / GIB)
+    assert t.optimizer_gib == pytest.approx(8 * shard / GIB)
+    assert t.reference_gib == pytest.approx(2 * shard / GIB)  # a bf16 no-grad shard
+    # bf16 root and two layers gathered, one layer's bf16 gradients and their fp32 copy
+    assert t.gathered_gib == pytest.approx((2 * root + 2 * 2 * layer + (2 + 4) * layer) / GIB)
+    assert plan.memory.train_fits and "FSDP2" in " ".join(plan.notes)
+
+
+def test_full_recompute_keeps_each_layers_input_and_one_layer(compose_run: ComposeRun) -> None:
+    cfg = compose_run(*MISTRAL)
+    full = build_plan(cfg)
+    par = full.parallel
+    none = estimate_fsdp_train(cfg, replace(par, recompute="none"), colocate=True)
+    m, tokens = cfg.model, full.memory.train.tokens_per_gpu
+    inputs = m.num_layers * tokens * m.hidden_size * 2  # bf16
+    one_layer = none.activations_gib * GIB / m.num_layers  # every layer alike
+    assert full.memory.train.activations_gib * GIB == pytest.approx(inputs + one_layer)
+
+
+def test_cpu_offload_moves_the_shards_and_reference_to_the_host(compose_run: ComposeRun) -> None:
+    cfg = compose_run(*MISTRAL, KL_IN_LOSS)
+    plan = build_plan(cfg)
+    on_gpu = plan.memory.train
+    offload = estimate_fsdp_train(cfg, plan.parallel, True, options=FsdpOptions(cpu_offload=True))
+    params, _, _ = hand_params(cfg.model)
+    state, reference = 16 * params / 8 / GIB, 2 * params / 8 / GIB
+    assert offload.weights_gib == offload.grads_gib == offload.optimizer_gib == 0.0
+    assert offload.reference_gib == 0.0
+    assert on_gpu.total_gib - offload.total_gib == pytest.approx(state + reference)
+    p = plan.placement
+    sizes = Sizes(p.colocate, p.total_gpus, p.train_gpus, p.rollout_gpus)
+    host = estimate_host(cfg.model, cfg.recipe, cfg.hardware, offload, sizes)
+    assert host.optimizer_gib == pytest.approx(8 * (state + reference))  # 8 ranks on the node
+    assert host.reference_weights_gib == 0.0  # counted with the shards, not twice
+
+
+@pytest.mark.skipif(
+    "fsdp" not in TrainLayout.model_fields, reason="layout.train.fsdp is not in the schema yet"
+)
+def test_the_fsdp_layout_keys_reach_the_plan(compose_run: ComposeRun) -> None:
+    base = build_plan(compose_run(*MISTRAL)).memory.train
+    offload = build_plan(compose_run(*MISTRAL, "layout.train.fsdp.cpu_offload=true")).memory.train
+    assert isinstance(offload, FsdpTrainMemory) and offload.cpu_offload
+    assert offload.total_gib < base.total_gib and offload.host_optimizer_gib > 0
+    hsdp = build_plan(compose_run(*MISTRAL, "layout.train.fsdp.shard_group_size=4")).memory.train
+    assert isinstance(hsdp, FsdpTrainMemory) and hsdp.shards == 4
+    assert hsdp.optimizer_gib == pytest.approx(2 * base.optimizer_gib)
+
+
+# a 70B-shaped generic model: its float32 shards alone (16 bytes x 70B / 8) exceed an H100
+BIG = (
+    *MISTRAL,
+    "model.name=big",
+    "model.hidden_size=8192",
+    "model.num_layers=80",
+    "model.num_attention_heads=64",
+    "model.ffn_hidden_size=28672",
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "remedy"),
+    [
+        (BIG, "layout.train.fsdp.cpu_offload: true"),
+        (
+            (
+                *QWEN3,
+                "layout.train.recompute.granularity=none",
+                "recipe.train.max_tokens_per_gpu=32768",
+            ),
+            "layout.train.recompute.granularity: full",
+        ),
+    ],
+    ids=["shards-too-large", "activations-too-large"],
+)
+def test_a_model_that_does_not_fit_is_refused_with_a_remedy_that_fits(
+    compose_run: ComposeRun, overrides: tuple[str, ...], remedy: str
+) -> None:
+    cfg = compose_run(*overrides)
+    with pytest.raises(UserError) as caught:
+        build_plan(cfg)
+    (issue,) = caught.value.issues
+    assert issue.key == "layout.train" and "torch trainer (FSDP2 over 8 GPUs" in issue.message
+    assert remedy in issue.fix
+    needed = float(issue.message.split("needs ")[1].split(" GiB")[0])
+    assert needed > cfg.hardware.gpu_memory_gib
+    claimed = float(issue.fix.split(remedy + " (")[1].split(" GiB")[0])
+    assert claimed <= cfg.hardware.gpu_memory_gib
+
+
+def test_layout_auto_picks_a_fitting_torch_layout(compose_run: ComposeRun) -> None:
+    cfg, plan = plan_config(compose_run(*MISTRAL, "layout=auto"))
+    assert plan.trainer_backend == "torch" and plan.memory.train_fits
+    assert plan.search is not None and plan.search.chosen is not None
+    assert all(c.parallel.tp == c.parallel.pp == c.parallel.cp == 1 for c in plan.search.ranked)
+    assert plan.search.chosen.describe().split("; ")[1].startswith("torch FSDP2 DP")
+    assert cfg.layout.train.tp == 1
+
+
+@pytest.mark.skipif(
+    "fsdp" not in TrainLayout.model_fields, reason="layout.train.fsdp is not in the schema yet"
+)
+def test_layout_auto_offloads_the_shards_of_a_model_that_fits_no_other_way(
+    compose_run: ComposeRun,
+) -> None:
+    cfg, plan = plan_config(compose_run(*BIG, "layout=auto"))
+    assert plan.search is not None and plan.search.chosen is not None
+    assert "FSDP2 CPU offload" in plan.search.chosen.describe()
+    assert cfg.layout.train.fsdp.cpu_offload and plan.memory.train_fits  # type: ignore[attr-defined]
+    assert "layout.train.fsdp.cpu_offload" in plan.derived
+
+
+def test_megatron_settings_on_the_torch_trainer_are_refused(compose_run: ComposeRun) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*QWEN3, "recipe.optim.cpu_offload=true"))
+    (issue,) = caught.value.issues
+    assert issue.key == "recipe.optim.cpu_offload" and "ignored" in issue.message
+    assert "layout.train.fsdp.cpu_offload: true" in issue.fix
+
+
+def test_fsdp_traffic_is_the_gathers_and_reduce_scatters_over_the_link(
+    compose_run: ComposeRun,
+) -> None:
+    cfg = compose_run(*MISTRAL)
+    plan = build_plan(cfg)
+    timing = train_time(cfg, plan.parallel, plan.batch, plan.work, plan.memory.train, 8)
+    params, _, _ = hand_params(cfg.model)
+    # one step of 256 samples over 8 ranks, 32 x 8192 tokens in 9216-token micro-batches;
+    # full recompute runs inside the backward's gather, no no-grad forward (one step)
+    micro = math.ceil(32 * 8192 / 9216)
+    moved = micro * (2 * params * 2 + params * 4) * 7 / 8  # bf16 gathers x2, fp32 reduce
+    assert timing.dp_s == pytest.approx(moved / (cfg.hardware.intra_node_gbps * 1e9))
+
+
+def test_hsdp_shards_within_groups_and_all_reduces_across_them(compose_run: ComposeRun) -> None:
+    cfg = compose_run(*MISTRAL)
+    plan = build_plan(cfg)
+    hsdp = estimate_fsdp_train(cfg, plan.parallel, True, options=FsdpOptions(shard_group_size=4))
+    params, _, _ = hand_params(cfg.model)
+    assert hsdp.shards == 4 and hsdp.optimizer_gib == pytest.approx(8 * params / 4 / GIB)
+    full = train_time(cfg, plan.parallel, plan.batch, plan.work, plan.memory.train, 8)
+    grouped = train_time(cfg, plan.parallel, plan.batch, plan.work, hsdp, 8)
+    micro = math.ceil(32 * 8192 / 9216)
+    gbps = cfg.hardware.intra_node_gbps * 1e9
+    within = micro * (2 * params * 2 + params * 4) * 3 / 4 / gbps  # rings of 4
+    across = micro * 2 * (params / 4 * 4) * 1 / 2 / gbps  # an all-reduce over 2 replicas
+    assert grouped.dp_s == pytest.approx(within + across)
+    assert full.optimizer_s < grouped.optimizer_s  # each rank steps twice the parameters
+
+
+def test_a_generic_moe_model_gathers_whole_expert_layers_and_says_what_is_not_counted(
+    compose_run: ComposeRun,
+) -> None:
+    moe = "model.moe={num_experts: 8, top_k: 2, expert_ffn_hidden_size: 1792}"
+    cfg = compose_run(*MISTRAL, "model.hf_architecture=MixtralForCausalLM", moe)
+    plan = build_plan(cfg)
+    m, t = cfg.model, plan.memory.train
+    assert isinstance(t, FsdpTrainMemory) and plan.parallel.ep == 1
+    assert plan.parallel.moe_token_dispatcher_type is None  # megatron-core's, not run here
+    h, hd = m.hidden_size, 128
+    attention = h * 32 * hd * 2 + h * 8 * hd * 2
+    layer = attention + 8 * h + 8 * 3 * h * 1792 + 2 * h  # router, 8 SwiGLU experts, norms
+    root = 2 * m.vocab_size * h + h
+    assert plan.memory.params_total == root + m.num_layers * layer
+    assert t.gathered_gib == pytest.approx((2 * root + 4 * layer + 6 * layer) / GIB)
+    (note,) = [n for n in plan.notes if "FSDP2" in n]
+    assert "experts are all gathered" in note and "not counted" in note
