@@ -14,7 +14,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = (
-    "recipe.rollout.num_rollout=2",
     "recipe.eval.interval=null",
     "recipe.eval.datasets=[]",
     "tracking.tensorboard=false",
@@ -38,17 +37,19 @@ def launch(run_dir: Path, *overrides: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def torch_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return launch(tmp_path_factory.mktemp("torch") / "run", "trainer.backend=torch")
+    """The reference: only its first step is compared, so one rollout."""
+    run_dir = tmp_path_factory.mktemp("torch") / "run"
+    return launch(run_dir, "trainer.backend=torch", "recipe.rollout.num_rollout=1")
 
 
-# four rollouts under TP2, a checkpoint after each, the policy as HF after the last
+# three rollouts under TP2, a checkpoint after each, the policy as HF after the last
 MEGATRON = (
     "trainer.backend=megatron",
     "engine.weight_sync=distributed",
-    "recipe.rollout.num_rollout=4",
+    "recipe.rollout.num_rollout=3",
     "recipe.save.interval=1",
-    "recipe.save.keep_last=4",
-    "recipe.save.save_hf_interval=4",
+    "recipe.save.keep_last=3",
+    "recipe.save.save_hf_interval=3",
 )
 
 
@@ -65,7 +66,7 @@ def test_megatron_takes_the_torch_trainers_first_step(
     disk sync with megatron-core run in tests/unit/backends/megatron and in the fully
     asynchronous fault run (tests/integration/test_resume.py)."""
     run_dir, run = tp2_run
-    assert [r["rollout_id"] for r in run] == [0, 1, 2, 3]
+    assert [r["rollout_id"] for r in run] == [0, 1, 2]
     first, reference = run[0], torch_run[0]
     assert first["rollout/reward_mean"] == reference["rollout/reward_mean"]  # same samples
     for key in FIRST_STEP:
@@ -91,26 +92,26 @@ def hf_weights(folder: Path) -> dict[str, Any]:
 def test_a_run_moves_to_another_layout_and_takes_the_same_step(
     tp2_run: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    """Three rollouts under TP2, then the fourth resumed under TP1 x DP2 (the weights and
-    Adam's state resharded by megatron-core) equals the fourth of the run that stayed on TP2:
+    """Two rollouts under TP2, then the third resumed under TP1 x DP2 (the weights and
+    Adam's state resharded by megatron-core) equals the third of the run that stayed on TP2:
     the same samples (data position and RNG carried over), loss, grad norm and weights."""
     kept_dir, kept = tp2_run
     moved_dir = tmp_path / "moved"
     command = [sys.executable, str(ROOT / "launch.py"), f"run.dir={moved_dir}", *SHORT, *MEGATRON]
-    command += [f"run.resume={kept_dir / 'ckpt' / 'rollout_3'}", "layout.train.tp=1"]
+    command += [f"run.resume={kept_dir / 'ckpt' / 'rollout_2'}", "layout.train.tp=1"]
     command += ["layout.train.dp=2"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "layout.train.tp: 2 -> 1" in done.stdout  # the change is listed, and allowed
     moved = [json.loads(line) for line in (moved_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["rollout_id"] for r in moved] == [3]
-    after, stayed = moved[0], kept[3]
+    assert [r["rollout_id"] for r in moved] == [2]
+    after, stayed = moved[0], kept[2]
     assert after["rollout/reward_mean"] == stayed["rollout/reward_mean"]  # the same samples
     assert after["rollout/response_tokens"] == stayed["rollout/response_tokens"]
     for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
         assert after[key] == pytest.approx(stayed[key], rel=1e-4, abs=1e-7), key
-    kept_w = hf_weights(kept_dir / "hf" / "rollout_4")
-    moved_w = hf_weights(moved_dir / "hf" / "rollout_4")
+    kept_w = hf_weights(kept_dir / "hf" / "rollout_3")
+    moved_w = hf_weights(moved_dir / "hf" / "rollout_3")
     assert kept_w.keys() == moved_w.keys()
     for name, weight in kept_w.items():
         diff = (moved_w[name].float() - weight.float()).abs().max().item()
