@@ -27,19 +27,21 @@ FIRST_STEP = ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train
 pytestmark = pytest.mark.integration
 
 
-def launch(run_dir: Path, *overrides: str) -> list[dict[str, Any]]:
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
     command = [sys.executable, str(ROOT / "launch.py"), f"run.dir={run_dir}", *SHORT, *overrides]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    return subprocess.Popen(command, cwd=ROOT, text=True, **pipes)
+
+
+def finish(process: subprocess.Popen[str], run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        _, err = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+    assert process.returncode == 0, err[-3000:]
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
-
-
-@pytest.fixture(scope="module")
-def torch_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The reference: only its first step is compared, so one rollout."""
-    run_dir = tmp_path_factory.mktemp("torch") / "run"
-    return launch(run_dir, "trainer.backend=torch", "recipe.rollout.num_rollout=1")
 
 
 # three rollouts under TP2, a checkpoint after each, the policy as HF after the last
@@ -52,11 +54,35 @@ MEGATRON = (
     "recipe.save.save_hf_interval=3",
 )
 
+Records = list[dict[str, Any]]
+
 
 @pytest.fixture(scope="module")
-def tp2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    run_dir = tmp_path_factory.mktemp("tp2") / "run"
-    return run_dir, launch(run_dir, *MEGATRON, "layout.train.tp=2")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Records, tuple[Path, Records]]:
+    """The torch reference (only its first step is compared, so one rollout) and the run
+    under TP2, launched at once: each spends much of its start waiting on Ray, engines and
+    ranks, so side by side they take little longer than one."""
+    torch_dir = tmp_path_factory.mktemp("torch") / "run"
+    tp2_dir = tmp_path_factory.mktemp("tp2") / "run"
+    torch_launch = start(torch_dir, "trainer.backend=torch", "recipe.rollout.num_rollout=1")
+    tp2_launch = start(tp2_dir, *MEGATRON, "layout.train.tp=2")
+    try:
+        return finish(torch_launch, torch_dir), (tp2_dir, finish(tp2_launch, tp2_dir))
+    finally:  # the other launch, when one failed: stopped as a user would (its Ray with it)
+        for process in (torch_launch, tp2_launch):
+            if process.poll() is None:
+                process.terminate()
+                process.communicate(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def torch_run(runs: tuple[Records, tuple[Path, Records]]) -> Records:
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def tp2_run(runs: tuple[Records, tuple[Path, Records]]) -> tuple[Path, Records]:
+    return runs[1]
 
 
 def test_megatron_takes_the_torch_trainers_first_step(
