@@ -101,15 +101,16 @@ def test_a_one_node_run_listens_on_loopback_only(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 300
         # trained once (metrics written): every server has started; then a few more looks,
-        # for Ray's processes that start their servers late (monitor, dashboard)
+        # for Ray's processes that start their servers late (monitor, dashboard: seconds
+        # after Ray starts, and training starts some 15 s after that)
         while not (run_dir / "metrics.jsonl").is_file():
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             seen |= listeners(proc.pid)
-            time.sleep(2)
+            time.sleep(1)
         for _ in range(5):
             seen |= listeners(proc.pid)
-            time.sleep(2)
+            time.sleep(1)
     finally:
         for pid in run_processes(proc.pid):
             with contextlib.suppress(ProcessLookupError):

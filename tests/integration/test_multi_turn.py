@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,37 +21,79 @@ HOOKS = ROOT / "tests" / "hooks_fixtures"
 NUM_ROLLOUT = 20
 
 
-def launch(run_dir: Path, *overrides: str, timeout_s: float = 420) -> subprocess.CompletedProcess:
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
     command = [
         sys.executable, str(ROOT / "launch.py"), "recipe=grpo_tiny_calculator",
         f"run.dir={run_dir}", f"hydra.run.dir={run_dir.parent / 'hydra'}",
         "run.progress=false", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(HOOKS)}
-    return subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
-    )
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, **pipes)
+
+
+def finish(process: subprocess.Popen[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both launches of this file, started at once (each spends much of its start waiting on
+    Ray, engines and ranks): the calculator recipe's run, and the run whose generate function
+    returns a sample the loop cannot train. Name -> (the finished launch, its folder)."""
+    learns, malformed = tmp_path_factory.mktemp("learns"), tmp_path_factory.mktemp("malformed")
+    calls = learns / "calls"
+    calls.mkdir()
+    processes = {
+        "learns": start(
+            learns / "run",
+            f"recipe.rollout.num_rollout={NUM_ROLLOUT}",
+            f"recipe.eval.interval={NUM_ROLLOUT}",
+            "recipe.save.interval=null",
+            # the episode through a function of the user's that returns a new Sample object
+            "recipe.rollout.generate_function=rlpost_test_hooks.calculator_on_a_copy",
+            # rewards from a reward model class, in a Ray actor on a device slot of its own
+            "recipe.rollout.reward.type=model",
+            "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
+            f"recipe.rollout.reward.model_settings={{log_dir: '{calls}'}}",
+            "recipe.rollout.reward.model_placement=actor",
+            "hardware.gpus_per_node=3",
+        ),
+        "malformed": start(
+            malformed / "run",
+            "recipe.rollout.num_rollout=2",
+            "recipe.eval.interval=null",
+            "recipe.eval.datasets=[]",
+            "recipe.rollout.generate_function=rlpost_test_hooks.drops_a_logprob",
+            "layout.train.num_gpus=1",
+            "hardware.gpus_per_node=2",
+            "layout.colocate=false",
+            "layout.rollout.num_gpus=1",
+        ),
+    }
+    try:  # the malformed run stops after its first rollout: waited for first
+        stopped = finish(processes["malformed"], timeout_s=240)
+        return {
+            "malformed": (stopped, malformed),
+            "learns": (finish(processes["learns"], timeout_s=420), learns),
+        }
+    finally:  # a launch left running when the other's wait failed: stopped as a user would
+        for process in processes.values():
+            if process.poll() is None:
+                process.terminate()
+                process.communicate(timeout=60)
 
 
 def test_the_calculator_recipe_learns_with_masked_tool_turns_and_a_reward_model_actor(
-    tmp_path: Path,
+    launches: dict[str, Any],
 ) -> None:
-    run_dir, calls = tmp_path / "run", tmp_path / "calls"
-    calls.mkdir()
-    done = launch(
-        run_dir,
-        f"recipe.rollout.num_rollout={NUM_ROLLOUT}",
-        f"recipe.eval.interval={NUM_ROLLOUT}",
-        "recipe.save.interval=null",
-        # the episode through a function of the user's that returns a new Sample object
-        "recipe.rollout.generate_function=rlpost_test_hooks.calculator_on_a_copy",
-        # rewards from a reward model class, in a Ray actor on a device slot of its own
-        "recipe.rollout.reward.type=model",
-        "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
-        f"recipe.rollout.reward.model_settings={{log_dir: '{calls}'}}",
-        "recipe.rollout.reward.model_placement=actor",
-        "hardware.gpus_per_node=3",
-    )
+    done, folder = launches["learns"]
+    run_dir, calls = folder / "run", folder / "calls"
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == NUM_ROLLOUT
@@ -80,20 +123,9 @@ def test_the_calculator_recipe_learns_with_masked_tool_turns_and_a_reward_model_
 
 
 def test_a_generate_function_returning_a_malformed_sample_stops_the_run_naming_it(
-    tmp_path: Path,
+    launches: dict[str, Any],
 ) -> None:
-    done = launch(
-        tmp_path / "run",
-        "recipe.rollout.num_rollout=2",
-        "recipe.eval.interval=null",
-        "recipe.eval.datasets=[]",
-        "recipe.rollout.generate_function=rlpost_test_hooks.drops_a_logprob",
-        "layout.train.num_gpus=1",
-        "hardware.gpus_per_node=2",
-        "layout.colocate=false",
-        "layout.rollout.num_gpus=1",
-        timeout_s=240,
-    )
+    done, _ = launches["malformed"]
     assert done.returncode == 3, done.stderr[-3000:]
     message = done.stderr + done.stdout
     assert "generate function 'rlpost_test_hooks.drops_a_logprob'" in message

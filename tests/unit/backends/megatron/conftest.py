@@ -234,11 +234,16 @@ def make_setup(tiny_models: Callable[[str], ModelConfig]) -> Callable[..., Setup
     return make
 
 
-@pytest.fixture
-def kept_and_resumed(tmp_path: Path) -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
+@pytest.fixture(scope="session")
+def kept_and_resumed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., tuple[dict[str, Any], dict[str, Any]]]:
     """(setup, samples, with_optimizer=True, resumed_layout=None) -> step_after's results for
-    the run that kept going, then for the run resumed from its checkpoint (saved under
-    tmp_path), under `resumed_layout` when given."""
+    the run that kept going, then for the run resumed from its checkpoint, under
+    `resumed_layout` when given. The run that kept going, and its checkpoint, are made once
+    for each setup, samples and with_optimizer: several tests resume the same checkpoint
+    (under other layouts), and a resume only reads it."""
+    kept_runs: dict[str, tuple[dict[str, Any], Path]] = {}
 
     def both(
         setup: Setup,
@@ -246,8 +251,11 @@ def kept_and_resumed(tmp_path: Path) -> Callable[..., tuple[dict[str, Any], dict
         with_optimizer: bool = True,
         resumed_layout: ParallelLayout | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        ckpt = tmp_path / "checkpoint"
-        kept = setup.run(step_after, samples, ckpt, False, with_optimizer)
+        key = repr((setup, samples, with_optimizer))
+        if key not in kept_runs:
+            ckpt = tmp_path_factory.mktemp("kept") / "checkpoint"
+            kept_runs[key] = (setup.run(step_after, samples, ckpt, False, with_optimizer), ckpt)
+        kept, ckpt = kept_runs[key]
         resumed = setup if resumed_layout is None else replace(setup, layout=resumed_layout)
         return kept, resumed.run(step_after, samples, ckpt, True, with_optimizer)
 
