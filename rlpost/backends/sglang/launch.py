@@ -155,7 +155,9 @@ def cpu_engine_command(spec: EngineSpec, port: int) -> list[str]:
 def sglang_key_args(key: str) -> list[str]:
     """SGLang takes its API key only as `--api-key` (ServerArgs.api_key; no environment
     variable), so a local user can read it from `ps` while the server runs. It is added at
-    launch and kept out of the logged command. SGLang leaves /health* open without the key."""
+    launch and kept out of the logged command, but SGLang logs its whole ServerArgs at
+    startup, api_key included, into the engine's log. SGLang leaves /health* open without
+    the key. Untested here: it needs a GPU and SGLang."""
     return ["--api-key", key]
 
 
