@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from rlpost.backends.child_process import start_child
+from rlpost.backends.engine_key import ENGINE_KEY_ENV, auth_headers
 from rlpost.backends.ports import free_port, is_port_free, listens_on
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,9 @@ class RouterSettings:
     log_level: str = "warn"
     log_path: str | None = None  # None: the router writes to this process's stdout/stderr
     extra_args: tuple[str, ...] = ()
+    # The launch's engine key (rlpost.backends.engine_key): the router sends it to every
+    # worker. It reaches the router through its environment, never its command line.
+    engine_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,10 +83,16 @@ class RouterWorker:
     is_healthy: bool
 
 
-def http_json(method: str, url: str, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+def http_json(
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout_s: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
     """One blocking HTTP call; returns (status, parsed JSON or text). Raises on no answer."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
@@ -111,7 +122,7 @@ class Router:
     def command(self) -> list[str]:
         s = self.settings
         return [
-            sys.executable, "-m", "sglang_router.launch_router",
+            sys.executable, "-m", "rlpost.runtime.router_main",
             "--host", s.host,
             "--port", str(self.port),
             "--policy", s.policy,
@@ -148,8 +159,13 @@ class Router:
     def _launch(self) -> Router:
         s = self.settings
         log = open(s.log_path, "ab") if s.log_path else None  # noqa: SIM115
+        env = {k: v for k, v in os.environ.items() if k != ENGINE_KEY_ENV}
+        if s.engine_key is not None:
+            env[ENGINE_KEY_ENV] = s.engine_key
         try:
-            process = start_child(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            process = start_child(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            )
         finally:
             if log is not None:
                 log.close()  # the child holds its own descriptor
@@ -166,7 +182,7 @@ class Router:
                     f"sglang-router exited with code {process.returncode} at startup{see_log}"
                 )
             try:
-                status, _ = http_json("GET", f"{self.url}/health", timeout_s=2)
+                status, _ = self._call("GET", "/health", timeout_s=2)
             except OSError as exc:
                 last = str(exc)
             else:
@@ -182,15 +198,25 @@ class Router:
             f"({last}){see_log}"
         )
 
+    def _call(
+        self, method: str, path: str, body: Any = None, timeout_s: float = 10.0
+    ) -> tuple[int, Any]:
+        """A call to the router's own API, which its key guards too (HTTP 401 without it)."""
+        headers = auth_headers(self.settings.engine_key)
+        return http_json(method, f"{self.url}{path}", body, timeout_s, headers)
+
     def add_worker(self, worker_url: str) -> str:
         """Register a worker (the router probes its /health in the background)."""
-        status, body = http_json("POST", f"{self.url}/workers", {"url": worker_url})
+        body = {"url": worker_url}
+        if self.settings.engine_key is not None:
+            body["api_key"] = self.settings.engine_key
+        status, body = self._call("POST", "/workers", body)
         if status not in (200, 202) or not isinstance(body, dict):
             raise RouterError(f"adding worker {worker_url} failed: HTTP {status} {body}")
         return str(body.get("worker_id", worker_url))
 
     def workers(self) -> list[RouterWorker]:
-        status, body = http_json("GET", f"{self.url}/workers")
+        status, body = self._call("GET", "/workers")
         if status != 200 or not isinstance(body, dict):
             raise RouterError(f"listing workers failed: HTTP {status} {body}")
         return [
@@ -205,7 +231,7 @@ class Router:
         """Unregister a worker by URL; False when the router does not list it."""
         match = [w for w in self.workers() if w.url.rstrip("/") == worker_url.rstrip("/")]
         for worker in match:
-            status, body = http_json("DELETE", f"{self.url}/workers/{worker.id}")
+            status, body = self._call("DELETE", f"/workers/{worker.id}")
             if status not in (200, 202, 404):
                 raise RouterError(f"removing worker {worker_url} failed: HTTP {status} {body}")
         return bool(match)
@@ -216,7 +242,7 @@ class Router:
         seen: Any = None
         while time.monotonic() < deadline:
             try:
-                _, seen = http_json("GET", f"{self.url}/readiness", timeout_s=2)
+                _, seen = self._call("GET", "/readiness", timeout_s=2)
             except OSError as exc:
                 seen = exc
             else:

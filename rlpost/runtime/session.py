@@ -25,6 +25,7 @@ from typing import Any
 
 import ray
 
+from rlpost.backends.engine_key import ENGINE_KEY_ENV, new_engine_key
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
@@ -93,6 +94,10 @@ class Session:
         self.pool: EnginePool | None = None
         self.router: Router | None = None
         self.client: EngineClient | None = None
+        # This launch's engine key: its engines answer only requests that carry it, so a
+        # run never drives (or health-checks) another run's engine that took a dead one's
+        # port. Held in memory and in child processes' environments only.
+        self.engine_key = new_engine_key()
         self.weights_dir = run_dir / "weights"
         self.weight_sync: WeightSync | None = None
         self.weight_version = 0
@@ -357,10 +362,13 @@ class Session:
             max_restarts=cfg.engine.max_restarts_per_engine,
         )
         engines = ray_engines(
-            specs, self.cluster, self.plan, self._thread_env, resources, runtime_env
+            specs, self.cluster, self.plan, self._server_env, resources, runtime_env
         )
         self.pool = EnginePool(engines, health)
         await self.pool.start()
+
+    def _server_env(self, slot_index: int) -> dict[str, str]:
+        return {**self._thread_env(slot_index), ENGINE_KEY_ENV: self.engine_key}
 
     def _launch_router(self) -> Router:
         engine, logs = self.cfg.engine, self.run_dir / "logs"
@@ -370,6 +378,7 @@ class Session:
             request_timeout_s=engine.request_timeout_s,
             port=port_or_free(self.plan.placement.router_port),
             log_path=str(logs / "router.log"),
+            engine_key=self.engine_key,
         )
         return Router(settings).start()
 
@@ -389,6 +398,7 @@ class Session:
             # own only briefly); without, fail fast.
             max_attempts=60 if engine.fault_tolerance else 5,
             gone=self._router_gone,
+            key=self.engine_key,
         )
         self.pool.connect(router, self.client, self._catch_up)
         self.pool.start_monitor(asyncio.get_running_loop())

@@ -2,7 +2,10 @@
 
     python -m rlpost.backends.cpu_engine --model-path DIR --host 127.0.0.1 --port P
 
-The server listens at once and answers /health with 503 until the model is loaded.
+The server listens at once and answers /health with 503 until the model is loaded. Started
+with a key in $RLPOST_ENGINE_KEY (rlpost.backends.engine_key), it answers every request,
+health included, with 401 unless it carries `Authorization: Bearer <key>` (a bare GET /health,
+the router's registration probe, only learns that the server is up).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from rlpost.backends.cpu_engine.engine import MEMORY_TAGS, CpuEngine, EngineSett
 from rlpost.backends.cpu_engine.protocol import parse_generate_request, render_output
 from rlpost.backends.cpu_engine.sampling import RequestError
 from rlpost.backends.cpu_engine.weights import WeightLoadError
+from rlpost.backends.engine_key import ENGINE_KEY_ENV, is_authorized
 from rlpost.backends.sglang.buckets import WeightInfo
 
 logger = logging.getLogger(__name__)
@@ -57,8 +61,9 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 class EngineServer:
     """aiohttp routes over a CpuEngine that is loaded in the background."""
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: EngineSettings, key: str | None = None) -> None:
         self.settings = settings
+        self.key = key or None
         self.engine: CpuEngine | None = None
         self.load_error: BaseException | None = None
         self._unpaused = asyncio.Event()
@@ -78,7 +83,8 @@ class EngineServer:
         return self.engine
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=1 << 30)
+        middlewares = [self._errors] if self.key is None else [self._authorize, self._errors]
+        app = web.Application(middlewares=middlewares, client_max_size=1 << 30)
         routes = [
             ("GET", "/health", self.health),
             ("GET", "/health_generate", self.health_generate),
@@ -106,6 +112,21 @@ class EngineServer:
         for method, path, handler in routes:
             app.router.add_route(method, path, handler)
         return app
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request needs the key, with one exception: GET /health without any
+        Authorization header. The sglang-router probes a worker it registers with exactly
+        that and never sends its key there (sglang_router 0.3.2; SGLang's own servers leave
+        /health open too). A client of another launch sends its own key, and gets 401 here
+        as everywhere: its health check fails, so it never takes this engine for its own."""
+        assert self.key is not None
+        header = request.headers.get("Authorization")
+        if header is None and request.method == "GET" and request.path == "/health":
+            return await handler(request)
+        if not is_authorized(header, self.key):
+            return error_response("this engine belongs to another launch (no or wrong key)", 401)
+        return await handler(request)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -314,9 +335,11 @@ class EngineServer:
         return web.json_response({"object": "list", "data": [model]})
 
 
-async def serve(settings: EngineSettings, host: str, port: int, stop: asyncio.Event) -> None:
+async def serve(
+    settings: EngineSettings, host: str, port: int, stop: asyncio.Event, key: str | None = None
+) -> None:
     """Listen on host:port, load the engine, and serve until `stop` is set."""
-    server = EngineServer(settings)
+    server = EngineServer(settings, key)
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
@@ -341,11 +364,17 @@ async def serve(settings: EngineSettings, host: str, port: int, stop: asyncio.Ev
 class BackgroundServer:
     """An engine server on its own event-loop thread, for tests and single-process runs."""
 
-    def __init__(self, settings: EngineSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        key: str | None = None,
+    ) -> None:
         self.settings = settings
         self.host = host
         self.port = port
-        self.server = EngineServer(settings)
+        self.server = EngineServer(settings, key)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -427,13 +456,14 @@ def quiet_http2_probe(record: logging.LogRecord) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings, host, port = parse_args(argv)
+    key = os.environ.pop(ENGINE_KEY_ENV, None)  # not inherited by anything this starts
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(settings, host, port, stop)
+        await serve(settings, host, port, stop, key)
 
     code = 0
     try:

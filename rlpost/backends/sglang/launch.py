@@ -152,6 +152,20 @@ def cpu_engine_command(spec: EngineSpec, port: int) -> list[str]:
     return command
 
 
+def sglang_key_args(key: str) -> list[str]:
+    """SGLang takes its API key only as `--api-key` (ServerArgs.api_key; no environment
+    variable), so a local user can read it from `ps` while the server runs. It is added at
+    launch and kept out of the logged command, but SGLang logs its whole ServerArgs at
+    startup, api_key included, into the engine's log. SGLang leaves /health* open without
+    the key. Untested here: it needs a GPU and SGLang."""
+    return ["--api-key", key]
+
+
+def cpu_key_args(key: str) -> list[str]:
+    """The CPU engine reads its key from $RLPOST_ENGINE_KEY: nothing on the command line."""
+    return []
+
+
 def _cpu_env(spec: EngineSpec) -> dict[str, str]:
     threads = str(spec.num_threads or 1)
     return {"OMP_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -176,11 +190,16 @@ class EngineBackend:
     env: Callable[[EngineSpec], dict[str, str]]
     health_path: str
     needs_gpu: bool
+    # Arguments that give the server the launch's engine key (rlpost.backends.engine_key),
+    # beyond its environment, which always carries it.
+    key_args: Callable[[str], list[str]]
 
 
 ENGINE_BACKENDS: dict[str, EngineBackend] = {
-    "sglang": EngineBackend("sglang", sglang_command, _no_env, "/health_generate", True),
-    "cpu": EngineBackend("cpu", cpu_engine_command, _cpu_env, "/health", False),
+    "sglang": EngineBackend(
+        "sglang", sglang_command, _no_env, "/health_generate", True, sglang_key_args
+    ),
+    "cpu": EngineBackend("cpu", cpu_engine_command, _cpu_env, "/health", False, cpu_key_args),
 }
 
 

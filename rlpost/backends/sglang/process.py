@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from rlpost.backends.child_process import start_child
+from rlpost.backends.engine_key import ENGINE_KEY_ENV, auth_headers
 from rlpost.backends.ports import free_port, is_port_free, listens_on
 from rlpost.backends.sglang.launch import EngineSpec, engine_backend
 
@@ -42,9 +43,12 @@ class EngineProcess:
     """The server process of one (engine, node); start() may be called again after stop()."""
 
     def __init__(self, spec: EngineSpec, extra_env: dict[str, str] | None = None) -> None:
+        """`extra_env` may carry the launch's engine key (ENGINE_KEY_ENV): the server then
+        answers only requests with it, and this process's health checks send it."""
         self.spec = spec
         self.backend = engine_backend(spec.backend)
         self.extra_env = dict(extra_env or {})
+        self.key = self.extra_env.get(ENGINE_KEY_ENV) or None
         self.port = spec.port
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -79,12 +83,16 @@ class EngineProcess:
         spec = self.spec
         self.port = port
         env = {**os.environ, **self.backend.env(spec), **self.extra_env}
+        if self.key is None:
+            env.pop(ENGINE_KEY_ENV, None)
+        command = self.command()
+        key_args = [] if self.key is None else self.backend.key_args(self.key)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as log:
-            log.write(f"\n=== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
+            log.write(f"\n=== start {self.starts + 1}: {' '.join(command)}\n".encode())
             log.flush()
             self.proc = start_child(
-                self.command(),
+                command + key_args,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -109,7 +117,8 @@ class EngineProcess:
                 )
             try:
                 url = self.url + self.backend.health_path
-                with urllib.request.urlopen(url, timeout=30) as reply:
+                request = urllib.request.Request(url, headers=auth_headers(self.key))
+                with urllib.request.urlopen(request, timeout=30) as reply:
                     if reply.status == 200 and self._owns_port():
                         return
                     last = f"HTTP {reply.status}"

@@ -19,6 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from rlpost.backends.engine_key import auth_headers
+
 logger = logging.getLogger(__name__)
 
 
@@ -109,8 +111,10 @@ def generate_body(
 
 
 def _retryable(status: int) -> bool:
-    # 4xx means the request itself is wrong; sending it again cannot help.
-    return status >= 500 or status in (408, 429)
+    # 4xx means the request itself is wrong; sending it again cannot help. Except 401: an
+    # engine of another launch holds a dead engine's port (rlpost.backends.engine_key) and
+    # refused; another engine, or this one restarted elsewhere, can serve the retry.
+    return status >= 500 or status in (401, 408, 429)
 
 
 class EngineClient:
@@ -130,9 +134,12 @@ class EngineClient:
         request_timeout_s: float | None = None,
         control_timeout_s: float = 600.0,
         gone: Callable[[], str | None] | None = None,
+        key: str | None = None,
     ) -> None:
         """`gone()` says why no retry can succeed (the router's process exited), or None;
-        asked before each retry, so a request does not outwait its retries for nothing."""
+        asked before each retry, so a request does not outwait its retries for nothing.
+        `key` is the launch's engine key (rlpost.backends.engine_key), sent with every
+        request: to the router, to each engine, health checks included."""
         if max_attempts < 1 or max_concurrency < 1:
             raise ValueError("max_attempts and max_concurrency must be >= 1")
         self.router_url = router_url.rstrip("/")
@@ -147,6 +154,7 @@ class EngineClient:
         self._generate_timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._control_timeout = aiohttp.ClientTimeout(total=control_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._headers = auth_headers(key)
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -167,7 +175,7 @@ class EngineClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=0)  # the semaphore bounds concurrency
-            self._session = aiohttp.ClientSession(connector=connector)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
 
     async def generate(

@@ -253,3 +253,37 @@ def test_the_routers_http2_preface_is_one_line_and_other_errors_keep_their_trace
     other = record(BadHttpMessage("Invalid method encountered"))
     assert quiet_http2_probe(other)
     assert other.levelno == logging.ERROR and other.exc_info is not None
+
+
+def test_a_server_started_with_a_key_answers_only_requests_that_carry_it(
+    tiny_lm_dir: Path,
+) -> None:
+    threads = torch.get_num_threads()
+    server = BackgroundServer(
+        EngineSettings(model_path=str(tiny_lm_dir), num_threads=1), key="this-launch"
+    )
+    keyed = server.start()
+    ours = {"Authorization": "Bearer this-launch"}
+    other = {"Authorization": "Bearer another-launch"}
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY}
+    try:
+        for headers in ({}, other, {"Authorization": "this-launch"}):
+            assert http_json("POST", f"{keyed}/generate", body, 60, headers)[0] == 401
+            assert http_json("POST", f"{keyed}/pause_generation", {}, 10, headers)[0] == 401
+            assert http_json("GET", f"{keyed}/health_generate", None, 10, headers)[0] == 401
+            weights = {"model_path": str(tiny_lm_dir)}
+            assert (
+                http_json("POST", f"{keyed}/update_weights_from_disk", weights, 10, headers)[0]
+                == 401
+            )
+        # Another launch's health check sends its own key: it fails, as everything does.
+        assert http_json("GET", f"{keyed}/health", None, 10, other)[0] == 401
+        # A bare /health (how the router probes a worker it registers) learns only liveness.
+        assert http_json("GET", f"{keyed}/health")[0] == 200
+        status, answer = http_json("POST", f"{keyed}/generate", body, 60, ours)
+        assert status == 200 and len(answer["output_ids"]) == GREEDY["max_new_tokens"]
+        assert http_json("GET", f"{keyed}/health_generate", None, 30, ours)[0] == 200
+        assert server.server.engine is not None and server.server.engine.scheduler.is_idle
+    finally:
+        server.stop()
+        torch.set_num_threads(threads)

@@ -266,3 +266,10 @@ def test_the_cpu_engine_applies_its_niceness_before_it_loads(
     server.parse_args(["--model-path", "/m", "--nice", "10"])
     server.parse_args(["--model-path", "/m"])
     assert applied == [10]
+
+
+def test_sglang_gets_the_engine_key_as_its_api_key_and_the_cpu_engine_from_its_environment() -> (
+    None
+):
+    assert ENGINE_BACKENDS["sglang"].key_args("k") == ["--api-key", "k"]
+    assert ENGINE_BACKENDS["cpu"].key_args("k") == []
