@@ -286,6 +286,10 @@ class Chaos:
                     break
             self._deliver(outcome, target)
             since = time.time()
+        # watch until the launch ends: a full disk delivered last is emptied once a save is
+        # refused or a record follows (_poll), as any other; unwatched, every later save would
+        # be refused and the run would end on its last one
+        self._wait(lambda: False)
         assert self.proc is not None
         code = self.proc.wait()
         self._poll()

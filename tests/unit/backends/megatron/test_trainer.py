@@ -19,6 +19,29 @@ from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.backends.torch_trainer import TorchTrainer
 from rlpost.types import TrainSample
 
+from .conftest import run_world
+
+
+def _on_torch(
+    rank: int, world: int, port: int, model_dir: Any, configs: Any, kwargs: Any, work: Any
+) -> Any:
+    trainer = TorchTrainer(model_dir, *configs, **kwargs)
+    try:
+        return work(trainer)
+    finally:
+        trainer.close()
+
+
+def on_torch(
+    model_dir: Any, configs: Any, work: Callable[[TorchTrainer], Any], **kwargs: Any
+) -> Any:
+    """work(trainer) with the torch trainer in a forked child, like the megatron ranks: its
+    process group (FSDP2 over one rank) never lives in the pytest process, whose later forks
+    would inherit it, or hang on the threads it leaves."""
+    [result] = run_world(_on_torch, 1, model_dir, configs, kwargs, work)
+    return result
+
+
 TOLERANCE = 1e-5
 METRICS = ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm")
 
@@ -67,9 +90,15 @@ def test_matches_torch_backend(
     setup, samples = make_setup("qwen3", gbs, algo=algo_fields, **sizes), make_rollout(8, seed=5)
     ours = setup.run(megatron_run, samples)
 
-    torch_trainer = TorchTrainer(setup.model.hf_checkpoint, *setup.configs)
-    stats = torch_trainer.compute_token_stats(samples)
-    metrics = torch_trainer.train_step(samples)
+    stats, metrics, state = on_torch(
+        setup.model.hf_checkpoint,
+        setup.configs,
+        lambda t: (
+            t.compute_token_stats(samples),
+            t.train_step(samples),
+            dict(kv for bucket in t.iter_hf_weights() for kv in bucket),  # whole tensors
+        ),
+    )
     for a, b in zip(ours["stats"].logprobs, stats.logprobs, strict=True):
         assert float((a - b).abs().max()) <= TOLERANCE
     for a, b in zip(ours["stats"].entropy, stats.entropy, strict=True):
@@ -78,7 +107,6 @@ def test_matches_torch_backend(
     for key in (k for k in METRICS if k in metrics):  # train/kl: where a KL is measured
         assert key in ours["metrics"], key
         assert abs(ours["metrics"][key] - metrics[key]) <= TOLERANCE, key
-    state = torch_trainer.model.state_dict()
     for name, weight in ours["weights"].items():
         assert float((weight - state[name]).abs().max()) <= TOLERANCE, name
 
@@ -89,7 +117,7 @@ def test_metric_names_match_torch_backend(
     algo = {"off_policy_correction": "tis"}
     setup, samples = make_setup("qwen3", 8, algo=algo), make_rollout(8, seed=6)
     ours = setup.run(megatron_run, samples)
-    theirs = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).train_step(samples)
+    theirs = on_torch(setup.model.hf_checkpoint, setup.configs, lambda t: t.train_step(samples))
     assert ours["metrics"].keys() == theirs.keys()
 
 
@@ -156,17 +184,24 @@ def test_an_hf_reference_folder_is_the_reference_in_both_trainers(
     )
     samples = make_rollout(8, seed=7)
     ours = setup.with_model(ref_load=str(other)).run(_ref_stats, samples)
-    torch_ref = TorchTrainer(
-        setup.model.hf_checkpoint, *setup.configs, reference_dir=other
-    ).compute_token_stats(samples, "ref", with_entropy=False)
-    as_policy = TorchTrainer(other, *setup.configs).compute_token_stats(samples, with_entropy=False)
+    torch_ref = on_torch(
+        setup.model.hf_checkpoint,
+        setup.configs,
+        lambda t: t.compute_token_stats(samples, "ref", with_entropy=False),
+        reference_dir=other,
+    )
+    as_policy = on_torch(
+        other, setup.configs, lambda t: t.compute_token_stats(samples, with_entropy=False)
+    )
     policy = setup.with_model(load=str(other)).run(_policy_stats, samples)
     for a, b, c, d in zip(ours, torch_ref.logprobs, as_policy.logprobs, policy, strict=True):
         assert float((a - c).abs().max()) <= TOLERANCE
         assert float((b - c).abs().max()) <= TOLERANCE
         assert float((d - c).abs().max()) <= TOLERANCE
-    own = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).compute_token_stats(
-        samples, with_entropy=False
+    own = on_torch(
+        setup.model.hf_checkpoint,
+        setup.configs,
+        lambda t: t.compute_token_stats(samples, with_entropy=False),
     )
     assert any(float((a - b).abs().max()) > 1e-3 for a, b in zip(ours, own.logprobs, strict=True))
 
@@ -183,9 +218,13 @@ def test_an_fp8_checkpoint_is_dequantised_by_both_trainers_never_cast(
     fp8 = convert_folder(setup.model.hf_checkpoint, tmp_path / "fp8", Fp8Format((16, 16)))
     samples = make_rollout(8, seed=9)
     megatron = setup.with_model(hf_checkpoint=str(fp8)).run(_policy_stats, samples)
-    torch_fp8 = TorchTrainer(fp8, *setup.configs).compute_token_stats(samples, with_entropy=False)
-    original = TorchTrainer(setup.model.hf_checkpoint, *setup.configs).compute_token_stats(
-        samples, with_entropy=False
+    torch_fp8 = on_torch(
+        fp8, setup.configs, lambda t: t.compute_token_stats(samples, with_entropy=False)
+    )
+    original = on_torch(
+        setup.model.hf_checkpoint,
+        setup.configs,
+        lambda t: t.compute_token_stats(samples, with_entropy=False),
     )
     for a, b in zip(megatron, torch_fp8.logprobs, strict=True):
         assert float((a - b).abs().max()) <= TOLERANCE
