@@ -1,7 +1,8 @@
 """Faults at random moments of a real run, on a seeded schedule; the run must lose nothing.
 
     .venv/bin/python benchmarks/chaos.py [--seed 0] [--per-kind 2] [--kinds ...]
-        [--mode sync|async|fully_async] [--no-engine-fault-tolerance] [overrides ...]
+        [--mode sync|async|fully_async] [--no-engine-fault-tolerance]
+        [--collective-timeout-s 60] [overrides ...]
 
 Kinds of fault, each delivered `--per-kind` times in one run, in an order the seed draws:
 
@@ -615,6 +616,10 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=None)
     parser.add_argument("--no-engine-fault-tolerance", action="store_true")
     parser.add_argument("--disk-mb", type=int, default=256)
+    parser.add_argument(
+        "--collective-timeout-s", type=float, default=60.0,
+        help="trainer.collective_timeout_s: how long a hung rank holds the run",
+    )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
     ns = parser.parse_args()
@@ -627,6 +632,7 @@ def main() -> None:
         engine_fault_tolerance=not ns.no_engine_fault_tolerance,
         overrides=tuple(ns.overrides),
         disk_mb=ns.disk_mb,
+        collective_timeout_s=ns.collective_timeout_s,
         keep=ns.keep,
     )
     faults = schedule(settings.seed, settings.kinds, settings.per_kind)
