@@ -34,8 +34,9 @@ batched). The async modes cannot repeat exactly; their oracle is the sample acco
 the `groups` records: no group trained twice, none lost (every group drawn before the last
 one trained was trained, filtered, dropped as stale or cut short, or is outstanding), and
 staleness within the mode's bound. After each driver kill the run is resumed at once, and
-every process the killed launch had started must end by itself, at the latest ORPHAN_WAIT_S
-after the run (one still alive then is reported as an orphan, and killed).
+every process the killed launch had started must end (by itself, or ended by the resumed
+launch: rlpost.runtime.leftovers), at the latest ORPHAN_WAIT_S after the run (one still
+alive then is reported as an orphan, and killed).
 
 Every kill of a train rank, the router or (without engine fault tolerance) an engine
 restarts the run in place from its newest checkpoint: one of `run.max_restarts`, which
@@ -160,7 +161,7 @@ class Report:
             seconds, name = max(self.lingered)
             lines.append(
                 f"after driver kills, {len(self.lingered)} process(es) of the killed launch "
-                f"ended by themselves, the last {seconds:.1f} s after it: {name}"
+                f"ended, the last {seconds:.1f} s after it: {name}"
             )
         for line in self.orphans:
             lines.append(
@@ -400,7 +401,8 @@ class Chaos:
 
     def _after_driver_kill(self, members: list[psutil.Process]) -> None:
         """Resume at once, as a user would; every process the killed launch had started
-        must end by itself (watched from here on, see _poll and _orphans)."""
+        must end, by itself or ended by the resumed launch (watched from here on, see _poll
+        and _orphans)."""
         assert self.proc is not None
         self.proc.wait()
         now = time.monotonic()

@@ -63,6 +63,21 @@ def _claim(run_dir: Path) -> None:
         )
 
 
+def _end_leftovers(run_dir: Path) -> None:
+    """End what a killed launch of this run left running here (rlpost.runtime.leftovers)."""
+    from rlpost.runtime.leftovers import end_leftovers
+
+    left = end_leftovers(run_dir)
+    if left:
+        names = ", ".join(f"{p.pid} {p.name[:40]}" for p in left[:4])
+        more = f" and {len(left) - 4} more" if len(left) > 4 else ""
+        print(
+            f"[rlpost] ended {len(left)} process(es) that the run's previous launch left "
+            f"running: {names}{more}",
+            flush=True,
+        )
+
+
 def _train(cfg: RunConfig, plan: Plan) -> None:
     """The preflight and the resume point (both light), then the run itself."""
     from rlpost.plan.preflight import preflight
@@ -73,6 +88,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     run_dir = run_dir_of(cfg)
     resume = find_resume_point(cfg, plan, run_dir)
     _claim(run_dir)
+    _end_leftovers(run_dir)
     for issue in warnings:
         print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
     from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed

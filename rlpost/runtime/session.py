@@ -40,6 +40,7 @@ from rlpost.runtime.failures import (
     killed_while_starting,
     remote_cause,
 )
+from rlpost.runtime.leftovers import record_processes
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
@@ -115,6 +116,8 @@ class Session:
         try:
             start = time.perf_counter()
             self.cluster.start()  # in the main thread: Ray installs its signal handlers
+            # what a killed launch would leave running, for the next launch to end
+            record_processes(self.run_dir)
             self.cluster.check_shared(self.run_dir)
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             if self.before_actors is not None:
@@ -140,6 +143,7 @@ class Session:
             await self._start_weight_sync()
             status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
             await self._record_placement()
+            record_processes(self.run_dir)  # Ray's agents and workers are up by now
         except Exception as exc:
             fault = await self.fault_behind(exc)
             await self.close()
