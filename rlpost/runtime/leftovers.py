@@ -54,11 +54,14 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
 
 
 def _name(pid: int) -> str:
+    """The command's first three words: what it is, never its arguments (a server's
+    command line may hold a key)."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:100] or "?"
+    words = raw.decode(errors="replace").split("\0")
+    return " ".join(Path(words[0]).name.split() + words[1:3]).strip()[:80] or "?"
 
 
 def descendants(root: int) -> list[Proc]:
