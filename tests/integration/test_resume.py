@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -295,6 +296,97 @@ def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
     finished = launch(overrides(assets, reference, "run.resume=auto"))
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "nothing to train" in finished.stdout
+
+
+# Two train ranks beside the reference's one engine, which keeps its two threads: the rollout
+# side is the reference's, only the trainer's data-parallel size changes.
+ONE_RANK = ("layout.train.num_gpus=1", "hardware.gpus_per_node=1")
+TWO_RANKS = (
+    "layout.train.num_gpus=2", "layout.colocate=false", "layout.rollout.num_gpus=1",
+    "hardware.gpus_per_node=3", "trainer.threads_per_rank=2",
+)  # fmt: skip
+# DP2 sums each rank's gradient and reduces across ranks, float32 sums in another order than
+# DP1's: the gradient norm measured 1.5e-6 apart (relative). The loss is zero up to rounding
+# (group-normalised advantages sum to zero; measured 1e-8 against 9e-9), hence an absolute
+# bound at float32 resolution for terms of order one.
+DP_RESHAPE_REL, DP_RESHAPE_ABS = 1e-5, 1e-6
+# The step's weights: Adam's update from those gradients moved them apart by at most 1e-7 of
+# each tensor's largest value (one float32 rounding).
+WEIGHTS_REL = 1e-6
+
+
+def as_it_stood_at(reference: Path, run_dir: Path, rollouts_done: int) -> None:
+    """A copy of the reference run as it stood when ckpt/rollout_<rollouts_done> was its
+    newest checkpoint: no later checkpoint or HF export, no record of a later rollout."""
+    shutil.copytree(reference, run_dir)
+    for folder in ("ckpt", "hf"):
+        for later in range(rollouts_done + 1, NUM_ROLLOUT + 1):
+            shutil.rmtree(run_dir / folder / f"rollout_{later}", ignore_errors=True)
+    metrics = run_dir / "metrics.jsonl"
+    kept = [
+        line
+        for line in metrics.read_text().splitlines()
+        if json.loads(line)["rollout_id"] < rollouts_done
+    ]
+    metrics.write_text("".join(line + "\n" for line in kept))
+
+
+def hf_weights(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    tensors: dict[str, np.ndarray] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    return tensors
+
+
+def test_a_run_saved_on_one_train_rank_resumes_on_two_and_takes_the_same_step(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    """The reference run (one train rank) resumed with run.resume=auto on two train ranks
+    from its checkpoint before the last: the torch trainer's DCP shards reshard from DP1 to
+    DP2. The resumed rollout samples from exactly the saved weights (its rewards, lengths and
+    every other rollout figure equal the reference's), trains to the same loss, gradient and
+    weights within float32 reordering, and its checkpoint holds both ranks' shards."""
+    resumed_at = NUM_ROLLOUT - 1
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
+    as_it_stood_at(reference, run_dir, resumed_at)
+    launches = run_dir / "launches.jsonl"
+    copied = len(launches.read_text().splitlines())
+    args = [a for a in overrides(assets, run_dir) if a not in ONE_RANK]
+    resumed = launch([*args, *TWO_RANKS, "run.resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    out = resumed.stdout
+    assert f"resuming from {ckpt / f'rollout_{resumed_at}'} ({resumed_at} rollouts done)" in out
+    assert "layout.train.num_gpus: 1 -> 2" in out, out[-3000:]
+
+    ours, theirs = comparable(run_dir), comparable(reference)
+    assert [r["rollout_id"] for r in ours] == list(range(NUM_ROLLOUT))
+    assert ours[:resumed_at] == theirs[:resumed_at]  # the copy's own records, kept
+    for mine, other in zip(ours[resumed_at:], theirs[resumed_at:], strict=True):
+        trained = {k: mine.pop(k) for k in list(mine) if k.startswith("train/")}
+        expected = {k: other.pop(k) for k in list(other) if k.startswith("train/")}
+        # generation, rewards and the data source's draws come before the step: exact. So
+        # is the evaluation after it: its weights differ from the reference's in their last
+        # bits (below), which moves a sampled token only at a draw on a rounding boundary
+        assert mine == other
+        assert trained == pytest.approx(expected, rel=DP_RESHAPE_REL, abs=DP_RESHAPE_ABS)
+    ours_numerics, theirs_numerics = (engine_numerics(d) for d in (run_dir, reference))
+    assert ours_numerics == [pytest.approx(row, abs=1e-5) for row in theirs_numerics]
+
+    # the step's weights, exported after it, against the reference's
+    last = f"rollout_{NUM_ROLLOUT}"
+    mine_w, other_w = hf_weights(run_dir / "hf" / last), hf_weights(reference / "hf" / last)
+    assert mine_w.keys() == other_w.keys()
+    for name, weight in other_w.items():
+        apart = float(np.abs(mine_w[name] - weight).max())
+        assert apart <= WEIGHTS_REL * float(np.abs(weight).max()), (name, apart)
+    # saved at the new size: one file of shards per rank
+    assert sorted(p.name for p in (ckpt / last / "trainer").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"
+    ]  # fmt: skip
+    added = [json.loads(line) for line in launches.read_text().splitlines()[copied:]]
+    assert [(x["start_rollout"], x["resume"]) for x in added] == [(resumed_at, "auto")]
 
 
 def train_rank(launch_pid: int) -> int:
