@@ -116,10 +116,12 @@ def _rank() -> int:
 
 async def _weight_buckets(
     call: TrainerCall, num_ranks: int, bucket_bytes: int, fp8: Fp8Format | None
-) -> AsyncIterator[tuple[list[WeightInfo], bool]]:
-    """The trainers' weights bucket by bucket, each with whether it is the last. Every rank
-    steps through the stream together (a sharded trainer gathers each bucket collectively);
-    the bucket stays current on every rank until the next step."""
+) -> AsyncIterator[list[WeightInfo]]:
+    """The trainers' weights bucket by bucket. Every rank steps through the stream together
+    (a sharded trainer gathers each bucket collectively); the bucket stays current on every
+    rank until the next step, which drops it before gathering another: nothing looks ahead,
+    so the last bucket is known only once the stream ends (the version follows it, see
+    `_announce_version`)."""
     ranks = range(num_ranks)
     await asyncio.gather(
         *(call(r, trainer_side.open_weight_stream, bucket_bytes, fp8) for r in ranks)
@@ -132,6 +134,13 @@ async def _weight_buckets(
             yield steps[0]
     finally:
         await asyncio.gather(*(call(r, trainer_side.close_weight_stream) for r in ranks))
+
+
+async def _announce_version(client: EngineClient, version: int, worker_urls: Sequence[str]) -> None:
+    """Every bucket is in: the engines serve `version` from now on. Not before: an update
+    that fails halfway leaves the engines at the old version, which the version check after
+    the push reports."""
+    await client.update_weight_version(str(version), worker_urls)
 
 
 def _check_answers(answers: Sequence[Any], what: str) -> None:
@@ -164,16 +173,17 @@ class TensorSync:
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
-            async for _, last in buckets:
+            async for _ in buckets:
                 try:
-                    await self._send(str(version) if last else None, worker_urls)
+                    await self._send(worker_urls)
                 finally:
                     # the engines have mapped (and copied from) the bucket: free it everywhere
                     await asyncio.gather(
                         *(self.call(r, trainer_side.release_bucket) for r in range(self.num_ranks))
                     )
+        await _announce_version(self.client, version, worker_urls)
 
-    async def _send(self, version: str | None, worker_urls: Sequence[str]) -> None:
+    async def _send(self, worker_urls: Sequence[str]) -> None:
         payloads = await asyncio.gather(
             *(self.call(r, trainer_side.tensor_bucket_payload) for r in range(self.num_ranks))
         )
@@ -182,8 +192,9 @@ class TensorSync:
                 self.client.post(url, "/update_weights_from_tensor", {
                     "serialized_named_tensors": [payloads[r] for r in self.engine_ranks(url)],
                     "load_format": "flattened_bucket",
-                    "flush_cache": version is not None,
-                    "weight_version": version,
+                    # update_engines flushed the cache before the push, and the engines
+                    # are paused until it ends
+                    "flush_cache": False,
                 })
                 for url in worker_urls
             )
@@ -230,19 +241,17 @@ class DistributedSync:
         await self._form_group(tuple(worker_urls))
         stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
-            async for bucket, last in buckets:
-                await self._send(bucket, last, version, worker_urls)
+            async for bucket in buckets:
+                await self._send(bucket, worker_urls)
+        await _announce_version(self.client, version, worker_urls)
 
-    async def _send(
-        self, bucket: Sequence[WeightInfo], last: bool, version: int, worker_urls: Sequence[str]
-    ) -> None:
+    async def _send(self, bucket: Sequence[WeightInfo], worker_urls: Sequence[str]) -> None:
         body = {
             "names": [w.name for w in bucket],
             "dtypes": [w.dtype for w in bucket],
             "shapes": [list(w.shape) for w in bucket],
             "group_name": self.group_name,
-            "flush_cache": last,
-            "weight_version": str(version) if last else None,
+            "flush_cache": False,  # flushed before the push (update_engines), and paused
         }
         sends = self.call(0, trainer_side.broadcast_bucket, self.group_name)
         receives = [

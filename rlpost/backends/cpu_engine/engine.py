@@ -185,8 +185,8 @@ class CpuEngine:
         self, received: dict[str, torch.Tensor], weight_version: str | None
     ) -> dict[str, torch.Tensor]:
         """An FP8 update's weights dequantised. A weight and its scales travel in buckets of
-        their own dtype, so one may wait here for the other; the last bucket (the one with
-        the version) leaves nothing waiting."""
+        their own dtype, so one may wait here for the other; by the end of the update (a
+        bucket that carries the version, or the version's own call) nothing may wait."""
         if self.fp8 is None:
             if any(t.dtype == FP8_DTYPE for t in received.values()):
                 raise RequestError("FP8 weights sent to an engine serving an unquantised model")
@@ -218,6 +218,15 @@ class CpuEngine:
         destroy_update_group(group)
 
     def set_weight_version(self, version: str) -> concurrent.futures.Future[None]:
+        """Serve `version` from now on: the end of a bucketed update, so an FP8 weight still
+        waiting for its scale (or a scale for its weight) means the update was incomplete."""
+        held, self._fp8_waiting = sorted(self._fp8_waiting), {}
+        if held:
+            raise RequestError(
+                f"the update ended with {len(held)} FP8 weight(s) or scale(s) unmatched, e.g. "
+                f"{held[:2]}"
+            )
+
         def apply() -> None:
             self.generator.weight_version = version
 

@@ -31,11 +31,15 @@ NamedTensors = list[tuple[str, Tensor]]
 
 _GROUPS: dict[str, torch.distributed.ProcessGroup] = {}
 _HELD_BUCKET: list[Tensor] = []
-_STREAM: dict[str, Iterator[tuple[NamedTensors, bool]]] = {}
+_STREAM: dict[str, Iterator[NamedTensors]] = {}
 _CURRENT: dict[str, NamedTensors] = {}
 
 
 # ---- the weight stream: every rank walks it bucket by bucket, in step ----------------------
+#
+# No rank holds more than one bucket of gathered weights: each step drops the bucket before
+# the next is gathered, and nothing looks ahead. The engines learn the new weight version
+# from a call of its own once the last bucket is in (rlpost.runtime.weight_sync).
 
 
 def _one_dtype_buckets(
@@ -43,43 +47,45 @@ def _one_dtype_buckets(
 ) -> Iterator[NamedTensors]:
     """The trainer's buckets split so that each holds one dtype (it travels flattened)."""
     for bucket in buckets:
+        parts = plan_buckets(weight_infos(bucket), bucket_bytes)
         tensors = dict(bucket)
-        for part in plan_buckets(weight_infos(bucket), bucket_bytes):
-            yield [(w.name, tensors[w.name]) for w in part]
+        del bucket
+        for part in parts:
+            yield [(w.name, tensors.pop(w.name)) for w in part]
+        del tensors
 
 
-def _with_last(items: Iterator[NamedTensors]) -> Iterator[tuple[NamedTensors, bool]]:
-    """Each item with whether it is the last one (the engines learn the new weight version
-    with the last bucket): one bucket of lookahead."""
-    current = next(items, None)
-    while current is not None:
-        following = next(items, None)
-        yield current, following is None
-        current = following
+def _quantized(buckets: Iterator[NamedTensors], fp8: Fp8Format) -> Iterator[NamedTensors]:
+    """Each bucket as the FP8 checkpoint stores it; the gathered weights are dropped once
+    quantised."""
+    for bucket in buckets:
+        quantised = list(quantize_named(bucket, fp8))
+        del bucket
+        yield quantised
+        del quantised
 
 
 def open_weight_stream(trainer: Any, bucket_bytes: int, fp8: Fp8Format | None = None) -> None:
     """Start walking the policy's weights; every rank must, when the trainer shards them.
     `fp8`: the engines serve FP8, and each bucket is quantised to it here, on the trainer's
     device, before it travels (weights with no FP8 counterpart go as they are)."""
-    trained = iter(trainer.iter_hf_weights(bucket_bytes))
+    trained: Iterator[NamedTensors] = iter(trainer.iter_hf_weights(bucket_bytes))
     if fp8 is not None:
-        trained = (list(quantize_named(bucket, fp8)) for bucket in trained)
-    buckets = _one_dtype_buckets(trained, bucket_bytes)
-    _STREAM["policy"] = _with_last(buckets)
+        trained = _quantized(trained, fp8)
+    _STREAM["policy"] = _one_dtype_buckets(trained, bucket_bytes)
     _CURRENT.pop("policy", None)
 
 
-def next_weight_bucket(trainer: Any) -> tuple[list[WeightInfo], bool] | None:
+def next_weight_bucket(trainer: Any) -> list[WeightInfo] | None:
     """Advance the stream (on every rank: a step may gather shards); returns the bucket's
-    weights and whether it is the last, or None once the stream is done."""
-    item = next(_STREAM["policy"], None)
-    if item is None:
+    weights, or None once the stream is done. The previous bucket is dropped first."""
+    _CURRENT.pop("policy", None)
+    bucket = next(_STREAM["policy"], None)
+    if bucket is None:
         close_weight_stream(trainer)
         return None
-    bucket, last = item
     _CURRENT["policy"] = bucket
-    return weight_infos(bucket), last
+    return weight_infos(bucket)
 
 
 def close_weight_stream(trainer: Any) -> None:

@@ -415,6 +415,17 @@ class EngineClient:
         if failed:
             raise EngineRequestError(f"update_weights_from_disk failed: {failed}")
 
+    async def update_weight_version(
+        self, version: str, worker_urls: Sequence[str] | None = None
+    ) -> None:
+        """Each engine serves `version` from now on (after the last bucket of an update);
+        requests in flight are left alone (the engines are paused during an update)."""
+        body = {"new_version": version, "abort_all_requests": False}
+        answers = await self._each("POST", "/update_weight_version", body, worker_urls)
+        failed = [a for a in answers if not (isinstance(a, Mapping) and a.get("success"))]
+        if failed:
+            raise EngineRequestError(f"update_weight_version failed: {failed}")
+
     async def get_weight_version(self, worker_url: str) -> str:
         """The version an engine serves. Stock SGLang 0.5.2x dropped /get_weight_version and
         reports it in /model_info instead."""
