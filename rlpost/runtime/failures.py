@@ -42,15 +42,19 @@ def actor_died(exc: BaseException | None) -> bool:
     return isinstance(exc, gone)
 
 
-def killed_while_starting(exc: BaseException) -> bool:
-    """Whether `exc` says an engine was killed while it started (a signal, its actor gone),
-    rather than failing on its own (a bad model folder fails the same way every time)."""
+def killed_while_starting(exc: BaseException) -> str | None:
+    """The part (engine, router) that `exc` says was killed while it started (a signal, its
+    actor gone), rather than failing on its own (a bad model folder or router option fails
+    the same way every time); None when it says neither."""
     from rlpost.backends.sglang.process import EngineStartError
+    from rlpost.runtime.router import RouterError
 
+    if isinstance(exc, RouterError) and exc.killed:
+        return "router"
     if actor_died(exc):
-        return True
+        return "engine"
     cause = remote_cause(exc)
-    return isinstance(cause, EngineStartError) and cause.killed
+    return "engine" if isinstance(cause, EngineStartError) and cause.killed else None
 
 
 def remote_cause(exc: BaseException) -> BaseException:

@@ -29,7 +29,19 @@ POLICIES = ("round_robin", "random", "cache_aware", "power_of_two", "manual")
 
 
 class RouterError(RuntimeError):
-    """The router failed to start, to register a worker, or to become ready."""
+    """The router failed to start, to register a worker, or to become ready. `returncode`
+    is the process's exit status when it exited while starting (negative: the signal that
+    killed it)."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+    @property
+    def killed(self) -> bool:
+        """Ended by a signal while starting (SIGKILL, the OOM killer), not by an error of its
+        own: starting again may well succeed."""
+        return self.returncode is not None and self.returncode < 0
 
 
 class RouterPortTakenError(RouterError):
@@ -179,7 +191,8 @@ class Router:
                 if not is_port_free(self.port, s.host):
                     raise RouterPortTakenError(s.host, self.port)
                 raise RouterError(
-                    f"sglang-router exited with code {process.returncode} at startup{see_log}"
+                    f"sglang-router exited with code {process.returncode} at startup{see_log}",
+                    returncode=process.returncode,
                 )
             try:
                 status, _ = self._call("GET", "/health", timeout_s=2)

@@ -510,9 +510,10 @@ class Session:
         None when `exc` is a fault already or nothing has died (a bug, a hook that raises)."""
         if is_fault(exc):
             return None
-        if killed_while_starting(exc):
+        part = killed_while_starting(exc)
+        if part is not None:
             why = remote_cause(exc)
-            return RunFault(f"an engine was killed while starting ({why})", component="engine")
+            return RunFault(f"the {part} was killed while starting ({why})", component=part)
         try:
             dead = await self.diagnose()
         except Exception:  # asking must not hide the failure being explained

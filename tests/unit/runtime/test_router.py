@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,3 +139,38 @@ def test_router_retries_on_the_other_engine_after_a_kill(cluster: Cluster) -> No
     while [w.url for w in router.workers()] != [urls[1]]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_a_router_killed_while_it_starts_is_a_fault_one_that_fails_is_not(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL before the router answers: a restart may well succeed (the run restarts from
+    its checkpoint). A router that exits by itself at start-up fails the same way again."""
+    from rlpost.runtime.failures import killed_while_starting
+    from rlpost.runtime.router import RouterError
+
+    router = Router(RouterSettings(log_path=str(tmp_path / "router.log"), startup_timeout_s=60))
+    killer_done: list[int] = []
+
+    def kill_once_started() -> None:
+        deadline = time.monotonic() + 30
+        while router._process is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if router._process is not None:
+            os.kill(router._process.pid, signal.SIGKILL)
+            killer_done.append(router._process.pid)
+
+    killer = threading.Thread(target=kill_once_started)
+    killer.start()
+    try:
+        with pytest.raises(RouterError) as killed:
+            router.start()
+    finally:
+        killer.join()
+        router.stop()
+    assert killer_done, "the router process never appeared"
+    assert killed.value.killed and killed.value.returncode == -signal.SIGKILL
+    assert killed_while_starting(killed.value) == "router"
+
+    refused = RouterError("sglang-router exited with code 2 at startup", returncode=2)
+    assert not refused.killed and killed_while_starting(refused) is None
