@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PreTrainedConfig,
+    PreTrainedModel,
+)
 
 from rlpost.backends.fp8 import dequantize_state, folder_format
 from rlpost.backends.hf_folder import shard_files
@@ -48,9 +54,32 @@ def read_weights(path: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor
     return state if fmt is None else dequantize_state(state, fmt, dtype)
 
 
+def folder_config(path: str | Path) -> PreTrainedConfig:
+    """The folder's config as its model is built: an FP8 folder's `quantization_config` left
+    out (its weights are read dequantised, `read_weights`)."""
+    folder = Path(path)
+    config: PreTrainedConfig = AutoConfig.from_pretrained(folder, local_files_only=True)
+    if folder_format(folder) is not None and hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def build_causal_lm(path: str | Path, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
+    """The folder's architecture (`folder_config`) in `dtype` with its generation config, no
+    weights read: they are as the model initialises them, or absent when built under
+    `torch.device("meta")`."""
+    folder = Path(path)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        folder_config(folder), dtype=dtype, **kwargs
+    )
+    if (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    return model
+
+
 def load_causal_lm(path: str | Path, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)`, local files only;
-    an FP8 folder is built from its config (quantisation left out) and given its dequantised
+    an FP8 folder is built from its config (`build_causal_lm`) and given its dequantised
     weights."""
     folder = Path(path)
     if folder_format(folder) is None:
@@ -58,10 +87,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype, **kwargs: Any) -> PreTr
             folder, dtype=dtype, local_files_only=True, **kwargs
         )
         return model
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)  # type: ignore[no-untyped-call]
+    model = build_causal_lm(folder, dtype, **kwargs)
     state = read_weights(folder, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())  # names (or a name map)
@@ -72,6 +98,4 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype, **kwargs: Any) -> PreTr
             f"unexpected {unexpected[:3]}"
         )
     model.tie_weights()
-    if (folder / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
     return model

@@ -180,6 +180,18 @@ def shard_model(
             module.set_force_sum_reduction_for_comms(True)
 
 
+def broadcast_buffers(root: nn.Module, device: torch.device) -> None:
+    """Every buffer of `root` (persistent or not: a rotary embedding's `inv_freq` is in no
+    state dict) moved to `device` and given rank 0's values. FSDP2 leaves buffers whole on
+    every rank, so each is one broadcast. Collective."""
+    for module in root.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.device != device:
+                buffer = buffer.to(device)
+                setattr(module, name, buffer)
+            dist.broadcast(buffer, src=0)
+
+
 def reshard(root: nn.Module) -> None:
     """Free every gathered layer of `root` (on CPU they outlive a no-grad forward), so that
     the next forward gathers the shards as they are now: after a load, say."""

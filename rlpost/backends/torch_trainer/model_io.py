@@ -1,5 +1,6 @@
-"""Loading a local HF causal LM, finding its decoder layers (the units FSDP2 shards and
-activation checkpointing recomputes), and writing the policy back as an HF folder."""
+"""Loading a local HF causal LM (or building its architecture alone, on the meta device),
+finding its decoder layers (the units FSDP2 shards and activation checkpointing recomputes),
+and writing the policy back as an HF folder."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch.distributed._composable import checkpoint  # type: ignore[attr-define
 from transformers import PreTrainedModel
 
 from rlpost.backends.hf_folder import copy_side_files, publish_folder
+from rlpost.backends.hf_load import build_causal_lm as build_hf_causal_lm
 from rlpost.backends.hf_load import load_causal_lm as load_hf_causal_lm
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
 
@@ -23,16 +25,34 @@ def load_causal_lm(
     model_dir: str | Path, attn_implementation: str = PACKED_SDPA
 ) -> PreTrainedModel:
     """fp32 weights on CPU, eval mode (no dropout: losses must be deterministic)."""
+    path = _model_folder(model_dir)
+    # an FP8 folder is dequantised (weight x scale per block), never read as plain tensors
+    model = load_hf_causal_lm(path, torch.float32, attn_implementation=attn_implementation)
+    model.train(False)
+    return model
+
+
+def build_causal_lm(
+    model_dir: str | Path, attn_implementation: str = PACKED_SDPA
+) -> PreTrainedModel:
+    """The model `load_causal_lm` gives (the same config, fp32, attention, generation config,
+    eval mode, tied weights tied) with every parameter and buffer on the meta device: no
+    storage, and nothing read from the folder but its config files."""
+    path = _model_folder(model_dir)
+    with torch.device("meta"):
+        model = build_hf_causal_lm(path, torch.float32, attn_implementation=attn_implementation)
+    model.train(False)
+    return model
+
+
+def _model_folder(model_dir: str | Path) -> Path:
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model folder {str(path)!r} has no config.json; point the model path at a local "
             "HF checkpoint folder (config.json, *.safetensors, tokenizer files)"
         )
-    # an FP8 folder is dequantised (weight x scale per block), never read as plain tensors
-    model = load_hf_causal_lm(path, torch.float32, attn_implementation=attn_implementation)
-    model.train(False)
-    return model
+    return path
 
 
 def freeze(model: ModuleT) -> ModuleT:

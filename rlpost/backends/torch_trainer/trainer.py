@@ -5,7 +5,8 @@ on every rank) and picks its own share of each optimizer step, so step-wide loss
 are known locally and need no communication. Parameters, gradients and optimizer state are
 sharded over the data-parallel ranks (distributed.py: gloo on CPU, NCCL on CUDA, one rank
 included); every rank runs as many forwards as the busiest one, padding with empty
-micro-batches, because each forward gathers the shards collectively.
+micro-batches, because each forward gathers the shards collectively. Rank 0 alone reads the
+model's folder; the other ranks receive their shards from it (sharded_model.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ from rlpost.backends.torch_trainer.distributed import (
     clip_grad_norm,
     gather_full,
     reshard,
-    shard_model,
 )
 from rlpost.backends.torch_trainer.forward import (
     FILLER,
@@ -64,14 +64,9 @@ from rlpost.backends.torch_trainer.forward import (
     TokenForward,
     pack_samples,
 )
-from rlpost.backends.torch_trainer.model_io import (
-    checkpoint_layers,
-    decoder_layers,
-    export_hf,
-    freeze,
-    load_causal_lm,
-)
+from rlpost.backends.torch_trainer.model_io import export_hf
 from rlpost.backends.torch_trainer.optim import build_optimizer, set_lr
+from rlpost.backends.torch_trainer.sharded_model import load_sharded_lm
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
@@ -133,19 +128,28 @@ class TorchTrainer:
         self._owns_group = self.dp.init()
         fsdp = fsdp or FsdpLayout()
         mesh = self.dp.mesh(fsdp.shard_group_size)
-        # Every rank loads the same folder, so the shards each one keeps agree.
-        self.model = load_causal_lm(self.model_dir, attn_implementation)  # its params: shards
+        # Rank 0 reads the folder; the others build the model on the meta device and
+        # receive their shards from it (sharded_model.py).
         layout = layout or ParallelLayout.single_process()
-        checkpoint_layers(
-            self.model, layout.recompute, layout.recompute_method, layout.recompute_num_layers
+        self.policy = load_sharded_lm(
+            self.model_dir,
+            attn_implementation,
+            self.dp,
+            mesh,
+            cpu_offload=fsdp.cpu_offload,
+            layout=layout,
         )
-        self.policy = TokenForward(self.model)
-        shard_model(self.policy, decoder_layers(self.model), mesh, fsdp.cpu_offload)
+        self.model = self.policy.lm  # the HF model; its parameters are shards
         self.ref_model: TokenForward | None = None
         if loads_reference(algo, load_reference):
-            ref = freeze(load_causal_lm(Path(reference_dir or model_dir), attn_implementation))
-            self.ref_model = TokenForward(ref)
-            shard_model(self.ref_model, decoder_layers(ref), mesh, fsdp.cpu_offload)
+            self.ref_model = load_sharded_lm(
+                Path(reference_dir or model_dir),
+                attn_implementation,
+                self.dp,
+                mesh,
+                cpu_offload=fsdp.cpu_offload,
+                frozen=True,
+            )
         self.optimizer = build_optimizer(self.model, optim)
         self.device = self.dp.device
         self.meter = StepMeter(self.device, world_size, prediction, host_before)

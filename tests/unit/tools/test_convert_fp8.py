@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from rlpost.backends.fp8 import FP8_DTYPE, SCALE_SUFFIX, Fp8Format
 from rlpost.backends.fp8_convert import convert_folder
 from rlpost.backends.fp8_format import folder_format
-from rlpost.backends.hf_load import load_causal_lm
+from rlpost.backends.hf_load import build_causal_lm, load_causal_lm
 from rlpost.backends.megatron.hf_files import HFCheckpoint, write_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,6 +107,18 @@ def test_the_converted_folder_has_fp8_linears_scales_an_index_and_the_side_files
     assert folder_format(fp8_lm) == BLOCK
     for side in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (fp8_lm / side).read_bytes() == (sharded_lm / side).read_bytes()
+
+
+def test_an_fp8_folder_builds_on_the_meta_device_as_it_loads(fp8_lm: Path) -> None:
+    """The torch trainer's ranks other than 0 build the model from the folder's config alone:
+    the same config as the loaded model's, quantisation left out, no weights read."""
+    loaded = load_causal_lm(fp8_lm, torch.float32)
+    with torch.device("meta"):
+        built = build_causal_lm(fp8_lm, torch.float32)
+    assert built.config.to_dict() == loaded.config.to_dict()
+    assert "quantization_config" not in built.config.to_dict()
+    assert built.generation_config.to_dict() == loaded.generation_config.to_dict()
+    assert all(p.is_meta for p in built.parameters())
 
 
 def test_rlpost_reads_the_fp8_folder_as_its_dequantised_weights(

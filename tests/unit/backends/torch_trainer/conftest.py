@@ -18,7 +18,9 @@ from rlpost.types import TrainSample
 VOCAB_SIZE = 64
 
 
-def save_tiny_qwen3(path: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+def save_tiny_qwen3(
+    path: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0, tied: bool = True
+) -> Path:
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=VOCAB_SIZE,
@@ -29,7 +31,7 @@ def save_tiny_qwen3(path: Path, *, layers: int = 2, hidden: int = 64, seed: int 
         num_key_value_heads=2,
         head_dim=hidden // 4,
         max_position_embeddings=1024,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
     Qwen3ForCausalLM(config).save_pretrained(path)
     vocab = {"<pad>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, VOCAB_SIZE)}

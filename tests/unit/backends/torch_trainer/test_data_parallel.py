@@ -1,4 +1,4 @@
-"""The sharded trainer over gloo: DP2 (FSDP2, HSDP) against DP1, every run in forked ranks."""
+"""The sharded trainer over gloo: DP2 and DP4 (FSDP2, HSDP) against DP1, in forked ranks."""
 
 import socket
 import time
@@ -99,29 +99,32 @@ def uneven_samples(make_samples: Samples) -> list[TrainSample]:
 
 
 @pytest.mark.parametrize(
-    ("kind", "fsdp"),
+    ("world_size", "kind", "fsdp"),
     [
-        ("samples", FsdpLayout()),
-        ("groups", FsdpLayout()),
-        ("uneven", FsdpLayout()),
-        ("samples", FsdpLayout(shard_group_size=1, cpu_offload=True)),
+        (2, "samples", FsdpLayout()),
+        (2, "groups", FsdpLayout()),
+        (2, "uneven", FsdpLayout()),
+        (2, "samples", FsdpLayout(shard_group_size=1, cpu_offload=True)),
+        (4, "samples", FsdpLayout()),
     ],
-    ids=["samples", "groups", "uneven-micro-batches", "hsdp-replicated-cpu-offload"],
+    ids=["samples", "groups", "uneven-micro-batches", "hsdp-replicated-cpu-offload", "dp4"],
 )
-def test_two_ranks_match_one_rank(
+def test_ranks_match_one_rank(
     tiny_model_dir: Path,
     make_samples: Samples,
     make_groups: Samples,
     make_configs: Configs,
     tmp_path: Path,
+    world_size: int,
     kind: str,
     fsdp: FsdpLayout,
 ) -> None:
-    """Same rollout, same step: FSDP2 over 2 gloo ranks gives 1 rank's gradients (summed, not
-    averaged) and weights; with groups of one prompt each rank takes whole groups and packs
-    each prompt once; ranks with unequal micro-batch counts even them out with empty ones;
-    HSDP with shard groups of one rank replicates instead of sharding (here with FSDP2's CPU
-    offload on, which on CPU leaves everything where it is)."""
+    """Same rollout, same step: FSDP2 over 2 (or 4) gloo ranks gives 1 rank's gradients
+    (summed, not averaged) and weights; with groups of one prompt each rank takes whole
+    groups and packs each prompt once; ranks with unequal micro-batch counts even them out
+    with empty ones; HSDP with shard groups of one rank replicates instead of sharding (here
+    with FSDP2's CPU offload on, which on CPU leaves everything where it is). Ranks other
+    than 0 receive the model from rank 0 rather than reading it (sharded_model.py)."""
     train = TRAIN | ({"balance_data": False} if kind == "uneven" else {})
     configs = make_configs(
         8,
@@ -134,14 +137,14 @@ def test_two_ranks_match_one_rank(
     elif kind == "uneven":
         samples = uneven_samples(make_samples)
         counts = [
-            len(plan_steps(samples, configs[2], configs[0], r, 2)[0].micro_batches)
-            for r in range(2)
+            len(plan_steps(samples, configs[2], configs[0], r, world_size)[0].micro_batches)
+            for r in range(world_size)
         ]
         assert counts[0] > counts[1], counts
     else:
         samples = make_samples(8, seed=11, with_rollout=True)
     (single,) = run_ranks(1, tiny_model_dir, configs, samples, tmp_path / "single")
-    ranks = run_ranks(2, tiny_model_dir, configs, samples, tmp_path / "dual", fsdp=fsdp)
+    ranks = run_ranks(world_size, tiny_model_dir, configs, samples, tmp_path / "dp", fsdp=fsdp)
     for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
         for result in ranks:
             assert abs(result["metrics"][key] - single["metrics"][key]) < 1e-5, key
@@ -151,10 +154,10 @@ def test_two_ranks_match_one_rank(
             assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
         for a, b in zip(result["weights"], single["weights"], strict=True):
             assert torch.allclose(a, b, atol=1e-6)
-    # each rank holds half of every tensor sharded over two ranks, all of it replicated
-    share = fsdp.shard_group_size or 2
-    for whole, half in zip(single["shards"], ranks[0]["shards"], strict=True):
-        assert half == -(-whole // share)
+    # each rank holds its part of every tensor sharded over the ranks, all of it replicated
+    share = fsdp.shard_group_size or world_size
+    for whole, part in zip(single["shards"], ranks[0]["shards"], strict=True):
+        assert part == -(-whole // share)
 
 
 def gather_weights_rank(
