@@ -84,8 +84,10 @@ def descendants(root: int) -> list[Proc]:
 
 
 def record_processes(run_dir: Path) -> None:
-    """Write down this process's descendants as the run's (see the module)."""
-    if not supported():
+    """Write down this process's descendants as the run's (see the module). Best effort: a
+    run directory that is missing or cannot be written (a full disk) records nothing, and
+    the run goes on."""
+    if not supported() or not run_dir.is_dir():
         return
     record = {
         "boot_id": BOOT_ID.read_text().strip(),
@@ -94,8 +96,11 @@ def record_processes(run_dir: Path) -> None:
     }
     path = run_dir / RECORD_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def still_running(run_dir: Path) -> list[Proc]:

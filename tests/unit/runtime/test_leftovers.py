@@ -105,3 +105,12 @@ def test_the_launch_itself_and_its_ancestors_are_never_ended(tmp_path: Path) -> 
 def test_an_unreadable_record_names_nothing(tmp_path: Path) -> None:
     (tmp_path / leftovers.RECORD_FILE).write_text("{not json")
     assert leftovers.still_running(tmp_path) == []
+
+
+def test_recording_is_best_effort(tmp_path: Path) -> None:
+    """No run directory, or one that cannot be written: nothing recorded, nothing raised."""
+    leftovers.record_processes(tmp_path / "missing")
+    assert not (tmp_path / "missing").exists()
+    unwritable = Path("/proc/self")  # a directory no one, root included, can create files in
+    leftovers.record_processes(unwritable)
+    assert not (unwritable / leftovers.RECORD_FILE).exists()
