@@ -1,16 +1,27 @@
-"""Training tokens/s, MFU and peak memory of the megatron-core trainer on a Qwen3 shape, and the
-same work as a plain PyTorch loop beside it.
+"""Training tokens/s, MFU and peak memory of rlpost's trainers (megatron-core or torch/FSDP2) on
+a Qwen3 shape, and the same work as a plain PyTorch loop beside it.
 
     .venv/bin/python benchmarks/megatron_train.py --size tiny --steps 2     # CPU smoke run
     .venv/bin/python benchmarks/megatron_train.py --size tiny --steps 1 --baseline --profile
     python benchmarks/megatron_train.py --size 0.6b --steps 5 --baseline    # one GPU
     python benchmarks/megatron_train.py --size 1.7b layout.train.recompute.granularity=selective
+    python benchmarks/megatron_train.py --size 0.6b --steps 3 --baseline trainer.backend=torch
 
 Composes conf/ (model qwen3-<size>, recipe grpo_dapo, one device, batch sizes as overrides),
 plans it (build_plan), writes a random-weight HF checkpoint of the model YAML's shape (bf16 on
-GPU, fp32 on CPU) and times MegatronTrainer.train_step on synthetic rollouts (--samples x
+GPU, fp32 on CPU) and times the trainer's train_step on synthetic rollouts (--samples x
 --seq-len tokens, a quarter prompt; dynamic batching): one warm-up rollout, then --steps. The
-trainer gets what the plan decides (reference model, old-policy logprobs) and its prediction.
+trainer is built as a run builds it on its train rank (rlpost.runtime.trainers: trainer_spec,
+build_trainer), so it gets what the plan decides (layout, reference model, old-policy
+logprobs, CUDA on a GPU profile) and its prediction.
+
+Which trainer: megatron-core, or with the override `trainer.backend=torch` the torch trainer,
+which shards its model with FSDP2 over the one rank (bf16 compute over float32 shards on
+CUDA, float32 on CPU). Its layout row names it with layout.train.fsdp's settings, and on a GPU
+profile the plan's memory estimate is FSDP2's (rlpost.plan.fsdp: float32 shards, the gathered
+root and layers, the reference's shard). The synthetic samples' prompts all differ, so the
+torch trainer's prompt sharing (a group's prompt packed once) saves nothing here: both
+trainers do the same work.
 
 The presets' micro-batches (max_tokens_per_gpu) fit an 80 GB card for both loops: measured on
 an H200, rlpost peaked at 21-56 GiB (0.6b, 16384 tokens) and 41 GiB (1.7b, full recompute) and
@@ -26,12 +37,13 @@ this process after the trainer is gone; prints its tokens/s, memory and rlpost /
 MFU = model FLOPs / (seconds x the hardware profile's peak_bf16_tflops), rlpost.plan.flops'
 definition: 2 N + 4 L a s per token and forward, 3 forwards for training plus each no-grad
 forward train_step ran (the reference model's, the old policy's unless the training forward's
-own logprobs serve); recompute is not counted. The peak of a large matmul measured here is
-printed beside it (bf16 8192^3 on GPU, fp32 1024^3 on CPU).
+own logprobs serve); recompute is not counted; the same for both trainers. The peak of a large
+matmul measured here is printed beside it (bf16 8192^3 on GPU, fp32 1024^3 on CPU).
 
 Memory: torch.cuda.max_memory_allocated against the plan's per-GPU training estimate less its
 context/workspace overhead, which the allocator does not see; on CPU the growth of peak RSS
-from trainer construction on.
+from trainer construction on. The reference model's weights are what this process holds of
+them: the torch trainer's are DTensor shards, counted by their local tensors.
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -58,10 +71,14 @@ from step_profile import profile_report  # noqa: E402
 
 from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
+from rlpost.backends.torch_trainer import TorchTrainer  # noqa: E402
 from rlpost.config.loader import compose_run_config  # noqa: E402
 from rlpost.plan import Plan, build_plan  # noqa: E402
 from rlpost.plan.flops import mfu  # noqa: E402
+from rlpost.plan.fsdp import FsdpTrainMemory, fsdp_options  # noqa: E402
+from rlpost.plan.memory import TrainMemory  # noqa: E402
 from rlpost.plan.params import count_params  # noqa: E402
+from rlpost.runtime.trainers import build_trainer, trainer_spec  # noqa: E402
 from rlpost.schema import ModelConfig, RunConfig  # noqa: E402
 from rlpost.types import TrainSample  # noqa: E402
 
@@ -69,6 +86,7 @@ GIB = 1024**3
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MATMUL = {"cuda": (8192, 20, "bf16"), "cpu": (1024, 4, "fp32")}  # size, repeats, dtype
 PEAK_TRIALS = 5
+Trainer = MegatronTrainer | TorchTrainer
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,7 @@ def compose_run(args: argparse.Namespace, hf_dir: Path, dtype: str) -> RunConfig
     group = math.gcd(args.samples, 8)
     overrides = [
         f"model={PRESETS[args.size].model}", "recipe=grpo_dapo", f"hardware={args.hardware}",
+        "trainer.backend=megatron",  # the default here; trainer.backend=torch among overrides
         "hardware.gpus_per_node=1", "layout.train.num_gpus=1",
         f"model.hf_checkpoint={hf_dir}", f"model.params_dtype={dtype}",
         "model.load=null", f"model.ref_load={hf_dir}",  # never a torch_dist left on the machine
@@ -158,13 +177,19 @@ def measure_peak_flops(device: torch.device) -> tuple[float, str]:
     return 2 * size**3 * repeats / best_s, f"{dtype} {size}^3 matmul, best of {PEAK_TRIALS}"
 
 
-def extra_forwards(trainer: MegatronTrainer, optimizer_steps: float) -> list[str]:
+def extra_forwards(trainer: Trainer, optimizer_steps: float) -> list[str]:
     """The no-grad forwards train_step runs besides the training forward (see the docstring)."""
     extra = ["reference model"] if trainer.ref_model is not None else []
     reuse = trainer.reuse_logprobs_single_step and optimizer_steps == 1
     if not (reuse and not needs_reference_kl(trainer.algo)):
         extra.append("old-policy logprobs")
     return extra
+
+
+def local_gib(params: list[torch.Tensor]) -> float:
+    """What this process holds of `params`: a DTensor's local shard, a plain tensor whole."""
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    return sum(t.numel() * t.element_size() for t in local) / GIB
 
 
 def peak_rss_gib() -> float:
@@ -188,19 +213,30 @@ class Measured:
     profile: str = ""
 
 
+def build_run_trainer(run: RunConfig, plan: Plan) -> Trainer:
+    """The plan's trainer, built as a run's rank 0 builds it (one rank, this process)."""
+    spec = trainer_spec(
+        run, plan, master_addr="127.0.0.1", master_port=free_port(),
+        num_threads=torch.get_num_threads(),
+    )  # fmt: skip
+    if spec.backend == "torch" and (spec.device == "cuda") != torch.cuda.is_available():
+        where = "has a" if torch.cuda.is_available() else "has no"
+        raise SystemExit(
+            f"--hardware {run.hardware.name}: the torch trainer would compute on "
+            f"{spec.device}, but this machine {where} CUDA GPU; pass --hardware "
+            f"{'h200x1' if torch.cuda.is_available() else 'cpu'} (or leave it out)"
+        )
+    trainer: Trainer = build_trainer(spec, 0)
+    return trainer
+
+
 def time_trainer(
     run: RunConfig, plan: Plan, rollouts: list[list[TrainSample]], profile: bool
 ) -> Measured:
     on_gpu = torch.cuda.is_available()
     free_memory(on_gpu)
     rss_before_gib = peak_rss_gib()
-    recipe, work = run.recipe, plan.work
-    trainer = MegatronTrainer(
-        run.model, recipe.algo, recipe.optim, recipe.train, plan.parallel,
-        rollout_temperature=recipe.rollout.temperature, master_port=free_port(),
-        load_reference=work.load_reference, reuse_logprobs_single_step=work.reuse_old_logprobs,
-        prediction=plan.prediction,
-    )  # fmt: skip
+    trainer = build_run_trainer(run, plan)
     try:
         trainer.train_step(rollouts[0])
         synchronize(on_gpu)
@@ -210,7 +246,7 @@ def time_trainer(
         elapsed_s = time.perf_counter() - start
         extra = extra_forwards(trainer, steps[0]["train/optimizer_steps"])
         ref = [] if trainer.ref_model is None else list(trainer.ref_model.parameters())
-        reference_gib = sum(p.numel() * p.element_size() for p in ref) / GIB
+        reference_gib = local_gib(ref)
         memory = measured_memory(on_gpu, rss_before_gib)
         # after the timing and the memory peak: it changes neither
         profiled = profile_report(lambda: trainer.train_step(rollouts[1])) if profile else ""
@@ -269,7 +305,7 @@ def main() -> None:
             recompute = plan.parallel.recompute == "full"
             lr = run.recipe.optim.lr
             plain = run_plain_loop(hf_dir, rollouts, lr, recompute, args.max_tokens_per_gpu)
-    report(args, plan, run.model, peak, measured)
+    report(args, plan, run, peak, measured)
     if plain is not None:
         report_baseline(args, plan, measured, plain)
     if measured.profile:
@@ -289,10 +325,11 @@ def tokens_per_s(args: argparse.Namespace, rollouts: int, elapsed_s: float) -> f
 def report(
     args: argparse.Namespace,
     plan: Plan,
-    model: ModelConfig,
+    run: RunConfig,
     peak: tuple[float, str],
     measured: Measured,
 ) -> None:
+    model = run.model
     steps = measured.steps
     rate = tokens_per_s(args, len(steps), measured.elapsed_s)
     extra = measured.extra_forwards
@@ -301,12 +338,12 @@ def report(
     step_flops = flops.over([args.seq_len] * args.samples, forwards)
     step_s = measured.elapsed_s / len(steps)
     gpus = plan.placement.train_gpus
-    mem, par = plan.memory.train, plan.parallel
+    mem = plan.memory.train
     mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
     rows = [
         ("model", f"{model.name} ({count_params(model).total / 1e6:,.1f}M params, "
                   f"{model.params_dtype}), random weights"),
-        ("layout", f"tp {par.tp} pp {par.pp} cp {par.cp} dp {par.dp}, recompute {par.recompute}"),
+        ("layout", layout_row(run, plan)),
         ("rollout", f"{args.samples} samples x {args.seq_len} tokens, "
                     f"{mean['train/optimizer_steps']:.0f} optimizer step(s), "
                     f"{mean['train/micro_batches']:.0f} micro-batches of <= "
@@ -325,17 +362,65 @@ def report(
         ("measured peak TFLOP/s; MFU of it",
          f"{peak[0] / 1e12:.3f} ({peak[1]}); {step_flops / step_s / peak[0]:.3f}"),
         (measured.memory_label, f"{measured.memory_gib:.3f}"),
-        ("plan train estimate GiB/GPU", f"{mem.total_gib:.3f} (weights {mem.weights_gib:.3f}, "
-         f"grads {mem.grads_gib:.3f}, optimizer {mem.optimizer_gib:.3f}, activations "
-         f"{mem.activations_gib:.3f}, logits {mem.logits_gib:.3f}, overhead "
-         f"{mem.overhead_gib:.3f})"),
-        ("reference weights GiB (not estimated)", f"{measured.reference_gib:.3f}"),
+        ("plan train estimate GiB/GPU", plan_memory_row(mem)),
+        reference_row(plan, measured.reference_gib),
         ("measured / (estimate - overhead)",
          f"{measured.memory_gib / (mem.total_gib - mem.overhead_gib):.3f}"),
         ("step time / plan's training seconds",
          f"{step_s / plan.prediction.train_s:.3f} (plan {plan.prediction.train_s:.3f} s)"),
     ]  # fmt: skip
     print_rows(rows)
+
+
+def layout_row(run: RunConfig, plan: Plan) -> str:
+    par = plan.parallel
+    if plan.trainer_backend != "torch":
+        return f"tp {par.tp} pp {par.pp} cp {par.cp} dp {par.dp}, recompute {par.recompute}"
+    fsdp = fsdp_options(run)
+    shards = fsdp.shards(par.dp)
+    compute = "bf16 over float32 shards" if run.hardware.kind == "gpu" else "float32"
+    offload = "on" if fsdp.cpu_offload else "off"
+    return (
+        f"torch trainer, FSDP2 over dp {par.dp} (shard group {shards}, cpu_offload {offload}), "
+        f"{compute}, recompute {par.recompute}"
+    )
+
+
+def plan_memory_row(mem: TrainMemory) -> str:
+    """The plan's per-GPU training estimate and its terms: FSDP2's for the torch trainer on
+    a GPU profile (float32 shards, gathered parameters, the reference's shard), else
+    megatron-core's (on the cpu profile, the torch trainer's too)."""
+    common = (
+        f"activations {mem.activations_gib:.3f}, logits {mem.logits_gib:.3f}, "
+        f"overhead {mem.overhead_gib:.3f}"
+    )
+    if not isinstance(mem, FsdpTrainMemory):
+        return (
+            f"{mem.total_gib:.3f} (weights {mem.weights_gib:.3f}, grads {mem.grads_gib:.3f}, "
+            f"optimizer {mem.optimizer_gib:.3f}, {common})"
+        )
+    host = f"; on the host {mem.host_optimizer_gib:.3f}" if mem.cpu_offload else ""
+    return (
+        f"{mem.total_gib:.3f} (float32 shards of {mem.shards}: weights {mem.weights_gib:.3f}, "
+        f"grads {mem.grads_gib:.3f}, optimizer {mem.optimizer_gib:.3f}; gathered "
+        f"{mem.gathered_gib:.3f}, reference {mem.reference_gib:.3f}, {common}{host})"
+    )
+
+
+def reference_row(plan: Plan, reference_gib: float) -> tuple[str, str]:
+    """The reference model's weights this process holds; the plan counts them only in
+    FSDP2's estimate."""
+    if plan.trainer_backend != "torch":
+        return "reference weights GiB (not estimated)", f"{reference_gib:.3f}"
+    mem = plan.memory.train
+    if not isinstance(mem, FsdpTrainMemory):
+        return "reference weights GiB (local shards, not estimated)", f"{reference_gib:.3f}"
+    if mem.cpu_offload:  # the plan counts the reference's shard among the host's state
+        return "reference weights GiB (local shards, on the host)", f"{reference_gib:.3f}"
+    return (
+        "reference weights GiB (local shards)",
+        f"{reference_gib:.3f} (plan {mem.reference_gib:.3f})",
+    )
 
 
 def report_baseline(

@@ -30,7 +30,7 @@ from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.plan.prediction import RANK_PEAK_METRICS
-from rlpost.runtime.actors import RewardModelActor, TrainActor, TrainerSpec
+from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import (
@@ -45,6 +45,7 @@ from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterSettings
+from rlpost.runtime.trainers import trainer_spec
 from rlpost.runtime.weight_sync import (
     WEIGHT_SYNCS,
     ProbeSettings,
@@ -280,29 +281,15 @@ class Session:
         cfg = self.cfg
         rank0 = placement.train_slots[0]
         first = placement.index(rank0)
-        spec = TrainerSpec(
-            backend=self.plan.trainer_backend,
-            model=cfg.model,
-            layout=self.plan.parallel,
-            algo=cfg.recipe.algo,
-            optim=cfg.recipe.optim,
-            train=cfg.recipe.train,
-            rollout_temperature=cfg.recipe.rollout.temperature,
-            world_size=placement.train_gpus,
+        spec = trainer_spec(
+            cfg,
+            self.plan,
             # rank 0's node, at a port free there: the kernel's pick, not the plan's fixed
             # port (runs that start together on one host would both find it free)
             master_addr=self.cluster.slots[first].node_ip,
             master_port=self.cluster.free_port_on(first),
             num_threads=self._threads_per_slot(),
-            seed=cfg.run.seed,
-            load_reference=self.plan.work.load_reference,
-            reuse_old_logprobs=self.plan.work.reuse_old_logprobs,
-            share_prompts=self.plan.work.share_prompts,
-            prediction=self.plan.prediction,
-            collective_timeout_s=cfg.trainer.collective_timeout_s,
             init_method=self._rendezvous(),
-            device="cuda" if cfg.hardware.kind == "gpu" else "cpu",
-            fsdp=cfg.layout.train.fsdp,
         )
         self.rendezvous = spec.init_method or f"tcp://{spec.master_addr}:{spec.master_port}"
         if spec.init_method is None:  # across nodes; on one node it is a file (placement.json)

@@ -3,18 +3,22 @@
 Both backends offer the same interface to the run (train_step, compute_logprobs,
 iter_hf_weights, export_hf, save_checkpoint / load_checkpoint, close, model_dir); every call is
 made on all ranks at once, which both need (their weights are sharded). Which one a run gets
-is rlpost.plan.backends.resolve_trainer_backend.
+is rlpost.plan.backends.resolve_trainer_backend; what its ranks build from is `trainer_spec`
+(the run's session and benchmarks/megatron_train.py alike).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
-from rlpost.schema import AlgoConfig, FsdpLayout, ModelConfig, OptimConfig, TrainConfig
+from rlpost.schema import AlgoConfig, FsdpLayout, ModelConfig, OptimConfig, RunConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from rlpost.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,43 @@ class TrainerSpec:
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
     device: str = "cpu"  # where the torch trainer computes: "cpu", or "cuda" on GPU profiles
     fsdp: FsdpLayout | None = None  # layout.train.fsdp (None: its defaults), torch only
+
+
+def trainer_spec(
+    cfg: RunConfig,
+    plan: Plan,
+    *,
+    master_addr: str,
+    master_port: int,
+    num_threads: int,
+    init_method: str | None = None,
+) -> TrainerSpec:
+    """What `plan`'s train ranks build their trainers from: the run's own sections and the
+    plan's decisions (backend, layout, reference, old-logprob reuse, prompt sharing,
+    prediction), on CUDA for GPU profiles. Where the ranks meet and how many threads each
+    takes depend on the machines the run found, so the caller gives them."""
+    return TrainerSpec(
+        backend=plan.trainer_backend,
+        model=cfg.model,
+        layout=plan.parallel,
+        algo=cfg.recipe.algo,
+        optim=cfg.recipe.optim,
+        train=cfg.recipe.train,
+        rollout_temperature=cfg.recipe.rollout.temperature,
+        world_size=plan.placement.train_gpus,
+        master_addr=master_addr,
+        master_port=master_port,
+        num_threads=num_threads,
+        seed=cfg.run.seed,
+        load_reference=plan.work.load_reference,
+        reuse_old_logprobs=plan.work.reuse_old_logprobs,
+        share_prompts=plan.work.share_prompts,
+        prediction=plan.prediction,
+        collective_timeout_s=cfg.trainer.collective_timeout_s,
+        init_method=init_method,
+        device="cuda" if cfg.hardware.kind == "gpu" else "cpu",
+        fsdp=cfg.layout.train.fsdp,
+    )
 
 
 def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:

@@ -1,0 +1,43 @@
+"""trainer_spec: what a run's train ranks build their trainers from is the run's sections and
+the plan's decisions (the runtime and benchmarks/megatron_train.py both build from it)."""
+
+from __future__ import annotations
+
+from rlpost.config.loader import compose_run_config
+from rlpost.plan import Plan, build_plan
+from rlpost.runtime.trainers import TrainerSpec, trainer_spec
+from rlpost.schema import RunConfig
+
+
+def spec_for(*overrides: str) -> tuple[RunConfig, Plan, TrainerSpec]:
+    cfg = compose_run_config(list(overrides))[0]
+    plan = build_plan(cfg)
+    spec = trainer_spec(cfg, plan, master_addr="10.0.0.1", master_port=29511, num_threads=3)
+    return cfg, plan, spec
+
+
+def test_the_torch_trainer_on_a_gpu_profile_computes_on_cuda_with_the_plans_decisions() -> None:
+    cfg, plan, spec = spec_for(
+        "model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h200x1", "trainer.backend=torch",
+        "layout.train.fsdp.cpu_offload=true", "recipe.algo.kl_loss_coef=0.01",
+    )  # fmt: skip
+    assert (spec.backend, spec.device) == ("torch", "cuda")
+    assert spec.layout == plan.parallel and spec.world_size == plan.placement.train_gpus
+    assert spec.fsdp is not None and spec.fsdp.cpu_offload
+    assert spec.load_reference == plan.work.load_reference is True
+    assert spec.reuse_old_logprobs == plan.work.reuse_old_logprobs
+    assert spec.share_prompts == plan.work.share_prompts is True
+    assert spec.prediction == plan.prediction
+    assert (spec.master_addr, spec.master_port, spec.num_threads) == ("10.0.0.1", 29511, 3)
+    assert spec.init_method is None
+    assert (spec.seed, spec.collective_timeout_s) == (
+        cfg.run.seed,
+        cfg.trainer.collective_timeout_s,
+    )
+    assert spec.model == cfg.model and spec.algo == cfg.recipe.algo
+
+
+def test_the_cpu_profile_trains_on_the_cpu_and_megatron_packs_every_prompt() -> None:
+    _, plan, spec = spec_for("hardware=cpu", "trainer.backend=megatron")
+    assert (spec.backend, spec.device) == ("megatron", "cpu")
+    assert spec.share_prompts is plan.work.share_prompts is False
