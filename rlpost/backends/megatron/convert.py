@@ -229,6 +229,7 @@ def iter_hf_weights(
             if received is None:
                 break
             yield received
+            del bucket, received  # before the next bucket is gathered: one alive at a time
 
 
 def save_torch_dist(state: nn.Module | dict[str, Any], ckpt_dir: str | Path) -> None:
