@@ -2,10 +2,12 @@
 
 Every case is a training launch (`mode=train`, the default) that must end with exit status 2,
 a message naming the key or file and saying the fix, no traceback, no Ray started and no run
-directory written, in under 3 s. The cases run one after the other in a single interpreter
-(the launcher's own `main`, as `launch.py` calls it), so the corpus costs one start-up;
+directory written. The cases run one after the other in a single interpreter (the launcher's
+own `main`, as `launch.py` calls it), so the corpus costs one start-up;
 `test_a_bad_launch_is_refused_from_the_command_line` holds the same contract for a real
-`launch.py` process.
+`launch.py` process. How long a refusal takes (the target: under 3 s) is measured by
+`benchmarks/refusals.py`, which runs this corpus through `run_corpus` with the files
+`write_fixtures` writes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / "rlpost" / "assets"
 TINY_MODEL = ASSETS / "qwen3-tiny"
-LIMIT_S = 3.0
 GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
 DECOUPLED_CPU = ("layout.colocate=false", "layout.train.num_gpus=1", "layout.rollout.num_gpus=1")
 
@@ -388,10 +389,9 @@ def _case(name: str, argv: tuple[str, ...], names: str, says: str) -> Bad:
     return Bad(name, argv, names, says)
 
 
-@pytest.fixture(scope="module")
-def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Files the file cases point at: data, checkpoints, user configs, a used run dir."""
-    root = tmp_path_factory.mktemp("bad_inputs")
+def write_fixtures(root: Path) -> Path:
+    """Writes the files the file cases point at into `root` (an empty folder) and returns it:
+    data, checkpoints, user configs, a used run dir."""
     good = (ASSETS / "data" / "arith_train.jsonl").read_text().splitlines()
     data = root / "data"
     data.mkdir()
@@ -444,6 +444,12 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
         config = json.loads((TINY_MODEL / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
     return root
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files the file cases point at: data, checkpoints, user configs, a used run dir."""
+    return write_fixtures(tmp_path_factory.mktemp("bad_inputs"))
 
 
 def file_cases(root: Path) -> list[Bad]:
@@ -645,7 +651,7 @@ from rlpost.cli import launch
 results = []
 for case in json.loads(open(sys.argv[1]).read()):
     err = io.StringIO()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     code = 0
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -659,7 +665,7 @@ for case in json.loads(open(sys.argv[1]).read()):
     ray = sys.modules.get("ray")
     results.append({
         "name": case["name"], "code": code, "stderr": err.getvalue(),
-        "seconds": time.perf_counter() - started,
+        "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu,
         "ray_started": bool(ray is not None and ray.is_initialized()),
     })
 print(json.dumps(results))
@@ -667,6 +673,8 @@ print(json.dumps(results))
 
 
 def run_corpus(cases: list[Bad], workdir: Path) -> dict[str, dict]:
+    """Runs the cases through DRIVER in one interpreter; by case name: `code`, `stderr`,
+    `seconds` and `cpu_seconds` of the launch, `ray_started`. Run dirs go under workdir/runs."""
     spec = workdir / "cases.json"
     runs = workdir / "runs"
     items = []
@@ -712,8 +720,6 @@ def test_every_bad_input_is_refused_before_anything_starts(fixtures: Path, tmp_p
             wrong.append("no fix")
         if got["ray_started"]:
             wrong.append("Ray started")
-        if got["seconds"] > LIMIT_S:
-            wrong.append(f"{got['seconds']:.1f} s")
         if wrong:
             problems.append(f"{case.name}: {', '.join(wrong)}\n{err[-1500:]}")
     assert not problems, "\n\n".join(problems)

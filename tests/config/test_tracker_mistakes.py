@@ -3,9 +3,11 @@
 Each case names the issue or pull request (its URL), quotes the symptom its author saw - a
 late failure, a silently wrong run, or a hang - and writes the same mistake in rlpost's
 config. A training launch (`mode=train`) with it must stop before anything starts: exit
-status 2, no traceback, no Ray, no run directory, under 3 s, naming the key, the value and a
-fix. The fix it gives, applied to the same launch, must itself validate
-(`rlpost validate --no-local-checks`: schema, hooks, plan and memory).
+status 2, no traceback, no Ray, no run directory, naming the key, the value and a fix. The
+fix it gives, applied to the same launch, must itself validate (`rlpost validate
+--no-local-checks`: schema, hooks, plan and memory). How long a refusal takes (the target:
+under 3 s) is measured by `benchmarks/refusals.py`, which runs this corpus through
+`run_mistakes`.
 
 Most come from the trackers of the frameworks rlpost is measured against (`PEERS`: slime,
 verl, OpenRLHF, TRL, NeMo-RL, AReaL); the rest from the projects under or beside them
@@ -27,7 +29,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LIMIT_S = 3.0
 GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
 QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
 FLASH = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
@@ -597,7 +598,7 @@ from rlpost.cli.main import main as rlpost_main
 
 def run(fn, argv):
     err = io.StringIO()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     code = 0
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -608,15 +609,16 @@ def run(fn, argv):
             import traceback
             err.write("Traceback (from the driver)\\n" + traceback.format_exc())
             code = -1
-    return code or 0, err.getvalue(), time.perf_counter() - started
+    return code or 0, err.getvalue(), time.perf_counter() - started, time.process_time() - cpu
 
 results = {}
 for case in json.loads(open(sys.argv[1]).read()):
-    code, err, seconds = run(launch.main, case["launch"])
+    code, err, seconds, cpu_seconds = run(launch.main, case["launch"])
     ray = sys.modules.get("ray")
-    fixed_code, fixed_err, _ = run(rlpost_main, ["validate", "--no-local-checks", *case["fixed"]])
+    fixed = ["validate", "--no-local-checks", *case["fixed"]]
+    fixed_code, fixed_err, _, _ = run(rlpost_main, fixed)
     results[case["name"]] = {
-        "code": code, "stderr": err, "seconds": seconds,
+        "code": code, "stderr": err, "seconds": seconds, "cpu_seconds": cpu_seconds,
         "ray_started": bool(ray is not None and ray.is_initialized()),
         "fixed_code": fixed_code, "fixed_stderr": fixed_err,
     }
@@ -624,12 +626,13 @@ print(json.dumps(results))
 """
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    work = tmp_path_factory.mktemp("tracker_mistakes")
+def run_mistakes(cases: list[Mistake], work: Path) -> dict[str, dict]:
+    """Runs the cases through DRIVER in one interpreter, each launch followed by its fix's
+    validation; by case name: `code`, `stderr`, `seconds` and `cpu_seconds` of the launch,
+    `ray_started`, `fixed_code`, `fixed_stderr`. Run dirs go under work/runs."""
     runs = work / "runs"
     items = []
-    for i, case in enumerate(MISTAKES):
+    for i, case in enumerate(cases):
         launch = list(case.argv)
         if case.own_dir:
             launch.append(f"run.dir={runs / str(i)}")
@@ -648,7 +651,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got: dict[str, dict] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    work = tmp_path_factory.mktemp("tracker_mistakes")
+    got = run_mistakes(MISTAKES, work)
+    runs = work / "runs"
     written = [p for p in runs.iterdir() if p.name != "hydra"] if runs.exists() else []
     assert written == [], f"run directories written by refused launches: {written}"
     return got
@@ -677,7 +688,6 @@ def test_refused_before_anything_starts(case: Mistake, results: dict[str, dict])
     assert got["code"] == 2, f"{case.url}: exit {got['code']}\n{err[-2000:]}"
     assert "Traceback" not in err, err[-2000:]
     assert not got["ray_started"]
-    assert got["seconds"] < LIMIT_S, f"{got['seconds']:.1f} s"
     shown = f"{case.key} = " if case.value is None else case.value
     assert case.key in err and shown in err, f"{case.key!r} or its value not named\n{err}"
     assert case.says in err, f"no {case.says!r}\n{err}"
