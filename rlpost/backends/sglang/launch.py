@@ -233,6 +233,17 @@ def pass_through_options(plan: Plan, memory_saver: bool) -> tuple[tuple[str, Any
     return tuple(options)
 
 
+def engine_batch_size(cfg: RunConfig, backend: str) -> int:
+    """`engine.max_batch_size`, except one sequence per forward for the CPU engine under
+    `run.deterministic`: the last bits of a batched forward's logits depend on what a row is
+    batched with, which depends on when requests arrive, and a seeded draw that lands that
+    close to a token's edge samples another token (two unfaulted runs of the default then
+    part ways at some rollout). A row computed alone is the same in every run."""
+    if cfg.run.deterministic and backend == "cpu":
+        return 1
+    return cfg.engine.max_batch_size
+
+
 def engine_specs(
     cfg: RunConfig,
     plan: Plan,
@@ -282,7 +293,7 @@ def engine_specs(
                     dist_init_addr=dist_init,
                     nccl_port=engine.nccl_port,
                     num_threads=threads_per_engine,
-                    max_batch_size=cfg.engine.max_batch_size,
+                    max_batch_size=engine_batch_size(cfg, backend),
                     nice=plan.runtime.engine_nice,
                     options=options,
                 )

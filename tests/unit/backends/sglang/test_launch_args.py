@@ -273,3 +273,22 @@ def test_sglang_gets_the_engine_key_as_its_api_key_and_the_cpu_engine_from_its_e
 ):
     assert ENGINE_BACKENDS["sglang"].key_args("k") == ["--api-key", "k"]
     assert ENGINE_BACKENDS["cpu"].key_args("k") == []
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_deterministic_run_gives_the_cpu_engine_one_sequence_per_forward(
+    deterministic: bool,
+) -> None:
+    """Batched logits differ in their last bits with what a row is batched with; under
+    run.deterministic each row is computed alone. SGLang keeps its batch size (its own
+    deterministic inference is an engine option)."""
+    cfg, _ = compose_run_config([f"run.deterministic={str(deterministic).lower()}"])
+    plan = build_plan(cfg)
+    specs = engine_specs(cfg, plan, backend="cpu", node_addresses=["127.0.0.1"], log_dir="/logs")
+    flags = parse_flags(engine_commands(specs)[0][0][3:])
+    expected = 1 if deterministic else cfg.engine.max_batch_size
+    assert flags["--max-batch-size"] == (str(expected),)
+    sglang = engine_specs(
+        cfg, plan, backend="sglang", node_addresses=["127.0.0.1"], log_dir="/logs"
+    )
+    assert sglang[0][0].max_batch_size == cfg.engine.max_batch_size
