@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -119,3 +121,14 @@ def configs(
 @pytest.fixture
 def make_configs() -> Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]:
     return configs
+
+
+def join_ranks(ranks: Any, what: str, timeout_s: float = 120.0) -> None:
+    """Wait for forked ranks (`mp.start_processes(..., join=False)`); a deadline turns a
+    hang into a failure naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"{what} did not finish in {timeout_s:g} s")

@@ -10,7 +10,6 @@ import errno
 import resource
 import signal
 import socket
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -49,6 +48,8 @@ from rlpost.runtime.run_state import (
     write_driver_state,
 )
 from rlpost.schema import OptimConfig
+
+from .conftest import join_ranks
 
 FULL = StateDictOptions(full_state_dict=True)
 OPTIM = OptimConfig(lr=1e-2, weight_decay=0.1)
@@ -131,12 +132,7 @@ def run_two_ranks(body: Callable[..., Any], *args: Any) -> None:
     ranks = mp.start_processes(
         _rank_main, args=(free_port(), body, args), nprocs=2, join=False, start_method="fork"
     )
-    deadline = time.monotonic() + 120
-    while not ranks.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ranks.processes:
-                process.kill()
-            pytest.fail("the 2-rank run did not finish in 120 s")
+    join_ranks(ranks, "the 2-rank run")
 
 
 def _save_dp2(rank: int, model_dir: Path, ckpt: Path, out: Path) -> None:

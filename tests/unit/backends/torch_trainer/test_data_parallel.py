@@ -1,7 +1,6 @@
 """The sharded trainer over gloo: DP2 and DP4 (FSDP2, HSDP) against DP1, in forked ranks."""
 
 import socket
-import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,8 @@ from rlpost.backends.torch_trainer.distributed import full_tensor
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.schema.layout import FsdpLayout
 from rlpost.types import TrainSample
+
+from .conftest import join_ranks
 
 Samples = Callable[..., list[TrainSample]]
 Configs = Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]
@@ -79,12 +80,7 @@ def run_ranks(
         join=False,
         start_method="fork",
     )
-    deadline = time.monotonic() + 120
-    while not ranks_ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ranks_ctx.processes:
-                process.kill()
-            pytest.fail(f"{world_size}-rank run did not finish in 120 s")
+    join_ranks(ranks_ctx, f"{world_size}-rank run")
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
 
 
@@ -202,12 +198,7 @@ def test_weights_are_gathered_whole_one_bucket_at_a_time(
         join=False,
         start_method="fork",
     )
-    deadline = time.monotonic() + 120
-    while not ranks_ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ranks_ctx.processes:
-                process.kill()
-            pytest.fail("2-rank weight gathering did not finish in 120 s")
+    join_ranks(ranks_ctx, "2-rank weight gathering")
     loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     expected = dict(loaded.named_parameters())
     for rank in range(2):

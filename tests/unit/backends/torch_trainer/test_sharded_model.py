@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from rlpost.backends.torch_trainer.model_io import build_causal_lm, load_causal_
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.schema.layout import FsdpLayout
 
-from .conftest import save_tiny_qwen3
+from .conftest import join_ranks, save_tiny_qwen3
 
 
 def free_port() -> int:
@@ -89,12 +88,7 @@ def build_ranks(
         join=False,
         start_method="fork",  # no re-import of torch and transformers
     )
-    deadline = time.monotonic() + 120
-    while not ranks.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ranks.processes:
-                process.kill()
-            pytest.fail(f"{world_size}-rank construction did not finish in 120 s")
+    join_ranks(ranks, f"{world_size}-rank construction")
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
 
 
