@@ -218,6 +218,13 @@ def _notes(
         )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
+        if cfg.run.deterministic:
+            notes.append(
+                "run.deterministic: the CPU engines compute one sequence per forward, so "
+                f"engine.max_batch_size={cfg.engine.max_batch_size} does not apply (a batched "
+                "forward's last bits depend on the batch, and a near-tie then samples another "
+                "token)"
+            )
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
     if isinstance(memory.train, FsdpTrainMemory):

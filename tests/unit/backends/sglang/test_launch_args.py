@@ -292,3 +292,10 @@ def test_a_deterministic_run_gives_the_cpu_engine_one_sequence_per_forward(
         cfg, plan, backend="sglang", node_addresses=["127.0.0.1"], log_dir="/logs"
     )
     assert sglang[0][0].max_batch_size == cfg.engine.max_batch_size
+
+
+def test_the_plan_says_a_deterministic_cpu_run_ignores_the_engine_batch_size() -> None:
+    cfg, _ = compose_run_config(["run.deterministic=true", "engine.max_batch_size=32"])
+    assert any("engine.max_batch_size=32 does not apply" in n for n in build_plan(cfg).notes)
+    plain, _ = compose_run_config([])
+    assert not any("engine.max_batch_size" in n for n in build_plan(plain).notes)
