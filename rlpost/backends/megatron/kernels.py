@@ -10,6 +10,10 @@ instead of a float32 copy of the activations and a cast back:
   packed batch, splits it by sample with `cu_seqlens.tolist()` and `.item()` on the host for q
   and k in every layer. This one takes each token's position from the micro-batch (attached to
   its cu_seqlens, `attach_positions`) and gathers the angles in one indexing op.
+- `packed_attention`: causal attention within each packed sample. Where torch's flash-attention
+  varlen kernel applies (CUDA, bf16/fp16, no CP, no dropout) it runs on the THD tensors as they
+  are, its work and memory proportional to the real tokens; elsewhere SDPA over the samples as
+  one padded batch (`[S, W]`, the longest sample's width), which the CPU tests run.
 - `swiglu`: silu(gate) * up as one autograd function that keeps only its input for backward
   (megatron-core's unfused path also keeps silu(gate), a third tensor of the MLP's width).
 - `fuse_adam`: torch's fused AdamW kernel for the optimizer megatron-core builds without
@@ -18,14 +22,15 @@ instead of a float32 copy of the activations and a cast back:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.backends.megatron.packed import RopeTable
+from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -138,6 +143,140 @@ def packed_mla_rope(
         multi_latent_attention=config.multi_latent_attention,
         mscale=mscale,
     ).squeeze(1)
+
+
+# ---- attention over packed samples ------------------------------------------------------------
+
+
+def _varlen_kernel() -> Callable[..., Any] | None:
+    """torch's `varlen_attn` where this torch has it with the keywords used here (scale, a
+    causal window, GQA), else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    keywords = inspect.signature(varlen_attn).parameters
+    return varlen_attn if {"scale", "window_size", "enable_gqa"} <= keywords.keys() else None
+
+
+VARLEN_ATTN = _varlen_kernel()
+VARLEN_DTYPES = (torch.bfloat16, torch.float16)
+VARLEN_MAX_HEAD_DIM = 256
+"""Flash attention's head sizes: a multiple of 8, at most 256 (at most 192 for a backward on
+sm86/sm89, whose shared memory is smaller)."""
+
+
+def varlen_applies(
+    query: Tensor, key: Tensor, value: Tensor, index: AttentionIndex, dropout_p: float
+) -> bool:
+    """Whether `packed_attention` runs torch's flash-attention varlen kernel. All must hold:
+    - torch has `torch.nn.attention.varlen.varlen_attn` with scale, window_size and enable_gqa;
+    - the micro-batch carries `index.cu_seqlens` (no context parallelism: each sample's rows are
+      one contiguous run, packed.attention_index; under CP each query sees keys gathered from
+      the whole group through a mask, which the kernel does not take);
+    - no attention dropout (the kernel has none);
+    - query, key and value are CUDA tensors of one dtype, bf16 or fp16, on a GPU of compute
+      capability 8.0 or later;
+    - query, key and value share one head size, a multiple of 8 and at most 256 (192 when a
+      gradient is wanted on sm86/sm89). Multi-latent attention's query and value head sizes
+      differ, so it takes the padded path.
+    Everything here is known on the host (shapes, dtypes, the device's properties): nothing is
+    read from a tensor."""
+    if VARLEN_ATTN is None or index.cu_seqlens is None or dropout_p > 0.0:
+        return False
+    if not (query.is_cuda and query.dtype in VARLEN_DTYPES):
+        return False
+    if not query.dtype == key.dtype == value.dtype:
+        return False
+    head_dim = query.shape[-1]
+    if not (key.shape[-1] == value.shape[-1] == head_dim and head_dim % 8 == 0):
+        return False
+    capability = torch.cuda.get_device_capability(query.device)
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    small_smem = capability in ((8, 6), (8, 9)) and wants_grad
+    return capability >= (8, 0) and head_dim <= (192 if small_smem else VARLEN_MAX_HEAD_DIM)
+
+
+def packed_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    index: AttentionIndex,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Causal attention within each sample of a packed micro-batch: query [t, hq, d], key and
+    value [tk, hkv, d] and [tk, hkv, dv] (tk = t, or under CP the group's gathered keys, which
+    `index` addresses) -> [t, hq * dv]. `varlen_attention` where `varlen_applies` (its rule is
+    there), else `padded_attention`; the two compute the same function. An error of the varlen
+    kernel propagates: it is never retried on the other path."""
+    if varlen_applies(query, key, value, index, dropout_p):
+        return varlen_attention(query, key, value, index, scale=scale)
+    return padded_attention(query, key, value, index, scale=scale, dropout_p=dropout_p)
+
+
+def varlen_attention(
+    query: Tensor, key: Tensor, value: Tensor, index: AttentionIndex, *, scale: float
+) -> Tensor:
+    """torch's flash-attention varlen kernel on the THD tensors: no padding, no gather or
+    scatter, and for backward it keeps query, key, value, its output and the float32
+    log-sum-exp per query row and head. Sample boundaries and the longest sample's length come
+    from packing (`index.cu_seqlens`, `index.max_seqlen`), so nothing is read on the host."""
+    if VARLEN_ATTN is None:
+        raise ValueError(
+            f"varlen_attention: torch {torch.__version__} has no "
+            "torch.nn.attention.varlen.varlen_attn taking scale, window_size and enable_gqa; "
+            "call packed_attention, which takes the padded path there"
+        )
+    if index.cu_seqlens is None:
+        raise ValueError(
+            "varlen_attention: index.cu_seqlens is None (a micro-batch packed with context "
+            "parallelism, whose samples are not contiguous runs of local rows); call "
+            "packed_attention, which takes the padded path for it"
+        )
+    out = VARLEN_ATTN(
+        query,
+        key,
+        value,
+        index.cu_seqlens,
+        index.cu_seqlens,
+        index.max_seqlen,
+        index.max_seqlen,
+        scale=scale,
+        window_size=(-1, 0),  # causal: each row sees its own sample's rows up to itself
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return cast(Tensor, out).flatten(1)
+
+
+def padded_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    index: AttentionIndex,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """SDPA over the samples as one padded batch: gather each sample's rows into [S, hq, W, d]
+    (`index.rows`, `index.keys` under CP), attend, and put each real row back
+    (`index.slots`). Runs on any device and dtype, with dropout and the CP mask."""
+    k_rows = index.rows if index.keys is None else index.keys
+    out = F.scaled_dot_product_attention(
+        query[index.rows].transpose(1, 2),  # [S, np, W, d]
+        key[k_rows].transpose(1, 2),
+        value[k_rows].transpose(1, 2),
+        # one sample per batch entry, padding after it: without context parallelism plain
+        # causal attention is exact for every real row (no mask, so flash kernels apply)
+        attn_mask=index.mask,
+        dropout_p=dropout_p,
+        is_causal=index.mask is None,
+        scale=scale,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    slots = out.transpose(1, 2).flatten(0, 1)  # [S * W, np, dv]
+    return slots[index.slots].flatten(1)
 
 
 # ---- SwiGLU -----------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
 - `LatentRMSNorm`: the MLA latent norms, whose epsilon HF fixes at 1e-6 whatever rms_norm_eps.
 - `PackedAttention`: RoPE and core attention over packed samples (megatron's THD layout), with
   context parallelism: K and V are gathered across the CP group and each local query attends
-  to the keys at or before its position in its own sample.
+  to the keys at or before its position in its own sample. The attention itself is
+  `kernels.packed_attention`: torch's varlen flash kernel where it applies, else padded SDPA.
 - `PostNormRowParallelLinear`: a row-parallel projection followed by an RMSNorm, i.e. GLM-4's
   extra norms after attention and after the MLP (applied before the residual add).
 """
@@ -17,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel import RowParallelLinear
@@ -25,7 +25,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor, nn
 
-from rlpost.backends.megatron.kernels import apply_rope, rms_norm
+from rlpost.backends.megatron.kernels import apply_rope, packed_attention, rms_norm
 from rlpost.backends.megatron.packed import PackedBatchParams
 
 LATENT_NORM_EPS = 1e-6
@@ -142,18 +142,11 @@ class PackedAttention(MegatronModule):
         if index.keys is not None:  # context parallel: every rank's keys, rank-major
             key = gather_along_sequence(key, self.cp_group)
             value = gather_along_sequence(value, self.cp_group)
-        k_rows = index.rows if index.keys is None else index.keys
-        out = F.scaled_dot_product_attention(
-            query[index.rows].transpose(1, 2),  # [S, np, W, d]
-            key[k_rows].transpose(1, 2),
-            value[k_rows].transpose(1, 2),
-            # one sample per batch entry, padding after it: without context parallelism plain
-            # causal attention is exact for every real row (no mask, so flash kernels apply)
-            attn_mask=index.mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=index.mask is None,
+        return packed_attention(
+            query,
+            key,
+            value,
+            index,
             scale=self.softmax_scale,
-            enable_gqa=key.shape[1] != query.shape[1],
+            dropout_p=self.dropout if self.training else 0.0,
         )
-        slots = out.transpose(1, 2).flatten(0, 1)  # [S * W, np, dv]
-        return slots[index.slots].flatten(1)

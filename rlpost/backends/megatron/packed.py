@@ -12,12 +12,16 @@ Attention runs as one padded batch of samples: `rows[s, j]` is the local row of 
 of sample s (clamped past its end), `slots[r]` the place `s * W + j` of local row r in that
 padded batch, so the output comes back with one gather. Under context parallelism the keys are
 gathered across the CP group first (rank-major); `keys` indexes them per sample and `mask` says
-which key each query may see.
+which key each query may see. Without context parallelism each sample's local rows are one
+contiguous run in position order, so `cu_seqlens` (int32, [S + 1]) and `max_seqlen` (a Python
+int) describe them as they are, for a variable-length kernel that needs no padding
+(`kernels.packed_attention`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,14 +36,16 @@ class AttentionIndex:
     slots: Tensor  # [t_local] each local row's place s * W + j in the padded batch
     keys: Tensor | None = None  # CP: [S, Wk] rows of the CP-gathered keys, per sample
     mask: Tensor | None = None  # CP: [S, 1, W, Wk] True where a query may see a key
+    cu_seqlens: Tensor | None = None  # no CP: [S + 1] int32, sample s is rows cu[s]:cu[s + 1]
+    max_seqlen: int = 0  # no CP: the longest sample's rows (W), known on the host
 
     def to(self, device: torch.device) -> AttentionIndex:
-        return AttentionIndex(
-            *(None if t is None else t.to(device, non_blocking=True) for t in self.tensors())
-        )
-
-    def tensors(self) -> tuple[Tensor | None, ...]:
-        return (self.rows, self.slots, self.keys, self.mask)
+        moved = {
+            field.name: getattr(self, field.name).to(device, non_blocking=True)
+            for field in dataclasses.fields(self)
+            if isinstance(getattr(self, field.name), Tensor)
+        }
+        return dataclasses.replace(self, **moved)
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,8 @@ def attention_index(
         for j, row in enumerate(sample_rows):
             slots[row] = s * width + j
     if cp_size == 1:
-        return AttentionIndex(rows, slots)
+        cu_seqlens, max_seqlen = _boundaries(mine)
+        return AttentionIndex(rows, slots, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
     bases = [0]
     for rank in range(cp_size - 1):
         bases.append(bases[-1] + sum(len(p) for p in local_positions[rank]))
@@ -117,6 +124,17 @@ def attention_index(
     # padding query slots see every key (their rows are dropped), so no row is all -inf
     mask = causal & key_valid.unsqueeze(1) | ~valid.unsqueeze(2)
     return AttentionIndex(rows, slots, keys, mask.unsqueeze(1))
+
+
+def _boundaries(samples: list[list[int]]) -> tuple[Tensor | None, int]:
+    """(cu_seqlens, max_seqlen) of a rank that holds its samples whole: the boundaries when
+    each sample's rows, in position order, are the run right after the sample before it (so
+    for every micro-batch `batches.build_micro_batch` packs without CP), else none."""
+    lengths = [len(rows) for rows in samples]
+    cu = [0, *itertools.accumulate(lengths)]
+    if any(rows != list(range(cu[s], cu[s + 1])) for s, rows in enumerate(samples)):
+        return None, 0
+    return torch.tensor(cu, dtype=torch.int32), max(lengths, default=0)
 
 
 def with_rope(packed: PackedSeqParams, rope: RopeTable) -> PackedBatchParams:
