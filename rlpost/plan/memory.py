@@ -26,6 +26,13 @@ log-prob kernel's: the hidden states, three float32 chunks of logits and the out
 float32 gradient, never the [tokens x vocab] logits. Padded attention rows are taken as the
 tokens: samples of very different lengths in one micro-batch pad to the longest.
 
+On GPUs the megatron trainer's attention runs torch's varlen flash kernel instead of padded
+SDPA wherever it applies (`varlen_attention`, rlpost.backends.megatron.kernels.varlen_applies),
+which keeps different tensors: the roped Q and K, V as a view of the QKV output (which stays
+whole), and its output, which is also the projection's input. That is g more elements per
+token than the padded path without QK-norm, a + g fewer with it (a, g: query and key/value
+widths); selective recompute keeps the same checkpoint inputs either way. No padding either.
+
 A `generic` model (an HF causal LM outside the families megatron-core expresses, trained by the
 torch trainer through transformers) is counted from its config.json's facts the same way:
 parameters exactly for a llama-shaped decoder (norms, GQA attention, gated or plain MLP, tied or
@@ -93,12 +100,31 @@ def train_tokens_per_gpu(recipe: RecipeConfig, cp: int) -> int:
     return train.micro_batch_size * longest_per_gpu
 
 
-def _attention_elements(model: ModelConfig, recompute: str) -> float:
+def varlen_attention(model: ModelConfig, hardware: HardwareConfig, par: ParallelLayout) -> bool:
+    """Whether the megatron trainer's attention runs torch's varlen flash kernel, as far as the
+    config tells (the rule itself: rlpost.backends.megatron.kernels.varlen_applies): on GPUs, in
+    bf16 or fp16, without context parallelism, with one head size for query, key and value (not
+    multi-latent attention) that is a multiple of 8 and at most 256. Not known here: the GPU's
+    compute capability (8.0 or later; at most 192 for a backward on sm86/sm89) and whether the
+    installed torch has the kernel; attention dropout is always off in this backend."""
+    return (
+        hardware.kind == "gpu"
+        and model.params_dtype in ("bf16", "fp16")
+        and par.cp == 1
+        and model.mla is None
+        and model.head_dim % 8 == 0
+        and model.head_dim <= 256
+    )
+
+
+def _attention_elements(model: ModelConfig, recompute: str, varlen: bool = False) -> float:
     """Elements per token the attention block keeps inside TP (megatron-core's local spec with
     rlpost's PackedAttention): the fused QKV output (its key view stays with the K norm), the
     query copy its reshape makes (with QK-norm), the padded per-sample Q, K, V and the output
     SDPA keeps, and the output projection's input. Selective recompute (core attention) keeps
-    the normed Q and K instead of what SDPA keeps."""
+    the normed Q and K instead of what SDPA keeps. The varlen kernel (`varlen`) keeps the roped
+    Q and K, the QKV output whole (V is a view of it) and its output, which the projection
+    keeps as its input too."""
     if model.mla is not None:  # queries and latents through low-rank projections
         mla = model.mla
         heads = model.num_attention_heads
@@ -110,6 +136,9 @@ def _attention_elements(model: ModelConfig, recompute: str) -> float:
     a = model.num_attention_heads * model.head_dim
     g = model.num_query_groups * model.head_dim
     qkv = (a + 2 * g) + a if model.qk_layernorm else 0.0  # fused output, query copy
+    if varlen and recompute != "selective":
+        fused = a + 2 * g  # kept through V's view, with QK-norm already counted in qkv
+        return qkv + (0.0 if model.qk_layernorm else fused) + (a + g) + a
     if recompute == "selective":  # the checkpoint's inputs: Q and K (V is a view of QKV);
         # without QK-norm, the query copy and the QKV output the key and value view
         core = a + g if model.qk_layernorm else 2 * a + 2 * g
@@ -149,13 +178,19 @@ def _replicated_elements(model: ModelConfig) -> float:
 
 
 def layer_activation_bytes(
-    model: ModelConfig, index: int, tokens: int, par: ParallelLayout, recompute: str
+    model: ModelConfig,
+    index: int,
+    tokens: int,
+    par: ParallelLayout,
+    recompute: str,
+    varlen: bool = False,
 ) -> float:
     """Bytes decoder layer `index` keeps for backward over `tokens` tokens on one GPU, under
-    `recompute` none or selective (full keeps its input: `layer_input_bytes`). Every tensor is
-    in the compute dtype except SDPA's float32 log-sum-exp and the routing's."""
+    `recompute` none or selective (full keeps its input: `layer_input_bytes`), with padded
+    SDPA or (`varlen`) the varlen flash kernel. Every tensor is in the compute dtype except
+    the attention's float32 log-sum-exp and the routing's."""
     element = weight_bytes(model)
-    inner = _attention_elements(model, recompute) + _mlp_elements(model, index)
+    inner = _attention_elements(model, recompute, varlen) + _mlp_elements(model, index)
     replicated = _replicated_elements(model)
     lse = 4.0 * model.num_attention_heads / par.tp if recompute != "selective" else 0.0
     if par.sequence_parallel:
@@ -173,18 +208,25 @@ def layer_input_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -> f
 
 @lru_cache(maxsize=1024)
 def stage_activation_bytes(
-    model: ModelConfig, layers: tuple[int, ...], index: int, tokens: int, par: ParallelLayout
+    model: ModelConfig,
+    layers: tuple[int, ...],
+    index: int,
+    tokens: int,
+    par: ParallelLayout,
+    varlen: bool = False,
 ) -> float:
     """The stage's layers' activations for its micro-batches in flight (1F1B holds pp - i on
     stage i); under full recompute their inputs plus one recomputed group during backward."""
     in_flight = par.pp - index
     recompute = par.recompute if par.recompute in ("none", "selective") else "full"
     if recompute != "full":
-        total = sum(layer_activation_bytes(model, i, tokens, par, recompute) for i in layers)
+        total = sum(
+            layer_activation_bytes(model, i, tokens, par, recompute, varlen) for i in layers
+        )
         return in_flight * total
     group = par.recompute_num_layers
     kept = math.ceil(len(layers) / group) * layer_input_bytes(model, tokens, par)
-    widest = max(layer_activation_bytes(model, i, tokens, par, "none") for i in layers)
+    widest = max(layer_activation_bytes(model, i, tokens, par, "none", varlen) for i in layers)
     return in_flight * kept + group * widest
 
 
@@ -238,7 +280,8 @@ def _stage_memory(
     layers = tuple(range(stage.first_layer, stage.first_layer + stage.num_layers))
     if index == par.pp - 1:  # MTP layers sit on the last stage
         layers += (model.num_layers,) * model.mtp_num_layers
-    activations = stage_activation_bytes(model, layers, index, tokens, par)
+    varlen = varlen_attention(model, hardware, par)
+    activations = stage_activation_bytes(model, layers, index, tokens, par, varlen)
     logits = logprob_kernel_bytes(model, tokens, par) if index == par.pp - 1 else 0.0
     overhead = 0.0
     if hardware.kind == "gpu":
