@@ -1,0 +1,33 @@
+"""benchmarks/engine_batching.py on a small rollout: a row per way of batching, each with its
+CPU time, and the two deterministic ways repeating bit for bit."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_small_rollout_prints_each_way_and_the_deterministic_ones_repeat() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engine_batching.py"),
+         "--groups", "3", "--samples", "3", "--tokens", "6", "--repeats", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    rows = {
+        m["way"]: m
+        for m in re.finditer(
+            r"^  (?P<way>continuous|per request|one row)\s+(?P<cpu>[\d.]+)\s+(?P<wall>[\d.]+)"
+            r"\s+(?P<ratio>[\d.]+)\s+(?P<repeats>\w+)$",
+            done.stdout,
+            re.MULTILINE,
+        )
+    }
+    assert set(rows) == {"continuous", "per request", "one row"}, done.stdout
+    assert float(rows["continuous"]["ratio"]) == 1.0
+    assert all(float(r["cpu"]) > 0 for r in rows.values())
+    assert rows["per request"]["repeats"] == rows["one row"]["repeats"] == "exactly"
