@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +90,12 @@ def equal_samples(length: int) -> list[TrainSample]:
                         rng.choice([-1.0, 1.0])) for _ in range(SAMPLES)]  # fmt: skip
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_plan_counts_what_a_layer_keeps_for_backward(
-    family: str, recompute: str, tmp_path: Path
-) -> None:
+def one_layer_kept(
+    family: str, recompute: str, tmp_path: Path, measure: Callable[..., int]
+) -> Iterator[tuple[int, int, Any, Any]]:
+    """Per token count (32 and 96 per sample): the tokens, one layer's bytes kept for backward
+    as `measure` counts them (a model of one layer more minus the model without it), and the
+    larger model and the layout the plan is asked about."""
     build, base = FAMILIES[family]
     models = {n: build(tmp_path / f"layers{n}", layers=n) for n in (base, base + 1)}
     for length in (32, 96):
@@ -103,9 +104,19 @@ def test_plan_counts_what_a_layer_keeps_for_backward(
         for n, model in models.items():
             setup = Setup(model, configs(SAMPLES, train={"max_tokens_per_gpu": tokens}),
                           layout(recompute=recompute))  # fmt: skip
-            kept[n] = setup.run(kept_for_backward, equal_samples(length))
-        measured = kept[base + 1] - kept[base]
-        model, par = models[base + 1], layout(recompute=recompute)
+            kept[n] = setup.run(measure, equal_samples(length))
+        yield tokens, kept[base + 1] - kept[base], models[base + 1], layout(recompute=recompute)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_plan_counts_what_a_layer_keeps_for_backward(
+    family: str, recompute: str, tmp_path: Path
+) -> None:
+    base = FAMILIES[family][1]
+    for tokens, measured, model, par in one_layer_kept(
+        family, recompute, tmp_path, kept_for_backward
+    ):
         if recompute == "full":
             planned = layer_input_bytes(model, tokens, par)
         else:
@@ -226,16 +237,9 @@ def test_plan_counts_what_a_layer_keeps_with_the_varlen_kernel(
 ) -> None:
     """With QK-norm (Qwen3) the varlen kernel keeps a + g elements per token fewer than the
     padded path, without it (GLM-4) g more; selective recompute keeps the same either way."""
-    build, base = FAMILIES[family]
-    models = {n: build(tmp_path / f"layers{n}", layers=n) for n in (base, base + 1)}
-    for length in (32, 96):
-        tokens = SAMPLES * length
-        kept = {}
-        for n, model in models.items():
-            setup = Setup(model, configs(SAMPLES, train={"max_tokens_per_gpu": tokens}),
-                          layout(recompute=recompute))  # fmt: skip
-            kept[n] = setup.run(kept_with_varlen, equal_samples(length))
-        measured = kept[base + 1] - kept[base]
-        model, par = models[base + 1], layout(recompute=recompute)
+    base = FAMILIES[family][1]
+    for tokens, measured, model, par in one_layer_kept(
+        family, recompute, tmp_path, kept_with_varlen
+    ):
         planned = layer_activation_bytes(model, base, tokens, par, recompute, varlen=True)
         assert 0.99 <= measured / planned <= 1.01, (family, recompute, tokens, measured, planned)
