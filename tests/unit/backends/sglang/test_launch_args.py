@@ -288,7 +288,8 @@ def test_a_deterministic_run_gives_the_cpu_engine_batches_of_one_request(
     specs = engine_specs(cfg, plan, backend="cpu", node_addresses=["127.0.0.1"], log_dir="/logs")
     command = engine_commands(specs)[0][0]
     flags = parse_flags(command[3:])
-    assert flags["--max-batch-size"] == (str(cfg.engine.max_batch_size),)
+    expected = 1 if deterministic else cfg.engine.max_batch_size
+    assert flags["--max-batch-size"] == (str(expected),)
     assert ("--batch-per-request" in command) is deterministic
     sglang = engine_specs(
         cfg, plan, backend="sglang", node_addresses=["127.0.0.1"], log_dir="/logs"
