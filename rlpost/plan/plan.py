@@ -220,10 +220,10 @@ def _notes(
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
         if cfg.run.deterministic:
             notes.append(
-                "run.deterministic: a CPU engine batch holds one request's rows (a group's "
-                f"samples, at most engine.max_batch_size={cfg.engine.max_batch_size}) and "
-                "nothing joins it while it runs (a batched forward's last bits depend on the "
-                "batch, and a near-tie then samples another token)"
+                "run.deterministic: the CPU engines compute one row per forward, so "
+                f"engine.max_batch_size={cfg.engine.max_batch_size} does not apply (a batched "
+                "forward's last bits depend on the batch, and a near-tie then samples another "
+                "token)"
             )
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))

@@ -301,6 +301,6 @@ def test_a_deterministic_run_gives_the_cpu_engine_batches_of_one_request(
 def test_the_plan_says_how_a_deterministic_cpu_run_batches() -> None:
     cfg, _ = compose_run_config(["run.deterministic=true", "engine.max_batch_size=32"])
     notes = build_plan(cfg).notes
-    assert any("one request's rows" in n and "engine.max_batch_size=32" in n for n in notes)
+    assert any("one row per forward" in n and "engine.max_batch_size=32" in n for n in notes)
     plain, _ = compose_run_config([])
     assert not any("engine.max_batch_size" in n for n in build_plan(plain).notes)
