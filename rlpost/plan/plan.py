@@ -220,7 +220,7 @@ def _notes(
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
         if cfg.run.deterministic:
             notes.append(
-                "run.deterministic: the CPU engines compute one row per forward, so "
+                "run.deterministic: the CPU engines compute one sequence per forward, so "
                 f"engine.max_batch_size={cfg.engine.max_batch_size} does not apply (a batched "
                 "forward's last bits depend on the batch, and a near-tie then samples another "
                 "token)"

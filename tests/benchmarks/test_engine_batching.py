@@ -1,5 +1,5 @@
-"""benchmarks/engine_batching.py on a small rollout: a row per way of batching, each with its
-CPU time, and the two deterministic ways repeating bit for bit."""
+"""benchmarks/engine_batching.py on a small rollout: a line per way of batching, each with
+its CPU time, and the deterministic way (one row per forward) repeating bit for bit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_small_rollout_prints_each_way_and_the_deterministic_ones_repeat() -> None:
+def test_a_small_rollout_prints_each_way_and_the_deterministic_one_repeats() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "engine_batching.py"),
          "--groups", "3", "--samples", "3", "--tokens", "6", "--repeats", "1"],
@@ -21,13 +21,13 @@ def test_a_small_rollout_prints_each_way_and_the_deterministic_ones_repeat() -> 
     rows = {
         m["way"]: m
         for m in re.finditer(
-            r"^  (?P<way>continuous|per request|one row)\s+(?P<cpu>[\d.]+)\s+(?P<wall>[\d.]+)"
+            r"^  (?P<way>continuous|one row)\s+(?P<cpu>[\d.]+)\s+(?P<wall>[\d.]+)"
             r"\s+(?P<ratio>[\d.]+)\s+(?P<repeats>\w+)$",
             done.stdout,
             re.MULTILINE,
         )
     }
-    assert set(rows) == {"continuous", "per request", "one row"}, done.stdout
+    assert set(rows) == {"continuous", "one row"}, done.stdout
     assert float(rows["continuous"]["ratio"]) == 1.0
     assert all(float(r["cpu"]) > 0 for r in rows.values())
-    assert rows["per request"]["repeats"] == rows["one row"]["repeats"] == "exactly"
+    assert rows["one row"]["repeats"] == "exactly"

@@ -40,7 +40,6 @@ class EngineSettings:
     batch_wait_s: float = 0.005
     num_threads: int | None = None
     weight_version: str = "default"
-    batch_per_request: bool = False  # Scheduler's per_request: batches that never mix requests
 
 
 class CpuEngine:
@@ -68,14 +67,8 @@ class CpuEngine:
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
         self.generator = BatchGenerator(self.model, self._eos_ids(), self.decode)
         self.generator.weight_version = settings.weight_version
-        self.scheduler = Scheduler(
-            self.generator,
-            settings.max_batch_size,
-            settings.batch_wait_s,
-            per_request=settings.batch_per_request,
-        )
+        self.scheduler = Scheduler(self.generator, settings.max_batch_size, settings.batch_wait_s)
         self._row_counter = itertools.count()
-        self._request_counter = itertools.count()
         self._lock = threading.Lock()
         self._update_groups: dict[str, Any] = {}
         self._fp8_waiting: dict[str, torch.Tensor] = {}
@@ -113,8 +106,6 @@ class CpuEngine:
             )
         rows = []
         seed = request.params.sampling_seed
-        with self._lock:
-            serial_of_request = next(self._request_counter)
         for index, (prompt, rid) in enumerate(zip(request.prompts, request.rids, strict=True)):
             generator = torch.Generator()
             with self._lock:
@@ -124,15 +115,7 @@ class CpuEngine:
                 generator.manual_seed(seed + sample_index)
             else:
                 generator.manual_seed(self.settings.seed * 1_000_003 + serial)
-            rows.append(
-                Row(
-                    rid=rid,
-                    prompt_ids=prompt,
-                    params=request.params,
-                    generator=generator,
-                    request=serial_of_request,
-                )
-            )
+            rows.append(Row(rid=rid, prompt_ids=prompt, params=request.params, generator=generator))
         return rows
 
     def submit(self, rows: list[Row]) -> None:

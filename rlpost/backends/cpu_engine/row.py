@@ -37,7 +37,6 @@ class Row:
     prompt_ids: list[int]
     params: SamplingParams
     generator: torch.Generator
-    request: int = 0  # the engine's serial of the request the row came in (one per /generate)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None

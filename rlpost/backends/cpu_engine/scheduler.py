@@ -32,27 +32,13 @@ class Load:
 
 
 class Scheduler:
-    """Admits waiting rows into batches of at most `max_batch_size` and decodes them.
-
-    `per_request`: a batch holds the rows of one request only (a /generate call: one prompt,
-    or a group's samples sent together), at most `max_batch_size` of them, and nothing joins
-    it until it has finished. The last bits of a batched forward's logits depend on what a
-    row is batched with; continuous batching makes that depend on when requests arrive, so a
-    seeded draw that lands that close to the edge between two tokens samples one or the
-    other from run to run. A batch made of one request's rows is the same batch in every run
-    (`run.deterministic` on CPU), and still shares the group's prefill and its forwards."""
+    """Admits waiting rows into batches of at most `max_batch_size` and decodes them."""
 
     def __init__(
-        self,
-        generator: BatchGenerator,
-        max_batch_size: int,
-        batch_wait_s: float = 0.005,
-        *,
-        per_request: bool = False,
+        self, generator: BatchGenerator, max_batch_size: int, batch_wait_s: float = 0.005
     ) -> None:
         self._generator = generator
         self._max_batch_size = max_batch_size
-        self._per_request = per_request
         # A short wait before starting a small batch lets requests that arrive together
         # (a rollout sends hundreds at once) share one batch instead of queueing behind it.
         self._batch_wait_s = batch_wait_s
@@ -165,7 +151,7 @@ class Scheduler:
     def _take_batch(self) -> list[Row]:
         with self._cond:
             short = 0 < len(self._waiting) < self._max_batch_size
-        if short and self._batch_wait_s > 0 and not self._per_request:
+        if short and self._batch_wait_s > 0:
             time.sleep(self._batch_wait_s)
         return self._admit(0)
 
@@ -176,13 +162,7 @@ class Scheduler:
             self._running = [r for r in self._running if r.finish is None]
             if not self._admitting or self._jobs or self._stopping:
                 return []
-            if self._per_request and num_running:
-                return []
             count = min(len(self._waiting), self._max_batch_size - num_running)
-            if self._per_request and self._waiting:  # the first request's rows, in order
-                first = self._waiting[0].request
-                others = (i for i, r in enumerate(self._waiting) if r.request != first)
-                count = min(count, next(others, count))
             taken = [self._waiting.popleft() for _ in range(max(0, count))]
             self._running.extend(taken)
             self._num_served += len(taken)

@@ -415,12 +415,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[EngineSettings, str, int]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
-    parser.add_argument(
-        "--batch-per-request",
-        action="store_true",
-        help="a batch holds one request's rows and nothing joins it: a row's numerics do not "
-        "depend on when other requests arrive (deterministic runs)",
-    )
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     parser.add_argument(
@@ -434,7 +428,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[EngineSettings, str, int]:
         seed=args.seed,
         max_batch_size=args.max_batch_size,
         batch_wait_s=args.batch_wait_ms / 1000,
-        batch_per_request=args.batch_per_request,
         num_threads=args.num_threads,
         weight_version=args.weight_version,
     )

@@ -50,7 +50,6 @@ class EngineSpec:
     nccl_port: int | None = None
     num_threads: int | None = None
     max_batch_size: int = 64
-    batch_per_request: bool = False  # CPU engine: engine_batches_per_request
     nice: int = 0  # the CPU engine's scheduling priority (RuntimePlan.engine_nice)
     options: tuple[tuple[str, Any], ...] = ()
 
@@ -146,8 +145,6 @@ def cpu_engine_command(spec: EngineSpec, port: int) -> list[str]:
         "--seed", str(spec.seed),
         "--max-batch-size", str(spec.max_batch_size),
     ]  # fmt: skip
-    if spec.batch_per_request:
-        command.append("--batch-per-request")
     if spec.num_threads is not None:
         command += ["--num-threads", str(spec.num_threads)]
     if spec.nice:
@@ -236,14 +233,15 @@ def pass_through_options(plan: Plan, memory_saver: bool) -> tuple[tuple[str, Any
     return tuple(options)
 
 
-def engine_batches_per_request(cfg: RunConfig, backend: str) -> bool:
-    """Whether the CPU engine batches one request's rows at a time (`run.deterministic`).
-    The last bits of a batched forward's logits depend on what a row is batched with; with
-    continuous batching that depends on when requests arrive, and a seeded draw that lands
-    that close to a token's edge samples another token (two unfaulted runs of the default
-    then part ways at some rollout). A batch of one request's rows (a group's samples, sent
-    together) is the same batch in every run."""
-    return cfg.run.deterministic and backend == "cpu"
+def engine_batch_size(cfg: RunConfig, backend: str) -> int:
+    """`engine.max_batch_size`, except one sequence per forward for the CPU engine under
+    `run.deterministic`: the last bits of a batched forward's logits depend on what a row is
+    batched with, which depends on when requests arrive, and a seeded draw that lands that
+    close to a token's edge samples another token (two unfaulted runs of the default then
+    part ways at some rollout). A row computed alone is the same in every run."""
+    if cfg.run.deterministic and backend == "cpu":
+        return 1
+    return cfg.engine.max_batch_size
 
 
 def engine_specs(
@@ -295,12 +293,7 @@ def engine_specs(
                     dist_init_addr=dist_init,
                     nccl_port=engine.nccl_port,
                     num_threads=threads_per_engine,
-                    # one row per forward: batching per request alone was seen not to
-                    # repeat (a short chaos run parted from rollout 0); its cause is not found
-                    max_batch_size=1
-                    if engine_batches_per_request(cfg, backend)
-                    else cfg.engine.max_batch_size,
-                    batch_per_request=engine_batches_per_request(cfg, backend),
+                    max_batch_size=engine_batch_size(cfg, backend),
                     nice=plan.runtime.engine_nice,
                     options=options,
                 )

@@ -1,5 +1,6 @@
-"""The scheduler's batches: continuous batching mixes requests; batching per request
-(`run.deterministic`) gives a request the same numerics whatever else is waiting."""
+"""The scheduler's batches: continuous batching mixes requests, and a row's last bits
+depend on what it is batched with; one row per forward (`run.deterministic`) gives a request
+the same numerics whatever else is waiting."""
 
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ SAMPLED = {"max_new_tokens": 10, "temperature": 1.0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def engine(tiny_lm_dir: Path) -> Iterator[CpuEngine]:
     threads = torch.get_num_threads()
-    settings = EngineSettings(
-        model_path=str(tiny_lm_dir), seed=7, num_threads=1, batch_per_request=True
-    )
+    # a deterministic run's CPU engine (rlpost/backends/sglang/launch.py: engine_batch_size)
+    settings = EngineSettings(model_path=str(tiny_lm_dir), seed=7, num_threads=1, max_batch_size=1)
     engine = CpuEngine(settings)
     yield engine
     engine.shutdown()
@@ -52,68 +52,42 @@ def outputs(rows: Sequence[Row]) -> list[tuple[list[int], list[float]]]:
     return [(list(r.output_ids), list(r.logprobs)) for r in rows]
 
 
-GROUP = ["What is 12+19?"] * 4  # a group: one prompt, four samples
+PROMPT = ["What is 12+19?"]  # one sample: deterministic requests carry one seed each
 
 
-def test_a_request_batched_alone_has_the_same_bits_whatever_else_waits(
+def test_a_request_served_one_row_per_forward_has_the_same_bits_whatever_else_waits(
     engine: CpuEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A group's samples come out bit for bit the same (tokens and logprobs) when served
-    alone and when served among requests of other prompts and lengths, submitted before it
-    and after it; and no batch held rows of two requests."""
-    (alone,) = served(engine, request(engine, GROUP, seed=11))
-    batches: list[set[int]] = []
+    """A sample comes out bit for bit the same (tokens and logprobs) served alone and served
+    among requests of other prompts and lengths submitted before and after it; every forward
+    held one row."""
+    (alone,) = served(engine, request(engine, PROMPT, seed=11))
+    batches: list[int] = []
     start = engine.generator._start
 
     def recording(rows: Sequence[Row]) -> Any:
-        batches.append({r.request for r in rows})
+        batches.append(len(rows))
         return start(rows)
 
     monkeypatch.setattr(engine.generator, "_start", recording)
     before = request(engine, ["7", "The answer is", "What is 29+1"], seed=3, max_new_tokens=6)
-    group = request(engine, GROUP, seed=11)
+    sample = request(engine, PROMPT, seed=11)
     after = request(engine, ["What is 3+4? The"] * 2, seed=5, max_new_tokens=14)
-    served(engine, before, group, after)
-    assert outputs(group) == outputs(alone)  # exact: no tolerance
-    assert len(batches) == 3 and all(len(b) == 1 for b in batches), batches
+    served(engine, before, sample, after)
+    assert outputs(sample) == outputs(alone)  # exact: no tolerance
+    assert batches == [1] * 6, batches
 
 
-def test_continuous_batching_changes_the_last_bits_that_batching_per_request_keeps(
+def test_continuous_batching_changes_the_last_bits_that_one_row_per_forward_keeps(
     engine: CpuEngine,
 ) -> None:
-    """Why batching per request exists: the same group decoded next to another request's
-    rows (one batch) gives other logprob bits than decoded alone."""
-    alone = request(engine, GROUP, seed=11)
+    """Why a deterministic run computes one row per forward: the same sample decoded in one
+    batch with other requests' rows gives other logprob bits than decoded alone."""
+    alone = request(engine, PROMPT, seed=11)
     engine.generator.run(alone)
-    group = request(engine, GROUP, seed=11)
+    sample = request(engine, PROMPT, seed=11)
     other = request(engine, ["7", "The answer is", "What is 29+1"], seed=3)
-    engine.generator.run(group + other)
-    assert [r.logprobs for r in group] != [r.logprobs for r in alone]
-    for mixed, single in zip(group, alone, strict=True):
+    engine.generator.run(sample + other)
+    assert [r.logprobs for r in sample] != [r.logprobs for r in alone]
+    for mixed, single in zip(sample, alone, strict=True):
         torch.testing.assert_close(mixed.logprobs, single.logprobs, atol=1e-4, rtol=0)
-
-
-def test_a_request_larger_than_the_batch_cap_runs_in_batches_of_its_own(
-    tiny_lm_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    settings = EngineSettings(
-        model_path=str(tiny_lm_dir), seed=7, num_threads=1, max_batch_size=3,
-        batch_per_request=True,
-    )  # fmt: skip
-    engine = CpuEngine(settings)
-    try:
-        sizes: list[tuple[int, set[int]]] = []
-        start = engine.generator._start
-
-        def recording(rows: Sequence[Row]) -> Any:
-            sizes.append((len(rows), {r.request for r in rows}))
-            return start(rows)
-
-        monkeypatch.setattr(engine.generator, "_start", recording)
-        big = request(engine, [*GROUP, "7"], seed=1, max_new_tokens=3)
-        small = request(engine, ["What is 29+1"], seed=2, max_new_tokens=3)
-        served(engine, big, small)
-        assert [n for n, _ in sizes] == [3, 2, 1]
-        assert [r for _, r in sizes] == [{big[0].request}] * 2 + [{small[0].request}]
-    finally:
-        engine.shutdown()

@@ -276,31 +276,26 @@ def test_sglang_gets_the_engine_key_as_its_api_key_and_the_cpu_engine_from_its_e
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_a_deterministic_run_gives_the_cpu_engine_batches_of_one_request(
+def test_a_deterministic_run_gives_the_cpu_engine_one_sequence_per_forward(
     deterministic: bool,
 ) -> None:
     """Batched logits differ in their last bits with what a row is batched with; under
-    run.deterministic the CPU engine batches one request's rows at a time (the scheduler's
-    tests: tests/unit/backends/cpu_engine/test_scheduler.py). SGLang keeps its batching (its
-    own deterministic inference is an engine option)."""
+    run.deterministic each row is computed alone. SGLang keeps its batch size (its own
+    deterministic inference is an engine option)."""
     cfg, _ = compose_run_config([f"run.deterministic={str(deterministic).lower()}"])
     plan = build_plan(cfg)
     specs = engine_specs(cfg, plan, backend="cpu", node_addresses=["127.0.0.1"], log_dir="/logs")
-    command = engine_commands(specs)[0][0]
-    flags = parse_flags(command[3:])
+    flags = parse_flags(engine_commands(specs)[0][0][3:])
     expected = 1 if deterministic else cfg.engine.max_batch_size
     assert flags["--max-batch-size"] == (str(expected),)
-    assert ("--batch-per-request" in command) is deterministic
     sglang = engine_specs(
         cfg, plan, backend="sglang", node_addresses=["127.0.0.1"], log_dir="/logs"
     )
     assert sglang[0][0].max_batch_size == cfg.engine.max_batch_size
-    assert not sglang[0][0].batch_per_request
 
 
-def test_the_plan_says_how_a_deterministic_cpu_run_batches() -> None:
+def test_the_plan_says_a_deterministic_cpu_run_ignores_the_engine_batch_size() -> None:
     cfg, _ = compose_run_config(["run.deterministic=true", "engine.max_batch_size=32"])
-    notes = build_plan(cfg).notes
-    assert any("one row per forward" in n and "engine.max_batch_size=32" in n for n in notes)
+    assert any("engine.max_batch_size=32 does not apply" in n for n in build_plan(cfg).notes)
     plain, _ = compose_run_config([])
     assert not any("engine.max_batch_size" in n for n in build_plan(plain).notes)
