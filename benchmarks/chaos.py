@@ -30,7 +30,10 @@ The oracle. Sync mode runs deterministic (`run.deterministic=true`) and an unfau
 the same config first: every per-rollout record must equal the unfaulted one, except the
 wall-clock figures (`perf/*`, `train/*time_s`, `train/*_per_s`); the engines' logprob
 numerics (`train/rollout_logprob_abs_diff`) too, exactly: a deterministic run's CPU engines
-batch one request's rows at a time, so what a row is batched with never depends on timing.
+compute one row per forward, so a row's numerics never depend on what else is running. Both
+runs dump their samples (`run.dump_rollouts`), and a violated oracle says where the first
+differing rollout's samples part (rlpost.runtime.rollout_dump.first_difference): their
+tokens, the engines' logprobs, rewards, or none of them (then training differs).
 The async modes cannot repeat exactly; their oracle is the sample accounting of
 the `groups` records: no group trained twice, none lost (every group drawn before the last
 one trained was trained, filtered, dropped as stale or cut short, or is outstanding), and
@@ -66,6 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from rlpost.runtime.rollout_dump import dump_path, first_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = (
@@ -447,12 +452,16 @@ def same_records(run_dir: Path, reference: Path) -> list[str]:
     ours, theirs = records_of(run_dir), records_of(reference)
     if len(ours) != len(theirs):
         return [f"{len(ours)} records against {len(theirs)} in the unfaulted run"]
-    found = []
+    found, first = [], None
     for a, b in zip(ours, theirs, strict=True):
         keys = sorted(set(a) | set(b))
         differ = [k for k in keys if not wall_clock(k) and a.get(k) != b.get(k)]
         if differ:
             found.append(f"rollout {a.get('rollout_id')}: {', '.join(differ[:5])} differ")
+            first = a.get("rollout_id") if first is None else first
+    if isinstance(first, int):  # where that rollout's samples part
+        where = first_difference(dump_path(run_dir, first), dump_path(reference, first))
+        found.insert(0, f"rollout {first}'s samples: {where}")
     return found
 
 
@@ -508,8 +517,8 @@ def launch_args(settings: Settings, run_dir: Path, faults: int, rollouts: int) -
         f"trainer.collective_timeout_s={settings.collective_timeout_s}",
         "run.progress=false", f"run.dir={run_dir}", f"hydra.run.dir={run_dir.parent / 'hydra'}",
     ]  # fmt: skip
-    if mode == "sync":
-        args.append("run.deterministic=true")
+    if mode == "sync":  # the samples too, to say where a violated oracle parts
+        args += ["run.deterministic=true", "run.dump_rollouts=true"]
     else:
         args += [*DECOUPLED, f"recipe.loop.mode={mode}"]
     if settings.engine_fault_tolerance:

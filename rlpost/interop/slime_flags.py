@@ -258,6 +258,11 @@ NOT_IMPORTED = {
     ),
     "--wandb-key": ("credentials come from the environment (WANDB_API_KEY)", "tracking.wandb"),
     "--sglang-log-level": ("rlpost's engine logs go to the run directory", "run.dir"),
+    "--save-debug-rollout-data": (
+        "rlpost writes each rollout's samples as JSON lines in <run.dir>/rollouts/, not "
+        "torch files at a path of the script's choosing",
+        "run.dump_rollouts",
+    ),
     # slime's own --sglang-* flags (not SGLang server options)
     "--sglang-router-ip": ("rlpost starts the run's router itself", "engine.router_policy"),
     "--sglang-router-port": ("rlpost starts the run's router itself", "engine.router_policy"),

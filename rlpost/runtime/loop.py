@@ -31,6 +31,7 @@ from rlpost.runtime.progress import Progress, status
 from rlpost.runtime.resume import ResumePoint, plan_grid
 from rlpost.runtime.rollout.context import ContextFactory
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings, generate_sample
+from rlpost.runtime.rollout_dump import dump_rollout
 from rlpost.runtime.run_state import (
     LoopState,
     SavedGroups,
@@ -194,6 +195,8 @@ class TrainLoop:
         # not depend on which engine answered first.
         batch.groups.sort(key=lambda g: g[0].group_index)
         self.inputs.data.trained(batch.groups)
+        if cfg.run.dump_rollouts:
+            await asyncio.to_thread(dump_rollout, self.run_dir, step, batch.groups)
         metrics = rollout_metrics(batch)
         samples = to_train_samples(
             batch.groups, cfg.recipe.algo, rollout.mask_offpolicy_in_partial_rollout

@@ -144,6 +144,12 @@ class RunOptions(Section):
     resume: str | None = Field(None, description="auto, or a checkpoint directory")
     deterministic: bool = False
     progress: bool = True
+    dump_rollouts: bool = Field(
+        False,
+        description="write each rollout's samples as the trainer gets them (tokens, the "
+        "engines' logprobs, rewards, status) to <run.dir>/rollouts/rollout_<id>.jsonl, one "
+        "line per sample (rlpost.runtime.rollout_dump)",
+    )
     max_restarts: NonNegativeInt = Field(
         0,
         description="when a train rank, an engine (without engine.fault_tolerance), the router "

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.runtime.rollout_dump import dump_path, read_rollout
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = (
     "rollout_id",
@@ -76,6 +78,7 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
         "recipe.eval.interval=null",
         "recipe.eval.datasets=[]",
         "tracking.tensorboard=false",
+        "run.dump_rollouts=true",
     )
     default_out, _ = finish(default)
     decoupled_out, _ = finish(decoupled)
@@ -113,3 +116,14 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
         assert record["rollout/staleness_max"] <= 1
     assert records[0]["rollout/staleness_max"] == 0  # nothing was trained before it
     assert any(r["rollout/staleness_max"] == 1 for r in records)  # generated during a step
+    # run.dump_rollouts: each rollout's samples as trained, one line each (rollout_dump.py)
+    for record in records:
+        samples = read_rollout(dump_path(decoupled_dir, int(record["rollout_id"])))
+        assert len(samples) == record["rollout/num_samples"]
+        assert [s["group_index"] for s in samples] == sorted(s["group_index"] for s in samples)
+        for s in samples:
+            assert s["reward"] is not None and s["status"] in ("completed", "truncated")
+            assert len(s["response_ids"]) == len(s["rollout_logprobs"]) == len(s["loss_mask"])
+        tokens = sum(sum(s["loss_mask"]) for s in samples)
+        assert tokens == record["rollout/response_tokens"]
+    assert not (default_dir / "rollouts").exists()  # off by default
