@@ -34,8 +34,8 @@ NUM_ROLLOUT = 5
 # measurements every run logs beside the plan (perf/*: peak memory, time against the plan).
 TIMING_WORDS = ("time", "per_s")
 MEASURED = "perf/"
-# The engines' logprobs against the trainer's: a deterministic run's engines batch one
-# request's rows at a time, so these repeat exactly on the same layout (same_run); a resume
+# The engines' logprobs against the trainer's: a deterministic run's engines compute one
+# row per forward, so these repeat exactly on the same layout (same_run); a resume
 # on another train layout reorders the trainer's sums, and they are compared to a tolerance.
 ENGINE_NUMERICS = ("train/rollout_logprob_abs_diff",)
 
