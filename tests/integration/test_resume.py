@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rlpost.runtime.rollout_dump import dump_path, first_difference
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +91,7 @@ def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
         "layout.train.num_gpus=1",
         "hardware.gpus_per_node=1",
         "run.deterministic=true",
+        "run.dump_rollouts=true",  # a failed comparison says where the samples part
         "run.progress=false",
         f"run.dir={run_dir}",
         f"hydra.run.dir={run_dir.parent / 'hydra'}",  # keep Hydra's own folder out of the repo
@@ -204,8 +207,24 @@ def same_run(run_dir: Path, reference: Path, gradient_rel: float = 0.0) -> None:
                 assert mine.pop("train/grad_norm") == pytest.approx(
                     other.pop("train/grad_norm"), rel=gradient_rel
                 )
-    assert ours_records == theirs_records
-    assert engine_numerics(run_dir) == engine_numerics(reference)  # exact
+    assert ours_records == theirs_records, parting(run_dir, reference)
+    assert engine_numerics(run_dir) == engine_numerics(reference), parting(run_dir, reference)
+
+
+def parting(run_dir: Path, reference: Path) -> str:
+    """Where the two runs' samples part, in the first rollout whose records differ."""
+    ours, theirs = (
+        [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (run_dir, reference)
+    )
+    for mine, other in zip(ours, theirs, strict=False):
+        if {k: v for k, v in mine.items() if not k.startswith(MEASURED)} != {
+            k: v for k, v in other.items() if not k.startswith(MEASURED)
+        }:
+            rollout = int(mine["rollout_id"])
+            where = first_difference(dump_path(run_dir, rollout), dump_path(reference, rollout))
+            return f"rollout {rollout}'s samples: {where}"
+    return f"{len(ours)} records against {len(theirs)}"
 
 
 def engine_numerics(run_dir: Path) -> list[list[float]]:
