@@ -64,7 +64,7 @@ def read_rollout(path: Path) -> list[dict[str, Any]]:
 def first_difference(ours: Path, theirs: Path) -> str:
     """Where two dumps of one rollout first part, in words: a missing file, the samples
     trained, then per sample (in order) its tokens, logprobs, reward and the rest; or that
-    every sample is the same (what differs is then what the trainer made of them)."""
+    every sample is the same (what differs then came after them: training or evaluation)."""
     for path in (ours, theirs):
         if not path.exists():
             return f"{path} was not written"
@@ -92,7 +92,7 @@ def first_difference(ours: Path, theirs: Path) -> str:
         differ = sorted(k for k in x if x[k] != y.get(k))
         if differ:
             return f"{where}: {', '.join(differ)} differ"
-    return f"the same {len(a)} samples, bit for bit: the difference is in training"
+    return f"the same {len(a)} samples, bit for bit: what differs came after (training, evaluation)"
 
 
 def _first_unequal(a: Sequence[Any], b: Sequence[Any]) -> int:

@@ -55,7 +55,7 @@ def test_a_dump_reads_back_bit_for_bit_and_a_rerun_replaces_it(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({}, "the same 4 samples, bit for bit: the difference is in training"),
+        ({}, "the same 4 samples, bit for bit: what differs came after (training, evaluation)"),
         ({"response_ids": [13, 21, 30]}, "sample 3 (group 1): the response tokens part at token 1"),
         ({"response_ids": [13, 20]}, "sample 3 (group 1): the response tokens part at token 2"),
         (
