@@ -213,15 +213,11 @@ def same_run(run_dir: Path, reference: Path, gradient_rel: float = 0.0) -> None:
 
 def parting(run_dir: Path, reference: Path) -> str:
     """Where the two runs' samples part, in the first rollout whose records differ."""
-    ours, theirs = (
-        [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-        for d in (run_dir, reference)
-    )
-    for mine, other in zip(ours, theirs, strict=False):
-        if {k: v for k, v in mine.items() if not k.startswith(MEASURED)} != {
-            k: v for k, v in other.items() if not k.startswith(MEASURED)
-        }:
-            rollout = int(mine["rollout_id"])
+    ours, theirs = comparable(run_dir), comparable(reference)
+    numerics = zip(engine_numerics(run_dir), engine_numerics(reference), strict=False)
+    for mine, other, (a, b) in zip(ours, theirs, numerics, strict=False):
+        if mine != other or a != b:
+            rollout = int(mine["rollout_id"])  # type: ignore[call-overload]
             where = first_difference(dump_path(run_dir, rollout), dump_path(reference, rollout))
             return f"rollout {rollout}'s samples: {where}"
     return f"{len(ours)} records against {len(theirs)}"
