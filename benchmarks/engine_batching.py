@@ -33,9 +33,10 @@ from rlpost.backends.cpu_engine.row import Row
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "rlpost" / "assets" / "qwen3-tiny"
-WAYS: dict[str, dict[str, object]] = {
-    "continuous": {},
-    "one row": {"max_batch_size": 1},
+# a way: the engine's settings, and whether the rollout sends one request per sample
+WAYS: dict[str, tuple[dict[str, object], bool]] = {
+    "continuous": ({}, False),
+    "one row": ({"max_batch_size": 1}, True),
 }
 
 
@@ -79,9 +80,10 @@ def outputs(groups: list[list[Row]]) -> list[tuple[list[int], list[float]]]:
     return [(list(r.output_ids), list(r.logprobs)) for rows in groups for r in rows]
 
 
-def measure(model: Path, shape: Shape, repeats: int, **settings: object) -> dict[str, object]:
+def measure(
+    model: Path, shape: Shape, repeats: int, settings: dict[str, object], per_sample: bool
+) -> dict[str, object]:
     engine = CpuEngine(EngineSettings(model_path=str(model), seed=7, num_threads=1, **settings))  # type: ignore[arg-type]
-    per_sample = engine.settings.max_batch_size == 1
     try:
         rollout(engine, shape, range(shape.groups), per_sample)  # warm-up
         cpu, wall = [], []
@@ -112,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = Shape(ns.groups, ns.samples, ns.tokens)
     threads = torch.get_num_threads()
     try:
-        results = {way: measure(ns.model, shape, ns.repeats, **kw) for way, kw in WAYS.items()}
+        results = {way: measure(ns.model, shape, ns.repeats, *how) for way, how in WAYS.items()}
     finally:
         torch.set_num_threads(threads)
     base = results["continuous"]
