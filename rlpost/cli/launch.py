@@ -170,7 +170,19 @@ def run_job(cfg: DictConfig) -> None:
         with located(sources):
             MODES[run.mode](run, plan)
     except UserError as exc:
+        _discard_output_dir()
         exit_with(exc)
+
+
+def _discard_output_dir() -> None:
+    """A refused job leaves no folder behind: the output folder Hydra made for it (the
+    default run.dir, which a training launch has claimed) goes when nothing was written."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlpost.runtime.rundir import discard_unused
+
+    if HydraConfig.initialized():
+        discard_unused(Path(HydraConfig.get().runtime.output_dir))
 
 
 def _printing_mode(args: Sequence[str]) -> bool:

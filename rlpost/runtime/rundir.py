@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from rlpost.runtime.redact import redact
 from rlpost.schema import RunConfig
@@ -57,6 +57,29 @@ def lock_run_dir(run_dir: Path) -> int | None:
     os.write(fd, f"{os.getpid()}\n".encode())
     _HELD_LOCKS[run_dir] = fd
     return os.getpid()
+
+
+def discard_unused(folder: Path) -> bool:
+    """Remove `folder` when it holds nothing, or only this process's lock file: what a
+    launch refused before anything started leaves (Hydra makes the job's output folder, and
+    a training launch claims it, before validation runs). Anything else in it, or a lock
+    another process holds, keeps it. True when it was removed."""
+    folder = folder.resolve()
+    try:
+        entries = {p.name for p in folder.iterdir()}
+    except OSError:
+        return False
+    fd = _HELD_LOCKS.get(folder)
+    if entries - {LOCK_FILE} or (LOCK_FILE in entries and fd is None):
+        return False
+    if fd is not None:
+        (folder / LOCK_FILE).unlink(missing_ok=True)  # while held: no other launch takes it
+        os.close(_HELD_LOCKS.pop(folder))
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def lock_holder(run_dir: Path) -> str:
@@ -95,7 +118,8 @@ def config_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 def config_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(config_dict(cfg), sort_keys=False)
+    text: str = yaml.safe_dump(config_dict(cfg), sort_keys=False)
+    return text
 
 
 def provenance() -> dict[str, Any]:

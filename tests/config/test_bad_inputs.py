@@ -739,3 +739,12 @@ def test_a_bad_launch_is_refused_from_the_command_line(tmp_path: Path) -> None:
     assert "Did you mean 'math'?" in done.stderr and "fix:" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
+    """Hydra makes the job's folder (runs/<date>/<time>, the default run.dir, which a
+    training launch claims) before validation runs; a refusal takes it away again."""
+    command = [sys.executable, str(REPO / "launch.py"), "recipe.rollout.temperature=-1"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "recipe.rollout.temperature" in done.stderr, done.stderr
+    assert list((tmp_path / "runs").glob("*/*")) == []
