@@ -24,6 +24,7 @@ from rlpost.backends.cpu_engine.weights import ModelWeights, read_weights
 from rlpost.backends.fp8 import FP8_DTYPE, SCALE_SUFFIX, dequantize_state, folder_format
 from rlpost.backends.hf_load import load_causal_lm
 from rlpost.backends.sglang.buckets import WeightInfo
+from rlpost.backends.vector_math import warm_vector_math
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class CpuEngine:
         self.settings = settings
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
+        warm_vector_math()
         torch.manual_seed(settings.seed)
         path = Path(settings.model_path)
         if not (path / "config.json").is_file():

@@ -81,6 +81,7 @@ from rlpost.backends.megatron.trainer_state import (
     save_state,
 )
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
+from rlpost.backends.vector_math import warm_vector_math
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, ModelConfig, OptimConfig, TrainConfig
@@ -121,6 +122,7 @@ class MegatronTrainer:
         """`prediction`: the plan's, logged beside what each step measured (perf/*)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        warm_vector_math()
         host_before = host_memory_now_gib()
         self.model_config, self.algo, self.optim, self.train = model, algo, optim, train
         self.layout, self.temperature = layout, rollout_temperature

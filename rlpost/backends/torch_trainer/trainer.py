@@ -67,6 +67,7 @@ from rlpost.backends.torch_trainer.forward import (
 from rlpost.backends.torch_trainer.model_io import export_hf
 from rlpost.backends.torch_trainer.optim import build_optimizer, set_lr
 from rlpost.backends.torch_trainer.sharded_model import load_sharded_lm
+from rlpost.backends.vector_math import warm_vector_math
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
@@ -111,6 +112,7 @@ class TorchTrainer:
         `fsdp`: layout.train.fsdp (FSDP2's CPU offload, the HSDP shard group size)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        warm_vector_math()
         host_before = host_memory_now_gib()
         self.model_dir = Path(model_dir)
         self.algo, self.optim, self.train = algo, optim, train
