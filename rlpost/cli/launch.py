@@ -175,14 +175,21 @@ def run_job(cfg: DictConfig) -> None:
 
 
 def _discard_output_dir() -> None:
-    """A refused job leaves no folder behind: the output folder Hydra made for it (the
-    default run.dir, which a training launch has claimed) goes when nothing was written."""
+    """A refused job leaves no folder behind: the output folder Hydra made for it, named by
+    the launch's start time (the default runs/<date>/<time>, which a training launch with
+    run.dir unset has claimed), goes when nothing was written. A folder named otherwise
+    (`hydra.run.dir=.`, a folder of the user's) may have been there before: it stays."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from rlpost.runtime.rundir import discard_unused
 
-    if HydraConfig.initialized():
-        discard_unused(Path(HydraConfig.get().runtime.output_dir))
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    named = hc.sweep if hc.mode == RunMode.MULTIRUN else hc.run
+    if "${now:" in str(OmegaConf.to_container(named, resolve=False).get("dir", "")):
+        discard_unused(Path(hc.runtime.output_dir))
 
 
 def _printing_mode(args: Sequence[str]) -> bool:
