@@ -1,10 +1,11 @@
 """Intel MKL's vector math (VML), set up on one thread before any parallel use.
 
-torch's CPU kernels for cos, sin, exp, log, erf, tanh, sqrt and their kin call VML, which
-torch's library carries inside it. VML sets itself up on first use. When that first use is
-a call made from two threads of one intra-op parallel region at once (a tensor large enough
-to be split between threads), one thread can compute its share of that call with a less
-accurate kernel: the result differs in the last bits, and only that one time.
+torch's CPU kernels for cos, sin, log, erf and their kin call VML, which torch's library
+carries inside it (which functions do depends on torch's build; `cos` does in 2.13.0).
+VML sets itself up on first use. When that first use is a call made from two threads of
+one intra-op parallel region at once (a tensor large enough to be split between threads),
+one thread can compute its share of that call with a less accurate kernel: the result
+differs in the last bits, and only that one time.
 
 Measured with torch 2.13.0 on two cores, two threads: a fresh process's first `cos` of a
 16,192-element RoPE table gave, in 3 of 120 processes, a table whose second half equals
