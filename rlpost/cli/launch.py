@@ -162,7 +162,12 @@ def located(sources: SourceMap) -> Iterator[None]:
 
 
 def run_job(cfg: DictConfig) -> None:
-    """The Hydra task: validate, plan, then do what `mode` asks."""
+    """The Hydra task: validate, plan, then do what `mode` asks. The folder Hydra made for
+    the job goes again when nothing was written there: the job was refused, or a single
+    launch's run.dir is elsewhere (a sweep's job folders stay for its summary)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     try:
         sources = _sources_of_current_job()
         _default_run_dir(cfg)
@@ -172,13 +177,16 @@ def run_job(cfg: DictConfig) -> None:
     except UserError as exc:
         _discard_output_dir()
         exit_with(exc)
+    finally:
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
+            _discard_output_dir()
 
 
 def _discard_output_dir() -> None:
-    """A refused job leaves no folder behind: the output folder Hydra made for it, named by
-    the launch's start time (the default runs/<date>/<time>, which a training launch with
-    run.dir unset has claimed), goes when nothing was written. A folder named otherwise
-    (`hydra.run.dir=.`, a folder of the user's) may have been there before: it stays."""
+    """The output folder Hydra made for this job, named by the launch's start time (the
+    default runs/<date>/<time>, which a training launch with run.dir unset has claimed),
+    goes when nothing was written there. A folder named otherwise (`hydra.run.dir=.`, a
+    folder of the user's) may have been there before: it stays."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

@@ -748,3 +748,15 @@ def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "recipe.rollout.temperature" in done.stderr, done.stderr
     assert list((tmp_path / "runs").glob("*/*")) == []
+
+
+def test_a_launch_with_its_run_dir_elsewhere_leaves_no_empty_hydra_folder(tmp_path: Path) -> None:
+    """A job that writes nothing in Hydra's time-named folder (here mode=slime_args, given
+    that folder explicitly so Hydra makes it) leaves none behind."""
+    command = [
+        sys.executable, str(REPO / "launch.py"), "mode=slime_args",
+        "hydra.run.dir=runs/${now:%Y-%m-%d}/${now:%H-%M-%S}", f"run.dir={tmp_path / 'elsewhere'}",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list((tmp_path / "runs").glob("*/*")) == []
