@@ -162,12 +162,8 @@ def located(sources: SourceMap) -> Iterator[None]:
 
 
 def run_job(cfg: DictConfig) -> None:
-    """The Hydra task: validate, plan, then do what `mode` asks. The folder Hydra made for
-    the job goes again when nothing was written there: the job was refused, or a single
-    launch's run.dir is elsewhere (a sweep's job folders stay for its summary)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
+    """The Hydra task: validate, plan, then do what `mode` asks."""
+    refused = False
     try:
         sources = _sources_of_current_job()
         _default_run_dir(cfg)
@@ -175,18 +171,18 @@ def run_job(cfg: DictConfig) -> None:
         with located(sources):
             MODES[run.mode](run, plan)
     except UserError as exc:
-        _discard_output_dir()
+        refused = True
         exit_with(exc)
     finally:
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
-            _discard_output_dir()
+        _discard_output_dir(refused)
 
 
-def _discard_output_dir() -> None:
-    """The output folder Hydra made for this job, named by the launch's start time (the
-    default runs/<date>/<time>, which a training launch with run.dir unset has claimed),
-    goes when nothing was written there. A folder named otherwise (`hydra.run.dir=.`, a
-    folder of the user's) may have been there before: it stays."""
+def _discard_output_dir(refused: bool) -> None:
+    """The output folder Hydra made for this job goes again when nothing was written there,
+    after a refusal or a single launch whose run.dir is elsewhere (a sweep's job folders
+    stay for its summary). Only a folder named by the launch's start time (the default
+    runs/<date>/<time>, which a training launch with run.dir unset has claimed): one named
+    otherwise (`hydra.run.dir=.`, a folder of the user's) may have been there before."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -195,7 +191,10 @@ def _discard_output_dir() -> None:
     if not HydraConfig.initialized():
         return
     hc = HydraConfig.get()
-    named = hc.sweep if hc.mode == RunMode.MULTIRUN else hc.run
+    sweep = hc.mode == RunMode.MULTIRUN
+    if sweep and not refused:
+        return
+    named = hc.sweep if sweep else hc.run
     if "${now:" in str(OmegaConf.to_container(named, resolve=False).get("dir", "")):
         discard_unused(Path(hc.runtime.output_dir))
 

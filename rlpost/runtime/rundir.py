@@ -61,8 +61,8 @@ def lock_run_dir(run_dir: Path) -> int | None:
 
 def discard_unused(folder: Path) -> bool:
     """Remove `folder` when it holds nothing, or only this process's lock file: what a
-    launch refused before anything started leaves (Hydra makes the job's output folder, and
-    a training launch claims it, before validation runs). Anything else in it, or a lock
+    launch that wrote nothing there leaves (Hydra makes the job's output folder, and a
+    training launch claims it, before validation runs). Anything else in it, or a lock
     another process holds, keeps it. True when it was removed."""
     folder = folder.resolve()
     try:
