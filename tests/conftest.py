@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -20,6 +20,27 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
+
+
+REAL_LOOP = "tests/integration/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (pyproject's addopts): the tests of the real loop (tests/integration,
+    each a launch of Ray, engines and ranks) run on one worker, one after another and first,
+    while the other tests spread over the other workers beside them. A launch takes both
+    cores of a 2-core machine while it starts; two at once would only slow each other into
+    their timeouts."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealLoopTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            # scopes are queued largest first: the real loop's, then one per test
+            return REAL_LOOP if nodeid.startswith(REAL_LOOP) else nodeid
+
+    return RealLoopTogether(config, log)
+
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_LM_CONTEXT = 256

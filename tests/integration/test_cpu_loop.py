@@ -1,11 +1,23 @@
-"""The real loop on the embedded CPU default: Ray, the router, engine servers, the trainer."""
+"""The real loop on the embedded CPU default: Ray, the router, engine servers, the trainer.
+
+While it runs, every listening socket of every process of the default run (Ray's GCS,
+raylet, workers and agents, the router, the engine servers, the train ranks) is listed with
+psutil: a one-node run listens on loopback only. Any socket off loopback fails the test
+unless LISTENERS_OFF_LOOPBACK names it, as the README's "Secrets and sockets" does, with the
+reason.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import math
+import os
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,6 +38,62 @@ REQUIRED = (
 )
 
 pytestmark = pytest.mark.integration
+
+# process name (start of its command line) -> why it may listen off loopback; the README
+# lists the same. A CPU run has none: NCCL's bootstrap and SGLang's ports are GPU-only.
+LISTENERS_OFF_LOOPBACK: dict[str, str] = {}
+# what a default run must show before its sockets count (else the test proves nothing)
+EXPECTED = {
+    "gcs": "gcs_server",
+    "raylet": "raylet/raylet",
+    "driver": "launch.py",
+    "train rank": "ray::TrainActor",
+    "engine actor": "ray::EngineActor",
+    "engine server": "rlpost.backends.cpu_engine",
+    "router": "sglang::router",
+}
+
+
+def is_loopback(host: str) -> bool:
+    address = ipaddress.ip_address(host.split("%", 1)[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def run_processes(root: int) -> set[int]:
+    """The launch, its session, and every descendant (engine servers have sessions of
+    their own)."""
+    import psutil
+
+    found = {root}
+    for process in psutil.process_iter(["pid"]):
+        with contextlib.suppress(OSError):
+            if os.getsid(process.info["pid"]) == root:
+                found.add(process.info["pid"])
+    while True:
+        more = {
+            p.info["pid"]
+            for p in psutil.process_iter(["pid", "ppid"])
+            if p.info["ppid"] in found and p.info["pid"] not in found
+        }
+        if not more:
+            return found
+        found |= more
+
+
+def listeners(root: int) -> dict[tuple[str, int], str]:
+    """(address, port) -> the command line of the process listening there."""
+    import psutil
+
+    found = {}
+    for pid in run_processes(root):
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            name = " ".join(process.cmdline())
+            for conn in process.net_connections("inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found[(conn.laddr.ip, conn.laddr.port)] = name
+    return found
 
 
 def start(hydra_dir: Path, *overrides: str) -> subprocess.Popen[str]:
@@ -80,8 +148,11 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
         "tracking.tensorboard=false",
         "run.dump_rollouts=true",
     )
-    default_out, _ = finish(default)
-    decoupled_out, _ = finish(decoupled)
+    with ThreadPoolExecutor(2) as pipes:  # their output read while the sockets are listed
+        finished = [pipes.submit(finish, launch) for launch in (default, decoupled)]
+        listening = listeners_while_running(default)
+        (default_out, _), (decoupled_out, _) = (f.result() for f in finished)
+    check_loopback_only(listening)
     dirs = {
         out.rsplit("run directory: ", 1)[1].strip(): out for out in (default_out, decoupled_out)
     }
@@ -127,3 +198,25 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
         tokens = sum(sum(s["loss_mask"]) for s in samples)
         assert tokens == record["rollout/response_tokens"]
     assert not (default_dir / "rollouts").exists()  # off by default
+
+
+def listeners_while_running(launch: subprocess.Popen[str]) -> dict[tuple[str, int], str]:
+    """Every listening socket of the launch's processes, listed once a second until it ends
+    (Ray's monitor and dashboard start their servers seconds after Ray does)."""
+    seen: dict[tuple[str, int], str] = {}
+    while launch.poll() is None:
+        seen |= listeners(launch.pid)
+        time.sleep(1)
+    return seen
+
+
+def check_loopback_only(seen: dict[tuple[str, int], str]) -> None:
+    names = list(seen.values())
+    missing = [what for what, part in EXPECTED.items() if not any(part in n for n in names)]
+    assert not missing, f"no listening {missing} seen: {sorted(seen)}"
+    outside = {
+        f"{host}:{port}": name[:120]
+        for (host, port), name in seen.items()
+        if not is_loopback(host) and not name.startswith(tuple(LISTENERS_OFF_LOOPBACK))
+    }
+    assert not outside, f"{len(outside)} of {len(seen)} listening sockets off loopback: {outside}"

@@ -172,7 +172,16 @@ def _not_zombie(pid: int) -> bool:
         return False
 
 
-def wait_for(predicate: object, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+def wait_for(
+    predicate: object,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout_s: float,
+    poll_s: float = 0.05,
+) -> None:
+    """Until `predicate()` holds, asking every `poll_s`: short only where a kill must land in
+    a brief moment (a save), since a predicate that scans /proc or reads the log takes CPU
+    from the launch it watches."""
     deadline = time.monotonic() + timeout_s
     while not predicate():  # type: ignore[operator]
         if proc.poll() is not None:
@@ -180,7 +189,7 @@ def wait_for(predicate: object, proc: subprocess.Popen[bytes], log: Path, timeou
         if time.monotonic() > deadline:
             kill_run(proc)
             raise AssertionError(f"timed out:\n{log.read_text()[-3000:]}")
-        time.sleep(0.002)
+        time.sleep(poll_s)
 
 
 def comparable(run_dir: Path) -> list[dict[str, object]]:
@@ -251,7 +260,7 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
     before_last = ckpt / f"rollout_{NUM_ROLLOUT - 1}"
     wait_for(
         lambda: time.monotonic() >= kill_s or before_last.is_dir(),
-        proc, tmp_path / "first.log", 240,
+        proc, tmp_path / "first.log", 240, poll_s=0.002,
     )  # fmt: skip
     kill_run(proc)
     killed_at = len(comparable(run_dir))
@@ -260,7 +269,7 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
     log = tmp_path / "second.log"
     proc = start([*args, "run.resume=auto"], log)
     last_save = ckpt / f"tmp-{NUM_ROLLOUT}"
-    wait_for(last_save.exists, proc, log, 240)
+    wait_for(last_save.exists, proc, log, 240, poll_s=0.002)  # a save takes a fraction of a second
     kill_run(proc)
     assert last_save.is_dir(), "the save finished before the kill landed"
     assert "resuming from" in log.read_text(), log.read_text()[-3000:]

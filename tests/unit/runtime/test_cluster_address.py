@@ -31,7 +31,7 @@ def test_the_pinned_ray_is_the_one_measured() -> None:
     import ray
 
     assert ray.__version__.startswith(RAY_LOOPBACK_VERSIONS), (
-        f"Ray {ray.__version__}: measure tests/integration/test_loopback.py again, then "
+        f"Ray {ray.__version__}: measure tests/integration/test_cpu_loop.py again, then "
         "extend RAY_LOOPBACK_VERSIONS (or drop loopback_node_address if ray.init keeps a "
         "loopback _node_ip_address)"
     )
