@@ -31,7 +31,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     each a launch of Ray, engines and ranks) run on one worker, one after another and first,
     while the other tests spread over the other workers beside them. A launch takes both
     cores of a 2-core machine while it starts; two at once would only slow each other into
-    their timeouts."""
+    their timeouts. Another --dist than pyproject's `load` gets xdist's own scheduler."""
+    if config.getvalue("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class RealLoopTogether(LoadScopeScheduling):
