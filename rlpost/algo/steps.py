@@ -153,24 +153,41 @@ def plan_steps(
 ) -> list[StepPlan]:
     """Optimizer steps of `train.global_batch_size` samples, this DP rank's micro-batches
     (`share_prompts`: the trainer packs a prompt once, so a rank takes whole groups)."""
+    return every_rank_steps(batch, train, algo, dp_size, cp, share_prompts, [dp_rank])[0]
+
+
+def every_rank_steps(
+    batch: Sequence[TrainSample],
+    train: TrainConfig,
+    algo: AlgoConfig,
+    dp_size: int,
+    cp: int = 1,
+    share_prompts: bool = False,
+    ranks: Sequence[int] | None = None,
+) -> list[list[StepPlan]]:
+    """`plan_steps` of each of `ranks` (None: every DP rank), each step's shares split once.
+    Every rank holds the whole rollout, so each can work out what the others will run (how
+    many forwards to even out to) without asking them."""
     gbs = train.global_batch_size
     if not batch or len(batch) % gbs:
         raise ValueError(
             f"a rollout of {len(batch)} samples does not split into optimizer steps of "
             f"train.global_batch_size={gbs}; make the rollout a positive multiple of it"
         )
-    plans = []
+    wanted = list(range(dp_size) if ranks is None else ranks)
+    plans: list[list[StepPlan]] = [[] for _ in wanted]
     for start in range(0, len(batch), gbs):
         step = list(range(start, start + gbs))
         shares = _rank_shares([batch[i] for i in step], train, dp_size, share_prompts)
-        mine = [step[j] for j in shares[dp_rank]]
-        my_lengths = [batch[i].length for i in mine]
-        local = micro_batches(my_lengths, train, cp)
-        efficiency = None
-        if train.use_dynamic_batch_size and train.max_tokens_per_gpu is not None:
-            efficiency = packing_efficiency(my_lengths, local, train.max_tokens_per_gpu * cp)
         denominator = step_denominator([batch[i] for i in step], algo)
-        plans.append(StepPlan([[mine[j] for j in mb] for mb in local], denominator, efficiency))
+        for out, rank in zip(plans, wanted, strict=True):
+            mine = [step[j] for j in shares[rank]]
+            my_lengths = [batch[i].length for i in mine]
+            local = micro_batches(my_lengths, train, cp)
+            efficiency = None
+            if train.use_dynamic_batch_size and train.max_tokens_per_gpu is not None:
+                efficiency = packing_efficiency(my_lengths, local, train.max_tokens_per_gpu * cp)
+            out.append(StepPlan([[mine[j] for j in mb] for mb in local], denominator, efficiency))
     return plans
 
 

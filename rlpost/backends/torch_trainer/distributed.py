@@ -1,10 +1,20 @@
 """Sharded data parallelism with FSDP2: one code path for CPU (gloo) and CUDA (NCCL).
 
-Parameters, gradients and optimizer state are sharded over the data-parallel ranks
-(`fully_shard` per decoder layer, then at the root); with `shard_group_size` (HSDP) they are
-sharded within groups of that many ranks and replicated across the groups, over a 2-D device
-mesh (replicate, shard). On CUDA the layers compute in bf16 from float32 sharded master
-weights and reduce gradients in float32; on CPU everything is float32.
+Parameters, gradients and optimizer state are sharded over the data-parallel ranks; with
+`shard_group_size` (HSDP) they are sharded within groups of that many ranks and replicated
+across the groups, over a 2-D device mesh (replicate, shard). On CUDA the layers compute in
+bf16 from float32 sharded master weights and reduce gradients in float32; on CPU everything
+is float32.
+
+FSDP2's units: on CUDA each decoder layer is one (`fully_shard` per layer, then at the root),
+so a GPU holds one or two gathered layers at a time and a layer's collectives overlap the
+next one's compute. On CPU the whole model is one unit: one all-gather before the forward and
+one reduce-scatter after the backward. There the ranks share the host's cores and memory,
+nothing overlaps, and every collective is a meeting of the ranks: per-layer units take the
+CPU default's step to 1.14x (two ranks on two cores, benchmarks/torch_dp_step.py) and keep
+nothing off the host that one unit keeps on it, since on CPU the gathered layers stay until
+the backward either way. `per_layer=True` builds the CUDA structure on CPU (the tests check
+both).
 
 Losses are divided by step-wide denominators, so the full-batch gradient is the SUM of the
 ranks' gradients: FSDP2 averages by default, and `shard_model` sets its divide factor to 1
@@ -40,6 +50,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor, Shard
 
 from rlpost.backends.stores import process_group_store
@@ -153,10 +164,14 @@ def shard_model(
     layers: Iterable[nn.Module],
     mesh: DeviceMesh,
     cpu_offload: bool = False,
+    per_layer: bool | None = None,
 ) -> None:
     """`fully_shard` each of `layers`, then `root` (what no layer holds: embeddings, the final
-    norm, the output layer); gradients summed over the ranks, not averaged."""
+    norm, the output layer), or with `per_layer` False `root` alone (None: per layer on CUDA,
+    not on CPU); gradients summed over the ranks, not averaged."""
     cuda = mesh.device_type == "cuda"
+    if not (cuda if per_layer is None else per_layer):
+        layers = ()
     mixed = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cuda
@@ -178,6 +193,35 @@ def shard_model(
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+            if not cuda:
+                module.set_custom_reduce_scatter(AllReduceScatter())
+
+
+class AllReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter as an all-reduce of which each rank keeps its chunk, for gloo:
+    its reduce-scatter costs more than its all-reduce of the same tensor though it moves
+    half the bytes (two ranks on one 2-core host, torch 2.13: 10-13 against 7-8.5 ms for
+    12.6 MB, 3.4 against 0.6 ms for 0.8 MB). The input is reduced in place (FSDP2 frees it
+    afterwards)."""
+
+    def allocate(
+        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
+    ) -> Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: Tensor,
+        input_tensor: Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        dist.all_reduce(input_tensor, op=op, group=group)
+        chunk = output_tensor.numel()
+        start = dist.get_rank(group) * chunk
+        output_tensor.copy_(input_tensor.view(-1)[start : start + chunk].view_as(output_tensor))
+        return None
 
 
 def broadcast_buffers(root: nn.Module, device: torch.device) -> None:
@@ -250,13 +294,56 @@ def full_tensor(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
-    """The gradients' global L2 norm over every shard; scaled down to `max_norm` when above."""
+def clip_grad_norm(
+    params: Iterable[nn.Parameter], max_norm: float, dp: DataParallel, sums: Tensor | None = None
+) -> float:
+    """The gradients' global L2 norm over every shard; scaled down to `max_norm` when above.
+
+    Each rank squares its own shards and one all-reduce over all ranks adds them up, carrying
+    `sums` (float64, summed in place over the ranks) with it: the step's metrics need no
+    collective of their own. Under HSDP only the first replica counts its shards (the others
+    hold the same gradients). Collective."""
     with_grads = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in with_grads if p.grad is not None]
-    if not grads:
-        return 0.0
-    total = full_tensor(torch.nn.utils.get_total_norm(grads, 2.0, foreach=True))
-    if max_norm < float("inf"):
-        torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, total, foreach=True)
-    return float(total)
+    grads = [cast(Tensor, p.grad) for p in with_grads]
+    local = [_counted_shard(g, dp.rank) for g in grads]
+    carried = sums if sums is not None else torch.zeros(0, dtype=torch.float64)
+    if any(t is None for t in local):  # a layout this sum cannot read: DTensor's own norm
+        dp.sum(carried)
+        total = full_tensor(torch.nn.utils.get_total_norm(grads, 2.0, foreach=True))
+        norm = float(total)
+    else:
+        squares = torch.zeros(1, dtype=torch.float64)
+        present = [t for t in local if t is not None and t.numel()]
+        if present:
+            norms = torch._foreach_norm(present, 2.0)
+            squares += torch.stack(norms).double().square().sum().cpu()
+        reduced = dp.sum(torch.cat([squares, carried.reshape(-1)]))
+        carried.copy_(reduced[1:].view_as(carried))
+        norm = math.sqrt(float(reduced[0]))
+    if grads and max_norm < float("inf"):
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            torch._foreach_mul_([_local(g) for g in grads], coef)
+    return norm
+
+
+def _local(tensor: Tensor) -> Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _counted_shard(grad: Tensor, rank: int) -> Tensor | None:
+    """What of `grad` this rank adds to the global norm: its shard, empty when it is a
+    replica other than the first one; None for a placement other than shard or replicate."""
+    if not isinstance(grad, DTensor):
+        return grad if rank == 0 or not dist.is_initialized() else None
+    mesh = grad.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        return None
+    for dim, placement in enumerate(grad.placements):
+        if placement.is_replicate():
+            if coordinate[dim] != 0:
+                return grad.to_local()[:0]
+        elif not placement.is_shard():
+            return None
+    return grad.to_local()

@@ -49,10 +49,12 @@ def load_sharded_lm(
     cpu_offload: bool = False,
     layout: ParallelLayout | None = None,
     frozen: bool = False,
+    per_layer: bool | None = None,
 ) -> TokenForward:
-    """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`), each
-    decoder layer checkpointed as `layout.recompute` says (None: none); `frozen`: no
-    gradients (a reference model). The HF model is the result's `lm`. Collective."""
+    """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
+    `per_layer`), each decoder layer checkpointed as `layout.recompute` says (None: none);
+    `frozen`: no gradients (a reference model). The HF model is the result's `lm`.
+    Collective."""
     reads = dp.rank == 0
     model = (load_causal_lm if reads else build_causal_lm)(model_dir, attn_implementation)
     if frozen:
@@ -64,7 +66,7 @@ def load_sharded_lm(
     forward = TokenForward(model)
     # rank 0's whole tensors: sharding swaps the parameters for shards, these stay whole
     whole = forward.state_dict() if reads and dp.enabled else {}
-    shard_model(forward, decoder_layers(model), mesh, cpu_offload)
+    shard_model(forward, decoder_layers(model), mesh, cpu_offload, per_layer)
     if not dp.enabled:
         return forward
     if not reads:

@@ -37,12 +37,12 @@ from rlpost.algo.steps import (
     TokenStats,
     check_reference,
     even_counts,
+    every_rank_steps,
     has_rollout_logprobs,
     loads_reference,
     loss_inputs,
     metric_names,
     micro_batches,
-    plan_steps,
     reuses_logprobs,
     rollout_metrics,
     sample_tensors,
@@ -105,11 +105,14 @@ class TorchTrainer:
         device: str = "cpu",
         layout: ParallelLayout | None = None,
         fsdp: FsdpLayout | None = None,
+        per_layer_units: bool | None = None,
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
         the policy's); `prediction`: the plan's, logged beside what each step measured;
         `device`: "cpu" or "cuda"; `layout`: the plan's (its recompute is honoured);
-        `fsdp`: layout.train.fsdp (FSDP2's CPU offload, the HSDP shard group size)."""
+        `fsdp`: layout.train.fsdp (FSDP2's CPU offload, the HSDP shard group size);
+        `per_layer_units`: FSDP2 units per decoder layer (None: on CUDA; on CPU one unit,
+        distributed.py says why)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -140,6 +143,7 @@ class TorchTrainer:
             mesh,
             cpu_offload=fsdp.cpu_offload,
             layout=layout,
+            per_layer=per_layer_units,
         )
         self.model = self.policy.lm  # the HF model; its parameters are shards
         self.ref_model: TokenForward | None = None
@@ -151,6 +155,7 @@ class TorchTrainer:
                 mesh,
                 cpu_offload=fsdp.cpu_offload,
                 frozen=True,
+                per_layer=per_layer_units,
             )
         self.optimizer = build_optimizer(self.model, optim)
         self.device = self.dp.device
@@ -214,17 +219,16 @@ class TorchTrainer:
 
     def plan_steps(self, batch: Sequence[TrainSample]) -> list[StepPlan]:
         """Split the rollout into optimizer steps, this rank's share, and its micro-batches,
-        as many per step as the busiest rank's (the rest empty)."""
-        plans = plan_steps(
-            batch,
-            self.train,
-            self.algo,
-            self.dp.rank,
-            self.dp.world_size,
-            share_prompts=self.share_prompts,
+        as many per step as the busiest rank's (the rest empty). Every rank holds the whole
+        rollout and plans every rank's share, so no collective is needed to learn the
+        busiest one's count."""
+        every = every_rank_steps(
+            batch, self.train, self.algo, self.dp.world_size, share_prompts=self.share_prompts
         )
+        plans = every[self.dp.rank]
+        counts = [max(len(rank[i].micro_batches) for rank in every) for i in range(len(plans))]
         lengths = [s.length for s in batch]
-        even = self._even([p.micro_batches for p in plans], lengths)
+        even = even_counts([p.micro_batches for p in plans], lengths, counts)
         return [dataclasses.replace(p, micro_batches=b) for p, b in zip(plans, even, strict=True)]
 
     def _prepare(
@@ -278,12 +282,11 @@ class TorchTrainer:
                 maxima[key] = max(maxima.get(key, metrics[key]), metrics[key])
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
-        grad_norm = clip_grad_norm(params, max_norm)
+        grad_norm = clip_grad_norm(params, max_norm, self.dp, sums)  # sums summed with it
         lr = lr_at_step(self.step, self.optim)
         set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.step += 1
-        self.dp.sum(sums)
         summed = dict(zip(names, sums.tolist(), strict=True))
         return {**summed, **maxima, "grad_norm": grad_norm, "lr": lr}
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rlpost.algo.steps import even_out, plan_steps, prompt_groups
+from rlpost.algo.steps import even_out, every_rank_steps, plan_steps, prompt_groups
 from rlpost.schema import AlgoConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -33,6 +33,20 @@ def shares(samples: list[TrainSample], ranks: int, share: bool, balance: bool = 
         )
         for r in range(ranks)
     ]
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_every_rank_planned_at_once_as_each_rank_plans_itself(share: bool) -> None:
+    """What a trainer rank works out for the others (how many forwards to even out to) is
+    what each of them plans for itself: two optimizer steps, dynamic micro-batches."""
+    samples = groups_of(8, 8, seed=5)
+    train = TrainConfig(
+        global_batch_size=32, use_dynamic_batch_size=True, max_tokens_per_gpu=96
+    )
+    algo = AlgoConfig()
+    every = every_rank_steps(samples, train, algo, 4, share_prompts=share)
+    assert every == [plan_steps(samples, train, algo, r, 4, share_prompts=share) for r in range(4)]
+    assert len(every[0]) == 2 and len({len(p[0].micro_batches) for p in every}) > 1
 
 
 def test_prompt_groups_in_order_of_first_appearance() -> None:

@@ -95,15 +95,25 @@ def uneven_samples(make_samples: Samples) -> list[TrainSample]:
 
 
 @pytest.mark.parametrize(
-    ("world_size", "kind", "fsdp"),
+    ("world_size", "kind", "fsdp", "per_layer"),
     [
-        (2, "samples", FsdpLayout()),
-        (2, "groups", FsdpLayout()),
-        (2, "uneven", FsdpLayout()),
-        (2, "samples", FsdpLayout(shard_group_size=1, cpu_offload=True)),
-        (4, "samples", FsdpLayout()),
+        (2, "samples", FsdpLayout(), None),
+        (2, "groups", FsdpLayout(), None),
+        (2, "uneven", FsdpLayout(), None),
+        (2, "uneven", FsdpLayout(), True),
+        (2, "samples", FsdpLayout(shard_group_size=1, cpu_offload=True), None),
+        (4, "samples", FsdpLayout(), None),
+        (4, "samples", FsdpLayout(shard_group_size=2), True),
     ],
-    ids=["samples", "groups", "uneven-micro-batches", "hsdp-replicated-cpu-offload", "dp4"],
+    ids=[
+        "samples",
+        "groups",
+        "uneven-micro-batches",
+        "uneven-micro-batches-per-layer-units",
+        "hsdp-replicated-cpu-offload",
+        "dp4",
+        "hsdp-2x2-per-layer-units",
+    ],
 )
 def test_ranks_match_one_rank(
     tiny_model_dir: Path,
@@ -114,13 +124,16 @@ def test_ranks_match_one_rank(
     world_size: int,
     kind: str,
     fsdp: FsdpLayout,
+    per_layer: bool | None,
 ) -> None:
     """Same rollout, same step: FSDP2 over 2 (or 4) gloo ranks gives 1 rank's gradients
-    (summed, not averaged) and weights; with groups of one prompt each rank takes whole
-    groups and packs each prompt once; ranks with unequal micro-batch counts even them out
-    with empty ones; HSDP with shard groups of one rank replicates instead of sharding (here
-    with FSDP2's CPU offload on, which on CPU leaves everything where it is). Ranks other
-    than 0 receive the model from rank 0 rather than reading it (sharded_model.py)."""
+    (summed, not averaged), gradient norm and weights; with groups of one prompt each rank
+    takes whole groups and packs each prompt once; ranks with unequal micro-batch counts
+    even them out with empty ones; HSDP with shard groups of one rank replicates instead of
+    sharding (here with FSDP2's CPU offload on, which on CPU leaves everything where it is),
+    and with groups of two shards and replicates. The model is one FSDP2 unit on CPU, or one
+    per decoder layer as on CUDA (`per_layer`). Ranks other than 0 receive the model from
+    rank 0 rather than reading it (sharded_model.py)."""
     train = TRAIN | ({"balance_data": False} if kind == "uneven" else {})
     configs = make_configs(
         8,
@@ -140,7 +153,15 @@ def test_ranks_match_one_rank(
     else:
         samples = make_samples(8, seed=11, with_rollout=True)
     (single,) = run_ranks(1, tiny_model_dir, configs, samples, tmp_path / "single")
-    ranks = run_ranks(world_size, tiny_model_dir, configs, samples, tmp_path / "dp", fsdp=fsdp)
+    ranks = run_ranks(
+        world_size,
+        tiny_model_dir,
+        configs,
+        samples,
+        tmp_path / "dp",
+        fsdp=fsdp,
+        per_layer_units=per_layer,
+    )
     for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm"):
         for result in ranks:
             assert abs(result["metrics"][key] - single["metrics"][key]) < 1e-5, key
