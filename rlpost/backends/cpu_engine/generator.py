@@ -81,6 +81,9 @@ class BatchGenerator:
         if not newcomers:
             return batch
         joined = self._start(newcomers)
+        if joined is not None:  # finished on their first token: no decode step for them
+            joined.keep([i for i, r in enumerate(joined.rows) if r.finish is None])
+            joined = joined if joined.rows else None
         if batch is None or joined is None:
             return batch or joined
         if not joined.can_merge:  # cannot happen when batch merges; keep the types honest

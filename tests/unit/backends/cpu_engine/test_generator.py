@@ -225,6 +225,36 @@ def test_rows_admitted_mid_run_match_one_by_one(engine: CpuEngine) -> None:
     assert len(admitted) == 3
 
 
+def test_a_row_admitted_mid_run_that_finishes_on_its_first_token_gets_no_second(
+    engine: CpuEngine,
+) -> None:
+    """Newcomers joining a running batch whose first token ends them (a stop token, or
+    max_new_tokens of 1) leave with that one token, as they do when they start a batch."""
+    ps = prompts(engine)
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+    first_token = run(engine, [make_row(ps[1], max_new_tokens=1, **greedy)])[0].output_ids[0]
+    running = [make_row(ps[0], max_new_tokens=6, **greedy)]
+    arrivals = [
+        [
+            make_row(ps[1], seed=1, max_new_tokens=6, stop_token_ids=[first_token], **greedy),
+            make_row(ps[3], seed=2, max_new_tokens=1, **greedy),
+        ]
+    ]
+    admitted: list[Row] = []
+
+    def admit(num_running: int) -> list[Row]:
+        rows = arrivals.pop(0) if arrivals else []
+        admitted.extend(rows)
+        return rows
+
+    engine.generator.run(running, admit=admit)
+    stopped, one = admitted
+    assert stopped.output_ids == [first_token] and len(stopped.logprobs) == 1
+    assert stopped.finish is not None and stopped.finish.kind == "stop"
+    assert len(one.output_ids) == 1 and one.finish is not None and one.finish.kind == "length"
+    assert len(running[0].output_ids) == 6
+
+
 def test_engine_seed_makes_unseeded_sampling_reproducible(tiny_lm_dir: Path) -> None:
     body = {"input_ids": [[40, 41], [42]], "sampling_params": {"max_new_tokens": 8, "n": 2}}
 

@@ -65,3 +65,33 @@ def test_adamw_decays_matrices_but_not_norms_or_biases() -> None:
     # Zero gradients: only weight decay moves anything, and only the matrix.
     assert torch.allclose(after[0], before[0] * (1 - 0.1 * 0.5))
     assert all(torch.equal(a, b) for a, b in zip(after[1:], before[1:], strict=True))
+
+
+def test_the_fused_adamw_steps_as_torchs_reference_adamw() -> None:
+    """The trainer's fused kernel against torch's loop-over-parameters AdamW: three steps
+    of the same gradients land on the same weights to float32 rounding."""
+    torch.manual_seed(0)
+    optim = OptimConfig(lr=1e-2, weight_decay=0.1, adam_beta2=0.98, adam_eps=1e-8)
+    fused_model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    reference_model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    reference_model.load_state_dict(fused_model.state_dict())
+    fused = build_optimizer(fused_model, optim)
+    assert all(group["fused"] for group in fused.param_groups)
+    decayed = [p for p in reference_model.parameters() if p.ndim >= 2]
+    exempt = [p for p in reference_model.parameters() if p.ndim < 2]
+    reference = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": 0.1}, {"params": exempt, "weight_decay": 0.0}],
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
+        foreach=False,
+    )
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in fused_model.parameters()]
+        for model in (fused_model, reference_model):
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g.clone()
+        fused.step()
+        reference.step()
+    for a, b in zip(fused_model.parameters(), reference_model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
