@@ -294,6 +294,11 @@ def full_tensor(tensor: Tensor) -> Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def local_shard(tensor: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (the tensor itself otherwise)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def clip_grad_norm(
     params: Iterable[nn.Parameter], max_norm: float, dp: DataParallel, sums: Tensor | None = None
 ) -> float:
@@ -323,12 +328,8 @@ def clip_grad_norm(
     if grads and max_norm < float("inf"):
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
-            torch._foreach_mul_([_local(g) for g in grads], coef)
+            torch._foreach_mul_([local_shard(g) for g in grads], coef)
     return norm
-
-
-def _local(tensor: Tensor) -> Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _counted_shard(grad: Tensor, rank: int) -> Tensor | None:

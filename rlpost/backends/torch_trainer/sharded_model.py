@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from rlpost.backends.torch_trainer.distributed import (
     DataParallel,
     broadcast_buffers,
+    local_shard,
     shard_model,
 )
 from rlpost.backends.torch_trainer.forward import TokenForward
@@ -95,6 +95,5 @@ def _check_materialised(model: PreTrainedModel) -> None:
                     "folder) has its values; this model cannot be loaded by rank 0 alone"
                 )
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        if local.is_meta:
+        if local_shard(tensor).is_meta:
             raise RuntimeError(f"{type(model).__name__}: {name} was not materialised")

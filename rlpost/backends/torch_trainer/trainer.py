@@ -25,7 +25,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.distributed.tensor import DTensor
 
 from rlpost.algo.advantages import get_estimator
 from rlpost.algo.losses import compute_loss
@@ -56,6 +55,7 @@ from rlpost.backends.torch_trainer.distributed import (
     DataParallel,
     clip_grad_norm,
     gather_full,
+    local_shard,
     reshard,
 )
 from rlpost.backends.torch_trainer.forward import (
@@ -395,10 +395,10 @@ class TorchTrainer:
         returns bytes moved off the accelerator (0 when the model already lives on the CPU,
         FSDP2's CPU offload included)."""
         params = list(self.policy.parameters())
-        device = _local(params[0]).device if params else torch.device("cpu")
+        device = local_shard(params[0]).device if params else torch.device("cpu")
         if device.type == "cpu":
             return 0
-        moved = sum(_local(p).numel() * _local(p).element_size() for p in params)
+        moved = sum(local_shard(p).numel() * local_shard(p).element_size() for p in params)
         self._offloaded_from = device
         self.optimizer.zero_grad(set_to_none=True)
         reshard(self.policy)
@@ -420,11 +420,6 @@ class TorchTrainer:
     def close(self) -> None:
         if self._owns_group:
             self.dp.close()
-
-
-def _local(tensor: Tensor) -> Tensor:
-    """This rank's shard of a DTensor (the tensor itself otherwise)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _to_device(row: SampleTensors, device: torch.device) -> SampleTensors:

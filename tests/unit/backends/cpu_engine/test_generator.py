@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +49,18 @@ def recompute_logprobs(engine: CpuEngine, row: Row, temperature: float) -> torch
     scaled = logits[start - 1 : -1] / (temperature or 1.0)
     logprobs = torch.log_softmax(scaled, dim=-1)
     return logprobs.gather(1, torch.tensor(row.output_ids).unsqueeze(1)).squeeze(1)
+
+
+def admitting(arrivals: list[list[Row]], admitted: list[Row]) -> Callable[[int], list[Row]]:
+    """An `admit` callback: the next step's arrivals each time it is asked (none once they
+    run out), each also recorded in `admitted`."""
+
+    def admit(num_running: int) -> list[Row]:
+        rows = arrivals.pop(0) if arrivals else []
+        admitted.extend(rows)
+        return rows
+
+    return admit
 
 
 def test_batched_greedy_equals_one_by_one(engine: CpuEngine) -> None:
@@ -208,13 +220,7 @@ def test_rows_admitted_mid_run_match_one_by_one(engine: CpuEngine) -> None:
         ],
     ]
     admitted: list[Row] = []
-
-    def admit(num_running: int) -> list[Row]:
-        rows = arrivals.pop(0) if arrivals else []
-        admitted.extend(rows)
-        return rows
-
-    engine.generator.run(first, admit=admit)
+    engine.generator.run(first, admit=admitting(arrivals, admitted))
     for row in first + admitted:
         assert row.finish is not None and row.finish.kind == "length"
         seed = int(row.rid[1:])
@@ -241,13 +247,7 @@ def test_a_row_admitted_mid_run_that_finishes_on_its_first_token_gets_no_second(
         ]
     ]
     admitted: list[Row] = []
-
-    def admit(num_running: int) -> list[Row]:
-        rows = arrivals.pop(0) if arrivals else []
-        admitted.extend(rows)
-        return rows
-
-    engine.generator.run(running, admit=admit)
+    engine.generator.run(running, admit=admitting(arrivals, admitted))
     stopped, one = admitted
     assert stopped.output_ids == [first_token] and len(stopped.logprobs) == 1
     assert stopped.finish is not None and stopped.finish.kind == "stop"
