@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The checks for a machine with one CUDA GPU, about 9 minutes on an H200: the tests marked gpu,
-# then benchmarks/megatron_train.py on qwen3-0.6b and qwen3-1.7b with each trainer, megatron-core
-# in the shipped layout and then trainer.backend=torch (FSDP2), each with the plain PyTorch loop
-# beside it (--baseline, 3 timed rollouts), and a summary of their tokens/s, memory and ratio rows.
+# The checks for a machine with one CUDA GPU, most important first: the tests marked gpu; then
+# benchmarks/megatron_train.py on qwen3-0.6b and qwen3-1.7b with the megatron trainer in the
+# shipped layout beside the plain PyTorch loop (--baseline, 3 timed rollouts), the torch
+# trainer (FSDP2) on the same shapes (its ratio is taken against the megatron check's plain
+# loop), qwen3-0.6b without recompute and with selective recompute (memory against the plan),
+# qwen3-4b in the shipped layout, and a profiled 0.6b step (top kernels, host reads). A summary
+# of tokens/s, memory and ratio rows ends it.
 #
 # From the project root on the GPU machine, after the GPU packaging of ../shared/gpu/README.md
-# (make-site.sh: .gpu/site holds the Python packages that travel, .gpu/main a copy of the code):
-#     bash benchmarks/gpu_checks.sh             # this checkout's code
-#     bash .gpu/main/benchmarks/gpu_checks.sh   # the packaged copy, where only .gpu travelled
+# (make-site.sh: .gpu/site holds the Python packages that travel):
+#     bash benchmarks/gpu_checks.sh                     # every check, in order
+#     CHECKS="train_4b_megatron profile_0.6b" bash benchmarks/gpu_checks.sh
 # Logs go to $OUT (default ./gpu-out), one per check, with status.txt (exit code and seconds of
-# each). Every check runs under `timeout`; one that fails or runs out of time does not stop
-# the rest. PYTHON: the interpreter (default python3). SIZES: the model sizes (default
-# "0.6b 1.7b"; SIZES=tiny runs the whole script on a CPU in about a minute).
+# each). Every check runs under `timeout`; one that fails or runs out of time does not stop the
+# rest. BUDGET_S (default 900): the seconds the whole script may take; a check gets at most
+# what is left of it, and none starts with under 30 s left. PYTHON: the interpreter (default
+# python3). SIZES: the model sizes of the training checks (default "0.6b 1.7b"; SIZES=tiny
+# runs them on a CPU in about a minute; 4b and the memory and profile checks follow SIZES'
+# first size there).
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SITE=""
@@ -22,14 +28,27 @@ export PYTHONPATH="${SITE:+$SITE:}$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/gpu-out}
+BUDGET_S=${BUDGET_S:-900}
+SIZES=${SIZES:-0.6b 1.7b}
+read -r FIRST _ <<<"$SIZES"
+BIG=4b SMALL=0.6b
+[ "$FIRST" = tiny ] && BIG=tiny SMALL=tiny
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 : >"$OUT/status.txt"
 cd "$ROOT" || exit 1
 
-# check NAME LIMIT_S COMMAND...: COMMAND's output to $OUT/NAME.log, its exit code to status.txt
+# check NAME LIMIT_S COMMAND...: COMMAND's output to $OUT/NAME.log, its exit code to status.txt;
+# skipped when CHECKS names others, or when under 30 s of BUDGET_S is left
 check() {
   local name=$1 limit=$2 start=$SECONDS rc note=""
   shift 2
+  if [ -n "${CHECKS:-}" ] && [[ " $CHECKS " != *" $name "* ]]; then return; fi
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -lt 30 ]; then
+    echo "$name: skipped, ${left} s of the budget left" | tee -a "$OUT/status.txt"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name (at most $limit s)"
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
@@ -46,28 +65,52 @@ torch.__version__, 'transformers', transformers.__version__)"
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 
+bench() {  # bench SIZE STEPS ARGS...: megatron_train.py's command
+  local size=$1 steps=$2
+  shift 2
+  echo "$PY" benchmarks/megatron_train.py --size "$size" --steps "$steps" "$@"
+}
 mapfile -t GPU_TESTS < <(grep -rl "mark.gpu" tests)
-check pytest_gpu 100 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rA "${GPU_TESTS[@]}"
-for size in ${SIZES:-0.6b 1.7b}; do
-  limit=100
-  [ "$size" = 1.7b ] && limit=120
-  bench=(benchmarks/megatron_train.py --size "$size" --steps 3 --baseline)
-  check "train_${size}_megatron" "$limit" "$PY" "${bench[@]}"
-  check "train_${size}_torch" "$limit" "$PY" "${bench[@]}" trainer.backend=torch
+check pytest_gpu 120 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rA "${GPU_TESTS[@]}"
+for size in $SIZES; do
+  check "train_${size}_megatron" 130 $(bench "$size" 3 --baseline)
 done
+for size in $SIZES; do
+  check "train_${size}_torch" 120 $(bench "$size" 3) trainer.backend=torch
+done
+for mode in none selective; do
+  check "memory_${SMALL}_$mode" 70 $(bench "$SMALL" 2) layout.train.recompute.granularity=$mode
+done
+check "train_${BIG}_megatron" 150 $(bench "$BIG" 2)
+check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recompute.granularity=none
 
-ROWS='^(layout|train tokens/s|MFU \(of|max_memory_allocated|peak RSS growth|plan train estimate'
-ROWS+='|reference weights|measured / \(estimate|step time / plan|plain |rlpost / plain)'
+ROWS='^(layout|step time s|train tokens/s|MFU \(of|max_memory_(allocated|reserved)|peak RSS growth'
+ROWS+='|plan train estimate|reference weights|measured / \(estimate|reserved / estimate'
+ROWS+='|step time / plan|plain |rlpost / plain)'
+row() {  # row LOG NAME: the value printed on LOG's row NAME, thousands separators dropped
+  grep -E "^$2 " "$1" 2>/dev/null | sed -E "s|^$2 +||; s|,||g; s| .*||"
+}
 echo
 echo "== summary (logs in $OUT)"
 cat "$OUT/status.txt"
-echo "-- pytest -m gpu"
-grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" "$OUT/pytest_gpu.log" \
-  || tail -n 5 "$OUT/pytest_gpu.log"
-for size in ${SIZES:-0.6b 1.7b}; do
-  for backend in megatron torch; do
-    log="$OUT/train_${size}_${backend}.log"
-    echo "-- $size, $backend"
-    grep -E "$ROWS" "$log" || tail -n 5 "$log"
-  done
+if [ -f "$OUT/pytest_gpu.log" ]; then
+  echo "-- pytest -m gpu"
+  grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" \
+    "$OUT/pytest_gpu.log" || tail -n 5 "$OUT/pytest_gpu.log"
+fi
+for log in "$OUT"/train_*.log "$OUT"/memory_*.log; do
+  [ -f "$log" ] || continue
+  echo "-- $(basename "$log" .log)"
+  grep -E "$ROWS" "$log" || tail -n 5 "$log"
 done
+for size in $SIZES; do  # the torch trainer against the megatron check's plain loop
+  plain=$(row "$OUT/train_${size}_megatron.log" "plain train tokens/s")
+  ours=$(row "$OUT/train_${size}_torch.log" "train tokens/s")
+  if [ -n "$plain" ] && [ -n "$ours" ]; then
+    echo "-- $size: torch trainer / plain loop tokens/s $(awk "BEGIN {printf \"%.3f\", $ours / $plain}")"
+  fi
+done
+if [ -f "$OUT/profile_${SMALL}.log" ]; then
+  echo "-- profile_${SMALL}"
+  sed -n '/rlpost train step, profiled/,$p' "$OUT/profile_${SMALL}.log" | head -n 40
+fi

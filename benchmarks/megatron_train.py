@@ -41,9 +41,11 @@ own logprobs serve); recompute is not counted; the same for both trainers. The p
 matmul measured here is printed beside it (bf16 8192^3 on GPU, fp32 1024^3 on CPU).
 
 Memory: torch.cuda.max_memory_allocated against the plan's per-GPU training estimate less its
-context/workspace overhead, which the allocator does not see; on CPU the growth of peak RSS
-from trainer construction on. The reference model's weights are what this process holds of
-them: the torch trainer's are DTensor shards, counted by their local tensors.
+context/workspace overhead, which the allocator does not see, and the allocator's peak
+reservation (max_memory_reserved, fragmentation included) against the whole estimate; on CPU
+the growth of peak RSS from trainer construction on. The reference model's weights are what
+this process holds of them: the torch trainer's are DTensor shards, counted by their local
+tensors.
 """
 
 from __future__ import annotations
@@ -210,6 +212,7 @@ class Measured:
     reference_gib: float
     memory_label: str
     memory_gib: float
+    reserved_gib: float  # the CUDA caching allocator's peak reservation (0.0 on CPU)
     profile: str = ""
 
 
@@ -262,11 +265,12 @@ def free_memory(on_gpu: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def measured_memory(on_gpu: bool, rss_before_gib: float) -> tuple[str, float]:
+def measured_memory(on_gpu: bool, rss_before_gib: float) -> tuple[str, float, float]:
     if on_gpu:
-        return "max_memory_allocated GiB", torch.cuda.max_memory_allocated() / GIB
+        allocated = torch.cuda.max_memory_allocated() / GIB
+        return "max_memory_allocated GiB", allocated, torch.cuda.max_memory_reserved() / GIB
     rss_gib = peak_rss_gib()
-    return f"peak RSS growth GiB (peak RSS {rss_gib:.3f})", rss_gib - rss_before_gib
+    return f"peak RSS growth GiB (peak RSS {rss_gib:.3f})", rss_gib - rss_before_gib, 0.0
 
 
 def main() -> None:
@@ -362,10 +366,14 @@ def report(
         ("measured peak TFLOP/s; MFU of it",
          f"{peak[0] / 1e12:.3f} ({peak[1]}); {step_flops / step_s / peak[0]:.3f}"),
         (measured.memory_label, f"{measured.memory_gib:.3f}"),
+        *([("max_memory_reserved GiB", f"{measured.reserved_gib:.3f}")]
+          if measured.reserved_gib else []),
         ("plan train estimate GiB/GPU", plan_memory_row(mem)),
         reference_row(plan, measured.reference_gib),
         ("measured / (estimate - overhead)",
          f"{measured.memory_gib / (mem.total_gib - mem.overhead_gib):.3f}"),
+        *([("reserved / estimate", f"{measured.reserved_gib / mem.total_gib:.3f}")]
+          if measured.reserved_gib else []),
         ("step time / plan's training seconds",
          f"{step_s / plan.prediction.train_s:.3f} (plan {plan.prediction.train_s:.3f} s)"),
     ]  # fmt: skip

@@ -148,18 +148,22 @@ def packed_mla_rope(
 # ---- attention over packed samples ------------------------------------------------------------
 
 
-def _varlen_kernel() -> Callable[..., Any] | None:
-    """torch's `varlen_attn` where this torch has it with the keywords used here (scale, a
-    causal window, GQA), else None."""
+def _varlen_kernel() -> tuple[Callable[..., Any] | None, bool]:
+    """torch's `varlen_attn` where this torch has it with the keywords used here (scale and a
+    causal window), else None; and whether it takes `enable_gqa`. torch 2.11's has no such
+    keyword and runs flash attention's own kernel, which takes fewer key/value heads than query
+    heads as they are; later torch asks for `enable_gqa=True` before it does the same."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return None
+        return None, False
     keywords = inspect.signature(varlen_attn).parameters
-    return varlen_attn if {"scale", "window_size", "enable_gqa"} <= keywords.keys() else None
+    if not {"scale", "window_size"} <= keywords.keys():
+        return None, False
+    return varlen_attn, "enable_gqa" in keywords
 
 
-VARLEN_ATTN = _varlen_kernel()
+VARLEN_ATTN, VARLEN_GQA_KEYWORD = _varlen_kernel()
 VARLEN_DTYPES = (torch.bfloat16, torch.float16)
 VARLEN_MAX_HEAD_DIM = 256
 """Flash attention's head sizes: a multiple of 8, at most 256 (at most 192 for a backward on
@@ -170,7 +174,7 @@ def varlen_applies(
     query: Tensor, key: Tensor, value: Tensor, index: AttentionIndex, dropout_p: float
 ) -> bool:
     """Whether `packed_attention` runs torch's flash-attention varlen kernel. All must hold:
-    - torch has `torch.nn.attention.varlen.varlen_attn` with scale, window_size and enable_gqa;
+    - torch has `torch.nn.attention.varlen.varlen_attn` with scale and window_size;
     - the micro-batch carries `index.cu_seqlens` (no context parallelism: each sample's rows are
       one contiguous run, packed.attention_index; under CP each query sees keys gathered from
       the whole group through a mask, which the kernel does not take);
@@ -226,7 +230,7 @@ def varlen_attention(
     if VARLEN_ATTN is None:
         raise ValueError(
             f"varlen_attention: torch {torch.__version__} has no "
-            "torch.nn.attention.varlen.varlen_attn taking scale, window_size and enable_gqa; "
+            "torch.nn.attention.varlen.varlen_attn taking scale and window_size; "
             "call packed_attention, which takes the padded path there"
         )
     if index.cu_seqlens is None:
@@ -235,6 +239,7 @@ def varlen_attention(
             "parallelism, whose samples are not contiguous runs of local rows); call "
             "packed_attention, which takes the padded path for it"
         )
+    gqa = {"enable_gqa": key.shape[1] != query.shape[1]} if VARLEN_GQA_KEYWORD else {}
     out = VARLEN_ATTN(
         query,
         key,
@@ -245,7 +250,7 @@ def varlen_attention(
         index.max_seqlen,
         scale=scale,
         window_size=(-1, 0),  # causal: each row sees its own sample's rows up to itself
-        enable_gqa=key.shape[1] != query.shape[1],
+        **gqa,
     )
     return cast(Tensor, out).flatten(1)
 
