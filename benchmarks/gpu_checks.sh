@@ -13,7 +13,7 @@
 #     CHECKS="train_4b_megatron profile_0.6b" bash benchmarks/gpu_checks.sh
 # Logs go to $OUT (default ./gpu-out), one per check, with status.txt (exit code and seconds of
 # each). Every check runs under `timeout`; one that fails or runs out of time does not stop the
-# rest. BUDGET_S (default 900): the seconds the whole script may take; a check gets at most
+# rest. BUDGET_S (default 540): the seconds the whole script may take; a check gets at most
 # what is left of it, and none starts with under 30 s left. PYTHON: the interpreter (default
 # python3). SIZES: the model sizes of the training checks (default "0.6b 1.7b"; SIZES=tiny
 # runs them on a CPU in about a minute; 4b and the memory and profile checks follow SIZES'
@@ -28,7 +28,7 @@ export PYTHONPATH="${SITE:+$SITE:}$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 PY=${PYTHON:-python3}
 OUT=${OUT:-$PWD/gpu-out}
-BUDGET_S=${BUDGET_S:-900}
+BUDGET_S=${BUDGET_S:-540}
 SIZES=${SIZES:-0.6b 1.7b}
 read -r FIRST _ <<<"$SIZES"
 BIG=4b SMALL=0.6b

@@ -74,14 +74,21 @@ H200 (2026-11-26, megatron-core 0.16.1 without TransformerEngine, 32 x 4096 toke
 qwen3-0.6b 0.205 without recompute, 0.180 selective, 0.150 full; qwen3-1.7b 0.226 and qwen3-4b
 0.289 with full recompute. Full recompute adds a fourth forward's work at the same rate
 (0.6b: 1.37x slower than none, 4/3 predicted), so these are 0.20, 0.30 and 0.39 without it;
-0.30 is the middle one. Megatron-LM with TransformerEngine reports 0.44-0.52 on dense GPT
-models (Narayanan et al. 2021); this backend is not there yet."""
+0.30 is the middle one. After the trainer's rework (2026-11-27, same card and versions,
+docs/gpu-results.md): 0.6b 0.184 without recompute, 0.179 selective, 0.167 full; 1.7b 0.219 and
+4b 0.273 full; predicted / measured step time 0.74 (0.6b full), 0.97 (1.7b), 1.21 (4b), 0.61
+(0.6b none). Two things this constant cannot express: MFU grows with the model (a layer's
+elementwise work, which does not grow with the matmuls, weighs less), and full recompute
+cost 0.6b 10% over none, not a third. Megatron-LM with TransformerEngine reports 0.44-0.52 on
+dense GPT models (Narayanan et al. 2021); this backend is not there yet."""
 MOE_MFU = 0.20
 """Not measured on a GPU yet: DENSE_MFU scaled by the 2/3 it had to the published dense
 figure (routed experts run smaller GEMMs and wait on their dispatch)."""
 TORCH_MFU = DENSE_MFU
-"""The torch trainer (transformers' layers under FSDP2) on GPUs: not measured yet; taken as
-the megatron backend's until a GPU run measures it (docs/gpu-results.md)."""
+"""The torch trainer (transformers' layers under FSDP2) on GPUs: measured on one H200
+(2026-11-27, docs/gpu-results.md) at 1.12x (qwen3-0.6b) and 1.03x (1.7b) the megatron
+backend's step with full recompute (MFU 0.187 and 0.224), 0.236 for 0.6b without; kept equal
+to the megatron backend's, whose predictions it followed within those factors."""
 DECODE_EFFICIENCY = 0.6
 """Share of peak memory bandwidth a decode step reaches (kernel launch gaps, small GEMMs)."""
 PREFILL_MFU = 0.4

@@ -17,9 +17,11 @@ What a GPU holds besides its shards, during the training step's forward and back
   and their float32 copy that the reduce-scatter reads;
 - the reference model (when the reference runs at all): a no-grad FSDP2 shard in the compute
   dtype, (2 / S bytes a parameter), or on the host with cpu_offload;
-- activations: megatron-core's per-tensor terms (rlpost.plan.memory.layer_activation_bytes),
-  every layer's without recompute, each layer's input plus one layer's under full recompute
-  (activation checkpointing per decoder layer);
+- activations: what transformers' decoder layers keep for backward under this trainer's
+  packed attention (`torch_layer_activation_bytes`), every layer's without recompute, each
+  checkpointed layer's input plus one layer's under full recompute (activation checkpointing
+  per decoder layer); MoE and multi-latent attention layers with megatron-core's terms
+  (rlpost.plan.memory.layer_activation_bytes);
 - the log-prob kernel's hidden states, float32 chunks of logits and the output weight's
   float32 gradient (rlpost.plan.memory.logprob_kernel_bytes): the logits are never whole.
 
@@ -39,12 +41,13 @@ from rlpost.plan.memory import (
     TRAIN_WORKSPACE_GIB,
     TrainMemory,
     estimate_train,
+    layer_activation_bytes,
+    layer_input_bytes,
     logprob_kernel_bytes,
-    stage_activation_bytes,
     train_tokens_per_gpu,
     weight_bytes,
 )
-from rlpost.plan.params import count_params, layer_params
+from rlpost.plan.params import count_params, is_moe_layer, layer_params
 from rlpost.schema import GENERIC_FAMILY, ModelConfig, RecipeConfig, RunConfig
 from rlpost.schema.layout import TrainLayout
 
@@ -61,9 +64,10 @@ GATHERED_LAYERS = 2
 
 FSDP_NOTE = (
     "trainer torch on GPUs (FSDP2 over {shards} ranks): the memory counts its float32 shards, "
-    "the gathered root and two layers, and activations with megatron-core's per-tensor terms "
-    "(transformers' layers may keep more); the step time assumes megatron's measured MFU, "
-    "not yet measured for this trainer, and FSDP2's all-gathers and reduce-scatters not "
+    "the gathered root and two layers, and activations as transformers' Llama-style layers "
+    "keep them (an architecture with other norms or MLPs may keep more); the step time "
+    "assumes megatron's measured MFU, which this trainer's measured step followed within "
+    "3-12% on one GPU, and FSDP2's all-gathers and reduce-scatters not "
     "overlapping compute"
 )
 FSDP_MOE_NOTE = (
@@ -137,6 +141,62 @@ def gathered_bytes(model: ModelConfig) -> float:
     )
 
 
+def torch_layer_activation_bytes(
+    model: ModelConfig, index: int, tokens: int, par: ParallelLayout
+) -> float:
+    """Bytes decoder layer `index` of a transformers model keeps for backward over `tokens`
+    tokens under this trainer, in the compute dtype (c bytes; bf16 on GPUs), counted tensor by
+    tensor for a Llama-style layer (Llama, Mistral, Qwen2/3, GLM-4):
+    - each RMSNorm computes in float32: it keeps its input's float32 copy (4 bytes an element,
+      the input itself when it is float32 already), the float32 1/rms of each row and the
+      normed row back in the compute dtype; the two layer norms' outputs are the projections'
+      inputs (c each); QK-norm does the same per head for queries and keys, and GLM-4's post
+      norms after attention and MLP;
+    - RoPE keeps only its shared cos and sin tables (counted nowhere: one per forward);
+    - the packed attention (rlpost.backends.torch_trainer.attention) gathers Q, K and V into
+      one padded batch of samples, which SDPA keeps with its output and float32 log-sum-exp
+      per head; the output projection keeps its input;
+    - a gated MLP keeps the gate, its activation, the up projection and their product (4 c f);
+      an ungated one its input and activation (2 c f).
+    Samples padded to the longest in a micro-batch are not counted (as in megatron's term).
+    MoE and multi-latent attention layers are counted with megatron-core's terms
+    (rlpost.plan.memory.layer_activation_bytes), which transformers' may not match."""
+    if model.mla is not None or is_moe_layer(model, index):
+        return layer_activation_bytes(model, index, tokens, par, "none")
+    c = float(weight_bytes(model))
+    h, f = model.hidden_size, model.ffn_hidden_size
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    a, g = heads * model.head_dim, groups * model.head_dim
+
+    def norm(width: int, rows: int) -> float:  # per token: float32 copy, 1/rms, normed
+        return 4.0 * width + 4.0 * rows + c * width
+
+    post_norms = int(model.post_self_attn_layernorm) + int(model.post_mlp_layernorm)
+    per_token = 2 * (norm(h, 1) + c * h) + post_norms * norm(h, 1)
+    if model.qk_layernorm:
+        per_token += norm(a, heads) + norm(g, groups)
+    per_token += c * (2 * a + 2 * g) + 4.0 * heads + c * a  # Q K V, output, lse; o_proj in
+    per_token += (4 if model.activation in ("swiglu", "geglu") else 2) * c * f
+    return tokens * per_token
+
+
+def torch_activation_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -> float:
+    """Every decoder layer's activations (`torch_layer_activation_bytes`) for one micro-batch
+    of `tokens` tokens; under full recompute (model_io.checkpoint_layers: every layer, or the
+    first recompute_num_layers with method `block`) a checkpointed layer keeps its input, and
+    the backward recomputes one checkpointed layer at a time."""
+    each = [torch_layer_activation_bytes(model, i, tokens, par) for i in range(model.num_layers)]
+    if par.recompute == "none":
+        return sum(each)
+    checkpointed = model.num_layers
+    if par.recompute_method == "block":
+        checkpointed = min(par.recompute_num_layers, model.num_layers)
+    if checkpointed == 0:
+        return sum(each)
+    inputs = checkpointed * layer_input_bytes(model, tokens, par)
+    return inputs + sum(each[checkpointed:]) + max(each[:checkpointed])
+
+
 def estimate_fsdp_train(
     cfg: RunConfig,
     par: ParallelLayout,
@@ -157,8 +217,7 @@ def estimate_fsdp_train(
     if recipe.algo.reference_interval > 0:
         reference = shard * weight_bytes(model) / GIB
     tokens = train_tokens_per_gpu(recipe, 1)
-    layers = tuple(range(model.num_layers))
-    activations = stage_activation_bytes(model, layers, 0, tokens, par) / GIB
+    activations = torch_activation_bytes(model, tokens, par) / GIB
     logits = logprob_kernel_bytes(model, tokens, par) / GIB
     gathered = gathered_bytes(model) / GIB
     overhead = CUDA_CONTEXT_GIB + TRAIN_WORKSPACE_GIB + (ENGINE_RESIDUAL_GIB if colocate else 0.0)

@@ -95,12 +95,10 @@ def attention_index(
         return out
 
     mine = rows_by_sample(cp_rank, 0)
-    rows, valid, width = _grouped(mine)
+    rows, valid, _ = _grouped(mine)
     local_count = sum(len(p) for p in local_positions[cp_rank])
-    slots = torch.empty(local_count, dtype=torch.long)
-    for s, sample_rows in enumerate(mine):
-        for j, row in enumerate(sample_rows):
-            slots[row] = s * width + j
+    slots = torch.empty(local_count, dtype=torch.long)  # slots[rows[s, j]] = s * W + j
+    slots[rows[valid]] = torch.arange(rows.numel()).view_as(rows)[valid]
     if cp_size == 1:
         cu_seqlens, max_seqlen = _boundaries(mine)
         return AttentionIndex(rows, slots, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)

@@ -268,7 +268,7 @@ def gather_full(tensors: Sequence[Tensor]) -> list[Tensor]:
         local[offset : offset + piece.numel()] = piece
         offset += size
     gathered = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
-    dist.all_gather_single(gathered, local, group=group)
+    dist.all_gather_into_tensor(gathered, local, group=group)
     del local
     by_rank = gathered.view(world, -1)
     out, offset = [], 0

@@ -40,9 +40,7 @@ def test_every_rank_planned_at_once_as_each_rank_plans_itself(share: bool) -> No
     """What a trainer rank works out for the others (how many forwards to even out to) is
     what each of them plans for itself: two optimizer steps, dynamic micro-batches."""
     samples = groups_of(8, 8, seed=5)
-    train = TrainConfig(
-        global_batch_size=32, use_dynamic_batch_size=True, max_tokens_per_gpu=96
-    )
+    train = TrainConfig(global_batch_size=32, use_dynamic_batch_size=True, max_tokens_per_gpu=96)
     algo = AlgoConfig()
     every = every_rank_steps(samples, train, algo, 4, share_prompts=share)
     assert every == [plan_steps(samples, train, algo, r, 4, share_prompts=share) for r in range(4)]

@@ -54,15 +54,24 @@ def _rank_main(
     torch.save(fn(rank, world, port, *args), Path(out) / f"rank{rank}.pt")
 
 
-def run_world(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
-    """fn(rank, world_size, master_port, *args) on `world` forked ranks; their return values."""
+def start_method() -> str:
+    """fork (fast), unless this process already initialised CUDA, which a forked child cannot
+    use: then spawn, which pickles `fn` and its arguments (module-level functions only)."""
+    return "spawn" if torch.cuda.is_initialized() else "fork"
+
+
+def run_world(
+    fn: Callable[..., Any], world: int, *args: Any, method: str | None = None
+) -> list[Any]:
+    """fn(rank, world_size, master_port, *args) on `world` ranks started by `method`
+    (start_method() unless given); their return values."""
     with tempfile.TemporaryDirectory() as out:
         ranks = mp.start_processes(
             _rank_main,
             args=(fn, world, free_port(), out, args),
             nprocs=world,
             join=False,
-            start_method="fork",
+            start_method=method or start_method(),
         )
         deadline = time.monotonic() + RANK_TIMEOUT_S
         while not ranks.join(timeout=1):

@@ -1,0 +1,90 @@
+"""The plan's per-layer activation memory for the torch trainer against what a transformers
+decoder layer really keeps for backward under its packed attention.
+
+A forward of the trainer's token path (forward.forward_tokens, the chunked log-prob kernel
+included) under a saved-tensors hook: every tensor autograd keeps, counted once per storage,
+parameters left out. A model of two layers minus the same model of one is one layer's share,
+measured in float32 (the CPU trainer) and in bf16 (what a GPU computes in: FSDP2's mixed
+precision hands the layers bf16 parameters and inputs, as a bf16 model here does), for a
+Qwen3 layer (QK-norm) and a Mistral-shaped one (a `generic` model), each at two token
+counts, so that a constant fitted to one count would not pass. The plan's term
+(rlpost.plan.fsdp.torch_layer_activation_bytes) must be within 5%.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
+from rlpost.backends.torch_trainer.model_io import load_causal_lm
+from rlpost.cli.hf_model import HFConfig, model_fields
+from rlpost.plan.fsdp import torch_layer_activation_bytes
+from rlpost.plan.layout import ParallelLayout
+from rlpost.schema import ModelConfig
+from rlpost.types import TrainSample
+
+VOCAB = 64
+SAMPLES = 4
+SHAPE: dict[str, Any] = {  # attention twice the hidden size wide, as Qwen3-0.6B's is
+    "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "max_position_embeddings": 512, "tie_word_embeddings": True,
+}  # fmt: skip
+ARCHITECTURES = {
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config),
+    "mistral": (MistralForCausalLM, MistralConfig),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def save_model(path: Path, arch: str, layers: int, dtype: str) -> ModelConfig:
+    """A random HF model of `arch` with `layers` layers, and its model YAML as
+    `rlpost new model --from-hf` draws it from config.json."""
+    hf_class, config_class = ARCHITECTURES[arch]
+    torch.manual_seed(0)
+    hf_class(config_class(**SHAPE, num_hidden_layers=layers)).save_pretrained(path)
+    fields = model_fields(HFConfig.read(path), arch, str(path))
+    return ModelConfig(**(fields | {"params_dtype": dtype}))
+
+
+def kept_for_backward(path: Path, dtype: str, length: int) -> int:
+    model = load_causal_lm(path).to(DTYPES[dtype])
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    rng = random.Random(length)
+    samples = [
+        TrainSample([rng.randrange(2, VOCAB) for _ in range(length)], length // 2, 1.0)
+        for _ in range(SAMPLES)
+    ]
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward_tokens(model, pack_samples(samples), 1.0)
+    assert out.logp.requires_grad
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_plan_counts_what_a_transformers_layer_keeps(arch: str, dtype: str, tmp_path: Path) -> None:
+    models = {n: save_model(tmp_path / f"layers{n}", arch, n, dtype) for n in (1, 2)}
+    assert models[2].qk_layernorm == (arch == "qwen3")
+    for length in (32, 96):
+        tokens = SAMPLES * length
+        measured = kept_for_backward(tmp_path / "layers2", dtype, length) - kept_for_backward(
+            tmp_path / "layers1", dtype, length
+        )
+        par = ParallelLayout.single_process(recompute="none")
+        planned = torch_layer_activation_bytes(models[2], 1, tokens, par)
+        assert measured == pytest.approx(planned, rel=0.05), (arch, dtype, tokens)
