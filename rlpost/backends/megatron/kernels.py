@@ -2,8 +2,10 @@
 
 Every function here computes in the activations' own dtype wherever the arithmetic allows it,
 instead of a float32 copy of the activations and a cast back:
-- `rms_norm`: torch's `F.rms_norm` forward (a fused kernel on CUDA; it accumulates the mean
-  square in float32 whatever the input dtype), keeping only its input for backward.
+- `rms_norm`: on CUDA torch's fused RMSNorm forward and backward kernels
+  (`aten._fused_rms_norm` and its backward), keeping the input and each row's float32 1/rms;
+  elsewhere `F.rms_norm`'s forward keeping only the input, and a float32 backward that
+  recomputes 1/rms (fifteen elementwise kernels, which is what the fused backward saves).
 - `apply_rope`: rotary embeddings from a per-micro-batch cos/sin table (`rope_table`) in the
   compute dtype: two multiplies and an add per layer, no trigonometry, no host reads.
 - `packed_mla_rope`: megatron-core's multi-latent attention applies its own RoPE and, for a
@@ -33,20 +35,65 @@ from torch import Tensor, nn
 from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
 
 
+def _fused_rms_norm() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """torch's fused RMSNorm forward and backward ops where this torch has them (2.8 and later:
+    `aten._fused_rms_norm` -> (out, rstd), `aten._fused_rms_norm_backward` -> (grad_input,
+    grad_weight)), else None."""
+    ops = torch.ops.aten
+    if not (hasattr(ops, "_fused_rms_norm") and hasattr(ops, "_fused_rms_norm_backward")):
+        return None
+    return ops._fused_rms_norm.default, ops._fused_rms_norm_backward.default
+
+
+FUSED_RMS_NORM = _fused_rms_norm()
+FUSED_RMS_NORM_DEVICES = frozenset(
+    device
+    for device in ("cuda",)
+    if FUSED_RMS_NORM is not None
+    and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", device.upper())
+    and torch._C._dispatch_has_kernel_for_dispatch_key(
+        "aten::_fused_rms_norm_backward", device.upper()
+    )
+)
+"""Devices whose fused RMSNorm kernels this torch build has (CUDA builds; a CPU build has
+none, and the ops have no CPU kernel)."""
+
+
 class _RMSNorm(torch.autograd.Function):
-    """Forward: torch's rms_norm (fused on CUDA). Saved for backward: the input alone (torch's
-    composite rms_norm keeps float32 copies of the input and the normalised output as well);
-    the backward recomputes the reciprocal root mean square from it."""
+    """On a device of FUSED_RMS_NORM_DEVICES, with weight and input of one dtype: torch's fused
+    kernels, keeping the input, the weight and each row's float32 1/rms. Elsewhere: torch's
+    rms_norm forward, keeping the input alone (torch's composite rms_norm keeps float32
+    copies of the input and the normalised output as well); the backward recomputes the
+    reciprocal root mean square from it in float32."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        shape = [x.shape[-1]]
+        ctx.fused = (
+            FUSED_RMS_NORM is not None
+            and x.device.type in FUSED_RMS_NORM_DEVICES
+            and weight.dtype == x.dtype
+        )
+        if ctx.fused:
+            assert FUSED_RMS_NORM is not None
+            out, rstd = FUSED_RMS_NORM[0](x, shape, weight, eps)
+            ctx.save_for_backward(x, weight, rstd)
+            return cast(Tensor, out)
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
         with torch.no_grad():
-            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+            return F.rms_norm(x, shape, weight, eps)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+        if ctx.fused:
+            assert FUSED_RMS_NORM is not None
+            x, weight, rstd = ctx.saved_tensors
+            mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
+            grad_x, grad_weight = FUSED_RMS_NORM[1](
+                grad.contiguous(), x, [x.shape[-1]], rstd, weight, mask
+            )
+            return grad_x, grad_weight, None
         x, weight = ctx.saved_tensors
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
@@ -298,10 +345,10 @@ class _SwiGLU(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
         (x,) = ctx.saved_tensors
         gate, up = x.chunk(2, dim=-1)
-        sig = torch.sigmoid(gate)
-        silu = gate * sig
-        d_gate = grad * up * sig * (1 + gate * (1 - sig))
-        return torch.cat((d_gate, grad * silu), dim=-1)
+        # silu's own backward kernel: grad * sig * (1 + gate * (1 - sig)) in one pass, in
+        # float32 inside the kernel (five kernels here; ten as separate multiplies)
+        d_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return torch.cat((d_gate, grad * F.silu(gate)), dim=-1)
 
 
 def swiglu(x: Tensor) -> Tensor:

@@ -57,6 +57,64 @@ def test_rms_norm_matches_hf_arithmetic_and_keeps_only_its_input() -> None:
     assert [t.shape for t in kept] == [x.shape, weight.shape]
 
 
+def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The unfused path (what CPUs and torch builds without the fused ops run)."""
+    h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (weight.float() * h).to(x.dtype)
+
+
+def _rms_norm_step(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Output, input and weight gradients, and the tensors kept for backward."""
+    x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    kept: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = kernels.rms_norm(x, weight, 1e-6)
+    grad_x, grad_w = torch.autograd.grad(out, (x, weight), torch.linspace(-1, 1, out.numel())
+                                         .view_as(out).to(out.dtype))  # fmt: skip
+    return out, grad_x, grad_w, *kept
+
+
+def test_the_fused_rms_norm_path_calls_torchs_ops_as_their_schema_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fused path runs torch's fused ops on CUDA only (no CPU kernel); here their
+    reference decompositions stand in for the CUDA kernels, so the call convention (arguments,
+    the output mask, what rstd is) is checked against the unfused path on CPU."""
+    from torch._decomp import decompositions
+
+    fused = (decompositions._fused_rms_norm, decompositions._fused_rms_norm_backward)
+    for dtype, tol in ((torch.float64, 1e-5), (torch.bfloat16, 2e-2)):  # the plain backward: fp32
+        x = torch.randn(3, 5, 4, 32, dtype=torch.float64).to(dtype)  # [t, heads, d]: QK-norm
+        weight = (1 + 0.1 * torch.randn(32, dtype=torch.float64)).to(dtype)
+        plain = _rms_norm_step(x, weight)
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "FUSED_RMS_NORM", fused)
+            patch.setattr(kernels, "FUSED_RMS_NORM_DEVICES", frozenset({"cpu"}))
+            out, grad_x, grad_w, *kept = _rms_norm_step(x, weight)
+        for ours, theirs in zip((out, grad_x, grad_w), plain[:3], strict=True):
+            assert ours.dtype == theirs.dtype
+            assert torch.allclose(ours.double(), theirs.double(), rtol=tol, atol=tol)
+        assert [t.shape for t in kept] == [x.shape, weight.shape, (3, 5, 4, 1)]
+        assert kept[2].dtype == torch.float32 or dtype == torch.float64  # rstd
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_rms_norm_runs_torchs_fused_kernels_on_cuda() -> None:
+    assert "cuda" in kernels.FUSED_RMS_NORM_DEVICES, torch.__version__
+    x = torch.randn(4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    weight = 1 + 0.1 * torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    out, grad_x, grad_w, *kept = _rms_norm_step(x, weight)
+    assert len(kept) == 3 and kept[2].dtype == torch.float32  # the input, weight and rstd
+    assert torch.allclose(out.float(), _reference_rms_norm(x, weight).float(), atol=3e-2)
+    ref_x, ref_w = x.double().requires_grad_(), weight.double().requires_grad_()
+    ref = _reference_rms_norm(ref_x, ref_w)
+    upstream = torch.linspace(-1, 1, ref.numel(), device="cuda").view_as(ref).double()
+    want_x, want_w = torch.autograd.grad(ref, (ref_x, ref_w), upstream)
+    assert torch.allclose(grad_x.double(), want_x, rtol=3e-2, atol=3e-2)
+    assert torch.allclose(grad_w.double(), want_w, rtol=3e-2, atol=0.5)
+
+
 class _Wrapper:
     """megatron-core's optimizer wrappers hold the torch optimizer as `.optimizer`."""
 
