@@ -67,7 +67,7 @@ class _RMSNorm(torch.autograd.Function):
     reciprocal root mean square from it in float32."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         shape = [x.shape[-1]]
         ctx.fused = (
             FUSED_RMS_NORM is not None
@@ -85,7 +85,7 @@ class _RMSNorm(torch.autograd.Function):
             return F.rms_norm(x, shape, weight, eps)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         if ctx.fused:
             assert FUSED_RMS_NORM is not None
             x, weight, rstd = ctx.saved_tensors
@@ -107,7 +107,7 @@ class _RMSNorm(torch.autograd.Function):
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight * x / rms(x) over the last dim; keeps only x for backward."""
-    return _RMSNorm.apply(x, weight, eps)  # type: ignore[no-any-return]
+    return cast(Tensor, _RMSNorm.apply(x, weight, eps))  # type: ignore[no-untyped-call]
 
 
 # ---- rotary embeddings ------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def _rotate_half(x: Tensor, interleaved: bool) -> Tensor:
     if not interleaved:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((-x2, x1), dim=-1)
-    pairs = x.unflatten(-1, (-1, 2))
+    pairs = x.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
@@ -178,18 +178,22 @@ def packed_mla_rope(
     d] at each token's position in one gather: what megatron-core computes sample by sample
     (rope_utils._apply_rotary_pos_emb_thd, the CP chunks included, as positions are this rank's
     own), without reading cu_seqlens on the host. Anything else goes to megatron-core's."""
-    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.models.common.embeddings import rope_utils  # type: ignore[import-untyped]
 
     positions = getattr(cu_seqlens, POSITIONS_ATTR, None)
     if positions is None or config.apply_rope_fusion:
-        return rope_utils.apply_rotary_pos_emb(t, freqs, config, cu_seqlens, mscale, cp_group)
-    return rope_utils._apply_rotary_pos_emb_bshd(
-        t.unsqueeze(1),
-        freqs[positions],
-        rotary_interleaved=config.rotary_interleaved,
-        multi_latent_attention=config.multi_latent_attention,
-        mscale=mscale,
-    ).squeeze(1)
+        applied = rope_utils.apply_rotary_pos_emb(t, freqs, config, cu_seqlens, mscale, cp_group)
+        return cast(Tensor, applied)
+    return cast(
+        Tensor,
+        rope_utils._apply_rotary_pos_emb_bshd(
+            t.unsqueeze(1),
+            freqs[positions],
+            rotary_interleaved=config.rotary_interleaved,
+            multi_latent_attention=config.multi_latent_attention,
+            mscale=mscale,
+        ).squeeze(1),
+    )
 
 
 # ---- attention over packed samples ------------------------------------------------------------
@@ -336,13 +340,13 @@ def padded_attention(
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         ctx.save_for_backward(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
         gate, up = x.chunk(2, dim=-1)
         # silu's own backward kernel: grad * sig * (1 + gate * (1 - sig)) in one pass, in
@@ -353,7 +357,7 @@ class _SwiGLU(torch.autograd.Function):
 
 def swiglu(x: Tensor) -> Tensor:
     """[..., 2f] (gate then up, megatron-core's fc1 layout) -> silu(gate) * up [..., f]."""
-    return _SwiGLU.apply(x)  # type: ignore[no-any-return]
+    return cast(Tensor, _SwiGLU.apply(x))  # type: ignore[no-untyped-call]
 
 
 class SwiGLU(nn.Module):

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.packed_seq_params import PackedSeqParams  # type: ignore[import-untyped]
 from torch import Tensor
 
 
@@ -58,7 +58,7 @@ class RopeTable:
 
 
 @dataclass
-class PackedBatchParams(PackedSeqParams):
+class PackedBatchParams(PackedSeqParams):  # type: ignore[misc]
     attention: AttentionIndex | None = None
     rope: RopeTable | None = None
 
