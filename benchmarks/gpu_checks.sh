@@ -4,8 +4,9 @@
 # shipped layout beside the plain PyTorch loop (--baseline, 3 timed rollouts), the torch
 # trainer (FSDP2) on the same shapes (its ratio is taken against the megatron check's plain
 # loop), qwen3-0.6b without recompute and with selective recompute (memory against the plan),
-# qwen3-4b in the shipped layout, and a profiled 0.6b step (top kernels, host reads). A summary
-# of tokens/s, memory and ratio rows ends it.
+# 0.6b on samples of ragged lengths with the varlen attention and with padded SDPA, qwen3-4b in
+# the shipped layout, and a profiled 0.6b step (top kernels, host reads). A summary of
+# tokens/s, memory and ratio rows ends it.
 #
 # From the project root on the GPU machine, after the GPU packaging of ../shared/gpu/README.md
 # (make-site.sh: .gpu/site holds the Python packages that travel):
@@ -81,6 +82,10 @@ done
 for mode in none selective; do
   check "memory_${SMALL}_$mode" 70 $(bench "$SMALL" 2) layout.train.recompute.granularity=$mode
 done
+for attention in auto padded; do  # samples of 1,024-4,096 tokens: varlen against padded SDPA
+  check "ragged_${SMALL}_$attention" 70 $(bench "$SMALL" 2 --ragged --attention "$attention") \
+    layout.train.recompute.granularity=none
+done
 check "train_${BIG}_megatron" 150 $(bench "$BIG" 2)
 check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recompute.granularity=none
 
@@ -98,7 +103,7 @@ if [ -f "$OUT/pytest_gpu.log" ]; then
   grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|skipped|error)" \
     "$OUT/pytest_gpu.log" || tail -n 5 "$OUT/pytest_gpu.log"
 fi
-for log in "$OUT"/train_*.log "$OUT"/memory_*.log; do
+for log in "$OUT"/train_*.log "$OUT"/memory_*.log "$OUT"/ragged_*.log; do
   [ -f "$log" ] || continue
   echo "-- $(basename "$log" .log)"
   grep -E "$ROWS" "$log" || tail -n 5 "$log"

@@ -6,6 +6,7 @@ a Qwen3 shape, and the same work as a plain PyTorch loop beside it.
     python benchmarks/megatron_train.py --size 0.6b --steps 5 --baseline    # one GPU
     python benchmarks/megatron_train.py --size 1.7b layout.train.recompute.granularity=selective
     python benchmarks/megatron_train.py --size 0.6b --steps 3 --baseline trainer.backend=torch
+    python benchmarks/megatron_train.py --size 0.6b --ragged --attention padded   # vs varlen
 
 Composes conf/ (model qwen3-<size>, recipe grpo_dapo, one device, batch sizes as overrides),
 plans it (build_plan), writes a random-weight HF checkpoint of the model YAML's shape (bf16 on
@@ -33,6 +34,9 @@ GiB; 1.7b: 89 GiB) on top of 16 bytes of float32 state per parameter.
 this process after the trainer is gone; prints its tokens/s, memory and rlpost / plain.
 --profile: one more rlpost train step counted for host reads, and one under torch.profiler
 (benchmarks/step_profile.py).
+--ragged: samples of a quarter to all of --seq-len tokens (seeded; no --baseline), the work
+the megatron trainer's varlen attention saves over padding each micro-batch's samples to the
+longest; --attention padded makes it pad even where the varlen kernel applies (CUDA, bf16).
 
 MFU = model FLOPs / (seconds x the hardware profile's peak_bf16_tflops), rlpost.plan.flops'
 definition: 2 N + 4 L a s per token and forward, 3 forwards for training plus each no-grad
@@ -72,6 +76,7 @@ from plain_loop import PlainResult, run_plain_loop  # noqa: E402
 from step_profile import profile_report  # noqa: E402
 
 from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
+from rlpost.backends.megatron import kernels  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
 from rlpost.backends.torch_trainer import TorchTrainer  # noqa: E402
 from rlpost.config.loader import compose_run_config  # noqa: E402
@@ -150,11 +155,22 @@ def write_checkpoint(model: ModelConfig, path: Path, device: torch.device) -> No
     hf.to(DTYPES[model.params_dtype]).save_pretrained(path)
 
 
-def rollout(count: int, seq_len: int, vocab_size: int, seed: int) -> list[TrainSample]:
+def sample_lengths(args: argparse.Namespace) -> list[int]:
+    """Every sample --seq-len tokens, or with --ragged between a quarter of it and all of it
+    (the same lengths in every rollout)."""
+    if not args.ragged:
+        return [args.seq_len] * args.samples
+    rng = random.Random(1234)
+    return [rng.randint(args.seq_len // 4, args.seq_len) for _ in range(args.samples)]
+
+
+def rollout(lengths: list[int], vocab_size: int, seed: int) -> list[TrainSample]:
+    """Random tokens, a quarter prompt, rewards of either sign."""
     rng = random.Random(seed)
-    response = seq_len - seq_len // 4
-    rewards = [rng.choice((-1.0, 1.0)) for _ in range(count)]
-    return [TrainSample(rng.choices(range(vocab_size), k=seq_len), response, r) for r in rewards]
+    return [
+        TrainSample(rng.choices(range(vocab_size), k=n), n - n // 4, rng.choice((-1.0, 1.0)))
+        for n in lengths
+    ]
 
 
 def synchronize(on_gpu: bool) -> None:
@@ -284,12 +300,24 @@ def main() -> None:
     parser.add_argument("--hardware", help="conf/hardware profile (h200x1 on GPU, cpu on CPU)")
     parser.add_argument("--baseline", action="store_true", help="the plain loop too, and ratios")
     parser.add_argument("--profile", action="store_true", help="top kernels and host reads")
+    parser.add_argument(
+        "--ragged", action="store_true", help="samples of a quarter to all of --seq-len tokens"
+    )
+    parser.add_argument(
+        "--attention", choices=("auto", "padded"), default="auto",
+        help="padded: the megatron trainer's padded SDPA path even where varlen applies",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, applied last")
     args = parser.parse_args()
     preset = PRESETS[args.size]
     args.seq_len = args.seq_len or preset.seq_len
     args.samples = args.samples or preset.samples
     args.max_tokens_per_gpu = args.max_tokens_per_gpu or preset.max_tokens_per_gpu
+    if args.ragged and args.baseline:
+        parser.error("--baseline needs equal samples (the plain loop batches them unpadded)")
+    if args.attention == "padded":
+        kernels.VARLEN_ATTN = None  # packed_attention then takes the padded path everywhere
+    args.lengths = sample_lengths(args)
     on_gpu = torch.cuda.is_available()
     args.hardware = args.hardware or ("h200x1" if on_gpu else "cpu")
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -302,7 +330,7 @@ def main() -> None:
         plan = build_plan(run)
         write_checkpoint(run.model, hf_dir, device)
         vocab = run.model.vocab_size
-        rollouts = [rollout(args.samples, args.seq_len, vocab, s) for s in range(args.steps + 1)]
+        rollouts = [rollout(args.lengths, vocab, s) for s in range(args.steps + 1)]
         measured = time_trainer(run, plan, rollouts, args.profile)
         if args.baseline:
             free_memory(on_gpu)
@@ -323,7 +351,7 @@ def print_rows(rows: list[tuple[str, str]]) -> None:
 
 
 def tokens_per_s(args: argparse.Namespace, rollouts: int, elapsed_s: float) -> float:
-    return args.samples * args.seq_len * rollouts / elapsed_s
+    return sum(args.lengths) * rollouts / elapsed_s
 
 
 def report(
@@ -339,7 +367,11 @@ def report(
     extra = measured.extra_forwards
     flops = plan.prediction.flops
     forwards = 3 + len(extra)
-    step_flops = flops.over([args.seq_len] * args.samples, forwards)
+    step_flops = flops.over(args.lengths, forwards)
+    tokens = sum(args.lengths)
+    shape = f"{args.samples} samples x {args.seq_len} tokens"
+    if args.ragged:
+        shape = f"{args.samples} samples of {min(args.lengths)}-{max(args.lengths)} tokens"
     step_s = measured.elapsed_s / len(steps)
     gpus = plan.placement.train_gpus
     mem = plan.memory.train
@@ -347,8 +379,8 @@ def report(
     rows = [
         ("model", f"{model.name} ({count_params(model).total / 1e6:,.1f}M params, "
                   f"{model.params_dtype}), random weights"),
-        ("layout", layout_row(run, plan)),
-        ("rollout", f"{args.samples} samples x {args.seq_len} tokens, "
+        ("layout", layout_row(run, plan, args.attention)),
+        ("rollout", f"{shape} ({tokens:,} in all), "
                     f"{mean['train/optimizer_steps']:.0f} optimizer step(s), "
                     f"{mean['train/micro_batches']:.0f} micro-batches of <= "
                     f"{args.max_tokens_per_gpu} tokens"),
@@ -358,8 +390,8 @@ def report(
          f"{step_s:.3f} ({mean['train/prepare_time_s']:.3f})"),
         ("train tokens/s", f"{rate:,.1f}"),
         ("forwards per token", f"3 (train) + {len(extra)} ({', '.join(extra) or 'none'})"),
-        ("model GFLOP per token", f"{step_flops / (args.samples * args.seq_len) / 1e9:.4f} "
-         f"(forward {flops.per_token(args.seq_len) / 1e9:.4f})"),
+        ("model GFLOP per token", f"{step_flops / tokens / 1e9:.4f} "
+         f"(forward {flops.over(args.lengths, 1) / tokens / 1e9:.4f})"),
         ("achieved TFLOP/s", f"{step_flops / step_s / 1e12:.3f}"),
         (f"MFU (of {args.hardware}'s {plan.prediction.peak_tflops:g} TFLOP/s)",
          f"{mfu(step_flops, step_s, gpus, plan.prediction.peak_tflops):.3f}"),
@@ -380,10 +412,14 @@ def report(
     print_rows(rows)
 
 
-def layout_row(run: RunConfig, plan: Plan) -> str:
+def layout_row(run: RunConfig, plan: Plan, attention: str = "auto") -> str:
     par = plan.parallel
     if plan.trainer_backend != "torch":
-        return f"tp {par.tp} pp {par.pp} cp {par.cp} dp {par.dp}, recompute {par.recompute}"
+        sdpa = "padded SDPA (--attention padded)" if attention == "padded" else "varlen or padded"
+        return (
+            f"tp {par.tp} pp {par.pp} cp {par.cp} dp {par.dp}, recompute {par.recompute}, "
+            f"attention {sdpa}"
+        )
     fsdp = fsdp_options(run)
     shards = fsdp.shards(par.dp)
     compute = "bf16 over float32 shards" if run.hardware.kind == "gpu" else "float32"
