@@ -65,7 +65,8 @@ GATHERED_LAYERS = 2
 FSDP_NOTE = (
     "trainer torch on GPUs (FSDP2 over {shards} ranks): the memory counts its float32 shards, "
     "the gathered root and two layers, and activations as transformers' Llama-style layers "
-    "keep them (an architecture with other norms or MLPs may keep more); the step time "
+    "keep them with RMSNorm on torch's fused kernels (an architecture with other norms or "
+    "MLPs may keep more); the step time "
     "assumes megatron's measured MFU, which this trainer's measured step followed within "
     "3-12% on one GPU, and FSDP2's all-gathers and reduce-scatters not "
     "overlapping compute"
@@ -142,16 +143,18 @@ def gathered_bytes(model: ModelConfig) -> float:
 
 
 def torch_layer_activation_bytes(
-    model: ModelConfig, index: int, tokens: int, par: ParallelLayout
+    model: ModelConfig, index: int, tokens: int, par: ParallelLayout, fused_norms: bool = True
 ) -> float:
     """Bytes decoder layer `index` of a transformers model keeps for backward over `tokens`
     tokens under this trainer, in the compute dtype (c bytes; bf16 on GPUs), counted tensor by
     tensor for a Llama-style layer (Llama, Mistral, Qwen2/3, GLM-4):
-    - each RMSNorm computes in float32: it keeps its input's float32 copy (4 bytes an element,
-      the input itself when it is float32 already), the float32 1/rms of each row and the
-      normed row back in the compute dtype; the two layer norms' outputs are the projections'
-      inputs (c each); QK-norm does the same per head for queries and keys, and GLM-4's post
-      norms after attention and MLP;
+    - each RMSNorm keeps its input and the float32 1/rms of each row when it runs fused
+      (`fused_norms`: rlpost.backends.rms_norm.fuse_rms_norms, what the trainer does on CUDA);
+      as transformers computes it (on CPU) it keeps its input's float32 copy (4 bytes an
+      element, the input itself when it is float32 already), the 1/rms and the normed row back
+      in the compute dtype; the two layer norms' outputs are the projections' inputs (c each);
+      QK-norm does the same per head for queries and keys, and GLM-4's post norms after
+      attention and MLP;
     - RoPE keeps only its shared cos and sin tables (counted nowhere: one per forward);
     - the packed attention (rlpost.backends.torch_trainer.attention) gathers Q, K and V into
       one padded batch of samples, which SDPA keeps with its output and float32 log-sum-exp
@@ -168,8 +171,9 @@ def torch_layer_activation_bytes(
     heads, groups = model.num_attention_heads, model.num_query_groups
     a, g = heads * model.head_dim, groups * model.head_dim
 
-    def norm(width: int, rows: int) -> float:  # per token: float32 copy, 1/rms, normed
-        return 4.0 * width + 4.0 * rows + c * width
+    def norm(width: int, rows: int) -> float:  # per token: the input (or its float32 copy
+        # and the normed row), each row's 1/rms
+        return (c * width if fused_norms else 4.0 * width + c * width) + 4.0 * rows
 
     post_norms = int(model.post_self_attn_layernorm) + int(model.post_mlp_layernorm)
     per_token = 2 * (norm(h, 1) + c * h) + post_norms * norm(h, 1)
@@ -186,6 +190,7 @@ def torch_activation_bytes(model: ModelConfig, tokens: int, par: ParallelLayout)
     first recompute_num_layers with method `block`) a checkpointed layer keeps its input, and
     the backward recomputes one checkpointed layer at a time."""
     each = [torch_layer_activation_bytes(model, i, tokens, par) for i in range(model.num_layers)]
+    # on GPUs the trainer runs fused norms (the default of torch_layer_activation_bytes)
     if par.recompute == "none":
         return sum(each)
     checkpointed = model.num_layers

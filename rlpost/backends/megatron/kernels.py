@@ -2,10 +2,9 @@
 
 Every function here computes in the activations' own dtype wherever the arithmetic allows it,
 instead of a float32 copy of the activations and a cast back:
-- `rms_norm`: on CUDA torch's fused RMSNorm forward and backward kernels
-  (`aten._fused_rms_norm` and its backward), keeping the input and each row's float32 1/rms;
-  elsewhere `F.rms_norm`'s forward keeping only the input, and a float32 backward that
-  recomputes 1/rms (fifteen elementwise kernels, which is what the fused backward saves).
+- `rms_norm` (rlpost.backends.rms_norm, shared with the torch trainer): on CUDA torch's fused
+  RMSNorm forward and backward kernels, elsewhere `F.rms_norm`'s forward keeping only the
+  input and a float32 backward.
 - `apply_rope`: rotary embeddings from a per-micro-batch cos/sin table (`rope_table`) in the
   compute dtype: two multiplies and an add per layer, no trigonometry, no host reads.
 - `packed_mla_rope`: megatron-core's multi-latent attention applies its own RoPE and, for a
@@ -33,81 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
+from rlpost.backends.rms_norm import rms_norm
 
-
-def _fused_rms_norm() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    """torch's fused RMSNorm forward and backward ops where this torch has them (2.8 and later:
-    `aten._fused_rms_norm` -> (out, rstd), `aten._fused_rms_norm_backward` -> (grad_input,
-    grad_weight)), else None."""
-    ops = torch.ops.aten
-    if not (hasattr(ops, "_fused_rms_norm") and hasattr(ops, "_fused_rms_norm_backward")):
-        return None
-    return ops._fused_rms_norm.default, ops._fused_rms_norm_backward.default
-
-
-FUSED_RMS_NORM = _fused_rms_norm()
-FUSED_RMS_NORM_DEVICES = frozenset(
-    device
-    for device in ("cuda",)
-    if FUSED_RMS_NORM is not None
-    and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", device.upper())
-    and torch._C._dispatch_has_kernel_for_dispatch_key(
-        "aten::_fused_rms_norm_backward", device.upper()
-    )
-)
-"""Devices whose fused RMSNorm kernels this torch build has (CUDA builds; a CPU build has
-none, and the ops have no CPU kernel)."""
-
-
-class _RMSNorm(torch.autograd.Function):
-    """On a device of FUSED_RMS_NORM_DEVICES, with weight and input of one dtype: torch's fused
-    kernels, keeping the input, the weight and each row's float32 1/rms. Elsewhere: torch's
-    rms_norm forward, keeping the input alone (torch's composite rms_norm keeps float32
-    copies of the input and the normalised output as well); the backward recomputes the
-    reciprocal root mean square from it in float32."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        shape = [x.shape[-1]]
-        ctx.fused = (
-            FUSED_RMS_NORM is not None
-            and x.device.type in FUSED_RMS_NORM_DEVICES
-            and weight.dtype == x.dtype
-        )
-        if ctx.fused:
-            assert FUSED_RMS_NORM is not None
-            out, rstd = FUSED_RMS_NORM[0](x, shape, weight, eps)
-            ctx.save_for_backward(x, weight, rstd)
-            return cast(Tensor, out)
-        ctx.save_for_backward(x, weight)
-        ctx.eps = eps
-        with torch.no_grad():
-            return F.rms_norm(x, shape, weight, eps)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        if ctx.fused:
-            assert FUSED_RMS_NORM is not None
-            x, weight, rstd = ctx.saved_tensors
-            mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
-            grad_x, grad_weight = FUSED_RMS_NORM[1](
-                grad.contiguous(), x, [x.shape[-1]], rstd, weight, mask
-            )
-            return grad_x, grad_weight, None
-        x, weight = ctx.saved_tensors
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
-        normed = xf * rstd
-        g = grad.float()
-        grad_weight = (g * normed).reshape(-1, x.shape[-1]).sum(0)
-        scaled = g * weight.float()
-        grad_x = rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
-        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """weight * x / rms(x) over the last dim; keeps only x for backward."""
-    return cast(Tensor, _RMSNorm.apply(x, weight, eps))  # type: ignore[no-untyped-call]
+__all__ = ["fuse_adam", "packed_attention", "rms_norm", "swiglu"]
 
 
 # ---- rotary embeddings ------------------------------------------------------------------------

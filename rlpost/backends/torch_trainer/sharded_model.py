@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
+from rlpost.backends import rms_norm as norms
 from rlpost.backends.torch_trainer.distributed import (
     DataParallel,
     broadcast_buffers,
@@ -53,10 +54,14 @@ def load_sharded_lm(
 ) -> TokenForward:
     """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
     `per_layer`), each decoder layer checkpointed as `layout.recompute` says (None: none);
-    `frozen`: no gradients (a reference model). The HF model is the result's `lm`.
+    `frozen`: no gradients (a reference model). On a device with fused RMSNorm kernels (CUDA)
+    its standard RMSNorm modules run them (rlpost.backends.rms_norm.fuse_rms_norms). The HF
+    model is the result's `lm`.
     Collective."""
     reads = dp.rank == 0
     model = (load_causal_lm if reads else build_causal_lm)(model_dir, attn_implementation)
+    if mesh.device_type in norms.FUSED_RMS_NORM_DEVICES:  # CUDA: fused forward and backward
+        norms.fuse_rms_norms(model)
     if frozen:
         freeze(model)
     if layout is not None:

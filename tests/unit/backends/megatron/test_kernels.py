@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
+from rlpost.backends import rms_norm
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.compat import cpu_compat
 
@@ -88,8 +89,8 @@ def test_the_fused_rms_norm_path_calls_torchs_ops_as_their_schema_says(
         weight = (1 + 0.1 * torch.randn(32, dtype=torch.float64)).to(dtype)
         plain = _rms_norm_step(x, weight)
         with monkeypatch.context() as patch:
-            patch.setattr(kernels, "FUSED_RMS_NORM", fused)
-            patch.setattr(kernels, "FUSED_RMS_NORM_DEVICES", frozenset({"cpu"}))
+            patch.setattr(rms_norm, "FUSED_RMS_NORM", fused)
+            patch.setattr(rms_norm, "FUSED_RMS_NORM_DEVICES", frozenset({"cpu"}))
             out, grad_x, grad_w, *kept = _rms_norm_step(x, weight)
         for ours, theirs in zip((out, grad_x, grad_w), plain[:3], strict=True):
             assert ours.dtype == theirs.dtype
@@ -101,7 +102,7 @@ def test_the_fused_rms_norm_path_calls_torchs_ops_as_their_schema_says(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_rms_norm_runs_torchs_fused_kernels_on_cuda() -> None:
-    assert "cuda" in kernels.FUSED_RMS_NORM_DEVICES, torch.__version__
+    assert "cuda" in rms_norm.FUSED_RMS_NORM_DEVICES, torch.__version__
     x = torch.randn(4096, 8, 128, device="cuda", dtype=torch.bfloat16)
     weight = 1 + 0.1 * torch.randn(128, device="cuda", dtype=torch.bfloat16)
     out, grad_x, grad_w, *kept = _rms_norm_step(x, weight)

@@ -7,8 +7,10 @@ parameters left out. A model of two layers minus the same model of one is one la
 measured in float32 (the CPU trainer) and in bf16 (what a GPU computes in: FSDP2's mixed
 precision hands the layers bf16 parameters and inputs, as a bf16 model here does), for a
 Qwen3 layer (QK-norm) and a Mistral-shaped one (a `generic` model), each at two token
-counts, so that a constant fitted to one count would not pass. The plan's term
-(rlpost.plan.fsdp.torch_layer_activation_bytes) must be within 5%.
+counts, so that a constant fitted to one count would not pass; with transformers' RMSNorm
+modules as they are (CPU) and with them fused (CUDA: rlpost.backends.rms_norm; here torch's
+reference decompositions of the fused ops stand in for their CUDA kernels, and keep what
+they keep). The plan's term (rlpost.plan.fsdp.torch_layer_activation_bytes) must be within 5%.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from rlpost.backends import rms_norm
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
 from rlpost.cli.hf_model import HFConfig, model_fields
@@ -53,8 +56,19 @@ def save_model(path: Path, arch: str, layers: int, dtype: str) -> ModelConfig:
     return ModelConfig(**(fields | {"params_dtype": dtype}))
 
 
-def kept_for_backward(path: Path, dtype: str, length: int) -> int:
+def fused_on_cpu(patch: pytest.MonkeyPatch) -> None:
+    """The fused RMSNorm path on CPU: the ops' reference decompositions as its kernels."""
+    from torch._decomp import decompositions
+
+    fused = (decompositions._fused_rms_norm, decompositions._fused_rms_norm_backward)
+    patch.setattr(rms_norm, "FUSED_RMS_NORM", fused)
+    patch.setattr(rms_norm, "FUSED_RMS_NORM_DEVICES", frozenset({"cpu"}))
+
+
+def kept_for_backward(path: Path, dtype: str, length: int, fused: bool = False) -> int:
     model = load_causal_lm(path).to(DTYPES[dtype])
+    if fused:
+        assert rms_norm.fuse_rms_norms(model) > 0
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     rng = random.Random(length)
     samples = [
@@ -75,16 +89,21 @@ def kept_for_backward(path: Path, dtype: str, length: int) -> int:
     return sum(seen.values())
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["transformers-norms", "fused-norms"])
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_plan_counts_what_a_transformers_layer_keeps(arch: str, dtype: str, tmp_path: Path) -> None:
+def test_plan_counts_what_a_transformers_layer_keeps(
+    arch: str, dtype: str, fused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fused:
+        fused_on_cpu(monkeypatch)
     models = {n: save_model(tmp_path / f"layers{n}", arch, n, dtype) for n in (1, 2)}
     assert models[2].qk_layernorm == (arch == "qwen3")
     for length in (32, 96):
         tokens = SAMPLES * length
-        measured = kept_for_backward(tmp_path / "layers2", dtype, length) - kept_for_backward(
-            tmp_path / "layers1", dtype, length
+        two, one = (
+            kept_for_backward(tmp_path / f"layers{n}", dtype, length, fused) for n in (2, 1)
         )
         par = ParallelLayout.single_process(recompute="none")
-        planned = torch_layer_activation_bytes(models[2], 1, tokens, par)
-        assert measured == pytest.approx(planned, rel=0.05), (arch, dtype, tokens)
+        planned = torch_layer_activation_bytes(models[2], 1, tokens, par, fused_norms=fused)
+        assert two - one == pytest.approx(planned, rel=0.05), (arch, dtype, tokens)

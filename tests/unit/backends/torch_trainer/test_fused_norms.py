@@ -1,0 +1,56 @@
+"""transformers' RMSNorm modules routed through rlpost.backends.rms_norm, as the torch trainer
+does on CUDA. The fused kernels have no CPU implementation: here torch's reference
+decompositions of the fused ops stand in for them (test_activation_memory.fused_on_cpu)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+from rlpost.backends import rms_norm
+from rlpost.backends.torch_trainer import TorchTrainer
+from rlpost.backends.torch_trainer.model_io import load_causal_lm
+from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
+from rlpost.types import TrainSample
+
+from .test_activation_memory import fused_on_cpu
+
+Samples = Callable[..., list[TrainSample]]
+Configs = Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]
+
+
+def test_standard_norms_run_rms_norm_with_the_same_output_and_gemmas_stay(
+    tiny_model_dir: Path,
+) -> None:
+    model = load_causal_lm(tiny_model_dir)
+    keys = list(model.state_dict())
+    ids = torch.tensor([[3, 9, 4, 17, 2, 40]])
+    before = model(input_ids=ids).logits
+    # two layers of Qwen3: the input, post-attention, query and key norms, and the final one
+    assert rms_norm.fuse_rms_norms(model) == 2 * 4 + 1
+    assert torch.allclose(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
+    assert list(model.state_dict()) == keys
+    assert rms_norm._standard_eps(GemmaRMSNorm(8)) is None  # weight is 1 + its parameter
+
+
+def test_the_trainer_with_fused_norms_steps_as_it_does_without(
+    tiny_model_dir: Path,
+    make_samples: Samples,
+    make_configs: Configs,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    samples = make_samples(4, seed=3)
+    plain = TorchTrainer(tiny_model_dir, *make_configs(4), num_threads=1)
+    expected = [plain.train_step(samples) for _ in range(2)]
+    fused_on_cpu(monkeypatch)
+    fused = TorchTrainer(tiny_model_dir, *make_configs(4), num_threads=1)  # the same group
+    norms = [m for m in fused.model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and all("forward" in vars(m) for m in norms)  # routed through rms_norm
+    got = [fused.train_step(samples) for _ in range(2)]
+    for want, have in zip(expected, got, strict=True):
+        for key in ("train/loss", "train/grad_norm", "train/entropy"):
+            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
