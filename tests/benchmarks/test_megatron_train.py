@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def run_tiny(*extra: str) -> dict[str, str]:
+def run_tiny(*extra: str, baseline: bool = True) -> dict[str, str]:
     """The benchmark's printed rows, name -> value."""
     command = [sys.executable, str(BENCHMARKS / "megatron_train.py")]
-    command += ["--size", "tiny", "--steps", "1", "--baseline", *extra]
+    command += ["--size", "tiny", "--steps", "1", *(["--baseline"] if baseline else []), *extra]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = dict(line.split("  ", 1) for line in done.stdout.splitlines() if "  " in line.strip())
@@ -37,11 +37,26 @@ def number(value: str) -> float:
 
 def test_tiny_run_with_the_plain_loop_prints_both_and_the_ratio() -> None:
     rows = run_tiny()
-    assert rows["layout"] == "tp 1 pp 1 cp 1 dp 1, recompute none"
+    assert rows["layout"] == "tp 1 pp 1 cp 1 dp 1, recompute none, attention varlen or padded"
+    assert rows["rollout"].startswith("16 samples x 128 tokens (2,048 in all), ")
     assert float(rows["MFU (of cpu's 0.1 TFLOP/s)"]) > 0
     assert float(rows["plain train tokens/s"].replace(",", "")) > 0
     assert float(rows["rlpost / plain tokens/s"]) > 0
     assert "8 samples per micro-batch" in rows["plain loop"]  # 1024 tokens / 128 per sample
+
+
+def test_ragged_samples_with_padded_attention_count_their_own_tokens() -> None:
+    rows = run_tiny("--ragged", "--attention", "padded", baseline=False)
+    assert rows["layout"].endswith("attention padded SDPA (--attention padded)")
+    shape, rest = rows["rollout"].split(" (", 1)
+    low, high = (int(n) for n in shape.removeprefix("16 samples of ").split()[0].split("-"))
+    assert 32 <= low < high <= 128  # a quarter of --seq-len to all of it
+    tokens = number(rest)  # "2,0xx in all), ..."
+    assert 16 * low < tokens < 16 * high
+    assert number(rows["train tokens/s"]) > 0
+    command = [sys.executable, str(BENCHMARKS / "megatron_train.py"), "--ragged", "--baseline"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--baseline needs equal samples" in done.stderr
 
 
 def test_tiny_torch_trainer_run_prints_its_layout_rates_and_the_ratio() -> None:
