@@ -128,10 +128,20 @@ def fuse_rms_norms(model: nn.Module) -> int:
     arithmetic (`_standard_eps`) through `rms_norm`; returns how many. Its parameters, their
     names and the state dict are unchanged: only the forward is replaced."""
     fused = 0
+    probed: dict[tuple[type, tuple[int, ...], object], float | None] = {}
     for module in model.modules():
         if not type(module).__name__.endswith("RMSNorm"):
             continue
-        eps = _standard_eps(module)
+        weight = getattr(module, "weight", None)
+        shape = tuple(weight.shape) if isinstance(weight, Tensor) else ()
+        key = (
+            type(module),
+            shape,
+            getattr(module, "variance_epsilon", getattr(module, "eps", None)),
+        )
+        if key not in probed:  # one probe per class, width and epsilon
+            probed[key] = _standard_eps(module)
+        eps = probed[key]
         if eps is None:
             continue
 
