@@ -182,7 +182,9 @@ def _discard_output_dir(refused: bool) -> None:
     after a refusal or a single launch whose run.dir is elsewhere (a sweep's job folders
     stay for its summary). Only a folder named by the launch's start time (the default
     runs/<date>/<time>, which a training launch with run.dir unset has claimed): one named
-    otherwise (`hydra.run.dir=.`, a folder of the user's) may have been there before."""
+    otherwise (`hydra.run.dir=.`, a folder of the user's) may have been there before. The
+    folders above it that the start time names (runs/<date>) go too when that leaves them
+    empty; `runs/` itself stays."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -195,8 +197,22 @@ def _discard_output_dir(refused: bool) -> None:
     if sweep and not refused:
         return
     named = hc.sweep if sweep else hc.run
-    if "${now:" in str(OmegaConf.to_container(named, resolve=False).get("dir", "")):
-        discard_unused(Path(hc.runtime.output_dir))
+    pattern = str(OmegaConf.to_container(named, resolve=False).get("dir", ""))
+    output = Path(hc.runtime.output_dir)
+    if "${now:" not in pattern or not discard_unused(output):
+        return
+    # the folders above the job's: a single job's is the pattern's last part, a sweep's job
+    # folder (its number) sits below the pattern's whole path
+    parts = Path(pattern).parts if sweep else Path(pattern).parts[:-1]
+    folder = output.parent
+    for part in reversed(parts):
+        if "${now:" not in part:
+            break
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            break
+        folder = folder.parent
 
 
 def _printing_mode(args: Sequence[str]) -> bool:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -743,11 +744,19 @@ def test_a_bad_launch_is_refused_from_the_command_line(tmp_path: Path) -> None:
 
 def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
     """Hydra makes the job's folder (runs/<date>/<time>, the default run.dir, which a
-    training launch claims) before validation runs; a refusal takes it away again."""
+    training launch claims) before validation runs; a refusal takes it away again, and the
+    date folder with it when that was all it held. Another run's date folder stays."""
     command = [sys.executable, str(REPO / "launch.py"), "recipe.rollout.temperature=-1"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "recipe.rollout.temperature" in done.stderr, done.stderr
-    assert list((tmp_path / "runs").glob("*/*")) == []
+    assert list((tmp_path / "runs").iterdir()) == []
+    today = tmp_path / "runs" / datetime.now().strftime("%Y-%m-%d")  # the launch's date
+    kept = today / "00-00-00" / "config.yaml"  # another run's, earlier today
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert sorted((tmp_path / "runs").rglob("*")) == [today, kept.parent, kept]
 
 
 def test_a_launch_with_its_run_dir_elsewhere_leaves_no_empty_hydra_folder(tmp_path: Path) -> None:
