@@ -73,6 +73,11 @@ bench() {  # bench SIZE STEPS ARGS...: megatron_train.py's command
 }
 mapfile -t GPU_TESTS < <(grep -rl "mark.gpu" tests)
 check pytest_gpu 120 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rA "${GPU_TESTS[@]}"
+# a torch build whose fused RMSNorm kernels fail their test: the benchmarks without them
+if grep -q "^FAILED.*test_rms_norm_runs_torchs_fused_kernels_on_cuda" "$OUT/pytest_gpu.log" 2>/dev/null; then
+  export RLPOST_FUSED_RMS_NORM=0
+  echo "fused RMSNorm failed its gpu test: RLPOST_FUSED_RMS_NORM=0 for the rest" | tee -a "$OUT/status.txt"
+fi
 for size in $SIZES; do
   check "train_${size}_megatron" 130 $(bench "$size" 3 --baseline)
 done

@@ -15,6 +15,7 @@ of transformers' Llama-style RMSNorm modules on CUDA (`fuse_rms_norms`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -34,17 +35,22 @@ def _fused_rms_norm() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 
 FUSED_RMS_NORM = _fused_rms_norm()
+DISABLE_ENV = "RLPOST_FUSED_RMS_NORM"
+"""Set to 0 to run the unfused path everywhere: a way around a torch build whose fused
+kernels misbehave, without changing the code (benchmarks/gpu_checks.sh sets it when the
+fused kernels' gpu test fails)."""
 FUSED_RMS_NORM_DEVICES = frozenset(
     device
     for device in ("cuda",)
     if FUSED_RMS_NORM is not None
+    and os.environ.get(DISABLE_ENV, "1") != "0"
     and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", device.upper())
     and torch._C._dispatch_has_kernel_for_dispatch_key(
         "aten::_fused_rms_norm_backward", device.upper()
     )
 )
 """Devices whose fused RMSNorm kernels this torch build has (CUDA builds; a CPU build has
-none, and the ops have no CPU kernel)."""
+none, and the ops have no CPU kernel), unless RLPOST_FUSED_RMS_NORM=0."""
 
 
 class _RMSNorm(torch.autograd.Function):
