@@ -184,7 +184,8 @@ def _discard_output_dir(refused: bool) -> None:
     runs/<date>/<time>, which a training launch with run.dir unset has claimed): one named
     otherwise (`hydra.run.dir=.`, a folder of the user's) may have been there before. The
     folders above it that the start time names (runs/<date>) go too when that leaves them
-    empty; `runs/` itself stays."""
+    empty, and a refused sweep's multirun.yaml when it is all its folder holds; `runs/`
+    itself stays."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -205,6 +206,11 @@ def _discard_output_dir(refused: bool) -> None:
     # folder (its number) sits below the pattern's whole path
     parts = Path(pattern).parts if sweep else Path(pattern).parts[:-1]
     folder = output.parent
+    if sweep:  # refused: Hydra's record of the sweep, written before its first job, goes too
+        record = folder / "multirun.yaml"
+        with contextlib.suppress(OSError):
+            if [p.name for p in folder.iterdir()] == [record.name]:
+                record.unlink()
     for part in reversed(parts):
         if "${now:" not in part:
             break

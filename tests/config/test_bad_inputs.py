@@ -759,6 +759,15 @@ def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
     assert sorted((tmp_path / "runs").rglob("*")) == [today, kept.parent, kept]
 
 
+def test_a_refused_sweep_leaves_no_sweep_folder(tmp_path: Path) -> None:
+    """A sweep's first job refused: its job folder, Hydra's multirun.yaml and the time-named
+    folders above them go; runs/multirun (a fixed name) stays."""
+    command = [sys.executable, str(REPO / "launch.py"), "-m", "recipe.rollout.temperature=-1,-2"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "recipe.rollout.temperature" in done.stderr, done.stderr
+    assert sorted((tmp_path / "runs").rglob("*")) == [tmp_path / "runs" / "multirun"]
+
+
 def test_a_launch_with_its_run_dir_elsewhere_leaves_no_empty_hydra_folder(tmp_path: Path) -> None:
     """A job that writes nothing in Hydra's time-named folder (here mode=slime_args, given
     that folder explicitly so Hydra makes it) leaves none behind."""

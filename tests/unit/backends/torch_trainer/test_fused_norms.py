@@ -35,6 +35,26 @@ def test_standard_norms_run_rms_norm_with_the_same_output_and_gemmas_stay(
     assert torch.allclose(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
     assert list(model.state_dict()) == keys
     assert rms_norm._standard_eps(GemmaRMSNorm(8)) is None  # weight is 1 + its parameter
+    assert rms_norm._standard_eps(ScaledRMSNorm(8, config=Scale(2.0))) is None
+
+
+class Scale:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
+class ScaledRMSNorm(torch.nn.Module):
+    """A norm whose class cannot be built from a width and an epsilon alone (it reads a
+    config): the probe fails, and the module keeps its own forward."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, config: Scale | None = None) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+        self.scale = config.value  # type: ignore[union-attr]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 def test_the_trainer_with_fused_norms_steps_as_it_does_without(
