@@ -15,6 +15,7 @@ of transformers' Llama-style RMSNorm modules on CUDA (`fuse_rms_norms`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any, cast
@@ -100,33 +101,40 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """weight * x / rms(x) over the last dim; keeps only x for backward."""
+    """weight * x / rms(x) over the last dim (the module docstring says what it keeps)."""
     return cast(Tensor, _RMSNorm.apply(x, weight, eps))  # type: ignore[no-untyped-call]
 
 
 def _standard_eps(module: nn.Module) -> float | None:
     """The epsilon of a transformers RMSNorm module that computes weight * x / rms(x) exactly
-    (Llama, Mistral, Qwen2/3, GLM-4 and the like), found by running a fresh module of its class
-    against `rms_norm` on random rows; None for anything else (Gemma's 1 + weight, a bias, a
-    norm over more than the last dim)."""
+    (Llama, Mistral, Qwen2/3, GLM-4 and the like); None for anything else (Gemma's 1 +
+    weight, a bias, a norm over more than the last dim)."""
     weight = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or not isinstance(eps, float):
         return None
-    width = weight.shape[0]
+    cls = cast(type, type(module))  # nn.Module declares a __hash__ mypy will not hash
+    return eps if _computes_rms_norm(cls, weight.shape[0], eps) else None
+
+
+@functools.cache
+def _computes_rms_norm(cls: type, width: int, eps: float) -> bool:
+    """Whether a fresh `cls(width, eps=eps)` computes `rms_norm`'s arithmetic on random rows
+    (one probe per class, width and epsilon); a class built otherwise, or whose forward wants
+    more, does not."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, width, generator=generator)  # float32, as transformers computes it
     w = 1.0 + torch.randn(width, generator=generator)
-    try:  # a class built otherwise, or whose forward wants more, is left as it is
-        probe = type(module)(width, eps=eps).float()
+    try:
+        probe = cls(width, eps=eps).float()
         with torch.no_grad():
             cast(Tensor, probe.weight).copy_(w)
             theirs = probe(x)
         same = isinstance(theirs, Tensor) and theirs.shape == x.shape
     except Exception:
-        return None
+        return False
     ours = w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return eps if same and torch.allclose(theirs, ours, rtol=1e-5, atol=1e-6) else None
+    return same and torch.allclose(theirs, ours, rtol=1e-5, atol=1e-6)
 
 
 def fuse_rms_norms(model: nn.Module) -> int:
@@ -134,27 +142,13 @@ def fuse_rms_norms(model: nn.Module) -> int:
     arithmetic (`_standard_eps`) through `rms_norm`; returns how many. Its parameters, their
     names and the state dict are unchanged: only the forward is replaced."""
     fused = 0
-    probed: dict[tuple[type, tuple[int, ...], object], float | None] = {}
     for module in model.modules():
-        if not type(module).__name__.endswith("RMSNorm"):
-            continue
-        weight = getattr(module, "weight", None)
-        shape = tuple(weight.shape) if isinstance(weight, Tensor) else ()
-        key = (
-            type(module),
-            shape,
-            getattr(module, "variance_epsilon", getattr(module, "eps", None)),
-        )
-        if key not in probed:  # one probe per class, width and epsilon
-            probed[key] = _standard_eps(module)
-        eps = probed[key]
+        eps = _standard_eps(module) if type(module).__name__.endswith("RMSNorm") else None
         if eps is None:
             continue
 
-        def forward(
-            hidden_states: Tensor, _module: nn.Module = module, _eps: float = eps
-        ) -> Tensor:
-            return rms_norm(hidden_states, cast(Tensor, _module.weight), _eps)
+        def forward(x: Tensor, _module: nn.Module = module, _eps: float = eps) -> Tensor:
+            return rms_norm(x, cast(Tensor, _module.weight), _eps)
 
         module.forward = forward
         fused += 1
