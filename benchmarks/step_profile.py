@@ -22,17 +22,22 @@ def count_host_reads(step: Callable[[], object]) -> Counter[str]:
 
 
 def top_kernels(step: Callable[[], object], rows: int = 15) -> str:
-    """One step under torch.profiler, the table of its `rows` costliest ops."""
+    """One step under torch.profiler: the table of its `rows` costliest ops, then the same ops
+    by input shapes (which tells a RoPE multiply from a SwiGLU one)."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         step()
         if on_gpu:
             torch.cuda.synchronize()
     key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    return str(prof.key_averages().table(sort_by=key, row_limit=rows))
+    by_op = prof.key_averages().table(sort_by=key, row_limit=rows)
+    by_shape = prof.key_averages(group_by_input_shape=True).table(
+        sort_by=key, row_limit=2 * rows, max_name_column_width=40, max_shapes_column_width=70
+    )
+    return f"{by_op}\n\nby input shapes\n{by_shape}"
 
 
 def profile_report(step: Callable[[], object], rows: int = 15) -> str:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlpost.backends.compiled import compiled
 from rlpost.plan.memory import LOGPROB_CHUNK_BYTES
 
 CHUNK_BYTES = LOGPROB_CHUNK_BYTES  # float32 working set per chunk of rows
@@ -66,6 +67,46 @@ def _targets_in_slice(targets: Tensor, part: _Slice) -> tuple[Tensor, Tensor]:
     return in_slice, index
 
 
+@compiled
+def _chunk_stats(
+    hidden: Tensor, weight: Tensor, index: Tensor, temperature: float, entropy: bool
+) -> Tensor:
+    """[4, rows] float32 per token of a chunk: the max of its logits / T over this slice, the
+    sum of exp(x - max), the target's x, and (with `entropy`) sum exp(x - max) * x."""
+    x = (hidden @ weight.t()).float() / temperature
+    peak = x.max(dim=-1).values
+    exp = (x - peak[:, None]).exp()
+    target = x.gather(-1, index[:, None]).squeeze(-1)
+    expected = (exp * x).sum(dim=-1) if entropy else torch.zeros_like(peak)
+    return torch.stack((peak, exp.sum(dim=-1), target, expected))
+
+
+@compiled
+def _chunk_grad(
+    hidden: Tensor,
+    weight: Tensor,
+    lse: Tensor,
+    mean_logit: Tensor,
+    index: Tensor,
+    in_slice: Tensor,
+    grad_logp: Tensor,
+    grad_entropy: Tensor | None,
+    temperature: float,
+) -> Tensor:
+    """The gradient of a chunk's logits [rows, V_slice] in the hidden states' dtype, from the
+    upstream gradients of logp (and entropy), the logits recomputed from the hidden states.
+    d logp / dx_j = 1[j = target] - p_j;  d entropy / dx_j = -p_j (x_j - E[x]); x = logits / T.
+    """
+    x = (hidden @ weight.t()).float() / temperature
+    probs = (x - lse[:, None]).exp()
+    grad = probs * -grad_logp[:, None]
+    picked = (in_slice * grad_logp)[:, None].to(grad.dtype)
+    grad.scatter_add_(-1, index[:, None], picked)
+    if grad_entropy is not None:
+        grad -= probs * (x - mean_logit[:, None]) * grad_entropy[:, None]
+    return (grad / temperature).to(hidden.dtype)
+
+
 class _LinearLogprobs(torch.autograd.Function):
     """logp [t] and entropy [t] of softmax(hidden @ weight.T / T) over the whole (TP-split)
     vocabulary; saves the hidden states, the weight and two floats per token."""
@@ -74,22 +115,22 @@ class _LinearLogprobs(torch.autograd.Function):
     def forward(
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, part: _Slice, entropy: str
     ) -> tuple[Tensor, Tensor]:
-        rows, fp32 = hidden.shape[0], torch.float32
-        # per token: this slice's max, sum exp(x - max), target logit, sum exp(x - max) * x
-        local = hidden.new_zeros((4, rows), dtype=fp32)
-        local[0] = -1e30
+        rows = hidden.shape[0]
         in_slice, index = _targets_in_slice(targets, part)
         step = part.rows_per_chunk(part.valid)
-        for lo in range(0, rows if part.valid else 0, step):
-            hi = lo + step
-            x = part.logits(hidden[lo:hi], weight)
-            peak = x.max(dim=-1).values
-            exp = (x - peak[:, None]).exp()
-            local[0, lo:hi] = peak
-            local[1, lo:hi] = exp.sum(dim=-1)
-            local[2, lo:hi] = x.gather(-1, index[lo:hi, None]).squeeze(-1)
-            if entropy != "none":
-                local[3, lo:hi] = (exp * x).sum(dim=-1)
+        weight_rows = weight[: part.valid]
+        with_entropy = entropy != "none"
+        chunks = [
+            _chunk_stats(hidden[lo : lo + step], weight_rows, index[lo : lo + step],
+                         part.temperature, with_entropy)
+            for lo in range(0, rows if part.valid else 0, step)
+        ]  # fmt: skip
+        # per token: this slice's max, sum exp(x - max), target logit, sum exp(x - max) * x
+        if chunks:
+            local = torch.cat(chunks, dim=1)
+        else:
+            local = hidden.new_zeros((4, rows), dtype=torch.float32)
+            local[0] = -1e30
         peak = _reduce(local[0].clone(), dist.ReduceOp.MAX, part.group)
         rescale = (local[0] - peak).exp()
         sums = torch.stack((local[1] * rescale, local[2] * in_slice, local[3] * rescale))
@@ -120,21 +161,18 @@ class _LinearLogprobs(torch.autograd.Function):
             grad_logp = lse.new_zeros(lse.shape)
         with_entropy = ctx.entropy == "grad" and grad_entropy is not None
         step = part.rows_per_chunk(part.valid)
+        weight_rows = weight[: part.valid]
         for lo in range(0, hidden.shape[0] if part.valid else 0, step):
             hi = lo + step
             h = hidden[lo:hi]
-            x = part.logits(h, weight)
-            probs = (x - lse[lo:hi, None]).exp()
-            # d logp / dx_j = 1[j = target] - p_j;  d entropy / dx_j = -p_j (x_j - E[x])
-            grad = probs * -grad_logp[lo:hi, None]
-            picked = (in_slice[lo:hi] * grad_logp[lo:hi])[:, None].to(grad.dtype)
-            grad.scatter_add_(-1, index[lo:hi, None], picked)
-            if with_entropy:
-                assert grad_entropy is not None
-                grad -= probs * (x - mean_logit[lo:hi, None]) * grad_entropy[lo:hi, None]
-            grad = (grad / part.temperature).to(hidden.dtype)  # through x = logits / T
+            grad = _chunk_grad(
+                h, weight_rows, lse[lo:hi], mean_logit[lo:hi], index[lo:hi],
+                in_slice[lo:hi], grad_logp[lo:hi],
+                grad_entropy[lo:hi] if with_entropy and grad_entropy is not None else None,
+                part.temperature,
+            )  # fmt: skip
             if grad_hidden is not None:
-                grad_hidden[lo:hi] = grad @ weight[: part.valid]
+                grad_hidden[lo:hi] = grad @ weight_rows
             if grad_weight is not None:
                 grad_weight[: part.valid] += (grad.t() @ h).float()
         if grad_weight is not None:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost.backends.compiled import compiled
 from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
 from rlpost.backends.rms_norm import rms_norm
 
@@ -68,14 +69,53 @@ def _rotate_half(x: Tensor, interleaved: bool) -> Tensor:
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
+def _rotate_half_transposed(x: Tensor, interleaved: bool) -> Tensor:
+    """The transpose of `_rotate_half` (a rotation by -90 degrees in each pair)."""
+    if not interleaved:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x2, -x1), dim=-1)
+    pairs = x.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]
+    return torch.stack((pairs[..., 1], -pairs[..., 0]), dim=-1).flatten(-2)
+
+
+@compiled
+def _rope_forward(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _rotate_half(x, interleaved) * sin
+    head, tail = x[..., :rot], x[..., rot:]
+    return torch.cat((head * cos + _rotate_half(head, interleaved) * sin, tail), dim=-1)
+
+
+@compiled
+def _rope_backward(grad: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """d(x cos + R x sin)/dx applied to grad: grad cos + R^T (grad sin)."""
+    rot = cos.shape[-1]
+    if rot == grad.shape[-1]:
+        return grad * cos + _rotate_half_transposed(grad * sin, interleaved)
+    head, tail = grad[..., :rot], grad[..., rot:]
+    return torch.cat((head * cos + _rotate_half_transposed(head * sin, interleaved), tail), -1)
+
+
+class _Rope(torch.autograd.Function):
+    """Keeps nothing but the micro-batch's cos/sin table, which every layer shares."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return _rope_forward(x, cos, sin, interleaved)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rope_backward(grad, cos, sin, ctx.interleaved), None, None, None
+
+
 def apply_rope(x: Tensor, rope: RopeTable, interleaved: bool) -> Tensor:
     """x [t, heads, d] rotated by each token's angles; the dims past the rotary part (partial
     rotary, GLM-4) pass through."""
-    rot = rope.cos.shape[-1]
-    if rot == x.shape[-1]:
-        return x * rope.cos + _rotate_half(x, interleaved) * rope.sin
-    head, tail = x[..., :rot], x[..., rot:]
-    return torch.cat((head * rope.cos + _rotate_half(head, interleaved) * rope.sin, tail), dim=-1)
+    return cast(Tensor, _Rope.apply(x, rope.cos, rope.sin, interleaved))  # type: ignore[no-untyped-call]
 
 
 # ---- RoPE inside multi-latent attention ---------------------------------------------------------
@@ -265,21 +305,31 @@ def padded_attention(
 # ---- SwiGLU -----------------------------------------------------------------------------------
 
 
+@compiled
+def _swiglu_forward(x: Tensor) -> Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@compiled
+def _swiglu_backward(grad: Tensor, x: Tensor) -> Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    # silu's own backward kernel: grad * sig * (1 + gate * (1 - sig)) in one pass, in
+    # float32 inside the kernel (five kernels eagerly; ten as separate multiplies)
+    d_gate = torch.ops.aten.silu_backward(grad * up, gate)
+    return torch.cat((d_gate, grad * F.silu(gate)), dim=-1)
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor) -> Tensor:
         ctx.save_for_backward(x)
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return _swiglu_forward(x)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
-        gate, up = x.chunk(2, dim=-1)
-        # silu's own backward kernel: grad * sig * (1 + gate * (1 - sig)) in one pass, in
-        # float32 inside the kernel (five kernels here; ten as separate multiplies)
-        d_gate = torch.ops.aten.silu_backward(grad * up, gate)
-        return torch.cat((d_gate, grad * F.silu(gate)), dim=-1)
+        return _swiglu_backward(grad, x)
 
 
 def swiglu(x: Tensor) -> Tensor:

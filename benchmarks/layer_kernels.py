@@ -1,0 +1,165 @@
+"""The megatron trainer's elementwise kernels, one by one, at a model's shapes: forward and
+backward of each, eagerly and through torch.compile (rlpost.backends.compiled), beside the
+layer's matmuls and attention for scale.
+
+    python benchmarks/layer_kernels.py --size 0.6b          # on a CUDA GPU
+    python benchmarks/layer_kernels.py --size tiny          # anywhere (CPU: eager only)
+
+Per kernel: milliseconds per call (median of --repeats after a warm-up), calls per optimizer
+step (per layer x layers x micro-batches, for the shapes of benchmarks/megatron_train.py: 32
+samples x 4096 tokens in micro-batches of --tokens), and milliseconds per step, for the eager
+function and the compiled one. Calls counted per step are one forward and one backward (no
+recompute). The matmul and attention rows are the floor the elementwise work adds to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlpost.backends import compiled
+from rlpost.backends.logprobs import linear_logprobs
+from rlpost.backends.megatron import kernels
+from rlpost.backends.rms_norm import rms_norm
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+
+
+SHAPES = {  # conf/model/qwen3-*.yaml
+    "tiny": Shape(64, 128, 4, 2, 16, 2, 1000),
+    "0.6b": Shape(1024, 3072, 16, 8, 128, 28, 151936),
+    "1.7b": Shape(2048, 6144, 16, 8, 128, 28, 151936),
+    "4b": Shape(2560, 9728, 32, 8, 128, 36, 151936),
+}
+STEP_TOKENS = 32 * 4096
+
+
+def timed(run: Callable[[], object], repeats: int, on_gpu: bool) -> float:
+    """Median milliseconds of run() after two warm-up calls (the first compiles)."""
+    for _ in range(2):
+        run()
+    times = []
+    for _ in range(repeats):
+        if on_gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if on_gpu:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> Callable[[], None]:
+    """A closure running fn forward and backward with a fixed upstream gradient."""
+    leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    upstream: list[torch.Tensor] = []
+
+    def run() -> None:
+        out = fn(*leaves)
+        if not upstream:
+            upstream.append(torch.randn_like(out))
+        out.backward(upstream[0])
+        for leaf in leaves:
+            leaf.grad = None
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="0.6b", choices=sorted(SHAPES))
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per micro-batch")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    s, t = SHAPES[args.size], args.tokens if on_gpu or args.size != "tiny" else 512
+    micro_batches = max(1, STEP_TOKENS // t)
+    per_layer_step = s.layers * micro_batches
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    positions = torch.arange(t, device=device) % 4096
+    table = kernels.rope_table(
+        positions, kernels.inverse_frequencies(s.head_dim, 1.0, 1e6), False, dtype
+    )
+    weight = 1 + 0.1 * rand(s.hidden)
+    head_weight = 1 + 0.1 * rand(s.head_dim)
+    out_weight = rand(s.vocab, s.hidden) * 0.02
+    targets = torch.randint(0, s.vocab, (t,), device=device)
+    q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    rows: list[tuple[str, int, Callable[[], None], bool]] = [  # name, calls per step, run, compiled
+        ("rms_norm [t, h]", 2 * per_layer_step,
+         forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.hidden), weight), False),
+        ("rms_norm q+k heads", 2 * per_layer_step,
+         forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.heads, s.head_dim),
+                          head_weight), False),
+        ("rope q", per_layer_step,
+         forward_backward(lambda x: kernels.apply_rope(x, table, False),
+                          rand(t, s.heads, s.head_dim)), True),
+        ("rope k", per_layer_step,
+         forward_backward(lambda x: kernels.apply_rope(x, table, False),
+                          rand(t, s.kv_heads, s.head_dim)), True),
+        ("swiglu", per_layer_step, forward_backward(kernels.swiglu, rand(t, 2 * s.ffn)), True),
+        ("logprobs (output layer)", micro_batches,
+         forward_backward(lambda h, w: linear_logprobs(h, w, targets, s.vocab).logp,
+                          rand(t, s.hidden), out_weight), True),
+        ("matmuls qkv, o, fc1, fc2", per_layer_step,
+         forward_backward(
+             lambda x, wqkv, wo, w1, w2: F.linear(
+                 F.linear(F.linear(x, wqkv)[:, :q_width], wo) + x, w1
+             )[:, : s.ffn] @ w2.t(),
+             rand(t, s.hidden), rand(q_width + 2 * kv_width, s.hidden),
+             rand(s.hidden, q_width), rand(2 * s.ffn, s.hidden), rand(s.hidden, s.ffn)), False),
+        ("attention (SDPA, causal, 4096)", per_layer_step,
+         forward_backward(
+             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                            enable_gqa=True),
+             rand(t // 4096 or 1, s.heads, min(t, 4096), s.head_dim),
+             rand(t // 4096 or 1, s.kv_heads, min(t, 4096), s.head_dim),
+             rand(t // 4096 or 1, s.kv_heads, min(t, 4096), s.head_dim)), False),
+    ]  # fmt: skip
+    print(f"{args.size}: {t} tokens a micro-batch, {micro_batches} a step of {STEP_TOKENS} "
+          f"tokens, {s.layers} layers, {dtype} on {device.type}; compile on "
+          f"{sorted(compiled.compile_devices()) or 'no device'}")  # fmt: skip
+    print(f"{'kernel (forward + backward)':32} {'calls/step':>10} {'eager ms':>9} "
+          f"{'compiled':>9} {'eager ms/step':>14} {'compiled':>9}")  # fmt: skip
+    totals = [0.0, 0.0]
+    for name, calls, run, compilable in rows:
+        with compiled.eager():
+            eager_ms = timed(run, args.repeats, on_gpu)
+        fast_ms = timed(run, args.repeats, on_gpu) if compilable else eager_ms
+        totals[0] += eager_ms * calls
+        totals[1] += fast_ms * calls
+        print(f"{name:32} {calls:>10} {eager_ms:>9.3f} {fast_ms:>9.3f} "
+              f"{eager_ms * calls:>14.1f} {fast_ms * calls:>9.1f}")  # fmt: skip
+    failed = [f.__qualname__ for m in (kernels,) for f in compiled.compiled_functions(m)
+              if f.failed is not None]  # fmt: skip
+    print(f"{'total':32} {'':>10} {'':>9} {'':>9} {totals[0]:>14.1f} {totals[1]:>9.1f}")
+    print(f"compile failures: {', '.join(failed) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
