@@ -5,6 +5,8 @@ layer's matmuls and attention for scale.
     python benchmarks/layer_kernels.py --size 0.6b          # on a CUDA GPU
     python benchmarks/layer_kernels.py --size tiny          # anywhere (CPU: eager only)
 
+RMSNorm runs torch's fused ops where this torch has them; its first two rows are the path
+without them (RLPOST_FUSED_RMS_NORM=0), eager and compiled, the indented rows the fused ops.
 Per kernel: milliseconds per call (median of --repeats after a warm-up), calls per optimizer
 step (per layer x layers x micro-batches, for the shapes of benchmarks/megatron_train.py: 32
 samples x 4096 tokens in micro-batches of --tokens), and milliseconds per step, for the eager
@@ -15,10 +17,11 @@ recompute). The matmul and attention rows are the floor the elementwise work add
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +31,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlpost.backends import compiled
+from rlpost.backends import logprobs as logprobs_module
+from rlpost.backends import rms_norm as rms_norm_module
 from rlpost.backends.logprobs import linear_logprobs
 from rlpost.backends.megatron import kernels
 from rlpost.backends.rms_norm import rms_norm
@@ -67,6 +72,17 @@ def timed(run: Callable[[], object], repeats: int, on_gpu: bool) -> float:
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def unfused_rms_norm() -> Iterator[None]:
+    """rms_norm without torch's fused ops (what RLPOST_FUSED_RMS_NORM=0 runs)."""
+    before = rms_norm_module.FUSED_RMS_NORM_DEVICES
+    rms_norm_module.FUSED_RMS_NORM_DEVICES = frozenset()
+    try:
+        yield
+    finally:
+        rms_norm_module.FUSED_RMS_NORM_DEVICES = before
 
 
 def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> Callable[[], None]:
@@ -110,10 +126,21 @@ def main() -> None:
     out_weight = rand(s.vocab, s.hidden) * 0.02
     targets = torch.randint(0, s.vocab, (t,), device=device)
     q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    rows: list[tuple[str, int, Callable[[], None], bool]] = [  # name, calls per step, run, compiled
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with unfused_rms_norm():
+            return rms_norm(x, w, 1e-6)
+
+    # name, calls per step, run, compiled (else the same run twice); the "torch fused ops" rows
+    # are the alternative to the two rms_norm rows above them, not counted in the totals
+    rows: list[tuple[str, int, Callable[[], None], bool]] = [
         ("rms_norm [t, h]", 2 * per_layer_step,
-         forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.hidden), weight), False),
+         forward_backward(norm, rand(t, s.hidden), weight), True),
         ("rms_norm q+k heads", 2 * per_layer_step,
+         forward_backward(norm, rand(t, s.heads, s.head_dim), head_weight), True),
+        ("  [t, h], torch fused ops", 2 * per_layer_step,
+         forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.hidden), weight), False),
+        ("  heads, torch fused ops", 2 * per_layer_step,
          forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.heads, s.head_dim),
                           head_weight), False),
         ("rope q", per_layer_step,
@@ -151,13 +178,19 @@ def main() -> None:
         with compiled.eager():
             eager_ms = timed(run, args.repeats, on_gpu)
         fast_ms = timed(run, args.repeats, on_gpu) if compilable else eager_ms
-        totals[0] += eager_ms * calls
-        totals[1] += fast_ms * calls
+        if not name.startswith(" "):
+            totals[0] += eager_ms * calls
+            totals[1] += fast_ms * calls
         print(f"{name:32} {calls:>10} {eager_ms:>9.3f} {fast_ms:>9.3f} "
               f"{eager_ms * calls:>14.1f} {fast_ms * calls:>9.1f}")  # fmt: skip
-    failed = [f.__qualname__ for m in (kernels,) for f in compiled.compiled_functions(m)
+    modules = (kernels, rms_norm_module, logprobs_module)
+    failed = [f.__qualname__ for m in modules for f in compiled.compiled_functions(m)
               if f.failed is not None]  # fmt: skip
-    print(f"{'total':32} {'':>10} {'':>9} {'':>9} {totals[0]:>14.1f} {totals[1]:>9.1f}")
+    print(f"{'total (rms_norm unfused)':32} {'':>10} {'':>9} {'':>9} {totals[0]:>14.1f} "
+          f"{totals[1]:>9.1f}")  # fmt: skip
+    fused = "yes" if "cuda" in rms_norm_module.FUSED_RMS_NORM_DEVICES else "no"
+    print(f"torch's fused RMSNorm ops on this device (the trainers' default where present): "
+          f"{fused if on_gpu else 'no'}")  # fmt: skip
     print(f"compile failures: {', '.join(failed) or 'none'}")
 
 

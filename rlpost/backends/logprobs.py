@@ -1,14 +1,21 @@
 """Per-token logprobs and entropy from final hidden states through an output layer, in chunks.
 
-`linear_logprobs` never holds the `[tokens x vocab]` logits whole. It walks the tokens in chunks
-of rows: each chunk's logits are computed, reduced to four numbers per token (the chunk's max,
-sum of exponentials, the target's logit and, for the entropy, the expected logit) and dropped.
-The backward pass recomputes each chunk's logits from the saved hidden states and turns them
-straight into that chunk's gradients of the hidden states and of the weight, each token
-weighted by its own upstream gradient (a policy-gradient loss weights every token; a kernel
+`linear_logprobs` never holds the `[tokens x vocab]` logits whole. It walks the vocabulary in
+chunks of columns, all tokens at once: each chunk's logits are computed and folded into four
+running numbers per token (the max so far, the sum of exponentials under it, the target's logit
+and, for the entropy, the expected logit), the way an online softmax does, and dropped. The
+backward pass recomputes each chunk's logits from the saved hidden states and turns them
+straight into the gradients: the weight's rows of that chunk in one matmul over every token
+(each row written once), the hidden states' gradient added up over chunks in float32. Each token
+is weighted by its own upstream gradient (a policy-gradient loss weights every token; a kernel
 that folds one scalar gradient into its forward, as fused cross-entropy kernels do, cannot
 serve it). Memory: one chunk of float32 logits (`LOGPROB_CHUNK_BYTES`) instead of the logits,
-their float32 copies and their gradient.
+their float32 copies and their gradient; chunking the tokens instead would add a whole float32
+weight gradient to every chunk.
+
+The elementwise work of a chunk (the softmax statistics forward, the logits' gradient backward)
+is one compiled function each (rlpost.backends.compiled: one or two Triton kernels on CUDA,
+eager elsewhere).
 
 The vocabulary may be split over a process group (megatron-core's tensor parallelism): each
 rank passes its slice of the weight and where it starts, the per-token sums are combined with
@@ -29,7 +36,7 @@ from torch import Tensor
 from rlpost.backends.compiled import compiled
 from rlpost.plan.memory import LOGPROB_CHUNK_BYTES
 
-CHUNK_BYTES = LOGPROB_CHUNK_BYTES  # float32 working set per chunk of rows
+CHUNK_BYTES = LOGPROB_CHUNK_BYTES  # float32 logits per chunk of the vocabulary
 
 
 @dataclass(frozen=True)
@@ -47,12 +54,12 @@ class _Slice:
     temperature: float
     group: dist.ProcessGroup | None
 
-    def rows_per_chunk(self, width: int) -> int:
-        return max(1, CHUNK_BYTES // (4 * max(width, 1)))
-
-    def logits(self, hidden: Tensor, weight: Tensor) -> Tensor:
-        """float32 logits / T of a chunk of hidden states over this rank's real columns."""
-        return (hidden @ weight[: self.valid].t()).float() / self.temperature
+    def chunks(self, rows: int) -> list[tuple[int, int]]:
+        """[lo, hi) column ranges of this slice, each with at most CHUNK_BYTES of float32 logits
+        for `rows` tokens; the width a power of two, so that few distinct widths occur."""
+        fits = max(1, CHUNK_BYTES // (4 * max(rows, 1)))
+        width = min(1 << (fits.bit_length() - 1), max(self.valid, 1))
+        return [(lo, min(lo + width, self.valid)) for lo in range(0, self.valid, width)]
 
 
 def _reduce(x: Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None) -> Tensor:
@@ -61,24 +68,33 @@ def _reduce(x: Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | N
     return x
 
 
-def _targets_in_slice(targets: Tensor, part: _Slice) -> tuple[Tensor, Tensor]:
+def _target_slots(targets: Tensor, part: _Slice) -> tuple[Tensor, Tensor]:
+    """Whether each target is in this slice, and its column in the slice (-1 when not)."""
     in_slice = (targets >= part.start) & (targets < part.start + part.valid)
-    index = (targets - part.start).clamp(0, max(part.valid - 1, 0))
-    return in_slice, index
+    return in_slice, torch.where(in_slice, targets - part.start, -1)
 
 
 @compiled
 def _chunk_stats(
-    hidden: Tensor, weight: Tensor, index: Tensor, temperature: float, entropy: bool
+    hidden: Tensor,
+    weight: Tensor,
+    slot: Tensor,
+    running: Tensor,
+    temperature: float,
+    entropy: bool,
 ) -> Tensor:
-    """[4, rows] float32 per token of a chunk: the max of its logits / T over this slice, the
-    sum of exp(x - max), the target's x, and (with `entropy`) sum exp(x - max) * x."""
+    """`running` [4, rows] float32 (max, sum exp(x - max), target x, sum exp(x - max) * x over
+    the columns so far) updated with one chunk of columns, x = hidden @ weight.T / T. `slot`:
+    each token's target column within this chunk (outside [0, chunk) when elsewhere)."""
     x = (hidden @ weight.t()).float() / temperature
-    peak = x.max(dim=-1).values
+    peak = torch.maximum(running[0], x.max(dim=-1).values)
     exp = (x - peak[:, None]).exp()
-    target = x.gather(-1, index[:, None]).squeeze(-1)
-    expected = (exp * x).sum(dim=-1) if entropy else torch.zeros_like(peak)
-    return torch.stack((peak, exp.sum(dim=-1), target, expected))
+    rescale = (running[0] - peak).exp()
+    hit = (slot >= 0) & (slot < x.shape[-1])
+    picked = x.gather(-1, slot.clamp(0, x.shape[-1] - 1)[:, None]).squeeze(-1)
+    target = running[2] + torch.where(hit, picked, 0.0)
+    expected = running[3] * rescale + (exp * x).sum(dim=-1) if entropy else running[3]
+    return torch.stack((peak, running[1] * rescale + exp.sum(dim=-1), target, expected))
 
 
 @compiled
@@ -87,21 +103,20 @@ def _chunk_grad(
     weight: Tensor,
     lse: Tensor,
     mean_logit: Tensor,
-    index: Tensor,
-    in_slice: Tensor,
+    slot: Tensor,
     grad_logp: Tensor,
     grad_entropy: Tensor | None,
     temperature: float,
 ) -> Tensor:
-    """The gradient of a chunk's logits [rows, V_slice] in the hidden states' dtype, from the
+    """The gradient of a chunk's logits [rows, chunk] in the hidden states' dtype, from the
     upstream gradients of logp (and entropy), the logits recomputed from the hidden states.
     d logp / dx_j = 1[j = target] - p_j;  d entropy / dx_j = -p_j (x_j - E[x]); x = logits / T.
     """
     x = (hidden @ weight.t()).float() / temperature
     probs = (x - lse[:, None]).exp()
     grad = probs * -grad_logp[:, None]
-    picked = (in_slice * grad_logp)[:, None].to(grad.dtype)
-    grad.scatter_add_(-1, index[:, None], picked)
+    hit = (slot >= 0) & (slot < x.shape[-1])
+    grad.scatter_add_(-1, slot.clamp(0, x.shape[-1] - 1)[:, None], (hit * grad_logp)[:, None])
     if grad_entropy is not None:
         grad -= probs * (x - mean_logit[:, None]) * grad_entropy[:, None]
     return (grad / temperature).to(hidden.dtype)
@@ -115,22 +130,14 @@ class _LinearLogprobs(torch.autograd.Function):
     def forward(
         ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, part: _Slice, entropy: str
     ) -> tuple[Tensor, Tensor]:
-        rows = hidden.shape[0]
-        in_slice, index = _targets_in_slice(targets, part)
-        step = part.rows_per_chunk(part.valid)
-        weight_rows = weight[: part.valid]
-        with_entropy = entropy != "none"
-        chunks = [
-            _chunk_stats(hidden[lo : lo + step], weight_rows, index[lo : lo + step],
-                         part.temperature, with_entropy)
-            for lo in range(0, rows if part.valid else 0, step)
-        ]  # fmt: skip
+        in_slice, slot = _target_slots(targets, part)
+        local = hidden.new_zeros((4, hidden.shape[0]), dtype=torch.float32)
+        local[0] = -1e30
         # per token: this slice's max, sum exp(x - max), target logit, sum exp(x - max) * x
-        if chunks:
-            local = torch.cat(chunks, dim=1)
-        else:
-            local = hidden.new_zeros((4, rows), dtype=torch.float32)
-            local[0] = -1e30
+        for lo, hi in part.chunks(hidden.shape[0]):
+            local = _chunk_stats(
+                hidden, weight[lo:hi], slot - lo, local, part.temperature, entropy != "none"
+            )
         peak = _reduce(local[0].clone(), dist.ReduceOp.MAX, part.group)
         rescale = (local[0] - peak).exp()
         sums = torch.stack((local[1] * rescale, local[2] * in_slice, local[3] * rescale))
@@ -151,32 +158,28 @@ class _LinearLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse, mean_logit = ctx.saved_tensors
         part: _Slice = ctx.part
         wants_hidden, wants_weight = ctx.needs_input_grad[:2]
-        grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
-        # the weight's gradient adds up over chunks in float32, rounded once at the end
-        grad_weight = None
-        if wants_weight:
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        in_slice, index = _targets_in_slice(targets, part)
+        # the hidden states' gradient adds up over chunks in float32, rounded once at the end;
+        # each of the weight's rows is one matmul over every token (padding rows stay zero)
+        grad_hidden = None
+        if wants_hidden:
+            grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros_like(weight) if wants_weight else None
+        _, slot = _target_slots(targets, part)
         if grad_logp is None:
             grad_logp = lse.new_zeros(lse.shape)
         with_entropy = ctx.entropy == "grad" and grad_entropy is not None
-        step = part.rows_per_chunk(part.valid)
-        weight_rows = weight[: part.valid]
-        for lo in range(0, hidden.shape[0] if part.valid else 0, step):
-            hi = lo + step
-            h = hidden[lo:hi]
+        for lo, hi in part.chunks(hidden.shape[0]):
+            chunk = weight[lo:hi]
             grad = _chunk_grad(
-                h, weight_rows, lse[lo:hi], mean_logit[lo:hi], index[lo:hi],
-                in_slice[lo:hi], grad_logp[lo:hi],
-                grad_entropy[lo:hi] if with_entropy and grad_entropy is not None else None,
-                part.temperature,
+                hidden, chunk, lse, mean_logit, slot - lo, grad_logp,
+                grad_entropy if with_entropy else None, part.temperature,
             )  # fmt: skip
             if grad_hidden is not None:
-                grad_hidden[lo:hi] = grad @ weight_rows
+                grad_hidden += (grad @ chunk).float()
             if grad_weight is not None:
-                grad_weight[: part.valid] += (grad.t() @ h).float()
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
+                grad_weight[lo:hi] = grad.t() @ hidden
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden.to(hidden.dtype)
         return grad_hidden, grad_weight, None, None, None
 
 

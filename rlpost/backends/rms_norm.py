@@ -8,7 +8,9 @@ accumulated in float32 whatever x's dtype:
 - elsewhere: `F.rms_norm`'s forward keeping x alone (torch's composite rms_norm, and
   transformers' RMSNorm modules, keep float32 copies of x and of the normalised rows too), and
   a float32 backward that recomputes 1/rms from x: about fifteen elementwise kernels, which
-  is what the fused backward saves.
+  is what the fused backward saves. On CUDA without the fused ops (or with
+  RLPOST_FUSED_RMS_NORM=0) both go through torch.compile (rlpost.backends.compiled), which
+  makes each one or two kernels.
 The megatron trainer's layers call it (megatron.kernels); the torch trainer puts it in place
 of transformers' Llama-style RMSNorm modules on CUDA (`fuse_rms_norms`).
 """
@@ -23,6 +25,8 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from rlpost.backends.compiled import compiled
 
 
 def _fused_rms_norm() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
@@ -76,8 +80,7 @@ class _RMSNorm(torch.autograd.Function):
             return cast(Tensor, out)
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
-        with torch.no_grad():
-            return F.rms_norm(x, shape, weight, eps)
+        return _forward(x, weight, eps)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
@@ -90,14 +93,26 @@ class _RMSNorm(torch.autograd.Function):
             )
             return grad_x, grad_weight, None
         x, weight = ctx.saved_tensors
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
-        normed = xf * rstd
-        g = grad.float()
-        grad_weight = (g * normed).reshape(-1, x.shape[-1]).sum(0)
-        scaled = g * weight.float()
-        grad_x = rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
-        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+        grad_x, grad_weight = _backward(grad, x, weight, ctx.eps)
+        return grad_x, grad_weight, None
+
+
+@compiled
+def _forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return F.rms_norm(x, [x.shape[-1]], weight, eps)
+
+
+@compiled
+def _backward(grad: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The input's and the weight's gradients in float32, 1/rms recomputed from the input."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    normed = xf * rstd
+    g = grad.float()
+    grad_weight = (g * normed).reshape(-1, x.shape[-1]).sum(0)
+    scaled = g * weight.float()
+    grad_x = rstd * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
+    return grad_x.to(x.dtype), grad_weight.to(weight.dtype)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

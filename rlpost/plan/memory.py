@@ -232,12 +232,14 @@ def stage_activation_bytes(
 
 def logprob_kernel_bytes(model: ModelConfig, tokens: int, par: ParallelLayout) -> float:
     """The last stage's output side: the final norm's input and the log-prob kernel's saved
-    hidden states (compute dtype), three float32 chunks of logits in flight, and the float32
-    accumulator of the output weight's gradient (rlpost.backends.megatron.logits)."""
+    hidden states (compute dtype), three float32 chunks of logits in flight, the output
+    weight's gradient (compute dtype, each row written once) and the float32 accumulator of
+    the hidden states' gradient (rlpost.backends.logprobs)."""
     hidden = 2 * tokens * model.hidden_size * weight_bytes(model)
-    weight_grad = 4 * model.vocab_size / par.tp * model.hidden_size
+    weight_grad = weight_bytes(model) * model.vocab_size / par.tp * model.hidden_size
+    accumulator = 4 * tokens * model.hidden_size
     chunk = min(LOGPROB_CHUNK_BYTES, 4 * tokens * model.vocab_size / par.tp)  # at most all
-    return hidden + 3 * chunk + weight_grad
+    return hidden + 3 * chunk + weight_grad + accumulator
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlpost.backends import compiled, logprobs
+from rlpost.backends import compiled, logprobs, rms_norm
 from rlpost.backends.compiled import Compiled, compile_devices
 from rlpost.backends.megatron import kernels
 
@@ -27,19 +27,22 @@ def _rope_args(t: int, interleaved: bool, rot: int = 8, dtype: torch.dtype = tor
 
 
 def _chunk_args(rows: int, entropy: bool, dtype: torch.dtype = torch.float32):
+    """A chunk of 11 columns; targets in it, before it (negative slots) and after it."""
     hidden, weight = torch.randn(rows, 6, dtype=dtype), torch.randn(11, 6, dtype=dtype)
-    index = torch.randint(0, 11, (rows,))
-    return hidden, weight, index, 0.7, entropy
+    slot = torch.randint(-4, 15, (rows,))
+    running = torch.stack((torch.randn(rows), torch.rand(rows) + 1, torch.randn(rows),
+                           torch.randn(rows)))  # fmt: skip
+    running[0, ::3] = -1e30  # tokens with no column seen yet
+    return hidden, weight, slot, running, 0.7, entropy
 
 
 def _grad_args(rows: int, entropy: bool, dtype: torch.dtype = torch.float32):
-    hidden, weight, index, temperature, _ = _chunk_args(rows, entropy, dtype)
-    lse = torch.logsumexp((hidden @ weight.t()).float() / temperature, -1)
+    hidden, weight, slot, _, temperature, _ = _chunk_args(rows, entropy, dtype)
+    lse = torch.logsumexp((hidden @ weight.t()).float() / temperature, -1) + torch.rand(rows)
     mean_logit = torch.randn(rows)
-    in_slice = torch.rand(rows) > 0.2
     grad_logp = torch.randn(rows)
     grad_entropy = torch.randn(rows) if entropy else None
-    return hidden, weight, lse, mean_logit, index, in_slice, grad_logp, grad_entropy, temperature
+    return hidden, weight, lse, mean_logit, slot, grad_logp, grad_entropy, temperature
 
 
 CASES: dict[str, tuple[Compiled[..., Any], Callable[..., tuple[Any, ...]]]] = {
@@ -54,11 +57,22 @@ CASES: dict[str, tuple[Compiled[..., Any], Callable[..., tuple[Any, ...]]]] = {
     "swiglu_backward": (
         kernels._swiglu_backward, lambda t: (torch.randn(t, 5), torch.randn(t, 10))
     ),
+    "rms_norm_forward": (
+        rms_norm._forward, lambda t: (torch.randn(t, 4, 16), torch.rand(16) + 0.5, 1e-6)
+    ),
+    "rms_norm_backward": (
+        rms_norm._backward,
+        lambda t: (torch.randn(t, 16), torch.randn(t, 16), torch.rand(16) + 0.5, 1e-6),
+    ),
     "chunk_stats": (logprobs._chunk_stats, lambda t: _chunk_args(t, False)),
     "chunk_stats_entropy": (logprobs._chunk_stats, lambda t: _chunk_args(t, True)),
     "chunk_grad": (logprobs._chunk_grad, lambda t: _grad_args(t, False)),
     "chunk_grad_entropy": (logprobs._chunk_grad, lambda t: _grad_args(t, True)),
 }  # fmt: skip
+
+
+def _tensors(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -70,7 +84,8 @@ def test_each_compiled_function_traces_whole_and_matches_eager(name: str) -> Non
         args = make_args(tokens)
         got = traced(*args)
         assert traced.failed is None, traced.failed
-        assert torch.allclose(got, function.fn(*args), rtol=1e-6, atol=1e-6)
+        for ours, eager in zip(_tensors(got), _tensors(function.fn(*args)), strict=True):
+            assert torch.allclose(ours, eager, rtol=1e-6, atol=1e-6)
 
 
 def _reference_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool):
@@ -146,6 +161,6 @@ def test_inductor_kernels_match_the_eager_arithmetic_on_cuda(name: str) -> None:
                 and a.dim() > 1 else a for a in args]  # fmt: skip
         got = function(*args)
         assert function.failed is None, function.failed
-        want = function.fn(*args)
-        assert got.dtype == want.dtype
-        assert torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2), name
+        for ours, eager in zip(_tensors(got), _tensors(function.fn(*args)), strict=True):
+            assert ours.dtype == eager.dtype
+            assert torch.allclose(ours.float(), eager.float(), rtol=2e-2, atol=2e-2), name

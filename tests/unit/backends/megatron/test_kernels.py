@@ -70,8 +70,8 @@ def _rms_norm_step(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor,
     kept: list[torch.Tensor] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
         out = kernels.rms_norm(x, weight, 1e-6)
-    grad_x, grad_w = torch.autograd.grad(out, (x, weight), torch.linspace(-1, 1, out.numel())
-                                         .view_as(out).to(out.dtype))  # fmt: skip
+    upstream = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out).to(out.dtype)
+    grad_x, grad_w = torch.autograd.grad(out, (x, weight), upstream)
     return out, grad_x, grad_w, *kept
 
 

@@ -82,13 +82,16 @@ def linear_on_rank(
 
 @pytest.mark.parametrize("entropy", ["none", "detached", "grad"])
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("chunk_bytes", [1, 1 << 30], ids=["row-chunks", "one-chunk"])
+@pytest.mark.parametrize(
+    "chunk_bytes", [1, 4 * TOKENS * 16, 1 << 30], ids=["1-column", "16-columns", "one-chunk"]
+)
 def test_hidden_logprobs_match_autograd_through_the_output_layer(
     world: Callable[..., list[Any]], tp: int, chunk_bytes: int, entropy: str
 ) -> None:
     """logp, entropy and both gradients (hidden, this rank's weight slice) equal plain autograd
     through the full logits, with per-token upstream gradients, the vocabulary split over TP
-    and padded past the real vocabulary."""
+    and padded past the real vocabulary, in chunks of the vocabulary of one column, of 16 (the
+    last one short) and all of it."""
     for errors in world(linear_on_rank, tp, 5, chunk_bytes, entropy):
         assert all(value < 5e-5 for value in errors.values()), errors
 
