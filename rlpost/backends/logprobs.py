@@ -54,6 +54,12 @@ class _Slice:
     temperature: float
     group: dist.ProcessGroup | None
 
+    def temperature_on(self, device: torch.device) -> Tensor:
+        """The temperature as a float32 scalar on the device: a tensor argument of the compiled
+        chunk functions (a Python float argument becomes a host scalar that the compiled code
+        reads back with `.item()` on every call; a tensor is one graph for any temperature)."""
+        return torch.full((), self.temperature, dtype=torch.float32, device=device)
+
     def chunks(self, rows: int) -> list[tuple[int, int]]:
         """[lo, hi) column ranges of this slice, each with at most CHUNK_BYTES of float32 logits
         for `rows` tokens; the width a power of two, so that few distinct widths occur."""
@@ -106,7 +112,7 @@ def _chunk_grad(
     slot: Tensor,
     grad_logp: Tensor,
     grad_entropy: Tensor | None,
-    temperature: float,
+    temperature: Tensor,
 ) -> Tensor:
     """The gradient of a chunk's logits [rows, chunk] in the hidden states' dtype, from the
     upstream gradients of logp (and entropy), the logits recomputed from the hidden states.
@@ -133,10 +139,11 @@ class _LinearLogprobs(torch.autograd.Function):
         in_slice, slot = _target_slots(targets, part)
         local = hidden.new_zeros((4, hidden.shape[0]), dtype=torch.float32)
         local[0] = -1e30
+        temperature = part.temperature_on(hidden.device)
         # per token: this slice's max, sum exp(x - max), target logit, sum exp(x - max) * x
         for lo, hi in part.chunks(hidden.shape[0]):
             local = _chunk_stats(
-                hidden, weight[lo:hi], slot - lo, local, part.temperature, entropy != "none"
+                hidden, weight[lo:hi], slot - lo, local, temperature, entropy != "none"
             )
         peak = _reduce(local[0].clone(), dist.ReduceOp.MAX, part.group)
         rescale = (local[0] - peak).exp()
@@ -168,11 +175,12 @@ class _LinearLogprobs(torch.autograd.Function):
         if grad_logp is None:
             grad_logp = lse.new_zeros(lse.shape)
         with_entropy = ctx.entropy == "grad" and grad_entropy is not None
+        temperature = part.temperature_on(hidden.device)
         for lo, hi in part.chunks(hidden.shape[0]):
             chunk = weight[lo:hi]
             grad = _chunk_grad(
                 hidden, chunk, lse, mean_logit, slot - lo, grad_logp,
-                grad_entropy if with_entropy else None, part.temperature,
+                grad_entropy if with_entropy else None, temperature,
             )  # fmt: skip
             if grad_hidden is not None:
                 grad_hidden += (grad @ chunk).float()

@@ -7,8 +7,8 @@ Training (per rollout):
 - compute: the plan's TrainWork passes (three forwards' worth for forward and backward, the
   old-policy and reference forwards it runs, one more for full recompute) at rlpost.plan.flops'
   FLOPs per forward over the longest samples, at the model-FLOPs utilisation this backend
-  measured without recompute: `DENSE_MFU` for dense models, `MOE_MFU` for MoE. Recompute runs
-  at the same rate, so its forward shows as a lower MFU (see `DENSE_MFU`).
+  measured without recompute: `DENSE_MFU` for dense models, `MOE_MFU` for MoE. Full recompute's
+  extra forward costs `RECOMPUTE_TIME` of a forward at that rate, as measured, not a whole one.
 - the pipeline: 1F1B's bubble makes a stage idle (p - 1) / (m + p - 1) of the step for m
   micro-batches (Narayanan et al. 2021, section 2.2.1), and the slowest stage sets the pace
   (uneven splits exist to even out the embedding and output head).
@@ -67,28 +67,34 @@ from rlpost.plan.params import ParamCount, params_per_stage
 from rlpost.plan.work import TrainWork
 from rlpost.schema import RunConfig
 
-DENSE_MFU = 0.30
+DENSE_MFU = 0.35
 """Model-FLOPs utilisation of a training step without recompute, by rlpost.plan.flops'
 definition against the profile's 989 TFLOP/s. Measured with benchmarks/megatron_train.py on one
-H200 (2026-11-26, megatron-core 0.16.1 without TransformerEngine, 32 x 4096 tokens, bf16):
-qwen3-0.6b 0.205 without recompute, 0.180 selective, 0.150 full; qwen3-1.7b 0.226 and qwen3-4b
-0.289 with full recompute. Full recompute adds a fourth forward's work at the same rate
-(0.6b: 1.37x slower than none, 4/3 predicted), so these are 0.20, 0.30 and 0.39 without it;
-0.30 is the middle one. After the trainer's rework (2026-11-27, same card and versions,
-docs/gpu-results.md): 0.6b 0.184 without recompute, 0.179 selective, 0.167 full; 1.7b 0.219 and
-4b 0.273 full; predicted / measured step time 0.74 (0.6b full), 0.97 (1.7b), 1.21 (4b), 0.61
-(0.6b none). Two things this constant cannot express: MFU grows with the model (a layer's
-elementwise work, which does not grow with the matmuls, weighs less), and full recompute
-cost 0.6b 10% over none, not a third. Megatron-LM with TransformerEngine reports 0.44-0.52 on
-dense GPT models (Narayanan et al. 2021); this backend is not there yet."""
+H200 (megatron-core 0.16.1 without TransformerEngine, 32 x 4096 tokens, bf16; docs/
+gpu-results.md). With the layer's elementwise work compiled and the log-prob kernel chunking
+the vocabulary (2026-11-27, second run): qwen3-0.6b 0.339 without recompute and 0.303 with full
+recompute, qwen3-1.7b 0.356 with full recompute, which with recompute's extra forward counted
+at RECOMPUTE_TIME are 0.34, 0.34 and 0.40 at this constant's rate; 0.35 predicts the 0.6b
+steps within 3% and the 1.7b 14% slow. MFU grows with the model (a layer's elementwise work
+and the host's launches do not grow with its matmuls): qwen3-4b measured 0.273 with full
+recompute before these kernels, 1.25x the 1.7b's 0.219 then. Megatron-LM with TransformerEngine
+reports 0.44-0.52 on dense GPT models (Narayanan et al. 2021)."""
+RECOMPUTE_TIME = 0.35
+"""What full recompute's extra forward costs, in forwards at the step's rate (its FLOPs are one
+forward). Measured on qwen3-0.6b, one H200: full over none 1.12x (2.793 against 2.499 s,
+2026-11-27, second run) and 1.10x (5.08 against 4.62 s, first run), where a whole forward would
+be 1.33x; 0.35 of a forward is 1.12x. The recomputed forward runs on the GPU while the host is
+busy launching the backward's kernels, where a step without recompute leaves the GPU waiting.
+The torch trainer's checkpointing, measured once before the same kernels, cost 1.26x."""
 MOE_MFU = 0.20
-"""Not measured on a GPU yet: DENSE_MFU scaled by the 2/3 it had to the published dense
-figure (routed experts run smaller GEMMs and wait on their dispatch)."""
+"""Not measured on a GPU yet: the dense figure scaled by 2/3, the share the first measured
+dense MFU had of the published one (routed experts run smaller GEMMs and wait on their
+dispatch)."""
 TORCH_MFU = DENSE_MFU
 """The torch trainer (transformers' layers under FSDP2) on GPUs: measured on one H200
-(2026-11-27, docs/gpu-results.md) at 1.12x (qwen3-0.6b) and 1.03x (1.7b) the megatron
-backend's step with full recompute (MFU 0.187 and 0.224), 0.236 for 0.6b without; kept equal
-to the megatron backend's, whose predictions it followed within those factors."""
+(2026-11-27, second run, docs/gpu-results.md) at MFU 0.285 for qwen3-0.6b with full recompute,
+0.94 of the megatron backend's 0.303 on the same shapes (1.12x and 1.03x its step time in the
+first run, before the compiled kernels); kept equal to the megatron backend's."""
 DECODE_EFFICIENCY = 0.6
 """Share of peak memory bandwidth a decode step reaches (kernel launch gaps, small GEMMs)."""
 PREFILL_MFU = 0.4
@@ -98,6 +104,15 @@ INTER_NODE_LATENCY_S = 30e-6
 ADAM_BYTES_PER_PARAM = 28
 """fp32 gradient, master weight and two moments read (16), master and moments written (12)."""
 GB = 1e9
+
+
+def timed_tflop(work: TrainWork) -> float:
+    """The rollout's training TFLOP as the step's rate sees them: every pass's FLOPs, full
+    recompute's forward at RECOMPUTE_TIME of its own."""
+    if not work.passes_per_rollout:
+        return work.train_tflop_per_rollout
+    recompute_share = work.recompute_passes / work.passes_per_rollout
+    return work.train_tflop_per_rollout * (1 - recompute_share * (1 - RECOMPUTE_TIME))
 
 
 @dataclass(frozen=True)
@@ -194,7 +209,7 @@ def train_time(
     model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
     mfu = MOE_MFU if model.moe is not None else DENSE_MFU
     tokens = batch.samples_per_rollout * batch.longest_sample_tokens
-    compute = work.train_tflop_per_rollout / (train_gpus * hw.peak_bf16_tflops * mfu)
+    compute = timed_tflop(work) / (train_gpus * hw.peak_bf16_tflops * mfu)
     imbalance, stage_layers = _stage_flops_share(cfg, par)
     per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
     micro = max(1, math.ceil(per_step_rank / max(1, memory.tokens_per_gpu * par.cp)))
@@ -243,7 +258,7 @@ def fsdp_train_time(
     (in `dp_s`) and the optimizer (with CPU offload, its PCIe copies too)."""
     model, hw = cfg.model, cfg.hardware
     mfu = TORCH_MFU * (MOE_MFU / DENSE_MFU if model.moe is not None else 1.0)
-    compute = work.train_tflop_per_rollout / (train_gpus * hw.peak_bf16_tflops * mfu)
+    compute = timed_tflop(work) / (train_gpus * hw.peak_bf16_tflops * mfu)
     per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
     micro = work.steps_per_rollout * max(1, math.ceil(per_step_rank / memory.tokens_per_gpu))
     no_grad = work.passes_per_rollout - TRAIN_FORWARDS - work.recompute_passes

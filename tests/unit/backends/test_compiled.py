@@ -33,7 +33,7 @@ def _chunk_args(rows: int, entropy: bool, dtype: torch.dtype = torch.float32):
     running = torch.stack((torch.randn(rows), torch.rand(rows) + 1, torch.randn(rows),
                            torch.randn(rows)))  # fmt: skip
     running[0, ::3] = -1e30  # tokens with no column seen yet
-    return hidden, weight, slot, running, 0.7, entropy
+    return hidden, weight, slot, running, torch.tensor(0.7), entropy
 
 
 def _grad_args(rows: int, entropy: bool, dtype: torch.dtype = torch.float32):
