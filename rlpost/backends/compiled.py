@@ -103,7 +103,7 @@ class Compiled(Generic[P, R]):
         if not self.applies(*args):
             return self.fn(*args, **kwargs)
         if self._compiled is None:
-            self._compiled = torch.compile(  # type: ignore[assignment]
+            self._compiled = torch.compile(
                 self.fn, backend=self.backend, dynamic=None, fullgraph=True
             )
         assert self._compiled is not None

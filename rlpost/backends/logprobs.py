@@ -86,7 +86,7 @@ def _chunk_stats(
     weight: Tensor,
     slot: Tensor,
     running: Tensor,
-    temperature: float,
+    temperature: Tensor,
     entropy: bool,
 ) -> Tensor:
     """`running` [4, rows] float32 (max, sum exp(x - max), target x, sum exp(x - max) * x over
