@@ -5,8 +5,9 @@
 # shipped layout beside the plain PyTorch loop (--baseline, 3 timed rollouts), the torch
 # trainer (FSDP2) on the same shapes (its ratio is taken against the megatron check's plain
 # loop), qwen3-0.6b without recompute (beside the plain loop without checkpointing) and with
-# selective recompute (memory against the plan), 0.6b on samples of ragged lengths with the
-# varlen attention and with padded SDPA, qwen3-4b in the shipped layout, and a profiled 0.6b
+# selective recompute (memory against the plan), 0.6b without recompute on the padded path
+# (SDPA) instead of the varlen kernel, 0.6b on samples of ragged lengths with the varlen
+# attention and with padded SDPA, qwen3-4b in the shipped layout, and a profiled 0.6b
 # step (top kernels, and by input shapes; host reads). A summary of tokens/s, memory and ratio
 # rows ends it.
 #
@@ -94,6 +95,9 @@ for size in $SIZES; do
 done
 check "memory_${SMALL}_none" 90 $(bench "$SMALL" 2 --baseline) layout.train.recompute.granularity=none
 check "memory_${SMALL}_selective" 70 $(bench "$SMALL" 2) layout.train.recompute.granularity=selective
+# equal samples (no padding) on the padded path: SDPA against memory_0.6b_none's varlen kernel
+check "padded_${SMALL}" 70 $(bench "$SMALL" 2 --attention padded) \
+  layout.train.recompute.granularity=none
 for attention in auto padded; do  # samples of 1,024-4,096 tokens: varlen against padded SDPA
   check "ragged_${SMALL}_$attention" 70 $(bench "$SMALL" 2 --ragged --attention "$attention") \
     layout.train.recompute.granularity=none
@@ -117,9 +121,9 @@ if [ -f "$OUT/pytest_gpu.log" ]; then
 fi
 if [ -f "$OUT/kernels_${SMALL}.log" ]; then
   echo "-- kernels_${SMALL}"
-  grep -v -i warn "$OUT/kernels_${SMALL}.log" | tail -n 13
+  grep -v -i warn "$OUT/kernels_${SMALL}.log" | tail -n 15
 fi
-for log in "$OUT"/train_*.log "$OUT"/memory_*.log "$OUT"/ragged_*.log; do
+for log in "$OUT"/train_*.log "$OUT"/memory_*.log "$OUT"/padded_*.log "$OUT"/ragged_*.log; do
   [ -f "$log" ] || continue
   echo "-- $(basename "$log" .log)"
   grep -E "$ROWS" "$log" || tail -n 5 "$log"

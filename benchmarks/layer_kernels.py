@@ -1,17 +1,20 @@
 """The megatron trainer's elementwise kernels, one by one, at a model's shapes: forward and
 backward of each, eagerly and through torch.compile (rlpost.backends.compiled), beside the
-layer's matmuls and attention for scale.
+layer's matmuls and attention: the step's (the varlen kernel on CUDA), its padded path
+(gather, SDPA, scatter) and SDPA alone on contiguous [samples, heads, 4096, d] tensors.
 
     python benchmarks/layer_kernels.py --size 0.6b          # on a CUDA GPU
     python benchmarks/layer_kernels.py --size tiny          # anywhere (CPU: eager only)
 
 RMSNorm runs torch's fused ops where this torch has them; its first two rows are the path
 without them (RLPOST_FUSED_RMS_NORM=0), eager and compiled, the indented rows the fused ops.
-Per kernel: milliseconds per call (median of --repeats after a warm-up), calls per optimizer
-step (per layer x layers x micro-batches, for the shapes of benchmarks/megatron_train.py: 32
-samples x 4096 tokens in micro-batches of --tokens), and milliseconds per step, for the eager
-function and the compiled one. Calls counted per step are one forward and one backward (no
-recompute). The matmul and attention rows are the floor the elementwise work adds to.
+Per kernel: milliseconds per call (--inner calls back to back between synchronisations, as
+the host runs ahead of the GPU in a step; the median of --repeats, after a warm-up), calls per
+optimizer step (per layer x layers x micro-batches, for the shapes of
+benchmarks/megatron_train.py: 32 samples x 4096 tokens in micro-batches of --tokens), and
+milliseconds per step, for the eager function and the compiled one. Calls counted per step are
+one forward and one backward (no recompute). The total counts the step's attention, not the
+padded path or SDPA alone.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from rlpost.backends import logprobs as logprobs_module
 from rlpost.backends import rms_norm as rms_norm_module
 from rlpost.backends.logprobs import linear_logprobs
 from rlpost.backends.megatron import kernels
+from rlpost.backends.megatron.packed import attention_index
 from rlpost.backends.rms_norm import rms_norm
 
 
@@ -58,8 +62,10 @@ SHAPES = {  # conf/model/qwen3-*.yaml
 STEP_TOKENS = 32 * 4096
 
 
-def timed(run: Callable[[], object], repeats: int, on_gpu: bool) -> float:
-    """Median milliseconds of run() after two warm-up calls (the first compiles)."""
+def timed(run: Callable[[], object], repeats: int, on_gpu: bool, inner: int) -> float:
+    """Milliseconds per run(): the median over `repeats` of `inner` calls back to back between
+    two synchronisations (the host runs ahead of the GPU, as in a train step), after two
+    warm-up calls (the first compiles)."""
     for _ in range(2):
         run()
     times = []
@@ -67,10 +73,11 @@ def timed(run: Callable[[], object], repeats: int, on_gpu: bool) -> float:
         if on_gpu:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        run()
+        for _ in range(inner):
+            run()
         if on_gpu:
             torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((time.perf_counter() - start) * 1e3 / inner)
     return statistics.median(times)
 
 
@@ -105,7 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="0.6b", choices=sorted(SHAPES))
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per micro-batch")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--inner", type=int, default=10, help="calls between synchronisations")
     args = parser.parse_args()
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -126,6 +134,18 @@ def main() -> None:
     out_weight = rand(s.vocab, s.hidden) * 0.02
     targets = torch.randint(0, s.vocab, (t,), device=device)
     q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
+
+    seq = min(t, 4096)  # samples of the benchmark's length, as many as fill the micro-batch
+    lengths = [seq] * (t // seq)
+    index = attention_index(lengths, [[list(range(n)) for n in lengths]], 0).to(device)
+    scale = s.head_dim**-0.5
+
+    def packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> torch.Tensor:
+        """The step's attention over the packed samples: the varlen kernel where it applies
+        (CUDA, bf16), else, or with varlen=False, the padded path (gather, SDPA, scatter)."""
+        if varlen and kernels.varlen_applies(q, k, v, index, 0.0):
+            return kernels.varlen_attention(q, k, v, index, scale=scale)
+        return kernels.padded_attention(q, k, v, index, scale=scale)
 
     def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         with unfused_rms_norm():
@@ -160,6 +180,14 @@ def main() -> None:
              )[:, : s.ffn] @ w2.t(),
              rand(t, s.hidden), rand(q_width + 2 * kv_width, s.hidden),
              rand(s.hidden, q_width), rand(2 * s.ffn, s.hidden), rand(s.hidden, s.ffn)), False),
+        ("attention varlen (the step's)", per_layer_step,
+         forward_backward(lambda q, k, v: packed(q, k, v, True), rand(t, s.heads, s.head_dim),
+                          rand(t, s.kv_heads, s.head_dim), rand(t, s.kv_heads, s.head_dim)),
+         False),
+        ("attention padded path", per_layer_step,
+         forward_backward(lambda q, k, v: packed(q, k, v, False), rand(t, s.heads, s.head_dim),
+                          rand(t, s.kv_heads, s.head_dim), rand(t, s.kv_heads, s.head_dim)),
+         False),
         ("attention (SDPA, causal, 4096)", per_layer_step,
          forward_backward(
              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
@@ -176,9 +204,9 @@ def main() -> None:
     totals = [0.0, 0.0]
     for name, calls, run, compilable in rows:
         with compiled.eager():
-            eager_ms = timed(run, args.repeats, on_gpu)
-        fast_ms = timed(run, args.repeats, on_gpu) if compilable else eager_ms
-        if not name.startswith(" "):
+            eager_ms = timed(run, args.repeats, on_gpu, args.inner)
+        fast_ms = timed(run, args.repeats, on_gpu, args.inner) if compilable else eager_ms
+        if not name.startswith(" ") and not name.startswith("attention ("):
             totals[0] += eager_ms * calls
             totals[1] += fast_ms * calls
         print(f"{name:32} {calls:>10} {eager_ms:>9.3f} {fast_ms:>9.3f} "
