@@ -19,6 +19,9 @@ instead of a float32 copy of the activations and a cast back:
   (megatron-core's unfused path also keeps silu(gate), a third tensor of the MLP's width).
 - `fuse_adam`: torch's fused AdamW kernel for the optimizer megatron-core builds without
   TransformerEngine or Apex (one kernel per step instead of a dozen per parameter).
+RoPE and SwiGLU are autograd functions whose forward and backward arithmetic is compiled on
+CUDA (rlpost.backends.compiled: a Triton kernel or two each, instead of one kernel per
+operation) and eager elsewhere; RoPE keeps nothing for backward but the micro-batch's table.
 """
 
 from __future__ import annotations
