@@ -1,7 +1,8 @@
 """The megatron trainer's elementwise kernels, one by one, at a model's shapes: forward and
 backward of each, eagerly and through torch.compile (rlpost.backends.compiled), beside the
 layer's matmuls and attention: the step's (the varlen kernel on CUDA), its padded path
-(gather, SDPA, scatter) and SDPA alone on contiguous [samples, heads, 4096, d] tensors.
+(gather, SDPA, scatter; cuDNN's attention first on Hopper) and SDPA alone on contiguous
+[samples, heads, 4096, d] tensors, in SDPA's own order and with cuDNN first.
 
     python benchmarks/layer_kernels.py --size 0.6b          # on a CUDA GPU
     python benchmarks/layer_kernels.py --size tiny          # anywhere (CPU: eager only)
@@ -147,6 +148,15 @@ def main() -> None:
             return kernels.varlen_attention(q, k, v, index, scale=scale)
         return kernels.padded_attention(q, k, v, index, scale=scale)
 
+    def sdpa_cudnn_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """SDPA alone with cuDNN's attention tried first (what the padded path asks for on
+        Hopper, kernels.CUDNN_FIRST_CAPABILITIES; SDPA's own order elsewhere)."""
+        from torch.nn.attention import sdpa_kernel
+
+        preference = kernels.sdpa_preference()
+        with sdpa_kernel(preference, set_priority=True) if preference else contextlib.nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
     def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         with unfused_rms_norm():
             return rms_norm(x, w, 1e-6)
@@ -192,6 +202,12 @@ def main() -> None:
          forward_backward(
              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                             enable_gqa=True),
+             rand(t // 4096 or 1, s.heads, min(t, 4096), s.head_dim),
+             rand(t // 4096 or 1, s.kv_heads, min(t, 4096), s.head_dim),
+             rand(t // 4096 or 1, s.kv_heads, min(t, 4096), s.head_dim)), False),
+        ("  SDPA alone, cuDNN first", per_layer_step,
+         forward_backward(
+             sdpa_cudnn_first,
              rand(t // 4096 or 1, s.heads, min(t, 4096), s.head_dim),
              rand(t // 4096 or 1, s.kv_heads, min(t, 4096), s.head_dim),
              rand(t // 4096 or 1, s.kv_heads, min(t, 4096), s.head_dim)), False),

@@ -4,6 +4,7 @@ varlen kernel against the padded path in bf16 (forward and the q, k, v gradients
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable
@@ -117,3 +118,25 @@ def test_varlen_matches_the_padded_path_on_cuda_in_bf16() -> None:
         fast_err, slow_err = float((fast - ref).abs().max()), float((slow - ref).abs().max())
         assert fast_err <= 2 * slow_err + 1e-2 * top, (name, fast_err, slow_err, top)
         torch.testing.assert_close(fast, slow, atol=4e-2 * top, rtol=0, msg=name)
+
+
+def test_sdpa_preference_puts_cudnn_first_and_keeps_only_enabled_backends() -> None:
+    """The padded path's backend order on Hopper: cuDNN, then SDPA's own order, without the
+    backends switched off globally; SDPA accepts it as a priority (here on CPU, where it changes
+    nothing) and the padded path on CPU tensors takes no preference at all."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    everything = kernels.sdpa_preference()
+    assert everything == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                          SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # fmt: skip
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        assert SDPBackend.FLASH_ATTENTION not in kernels.sdpa_preference()
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+    q, k, v = (torch.randn(2, HEADS, 16, HEAD_DIM) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel(everything, set_priority=True):
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, want)
+    assert isinstance(kernels._sdpa_backends(q), contextlib.nullcontext)
