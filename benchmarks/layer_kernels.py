@@ -41,6 +41,9 @@ from rlpost.backends.logprobs import linear_logprobs
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.packed import attention_index
 from rlpost.backends.rms_norm import rms_norm
+from rlpost.config.loader import compose_run_config
+
+MODELS = {"tiny": "qwen3-tiny", "0.6b": "qwen3-0.6b", "1.7b": "qwen3-1.7b", "4b": "qwen3-4b"}
 
 
 @dataclass(frozen=True)
@@ -52,14 +55,18 @@ class Shape:
     head_dim: int
     layers: int
     vocab: int
+    rotary_base: float
+    eps: float
+
+    @classmethod
+    def of(cls, size: str) -> Shape:
+        """The shape of conf/model/<MODELS[size]>.yaml."""
+        m = compose_run_config([f"model={MODELS[size]}"])[0].model
+        heads, groups = m.num_attention_heads, m.num_query_groups
+        return cls(m.hidden_size, m.ffn_hidden_size, heads, groups, m.head_dim, m.num_layers,
+                   m.vocab_size, m.rotary_base, m.norm_epsilon)  # fmt: skip
 
 
-SHAPES = {  # conf/model/qwen3-*.yaml
-    "tiny": Shape(64, 128, 4, 2, 16, 2, 1000),
-    "0.6b": Shape(1024, 3072, 16, 8, 128, 28, 151936),
-    "1.7b": Shape(2048, 6144, 16, 8, 128, 28, 151936),
-    "4b": Shape(2560, 9728, 32, 8, 128, 36, 151936),
-}
 STEP_TOKENS = 32 * 4096
 
 
@@ -111,7 +118,7 @@ def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", default="0.6b", choices=sorted(SHAPES))
+    parser.add_argument("--size", default="0.6b", choices=sorted(MODELS))
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per micro-batch")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--inner", type=int, default=10, help="calls between synchronisations")
@@ -119,7 +126,7 @@ def main() -> None:
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    s, t = SHAPES[args.size], args.tokens if on_gpu or args.size != "tiny" else 512
+    s, t = Shape.of(args.size), args.tokens if on_gpu or args.size != "tiny" else 512
     micro_batches = max(1, STEP_TOKENS // t)
     per_layer_step = s.layers * micro_batches
 
@@ -128,7 +135,7 @@ def main() -> None:
 
     positions = torch.arange(t, device=device) % 4096
     table = kernels.rope_table(
-        positions, kernels.inverse_frequencies(s.head_dim, 1.0, 1e6), False, dtype
+        positions, kernels.inverse_frequencies(s.head_dim, 1.0, s.rotary_base), False, dtype
     )
     weight = 1 + 0.1 * rand(s.hidden)
     head_weight = 1 + 0.1 * rand(s.head_dim)
@@ -159,7 +166,7 @@ def main() -> None:
 
     def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         with unfused_rms_norm():
-            return rms_norm(x, w, 1e-6)
+            return rms_norm(x, w, s.eps)
 
     # name, calls per step, run, compiled (else the same run twice); the "torch fused ops" rows
     # are the alternative to the two rms_norm rows above them, not counted in the totals
@@ -169,9 +176,9 @@ def main() -> None:
         ("rms_norm q+k heads", 2 * per_layer_step,
          forward_backward(norm, rand(t, s.heads, s.head_dim), head_weight), True),
         ("  [t, h], torch fused ops", 2 * per_layer_step,
-         forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.hidden), weight), False),
+         forward_backward(lambda x, w: rms_norm(x, w, s.eps), rand(t, s.hidden), weight), False),
         ("  heads, torch fused ops", 2 * per_layer_step,
-         forward_backward(lambda x, w: rms_norm(x, w, 1e-6), rand(t, s.heads, s.head_dim),
+         forward_backward(lambda x, w: rms_norm(x, w, s.eps), rand(t, s.heads, s.head_dim),
                           head_weight), False),
         ("rope q", per_layer_step,
          forward_backward(lambda x: kernels.apply_rope(x, table, False),

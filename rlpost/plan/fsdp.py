@@ -22,8 +22,9 @@ What a GPU holds besides its shards, during the training step's forward and back
   checkpointed layer's input plus one layer's under full recompute (activation checkpointing
   per decoder layer); MoE and multi-latent attention layers with megatron-core's terms
   (rlpost.plan.memory.layer_activation_bytes);
-- the log-prob kernel's hidden states, float32 chunks of logits and the output weight's
-  float32 gradient (rlpost.plan.memory.logprob_kernel_bytes): the logits are never whole.
+- the log-prob kernel's hidden states, float32 chunks of logits, the output weight's gradient
+  and the hidden states' float32 gradient (rlpost.plan.memory.logprob_kernel_bytes): the
+  logits are never whole.
 
 The torch trainer has no tensor, pipeline, context or expert parallelism: an MoE model's
 experts are all in every gathered layer. MTP layers are not built (it trains the main model).

@@ -22,9 +22,10 @@ MLP terms, sequence parallelism the norms' too. Selective recompute (core attent
 recompute keeps each layer's input and rebuilds one group of layers at a time. Pipeline stage
 i of p holds p - i micro-batches in flight under 1F1B (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", section 4.2.3). The output side is the
-log-prob kernel's: the hidden states, three float32 chunks of logits and the output weight's
-float32 gradient, never the [tokens x vocab] logits. Padded attention rows are taken as the
-tokens: samples of very different lengths in one micro-batch pad to the longest.
+log-prob kernel's: the hidden states, three float32 chunks of logits, the output weight's
+gradient and the hidden states' float32 gradient, never the [tokens x vocab] logits. Padded
+attention rows are taken as the tokens: samples of very different lengths in one micro-batch
+pad to the longest.
 
 On GPUs the megatron trainer's attention runs torch's varlen flash kernel instead of padded
 SDPA wherever it applies (`varlen_attention`, rlpost.backends.megatron.kernels.varlen_applies),

@@ -66,40 +66,27 @@ def rope_table(
     return RopeTable(angles.cos().to(dtype), angles.sin().to(dtype))
 
 
-def _rotate_half(x: Tensor, interleaved: bool) -> Tensor:
+def _rotate_half(x: Tensor, interleaved: bool, transposed: bool = False) -> Tensor:
+    """Each rotary pair (a, b) -> (-b, a); `transposed`: (b, -a), a rotation the other way."""
     if not interleaved:
         x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
+        return torch.cat((x2, -x1) if transposed else (-x2, x1), dim=-1)
     pairs = x.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-
-
-def _rotate_half_transposed(x: Tensor, interleaved: bool) -> Tensor:
-    """The transpose of `_rotate_half` (a rotation by -90 degrees in each pair)."""
-    if not interleaved:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x2, -x1), dim=-1)
-    pairs = x.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]
-    return torch.stack((pairs[..., 1], -pairs[..., 0]), dim=-1).flatten(-2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((b, -a) if transposed else (-b, a), dim=-1).flatten(-2)
 
 
 @compiled
-def _rope_forward(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, transposed: bool) -> Tensor:
+    """x cos + R x sin over the rotary dims, the rest passed through. With `transposed`, R^T:
+    the backward, grad cos + R^T grad sin (R^T (grad sin) is that, as a pair's two angles are
+    the same: `rope_table`)."""
     rot = cos.shape[-1]
     if rot == x.shape[-1]:
-        return x * cos + _rotate_half(x, interleaved) * sin
+        return x * cos + _rotate_half(x, interleaved, transposed) * sin
     head, tail = x[..., :rot], x[..., rot:]
-    return torch.cat((head * cos + _rotate_half(head, interleaved) * sin, tail), dim=-1)
-
-
-@compiled
-def _rope_backward(grad: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """d(x cos + R x sin)/dx applied to grad: grad cos + R^T (grad sin)."""
-    rot = cos.shape[-1]
-    if rot == grad.shape[-1]:
-        return grad * cos + _rotate_half_transposed(grad * sin, interleaved)
-    head, tail = grad[..., :rot], grad[..., rot:]
-    return torch.cat((head * cos + _rotate_half_transposed(head * sin, interleaved), tail), -1)
+    rotated = head * cos + _rotate_half(head, interleaved, transposed) * sin
+    return torch.cat((rotated, tail), dim=-1)
 
 
 class _Rope(torch.autograd.Function):
@@ -109,12 +96,12 @@ class _Rope(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.interleaved = interleaved
-        return _rope_forward(x, cos, sin, interleaved)
+        return _rope(x, cos, sin, interleaved, False)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         cos, sin = ctx.saved_tensors
-        return _rope_backward(grad, cos, sin, ctx.interleaved), None, None, None
+        return _rope(grad, cos, sin, ctx.interleaved, True), None, None, None
 
 
 def apply_rope(x: Tensor, rope: RopeTable, interleaved: bool) -> Tensor:

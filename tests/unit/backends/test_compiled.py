@@ -46,12 +46,12 @@ def _grad_args(rows: int, entropy: bool, dtype: torch.dtype = torch.float32):
 
 
 CASES: dict[str, tuple[Compiled[..., Any], Callable[..., tuple[Any, ...]]]] = {
-    "rope_forward": (kernels._rope_forward, lambda t: _rope_args(t, False)),
-    "rope_forward_interleaved": (kernels._rope_forward, lambda t: _rope_args(t, True)),
-    "rope_forward_partial": (kernels._rope_forward, lambda t: _rope_args(t, False, rot=4)),
-    "rope_backward": (kernels._rope_backward, lambda t: _rope_args(t, False)),
+    "rope_forward": (kernels._rope, lambda t: (*_rope_args(t, False), False)),
+    "rope_forward_interleaved": (kernels._rope, lambda t: (*_rope_args(t, True), False)),
+    "rope_forward_partial": (kernels._rope, lambda t: (*_rope_args(t, False, rot=4), False)),
+    "rope_backward": (kernels._rope, lambda t: (*_rope_args(t, False), True)),
     "rope_backward_interleaved_partial": (
-        kernels._rope_backward, lambda t: _rope_args(t, True, rot=4)
+        kernels._rope, lambda t: (*_rope_args(t, True, rot=4), True)
     ),
     "swiglu_forward": (kernels._swiglu_forward, lambda t: (torch.randn(t, 10),)),
     "swiglu_backward": (
