@@ -79,7 +79,7 @@ class Compiled(Generic[P, R]):
     micro-batch, and a recompile per count would cost more than the kernels save); the other
     dimensions (heads, head size, FFN width, a vocabulary chunk) stay static, which lets Inductor
     index and vectorise as for fixed shapes (with every dimension symbolic, a SwiGLU backward
-    ran at a quarter of the memory bandwidth)."""
+    ran at a fifth of the memory bandwidth)."""
 
     def __init__(
         self,
@@ -113,12 +113,12 @@ class Compiled(Generic[P, R]):
         try:
             return self._compiled(*args, **kwargs)
         except Exception as error:  # a compiler that fails here must not stop training
-            if self.failed is None:
-                log.warning(
-                    "torch.compile failed for %s, which runs eagerly from now on (%s: %s); "
-                    "RLPOST_COMPILE=0 skips compiling", self.fn.__qualname__,
-                    type(error).__name__, str(error).splitlines()[0] if str(error) else "",
-                )  # fmt: skip
+            # the first failure is the last: applies() sends every later call to `fn`
+            log.warning(
+                "torch.compile failed for %s, which runs eagerly from now on (%s: %s); "
+                "RLPOST_COMPILE=0 skips compiling", self.fn.__qualname__,
+                type(error).__name__, str(error).splitlines()[0] if str(error) else "",
+            )  # fmt: skip
             self.failed = error
             return self.fn(*args, **kwargs)
 
