@@ -4,7 +4,8 @@
 # benchmarks/megatron_train.py on qwen3-0.6b and qwen3-1.7b with the megatron trainer in the
 # shipped layout beside the plain PyTorch loop (--baseline, 3 timed rollouts), the torch
 # trainer (FSDP2) on the same shapes (its ratio is taken against the megatron check's plain
-# loop), qwen3-0.6b without recompute (beside the plain loop without checkpointing) and with
+# loop), the torch trainer on 0.6b with SDPA's own backend order instead of cuDNN's attention
+# first, qwen3-0.6b without recompute (beside the plain loop without checkpointing) and with
 # selective recompute (memory against the plan), 0.6b without recompute on the padded path
 # (SDPA) instead of the varlen kernel, 0.6b on samples of ragged lengths with the varlen
 # attention and with padded SDPA, qwen3-4b in the shipped layout, and a profiled 0.6b
@@ -93,6 +94,9 @@ done
 for size in $SIZES; do
   check "train_${size}_torch" 120 $(bench "$size" 3) trainer.backend=torch
 done
+# the torch trainer's attention in SDPA's own order (train_0.6b_torch asks for cuDNN's first)
+check "torch_${SMALL}_sdpa_order" 90 env RLPOST_CUDNN_ATTENTION=0 $(bench "$SMALL" 2) \
+  trainer.backend=torch
 check "memory_${SMALL}_none" 90 $(bench "$SMALL" 2 --baseline) layout.train.recompute.granularity=none
 check "memory_${SMALL}_selective" 70 $(bench "$SMALL" 2) layout.train.recompute.granularity=selective
 # equal samples (no padding) on the padded path: SDPA against memory_0.6b_none's varlen kernel

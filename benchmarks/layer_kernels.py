@@ -2,7 +2,10 @@
 backward of each, eagerly and through torch.compile (rlpost.backends.compiled), beside the
 layer's matmuls and attention: the step's (the varlen kernel on CUDA), its padded path
 (gather, SDPA, scatter; cuDNN's attention first on Hopper) and SDPA alone on contiguous
-[samples, heads, 4096, d] tensors, in SDPA's own order and with cuDNN first.
+[samples, heads, 4096, d] tensors, in SDPA's own order and with cuDNN first. The torch
+trainer's transformers layers run the same RoPE and SwiGLU arithmetic on CUDA
+(rlpost.backends.torch_trainer.kernels); indented rows time what transformers computes for
+them itself, and the two-projection SwiGLU those layers call.
 
     python benchmarks/layer_kernels.py --size 0.6b          # on a CUDA GPU
     python benchmarks/layer_kernels.py --size tiny          # anywhere (CPU: eager only)
@@ -34,7 +37,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlpost.backends import compiled
+from transformers.models.qwen3 import modeling_qwen3
+
+from rlpost.backends import compiled, rope, sdpa, swiglu
 from rlpost.backends import logprobs as logprobs_module
 from rlpost.backends import rms_norm as rms_norm_module
 from rlpost.backends.logprobs import linear_logprobs
@@ -157,12 +162,19 @@ def main() -> None:
 
     def sdpa_cudnn_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """SDPA alone with cuDNN's attention tried first (what the padded path asks for on
-        Hopper, kernels.CUDNN_FIRST_CAPABILITIES; SDPA's own order elsewhere)."""
+        Hopper, sdpa.CUDNN_FIRST_CAPABILITIES; SDPA's own order elsewhere)."""
         from torch.nn.attention import sdpa_kernel
 
-        preference = kernels.sdpa_preference()
+        preference = sdpa.sdpa_preference()
         with sdpa_kernel(preference, set_priority=True) if preference else contextlib.nullcontext():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    hf_table = (table.cos.transpose(0, 1), table.sin.transpose(0, 1))  # [1, t, d]
+
+    def hf_rope(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """transformers' own rotary function (Qwen3's) on [1, heads, t, d], q and k."""
+        q2, k2 = modeling_qwen3.apply_rotary_pos_emb(q, k, *hf_table)
+        return torch.cat((q2, k2), dim=1)
 
     def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         with unfused_rms_norm():
@@ -186,7 +198,14 @@ def main() -> None:
         ("rope k", per_layer_step,
          forward_backward(lambda x: kernels.apply_rope(x, table, False),
                           rand(t, s.kv_heads, s.head_dim)), True),
+        ("  rope q+k, transformers' eager", per_layer_step,
+         forward_backward(hf_rope, rand(1, s.heads, t, s.head_dim),
+                          rand(1, s.kv_heads, t, s.head_dim)), False),
         ("swiglu", per_layer_step, forward_backward(kernels.swiglu, rand(t, 2 * s.ffn)), True),
+        ("  swiglu, two projections", per_layer_step,
+         forward_backward(swiglu.swiglu_pair, rand(t, s.ffn), rand(t, s.ffn)), True),
+        ("  swiglu, transformers' eager", per_layer_step,
+         forward_backward(lambda g, u: F.silu(g) * u, rand(t, s.ffn), rand(t, s.ffn)), False),
         ("logprobs (output layer)", micro_batches,
          forward_backward(lambda h, w: linear_logprobs(h, w, targets, s.vocab).logp,
                           rand(t, s.hidden), out_weight), True),
@@ -234,7 +253,7 @@ def main() -> None:
             totals[1] += fast_ms * calls
         print(f"{name:32} {calls:>10} {eager_ms:>9.3f} {fast_ms:>9.3f} "
               f"{eager_ms * calls:>14.1f} {fast_ms * calls:>9.1f}")  # fmt: skip
-    modules = (kernels, rms_norm_module, logprobs_module)
+    modules = (rope, swiglu, rms_norm_module, logprobs_module)
     failed = [f.__qualname__ for m in modules for f in compiled.compiled_functions(m)
               if f.failed is not None]  # fmt: skip
     print(f"{'total (rms_norm unfused)':32} {'':>10} {'':>9} {'':>9} {totals[0]:>14.1f} "

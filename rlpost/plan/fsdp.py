@@ -66,7 +66,7 @@ GATHERED_LAYERS = 2
 FSDP_NOTE = (
     "trainer torch on GPUs (FSDP2 over {shards} ranks): the memory counts its float32 shards, "
     "the gathered root and two layers, and activations as transformers' Llama-style layers "
-    "keep them with RMSNorm on torch's fused kernels (an architecture with other norms or "
+    "keep them with rlpost's RMSNorm and SwiGLU kernels (an architecture with other norms or "
     "MLPs may keep more); the step time "
     "assumes megatron's measured MFU, which this trainer's measured step followed within "
     "3-12% on one GPU, and FSDP2's all-gathers and reduce-scatters not "
@@ -144,13 +144,15 @@ def gathered_bytes(model: ModelConfig) -> float:
 
 
 def torch_layer_activation_bytes(
-    model: ModelConfig, index: int, tokens: int, par: ParallelLayout, fused_norms: bool = True
+    model: ModelConfig, index: int, tokens: int, par: ParallelLayout, fused: bool = True
 ) -> float:
     """Bytes decoder layer `index` of a transformers model keeps for backward over `tokens`
     tokens under this trainer, in the compute dtype (c bytes; bf16 on GPUs), counted tensor by
     tensor for a Llama-style layer (Llama, Mistral, Qwen2/3, GLM-4):
-    - each RMSNorm keeps its input and the float32 1/rms of each row when it runs fused
-      (`fused_norms`: rlpost.backends.rms_norm.fuse_rms_norms, what the trainer does on CUDA);
+    - `fused`: the layer runs rlpost's kernels, as the trainer does on CUDA
+      (rlpost.backends.torch_trainer.kernels.fuse_kernels); else transformers' own modules, as
+      on CPU;
+    - each RMSNorm keeps its input and the float32 1/rms of each row when it runs fused;
       as transformers computes it (on CPU) it keeps its input's float32 copy (4 bytes an
       element, the input itself when it is float32 already), the 1/rms and the normed row back
       in the compute dtype; the two layer norms' outputs are the projections' inputs (c each);
@@ -161,7 +163,8 @@ def torch_layer_activation_bytes(
       one padded batch of samples, which SDPA keeps with its output and float32 log-sum-exp
       per head; the output projection keeps its input;
     - a gated MLP keeps the gate, its activation, the up projection and their product (4 c f);
-      an ungated one its input and activation (2 c f).
+      fused, a SwiGLU MLP keeps the gate, the up projection and their product (3 c f: the
+      activation is recomputed in backward); an ungated one its input and activation (2 c f).
     Samples padded to the longest in a micro-batch are not counted (as in megatron's term).
     MoE and multi-latent attention layers are counted with megatron-core's terms
     (rlpost.plan.memory.layer_activation_bytes), which transformers' may not match."""
@@ -174,14 +177,15 @@ def torch_layer_activation_bytes(
 
     def norm(width: int, rows: int) -> float:  # per token: the input (or its float32 copy
         # and the normed row), each row's 1/rms
-        return (c * width if fused_norms else 4.0 * width + c * width) + 4.0 * rows
+        return (c * width if fused else 4.0 * width + c * width) + 4.0 * rows
 
     post_norms = int(model.post_self_attn_layernorm) + int(model.post_mlp_layernorm)
     per_token = 2 * (norm(h, 1) + c * h) + post_norms * norm(h, 1)
     if model.qk_layernorm:
         per_token += norm(a, heads) + norm(g, groups)
     per_token += c * (2 * a + 2 * g) + 4.0 * heads + c * a  # Q K V, output, lse; o_proj in
-    per_token += (4 if model.activation in ("swiglu", "geglu") else 2) * c * f
+    gated = model.activation in ("swiglu", "geglu")
+    per_token += (3 if fused and model.activation == "swiglu" else 4 if gated else 2) * c * f
     return tokens * per_token
 
 
@@ -191,7 +195,7 @@ def torch_activation_bytes(model: ModelConfig, tokens: int, par: ParallelLayout)
     first recompute_num_layers with method `block`) a checkpointed layer keeps its input, and
     the backward recomputes one checkpointed layer at a time."""
     each = [torch_layer_activation_bytes(model, i, tokens, par) for i in range(model.num_layers)]
-    # on GPUs the trainer runs fused norms (the default of torch_layer_activation_bytes)
+    # on GPUs the trainer runs rlpost's kernels (the default of torch_layer_activation_bytes)
     if par.recompute == "none":
         return sum(each)
     checkpointed = model.num_layers

@@ -6,7 +6,8 @@ instead of a float32 copy of the activations and a cast back:
   RMSNorm forward and backward kernels, elsewhere `F.rms_norm`'s forward keeping only the
   input and a float32 backward.
 - `apply_rope`: rotary embeddings from a per-micro-batch cos/sin table (`rope_table`) in the
-  compute dtype: two multiplies and an add per layer, no trigonometry, no host reads.
+  compute dtype (rlpost.backends.rope, shared with the torch trainer): no trigonometry per
+  layer, no host reads.
 - `packed_mla_rope`: megatron-core's multi-latent attention applies its own RoPE and, for a
   packed batch, splits it by sample with `cu_seqlens.tolist()` and `.item()` on the host for q
   and k in every layer. This one takes each token's position from the micro-batch (attached to
@@ -15,8 +16,9 @@ instead of a float32 copy of the activations and a cast back:
   varlen kernel applies (CUDA, bf16/fp16, no CP, no dropout) it runs on the THD tensors as they
   are, its work and memory proportional to the real tokens; elsewhere SDPA over the samples as
   one padded batch (`[S, W]`, the longest sample's width), which the CPU tests run.
-- `swiglu`: silu(gate) * up as one autograd function that keeps only its input for backward
-  (megatron-core's unfused path also keeps silu(gate), a third tensor of the MLP's width).
+- `swiglu` (rlpost.backends.swiglu, shared with the torch trainer): silu(gate) * up as one
+  autograd function that keeps only its input for backward (megatron-core's unfused path also
+  keeps silu(gate), a third tensor of the MLP's width).
 - `fuse_adam`: torch's fused AdamW kernel for the optimizer megatron-core builds without
   TransformerEngine or Apex (one kernel per step instead of a dozen per parameter).
 RoPE and SwiGLU are autograd functions whose forward and backward arithmetic is compiled on
@@ -26,9 +28,7 @@ operation) and eager elsewhere; RoPE keeps nothing for backward but the micro-ba
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -36,9 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlpost.backends.compiled import compiled
+from rlpost.backends import rope as rotary
 from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
 from rlpost.backends.rms_norm import rms_norm
+from rlpost.backends.sdpa import preferred_backends
+from rlpost.backends.swiglu import swiglu
 
 __all__ = ["fuse_adam", "packed_attention", "rms_norm", "swiglu"]
 
@@ -66,48 +68,10 @@ def rope_table(
     return RopeTable(angles.cos().to(dtype), angles.sin().to(dtype))
 
 
-def _rotate_half(x: Tensor, interleaved: bool, transposed: bool = False) -> Tensor:
-    """Each rotary pair (a, b) -> (-b, a); `transposed`: (b, -a), a rotation the other way."""
-    if not interleaved:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x2, -x1) if transposed else (-x2, x1), dim=-1)
-    pairs = x.unflatten(-1, (-1, 2))  # type: ignore[no-untyped-call]
-    a, b = pairs[..., 0], pairs[..., 1]
-    return torch.stack((b, -a) if transposed else (-b, a), dim=-1).flatten(-2)
-
-
-@compiled
-def _rope(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, transposed: bool) -> Tensor:
-    """x cos + R x sin over the rotary dims, the rest passed through. With `transposed`, R^T:
-    the backward, grad cos + R^T grad sin (R^T (grad sin) is that, as a pair's two angles are
-    the same: `rope_table`)."""
-    rot = cos.shape[-1]
-    if rot == x.shape[-1]:
-        return x * cos + _rotate_half(x, interleaved, transposed) * sin
-    head, tail = x[..., :rot], x[..., rot:]
-    rotated = head * cos + _rotate_half(head, interleaved, transposed) * sin
-    return torch.cat((rotated, tail), dim=-1)
-
-
-class _Rope(torch.autograd.Function):
-    """Keeps nothing but the micro-batch's cos/sin table, which every layer shares."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
-        return _rope(x, cos, sin, interleaved, False)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        cos, sin = ctx.saved_tensors
-        return _rope(grad, cos, sin, ctx.interleaved, True), None, None, None
-
-
 def apply_rope(x: Tensor, rope: RopeTable, interleaved: bool) -> Tensor:
     """x [t, heads, d] rotated by each token's angles; the dims past the rotary part (partial
     rotary, GLM-4) pass through."""
-    return cast(Tensor, _Rope.apply(x, rope.cos, rope.sin, interleaved))  # type: ignore[no-untyped-call]
+    return rotary.rope(x, rope.cos, rope.sin, interleaved)
 
 
 # ---- RoPE inside multi-latent attention ---------------------------------------------------------
@@ -265,46 +229,6 @@ def varlen_attention(
     return cast(Tensor, out).flatten(1)
 
 
-CUDNN_FIRST_CAPABILITIES = frozenset({(9, 0)})
-"""GPUs on which the padded path asks SDPA for cuDNN's attention before flash attention's:
-Hopper, where cuDNN's kernels train 1.7-2.3x faster for training shapes, and not elsewhere
-(slower on Ampere and Blackwell by the same published measurements). A preference, not a
-restriction: a call cuDNN cannot serve goes to the next backend, as SDPA chooses by default.
-RLPOST_CUDNN_ATTENTION=0 leaves SDPA's own order."""
-CUDNN_ATTENTION_ENV = "RLPOST_CUDNN_ATTENTION"
-
-
-def sdpa_preference() -> list[Any]:
-    """SDPA's backends with cuDNN first, then its default order, each only if it is enabled
-    (torch.backends.cuda's switches); [] where this torch cannot set a priority."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if "set_priority" not in inspect.signature(sdpa_kernel).parameters:
-        return []
-    cuda: Any = torch.backends.cuda  # its switch functions are untyped
-    order = [
-        (SDPBackend.CUDNN_ATTENTION, cuda.cudnn_sdp_enabled),
-        (SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled),
-        (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled),
-        (SDPBackend.MATH, cuda.math_sdp_enabled),
-    ]
-    return [backend for backend, enabled in order if enabled()]
-
-
-def _sdpa_backends(query: Tensor) -> contextlib.AbstractContextManager[Any]:
-    """cuDNN first for this call where CUDNN_FIRST_CAPABILITIES holds the query's GPU."""
-    if not query.is_cuda or os.environ.get(CUDNN_ATTENTION_ENV, "1") == "0":
-        return contextlib.nullcontext()
-    if torch.cuda.get_device_capability(query.device) not in CUDNN_FIRST_CAPABILITIES:
-        return contextlib.nullcontext()
-    backends = sdpa_preference()
-    if not backends:
-        return contextlib.nullcontext()
-    from torch.nn.attention import sdpa_kernel
-
-    return cast(contextlib.AbstractContextManager[Any], sdpa_kernel(backends, set_priority=True))
-
-
 def padded_attention(
     query: Tensor,
     key: Tensor,
@@ -317,9 +241,9 @@ def padded_attention(
     """SDPA over the samples as one padded batch: gather each sample's rows into [S, hq, W, d]
     (`index.rows`, `index.keys` under CP), attend, and put each real row back
     (`index.slots`). Runs on any device and dtype, with dropout and the CP mask; on Hopper
-    SDPA tries cuDNN's attention first (CUDNN_FIRST_CAPABILITIES)."""
+    SDPA tries cuDNN's attention first (rlpost.backends.sdpa)."""
     k_rows = index.rows if index.keys is None else index.keys
-    with _sdpa_backends(query):
+    with preferred_backends(query):
         out = F.scaled_dot_product_attention(
             query[index.rows].transpose(1, 2),  # [S, np, W, d]
             key[k_rows].transpose(1, 2),
@@ -337,38 +261,6 @@ def padded_attention(
 
 
 # ---- SwiGLU -----------------------------------------------------------------------------------
-
-
-@compiled
-def _swiglu_forward(x: Tensor) -> Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-@compiled
-def _swiglu_backward(grad: Tensor, x: Tensor) -> Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    # silu's own backward kernel: grad * sig * (1 + gate * (1 - sig)) in one pass, in
-    # float32 inside the kernel (five kernels eagerly; ten as separate multiplies)
-    d_gate = torch.ops.aten.silu_backward(grad * up, gate)
-    return torch.cat((d_gate, grad * F.silu(gate)), dim=-1)
-
-
-class _SwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return _swiglu_forward(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        return _swiglu_backward(grad, x)
-
-
-def swiglu(x: Tensor) -> Tensor:
-    """[..., 2f] (gate then up, megatron-core's fc1 layout) -> silu(gate) * up [..., f]."""
-    return cast(Tensor, _SwiGLU.apply(x))  # type: ignore[no-untyped-call]
 
 
 class SwiGLU(nn.Module):

@@ -4,7 +4,8 @@ transformers' own packed path (sdpa/eager plus a block-diagonal mask derived fro
 position_ids) is exact but dense: a row of T tokens costs T^2 attention whatever the sample
 lengths, which on CPU dominates a step (64 samples of 40 tokens: 2560^2 versus 64 x 40^2).
 Here the row is regathered into one padded batch with a sample per entry, each entry the
-sample's own row positions in order, and run through a single causal sdpa call. The
+sample's own row positions in order, and run through a single causal sdpa call (on Hopper
+asking for cuDNN's attention first, as the megatron trainer's padded path does). The
 positions need not be contiguous: a prompt shared by several samples (forward.py) sits once
 in the row and is gathered into each of them. Right padding is harmless under a causal mask:
 a real query never sees a later (padded) key. On the way back each row position is taken
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from rlpost.backends.sdpa import preferred_backends
 
 PACKED_SDPA = "rlpost_packed_sdpa"
 ROWS_KWARG = "rlpost_sample_rows"  # passed through the model's forward to the attention
@@ -68,15 +71,16 @@ def packed_sdpa_attention(
     def gather(x: Tensor) -> Tensor:  # [1, H, T, D] -> [S, H, L, D]
         return x[0][:, rows.index].transpose(0, 1)
 
-    out = F.scaled_dot_product_attention(
-        gather(query),
-        gather(key),
-        gather(value),
-        dropout_p=dropout,
-        is_causal=True,
-        scale=scaling,
-        enable_gqa=key.shape[1] != query.shape[1],
-    )
+    with preferred_backends(query):  # cuDNN's attention first on Hopper (rlpost.backends.sdpa)
+        out = F.scaled_dot_product_attention(
+            gather(query),
+            gather(key),
+            gather(value),
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=key.shape[1] != query.shape[1],
+        )
     # [S, H, L, D] -> [S * L, H, D] -> each row position from its owner -> [1, T, H, D]
     return out.transpose(1, 2).flatten(0, 1)[rows.owner].unsqueeze(0), None
 

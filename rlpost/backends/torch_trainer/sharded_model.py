@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
-from rlpost.backends import rms_norm as norms
+from rlpost.backends.torch_trainer import kernels
 from rlpost.backends.torch_trainer.distributed import (
     DataParallel,
     broadcast_buffers,
@@ -54,14 +54,13 @@ def load_sharded_lm(
 ) -> TokenForward:
     """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
     `per_layer`), each decoder layer checkpointed as `layout.recompute` says (None: none);
-    `frozen`: no gradients (a reference model). On a device with fused RMSNorm kernels (CUDA)
-    its standard RMSNorm modules run them (rlpost.backends.rms_norm.fuse_rms_norms). The HF
-    model is the result's `lm`.
+    `frozen`: no gradients (a reference model). On CUDA its standard RMSNorm, MLP and rotary
+    embedding run rlpost's kernels (torch_trainer.kernels.fuse_kernels). The HF model is the
+    result's `lm`.
     Collective."""
     reads = dp.rank == 0
     model = (load_causal_lm if reads else build_causal_lm)(model_dir, attn_implementation)
-    if mesh.device_type in norms.FUSED_RMS_NORM_DEVICES:  # CUDA: fused forward and backward
-        norms.fuse_rms_norms(model)
+    kernels.fuse_kernels(model, mesh.device_type)  # CUDA: norms, MLPs and RoPE fused
     if frozen:
         freeze(model)
     if layout is not None:

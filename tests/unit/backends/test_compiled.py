@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlpost.backends import compiled, logprobs, rms_norm
+from rlpost.backends import compiled, logprobs, rms_norm, rope, swiglu
 from rlpost.backends.compiled import Compiled, compile_devices
 from rlpost.backends.megatron import kernels
 
@@ -46,16 +46,20 @@ def _grad_args(rows: int, entropy: bool, dtype: torch.dtype = torch.float32):
 
 
 CASES: dict[str, tuple[Compiled[..., Any], Callable[..., tuple[Any, ...]]]] = {
-    "rope_forward": (kernels._rope, lambda t: (*_rope_args(t, False), False)),
-    "rope_forward_interleaved": (kernels._rope, lambda t: (*_rope_args(t, True), False)),
-    "rope_forward_partial": (kernels._rope, lambda t: (*_rope_args(t, False, rot=4), False)),
-    "rope_backward": (kernels._rope, lambda t: (*_rope_args(t, False), True)),
+    "rope_forward": (rope._rope, lambda t: (*_rope_args(t, False), False)),
+    "rope_forward_interleaved": (rope._rope, lambda t: (*_rope_args(t, True), False)),
+    "rope_forward_partial": (rope._rope, lambda t: (*_rope_args(t, False, rot=4), False)),
+    "rope_backward": (rope._rope, lambda t: (*_rope_args(t, False), True)),
     "rope_backward_interleaved_partial": (
-        kernels._rope, lambda t: (*_rope_args(t, True, rot=4), True)
+        rope._rope, lambda t: (*_rope_args(t, True, rot=4), True)
     ),
-    "swiglu_forward": (kernels._swiglu_forward, lambda t: (torch.randn(t, 10),)),
+    "swiglu_forward": (swiglu._swiglu_forward, lambda t: (torch.randn(t, 10),)),
     "swiglu_backward": (
-        kernels._swiglu_backward, lambda t: (torch.randn(t, 5), torch.randn(t, 10))
+        swiglu._swiglu_backward, lambda t: (torch.randn(t, 5), torch.randn(t, 10))
+    ),
+    "swiglu_pair_forward": (swiglu._pair_forward, lambda t: (torch.randn(t, 5), torch.randn(t, 5))),
+    "swiglu_pair_backward": (
+        swiglu._pair_backward, lambda t: (torch.randn(t, 5), torch.randn(t, 5), torch.randn(t, 5))
     ),
     "rms_norm_forward": (
         rms_norm._forward, lambda t: (torch.randn(t, 4, 16), torch.rand(16) + 0.5, 1e-6)
@@ -115,6 +119,26 @@ def test_rope_backward_is_the_transpose_of_its_forward(interleaved: bool, rot: i
     assert torch.autograd.gradcheck(lambda v: kernels.apply_rope(v, table, interleaved), (x,))
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_backward_is_exact_for_any_table(interleaved: bool) -> None:
+    """Not only for a table whose pairs share an angle (rope_table's, transformers'): the
+    backward rotates grad x sin, not grad alone."""
+    x = torch.randn(5, 3, 12, dtype=torch.float64, requires_grad=True)
+    cos, sin = torch.randn(5, 1, 8, dtype=torch.float64), torch.randn(5, 1, 8, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda v: rope.rope(v, cos, sin, interleaved), (x,))
+
+
+def test_swiglu_pair_keeps_gate_and_up_and_matches_autograd() -> None:
+    gate = torch.randn(2, 6, 5, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(2, 6, 5, dtype=torch.float64, requires_grad=True)
+    kept: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = swiglu.swiglu_pair(gate, up)
+    assert out.shape == gate.shape and len(kept) == 2  # gate and up, not silu(gate)
+    assert torch.allclose(out, torch.nn.functional.silu(gate) * up)
+    assert torch.autograd.gradcheck(swiglu.swiglu_pair, (gate, up))
+
+
 def test_a_compiler_failure_leaves_the_function_eager_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -122,11 +146,11 @@ def test_a_compiler_failure_leaves_the_function_eager_with_one_warning(
         raise RuntimeError("no compiler here")
 
     torch._dynamo.reset()
-    function = Compiled(kernels._swiglu_forward.fn, devices={"cpu"}, backend=broken_backend)  # type: ignore[arg-type]
+    function = Compiled(swiglu._swiglu_forward.fn, devices={"cpu"}, backend=broken_backend)  # type: ignore[arg-type]
     x = torch.randn(4, 10)
     with caplog.at_level(logging.WARNING, logger=compiled.__name__):
         first, second = function(x), function(x)
-    assert torch.equal(first, kernels._swiglu_forward.fn(x)) and torch.equal(first, second)
+    assert torch.equal(first, swiglu._swiglu_forward.fn(x)) and torch.equal(first, second)
     assert function.failed is not None and not function.applies(x)
     warnings = [r for r in caplog.records if "torch.compile failed" in r.getMessage()]
     assert len(warnings) == 1 and "RLPOST_COMPILE=0" in warnings[0].getMessage()
@@ -140,7 +164,7 @@ def test_only_cuda_inputs_are_compiled_and_the_switch_turns_it_off(
         assert compile_devices() <= {"cuda"}
         if not torch.cuda.is_available():
             assert compile_devices() == frozenset()
-        assert not kernels._swiglu_forward.applies(torch.randn(2, 4))  # a CPU tensor
+        assert not swiglu._swiglu_forward.applies(torch.randn(2, 4))  # a CPU tensor
         monkeypatch.setenv(compiled.DISABLE_ENV, "0")
         compile_devices.cache_clear()
         assert compile_devices() == frozenset()

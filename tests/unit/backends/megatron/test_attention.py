@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlpost.backends import sdpa
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.batches import build_micro_batch
 from rlpost.backends.megatron.packed import AttentionIndex
@@ -126,12 +127,12 @@ def test_sdpa_preference_puts_cudnn_first_and_keeps_only_enabled_backends() -> N
     nothing) and the padded path on CPU tensors takes no preference at all."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    everything = kernels.sdpa_preference()
+    everything = sdpa.sdpa_preference()
     assert everything == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                           SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # fmt: skip
     torch.backends.cuda.enable_flash_sdp(False)
     try:
-        assert SDPBackend.FLASH_ATTENTION not in kernels.sdpa_preference()
+        assert SDPBackend.FLASH_ATTENTION not in sdpa.sdpa_preference()
     finally:
         torch.backends.cuda.enable_flash_sdp(True)
     q, k, v = (torch.randn(2, HEADS, 16, HEAD_DIM) for _ in range(3))
@@ -139,4 +140,4 @@ def test_sdpa_preference_puts_cudnn_first_and_keeps_only_enabled_backends() -> N
     with sdpa_kernel(everything, set_priority=True):
         got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(got, want)
-    assert isinstance(kernels._sdpa_backends(q), contextlib.nullcontext)
+    assert isinstance(sdpa.preferred_backends(q), contextlib.nullcontext)

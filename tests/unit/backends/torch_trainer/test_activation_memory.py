@@ -8,9 +8,10 @@ measured in float32 (the CPU trainer) and in bf16 (what a GPU computes in: FSDP2
 precision hands the layers bf16 parameters and inputs, as a bf16 model here does), for a
 Qwen3 layer (QK-norm) and a Mistral-shaped one (a `generic` model), each at two token
 counts, so that a constant fitted to one count would not pass; with transformers' RMSNorm
-modules as they are (CPU) and with them fused (CUDA: rlpost.backends.rms_norm; here torch's
-reference decompositions of the fused ops stand in for their CUDA kernels, and keep what
-they keep). The plan's term (rlpost.plan.fsdp.torch_layer_activation_bytes) must be within 5%.
+modules as they are (CPU) and on rlpost's kernels (CUDA: fused RMSNorm, SwiGLU and RoPE,
+rlpost.backends.torch_trainer.kernels; here torch's reference decompositions of the fused
+RMSNorm ops stand in for their CUDA kernels, and keep what they keep). The plan's term
+(rlpost.plan.fsdp.torch_layer_activation_bytes) must be within 5%.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from rlpost.backends import rms_norm
+from rlpost.backends.torch_trainer import kernels
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
 from rlpost.cli.hf_model import HFConfig, model_fields
@@ -65,10 +67,34 @@ def fused_on_cpu(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(rms_norm, "FUSED_RMS_NORM_DEVICES", frozenset({"cpu"}))
 
 
+def kernels_on_cpu(patch: pytest.MonkeyPatch) -> None:
+    """rlpost's kernels for CPU tensors, as the trainer runs them on CUDA (the fused RMSNorm
+    ops by their decompositions), every rotary function replaced put back afterwards."""
+    fused_on_cpu(patch)
+    patch.setattr(kernels, "KERNEL_DEVICES", frozenset({"cpu"}))
+    rotary_put_back(patch)
+
+
+def rotary_put_back(patch: pytest.MonkeyPatch) -> None:
+    """Every rotary function kernels.fuse_rotary replaces from now on is put back after the
+    test (the replacement is for the process)."""
+    fuse_rotary = kernels.fuse_rotary
+
+    def restoring(model: torch.nn.Module) -> int:
+        for layer in model.modules():
+            module = kernels._rotary_module(layer)
+            if module is not None:
+                patch.setattr(module, kernels.ROTARY_FUNCTION, module.apply_rotary_pos_emb)
+        return fuse_rotary(model)
+
+    patch.setattr(kernels, "fuse_rotary", restoring)
+
+
 def kept_for_backward(path: Path, dtype: str, length: int, fused: bool = False) -> int:
     model = load_causal_lm(path).to(DTYPES[dtype])
     if fused:
-        assert rms_norm.fuse_rms_norms(model) > 0
+        routed = kernels.fuse_kernels(model, "cpu")
+        assert routed.norms > 0 and routed.mlps > 0 and routed.rotary == 1
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     rng = random.Random(length)
     samples = [
@@ -89,14 +115,14 @@ def kept_for_backward(path: Path, dtype: str, length: int, fused: bool = False) 
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["transformers-norms", "fused-norms"])
+@pytest.mark.parametrize("fused", [False, True], ids=["transformers-layers", "rlpost-kernels"])
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_plan_counts_what_a_transformers_layer_keeps(
     arch: str, dtype: str, fused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if fused:
-        fused_on_cpu(monkeypatch)
+        kernels_on_cpu(monkeypatch)
     models = {n: save_model(tmp_path / f"layers{n}", arch, n, dtype) for n in (1, 2)}
     assert models[2].qk_layernorm == (arch == "qwen3")
     for length in (32, 96):
@@ -105,5 +131,5 @@ def test_plan_counts_what_a_transformers_layer_keeps(
             kept_for_backward(tmp_path / f"layers{n}", dtype, length, fused) for n in (2, 1)
         )
         par = ParallelLayout.single_process(recompute="none")
-        planned = torch_layer_activation_bytes(models[2], 1, tokens, par, fused_norms=fused)
+        planned = torch_layer_activation_bytes(models[2], 1, tokens, par, fused=fused)
         assert two - one == pytest.approx(planned, rel=0.05), (arch, dtype, tokens)
