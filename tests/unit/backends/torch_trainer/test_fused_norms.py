@@ -1,26 +1,17 @@
 """transformers' RMSNorm modules routed through rlpost.backends.rms_norm, as the torch trainer
 does on CUDA. The fused kernels have no CPU implementation: here torch's reference
-decompositions of the fused ops stand in for them (test_activation_memory.fused_on_cpu)."""
+decompositions of the fused ops stand in for them (test_activation_memory.fused_on_cpu). The
+trainer's steps with them: test_kernels.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
 from rlpost.backends import rms_norm
-from rlpost.backends.torch_trainer import TorchTrainer
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
-from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
-from rlpost.types import TrainSample
-
-from .test_activation_memory import fused_on_cpu
-
-Samples = Callable[..., list[TrainSample]]
-Configs = Callable[..., tuple[AlgoConfig, OptimConfig, TrainConfig]]
 
 
 def test_standard_norms_run_rms_norm_with_the_same_output_and_gemmas_stay(
@@ -55,22 +46,3 @@ class ScaledRMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
-def test_the_trainer_with_fused_norms_steps_as_it_does_without(
-    tiny_model_dir: Path,
-    make_samples: Samples,
-    make_configs: Configs,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    samples = make_samples(4, seed=3)
-    plain = TorchTrainer(tiny_model_dir, *make_configs(4), num_threads=1)
-    expected = [plain.train_step(samples) for _ in range(2)]
-    fused_on_cpu(monkeypatch)
-    fused = TorchTrainer(tiny_model_dir, *make_configs(4), num_threads=1)  # the same group
-    norms = [m for m in fused.model.modules() if type(m).__name__.endswith("RMSNorm")]
-    assert norms and all("forward" in vars(m) for m in norms)  # routed through rms_norm
-    got = [fused.train_step(samples) for _ in range(2)]
-    for want, have in zip(expected, got, strict=True):
-        for key in ("train/loss", "train/grad_norm", "train/entropy"):
-            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
