@@ -170,3 +170,40 @@ def test_on_cuda_the_compiled_kernels_match_transformers_in_bf16(
             grad.float().flatten(), want_grads[name].float().flatten(), dim=0
         )
         assert cosine > 0.99, (name, float(cosine))
+
+
+def test_compiled_the_trainer_steps_as_eager_without_a_graph_per_token_count(
+    tiny_model_dir: Path,
+    make_samples: Samples,
+    make_configs: Configs,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA path's compiling, on CPU: every Compiled function traced by torch.compile with
+    the aot_eager backend (Dynamo's graphs and guards as Inductor would get them), over
+    micro-batches of changing token counts. The steps equal eager's, and the later steps, at
+    new token counts, compile nothing new (the token dimension is dynamic)."""
+    from torch._dynamo.utils import counters
+
+    from rlpost.backends import compiled, logprobs, rope, swiglu
+
+    batches = [make_samples(8, seed=s, min_len=5, max_len=40) for s in range(4)]
+    kernels_on_cpu(monkeypatch)
+    eager = TorchTrainer(tiny_model_dir, *make_configs(8), num_threads=1)
+    expected = [eager.train_step(batch) for batch in batches]
+    monkeypatch.setattr(compiled, "compile_devices", lambda: frozenset({"cpu"}))
+    functions = [f for m in (rope, swiglu, logprobs) for f in compiled.compiled_functions(m)]
+    for function in functions:
+        monkeypatch.setattr(function, "backend", "aot_eager")
+        monkeypatch.setattr(function, "_compiled", None)
+    torch._dynamo.reset()
+    counters.clear()
+    fast = TorchTrainer(tiny_model_dir, *make_configs(8), num_threads=1)  # the same group
+    got = [fast.train_step(batch) for batch in batches[:2]]
+    graphs = counters["stats"]["unique_graphs"]
+    got += [fast.train_step(batch) for batch in batches[2:]]
+    assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs
+    assert all(f.failed is None for f in functions)
+    for want, have in zip(expected, got, strict=True):
+        for key in ("train/loss", "train/grad_norm", "train/entropy"):
+            assert have[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    torch._dynamo.reset()
