@@ -7,8 +7,9 @@
 # loop), the torch trainer on 0.6b with SDPA's own backend order instead of cuDNN's attention
 # first, qwen3-0.6b without recompute (beside the plain loop without checkpointing) and with
 # selective recompute (memory against the plan), 0.6b without recompute on the padded path
-# (SDPA) instead of the varlen kernel, 0.6b on samples of ragged lengths with the varlen
-# attention and with padded SDPA, qwen3-4b in the shipped layout, and a profiled 0.6b
+# (SDPA) and on the varlen kernel alone (the training checks choose between them by a
+# measurement, benchmarks/megatron_train.py --attention), 0.6b on samples of ragged lengths
+# with each of the three, qwen3-4b in the shipped layout, and a profiled 0.6b
 # step (top kernels, and by input shapes; host reads). A summary of tokens/s, memory and ratio
 # rows ends it.
 #
@@ -99,10 +100,13 @@ check "torch_${SMALL}_sdpa_order" 90 env RLPOST_CUDNN_ATTENTION=0 $(bench "$SMAL
   trainer.backend=torch
 check "memory_${SMALL}_none" 90 $(bench "$SMALL" 2 --baseline) layout.train.recompute.granularity=none
 check "memory_${SMALL}_selective" 70 $(bench "$SMALL" 2) layout.train.recompute.granularity=selective
-# equal samples (no padding) on the padded path: SDPA against memory_0.6b_none's varlen kernel
-check "padded_${SMALL}" 70 $(bench "$SMALL" 2 --attention padded) \
-  layout.train.recompute.granularity=none
-for attention in auto padded; do  # samples of 1,024-4,096 tokens: varlen against padded SDPA
+# equal samples (no padding) on the padded path and on the varlen kernel, against
+# memory_0.6b_none's choice between them (auto: the padded path where it measured faster)
+for attention in padded varlen; do
+  check "${attention}_${SMALL}" 70 $(bench "$SMALL" 2 --attention "$attention") \
+    layout.train.recompute.granularity=none
+done
+for attention in auto padded varlen; do  # samples of 1,024-4,096 tokens
   check "ragged_${SMALL}_$attention" 70 $(bench "$SMALL" 2 --ragged --attention "$attention") \
     layout.train.recompute.granularity=none
 done

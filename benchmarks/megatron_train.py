@@ -36,7 +36,9 @@ this process after the trainer is gone; prints its tokens/s, memory and rlpost /
 (benchmarks/step_profile.py).
 --ragged: samples of a quarter to all of --seq-len tokens (seeded; no --baseline), the work
 the megatron trainer's varlen attention saves over padding each micro-batch's samples to the
-longest; --attention padded makes it pad even where the varlen kernel applies (CUDA, bf16).
+longest. --attention: where the varlen kernel applies (CUDA, bf16), the megatron trainer takes
+the padded path for the micro-batches on which it measured faster, padding counted (auto;
+the layout row shows the measured speed), or never (varlen), or always (padded).
 
 MFU = model FLOPs / (seconds x the hardware profile's peak_bf16_tflops), rlpost.plan.flops'
 definition: 2 N + 4 L a s per token and forward, 3 forwards for training plus each no-grad
@@ -57,6 +59,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import os
 import random
 import resource
 import socket
@@ -304,8 +307,10 @@ def main() -> None:
         "--ragged", action="store_true", help="samples of a quarter to all of --seq-len tokens"
     )
     parser.add_argument(
-        "--attention", choices=("auto", "padded"), default="auto",
-        help="padded: the megatron trainer's padded SDPA path even where varlen applies",
+        "--attention", choices=("auto", "padded", "varlen"), default="auto",
+        help="padded: the megatron trainer's padded SDPA path even where varlen applies; "
+        "varlen: the varlen kernel wherever it applies (auto: the padded path for the "
+        "micro-batches it measured faster on)",
     )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, applied last")
     args = parser.parse_args()
@@ -317,6 +322,8 @@ def main() -> None:
         parser.error("--baseline needs equal samples (the plain loop batches them unpadded)")
     if args.attention == "padded":
         kernels.VARLEN_ATTN = None  # packed_attention then takes the padded path everywhere
+    if args.attention == "varlen":
+        os.environ[kernels.PACKED_ATTENTION_ENV] = "varlen"
     args.lengths = sample_lengths(args)
     on_gpu = torch.cuda.is_available()
     args.hardware = args.hardware or ("h200x1" if on_gpu else "cpu")
@@ -415,7 +422,13 @@ def report(
 def layout_row(run: RunConfig, plan: Plan, attention: str = "auto") -> str:
     par = plan.parallel
     if plan.trainer_backend != "torch":
-        sdpa = "padded SDPA (--attention padded)" if attention == "padded" else "varlen or padded"
+        measured = ", ".join(f"{v:.2f}x" for v in kernels._padded_speedups.values())
+        sdpa = {
+            "padded": "padded SDPA (--attention padded)",
+            "varlen": "varlen where it applies (--attention varlen)",
+        }.get(attention, "varlen or padded" + (f" (padded measured {measured} the varlen "
+                                                "kernel's speed per unit of work)"
+                                                if measured else ""))  # fmt: skip
         return (
             f"tp {par.tp} pp {par.pp} cp {par.cp} dp {par.dp}, recompute {par.recompute}, "
             f"attention {sdpa}"

@@ -33,6 +33,8 @@ which keeps different tensors: the roped Q and K, V as a view of the QKV output 
 whole), and its output, which is also the projection's input. That is g more elements per
 token than the padded path without QK-norm, a + g fewer with it (a, g: query and key/value
 widths); selective recompute keeps the same checkpoint inputs either way. No padding either.
+The trainer still takes the padded path for a micro-batch on which it measured faster
+(kernels.padded_pays), so there the estimate counts the larger of the two terms.
 
 A `generic` model (an HF causal LM outside the families megatron-core expresses, trained by the
 torch trainer through transformers) is counted from its config.json's facts the same way:
@@ -217,17 +219,24 @@ def stage_activation_bytes(
     varlen: bool = False,
 ) -> float:
     """The stage's layers' activations for its micro-batches in flight (1F1B holds pp - i on
-    stage i); under full recompute their inputs plus one recomputed group during backward."""
+    stage i); under full recompute their inputs plus one recomputed group during backward.
+    Where the varlen kernel applies (`varlen`) the trainer may still take the padded path for a
+    micro-batch (rlpost.backends.megatron.kernels.padded_pays, by a measurement at run time),
+    so each layer counts the larger of the two paths' terms."""
     in_flight = par.pp - index
     recompute = par.recompute if par.recompute in ("none", "selective") else "full"
+
+    def layer(i: int, recompute: str) -> float:
+        padded = layer_activation_bytes(model, i, tokens, par, recompute)
+        if not varlen:
+            return padded
+        return max(padded, layer_activation_bytes(model, i, tokens, par, recompute, True))
+
     if recompute != "full":
-        total = sum(
-            layer_activation_bytes(model, i, tokens, par, recompute, varlen) for i in layers
-        )
-        return in_flight * total
+        return in_flight * sum(layer(i, recompute) for i in layers)
     group = par.recompute_num_layers
     kept = math.ceil(len(layers) / group) * layer_input_bytes(model, tokens, par)
-    widest = max(layer_activation_bytes(model, i, tokens, par, "none", varlen) for i in layers)
+    widest = max(layer(i, "none") for i in layers)
     return in_flight * kept + group * widest
 
 

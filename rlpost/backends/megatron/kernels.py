@@ -29,6 +29,9 @@ operation) and eager elsewhere; RoPE keeps nothing for backward but the micro-ba
 from __future__ import annotations
 
 import inspect
+import logging
+import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -43,6 +46,8 @@ from rlpost.backends.sdpa import preferred_backends
 from rlpost.backends.swiglu import swiglu
 
 __all__ = ["fuse_adam", "packed_attention", "rms_norm", "swiglu"]
+
+log = logging.getLogger(__name__)
 
 
 # ---- rotary embeddings ------------------------------------------------------------------------
@@ -187,11 +192,97 @@ def packed_attention(
     """Causal attention within each sample of a packed micro-batch: query [t, hq, d], key and
     value [tk, hkv, d] and [tk, hkv, dv] (tk = t, or under CP the group's gathered keys, which
     `index` addresses) -> [t, hq * dv]. `varlen_attention` where `varlen_applies` (its rule is
-    there), else `padded_attention`; the two compute the same function. An error of the varlen
-    kernel propagates: it is never retried on the other path."""
-    if varlen_applies(query, key, value, index, dropout_p):
+    there) unless `padded_pays` for this micro-batch, else `padded_attention`; the two compute
+    the same function. An error of the varlen kernel propagates: it is never retried on the
+    other path."""
+    if varlen_applies(query, key, value, index, dropout_p) and not padded_pays(
+        query, key, value, index, scale
+    ):
         return varlen_attention(query, key, value, index, scale=scale)
     return padded_attention(query, key, value, index, scale=scale, dropout_p=dropout_p)
+
+
+PACKED_ATTENTION_ENV = "RLPOST_PACKED_ATTENTION"
+"""Where the varlen kernel applies: `auto` (the default) takes the padded path for the
+micro-batches on which it measured faster (`padded_pays`), `varlen` never does."""
+PADDED_MARGIN = 0.9
+"""The padded path is taken when its predicted time is under this share of the varlen
+kernel's, so that a measurement's noise cannot move a micro-batch to the slower path."""
+_padded_speedups: dict[tuple[Any, ...], float] = {}
+"""Per GPU, head shape and dtype: the padded path's speed over the varlen kernel's per unit
+of attention work, as measured (0.0: not to be taken)."""
+
+
+def padded_pays(
+    query: Tensor, key: Tensor, value: Tensor, index: AttentionIndex, scale: float
+) -> bool:
+    """Whether the padded path (SDPA over the samples padded to the longest; on Hopper cuDNN's
+    attention) beats the varlen kernel on this micro-batch: its extra work for the padding
+    (`index.padded_work`, known on the host) under PADDED_MARGIN times its speed over the
+    varlen kernel's. That speed is measured once per process, GPU, head shape and dtype, on
+    the first micro-batch that asks (`measure_padded_speedup`), and logged; a failed
+    measurement leaves the varlen kernel. RLPOST_PACKED_ATTENTION=varlen skips all of it."""
+    if os.environ.get(PACKED_ATTENTION_ENV, "auto") == "varlen" or not index.padded_work:
+        return False
+    shape = (query.device, query.shape[1], key.shape[1], query.shape[2], query.dtype)
+    speedup = _padded_speedups.get(shape)
+    if speedup is None:
+        try:
+            speedup = measure_padded_speedup(query, key, value, index, scale)
+        except Exception as error:  # measuring must not stop training: the varlen kernel stays
+            log.warning("packed attention: measuring the padded path failed (%s: %s); the "
+                        "varlen kernel stays", type(error).__name__, error)  # fmt: skip
+            speedup = 0.0
+        _padded_speedups[shape] = speedup
+        log.info(
+            "packed attention, %d/%d heads of %d (%s) on %s: the padded path runs %.2fx the "
+            "varlen kernel's speed per unit of work; micro-batches whose padding adds less "
+            "than %.2fx the work take it (RLPOST_PACKED_ATTENTION=varlen: never)",
+            query.shape[1], key.shape[1], query.shape[2], query.dtype, query.device,
+            speedup, PADDED_MARGIN * speedup,
+        )  # fmt: skip
+    return index.padded_work < PADDED_MARGIN * speedup
+
+
+def measure_padded_speedup(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    index: AttentionIndex,
+    scale: float,
+    *,
+    repeats: int = 3,
+    synchronize: Callable[[], None] | None = None,
+) -> float:
+    """The padded path's speed over the varlen kernel's per unit of attention work: each one's
+    forward and backward on copies of this micro-batch's query, key and value (the best of
+    `repeats` after a warm-up, between two device synchronisations), the varlen kernel's time
+    over the padded path's, times the padded path's extra work (`index.padded_work`). Runs
+    with gradients on whatever the caller's mode (a recompute's first forward runs without)."""
+    sync = synchronize or (lambda: torch.cuda.synchronize(query.device))
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (query, key, value))
+    leaves = (q, k, v)
+
+    def varlen() -> Tensor:
+        return varlen_attention(q, k, v, index, scale=scale)
+
+    def padded() -> Tensor:
+        return padded_attention(q, k, v, index, scale=scale)
+
+    def seconds(path: Callable[[], Tensor]) -> float:
+        best = float("inf")
+        for attempt in range(repeats + 1):
+            sync()
+            start = time.perf_counter()
+            out = path()
+            torch.autograd.grad(out, leaves, out.detach())
+            sync()
+            if attempt:  # the first is the warm-up
+                best = min(best, time.perf_counter() - start)
+        return best
+
+    with torch.enable_grad():
+        return seconds(varlen) / seconds(padded) * index.padded_work
 
 
 def varlen_attention(

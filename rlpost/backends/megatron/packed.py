@@ -38,6 +38,15 @@ class AttentionIndex:
     mask: Tensor | None = None  # CP: [S, 1, W, Wk] True where a query may see a key
     cu_seqlens: Tensor | None = None  # no CP: [S + 1] int32, sample s is rows cu[s]:cu[s + 1]
     max_seqlen: int = 0  # no CP: the longest sample's rows (W), known on the host
+    squared_rows: int = 0  # no CP: the sum of each sample's rows squared, known on the host
+
+    @property
+    def padded_work(self) -> float:
+        """Attention work on the padded batch over work on the samples as they are: S W^2
+        over the sum of their squared lengths (1.0 for samples of one length; 0.0 under CP,
+        where it is not known)."""
+        samples, width = self.rows.shape
+        return samples * width * width / self.squared_rows if self.squared_rows else 0.0
 
     def to(self, device: torch.device) -> AttentionIndex:
         moved = {
@@ -101,7 +110,10 @@ def attention_index(
     slots[rows[valid]] = torch.arange(rows.numel()).view_as(rows)[valid]
     if cp_size == 1:
         cu_seqlens, max_seqlen = _boundaries(mine)
-        return AttentionIndex(rows, slots, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        squared = sum(len(sample) ** 2 for sample in mine)
+        return AttentionIndex(
+            rows, slots, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, squared_rows=squared
+        )
     bases = [0]
     for rank in range(cp_size - 1):
         bases.append(bases[-1] + sum(len(p) for p in local_positions[rank]))

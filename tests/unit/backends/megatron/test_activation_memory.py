@@ -20,6 +20,7 @@ memory-efficient kernels on a GPU do not.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -200,6 +201,9 @@ def use_cpu_varlen() -> None:
     torch.library.register_kernel("torch_attn::_varlen_attn", "cpu", _varlen_forward)
     torch.library.register_kernel("torch_attn::_varlen_attn_backward", "cpu", _varlen_backward)
     kernels.varlen_applies = lambda q, k, v, index, dropout_p: index.cu_seqlens is not None
+    # the varlen kernel itself, not the padded path where it measures faster (this slow CPU
+    # kernel loses to it)
+    os.environ[kernels.PACKED_ATTENTION_ENV] = "varlen"
 
 
 def kept_with_varlen(trainer: MegatronTrainer, samples: list[TrainSample]) -> int:

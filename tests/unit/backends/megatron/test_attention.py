@@ -1,13 +1,18 @@
 """Attention over packed samples (kernels.packed_attention): the boundaries the packer carries,
-the selection rule between torch's varlen flash kernel and padded SDPA, and, on a CUDA GPU, the
-varlen kernel against the padded path in bf16 (forward and the q, k, v gradients) with GQA."""
+the selection rule between torch's varlen flash kernel and padded SDPA (where the varlen kernel
+applies, the padded path for micro-batches it measured faster on, with their padding counted),
+and, on a CUDA GPU, the varlen kernel against the padded path in bf16 (forward and the q, k, v
+gradients) with GQA."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +22,12 @@ from rlpost.backends import sdpa
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.batches import build_micro_batch
 from rlpost.backends.megatron.packed import AttentionIndex
+from rlpost.backends.megatron.trainer import MegatronTrainer
 from rlpost.types import TrainSample
+
+from . import tiny_checkpoints as tiny
+from .conftest import Setup, configs, layout
+from .test_activation_memory import use_cpu_varlen
 
 LENGTHS = (1, 37, 200, 64, 5, 130)  # ragged: the padded batch is 6 x 200 for 437 tokens
 HEADS, GROUPS, HEAD_DIM = 8, 2, 64  # GQA: four query heads per key/value head
@@ -121,6 +131,98 @@ def test_varlen_matches_the_padded_path_on_cuda_in_bf16() -> None:
         torch.testing.assert_close(fast, slow, atol=4e-2 * top, rtol=0, msg=name)
 
 
+def test_padded_work_is_the_padded_batchs_attention_over_the_samples() -> None:
+    assert packed_index((64, 64, 64)).padded_work == 1.0
+    ragged = packed_index()
+    assert ragged.padded_work == pytest.approx(6 * 200**2 / sum(n * n for n in LENGTHS))
+    assert packed_index(cp_rank=0, cp_size=2).padded_work == 0.0  # CP: the padded path anyway
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """packed_attention as on a GPU where the varlen kernel applies: the kernel stood in for by
+    the padded path (the same function), each call of either recorded; no speed measured yet."""
+    calls: list[str] = []
+    padded = kernels.padded_attention
+
+    def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: AttentionIndex,
+               *, scale: float) -> torch.Tensor:  # fmt: skip
+        calls.append("varlen")
+        return padded(q, k, v, index, scale=scale)
+
+    def recorded(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append("padded")
+        return padded(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "varlen_applies", lambda *args: True)
+    monkeypatch.setattr(kernels, "varlen_attention", varlen)
+    monkeypatch.setattr(kernels, "padded_attention", recorded)
+    monkeypatch.setattr(kernels, "_padded_speedups", {})
+    monkeypatch.delenv(kernels.PACKED_ATTENTION_ENV, raising=False)
+    return calls
+
+
+@pytest.mark.parametrize("speedup", [0.8, 1.2, 2.5])
+def test_a_micro_batch_takes_the_padded_path_when_its_padding_costs_less_than_it_gains(
+    speedup: float, on_a_gpu: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured: list[float] = []
+
+    def measure(*args: object, **kwargs: object) -> float:
+        measured.append(speedup)
+        return speedup
+
+    monkeypatch.setattr(kernels, "measure_padded_speedup", measure)
+    equal, ragged = packed_index((64, 64, 64)), packed_index()  # work 1.0 and 3.85
+    for index in (equal, ragged, equal):
+        q, k, v = qkv(int(index.slots.shape[0]), torch.float32)
+        on_a_gpu.clear()
+        out = kernels.packed_attention(q, k, v, index, scale=HEAD_DIM**-0.5)
+        pays = index.padded_work < kernels.PADDED_MARGIN * speedup
+        assert on_a_gpu == ["padded" if pays else "varlen"]
+        assert out.shape == (q.shape[0], HEADS * HEAD_DIM)
+    assert measured == [speedup]  # once per GPU, head shape and dtype
+    q, k, v = qkv(int(equal.slots.shape[0]), torch.bfloat16)
+    kernels.packed_attention(q, k, v, equal, scale=HEAD_DIM**-0.5)
+    assert len(measured) == 2  # another dtype: measured again
+
+
+def test_the_switch_or_a_failed_measurement_leaves_the_varlen_kernel(
+    on_a_gpu: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object, **kwargs: object) -> float:
+        raise RuntimeError("no cuDNN here")
+
+    monkeypatch.setattr(kernels, "measure_padded_speedup", broken)
+    index = packed_index((64, 64, 64))
+    q, k, v = qkv(192, torch.float32)
+    monkeypatch.setenv(kernels.PACKED_ATTENTION_ENV, "varlen")
+    kernels.packed_attention(q, k, v, index, scale=1.0)
+    assert on_a_gpu == ["varlen"] and not kernels._padded_speedups  # nothing measured
+    monkeypatch.delenv(kernels.PACKED_ATTENTION_ENV)
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        kernels.packed_attention(q, k, v, index, scale=1.0)
+        kernels.packed_attention(q, k, v, index, scale=1.0)
+    assert on_a_gpu == ["varlen"] * 3
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        "packed attention: measuring the padded path failed (RuntimeError: no cuDNN here); "
+        "the varlen kernel stays"
+    ]
+
+
+def test_measuring_runs_each_path_forward_and_backward_on_copies(on_a_gpu: list[str]) -> None:
+    index = packed_index()
+    q, k, v = qkv(sum(LENGTHS), torch.float32)
+    syncs: list[int] = []
+    with torch.no_grad():  # as in a recompute's first forward
+        speedup = kernels.measure_padded_speedup(
+            q, k, v, index, HEAD_DIM**-0.5, repeats=2, synchronize=lambda: syncs.append(1)
+        )
+    assert math.isfinite(speedup) and speedup > 0
+    assert on_a_gpu == ["varlen"] * 3 + ["padded"] * 3  # a warm-up and two timed runs each
+    assert len(syncs) == 12 and not q.requires_grad and q.grad is None
+
+
 def test_sdpa_preference_puts_cudnn_first_and_keeps_only_enabled_backends() -> None:
     """The padded path's backend order on Hopper: cuDNN, then SDPA's own order, without the
     backends switched off globally; SDPA accepts it as a priority (here on CPU, where it changes
@@ -141,3 +243,31 @@ def test_sdpa_preference_puts_cudnn_first_and_keeps_only_enabled_backends() -> N
         got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(got, want)
     assert isinstance(sdpa.preferred_backends(q), contextlib.nullcontext)
+
+
+def first_step(trainer: MegatronTrainer, samples: list[TrainSample], mode: str) -> Any:
+    """In a rank: the varlen op on CPU (test_activation_memory.use_cpu_varlen), the choice
+    `mode`, one train step; its loss and gradient norm and the speeds measured."""
+    use_cpu_varlen()
+    os.environ[kernels.PACKED_ATTENTION_ENV] = mode
+    metrics = trainer.train_step(samples)
+    return metrics["train/loss"], metrics["train/grad_norm"], dict(kernels._padded_speedups)
+
+
+def test_the_trainer_measures_the_padded_path_inside_its_step_and_trains_the_same(
+    tmp_path: Path,
+) -> None:
+    """The measurement runs where it runs on a GPU, in the first layer's forward of a real
+    step (megatron-core's synchronisation is a no-op on CPU, so its timings are real), whatever
+    path it then picks: the step equals the varlen kernel's alone."""
+    model = tiny.qwen3(tmp_path / "qwen3", layers=2)
+    samples = [TrainSample([2 + (7 * i + n) % 50 for i in range(n)], n // 2, (-1.0) ** n)
+               for n in (30, 30, 12, 40)]  # fmt: skip
+    setup = Setup(model, configs(4, train={"max_tokens_per_gpu": 256}), layout())
+    loss, norm, measured = setup.run(first_step, samples, "varlen")
+    assert measured == {}
+    auto_loss, auto_norm, auto_measured = setup.run(first_step, samples, "auto")
+    [speedup] = auto_measured.values()  # one head shape and dtype: measured once
+    assert math.isfinite(speedup) and speedup > 0
+    assert auto_loss == pytest.approx(loss, rel=1e-6, abs=1e-9)
+    assert auto_norm == pytest.approx(norm, rel=1e-5)
