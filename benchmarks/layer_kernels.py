@@ -1,6 +1,6 @@
 """The megatron trainer's elementwise kernels, one by one, at a model's shapes: forward and
 backward of each, eagerly and through torch.compile (rlpost.backends.compiled), beside the
-layer's matmuls and attention: the step's (the varlen kernel on CUDA), its padded path
+layer's matmuls and attention: the varlen kernel (CUDA; else the padded path), the padded path
 (gather, SDPA, scatter; cuDNN's attention first on Hopper) and SDPA alone on contiguous
 [samples, heads, 4096, d] tensors, in SDPA's own order and with cuDNN first. The torch
 trainer's transformers layers run the same RoPE and SwiGLU arithmetic on CUDA
@@ -17,8 +17,8 @@ the host runs ahead of the GPU in a step; the median of --repeats, after a warm-
 optimizer step (per layer x layers x micro-batches, for the shapes of
 benchmarks/megatron_train.py: 32 samples x 4096 tokens in micro-batches of --tokens), and
 milliseconds per step, for the eager function and the compiled one. Calls counted per step are
-one forward and one backward (no recompute). The total counts the step's attention, not the
-padded path or SDPA alone.
+one forward and one backward (no recompute). The total counts the varlen kernel's attention,
+not the padded path or SDPA alone.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main() -> None:
              )[:, : s.ffn] @ w2.t(),
              rand(t, s.hidden), rand(q_width + 2 * kv_width, s.hidden),
              rand(s.hidden, q_width), rand(2 * s.ffn, s.hidden), rand(s.hidden, s.ffn)), False),
-        ("attention varlen (the step's)", per_layer_step,
+        ("attention varlen kernel", per_layer_step,
          forward_backward(lambda q, k, v: packed(q, k, v, True), rand(t, s.heads, s.head_dim),
                           rand(t, s.kv_heads, s.head_dim), rand(t, s.kv_heads, s.head_dim)),
          False),

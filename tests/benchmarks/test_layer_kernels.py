@@ -1,7 +1,7 @@
 """benchmarks/layer_kernels.py runs on CPU at the tiny shape: a row per kernel with its calls per
-step, eager and compiled milliseconds (equal on CPU, where nothing compiles), the step's
-attention beside its padded path and SDPA alone, transformers' own RoPE and SwiGLU beside the
-kernels the torch trainer runs instead, and no compiler failure."""
+step, eager and compiled milliseconds (equal on CPU, where nothing compiles), the varlen
+kernel's attention beside the padded path and SDPA alone, transformers' own RoPE and SwiGLU
+beside the kernels the torch trainer runs instead, and no compiler failure."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_tiny_run_prints_every_kernel_and_the_total() -> None:
             rows[line[:32].strip()] = [float(f) for f in figures]
     expected = {"rms_norm [t, h]", "rms_norm q+k heads", "rope q", "rope k", "swiglu",
                 "logprobs (output layer)", "matmuls qkv, o, fc1, fc2",
-                "attention varlen (the step's)", "attention padded path",
+                "attention varlen kernel", "attention padded path",
                 "attention (SDPA, causal, 4096)", "rope q+k, transformers' eager",
                 "swiglu, two projections", "swiglu, transformers' eager"}  # fmt: skip
     assert expected <= set(rows), sorted(rows)
