@@ -115,7 +115,7 @@ check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recomput
 
 ROWS='^(layout|step time s|train tokens/s|MFU \(of|max_memory_(allocated|reserved)|peak RSS growth'
 ROWS+='|plan train estimate|reference weights|measured / \(estimate|reserved / estimate'
-ROWS+='|step time / plan|plain |rlpost / plain)'
+ROWS+='|step time / plan|plain |rlpost / plain|padded attention share)'
 row() {  # row LOG NAME: the value printed on LOG's row NAME, thousands separators dropped
   grep -E "^$2 " "$1" 2>/dev/null | sed -E "s|^$2 +||; s|,||g; s| .*||"
 }
@@ -129,9 +129,10 @@ if [ -f "$OUT/pytest_gpu.log" ]; then
 fi
 if [ -f "$OUT/kernels_${SMALL}.log" ]; then
   echo "-- kernels_${SMALL}"
-  grep -v -i warn "$OUT/kernels_${SMALL}.log" | tail -n 15
+  grep -v -i warn "$OUT/kernels_${SMALL}.log" | tail -n 25
 fi
-for log in "$OUT"/train_*.log "$OUT"/memory_*.log "$OUT"/padded_*.log "$OUT"/ragged_*.log; do
+for log in "$OUT"/train_*.log "$OUT"/torch_*.log "$OUT"/memory_*.log "$OUT"/padded_*.log \
+  "$OUT"/varlen_*.log "$OUT"/ragged_*.log; do
   [ -f "$log" ] || continue
   echo "-- $(basename "$log" .log)"
   grep -E "$ROWS" "$log" || tail -n 5 "$log"
@@ -145,5 +146,5 @@ for size in $SIZES; do  # the torch trainer against the megatron check's plain l
 done
 if [ -f "$OUT/profile_${SMALL}.log" ]; then
   echo "-- profile_${SMALL}"
-  sed -n '/rlpost train step, profiled/,$p' "$OUT/profile_${SMALL}.log" | head -n 60
+  sed -n '/rlpost train step, profiled/,$p' "$OUT/profile_${SMALL}.log" | head -n 75
 fi

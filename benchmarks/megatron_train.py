@@ -383,6 +383,7 @@ def report(
     gpus = plan.placement.train_gpus
     mem = plan.memory.train
     mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+    paths = kernels.ATTENTION_PATHS  # the megatron trainer's, every step of this process
     rows = [
         ("model", f"{model.name} ({count_params(model).total / 1e6:,.1f}M params, "
                   f"{model.params_dtype}), random weights"),
@@ -392,6 +393,9 @@ def report(
                     f"{mean['train/micro_batches']:.0f} micro-batches of <= "
                     f"{args.max_tokens_per_gpu} tokens"),
         ("packing efficiency", f"{mean.get('train/packing_efficiency', math.nan):.3f}"),
+        *([("padded attention share", f"{paths['padded'] / paths.total():.3f} of "
+                                         f"{paths.total():,} attention calls")]
+          if paths.total() else []),
         ("timed rollouts (after 1 warm-up)", f"{len(steps)}"),
         ("step time s (mean; no-grad forwards)",
          f"{step_s:.3f} ({mean['train/prepare_time_s']:.3f})"),

@@ -32,6 +32,7 @@ import inspect
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -198,8 +199,15 @@ def packed_attention(
     if varlen_applies(query, key, value, index, dropout_p) and not padded_pays(
         query, key, value, index, scale
     ):
+        ATTENTION_PATHS["varlen"] += 1
         return varlen_attention(query, key, value, index, scale=scale)
+    ATTENTION_PATHS["padded"] += 1
     return padded_attention(query, key, value, index, scale=scale, dropout_p=dropout_p)
+
+
+ATTENTION_PATHS: Counter[str] = Counter()
+"""packed_attention's calls in this process by the path they took ("varlen", "padded");
+benchmarks/megatron_train.py prints the padded share of its timed steps'."""
 
 
 PACKED_ATTENTION_ENV = "RLPOST_PACKED_ATTENTION"

@@ -250,8 +250,11 @@ def first_step(trainer: MegatronTrainer, samples: list[TrainSample], mode: str) 
     `mode`, one train step; its loss and gradient norm and the speeds measured."""
     use_cpu_varlen()
     os.environ[kernels.PACKED_ATTENTION_ENV] = mode
+    before = kernels.ATTENTION_PATHS.copy()
     metrics = trainer.train_step(samples)
-    return metrics["train/loss"], metrics["train/grad_norm"], dict(kernels._padded_speedups)
+    paths = kernels.ATTENTION_PATHS - before
+    share = paths["padded"] / paths.total()
+    return metrics["train/loss"], metrics["train/grad_norm"], dict(kernels._padded_speedups), share
 
 
 def test_the_trainer_measures_the_padded_path_inside_its_step_and_trains_the_same(
@@ -264,10 +267,13 @@ def test_the_trainer_measures_the_padded_path_inside_its_step_and_trains_the_sam
     samples = [TrainSample([2 + (7 * i + n) % 50 for i in range(n)], n // 2, (-1.0) ** n)
                for n in (30, 30, 12, 40)]  # fmt: skip
     setup = Setup(model, configs(4, train={"max_tokens_per_gpu": 256}), layout())
-    loss, norm, measured = setup.run(first_step, samples, "varlen")
-    assert measured == {}
-    auto_loss, auto_norm, auto_measured = setup.run(first_step, samples, "auto")
+    loss, norm, measured, share = setup.run(first_step, samples, "varlen")
+    assert measured == {} and share == 0.0
+    auto_loss, auto_norm, auto_measured, auto_share = setup.run(first_step, samples, "auto")
     [speedup] = auto_measured.values()  # one head shape and dtype: measured once
     assert math.isfinite(speedup) and speedup > 0
+    # one micro-batch of the four samples: every attention call took the path its padding chose
+    work = build_micro_batch(samples, [0, 1, 2, 3]).packed.attention.padded_work  # type: ignore[union-attr]
+    assert auto_share == float(work < kernels.PADDED_MARGIN * speedup)
     assert auto_loss == pytest.approx(loss, rel=1e-6, abs=1e-9)
     assert auto_norm == pytest.approx(norm, rel=1e-5)
