@@ -207,7 +207,7 @@ def packed_attention(
 
 ATTENTION_PATHS: Counter[str] = Counter()
 """packed_attention's calls in this process by the path they took ("varlen", "padded");
-benchmarks/megatron_train.py prints the padded share of its timed steps'."""
+benchmarks/megatron_train.py prints the padded share."""
 
 
 PACKED_ATTENTION_ENV = "RLPOST_PACKED_ATTENTION"
@@ -216,6 +216,10 @@ micro-batches on which it measured faster (`padded_pays`), `varlen` never does."
 PADDED_MARGIN = 0.9
 """The padded path is taken when its predicted time is under this share of the varlen
 kernel's, so that a measurement's noise cannot move a micro-batch to the slower path."""
+MEASURE_MIN_TOKENS = 4096
+"""The fewest tokens a micro-batch needs for the paths to be timed on it: on fewer, kernel
+launches rather than the attention would decide (such micro-batches keep the varlen kernel
+until one large enough comes)."""
 _padded_speedups: dict[tuple[Any, ...], float] = {}
 """Per GPU, head shape and dtype: the padded path's speed over the varlen kernel's per unit
 of attention work, as measured (0.0: not to be taken)."""
@@ -228,13 +232,16 @@ def padded_pays(
     attention) beats the varlen kernel on this micro-batch: its extra work for the padding
     (`index.padded_work`, known on the host) under PADDED_MARGIN times its speed over the
     varlen kernel's. That speed is measured once per process, GPU, head shape and dtype, on
-    the first micro-batch that asks (`measure_padded_speedup`), and logged; a failed
-    measurement leaves the varlen kernel. RLPOST_PACKED_ATTENTION=varlen skips all of it."""
+    the first micro-batch of at least MEASURE_MIN_TOKENS tokens (`measure_padded_speedup`),
+    and logged; a failed measurement leaves the varlen kernel. RLPOST_PACKED_ATTENTION=varlen
+    skips all of it."""
     if os.environ.get(PACKED_ATTENTION_ENV, "auto") == "varlen" or not index.padded_work:
         return False
     shape = (query.device, query.shape[1], key.shape[1], query.shape[2], query.dtype)
     speedup = _padded_speedups.get(shape)
     if speedup is None:
+        if query.shape[0] < MEASURE_MIN_TOKENS:
+            return False
         try:
             speedup = measure_padded_speedup(query, key, value, index, scale)
         except Exception as error:  # measuring must not stop training: the varlen kernel stays

@@ -158,6 +158,7 @@ def on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(kernels, "varlen_attention", varlen)
     monkeypatch.setattr(kernels, "padded_attention", recorded)
     monkeypatch.setattr(kernels, "_padded_speedups", {})
+    monkeypatch.setattr(kernels, "MEASURE_MIN_TOKENS", 100)
     monkeypatch.delenv(kernels.PACKED_ATTENTION_ENV, raising=False)
     return calls
 
@@ -173,6 +174,10 @@ def test_a_micro_batch_takes_the_padded_path_when_its_padding_costs_less_than_it
         return speedup
 
     monkeypatch.setattr(kernels, "measure_padded_speedup", measure)
+    small = packed_index((30, 20))  # under MEASURE_MIN_TOKENS (100 here): not measured on
+    q, k, v = qkv(50, torch.float32)
+    kernels.packed_attention(q, k, v, small, scale=HEAD_DIM**-0.5)
+    assert on_a_gpu == ["varlen"] and measured == []
     equal, ragged = packed_index((64, 64, 64)), packed_index()  # work 1.0 and 3.85
     for index in (equal, ragged, equal):
         q, k, v = qkv(int(index.slots.shape[0]), torch.float32)
@@ -250,6 +255,7 @@ def first_step(trainer: MegatronTrainer, samples: list[TrainSample], mode: str) 
     `mode`, one train step; its loss and gradient norm and the speeds measured."""
     use_cpu_varlen()
     os.environ[kernels.PACKED_ATTENTION_ENV] = mode
+    kernels.MEASURE_MIN_TOKENS = 0  # this rank's micro-batch has 112
     before = kernels.ATTENTION_PATHS.copy()
     metrics = trainer.train_step(samples)
     paths = kernels.ATTENTION_PATHS - before
