@@ -16,6 +16,7 @@ One rank loads the folder and shards it over its one-rank group, as before.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -40,6 +41,8 @@ from rlpost.backends.torch_trainer.model_io import (
 )
 from rlpost.plan.layout import ParallelLayout
 
+log = logging.getLogger(__name__)
+
 
 def load_sharded_lm(
     model_dir: str | Path,
@@ -60,7 +63,13 @@ def load_sharded_lm(
     Collective."""
     reads = dp.rank == 0
     model = (load_causal_lm if reads else build_causal_lm)(model_dir, attn_implementation)
-    kernels.fuse_kernels(model, mesh.device_type)  # CUDA: norms, MLPs and RoPE fused
+    fused = kernels.fuse_kernels(model, mesh.device_type)  # CUDA: norms, MLPs and RoPE
+    if mesh.device_type in kernels.KERNEL_DEVICES:
+        log.info(
+            "%s on rlpost's kernels: %d RMSNorm modules, %d MLPs, the rotary embedding %s",
+            type(model).__name__, fused.norms, fused.mlps,
+            "too" if fused.rotary else "not (transformers' own)",
+        )  # fmt: skip
     if frozen:
         freeze(model)
     if layout is not None:
