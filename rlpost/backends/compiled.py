@@ -20,16 +20,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
 
+from rlpost import switches
+
 log = logging.getLogger(__name__)
 
-DISABLE_ENV = "RLPOST_COMPILE"
+DISABLE_ENV = switches.COMPILE.name
 """Set to 0 to run every compiled function eagerly."""
 
 P = ParamSpec("P")
@@ -40,7 +41,7 @@ R = TypeVar("R")
 def compile_devices() -> frozenset[str]:
     """The device types whose inputs go through torch.compile: CUDA, when this torch build has
     Triton for it and RLPOST_COMPILE is not 0."""
-    if os.environ.get(DISABLE_ENV, "1") == "0" or not torch.cuda.is_available():
+    if switches.COMPILE.value() == "0" or not torch.cuda.is_available():
         return frozenset()
     try:
         from torch.utils._triton import has_triton

@@ -18,7 +18,6 @@ of transformers' Llama-style RMSNorm modules on CUDA (`fuse_rms_norms`).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost import switches
 from rlpost.backends.compiled import compiled
 
 
@@ -40,7 +40,7 @@ def _fused_rms_norm() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 
 FUSED_RMS_NORM = _fused_rms_norm()
-DISABLE_ENV = "RLPOST_FUSED_RMS_NORM"
+DISABLE_ENV = switches.FUSED_RMS_NORM.name
 """Set to 0 to run the unfused path everywhere: a way around a torch build whose fused
 kernels misbehave, without changing the code (benchmarks/gpu_checks.sh sets it when the
 fused kernels' gpu test fails)."""
@@ -48,7 +48,7 @@ FUSED_RMS_NORM_DEVICES = frozenset(
     device
     for device in ("cuda",)
     if FUSED_RMS_NORM is not None
-    and os.environ.get(DISABLE_ENV, "1") != "0"
+    and switches.FUSED_RMS_NORM.value() != "0"
     and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", device.upper())
     and torch._C._dispatch_has_kernel_for_dispatch_key(
         "aten::_fused_rms_norm_backward", device.upper()

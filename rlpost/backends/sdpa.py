@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from typing import Any, cast
 
 import torch
 from torch import Tensor
+
+from rlpost import switches
 
 CUDNN_FIRST_CAPABILITIES = frozenset({(9, 0)})
 """GPUs on which the padded attention asks SDPA for cuDNN's attention before flash attention's:
@@ -23,7 +24,7 @@ Hopper, where cuDNN's kernels train 1.7-2.3x faster for training shapes, and not
 (slower on Ampere and Blackwell by the same published measurements). A preference, not a
 restriction: a call cuDNN cannot serve goes to the next backend, as SDPA chooses by default.
 RLPOST_CUDNN_ATTENTION=0 leaves SDPA's own order."""
-CUDNN_ATTENTION_ENV = "RLPOST_CUDNN_ATTENTION"
+CUDNN_ATTENTION_ENV = switches.CUDNN_ATTENTION.name
 
 
 def sdpa_preference() -> list[Any]:
@@ -46,7 +47,7 @@ def sdpa_preference() -> list[Any]:
 def preferred_backends(query: Tensor) -> contextlib.AbstractContextManager[Any]:
     """cuDNN first for an SDPA call on `query`'s GPU where CUDNN_FIRST_CAPABILITIES holds it;
     nothing for any other device."""
-    if not query.is_cuda or os.environ.get(CUDNN_ATTENTION_ENV, "1") == "0":
+    if not query.is_cuda or switches.CUDNN_ATTENTION.value() == "0":
         return contextlib.nullcontext()
     if torch.cuda.get_device_capability(query.device) not in CUDNN_FIRST_CAPABILITIES:
         return contextlib.nullcontext()

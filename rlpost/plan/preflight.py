@@ -23,12 +23,13 @@ import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import RunConfig
 from rlpost.schema.recipe import RewardType
+from rlpost.switches import bad_switches
 
 MAX_BAD_LINES = 5
 HEAD_CONNECT_TIMEOUT_S = 3.0
@@ -308,6 +309,16 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
     return issues
 
 
+def check_switches(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    """rlpost's environment switches (rlpost.switches) set to a value they do not take."""
+    return [
+        Issue(switch.name, f"the environment switch {switch.problem()}", switch.meaning
+              + f"; unset it or set {' or '.join(switch.choices)}", value=value,
+              location=Location(file="the environment"))
+        for switch, value in bad_switches()
+    ]  # fmt: skip
+
+
 def _local_gpus() -> int:
     try:
         return sum(1 for _ in NVIDIA_GPUS.iterdir())
@@ -421,6 +432,7 @@ MACHINE_CHECKS: tuple[MachineCheck, ...] = (
     check_checkpoints,
     check_data,
     check_environment,
+    check_switches,
     check_cluster,
     check_run_dir,
 )

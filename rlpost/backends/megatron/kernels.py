@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlpost import switches
 from rlpost.backends import rope as rotary
 from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
 from rlpost.backends.rms_norm import rms_norm
@@ -210,7 +210,7 @@ ATTENTION_PATHS: Counter[str] = Counter()
 benchmarks/megatron_train.py prints the padded share."""
 
 
-PACKED_ATTENTION_ENV = "RLPOST_PACKED_ATTENTION"
+PACKED_ATTENTION_ENV = switches.PACKED_ATTENTION.name
 """Where the varlen kernel applies: `auto` (the default) takes the padded path for the
 micro-batches on which it measured faster (`padded_pays`), `varlen` never does."""
 PADDED_MARGIN = 0.9
@@ -235,7 +235,7 @@ def padded_pays(
     the first micro-batch of at least MEASURE_MIN_TOKENS tokens (`measure_padded_speedup`),
     and logged; a failed measurement leaves the varlen kernel. RLPOST_PACKED_ATTENTION=varlen
     skips all of it."""
-    if os.environ.get(PACKED_ATTENTION_ENV, "auto") == "varlen" or not index.padded_work:
+    if switches.PACKED_ATTENTION.value() == "varlen" or not index.padded_work:
         return False
     shape = (query.device, query.shape[1], key.shape[1], query.shape[2], query.dtype)
     speedup = _padded_speedups.get(shape)
