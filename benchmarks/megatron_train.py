@@ -78,6 +78,7 @@ sys.path.insert(0, str(REPO))
 from plain_loop import PlainResult, run_plain_loop  # noqa: E402
 from step_profile import profile_report  # noqa: E402
 
+from rlpost import switches  # noqa: E402
 from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
 from rlpost.backends.megatron import kernels  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
@@ -323,7 +324,7 @@ def main() -> None:
     if args.attention == "padded":
         kernels.VARLEN_ATTN = None  # packed_attention then takes the padded path everywhere
     if args.attention == "varlen":
-        os.environ[kernels.PACKED_ATTENTION_ENV] = "varlen"
+        os.environ[switches.PACKED_ATTENTION.name] = "varlen"
     args.lengths = sample_lengths(args)
     on_gpu = torch.cuda.is_available()
     args.hardware = args.hardware or ("h200x1" if on_gpu else "cpu")

@@ -30,6 +30,8 @@ class Switch:
 
 
 COMPILE = Switch("RLPOST_COMPILE", ("0", "1"), "1", "0 runs every compiled kernel eagerly")
+# a way around a torch build whose fused RMSNorm kernels misbehave (benchmarks/gpu_checks.sh
+# sets it when their gpu test fails)
 FUSED_RMS_NORM = Switch(
     "RLPOST_FUSED_RMS_NORM", ("0", "1"), "1", "0 runs RMSNorm without torch's fused kernels"
 )

@@ -30,8 +30,6 @@ from rlpost import switches
 
 log = logging.getLogger(__name__)
 
-DISABLE_ENV = switches.COMPILE.name
-"""Set to 0 to run every compiled function eagerly."""
 
 P = ParamSpec("P")
 R = TypeVar("R")

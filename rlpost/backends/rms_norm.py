@@ -40,10 +40,6 @@ def _fused_rms_norm() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
 
 
 FUSED_RMS_NORM = _fused_rms_norm()
-DISABLE_ENV = switches.FUSED_RMS_NORM.name
-"""Set to 0 to run the unfused path everywhere: a way around a torch build whose fused
-kernels misbehave, without changing the code (benchmarks/gpu_checks.sh sets it when the
-fused kernels' gpu test fails)."""
 FUSED_RMS_NORM_DEVICES = frozenset(
     device
     for device in ("cuda",)

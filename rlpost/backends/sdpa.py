@@ -24,7 +24,6 @@ Hopper, where cuDNN's kernels train 1.7-2.3x faster for training shapes, and not
 (slower on Ampere and Blackwell by the same published measurements). A preference, not a
 restriction: a call cuDNN cannot serve goes to the next backend, as SDPA chooses by default.
 RLPOST_CUDNN_ATTENTION=0 leaves SDPA's own order."""
-CUDNN_ATTENTION_ENV = switches.CUDNN_ATTENTION.name
 
 
 def sdpa_preference() -> list[Any]:

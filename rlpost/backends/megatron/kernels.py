@@ -210,9 +210,6 @@ ATTENTION_PATHS: Counter[str] = Counter()
 benchmarks/megatron_train.py prints the padded share."""
 
 
-PACKED_ATTENTION_ENV = switches.PACKED_ATTENTION.name
-"""Where the varlen kernel applies: `auto` (the default) takes the padded path for the
-micro-batches on which it measured faster (`padded_pays`), `varlen` never does."""
 PADDED_MARGIN = 0.9
 """The padded path is taken when its predicted time is under this share of the varlen
 kernel's, so that a measurement's noise cannot move a micro-batch to the slower path."""

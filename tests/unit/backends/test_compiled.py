@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from rlpost import switches
 from rlpost.backends import compiled, logprobs, rms_norm, rope, swiglu
 from rlpost.backends.compiled import Compiled, compile_devices
 from rlpost.backends.megatron import kernels
@@ -165,11 +166,11 @@ def test_only_cuda_inputs_are_compiled_and_the_switch_turns_it_off(
         if not torch.cuda.is_available():
             assert compile_devices() == frozenset()
         assert not swiglu._swiglu_forward.applies(torch.randn(2, 4))  # a CPU tensor
-        monkeypatch.setenv(compiled.DISABLE_ENV, "0")
+        monkeypatch.setenv(switches.COMPILE.name, "0")
         compile_devices.cache_clear()
         assert compile_devices() == frozenset()
     finally:
-        monkeypatch.delenv(compiled.DISABLE_ENV)
+        monkeypatch.delenv(switches.COMPILE.name)
         compile_devices.cache_clear()
 
 

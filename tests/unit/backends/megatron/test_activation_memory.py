@@ -30,6 +30,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
+from rlpost import switches
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.batches import build_micro_batch
 from rlpost.backends.megatron.trainer import MegatronTrainer
@@ -203,7 +204,7 @@ def use_cpu_varlen() -> None:
     kernels.varlen_applies = lambda q, k, v, index, dropout_p: index.cu_seqlens is not None
     # the varlen kernel itself, not the padded path where it measures faster (this slow CPU
     # kernel loses to it)
-    os.environ[kernels.PACKED_ATTENTION_ENV] = "varlen"
+    os.environ[switches.PACKED_ATTENTION.name] = "varlen"
 
 
 def kept_with_varlen(trainer: MegatronTrainer, samples: list[TrainSample]) -> int:

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlpost import switches
 from rlpost.backends import sdpa
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.batches import build_micro_batch
@@ -159,7 +160,7 @@ def on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(kernels, "padded_attention", recorded)
     monkeypatch.setattr(kernels, "_padded_speedups", {})
     monkeypatch.setattr(kernels, "MEASURE_MIN_TOKENS", 100)
-    monkeypatch.delenv(kernels.PACKED_ATTENTION_ENV, raising=False)
+    monkeypatch.delenv(switches.PACKED_ATTENTION.name, raising=False)
     return calls
 
 
@@ -201,10 +202,10 @@ def test_the_switch_or_a_failed_measurement_leaves_the_varlen_kernel(
     monkeypatch.setattr(kernels, "measure_padded_speedup", broken)
     index = packed_index((64, 64, 64))
     q, k, v = qkv(192, torch.float32)
-    monkeypatch.setenv(kernels.PACKED_ATTENTION_ENV, "varlen")
+    monkeypatch.setenv(switches.PACKED_ATTENTION.name, "varlen")
     kernels.packed_attention(q, k, v, index, scale=1.0)
     assert on_a_gpu == ["varlen"] and not kernels._padded_speedups  # nothing measured
-    monkeypatch.delenv(kernels.PACKED_ATTENTION_ENV)
+    monkeypatch.delenv(switches.PACKED_ATTENTION.name)
     with caplog.at_level("WARNING", logger=kernels.__name__):
         kernels.packed_attention(q, k, v, index, scale=1.0)
         kernels.packed_attention(q, k, v, index, scale=1.0)
@@ -254,7 +255,7 @@ def first_step(trainer: MegatronTrainer, samples: list[TrainSample], mode: str) 
     """In a rank: the varlen op on CPU (test_activation_memory.use_cpu_varlen), the choice
     `mode`, one train step; its loss and gradient norm and the speeds measured."""
     use_cpu_varlen()
-    os.environ[kernels.PACKED_ATTENTION_ENV] = mode
+    os.environ[switches.PACKED_ATTENTION.name] = mode
     kernels.MEASURE_MIN_TOKENS = 0  # this rank's micro-batch has 112
     before = kernels.ATTENTION_PATHS.copy()
     metrics = trainer.train_step(samples)
