@@ -12,10 +12,18 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
+from typing import TypedDict
 
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
 
 TCP_PREFIX = "tcp://"
+
+
+class Rendezvous(TypedDict, total=False):
+    """`init_process_group`'s keyword arguments for where the ranks meet: one of the two."""
+
+    init_method: str
+    store: Store
 
 
 def tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Store:
@@ -42,7 +50,7 @@ def process_group_store(
     rank: int,
     world_size: int,
     timeout: timedelta,
-) -> dict[str, object]:
+) -> Rendezvous:
     """`init_process_group` keyword arguments for a rendezvous: a `file://` init_method as
     it is, else a TCP store served on host only."""
     if init_method is not None and not init_method.startswith(TCP_PREFIX):

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -198,7 +198,9 @@ def _discard_output_dir(refused: bool) -> None:
     if sweep and not refused:
         return
     named = hc.sweep if sweep else hc.run
-    pattern = str(OmegaConf.to_container(named, resolve=False).get("dir", ""))
+    # hc.run / hc.sweep are DictConfig nodes: their container is a dict
+    container = cast(dict[str, Any], OmegaConf.to_container(named, resolve=False))
+    pattern = str(container.get("dir", ""))
     output = Path(hc.runtime.output_dir)
     if "${now:" not in pattern or not discard_unused(output):
         return

@@ -35,9 +35,10 @@ GRACE_S = 10.0
 
 def _args(process: psutil.Process) -> list[str]:
     try:
-        return process.cmdline()
+        args: list[str] = process.cmdline()
     except psutil.Error:
         return []
+    return args
 
 
 def cluster_processes(gcs_address: str) -> list[list[psutil.Process]]:

@@ -132,7 +132,7 @@ class JsonlSource:
         return len(self.prompts)
 
     def get_samples(self, num_groups: int) -> list[Group]:
-        groups = []
+        groups: list[Group] = []
         while len(groups) < num_groups:
             if self._offset == len(self.prompts):
                 self._epoch += 1

@@ -107,7 +107,8 @@ class RewardBatcher:
             self._flush = None
         waiting, self._waiting = self._waiting, []
         while waiting:  # calls of at most batch_size samples (a group is never split)
-            batch, size = [], 0
+            batch: list[tuple[list[Sample], asyncio.Future[list[float]]]] = []
+            size = 0
             while waiting and (not batch or size + len(waiting[0][0]) <= self.batch_size):
                 batch.append(waiting.pop(0))
                 size += len(batch[-1][0])

@@ -25,7 +25,8 @@ def _seed_everything(seed: int) -> None:
 
 def _where() -> dict[str, object]:
     """The node this actor runs on (its cluster address) and its process."""
-    return {"address": ray.util.get_node_ip_address(), "pid": os.getpid()}
+    address: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return {"address": address, "pid": os.getpid()}
 
 
 @ray.remote

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import uuid
@@ -98,7 +99,7 @@ def _probe_bundle() -> tuple[str, int, str | None]:
     from rlpost.runtime.netif import interface_for
 
     gpu_ids = ray.get_gpu_ids()
-    address = ray.util.get_node_ip_address()
+    address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     return address, int(gpu_ids[0]) if gpu_ids else -1, interface_for(address)
 
 
@@ -116,10 +117,12 @@ def _free_port_here() -> int:
     """A port free on this node, on its cluster address."""
     from rlpost.backends.ports import free_port
 
-    return free_port(ray.util.get_node_ip_address())
+    return free_port(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
 
-def one_per_node_at_a_time(calls: Sequence[tuple[int, Callable[[], ray.ObjectRef]]]) -> list[Any]:
+def one_per_node_at_a_time(
+    calls: Sequence[tuple[int, Callable[[], ray.ObjectRef[Any]]]],
+) -> list[Any]:
     """The results of remote calls given as (node, start the call), run in waves of at most
     one call per node. Short tasks then reuse one worker process per node (with max_calls=0,
     which a task that asks for a GPU needs: Ray otherwise starts a fresh worker for each).
@@ -163,10 +166,9 @@ class Cluster:
     def start(self) -> None:
         if not ray.is_initialized():
             self._init_ray()
-        driver = ray.util.get_node_ip_address()
-        self.nodes = choose_nodes(
-            self.hardware, nodes_from_ray(ray.nodes()), driver, self.num_slots
-        )
+        driver = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        self.nodes = choose_nodes(self.hardware, nodes_from_ray(nodes), driver, self.num_slots)
         self.pg = placement_group(self._bundles(), strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
@@ -246,13 +248,8 @@ class Cluster:
         per_node = self.hardware.gpus_per_node
         found = one_per_node_at_a_time(
             [
-                (
-                    i // per_node,  # bundle i is pinned to chosen node i // per_node
-                    lambda i=i: _probe_bundle.options(
-                        num_gpus=0.01 if self.on_gpu else 0,
-                        scheduling_strategy=self.strategy_for_bundle(i),
-                    ).remote(),
-                )
+                # bundle i is pinned to chosen node i // per_node
+                (i // per_node, functools.partial(self._start_probe, i))
                 for i in range(self.num_slots)
             ]
         )
@@ -261,6 +258,12 @@ class Cluster:
         return sorted(
             slots, key=lambda s: (rank.get(s.node_ip, len(rank)), s.gpu_id, s.bundle_index)
         )
+
+    def _start_probe(self, bundle_index: int) -> ray.ObjectRef[tuple[str, int, str | None]]:
+        return _probe_bundle.options(
+            num_gpus=0.01 if self.on_gpu else 0,
+            scheduling_strategy=self.strategy_for_bundle(bundle_index),
+        ).remote()
 
     def share(self, fraction: float) -> dict[str, float]:
         """Ray resources of an actor that takes `fraction` of its device slot."""
@@ -279,7 +282,8 @@ class Cluster:
 
     def strategy_for_bundle(self, bundle_index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
-            placement_group=self.pg,
+            # Ray takes None for no group, though its annotation says PlacementGroup
+            placement_group=self.pg,  # type: ignore[arg-type]
             placement_group_bundle_index=bundle_index,
             placement_group_capture_child_tasks=True,
         )

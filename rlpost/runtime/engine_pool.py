@@ -124,12 +124,12 @@ class RayEngine:
     def __init__(
         self,
         specs: Sequence[EngineSpec],
-        make_actor: Callable[[EngineSpec], ray.actor.ActorHandle],
+        make_actor: Callable[[EngineSpec], ray.actor.ActorHandle[EngineActor]],
     ) -> None:
         self.index = specs[0].index
         self.specs = list(specs)
         self.make_actor = make_actor
-        self.actors: list[ray.actor.ActorHandle] = []
+        self.actors: list[ray.actor.ActorHandle[EngineActor]] = []
 
     async def start(self) -> str:
         if not self.actors:
@@ -144,11 +144,11 @@ class RayEngine:
 
     async def _start_actors(self) -> str:
         # Every node of a multi-node engine must come up together; the head answers.
-        urls = await asyncio.gather(*(a.start.remote() for a in self.actors))
+        urls: list[str] = await asyncio.gather(*(a.start.remote() for a in self.actors))
         return str(urls[0])
 
     async def stop(self) -> None:
-        async def stop_one(actor: ray.actor.ActorHandle) -> None:
+        async def stop_one(actor: ray.actor.ActorHandle[EngineActor]) -> None:
             try:
                 await actor.stop.remote()
             except ray.exceptions.RayActorError:
@@ -193,12 +193,15 @@ def ray_engines(
     on that node, its server process started with `server_env(slot index)`."""
     placement = plan.placement
 
-    def make_actor(spec: EngineSpec) -> ray.actor.ActorHandle:
+    def make_actor(spec: EngineSpec) -> ray.actor.ActorHandle[EngineActor]:
         index = server_slot(placement, spec)
         options: dict[str, Any] = {"scheduling_strategy": cluster.strategy(index), **resources}
         if runtime_env is not None:
             options["runtime_env"] = runtime_env
-        return EngineActor.options(**options).remote(spec, server_env(index))
+        # mypy sees EngineActor as the plain class, not the ActorClass ray.remote made of it
+        actor: ray.actor.ActorHandle[EngineActor]
+        actor = EngineActor.options(**options).remote(spec, server_env(index))  # type: ignore[attr-defined]
+        return actor
 
     return [RayEngine(per_node, make_actor) for per_node in specs]
 

@@ -87,7 +87,7 @@ def format_eval_table(reports: Sequence[EvalReport]) -> str:
         return ""
     names = list(reports[0].accuracy)
     rows = [
-        [str(r.rollout_id)] + [f"{r.accuracy[n]:.3f}" if n in r.accuracy else None for n in names]
+        [str(r.rollout_id), *(f"{r.accuracy[n]:.3f}" if n in r.accuracy else None for n in names)]
         for r in reports
     ]
     return render_table(["after rollout", *names], rows, title="eval accuracy")

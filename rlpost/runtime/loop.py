@@ -275,7 +275,8 @@ class TrainLoop:
         try:
             path = await checkpoint.save(self.run_dir, done, write, cfg.recipe.save.keep_last)
         except checkpoint.SaveError as exc:
-            return self._save_failed(done, exc)
+            self._save_failed(done, exc)
+            return None
         status(f"saved {path} ({time.perf_counter() - start:.1f} s)")
         return path
 

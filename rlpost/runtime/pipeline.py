@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,9 +233,9 @@ class RolloutPipeline:
             )
             flight = InFlight(group, client, task, self.engine_version, step)
             self.in_flight.append(flight)
-            task.add_done_callback(lambda _, f=flight: self._finished(f))
+            task.add_done_callback(functools.partial(self._finished, flight))
 
-    def _finished(self, flight: InFlight) -> None:
+    def _finished(self, flight: InFlight, _: asyncio.Task[Group]) -> None:
         if flight in self.in_flight:
             self.in_flight.remove(flight)
         self._changed.set()

@@ -91,8 +91,8 @@ class Session:
         self.plan = plan
         self.run_dir = run_dir
         self.cluster = Cluster(cfg.hardware, plan.placement.slots_in_use, cfg)
-        self.trainers: list[ray.actor.ActorHandle] = []
-        self.reward_actor: ray.actor.ActorHandle | None = None
+        self.trainers: list[ray.actor.ActorHandle[TrainActor]] = []
+        self.reward_actor: ray.actor.ActorHandle[RewardModelActor] | None = None
         self.pool: EnginePool | None = None
         self.router: Router | None = None
         self.client: EngineClient | None = None
@@ -239,7 +239,9 @@ class Session:
         placement = self.plan.placement
         nodes = self.cluster.nodes
         entries: list[dict[str, Any]] = []
-        wheres = await asyncio.gather(*(t.where.remote() for t in self.trainers))
+        wheres: list[dict[str, object]] = await asyncio.gather(
+            *(t.where.remote() for t in self.trainers)
+        )
         for rank, (slot, where) in enumerate(zip(placement.train_slots, wheres, strict=True)):
             entries.append({"role": "train", "rank": rank, "node": slot.node, **where})
         assert self.pool is not None
@@ -298,9 +300,9 @@ class Session:
         for rank, slot in enumerate(placement.train_slots):
             index = placement.index(slot)
             strategy = self.cluster.strategy(index)
-            actor = TrainActor.options(scheduling_strategy=strategy, **resources).remote(
-                spec, rank, self._thread_env(index)
-            )
+            actor = TrainActor.options(  # type: ignore[attr-defined]
+                scheduling_strategy=strategy, **resources
+            ).remote(spec, rank, self._thread_env(index))
             self.trainers.append(actor)
 
     def _start_reward_model(self) -> None:
@@ -310,7 +312,7 @@ class Session:
             return
         index = self.plan.placement.index(slot)
         resources = self.cluster.share(1.0)
-        self.reward_actor = RewardModelActor.options(
+        self.reward_actor = RewardModelActor.options(  # type: ignore[attr-defined]
             scheduling_strategy=self.cluster.strategy(index), **resources
         ).remote(
             reward.model, dict(reward.model_settings), self.cluster.on_gpu, self._thread_env(index)

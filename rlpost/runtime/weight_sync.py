@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import logging
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -116,7 +116,7 @@ def _rank() -> int:
 
 async def _weight_buckets(
     call: TrainerCall, num_ranks: int, bucket_bytes: int, fp8: Fp8Format | None
-) -> AsyncIterator[list[WeightInfo]]:
+) -> AsyncGenerator[list[WeightInfo], None]:
     """The trainers' weights bucket by bucket. Every rank steps through the stream together
     (a sharded trainer gathers each bucket collectively); the bucket stays current on every
     rank until the next step, which drops it before gathering another: nothing looks ahead,

@@ -277,7 +277,8 @@ def _memory_buffer_class() -> type:
             key = (name, dtype)
             if key not in self.buffer or self.buffer[key].numel() < numel:
                 self.buffer[key] = torch.empty(numel, dtype=dtype, device="cpu")
-            return self.buffer[key][:numel].view(*tensor_shape)
+            view: torch.Tensor = self.buffer[key][:numel].view(*tensor_shape)
+            return view
 
     return CpuMemoryBuffer
 

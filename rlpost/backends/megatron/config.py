@@ -24,7 +24,7 @@ from rlpost.plan.layout import RECOMPUTE_NONE, SELECTIVE_RECOMPUTE_MODULES, Para
 from rlpost.schema import ModelConfig, OptimConfig
 
 try:
-    import transformer_engine  # noqa: F401
+    import transformer_engine  # type: ignore[import-not-found]  # noqa: F401
 
     HAVE_TE = True
 except ImportError:

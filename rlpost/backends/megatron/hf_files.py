@@ -81,7 +81,8 @@ class HFCheckpoint:
         file = self._file_of.get(name) or self._scales[name]
         if file not in self._open:
             self._open[file] = self._stack.enter_context(safe_open(str(file), "pt"))
-        return self._open[file].get_tensor(name)
+        tensor: torch.Tensor = self._open[file].get_tensor(name)
+        return tensor
 
     def close(self) -> None:
         self._stack.close()

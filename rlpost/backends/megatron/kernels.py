@@ -107,7 +107,7 @@ def packed_mla_rope(
     d] at each token's position in one gather: what megatron-core computes sample by sample
     (rope_utils._apply_rotary_pos_emb_thd, the CP chunks included, as positions are this rank's
     own), without reading cu_seqlens on the host. Anything else goes to megatron-core's."""
-    from megatron.core.models.common.embeddings import rope_utils  # type: ignore[import-untyped]
+    from megatron.core.models.common.embeddings import rope_utils
 
     positions = getattr(cu_seqlens, POSITIONS_ATTR, None)
     if positions is None or config.apply_rope_fusion:

@@ -54,7 +54,7 @@ class LatentRMSNorm(RMSNorm):
         super().__init__(config, hidden_size, LATENT_NORM_EPS)
 
 
-class PostNormRowParallelLinear(RowParallelLinear):
+class PostNormRowParallelLinear(RowParallelLinear):  # type: ignore[misc]
     def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
         super().__init__(input_size, output_size, config=config, **kwargs)
         self.post_norm = RMSNorm(config, output_size, config.layernorm_epsilon)
@@ -68,7 +68,7 @@ class PostNormRowParallelLinear(RowParallelLinear):
 
 def gather_along_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     """All ranks' `x` concatenated along dim 0, rank-major, differentiable."""
-    return _GatherSequence.apply(x, group)  # type: ignore[no-any-return]
+    return _GatherSequence.apply(x, group)  # type: ignore[no-untyped-call,no-any-return]
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -90,7 +90,7 @@ class _GatherSequence(torch.autograd.Function):
         return grad.chunk(ctx.size, dim=0)[ctx.rank].contiguous(), None
 
 
-class PackedAttention(MegatronModule):
+class PackedAttention(MegatronModule):  # type: ignore[misc]
     """Causal attention within each packed sample, optionally context parallel. RoPE is
     applied here, from the micro-batch's table (packed.PackedBatchParams), and the samples'
     layout comes from the micro-batch's index tensors: nothing is read on the host."""

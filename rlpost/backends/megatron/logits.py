@@ -48,5 +48,9 @@ def output_layer_input(hidden: Tensor, sequence_parallel: bool) -> Tensor:
     if parallel_state.get_tensor_model_parallel_world_size() == 1:
         return hidden
     if sequence_parallel:
-        return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
-    return copy_to_tensor_model_parallel_region(hidden)
+        gathered: Tensor = gather_from_sequence_parallel_region(
+            hidden, tensor_parallel_output_grad=True
+        )
+        return gathered
+    copied: Tensor = copy_to_tensor_model_parallel_region(hidden)
+    return copied

@@ -75,7 +75,7 @@ class MTPTargets:
     loss_out: Tensor  # [1] set by the forward: this micro-batch's share of train/mtp_loss
 
 
-class PackedMTPLayer(MultiTokenPredictionLayer):
+class PackedMTPLayer(MultiTokenPredictionLayer):  # type: ignore[misc]
     """An MTP layer whose full recomputation works with packed samples: megatron-core 0.16.1
     hands every argument, PackedSeqParams included, to its checkpoint function, which saves
     tensors only. Here the checkpoint sees the two activations and the rest rides in a closure;
@@ -104,7 +104,7 @@ def mtp_loss_factor(model: ModelConfig, train: TrainConfig) -> float | None:
     return train.mtp_loss_scaling_factor
 
 
-class MTPGPTModel(GPTModel):
+class MTPGPTModel(GPTModel):  # type: ignore[misc]
     """GPTModel that returns logits and, when a forward gets `mtp_targets`, also trains its
     MTP block on them (see the module docstring). Without targets the MTP block is skipped."""
 
@@ -120,7 +120,7 @@ class MTPGPTModel(GPTModel):
         finally:
             self._targets = None
 
-    def _postprocess(  # type: ignore[override]
+    def _postprocess(
         self,
         hidden_states: Tensor,
         input_ids: Tensor,
@@ -158,7 +158,8 @@ class MTPGPTModel(GPTModel):
 
     def _detached_embedding(self) -> Callable[..., Tensor]:
         def embed(input_ids: Tensor, position_ids: Tensor) -> Tensor:
-            return self.embedding(input_ids=input_ids, position_ids=position_ids).detach()
+            embedded: Tensor = self.embedding(input_ids=input_ids, position_ids=position_ids)
+            return embedded.detach()
 
         return embed
 

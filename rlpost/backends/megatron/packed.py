@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from megatron.core.packed_seq_params import PackedSeqParams  # type: ignore[import-untyped]
+from megatron.core.packed_seq_params import PackedSeqParams
 from torch import Tensor
 
 

@@ -205,7 +205,7 @@ def _hand_out_hidden_states(model: GPTModel) -> None:
     ) -> tuple[torch.Tensor, None]:
         return hidden, None
 
-    model.output_layer.forward = forward  # type: ignore[method-assign]
+    model.output_layer.forward = forward
 
 
 def _placed(model: GPTModel, settings: MegatronSettings) -> GPTModel:

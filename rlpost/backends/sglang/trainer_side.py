@@ -105,13 +105,13 @@ def _current_bucket() -> NamedTensors:
 def update_group_address(trainer: Any, multi_node: bool) -> tuple[str, int]:
     """Where the group's rendezvous listens: this node (its IP when engines are on other
     nodes), on a port free here."""
-    from rlpost.backends.sglang.process import free_port
+    from rlpost.backends.ports import free_port
 
     host = "127.0.0.1"
     if multi_node:
         import ray
 
-        host = ray.util.get_node_ip_address()
+        host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
     return host, free_port(host)
 
 
@@ -198,12 +198,14 @@ def ipc_handle_payload(tensor: Tensor) -> str:
     by another process on the same machine with `tensor_from_payload`."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    return base64.b64encode(pickle.dumps(reduce_tensor(tensor))).decode()
+    handle = reduce_tensor(tensor)  # type: ignore[no-untyped-call]
+    return base64.b64encode(pickle.dumps(handle)).decode()
 
 
 def tensor_from_payload(payload: str) -> Tensor:
     rebuild, args = pickle.loads(base64.b64decode(payload))
-    return rebuild(*args)
+    tensor: Tensor = rebuild(*args)
+    return tensor
 
 
 # ---- probe --------------------------------------------------------------------------------

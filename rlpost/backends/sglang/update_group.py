@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,15 @@ def init_update_group(
     # rank 0 serves the rendezvous on master_address alone; the engines connect by URL
     store = tcp_store(master_address, master_port, rank, world_size, timeout)
     store = c10d.PrefixStore(group_name, store)
+    group: dist.ProcessGroup
     group, _ = c10d._new_process_group_helper(
-        world_size, rank, [], backend, store, group_name=group_name, timeout=timeout
+        world_size,
+        rank,
+        [],
+        backend,
+        store,
+        group_name=cast("c10d.GroupName", group_name),  # a NewType of str
+        timeout=timeout,
     )
     # Group-rank bookkeeping torch keeps for registered groups: destroy needs it.
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}

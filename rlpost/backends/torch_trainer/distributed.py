@@ -53,7 +53,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor, Shard
 
-from rlpost.backends.stores import process_group_store
+from rlpost.backends.stores import Rendezvous, process_group_store
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DataParallel:
                 )
             return False
         timeout = timedelta(seconds=self.timeout_s)
-        rendezvous: dict[str, Any] = (
+        rendezvous: Rendezvous = (
             process_group_store(
                 self.init_method,
                 self.master_addr,

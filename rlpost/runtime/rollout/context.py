@@ -187,8 +187,8 @@ def render_environment_turn(tokenizer: Any, policy_text: str, content: str, role
         {"role": "user", "content": PROBE_USER},
         {"role": "assistant", "content": PROBE_ASSISTANT},
     ]
-    closed = tokenizer.apply_chat_template(base, tokenize=False)
-    extended = tokenizer.apply_chat_template(
+    closed: str = tokenizer.apply_chat_template(base, tokenize=False)
+    extended: str = tokenizer.apply_chat_template(
         [*base, {"role": role, "content": content}], tokenize=False, add_generation_prompt=True
     )
     if not extended.startswith(closed) or PROBE_ASSISTANT not in closed:
