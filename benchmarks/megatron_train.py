@@ -34,11 +34,11 @@ GiB; 1.7b: 89 GiB) on top of 16 bytes of float32 state per parameter.
 this process after the trainer is gone; prints its tokens/s, memory and rlpost / plain.
 --profile: one more rlpost train step counted for host reads, and one under torch.profiler
 (benchmarks/step_profile.py).
---ragged: samples of a quarter to all of --seq-len tokens (seeded; no --baseline), the work
-the megatron trainer's varlen attention saves over padding each micro-batch's samples to the
-longest. --attention: where the varlen kernel applies (CUDA, bf16), the megatron trainer takes
-the padded path for the micro-batches on which it measured faster, padding counted (auto;
-the layout row shows the measured speed), or never (varlen), or always (padded).
+--ragged: samples of a quarter to all of --seq-len tokens (seeded; no --baseline), the work the
+megatron trainer's varlen attention saves over padding each group of a micro-batch's samples to its
+longest. --attention: where the varlen kernel applies (CUDA, bf16), the megatron trainer takes the
+padded path for the micro-batches on which it measured faster, padding counted (auto; the layout row
+shows the measured speed), or never (varlen), or always (padded).
 
 MFU = model FLOPs / (seconds x the hardware profile's peak_bf16_tflops), rlpost.plan.flops'
 definition: 2 N + 4 L a s per token and forward, 3 forwards for training plus each no-grad

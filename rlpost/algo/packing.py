@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlpost.plan.layout import PADDED_ROWS_LIMIT
+
 
 def pack_first_fit(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """First-fit decreasing into micro-batches of at most `max_tokens` tokens.
@@ -32,6 +34,30 @@ def pack_first_fit(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
             bins[target].append(index)
             free[target] -= length
     return [sorted(b) for b in bins]
+
+
+def padded_groups(lengths: Sequence[int], limit: float = PADDED_ROWS_LIMIT) -> list[list[int]]:
+    """A micro-batch's samples in groups that attention pads each to its own longest, so that
+    no group's padded rows (S samples padded to the longest, W: S W) exceed `limit` times its
+    samples' tokens (rlpost.plan.layout.PADDED_ROWS_LIMIT, which the plan counts):
+    longest first, a sample joins the group of the samples just longer than it while the group
+    stays within the limit, else it starts the next. Samples with no rows are in no group.
+    Groups list indices in ascending order, the longest samples' group first."""
+    if limit < 1.0:
+        raise ValueError(f"limit={limit} must be >= 1.0 (samples of one length pad nothing)")
+    groups: list[list[int]] = []
+    width = tokens = 0
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        length = lengths[index]
+        if length <= 0:
+            continue
+        if groups and (len(groups[-1]) + 1) * width <= limit * (tokens + length):
+            groups[-1].append(index)
+            tokens += length
+        else:
+            groups.append([index])
+            width = tokens = length
+    return [sorted(group) for group in groups]
 
 
 def pack_fixed_count(num_samples: int, micro_batch_size: int) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """Which of SDPA's backends the trainers' padded attention asks for first.
 
-Both trainers attend over packed samples gathered into one padded batch on some path (the
+Both trainers attend over packed samples gathered into padded batches on some path (the
 megatron trainer's padded path, megatron.kernels.padded_attention; the torch trainer's packed
 attention, torch_trainer.attention), and call `F.scaled_dot_product_attention` there inside
 `preferred_backends(query)`: on a GPU of CUDNN_FIRST_CAPABILITIES SDPA tries cuDNN's attention

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.engine_memory import CUDA_CONTEXT_GIB, GIB
-from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.layout import PADDED_ROWS_LIMIT, ParallelLayout
 from rlpost.plan.memory import (
     ENGINE_RESIDUAL_GIB,
     TRAIN_WORKSPACE_GIB,
@@ -144,7 +144,12 @@ def gathered_bytes(model: ModelConfig) -> float:
 
 
 def torch_layer_activation_bytes(
-    model: ModelConfig, index: int, tokens: int, par: ParallelLayout, fused: bool = True
+    model: ModelConfig,
+    index: int,
+    tokens: int,
+    par: ParallelLayout,
+    fused: bool = True,
+    padded_rows: float = PADDED_ROWS_LIMIT,
 ) -> float:
     """Bytes decoder layer `index` of a transformers model keeps for backward over `tokens`
     tokens under this trainer, in the compute dtype (c bytes; bf16 on GPUs), counted tensor by
@@ -160,16 +165,17 @@ def torch_layer_activation_bytes(
       attention and MLP;
     - RoPE keeps only its shared cos and sin tables (counted nowhere: one per forward);
     - the packed attention (rlpost.backends.torch_trainer.attention) gathers Q, K and V into
-      one padded batch of samples, which SDPA keeps with its output and float32 log-sum-exp
-      per head; the output projection keeps its input;
+      padded batches of samples, which SDPA keeps with its output and float32 log-sum-exp
+      per head, `padded_rows` rows per token (each group of samples of similar lengths pads
+      to its longest: at most PADDED_ROWS_LIMIT, 1.0 for samples of one length); the output
+      projection keeps its input;
     - a gated MLP keeps the gate, its activation, the up projection and their product (4 c f);
       fused, a SwiGLU MLP keeps the gate, the up projection and their product (3 c f: the
       activation is recomputed in backward); an ungated one its input and activation (2 c f).
-    Samples padded to the longest in a micro-batch are not counted (as in megatron's term).
     MoE and multi-latent attention layers are counted with megatron-core's terms
     (rlpost.plan.memory.layer_activation_bytes), which transformers' may not match."""
     if model.mla is not None or is_moe_layer(model, index):
-        return layer_activation_bytes(model, index, tokens, par, "none")
+        return layer_activation_bytes(model, index, tokens, par, "none", padded_rows=padded_rows)
     c = float(weight_bytes(model))
     h, f = model.hidden_size, model.ffn_hidden_size
     heads, groups = model.num_attention_heads, model.num_query_groups
@@ -183,7 +189,8 @@ def torch_layer_activation_bytes(
     per_token = 2 * (norm(h, 1) + c * h) + post_norms * norm(h, 1)
     if model.qk_layernorm:
         per_token += norm(a, heads) + norm(g, groups)
-    per_token += c * (2 * a + 2 * g) + 4.0 * heads + c * a  # Q K V, output, lse; o_proj in
+    per_token += padded_rows * (c * (2 * a + 2 * g) + 4.0 * heads) + c * a  # Q K V, output,
+    # lse (padded); o_proj's input
     gated = model.activation in ("swiglu", "geglu")
     per_token += (3 if fused and model.activation == "swiglu" else 4 if gated else 2) * c * f
     return tokens * per_token

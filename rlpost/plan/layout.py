@@ -13,6 +13,11 @@ SELECTIVE_RECOMPUTE_MODULES = ("core_attn",)
 attention (RoPE, the per-sample gathers and SDPA), whose saved tensors the plan's memory
 estimate then leaves out (rlpost.plan.memory)."""
 
+PADDED_ROWS_LIMIT = 1.25
+"""Both trainers' padded attention pads each group of samples of similar lengths to its
+longest, with at most this many rows over the group's tokens (rlpost.algo.packing.
+padded_groups); the plan's memory estimate counts what it keeps at this many rows per token."""
+
 
 @dataclass(frozen=True)
 class Sizes:

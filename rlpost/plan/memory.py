@@ -23,9 +23,10 @@ recompute keeps each layer's input and rebuilds one group of layers at a time. P
 i of p holds p - i micro-batches in flight under 1F1B (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", section 4.2.3). The output side is the
 log-prob kernel's: the hidden states, three float32 chunks of logits, the output weight's
-gradient and the hidden states' float32 gradient, never the [tokens x vocab] logits. Padded
-attention rows are taken as the tokens: samples of very different lengths in one micro-batch
-pad to the longest.
+gradient and the hidden states' float32 gradient, never the [tokens x vocab] logits. The
+padded attention pads each group of samples of similar lengths to its longest, to at most
+PADDED_ROWS_LIMIT times the group's tokens (rlpost.algo.packing.padded_groups), so what it
+keeps is counted at that many rows per token.
 
 On GPUs the megatron trainer's attention runs torch's varlen flash kernel instead of padded
 SDPA wherever it applies (`varlen_attention`, rlpost.backends.megatron.kernels.varlen_applies),
@@ -60,7 +61,7 @@ from rlpost.plan.engine_memory import (
     RolloutMemory,
     longest_sample_tokens,
 )
-from rlpost.plan.layout import ParallelLayout, Sizes
+from rlpost.plan.layout import PADDED_ROWS_LIMIT, ParallelLayout, Sizes
 from rlpost.plan.params import StageParams, is_moe_layer, params_per_stage, stage_layers
 from rlpost.schema import HardwareConfig, ModelConfig, RecipeConfig
 
@@ -120,14 +121,16 @@ def varlen_attention(model: ModelConfig, hardware: HardwareConfig, par: Parallel
     )
 
 
-def _attention_elements(model: ModelConfig, recompute: str, varlen: bool = False) -> float:
+def _attention_elements(
+    model: ModelConfig, recompute: str, varlen: bool = False, padded_rows: float = 1.0
+) -> float:
     """Elements per token the attention block keeps inside TP (megatron-core's local spec with
     rlpost's PackedAttention): the fused QKV output (its key view stays with the K norm), the
     query copy its reshape makes (with QK-norm), the padded per-sample Q, K, V and the output
-    SDPA keeps, and the output projection's input. Selective recompute (core attention) keeps
-    the normed Q and K instead of what SDPA keeps. The varlen kernel (`varlen`) keeps the roped
-    Q and K, the QKV output whole (V is a view of it) and its output, which the projection
-    keeps as its input too."""
+    SDPA keeps (`padded_rows` rows of them per token), and the output projection's input.
+    Selective recompute (core attention) keeps the normed Q and K instead of what SDPA keeps.
+    The varlen kernel (`varlen`) keeps the roped Q and K, the QKV output whole (V is a view of
+    it) and its output, which the projection keeps as its input too."""
     if model.mla is not None:  # queries and latents through low-rank projections
         mla = model.mla
         heads = model.num_attention_heads
@@ -135,7 +138,7 @@ def _attention_elements(model: ModelConfig, recompute: str, varlen: bool = False
         g = heads * mla.v_head_dim
         latents = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_pos_emb_head_dim
         kept = 2 * latents + 2 * a + g
-        return kept + (a + g if recompute == "selective" else 2 * a + 2 * g)
+        return kept + (a + g if recompute == "selective" else padded_rows * (2 * a + 2 * g))
     a = model.num_attention_heads * model.head_dim
     g = model.num_query_groups * model.head_dim
     qkv = (a + 2 * g) + a if model.qk_layernorm else 0.0  # fused output, query copy
@@ -144,9 +147,9 @@ def _attention_elements(model: ModelConfig, recompute: str, varlen: bool = False
         return qkv + (0.0 if model.qk_layernorm else fused) + (a + g) + a
     if recompute == "selective":  # the checkpoint's inputs: Q and K (V is a view of QKV);
         # without QK-norm, the query copy and the QKV output the key and value view
-        core = a + g if model.qk_layernorm else 2 * a + 2 * g
+        core: float = a + g if model.qk_layernorm else 2 * a + 2 * g
     else:
-        core = 2 * a + 2 * g
+        core = padded_rows * (2 * a + 2 * g)
     return qkv + core + a
 
 
@@ -187,15 +190,18 @@ def layer_activation_bytes(
     par: ParallelLayout,
     recompute: str,
     varlen: bool = False,
+    padded_rows: float = PADDED_ROWS_LIMIT,
 ) -> float:
     """Bytes decoder layer `index` keeps for backward over `tokens` tokens on one GPU, under
     `recompute` none or selective (full keeps its input: `layer_input_bytes`), with padded
-    SDPA or (`varlen`) the varlen flash kernel. Every tensor is in the compute dtype except
+    SDPA (`padded_rows` rows per token: at most PADDED_ROWS_LIMIT, 1.0 for samples of one
+    length) or (`varlen`) the varlen flash kernel. Every tensor is in the compute dtype except
     the attention's float32 log-sum-exp and the routing's."""
     element = weight_bytes(model)
-    inner = _attention_elements(model, recompute, varlen) + _mlp_elements(model, index)
+    rows = 1.0 if varlen else padded_rows
+    inner = _attention_elements(model, recompute, varlen, rows) + _mlp_elements(model, index)
     replicated = _replicated_elements(model)
-    lse = 4.0 * model.num_attention_heads / par.tp if recompute != "selective" else 0.0
+    lse = 4.0 * rows * model.num_attention_heads / par.tp if recompute != "selective" else 0.0
     if par.sequence_parallel:
         per_token = element * (replicated + inner) / par.tp
     else:

@@ -15,7 +15,8 @@ instead of a float32 copy of the activations and a cast back:
 - `packed_attention`: causal attention within each packed sample. Where torch's flash-attention
   varlen kernel applies (CUDA, bf16/fp16, no CP, no dropout) it runs on the THD tensors as they
   are, its work and memory proportional to the real tokens; elsewhere SDPA over the samples as
-  one padded batch (`[S, W]`, the longest sample's width), which the CPU tests run.
+  padded batches, one per group of samples of similar lengths (`[S, W]`, W the group's longest
+  sample; at most 1.25 rows a token), which the CPU tests run.
 - `swiglu` (rlpost.backends.swiglu, shared with the torch trainer): silu(gate) * up as one
   autograd function that keeps only its input for backward (megatron-core's unfused path also
   keeps silu(gate), a third tensor of the MLP's width).
@@ -225,13 +226,13 @@ of attention work, as measured (0.0: not to be taken)."""
 def padded_pays(
     query: Tensor, key: Tensor, value: Tensor, index: AttentionIndex, scale: float
 ) -> bool:
-    """Whether the padded path (SDPA over the samples padded to the longest; on Hopper cuDNN's
-    attention) beats the varlen kernel on this micro-batch: its extra work for the padding
-    (`index.padded_work`, known on the host) under PADDED_MARGIN times its speed over the
-    varlen kernel's. That speed is measured once per process, GPU, head shape and dtype, on
-    the first micro-batch of at least MEASURE_MIN_TOKENS tokens (`measure_padded_speedup`),
-    and logged; a failed measurement leaves the varlen kernel. RLPOST_PACKED_ATTENTION=varlen
-    skips all of it."""
+    """Whether the padded path (SDPA over the samples padded to their group's longest; on
+    Hopper cuDNN's attention) beats the varlen kernel on this micro-batch: its extra work for
+    the padding (`index.padded_work`, known on the host) under PADDED_MARGIN times its speed
+    over the varlen kernel's. That speed is measured once per process, GPU, head shape and
+    dtype, on the first micro-batch of at least MEASURE_MIN_TOKENS tokens
+    (`measure_padded_speedup`), and logged; a failed measurement leaves the varlen kernel.
+    RLPOST_PACKED_ATTENTION=varlen skips all of it."""
     if switches.PACKED_ATTENTION.value() == "varlen" or not index.padded_work:
         return False
     shape = (query.device, query.shape[1], key.shape[1], query.shape[2], query.dtype)
@@ -341,26 +342,33 @@ def padded_attention(
     scale: float,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """SDPA over the samples as one padded batch: gather each sample's rows into [S, hq, W, d]
-    (`index.rows`, `index.keys` under CP), attend, and put each real row back
-    (`index.slots`). Runs on any device and dtype, with dropout and the CP mask; on Hopper
-    SDPA tries cuDNN's attention first (rlpost.backends.sdpa)."""
-    k_rows = index.rows if index.keys is None else index.keys
+    """SDPA over the samples as padded batches, one per group of samples of similar lengths
+    (packed.AttentionIndex): gather each group's rows into [S, hq, W, d] (under CP its keys by
+    `keys`), attend, and put each real row back (`index.slots`). Runs on any device and dtype,
+    with dropout and the CP mask; on Hopper SDPA tries cuDNN's attention first
+    (rlpost.backends.sdpa)."""
+    outs = []
     with preferred_backends(query):
-        out = F.scaled_dot_product_attention(
-            query[index.rows].transpose(1, 2),  # [S, np, W, d]
-            key[k_rows].transpose(1, 2),
-            value[k_rows].transpose(1, 2),
-            # one sample per batch entry, padding after it: without context parallelism plain
-            # causal attention is exact for every real row (no mask, so flash kernels apply)
-            attn_mask=index.mask,
-            dropout_p=dropout_p,
-            is_causal=index.mask is None,
-            scale=scale,
-            enable_gqa=key.shape[1] != query.shape[1],
-        )
-    slots = out.transpose(1, 2).flatten(0, 1)  # [S * W, np, dv]
-    return slots[index.slots].flatten(1)
+        for group in index.groups:
+            k_rows = group.rows if group.keys is None else group.keys
+            out = F.scaled_dot_product_attention(
+                query[group.rows].transpose(1, 2),  # [S, np, W, d]
+                key[k_rows].transpose(1, 2),
+                value[k_rows].transpose(1, 2),
+                # one sample per batch entry, padding after it: without context parallelism
+                # plain causal attention is exact for every real row (no mask, so flash kernels
+                # apply)
+                attn_mask=group.mask,
+                dropout_p=dropout_p,
+                is_causal=group.mask is None,
+                scale=scale,
+                enable_gqa=key.shape[1] != query.shape[1],
+            )
+            outs.append(out.transpose(1, 2).flatten(0, 1))  # [S * W, np, dv]
+    if not outs:  # no local rows
+        return query.new_empty(0, query.shape[1] * value.shape[-1])
+    padded = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return padded[index.slots].flatten(1)
 
 
 # ---- SwiGLU -----------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ class PackedAttention(MegatronModule):  # type: ignore[misc]
             query = apply_rope(query, packed_seq_params.rope, self.interleaved)
             key = apply_rope(key, packed_seq_params.rope, self.interleaved)
         index = packed_seq_params.attention
-        if index.keys is not None:  # context parallel: every rank's keys, rank-major
+        if index.gathered_keys:  # context parallel: every rank's keys, rank-major
             key = gather_along_sequence(key, self.cp_group)
             value = gather_along_sequence(value, self.cp_group)
         return packed_attention(

@@ -8,11 +8,14 @@ batch, and the RoPE angles are computed there once from the batch's position ids
 `PackedBatchParams`, a `PackedSeqParams` that megatron-core hands unchanged to every layer's
 core attention (`layers.PackedAttention`).
 
-Attention runs as one padded batch of samples: `rows[s, j]` is the local row of the j-th token
-of sample s (clamped past its end), `slots[r]` the place `s * W + j` of local row r in that
-padded batch, so the output comes back with one gather. Under context parallelism the keys are
-gathered across the CP group first (rank-major); `keys` indexes them per sample and `mask` says
-which key each query may see. Without context parallelism each sample's local rows are one
+Attention runs as padded batches of samples, one per group of samples of similar lengths
+(rlpost.algo.packing.padded_groups: no group pads to more than PADDED_ROWS_LIMIT times its
+samples' tokens, so a short sample never pads to a long one): in each group,
+`rows[s, j]` is the local row of the j-th token of its sample s (clamped past its end);
+`slots[r]` is the place of local row r in the groups' padded rows laid end to end, so the
+output comes back with one gather. Under context parallelism the keys are gathered across the
+CP group first (rank-major); a group's `keys` index them per sample and its `mask` says which
+key each query may see. Without context parallelism each sample's local rows are one
 contiguous run in position order, so `cu_seqlens` (int32, [S + 1]) and `max_seqlen` (a Python
 int) describe them as they are, for a variable-length kernel that needs no padding
 (`kernels.packed_attention`).
@@ -29,32 +32,52 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 from torch import Tensor
 
+from rlpost.algo.packing import padded_groups
+
+
+@dataclass(frozen=True)
+class PaddedGroup:
+    """One padded batch of samples of similar lengths."""
+
+    rows: Tensor  # [S, W] local rows of each sample, in position order (clamped in padding)
+    keys: Tensor | None = None  # CP: [S, Wk] rows of the CP-gathered keys, per sample
+    mask: Tensor | None = None  # CP: [S, 1, W, Wk] True where a query may see a key
+
+    def to(self, device: torch.device) -> PaddedGroup:
+        rows = self.rows.to(device, non_blocking=True)
+        return PaddedGroup(rows, _moved(self.keys, device), _moved(self.mask, device))
+
 
 @dataclass(frozen=True)
 class AttentionIndex:
-    rows: Tensor  # [S, W] local rows of each sample, in position order (clamped in padding)
-    slots: Tensor  # [t_local] each local row's place s * W + j in the padded batch
-    keys: Tensor | None = None  # CP: [S, Wk] rows of the CP-gathered keys, per sample
-    mask: Tensor | None = None  # CP: [S, 1, W, Wk] True where a query may see a key
+    groups: tuple[PaddedGroup, ...]  # samples padded to each group's longest, longest first
+    slots: Tensor  # [t_local] each local row's place in the groups' padded rows, end to end
+    gathered_keys: bool = False  # CP: keys and values are gathered across the CP group first
     cu_seqlens: Tensor | None = None  # no CP: [S + 1] int32, sample s is rows cu[s]:cu[s + 1]
     max_seqlen: int = 0  # no CP: the longest sample's rows (W), known on the host
     squared_rows: int = 0  # no CP: the sum of each sample's rows squared, known on the host
 
     @property
     def padded_work(self) -> float:
-        """Attention work on the padded batch over work on the samples as they are: S W^2
-        over the sum of their squared lengths (1.0 for samples of one length; 0.0 under CP,
-        where it is not known)."""
-        samples, width = self.rows.shape
-        return samples * width * width / self.squared_rows if self.squared_rows else 0.0
+        """Attention work on the padded groups over work on the samples as they are: the sum
+        of each group's S W^2 over the sum of the samples' squared lengths (1.0 for samples of
+        one length; 0.0 under CP, where it is not known)."""
+        if not self.squared_rows:
+            return 0.0
+        padded = sum(g.rows.shape[0] * g.rows.shape[1] ** 2 for g in self.groups)
+        return padded / self.squared_rows
 
     def to(self, device: torch.device) -> AttentionIndex:
-        moved = {
-            field.name: getattr(self, field.name).to(device, non_blocking=True)
-            for field in dataclasses.fields(self)
-            if isinstance(getattr(self, field.name), Tensor)
-        }
-        return dataclasses.replace(self, **moved)
+        return dataclasses.replace(
+            self,
+            groups=tuple(g.to(device) for g in self.groups),
+            slots=self.slots.to(device, non_blocking=True),
+            cu_seqlens=_moved(self.cu_seqlens, device),
+        )
+
+
+def _moved(tensor: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if tensor is None else tensor.to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -104,15 +127,24 @@ def attention_index(
         return out
 
     mine = rows_by_sample(cp_rank, 0)
-    rows, valid, _ = _grouped(mine)
     local_count = sum(len(p) for p in local_positions[cp_rank])
-    slots = torch.empty(local_count, dtype=torch.long)  # slots[rows[s, j]] = s * W + j
-    slots[rows[valid]] = torch.arange(rows.numel()).view_as(rows)[valid]
+    slots = torch.empty(local_count, dtype=torch.long)  # slots[rows[s, j]]: its padded row
+    grouped = []  # per group: its samples, their rows [S, W] and which are real [S, W]
+    offset = 0
+    for members in padded_groups([len(sample) for sample in mine]):
+        rows, valid, _ = _grouped([mine[s] for s in members])
+        slots[rows[valid]] = offset + torch.arange(rows.numel()).view_as(rows)[valid]
+        offset += rows.numel()
+        grouped.append((members, rows, valid))
     if cp_size == 1:
         cu_seqlens, max_seqlen = _boundaries(mine)
         squared = sum(len(sample) ** 2 for sample in mine)
         return AttentionIndex(
-            rows, slots, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, squared_rows=squared
+            tuple(PaddedGroup(rows) for _, rows, _ in grouped),
+            slots,
+            cu_seqlens=cu_seqlens,
+            max_seqlen=max_seqlen,
+            squared_rows=squared,
         )
     bases = [0]
     for rank in range(cp_size - 1):
@@ -127,13 +159,16 @@ def attention_index(
             sorted_positions = sorted(local_positions[r][s])
             for row, pos in zip(sample_rows, sorted_positions, strict=True):
                 position_of[row] = pos
-    keys, key_valid, _ = _grouped(keys_by_sample)
-    q_pos = torch.tensor([[position_of[bases[cp_rank] + int(r)] for r in row] for row in rows])
-    k_pos = torch.tensor([[position_of[int(r)] for r in row] for row in keys])
-    causal = k_pos.unsqueeze(1) <= q_pos.unsqueeze(2)
-    # padding query slots see every key (their rows are dropped), so no row is all -inf
-    mask = causal & key_valid.unsqueeze(1) | ~valid.unsqueeze(2)
-    return AttentionIndex(rows, slots, keys, mask.unsqueeze(1))
+    groups = []
+    for members, rows, valid in grouped:
+        keys, key_valid, _ = _grouped([keys_by_sample[s] for s in members])
+        q_pos = torch.tensor([[position_of[bases[cp_rank] + int(r)] for r in row] for row in rows])
+        k_pos = torch.tensor([[position_of[int(r)] for r in row] for row in keys])
+        causal = k_pos.unsqueeze(1) <= q_pos.unsqueeze(2)
+        # padding query slots see every key (their rows are dropped), so no row is all -inf
+        mask = causal & key_valid.unsqueeze(1) | ~valid.unsqueeze(2)
+        groups.append(PaddedGroup(rows, keys, mask.unsqueeze(1)))
+    return AttentionIndex(tuple(groups), slots, gathered_keys=True)
 
 
 def _boundaries(samples: list[list[int]]) -> tuple[Tensor | None, int]:

@@ -9,10 +9,12 @@ from rlpost.algo.packing import (
     pack_fixed_count,
     pack_micro_batches,
     packing_efficiency,
+    padded_groups,
     partition_groups,
     partition_ranks,
     split_contiguous,
 )
+from rlpost.plan.layout import PADDED_ROWS_LIMIT as LIMIT
 
 
 def rl_lengths(count: int, seed: int) -> list[int]:
@@ -129,3 +131,35 @@ def test_groups_stay_whole_and_balanced() -> None:
         sum(lengths[g] for g, members in enumerate(groups) if set(members) <= set(p)) for p in parts
     )
     assert loads == [70, 70]
+
+
+def padded_rows(lengths: list[int], groups: list[list[int]]) -> int:
+    return sum(len(g) * max(lengths[i] for i in g) for g in groups)
+
+
+def test_padded_groups_by_hand() -> None:
+    # 200 and 130 pad to 400 rows for 330 tokens (1.21); 64 with them would be 600 for 394
+    assert padded_groups([1, 37, 200, 64, 5, 130]) == [[2, 5], [3], [1], [4], [0]]
+    assert padded_groups([8, 8, 8]) == [[0, 1, 2]]  # one length: one group, no padding
+    assert padded_groups([3, 0, 4]) == [[0, 2]]  # 8 rows for 7 tokens; no rows: no group
+    assert padded_groups([3, 4], limit=1.0) == [[1], [0]]
+    assert padded_groups([]) == []
+    with pytest.raises(ValueError, match="limit"):
+        padded_groups([1], limit=0.5)
+
+
+@pytest.mark.parametrize(("seed", "cap"), [(s, c) for s in range(3) for c in (4096, 16384)])
+def test_padded_groups_bound_the_padding_of_rl_micro_batches(seed: int, cap: int) -> None:
+    """First-fit micro-batches of RL lengths pad to their longest sample up to about 1.9x their
+    tokens; grouped, none exceeds the limit, in a few groups each."""
+    lengths = rl_lengths(256, seed)
+    single = []
+    for micro_batch in pack_first_fit(lengths, cap):
+        mine = [lengths[i] for i in micro_batch]
+        groups = padded_groups(mine)
+        assert_partition(groups, len(mine))
+        for group in groups:  # each group within the limit, so the micro-batch too
+            assert padded_rows(mine, [group]) <= LIMIT * sum(mine[i] for i in group)
+        assert len(groups) <= 4
+        single.append(len(mine) * max(mine) / sum(mine))
+    assert max(single) > 1.4  # what one padded batch would have kept

@@ -31,9 +31,11 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from rlpost import switches
+from rlpost.algo.packing import padded_groups
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.batches import build_micro_batch
 from rlpost.backends.megatron.trainer import MegatronTrainer
+from rlpost.plan.layout import PADDED_ROWS_LIMIT
 from rlpost.plan.memory import layer_activation_bytes, layer_input_bytes
 from rlpost.schema import ModelConfig
 from rlpost.types import TrainSample
@@ -86,27 +88,41 @@ def kept_for_backward(trainer: MegatronTrainer, samples: list[TrainSample]) -> i
     return sum(seen.values())
 
 
-def equal_samples(length: int) -> list[TrainSample]:
-    rng = random.Random(length)
+EQUAL = ((32,) * SAMPLES, (96,) * SAMPLES)  # two token counts, samples of one length
+RAGGED = (40, 32, 32, 24)  # one padded group of 4 x 40 rows for 128 tokens: 1.25 a token
+
+
+def samples_of(lengths: tuple[int, ...]) -> list[TrainSample]:
+    rng = random.Random(sum(lengths))
     return [TrainSample([rng.randrange(2, tiny.VOCAB) for _ in range(length)], length // 2,
-                        rng.choice([-1.0, 1.0])) for _ in range(SAMPLES)]  # fmt: skip
+                        rng.choice([-1.0, 1.0])) for length in lengths]  # fmt: skip
+
+
+def padded_rows(lengths: tuple[int, ...]) -> float:
+    """Rows of the padded attention's groups (rlpost.algo.packing.padded_groups) per token."""
+    groups = padded_groups(lengths)
+    return sum(len(g) * max(lengths[i] for i in g) for g in groups) / sum(lengths)
 
 
 def one_layer_kept(
-    family: str, recompute: str, tmp_path: Path, measure: Callable[..., int]
+    family: str,
+    recompute: str,
+    tmp_path: Path,
+    measure: Callable[..., int],
+    micro_batches: tuple[tuple[int, ...], ...] = EQUAL,
 ) -> Iterator[tuple[int, int, Any, Any]]:
-    """Per token count (32 and 96 per sample): the tokens, one layer's bytes kept for backward
-    as `measure` counts them (a model of one layer more minus the model without it), and the
-    larger model and the layout the plan is asked about."""
+    """Per micro-batch (its samples' lengths): the tokens, one layer's bytes kept for
+    backward as `measure` counts them (a model of one layer more minus the model without it),
+    and the larger model and the layout the plan is asked about."""
     build, base = FAMILIES[family]
     models = {n: build(tmp_path / f"layers{n}", layers=n) for n in (base, base + 1)}
-    for length in (32, 96):
-        tokens = SAMPLES * length
+    for lengths in micro_batches:
+        tokens = sum(lengths)
         kept = {}
         for n, model in models.items():
-            setup = Setup(model, configs(SAMPLES, train={"max_tokens_per_gpu": tokens}),
+            setup = Setup(model, configs(len(lengths), train={"max_tokens_per_gpu": tokens}),
                           layout(recompute=recompute))  # fmt: skip
-            kept[n] = setup.run(measure, equal_samples(length))
+            kept[n] = setup.run(measure, samples_of(lengths))
         yield tokens, kept[base + 1] - kept[base], models[base + 1], layout(recompute=recompute)
 
 
@@ -121,9 +137,27 @@ def test_plan_counts_what_a_layer_keeps_for_backward(
     ):
         if recompute == "full":
             planned = layer_input_bytes(model, tokens, par)
-        else:
-            planned = layer_activation_bytes(model, base, tokens, par, recompute)
+        else:  # samples of one length: no padding
+            planned = layer_activation_bytes(model, base, tokens, par, recompute, padded_rows=1.0)
         assert 0.9 <= measured / planned <= 1.1, (family, recompute, tokens, measured, planned)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "glm4"])
+def test_plan_counts_the_padded_attention_of_samples_of_different_lengths(
+    family: str, tmp_path: Path
+) -> None:
+    """The padded attention pads each group of samples to its longest: the plan's term at the
+    micro-batch's padded rows, which its default (PADDED_ROWS_LIMIT) bounds."""
+    base = FAMILIES[family][1]
+    rows = padded_rows(RAGGED)
+    assert rows == PADDED_ROWS_LIMIT
+    [(tokens, measured, model, par)] = one_layer_kept(
+        family, "none", tmp_path, kept_for_backward, (RAGGED,)
+    )
+    planned = layer_activation_bytes(model, base, tokens, par, "none", padded_rows=rows)
+    unpadded = layer_activation_bytes(model, base, tokens, par, "none", padded_rows=1.0)
+    assert 0.97 <= measured / planned <= 1.03, (family, measured, planned)
+    assert measured / unpadded > 1.03, (family, measured, unpadded)  # the padding is counted
 
 
 def _causal_per_sample(
@@ -216,7 +250,7 @@ def varlen_against_padded(rank: int, world: int, port: int) -> float:
     """The largest difference between the varlen op (CPU kernel) and the padded path, in the
     output and the q, k, v gradients, for ragged samples with GQA."""
     use_cpu_varlen()
-    samples = [equal_samples(n)[0] for n in (9, 3, 17)]
+    samples = samples_of((9, 3, 17))
     index = build_micro_batch(samples, [0, 1, 2]).packed.attention
     assert index is not None and index.cu_seqlens is not None
     gen = torch.Generator().manual_seed(0)

@@ -30,7 +30,7 @@ from . import tiny_checkpoints as tiny
 from .conftest import Setup, configs, layout
 from .test_activation_memory import use_cpu_varlen
 
-LENGTHS = (1, 37, 200, 64, 5, 130)  # ragged: the padded batch is 6 x 200 for 437 tokens
+LENGTHS = (1, 37, 200, 64, 5, 130)  # ragged: one padded batch would be 6 x 200 for 437 tokens
 HEADS, GROUPS, HEAD_DIM = 8, 2, 64  # GQA: four query heads per key/value head
 
 
@@ -57,10 +57,20 @@ def test_packer_carries_each_samples_contiguous_rows_without_cp() -> None:
     index = packed_index()
     assert index.cu_seqlens is not None and index.cu_seqlens.dtype == torch.int32
     assert index.cu_seqlens.diff().tolist() == list(LENGTHS)
-    assert index.max_seqlen == max(LENGTHS) == index.rows.shape[1]
-    for s, n in enumerate(LENGTHS):  # the padded path's rows are the same runs
-        start = int(index.cu_seqlens[s])
-        assert index.rows[s, :n].tolist() == list(range(start, start + n))
+    assert index.max_seqlen == max(LENGTHS) == index.groups[0].rows.shape[1]
+    # the padded path's groups (padded_groups: 200 with 130, then one each) hold the same runs
+    groups = [[2, 5], [3], [1], [4], [0]]
+    assert [tuple(g.rows.shape) for g in index.groups] == [
+        (2, 200),
+        (1, 64),
+        (1, 37),
+        (1, 5),
+        (1, 1),
+    ]
+    for members, group in zip(groups, index.groups, strict=True):
+        for entry, s in enumerate(members):
+            start, n = int(index.cu_seqlens[s]), LENGTHS[s]
+            assert group.rows[entry, :n].tolist() == list(range(start, start + n))
     # sequence parallelism over 4 ranks appends a pad sample: it is a run of its own
     sp = packed_index(tp_size=4, sequence_parallel=True)
     assert sp.cu_seqlens is not None
@@ -70,7 +80,8 @@ def test_packer_carries_each_samples_contiguous_rows_without_cp() -> None:
     # gathered from the group: no boundaries, so the padded path with its mask
     for rank in (0, 1):
         cp = packed_index(cp_rank=rank, cp_size=2)
-        assert cp.cu_seqlens is None and cp.max_seqlen == 0 and cp.mask is not None
+        assert cp.cu_seqlens is None and cp.max_seqlen == 0 and cp.gathered_keys
+        assert all(g.mask is not None and g.keys is not None for g in cp.groups)
 
 
 def test_selection_rule_takes_the_padded_path_on_cpu() -> None:
@@ -135,7 +146,9 @@ def test_varlen_matches_the_padded_path_on_cuda_in_bf16() -> None:
 def test_padded_work_is_the_padded_batchs_attention_over_the_samples() -> None:
     assert packed_index((64, 64, 64)).padded_work == 1.0
     ragged = packed_index()
-    assert ragged.padded_work == pytest.approx(6 * 200**2 / sum(n * n for n in LENGTHS))
+    # the groups (200 with 130, then one each) pad only 130 to 200
+    padded = 2 * 200**2 + sum(n * n for n in (64, 37, 5, 1))
+    assert ragged.padded_work == pytest.approx(padded / sum(n * n for n in LENGTHS))
     assert packed_index(cp_rank=0, cp_size=2).padded_work == 0.0  # CP: the padded path anyway
 
 

@@ -7,7 +7,9 @@ parameters left out. A model of two layers minus the same model of one is one la
 measured in float32 (the CPU trainer) and in bf16 (what a GPU computes in: FSDP2's mixed
 precision hands the layers bf16 parameters and inputs, as a bf16 model here does), for a
 Qwen3 layer (QK-norm) and a Mistral-shaped one (a `generic` model), each at two token
-counts, so that a constant fitted to one count would not pass; with transformers' RMSNorm
+counts, so that a constant fitted to one count would not pass, and on samples of different
+lengths, which the attention pads to the longest of each group (at most PADDED_ROWS_LIMIT
+rows a token; the plan is asked at the micro-batch's own padded rows); with transformers' RMSNorm
 modules as they are (CPU) and on rlpost's kernels (CUDA: fused RMSNorm, SwiGLU and RoPE,
 rlpost.backends.torch_trainer.kernels; here torch's reference decompositions of the fused
 RMSNorm ops stand in for their CUDA kernels, and keep what they keep). The plan's term
@@ -24,18 +26,24 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from rlpost.algo.packing import padded_groups
 from rlpost.backends import rms_norm
 from rlpost.backends.torch_trainer import kernels
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
 from rlpost.cli.hf_model import HFConfig, model_fields
 from rlpost.plan.fsdp import torch_layer_activation_bytes
-from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.layout import PADDED_ROWS_LIMIT, ParallelLayout
 from rlpost.schema import ModelConfig
 from rlpost.types import TrainSample
 
 VOCAB = 64
 SAMPLES = 4
+LENGTHS = {  # per micro-batch, the samples' lengths
+    "equal32": (32,) * SAMPLES,
+    "equal96": (96,) * SAMPLES,
+    "ragged": (40, 32, 32, 24),  # one padded group of 4 x 40 rows for 128 tokens: 1.25 a token
+}
 SHAPE: dict[str, Any] = {  # attention twice the hidden size wide, as Qwen3-0.6B's is
     "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -90,16 +98,22 @@ def rotary_put_back(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(kernels, "fuse_rotary", restoring)
 
 
-def kept_for_backward(path: Path, dtype: str, length: int, fused: bool = False) -> int:
+def padded_rows(lengths: tuple[int, ...]) -> float:
+    """Rows of the padded attention's groups (rlpost.algo.packing.padded_groups) per token."""
+    groups = padded_groups(lengths)
+    return sum(len(g) * max(lengths[i] for i in g) for g in groups) / sum(lengths)
+
+
+def kept_for_backward(path: Path, dtype: str, lengths: tuple[int, ...], fused: bool = False) -> int:
     model = load_causal_lm(path).to(DTYPES[dtype])
     if fused:
         routed = kernels.fuse_kernels(model, "cpu")
         assert routed.norms > 0 and routed.mlps > 0 and routed.rotary == 1
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    rng = random.Random(length)
+    rng = random.Random(sum(lengths))
     samples = [
         TrainSample([rng.randrange(2, VOCAB) for _ in range(length)], length // 2, 1.0)
-        for _ in range(SAMPLES)
+        for length in lengths
     ]
     seen: dict[int, int] = {}
 
@@ -125,11 +139,14 @@ def test_plan_counts_what_a_transformers_layer_keeps(
         kernels_on_cpu(monkeypatch)
     models = {n: save_model(tmp_path / f"layers{n}", arch, n, dtype) for n in (1, 2)}
     assert models[2].qk_layernorm == (arch == "qwen3")
-    for length in (32, 96):
-        tokens = SAMPLES * length
+    for case, lengths in LENGTHS.items():
         two, one = (
-            kept_for_backward(tmp_path / f"layers{n}", dtype, length, fused) for n in (2, 1)
+            kept_for_backward(tmp_path / f"layers{n}", dtype, lengths, fused) for n in (2, 1)
         )
         par = ParallelLayout.single_process(recompute="none")
-        planned = torch_layer_activation_bytes(models[2], 1, tokens, par, fused=fused)
-        assert two - one == pytest.approx(planned, rel=0.05), (arch, dtype, tokens)
+        rows = padded_rows(lengths)
+        assert rows == (PADDED_ROWS_LIMIT if case == "ragged" else 1.0)
+        planned = torch_layer_activation_bytes(
+            models[2], 1, sum(lengths), par, fused=fused, padded_rows=rows
+        )
+        assert two - one == pytest.approx(planned, rel=0.05), (arch, dtype, case)

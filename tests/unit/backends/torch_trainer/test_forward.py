@@ -31,7 +31,7 @@ def test_pack_samples_layout() -> None:
     assert packed.targets.tolist() == [7, 10, 11]
     assert packed.segment_ids.tolist() == [0, 1, 1]
     assert [t.tolist() for t in packed.split(torch.tensor([1.0, 2.0, 3.0]))] == [[1.0], [2.0, 3.0]]
-    assert packed.rows.index.tolist() == [[0, 1, 2, 0], [3, 4, 5, 6]]
+    assert [g.tolist() for g in packed.rows.groups] == [[[0, 1, 2, 0], [3, 4, 5, 6]]]
     assert packed.rows.owner.tolist() == [0, 1, 2, 4, 5, 6, 7]
     assert not packed.shared
 
@@ -51,7 +51,9 @@ def test_pack_samples_shares_a_prompt_once_per_row() -> None:
     assert packed.logit_positions.tolist() == [2, 5, 2, 7]
     assert packed.targets.tolist() == [7, 6, 8, 9]
     assert packed.segment_ids.tolist() == [0, 1, 2, 2]
-    assert packed.rows.index.tolist() == [[0, 1, 2, 3, 0], [4, 5, 6, 0, 0], [0, 1, 2, 7, 8]]
+    assert [g.tolist() for g in packed.rows.groups] == [
+        [[0, 1, 2, 3, 0], [4, 5, 6, 0, 0], [0, 1, 2, 7, 8]]
+    ]
     # Row positions 0-3 from the first sample, 4-6 from the second, 7-8 from the third.
     assert packed.rows.owner.tolist() == [0, 1, 2, 3, 5, 6, 7, 13, 14]
     unshared = pack_samples(samples, share_prompts=False)
