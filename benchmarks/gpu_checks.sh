@@ -9,7 +9,9 @@
 # selective recompute (memory against the plan), 0.6b without recompute on the padded path
 # (SDPA) and on the varlen kernel alone (the training checks choose between them by a
 # measurement, benchmarks/megatron_train.py --attention), 0.6b on samples of ragged lengths
-# with each of the three, qwen3-4b in the shipped layout, and a profiled 0.6b
+# with each of the three and with the torch trainer (both pad each group of samples of similar
+# lengths to its longest: memory against the plan's bound), qwen3-4b in the shipped layout, and
+# a profiled 0.6b
 # step (top kernels, and by input shapes; host reads). A summary of tokens/s, memory and ratio
 # rows ends it.
 #
@@ -110,6 +112,8 @@ for attention in auto padded varlen; do  # samples of 1,024-4,096 tokens
   check "ragged_${SMALL}_$attention" 70 $(bench "$SMALL" 2 --ragged --attention "$attention") \
     layout.train.recompute.granularity=none
 done
+check "ragged_${SMALL}_torch" 70 $(bench "$SMALL" 2 --ragged) trainer.backend=torch \
+  layout.train.recompute.granularity=none
 check "train_${BIG}_megatron" 150 $(bench "$BIG" 2)
 check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recompute.granularity=none
 
