@@ -3,14 +3,17 @@
 Both trainers attend over packed samples gathered into padded batches on some path (the
 megatron trainer's padded path, megatron.kernels.padded_attention; the torch trainer's packed
 attention, torch_trainer.attention), and call `F.scaled_dot_product_attention` there inside
-`preferred_backends(query)`: on a GPU of CUDNN_FIRST_CAPABILITIES SDPA tries cuDNN's attention
-first, elsewhere its own order.
+`preferred_backends(query, key)`: on a GPU of CUDNN_FIRST_CAPABILITIES SDPA tries cuDNN's
+attention first for the shapes cuDNN has a plan for or may still build one (CUDNN_PLANS),
+elsewhere its own order.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -24,6 +27,22 @@ Hopper, where cuDNN's kernels train 1.7-2.3x faster for training shapes, and not
 (slower on Ampere and Blackwell by the same published measurements). A preference, not a
 restriction: a call cuDNN cannot serve goes to the next backend, as SDPA chooses by default.
 RLPOST_CUDNN_ATTENTION=0 leaves SDPA's own order."""
+
+CUDNN_PLANS = 16
+"""Distinct input shapes per process for which the padded attention asks cuDNN first. cuDNN's
+attention builds an execution plan for each new shape of its inputs, forward and backward
+(reported at 55-70 ms a plan on recent GPUs, longer when a kernel must be compiled; torch
+caches them by shape), where flash attention builds nothing. Equal samples make one or a few
+shapes, which the plans soon serve; samples of ragged lengths make a new shape nearly every
+micro-batch, where the builds would cost more than cuDNN's faster kernels save. So past this
+many shapes a new one takes SDPA's own order (flash attention first), and the megatron
+trainer its varlen kernel (megatron.kernels.padded_pays)."""
+
+log = logging.getLogger(__name__)
+Shape = tuple[Any, ...]
+_cudnn_shapes: set[Shape] = set()
+"""The shapes this process has asked cuDNN first for (at most CUDNN_PLANS)."""
+_refused: list[int] = []  # once a new shape is refused (logged then)
 
 
 def sdpa_preference() -> list[Any]:
@@ -43,12 +62,46 @@ def sdpa_preference() -> list[Any]:
     return [backend for backend, enabled in order if enabled()]
 
 
-def preferred_backends(query: Tensor) -> contextlib.AbstractContextManager[Any]:
-    """cuDNN first for an SDPA call on `query`'s GPU where CUDNN_FIRST_CAPABILITIES holds it;
-    nothing for any other device."""
+def cudnn_device(query: Tensor) -> bool:
+    """Whether SDPA calls on `query`'s device ask cuDNN first at all: a GPU of
+    CUDNN_FIRST_CAPABILITIES, unless RLPOST_CUDNN_ATTENTION=0."""
     if not query.is_cuda or switches.CUDNN_ATTENTION.value() == "0":
+        return False
+    return torch.cuda.get_device_capability(query.device) in CUDNN_FIRST_CAPABILITIES
+
+
+def shape_of(query: Tensor, query_shape: Sequence[int], key_shape: Sequence[int]) -> Shape:
+    """What tells one cuDNN plan from another: the device, the dtype and the query's and key's
+    shapes ([batch, heads, rows, head size])."""
+    return (query.device, query.dtype, tuple(query_shape), tuple(key_shape))
+
+
+def planned(shapes: Sequence[Shape], take: bool = False) -> bool:
+    """Whether cuDNN has, or may still build, a plan for every one of `shapes`: each is one
+    this process asked cuDNN first for, or the new ones fit in CUDNN_PLANS; with `take` the new
+    ones are counted from now on (the caller makes the calls)."""
+    new = set(shapes) - _cudnn_shapes
+    if len(_cudnn_shapes) + len(new) > CUDNN_PLANS:
+        if take and not _refused:
+            _refused.append(len(new))
+            log.info(
+                "padded attention: %d input shapes asked for cuDNN's attention first, which "
+                "builds a plan for each new shape; new shapes take SDPA's own order from now on",
+                len(_cudnn_shapes),
+            )
+        return False
+    if take:
+        _cudnn_shapes.update(new)
+    return True
+
+
+def preferred_backends(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[Any]:
+    """cuDNN first for an SDPA call on `query` and `key` ([batch, heads, rows, head size]) on a
+    GPU of CUDNN_FIRST_CAPABILITIES, for a shape it has or may still build a plan for
+    (`planned`); nothing for any other call."""
+    if not cudnn_device(query):
         return contextlib.nullcontext()
-    if torch.cuda.get_device_capability(query.device) not in CUDNN_FIRST_CAPABILITIES:
+    if not planned([shape_of(query, query.shape, key.shape)], take=True):
         return contextlib.nullcontext()
     backends = sdpa_preference()
     if not backends:

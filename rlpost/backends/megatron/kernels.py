@@ -42,9 +42,9 @@ from torch import Tensor, nn
 
 from rlpost import switches
 from rlpost.backends import rope as rotary
+from rlpost.backends import sdpa
 from rlpost.backends.megatron.packed import AttentionIndex, RopeTable
 from rlpost.backends.rms_norm import rms_norm
-from rlpost.backends.sdpa import preferred_backends
 from rlpost.backends.swiglu import swiglu
 
 __all__ = ["fuse_adam", "packed_attention", "rms_norm", "swiglu"]
@@ -254,7 +254,23 @@ def padded_pays(
             query.shape[1], key.shape[1], query.shape[2], query.dtype, query.device,
             speedup, PADDED_MARGIN * speedup,
         )  # fmt: skip
+    if sdpa.cudnn_device(query) and not sdpa.planned(padded_shapes(query, key, index)):
+        return False  # cuDNN would build a plan for each new shape (sdpa.CUDNN_PLANS)
     return index.padded_work < PADDED_MARGIN * speedup
+
+
+def padded_shapes(query: Tensor, key: Tensor, index: AttentionIndex) -> list[sdpa.Shape]:
+    """The shapes of the padded path's SDPA calls on this micro-batch, one per group."""
+    shapes = []
+    for group in index.groups:
+        samples, width = group.rows.shape
+        keys = group.rows if group.keys is None else group.keys
+        shapes.append(sdpa.shape_of(
+            query,
+            (samples, query.shape[1], width, query.shape[2]),
+            (samples, key.shape[1], keys.shape[1], key.shape[2]),
+        ))  # fmt: skip
+    return shapes
 
 
 def measure_padded_speedup(
@@ -348,12 +364,14 @@ def padded_attention(
     with dropout and the CP mask; on Hopper SDPA tries cuDNN's attention first
     (rlpost.backends.sdpa)."""
     outs = []
-    with preferred_backends(query):
-        for group in index.groups:
-            k_rows = group.rows if group.keys is None else group.keys
+    for group in index.groups:
+        k_rows = group.rows if group.keys is None else group.keys
+        q = query[group.rows].transpose(1, 2)  # [S, np, W, d]
+        k = key[k_rows].transpose(1, 2)
+        with sdpa.preferred_backends(q, k):
             out = F.scaled_dot_product_attention(
-                query[group.rows].transpose(1, 2),  # [S, np, W, d]
-                key[k_rows].transpose(1, 2),
+                q,
+                k,
                 value[k_rows].transpose(1, 2),
                 # one sample per batch entry, padding after it: without context parallelism
                 # plain causal attention is exact for every real row (no mask, so flash kernels

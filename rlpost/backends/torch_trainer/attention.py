@@ -82,18 +82,20 @@ def packed_sdpa_attention(
         )
 
     outs = []
-    with preferred_backends(query):  # cuDNN's attention first on Hopper (rlpost.backends.sdpa)
-        for index in rows.groups:  # [1, H, T, D] -> [S, H, L, D] -> [S * L, H, D]
+    for index in rows.groups:  # [1, H, T, D] -> [S, H, L, D] -> [S * L, H, D]
+        q, k = query[0][:, index].transpose(0, 1), key[0][:, index].transpose(0, 1)
+        # cuDNN's attention first on Hopper, for the shapes it plans (rlpost.backends.sdpa)
+        with preferred_backends(q, k):
             out = F.scaled_dot_product_attention(
-                query[0][:, index].transpose(0, 1),
-                key[0][:, index].transpose(0, 1),
+                q,
+                k,
                 value[0][:, index].transpose(0, 1),
                 dropout_p=dropout,
                 is_causal=True,
                 scale=scaling,
                 enable_gqa=key.shape[1] != query.shape[1],
             )
-            outs.append(out.transpose(1, 2).flatten(0, 1))
+        outs.append(out.transpose(1, 2).flatten(0, 1))
     padded = outs[0] if len(outs) == 1 else torch.cat(outs)
     # each row position from its owner -> [1, T, H, D]
     return padded[rows.owner].unsqueeze(0), None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -192,7 +193,7 @@ def test_a_micro_batch_takes_the_padded_path_when_its_padding_costs_less_than_it
     q, k, v = qkv(50, torch.float32)
     kernels.packed_attention(q, k, v, small, scale=HEAD_DIM**-0.5)
     assert on_a_gpu == ["varlen"] and measured == []
-    equal, ragged = packed_index((64, 64, 64)), packed_index()  # work 1.0 and 3.85
+    equal, ragged = packed_index((64, 64, 64)), packed_index()  # work 1.0 and 1.37
     for index in (equal, ragged, equal):
         q, k, v = qkv(int(index.slots.shape[0]), torch.float32)
         on_a_gpu.clear()
@@ -204,6 +205,37 @@ def test_a_micro_batch_takes_the_padded_path_when_its_padding_costs_less_than_it
     q, k, v = qkv(int(equal.slots.shape[0]), torch.bfloat16)
     kernels.packed_attention(q, k, v, equal, scale=HEAD_DIM**-0.5)
     assert len(measured) == 2  # another dtype: measured again
+
+
+def test_past_its_plans_cudnn_takes_no_new_shape_and_the_micro_batch_takes_the_varlen_kernel(
+    on_a_gpu: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a GPU that asks cuDNN first, each new padded shape costs cuDNN a plan build: past
+    CUDNN_PLANS shapes a micro-batch whose groups bring a new shape takes the varlen kernel,
+    however fast the padded path measured, while the shapes already planned keep the padded
+    path; SDPA calls of a new shape (the torch trainer's) take SDPA's own order."""
+    monkeypatch.setattr(sdpa, "cudnn_device", lambda query: True)
+    monkeypatch.setattr(sdpa, "_cudnn_shapes", set())
+    monkeypatch.setattr(sdpa, "_refused", [])
+    monkeypatch.setattr(sdpa, "CUDNN_PLANS", 2)
+    monkeypatch.setattr(kernels, "measure_padded_speedup", lambda *args, **kwargs: 10.0)
+    first, second, third = (packed_index(n) for n in ((64, 64, 64), (50, 50), (80, 80)))
+    with caplog.at_level(logging.INFO, logger=sdpa.__name__):
+        for index, path in ((first, "padded"), (second, "padded"), (third, "varlen"),
+                            (first, "padded"), (third, "varlen")):  # fmt: skip
+            q, k, v = qkv(int(index.slots.shape[0]), torch.float32)
+            on_a_gpu.clear()
+            kernels.packed_attention(q, k, v, index, scale=HEAD_DIM**-0.5)
+            assert on_a_gpu == [path], (index.groups[0].rows.shape, on_a_gpu)
+    assert len(sdpa._cudnn_shapes) == 2
+    assert [r.getMessage() for r in caplog.records].count(
+        "padded attention: 2 input shapes asked for cuDNN's attention first, which builds a plan "
+        "for each new shape; new shapes take SDPA's own order from now on"
+    ) == 1
+    q, k = torch.randn(3, HEADS, 64, HEAD_DIM), torch.randn(3, GROUPS, 64, HEAD_DIM)  # first's
+    assert not isinstance(sdpa.preferred_backends(q, k), contextlib.nullcontext)
+    q, k = torch.randn(2, HEADS, 80, HEAD_DIM), torch.randn(2, GROUPS, 80, HEAD_DIM)  # third's
+    assert isinstance(sdpa.preferred_backends(q, k), contextlib.nullcontext)
 
 
 def test_the_switch_or_a_failed_measurement_leaves_the_varlen_kernel(
@@ -261,7 +293,7 @@ def test_sdpa_preference_puts_cudnn_first_and_keeps_only_enabled_backends() -> N
     with sdpa_kernel(everything, set_priority=True):
         got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(got, want)
-    assert isinstance(sdpa.preferred_backends(q), contextlib.nullcontext)
+    assert isinstance(sdpa.preferred_backends(q, k), contextlib.nullcontext)
 
 
 def first_step(trainer: MegatronTrainer, samples: list[TrainSample], mode: str) -> Any:
