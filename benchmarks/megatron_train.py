@@ -80,6 +80,8 @@ from step_profile import profile_report  # noqa: E402
 
 from rlpost import switches  # noqa: E402
 from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
+from rlpost.algo.packing import padded_rows  # noqa: E402
+from rlpost.algo.steps import micro_batches  # noqa: E402
 from rlpost.backends.megatron import kernels  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
 from rlpost.backends.torch_trainer import TorchTrainer  # noqa: E402
@@ -87,6 +89,7 @@ from rlpost.config.loader import compose_run_config  # noqa: E402
 from rlpost.plan import Plan, build_plan  # noqa: E402
 from rlpost.plan.flops import mfu  # noqa: E402
 from rlpost.plan.fsdp import FsdpTrainMemory, fsdp_options  # noqa: E402
+from rlpost.plan.layout import PADDED_ROWS_LIMIT  # noqa: E402
 from rlpost.plan.memory import TrainMemory  # noqa: E402
 from rlpost.plan.params import count_params  # noqa: E402
 from rlpost.runtime.trainers import build_trainer, trainer_spec  # noqa: E402
@@ -358,6 +361,15 @@ def print_rows(rows: list[tuple[str, str]]) -> None:
         print(f"{name.ljust(width)}  {value}")
 
 
+def padded_rows_per_token(lengths: list[int], run: RunConfig) -> float:
+    """The rows the padded attention takes per token over the rollout's micro-batches (each
+    group of samples of similar lengths padded to its longest, rlpost.algo.packing)."""
+    rows = 0
+    for micro_batch in micro_batches(lengths, run.recipe.train):
+        rows += padded_rows([lengths[i] for i in micro_batch])
+    return rows / sum(lengths)
+
+
 def tokens_per_s(args: argparse.Namespace, rollouts: int, elapsed_s: float) -> float:
     return sum(args.lengths) * rollouts / elapsed_s
 
@@ -394,6 +406,8 @@ def report(
                     f"{mean['train/micro_batches']:.0f} micro-batches of <= "
                     f"{args.max_tokens_per_gpu} tokens"),
         ("packing efficiency", f"{mean.get('train/packing_efficiency', math.nan):.3f}"),
+        ("padded rows per token", f"{padded_rows_per_token(args.lengths, run):.3f} (where the "
+                                  f"padded path runs; the plan counts {PADDED_ROWS_LIMIT})"),
         *([("padded attention share", f"{paths['padded'] / paths.total():.3f} of "
                                          f"{paths.total():,} attention calls")]
           if paths.total() else []),

@@ -60,6 +60,12 @@ def padded_groups(lengths: Sequence[int], limit: float = PADDED_ROWS_LIMIT) -> l
     return [sorted(group) for group in groups]
 
 
+def padded_rows(lengths: Sequence[int]) -> int:
+    """The rows the padded attention takes for samples of `lengths` (`padded_groups`: each
+    group's samples times its longest)."""
+    return sum(len(g) * max(lengths[i] for i in g) for g in padded_groups(lengths))
+
+
 def pack_fixed_count(num_samples: int, micro_batch_size: int) -> list[list[int]]:
     """Consecutive micro-batches of `micro_batch_size` samples (the last may be short)."""
     if micro_batch_size < 1:

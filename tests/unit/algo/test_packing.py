@@ -10,6 +10,7 @@ from rlpost.algo.packing import (
     pack_micro_batches,
     packing_efficiency,
     padded_groups,
+    padded_rows,
     partition_groups,
     partition_ranks,
     split_contiguous,
@@ -133,13 +134,10 @@ def test_groups_stay_whole_and_balanced() -> None:
     assert loads == [70, 70]
 
 
-def padded_rows(lengths: list[int], groups: list[list[int]]) -> int:
-    return sum(len(g) * max(lengths[i] for i in g) for g in groups)
-
-
 def test_padded_groups_by_hand() -> None:
     # 200 and 130 pad to 400 rows for 330 tokens (1.21); 64 with them would be 600 for 394
     assert padded_groups([1, 37, 200, 64, 5, 130]) == [[2, 5], [3], [1], [4], [0]]
+    assert padded_rows([1, 37, 200, 64, 5, 130]) == 2 * 200 + 64 + 37 + 5 + 1
     assert padded_groups([8, 8, 8]) == [[0, 1, 2]]  # one length: one group, no padding
     assert padded_groups([3, 0, 4]) == [[0, 2]]  # 8 rows for 7 tokens; no rows: no group
     assert padded_groups([3, 4], limit=1.0) == [[1], [0]]
@@ -159,7 +157,7 @@ def test_padded_groups_bound_the_padding_of_rl_micro_batches(seed: int, cap: int
         groups = padded_groups(mine)
         assert_partition(groups, len(mine))
         for group in groups:  # each group within the limit, so the micro-batch too
-            assert padded_rows(mine, [group]) <= LIMIT * sum(mine[i] for i in group)
+            assert padded_rows([mine[i] for i in group]) <= LIMIT * sum(mine[i] for i in group)
         assert len(groups) <= 4
         single.append(len(mine) * max(mine) / sum(mine))
     assert max(single) > 1.4  # what one padded batch would have kept

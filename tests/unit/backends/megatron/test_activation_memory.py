@@ -31,7 +31,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from rlpost import switches
-from rlpost.algo.packing import padded_groups
+from rlpost.algo.packing import padded_rows
 from rlpost.backends.megatron import kernels
 from rlpost.backends.megatron.batches import build_micro_batch
 from rlpost.backends.megatron.trainer import MegatronTrainer
@@ -98,12 +98,6 @@ def samples_of(lengths: tuple[int, ...]) -> list[TrainSample]:
                         rng.choice([-1.0, 1.0])) for length in lengths]  # fmt: skip
 
 
-def padded_rows(lengths: tuple[int, ...]) -> float:
-    """Rows of the padded attention's groups (rlpost.algo.packing.padded_groups) per token."""
-    groups = padded_groups(lengths)
-    return sum(len(g) * max(lengths[i] for i in g) for g in groups) / sum(lengths)
-
-
 def one_layer_kept(
     family: str,
     recompute: str,
@@ -149,7 +143,7 @@ def test_plan_counts_the_padded_attention_of_samples_of_different_lengths(
     """The padded attention pads each group of samples to its longest: the plan's term at the
     micro-batch's padded rows, which its default (PADDED_ROWS_LIMIT) bounds."""
     base = FAMILIES[family][1]
-    rows = padded_rows(RAGGED)
+    rows = padded_rows(RAGGED) / sum(RAGGED)
     assert rows == PADDED_ROWS_LIMIT
     [(tokens, measured, model, par)] = one_layer_kept(
         family, "none", tmp_path, kept_for_backward, (RAGGED,)

@@ -26,7 +26,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from rlpost.algo.packing import padded_groups
+from rlpost.algo.packing import padded_rows
 from rlpost.backends import rms_norm
 from rlpost.backends.torch_trainer import kernels
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
@@ -98,12 +98,6 @@ def rotary_put_back(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(kernels, "fuse_rotary", restoring)
 
 
-def padded_rows(lengths: tuple[int, ...]) -> float:
-    """Rows of the padded attention's groups (rlpost.algo.packing.padded_groups) per token."""
-    groups = padded_groups(lengths)
-    return sum(len(g) * max(lengths[i] for i in g) for g in groups) / sum(lengths)
-
-
 def kept_for_backward(path: Path, dtype: str, lengths: tuple[int, ...], fused: bool = False) -> int:
     model = load_causal_lm(path).to(DTYPES[dtype])
     if fused:
@@ -144,7 +138,7 @@ def test_plan_counts_what_a_transformers_layer_keeps(
             kept_for_backward(tmp_path / f"layers{n}", dtype, lengths, fused) for n in (2, 1)
         )
         par = ParallelLayout.single_process(recompute="none")
-        rows = padded_rows(lengths)
+        rows = padded_rows(lengths) / sum(lengths)
         assert rows == (PADDED_ROWS_LIMIT if case == "ragged" else 1.0)
         planned = torch_layer_activation_bytes(
             models[2], 1, sum(lengths), par, fused=fused, padded_rows=rows
