@@ -119,7 +119,8 @@ check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recomput
 
 ROWS='^(layout|step time s|train tokens/s|MFU \(of|max_memory_(allocated|reserved)|peak RSS growth'
 ROWS+='|plan train estimate|reference weights|measured / \(estimate|reserved / estimate'
-ROWS+='|step time / plan|plain |rlpost / plain|padded attention share)'
+ROWS+='|step time / plan|plain |rlpost / plain|padded attention share|padded rows per token'
+ROWS+='|cuDNN attention plans)'
 row() {  # row LOG NAME: the value printed on LOG's row NAME, thousands separators dropped
   grep -E "^$2 " "$1" 2>/dev/null | sed -E "s|^$2 +||; s|,||g; s| .*||"
 }

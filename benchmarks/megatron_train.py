@@ -82,6 +82,7 @@ from rlpost import switches  # noqa: E402
 from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
 from rlpost.algo.packing import padded_rows  # noqa: E402
 from rlpost.algo.steps import micro_batches  # noqa: E402
+from rlpost.backends import sdpa  # noqa: E402
 from rlpost.backends.megatron import kernels  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
 from rlpost.backends.torch_trainer import TorchTrainer  # noqa: E402
@@ -397,6 +398,8 @@ def report(
     mem = plan.memory.train
     mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
     paths = kernels.ATTENTION_PATHS  # the megatron trainer's, every step of this process
+    planned, refused = sdpa.cudnn_plans()  # both trainers' padded attention, on Hopper
+    since = "; new shapes since then took SDPA's own order" if refused else ""
     rows = [
         ("model", f"{model.name} ({count_params(model).total / 1e6:,.1f}M params, "
                   f"{model.params_dtype}), random weights"),
@@ -411,6 +414,9 @@ def report(
         *([("padded attention share", f"{paths['padded'] / paths.total():.3f} of "
                                          f"{paths.total():,} attention calls")]
           if paths.total() else []),
+        *([("cuDNN attention plans", f"{planned} padded shapes asked cuDNN first (at most "
+                                     f"{sdpa.CUDNN_PLANS}){since}")]
+          if planned else []),
         ("timed rollouts (after 1 warm-up)", f"{len(steps)}"),
         ("step time s (mean; no-grad forwards)",
          f"{step_s:.3f} ({mean['train/prepare_time_s']:.3f})"),

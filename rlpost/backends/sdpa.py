@@ -95,6 +95,12 @@ def planned(shapes: Sequence[Shape], take: bool = False) -> bool:
     return True
 
 
+def cudnn_plans() -> tuple[int, bool]:
+    """(how many shapes this process has asked cuDNN first for, whether a new one was refused
+    since CUDNN_PLANS were taken): for the benchmarks' report."""
+    return len(_cudnn_shapes), bool(_refused)
+
+
 def preferred_backends(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[Any]:
     """cuDNN first for an SDPA call on `query` and `key` ([batch, heads, rows, head size]) on a
     GPU of CUDNN_FIRST_CAPABILITIES, for a shape it has or may still build a plan for

@@ -227,7 +227,7 @@ def test_past_its_plans_cudnn_takes_no_new_shape_and_the_micro_batch_takes_the_v
             on_a_gpu.clear()
             kernels.packed_attention(q, k, v, index, scale=HEAD_DIM**-0.5)
             assert on_a_gpu == [path], (index.groups[0].rows.shape, on_a_gpu)
-    assert len(sdpa._cudnn_shapes) == 2
+    assert sdpa.cudnn_plans() == (2, True)  # two shapes planned, a new one refused
     assert [r.getMessage() for r in caplog.records].count(
         "padded attention: 2 input shapes asked for cuDNN's attention first, which builds a plan "
         "for each new shape; new shapes take SDPA's own order from now on"
