@@ -93,6 +93,7 @@ from rlpost.plan.fsdp import FsdpTrainMemory, fsdp_options  # noqa: E402
 from rlpost.plan.layout import PADDED_ROWS_LIMIT  # noqa: E402
 from rlpost.plan.memory import TrainMemory  # noqa: E402
 from rlpost.plan.params import count_params  # noqa: E402
+from rlpost.runtime.progress import trainer_notes_to_stderr  # noqa: E402
 from rlpost.runtime.trainers import build_trainer, trainer_spec  # noqa: E402
 from rlpost.schema import ModelConfig, RunConfig  # noqa: E402
 from rlpost.types import TrainSample  # noqa: E402
@@ -319,6 +320,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, applied last")
     args = parser.parse_args()
+    trainer_notes_to_stderr()  # the trainers' notes (attention path, kernels) in the log, as a rank
     preset = PRESETS[args.size]
     args.seq_len = args.seq_len or preset.seq_len
     args.samples = args.samples or preset.samples

@@ -8,6 +8,7 @@ import ray
 
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess
+from rlpost.runtime.progress import trainer_notes_to_stderr
 from rlpost.runtime.trainers import TrainerSpec, build_trainer
 from rlpost.types import TrainSample
 
@@ -36,6 +37,7 @@ class TrainActor:
 
     def __init__(self, spec: TrainerSpec, rank: int, env: dict[str, str]) -> None:
         os.environ.update(env)  # before torch loads here: its thread pool reads it
+        trainer_notes_to_stderr()
         _seed_everything(spec.seed + rank)
         self.backend = spec.backend
         self.trainer = build_trainer(spec, rank)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -43,3 +44,19 @@ class Progress:
 def status(message: str) -> None:
     """One line about what the run is doing, for the person watching it."""
     print(f"[rlpost] {message}", flush=True)
+
+
+def trainer_notes_to_stderr() -> None:
+    """rlpost's INFO records (and above) of this process on stderr, as `[rlpost] name: ...`:
+    in a train rank, the once-a-process notes of what runs where (the torch trainer's layers on
+    rlpost's kernels, the megatron trainer's measured attention path, cuDNN's plan budget), which
+    Ray's workers, whose root logger stays at WARNING, would drop. Idempotent."""
+    logger = logging.getLogger("rlpost")
+    if any(getattr(h, "rlpost_notes", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[rlpost] %(name)s: %(message)s"))
+    handler.rlpost_notes = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
