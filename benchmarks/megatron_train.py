@@ -401,7 +401,7 @@ def report(
     mean = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
     paths = kernels.ATTENTION_PATHS  # the megatron trainer's, every step of this process
     planned, refused = sdpa.cudnn_plans()  # both trainers' padded attention, on Hopper
-    since = "; new shapes since then took SDPA's own order" if refused else ""
+    since = "; new shapes since then did not" if refused else ""
     rows = [
         ("model", f"{model.name} ({count_params(model).total / 1e6:,.1f}M params, "
                   f"{model.params_dtype}), random weights"),

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 Shape = tuple[Any, ...]
 _cudnn_shapes: set[Shape] = set()
 """The shapes this process has asked cuDNN first for (at most CUDNN_PLANS)."""
-_refused: list[int] = []  # once a new shape is refused (logged then)
+_refused: list[int] = []  # once a new shape was refused (logged then)
 
 
 def sdpa_preference() -> list[Any]:
@@ -82,11 +82,12 @@ def planned(shapes: Sequence[Shape], take: bool = False) -> bool:
     ones are counted from now on (the caller makes the calls)."""
     new = set(shapes) - _cudnn_shapes
     if len(_cudnn_shapes) + len(new) > CUDNN_PLANS:
-        if take and not _refused:
+        if not _refused:
             _refused.append(len(new))
             log.info(
                 "padded attention: %d input shapes asked for cuDNN's attention first, which "
-                "builds a plan for each new shape; new shapes take SDPA's own order from now on",
+                "builds a plan for each new shape; new shapes no longer do (the megatron "
+                "trainer takes its varlen kernel for them, the torch trainer SDPA's own order)",
                 len(_cudnn_shapes),
             )
         return False

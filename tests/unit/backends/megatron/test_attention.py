@@ -230,7 +230,8 @@ def test_past_its_plans_cudnn_takes_no_new_shape_and_the_micro_batch_takes_the_v
     assert sdpa.cudnn_plans() == (2, True)  # two shapes planned, a new one refused
     assert [r.getMessage() for r in caplog.records].count(
         "padded attention: 2 input shapes asked for cuDNN's attention first, which builds a plan "
-        "for each new shape; new shapes take SDPA's own order from now on"
+        "for each new shape; new shapes no longer do (the megatron trainer takes its varlen "
+        "kernel for them, the torch trainer SDPA's own order)"
     ) == 1
     q, k = torch.randn(3, HEADS, 64, HEAD_DIM), torch.randn(3, GROUPS, 64, HEAD_DIM)  # first's
     assert not isinstance(sdpa.preferred_backends(q, k), contextlib.nullcontext)
