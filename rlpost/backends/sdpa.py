@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 Shape = tuple[Any, ...]
 _cudnn_shapes: set[Shape] = set()
 """The shapes this process has asked cuDNN first for (at most CUDNN_PLANS)."""
-_refused: list[int] = []  # once a new shape was refused (logged then)
+_refused = False  # whether a new shape was refused (noted the first time)
 
 
 def sdpa_preference() -> list[Any]:
@@ -80,10 +80,11 @@ def planned(shapes: Sequence[Shape], take: bool = False) -> bool:
     """Whether cuDNN has, or may still build, a plan for every one of `shapes`: each is one
     this process asked cuDNN first for, or the new ones fit in CUDNN_PLANS; with `take` the new
     ones are counted from now on (the caller makes the calls)."""
+    global _refused
     new = set(shapes) - _cudnn_shapes
     if len(_cudnn_shapes) + len(new) > CUDNN_PLANS:
         if not _refused:
-            _refused.append(len(new))
+            _refused = True
             log.info(
                 "padded attention: %d input shapes asked for cuDNN's attention first, which "
                 "builds a plan for each new shape; new shapes no longer do (the megatron "
@@ -99,7 +100,7 @@ def planned(shapes: Sequence[Shape], take: bool = False) -> bool:
 def cudnn_plans() -> tuple[int, bool]:
     """(how many shapes this process has asked cuDNN first for, whether a new one was refused
     since CUDNN_PLANS were taken): for the benchmarks' report."""
-    return len(_cudnn_shapes), bool(_refused)
+    return len(_cudnn_shapes), _refused
 
 
 def preferred_backends(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[Any]:

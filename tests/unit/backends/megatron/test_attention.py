@@ -216,7 +216,7 @@ def test_past_its_plans_cudnn_takes_no_new_shape_and_the_micro_batch_takes_the_v
     path; SDPA calls of a new shape (the torch trainer's) take SDPA's own order."""
     monkeypatch.setattr(sdpa, "cudnn_device", lambda query: True)
     monkeypatch.setattr(sdpa, "_cudnn_shapes", set())
-    monkeypatch.setattr(sdpa, "_refused", [])
+    monkeypatch.setattr(sdpa, "_refused", False)
     monkeypatch.setattr(sdpa, "CUDNN_PLANS", 2)
     monkeypatch.setattr(kernels, "measure_padded_speedup", lambda *args, **kwargs: 10.0)
     first, second, third = (packed_index(n) for n in ((64, 64, 64), (50, 50), (80, 80)))
