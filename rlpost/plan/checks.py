@@ -330,6 +330,8 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     if unsupported:
         sizes = ", ".join(f"{k}={v}" for k, v in unsupported.items())
         keys = " and ".join(f"layout.train.{k}" for k in unsupported)
+        if "tp" in unsupported and ctx.parallel.sequence_parallel:
+            keys += " and set layout.train.sequence_parallel: false (it splits over TP)"
         megatron = "" if ctx.cfg.model.family == GENERIC_FAMILY else "; or trainer.backend=megatron"
         issues.append(
             Issue(

@@ -51,6 +51,22 @@ def test_a_backend_that_cannot_train_the_layout_is_refused(
         build_plan(compose_run(*overrides))
     (issue,) = [i for i in caught.value.issues if fragment in i.message]
     assert issue.key == "trainer.backend" and "trainer.backend=megatron" in issue.fix
+
+
+def test_following_the_data_parallel_refusals_fix_gives_a_plan(compose_run: ComposeRun) -> None:
+    """The shipped qwen3-4b layout has TP2 with sequence parallelism: the refusal names both,
+    so that one round of its fix plans."""
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*QWEN, "trainer.backend=torch"))
+    (issue,) = [i for i in caught.value.issues if "data parallel only" in i.message]
+    assert "layout.train.tp" in issue.fix and "sequence_parallel: false" in issue.fix
+    plan = build_plan(
+        compose_run(
+            *QWEN, "trainer.backend=torch", "layout.train.tp=1",
+            "layout.train.sequence_parallel=false",
+        )
+    )  # fmt: skip
+    assert plan.parallel.dp == 8
     assert "remove layout.train.tp" in issue.fix
 
 
