@@ -10,7 +10,8 @@
 # (SDPA) and on the varlen kernel alone (the training checks choose between them by a
 # measurement, benchmarks/megatron_train.py --attention), 0.6b on samples of ragged lengths
 # with each of the three and with the torch trainer (both pad each group of samples of similar
-# lengths to its longest: memory against the plan's bound), qwen3-4b in the shipped layout, and
+# lengths to its longest: memory against the plan's bound), the padded two again with cuDNN's
+# plans keyed by lengths rounded up to powers of two, qwen3-4b in the shipped layout, and
 # a profiled 0.6b
 # step (top kernels, and by input shapes; host reads). A summary of tokens/s, memory and ratio
 # rows ends it.
@@ -114,6 +115,13 @@ for attention in auto padded varlen; do  # samples of 1,024-4,096 tokens
 done
 check "ragged_${SMALL}_torch" 70 $(bench "$SMALL" 2 --ragged) trainer.backend=torch \
   layout.train.recompute.granularity=none
+# the same two padded runs with torch's cuDNN plans keyed by lengths rounded up to powers of
+# two (rlpost.backends.sdpa.RAGGED_PLANS_ENV): ragged groups share plans, and the budget of
+# plans (sdpa.CUDNN_PLANS) counts them so
+check "ragged_${SMALL}_padded_pow2" 70 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 \
+  $(bench "$SMALL" 2 --ragged --attention padded) layout.train.recompute.granularity=none
+check "ragged_${SMALL}_torch_pow2" 70 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 \
+  $(bench "$SMALL" 2 --ragged) trainer.backend=torch layout.train.recompute.granularity=none
 check "train_${BIG}_megatron" 150 $(bench "$BIG" 2)
 check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recompute.granularity=none
 

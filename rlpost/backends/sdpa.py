@@ -11,8 +11,10 @@ elsewhere its own order.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -37,6 +39,12 @@ shapes, which the plans soon serve; samples of ragged lengths make a new shape n
 micro-batch, where the builds would cost more than cuDNN's faster kernels save. So past this
 many shapes a new one takes SDPA's own order (flash attention first), and the megatron
 trainer its varlen kernel (megatron.kernels.padded_pays)."""
+
+RAGGED_PLANS_ENV = "TORCH_CUDNN_SDPA_AVOID_RECOMPILE"
+"""torch's switch (experimental, off by default, read once a process) under which cuDNN's
+attention keys its plans by the sequence lengths rounded up to powers of two, for calls
+without a mask whose query, key, value and output are in the BSHD layout (both trainers' padded
+calls are): samples of ragged lengths then share a few plans. The batch stays in the key."""
 
 log = logging.getLogger(__name__)
 Shape = tuple[Any, ...]
@@ -70,10 +78,38 @@ def cudnn_device(query: Tensor) -> bool:
     return torch.cuda.get_device_capability(query.device) in CUDNN_FIRST_CAPABILITIES
 
 
-def shape_of(query: Tensor, query_shape: Sequence[int], key_shape: Sequence[int]) -> Shape:
+@functools.cache
+def ragged_plans() -> bool:
+    """Whether RAGGED_PLANS_ENV is on, read once as torch reads it ("1" and nothing else)."""
+    return os.environ.get(RAGGED_PLANS_ENV) == "1"
+
+
+def power_of_two(n: int) -> int:
+    """The least power of two at or above `n` (1 for 0), as torch rounds cuDNN's keys."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def shape_of(
+    query: Tensor,
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    *,
+    masked: bool = False,
+    bshd: bool = True,
+) -> Shape:
     """What tells one cuDNN plan from another: the device, the dtype and the query's and key's
-    shapes ([batch, heads, rows, head size])."""
-    return (query.device, query.dtype, tuple(query_shape), tuple(key_shape))
+    shapes ([batch, heads, rows, head size]); under RAGGED_PLANS_ENV, for a call without a mask
+    on tensors in the BSHD layout, the rows rounded up to a power of two."""
+    q, k = list(query_shape), list(key_shape)
+    if ragged_plans() and bshd and not masked:
+        q[2], k[2] = power_of_two(q[2]), power_of_two(k[2])
+    return (query.device, query.dtype, tuple(q), tuple(k))
+
+
+def is_bshd(*tensors: Tensor) -> bool:
+    """Whether each [batch, heads, rows, head size] tensor is a view of a contiguous [batch,
+    rows, heads, head size] one."""
+    return all(t.dim() == 4 and t.transpose(1, 2).is_contiguous() for t in tensors)
 
 
 def planned(shapes: Sequence[Shape], take: bool = False) -> bool:
@@ -103,13 +139,16 @@ def cudnn_plans() -> tuple[int, bool]:
     return len(_cudnn_shapes), _refused
 
 
-def preferred_backends(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[Any]:
-    """cuDNN first for an SDPA call on `query` and `key` ([batch, heads, rows, head size]) on a
-    GPU of CUDNN_FIRST_CAPABILITIES, for a shape it has or may still build a plan for
-    (`planned`); nothing for any other call."""
+def preferred_backends(
+    query: Tensor, key: Tensor, *, masked: bool = False
+) -> contextlib.AbstractContextManager[Any]:
+    """cuDNN first for an SDPA call on `query` and `key` ([batch, heads, rows, head size]; with
+    an attention mask when `masked`) on a GPU of CUDNN_FIRST_CAPABILITIES, for a shape it has or
+    may still build a plan for (`planned`); nothing for any other call."""
     if not cudnn_device(query):
         return contextlib.nullcontext()
-    if not planned([shape_of(query, query.shape, key.shape)], take=True):
+    shape = shape_of(query, query.shape, key.shape, masked=masked, bshd=is_bshd(query, key))
+    if not planned([shape], take=True):
         return contextlib.nullcontext()
     backends = sdpa_preference()
     if not backends:

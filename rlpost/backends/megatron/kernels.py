@@ -269,6 +269,7 @@ def padded_shapes(query: Tensor, key: Tensor, index: AttentionIndex) -> list[sdp
             query,
             (samples, query.shape[1], width, query.shape[2]),
             (samples, key.shape[1], keys.shape[1], key.shape[2]),
+            masked=group.mask is not None,  # gathered rows: the BSHD layout
         ))  # fmt: skip
     return shapes
 
@@ -368,7 +369,7 @@ def padded_attention(
         k_rows = group.rows if group.keys is None else group.keys
         q = query[group.rows].transpose(1, 2)  # [S, np, W, d]
         k = key[k_rows].transpose(1, 2)
-        with sdpa.preferred_backends(q, k):
+        with sdpa.preferred_backends(q, k, masked=group.mask is not None):
             out = F.scaled_dot_product_attention(
                 q,
                 k,

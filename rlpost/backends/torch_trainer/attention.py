@@ -82,14 +82,17 @@ def packed_sdpa_attention(
         )
 
     outs = []
-    for index in rows.groups:  # [1, H, T, D] -> [S, H, L, D] -> [S * L, H, D]
-        q, k = query[0][:, index].transpose(0, 1), key[0][:, index].transpose(0, 1)
+    by_row = [t[0].transpose(0, 1) for t in (query, key, value)]  # [T, H, D] each
+    for index in rows.groups:
+        # each group gathered as [S, L, H, D] and attended as its [S, H, L, D] view: SDPA's
+        # kernels work in that (BSHD) layout, so neither the inputs nor the output need a copy
+        q, k, v = (t[index].transpose(1, 2) for t in by_row)
         # cuDNN's attention first on Hopper, for the shapes it plans (rlpost.backends.sdpa)
         with preferred_backends(q, k):
             out = F.scaled_dot_product_attention(
                 q,
                 k,
-                value[0][:, index].transpose(0, 1),
+                v,
                 dropout_p=dropout,
                 is_causal=True,
                 scale=scaling,

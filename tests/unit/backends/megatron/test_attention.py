@@ -239,6 +239,41 @@ def test_past_its_plans_cudnn_takes_no_new_shape_and_the_micro_batch_takes_the_v
     assert isinstance(sdpa.preferred_backends(q, k), contextlib.nullcontext)
 
 
+def test_under_torchs_ragged_plans_lengths_in_one_power_of_two_share_a_plan(
+    on_a_gpu: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 cuDNN keys its plans by the batch and the rows
+    rounded up to a power of two: the budget counts those keys, so groups of 50 and of 60 rows
+    share the plan of 64 (exact shapes would have refused the second), while 80 rows (128) is a
+    new plan past the budget; a call with a mask (under CP) or off the BSHD layout keeps its
+    exact shape, as torch's key does."""
+    monkeypatch.setattr(sdpa, "cudnn_device", lambda query: True)
+    monkeypatch.setattr(sdpa, "_cudnn_shapes", set())
+    monkeypatch.setattr(sdpa, "_refused", False)
+    monkeypatch.setattr(sdpa, "CUDNN_PLANS", 2)
+    monkeypatch.setattr(kernels, "measure_padded_speedup", lambda *args, **kwargs: 10.0)
+    monkeypatch.setenv(sdpa.RAGGED_PLANS_ENV, "1")
+    sdpa.ragged_plans.cache_clear()
+    try:
+        assert [sdpa.power_of_two(n) for n in (0, 1, 2, 3, 50, 64, 65)] == [1, 1, 2, 4, 64, 64, 128]
+        indexes = [packed_index(n) for n in ((64, 64, 64), (50, 50), (60, 60), (80, 80))]
+        for index, path in zip(indexes, ("padded", "padded", "padded", "varlen"), strict=True):
+            q, k, v = qkv(int(index.slots.shape[0]), torch.float32)
+            on_a_gpu.clear()
+            kernels.packed_attention(q, k, v, index, scale=HEAD_DIM**-0.5)
+            assert on_a_gpu == [path], (index.groups[0].rows.shape, on_a_gpu)
+        assert sdpa.cudnn_plans() == (2, True)
+        bshd = torch.randn(2, 60, HEADS, HEAD_DIM).transpose(1, 2)
+        assert sdpa.is_bshd(bshd) and not sdpa.is_bshd(bshd.contiguous())
+        rounded = sdpa.shape_of(bshd, bshd.shape, bshd.shape)
+        assert rounded[2] == (2, HEADS, 64, HEAD_DIM)
+        assert sdpa.shape_of(bshd, bshd.shape, bshd.shape, masked=True)[2][2] == 60
+        assert sdpa.shape_of(bshd, bshd.shape, bshd.shape, bshd=False)[2][2] == 60
+    finally:
+        monkeypatch.delenv(sdpa.RAGGED_PLANS_ENV)
+        sdpa.ragged_plans.cache_clear()
+
+
 def test_the_switch_or_a_failed_measurement_leaves_the_varlen_kernel(
     on_a_gpu: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,5 +1,6 @@
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -150,13 +151,34 @@ def test_malformed_samples_are_rejected(sample: TrainSample, match: str) -> None
         validate_sample(sample, 0)
 
 
-def test_packed_attention_matches_a_block_diagonal_mask_with_gqa() -> None:
+@pytest.mark.parametrize("heads_first", [True, False], ids=["bhsd", "bshd-view"])
+def test_packed_attention_matches_a_block_diagonal_mask_with_gqa(
+    heads_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against one masked SDPA call over the row, for query, key and value laid out heads first
+    or (as transformers' attention gets them) as views of [1, T, H, D]; every SDPA call of the
+    packed attention gets its inputs in the BSHD layout, which SDPA's kernels (and cuDNN's
+    ragged plans, rlpost.backends.sdpa) work in without a copy."""
+    from rlpost.backends import sdpa
+
     gen = torch.Generator().manual_seed(0)
     lengths = [3, 7, 1, 5]
     total, dim = sum(lengths), 8
-    query = torch.randn(1, 4, total, dim, generator=gen, requires_grad=True)
-    key = torch.randn(1, 2, total, dim, generator=gen, requires_grad=True)
-    value = torch.randn(1, 2, total, dim, generator=gen, requires_grad=True)
+
+    def made(heads: int) -> torch.Tensor:
+        if heads_first:
+            return torch.randn(1, heads, total, dim, generator=gen).requires_grad_()
+        return torch.randn(1, total, heads, dim, generator=gen).transpose(1, 2).requires_grad_()
+
+    query, key, value = made(4), made(2), made(2)
+    layouts: list[bool] = []
+    attend = F.scaled_dot_product_attention
+
+    def recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
+        layouts.append(sdpa.is_bshd(q, k, v))
+        return attend(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
     segment = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
     starts = [sum(lengths[:s]) for s in range(4)]
     rows = SampleRows.of(
@@ -164,6 +186,8 @@ def test_packed_attention_matches_a_block_diagonal_mask_with_gqa() -> None:
         [(int(s), t - starts[s]) for t, s in enumerate(segment.tolist())],
     )
     out, _ = packed_sdpa_attention(nn.Module(), query, key, value, None, **{ROWS_KWARG: rows})
+    monkeypatch.undo()
+    assert layouts and all(layouts)
     pos = torch.arange(total)
     mask = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
     dense = F.scaled_dot_product_attention(
