@@ -11,9 +11,9 @@
 # measurement, benchmarks/megatron_train.py --attention), 0.6b on samples of ragged lengths
 # with each of the three and with the torch trainer (both pad each group of samples of similar
 # lengths to its longest: memory against the plan's bound), the padded two again with cuDNN's
-# plans keyed by lengths rounded up to powers of two, qwen3-4b in the shipped layout, and
-# a profiled 0.6b
-# step (top kernels, and by input shapes; host reads). A summary of tokens/s, memory and ratio
+# plans keyed by lengths rounded up to powers of two, qwen3-4b in the shipped layout, a
+# profiled 0.6b step (top kernels, and by input shapes; host reads), and the torch trainer
+# with its layers kept gathered from forward to backward. A summary of tokens/s, memory and ratio
 # rows ends it.
 #
 # From the project root on the GPU machine, after the GPU packaging of ../shared/gpu/README.md
@@ -124,6 +124,10 @@ check "ragged_${SMALL}_torch_pow2" 70 env TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 \
   $(bench "$SMALL" 2 --ragged) trainer.backend=torch layout.train.recompute.granularity=none
 check "train_${BIG}_megatron" 150 $(bench "$BIG" 2)
 check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recompute.granularity=none
+# the torch trainer with every layer kept gathered from forward to backward (one gather a
+# micro-batch instead of two; on one GPU a cast, not a collective), beside train_0.6b_torch
+check "torch_${SMALL}_kept" 90 $(bench "$SMALL" 2) trainer.backend=torch \
+  layout.train.fsdp.reshard_after_forward=false
 
 ROWS='^(layout|step time s|train tokens/s|MFU \(of|max_memory_(allocated|reserved)|peak RSS growth'
 ROWS+='|plan train estimate|reference weights|measured / \(estimate|reserved / estimate'

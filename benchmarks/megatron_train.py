@@ -464,9 +464,13 @@ def layout_row(run: RunConfig, plan: Plan, attention: str = "auto") -> str:
     shards = fsdp.shards(par.dp)
     compute = "bf16 over float32 shards" if run.hardware.kind == "gpu" else "float32"
     offload = "on" if fsdp.cpu_offload else "off"
+    section = getattr(run.layout.train, "fsdp", None)
+    reshard = getattr(section, "reshard_after_forward", None)
+    if reshard is None:  # the trainer's default: true on CUDA, false (one unit) on CPU
+        reshard = run.hardware.kind == "gpu"
     return (
-        f"torch trainer, FSDP2 over dp {par.dp} (shard group {shards}, cpu_offload {offload}), "
-        f"{compute}, recompute {par.recompute}"
+        f"torch trainer, FSDP2 over dp {par.dp} (shard group {shards}, cpu_offload {offload}, "
+        f"reshard_after_forward {str(reshard).lower()}), {compute}, recompute {par.recompute}"
     )
 
 

@@ -26,8 +26,9 @@ Training (per rollout):
   Adam does so in host memory and moves the gradients down and the weights up over PCIe each
   step (Ren et al. 2021, "ZeRO-Offload", section 4).
 - the torch trainer (FSDP2, rlpost.plan.fsdp): every forward of a micro-batch all-gathers
-  the parameters in the compute dtype (the backward gathers them again; full recompute runs
-  inside the backward's gather), every backward reduce-scatters float32 gradients, and with
+  the parameters in the compute dtype (the backward gathers them again, unless
+  `layout.train.fsdp.reshard_after_forward` is false; full recompute runs inside the
+  backward's gather), every backward reduce-scatters float32 gradients, and with
   HSDP all-reduces the shard's gradients across the replicas; the no-grad forwards (old
   policy, reference) gather once. With FSDP2's CPU offload each gather first copies the
   float32 shard to the GPU and each reduce-scatter copies the gradients back over PCIe, and
@@ -262,7 +263,8 @@ def fsdp_train_time(
     per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
     micro = work.steps_per_rollout * max(1, math.ceil(per_step_rank / memory.tokens_per_gpu))
     no_grad = work.passes_per_rollout - TRAIN_FORWARDS - work.recompute_passes
-    gathers = micro * (2 + no_grad)  # forward and backward, and each no-grad forward
+    # forward and backward (once when the layers stay gathered), and each no-grad forward
+    gathers = micro * ((2 if memory.reshard_after_forward else 1) + no_grad)
     params = trained_params(model)
     element = 4 if model.params_dtype == "fp32" else 2
     shards, replicas = memory.shards, max(1, par.dp // memory.shards)

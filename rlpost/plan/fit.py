@@ -21,7 +21,13 @@ def memory_issues(plan: Plan) -> list[Issue]:
         if isinstance(m.train, FsdpTrainMemory):
             fix = (
                 "set layout.train.recompute.granularity: full or layout.train.fsdp.cpu_offload: "
-                "true, lower recipe.train.max_tokens_per_gpu, or use more GPUs (the torch "
+                "true"
+                + (
+                    ""
+                    if m.train.reshard_after_forward
+                    else " or layout.train.fsdp.reshard_after_forward: true"
+                )
+                + ", lower recipe.train.max_tokens_per_gpu, or use more GPUs (the torch "
                 "trainer's shards shrink as 1/DP)"
             )
         issues.append(

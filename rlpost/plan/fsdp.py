@@ -13,8 +13,10 @@ a time for the all-gather and back for the optimizer step, which runs on the hos
 What a GPU holds besides its shards, during the training step's forward and backward:
 - gathered parameters: the root's (FSDP2 keeps the root's parameters gathered from the
   forward to the end of the backward), the layer being computed and the next one, which
-  FSDP2 prefetches; during a layer's backward, its unsharded gradients in the compute dtype
-  and their float32 copy that the reduce-scatter reads;
+  FSDP2 prefetches, or with `layout.train.fsdp.reshard_after_forward: false` every layer's
+  (gathered once in the forward and kept for the backward); during a layer's backward, its
+  unsharded gradients in the compute dtype and their float32 copy that the reduce-scatter
+  reads;
 - the reference model (when the reference runs at all): a no-grad FSDP2 shard in the compute
   dtype, (2 / S bytes a parameter), or on the host with cpu_offload;
 - activations: what transformers' decoder layers keep for backward under this trainer's
@@ -65,7 +67,7 @@ GATHERED_LAYERS = 2
 
 FSDP_NOTE = (
     "trainer torch on GPUs (FSDP2 over {shards} ranks): the memory counts its float32 shards, "
-    "the gathered root and two layers, and activations as transformers' Llama-style layers "
+    "the gathered root and {gathered}, and activations as transformers' Llama-style layers "
     "keep them with rlpost's RMSNorm and SwiGLU kernels (an architecture with other norms or "
     "MLPs may keep more); the step time "
     "assumes megatron's measured MFU, which this trainer's measured step followed within "
@@ -84,6 +86,7 @@ class FsdpOptions:
 
     cpu_offload: bool = False
     shard_group_size: int | None = None
+    reshard_after_forward: bool = True  # on GPUs, where the plan sizes FSDP2
 
     def shards(self, dp: int) -> int:
         """Ranks each sharded tensor is split over: the HSDP group, or every DP rank."""
@@ -97,9 +100,11 @@ FSDP_OFFLOAD_KEY = "layout.train.fsdp.cpu_offload"
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:
     section = getattr(cfg.layout.train, "fsdp", None)
+    reshard = getattr(section, "reshard_after_forward", None)
     return FsdpOptions(
         cpu_offload=bool(getattr(section, "cpu_offload", False)),
         shard_group_size=getattr(section, "shard_group_size", None),
+        reshard_after_forward=True if reshard is None else bool(reshard),
     )
 
 
@@ -110,7 +115,8 @@ class FsdpTrainMemory(TrainMemory):
 
     shards: int
     cpu_offload: bool
-    gathered_gib: float  # root, two layers and one layer's gradients, unsharded
+    reshard_after_forward: bool  # false: every layer stays gathered from forward to backward
+    gathered_gib: float  # root, two layers (or every layer) and one layer's gradients
     reference_gib: float  # the reference model's shard on the GPU
 
     def host_reference_gib(self, model: ModelConfig) -> float:
@@ -133,14 +139,17 @@ def largest_layer_params(model: ModelConfig) -> int:
     return max(layer_params(model, i).total for i in range(model.num_layers))
 
 
-def gathered_bytes(model: ModelConfig) -> float:
+def gathered_bytes(model: ModelConfig, reshard_after_forward: bool = True) -> float:
     """Unsharded at the peak of a layer's backward: the root's and two layers' parameters in
-    the compute dtype, and the layer's gradients in the compute dtype and in float32."""
+    the compute dtype (every layer's when the layers are not resharded after their forward),
+    and the layer's gradients in the compute dtype and in float32."""
     element = weight_bytes(model)
     layer = largest_layer_params(model)
-    return element * (root_params(model) + GATHERED_LAYERS * layer) + layer * (
-        element + GRAD_REDUCE_BYTES
-    )
+    if reshard_after_forward:
+        params = root_params(model) + GATHERED_LAYERS * layer
+    else:
+        params = trained_params(model)  # the root and every layer
+    return element * params + layer * (element + GRAD_REDUCE_BYTES)
 
 
 def torch_layer_activation_bytes(
@@ -236,7 +245,7 @@ def estimate_fsdp_train(
     tokens = train_tokens_per_gpu(recipe, 1)
     activations = torch_activation_bytes(model, tokens, par) / GIB
     logits = logprob_kernel_bytes(model, tokens, par) / GIB
-    gathered = gathered_bytes(model) / GIB
+    gathered = gathered_bytes(model, options.reshard_after_forward) / GIB
     overhead = CUDA_CONTEXT_GIB + TRAIN_WORKSPACE_GIB + (ENGINE_RESIDUAL_GIB if colocate else 0.0)
     weights = on_gpu * shard * MASTER_BYTES / GIB
     grads = on_gpu * shard * GRAD_BYTES / GIB
@@ -259,6 +268,7 @@ def estimate_fsdp_train(
         host_optimizer_gib=host_state,
         shards=shards,
         cpu_offload=offload,
+        reshard_after_forward=options.reshard_after_forward,
         gathered_gib=gathered,
         reference_gib=reference_gpu,
     )
@@ -291,6 +301,14 @@ def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
         tried.append(
             ("layout.train.recompute.granularity: full", estimate_fsdp_train(cfg, full, colocate))
         )
+    if not options.reshard_after_forward:
+        reshard = replace(options, reshard_after_forward=True)
+        tried.append(
+            (
+                "layout.train.fsdp.reshard_after_forward: true",
+                estimate_fsdp_train(cfg, par, colocate, options=reshard),
+            )
+        )
     if not options.cpu_offload:
         offload = replace(options, cpu_offload=True)
         tried.append(
@@ -320,9 +338,8 @@ def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     ]
     if fitting:
         return "any one of: " + "; ".join(fitting)
-    both = estimate_fsdp_train(
-        cfg, replace(par, recompute="full"), colocate, options=replace(options, cpu_offload=True)
-    )
+    least = replace(options, cpu_offload=True, reshard_after_forward=True)
+    both = estimate_fsdp_train(cfg, replace(par, recompute="full"), colocate, options=least)
     megatron = (
         ""
         if cfg.model.family == GENERIC_FAMILY
@@ -330,6 +347,8 @@ def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     )
     return (
         "no single change fits: layout.train.recompute.granularity: full with "
-        f"layout.train.fsdp.cpu_offload: true needs {both.total_gib:.1f} GiB; lower "
+        "layout.train.fsdp.cpu_offload: true"
+        + ("" if options.reshard_after_forward else " and reshard_after_forward: true")
+        + f" needs {both.total_gib:.1f} GiB; lower "
         "recipe.train.max_tokens_per_gpu, use a larger hardware profile" + megatron
     )

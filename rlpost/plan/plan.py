@@ -229,7 +229,8 @@ def _notes(
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
     if isinstance(memory.train, FsdpTrainMemory):
         moe = FSDP_MOE_NOTE if cfg.model.moe is not None else ""
-        notes.append(FSDP_NOTE.format(shards=memory.train.shards) + moe)
+        gathered = "two layers" if memory.train.reshard_after_forward else "every layer"
+        notes.append(FSDP_NOTE.format(shards=memory.train.shards, gathered=gathered) + moe)
     return tuple(notes)
 
 

@@ -82,6 +82,8 @@ def render_parallel(plan: Plan) -> str:
     if isinstance(train, FsdpTrainMemory):
         where = "on the host (FSDP2 CPU offload)" if train.cpu_offload else "on the GPU"
         optimizer = f"FSDP2: weights, gradients, Adam sharded over {train.shards} ranks, {where}"
+        if not train.reshard_after_forward:
+            optimizer += "; layers kept gathered from forward to backward"
     rows: list[list[Cell]] = [
         ["train GPUs", _mark(plan, plan.placement.train_gpus, k + "num_gpus"), ""],
         ["TP (tensor)", _mark(plan, par.tp, k + "tp"), ""],
@@ -289,7 +291,12 @@ def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
         [f"weights ({shard})", t.weights_gib],
         [f"gradients ({shard})", t.grads_gib],
         [f"optimizer (Adam moments, {shard})", t.optimizer_gib],
-        ["gathered: root, 2 layers, a layer's gradients", t.gathered_gib],
+        [
+            "gathered: root, "
+            + ("2 layers" if t.reshard_after_forward else "every layer")
+            + ", a layer's gradients",
+            t.gathered_gib,
+        ],
         [
             f"reference model ({'on the host' if t.cpu_offload else f'shard, 1/{t.shards}'})",
             t.reference_gib,

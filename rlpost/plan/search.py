@@ -105,7 +105,7 @@ class TrainOption:
         if not isinstance(m, FsdpTrainMemory):
             return None
         group = m.shards if m.shards < self.parallel.dp else None
-        return FsdpOptions(m.cpu_offload, group)
+        return FsdpOptions(m.cpu_offload, group, m.reshard_after_forward)
 
 
 @dataclass(frozen=True)
@@ -262,6 +262,8 @@ def describe_train(par: ParallelLayout, cpu_offload: bool, fsdp: FsdpOptions | N
     recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
     if fsdp is not None:
         where = "FSDP2 CPU offload" if fsdp.cpu_offload else "state on the GPU"
+        if not fsdp.reshard_after_forward:
+            where += ", layers kept gathered"
         return f"torch FSDP2 DP{par.dp} (shards of {fsdp.shards(par.dp)}), {recompute}, {where}"
     parts = [f"TP{par.tp}" + ("+SP" if par.sequence_parallel else "")]
     if par.pp > 1:

@@ -50,6 +50,14 @@ class FsdpLayout(Section):
         description="HSDP: shard within groups of this many ranks, replicate across the "
         "groups (it must divide dp); null: shard over all data-parallel ranks",
     )
+    reshard_after_forward: bool | None = Field(
+        None,
+        description="whether each decoder layer's gathered parameters are freed after its "
+        "forward and gathered again for its backward (true: a layer at a time), or kept from "
+        "the forward to the backward (false: one all-gather a micro-batch instead of two, for "
+        "the whole model's parameters in the compute dtype on every GPU); null: true on GPUs, "
+        "false on CPU, where the model is one FSDP2 unit",
+    )
 
 
 class TrainLayout(Section):

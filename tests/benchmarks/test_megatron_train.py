@@ -62,7 +62,8 @@ def test_ragged_samples_with_padded_attention_count_their_own_tokens() -> None:
 def test_tiny_torch_trainer_run_prints_its_layout_rates_and_the_ratio() -> None:
     rows = run_tiny("trainer.backend=torch")
     layout = rows["layout"]
-    assert layout.startswith("torch trainer, FSDP2 over dp 1 (shard group 1, cpu_offload off)")
+    assert layout.startswith("torch trainer, FSDP2 over dp 1 (shard group 1, cpu_offload off, ")
+    assert "reshard_after_forward false)" in layout  # one unit on CPU
     assert layout.endswith("float32, recompute none")
     assert number(rows["train tokens/s"]) > 0
     assert float(rows["MFU (of cpu's 0.1 TFLOP/s)"]) > 0
@@ -105,8 +106,8 @@ def gpu_plan(bench: ModuleType, *overrides: str) -> tuple[RunConfig, Plan]:
 def test_torch_trainer_rows_on_a_gpu_profile_are_fsdp2s(bench: ModuleType) -> None:
     run, plan = gpu_plan(bench, "trainer.backend=torch", "recipe.algo.kl_loss_coef=0.01")
     layout = bench.layout_row(run, plan)
-    assert layout.startswith("torch trainer, FSDP2 over dp 1 (shard group 1, cpu_offload off)")
-    assert "bf16 over float32 shards" in layout
+    assert layout.startswith("torch trainer, FSDP2 over dp 1 (shard group 1, cpu_offload off, ")
+    assert "reshard_after_forward true)" in layout and "bf16 over float32 shards" in layout
     mem = plan.memory.train
     memory = bench.plan_memory_row(mem)
     assert memory.startswith(f"{mem.total_gib:.3f} (float32 shards of 1: weights ")

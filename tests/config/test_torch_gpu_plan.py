@@ -19,6 +19,7 @@ from rlpost.plan.engine_memory import GIB
 from rlpost.plan.fsdp import FsdpOptions, FsdpTrainMemory, estimate_fsdp_train
 from rlpost.plan.layout import Sizes
 from rlpost.plan.memory import estimate_host
+from rlpost.plan.render import render_plan
 from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.layout import TrainLayout
 
@@ -199,6 +200,61 @@ def test_fsdp_traffic_is_the_gathers_and_reduce_scatters_over_the_link(
     micro = math.ceil(32 * 8192 / 9216)
     moved = micro * (2 * params * 2 + params * 4) * 7 / 8  # bf16 gathers x2, fp32 reduce
     assert timing.dp_s == pytest.approx(moved / (cfg.hardware.intra_node_gbps * 1e9))
+
+
+def test_layers_kept_gathered_cost_the_whole_bf16_model_and_save_the_backwards_gathers(
+    compose_run: ComposeRun,
+) -> None:
+    """`layout.train.fsdp.reshard_after_forward: false`: every GPU holds every layer's bf16
+    parameters from the forward to the backward (the root and all layers, where the default
+    holds the root and two), and each micro-batch all-gathers once instead of twice."""
+    key = "layout.train.fsdp.reshard_after_forward=false"
+    default = build_plan(compose_run(*MISTRAL))
+    cfg = compose_run(*MISTRAL, key)
+    kept = build_plan(cfg)
+    t = kept.memory.train
+    assert isinstance(t, FsdpTrainMemory) and not t.reshard_after_forward
+    params, root, layer = hand_params(cfg.model)
+    assert t.gathered_gib == pytest.approx((2 * params + (2 + 4) * layer) / GIB)
+    assert t.total_gib - default.memory.train.total_gib == pytest.approx(
+        2 * (params - root - 2 * layer) / GIB
+    )
+    timing = train_time(cfg, kept.parallel, kept.batch, kept.work, t, 8)
+    micro = math.ceil(32 * 8192 / 9216)
+    moved = micro * (params * 2 + params * 4) * 7 / 8  # one bf16 gather, the fp32 reduce
+    assert timing.dp_s == pytest.approx(moved / (cfg.hardware.intra_node_gbps * 1e9))
+    rows = render_plan(kept)
+    assert "gathered: root, every layer" in rows and "layers kept gathered" in rows
+    assert "gathered root and every layer" in " ".join(kept.notes)
+
+
+def test_layers_kept_gathered_that_do_not_fit_are_refused_with_resharding_as_a_remedy(
+    compose_run: ComposeRun,
+) -> None:
+    """A 70B-shaped model with its shards offloaded fits only while its layers are gathered
+    one at a time: kept gathered (140 GB of bf16 parameters) it is refused, and the fix names
+    reshard_after_forward: true with the memory that then fits."""
+    offload = "layout.train.fsdp.cpu_offload=true"
+    assert build_plan(compose_run(*BIG, offload)).memory.train_fits
+    cfg = compose_run(*BIG, offload, "layout.train.fsdp.reshard_after_forward=false")
+    with pytest.raises(UserError) as caught:
+        build_plan(cfg)
+    (issue,) = caught.value.issues
+    remedy = "layout.train.fsdp.reshard_after_forward: true"
+    assert remedy in issue.fix
+    claimed = float(issue.fix.split(remedy + " (")[1].split(" GiB")[0])
+    assert claimed <= cfg.hardware.gpu_memory_gib
+
+
+def test_reshard_after_forward_is_refused_on_the_megatron_trainer(
+    compose_run: ComposeRun,
+) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(
+            compose_run("model=qwen3-8b", *H100X8, "layout.train.fsdp.reshard_after_forward=false")
+        )
+    (issue,) = caught.value.issues
+    assert issue.key == "layout.train.fsdp.reshard_after_forward"
 
 
 def test_hsdp_shards_within_groups_and_all_reduces_across_them(compose_run: ComposeRun) -> None:

@@ -165,12 +165,23 @@ def shard_model(
     mesh: DeviceMesh,
     cpu_offload: bool = False,
     per_layer: bool | None = None,
+    reshard_after_forward: bool | None = None,
 ) -> None:
     """`fully_shard` each of `layers`, then `root` (what no layer holds: embeddings, the final
-    norm, the output layer), or with `per_layer` False `root` alone (None: per layer on CUDA,
-    not on CPU); gradients summed over the ranks, not averaged."""
+    norm, the output layer), or with `per_layer` False `root` alone (None: per layer on CUDA
+    or where each layer reshards after its forward, else not); each layer freed after its
+    forward and gathered again for its backward with `reshard_after_forward` (None: on CUDA),
+    else kept gathered until its backward; gradients summed over the ranks, not averaged."""
     cuda = mesh.device_type == "cuda"
-    if not (cuda if per_layer is None else per_layer):
+    reshard = cuda if reshard_after_forward is None else reshard_after_forward
+    if per_layer is None:
+        per_layer = cuda or reshard
+    if reshard and not per_layer:
+        raise ValueError(
+            "reshard_after_forward frees each layer after its forward, and per_layer=False "
+            "makes the whole model one FSDP2 unit: pass per_layer=True or None"
+        )
+    if not per_layer:
         layers = ()
     mixed = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -178,13 +189,13 @@ def shard_model(
         else MixedPrecisionPolicy()
     )
     offload = CPUOffloadPolicy(pin_memory=cuda) if cpu_offload else OffloadPolicy()
-    # On CPU the gathered layers stay until the backward: host memory is plentiful there,
-    # and a gloo all-gather per layer costs more than the layer's compute in small models.
+    # On CPU the gathered layers stay until the backward by default: host memory is plentiful
+    # there, and a gloo all-gather per layer costs more than the layer's compute in small models.
     for layer in layers:
         fully_shard(
             layer,
             mesh=mesh,
-            reshard_after_forward=cuda,
+            reshard_after_forward=reshard,
             mp_policy=mixed,
             offload_policy=offload,
         )

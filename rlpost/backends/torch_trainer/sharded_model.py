@@ -54,12 +54,13 @@ def load_sharded_lm(
     layout: ParallelLayout | None = None,
     frozen: bool = False,
     per_layer: bool | None = None,
+    reshard_after_forward: bool | None = None,
 ) -> TokenForward:
     """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
-    `per_layer`), each decoder layer checkpointed as `layout.recompute` says (None: none);
-    `frozen`: no gradients (a reference model). On CUDA its standard RMSNorm, MLP and rotary
-    embedding run rlpost's kernels (torch_trainer.kernels.fuse_kernels). The HF model is the
-    result's `lm`.
+    `per_layer` and `reshard_after_forward`), each decoder layer checkpointed as
+    `layout.recompute` says (None: none); `frozen`: no gradients (a reference model). On
+    CUDA its standard RMSNorm, MLP and rotary embedding run rlpost's kernels
+    (torch_trainer.kernels.fuse_kernels). The HF model is the result's `lm`.
     Collective."""
     reads = dp.rank == 0
     model = (load_causal_lm if reads else build_causal_lm)(model_dir, attn_implementation)
@@ -79,7 +80,7 @@ def load_sharded_lm(
     forward = TokenForward(model)
     # rank 0's whole tensors: sharding swaps the parameters for shards, these stay whole
     whole = forward.state_dict() if reads and dp.enabled else {}
-    shard_model(forward, decoder_layers(model), mesh, cpu_offload, per_layer)
+    shard_model(forward, decoder_layers(model), mesh, cpu_offload, per_layer, reshard_after_forward)
     if not dp.enabled:
         return forward
     if not reads:

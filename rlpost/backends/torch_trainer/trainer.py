@@ -110,9 +110,11 @@ class TorchTrainer:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
         the policy's); `prediction`: the plan's, logged beside what each step measured;
         `device`: "cpu" or "cuda"; `layout`: the plan's (its recompute is honoured);
-        `fsdp`: layout.train.fsdp (FSDP2's CPU offload, the HSDP shard group size);
-        `per_layer_units`: FSDP2 units per decoder layer (None: on CUDA; on CPU one unit,
-        distributed.py says why)."""
+        `fsdp`: layout.train.fsdp (FSDP2's CPU offload, the HSDP shard group size, whether the
+        policy's layers reshard after their forward; the reference keeps the default, since no
+        backward follows its forward); `per_layer_units`: FSDP2 units per decoder layer
+        (None: on CUDA or where the layers reshard after their forward; on CPU one unit by
+        default, distributed.py says why)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -144,6 +146,7 @@ class TorchTrainer:
             cpu_offload=fsdp.cpu_offload,
             layout=layout,
             per_layer=per_layer_units,
+            reshard_after_forward=fsdp.reshard_after_forward,
         )
         self.model = self.policy.lm  # the HF model; its parameters are shards
         self.ref_model: TokenForward | None = None

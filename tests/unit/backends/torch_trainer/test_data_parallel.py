@@ -101,6 +101,7 @@ def uneven_samples(make_samples: Samples) -> list[TrainSample]:
         (2, "groups", FsdpLayout(), None),
         (2, "uneven", FsdpLayout(), None),
         (2, "uneven", FsdpLayout(), True),
+        (2, "uneven", FsdpLayout(reshard_after_forward=True), None),
         (2, "samples", FsdpLayout(shard_group_size=1, cpu_offload=True), None),
         (4, "samples", FsdpLayout(), None),
         (4, "samples", FsdpLayout(shard_group_size=2), True),
@@ -110,6 +111,7 @@ def uneven_samples(make_samples: Samples) -> list[TrainSample]:
         "groups",
         "uneven-micro-batches",
         "uneven-micro-batches-per-layer-units",
+        "uneven-micro-batches-reshard-after-forward",
         "hsdp-replicated-cpu-offload",
         "dp4",
         "hsdp-2x2-per-layer-units",
@@ -132,7 +134,9 @@ def test_ranks_match_one_rank(
     even them out with empty ones; HSDP with shard groups of one rank replicates instead of
     sharding (here with FSDP2's CPU offload on, which on CPU leaves everything where it is),
     and with groups of two shards and replicates. The model is one FSDP2 unit on CPU, or one
-    per decoder layer as on CUDA (`per_layer`). Ranks other than 0 receive the model from
+    per decoder layer as on CUDA (`per_layer`), or one per layer that frees its gathered
+    parameters after its forward and gathers them again for its backward
+    (`reshard_after_forward`, as on CUDA by default). Ranks other than 0 receive the model from
     rank 0 rather than reading it (sharded_model.py)."""
     train = TRAIN | ({"balance_data": False} if kind == "uneven" else {})
     configs = make_configs(

@@ -332,3 +332,46 @@ def test_recomputed_layers_train_the_same(
         assert ac_metrics[f"train/{key}"] == pytest.approx(metrics[f"train/{key}"], rel=1e-6)
     for a, b in zip(g, ac_g, strict=True):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-5), (a - b).abs().max()
+
+
+@pytest.mark.parametrize(
+    ("reshard", "gathered"), [(None, True), (True, False), (False, True)], ids=str
+)
+def test_reshard_after_forward_decides_what_stays_gathered_for_the_backward(
+    tiny_model_dir: Path,
+    make_samples: Samples,
+    make_configs: Configs,
+    reshard: bool | None,
+    gathered: bool,
+) -> None:
+    """`layout.train.fsdp.reshard_after_forward`: when the final norm runs (every decoder
+    layer's forward done, the backward next), each decoder layer's parameters are still the
+    gathered tensors (false, and the CPU default: one FSDP2 unit) or back to their DTensor
+    shards (true: a unit per layer, each gathered again for its backward); the step is the
+    same either way."""
+    from torch.distributed.tensor import DTensor
+
+    from rlpost.schema.layout import FsdpLayout
+
+    configs = make_configs(4, algo=FULL_ALGO, optim={"lr": 0.02, "adam_eps": 1e-4})
+    samples = make_samples(8, seed=3, with_rollout=True)
+    fsdp = FsdpLayout(reshard_after_forward=reshard)
+    t = TorchTrainer(tiny_model_dir, *configs, num_threads=1, fsdp=fsdp)
+    layers = decoder_layers(t.model)
+    seen: list[bool] = []
+
+    def at_the_end(*_: object) -> None:
+        if torch.is_grad_enabled():
+            params = [p for layer in layers for p in layer.parameters()]
+            seen.append(not any(isinstance(p, DTensor) for p in params))
+            assert all(isinstance(p, DTensor) for p in params) != seen[-1]
+
+    t.model.model.norm.register_forward_pre_hook(at_the_end)  # Qwen3's final norm
+    metrics = t.train_step(samples)
+    assert seen == [gathered] * int(metrics["train/micro_batches"]) and seen
+    reference = TorchTrainer(tiny_model_dir, *configs, num_threads=1)
+    want = reference.train_step(samples)
+    for key in ["loss", "pg_loss", "kl", "entropy", "grad_norm"]:
+        assert metrics[f"train/{key}"] == pytest.approx(want[f"train/{key}"], rel=1e-6), key
+    for a, b in zip(grads(t), grads(reference), strict=True):
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-5), (a - b).abs().max()
