@@ -96,6 +96,7 @@ class FsdpOptions:
 FSDP_IN_SCHEMA = "fsdp" in TrainLayout.model_fields
 """Whether `layout.train.fsdp` exists to be read and written (the plan reads it defensively)."""
 FSDP_OFFLOAD_KEY = "layout.train.fsdp.cpu_offload"
+FSDP_RESHARD_KEY = "layout.train.fsdp.reshard_after_forward"
 
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:

@@ -6,8 +6,9 @@ parallelism, PP with its even and near-even uneven stage splits, CP, EP and ETP 
 DP that fills the rest), a recompute setting, Adam on the GPU or the host (CPU Adam), and the
 engines (GPUs per engine and, for MoE, dp-attention). Fields the layout sets stay fixed; the
 null ones are searched. Where the torch trainer trains (trainer.backend=torch, or auto for a
-generic model) the grid is data parallel only, sized as FSDP2 (rlpost.plan.fsdp), and
-`layout.train.fsdp` stays as set.
+generic model) the grid is data parallel only, sized as FSDP2 (rlpost.plan.fsdp), with
+FSDP2's CPU offload on and off and, where the config leaves it null, the layers resharded after
+their forward or kept gathered; the rest of `layout.train.fsdp` stays as set.
 
 The training side and the rollout side of a split are checked and sized on their own (each
 rule names what it reads: rlpost.plan.checks SCOPES) and combined cheapest first; the best
@@ -49,6 +50,7 @@ from rlpost.plan.engine_memory import (
 from rlpost.plan.fsdp import (
     FSDP_IN_SCHEMA,
     FSDP_OFFLOAD_KEY,
+    FSDP_RESHARD_KEY,
     FsdpOptions,
     FsdpTrainMemory,
     estimate_trainer,
@@ -74,6 +76,10 @@ SHOWN = 5
 RECOMPUTES = (RECOMPUTE_NONE, "full")
 """Selective recompute drops only the attention softmax's activations, which the memory model
 never counts (flash attention does not store them), so it is searched only when set."""
+KEPT_GATHERED_GAIN = 0.05
+"""The training-time gain for which the search keeps the torch trainer's layers gathered from
+forward to backward (memory for speed) rather than resharding them: the cost model's times
+are not finer than that, and the memory is certain."""
 CPU_ADAM = {
     "cpu_offload": True,
     "overlap_cpu_optimizer_d2h_h2d": True,
@@ -97,6 +103,12 @@ class TrainOption:
     @property
     def seconds(self) -> float:
         return self.time.total_s + self.offload_s
+
+    @property
+    def reshard(self) -> bool | None:
+        """The torch trainer's reshard_after_forward; None for megatron."""
+        m = self.memory
+        return m.reshard_after_forward if isinstance(m, FsdpTrainMemory) else None
 
     @property
     def fsdp(self) -> FsdpOptions | None:
@@ -138,7 +150,9 @@ class Candidate:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return candidate_key(self.sizes, self.parallel, self.train.cpu_offload, self.engine)
+        return candidate_key(
+            self.sizes, self.parallel, self.train.cpu_offload, self.engine, self.train.reshard
+        )
 
     def describe(self) -> str:
         train = describe_train(self.parallel, self.train.cpu_offload, self.train.fsdp)
@@ -227,10 +241,14 @@ class LayoutSearch:
 
 
 def candidate_key(
-    sizes: Sizes, par: ParallelLayout, cpu_offload: bool, engine: EngineLayout
+    sizes: Sizes,
+    par: ParallelLayout,
+    cpu_offload: bool,
+    engine: EngineLayout,
+    reshard: bool | None = None,
 ) -> tuple[Any, ...]:
-    """What identifies a layout: the split, the grid with its stage split, Adam's place, the
-    engines."""
+    """What identifies a layout: the split, the grid with its stage split, Adam's place (and
+    the torch trainer's resharding after the forward), the engines."""
     stages = (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage)
     return (
         sizes.colocate,
@@ -246,6 +264,7 @@ def candidate_key(
         par.dp,
         par.recompute,
         cpu_offload,
+        reshard,
         engine.gpus_per_engine,
         engine.dp_size,
     )
@@ -476,6 +495,40 @@ def _with_fsdp_offload(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
     return cfg.model_copy(update={"layout": layout})
 
 
+def with_reshard(cfg: RunConfig, reshard: bool) -> RunConfig:
+    """The config with the torch trainer's layers resharded after their forward, or kept
+    gathered (layout.train.fsdp.reshard_after_forward)."""
+    train = cfg.layout.train
+    fsdp: Any = getattr(train, "fsdp", None)
+    if fsdp is None or fsdp.reshard_after_forward == reshard:
+        return cfg
+    fsdp = fsdp.model_copy(update={"reshard_after_forward": reshard})
+    layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
+    return cfg.model_copy(update={"layout": layout})
+
+
+def _reshard_options(cfg: RunConfig) -> tuple[bool | None, ...]:
+    """The torch trainer's reshard_after_forward to try: both where the config leaves it
+    null (true needs the least memory, false gathers half as often), else the one set;
+    (None,) where nothing is to choose (megatron, or no layout.train.fsdp)."""
+    if not torch_searched(cfg) or not FSDP_IN_SCHEMA:
+        return (None,)
+    section: Any = cfg.layout.train.fsdp
+    if section.reshard_after_forward is None:
+        return (True, False)
+    return (bool(section.reshard_after_forward),)
+
+
+def _variants(cfg: RunConfig) -> list[tuple[bool, RunConfig]]:
+    """(where Adam runs, the config so) for each trainer state placement searched."""
+    variants = []
+    for flag in _adam_options(cfg):
+        adam = with_adam(cfg, flag)
+        for reshard in _reshard_options(cfg):
+            variants.append((flag, adam if reshard is None else with_reshard(adam, reshard)))
+    return variants
+
+
 def _adam_options(cfg: RunConfig) -> tuple[bool, ...]:
     """Where Adam may run: the GPU, and the host when the config validates with it (never
     on CPU hardware, where it already is). The torch trainer's state moves with FSDP2's
@@ -512,7 +565,7 @@ class _Searcher:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.params: ParamCount = count_params(cfg.model)
-        self.adam = {flag: with_adam(cfg, flag) for flag in _adam_options(cfg)}
+        self.variants = _variants(cfg)
         self.margin = MARGIN_FRACTION * cfg.hardware.gpu_memory_gib
         self.fsdp = fsdp_options(cfg) if torch_searched(cfg) else None
 
@@ -541,14 +594,14 @@ class _Searcher:
         engine = self._dummy_engine(sizes)
         for par in train_layouts(self.cfg, sizes.train_gpus):
             batch = None
-            for cpu_offload, cfg in self.adam.items():
+            for cpu_offload, cfg in self.variants:
                 out.enumerated_trains += 1
                 issues = run_checks(PlanContext(cfg, sizes, par, engine), "train")
                 if issues:
                     out.refused.append(
                         (describe_train(par, cpu_offload, self.fsdp), _first_reason(issues))
                     )
-                    break  # the rules do not depend on where Adam runs
+                    break  # the rules do not depend on where Adam runs, nor on resharding
                 memory = estimate_trainer(cfg, par, sizes.colocate)
                 batch = batch or self._batch(par)
                 work = plan_work(cfg, par, batch)
@@ -577,7 +630,31 @@ class _Searcher:
                     )
                 else:
                     out.trains.append(option)
+        self._keep_gathered_only_where_it_pays(out)
         out.trains.sort(key=lambda o: o.seconds)
+
+    def _keep_gathered_only_where_it_pays(self, out: _Split) -> None:
+        """A torch layout with its layers kept gathered from forward to backward holds the
+        whole model's bf16 parameters for one all-gather a micro-batch fewer: it stays a
+        candidate only when that makes its training at least KEPT_GATHERED_GAIN faster than
+        the same layout resharding after the forward."""
+        resharded = {(t.parallel, t.cpu_offload): t for t in out.trains if t.reshard is True}
+        for t in [t for t in out.trains if t.reshard is False]:
+            other = resharded.get((t.parallel, t.cpu_offload))
+            if other is None:
+                continue  # kept gathered is the only one that fits, or is set
+            gain = 1.0 - t.seconds / other.seconds
+            if gain < KEPT_GATHERED_GAIN:
+                out.trains.remove(t)
+                more = t.memory.total_gib - other.memory.total_gib
+                out.rejected_trains.append(
+                    (
+                        t,
+                        f"trains {gain:.1%} faster than resharding after the forward for "
+                        f"{more:.1f} GiB more per GPU (kept gathered from a "
+                        f"{KEPT_GATHERED_GAIN:.0%} gain)",
+                    )
+                )
 
     def _engines(self, out: _Split) -> None:
         sizes, cfg = out.sizes, self.cfg
@@ -642,7 +719,9 @@ def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None
         feasible += len(s.trains) * len(s.engines)
         for t in s.trains:
             for e in s.engines:
-                feasible_keys.add(candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine))
+                feasible_keys.add(
+                    candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine, t.reshard)
+                )
         for t in s.trains[:COMBINED]:
             for e in s.engines[:COMBINED]:
                 ranked.append(Candidate(s.sizes, t, e, searcher.cost(s.sizes, t, e)))
@@ -692,12 +771,13 @@ def _faster_than(splits: list[_Split], searcher: _Searcher, bound: float) -> int
     return count
 
 
-def _rank_key(c: Candidate) -> tuple[float, int]:
+def _rank_key(c: Candidate) -> tuple[float, int, int]:
     """Fastest first; within 10 ms, the fewest model-parallel splits and smallest engines
-    (the simpler layout, when the model cannot tell them apart)."""
+    (the simpler layout, when the model cannot tell them apart), then the torch trainer's
+    layers resharded after their forward (the less memory)."""
     par = c.parallel
     splits = par.tp * par.pp * par.cp * par.ep * par.etp * c.engine.gpus_per_engine
-    return round(c.step_s, 2), splits + int(c.train.cpu_offload)
+    return round(c.step_s, 2), splits + int(c.train.cpu_offload), int(c.train.reshard is False)
 
 
 def _worth_showing(rejected: list[Rejected], chosen: Candidate | None) -> list[Rejected]:
@@ -811,6 +891,7 @@ def layout_overrides(c: Candidate) -> dict[str, Any]:
         values["recipe.optim.cpu_offload"] = c.train.cpu_offload
     elif FSDP_IN_SCHEMA:
         values[FSDP_OFFLOAD_KEY] = c.train.cpu_offload
+        values[FSDP_RESHARD_KEY] = c.train.reshard
     return values
 
 

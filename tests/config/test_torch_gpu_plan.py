@@ -20,6 +20,7 @@ from rlpost.plan.fsdp import FsdpOptions, FsdpTrainMemory, estimate_fsdp_train
 from rlpost.plan.layout import Sizes
 from rlpost.plan.memory import estimate_host
 from rlpost.plan.render import render_plan
+from rlpost.plan.search import KEPT_GATHERED_GAIN
 from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.layout import TrainLayout
 
@@ -178,6 +179,37 @@ def test_layout_auto_offloads_the_shards_of_a_model_that_fits_no_other_way(
     assert "FSDP2 CPU offload" in plan.search.chosen.describe()
     assert cfg.layout.train.fsdp.cpu_offload and plan.memory.train_fits  # type: ignore[attr-defined]
     assert "layout.train.fsdp.cpu_offload" in plan.derived
+
+
+def test_layout_auto_keeps_layers_gathered_only_where_it_pays(compose_run: ComposeRun) -> None:
+    """With reshard_after_forward left null the search tries both: on one node (NVLink) the
+    saved all-gather is under KEPT_GATHERED_GAIN of the training time and the layout that
+    reshards is chosen, the other rejected with its gain and memory; across two nodes (the
+    gathers cross the network) keeping the layers gathered pays and is chosen, written into
+    the config as a derived key. Set, it is not searched."""
+    cfg, plan = plan_config(compose_run(*MISTRAL, "layout=auto"))
+    search = plan.search
+    assert search is not None and search.chosen is not None
+    assert search.chosen.train.reshard is True and cfg.layout.train.fsdp.reshard_after_forward
+    (kept,) = [r for r in search.rejected if "layers kept gathered" in r.description]
+    assert "faster than resharding after the forward" in kept.reason
+    gain = float(kept.reason.split("trains ")[1].split("%")[0]) / 100
+    assert 0 < gain < KEPT_GATHERED_GAIN
+    assert "layout.train.fsdp.reshard_after_forward" in plan.derived
+
+    two_nodes = (*MISTRAL[:-1], "hardware=h100x16", "layout=auto")
+    cfg, plan = plan_config(compose_run(*two_nodes))
+    assert plan.search is not None and plan.search.chosen is not None
+    assert plan.search.chosen.train.reshard is False
+    assert cfg.layout.train.fsdp.reshard_after_forward is False
+    assert "layout.train.fsdp.reshard_after_forward" in plan.derived
+    t = plan.memory.train
+    assert isinstance(t, FsdpTrainMemory) and not t.reshard_after_forward
+
+    _, plan = plan_config(compose_run(*two_nodes, "layout.train.fsdp.reshard_after_forward=true"))
+    assert plan.search is not None
+    assert {c.train.reshard for c in plan.search.ranked} == {True}
+    assert "layout.train.fsdp.reshard_after_forward" not in plan.derived
 
 
 def test_megatron_settings_on_the_torch_trainer_are_refused(compose_run: ComposeRun) -> None:
