@@ -97,6 +97,7 @@ FSDP_IN_SCHEMA = "fsdp" in TrainLayout.model_fields
 """Whether `layout.train.fsdp` exists to be read and written (the plan reads it defensively)."""
 FSDP_OFFLOAD_KEY = "layout.train.fsdp.cpu_offload"
 FSDP_RESHARD_KEY = "layout.train.fsdp.reshard_after_forward"
+FSDP_GROUP_KEY = "layout.train.fsdp.shard_group_size"
 
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:

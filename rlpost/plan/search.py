@@ -7,8 +7,8 @@ DP that fills the rest), a recompute setting, Adam on the GPU or the host (CPU A
 engines (GPUs per engine and, for MoE, dp-attention). Fields the layout sets stay fixed; the
 null ones are searched. Where the torch trainer trains (trainer.backend=torch, or auto for a
 generic model) the grid is data parallel only, sized as FSDP2 (rlpost.plan.fsdp), with
-FSDP2's CPU offload on and off and, where the config leaves it null, the layers resharded after
-their forward or kept gathered; the rest of `layout.train.fsdp` stays as set.
+FSDP2's CPU offload on and off and, where the config leaves them null, the layers resharded
+after their forward or kept gathered, and shard groups of all DP ranks or (HSDP) of each node's.
 
 The training side and the rollout side of a split are checked and sized on their own (each
 rule names what it reads: rlpost.plan.checks SCOPES) and combined cheapest first; the best
@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from rlpost.errors import Issue, UserError
 from rlpost.plan.backends import resolve_trainer_backend
@@ -48,6 +48,7 @@ from rlpost.plan.engine_memory import (
     estimate_rollout,
 )
 from rlpost.plan.fsdp import (
+    FSDP_GROUP_KEY,
     FSDP_IN_SCHEMA,
     FSDP_OFFLOAD_KEY,
     FSDP_RESHARD_KEY,
@@ -151,7 +152,7 @@ class Candidate:
     @property
     def key(self) -> tuple[Any, ...]:
         return candidate_key(
-            self.sizes, self.parallel, self.train.cpu_offload, self.engine, self.train.reshard
+            self.sizes, self.parallel, self.train.cpu_offload, self.engine, self.train.fsdp
         )
 
     def describe(self) -> str:
@@ -245,10 +246,10 @@ def candidate_key(
     par: ParallelLayout,
     cpu_offload: bool,
     engine: EngineLayout,
-    reshard: bool | None = None,
+    fsdp: FsdpOptions | None = None,
 ) -> tuple[Any, ...]:
     """What identifies a layout: the split, the grid with its stage split, Adam's place (and
-    the torch trainer's resharding after the forward), the engines."""
+    the torch trainer's FSDP2 options), the engines."""
     stages = (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage)
     return (
         sizes.colocate,
@@ -264,7 +265,7 @@ def candidate_key(
         par.dp,
         par.recompute,
         cpu_offload,
-        reshard,
+        fsdp,
         engine.gpus_per_engine,
         engine.dp_size,
     )
@@ -507,6 +508,15 @@ def with_reshard(cfg: RunConfig, reshard: bool) -> RunConfig:
     return cfg.model_copy(update={"layout": layout})
 
 
+def with_group(cfg: RunConfig, shards: int) -> RunConfig:
+    """The config with the torch trainer sharding within groups of `shards` ranks (HSDP)."""
+    train = cfg.layout.train
+    fsdp: Any = train.fsdp
+    fsdp = fsdp.model_copy(update={"shard_group_size": shards})
+    layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
+    return cfg.model_copy(update={"layout": layout})
+
+
 def _reshard_options(cfg: RunConfig) -> tuple[bool | None, ...]:
     """The torch trainer's reshard_after_forward to try: both where the config leaves it
     null (true needs the least memory, false gathers half as often), else the one set;
@@ -594,7 +604,7 @@ class _Searcher:
         engine = self._dummy_engine(sizes)
         for par in train_layouts(self.cfg, sizes.train_gpus):
             batch = None
-            for cpu_offload, cfg in self.variants:
+            for cpu_offload, cfg in self._with_shard_groups(par):
                 out.enumerated_trains += 1
                 issues = run_checks(PlanContext(cfg, sizes, par, engine), "train")
                 if issues:
@@ -633,14 +643,33 @@ class _Searcher:
         self._keep_gathered_only_where_it_pays(out)
         out.trains.sort(key=lambda o: o.seconds)
 
+    def _with_shard_groups(self, par: ParallelLayout) -> list[tuple[bool, RunConfig]]:
+        """The variants, each with the torch trainer's shard group searched where the config
+        leaves layout.train.fsdp.shard_group_size null: every DP rank, and HSDP within each
+        node when the DP ranks span several whole nodes (the all-gathers stay on the node's
+        links; the replicas all-reduce their shards' gradients across nodes)."""
+        node = self.cfg.hardware.gpus_per_node
+        if (
+            not torch_searched(self.cfg)
+            or not FSDP_IN_SCHEMA
+            or fsdp_options(self.cfg).shard_group_size is not None
+            or par.dp <= node
+            or par.dp % node
+        ):
+            return self.variants
+        return [
+            (flag, cfg) for flag, base in self.variants for cfg in (base, with_group(base, node))
+        ]
+
     def _keep_gathered_only_where_it_pays(self, out: _Split) -> None:
         """A torch layout with its layers kept gathered from forward to backward holds the
         whole model's bf16 parameters for one all-gather a micro-batch fewer: it stays a
         candidate only when that makes its training at least KEPT_GATHERED_GAIN faster than
         the same layout resharding after the forward."""
-        resharded = {(t.parallel, t.cpu_offload): t for t in out.trains if t.reshard is True}
-        for t in [t for t in out.trains if t.reshard is False]:
-            other = resharded.get((t.parallel, t.cpu_offload))
+        resharded = {(t.parallel, t.fsdp): t for t in out.trains if t.reshard is True}
+        for t in [t for t in out.trains if t.reshard is False and t.fsdp is not None]:
+            twin = replace(cast(FsdpOptions, t.fsdp), reshard_after_forward=True)
+            other = resharded.get((t.parallel, twin))
             if other is None:
                 continue  # kept gathered is the only one that fits, or is set
             gain = 1.0 - t.seconds / other.seconds
@@ -720,7 +749,7 @@ def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None
         for t in s.trains:
             for e in s.engines:
                 feasible_keys.add(
-                    candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine, t.reshard)
+                    candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine, t.fsdp)
                 )
         for t in s.trains[:COMBINED]:
             for e in s.engines[:COMBINED]:
@@ -887,11 +916,14 @@ def layout_overrides(c: Candidate) -> dict[str, Any]:
     values["layout.rollout.gpus_per_engine"] = eng.gpus_per_engine
     for name, value in eng.sglang:
         values[f"layout.rollout.sglang.{name}"] = value
-    if c.train.fsdp is None:
+    fsdp = c.train.fsdp
+    if fsdp is None:
         values["recipe.optim.cpu_offload"] = c.train.cpu_offload
     elif FSDP_IN_SCHEMA:
-        values[FSDP_OFFLOAD_KEY] = c.train.cpu_offload
-        values[FSDP_RESHARD_KEY] = c.train.reshard
+        values[FSDP_OFFLOAD_KEY] = fsdp.cpu_offload
+        values[FSDP_RESHARD_KEY] = fsdp.reshard_after_forward
+        if fsdp.shard_group_size is not None:
+            values[FSDP_GROUP_KEY] = fsdp.shard_group_size
     return values
 
 

@@ -41,6 +41,7 @@ MISTRAL = (
 )
 QWEN3 = ("model=qwen3-8b", "trainer.backend=torch", *H100X8)
 KL_IN_LOSS = "recipe.algo.kl_loss_coef=0.001"  # the reference model runs every rollout
+TWO_NODES = (*MISTRAL[:-1], "hardware=h100x16", "layout=auto")
 
 
 def hand_params(m: ModelConfig) -> tuple[int, int, int]:
@@ -184,9 +185,9 @@ def test_layout_auto_offloads_the_shards_of_a_model_that_fits_no_other_way(
 def test_layout_auto_keeps_layers_gathered_only_where_it_pays(compose_run: ComposeRun) -> None:
     """With reshard_after_forward left null the search tries both: on one node (NVLink) the
     saved all-gather is under KEPT_GATHERED_GAIN of the training time and the layout that
-    reshards is chosen, the other rejected with its gain and memory; across two nodes (the
-    gathers cross the network) keeping the layers gathered pays and is chosen, written into
-    the config as a derived key. Set, it is not searched."""
+    reshards is chosen, the other rejected with its gain and memory; with the shards spread
+    over two nodes (the gathers cross the network) keeping the layers gathered pays and is
+    chosen, written into the config as a derived key. Set, it is not searched."""
     cfg, plan = plan_config(compose_run(*MISTRAL, "layout=auto"))
     search = plan.search
     assert search is not None and search.chosen is not None
@@ -197,19 +198,38 @@ def test_layout_auto_keeps_layers_gathered_only_where_it_pays(compose_run: Compo
     assert 0 < gain < KEPT_GATHERED_GAIN
     assert "layout.train.fsdp.reshard_after_forward" in plan.derived
 
-    two_nodes = (*MISTRAL[:-1], "hardware=h100x16", "layout=auto")
-    cfg, plan = plan_config(compose_run(*two_nodes))
+    across = (*TWO_NODES, "layout.train.fsdp.shard_group_size=16")
+    cfg, plan = plan_config(compose_run(*across))
     assert plan.search is not None and plan.search.chosen is not None
     assert plan.search.chosen.train.reshard is False
     assert cfg.layout.train.fsdp.reshard_after_forward is False
     assert "layout.train.fsdp.reshard_after_forward" in plan.derived
     t = plan.memory.train
-    assert isinstance(t, FsdpTrainMemory) and not t.reshard_after_forward
+    assert isinstance(t, FsdpTrainMemory) and not t.reshard_after_forward and t.shards == 16
 
-    _, plan = plan_config(compose_run(*two_nodes, "layout.train.fsdp.reshard_after_forward=true"))
+    _, plan = plan_config(compose_run(*across, "layout.train.fsdp.reshard_after_forward=true"))
     assert plan.search is not None
     assert {c.train.reshard for c in plan.search.ranked} == {True}
     assert "layout.train.fsdp.reshard_after_forward" not in plan.derived
+
+
+def test_layout_auto_shards_within_each_node_across_nodes(compose_run: ComposeRun) -> None:
+    """With shard_group_size left null and the DP ranks on two nodes, the search tries
+    sharding over all 16 and within each node (HSDP): the all-gathers then stay on NVLink,
+    and the cost model finds it faster for a 7B model, which is chosen and written in."""
+    cfg, plan = plan_config(compose_run(*TWO_NODES))
+    search = plan.search
+    assert search is not None and search.chosen is not None
+    shards = {c.train.fsdp.shards(16) for c in search.ranked if c.train.fsdp is not None}
+    assert 8 in shards
+    assert cfg.layout.train.fsdp.shard_group_size == 8
+    assert "layout.train.fsdp.shard_group_size" in plan.derived
+    t = plan.memory.train
+    assert isinstance(t, FsdpTrainMemory) and t.shards == 8
+    everyone = plan_config(compose_run(*TWO_NODES, "layout.train.fsdp.shard_group_size=16"))[1]
+    assert everyone.search is not None and everyone.search.chosen is not None
+    assert search.chosen.step_s < everyone.search.chosen.step_s
+    assert all(c.train.fsdp.shards(16) == 16 for c in everyone.search.ranked if c.train.fsdp)
 
 
 def test_megatron_settings_on_the_torch_trainer_are_refused(compose_run: ComposeRun) -> None:
