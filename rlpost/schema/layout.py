@@ -48,7 +48,8 @@ class FsdpLayout(Section):
     shard_group_size: PositiveInt | None = Field(
         None,
         description="HSDP: shard within groups of this many ranks, replicate across the "
-        "groups (it must divide dp); null: shard over all data-parallel ranks",
+        "groups (it must divide dp); null: shard over all data-parallel ranks (layout=auto "
+        "searches it: all ranks, or each node's GPUs when the ranks span nodes)",
     )
     reshard_after_forward: bool | None = Field(
         None,
@@ -56,7 +57,7 @@ class FsdpLayout(Section):
         "forward and gathered again for its backward (true: a layer at a time), or kept from "
         "the forward to the backward (false: one all-gather a micro-batch instead of two, for "
         "the whole model's parameters in the compute dtype on every GPU); null: true on GPUs, "
-        "false on CPU, where the model is one FSDP2 unit",
+        "false on CPU, where the model is one FSDP2 unit (layout=auto searches it on GPUs)",
     )
 
 
