@@ -334,6 +334,7 @@ def test_recomputed_layers_train_the_same(
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-5), (a - b).abs().max()
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize(
     ("reshard", "gathered"), [(None, True), (True, False), (False, True)], ids=str
 )
@@ -343,12 +344,13 @@ def test_reshard_after_forward_decides_what_stays_gathered_for_the_backward(
     make_configs: Configs,
     reshard: bool | None,
     gathered: bool,
+    recompute: str,
 ) -> None:
     """`layout.train.fsdp.reshard_after_forward`: when the final norm runs (every decoder
     layer's forward done, the backward next), each decoder layer's parameters are still the
     gathered tensors (false, and the CPU default: one FSDP2 unit) or back to their DTensor
     shards (true: a unit per layer, each gathered again for its backward); the step is the
-    same either way."""
+    same either way, with each layer recomputed in its backward or not."""
     from torch.distributed.tensor import DTensor
 
     from rlpost.schema.layout import FsdpLayout
@@ -356,7 +358,8 @@ def test_reshard_after_forward_decides_what_stays_gathered_for_the_backward(
     configs = make_configs(4, algo=FULL_ALGO, optim={"lr": 0.02, "adam_eps": 1e-4})
     samples = make_samples(8, seed=3, with_rollout=True)
     fsdp = FsdpLayout(reshard_after_forward=reshard)
-    t = TorchTrainer(tiny_model_dir, *configs, num_threads=1, fsdp=fsdp)
+    layout = ParallelLayout.single_process(recompute=recompute)
+    t = TorchTrainer(tiny_model_dir, *configs, num_threads=1, fsdp=fsdp, layout=layout)
     layers = decoder_layers(t.model)
     seen: list[bool] = []
 
