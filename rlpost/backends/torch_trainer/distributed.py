@@ -55,6 +55,10 @@ from torch.distributed.tensor import DTensor, Shard
 
 from rlpost.backends.stores import Rendezvous, process_group_store
 
+ALL_GATHER_SINGLE: Any = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""One tensor gathered from every rank into one: `all_gather_single` where torch has it (2.13,
+which deprecates the older name with a warning in every rank's log), else the older name."""
+
 
 @dataclass(frozen=True)
 class DataParallel:
@@ -279,7 +283,7 @@ def gather_full(tensors: Sequence[Tensor]) -> list[Tensor]:
         local[offset : offset + piece.numel()] = piece
         offset += size
     gathered = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device)
-    dist.all_gather_into_tensor(gathered, local, group=group)
+    ALL_GATHER_SINGLE(gathered, local, group=group)
     del local
     by_rank = gathered.view(world, -1)
     out, offset = [], 0

@@ -1,6 +1,7 @@
 """The sharded trainer over gloo: DP2 and DP4 (FSDP2, HSDP) against DP1, in forked ranks."""
 
 import socket
+import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -198,6 +199,8 @@ def gather_weights_rank(
         alive[0] -= nbytes
 
     peaks, weights = [], {}
+    # a deprecated collective warns in every run's log (torch 2.13: all_gather_into_tensor)
+    warnings.simplefilter("error", FutureWarning)
     for bucket in trainer.iter_hf_weights(bucket_bytes):
         for name, tensor in bucket:
             nbytes = tensor.numel() * tensor.element_size()
