@@ -340,7 +340,8 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
                 f"data-parallel ranks; it has no tensor, pipeline, context or expert "
                 f"parallelism), and the layout has {sizes}",
                 f"remove {keys} (every train GPU then holds 1/DP of the model); if it does not "
-                "fit, layout.train.fsdp.cpu_offload: true or more GPUs" + megatron,
+                "fit, layout.train.fsdp.cpu_offload: true or more GPUs; or layout=auto, which "
+                "searches this trainer's layouts" + megatron,
                 value=configured,
             )
         )

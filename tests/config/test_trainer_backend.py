@@ -60,6 +60,9 @@ def test_following_the_data_parallel_refusals_fix_gives_a_plan(compose_run: Comp
         build_plan(compose_run(*QWEN, "trainer.backend=torch"))
     (issue,) = [i for i in caught.value.issues if "data parallel only" in i.message]
     assert "layout.train.tp" in issue.fix and "sequence_parallel: false" in issue.fix
+    assert "layout=auto" in issue.fix
+    searched = build_plan(compose_run(*QWEN, "trainer.backend=torch", "layout=auto"))
+    assert searched.trainer_backend == "torch" and searched.parallel.tp == 1
     plan = build_plan(
         compose_run(
             *QWEN, "trainer.backend=torch", "layout.train.tp=1",
