@@ -992,8 +992,10 @@ def rate_reference(
         plan.placement.train_gpus,
         plan.placement.rollout_gpus,
     )
-    par, offload = plan.parallel, ref.recipe.optim.cpu_offload
-    batch, memory = plan.batch, plan.memory
+    par, batch, memory = plan.parallel, plan.batch, plan.memory
+    offload = ref.recipe.optim.cpu_offload
+    if isinstance(memory.train, FsdpTrainMemory):  # the torch trainer's state moves with FSDP2
+        offload = memory.train.cpu_offload
     timing = train_time(ref, par, batch, plan.work, memory.train, sizes.train_gpus)
     train = TrainOption(par, offload, memory.train, timing, offload_time(ref, sizes, memory.train))
     engine = EngineOption(
@@ -1003,7 +1005,7 @@ def rate_reference(
     )
     cost = searcher.cost(sizes, train, engine)
     ref_candidate = Candidate(sizes, train, engine, cost)
-    key = candidate_key(sizes, par, offload, plan.engine)
+    key = ref_candidate.key
     rank = None
     if search.chosen is not None and search.chosen.key == key:
         rank = 1
