@@ -30,11 +30,17 @@ Training (per rollout):
   `layout.train.fsdp.reshard_after_forward` is false; full recompute runs inside the
   backward's gather), every backward reduce-scatters float32 gradients, and with
   HSDP all-reduces the shard's gradients across the replicas; the no-grad forwards (old
-  policy, reference) gather once. With FSDP2's CPU offload each gather first copies the
-  float32 shard to the GPU and each reduce-scatter copies the gradients back over PCIe, and
-  Adam runs on the host. Its MFU is `TORCH_MFU`.
+  policy, reference) gather once. FSDP2 runs them a layer at a time on streams of their own,
+  beside the compute of a neighbouring layer (the overlap of Zhao et al. 2023, "PyTorch FSDP",
+  which FSDP2 keeps: the forward's next all-gather is issued ahead, the backward prefetches the
+  next layer's and reduce-scatters the last one's): a pass exposes its first layer's gather
+  (and a backward its last layer's reduce-scatter), and each layer's collectives only where
+  they outlast its compute (`fsdp_exposed_s`). With FSDP2's CPU offload each gather first
+  copies the float32 shard to the GPU and each reduce-scatter copies the gradients back over
+  PCIe, counted exposed, and Adam runs on the host. Its MFU is `TORCH_MFU`.
 Collectives within a node run at `hardware.intra_node_gbps` (PCIe without NVLink), across
-nodes at `hardware.inter_node_gbps`, and are not assumed to overlap compute.
+nodes at `hardware.inter_node_gbps`, and, apart from FSDP2's, are not assumed to overlap
+compute.
 
 Rollout: decoding is bound by memory bandwidth (Pope et al. 2022, "Efficiently Scaling
 Transformer Inference", section 2): each step reads the engine GPU's weight shard (for MoE only
@@ -272,7 +278,16 @@ def fsdp_train_time(
     reduce = _ring_s(params * GRAD_REDUCE_BYTES, shards, _link_gbps(cfg, shards))
     shard_grads = memory.params_per_gpu * GRAD_REDUCE_BYTES
     across = 2 * _ring_s(shard_grads, replicas, _link_gbps(cfg, replicas, shards))
-    collectives = gathers * gather + micro * (reduce + across)
+    # one micro-batch's forward of the whole model, as timed (compute is the rollout's passes)
+    timed_passes = work.passes_per_rollout - work.recompute_passes * (1 - RECOMPUTE_TIME)
+    forward = compute / max(timed_passes, 1e-9) / micro
+    backward = forward * (TRAIN_FORWARDS - 1 + work.recompute_passes * RECOMPUTE_TIME)
+    layers = model.num_layers
+    regather = gather if memory.reshard_after_forward else 0.0
+    train = fsdp_exposed_s(gather, 0.0, forward, layers) + fsdp_exposed_s(
+        regather, reduce + across, backward, layers
+    )
+    collectives = micro * (train + no_grad * fsdp_exposed_s(gather, 0.0, forward, layers))
     owned = memory.params_per_gpu
     if memory.cpu_offload:
         ranks = min(train_gpus, hw.gpus_per_node)
@@ -284,6 +299,17 @@ def fsdp_train_time(
             work.steps_per_rollout * owned * ADAM_BYTES_PER_PARAM / (hw.memory_bandwidth_gbps * GB)
         )
     return TrainTime(compute, 0.0, 0.0, 0.0, 0.0, collectives, optimizer)
+
+
+def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: int) -> float:
+    """The time a pass of FSDP2 over `layers` decoder layers waits on its collectives: all the
+    layers' all-gathers take `gather_s` and reduce-scatters `reduce_s` (0 forward), the
+    layers' compute `compute_s`. Each layer's collectives run beside a neighbour's compute, so
+    the pass waits for the first layer's gather, the last layer's reduce-scatter, and each
+    layer's collectives wherever they outlast its compute (the link is shared)."""
+    n = max(layers, 1)
+    gather, reduce, compute = gather_s / n, reduce_s / n, compute_s / n
+    return gather + reduce + n * max(0.0, gather + reduce - compute)
 
 
 def rollout_time(

@@ -71,8 +71,9 @@ FSDP_NOTE = (
     "keep them with rlpost's RMSNorm and SwiGLU kernels (an architecture with other norms or "
     "MLPs may keep more); the step time "
     "assumes megatron's measured MFU, which this trainer's measured step followed within "
-    "3-12% on one GPU, and FSDP2's all-gathers and reduce-scatters not "
-    "overlapping compute"
+    "3-12% on one GPU, and FSDP2's all-gathers and reduce-scatters beside the layers' "
+    "compute, waited for only where they outlast it (modelled; never measured on several "
+    "GPUs)"
 )
 FSDP_MOE_NOTE = (
     "; an MoE layer's experts are all gathered at once (no expert parallelism), and the "

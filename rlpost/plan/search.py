@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 from rlpost.errors import Issue, UserError
 from rlpost.plan.backends import resolve_trainer_backend
@@ -77,10 +77,10 @@ SHOWN = 5
 RECOMPUTES = (RECOMPUTE_NONE, "full")
 """Selective recompute drops only the attention softmax's activations, which the memory model
 never counts (flash attention does not store them), so it is searched only when set."""
-KEPT_GATHERED_GAIN = 0.05
-"""The training-time gain for which the search keeps the torch trainer's layers gathered from
-forward to backward (memory for speed) rather than resharding them: the cost model's times
-are not finer than that, and the memory is certain."""
+LEANER_WITHIN = 0.05
+"""The training-time gain for which the search takes a torch layout that holds more memory
+than its leanest twin (layers kept gathered from forward to backward, or shards within each
+node): the cost model's times are not finer than that, and the memory is certain."""
 CPU_ADAM = {
     "cpu_offload": True,
     "overlap_cpu_optimizer_d2h_h2d": True,
@@ -640,7 +640,7 @@ class _Searcher:
                     )
                 else:
                     out.trains.append(option)
-        self._keep_gathered_only_where_it_pays(out)
+        self._more_memory_only_where_it_pays(out)
         out.trains.sort(key=lambda o: o.seconds)
 
     def _with_shard_groups(self, par: ParallelLayout) -> list[tuple[bool, RunConfig]]:
@@ -661,29 +661,38 @@ class _Searcher:
             (flag, cfg) for flag, base in self.variants for cfg in (base, with_group(base, node))
         ]
 
-    def _keep_gathered_only_where_it_pays(self, out: _Split) -> None:
-        """A torch layout with its layers kept gathered from forward to backward holds the
-        whole model's bf16 parameters for one all-gather a micro-batch fewer: it stays a
-        candidate only when that makes its training at least KEPT_GATHERED_GAIN faster than
-        the same layout resharding after the forward."""
-        resharded = {(t.parallel, t.fsdp): t for t in out.trains if t.reshard is True}
-        for t in [t for t in out.trains if t.reshard is False and t.fsdp is not None]:
-            twin = replace(cast(FsdpOptions, t.fsdp), reshard_after_forward=True)
-            other = resharded.get((t.parallel, twin))
-            if other is None:
-                continue  # kept gathered is the only one that fits, or is set
-            gain = 1.0 - t.seconds / other.seconds
-            if gain < KEPT_GATHERED_GAIN:
-                out.trains.remove(t)
-                more = t.memory.total_gib - other.memory.total_gib
-                out.rejected_trains.append(
-                    (
-                        t,
-                        f"trains {gain:.1%} faster than resharding after the forward for "
-                        f"{more:.1f} GiB more per GPU (kept gathered from a "
-                        f"{KEPT_GATHERED_GAIN:.0%} gain)",
-                    )
+    def _more_memory_only_where_it_pays(self, out: _Split) -> None:
+        """A torch layout that holds more memory for fewer or shorter collectives, by keeping
+        its layers gathered from forward to backward or by sharding within each node (HSDP),
+        stays a candidate only when each of the two it uses trains at least LEANER_WITHIN
+        faster than the same layout without it (resharding after the forward; sharded over
+        every DP rank), where that layout fits."""
+        fitting = {(t.parallel, t.fsdp): t for t in out.trains if t.fsdp is not None}
+        for (par, fsdp), t in fitting.items():
+            assert fsdp is not None
+            leaner = []
+            if not fsdp.reshard_after_forward:
+                leaner.append(
+                    ("resharding after the forward", replace(fsdp, reshard_after_forward=True))
                 )
+            if fsdp.shard_group_size is not None:
+                leaner.append(("sharded over all DP ranks", replace(fsdp, shard_group_size=None)))
+            for what, twin in leaner:
+                other = fitting.get((par, twin))
+                if other is None:
+                    continue  # it does not fit, or the config sets the key
+                gain = 1.0 - t.seconds / other.seconds
+                if gain < LEANER_WITHIN:
+                    more = t.memory.total_gib - other.memory.total_gib
+                    out.trains.remove(t)
+                    out.rejected_trains.append(
+                        (
+                            t,
+                            f"trains {gain:.1%} faster than the same layout {what}, for "
+                            f"{more:.1f} GiB more per GPU (taken from a {LEANER_WITHIN:.0%} gain)",
+                        )
+                    )
+                    break
 
     def _engines(self, out: _Split) -> None:
         sizes, cfg = out.sizes, self.cfg

@@ -13,14 +13,14 @@ from dataclasses import replace
 import pytest
 
 from rlpost.errors import UserError
-from rlpost.plan import build_plan, plan_config
-from rlpost.plan.cost import train_time
+from rlpost.plan import Plan, build_plan, plan_config
+from rlpost.plan.cost import RECOMPUTE_TIME, TrainTime, train_time
 from rlpost.plan.engine_memory import GIB
 from rlpost.plan.fsdp import FsdpOptions, FsdpTrainMemory, estimate_fsdp_train
 from rlpost.plan.layout import Sizes
 from rlpost.plan.memory import estimate_host
 from rlpost.plan.render import render_plan
-from rlpost.plan.search import KEPT_GATHERED_GAIN
+from rlpost.plan.search import LEANER_WITHIN
 from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.layout import TrainLayout
 
@@ -42,6 +42,7 @@ MISTRAL = (
 QWEN3 = ("model=qwen3-8b", "trainer.backend=torch", *H100X8)
 KL_IN_LOSS = "recipe.algo.kl_loss_coef=0.001"  # the reference model runs every rollout
 TWO_NODES = (*MISTRAL[:-1], "hardware=h100x16", "layout=auto")
+SLOW_NETWORK = "hardware.inter_node_gbps=5"  # a tenth of the profile's
 
 
 def hand_params(m: ModelConfig) -> tuple[int, int, int]:
@@ -183,22 +184,22 @@ def test_layout_auto_offloads_the_shards_of_a_model_that_fits_no_other_way(
 
 
 def test_layout_auto_keeps_layers_gathered_only_where_it_pays(compose_run: ComposeRun) -> None:
-    """With reshard_after_forward left null the search tries both: on one node (NVLink) the
-    saved all-gather is under KEPT_GATHERED_GAIN of the training time and the layout that
-    reshards is chosen, the other rejected with its gain and memory; with the shards spread
-    over two nodes (the gathers cross the network) keeping the layers gathered pays and is
-    chosen, written into the config as a derived key. Set, it is not searched."""
+    """With reshard_after_forward left null the search tries both: where the layers' compute
+    hides the saved all-gather (one node, NVLink) the layout that reshards is chosen and the
+    other rejected with its gain and memory; with the shards spread over two nodes joined by
+    a slow link, keeping the layers gathered pays and is chosen, written into the config as a
+    derived key. Set, it is not searched."""
     cfg, plan = plan_config(compose_run(*MISTRAL, "layout=auto"))
     search = plan.search
     assert search is not None and search.chosen is not None
     assert search.chosen.train.reshard is True and cfg.layout.train.fsdp.reshard_after_forward
     (kept,) = [r for r in search.rejected if "layers kept gathered" in r.description]
-    assert "faster than resharding after the forward" in kept.reason
+    assert "faster than the same layout resharding after the forward" in kept.reason
     gain = float(kept.reason.split("trains ")[1].split("%")[0]) / 100
-    assert 0 < gain < KEPT_GATHERED_GAIN
+    assert gain < LEANER_WITHIN
     assert "layout.train.fsdp.reshard_after_forward" in plan.derived
 
-    across = (*TWO_NODES, "layout.train.fsdp.shard_group_size=16")
+    across = (*TWO_NODES, SLOW_NETWORK, "layout.train.fsdp.shard_group_size=16")
     cfg, plan = plan_config(compose_run(*across))
     assert plan.search is not None and plan.search.chosen is not None
     assert plan.search.chosen.train.reshard is False
@@ -213,23 +214,38 @@ def test_layout_auto_keeps_layers_gathered_only_where_it_pays(compose_run: Compo
     assert "layout.train.fsdp.reshard_after_forward" not in plan.derived
 
 
-def test_layout_auto_shards_within_each_node_across_nodes(compose_run: ComposeRun) -> None:
+def shard_groups(plan: Plan) -> set[int]:
+    assert plan.search is not None
+    return {c.train.fsdp.shards(16) for c in plan.search.ranked if c.train.fsdp is not None}
+
+
+def test_layout_auto_shards_within_each_node_where_the_network_is_the_bottleneck(
+    compose_run: ComposeRun,
+) -> None:
     """With shard_group_size left null and the DP ranks on two nodes, the search tries
-    sharding over all 16 and within each node (HSDP): the all-gathers then stay on NVLink,
-    and the cost model finds it faster for a 7B model, which is chosen and written in."""
+    sharding over all 16 and within each node (HSDP). Over h100x16's network the layers'
+    compute hides the gathers, and HSDP's 8x larger shards are not worth it (rejected with
+    its gain); over a slow one HSDP keeps the gathers on NVLink, is chosen and written in."""
     cfg, plan = plan_config(compose_run(*TWO_NODES))
-    search = plan.search
-    assert search is not None and search.chosen is not None
-    shards = {c.train.fsdp.shards(16) for c in search.ranked if c.train.fsdp is not None}
-    assert 8 in shards
+    assert plan.search is not None and plan.search.chosen is not None
+    assert cfg.layout.train.fsdp.shard_group_size is None and shard_groups(plan) == {16}
+    (hsdp,) = [
+        r for r in plan.search.rejected
+        if "(shards of 8)" in r.description and "kept" not in r.description
+    ]  # fmt: skip
+    assert "faster than the same layout sharded over all DP ranks" in hsdp.reason
+
+    cfg, plan = plan_config(compose_run(*TWO_NODES, SLOW_NETWORK))
+    assert plan.search is not None and plan.search.chosen is not None
     assert cfg.layout.train.fsdp.shard_group_size == 8
     assert "layout.train.fsdp.shard_group_size" in plan.derived
     t = plan.memory.train
     assert isinstance(t, FsdpTrainMemory) and t.shards == 8
-    everyone = plan_config(compose_run(*TWO_NODES, "layout.train.fsdp.shard_group_size=16"))[1]
+    pinned = (*TWO_NODES, SLOW_NETWORK, "layout.train.fsdp.shard_group_size=16")
+    everyone = plan_config(compose_run(*pinned))[1]
     assert everyone.search is not None and everyone.search.chosen is not None
-    assert search.chosen.step_s < everyone.search.chosen.step_s
-    assert all(c.train.fsdp.shards(16) == 16 for c in everyone.search.ranked if c.train.fsdp)
+    assert plan.search.chosen.step_s < everyone.search.chosen.step_s
+    assert shard_groups(everyone) == {16}
 
 
 def test_megatron_settings_on_the_torch_trainer_are_refused(compose_run: ComposeRun) -> None:
@@ -240,18 +256,41 @@ def test_megatron_settings_on_the_torch_trainer_are_refused(compose_run: Compose
     assert "layout.train.fsdp.cpu_offload: true" in issue.fix
 
 
-def test_fsdp_traffic_is_the_gathers_and_reduce_scatters_over_the_link(
-    compose_run: ComposeRun,
+def micro_pass_s(timing: TrainTime, micro: int) -> tuple[float, float]:
+    """(forward, backward) of one micro-batch under full recompute and no no-grad forward:
+    the rollout's compute is 3 passes and the recompute's forward at RECOMPUTE_TIME."""
+    forward = timing.compute_s / (3 + RECOMPUTE_TIME) / micro
+    return forward, forward * (2 + RECOMPUTE_TIME)
+
+
+@pytest.mark.parametrize("gbps", [None, 5.0], ids=["nvlink", "slow-link"])
+def test_fsdp_collectives_wait_only_where_they_outlast_the_layers_compute(
+    compose_run: ComposeRun, gbps: float | None
 ) -> None:
-    cfg = compose_run(*MISTRAL)
+    """FSDP2 gathers and reduce-scatters a layer at a time beside a neighbour's compute: on
+    NVLink a 7B model's layers hide all but the first layer's gather of each pass and the last
+    layer's reduce-scatter; over a slow link the step waits for the traffic less the compute
+    it runs beside (plus those edges)."""
+    slow = () if gbps is None else (f"hardware.intra_node_gbps={gbps}",)
+    cfg = compose_run(*MISTRAL, *slow)
     plan = build_plan(cfg)
     timing = train_time(cfg, plan.parallel, plan.batch, plan.work, plan.memory.train, 8)
     params, _, _ = hand_params(cfg.model)
+    layers = cfg.model.num_layers
     # one step of 256 samples over 8 ranks, 32 x 8192 tokens in 9216-token micro-batches;
     # full recompute runs inside the backward's gather, no no-grad forward (one step)
     micro = math.ceil(32 * 8192 / 9216)
-    moved = micro * (2 * params * 2 + params * 4) * 7 / 8  # bf16 gathers x2, fp32 reduce
-    assert timing.dp_s == pytest.approx(moved / (cfg.hardware.intra_node_gbps * 1e9))
+    link = cfg.hardware.intra_node_gbps * 1e9
+    gather, reduce = params * 2 * 7 / 8 / link, params * 4 * 7 / 8 / link  # bf16, fp32 rings
+    forward, backward = micro_pass_s(timing, micro)
+    edges = (2 * gather + reduce) / layers
+    if gbps is None:
+        assert gather < forward and gather + reduce < backward
+        assert timing.dp_s == pytest.approx(micro * edges)
+    else:
+        assert gather > forward and gather + reduce > backward
+        waits = 2 * gather + reduce - forward - backward
+        assert timing.dp_s == pytest.approx(micro * (waits + edges))
 
 
 def test_layers_kept_gathered_cost_the_whole_bf16_model_and_save_the_backwards_gathers(
@@ -273,8 +312,10 @@ def test_layers_kept_gathered_cost_the_whole_bf16_model_and_save_the_backwards_g
     )
     timing = train_time(cfg, kept.parallel, kept.batch, kept.work, t, 8)
     micro = math.ceil(32 * 8192 / 9216)
-    moved = micro * (params * 2 + params * 4) * 7 / 8  # one bf16 gather, the fp32 reduce
-    assert timing.dp_s == pytest.approx(moved / (cfg.hardware.intra_node_gbps * 1e9))
+    link = cfg.hardware.intra_node_gbps * 1e9
+    gather, reduce = params * 2 * 7 / 8 / link, params * 4 * 7 / 8 / link
+    # the forward's first gather and the backward's last reduce-scatter (no gather there)
+    assert timing.dp_s == pytest.approx(micro * (gather + reduce) / cfg.model.num_layers)
     rows = render_plan(kept)
     assert "gathered: root, every layer" in rows and "layers kept gathered" in rows
     assert "gathered root and every layer" in " ".join(kept.notes)
@@ -319,9 +360,11 @@ def test_hsdp_shards_within_groups_and_all_reduces_across_them(compose_run: Comp
     grouped = train_time(cfg, plan.parallel, plan.batch, plan.work, hsdp, 8)
     micro = math.ceil(32 * 8192 / 9216)
     gbps = cfg.hardware.intra_node_gbps * 1e9
-    within = micro * (2 * params * 2 + params * 4) * 3 / 4 / gbps  # rings of 4
-    across = micro * 2 * (params / 4 * 4) * 1 / 2 / gbps  # an all-reduce over 2 replicas
-    assert grouped.dp_s == pytest.approx(within + across)
+    gather, reduce = params * 2 * 3 / 4 / gbps, params * 4 * 3 / 4 / gbps  # rings of 4
+    across = 2 * (params / 4 * 4) * 1 / 2 / gbps  # an all-reduce over 2 replicas
+    # hidden behind the layers' compute but for the edges of each pass (NVLink, 7B)
+    edges = (2 * gather + reduce + across) / cfg.model.num_layers
+    assert grouped.dp_s == pytest.approx(micro * edges)
     assert full.optimizer_s < grouped.optimizer_s  # each rank steps twice the parameters
 
 
