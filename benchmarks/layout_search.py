@@ -1,5 +1,8 @@
 """layout=auto: search time and candidate counts for the seed runs and pairs no layout ships for.
 
+Then the torch trainer's search on a Mistral-7B-shaped generic model: which FSDP2 options
+(layers kept gathered, shards within each node) it takes, and which it leaves for their memory.
+
 For each seed run the search gets the seed's recipe with the layout left to it, and the
 seed's own layout is rated beside the choice (its rank among the feasible candidates and the
 predicted seconds per rollout of both). For the pairs without a shipped layout the search
@@ -35,6 +38,22 @@ SEEDS = [
     ("glm4.7-flash", "h100x8"),
 ]
 UNSHIPPED = [("qwen3-30b-a3b", "h100x16"), ("llama3.1-8b", "h200x1"), ("qwen3-8b", "h100x8")]
+MISTRAL = [  # Mistral-7B-v0.3's config.json facts as a generic model: the torch trainer (FSDP2)
+    "model=llama3.1-8b",
+    "model.name=mistral-7b",
+    "model.family=generic",
+    "model.hf_architecture=MistralForCausalLM",
+    "model.vocab_size=32768",
+    "model.rope_scaling=null",
+    "recipe=grpo_dapo",
+    "layout=auto",
+]
+TORCH_RUNS = [  # (hardware, overrides, label)
+    ("h100x8", (), ""),
+    ("h100x16", (), ""),
+    ("h100x16", ("hardware.inter_node_gbps=5",), " 5GB/s"),  # a tenth of its network
+    ("h100x64", (), ""),
+]
 
 
 def auto(cfg: RunConfig, hold: tuple[str, ...] = ()) -> RunConfig:
@@ -112,6 +131,16 @@ def main() -> None:
         print(row(f"{model}_{hardware}", seconds, search))
         if search.chosen is not None:
             print(f"{'':<32}{search.chosen.describe()}")
+    print("\nthe torch trainer (FSDP2) on a Mistral-7B-shaped generic model: the FSDP2 options")
+    for hardware, extra, label in TORCH_RUNS:
+        cfg, _ = compose_run_config([*MISTRAL, f"hardware={hardware}", *extra])
+        seconds, search = timed(cfg, None, args.repeats)
+        print(row(f"mistral-7b_{hardware}{label}", seconds, search))
+        if search.chosen is not None:
+            print(f"{'':<32}{search.chosen.describe()}")
+        for rejected in search.rejected:
+            if "faster than the same layout" in rejected.reason:
+                print(f"{'':<32}not: {rejected.reason}")
     command = [
         sys.executable,
         "launch.py",
