@@ -284,10 +284,9 @@ def fsdp_train_time(
     backward = forward * (TRAIN_FORWARDS - 1 + work.recompute_passes * RECOMPUTE_TIME)
     layers = model.num_layers
     regather = gather if memory.reshard_after_forward else 0.0
-    train = fsdp_exposed_s(gather, 0.0, forward, layers) + fsdp_exposed_s(
-        regather, reduce + across, backward, layers
-    )
-    collectives = micro * (train + no_grad * fsdp_exposed_s(gather, 0.0, forward, layers))
+    forward_wait = fsdp_exposed_s(gather, 0.0, forward, layers)  # a training or no-grad one
+    backward_wait = fsdp_exposed_s(regather, reduce + across, backward, layers)
+    collectives = micro * ((1 + no_grad) * forward_wait + backward_wait)
     owned = memory.params_per_gpu
     if memory.cpu_offload:
         ranks = min(train_gpus, hw.gpus_per_node)

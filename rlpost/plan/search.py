@@ -477,7 +477,7 @@ def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
     """The config with Adam on the host or the GPU (the seeds' CPU Adam settings); for the
     torch trainer, FSDP2's offload of its shards (layout.train.fsdp.cpu_offload)."""
     if torch_searched(cfg):
-        return _with_fsdp_offload(cfg, cpu_offload)
+        return with_fsdp(cfg, cpu_offload=cpu_offload)
     optim = cfg.recipe.optim
     if optim.cpu_offload == cpu_offload:
         return cfg
@@ -486,33 +486,14 @@ def with_adam(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
     return cfg.model_copy(update={"recipe": recipe})
 
 
-def _with_fsdp_offload(cfg: RunConfig, cpu_offload: bool) -> RunConfig:
+def with_fsdp(cfg: RunConfig, **values: Any) -> RunConfig:
+    """The config with these keys of layout.train.fsdp (the torch trainer's FSDP2 options)
+    set; the config itself where it has no such section or already has them."""
     train = cfg.layout.train
     fsdp: Any = getattr(train, "fsdp", None)
-    if fsdp is None or fsdp.cpu_offload == cpu_offload:
+    if fsdp is None or all(getattr(fsdp, key) == value for key, value in values.items()):
         return cfg
-    fsdp = fsdp.model_copy(update={"cpu_offload": cpu_offload})
-    layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
-    return cfg.model_copy(update={"layout": layout})
-
-
-def with_reshard(cfg: RunConfig, reshard: bool) -> RunConfig:
-    """The config with the torch trainer's layers resharded after their forward, or kept
-    gathered (layout.train.fsdp.reshard_after_forward)."""
-    train = cfg.layout.train
-    fsdp: Any = getattr(train, "fsdp", None)
-    if fsdp is None or fsdp.reshard_after_forward == reshard:
-        return cfg
-    fsdp = fsdp.model_copy(update={"reshard_after_forward": reshard})
-    layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
-    return cfg.model_copy(update={"layout": layout})
-
-
-def with_group(cfg: RunConfig, shards: int) -> RunConfig:
-    """The config with the torch trainer sharding within groups of `shards` ranks (HSDP)."""
-    train = cfg.layout.train
-    fsdp: Any = train.fsdp
-    fsdp = fsdp.model_copy(update={"shard_group_size": shards})
+    fsdp = fsdp.model_copy(update=values)
     layout = cfg.layout.model_copy(update={"train": train.model_copy(update={"fsdp": fsdp})})
     return cfg.model_copy(update={"layout": layout})
 
@@ -535,7 +516,12 @@ def _variants(cfg: RunConfig) -> list[tuple[bool, RunConfig]]:
     for flag in _adam_options(cfg):
         adam = with_adam(cfg, flag)
         for reshard in _reshard_options(cfg):
-            variants.append((flag, adam if reshard is None else with_reshard(adam, reshard)))
+            variants.append(
+                (
+                    flag,
+                    with_fsdp(adam, reshard_after_forward=reshard) if reshard is not None else adam,
+                )
+            )
     return variants
 
 
@@ -658,7 +644,9 @@ class _Searcher:
         ):
             return self.variants
         return [
-            (flag, cfg) for flag, base in self.variants for cfg in (base, with_group(base, node))
+            (flag, cfg)
+            for flag, base in self.variants
+            for cfg in (base, with_fsdp(base, shard_group_size=node))
         ]
 
     def _more_memory_only_where_it_pays(self, out: _Split) -> None:
