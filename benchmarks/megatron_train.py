@@ -87,6 +87,7 @@ from rlpost.backends.megatron import kernels  # noqa: E402
 from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
 from rlpost.backends.torch_trainer import TorchTrainer  # noqa: E402
 from rlpost.config.loader import compose_run_config  # noqa: E402
+from rlpost.errors import UserError  # noqa: E402
 from rlpost.plan import Plan, build_plan  # noqa: E402
 from rlpost.plan.flops import mfu  # noqa: E402
 from rlpost.plan.fsdp import FsdpTrainMemory, fsdp_options  # noqa: E402
@@ -102,6 +103,7 @@ GIB = 1024**3
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 MATMUL = {"cuda": (8192, 20, "bf16"), "cpu": (1024, 4, "fp32")}  # size, repeats, dtype
 PEAK_TRIALS = 5
+H100_GIB = 96  # a card with more memory plans as the H200 profile (141 GB), else the H100's
 Trainer = MegatronTrainer | TorchTrainer
 
 
@@ -241,6 +243,16 @@ class Measured:
     profile: str = ""
 
 
+def default_hardware() -> str:
+    """The conf/hardware profile of this machine: one H100 (80 GB) or one H200 (141 GB) by the
+    first GPU's memory, or the CPU profile without CUDA. The plan then judges memory against
+    the card the benchmark runs on."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    total_gib = torch.cuda.get_device_properties(0).total_memory / GIB
+    return "h200x1" if total_gib > H100_GIB else "h100x1"
+
+
 def build_run_trainer(run: RunConfig, plan: Plan) -> Trainer:
     """The plan's trainer, built as a run's rank 0 builds it (one rank, this process)."""
     spec = trainer_spec(
@@ -252,7 +264,7 @@ def build_run_trainer(run: RunConfig, plan: Plan) -> Trainer:
         raise SystemExit(
             f"--hardware {run.hardware.name}: the torch trainer would compute on "
             f"{spec.device}, but this machine {where} CUDA GPU; pass --hardware "
-            f"{'h200x1' if torch.cuda.is_available() else 'cpu'} (or leave it out)"
+            f"{default_hardware()} (or leave it out)"
         )
     trainer: Trainer = build_trainer(spec, 0)
     return trainer
@@ -306,7 +318,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, help="samples per rollout (preset by --size)")
     parser.add_argument("--global-batch", type=int, help="samples per optimizer step (--samples)")
     parser.add_argument("--max-tokens-per-gpu", type=int, help="dynamic batch bound (preset)")
-    parser.add_argument("--hardware", help="conf/hardware profile (h200x1 on GPU, cpu on CPU)")
+    parser.add_argument(
+        "--hardware", help="conf/hardware profile (default: this machine's, default_hardware)"
+    )
     parser.add_argument("--baseline", action="store_true", help="the plain loop too, and ratios")
     parser.add_argument("--profile", action="store_true", help="top kernels and host reads")
     parser.add_argument(
@@ -333,25 +347,34 @@ def main() -> None:
         os.environ[switches.PACKED_ATTENTION.name] = "varlen"
     args.lengths = sample_lengths(args)
     on_gpu = torch.cuda.is_available()
-    args.hardware = args.hardware or ("h200x1" if on_gpu else "cpu")
+    args.hardware = args.hardware or default_hardware()
     device = torch.device("cuda" if on_gpu else "cpu")
 
     peak = measure_peak_flops(device)
     plain = None
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(tmp) / "hf"
-        run = compose_run(args, hf_dir, "bf16" if on_gpu else "fp32")
-        plan = build_plan(run)
+        try:
+            run = compose_run(args, hf_dir, "bf16" if on_gpu else "fp32")
+            plan = build_plan(run)
+        except UserError as error:  # a run the plan refuses (one that would not fit) stops here
+            print(error, file=sys.stderr)
+            raise SystemExit(2) from None
         write_checkpoint(run.model, hf_dir, device)
         vocab = run.model.vocab_size
         rollouts = [rollout(args.lengths, vocab, s) for s in range(args.steps + 1)]
         measured = time_trainer(run, plan, rollouts, args.profile)
+        report(args, plan, run, peak, measured)  # before the plain loop, which may not fit
         if args.baseline:
             free_memory(on_gpu)
             recompute = plan.parallel.recompute == "full"
             lr = run.recipe.optim.lr
-            plain = run_plain_loop(hf_dir, rollouts, lr, recompute, args.max_tokens_per_gpu)
-    report(args, plan, run, peak, measured)
+            try:
+                plain = run_plain_loop(hf_dir, rollouts, lr, recompute, args.max_tokens_per_gpu)
+            except torch.OutOfMemoryError as error:
+                print(f"\nplain loop  out of memory at {args.max_tokens_per_gpu} tokens a "
+                      f"micro-batch ({str(error).splitlines()[0]})")  # fmt: skip
+                plain = None
     if plain is not None:
         report_baseline(args, plan, measured, plain)
     if measured.profile:

@@ -59,6 +59,27 @@ def test_ragged_samples_with_padded_attention_count_their_own_tokens() -> None:
     assert done.returncode == 2 and "--baseline needs equal samples" in done.stderr
 
 
+def test_a_run_the_plan_refuses_stops_with_its_reason_before_any_model_is_built() -> None:
+    # qwen3-4b without recompute on the one-H100 profile: ~140 GiB of float32 state and
+    # activations on an 80 GB card (gpu_checks.sh's train_4b_megatron_none on an H100)
+    command = [sys.executable, str(BENCHMARKS / "megatron_train.py"), "--size", "4b",
+               "--hardware", "h100x1", "layout.train.recompute.granularity=none"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "no tensor-parallel size fits qwen3-4b on 1 x 79.6 GiB" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_the_default_hardware_is_this_machines(bench: ModuleType) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        big = torch.cuda.get_device_properties(0).total_memory > 96 * 1024**3
+        assert bench.default_hardware() == ("h200x1" if big else "h100x1")
+    else:
+        assert bench.default_hardware() == "cpu"
+
+
 def test_tiny_torch_trainer_run_prints_its_layout_rates_and_the_ratio() -> None:
     rows = run_tiny("trainer.backend=torch")
     layout = rows["layout"]
