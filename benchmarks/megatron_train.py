@@ -485,7 +485,8 @@ def layout_row(run: RunConfig, plan: Plan, attention: str = "auto") -> str:
         )
     fsdp = fsdp_options(run)
     shards = fsdp.shards(par.dp)
-    compute = "bf16 over float32 shards" if run.hardware.kind == "gpu" else "float32"
+    gpu = run.hardware.kind == "gpu"
+    compute = f"{run.model.params_dtype} over float32 shards" if gpu else "float32"
     offload = "on" if fsdp.cpu_offload else "off"
     section = getattr(run.layout.train, "fsdp", None)
     reshard = getattr(section, "reshard_after_forward", None)

@@ -347,8 +347,28 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
         )
     if backend == "torch":
         issues += torch_recompute_issues(ctx.parallel)
+        issues += torch_dtype_issues(ctx.cfg)
         issues += _megatron_only_settings(ctx)
     return issues
+
+
+def torch_dtype_issues(cfg: RunConfig) -> list[Issue]:
+    """The torch trainer computes in model.params_dtype on GPUs, bf16 or fp32 (float32 master
+    weights either way; on CPU always float32); fp16 would need loss scaling, which megatron's
+    optimizer has and this trainer does not."""
+    if cfg.model.params_dtype != "fp16":
+        return []
+    megatron = "" if cfg.model.family == GENERIC_FAMILY else ", or trainer.backend=megatron"
+    return [
+        Issue(
+            "model.params_dtype",
+            "the torch trainer computes in bf16 or fp32: fp16 needs a loss scale to keep "
+            "small gradients from flushing to zero, and this trainer has none",
+            "set model.params_dtype: bf16 (the same bytes as fp16, float32's range; the "
+            f"engines follow it){megatron}, whose fp16 optimizer scales the loss",
+            value=cfg.model.params_dtype,
+        )
+    ]
 
 
 def torch_recompute_issues(parallel: ParallelLayout) -> list[Issue]:

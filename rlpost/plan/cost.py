@@ -105,6 +105,11 @@ first run, before the compiled kernels); kept equal to the megatron backend's.""
 DECODE_EFFICIENCY = 0.6
 """Share of peak memory bandwidth a decode step reaches (kernel launch gaps, small GEMMs)."""
 PREFILL_MFU = 0.4
+FP32_SPEED = 67 / 989
+"""Dense float32 over dense bf16 matmul throughput on an H100 SXM or H200 (NVIDIA's data sheets:
+67 and 989 TFLOP/s). A GPU profile's peak_bf16_tflops times this is what model.params_dtype=fp32
+trains and generates at: torch multiplies float32 without TF32 unless told otherwise, and the
+trainers and engines compute in the model's dtype (`compute_tflops`)."""
 ALLREDUCE_LATENCY_S = 10e-6
 """One small all-reduce within a node; across nodes `INTER_NODE_LATENCY_S`."""
 INTER_NODE_LATENCY_S = 30e-6
@@ -203,6 +208,15 @@ def _stage_flops_share(cfg: RunConfig, par: ParallelLayout) -> tuple[float, int]
     return max(work) * len(work) / sum(work), stages[slowest].num_layers
 
 
+def compute_tflops(cfg: RunConfig) -> float:
+    """The dense peak one GPU computes the model at: the profile's bf16 peak, or for
+    model.params_dtype=fp32 on GPUs `FP32_SPEED` of it (a CPU profile's peak is what it
+    computes at: float32 always)."""
+    hw = cfg.hardware
+    fp32 = hw.kind == "gpu" and cfg.model.params_dtype == "fp32"
+    return hw.peak_bf16_tflops * (FP32_SPEED if fp32 else 1.0)
+
+
 def train_time(
     cfg: RunConfig,
     par: ParallelLayout,
@@ -216,7 +230,7 @@ def train_time(
     model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
     mfu = MOE_MFU if model.moe is not None else DENSE_MFU
     tokens = batch.samples_per_rollout * batch.longest_sample_tokens
-    compute = timed_tflop(work) / (train_gpus * hw.peak_bf16_tflops * mfu)
+    compute = timed_tflop(work) / (train_gpus * compute_tflops(cfg) * mfu)
     imbalance, stage_layers = _stage_flops_share(cfg, par)
     per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
     micro = max(1, math.ceil(per_step_rank / max(1, memory.tokens_per_gpu * par.cp)))
@@ -265,7 +279,7 @@ def fsdp_train_time(
     (in `dp_s`) and the optimizer (with CPU offload, its PCIe copies too)."""
     model, hw = cfg.model, cfg.hardware
     mfu = TORCH_MFU * (MOE_MFU / DENSE_MFU if model.moe is not None else 1.0)
-    compute = timed_tflop(work) / (train_gpus * hw.peak_bf16_tflops * mfu)
+    compute = timed_tflop(work) / (train_gpus * compute_tflops(cfg) * mfu)
     per_step_rank = batch.samples_per_step_per_dp_rank * batch.longest_sample_tokens
     micro = work.steps_per_rollout * max(1, math.ceil(per_step_rank / memory.tokens_per_gpu))
     no_grad = work.passes_per_rollout - TRAIN_FORWARDS - work.recompute_passes
@@ -339,7 +353,7 @@ def rollout_time(
     bandwidth = hw.memory_bandwidth_gbps * GB * DECODE_EFFICIENCY
     read = (weights + kv) / bandwidth
     flops = 2 * params.active * concurrent / engine.gpus_per_engine
-    compute = flops / (hw.peak_bf16_tflops * 1e12 * PREFILL_MFU)
+    compute = flops / (compute_tflops(cfg) * 1e12 * PREFILL_MFU)
     reduce = 0.0
     if engine.gpus_per_engine > 1:
         # two all-reduces per layer of the step's hidden states (an all-reduce moves
@@ -353,7 +367,7 @@ def rollout_time(
     response = recipe.rollout.max_response_len
     prompt = recipe.data.max_prompt_len or 0
     prefill_flops = 2 * params.active * per_engine * prompt
-    prefill = prefill_flops / (engine.gpus_per_engine * hw.peak_bf16_tflops * 1e12 * PREFILL_MFU)
+    prefill = prefill_flops / (engine.gpus_per_engine * compute_tflops(cfg) * 1e12 * PREFILL_MFU)
     return RolloutTime(concurrent, waves, step, waves * response * step, prefill)
 
 

@@ -218,6 +218,12 @@ def _notes(
         )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
+        if cfg.model.params_dtype != "fp32":
+            notes.append(
+                f"model.params_dtype={cfg.model.params_dtype} is for GPUs: on CPU the trainers "
+                "and the CPU engines compute in float32 (the memory figures count "
+                f"{cfg.model.params_dtype} weights)"
+            )
         if cfg.run.deterministic:
             notes.append(
                 "run.deterministic: the CPU engines compute one sequence per forward, so "

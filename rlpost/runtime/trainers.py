@@ -46,6 +46,9 @@ class TrainerSpec:
     collective_timeout_s: float = 600.0
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
     device: str = "cpu"  # where the torch trainer computes: "cpu", or "cuda" on GPU profiles
+    # what the torch trainer's layers compute in: model.params_dtype on GPU profiles, fp32 on
+    # CPU (megatron's config derives the same from the model)
+    compute_dtype: str = "fp32"
     fsdp: FsdpLayout | None = None  # layout.train.fsdp (None: its defaults), torch only
 
 
@@ -60,8 +63,10 @@ def trainer_spec(
 ) -> TrainerSpec:
     """What `plan`'s train ranks build their trainers from: the run's own sections and the
     plan's decisions (backend, layout, reference, old-logprob reuse, prompt sharing,
-    prediction), on CUDA for GPU profiles. Where the ranks meet and how many threads each
-    takes depend on the machines the run found, so the caller gives them."""
+    prediction), on CUDA in model.params_dtype for GPU profiles. Where the ranks meet and
+    how many threads each takes depend on the machines the run found, so the caller gives
+    them."""
+    on_gpu = cfg.hardware.kind == "gpu"
     return TrainerSpec(
         backend=plan.trainer_backend,
         model=cfg.model,
@@ -81,7 +86,8 @@ def trainer_spec(
         prediction=plan.prediction,
         collective_timeout_s=cfg.trainer.collective_timeout_s,
         init_method=init_method,
-        device="cuda" if cfg.hardware.kind == "gpu" else "cpu",
+        device="cuda" if on_gpu else "cpu",
+        compute_dtype=cfg.model.params_dtype if on_gpu else "fp32",
         fsdp=cfg.layout.train.fsdp,
     )
 
@@ -117,6 +123,7 @@ def _torch(spec: TrainerSpec, rank: int) -> Any:
         device=spec.device,
         layout=spec.layout,
         fsdp=spec.fsdp,
+        compute_dtype=spec.compute_dtype,
         **_rank_kwargs(spec, rank),
     )
 

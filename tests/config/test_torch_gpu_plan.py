@@ -14,11 +14,12 @@ import pytest
 
 from rlpost.errors import UserError
 from rlpost.plan import Plan, build_plan, plan_config
-from rlpost.plan.cost import RECOMPUTE_TIME, TrainTime, train_time
+from rlpost.plan.cost import RECOMPUTE_TIME, TrainTime, rollout_time, train_time
 from rlpost.plan.engine_memory import GIB
 from rlpost.plan.fsdp import FsdpOptions, FsdpTrainMemory, estimate_fsdp_train
 from rlpost.plan.layout import Sizes
 from rlpost.plan.memory import estimate_host
+from rlpost.plan.params import count_params
 from rlpost.plan.render import render_plan
 from rlpost.plan.search import LEANER_WITHIN
 from rlpost.schema import ModelConfig, RunConfig
@@ -385,3 +386,23 @@ def test_a_generic_moe_model_gathers_whole_expert_layers_and_says_what_is_not_co
     assert t.gathered_gib == pytest.approx((2 * root + 4 * layer + 6 * layer) / GIB)
     (note,) = [n for n in plan.notes if "FSDP2" in n]
     assert "experts are all gathered" in note and "not counted" in note
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_float32_trains_and_prefills_at_the_gpus_float32_peak(
+    compose_run: ComposeRun, backend: str
+) -> None:
+    """model.params_dtype=fp32 on GPUs computes at 67 of the H200's 989 dense TFLOP/s (torch
+    multiplies float32 without TF32), not at its bf16 peak."""
+    one_gpu = ("model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h200x1")
+    times = {}
+    for dtype in ("bf16", "fp32"):
+        cfg = compose_run(*one_gpu, f"trainer.backend={backend}", f"model.params_dtype={dtype}")
+        plan = build_plan(cfg)
+        train = train_time(cfg, plan.parallel, plan.batch, plan.work, plan.memory.train, 1)
+        params = count_params(cfg.model)
+        rollout = rollout_time(cfg, plan.engine, plan.memory.rollout, plan.batch, params)
+        prefill = rollout.prefill_s
+        times[dtype] = (train.compute_s, prefill)
+    assert times["fp32"][0] == pytest.approx(times["bf16"][0] * 989 / 67)
+    assert times["fp32"][1] == pytest.approx(times["bf16"][1] * 989 / 67)

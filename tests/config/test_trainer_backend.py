@@ -180,3 +180,33 @@ def test_mtp_training_of_a_generic_model_is_refused(compose_run: ComposeRun) -> 
     generic_mtp = (*GENERIC, "model.mtp_num_layers=1", "recipe.train.mtp_training=true")
     with pytest.raises(ValueError, match="is family generic: only the torch trainer builds it"):
         compose_run(*TINY, *generic_mtp)
+
+
+def test_fp16_is_refused_for_the_torch_trainer_and_bf16_or_fp32_plan(
+    compose_run: ComposeRun,
+) -> None:
+    """The torch trainer has no loss scale; megatron's fp16 optimizer has one."""
+    on_gpus = ("model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h200x1", "trainer.backend=torch")
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*on_gpus, "model.params_dtype=fp16"))
+    (issue,) = caught.value.issues
+    assert (issue.key, issue.value) == ("model.params_dtype", "fp16")
+    assert "loss scale" in issue.message
+    assert "model.params_dtype: bf16" in issue.fix and "trainer.backend=megatron" in issue.fix
+    for dtype in ("bf16", "fp32"):
+        plan = build_plan(compose_run(*on_gpus, f"model.params_dtype={dtype}"))
+        assert plan.trainer_backend == "torch"
+    megatron = compose_run(*on_gpus[:3], "trainer.backend=megatron", "model.params_dtype=fp16")
+    assert build_plan(megatron).trainer_backend == "megatron"
+
+
+def test_a_cpu_plan_says_its_trainers_compute_in_float32_whatever_params_dtype_says(
+    compose_run: ComposeRun,
+) -> None:
+    def dtype_notes(*overrides: str) -> list[str]:
+        return [n for n in build_plan(compose_run(*TINY, *overrides)).notes if "float32" in n]
+
+    assert dtype_notes() == []  # qwen3-tiny ships fp32
+    (note,) = dtype_notes("model.params_dtype=bf16")
+    assert note.startswith("model.params_dtype=bf16 is for GPUs: on CPU the trainers")
+    assert dtype_notes("model.params_dtype=bf16", "trainer.backend=megatron") == [note]

@@ -3,8 +3,8 @@
 Parameters, gradients and optimizer state are sharded over the data-parallel ranks; with
 `shard_group_size` (HSDP) they are sharded within groups of that many ranks and replicated
 across the groups, over a 2-D device mesh (replicate, shard). On CUDA the layers compute in
-bf16 from float32 sharded master weights and reduce gradients in float32; on CPU everything
-is float32.
+model.params_dtype, bf16 (or fp32), from float32 sharded master weights and reduce gradients
+in float32; on CPU everything is float32.
 
 FSDP2's units: on CUDA each decoder layer is one (`fully_shard` per layer, then at the root),
 so a GPU holds one or two gathered layers at a time and a layer's collectives overlap the
@@ -170,12 +170,14 @@ def shard_model(
     cpu_offload: bool = False,
     per_layer: bool | None = None,
     reshard_after_forward: bool | None = None,
+    compute_dtype: str = "bf16",
 ) -> None:
     """`fully_shard` each of `layers`, then `root` (what no layer holds: embeddings, the final
     norm, the output layer), or with `per_layer` False `root` alone (None: per layer on CUDA
     or where each layer reshards after its forward, else not); each layer freed after its
     forward and gathered again for its backward with `reshard_after_forward` (None: on CUDA),
-    else kept gathered until its backward; gradients summed over the ranks, not averaged."""
+    else kept gathered until its backward; gradients summed over the ranks, not averaged;
+    layers computing in `compute_dtype` on CUDA (`mixed_precision`)."""
     cuda = mesh.device_type == "cuda"
     reshard = cuda if reshard_after_forward is None else reshard_after_forward
     if per_layer is None:
@@ -187,11 +189,7 @@ def shard_model(
         )
     if not per_layer:
         layers = ()
-    mixed = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if cuda
-        else MixedPrecisionPolicy()
-    )
+    mixed = mixed_precision(mesh.device_type, compute_dtype)
     offload = CPUOffloadPolicy(pin_memory=cuda) if cpu_offload else OffloadPolicy()
     # On CPU the gathered layers stay until the backward by default: host memory is plentiful
     # there, and a gloo all-gather per layer costs more than the layer's compute in small models.
@@ -210,6 +208,26 @@ def shard_model(
             module.set_force_sum_reduction_for_comms(True)
             if not cuda:
                 module.set_custom_reduce_scatter(AllReduceScatter())
+
+
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+"""model.params_dtype -> what the torch trainer's layers compute in on CUDA (fp16 is refused
+by validation: it needs a loss scale, rlpost.plan.checks.torch_dtype_issues)."""
+
+
+def mixed_precision(device_type: str, compute_dtype: str) -> MixedPrecisionPolicy:
+    """FSDP2's precision for the shards (always float32, the master weights): on CUDA the
+    gathered parameters cast to `compute_dtype` (model.params_dtype) and the gradients
+    reduced in float32; on CPU float32 throughout, whatever `compute_dtype` says (the plan
+    notes it)."""
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(
+            f"the torch trainer computes in {' or '.join(COMPUTE_DTYPES)}, not {compute_dtype}"
+        )
+    dtype = COMPUTE_DTYPES[compute_dtype]
+    if device_type != "cuda" or dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 class AllReduceScatter(ReduceScatter):

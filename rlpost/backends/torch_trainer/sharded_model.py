@@ -55,9 +55,10 @@ def load_sharded_lm(
     frozen: bool = False,
     per_layer: bool | None = None,
     reshard_after_forward: bool | None = None,
+    compute_dtype: str = "bf16",
 ) -> TokenForward:
     """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
-    `per_layer` and `reshard_after_forward`), each decoder layer checkpointed as
+    `per_layer`, `reshard_after_forward` and `compute_dtype`), each decoder layer checkpointed as
     `layout.recompute` says (None: none); `frozen`: no gradients (a reference model). On
     CUDA its standard RMSNorm, MLP and rotary embedding run rlpost's kernels
     (torch_trainer.kernels.fuse_kernels). The HF model is the result's `lm`.
@@ -80,7 +81,10 @@ def load_sharded_lm(
     forward = TokenForward(model)
     # rank 0's whole tensors: sharding swaps the parameters for shards, these stay whole
     whole = forward.state_dict() if reads and dp.enabled else {}
-    shard_model(forward, decoder_layers(model), mesh, cpu_offload, per_layer, reshard_after_forward)
+    shard_model(
+        forward, decoder_layers(model), mesh, cpu_offload, per_layer, reshard_after_forward,
+        compute_dtype,
+    )  # fmt: skip
     if not dp.enabled:
         return forward
     if not reads:

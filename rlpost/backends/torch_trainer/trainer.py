@@ -106,6 +106,7 @@ class TorchTrainer:
         layout: ParallelLayout | None = None,
         fsdp: FsdpLayout | None = None,
         per_layer_units: bool | None = None,
+        compute_dtype: str = "bf16",
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
         the policy's); `prediction`: the plan's, logged beside what each step measured;
@@ -114,7 +115,8 @@ class TorchTrainer:
         policy's layers reshard after their forward; the reference keeps the default, since no
         backward follows its forward); `per_layer_units`: FSDP2 units per decoder layer
         (None: on CUDA or where the layers reshard after their forward; on CPU one unit by
-        default, distributed.py says why)."""
+        default, distributed.py says why); `compute_dtype`: model.params_dtype, what the
+        layers compute in on CUDA ("bf16" or "fp32"; float32 on CPU)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -147,6 +149,7 @@ class TorchTrainer:
             layout=layout,
             per_layer=per_layer_units,
             reshard_after_forward=fsdp.reshard_after_forward,
+            compute_dtype=compute_dtype,
         )
         self.model = self.policy.lm  # the HF model; its parameters are shards
         self.ref_model: TokenForward | None = None
@@ -159,6 +162,7 @@ class TorchTrainer:
                 cpu_offload=fsdp.cpu_offload,
                 frozen=True,
                 per_layer=per_layer_units,
+                compute_dtype=compute_dtype,
             )
         self.optimizer = build_optimizer(self.model, optim)
         self.device = self.dp.device

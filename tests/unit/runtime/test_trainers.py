@@ -21,7 +21,7 @@ def test_the_torch_trainer_on_a_gpu_profile_computes_on_cuda_with_the_plans_deci
         "model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h200x1", "trainer.backend=torch",
         "layout.train.fsdp.cpu_offload=true", "recipe.algo.kl_loss_coef=0.01",
     )  # fmt: skip
-    assert (spec.backend, spec.device) == ("torch", "cuda")
+    assert (spec.backend, spec.device, spec.compute_dtype) == ("torch", "cuda", "bf16")
     assert spec.layout == plan.parallel and spec.world_size == plan.placement.train_gpus
     assert spec.fsdp is not None and spec.fsdp.cpu_offload
     assert spec.load_reference == plan.work.load_reference is True
@@ -35,6 +35,13 @@ def test_the_torch_trainer_on_a_gpu_profile_computes_on_cuda_with_the_plans_deci
         cfg.trainer.collective_timeout_s,
     )
     assert spec.model == cfg.model and spec.algo == cfg.recipe.algo
+
+
+def test_the_torch_trainer_computes_in_the_models_dtype_on_gpus_and_float32_on_cpu() -> None:
+    on_gpu = ("model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h200x1", "trainer.backend=torch")
+    assert spec_for(*on_gpu, "model.params_dtype=fp32")[2].compute_dtype == "fp32"
+    _, _, spec = spec_for("hardware=cpu", "trainer.backend=torch", "model.params_dtype=bf16")
+    assert (spec.device, spec.compute_dtype) == ("cpu", "fp32")
 
 
 def test_the_cpu_profile_trains_on_the_cpu_and_megatron_packs_every_prompt() -> None:

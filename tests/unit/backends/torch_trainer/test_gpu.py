@@ -49,3 +49,26 @@ def test_offload_moves_model_and_optimizer_state_off_the_gpu(
     trainer_side.onload(trainer)
     assert all(_local(p).is_cuda for p in trainer.model.parameters())
     assert trainer.train_step(samples)["train/loss"] == pytest.approx(first["train/loss"], abs=0.5)
+
+
+def test_the_layers_compute_in_model_params_dtype(
+    tiny_model_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    """bf16 or fp32 (model.params_dtype) from the same float32 shards: fp32 matches the CPU's
+    float32 step to float32 tolerance, bf16 to bf16's."""
+    configs = make_configs(4)
+    samples = make_samples(4, seed=5, with_rollout=True)
+    inputs: dict[str, set[torch.dtype]] = {}
+    losses: dict[str, float] = {}
+    for dtype in ("bf16", "fp32"):
+        trainer = TorchTrainer(tiny_model_dir, *configs, device="cuda", compute_dtype=dtype)
+        linear = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
+        seen = inputs.setdefault(dtype, set())
+        hook = linear.register_forward_pre_hook(lambda _, args, s=seen: s.add(args[0].dtype))
+        losses[dtype] = trainer.train_step(samples)["train/loss"]
+        hook.remove()
+        trainer.close()
+    cpu = TorchTrainer(tiny_model_dir, *configs, num_threads=1).train_step(samples)
+    assert inputs == {"bf16": {torch.bfloat16}, "fp32": {torch.float32}}
+    assert losses["fp32"] == pytest.approx(cpu["train/loss"], rel=1e-4, abs=1e-5)
+    assert losses["bf16"] == pytest.approx(cpu["train/loss"], abs=2e-2)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlpost.backends.torch_trainer import TorchTrainer
+from rlpost.backends.torch_trainer import TorchTrainer, distributed
 from rlpost.backends.torch_trainer.distributed import full_tensor
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import decoder_layers
@@ -378,3 +379,28 @@ def test_reshard_after_forward_decides_what_stays_gathered_for_the_backward(
         assert metrics[f"train/{key}"] == pytest.approx(want[f"train/{key}"], rel=1e-6), key
     for a, b in zip(grads(t), grads(reference), strict=True):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-5), (a - b).abs().max()
+
+
+def test_the_layers_compute_in_the_dtype_the_trainer_is_given(
+    tiny_model_dir: Path, make_configs: Configs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compute_dtype (model.params_dtype on GPUs) reaches FSDP2's precision policy for the
+    policy and the reference; on CPU that policy is float32 whatever it says."""
+    asked: list[tuple[str, str]] = []
+    chosen = distributed.mixed_precision
+
+    def recording(device_type: str, compute_dtype: str) -> MixedPrecisionPolicy:
+        asked.append((device_type, compute_dtype))
+        return chosen(device_type, compute_dtype)
+
+    monkeypatch.setattr(distributed, "mixed_precision", recording)
+    kl = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "k2"}
+    algo, optim, train = make_configs(4, algo=kl)
+    t = TorchTrainer(tiny_model_dir, algo, optim, train, num_threads=1, compute_dtype="fp32")
+    assert t.ref_model is not None
+    assert asked == [("cpu", "fp32"), ("cpu", "fp32")]  # the policy, then the reference
+    float32 = MixedPrecisionPolicy()
+    assert chosen("cpu", "bf16") == chosen("cuda", "fp32") == float32
+    assert chosen("cuda", "bf16") == MixedPrecisionPolicy(torch.bfloat16, torch.float32)
+    with pytest.raises(ValueError, match="bf16 or fp32, not fp16"):
+        chosen("cuda", "fp16")
