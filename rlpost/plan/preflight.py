@@ -2,8 +2,9 @@
 
 The plan says whether a run can work on its hardware; the preflight says whether it can start
 here: the checkpoint folders and data files it names exist and read (every jsonl line has its
-keys), the credentials and packages it will need are present, the run directory can be
-written, and the run fits in memory (plan.memory_check). `launch.py mode=train` and
+keys), the credentials and packages it will need are present, this node has the GPUs its
+hardware profile describes (as many, with as much memory: `nvidia-smi`), the run directory can
+be written, and the run fits in memory (plan.memory_check). `launch.py mode=train` and
 `rlpost validate` run it; `mode=plan` does not, so a config meant for a cluster plans anywhere.
 
 Standard library only, and quick: data files are parsed as JSON, never tokenized (prompt
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import shutil
 import socket
+import subprocess
 import tempfile
 import typing
 from collections.abc import Callable, Iterable
@@ -295,6 +299,8 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
                     value=cfg.hardware.name,
                 )
             )
+        else:
+            issues += gpu_memory_issues(cfg, local_gpu_memory())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
         issues.append(
@@ -317,6 +323,65 @@ def check_switches(cfg: RunConfig, plan: Plan) -> list[Issue]:
               location=Location(file="the environment"))
         for switch, value in bad_switches()
     ]  # fmt: skip
+
+
+GPU_MEMORY_TOLERANCE = 0.02
+"""A GPU this much under the profile's gpu_memory_gib still is the profile's card: profiles give
+the usable memory, a little under what the driver reports (H200: 139.8 GiB of 140.4)."""
+GPU_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
+
+
+def local_gpu_memory() -> list[tuple[str, float]]:
+    """This machine's GPUs as (name, GiB) from `nvidia-smi` (what the driver reports, before
+    any CUDA context); empty where nvidia-smi is missing or fails."""
+    command = shutil.which("nvidia-smi")
+    if command is None:
+        return []
+    try:
+        done = subprocess.run(
+            [command, *GPU_QUERY], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_gpu_memory(done.stdout)
+
+
+def parse_gpu_memory(text: str) -> list[tuple[str, float]]:
+    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` lines ("NVIDIA
+    H200, 143771": MiB) -> [(name, GiB)]; lines it cannot read are left out."""
+    gpus = []
+    for line in text.splitlines():
+        name, _, mib = line.rpartition(",")
+        try:
+            gpus.append((name.strip(), float(mib) / 1024))
+        except ValueError:
+            continue
+    return [(name, gib) for name, gib in gpus if name]
+
+
+def gpu_memory_issues(cfg: RunConfig, gpus: list[tuple[str, float]]) -> list[Issue]:
+    """A profile that promises more memory per GPU than this machine's smallest GPU has: every
+    memory verdict of the plan, its micro-batches and SGLang's memory fraction assume the
+    profile's card, so the run would fit on paper and run out of memory on this one."""
+    if not gpus:
+        return []
+    name, gib = min(gpus, key=lambda gpu: gpu[1])
+    wanted = cfg.hardware.gpu_memory_gib
+    if gib >= wanted * (1 - GPU_MEMORY_TOLERANCE):
+        return []
+    usable = math.floor(gib * 10) / 10
+    return [
+        Issue(
+            "hardware.gpu_memory_gib",
+            f"hardware {cfg.hardware.name} plans each GPU with {wanted:g} GiB, and this "
+            f"machine's {name} has {gib:.1f} GiB: the plan's memory verdicts, micro-batches and "
+            "SGLang's memory fraction were judged for the larger card",
+            f"plan for this machine's GPUs: hardware.gpu_memory_gib={usable:g} (with its "
+            "peak_bf16_tflops and memory_bandwidth_gbps for the time estimates), or a profile "
+            "of its own under conf/hardware/",
+            value=wanted,
+        )
+    ]
 
 
 def _local_gpus() -> int:
