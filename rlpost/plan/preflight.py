@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import typing
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlpost.errors import Issue, Location, UserError
@@ -300,7 +301,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 )
             )
         else:
-            issues += gpu_memory_issues(cfg, local_gpu_memory())
+            issues += local_gpu_issues(cfg, local_gpus())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
         issues.append(
@@ -328,45 +329,72 @@ def check_switches(cfg: RunConfig, plan: Plan) -> list[Issue]:
 GPU_MEMORY_TOLERANCE = 0.02
 """A GPU this much under the profile's gpu_memory_gib still is the profile's card: profiles give
 the usable memory, a little under what the driver reports (H200: 139.8 GiB of 140.4)."""
-GPU_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
+GPU_FIELDS = ("name", "memory.total", "compute_cap")
+BF16_COMPUTE_CAPABILITY = (8, 0)
+"""The first GPUs with bf16 arithmetic (Ampere): a V100 (7.0) or T4 (7.5) has none."""
 
 
-def local_gpu_memory() -> list[tuple[str, float]]:
-    """This machine's GPUs as (name, GiB) from `nvidia-smi` (what the driver reports, before
-    any CUDA context); empty where nvidia-smi is missing or fails."""
+@dataclass(frozen=True)
+class LocalGpu:
+    name: str
+    memory_gib: float
+    compute_capability: tuple[int, int] | None  # None: a driver too old to report it
+
+
+def local_gpus() -> list[LocalGpu]:
+    """This machine's GPUs from `nvidia-smi` (what the driver reports, before any CUDA
+    context); a driver without the compute_cap field is asked again without it; empty where
+    nvidia-smi is missing or fails."""
     command = shutil.which("nvidia-smi")
     if command is None:
         return []
-    try:
-        done = subprocess.run(
-            [command, *GPU_QUERY], capture_output=True, text=True, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return parse_gpu_memory(done.stdout)
+    for fields in (GPU_FIELDS, GPU_FIELDS[:2]):
+        query = [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+        try:
+            done = subprocess.run(
+                [command, *query], capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return parse_gpus(done.stdout, with_compute_capability=len(fields) == 3)
+    return []
 
 
-def parse_gpu_memory(text: str) -> list[tuple[str, float]]:
-    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` lines ("NVIDIA
-    H200, 143771": MiB) -> [(name, GiB)]; lines it cannot read are left out."""
+def parse_gpus(text: str, *, with_compute_capability: bool = True) -> list[LocalGpu]:
+    """`nvidia-smi --query-gpu=name,memory.total[,compute_cap] --format=csv,noheader,nounits`
+    lines ("NVIDIA H200, 143771, 9.0": MiB, major.minor) -> LocalGpu; a GPU's name may hold
+    commas, so the figures are read from the right; lines it cannot read are left out."""
     gpus = []
     for line in text.splitlines():
-        name, _, mib = line.rpartition(",")
+        figures = 2 if with_compute_capability else 1
+        name, *rest = (part.strip() for part in line.rsplit(",", figures))
         try:
-            gpus.append((name.strip(), float(mib) / 1024))
-        except ValueError:
+            gib = float(rest[0]) / 1024
+            capability = None
+            if with_compute_capability:
+                major, _, minor = rest[1].partition(".")
+                capability = (int(major), int(minor or 0))
+        except (ValueError, IndexError):
             continue
-    return [(name, gib) for name, gib in gpus if name]
+        if name:
+            gpus.append(LocalGpu(name, gib, capability))
+    return gpus
 
 
-def gpu_memory_issues(cfg: RunConfig, gpus: list[tuple[str, float]]) -> list[Issue]:
+def local_gpu_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
+    """This node's GPUs against the hardware profile and the model's dtype (`gpus`: from
+    `local_gpus`; nothing to judge when empty)."""
+    return gpu_memory_issues(cfg, gpus) + bf16_issues(cfg, gpus)
+
+
+def gpu_memory_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
     """A profile that promises more memory per GPU than this machine's smallest GPU has: every
     memory verdict of the plan, its micro-batches and SGLang's memory fraction assume the
     profile's card, so the run would fit on paper and run out of memory on this one."""
     if not gpus:
         return []
-    name, gib = min(gpus, key=lambda gpu: gpu[1])
-    wanted = cfg.hardware.gpu_memory_gib
+    smallest = min(gpus, key=lambda gpu: gpu.memory_gib)
+    wanted, gib = cfg.hardware.gpu_memory_gib, smallest.memory_gib
     if gib >= wanted * (1 - GPU_MEMORY_TOLERANCE):
         return []
     usable = math.floor(gib * 10) / 10
@@ -374,12 +402,35 @@ def gpu_memory_issues(cfg: RunConfig, gpus: list[tuple[str, float]]) -> list[Iss
         Issue(
             "hardware.gpu_memory_gib",
             f"hardware {cfg.hardware.name} plans each GPU with {wanted:g} GiB, and this "
-            f"machine's {name} has {gib:.1f} GiB: the plan's memory verdicts, micro-batches and "
-            "SGLang's memory fraction were judged for the larger card",
+            f"machine's {smallest.name} has {gib:.1f} GiB: the plan's memory verdicts, "
+            "micro-batches and SGLang's memory fraction were judged for the larger card",
             f"plan for this machine's GPUs: hardware.gpu_memory_gib={usable:g} (with its "
             "peak_bf16_tflops and memory_bandwidth_gbps for the time estimates), or a profile "
             "of its own under conf/hardware/",
             value=wanted,
+        )
+    ]
+
+
+def bf16_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
+    """model.params_dtype=bf16 on GPUs without bf16 arithmetic (before Ampere): the trainers'
+    kernels and SGLang's fail on them, or crawl in emulation."""
+    older = [
+        gpu
+        for gpu in gpus
+        if gpu.compute_capability is not None and gpu.compute_capability < BF16_COMPUTE_CAPABILITY
+    ]
+    if cfg.model.params_dtype != "bf16" or not older:
+        return []
+    major, minor = older[0].compute_capability or (0, 0)
+    return [
+        Issue(
+            "model.params_dtype",
+            f"this machine's {older[0].name} (compute capability {major}.{minor}) has no bf16 "
+            "arithmetic; bf16 needs compute capability 8.0 or later (A100, H100 and newer)",
+            "set model.params_dtype: fp16 with trainer.backend=megatron (its optimizer scales "
+            "the loss) or model.params_dtype: fp32, or run on GPUs with bf16",
+            value="bf16",
         )
     ]
 

@@ -1,25 +1,41 @@
-"""The preflight's look at this machine's GPUs: a hardware profile that promises more memory per
-GPU than the node's GPUs have is refused before anything starts."""
+"""The preflight's look at this machine's GPUs (nvidia-smi): a hardware profile that promises
+more memory per GPU than the node's GPUs have, or bf16 on GPUs without it, is refused before
+anything starts."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlpost.config.loader import compose_run_config
-from rlpost.plan.preflight import gpu_memory_issues, local_gpu_memory, parse_gpu_memory
+from rlpost.plan.preflight import LocalGpu, local_gpu_issues, local_gpus, parse_gpus
+from rlpost.schema import RunConfig
 
-# what nvidia-smi printed on the GPU machines this project ran on, and an A100 40GB's line
-H200 = "NVIDIA H200, 143771"
-H100 = "NVIDIA H100 80GB HBM3, 81559"
-A100_40 = "NVIDIA A100-SXM4-40GB, 40960"
+# nvidia-smi's lines: the H200 and H100 of this project's GPU machines, an A100 40GB, a V100
+H200 = "NVIDIA H200, 143771, 9.0"
+H100 = "NVIDIA H100 80GB HBM3, 81559, 9.0"
+A100_40 = "NVIDIA A100-SXM4-40GB, 40960, 8.0"
+V100 = "Tesla V100-SXM2-32GB, 32768, 7.0"
 
 
-def test_nvidia_smis_lines_read_as_names_and_gib() -> None:
-    text = "\n".join([H200, H100, "", "garbled line", A100_40])
-    assert parse_gpu_memory(text) == [
-        ("NVIDIA H200", pytest.approx(140.4, abs=0.05)),
-        ("NVIDIA H100 80GB HBM3", pytest.approx(79.65, abs=0.05)),
-        ("NVIDIA A100-SXM4-40GB", 40.0),
+def run(hardware: str, *overrides: str) -> RunConfig:
+    models = ["model=qwen3-0.6b", "recipe=grpo_dapo", f"hardware={hardware}"]
+    return compose_run_config([*models, *overrides])[0]
+
+
+def node(cfg: RunConfig, line: str) -> list[LocalGpu]:
+    return parse_gpus(f"{line}\n" * cfg.hardware.gpus_per_node)
+
+
+def test_nvidia_smis_lines_read_as_names_memory_and_compute_capability() -> None:
+    text = "\n".join([H200, "", "garbled line", "Some, GPU, with commas, 1024, 8.6", V100])
+    assert parse_gpus(text) == [
+        LocalGpu("NVIDIA H200", 143771 / 1024, (9, 0)),
+        LocalGpu("Some, GPU, with commas", 1.0, (8, 6)),
+        LocalGpu("Tesla V100-SXM2-32GB", 32.0, (7, 0)),
+    ]
+    # a driver without the compute_cap field is asked for name and memory alone
+    assert parse_gpus("NVIDIA H100 80GB HBM3, 81559", with_compute_capability=False) == [
+        LocalGpu("NVIDIA H100 80GB HBM3", 81559 / 1024, None)
     ]
 
 
@@ -36,24 +52,39 @@ def test_nvidia_smis_lines_read_as_names_and_gib() -> None:
 def test_a_profile_promising_more_memory_than_the_gpus_have_is_refused(
     hardware: str, line: str, refused: bool
 ) -> None:
-    cfg = compose_run_config(["model=qwen3-0.6b", "recipe=grpo_dapo", f"hardware={hardware}"])[0]
-    gpus = parse_gpu_memory(f"{line}\n" * cfg.hardware.gpus_per_node)
-    issues = gpu_memory_issues(cfg, gpus)
+    cfg = run(hardware)
+    gpus = node(cfg, line)
+    issues = local_gpu_issues(cfg, gpus)
     assert bool(issues) is refused
     if refused:
         (issue,) = issues
-        name, gib = gpus[0]
+        gpu = gpus[0]
         assert issue.key == "hardware.gpu_memory_gib" and issue.value == cfg.hardware.gpu_memory_gib
-        assert f"this machine's {name} has {gib:.1f} GiB" in issue.message
-        assert f"hardware.gpu_memory_gib={int(gib * 10) / 10:g}" in issue.fix
+        assert f"this machine's {gpu.name} has {gpu.memory_gib:.1f} GiB" in issue.message
+        assert f"hardware.gpu_memory_gib={int(gpu.memory_gib * 10) / 10:g}" in issue.fix
 
 
-def test_the_smallest_gpu_decides() -> None:
-    cfg = compose_run_config(["model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h100x8"])[0]
-    gpus = parse_gpu_memory("\n".join([H100] * 7 + [A100_40]))
-    (issue,) = gpu_memory_issues(cfg, gpus)
+def test_the_smallest_gpu_decides_and_no_gpus_listed_judges_nothing() -> None:
+    cfg = run("h100x8")
+    gpus = parse_gpus("\n".join([H100] * 7 + [A100_40]))
+    (issue,) = local_gpu_issues(cfg, gpus)
     assert "NVIDIA A100-SXM4-40GB has 40.0 GiB" in issue.message
-    assert gpu_memory_issues(cfg, []) == []  # no nvidia-smi: the GPU count check speaks
+    assert local_gpu_issues(cfg, []) == []  # no nvidia-smi: the GPU count check speaks
+
+
+def test_bf16_on_gpus_without_it_is_refused_with_fp16_or_fp32_as_the_fix() -> None:
+    # a V100 profile: 32 GB cards, so that only the dtype is wrong
+    v100 = ("hardware.gpu_memory_gib=31.5", "hardware.gpus_per_node=1", "hardware.num_nodes=1")
+    cfg = run("h100x1", *v100)
+    (issue,) = local_gpu_issues(cfg, node(cfg, V100))
+    assert (issue.key, issue.value) == ("model.params_dtype", "bf16")
+    assert "Tesla V100-SXM2-32GB (compute capability 7.0) has no bf16" in issue.message
+    assert "model.params_dtype: fp16 with trainer.backend=megatron" in issue.fix
+    for dtype in ("fp16", "fp32"):
+        fixed = run("h100x1", *v100, f"model.params_dtype={dtype}")
+        assert local_gpu_issues(fixed, node(fixed, V100)) == []
+    unknown = [LocalGpu("Tesla V100-SXM2-32GB", 32.0, None)]  # an old driver: not judged
+    assert local_gpu_issues(cfg, unknown) == []
 
 
 @pytest.mark.gpu
@@ -61,7 +92,10 @@ def test_nvidia_smi_reports_the_gpus_torch_sees() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    gpus = local_gpu_memory()
+    gpus = local_gpus()
     assert len(gpus) >= torch.cuda.device_count()
-    total_gib = torch.cuda.get_device_properties(0).total_memory / 1024**3
-    assert min(abs(gib - total_gib) for _, gib in gpus) < 0.02 * total_gib
+    properties = torch.cuda.get_device_properties(0)
+    total_gib = properties.total_memory / 1024**3
+    ours = min(gpus, key=lambda gpu: abs(gpu.memory_gib - total_gib))
+    assert abs(ours.memory_gib - total_gib) < 0.02 * total_gib
+    assert ours.compute_capability == (properties.major, properties.minor)
