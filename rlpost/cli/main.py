@@ -6,6 +6,7 @@
     rlpost plan [--config-dir DIR] model=... recipe=... hardware=...   # launch.py mode=plan
     rlpost new model --from-hf DIR [--name NAME] [--out PATH]
     rlpost new recipe NAME --from BASE [KEY=VALUE...]
+    rlpost new hardware NAME [--nodes N]                                 # from this machine
     rlpost run ...                                                       # python launch.py ...
     rlpost cluster up --hostfile FILE | status | down                    # a Ray cluster over ssh
     rlpost slurm model=... recipe=... hardware=... [--out FILE]         # an sbatch script
@@ -56,10 +57,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _new_arguments(parser: argparse.ArgumentParser) -> None:
-    from rlpost.cli import new_model, new_recipe
+    from rlpost.cli import new_hardware, new_model, new_recipe
 
-    kinds = parser.add_subparsers(dest="kind", required=True, metavar="{model,recipe}")
-    for name, module in (("model", new_model), ("recipe", new_recipe)):
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="{model,recipe,hardware}")
+    for name, module in (("model", new_model), ("recipe", new_recipe), ("hardware", new_hardware)):
         sub = kinds.add_parser(
             name,
             help=module.HELP,
@@ -84,7 +85,8 @@ def verbs() -> dict[str, Verb]:
         "show": _verb(show),
         "plan": Verb("print the plan (python launch.py ... mode=plan)", _plan_arguments, _plan),
         "new": Verb(
-            "write a model YAML from an HF config, or a recipe that extends another",
+            "write a model YAML from an HF config, a recipe that extends another, or a "
+            "hardware profile of this machine",
             _new_arguments,
             _new,
         ),

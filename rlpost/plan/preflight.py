@@ -296,7 +296,8 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
                     f"machine has {found}",
                     "run on a machine with those GPUs (or join a Ray cluster that has them: "
                     "run.ray_address), or pick a hardware profile that matches this one "
-                    "(hardware=cpu on a machine without GPUs)",
+                    "(`rlpost new hardware NAME` writes one from it; hardware=cpu on a machine "
+                    "without GPUs)",
                     value=cfg.hardware.name,
                 )
             )
@@ -406,7 +407,7 @@ def gpu_memory_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
             "micro-batches and SGLang's memory fraction were judged for the larger card",
             f"plan for this machine's GPUs: hardware.gpu_memory_gib={usable:g} (with its "
             "peak_bf16_tflops and memory_bandwidth_gbps for the time estimates), or a profile "
-            "of its own under conf/hardware/",
+            "of its own (`rlpost new hardware NAME` writes one from this machine)",
             value=wanted,
         )
     ]
