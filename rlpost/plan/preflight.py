@@ -302,6 +302,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 )
             )
         else:
+            issues += visible_gpu_issues(cfg, os.environ.get(VISIBLE_DEVICES))
             issues += local_gpu_issues(cfg, local_gpus())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
@@ -432,6 +433,33 @@ def bf16_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
             "set model.params_dtype: fp16 with trainer.backend=megatron (its optimizer scales "
             "the loss) or model.params_dtype: fp32, or run on GPUs with bf16",
             value="bf16",
+        )
+    ]
+
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_gpu_issues(cfg: RunConfig, visible: str | None) -> list[Issue]:
+    """CUDA_VISIBLE_DEVICES (`visible`) hiding GPUs the profile counts on: Ray and CUDA see only
+    the listed ones, so the placement would wait for GPUs that never come."""
+    if visible is None:
+        return []
+    listed = [d for d in (part.strip() for part in visible.split(",")) if d]
+    # CUDA stops at the first invalid entry, such as -1
+    count = next((i for i, d in enumerate(listed) if d.startswith("-")), len(listed))
+    needed = cfg.hardware.gpus_per_node
+    if count >= needed:
+        return []
+    return [
+        Issue(
+            VISIBLE_DEVICES,
+            f"it shows {count} GPU(s) to this launch, and hardware {cfg.hardware.name} "
+            f"places the run on {needed} per node",
+            f"unset {VISIBLE_DEVICES}, or list {needed} GPUs in it, or pick a hardware profile "
+            f"of {count} GPU(s) (hardware.gpus_per_node={count}, or `rlpost new hardware NAME`)",
+            value=visible,
+            location=Location(file="the environment"),
         )
     ]
 

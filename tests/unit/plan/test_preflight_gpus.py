@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from rlpost.config.loader import compose_run_config
-from rlpost.plan.preflight import LocalGpu, local_gpu_issues, local_gpus, parse_gpus
+from rlpost.plan.preflight import (
+    LocalGpu,
+    local_gpu_issues,
+    local_gpus,
+    parse_gpus,
+    visible_gpu_issues,
+)
 from rlpost.schema import RunConfig
 
 # nvidia-smi's lines: the H200 and H100 of this project's GPU machines, an A100 40GB, a V100
@@ -99,3 +105,17 @@ def test_nvidia_smi_reports_the_gpus_torch_sees() -> None:
     ours = min(gpus, key=lambda gpu: abs(gpu.memory_gib - total_gib))
     assert abs(ours.memory_gib - total_gib) < 0.02 * total_gib
     assert ours.compute_capability == (properties.major, properties.minor)
+
+
+@pytest.mark.parametrize(
+    ("visible", "shown"),
+    [("0,1,2,3", 4), ("", 0), ("0,1,-1,3", 2), ("GPU-8f2e, GPU-11aa", 2)],
+)
+def test_cuda_visible_devices_hiding_the_profiles_gpus_is_refused(visible: str, shown: int) -> None:
+    cfg = run("h100x8")
+    (issue,) = visible_gpu_issues(cfg, visible)
+    assert (issue.key, issue.value) == ("CUDA_VISIBLE_DEVICES", visible)
+    assert f"it shows {shown} GPU(s) to this launch" in issue.message
+    assert f"hardware.gpus_per_node={shown}" in issue.fix
+    assert visible_gpu_issues(cfg, "0,1,2,3,4,5,6,7") == []
+    assert visible_gpu_issues(cfg, None) == []
