@@ -10,18 +10,30 @@ behind holding GPUs and ports.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from rlpost.backends.child_process import start_child
 from rlpost.backends.engine_key import ENGINE_KEY_ENV, auth_headers
 from rlpost.backends.ports import free_port, is_port_free, listens_on
 from rlpost.backends.sglang.launch import EngineSpec, engine_backend
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_index(gpu_id: int, visible: str | None) -> int:
+    """`gpu_id` (a node's GPU id, as Ray and nvidia-smi number them) as an index among the
+    GPUs that `visible` (CUDA_VISIBLE_DEVICES) shows; itself where that lists no such id
+    (unset, or GPUs named by UUID)."""
+    listed = [part.strip() for part in (visible or "").split(",")]
+    return listed.index(str(gpu_id)) if str(gpu_id) in listed else gpu_id
 
 
 class EngineStartError(RuntimeError):
@@ -79,13 +91,21 @@ class EngineProcess:
             self.stop()
             return self._launch(free_port(spec.host))
 
+    def launch_command(self, env: Mapping[str, str]) -> list[str]:
+        """The command as this host runs it, in `env`: the spec's base GPU is the GPU id Ray
+        gave the bundle, which the server reads as an index into the GPUs it sees, so where
+        CUDA_VISIBLE_DEVICES lists a subset of the node's GPUs (Ray then numbers them by
+        their ids, 4,5,6,7) the id becomes its place in that list (0)."""
+        base = visible_index(self.spec.base_gpu_id, env.get(VISIBLE_DEVICES))
+        return self.backend.command(dataclasses.replace(self.spec, base_gpu_id=base), self.port)
+
     def _launch(self, port: int) -> str:
         spec = self.spec
         self.port = port
         env = {**os.environ, **self.backend.env(spec), **self.extra_env}
         if self.key is None:
             env.pop(ENGINE_KEY_ENV, None)
-        command = self.command()
+        command = self.launch_command(env)
         key_args = [] if self.key is None else self.backend.key_args(self.key)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as log:

@@ -20,7 +20,12 @@ import pytest
 import rlpost
 from rlpost.backends.ports import free_port
 from rlpost.backends.sglang.launch import EngineSpec
-from rlpost.backends.sglang.process import EngineProcess, EngineStartError, listens_on
+from rlpost.backends.sglang.process import (
+    EngineProcess,
+    EngineStartError,
+    listens_on,
+    visible_index,
+)
 
 REPO_ROOT = Path(rlpost.__file__).resolve().parent.parent
 
@@ -130,3 +135,22 @@ def test_engine_dies_with_a_sigkilled_launcher(tiny_lm_dir: Path, tmp_path: Path
         launcher.wait()
         if server_pid is not None and not is_gone(server_pid):
             os.killpg(server_pid, signal.SIGKILL)
+
+
+def test_the_base_gpu_is_the_bundles_place_among_the_gpus_the_server_sees(tmp_path: Path) -> None:
+    """Ray numbers a node's GPUs by their ids, SGLang's --base-gpu-id counts the visible ones:
+    under CUDA_VISIBLE_DEVICES=4,5,6,7 the engine on GPUs 6 and 7 starts at index 2."""
+    spec = EngineSpec(
+        index=0, backend="sglang", model_path="/ckpt", host="127.0.0.1", port=30000, seed=0,
+        log_path=f"{tmp_path}/e.log", startup_timeout_s=1, gpus_per_engine=2, base_gpu_id=6,
+    )  # fmt: skip
+    process = EngineProcess(spec)
+
+    def base(env: dict[str, str]) -> str:
+        command = process.launch_command(env)
+        return command[command.index("--base-gpu-id") + 1]
+
+    assert base({}) == "6" == process.command()[process.command().index("--base-gpu-id") + 1]
+    assert base({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == "2"
+    assert base({"CUDA_VISIBLE_DEVICES": "GPU-5a1f,GPU-77c0"}) == "6"  # by UUID: left as it is
+    assert visible_index(6, "0, 1, 6") == 2 and visible_index(3, None) == 3
