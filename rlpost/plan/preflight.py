@@ -448,6 +448,19 @@ def visible_gpu_issues(cfg: RunConfig, visible: str | None) -> list[Issue]:
     listed = [d for d in (part.strip() for part in visible.split(",")) if d]
     # CUDA stops at the first invalid entry, such as -1
     count = next((i for i, d in enumerate(listed) if d.startswith("-")), len(listed))
+    named = [d for d in listed[:count] if not d.isdigit()]
+    if named:
+        return [
+            Issue(
+                VISIBLE_DEVICES,
+                f"it names GPUs by UUID or MIG id ({named[0]}), and the run places its "
+                "engines and train ranks by GPU index (Ray hands out these names as the ids)",
+                "list the GPUs by index (`nvidia-smi -L` shows which index is which UUID), "
+                f"or unset {VISIBLE_DEVICES}",
+                value=visible,
+                location=Location(file="the environment"),
+            )
+        ]
     needed = cfg.hardware.gpus_per_node
     if count >= needed:
         return []
