@@ -15,10 +15,12 @@ a hook that raises on some sample) is handled by the run itself.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -304,6 +306,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
         else:
             issues += visible_gpu_issues(cfg, os.environ.get(VISIBLE_DEVICES))
             issues += local_gpu_issues(cfg, local_gpus())
+            issues += torch_build_issues(cfg, installed_torch_version(), driver_version())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
         issues.append(
@@ -433,6 +436,74 @@ def bf16_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
             "set model.params_dtype: fp16 with trainer.backend=megatron (its optimizer scales "
             "the loss) or model.params_dtype: fp32, or run on GPUs with bf16",
             value="bf16",
+        )
+    ]
+
+
+CUDA_MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+"""The oldest driver (major version) that runs each CUDA major version's builds (NVIDIA's minor
+version compatibility table): a torch built for CUDA 13 needs a driver of 580 or later."""
+TORCH_BUILD = re.compile(r"\+(cpu|cu(\d+)\d)$")  # 2.11.0+cu130: CUDA 13; 2.13.0+cpu
+
+
+def installed_torch_version() -> str | None:
+    """The installed torch's version, from its metadata (torch itself is not imported)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version from nvidia-smi (580.159.04), None without one."""
+    command = shutil.which("nvidia-smi")
+    if command is None:
+        return None
+    query = [command, "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.split()
+    return lines[0] if lines else None
+
+
+def torch_build_issues(
+    cfg: RunConfig, torch_version: str | None, driver: str | None
+) -> list[Issue]:
+    """The torch this run would train with, against the GPUs it is given: a CPU build (the CPU
+    install on a GPU machine) sees no GPU at all, and a CUDA build newer than the driver fails
+    at its first CUDA call, in a rank, after Ray and the engines have started."""
+    build = TORCH_BUILD.search(torch_version or "")
+    if build is None:  # no local version tag: the build cannot be told without importing it
+        return []
+    gpu_extra = "pip install torch from a CUDA index (https://download.pytorch.org/whl/cu1XX)"
+    if build.group(1) == "cpu":
+        return [
+            Issue(
+                "hardware",
+                f"hardware {cfg.hardware.name} trains on GPUs, and this environment's torch "
+                f"{torch_version} is the CPU build: no rank would see a GPU",
+                f"{gpu_extra} matching this machine's driver, or hardware=cpu",
+                value=cfg.hardware.name,
+            )
+        ]
+    cuda = int(build.group(2))
+    needed = CUDA_MIN_DRIVER.get(cuda)
+    try:
+        major = int((driver or "").split(".")[0])
+    except ValueError:
+        return []
+    if needed is None or major >= needed:
+        return []
+    return [
+        Issue(
+            "hardware",
+            f"this environment's torch {torch_version} is built for CUDA {cuda}, which needs an "
+            f"NVIDIA driver of {needed} or later, and this machine's is {driver}: the first "
+            "CUDA call of a rank would fail",
+            f"{gpu_extra} for a CUDA version this driver runs, or update the driver",
+            value=cfg.hardware.name,
         )
     ]
 

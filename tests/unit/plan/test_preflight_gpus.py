@@ -9,9 +9,12 @@ import pytest
 from rlpost.config.loader import compose_run_config
 from rlpost.plan.preflight import (
     LocalGpu,
+    driver_version,
+    installed_torch_version,
     local_gpu_issues,
     local_gpus,
     parse_gpus,
+    torch_build_issues,
     visible_gpu_issues,
 )
 from rlpost.schema import RunConfig
@@ -105,6 +108,8 @@ def test_nvidia_smi_reports_the_gpus_torch_sees() -> None:
     ours = min(gpus, key=lambda gpu: abs(gpu.memory_gib - total_gib))
     assert abs(ours.memory_gib - total_gib) < 0.02 * total_gib
     assert ours.compute_capability == (properties.major, properties.minor)
+    # this machine's torch runs on its driver: the build check must not refuse it
+    assert torch_build_issues(run("h100x1"), installed_torch_version(), driver_version()) == []
 
 
 @pytest.mark.parametrize(
@@ -127,3 +132,28 @@ def test_gpus_named_by_uuid_in_cuda_visible_devices_are_refused() -> None:
     (issue,) = visible_gpu_issues(cfg, visible)
     assert issue.key == "CUDA_VISIBLE_DEVICES" and "by UUID or MIG id (GPU-0a2f)" in issue.message
     assert "nvidia-smi -L" in issue.fix
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "driver", "says"),
+    [
+        ("2.13.0+cpu", "580.159.04", "is the CPU build: no rank would see a GPU"),
+        ("2.11.0+cu130", "570.86.15", "built for CUDA 13, which needs an NVIDIA driver of 580"),
+        ("2.6.0+cu126", "515.65.01", "built for CUDA 12, which needs an NVIDIA driver of 525"),
+        ("2.11.0+cu130", "580.159.04", None),  # the GPU machines' pair
+        ("2.6.0+cu126", "580.159.04", None),  # newer drivers run older CUDA builds
+        ("2.11.0", "470.1", None),  # no build tag: not judged without importing torch
+        ("2.11.0+cu130", None, None),  # no nvidia-smi: the GPU count check speaks
+    ],
+)
+def test_a_torch_build_the_gpus_cannot_run_is_refused(
+    torch_version: str, driver: str | None, says: str | None
+) -> None:
+    cfg = run("h100x8")
+    issues = torch_build_issues(cfg, torch_version, driver)
+    if says is None:
+        assert issues == []
+    else:
+        (issue,) = issues
+        assert issue.key == "hardware" and says in issue.message
+        assert "download.pytorch.org/whl/cu" in issue.fix
