@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import NodeInfo, choose_nodes, nodes_from_ray, ray_address
 from rlpost.plan.placement import Placement
 from rlpost.schema import HardwareConfig, RunConfig
@@ -95,12 +95,38 @@ class Slot:
 
 
 @ray.remote(num_cpus=0, max_calls=0)  # max_calls=0: the worker stays for the next probe
-def _probe_bundle() -> tuple[str, int, str | None]:
+def _probe_bundle() -> tuple[str, str, str | None]:
+    """The bundle's node address, its GPU's id as Ray gives it ("" on CPU), its interface."""
     from rlpost.runtime.netif import interface_for
 
     gpu_ids = ray.get_gpu_ids()
     address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    return address, int(gpu_ids[0]) if gpu_ids else -1, interface_for(address)
+    return address, str(gpu_ids[0]) if gpu_ids else "", interface_for(address)
+
+
+def gpu_index(node_ip: str, ray_gpu_id: str) -> int:
+    """Ray's id of a bundle's GPU as the GPU index the engines and ranks are placed by (-1: no
+    GPU). Ray takes its ids from CUDA_VISIBLE_DEVICES as it was when the node started, so a
+    node started with GPUs named by UUID or MIG id hands out those names."""
+    if not ray_gpu_id:
+        return -1
+    if ray_gpu_id.isdigit():
+        return int(ray_gpu_id)
+    raise UserError(
+        [
+            Issue(
+                "CUDA_VISIBLE_DEVICES",
+                f"Ray on node {node_ip} names its GPUs by UUID or MIG id ({ray_gpu_id}): it "
+                "started with CUDA_VISIBLE_DEVICES holding those names, and the run places its "
+                "engines and train ranks by GPU index",
+                "start Ray on that node with CUDA_VISIBLE_DEVICES listing GPU indices "
+                "(`nvidia-smi -L` shows which is which), or without it",
+                value=ray_gpu_id,
+                location=Location(file="the environment"),
+            )
+        ],
+        title="cluster problem",
+    )
 
 
 @ray.remote(num_cpus=0)
@@ -254,12 +280,14 @@ class Cluster:
             ]
         )
         rank = {node.address: n for n, node in enumerate(self.nodes)}
-        slots = [Slot(i, ip, gpu, ifname) for i, (ip, gpu, ifname) in enumerate(found)]
+        slots = [
+            Slot(i, ip, gpu_index(ip, gpu), ifname) for i, (ip, gpu, ifname) in enumerate(found)
+        ]
         return sorted(
             slots, key=lambda s: (rank.get(s.node_ip, len(rank)), s.gpu_id, s.bundle_index)
         )
 
-    def _start_probe(self, bundle_index: int) -> ray.ObjectRef[tuple[str, int, str | None]]:
+    def _start_probe(self, bundle_index: int) -> ray.ObjectRef[tuple[str, str, str | None]]:
         return _probe_bundle.options(
             num_gpus=0.01 if self.on_gpu else 0,
             scheduling_strategy=self.strategy_for_bundle(bundle_index),

@@ -7,7 +7,13 @@ import os
 import pytest
 from ray._private import ray_constants, services
 
-from rlpost.runtime.cluster import CLUSTER_SWITCH, RAY_LOOPBACK_VERSIONS, loopback_node_address
+from rlpost.errors import UserError
+from rlpost.runtime.cluster import (
+    CLUSTER_SWITCH,
+    RAY_LOOPBACK_VERSIONS,
+    gpu_index,
+    loopback_node_address,
+)
 
 
 def test_inside_ray_finds_loopback_and_outside_its_own_address(
@@ -35,3 +41,15 @@ def test_the_pinned_ray_is_the_one_measured() -> None:
         "extend RAY_LOOPBACK_VERSIONS (or drop loopback_node_address if ray.init keeps a "
         "loopback _node_ip_address)"
     )
+
+
+def test_ray_gpu_ids_become_gpu_indices_and_uuids_are_refused() -> None:
+    """Ray hands out the ids CUDA_VISIBLE_DEVICES held when its node started: indices place
+    the run, a UUID is refused naming the node (before, int() of it failed in the driver)."""
+    assert (gpu_index("10.0.0.2", "6"), gpu_index("10.0.0.2", "")) == (6, -1)
+    with pytest.raises(UserError) as caught:
+        gpu_index("10.0.0.2", "GPU-5a1f0c")
+    (issue,) = caught.value.issues
+    assert issue.key == "CUDA_VISIBLE_DEVICES" and issue.value == "GPU-5a1f0c"
+    assert "Ray on node 10.0.0.2 names its GPUs by UUID" in issue.message
+    assert "nvidia-smi -L" in issue.fix
