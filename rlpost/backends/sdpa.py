@@ -70,10 +70,17 @@ def sdpa_preference() -> list[Any]:
     return [backend for backend, enabled in order if enabled()]
 
 
+CUDNN_DTYPES = (torch.bfloat16, torch.float16)
+"""What cuDNN's attention computes in; a float32 call (model.params_dtype=fp32) never reaches
+it, so it neither asks for cuDNN nor spends a plan of the budget."""
+
+
 def cudnn_device(query: Tensor) -> bool:
-    """Whether SDPA calls on `query`'s device ask cuDNN first at all: a GPU of
+    """Whether SDPA calls on `query` ask cuDNN first at all: bf16 or fp16 on a GPU of
     CUDNN_FIRST_CAPABILITIES, unless RLPOST_CUDNN_ATTENTION=0."""
     if not query.is_cuda or switches.CUDNN_ATTENTION.value() == "0":
+        return False
+    if query.dtype not in CUDNN_DTYPES:
         return False
     return torch.cuda.get_device_capability(query.device) in CUDNN_FIRST_CAPABILITIES
 

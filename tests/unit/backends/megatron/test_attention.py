@@ -365,3 +365,15 @@ def test_the_trainer_measures_the_padded_path_inside_its_step_and_trains_the_sam
     assert auto_share == float(work < kernels.PADDED_MARGIN * speedup)
     assert auto_loss == pytest.approx(loss, rel=1e-6, abs=1e-9)
     assert auto_norm == pytest.approx(norm, rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_only_half_precision_calls_ask_cudnn_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's attention computes in bf16 or fp16: a float32 call (model.params_dtype=fp32)
+    neither asks for it nor spends a plan of the budget."""
+    monkeypatch.delenv(switches.CUDNN_ATTENTION.name, raising=False)
+    hopper = torch.cuda.get_device_capability() in sdpa.CUDNN_FIRST_CAPABILITIES
+    for dtype, asks in ((torch.bfloat16, hopper), (torch.float16, hopper), (torch.float32, False)):
+        query = torch.zeros(2, HEADS, 16, HEAD_DIM, device="cuda", dtype=dtype)
+        assert sdpa.cudnn_device(query) is asks
