@@ -582,6 +582,8 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
                     value=cfg.run.dir,
                 )
             )
+        elif existing is not None:
+            issues += checkpoint_disk_issues(cfg, plan, shutil.disk_usage(existing).free)
     resume = cfg.run.resume
     if resume not in (None, "auto") and not Path(resume).expanduser().is_dir():
         issues.append(
@@ -594,6 +596,72 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
             )
         )
     return issues
+
+
+def saves_due(interval: int | None, total: int) -> int:
+    """How many of `total` rollouts end with a save every `interval` (and the last always)."""
+    if interval is None:
+        return 0
+    return total // interval + (total % interval != 0)
+
+
+@dataclass(frozen=True)
+class CheckpointDisk:
+    """What a run's saves hold on the disk of run.dir at their peak, in bytes."""
+
+    checkpoint: float  # one trainer checkpoint: weights (+ optimizer state)
+    kept: int  # checkpoints on disk at once: keep_last, plus the new one before pruning
+    hf_export: float  # one HF export of the policy
+    hf_exports: int  # HF exports written (never pruned)
+
+    @property
+    def total(self) -> float:
+        return self.checkpoint * self.kept + self.hf_export * self.hf_exports
+
+
+def checkpoint_disk(cfg: RunConfig, plan: Plan) -> CheckpointDisk:
+    """The bytes of the run's checkpoints and HF exports: per parameter, the trainer's weights
+    (megatron: the compute dtype; the torch trainer: its float32 shards) and, with
+    save_optimizer, two float32 Adam moments and, where the weights are not float32 already,
+    float32 master weights; an HF export in the compute dtype."""
+    save, total = cfg.recipe.save, cfg.recipe.rollout.num_rollout
+    params = plan.memory.params_total
+    compute = 4 if cfg.model.params_dtype == "fp32" or cfg.hardware.kind == "cpu" else 2
+    torch_trainer = plan.trainer_backend == "torch"
+    weights = 4 if torch_trainer else compute
+    optimizer = (8 + (4 if weights < 4 else 0)) if save.save_optimizer else 0
+    saves = saves_due(save.interval, total)
+    kept = min(save.keep_last + 1, saves)
+    exports = saves_due(save.save_hf_interval, total)
+    return CheckpointDisk(params * (weights + optimizer), kept, params * compute, exports)
+
+
+def checkpoint_disk_issues(cfg: RunConfig, plan: Plan, free_bytes: float) -> list[Issue]:
+    """Saves that cannot all fit in the free space of run.dir's disk: the first to find it
+    full would come hours in; the run goes on without it, and a last save that fails fails
+    the run."""
+    need = checkpoint_disk(cfg, plan)
+    if need.total <= free_bytes:
+        return []
+    save, gib = cfg.recipe.save, 1024**3
+    parts = [f"{need.kept} checkpoint(s) of {need.checkpoint / gib:,.1f} GiB at once "
+             f"(keep_last {save.keep_last}, and the new one before the oldest goes)"]  # fmt: skip
+    if need.hf_exports:
+        parts.append(f"{need.hf_exports} HF export(s) of {need.hf_export / gib:,.1f} GiB")
+    fixes = ["free space there or point run.dir at a larger disk", "lower recipe.save.keep_last"]
+    if save.save_optimizer:
+        fixes.append("recipe.save.save_optimizer: false (weights only: no exact resume)")
+    if need.hf_exports:
+        fixes.append("a larger recipe.save.save_hf_interval")
+    return [
+        Issue(
+            "run.dir",
+            f"the run's saves need {need.total / gib:,.1f} GiB ({'; '.join(parts)}), and its "
+            f"disk has {free_bytes / gib:,.1f} GiB free",
+            ", ".join(fixes[:-1]) + f" or {fixes[-1]}",
+            value=cfg.run.dir,
+        )
+    ]
 
 
 def _writable_folder(folder: Path) -> bool:

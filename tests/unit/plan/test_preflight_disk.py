@@ -1,0 +1,86 @@
+"""The preflight's look at run.dir's disk: saves that cannot all fit in its free space are
+refused before anything starts, not found out at the first save that hits a full disk."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlpost.config.loader import compose_run_config
+from rlpost.plan import Plan, build_plan
+from rlpost.plan import preflight as preflight_module
+from rlpost.plan.preflight import checkpoint_disk, checkpoint_disk_issues, saves_due
+from rlpost.schema import RunConfig
+
+GIB = 1024**3
+QWEN4B = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")  # 3000 rollouts, saves every 20
+
+
+def planned(*overrides: str) -> tuple[RunConfig, Plan]:
+    cfg = compose_run_config(list(overrides))[0]
+    return cfg, build_plan(cfg)
+
+
+@pytest.mark.parametrize(
+    ("interval", "total", "saves"), [(None, 10, 0), (5, 10, 2), (3, 10, 4), (20, 10, 1)]
+)
+def test_a_save_every_interval_and_one_at_the_end(
+    interval: int | None, total: int, saves: int
+) -> None:
+    assert saves_due(interval, total) == saves
+
+
+@pytest.mark.parametrize(
+    ("overrides", "bytes_per_param"),
+    [
+        ((), 2 + 4 + 8),  # megatron in bf16: weights, float32 master weights, two moments
+        (("recipe.save.save_optimizer=false",), 2),
+        (("model.params_dtype=fp32",), 4 + 8),  # the weights are the master weights
+        (("trainer.backend=torch", "layout=auto"), 4 + 8),  # float32 shards and two moments
+    ],
+    ids=["megatron-bf16", "weights-only", "megatron-fp32", "torch"],
+)
+def test_a_checkpoint_holds_the_weights_and_the_optimizer_state(
+    overrides: tuple[str, ...], bytes_per_param: int
+) -> None:
+    cfg, plan = planned(*QWEN4B, *overrides)
+    need = checkpoint_disk(cfg, plan)
+    assert need.checkpoint == plan.memory.params_total * bytes_per_param
+    assert need.kept == cfg.recipe.save.keep_last + 1  # 150 saves; the new one before pruning
+    assert need.hf_exports == 0
+
+
+def test_saves_beyond_the_free_space_are_refused_with_their_figures_and_the_ways_out() -> None:
+    cfg, plan = planned(*QWEN4B, "recipe.save.save_hf_interval=1000")
+    need = checkpoint_disk(cfg, plan)
+    assert need.hf_exports == 3 and need.hf_export == plan.memory.params_total * 2
+    assert checkpoint_disk_issues(cfg, plan, need.total) == []
+    (issue,) = checkpoint_disk_issues(cfg, plan, need.total - 1)
+    assert issue.key == "run.dir"
+    assert f"the run's saves need {need.total / GIB:,.1f} GiB" in issue.message
+    assert f"4 checkpoint(s) of {need.checkpoint / GIB:,.1f} GiB at once" in issue.message
+    assert "3 HF export(s)" in issue.message
+    for fix in ("keep_last", "save_optimizer: false", "save_hf_interval", "larger disk"):
+        assert fix in issue.fix
+
+
+def test_the_run_dirs_disk_is_asked_by_the_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, plan = planned(*QWEN4B, f"run.dir={tmp_path / 'run'}")
+    asked: list[Path] = []
+
+    def usage(path: Path) -> SimpleNamespace:
+        asked.append(Path(path))
+        return SimpleNamespace(total=10 * GIB, used=9 * GIB, free=1 * GIB)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    (issue,) = preflight_module.check_run_dir(cfg, plan)
+    assert asked == [tmp_path]  # the nearest folder that exists
+    assert issue.key == "run.dir" and "its disk has 1.0 GiB free" in issue.message
+    # the CPU default's saves are a few MB
+    tiny, tiny_plan = planned(f"run.dir={tmp_path / 'tiny'}")
+    assert preflight_module.check_run_dir(tiny, tiny_plan) == []
