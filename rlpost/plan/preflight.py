@@ -307,6 +307,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
             issues += visible_gpu_issues(cfg, os.environ.get(VISIBLE_DEVICES))
             issues += local_gpu_issues(cfg, local_gpus())
             issues += torch_build_issues(cfg, installed_torch_version(), driver_version())
+            issues += shared_memory_issues(cfg, shared_memory_bytes(), os.environ)
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
         issues.append(
@@ -504,6 +505,46 @@ def torch_build_issues(
             "CUDA call of a rank would fail",
             f"{gpu_extra} for a CUDA version this driver runs, or update the driver",
             value=cfg.hardware.name,
+        )
+    ]
+
+
+SHM = Path("/dev/shm")
+SHM_MIN_BYTES = 1 << 30
+"""/dev/shm a node with several GPUs needs at least: NCCL's intra-node transport makes its
+segments there (several MB each, per peer and channel), and a container's default of 64 MB
+fails the first collective ("Error while creating shared memory segment")."""
+
+
+def shared_memory_bytes() -> int | None:
+    """The size of /dev/shm on this machine, None where there is none."""
+    try:
+        stats = os.statvfs(SHM)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize
+
+
+def shared_memory_issues(
+    cfg: RunConfig, size: int | None, environ: typing.Mapping[str, str]
+) -> list[Issue]:
+    """A node of several GPUs whose /dev/shm is too small for NCCL (a container's default),
+    unless NCCL's shared-memory transport is off (NCCL_SHM_DISABLE=1)."""
+    if cfg.hardware.gpus_per_node < 2 or size is None or size >= SHM_MIN_BYTES:
+        return []
+    if environ.get("NCCL_SHM_DISABLE") == "1":
+        return []
+    return [
+        Issue(
+            "hardware",
+            f"/dev/shm on this node holds {size / 2**20:,.0f} MiB, and NCCL between its "
+            f"{cfg.hardware.gpus_per_node} GPUs makes its shared-memory segments there: the "
+            "first collective of the train ranks or a multi-GPU engine would fail",
+            "give it at least 1 GiB (docker run --shm-size=16g; on Kubernetes an emptyDir "
+            "with medium: Memory mounted at /dev/shm), or NCCL_SHM_DISABLE=1 (slower "
+            "transfers within the node)",
+            value=cfg.hardware.name,
+            location=Location(file="this machine"),
         )
     ]
 

@@ -14,6 +14,8 @@ from rlpost.plan.preflight import (
     local_gpu_issues,
     local_gpus,
     parse_gpus,
+    shared_memory_bytes,
+    shared_memory_issues,
     torch_build_issues,
     visible_gpu_issues,
 )
@@ -157,3 +159,16 @@ def test_a_torch_build_the_gpus_cannot_run_is_refused(
         (issue,) = issues
         assert issue.key == "hardware" and says in issue.message
         assert "download.pytorch.org/whl/cu" in issue.fix
+
+
+def test_a_container_sized_dev_shm_on_a_node_of_several_gpus_is_refused() -> None:
+    eight = run("h100x8")
+    docker_default = 64 * 2**20
+    (issue,) = shared_memory_issues(eight, docker_default, {})
+    assert issue.key == "hardware" and "/dev/shm on this node holds 64 MiB" in issue.message
+    assert "--shm-size" in issue.fix and "NCCL_SHM_DISABLE=1" in issue.fix
+    assert shared_memory_issues(eight, docker_default, {"NCCL_SHM_DISABLE": "1"}) == []
+    assert shared_memory_issues(eight, 16 * 2**30, {}) == []
+    assert shared_memory_issues(run("h100x1"), docker_default, {}) == []  # no NCCL peers
+    assert shared_memory_issues(eight, None, {}) == []  # no /dev/shm: not Linux
+    assert shared_memory_bytes() is None or shared_memory_bytes() > 0  # this machine's
