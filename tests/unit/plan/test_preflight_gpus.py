@@ -21,7 +21,8 @@ from rlpost.plan.preflight import (
 )
 from rlpost.schema import RunConfig
 
-# nvidia-smi's lines: the H200 and H100 of this project's GPU machines, an A100 40GB, a V100
+# nvidia-smi's lines (name, MiB, compute capability): an H200 (its name and memory as the
+# H200 lease printed them), an H100 SXM, an A100 40GB, a V100
 H200 = "NVIDIA H200, 143771, 9.0"
 H100 = "NVIDIA H100 80GB HBM3, 81559, 9.0"
 A100_40 = "NVIDIA A100-SXM4-40GB, 40960, 8.0"
