@@ -15,6 +15,7 @@ a hook that raises on some sample) is handled by the run itself.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import json
@@ -624,7 +625,11 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 )
             )
         elif existing is not None:
-            issues += checkpoint_disk_issues(cfg, plan, shutil.disk_usage(existing).free)
+            free = shutil.disk_usage(existing).free
+            # a run that resumes here: its checkpoints give way to new ones, its exports stay
+            held = _bytes_under(target / "ckpt")
+            exported = _folders_in(target / "hf")
+            issues += checkpoint_disk_issues(cfg, plan, free + held, exported)
     resume = cfg.run.resume
     if resume not in (None, "auto") and not Path(resume).expanduser().is_dir():
         issues.append(
@@ -677,11 +682,15 @@ def checkpoint_disk(cfg: RunConfig, plan: Plan) -> CheckpointDisk:
     return CheckpointDisk(params * (weights + optimizer), kept, params * compute, exports)
 
 
-def checkpoint_disk_issues(cfg: RunConfig, plan: Plan, free_bytes: float) -> list[Issue]:
+def checkpoint_disk_issues(
+    cfg: RunConfig, plan: Plan, free_bytes: float, exported: int = 0
+) -> list[Issue]:
     """Saves that cannot all fit in the free space of run.dir's disk: the first to find it
     full would come hours in; the run goes on without it, and a last save that fails fails
-    the run."""
+    the run. `free_bytes` counts a resumed run's own checkpoints as free (new ones replace
+    them); `exported`: its HF exports already written."""
     need = checkpoint_disk(cfg, plan)
+    need = dataclasses.replace(need, hf_exports=max(0, need.hf_exports - exported))
     if need.total <= free_bytes:
         return []
     save, gib = cfg.recipe.save, 1024**3
@@ -703,6 +712,20 @@ def checkpoint_disk_issues(cfg: RunConfig, plan: Plan, free_bytes: float) -> lis
             value=cfg.run.dir,
         )
     ]
+
+
+def _bytes_under(folder: Path) -> int:
+    try:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+def _folders_in(folder: Path) -> int:
+    try:
+        return sum(1 for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return 0
 
 
 def _writable_folder(folder: Path) -> bool:

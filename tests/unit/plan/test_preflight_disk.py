@@ -84,3 +84,29 @@ def test_the_run_dirs_disk_is_asked_by_the_preflight(
     # the CPU default's saves are a few MB
     tiny, tiny_plan = planned(f"run.dir={tmp_path / 'tiny'}")
     assert preflight_module.check_run_dir(tiny, tiny_plan) == []
+
+
+def test_a_resumed_runs_own_checkpoints_count_as_room_and_its_exports_as_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming in run.dir: its checkpoints give way to the new ones (pruned past keep_last),
+    and the HF exports it wrote are not written again."""
+    run_dir = tmp_path / "run"
+    cfg, plan = planned(*QWEN4B, f"run.dir={run_dir}", "recipe.save.save_hf_interval=1000")
+    need = checkpoint_disk(cfg, plan)
+    held = 3 * 1024**2  # what this run's ckpt/ holds (a stand-in size: the sum is what counts)
+    (run_dir / "ckpt" / "rollout_40").mkdir(parents=True)
+    (run_dir / "ckpt" / "rollout_40" / "weights.bin").write_bytes(b"\0" * held)
+    for n in (1000, 2000):
+        (run_dir / "hf" / f"rollout_{n}").mkdir(parents=True)
+    one_export = need.hf_export
+    room = need.total - 2 * one_export - held  # free space that fits only with both counted
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: SimpleNamespace(total=0, used=0, free=room)
+    )
+    assert preflight_module.check_run_dir(cfg, plan) == []
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: SimpleNamespace(total=0, used=0, free=room - 1)
+    )
+    (issue,) = preflight_module.check_run_dir(cfg, plan)
+    assert "1 HF export(s)" in issue.message  # the third, still to come
