@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,11 +30,10 @@ from rlpost.cli.new_model import check_name, output_path, write_text
 from rlpost.cli.target import add_config_dir_argument
 from rlpost.cli.yaml_text import block_lines
 from rlpost.errors import Issue, UserError
-from rlpost.plan.preflight import LocalGpu, local_gpus
+from rlpost.plan.preflight import LocalGpu, host_memory_gib, local_gpus
 from rlpost.schema import HardwareConfig
 
 HELP = "write a hardware profile of this machine's GPUs"
-MEMINFO = Path("/proc/meminfo")
 NVLINK = re.compile(r"\bNV\d+\b")
 HOPPER = (9, 0)
 PCIE_GBPS = {True: 50.0, False: 25.0}
@@ -194,14 +192,7 @@ def render_hardware_yaml(fields: dict[str, Any]) -> str:
 
 
 def this_host() -> Host:
-    memory_gib = 0.0
-    try:
-        for line in MEMINFO.read_text(encoding="utf-8").splitlines():
-            if line.startswith("MemTotal:"):
-                memory_gib = int(line.split()[1]) / 1024**2  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return Host(memory_gib, os.cpu_count() or 1, _nvlink_between_gpus())
+    return Host(host_memory_gib() or 0.0, os.cpu_count() or 1, _nvlink_between_gpus())
 
 
 def _nvlink_between_gpus() -> bool:

@@ -309,6 +309,7 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
             issues += local_gpu_issues(cfg, local_gpus())
             issues += torch_build_issues(cfg, installed_torch_version(), driver_version())
             issues += shared_memory_issues(cfg, shared_memory_bytes(), os.environ)
+            issues += host_memory_issues(cfg, plan, host_memory_gib())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
         issues.append(
@@ -506,6 +507,42 @@ def torch_build_issues(
             "CUDA call of a rank would fail",
             f"{gpu_extra} for a CUDA version this driver runs, or update the driver",
             value=cfg.hardware.name,
+        )
+    ]
+
+
+MEMINFO = Path("/proc/meminfo")
+
+
+def host_memory_gib() -> float | None:
+    """This machine's memory (MemTotal), None where /proc/meminfo does not say."""
+    try:
+        for line in MEMINFO.read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024**2  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_memory_issues(cfg: RunConfig, plan: Plan, total_gib: float | None) -> list[Issue]:
+    """A node whose memory is less than the plan's host need (offloaded optimizer state and
+    reference weights, the processes): the plan judged it against the profile's
+    host_memory_gib, and the run would be killed by the kernel's OOM killer mid-step."""
+    host = plan.memory.host
+    if total_gib is None or host.total_gib <= total_gib:
+        return []
+    return [
+        Issue(
+            "hardware.host_memory_gib",
+            f"the run needs {host.total_gib:,.1f} GiB of host memory on a node (offloaded "
+            f"state {host.optimizer_gib:,.1f}, reference weights "
+            f"{host.reference_weights_gib:,.1f}, processes {host.processes_gib:,.1f}), and "
+            f"this machine has {total_gib:,.1f} GiB; the plan judged it against the "
+            f"profile's {cfg.hardware.host_memory_gib:g}",
+            f"plan for this machine: hardware.host_memory_gib={math.floor(total_gib):d} (the "
+            "plan then offers what fits), or run on nodes with more memory",
+            value=cfg.hardware.host_memory_gib,
         )
     ]
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 
 from rlpost.config.loader import compose_run_config
+from rlpost.plan import build_plan
 from rlpost.plan.preflight import (
     LocalGpu,
     driver_version,
+    host_memory_gib,
+    host_memory_issues,
     installed_torch_version,
     local_gpu_issues,
     local_gpus,
@@ -173,3 +176,18 @@ def test_a_container_sized_dev_shm_on_a_node_of_several_gpus_is_refused() -> Non
     assert shared_memory_issues(run("h100x1"), docker_default, {}) == []  # no NCCL peers
     assert shared_memory_issues(eight, None, {}) == []  # no /dev/shm: not Linux
     assert shared_memory_bytes() is None or shared_memory_bytes() > 0  # this machine's
+
+
+def test_a_node_with_less_memory_than_the_plans_host_need_is_refused() -> None:
+    cfg = run("h100x8", "model=qwen3-8b", "recipe.optim.cpu_offload=true")
+    plan = build_plan(cfg)
+    need = plan.memory.host.total_gib
+    assert need > 64  # CPU Adam: every rank's optimizer state on the host
+    (issue,) = host_memory_issues(cfg, plan, 64.0)
+    assert (issue.key, issue.value) == ("hardware.host_memory_gib", 2048)
+    assert f"the run needs {need:,.1f} GiB of host memory" in issue.message
+    assert "this machine has 64.0 GiB" in issue.message
+    assert "hardware.host_memory_gib=64" in issue.fix
+    assert host_memory_issues(cfg, plan, need) == []
+    assert host_memory_issues(cfg, plan, None) == []
+    assert (host_memory_gib() or 1.0) > 0  # this machine's, from /proc/meminfo
