@@ -16,6 +16,7 @@ holds the node it runs on to the profile's count, memory and dtype.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -90,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory-bandwidth-gbps", type=float, help="GPU memory GB/s (default: its data sheet)"
+    )
+    parser.add_argument(
+        "--host-memory-gib", type=float, help="a node's memory (default: /proc/meminfo's)"
     )
     add_config_dir_argument(parser)
     parser.add_argument(
@@ -212,10 +216,13 @@ def run(args: argparse.Namespace) -> int:
     name = check_name(args.name, "hardware")
     if args.nodes < 1:
         raise _refused("--nodes", args.nodes, "a profile has at least one node", "--nodes 1")
+    host = this_host()
+    if args.host_memory_gib is not None:
+        host = dataclasses.replace(host, memory_gib=args.host_memory_gib)
     fields = profile_fields(
         name,
         local_gpus(),
-        this_host(),
+        host,
         nodes=args.nodes,
         inter_node_gbps=args.inter_node_gbps,
         peak_bf16_tflops=args.peak_bf16_tflops,
@@ -226,9 +233,8 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         error = exc.errors()[0]
         key = ".".join(str(p) for p in error["loc"])
-        raise _refused(
-            key, fields.get(key), error["msg"], "pass the figure on the command line"
-        ) from None
+        flag = "--" + key.replace("_", "-")
+        raise _refused(key, fields.get(key), error["msg"], f"pass {flag}") from None
     text = render_hardware_yaml(fields)
     path = output_path(args.out, args.config_dir, "hardware", name)
     write_text(path, text, args.force)

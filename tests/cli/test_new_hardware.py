@@ -118,3 +118,22 @@ def test_this_gpu_machines_profile_holds_its_gpus(capsys: pytest.CaptureFixture[
     assert profile.gpus_per_node >= torch.cuda.device_count()
     total_gib = torch.cuda.get_device_properties(0).total_memory / 1024**3
     assert total_gib - 0.1 <= profile.gpu_memory_gib <= total_gib
+
+
+def test_a_host_whose_memory_cannot_be_read_is_given_it_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No /proc/meminfo (the figure reads 0): the schema refuses the profile before it is
+    written, naming the flag that gives it. nvidia-smi's lines stand in for this machine's."""
+    from rlpost.cli import new_hardware
+
+    monkeypatch.setattr(new_hardware, "local_gpus", lambda: gpus(H100, 8))
+    monkeypatch.setattr(new_hardware, "this_host", lambda: Host(0.0, 64, nvlink=True))
+    status, out, err = run_main(["new", "hardware", "h100box", "--out", "-"], capsys)
+    assert status == 2 and "host_memory_gib" in err and "pass --host-memory-gib" in err
+    assert out == "" and "Traceback" not in err
+    argv = ["new", "hardware", "h100box", "--out", "-", "--host-memory-gib", "1024"]
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    profile = HardwareConfig.model_validate(yaml.safe_load(out))
+    assert (profile.host_memory_gib, profile.gpus_per_node) == (1024, 8)
