@@ -27,8 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlpost.cli.new_model import check_name, output_path, write_text
-from rlpost.cli.target import add_config_dir_argument
+from rlpost.cli.new_model import add_output_arguments, check_name, output_path, write_text
 from rlpost.cli.yaml_text import block_lines
 from rlpost.errors import Issue, UserError
 from rlpost.plan.preflight import LocalGpu, host_memory_gib, local_gpus
@@ -95,13 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host-memory-gib", type=float, help="a node's memory (default: /proc/meminfo's)"
     )
-    add_config_dir_argument(parser)
-    parser.add_argument(
-        "--out",
-        metavar="PATH",
-        help="file to write, or - for stdout (default: <config dir or ./conf>/hardware/NAME.yaml)",
-    )
-    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_output_arguments(parser, "hardware")
 
 
 def sheet_for(gpu_name: str) -> GpuSheet | None:

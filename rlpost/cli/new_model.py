@@ -37,11 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where runs read the checkpoint (default: DIR); ref_load follows it",
     )
     parser.add_argument("--description", help="one line (default: drawn from the architecture)")
+    add_output_arguments(parser, "model")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, group: str) -> None:
+    """--config-dir, --out and --force of the `rlpost new` commands, which write
+    <config dir, or ./conf>/<group>/<name>.yaml (`output_path`, `write_text`)."""
     add_config_dir_argument(parser)
     parser.add_argument(
         "--out",
         metavar="PATH",
-        help="file to write, or - for stdout (default: <config dir, or ./conf>/model/<name>.yaml)",
+        help="file to write, or - for stdout "
+        f"(default: <config dir, or ./conf>/{group}/<name>.yaml)",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
 

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.cli.new_model import check_name, output_path, write_text
-from rlpost.cli.target import add_config_dir_argument
+from rlpost.cli.new_model import add_output_arguments, check_name, output_path, write_text
 from rlpost.cli.yaml_text import block_lines, scalar_text
 from rlpost.config.overrides import group_options, search_roots
 from rlpost.config.sources import SourceMap
@@ -44,13 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "changes", nargs="*", metavar="KEY=VALUE", help="recipe keys to change, e.g. optim.lr=2e-6"
     )
     parser.add_argument("--description", help="one line (default: BASE plus the changes)")
-    add_config_dir_argument(parser)
-    parser.add_argument(
-        "--out",
-        metavar="PATH",
-        help="file to write, or - for stdout (default: <config dir, or ./conf>/recipe/<name>.yaml)",
-    )
-    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_output_arguments(parser, "recipe")
 
 
 def _command_line_error(issues: Sequence[Issue]) -> UserError:

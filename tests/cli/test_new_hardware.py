@@ -3,18 +3,19 @@ host's facts and the GPU's data sheet; the shipped H100 node is what it writes f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rlpost.cli.main import main
 from rlpost.cli.new_hardware import Host, profile_fields, render_hardware_yaml, sheet_for
 from rlpost.errors import UserError
 from rlpost.plan.preflight import LocalGpu, local_gpus, parse_gpus
 from rlpost.schema import HardwareConfig
 
 REPO = Path(__file__).resolve().parents[2]
+Rlpost = Callable[[list[str]], tuple[int, str, str]]  # the `rlpost` fixture (conftest.py)
 H100 = "NVIDIA H100 80GB HBM3, 81559, 9.0"  # nvidia-smi on an H100 SXM node
 A100_PCIE = "NVIDIA A100 80GB PCIe, 81920, 8.0"
 DGX_H100 = Host(memory_gib=2048.3, cpus=224, nvlink=True)
@@ -22,16 +23,6 @@ DGX_H100 = Host(memory_gib=2048.3, cpus=224, nvlink=True)
 
 def gpus(line: str, count: int) -> list[LocalGpu]:
     return parse_gpus("\n".join([line] * count))
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        status = 0
-    except SystemExit as exc:
-        status = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def test_an_h100_node_gives_the_shipped_h100_profile() -> None:
@@ -87,30 +78,30 @@ def test_what_cannot_make_a_profile_is_refused_with_the_way_out() -> None:
         profile_fields("mixed", gpus(H100, 4) + gpus(A100_PCIE, 4), DGX_H100)
 
 
-def test_a_written_profile_plans_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_written_profile_plans_a_run(tmp_path: Path, rlpost: Rlpost) -> None:
     fields = profile_fields("a100pcie", gpus(A100_PCIE, 1), Host(512.0, 64, False))
     (tmp_path / "hardware").mkdir()
     (tmp_path / "hardware" / "a100pcie.yaml").write_text(render_hardware_yaml(fields))
     argv = ["plan", "--config-dir", str(tmp_path), "model=qwen3-0.6b", "recipe=grpo_dapo"]
-    status, out, err = run_main([*argv, "hardware=a100pcie"], capsys)
+    status, out, err = rlpost([*argv, "hardware=a100pcie"])
     assert status == 0, err
     assert "Memory (GPU 80.0 GiB" in out
 
 
-def test_a_machine_without_gpus_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_machine_without_gpus_is_refused(rlpost: Rlpost) -> None:
     if local_gpus():
         pytest.skip("this machine has GPUs")
-    status, _, err = run_main(["new", "hardware", "x", "--out", "-"], capsys)
+    status, _, err = rlpost(["new", "hardware", "x", "--out", "-"])
     assert status == 2 and "no NVIDIA GPU that nvidia-smi lists" in err
     assert "Traceback" not in err
 
 
 @pytest.mark.gpu
-def test_this_gpu_machines_profile_holds_its_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+def test_this_gpu_machines_profile_holds_its_gpus(rlpost: Rlpost) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    status, out, err = run_main(["new", "hardware", "here", "--out", "-"], capsys)
+    status, out, err = rlpost(["new", "hardware", "here", "--out", "-"])
     if status == 2 and "--peak-bf16-tflops" in err:
         pytest.skip("a GPU without data-sheet figures here")
     assert status == 0, err
@@ -121,7 +112,7 @@ def test_this_gpu_machines_profile_holds_its_gpus(capsys: pytest.CaptureFixture[
 
 
 def test_a_host_whose_memory_cannot_be_read_is_given_it_on_the_command_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    rlpost: Rlpost, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No /proc/meminfo (the figure reads 0): the schema refuses the profile before it is
     written, naming the flag that gives it. nvidia-smi's lines stand in for this machine's."""
@@ -129,11 +120,11 @@ def test_a_host_whose_memory_cannot_be_read_is_given_it_on_the_command_line(
 
     monkeypatch.setattr(new_hardware, "local_gpus", lambda: gpus(H100, 8))
     monkeypatch.setattr(new_hardware, "this_host", lambda: Host(0.0, 64, nvlink=True))
-    status, out, err = run_main(["new", "hardware", "h100box", "--out", "-"], capsys)
+    status, out, err = rlpost(["new", "hardware", "h100box", "--out", "-"])
     assert status == 2 and "host_memory_gib" in err and "pass --host-memory-gib" in err
     assert out == "" and "Traceback" not in err
     argv = ["new", "hardware", "h100box", "--out", "-", "--host-memory-gib", "1024"]
-    status, out, err = run_main(argv, capsys)
+    status, out, err = rlpost(argv)
     assert status == 0, err
     profile = HardwareConfig.model_validate(yaml.safe_load(out))
     assert (profile.host_memory_gib, profile.gpus_per_node) == (1024, 8)
