@@ -406,11 +406,12 @@ def gpu_memory_issues(cfg: RunConfig, gpus: list[LocalGpu]) -> list[Issue]:
     if gib >= wanted * (1 - GPU_MEMORY_TOLERANCE):
         return []
     usable = math.floor(gib * 10) / 10
+    card = cfg.hardware.gpu_name or "its GPU"
     return [
         Issue(
             "hardware.gpu_memory_gib",
-            f"hardware {cfg.hardware.name} plans each GPU with {wanted:g} GiB, and this "
-            f"machine's {smallest.name} has {gib:.1f} GiB: the plan's memory verdicts, "
+            f"hardware {cfg.hardware.name} plans each GPU as {card} with {wanted:g} GiB, and "
+            f"this machine's {smallest.name} has {gib:.1f} GiB: the plan's memory verdicts, "
             "micro-batches and SGLang's memory fraction were judged for the larger card",
             f"plan for this machine's GPUs: hardware.gpu_memory_gib={usable:g} (with its "
             "peak_bf16_tflops and memory_bandwidth_gbps for the time estimates), or a profile "
