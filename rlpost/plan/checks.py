@@ -349,7 +349,40 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
         issues += torch_recompute_issues(ctx.parallel)
         issues += torch_dtype_issues(ctx.cfg)
         issues += _megatron_only_settings(ctx)
+    issues += router_dtype_issues(ctx.cfg, backend)
     return issues
+
+
+HALF_PRECISION_ROUTERS = ("qwen3_moe",)
+"""The families whose transformers router computes in the layer's dtype, so that the torch
+trainer can run it in bf16; the others' (GLM-4.5, DeepSeek-V3) upcast to float32 in their own
+code, and a generic model's router is whatever its architecture writes."""
+
+
+def router_dtype_issues(cfg: RunConfig, backend: str) -> list[Issue]:
+    """model.moe.router_dtype: bf16 where a GPU trainer would route in another precision. On
+    CPU both trainers compute everything in float32 (the plan says so)."""
+    moe = cfg.model.moe
+    if moe is None or moe.router_dtype != "bf16" or cfg.hardware.kind != "gpu":
+        return []
+    model = cfg.model
+    fix = "set model.moe.router_dtype: fp32 (the default; slime's MoE models all route in fp32)"
+    if backend == "megatron" and model.params_dtype != "bf16":
+        reason = (
+            f"megatron-core routes in the model's dtype unless told fp32, and "
+            f"model.params_dtype is {model.params_dtype}"
+        )
+    elif backend == "torch" and model.family not in HALF_PRECISION_ROUTERS:
+        reason = (
+            f"the torch trainer runs transformers' {model.hf_architecture} router, which "
+            "computes in float32 in its own code"
+            if model.family != GENERIC_FAMILY
+            else f"the torch trainer runs transformers' {model.hf_architecture} router as its "
+            "code is written, and rlpost can only raise a router's precision, not lower it"
+        )
+    else:
+        return []
+    return [Issue("model.moe.router_dtype", f"{reason}: it would not route in bf16", fix, "bf16")]
 
 
 def torch_dtype_issues(cfg: RunConfig) -> list[Issue]:

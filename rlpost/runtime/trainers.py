@@ -49,6 +49,7 @@ class TrainerSpec:
     # what the torch trainer's layers compute in: model.params_dtype on GPU profiles, fp32 on
     # CPU (megatron's config derives the same from the model)
     compute_dtype: str = "fp32"
+    router_dtype: str = "fp32"  # model.moe.router_dtype (dense models: no routers)
     fsdp: FsdpLayout | None = None  # layout.train.fsdp (None: its defaults), torch only
 
 
@@ -88,6 +89,7 @@ def trainer_spec(
         init_method=init_method,
         device="cuda" if on_gpu else "cpu",
         compute_dtype=cfg.model.params_dtype if on_gpu else "fp32",
+        router_dtype=cfg.model.moe.router_dtype if cfg.model.moe else "fp32",
         fsdp=cfg.layout.train.fsdp,
     )
 
@@ -124,6 +126,7 @@ def _torch(spec: TrainerSpec, rank: int) -> Any:
         layout=spec.layout,
         fsdp=spec.fsdp,
         compute_dtype=spec.compute_dtype,
+        router_dtype=spec.router_dtype,
         **_rank_kwargs(spec, rank),
     )
 

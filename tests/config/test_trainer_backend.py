@@ -210,3 +210,31 @@ def test_a_cpu_plan_says_its_trainers_compute_in_float32_whatever_params_dtype_s
     (note,) = dtype_notes("model.params_dtype=bf16")
     assert note.startswith("model.params_dtype=bf16 is for GPUs: on CPU the trainers")
     assert dtype_notes("model.params_dtype=bf16", "trainer.backend=megatron") == [note]
+
+
+def _router_issues(cfg: RunConfig) -> list[str]:
+    try:
+        build_plan(cfg)
+    except UserError as exc:
+        return [i.message for i in exc.issues if i.key == "model.moe.router_dtype"]
+    return []
+
+
+def test_bf16_routing_is_refused_where_the_gpu_trainer_would_route_otherwise(
+    compose_run: ComposeRun,
+) -> None:
+    """Qwen3-MoE's transformers router computes in the layer's dtype, GLM-4.7-Flash's in
+    float32 whatever it is told; megatron routes in params_dtype unless told fp32."""
+    bf16 = "model.moe.router_dtype=bf16"
+    qwen = ("model=qwen3-30b-a3b", "recipe=grpo_dapo", "hardware=h100x8")
+    flash = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+    assert _router_issues(compose_run(*qwen, "trainer.backend=torch", bf16)) == []
+    assert _router_issues(compose_run(*qwen, "trainer.backend=megatron", bf16)) == []
+    (torch_issue,) = _router_issues(compose_run(*flash, "trainer.backend=torch", bf16))
+    assert "Glm4MoeLiteForCausalLM router, which computes in float32" in torch_issue
+    fp32 = compose_run(*qwen, "trainer.backend=megatron", bf16, "model.params_dtype=fp32")
+    (megatron_issue,) = _router_issues(fp32)
+    assert "model.params_dtype is fp32" in megatron_issue
+    assert _router_issues(compose_run(*flash, "trainer.backend=torch")) == []  # fp32 routing
+    cpu = compose_run(*flash[:2], "hardware=cpu", "trainer.backend=torch", bf16)
+    assert _router_issues(cpu) == []  # float32 throughout there, as the plan says

@@ -171,13 +171,18 @@ def shard_model(
     per_layer: bool | None = None,
     reshard_after_forward: bool | None = None,
     compute_dtype: str = "bf16",
+    routers: Sequence[nn.Module] = (),
+    router_dtype: str = "fp32",
 ) -> None:
     """`fully_shard` each of `layers`, then `root` (what no layer holds: embeddings, the final
     norm, the output layer), or with `per_layer` False `root` alone (None: per layer on CUDA
     or where each layer reshards after its forward, else not); each layer freed after its
     forward and gathered again for its backward with `reshard_after_forward` (None: on CUDA),
     else kept gathered until its backward; gradients summed over the ranks, not averaged;
-    layers computing in `compute_dtype` on CUDA (`mixed_precision`)."""
+    layers computing in `compute_dtype` on CUDA (`mixed_precision`). The MoE `routers`
+    (`model_io.router_modules`) compute in `router_dtype` (model.moe.router_dtype): where
+    that differs from the layers' precision, each is a unit of its own whose parameters are
+    gathered, and inputs cast, in it (float32 routing from the float32 master weights)."""
     cuda = mesh.device_type == "cuda"
     reshard = cuda if reshard_after_forward is None else reshard_after_forward
     if per_layer is None:
@@ -191,6 +196,16 @@ def shard_model(
         layers = ()
     mixed = mixed_precision(mesh.device_type, compute_dtype)
     offload = CPUOffloadPolicy(pin_memory=cuda) if cpu_offload else OffloadPolicy()
+    routing = router_precision(mesh.device_type, compute_dtype, router_dtype)
+    if routing is not None:
+        for router in routers:  # inside its layer's unit: sharded first
+            fully_shard(
+                router,
+                mesh=mesh,
+                reshard_after_forward=reshard,
+                mp_policy=routing,
+                offload_policy=offload,
+            )
     # On CPU the gathered layers stay until the backward by default: host memory is plentiful
     # there, and a gloo all-gather per layer costs more than the layer's compute in small models.
     for layer in layers:
@@ -228,6 +243,19 @@ def mixed_precision(device_type: str, compute_dtype: str) -> MixedPrecisionPolic
     if device_type != "cuda" or dtype == torch.float32:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def router_precision(
+    device_type: str, compute_dtype: str, router_dtype: str
+) -> MixedPrecisionPolicy | None:
+    """FSDP2's precision for an MoE router computing in `router_dtype` while its layer
+    computes in `compute_dtype`: None where the two agree (on CPU always: float32), else its
+    parameters gathered in `router_dtype` and its inputs cast to it."""
+    if router_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"routers compute in {' or '.join(COMPUTE_DTYPES)}, not {router_dtype}")
+    if device_type != "cuda" or router_dtype == compute_dtype:
+        return None
+    return MixedPrecisionPolicy(COMPUTE_DTYPES[router_dtype], torch.float32)
 
 
 class AllReduceScatter(ReduceScatter):

@@ -17,6 +17,7 @@ from rlpost.backends.hf_folder import copy_side_files, publish_folder
 from rlpost.backends.hf_load import build_causal_lm as build_hf_causal_lm
 from rlpost.backends.hf_load import load_causal_lm as load_hf_causal_lm
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
+from rlpost.config.hf_check import EXPERT_KEYS, MISSING, hf_value
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -74,6 +75,26 @@ def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
             f"{sorted(names)}): the torch trainer shards and recomputes per decoder layer"
         )
     return layers
+
+
+def router_modules(model: PreTrainedModel) -> list[nn.Module]:
+    """The MoE layers' routers: each module whose one parameter is a [num_experts, hidden]
+    weight (the gate's linear map), found by shape, since each architecture names and writes
+    its own (Qwen3-MoE's computes in the layer's dtype; GLM-4.5's and DeepSeek-V3's upcast to
+    float32 themselves). None for a dense model."""
+    config = model.config.to_dict()
+    counts = [hf_value(config, key) for key in EXPERT_KEYS]
+    experts = next((n for n in counts if n is not MISSING and n), None)
+    if experts is None:
+        return []
+    shape = (int(experts), int(hf_value(config, "hidden_size")))
+    routers = []
+    for module in model.modules():
+        own = dict(module.named_parameters(recurse=False))
+        weight = own.get("weight")
+        if len(own) == 1 and weight is not None and tuple(weight.shape) == shape:
+            routers.append(module)
+    return routers
 
 
 def checkpoint_layers(

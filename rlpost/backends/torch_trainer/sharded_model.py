@@ -38,6 +38,7 @@ from rlpost.backends.torch_trainer.model_io import (
     decoder_layers,
     freeze,
     load_causal_lm,
+    router_modules,
 )
 from rlpost.plan.layout import ParallelLayout
 
@@ -56,9 +57,11 @@ def load_sharded_lm(
     per_layer: bool | None = None,
     reshard_after_forward: bool | None = None,
     compute_dtype: str = "bf16",
+    router_dtype: str = "fp32",
 ) -> TokenForward:
     """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
-    `per_layer`, `reshard_after_forward` and `compute_dtype`), each decoder layer checkpointed as
+    `per_layer`, `reshard_after_forward`, `compute_dtype`; its MoE routers computing in
+    `router_dtype`), each decoder layer checkpointed as
     `layout.recompute` says (None: none); `frozen`: no gradients (a reference model). On
     CUDA its standard RMSNorm, MLP and rotary embedding run rlpost's kernels
     (torch_trainer.kernels.fuse_kernels). The HF model is the result's `lm`.
@@ -83,7 +86,7 @@ def load_sharded_lm(
     whole = forward.state_dict() if reads and dp.enabled else {}
     shard_model(
         forward, decoder_layers(model), mesh, cpu_offload, per_layer, reshard_after_forward,
-        compute_dtype,
+        compute_dtype, routers=router_modules(model), router_dtype=router_dtype,
     )  # fmt: skip
     if not dp.enabled:
         return forward

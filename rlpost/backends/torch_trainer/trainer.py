@@ -107,6 +107,7 @@ class TorchTrainer:
         fsdp: FsdpLayout | None = None,
         per_layer_units: bool | None = None,
         compute_dtype: str = "bf16",
+        router_dtype: str = "fp32",
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
         the policy's); `prediction`: the plan's, logged beside what each step measured;
@@ -116,7 +117,8 @@ class TorchTrainer:
         backward follows its forward); `per_layer_units`: FSDP2 units per decoder layer
         (None: on CUDA or where the layers reshard after their forward; on CPU one unit by
         default, distributed.py says why); `compute_dtype`: model.params_dtype, what the
-        layers compute in on CUDA ("bf16" or "fp32"; float32 on CPU)."""
+        layers compute in on CUDA ("bf16" or "fp32"; float32 on CPU); `router_dtype`:
+        model.moe.router_dtype, what an MoE model's routers compute in there."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -150,6 +152,7 @@ class TorchTrainer:
             per_layer=per_layer_units,
             reshard_after_forward=fsdp.reshard_after_forward,
             compute_dtype=compute_dtype,
+            router_dtype=router_dtype,
         )
         self.model = self.policy.lm  # the HF model; its parameters are shards
         self.ref_model: TokenForward | None = None
@@ -163,6 +166,7 @@ class TorchTrainer:
                 frozen=True,
                 per_layer=per_layer_units,
                 compute_dtype=compute_dtype,
+                router_dtype=router_dtype,
             )
         self.optimizer = build_optimizer(self.model, optim)
         self.device = self.dp.device

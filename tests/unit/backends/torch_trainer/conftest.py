@@ -12,7 +12,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
@@ -36,6 +42,34 @@ def save_tiny_qwen3(
         tie_word_embeddings=tied,
     )
     Qwen3ForCausalLM(config).save_pretrained(path)
+    _save_tokenizer(path)
+    return path
+
+
+def save_tiny_qwen3_moe(path: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    """A random Qwen3-MoE: 4 experts of FFN 32, top-2, in every layer."""
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        moe_intermediate_size=hidden // 2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    Qwen3MoeForCausalLM(config).save_pretrained(path)
+    _save_tokenizer(path)
+    return path
+
+
+def _save_tokenizer(path: Path) -> None:
     vocab = {"<pad>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, VOCAB_SIZE)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -43,7 +77,6 @@ def save_tiny_qwen3(
         tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>"
     )
     tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +91,11 @@ def no_process_group_left() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny_qwen3_moe"))
 
 
 def random_samples(

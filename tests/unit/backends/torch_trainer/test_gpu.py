@@ -10,6 +10,7 @@ from torch.distributed.tensor import DTensor
 
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.torch_trainer import TorchTrainer
+from rlpost.backends.torch_trainer.model_io import router_modules
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -72,3 +73,19 @@ def test_the_layers_compute_in_model_params_dtype(
     assert inputs == {"bf16": {torch.bfloat16}, "fp32": {torch.float32}}
     assert losses["fp32"] == pytest.approx(cpu["train/loss"], rel=1e-4, abs=1e-5)
     assert losses["bf16"] == pytest.approx(cpu["train/loss"], abs=2e-2)
+
+
+def test_moe_routers_compute_in_float32_beside_bf16_layers(
+    tiny_moe_dir: Path, make_samples: Samples, make_configs: Configs
+) -> None:
+    """model.moe.router_dtype fp32 (the default) on CUDA: the router's logits in float32 from
+    its float32 master weight, the experts in bf16; the step trains."""
+    trainer = TorchTrainer(tiny_moe_dir, *make_configs(4), device="cuda", compute_dtype="bf16")
+    routers = router_modules(trainer.model)
+    seen: set[tuple[torch.dtype, torch.dtype]] = set()
+    for router in routers:
+        router.register_forward_hook(lambda _, args, out: seen.add((args[0].dtype, out[0].dtype)))
+    metrics = trainer.train_step(make_samples(4, seed=5, with_rollout=True))
+    assert len(routers) == 2 and seen == {(torch.float32, torch.float32)}
+    assert metrics["train/grad_norm"] > 0.0
+    trainer.close()
