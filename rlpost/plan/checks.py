@@ -19,7 +19,7 @@ from rlpost.plan.backends import (
 )
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
-from rlpost.schema import GENERIC_FAMILY, RunConfig
+from rlpost.schema import GENERIC_FAMILY, ModelConfig, RunConfig
 
 
 @dataclass(frozen=True)
@@ -349,8 +349,46 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
         issues += torch_recompute_issues(ctx.parallel)
         issues += torch_dtype_issues(ctx.cfg)
         issues += _megatron_only_settings(ctx)
+    if backend == "megatron":
+        issues += megatron_model_issues(ctx.cfg.model)
     issues += router_dtype_issues(ctx.cfg, backend)
     return issues
+
+
+def megatron_model_issues(model: ModelConfig) -> list[Issue]:
+    """Architectures rlpost's megatron-core layers would compute differently from the
+    checkpoint (the torch trainer runs transformers' own code for each)."""
+    found = []
+    fix = "set trainer.backend=torch (it runs transformers' code for the model)"
+    if model.activation != "swiglu":
+        found.append(
+            Issue(
+                "model.activation",
+                "the megatron trainer builds SwiGLU MLPs only",
+                fix,
+                model.activation,
+            )
+        )
+    moe = model.moe
+    if moe and moe.router_score == "sigmoid" and not moe.norm_topk_prob and moe.top_k > 1:
+        found.append(
+            Issue(
+                "model.moe.norm_topk_prob",
+                "megatron-core always normalises a sigmoid router's top-k scores",
+                "set norm_topk_prob: true if the HF config says so; else " + fix,
+                False,
+            )
+        )
+    if model.mla is not None and model.rope_scaling and model.rope_scaling.type != "yarn":
+        found.append(
+            Issue(
+                "model.rope_scaling.type",
+                "megatron-core's multi-latent attention scales RoPE with YaRN only",
+                fix,
+                model.rope_scaling.type,
+            )
+        )
+    return found
 
 
 HALF_PRECISION_ROUTERS = ("qwen3_moe",)

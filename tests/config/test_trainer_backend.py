@@ -238,3 +238,46 @@ def test_bf16_routing_is_refused_where_the_gpu_trainer_would_route_otherwise(
     assert _router_issues(compose_run(*flash, "trainer.backend=torch")) == []  # fp32 routing
     cpu = compose_run(*flash[:2], "hardware=cpu", "trainer.backend=torch", bf16)
     assert _router_issues(cpu) == []  # float32 throughout there, as the plan says
+
+
+def test_architectures_megatron_would_compute_differently_are_refused_before_the_run(
+    compose_run: ComposeRun,
+) -> None:
+    """Refused by the plan, each naming its key and the torch trainer as the way out (before,
+    the megatron trainer refused them as it was built, after Ray and the engines started)."""
+    qwen = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*qwen, "model.activation=gelu"))
+    (issue,) = caught.value.issues
+    assert (issue.key, issue.value) == ("model.activation", "gelu")
+    assert "SwiGLU" in issue.message and "trainer.backend=torch" in issue.fix
+    moe = ("model=qwen3-30b-a3b", "recipe=grpo_dapo", "hardware=h100x8")
+    sigmoid = ("model.moe.router_score=sigmoid", "model.moe.norm_topk_prob=false")
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*moe, *sigmoid))
+    assert [i.key for i in caught.value.issues] == ["model.moe.norm_topk_prob"]
+    flash = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+    llama3 = (
+        "+model.rope_scaling={type: llama3, factor: 8.0, original_max_position_embeddings: 8192}"
+    )
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*flash, llama3))
+    assert "YaRN only" in next(
+        i.message for i in caught.value.issues if i.key == "model.rope_scaling.type"
+    )
+
+
+def test_scaled_rope_models_plan_with_megatron(compose_run: ComposeRun) -> None:
+    """Llama 3.1's RoPE scaling on rlpost's rotary table, DeepSeek-V3's YaRN in megatron-core's
+    multi-latent attention (test_parity checks both against transformers)."""
+    from rlpost.backends.megatron.config import transformer_config
+    from rlpost.plan.layout import ParallelLayout
+
+    llama = compose_run("model=llama3.1-8b", "recipe=grpo_dapo", "hardware=h100x8")
+    assert llama.model.rope_scaling is not None
+    assert build_plan(llama).trainer_backend == "megatron"
+    deepseek = compose_run("model=deepseek-v3", "recipe=grpo_dapo", "hardware=h100x8").model
+    assert deepseek.rope_scaling is not None
+    config = transformer_config(deepseek, ParallelLayout.single_process(), on_gpu=True)
+    assert (config.rope_type, config.rotary_scaling_factor) == ("yarn", 40.0)
+    assert config.original_max_position_embeddings == 4096

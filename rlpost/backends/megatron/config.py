@@ -20,6 +20,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from rlpost.plan.checks import megatron_model_issues
 from rlpost.plan.layout import RECOMPUTE_NONE, SELECTIVE_RECOMPUTE_MODULES, ParallelLayout
 from rlpost.schema import ModelConfig, OptimConfig
 
@@ -140,23 +141,11 @@ def _check_layout(model: ModelConfig, par: ParallelLayout) -> None:
 
 
 def _check_supported(model: ModelConfig) -> None:
-    if getattr(model, "rope_scaling", None) is not None:
-        raise UnsupportedModelError(
-            "model.rope_scaling is set: the Megatron backend does not map scaled RoPE yet; "
-            "use trainer.backend=torch, or remove rope_scaling if the checkpoint does not use it"
-        )
-    moe = model.moe
-    if model.activation != "swiglu":
-        raise UnsupportedModelError(
-            f"model.activation={model.activation!r}: the Megatron backend builds SwiGLU MLPs "
-            "only; use trainer.backend=torch for this model"
-        )
-    if moe and moe.router_score == "sigmoid" and not moe.norm_topk_prob and moe.top_k > 1:
-        raise UnsupportedModelError(
-            "model.moe.norm_topk_prob=false with a sigmoid router: megatron-core always "
-            "normalises the top-k sigmoid scores; set norm_topk_prob: true if the HF config "
-            "says so, or use trainer.backend=torch"
-        )
+    """What validation refuses for this backend (plan.checks.megatron_model_issues), for a
+    trainer built without a plan."""
+    issues = megatron_model_issues(model)
+    if issues:
+        raise UnsupportedModelError("; ".join(f"{i.key}: {i.message}; {i.fix}" for i in issues))
 
 
 def _moe_kwargs(model: ModelConfig, par: ParallelLayout) -> dict[str, Any]:
@@ -201,10 +190,29 @@ def _mla_kwargs(model: ModelConfig) -> dict[str, Any]:
         "qk_head_dim": mla.qk_head_dim,
         "qk_pos_emb_head_dim": mla.qk_pos_emb_head_dim,
         "v_head_dim": mla.v_head_dim,
-        "rope_type": "rope",
         "rotary_base": model.rotary_base,
         "rotary_percent": model.rotary_percent,
-        "rotary_scaling_factor": 1.0,
+        **_mla_rope_kwargs(model),
+    }
+
+
+def _mla_rope_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """MLA's rotary embedding is megatron-core's own: plain, or YaRN's (DeepSeek-V3), whose
+    attention temperature megatron-core also folds into the softmax scale with
+    mscale_all_dim, as transformers does."""
+    scaling = model.rope_scaling
+    if scaling is None:
+        return {"rope_type": "rope", "rotary_scaling_factor": 1.0}
+    if scaling.type != "yarn":  # refused by _check_supported
+        raise UnsupportedModelError(f"multi-latent attention with {scaling.type} RoPE scaling")
+    return {
+        "rope_type": "yarn",
+        "rotary_scaling_factor": scaling.factor,
+        "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        "beta_fast": scaling.beta_fast,
+        "beta_slow": scaling.beta_slow,
+        "mscale": scaling.mscale,
+        "mscale_all_dim": scaling.mscale_all_dim,
     }
 
 

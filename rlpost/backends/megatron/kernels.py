@@ -62,17 +62,21 @@ def inverse_frequencies(head_dim: int, rotary_percent: float, base: float) -> Te
 
 
 def rope_table(
-    positions: Tensor, inv_freq: Tensor, interleaved: bool, dtype: torch.dtype
+    positions: Tensor, inv_freq: Tensor, interleaved: bool, dtype: torch.dtype, scale: float = 1.0
 ) -> RopeTable:
-    """cos/sin [t, 1, rotary dim] for token positions [t], on the positions' device. The angle
-    is taken in float32 (as megatron-core does), the table is stored in the compute dtype."""
+    """cos/sin [t, 1, rotary dim] for token positions [t], on the positions' device, times
+    `scale` (YaRN's attention factor, `rope.scaled_frequencies`). The angle is taken in
+    float32 (as megatron-core does), the table is stored in the compute dtype."""
     angles = torch.outer(positions.to(torch.float32), inv_freq.to(positions.device))
     if interleaved:
         angles = angles.repeat_interleave(2, dim=-1)
     else:
         angles = torch.cat((angles, angles), dim=-1)
     angles = angles.unsqueeze(1)
-    return RopeTable(angles.cos().to(dtype), angles.sin().to(dtype))
+    cos, sin = angles.cos(), angles.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return RopeTable(cos.to(dtype), sin.to(dtype))
 
 
 def apply_rope(x: Tensor, rope: RopeTable, interleaved: bool) -> Tensor:

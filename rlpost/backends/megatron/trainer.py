@@ -80,6 +80,7 @@ from rlpost.backends.megatron.trainer_state import (
     onload_from_host,
     save_state,
 )
+from rlpost.backends.rope import scaled_frequencies
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.backends.vector_math import warm_vector_math
 from rlpost.plan.layout import ParallelLayout
@@ -162,12 +163,16 @@ class MegatronTrainer:
             if config.fp16:  # the fp16 optimizer divides grads by its loss scale: scale the loss
                 config.grad_scale_func = self.optimizer.scale_loss
             fuse_adam(self.optimizer, FUSED_ADAM_DEVICES)
-        self.inv_freq = None
+        self.inv_freq, self.rope_scale = None, 1.0
         if self.settings.own_rope:
             gpt = self.settings.gpt
-            self.inv_freq = inverse_frequencies(
+            inv_freq = inverse_frequencies(
                 self.settings.transformer.kv_channels, gpt.rotary_percent, gpt.rotary_base
-            ).to(self.device)
+            )
+            inv_freq, self.rope_scale = scaled_frequencies(
+                inv_freq, self.model_config.rope_scaling, gpt.rotary_base
+            )
+            self.inv_freq = inv_freq.to(self.device)
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -238,7 +243,11 @@ class MegatronTrainer:
             return mb
         config = self.settings.transformer
         table = rope_table(
-            mb.position_ids[0], self.inv_freq, config.rotary_interleaved, config.params_dtype
+            mb.position_ids[0],
+            self.inv_freq,
+            config.rotary_interleaved,
+            config.params_dtype,
+            self.rope_scale,
         )
         return dataclasses.replace(mb, packed=with_rope(mb.packed, table))
 

@@ -3,7 +3,9 @@
 Each architecture the backend builds: dense Qwen3 (QK norm, GQA, tied and untied
 embeddings), dense GLM-4 (qkv bias, post norms, half interleaved RoPE), GLM-4.5-style MoE
 (dense first layer, sigmoid router with expert bias, top-k scaling, shared expert) and
-GLM-4.7-Flash-style multi-latent attention. Megatron runs the samples packed into one row;
+GLM-4.7-Flash-style multi-latent attention; and RoPE context extension: Llama 3.1's, YaRN on
+rlpost's rotary table (Qwen3) and in megatron-core's multi-latent attention (DeepSeek-V3's
+mscales). Megatron runs the samples packed into one row;
 HF runs them one by one.
 """
 
@@ -39,7 +41,11 @@ def hf_logprobs(model_dir: str, samples: Sequence[TrainSample]) -> list[Tensor]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_untied", "glm4", "glm4_moe", "glm4_moe_lite"])
+ARCHITECTURES = ["qwen3", "qwen3_untied", "glm4", "glm4_moe", "glm4_moe_lite"]
+SCALED_ROPE = ["llama_llama3_rope", "qwen3_yarn", "glm4_moe_lite_yarn"]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES + SCALED_ROPE)
 def test_logprobs_match_hf(
     arch: str, make_setup: Callable[..., Any], make_rollout: Callable[..., list[TrainSample]]
 ) -> None:

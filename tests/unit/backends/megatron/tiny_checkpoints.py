@@ -16,6 +16,7 @@ from transformers import (
     Glm4ForCausalLM,
     Glm4MoeForCausalLM,
     Glm4MoeLiteForCausalLM,
+    LlamaForCausalLM,
     PreTrainedModel,
     Qwen3ForCausalLM,
 )
@@ -133,6 +134,64 @@ def qwen3(path: Path, *, tied: bool = True, layers: int = 2, seed: int = 0) -> M
     )
 
 
+# context extension over an original context of 16 positions: the samples reach past it
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+YARN_SCALING = {"factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 8.0}
+
+
+def llama_llama3_rope(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    """Llama 3.1's RoPE scaling."""
+    hf = GQA_HF | {
+        "intermediate_size": 128,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 5000.0, "rope_type": "llama3", **LLAMA3_SCALING},
+    }
+    return _build(
+        path,
+        LlamaForCausalLM,
+        layers,
+        seed,
+        hf,
+        **GQA,
+        family="llama",
+        ffn_hidden_size=128,
+        rotary_base=5000.0,
+        norm_epsilon=1e-5,
+        rope_scaling={"type": "llama3", **LLAMA3_SCALING},
+    )
+
+
+def qwen3_yarn(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    """Qwen3's long-context YaRN: cos and sin scaled by its attention temperature."""
+    hf = GQA_HF | {
+        "intermediate_size": 128,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_theta": 1000.0, "rope_type": "yarn", **YARN_SCALING},
+    }
+    return _build(
+        path,
+        Qwen3ForCausalLM,
+        layers,
+        seed,
+        hf,
+        **GQA,
+        family="qwen3",
+        ffn_hidden_size=128,
+        rotary_base=1000.0,
+        norm_epsilon=1e-6,
+        qk_layernorm=True,
+        tie_word_embeddings=True,
+        rope_scaling={"type": "yarn", **YARN_SCALING},
+    )
+
+
 def qwen3_untied(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
     return qwen3(path, tied=False, layers=layers, seed=seed)
 
@@ -169,8 +228,13 @@ def glm4_moe(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
     )
 
 
-def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
-    """Multi-latent attention: 4 heads, queries and KV through low-rank projections."""
+def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0, yarn: bool = False) -> ModelConfig:
+    """Multi-latent attention: 4 heads, queries and KV through low-rank projections; with
+    `yarn`, DeepSeek-V3's RoPE scaling (its mscales fold into the softmax scale too)."""
+    rope: dict[str, Any] = {"rope_theta": 10000.0, "rope_type": "default"}
+    scaling = YARN_SCALING | {"mscale": 0.707, "mscale_all_dim": 1.0}
+    if yarn:
+        rope = {"rope_theta": 10000.0, "rope_type": "yarn", **scaling}
     hf = MOE_HF | {
         "num_key_value_heads": HEADS,
         "q_lora_rank": 24,
@@ -178,7 +242,7 @@ def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
         "qk_nope_head_dim": 16,
         "qk_rope_head_dim": 8,
         "v_head_dim": 12,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "rope_parameters": rope,
         "rms_norm_eps": 1e-5,
         "routed_scaling_factor": 1.8,
         "mlp_layer_types": ["dense"] + ["sparse"] * (layers - 1),
@@ -205,7 +269,12 @@ def glm4_moe_lite(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
         qk_layernorm=True,
         mla=mla,
         moe=MOE_FIELDS | {"router_topk_scaling_factor": 1.8},
+        rope_scaling={"type": "yarn", **scaling} if yarn else None,
     )
+
+
+def glm4_moe_lite_yarn(path: Path, *, layers: int = 2, seed: int = 0) -> ModelConfig:
+    return glm4_moe_lite(path, layers=layers, seed=seed, yarn=True)
 
 
 ARCHITECTURES: dict[str, Callable[..., ModelConfig]] = {
@@ -214,4 +283,7 @@ ARCHITECTURES: dict[str, Callable[..., ModelConfig]] = {
     "glm4": glm4,
     "glm4_moe": glm4_moe,
     "glm4_moe_lite": glm4_moe_lite,
+    "llama_llama3_rope": llama_llama3_rope,
+    "qwen3_yarn": qwen3_yarn,
+    "glm4_moe_lite_yarn": glm4_moe_lite_yarn,
 }
