@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlpost.cli.hf_model import HFConfig, model_fields
 from rlpost.cli.target import add_config_dir_argument
 from rlpost.cli.yaml_text import block_lines
+from rlpost.config.hf_model import HFConfig, model_fields
 from rlpost.errors import Issue, UserError
 
 HELP = "write a model YAML from a Hugging Face config.json"

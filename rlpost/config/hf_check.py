@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlpost.errors import Issue, Location
-from rlpost.schema import ModelConfig
+from rlpost.schema import GENERIC_FAMILY, ModelConfig
 
 MISSING = object()
 
@@ -232,6 +232,90 @@ def _rope_presence(
     return []
 
 
+DERIVED = (
+    "family",
+    "rotary_percent",
+    "rotary_interleaved",
+    "qk_layernorm",
+    "add_bias_linear",
+    "post_self_attn_layernorm",
+    "post_mlp_layernorm",
+    "activation",
+    "mtp_num_layers",
+    "moe.num_shared_experts",
+    "moe.shared_expert_ffn_hidden_size",
+    "moe.first_k_dense_layers",
+    "moe.router_score",
+    "moe.router_expert_bias",
+    "moe.router_topk_scaling_factor",
+    "moe.router_num_groups",
+    "moe.router_group_topk",
+    "moe.norm_topk_prob",
+)
+"""The fields a checkpoint fixes though its config.json need not state them: what a family's
+modelling code does (QK-norm, GLM-4's sandwich norms and interleaved RoPE, a router's scoring
+and bias), and what a key's absence means (no MTP layers, no shared experts, RoPE over the whole
+head). `rlpost.config.hf_model.architecture` derives each, as `rlpost new model --from-hf`
+writes it."""
+
+
+def derived_issues(
+    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
+) -> list[Issue]:
+    """One Issue per `DERIVED` field where `model` and what its checkpoint implies disagree,
+    for the named families (a generic model is built by transformers from config.json itself,
+    and its YAML feeds the plan's counts only); a checkpoint no model YAML can describe
+    (sliding windows, softcapping, ...) is one Issue on model.hf_checkpoint."""
+    from rlpost.config.hf_model import HFConfig, architecture  # it reads this module's maps
+    from rlpost.errors import UserError
+
+    if model.family == GENERIC_FAMILY:
+        return []
+    try:
+        facts = architecture(HFConfig(hf, config_file))
+    except UserError as exc:
+        return [
+            Issue(
+                key="model.hf_checkpoint",
+                value=model.hf_checkpoint,
+                message=f"{issue.message} (config.json's {issue.key})",
+                fix=issue.fix,
+                location=locate("model.hf_checkpoint"),
+            )
+            for issue in exc.issues
+        ]
+    if facts["family"] == GENERIC_FAMILY:
+        return []  # another architecture: hf_architecture's comparison says so
+    issues = []
+    for field in DERIVED:
+        theirs: Any = facts
+        for part in field.split("."):
+            theirs = theirs.get(part) if isinstance(theirs, Mapping) else None
+        ours = _ours(model, field)
+        if field.startswith("moe.") and model.moe is None:
+            continue  # the moe section's presence is compared apart
+        if _same(ours, theirs):
+            continue
+        key = f"model.{field}"
+        where = locate(key)
+        yaml_file = where.file or "the model YAML (schema default)"
+        issues.append(
+            Issue(
+                key=key,
+                value=ours,
+                message=f"{yaml_file} says {field}={ours!r}, but the {facts['family']} "
+                f"checkpoint of {config_file} has {theirs!r} (what its config.json states, "
+                f"or its modelling code does where the file is silent): the model would not "
+                "match its checkpoint",
+                fix=f"set {field}: {json.dumps(theirs)} in {yaml_file} (`rlpost new model "
+                "--from-hf` writes every such field), or point model.hf_checkpoint at the "
+                "checkpoint this YAML describes",
+                location=where,
+            )
+        )
+    return issues
+
+
 def check_hf_config(data: Mapping[str, Any], locate: Locate) -> list[Issue]:
     """Compare the resolved `model` section with `<hf_checkpoint>/config.json` when it exists."""
     raw = data.get("model")
@@ -256,4 +340,7 @@ def check_hf_config(data: Mapping[str, Any], locate: Locate) -> list[Issue]:
                 location=locate("model.hf_checkpoint"),
             )
         ]
-    return compare(model, hf, str(config_path), locate)
+    issues = compare(model, hf, str(config_path), locate)
+    stated = {issue.key for issue in issues}
+    derived = derived_issues(model, hf, str(config_path), locate)
+    return issues + [issue for issue in derived if issue.key not in stated]

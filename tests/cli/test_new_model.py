@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlpost.cli.hf_model import HFConfig, architecture
+from rlpost.config.hf_model import HFConfig, architecture
 from rlpost.cli.main import main
 from rlpost.config.hf_check import compare
 from rlpost.errors import Location

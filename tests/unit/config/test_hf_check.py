@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlpost.config.hf_check import check_hf_config, compare
+from rlpost.config.hf_check import check_hf_config, compare, derived_issues
 from rlpost.errors import Location
 from rlpost.schema import ModelConfig
 
@@ -125,3 +125,96 @@ def test_check_runs_only_when_the_folder_has_a_config(tmp_path: Path) -> None:
     assert str(tmp_path / "config.json") in issues[0].message
     (tmp_path / "config.json").write_text("{not json")
     assert [i.key for i in check_hf_config(data, here)] == ["model.hf_checkpoint"]
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf_configs"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((FIXTURES / name / "config.json").read_text())
+    return loaded
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "qwen3-30b-a3b", "llama3.1-8b", "deepseek-v3"]
+)
+def test_shipped_models_agree_with_what_their_checkpoints_imply(name: str) -> None:
+    hf = fixture(name)
+    assert compare(model(name), hf, "ckpt/config.json", here) == []
+    assert derived_issues(model(name), hf, "ckpt/config.json", here) == []
+
+
+def _with(name: str, **fields: Any) -> ModelConfig:
+    raw = model(name).model_dump()
+    for dotted, value in fields.items():
+        node = raw
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    return ModelConfig.model_validate(raw)
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "key", "implied"),
+    [
+        # what the family's modelling code does, whatever config.json says
+        ("qwen3-8b", {"qk_layernorm": False}, "model.qk_layernorm", "True"),
+        ("llama3.1-8b", {"post_mlp_layernorm": True}, "model.post_mlp_layernorm", "False"),
+        ("qwen3-8b", {"rotary_interleaved": True}, "model.rotary_interleaved", "False"),
+        ("llama3.1-8b", {"add_bias_linear": True}, "model.add_bias_linear", "False"),
+        ("qwen3-8b", {"family": "llama"}, "model.family", "'qwen3'"),
+        # a key the file states and the comparison by key does not map
+        ("llama3.1-8b", {"activation": "gelu"}, "model.activation", "'swiglu'"),
+        ("qwen3-30b-a3b", {"moe__router_score": "sigmoid"}, "model.moe.router_score", "'softmax'"),
+        ("deepseek-v3", {"moe__router_num_groups": 4}, "model.moe.router_num_groups", "8"),
+        ("deepseek-v3", {"moe__router_group_topk": 2}, "model.moe.router_group_topk", "4"),
+        ("deepseek-v3", {"moe__router_expert_bias": False}, "model.moe.router_expert_bias", "True"),
+        ("qwen3-30b-a3b", {"moe__norm_topk_prob": False}, "model.moe.norm_topk_prob", "True"),
+        # what a key's absence means: Qwen3 has no partial rotary, shared experts or MTP
+        ("qwen3-8b", {"rotary_percent": 0.5}, "model.rotary_percent", "1.0"),
+        ("qwen3-8b", {"mtp_num_layers": 1}, "model.mtp_num_layers", "0"),
+        ("qwen3-30b-a3b", {"moe__num_shared_experts": 1}, "model.moe.num_shared_experts", "0"),
+        (
+            "qwen3-30b-a3b",
+            {"moe__router_topk_scaling_factor": 2.5},
+            "model.moe.router_topk_scaling_factor",
+            "1.0",
+        ),
+    ],
+)
+def test_a_field_the_checkpoint_implies_otherwise_is_one_issue(
+    name: str, fields: dict[str, Any], key: str, implied: str
+) -> None:
+    hf = fixture(name)
+    issues = derived_issues(_with(name, **fields), hf, "ckpt/config.json", here)
+    assert [i.key for i in issues] == [key]
+    assert f"has {implied}" in issues[0].message and "ckpt/config.json" in issues[0].message
+    assert issues[0].fix.startswith(f"set {key.removeprefix('model.')}: ")
+
+
+def test_a_generic_model_is_compared_by_key_only() -> None:
+    """transformers builds a generic model from config.json itself; its YAML's other fields
+    are the plan's counts."""
+    generic = _with("llama3.1-8b", family="generic", qk_layernorm=True)
+    assert derived_issues(generic, fixture("llama3.1-8b"), "c.json", here) == []
+
+
+def test_a_checkpoint_no_yaml_describes_is_refused_on_hf_checkpoint(tmp_path: Path) -> None:
+    raw = yaml.safe_load((CONF / "model" / "qwen3-8b.yaml").read_text())
+    raw["hf_checkpoint"] = str(tmp_path)
+    windowed = {**fixture("qwen3-8b"), "use_sliding_window": True, "sliding_window": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(windowed))
+    (issue,) = check_hf_config({"model": raw}, here)
+    assert issue.key == "model.hf_checkpoint" and "sliding-window attention" in issue.message
+
+
+def test_a_stated_key_is_reported_once(tmp_path: Path) -> None:
+    """num_nextn_predict_layers is compared by key and implied alike: one issue, the key's."""
+    raw = yaml.safe_load((CONF / "model" / "deepseek-v3.yaml").read_text())
+    raw["hf_checkpoint"] = str(tmp_path)
+    raw["mtp_num_layers"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(fixture("deepseek-v3")))
+    issues = check_hf_config({"model": raw}, here)
+    assert [i.key for i in issues] == ["model.mtp_num_layers"]
+    assert "num_nextn_predict_layers=1" in issues[0].message

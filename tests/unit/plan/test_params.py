@@ -153,7 +153,7 @@ def test_a_generic_models_count_is_the_hf_models(config_class: str, extra: dict)
     import torch
     import transformers
 
-    from rlpost.cli.hf_model import HFConfig, architecture
+    from rlpost.config.hf_model import HFConfig, architecture
 
     config = getattr(transformers, config_class)(**GENERIC_SMALL, **extra)
     torch.manual_seed(0)

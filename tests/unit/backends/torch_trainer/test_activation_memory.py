@@ -31,7 +31,7 @@ from rlpost.backends import rms_norm
 from rlpost.backends.torch_trainer import kernels
 from rlpost.backends.torch_trainer.forward import forward_tokens, pack_samples
 from rlpost.backends.torch_trainer.model_io import load_causal_lm
-from rlpost.cli.hf_model import HFConfig, model_fields
+from rlpost.config.hf_model import HFConfig, model_fields
 from rlpost.plan.fsdp import torch_layer_activation_bytes
 from rlpost.plan.layout import PADDED_ROWS_LIMIT, ParallelLayout
 from rlpost.schema import ModelConfig
