@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 Group = list[Sample]
 BufferFilter = Callable[[int, list[Group], int], list[Group]]
 DEFAULT_BUFFER_FILTER = "rlpost.filters.pop_first"
+MAX_DROPPED_DRAWS = 100
+"""A source class whose prompts are all too long fails after this many draws of each group."""
 START_ROLLOUT_KEY = "start_rollout_id"
 
 
@@ -61,7 +63,10 @@ class RolloutDataSource(Protocol):
       checkpoint and loaded on resume, so a resumed run draws what an uninterrupted one would.
 
     Groups a rollout leaves unfinished (partial rollout, prompts to generate again) never
-    come back here: the loop's buffer holds them and hands them out first.
+    come back here: the loop's buffer holds them and hands them out first. Groups whose
+    prompt is longer than `ctx.max_prompt_len` (recipe.data.max_prompt_len) tokens are dropped
+    as they come and others drawn in their place; `ctx.shuffle` (recipe.data.shuffle) is the
+    source's to honour, as slime's sources read `--rollout-shuffle`.
     """
 
     def get_samples(self, num_groups: int) -> list[Group]: ...
@@ -84,6 +89,8 @@ class SourceContext:
     n_samples_per_prompt: int
     seed: int
     prompt_data: str | None = None
+    shuffle: bool = False
+    max_prompt_len: int | None = None
 
     def make_group(
         self,
@@ -187,8 +194,16 @@ class DataSource:
     """A RolloutDataSource and the buffer the loop keeps in front of it: groups handed back
     unfinished are handed out first (through the buffer filter), then fresh ones."""
 
-    def __init__(self, source: RolloutDataSource, *, buffer_filter: str | None = None) -> None:
+    def __init__(
+        self,
+        source: RolloutDataSource,
+        *,
+        buffer_filter: str | None = None,
+        max_prompt_len: int | None = None,
+    ) -> None:
         self.source = source
+        self.max_prompt_len = max_prompt_len
+        self._dropped = 0  # fresh groups dropped over max_prompt_len, in this process
         self.name = f"{type(source).__module__}.{type(source).__qualname__}"
         self._buffer_filter_path = buffer_filter or DEFAULT_BUFFER_FILTER
         self._buffer_filter: BufferFilter = load_hook(self._buffer_filter_path, BUFFER_FILTER)
@@ -232,9 +247,13 @@ class DataSource:
                 n_samples_per_prompt=n_samples_per_prompt,
                 seed=config.seed,
                 prompt_data=config.prompt_data,
+                shuffle=config.shuffle,
+                max_prompt_len=config.max_prompt_len,
             )
             source_class = load_object(config.source, DATA_SOURCE)
-            return cls(source_class(ctx), buffer_filter=buffer_filter)
+            return cls(
+                source_class(ctx), buffer_filter=buffer_filter, max_prompt_len=config.max_prompt_len
+            )
         assert config.prompt_data is not None  # the schema requires one of the two
         prompts, dropped = load_prompts(
             config.prompt_data, prompt_format(config), tokenizer, config.max_prompt_len
@@ -253,15 +272,47 @@ class DataSource:
 
     @property
     def num_dropped(self) -> int:
-        return int(getattr(self.source, "num_dropped", 0))
+        """Prompts dropped over max_prompt_len: by the jsonl source as it loaded, and here as
+        a source class's groups came."""
+        return int(getattr(self.source, "num_dropped", 0)) + self._dropped
 
     def next_groups(self, num_prompts: int, rollout_id: int = 0) -> list[Group]:
         """`num_prompts` groups: buffered ones first (via the buffer filter), then fresh."""
         groups = self._take_from_buffer(rollout_id, num_prompts) if self._buffer else []
         if len(groups) < num_prompts:
-            wanted = num_prompts - len(groups)
-            groups += self._checked(self.source.get_samples(wanted), wanted)
+            groups += self._fresh(num_prompts - len(groups))
         return groups
+
+    def _fresh(self, wanted: int) -> list[Group]:
+        """`wanted` groups from the source whose prompts fit max_prompt_len, drawing again in
+        place of those that do not; a source that gives `MAX_DROPPED_DRAWS` x `wanted` long
+        prompts in a row without one that fits is an error, not a hang."""
+        fresh: list[Group] = []
+        dropped = dropped_in_a_row = 0
+        while len(fresh) < wanted:
+            missing = wanted - len(fresh)
+            got = self._checked(self.source.get_samples(missing), missing)
+            kept = [g for g in got if self._fits(g)]
+            dropped += missing - len(kept)
+            dropped_in_a_row = 0 if kept else dropped_in_a_row + missing
+            if dropped_in_a_row >= MAX_DROPPED_DRAWS * wanted:
+                raise DataSourceError(
+                    f"data source '{self.name}' gave {dropped_in_a_row} prompts in a row "
+                    f"longer than recipe.data.max_prompt_len={self.max_prompt_len} tokens: "
+                    "raise max_prompt_len, or make the source give shorter prompts"
+                )
+            fresh += kept
+        if dropped:
+            self._dropped += dropped
+            logger.info(
+                "%s: dropped %d prompts over max_prompt_len=%s tokens (%d so far)",
+                self.name, dropped, self.max_prompt_len, self._dropped,
+            )  # fmt: skip
+        return fresh
+
+    def _fits(self, group: Group) -> bool:
+        limit = self.max_prompt_len
+        return limit is None or len(group[0].prompt_ids) <= limit
 
     def trained(self, groups: Sequence[Group]) -> None:
         """Tell the source which groups a train step trained (RolloutDataSource.add_samples)."""

@@ -203,3 +203,59 @@ def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
         data.next_groups(1)
     with pytest.raises(ValueError, match="message list, which needs the chat template"):
         ctx.make_group(1, [{"role": "user", "content": "q"}])
+
+
+class LengthsSource:
+    """Prompts of the given word counts, in turn, each a new group."""
+
+    def __init__(self, ctx: object, words: list[int]) -> None:
+        self.ctx, self.words, self.drawn = ctx, words, 0
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        groups = []
+        for _ in range(num_groups):
+            count = self.words[self.drawn % len(self.words)]
+            prompt = " ".join(["word"] * count)
+            groups.append(self.ctx.make_group(self.drawn, prompt))  # type: ignore[attr-defined]
+            self.drawn += 1
+        return groups
+
+    def add_samples(self, groups: list[list[Sample]]) -> None: ...
+
+    def state_dict(self) -> dict[str, object]:
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
+
+
+def test_a_source_classs_prompts_over_max_prompt_len_are_dropped_and_replaced(
+    chat_tokenizer,
+) -> None:
+    from rlpost.data.source import MAX_DROPPED_DRAWS, DataSourceError, SourceContext, prompt_format
+
+    config = DataConfig(prompt_data="unused.jsonl")
+    ctx = SourceContext({}, chat_tokenizer, prompt_format(config), 2, seed=0)
+    short, long = len(ctx.make_group(0, "word word")[0].prompt_ids), 40
+    data = DataSource(LengthsSource(ctx, [2, long, long, 2, 2]), max_prompt_len=short)
+    groups = data.next_groups(4)
+    assert [len(g[0].prompt_ids) for g in groups] == [short] * 4
+    assert [g[0].group_index for g in groups] == [0, 3, 4, 5]  # 1 and 2 dropped, drawn again
+    assert data.num_dropped == 2
+    unlimited = DataSource(LengthsSource(ctx, [2, long]))
+    assert [g[0].group_index for g in unlimited.next_groups(2)] == [0, 1]
+    hopeless = DataSource(LengthsSource(ctx, [long]), max_prompt_len=short)
+    with pytest.raises(DataSourceError, match="longer than recipe.data.max_prompt_len"):
+        hopeless.next_groups(3)
+    assert hopeless.source.drawn == MAX_DROPPED_DRAWS * 3  # type: ignore[attr-defined]
+
+
+def test_a_source_class_is_told_shuffle_and_max_prompt_len(
+    hook_modules: Path, write_jsonl, chat_tokenizer
+) -> None:
+    rows = [{"prompt": "what is 1 times 2?", "answer": "2"}]
+    config = feedback_config(write_jsonl(rows)).model_copy(
+        update={"shuffle": True, "max_prompt_len": 64}
+    )
+    data = DataSource.from_config(config, chat_tokenizer, n_samples_per_prompt=2)
+    ctx = data.source.ctx  # type: ignore[attr-defined]
+    assert (ctx.shuffle, ctx.max_prompt_len, data.max_prompt_len) == (True, 64, 64)
