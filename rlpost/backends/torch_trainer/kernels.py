@@ -173,12 +173,14 @@ def _rotary_module(attention: nn.Module) -> Any | None:
 @functools.cache
 def _is_standard_rotary(function: Callable[..., Any]) -> bool:
     """Whether transformers' `function` takes (q, k, cos, sin, unsqueeze_dim) and computes, on
-    random inputs and an arbitrary table, what `rope.rope` computes."""
+    random inputs and an arbitrary table, what `rope.rope` computes. Transformers 5.2x hands
+    the function to the `kernels` package, which wraps it in a module taking (*args,
+    **kwargs): such a wrapper is judged by what it computes alone."""
     try:
         names = list(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return False
-    if names != ["q", "k", "cos", "sin", "unsqueeze_dim"]:
+    if names not in (["q", "k", "cos", "sin", "unsqueeze_dim"], ["args", "kwargs"]):
         return False
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, heads, 5, 8, generator=generator) for heads in (4, 2))
