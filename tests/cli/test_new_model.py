@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rlpost.config.hf_model import HFConfig, architecture
 from rlpost.cli.main import main
 from rlpost.config.hf_check import compare
+from rlpost.config.hf_model import HFConfig, architecture
 from rlpost.errors import Location
 from rlpost.schema import ModelConfig
 

@@ -244,7 +244,7 @@ def test_a_source_classs_prompts_over_max_prompt_len_are_dropped_and_replaced(
     unlimited = DataSource(LengthsSource(ctx, [2, long]))
     assert [g[0].group_index for g in unlimited.next_groups(2)] == [0, 1]
     hopeless = DataSource(LengthsSource(ctx, [long]), max_prompt_len=short)
-    with pytest.raises(DataSourceError, match="longer than recipe.data.max_prompt_len"):
+    with pytest.raises(DataSourceError, match=r"longer than recipe\.data\.max_prompt_len"):
         hopeless.next_groups(3)
     assert hopeless.source.drawn == MAX_DROPPED_DRAWS * 3  # type: ignore[attr-defined]
 
