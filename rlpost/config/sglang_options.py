@@ -59,6 +59,32 @@ PLAN_OWNED: dict[str, tuple[str, str]] = {
     ),
 }
 
+# option -> (what it would do to a run, the fix): options rlpost's rollouts cannot take
+REFUSED: dict[str, tuple[str, str]] = {
+    "sampling_defaults": (
+        "every rollout request states each parameter that shapes the distribution "
+        "(temperature, top_p, top_k from recipe.rollout; min_p 0 and no penalties, since the "
+        "trainer scores the plain softmax), so engine defaults never apply",
+        "remove it",
+    ),
+    "preferred_sampling_params": (
+        "every rollout request states each parameter that shapes the distribution "
+        "(temperature, top_p, top_k from recipe.rollout; min_p 0 and no penalties, since the "
+        "trainer scores the plain softmax), so engine defaults never apply",
+        "remove it; set recipe.rollout.temperature for the rollouts' temperature",
+    ),
+    "json_model_override_args": (
+        "it changes the model the engines build from model.hf_checkpoint's config.json, and "
+        "not the one the trainer builds from the same file: every logprob the engines sample "
+        "with would belong to another model",
+        "remove it; change the checkpoint's config.json (and the model YAML) instead",
+    ),
+    "skip_tokenizer_init": (
+        "rewards grade each response's text, which an engine without its tokenizer does not return",
+        "remove it",
+    ),
+}
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -241,6 +267,9 @@ def check_option(name: str, value: Any, table: SGLangOptions) -> Issue | None:
     if name in PLAN_OWNED:
         why, fix = PLAN_OWNED[name]
         return Issue(key, f"'{name}' is set by rlpost for each engine: {why}", fix, value=value)
+    if name in REFUSED:
+        why, fix = REFUSED[name]
+        return Issue(key, f"'{name}' is refused: {why}", fix, value=value)
     spec = table.options.get(name)
     if spec is None:
         hint = did_you_mean(name, table.options)

@@ -201,7 +201,7 @@ def render_runtime(plan: Plan) -> str:
         ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
         ["generate requests", _requests(plan)],
         ["loop", LOOP_NAMES.get(loop.mode, loop.mode)],
-        ["weights to the engines every", f"{loop.update_weights_interval} train step(s)"],
+        ["weights to the engines every", f"{loop.update_weights_interval} rollout(s)"],
         ["generation runs ahead of training by", ahead],
         ["staleness bound (policy versions)", loop.max_staleness],
         [

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlpost.backends.fp8_format import Fp8Format
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
+from rlpost.runtime.rollout.manager import NEUTRAL_SAMPLING
 
 if TYPE_CHECKING:
     from rlpost.backends.sglang.buckets import WeightInfo
@@ -372,6 +373,7 @@ async def probe_weights(
         "temperature": probe.temperature,
         "top_p": 1.0,
         "top_k": -1,
+        **NEUTRAL_SAMPLING,
         "sampling_seed": probe.seed,
     }
     prompt = list(probe.prompt_ids)

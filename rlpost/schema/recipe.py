@@ -29,6 +29,9 @@ AdvantageEstimatorName = Literal[
 ]
 GROUP_BASELINE_ESTIMATORS = frozenset({"grpo", "gspo", "reinforce_plus_plus_baseline"})
 KL_REWARD_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+GREEDY_BELOW = 1e-6
+"""SGLang decodes greedily at any temperature below this (its _SAMPLING_EPS), as the CPU engine
+does."""
 DISCOUNTING_ESTIMATORS = frozenset({"reinforce_plus_plus"})
 WHITENING_ESTIMATORS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
 STD_SCALING_ESTIMATORS = frozenset({"grpo"})
@@ -276,6 +279,14 @@ class RolloutConfig(Section):
                 fields=("temperature",),
                 fix="use 1.0 (the seeds' value) or another positive value",
             )
+        if self.temperature < GREEDY_BELOW:
+            raise InvariantError(
+                f"temperature={self.temperature:g} is below {GREEDY_BELOW:g}, where the engines "
+                "decode greedily: a group's samples are one response n times, their advantages "
+                "0, and the trainer divides the logits by a temperature nobody sampled at",
+                fields=("temperature",),
+                fix="use 1.0 (the seeds' value) or another temperature well above 0",
+            )
         return self
 
     @model_validator(mode="after")
@@ -416,6 +427,19 @@ class AlgoConfig(Section):
                 "kl_metric_interval",
                 why=f"the KL weighs in the {where}, so it is measured every rollout",
                 fix="remove it",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_kl_counted_once(self) -> AlgoConfig:
+        if self.kl_in_reward and self.kl_in_loss:
+            raise InvariantError(
+                f"kl_coef={self.kl_coef} puts the KL to the reference into the reward, and "
+                f"kl_loss_coef={self.kl_loss_coef} (use_kl_loss) into the loss as well: the "
+                "reference pulls twice, at a strength neither coefficient states",
+                fields=("kl_coef",),
+                fix="keep one: kl_coef: 0 (the KL in the loss), or use_kl_loss: false (the KL "
+                "in the reward)",
             )
         return self
 
@@ -765,8 +789,8 @@ class EvalConfig(Section):
 
     @model_validator(mode="after")
     def check_greedy_samples_differ(self) -> EvalConfig:
-        if self.temperature != 0:
-            return self
+        if self.temperature is None or self.temperature >= GREEDY_BELOW:
+            return self  # sampled (null: at the rollout's temperature, above GREEDY_BELOW)
         many = [("n_samples_per_prompt", self.n_samples_per_prompt)] + [
             (f"datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
             for i, d in enumerate(self.datasets)
@@ -774,9 +798,10 @@ class EvalConfig(Section):
         for field, n in many:
             if n is not None and n > 1:
                 raise InvariantError(
-                    f"{field.rsplit('.', 1)[-1]}={n} with temperature=0: greedy decoding "
-                    f"gives the same response {n} times, so the accuracy is one sample's and "
-                    f"the evaluation costs {n}x",
+                    f"{field.rsplit('.', 1)[-1]}={n} with temperature={self.temperature:g}: "
+                    f"greedy decoding (the engines' below {GREEDY_BELOW:g}) gives the same "
+                    f"response {n} times, so the accuracy is one sample's and the evaluation "
+                    f"costs {n}x",
                     fields=(field,),
                     fix="use n_samples_per_prompt: 1 for greedy evaluation, or a temperature "
                     "above 0 (e.g. 0.6) to average several samples",
@@ -820,7 +845,9 @@ class LoopConfig(Section):
 
     mode: LoopMode = "sync"
     update_weights_interval: PositiveInt = Field(
-        1, description="train steps between weight updates to the engines"
+        1,
+        description="rollouts between weight updates to the engines (slime's "
+        "--update-weights-interval); an evaluation updates them too",
     )
     max_staleness: NonNegativeInt | None = Field(
         None,
@@ -1033,6 +1060,35 @@ class RecipeConfig(Section):
                 "generated under an older policy, and partial_rollout is off",
                 fields=("rollout.mask_offpolicy_in_partial_rollout",),
                 fix="set rollout.partial_rollout: true, or remove it",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_thinking_reward_has_thinking(self) -> RecipeConfig:
+        kwargs = self.data.apply_chat_template_kwargs
+        if self.rollout.reward.type == "deepscaler" and kwargs.get("enable_thinking") is False:
+            raise InvariantError(
+                "rollout.reward.type=deepscaler grades only the text after the response's "
+                "last </think>, and data.apply_chat_template_kwargs.enable_thinking=false "
+                "writes the (empty) thinking block into the prompt: no response has one, "
+                "every reward is 0 and no group has a signal",
+                fields=("rollout.reward.type",),
+                fix="use rollout.reward.type: math (it grades the whole response), or remove "
+                "enable_thinking: false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_engines_get_new_weights(self) -> RecipeConfig:
+        interval, rollouts = self.loop.update_weights_interval, self.rollout.num_rollout
+        if interval > 1 and interval >= rollouts:
+            raise InvariantError(
+                f"loop.update_weights_interval={interval} is not below the run's {rollouts} "
+                "rollouts: the engines keep the starting weights for every rollout (an "
+                "evaluation aside), so the run trains on samples of a policy it left behind",
+                fields=("loop.update_weights_interval",),
+                fix="use 1 (every rollout, the seeds' value) or an interval well below "
+                "rollout.num_rollout",
             )
         return self
 

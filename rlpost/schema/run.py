@@ -321,14 +321,17 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_restarts_have_checkpoints(self) -> RunConfig:
-        if self.run.max_restarts and self.recipe.save.interval is None:
+        interval, rollouts = self.recipe.save.interval, self.recipe.rollout.num_rollout
+        if self.run.max_restarts and (interval is None or interval >= rollouts):
+            said = "is null" if interval is None else f"is {interval}, of {rollouts} rollouts"
             raise InvariantError(
                 f"run.max_restarts={self.run.max_restarts} restarts a failed run from its "
-                "newest checkpoint, and recipe.save.interval is null: no checkpoint is written "
+                f"newest checkpoint, and recipe.save.interval {said}: no checkpoint is written "
                 "before the end, so every restart begins again at rollout 0",
                 fields=("recipe.save.interval",),
-                fix="set recipe.save.interval (e.g. 20: a checkpoint every 20 rollouts), or "
-                "run.max_restarts: 0",
+                fix=f"set recipe.save.interval below {rollouts} (e.g. "
+                f"{20 if rollouts > 20 else max(1, rollouts // 2)}: a checkpoint every so many "
+                "rollouts), or run.max_restarts: 0",
             )
         return self
 

@@ -579,6 +579,78 @@ MISTAKES: list[Mistake] = [
         (f"{SG}.pp_size=1",),
         "layout.rollout.gpus_per_engine",
     ),
+    Mistake(
+        "sampling parameters the engines take from elsewhere",
+        "https://github.com/NVIDIA-NeMo/RL/issues/3497",
+        "vLLM resolves unset sampling params from the model's generation_config.json, not "
+        "neutral defaults (58.8% of tokens' probabilities off by more than 1% on "
+        "Qwen2.5-0.5B-Instruct, whose repetition_penalty is 1.1)",
+        (*QWEN, f"{SG}.preferred_sampling_params='{{\"repetition_penalty\": 1.05}}'"),
+        "layout.rollout.sglang.preferred_sampling_params",
+        "engine defaults never apply",
+        (f"~{SG}.preferred_sampling_params",),
+        "recipe.rollout.temperature",
+        value="preferred_sampling_params",
+    ),
+    Mistake(
+        "a model override the engines alone take",
+        "https://github.com/NVIDIA-NeMo/RL/pull/2188",
+        "Updated GRPO setup so vLLM generation inherits the policy HF overrides, ensuring "
+        "generation uses the same YaRN rope settings as training.",
+        (*QWEN, f"{SG}.json_model_override_args='{{\"rope_theta\": 5000000}}'"),
+        "layout.rollout.sglang.json_model_override_args",
+        "belong to another model",
+        (f"~{SG}.json_model_override_args",),
+        "change the checkpoint's config.json",
+        value="json_model_override_args",
+    ),
+    # ---- sampling, rewards and the KL -----------------------------------------------------
+    Mistake(
+        "a temperature the engines treat as greedy",
+        "https://github.com/huggingface/trl/issues/3640",
+        "Scaling logits with temperature values closer to 0 makes probabilities 0",
+        ("recipe.rollout.temperature=1e-7",),
+        "recipe.rollout.temperature",
+        "decode greedily",
+        ("recipe.rollout.temperature=1.0",),
+        "use 1.0",
+    ),
+    Mistake(
+        "a thinking reward with thinking turned off",
+        "https://github.com/THUDM/slime/pull/2219",
+        "deepscaler silently zeroes all rewards for non-thinking models",
+        (*QWEN, "recipe.data.apply_chat_template_kwargs={enable_thinking: false}"),
+        "recipe.rollout.reward.type",
+        "every reward is 0",
+        ("recipe.rollout.reward.type=math",),
+        "rollout.reward.type: math",
+    ),
+    Mistake(
+        "the KL in the reward and in the loss",
+        "https://github.com/verl-project/verl/issues/265",
+        "kl is applied twice if kl_loss_coef >0 and kl_coef > 0 (the maintainers: 'We should "
+        "make them mutually exclusive by using assertion in config')",
+        (
+            "recipe.algo.advantage_estimator=reinforce_plus_plus",
+            "recipe.algo.kl_coef=0.01",
+            "recipe.algo.use_kl_loss=true",
+            "recipe.algo.kl_loss_coef=0.01",
+        ),
+        "recipe.algo.kl_coef",
+        "the reference pulls twice",
+        ("recipe.algo.kl_coef=0",),
+        "kl_coef: 0",
+    ),
+    Mistake(
+        "engines that never receive the trained weights",
+        "https://github.com/radixark/miles/pull/2470",
+        "Assert that the rollout executor keeps receiving weight versions",
+        ("recipe.loop.update_weights_interval=100",),
+        "recipe.loop.update_weights_interval",
+        "keep the starting weights for every rollout",
+        ("recipe.loop.update_weights_interval=1",),
+        "use 1",
+    ),
 ]
 
 

@@ -46,6 +46,15 @@ GroupFilter = Callable[[list[Sample]], bool]
 GenerateHook = Callable[[Sample, GenerateContext], Awaitable[Sample]]
 
 
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+}
+"""The sampling parameters every rollout request states at their neutral values."""
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     max_new_tokens: int
@@ -57,11 +66,18 @@ class SamplingSettings:
     skip_special_tokens: bool = False
 
     def to_sglang(self) -> dict[str, Any]:
+        """The request's sampling parameters, every one that shapes the distribution stated
+        (`NEUTRAL_SAMPLING` besides temperature, top_p and top_k): SGLang fills a parameter a
+        request leaves out from the checkpoint's generation_config.json (its default
+        `--sampling-defaults model`) or `--preferred-sampling-params`, and a repetition
+        penalty or min_p from there would sample from a distribution the trainer's softmax
+        does not compute."""
         params: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
+            **NEUTRAL_SAMPLING,
             "skip_special_tokens": self.skip_special_tokens,
             "no_stop_trim": True,
         }

@@ -14,6 +14,7 @@ import pytest
 from rlpost.config.sglang_options import (
     OPTIONS_FILE,
     PLAN_OWNED,
+    REFUSED,
     check_option,
     check_sglang_options,
     load_sglang_options,
@@ -40,7 +41,7 @@ def test_table_records_its_sglang_version_and_the_options_rlpost_uses() -> None:
         assert name in table.options, name
     assert table.options["dp_size"].kinds == ("int",)
     assert table.options["mem_fraction_static"].nullable
-    for name in PLAN_OWNED:
+    for name in [*PLAN_OWNED, *REFUSED]:
         assert name in table.options, f"{name} is no longer an SGLang option"
 
 

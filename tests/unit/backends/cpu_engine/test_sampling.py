@@ -91,3 +91,15 @@ def test_penalties_and_logit_bias_adjust_only_their_tokens() -> None:
     apply_logit_adjustments(logits, params, [[1, 1, 2], [2]], [[0], [1]])
     assert logits[0].tolist() == [1.0, 2.0 - 1.0 - 0.25, -1.0 - 0.5 - 0.25, 2.5]
     assert logits[1].tolist() == [1.0, 1.0, -2.0, 0.5]  # prompt token 1 and output token 2
+
+
+def test_a_rollout_request_states_every_parameter_that_shapes_the_distribution() -> None:
+    """What an SGLang engine would otherwise take from the checkpoint's generation_config.json
+    (min_p, a repetition penalty) is stated at its neutral value, and the engines read it so."""
+    from rlpost.runtime.rollout.manager import NEUTRAL_SAMPLING, SamplingSettings
+
+    raw = SamplingSettings(max_new_tokens=16, temperature=0.7).to_sglang()
+    assert {k: raw[k] for k in NEUTRAL_SAMPLING} == NEUTRAL_SAMPLING
+    assert (raw["temperature"], raw["top_p"], raw["top_k"]) == (0.7, 1.0, -1)
+    params = parse_sampling_params(raw)
+    assert not params.penalized and params.min_p == 0.0 and not params.greedy
