@@ -262,17 +262,17 @@ writes it."""
 def derived_issues(
     model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
 ) -> list[Issue]:
-    """One Issue per `DERIVED` field where `model` and what its checkpoint implies disagree,
-    for the named families (a generic model is built by transformers from config.json itself,
-    and its YAML feeds the plan's counts only); a checkpoint no model YAML can describe
-    (sliding windows, softcapping, ...) is one Issue on model.hf_checkpoint."""
-    from rlpost.config.hf_model import HFConfig, architecture  # it reads this module's maps
-    from rlpost.errors import UserError
+    """A checkpoint no model YAML can describe (sliding windows, softcapping, ...: both
+    trainers attend over whole samples) as one Issue on model.hf_checkpoint; else, for the
+    named families, one Issue per `DERIVED` field where `model` and what its checkpoint
+    implies disagree (a generic model is built by transformers from config.json itself, and
+    its YAML feeds the plan's counts only)."""
+    from rlpost.config.hf_model import FAMILIES, HFConfig, architecture, check_expressible
+    from rlpost.errors import UserError  # (hf_model reads this module's maps)
 
-    if model.family == GENERIC_FAMILY:
-        return []
+    checkpoint = HFConfig(hf, config_file)
     try:
-        facts = architecture(HFConfig(hf, config_file))
+        check_expressible(checkpoint)
     except UserError as exc:
         return [
             Issue(
@@ -284,8 +284,13 @@ def derived_issues(
             )
             for issue in exc.issues
         ]
-    if facts["family"] == GENERIC_FAMILY:
+    model_type = checkpoint.get("model_type", "text_config.model_type", default=None)
+    if model.family == GENERIC_FAMILY or model_type not in FAMILIES:
         return []  # another architecture: hf_architecture's comparison says so
+    try:
+        facts = architecture(checkpoint)
+    except UserError:
+        return []  # a config.json without a fact every YAML states: compared by key alone
     issues = []
     for field in DERIVED:
         theirs: Any = facts

@@ -189,7 +189,7 @@ def _check_sliding_window(hf: HFConfig) -> None:
         raise _unsupported(hf, "layer_types", sorted(set(windowed)), "attention other than full")
 
 
-def _check_expressible(hf: HFConfig) -> None:
+def check_expressible(hf: HFConfig) -> None:
     """Refuse architectures the schema cannot describe rather than describe them wrongly."""
     _check_sliding_window(hf)
     if hf.get("attn_logit_softcapping", default=None) is not None:
@@ -312,7 +312,7 @@ def _qk_layernorm(hf: HFConfig, traits: FamilyTraits) -> bool:
 def architecture(hf: HFConfig) -> dict[str, Any]:
     """Every ModelConfig architecture field, in schema order (no name or checkpoints)."""
     traits = _traits(hf)
-    _check_expressible(hf)
+    check_expressible(hf)
     architectures = hf.get("architectures", default=[traits.architecture])
     facts: dict[str, Any] = {
         "family": traits.family,
