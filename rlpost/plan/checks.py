@@ -352,6 +352,7 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
     if backend == "megatron":
         issues += megatron_model_issues(ctx.cfg.model)
     issues += router_dtype_issues(ctx.cfg, backend)
+    issues += grouped_gemm_issues(ctx.cfg, ctx.parallel, backend)
     return issues
 
 
@@ -377,6 +378,18 @@ def megatron_model_issues(model: ModelConfig) -> list[Issue]:
                 "megatron-core always normalises a sigmoid router's top-k scores",
                 "set norm_topk_prob: true if the HF config says so; else " + fix,
                 False,
+            )
+        )
+    if moe and moe.grouped_gemm and model.add_bias_linear:
+        found.append(
+            Issue(
+                "model.moe.grouped_gemm",
+                "the megatron trainer's grouped experts have no biases, and "
+                "model.add_bias_linear is true (megatron-core's own grouped experts refuse "
+                "biases too)",
+                "set model.moe.grouped_gemm: false (the experts then run one at a time, biases "
+                "included)",
+                True,
             )
         )
     if model.mla is not None and model.rope_scaling and model.rope_scaling.type != "yarn":
@@ -421,6 +434,53 @@ def router_dtype_issues(cfg: RunConfig, backend: str) -> list[Issue]:
     else:
         return []
     return [Issue("model.moe.router_dtype", f"{reason}: it would not route in bf16", fix, "bf16")]
+
+
+GROUPED_GEMM_ROW_BYTES = 16
+"""torch's grouped GEMM (both trainers' `model.moe.grouped_gemm: true`) takes operands whose
+rows start every 16 bytes: a hidden size and an expert FFN size (per expert-TP rank) of a
+multiple of 8 elements in bf16, of 4 in float32."""
+
+
+def grouped_gemm_issues(cfg: RunConfig, parallel: ParallelLayout, backend: str) -> list[Issue]:
+    """model.moe.grouped_gemm: true where torch's grouped GEMM, which both trainers' grouped
+    experts call, cannot run as asked: in another dtype than bf16 on CUDA (its kernel is
+    bf16 only; other dtypes run one GEMM per expert behind a host sync), or on sizes whose
+    rows it cannot address."""
+    moe = cfg.model.moe
+    if moe is None or not moe.grouped_gemm:
+        return []
+    fix = "set model.moe.grouped_gemm: false (the experts then run one at a time)"
+    on_gpu = cfg.hardware.kind == "gpu"
+    dtype = cfg.model.params_dtype if on_gpu else "fp32"  # both trainers: fp32 on CPU
+    if on_gpu and dtype != "bf16":
+        return [
+            Issue(
+                "model.moe.grouped_gemm",
+                f"torch's grouped GEMM kernel on CUDA is bf16 only, and model.params_dtype is "
+                f"{dtype}: it would run each expert's GEMM in turn, behind a host "
+                "synchronisation per call",
+                fix + ", or model.params_dtype: bf16",
+                True,
+            )
+        ]
+    per_row = GROUPED_GEMM_ROW_BYTES // (2 if dtype == "bf16" else 4)
+    etp = parallel.etp if backend == "megatron" else 1
+    ffn = moe.expert_ffn_hidden_size // etp
+    sizes = {"model.hidden_size": cfg.model.hidden_size, "the expert FFN per rank": ffn}
+    odd = [f"{name} {size}" for name, size in sizes.items() if size % per_row]
+    if not odd:
+        return []
+    return [
+        Issue(
+            "model.moe.grouped_gemm",
+            f"torch's grouped GEMM reads rows that start every {GROUPED_GEMM_ROW_BYTES} bytes "
+            f"(multiples of {per_row} elements in {dtype}), and {' and '.join(odd)} "
+            f"{'is' if len(odd) == 1 else 'are'} not",
+            fix,
+            True,
+        )
+    ]
 
 
 def torch_dtype_issues(cfg: RunConfig) -> list[Issue]:

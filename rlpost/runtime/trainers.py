@@ -50,6 +50,7 @@ class TrainerSpec:
     # CPU (megatron's config derives the same from the model)
     compute_dtype: str = "fp32"
     router_dtype: str = "fp32"  # model.moe.router_dtype (dense models: no routers)
+    grouped_gemm: bool | None = None  # model.moe.grouped_gemm (dense models: None), torch only
     fsdp: FsdpLayout | None = None  # layout.train.fsdp (None: its defaults), torch only
 
 
@@ -90,6 +91,7 @@ def trainer_spec(
         device="cuda" if on_gpu else "cpu",
         compute_dtype=cfg.model.params_dtype if on_gpu else "fp32",
         router_dtype=cfg.model.moe.router_dtype if cfg.model.moe else "fp32",
+        grouped_gemm=cfg.model.moe.grouped_gemm if cfg.model.moe else None,
         fsdp=cfg.layout.train.fsdp,
     )
 
@@ -127,6 +129,7 @@ def _torch(spec: TrainerSpec, rank: int) -> Any:
         fsdp=spec.fsdp,
         compute_dtype=spec.compute_dtype,
         router_dtype=spec.router_dtype,
+        grouped_gemm=spec.grouped_gemm,
         **_rank_kwargs(spec, rank),
     )
 

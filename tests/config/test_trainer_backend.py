@@ -281,3 +281,48 @@ def test_scaled_rope_models_plan_with_megatron(compose_run: ComposeRun) -> None:
     config = transformer_config(deepseek, ParallelLayout.single_process(), on_gpu=True)
     assert (config.rope_type, config.rotary_scaling_factor) == ("yarn", 40.0)
     assert config.original_max_position_embeddings == 4096
+
+
+def _grouped_issues(cfg: RunConfig) -> list[str]:
+    try:
+        build_plan(cfg)
+    except UserError as exc:
+        return [i.message for i in exc.issues if i.key == "model.moe.grouped_gemm"]
+    return []
+
+
+@pytest.mark.parametrize("backend", ["megatron", "torch"])
+def test_grouped_experts_are_refused_where_torchs_grouped_gemm_cannot_run_as_asked(
+    compose_run: ComposeRun, backend: str
+) -> None:
+    """Both trainers' grouped experts call torch's grouped GEMM: bf16 only on CUDA, rows every
+    16 bytes."""
+    moe = (
+        "model=qwen3-30b-a3b",
+        "recipe=grpo_dapo",
+        "hardware=h100x8",
+        f"trainer.backend={backend}",
+    )
+    off = "model.moe.grouped_gemm=false"
+    assert _grouped_issues(compose_run(*moe)) == []
+    (fp32,) = _grouped_issues(compose_run(*moe, "model.params_dtype=fp32"))
+    assert "bf16 only, and model.params_dtype is fp32" in fp32
+    assert _grouped_issues(compose_run(*moe, "model.params_dtype=fp32", off)) == []
+    odd = "model.moe.expert_ffn_hidden_size=764"  # 4 mod 8
+    (rows,) = _grouped_issues(compose_run(*moe, odd))
+    assert "the expert FFN per rank 764 is not" in rows and "multiples of 8" in rows
+    assert _grouped_issues(compose_run(*moe, odd, off)) == []
+    cpu = ("model=qwen3-30b-a3b", "recipe=grpo_dapo", "hardware=cpu", f"trainer.backend={backend}")
+    assert _grouped_issues(compose_run(*cpu, odd)) == []  # float32 there: multiples of 4
+
+
+def test_megatrons_grouped_experts_refuse_biases(compose_run: ComposeRun) -> None:
+    moe = ("model=qwen3-30b-a3b", "recipe=grpo_dapo", "hardware=h100x8")
+    (issue,) = _grouped_issues(compose_run(*moe, "model.add_bias_linear=true"))
+    assert "have no biases" in issue
+    bias = ("model.add_bias_linear=true", "model.moe.grouped_gemm=false")
+    assert _grouped_issues(compose_run(*moe, *bias)) == []
+    assert (
+        _grouped_issues(compose_run(*moe, "model.add_bias_linear=true", "trainer.backend=torch"))
+        == []
+    )

@@ -9,6 +9,9 @@
   `kernels.packed_attention`: torch's varlen flash kernel where it applies, else padded SDPA.
 - `PostNormRowParallelLinear`: a row-parallel projection followed by an RMSNorm, i.e. GLM-4's
   extra norms after attention and after the MLP (applied before the residual add).
+- `GroupedExperts`: megatron-core's SequentialMLP experts (the same parameters, names and
+  checkpoint entries) computed as two grouped GEMMs over all local experts
+  (`model.moe.grouped_gemm: true`) instead of two GEMMs per expert.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel import RowParallelLinear
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor, nn
 
@@ -64,6 +69,62 @@ class PostNormRowParallelLinear(RowParallelLinear):  # type: ignore[misc]
         if bias is not None:
             out, bias = out + bias, None
         return self.post_norm(out), bias
+
+
+class GroupedExperts(SequentialMLP):  # type: ignore[misc]
+    """The local experts of an MoE layer as grouped GEMMs: the tokens arrive sorted by expert
+    (`tokens_per_expert` of them each), fc1 is one grouped GEMM over every expert's weight,
+    then rlpost's SwiGLU times the routing probabilities, then fc2 likewise. On CUDA in bf16
+    torch runs CUTLASS's grouped kernel; elsewhere its own loop, with the same math.
+
+    The weights stay SequentialMLP's, one pair of linear layers per expert (so loading,
+    exporting, checkpoints and expert parallelism see no difference); each GEMM stacks them for
+    the call and again in backward, so no stacked copy is kept between the two. The expert
+    linears never communicate (megatron-core leaves expert parallelism's exchange to the token
+    dispatcher), so skipping their forward skips no collective. torch's grouped GEMM wants
+    rows every 16 bytes (plan.checks.grouped_gemm_issues refuses other sizes, and biases)."""
+
+    def forward(
+        self, hidden: Tensor, tokens_per_expert: Tensor, probs: Tensor
+    ) -> tuple[Tensor, None]:
+        if self.num_local_experts == 1 or self.config.moe_apply_probs_on_input:
+            return super().forward(hidden, tokens_per_expert, probs)  # type: ignore[no-any-return]
+        ends = torch.cumsum(tokens_per_expert.to(hidden.device), 0, dtype=torch.int32)
+        experts = self.local_experts
+        fc1 = grouped_linear(hidden, ends, [e.linear_fc1.weight for e in experts])
+        act = experts[0].activation_func(fc1)
+        act = (act * probs.unsqueeze(-1)).to(act.dtype)
+        return grouped_linear(act, ends, [e.linear_fc2.weight for e in experts]), None
+
+
+def grouped_linear(x: Tensor, ends: Tensor, weights: list[Tensor]) -> Tensor:
+    """`x`'s rows up to ends[0] times weights[0].T, the next up to ends[1] times weights[1].T,
+    and so on, as one grouped GEMM; differentiable in `x` and each weight."""
+    return _GroupedLinear.apply(x, ends, *weights)  # type: ignore[no-untyped-call,no-any-return]
+
+
+class _GroupedLinear(torch.autograd.Function):
+    """Saves `x` and the weights themselves (parameters, no copy); the stacked weights are made
+    for each GEMM and dropped after it. Each weight's gradient is its slice of the grouped
+    weight-gradient GEMM (an expert without tokens gets zeros, as its own GEMM would give)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, ends: Tensor, *weights: Tensor) -> Tensor:
+        x = x.contiguous()
+        ctx.save_for_backward(x, ends, *weights)
+        return F.grouped_mm(x, torch.stack(weights).transpose(-2, -1), offs=ends)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, ends, *weights = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = F.grouped_mm(grad, torch.stack(weights), offs=ends)
+        if not any(ctx.needs_input_grad[2:]):
+            return (grad_x, None, *(None for _ in weights))
+        grad_w = F.grouped_mm(grad.transpose(0, 1), x, offs=ends)
+        return (grad_x, None, *grad_w.unbind(0))
 
 
 def gather_along_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:

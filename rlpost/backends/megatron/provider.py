@@ -2,9 +2,10 @@
 
 Layer specs are rlpost's own, assembled from megatron-core's local (non-TransformerEngine)
 modules plus `layers.py`: RMSNorm everywhere, packed/context-parallel core attention, GLM-4's
-post norms, the MLA latent norms, and SequentialMLP experts (grouped GEMM kernels need
-TransformerEngine or the grouped_gemm package, neither of which runs on CPU; the math is the
-same).
+post norms, the MLA latent norms, and experts as `model.moe.grouped_gemm` says: grouped GEMMs
+over SequentialMLP's weights (`layers.GroupedExperts`, torch's grouped_mm, which runs on CPU
+as well; megatron-core's own grouped experts need TransformerEngine or the grouped_gemm
+package), or SequentialMLP's GEMMs one expert at a time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from megatron.core.transformer.transformer_layer import (
 from rlpost.backends.megatron.config import MegatronSettings
 from rlpost.backends.megatron.kernels import SwiGLU
 from rlpost.backends.megatron.layers import (
+    GroupedExperts,
     LatentRMSNorm,
     PackedAttention,
     PostNormRowParallelLinear,
@@ -101,13 +103,14 @@ def _mlp_spec(settings: MegatronSettings, moe: bool) -> ModuleSpec:
     plain = MLPSubmodules(
         linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear, activation_func=act
     )
+    experts = GroupedExperts if settings.transformer.moe_grouped_gemm else SequentialMLP
     shared = None
     if settings.transformer.moe_shared_expert_intermediate_size:
         shared = ModuleSpec(module=SharedExpertMLP, submodules=plain)
     return ModuleSpec(
         module=MoELayer,
         submodules=MoESubmodules(
-            experts=ModuleSpec(module=SequentialMLP, submodules=plain), shared_experts=shared
+            experts=ModuleSpec(module=experts, submodules=plain), shared_experts=shared
         ),
     )
 

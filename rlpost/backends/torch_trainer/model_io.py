@@ -4,7 +4,8 @@ and writing the policy back as an HF folder."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,27 +24,70 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 def load_causal_lm(
-    model_dir: str | Path, attn_implementation: str = PACKED_SDPA
+    model_dir: str | Path,
+    attn_implementation: str = PACKED_SDPA,
+    grouped_gemm: bool | None = None,
 ) -> PreTrainedModel:
-    """fp32 weights on CPU, eval mode (no dropout: losses must be deterministic)."""
+    """fp32 weights on CPU, eval mode (no dropout: losses must be deterministic).
+    `grouped_gemm` (model.moe.grouped_gemm; None: a dense model, or transformers' default):
+    whether an MoE model's experts run as grouped matrix multiplies or one expert at a
+    time (`experts_implementation`)."""
     path = _model_folder(model_dir)
     # an FP8 folder is dequantised (weight x scale per block), never read as plain tensors
-    model = load_hf_causal_lm(path, torch.float32, attn_implementation=attn_implementation)
+    with _experts_supported(path, grouped_gemm):
+        model = load_hf_causal_lm(
+            path, torch.float32, attn_implementation=attn_implementation,
+            **_experts(grouped_gemm),
+        )  # fmt: skip
     model.train(False)
     return model
 
 
 def build_causal_lm(
-    model_dir: str | Path, attn_implementation: str = PACKED_SDPA
+    model_dir: str | Path,
+    attn_implementation: str = PACKED_SDPA,
+    grouped_gemm: bool | None = None,
 ) -> PreTrainedModel:
-    """The model `load_causal_lm` gives (the same config, fp32, attention, generation config,
-    eval mode, tied weights tied) with every parameter and buffer on the meta device: no
-    storage, and nothing read from the folder but its config files."""
+    """The model `load_causal_lm` gives (the same config, fp32, attention, experts,
+    generation config, eval mode, tied weights tied) with every parameter and buffer on the
+    meta device: no storage, and nothing read from the folder but its config files."""
     path = _model_folder(model_dir)
-    with torch.device("meta"):
-        model = build_hf_causal_lm(path, torch.float32, attn_implementation=attn_implementation)
+    with torch.device("meta"), _experts_supported(path, grouped_gemm):
+        model = build_hf_causal_lm(
+            path, torch.float32, attn_implementation=attn_implementation,
+            **_experts(grouped_gemm),
+        )  # fmt: skip
     model.train(False)
     return model
+
+
+GROUPED_EXPERTS = "grouped_mm"
+"""transformers' experts implementation for `grouped_gemm: true`: the tokens sorted by expert
+and each projection one grouped matrix multiply over all experts (torch's grouped_mm on
+CUDA)."""
+EXPERT_LOOP = "eager"
+"""...and for `grouped_gemm: false`: a loop over the experts that received tokens."""
+
+
+def _experts(grouped_gemm: bool | None) -> dict[str, str]:
+    if grouped_gemm is None:
+        return {}
+    return {"experts_implementation": GROUPED_EXPERTS if grouped_gemm else EXPERT_LOOP}
+
+
+@contextmanager
+def _experts_supported(path: Path, grouped_gemm: bool | None) -> Iterator[None]:
+    """transformers' refusal of grouped experts for a model class without them, in the
+    config's words."""
+    try:
+        yield
+    except ValueError as err:
+        if not grouped_gemm or "experts implementation" not in str(err):
+            raise
+        raise ValueError(
+            f"model.moe.grouped_gemm: true, but the model class of {str(path)!r} runs its "
+            f"experts only one at a time ({err}); fix: model.moe.grouped_gemm=false"
+        ) from None
 
 
 def _model_folder(model_dir: str | Path) -> Path:

@@ -58,16 +58,20 @@ def load_sharded_lm(
     reshard_after_forward: bool | None = None,
     compute_dtype: str = "bf16",
     router_dtype: str = "fp32",
+    grouped_gemm: bool | None = None,
 ) -> TokenForward:
     """The folder's causal LM behind `TokenForward`, sharded over `mesh` (`shard_model`, its
     `per_layer`, `reshard_after_forward`, `compute_dtype`; its MoE routers computing in
-    `router_dtype`), each decoder layer checkpointed as
+    `router_dtype`, its experts as `grouped_gemm` says: `model_io.load_causal_lm`), each
+    decoder layer checkpointed as
     `layout.recompute` says (None: none); `frozen`: no gradients (a reference model). On
     CUDA its standard RMSNorm, MLP and rotary embedding run rlpost's kernels
     (torch_trainer.kernels.fuse_kernels). The HF model is the result's `lm`.
     Collective."""
     reads = dp.rank == 0
-    model = (load_causal_lm if reads else build_causal_lm)(model_dir, attn_implementation)
+    model = (load_causal_lm if reads else build_causal_lm)(
+        model_dir, attn_implementation, grouped_gemm
+    )
     fused = kernels.fuse_kernels(model, mesh.device_type)  # CUDA: norms, MLPs and RoPE
     if mesh.device_type in kernels.KERNEL_DEVICES:
         log.info(

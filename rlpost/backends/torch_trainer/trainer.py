@@ -108,6 +108,7 @@ class TorchTrainer:
         per_layer_units: bool | None = None,
         compute_dtype: str = "bf16",
         router_dtype: str = "fp32",
+        grouped_gemm: bool | None = None,
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
         the policy's); `prediction`: the plan's, logged beside what each step measured;
@@ -118,7 +119,9 @@ class TorchTrainer:
         (None: on CUDA or where the layers reshard after their forward; on CPU one unit by
         default, distributed.py says why); `compute_dtype`: model.params_dtype, what the
         layers compute in on CUDA ("bf16" or "fp32"; float32 on CPU); `router_dtype`:
-        model.moe.router_dtype, what an MoE model's routers compute in there."""
+        model.moe.router_dtype, what an MoE model's routers compute in there;
+        `grouped_gemm`: model.moe.grouped_gemm (None: a dense model), whether its experts
+        run as grouped matrix multiplies or one at a time."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -153,6 +156,7 @@ class TorchTrainer:
             reshard_after_forward=fsdp.reshard_after_forward,
             compute_dtype=compute_dtype,
             router_dtype=router_dtype,
+            grouped_gemm=grouped_gemm,
         )
         self.model = self.policy.lm  # the HF model; its parameters are shards
         self.ref_model: TokenForward | None = None
@@ -167,6 +171,7 @@ class TorchTrainer:
                 per_layer=per_layer_units,
                 compute_dtype=compute_dtype,
                 router_dtype=router_dtype,
+                grouped_gemm=grouped_gemm,
             )
         self.optimizer = build_optimizer(self.model, optim)
         self.device = self.dp.device

@@ -48,3 +48,13 @@ def test_the_cpu_profile_trains_on_the_cpu_and_megatron_packs_every_prompt() -> 
     _, plan, spec = spec_for("hardware=cpu", "trainer.backend=megatron")
     assert (spec.backend, spec.device) == ("megatron", "cpu")
     assert spec.share_prompts is plan.work.share_prompts is False
+
+
+def test_an_moe_models_routing_and_experts_reach_the_trainer() -> None:
+    moe = ("model=qwen3-30b-a3b", "recipe=grpo_dapo", "hardware=h100x8", "trainer.backend=torch")
+    _, _, spec = spec_for(*moe)
+    assert (spec.router_dtype, spec.grouped_gemm) == ("fp32", True)
+    _, _, spec = spec_for(*moe, "model.moe.grouped_gemm=false")
+    assert spec.grouped_gemm is False
+    _, _, dense = spec_for("hardware=cpu", "trainer.backend=torch")
+    assert dense.grouped_gemm is None  # a dense model: transformers' default, no experts

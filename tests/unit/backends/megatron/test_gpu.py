@@ -63,3 +63,29 @@ def test_offload_frees_gpu_memory_and_onload_restores_the_state(
     result = make_setup("qwen3").with_model(**BF16).run(offload_round_trip, make_rollout(8))
     assert result["freed"] > 0 and result["released"] >= result["freed"]
     assert result["same"] and math.isfinite(result["loss"])
+
+
+def test_grouped_experts_run_torchs_grouped_kernel_in_bf16() -> None:
+    """model.moe.grouped_gemm on CUDA: torch's CUTLASS grouped GEMM (bf16), whose products
+    and gradients are each expert's own, an expert without tokens included."""
+    from rlpost.backends.megatron.layers import grouped_linear
+
+    torch.manual_seed(0)
+    counts = [64, 0, 200, 8]
+    kw = {"device": "cuda", "dtype": torch.bfloat16}
+    x = torch.randn(sum(counts), 256, **kw, requires_grad=True)
+    weights = [torch.randn(512, 256, **kw, requires_grad=True) for _ in counts]
+    ends = torch.cumsum(torch.tensor(counts, device="cuda"), 0, dtype=torch.int32)
+    grad = torch.randn(sum(counts), 512, **kw)
+    out = grouped_linear(x, ends, weights)
+    out.backward(grad)
+    x_ref = x.detach().float().requires_grad_()
+    w_ref = [w.detach().float().requires_grad_() for w in weights]
+    ref = torch.cat([p @ w.T for p, w in zip(x_ref.split(counts), w_ref, strict=True)])
+    ref.backward(grad.float())
+    torch.testing.assert_close(out.float(), ref, atol=0.5, rtol=0.02)
+    assert x.grad is not None and x_ref.grad is not None
+    torch.testing.assert_close(x.grad.float(), x_ref.grad, atol=0.5, rtol=0.02)
+    for w, r in zip(weights, w_ref, strict=True):
+        assert w.grad is not None and r.grad is not None
+        torch.testing.assert_close(w.grad.float(), r.grad, atol=0.5, rtol=0.02)

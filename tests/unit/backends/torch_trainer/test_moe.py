@@ -1,5 +1,6 @@
 """Mixture-of-experts models in the torch trainer: their routers compute in
-model.moe.router_dtype while the layers compute in model.params_dtype.
+model.moe.router_dtype while the layers compute in model.params_dtype, and their experts run
+as model.moe.grouped_gemm says.
 
 On CUDA with bf16 layers a float32 router is an FSDP2 unit of its own, gathered in float32 from
 the float32 master shards with its input cast up. On CPU everything is float32, so the tests
@@ -29,10 +30,16 @@ from transformers import (
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+from transformers.integrations.moe import ExpertsInterface
 
 from rlpost.backends.torch_trainer import TorchTrainer, distributed
 from rlpost.backends.torch_trainer.distributed import full_tensor, router_precision
-from rlpost.backends.torch_trainer.model_io import router_modules
+from rlpost.backends.torch_trainer.model_io import (
+    EXPERT_LOOP,
+    GROUPED_EXPERTS,
+    build_causal_lm,
+    router_modules,
+)
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -166,3 +173,49 @@ def test_on_cpu_routers_stay_in_their_layers_and_train_alike(
         losses.append(trainer.train_step(samples)["train/loss"])
         trainer.close()
     assert losses[0] == losses[1]
+
+
+def test_experts_run_grouped_or_one_at_a_time_as_grouped_gemm_says(
+    tiny_moe_dir: Path,
+    make_samples: Samples,
+    make_configs: Configs,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """true: transformers' grouped experts (one grouped matrix multiply per projection over
+    all experts); false: its loop over the experts. The same math either way."""
+    grouped_calls = []
+    grouped = ExpertsInterface._global_mapping[GROUPED_EXPERTS]
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        grouped_calls.append(1)
+        return grouped(*args, **kwargs)
+
+    monkeypatch.setitem(ExpertsInterface._global_mapping, GROUPED_EXPERTS, spy)
+    samples = make_samples(4, seed=3)
+    losses, calls = {}, {}
+    for grouped_gemm in (True, False):
+        grouped_calls.clear()
+        trainer = TorchTrainer(
+            tiny_moe_dir, *make_configs(4), num_threads=1, grouped_gemm=grouped_gemm
+        )
+        assert trainer.model.config._experts_implementation == (
+            GROUPED_EXPERTS if grouped_gemm else EXPERT_LOOP
+        )
+        losses[grouped_gemm] = trainer.train_step(samples)["train/loss"]
+        calls[grouped_gemm] = len(grouped_calls)
+        trainer.close()
+    assert calls[True] > 0 and calls[False] == 0
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5, abs=1e-6)
+
+
+def test_grouped_experts_on_a_class_without_them_name_the_key(
+    tiny_moe_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        Qwen3MoeForCausalLM, "_can_set_experts_implementation", classmethod(lambda cls: False)
+    )
+    with pytest.raises(ValueError, match=r"model\.moe\.grouped_gemm: true.*grouped_gemm=false"):
+        build_causal_lm(tiny_moe_dir, grouped_gemm=True)
+    assert build_causal_lm(tiny_moe_dir, grouped_gemm=False).config._experts_implementation == (
+        EXPERT_LOOP
+    )
