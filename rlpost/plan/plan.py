@@ -216,6 +216,14 @@ def _notes(
             "FP8 policy sampled are trained as the trainer's own (train/rollout_logprob_abs_diff "
             "shows by how much they differ); tis reweights them"
         )
+    save = cfg.recipe.save
+    if save.interval is None and save.save_hf_interval is None:
+        notes.append(
+            "recipe.save.interval and recipe.save.save_hf_interval are both null: the run "
+            "writes no checkpoint and no HF export, so the trained policy ends with the run "
+            "(or with a crash) and only its metrics remain; recipe.save.interval: N saves "
+            "every N rollouts and at the end"
+        )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
         if cfg.model.params_dtype != "fp32":

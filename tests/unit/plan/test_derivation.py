@@ -163,3 +163,15 @@ def test_engines_serving_an_fp8_checkpoint_hold_a_byte_a_weight_plus_scales(
     assert any("model.load is not set" in note for note in fp8.notes)
     assert any("off_policy_correction is none" in note for note in fp8.notes)
     assert not any("FP8" in note for note in bf16.notes)
+
+
+def test_a_run_that_writes_no_policy_says_so(run_config: Runs) -> None:
+    """Neither checkpoints nor HF exports: the trained policy ends with the run."""
+
+    def says(**overrides: object) -> bool:
+        plan = build_plan(run_config("qwen3-4b", "h200x1", **overrides))
+        return any("writes no checkpoint and no HF export" in note for note in plan.notes)
+
+    assert not says()  # grpo_dapo saves every 20 rollouts
+    assert says(recipe__save__interval=None)
+    assert not says(recipe__save__interval=None, recipe__save__save_hf_interval=50)
