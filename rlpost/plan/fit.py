@@ -1,10 +1,14 @@
-"""The plan's memory verdict as issues a training launch stops on (plan.memory_check)."""
+"""The plan's verdicts as issues a training launch stops on: its memory (plan.memory_check),
+and its training time against the timeout a train call is held to."""
 
 from __future__ import annotations
+
+import math
 
 from rlpost.errors import Issue
 from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.plan import Plan
+from rlpost.schema import RunConfig
 
 ANYWAY = "; or set plan.memory_check=warn to launch anyway"
 
@@ -58,3 +62,29 @@ def memory_issues(plan: Plan) -> list[Issue]:
             )
         )
     return issues
+
+
+TIMEOUT_HEADROOM = 2.0
+"""How many times the cost model's training seconds per rollout trainer.collective_timeout_s
+must allow: the model is calibrated on few runs, and a first step compiles and autotunes."""
+
+
+def timeout_issues(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    """trainer.collective_timeout_s holds every call on the train ranks, a rollout's training
+    included: one the cost model predicts near or past it would fail the run after its first
+    rollout. GPU profiles only (on CPU the figures are nominal)."""
+    timeout, train_s = cfg.trainer.collective_timeout_s, plan.prediction.train_s
+    if plan.hardware_kind != "gpu" or train_s * TIMEOUT_HEADROOM <= timeout:
+        return []
+    enough = math.ceil(train_s * 3 / 60) * 60
+    return [
+        Issue(
+            "trainer.collective_timeout_s",
+            f"a rollout's training is predicted at {train_s:.0f} s (see mode=plan) and every "
+            f"call on the train ranks fails past {timeout:g} s: the run would stop at its "
+            f"first train step, or at a slow one (less than {TIMEOUT_HEADROOM:g}x headroom)",
+            f"raise trainer.collective_timeout_s to {enough} or more, or train less per "
+            "rollout (recipe.train.global_batch_size, max_response_len)",
+            value=timeout,
+        )
+    ]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import check_cluster_source, ray_address
-from rlpost.plan.fit import memory_issues
+from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import RunConfig
 from rlpost.schema.recipe import RewardType
@@ -60,11 +60,12 @@ def preflight(cfg: RunConfig, plan: Plan, *, machine: bool = True) -> list[Issue
     """
     memory = memory_issues(plan)
     refused = list(memory) if cfg.plan.memory_check == "refuse" else []
+    refused += timeout_issues(cfg, plan)
     if machine:
         for rule in MACHINE_CHECKS:
             refused.extend(rule(cfg, plan))
     if refused:
-        title = "launch problem" if len(refused) > len(memory) else "memory problem"
+        title = "memory problem" if all(i in memory for i in refused) else "launch problem"
         raise UserError(refused, title=title)
     return memory
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.plan import build_plan
-from rlpost.plan.fit import memory_issues
+from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.schema import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,3 +55,27 @@ def test_validate_runs_the_same_gate_for_a_training_config(
     assert caught.value.code == 2 and "memory problems" in capsys.readouterr().err
     warned = ["validate", "--no-local-checks", "model=qwen3-8b", "plan.memory_check=warn"]
     assert main(warned) in (0, None)
+
+
+def test_a_train_call_predicted_near_its_timeout_is_refused(
+    compose_run: ComposeRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trainer.collective_timeout_s holds a rollout's whole training: the cost model's figure
+    needs twice that room (qwen3-4b on one H200: about 261 s)."""
+    from rlpost.cli.main import main
+
+    one_gpu = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h200x1")
+    plan = build_plan(compose_run(*one_gpu))
+    assert 200 < plan.prediction.train_s < 300
+    assert timeout_issues(compose_run(*one_gpu), plan) == []  # the default 600 s
+    tight = compose_run(*one_gpu, "trainer.collective_timeout_s=400")
+    (issue,) = timeout_issues(tight, build_plan(tight))
+    assert (issue.key, issue.value) == ("trainer.collective_timeout_s", 400)
+    assert f"predicted at {plan.prediction.train_s:.0f} s" in issue.message
+    assert "raise trainer.collective_timeout_s to 840 or more" in issue.fix
+    cpu = compose_run("trainer.collective_timeout_s=1")  # nominal CPU figures: no verdict
+    assert timeout_issues(cpu, build_plan(cpu)) == []
+    with pytest.raises(SystemExit) as caught:
+        main(["validate", "--no-local-checks", *one_gpu, "trainer.collective_timeout_s=400"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and "launch problem" in err and "collective_timeout_s" in err
