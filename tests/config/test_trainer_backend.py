@@ -212,12 +212,21 @@ def test_a_cpu_plan_says_its_trainers_compute_in_float32_whatever_params_dtype_s
     assert dtype_notes("model.params_dtype=bf16", "trainer.backend=megatron") == [note]
 
 
-def _router_issues(cfg: RunConfig) -> list[str]:
+def _issues(key: str, cfg: RunConfig) -> list[str]:
+    """The messages of the plan's refusals on `key`."""
     try:
         build_plan(cfg)
     except UserError as exc:
-        return [i.message for i in exc.issues if i.key == "model.moe.router_dtype"]
+        return [i.message for i in exc.issues if i.key == key]
     return []
+
+
+def _router_issues(cfg: RunConfig) -> list[str]:
+    return _issues("model.moe.router_dtype", cfg)
+
+
+def _grouped_issues(cfg: RunConfig) -> list[str]:
+    return _issues("model.moe.grouped_gemm", cfg)
 
 
 def test_bf16_routing_is_refused_where_the_gpu_trainer_would_route_otherwise(
@@ -281,14 +290,6 @@ def test_scaled_rope_models_plan_with_megatron(compose_run: ComposeRun) -> None:
     config = transformer_config(deepseek, ParallelLayout.single_process(), on_gpu=True)
     assert (config.rope_type, config.rotary_scaling_factor) == ("yarn", 40.0)
     assert config.original_max_position_embeddings == 4096
-
-
-def _grouped_issues(cfg: RunConfig) -> list[str]:
-    try:
-        build_plan(cfg)
-    except UserError as exc:
-        return [i.message for i in exc.issues if i.key == "model.moe.grouped_gemm"]
-    return []
 
 
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
