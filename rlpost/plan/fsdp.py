@@ -266,6 +266,7 @@ def estimate_fsdp_train(
         optimizer_gib=optimizer,
         activations_gib=activations,
         logits_gib=logits,
+        grouped_experts_gib=0.0,  # transformers' experts are stacked parameters already
         overhead_gib=overhead,
         total_gib=total,
         host_optimizer_gib=host_state,

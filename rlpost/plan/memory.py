@@ -273,6 +273,9 @@ class TrainMemory:
     overhead_gib: float
     total_gib: float
     host_optimizer_gib: float
+    # megatron's grouped experts (model.moe.grouped_gemm): one MoE layer's local fc1 weights
+    # stacked for a grouped GEMM, and in its backward their stacked gradient beside them
+    grouped_experts_gib: float
 
     def host_reference_gib(self, model: ModelConfig) -> float:
         """The reference model's weights kept on the host between uses, per rank."""
@@ -311,6 +314,7 @@ def _stage_memory(
         "optimizer": 0.0 if offload else optimizer / GIB,
         "activations": activations / GIB,
         "logits": logits / GIB,
+        "grouped": grouped_experts_bytes(model, par, layers) / GIB,
     }
     # the host keeps the offloaded state plus an fp32 gradient copy to step on
     host_grads = dense * 4 / par.optimizer_shards + experts * 4 / par.expert_optimizer_shards
@@ -323,10 +327,25 @@ def _stage_memory(
         optimizer_gib=parts["optimizer"],
         activations_gib=parts["activations"],
         logits_gib=parts["logits"],
+        grouped_experts_gib=parts["grouped"],
         overhead_gib=overhead,
         total_gib=sum(parts.values()) + overhead,
         host_optimizer_gib=(optimizer + host_grads) / GIB if offload else 0.0,
     )
+
+
+def grouped_experts_bytes(
+    model: ModelConfig, par: ParallelLayout, layers: tuple[int, ...]
+) -> float:
+    """The megatron trainer's grouped experts (rlpost.backends.megatron.layers.GroupedExperts)
+    stack an MoE layer's local expert weights for each grouped GEMM and drop them after it;
+    the largest moment is fc1's backward, its stacked weights and its stacked weight gradient
+    together. Nothing on a stage without MoE layers, or with grouped_gemm off."""
+    moe = model.moe
+    if moe is None or not moe.grouped_gemm or not any(is_moe_layer(model, i) for i in layers):
+        return 0.0
+    fc1 = moe.num_experts // par.ep * 2 * moe.expert_ffn_hidden_size // par.etp
+    return 2.0 * fc1 * model.hidden_size * weight_bytes(model)
 
 
 def pipeline_stages(model: ModelConfig, par: ParallelLayout) -> tuple[int, ...]:
@@ -429,7 +448,8 @@ class MemoryPlan:
         """A trainer GPU while it sends weights: the step's state without its activations,
         plus the FP8 quantisation buffer."""
         t = self.train
-        return t.total_gib - t.activations_gib - t.logits_gib + self.fp8_update_buffer_gib
+        transient = t.activations_gib + t.logits_gib + t.grouped_experts_gib
+        return t.total_gib - transient + self.fp8_update_buffer_gib
 
     @property
     def train_margin_gib(self) -> float:

@@ -319,6 +319,11 @@ def render_memory(plan: Plan) -> str:
         *state_rows,
         [f"activations ({par.recompute} recompute, {t.tokens_per_gpu} tokens)", t.activations_gib],
         ["log-prob kernel (no whole logits)", t.logits_gib],
+        *(
+            [["grouped experts (one layer's stacked weights)", t.grouped_experts_gib]]
+            if t.grouped_experts_gib
+            else []
+        ),
         [
             "CUDA context, workspaces" + (", engine residue" if plan.placement.colocate else ""),
             t.overhead_gib,

@@ -189,3 +189,26 @@ def test_dp_attention_engine_holds_a_cache_per_dp_group(run_config: Runs) -> Non
     options = {"enable_dp_attention": True, "dp_size": 8}
     mem = estimate_rollout(run.model, run.recipe, run.hardware, 8, 8, 0.7, options, True)
     assert mem.kv_cache_tokens_per_engine == 8 * mem.kv_cache_tokens_per_gpu
+
+
+def test_grouped_experts_hold_one_layers_stacked_fc1_and_its_gradient(run_config: Runs) -> None:
+    """megatron's grouped experts stack the local experts' fc1 weights for a GEMM, and in its
+    backward their stacked gradient beside them: a transient the plan adds to the step."""
+    from rlpost.plan import build_plan
+
+    run = run_config("qwen3-30b-a3b", "h100x8")
+    plan = build_plan(run)
+    moe, par = run.model.moe, plan.parallel
+    assert moe is not None and moe.grouped_gemm and plan.trainer_backend == "megatron"
+    fc1 = moe.num_experts // par.ep * 2 * moe.expert_ffn_hidden_size // par.etp
+    expected = 2 * fc1 * run.model.hidden_size * 2  # bf16
+    train = plan.memory.train
+    assert train.grouped_experts_gib * GIB == pytest.approx(expected)
+    assert plan.memory.weight_sync_gib == pytest.approx(
+        train.total_gib - train.activations_gib - train.logits_gib - train.grouped_experts_gib
+    )
+    sequential = build_plan(run_config("qwen3-30b-a3b", "h100x8", model__moe__grouped_gemm=False))
+    assert sequential.memory.train.grouped_experts_gib == 0.0
+    assert sequential.memory.train.total_gib == pytest.approx(train.total_gib - expected / GIB)
+    dense = build_plan(run_config("qwen3-4b", "h100x8")).memory.train
+    assert dense.grouped_experts_gib == 0.0
