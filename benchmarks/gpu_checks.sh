@@ -12,9 +12,10 @@
 # with each of the three and with the torch trainer (both pad each group of samples of similar
 # lengths to its longest: memory against the plan's bound), the padded two again with cuDNN's
 # plans keyed by lengths rounded up to powers of two, qwen3-4b in the shipped layout, 1.7b
-# and 4b without recompute (the MFU goal's runs), a profiled 0.6b step (top kernels, and by input shapes; host reads), and the torch trainer
-# with its layers kept gathered from forward to backward. A summary of tokens/s, memory and ratio
-# rows ends it.
+# and 4b without recompute (the MFU goal's runs), a profiled 0.6b step (top kernels, and by input shapes; host reads), the torch trainer
+# with its layers kept gathered from forward to backward, and one MoE layer's experts as
+# grouped GEMMs against one at a time (benchmarks/moe_experts.py). A summary of tokens/s,
+# memory and ratio rows ends it.
 #
 # From the project root on the GPU machine, after the GPU packaging of ../shared/gpu/README.md
 # (make-site.sh: .gpu/site holds the Python packages that travel):
@@ -137,7 +138,15 @@ check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recomput
 # micro-batch instead of two; on one GPU a cast, not a collective), beside train_0.6b_torch
 check "torch_${SMALL}_kept" 90 $(bench "$SMALL" 2) trainer.backend=torch \
   layout.train.fsdp.reshard_after_forward=false
-
+# one MoE layer's experts (qwen3-30b-a3b's) as grouped GEMMs against one at a time
+# (model.moe.grouped_gemm), the local experts of 8 expert-parallel ranks and of one
+if [ "$FIRST" = tiny ]; then
+  check "experts_tiny" 60 "$PY" benchmarks/moe_experts.py --tiny
+else
+  for ep in 8 1; do
+    check "experts_30b_ep${ep}" 60 "$PY" benchmarks/moe_experts.py --model qwen3-30b-a3b --ep "$ep"
+  done
+fi
 ROWS='^(layout|step time s|train tokens/s|MFU \(of|max_memory_(allocated|reserved)|peak RSS growth'
 ROWS+='|plan train estimate|reference weights|measured / \(estimate|reserved / estimate'
 ROWS+='|step time / plan|plain |rlpost / plain|padded attention share|padded rows per token'
@@ -169,6 +178,11 @@ for size in $SIZES; do  # the torch trainer against the megatron check's plain l
   if [ -n "$plain" ] && [ -n "$ours" ]; then
     echo "-- $size: torch trainer / plain loop tokens/s $(awk "BEGIN {printf \"%.3f\", $ours / $plain}")"
   fi
+done
+for log in "$OUT"/experts_*.log; do
+  [ -f "$log" ] || continue
+  echo "-- $(basename "$log" .log)"
+  grep -E "^(cuda|cpu|experts one|grouped)" "$log" || tail -n 5 "$log"
 done
 if [ -f "$OUT/profile_${SMALL}.log" ]; then
   echo "-- profile_${SMALL}"
