@@ -304,6 +304,10 @@ def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
     ]
 
 
+def _grouped_experts_row(gib: float) -> list[list[Cell]]:
+    return [["grouped experts (one layer's stacked weights)", gib]] if gib else []
+
+
 def render_memory(plan: Plan) -> str:
     m, par = plan.memory, plan.parallel
     t, r, h = m.train, m.rollout, m.host
@@ -319,11 +323,7 @@ def render_memory(plan: Plan) -> str:
         *state_rows,
         [f"activations ({par.recompute} recompute, {t.tokens_per_gpu} tokens)", t.activations_gib],
         ["log-prob kernel (no whole logits)", t.logits_gib],
-        *(
-            [["grouped experts (one layer's stacked weights)", t.grouped_experts_gib]]
-            if t.grouped_experts_gib
-            else []
-        ),
+        *_grouped_experts_row(t.grouped_experts_gib),
         [
             "CUDA context, workspaces" + (", engine residue" if plan.placement.colocate else ""),
             t.overhead_gib,
