@@ -13,9 +13,9 @@
 # lengths to its longest: memory against the plan's bound), the padded two again with cuDNN's
 # plans keyed by lengths rounded up to powers of two, qwen3-4b in the shipped layout, 1.7b
 # and 4b without recompute (the MFU goal's runs), a profiled 0.6b step (top kernels, and by input shapes; host reads), the torch trainer
-# with its layers kept gathered from forward to backward, and one MoE layer's experts as
-# grouped GEMMs against one at a time (benchmarks/moe_experts.py). A summary of tokens/s,
-# memory and ratio rows ends it.
+# with its layers kept gathered from forward to backward; after the training checks of SIZES,
+# one MoE layer's experts as grouped GEMMs against one at a time (benchmarks/moe_experts.py).
+# A summary of tokens/s, memory and ratio rows ends it.
 #
 # From the project root on the GPU machine, after the GPU packaging of ../shared/gpu/README.md
 # (make-site.sh: .gpu/site holds the Python packages that travel):
@@ -100,6 +100,15 @@ done
 for size in $SIZES; do
   check "train_${size}_torch" 120 $(bench "$size" 3) trainer.backend=torch
 done
+# one MoE layer's experts (qwen3-30b-a3b's) as grouped GEMMs against one at a time
+# (model.moe.grouped_gemm), the local experts of 8 expert-parallel ranks and of one
+if [ "$FIRST" = tiny ]; then
+  check "experts_tiny" 60 "$PY" benchmarks/moe_experts.py --tiny
+else
+  for ep in 8 1; do
+    check "experts_30b_ep${ep}" 60 "$PY" benchmarks/moe_experts.py --model qwen3-30b-a3b --ep "$ep"
+  done
+fi
 # the torch trainer's attention in SDPA's own order (train_0.6b_torch asks for cuDNN's first)
 check "torch_${SMALL}_sdpa_order" 90 env RLPOST_CUDNN_ATTENTION=0 $(bench "$SMALL" 2) \
   trainer.backend=torch
@@ -138,15 +147,6 @@ check "profile_${SMALL}" 120 $(bench "$SMALL" 1 --profile) layout.train.recomput
 # micro-batch instead of two; on one GPU a cast, not a collective), beside train_0.6b_torch
 check "torch_${SMALL}_kept" 90 $(bench "$SMALL" 2) trainer.backend=torch \
   layout.train.fsdp.reshard_after_forward=false
-# one MoE layer's experts (qwen3-30b-a3b's) as grouped GEMMs against one at a time
-# (model.moe.grouped_gemm), the local experts of 8 expert-parallel ranks and of one
-if [ "$FIRST" = tiny ]; then
-  check "experts_tiny" 60 "$PY" benchmarks/moe_experts.py --tiny
-else
-  for ep in 8 1; do
-    check "experts_30b_ep${ep}" 60 "$PY" benchmarks/moe_experts.py --model qwen3-30b-a3b --ep "$ep"
-  done
-fi
 ROWS='^(layout|step time s|train tokens/s|MFU \(of|max_memory_(allocated|reserved)|peak RSS growth'
 ROWS+='|plan train estimate|reference weights|measured / \(estimate|reserved / estimate'
 ROWS+='|step time / plan|plain |rlpost / plain|padded attention share|padded rows per token'
