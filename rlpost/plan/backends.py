@@ -25,6 +25,11 @@ GENERIC_TRAINERS = frozenset({"torch"})
 PROMPT_SHARING = frozenset({"torch"})
 
 
+def compute_dtype(cfg: RunConfig) -> str:
+    """What both trainers compute in: model.params_dtype on GPU profiles, float32 on CPU."""
+    return cfg.model.params_dtype if cfg.hardware.kind == "gpu" else "fp32"
+
+
 def model_parallel_sizes(layout: ParallelLayout) -> dict[str, int]:
     sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp}
     return {k: v for k, v in sizes.items() if v > 1}

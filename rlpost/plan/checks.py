@@ -14,6 +14,7 @@ from rlpost.errors import Issue
 from rlpost.plan.backends import (
     GENERIC_TRAINERS,
     GPU_TRAINERS,
+    compute_dtype,
     resolve_trainer_backend,
     unsupported_parallel,
 )
@@ -452,7 +453,7 @@ def grouped_gemm_issues(cfg: RunConfig, parallel: ParallelLayout, backend: str) 
         return []
     fix = "set model.moe.grouped_gemm: false (the experts then run one at a time)"
     on_gpu = cfg.hardware.kind == "gpu"
-    dtype = cfg.model.params_dtype if on_gpu else "fp32"  # both trainers: fp32 on CPU
+    dtype = compute_dtype(cfg)
     if on_gpu and dtype != "bf16":
         return [
             Issue(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlpost.plan.backends import compute_dtype
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.prediction import TrainPrediction
 from rlpost.schema import AlgoConfig, FsdpLayout, ModelConfig, OptimConfig, RunConfig, TrainConfig
@@ -89,7 +90,7 @@ def trainer_spec(
         collective_timeout_s=cfg.trainer.collective_timeout_s,
         init_method=init_method,
         device="cuda" if on_gpu else "cpu",
-        compute_dtype=cfg.model.params_dtype if on_gpu else "fp32",
+        compute_dtype=compute_dtype(cfg),
         router_dtype=cfg.model.moe.router_dtype if cfg.model.moe else "fp32",
         grouped_gemm=cfg.model.moe.grouped_gemm if cfg.model.moe else None,
         fsdp=cfg.layout.train.fsdp,
