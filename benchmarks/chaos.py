@@ -12,6 +12,8 @@ Kinds of fault, each delivered `--per-kind` times in one run, in an order the se
     router         SIGKILL the sglang-router
     reward_worker  SIGKILL a grading worker (rlpost.rewards.worker; math rewards use them)
     driver         SIGKILL the launch itself, then `run.resume=auto` in a new launch
+    sigterm        SIGTERM the launch (a scheduler's time limit): it must save every rollout
+                   it has logged and exit with status 143; then `run.resume=auto`
     hang           SIGSTOP a train rank: it stays alive and never answers
     disk_full      fill the checkpoint folder's file system while a save runs
 
@@ -75,8 +77,9 @@ from rlpost.runtime.rollout_dump import dump_path, first_difference
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = (
     "train_rank", "engine_actor", "engine_server", "router", "reward_worker", "driver",
-    "hang", "disk_full",
+    "sigterm", "hang", "disk_full",
 )  # fmt: skip
+RESUMED = ("driver", "sigterm")  # faults that end the launch; a new one resumes the run
 # A process of the run, by its command line.
 TARGETS = {
     "train_rank": ("ray::TrainActor",),
@@ -150,8 +153,8 @@ class Report:
             survived = sum(o.survived for o in outs)
             lines.append(f"{kind:<15} {delivered:>9}  {survived:>8}  {mean:>13}")
         lines.append(
-            f"launches: {self.launches} (driver kills resumed), run restarts in place: "
-            f"{self.run_restarts}, engine restarts: {self.engine_restarts}"
+            f"launches: {self.launches} (driver kills and SIGTERMs resumed), run restarts in "
+            f"place: {self.run_restarts}, engine restarts: {self.engine_restarts}"
         )
         lost = (
             f"{self.wall_s - self.reference_wall_s:.1f} s lost against the unfaulted run "
@@ -270,6 +273,7 @@ class Chaos:
         self.proc: subprocess.Popen[bytes] | None = None
         self.seen = 0  # metrics.jsonl lines seen
         self.records = 0  # record events: lines written, redone rollouts included
+        self.launch_records = 0  # record events when the current launch started
         self.last_rollout = -1
         self.open: list[tuple[Outcome, float, int]] = []  # delivered, not yet got past
         self.filled_at: int | None = None  # record count when the disk was filled
@@ -329,6 +333,7 @@ class Chaos:
         command = [sys.executable, str(ROOT / "launch.py"), *self.args]
         if resume:
             command.append("run.resume=auto")
+        self.launch_records = self.records
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -389,20 +394,45 @@ class Chaos:
             self.filled_at, self.filling = self.records, outcome
             outcome.target = "ckpt/ (tmpfs)"
         else:
-            if kind == "driver":
+            if kind in RESUMED:
                 target = psutil.Process(self._pid())
             assert target is not None
             outcome.target = describe(target)
+            sent = {"hang": signal.SIGSTOP, "sigterm": signal.SIGTERM}.get(kind, signal.SIGKILL)
             try:
-                members = run_processes(self._pid())[1:] if kind == "driver" else []
-                target.send_signal(signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+                members = run_processes(self._pid())[1:] if kind in RESUMED else []
+                target.send_signal(sent)
             except psutil.Error as exc:
                 outcome.note = f"not delivered: {exc}"
                 return
-            if kind == "driver":
+            if kind == "sigterm" and not self._stopped_with_everything_saved(outcome):
+                outcome.delivered = True  # and never survived
+                self._after_driver_kill(members)
+                return
+            if kind in RESUMED:
                 self._after_driver_kill(members)
         outcome.delivered = True
         self.open.append((outcome, time.monotonic(), self.records))
+
+    def _stopped_with_everything_saved(self, outcome: Outcome) -> bool:
+        """After a SIGTERM: the launch exited with 143, and when it had logged a rollout of
+        its own, its newest checkpoint holds every rollout logged (before that, a launch
+        still starting saves nothing, and the records past its checkpoint are redone)."""
+        assert self.proc is not None
+        code = self.proc.wait()
+        self._poll()
+        if code != 143:
+            outcome.note = f"exit status {code} after SIGTERM, not 143"
+            return False
+        saves = (self.run_dir / "ckpt").glob("rollout_*")
+        newest = max((int(p.name.removeprefix("rollout_")) for p in saves), default=0)
+        if self.records > self.launch_records and newest != self.last_rollout + 1:
+            outcome.note = (
+                f"stopped with {self.last_rollout + 1} rollouts logged and the newest "
+                f"checkpoint at rollout {newest}"
+            )
+            return False
+        return True
 
     def _after_driver_kill(self, members: list[psutil.Process]) -> None:
         """Resume at once, as a user would; every process the killed launch had started
@@ -603,6 +633,11 @@ def bench(settings: Settings) -> Report:
                 )
                 batch = int(cfg["recipe"]["rollout"]["batch_size"])  # type: ignore[index]
                 report.verdict += accounting(run_dir, rollouts, batch, bound)
+            report.verdict += [
+                f"sigterm: {o.note}"
+                for o in report.outcomes
+                if o.fault.kind == "sigterm" and o.delivered and o.note
+            ]
             missed = [o for o in report.outcomes if not o.delivered]
             if missed:
                 report.skipped.append(

@@ -91,14 +91,14 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     _end_leftovers(run_dir)
     for issue in warnings:
         print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
-    from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed
+    from rlpost.runtime.failures import RunFailed
     from rlpost.runtime.train import run
 
     try:
         run(cfg, plan, resume)
     except RunFailed as failure:
         print(failure.render(), file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_RUN_FAILED) from None
+        raise SystemExit(failure.exit_status) from None
 
 
 PRINTING_MODES = {"plan", "slime_args"}

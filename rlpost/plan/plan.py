@@ -223,6 +223,7 @@ def _notes(
             "writes no checkpoint and no HF export, so the trained policy ends with the run "
             "(or with a crash) and only its metrics remain; recipe.save.interval: N saves "
             "every N rollouts and at the end"
+            + (" (a SIGTERM still saves: run.on_sigterm)" if cfg.run.on_sigterm == "save" else "")
         )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")

@@ -212,9 +212,16 @@ def render_runtime(plan: Plan) -> str:
     ]
     if loop.mode == "fully_async":
         rows.append(["a group past the bound is", f"{loop.stale_groups}d"])
+    rows.append(["on SIGTERM (exit status 143)", SIGTERM_NAMES[rt.on_sigterm]])
     if rt.engine_backend == "cpu":
         rows.append(["engine CPU priority", _engine_priority(rt.engine_nice)])
     return render_table(["runtime", "value"], rows, "Runtime")
+
+
+SIGTERM_NAMES = {
+    "save": "save every finished rollout, then stop (a second SIGTERM: at once)",
+    "stop": "stop at once, keeping the checkpoints saved so far",
+}
 
 
 def _engine_priority(nice: int) -> str:

@@ -57,6 +57,9 @@ class RuntimePlan:
     # training (async modes, engines on cores of their own), training is the critical path,
     # so the engines yield a shared core to the trainers; 0 elsewhere.
     engine_nice: int = 0
+    # SIGTERM (run.on_sigterm): save a checkpoint of every finished rollout then stop, or
+    # stop at once (rlpost.runtime.stop)
+    on_sigterm: str = "save"
 
 
 ENGINE_NICE = 10  # the CPU engines' niceness when training is the critical path
@@ -114,6 +117,7 @@ def plan_runtime(
         fp8=fp8,
         **plan_requests(cfg),
         engine_nice=ENGINE_NICE if yields else 0,
+        on_sigterm=cfg.run.on_sigterm,
     )
 
 

@@ -5,13 +5,16 @@ router, the driver's actors, a collective that timed out. Starting the run again
 newest complete checkpoint mends it, and `run.max_restarts` does so. Anything else (a reward
 hook that raises, a generate hook that returns garbage, a bug) would fail the same way again:
 the run ends. Either way the launcher prints one message (`RunFailed.render`): what failed, the run
-directory and the newest checkpoint to resume from, and exits with EXIT_RUN_FAILED.
+directory and the newest checkpoint to resume from, and exits with EXIT_RUN_FAILED. A run
+stopped by SIGTERM (`RunStopped`) says the same and exits with EXIT_STOPPED.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from rlpost.runtime.stop import EXIT_STOPPED
 
 EXIT_RUN_FAILED = 3
 FAILURES_LOG = "failures.log"  # in <run.dir>/logs: each failure's whole traceback
@@ -94,11 +97,14 @@ class RunFailed(Exception):
     checkpoint: Path | None
     restarts: int = 0
 
+    exit_status = EXIT_RUN_FAILED
+    headline = "the run failed"
+
     def __str__(self) -> str:
         return self.render()
 
     def render(self) -> str:
-        lines = [f"rlpost: the run failed: {self.what}", f"  run directory: {self.run_dir}"]
+        lines = [f"rlpost: {self.headline}: {self.what}", f"  run directory: {self.run_dir}"]
         if self.restarts:
             lines.append(f"  restarted {self.restarts} time(s) before giving up")
         if self.checkpoint is not None:
@@ -106,6 +112,20 @@ class RunFailed(Exception):
             lines.append(f"  to continue: add run.dir={self.run_dir} run.resume=auto")
         else:
             lines.append("  no checkpoint was saved yet")
-        logs = self.run_dir / "logs"
-        lines.append(f"  logs: {logs} (the traceback: {logs / FAILURES_LOG})")
+        lines.append(self._logs())
         return "\n".join(lines)
+
+    def _logs(self) -> str:
+        logs = self.run_dir / "logs"
+        return f"  logs: {logs} (the traceback: {logs / FAILURES_LOG})"
+
+
+@dataclass
+class RunStopped(RunFailed):
+    """A run that stopped when asked to (SIGTERM: rlpost.runtime.stop)."""
+
+    exit_status = EXIT_STOPPED
+    headline = "the run stopped"
+
+    def _logs(self) -> str:
+        return f"  logs: {self.run_dir / 'logs'}"

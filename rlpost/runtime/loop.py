@@ -3,7 +3,8 @@
 The rollout pipeline (rlpost.runtime.pipeline) produces rewarded groups within the bounds of
 the plan's loop; each train step takes its batch, trains, pushes the weights to the engines
 when due, evaluates when due, logs, and saves when due. The same steps serve every loop mode:
-only the pipeline's bounds differ.
+only the pipeline's bounds differ. Asked to stop (SIGTERM, rlpost.runtime.stop), the loop
+saves every finished rollout and raises Stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import rlpost
 from rlpost.data.source import DataSource
@@ -41,6 +42,7 @@ from rlpost.runtime.run_state import (
 )
 from rlpost.runtime.rundir import config_dict, config_yaml, provenance
 from rlpost.runtime.session import Session
+from rlpost.runtime.stop import Stopped, StopRequested, StopSignal
 from rlpost.runtime.train_data import accounting, rollout_metrics, to_train_samples
 from rlpost.schema import RunConfig
 from rlpost.types import Sample
@@ -71,6 +73,7 @@ class TrainLoop:
         session: Session,
         inputs: Inputs,
         resume: ResumePoint | None,
+        stop: StopSignal | None = None,
     ) -> None:
         assert session.client is not None
         self.cfg, self.plan, self.session, self.inputs = cfg, plan, session, inputs
@@ -122,6 +125,9 @@ class TrainLoop:
             config=config_dict(cfg),
         )
         self.failed_saves: list[int] = []
+        self.stop = stop
+        # the newest rollout a checkpoint of this run holds: a stop saves only what is newer
+        self.saved_at = self.start
 
     def _reward_model(self) -> RewardBatcher | None:
         """The reward model class, when the recipe names one: in its actor, or built here."""
@@ -166,9 +172,14 @@ class TrainLoop:
             restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
         progress = Progress(total, initial=start, enabled=cfg.run.progress)
         self.pipeline.start()
+        if self.stop is not None:
+            self.stop.accept(self.pipeline.stop_taking)
         try:
             for step in range(start, total):
-                metrics, groups = await self.step(step)
+                try:
+                    metrics, groups = await self.step(step)
+                except StopRequested:
+                    await self._stop(step)
                 *evaluations, record = step_records(pending_eval, metrics)
                 pending_eval = {}
                 # Logged before the save: a checkpoint never runs ahead of metrics.jsonl.
@@ -176,6 +187,8 @@ class TrainLoop:
                     self.logger.log(step, evaluation)
                 self.logger.log(step, record, extra={"groups": groups})
                 progress.update(record)
+                if self.stopping:
+                    await self._stop(step + 1)
                 await self._save_when_due(step + 1)
                 self.pipeline.step_done(step)
         finally:
@@ -183,6 +196,15 @@ class TrainLoop:
             progress.close()
             self.logger.close()
         return self.reports
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop is not None and self.stop.requested.is_set()
+
+    async def _stop(self, done: int) -> NoReturn:
+        """Save the rollouts finished since the newest checkpoint, then raise Stopped."""
+        saved = await self.save(done) if done > self.saved_at else None
+        raise Stopped(done, saved)
 
     async def step(self, step: int) -> tuple[dict[str, float], dict[str, list[int]]]:
         """Take the step's groups, train, push weights and evaluate when due."""
@@ -206,7 +228,9 @@ class TrainLoop:
         eval_due = bool(self.inputs.eval_sets) and _due(
             cfg.recipe.eval.interval, done, rollout.num_rollout
         )
-        if done % cfg.recipe.loop.update_weights_interval == 0 or eval_due:
+        # stopping, the push serves only an evaluation due now: the rollout's record needs it
+        push_due = done % cfg.recipe.loop.update_weights_interval == 0 and not self.stopping
+        if push_due or eval_due:
             metrics["perf/weight_sync_time_s"] = await self.session.push_weights(version=done)
             self.pipeline.weights_pushed(done)
         if eval_due:
@@ -278,6 +302,7 @@ class TrainLoop:
             self._save_failed(done, exc)
             return None
         status(f"saved {path} ({time.perf_counter() - start:.1f} s)")
+        self.saved_at = done
         return path
 
     def _save_failed(self, done: int, exc: checkpoint.SaveError) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from rlpost.data.source import DataSource
 from rlpost.plan.loop import LoopPlan
 from rlpost.runtime.rollout.manager import Group, GroupClient, GroupFilter, GroupRunner
+from rlpost.runtime.stop import StopRequested
 from rlpost.types import Sample
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class RolloutPipeline:
         # take) a checkpoint may still be written, and it must keep them to generate again.
         self.failed: list[Group] = []
         self._producer: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # ---- the trainer's side ------------------------------------------------------------
 
@@ -133,11 +135,14 @@ class RolloutPipeline:
         self._producer = asyncio.get_running_loop().create_task(self._produce())
 
     async def take(self, step: int) -> Batch:
-        """The next train step's groups, once `batch_size` fresh enough ones are queued."""
+        """The next train step's groups, once `batch_size` fresh enough ones are queued;
+        StopRequested, with nothing taken, once `stop_taking` was called."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         while True:
             self._raise_failure()
+            if self._stopping:
+                raise StopRequested(f"train step {step} was not taken")
             self._drop_stale(step)
             if len(self.queue) >= self.batch_size:
                 break
@@ -151,6 +156,13 @@ class RolloutPipeline:
         tally, self.tally = self.tally, Tally()
         self._changed.set()
         return Batch(groups, staleness, tally, loop.time() - started)
+
+    def stop_taking(self) -> None:
+        """The run stops (rlpost.runtime.stop): a take waiting for its groups, or the next
+        one, raises StopRequested and takes nothing, so the queue stays whole for the
+        checkpoint. Generation goes on until `close`."""
+        self._stopping = True
+        self._changed.set()
 
     def weights_pushed(self, version: int) -> None:
         """The engines serve `version` now."""

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -83,11 +83,15 @@ class Session:
         plan: Plan,
         run_dir: Path,
         before_actors: Awaitable[object] | None = None,
+        after_ray: Callable[[], None] | None = None,
     ) -> None:
         """`before_actors`: awaited once Ray is up and before any actor starts (the run's
-        inputs, loading meanwhile: a problem with them stops the run there)."""
+        inputs, loading meanwhile: a problem with them stops the run there). `after_ray`:
+        called once Ray has started in this process (it installs signal handlers of its own,
+        which the caller may replace)."""
         self.cfg = cfg
         self.before_actors = before_actors
+        self.after_ray = after_ray
         self.plan = plan
         self.run_dir = run_dir
         self.cluster = Cluster(cfg.hardware, plan.placement.slots_in_use, cfg)
@@ -117,6 +121,8 @@ class Session:
         try:
             start = time.perf_counter()
             self.cluster.start()  # in the main thread: Ray installs its signal handlers
+            if self.after_ray is not None:
+                self.after_ray()
             # what a killed launch would leave running, for the next launch to end
             record_processes(self.run_dir)
             self.cluster.check_shared(self.run_dir)

@@ -5,7 +5,8 @@ A failure after the start ends the launch with one message (what failed, the run
 the newest checkpoint to resume from) and exit status 3. A fault (a train rank, an engine,
 the router or an actor of the driver died, a collective hung) restarts the launch from the
 newest complete checkpoint, up to `run.max_restarts` times, each restart recorded in
-launches.jsonl.
+launches.jsonl. SIGTERM stops it as `run.on_sigterm` says (rlpost.runtime.stop), with exit
+status 143 and no restart.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rlpost.plan import Plan
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import seed_driver
 from rlpost.runtime.evaluation import EvalReport, format_eval_table, load_eval_sets
-from rlpost.runtime.failures import FAILURES_LOG, RunFailed, describe, is_fault
+from rlpost.runtime.failures import FAILURES_LOG, RunFailed, RunStopped, describe, is_fault
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
@@ -31,6 +32,7 @@ from rlpost.runtime.rollout.manager import SamplingSettings
 from rlpost.runtime.run_state import read_groups
 from rlpost.runtime.rundir import prepare_run_dir, run_dir_of
 from rlpost.runtime.session import Session
+from rlpost.runtime.stop import Stopped, StopSignal
 from rlpost.schema import RunConfig
 
 
@@ -58,17 +60,26 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
             seed_driver(cfg.run.seed)
         # The inputs (tokenizer, data) load while Ray starts; the session waits for them
         # before it starts any actor, so a data problem still stops the run before then.
+        stop = StopSignal(cfg.run.on_sigterm)
         with ThreadPoolExecutor(1, thread_name_prefix="rlpost-inputs") as loading:
             inputs = loading.submit(load_inputs, cfg, resume)
             try:
-                reports = asyncio.run(_train(cfg, plan, run_dir, inputs, resume))
+                reports = asyncio.run(_train(cfg, plan, run_dir, inputs, resume, stop))
                 break
             except UserError:
                 raise
             except KeyboardInterrupt:
                 raise _failed("interrupted (Ctrl-C)", run_dir, restarts) from None
+            except Stopped as stopped:
+                raise _stopped(stopped, run_dir, restarts) from None
+            except asyncio.CancelledError:
+                if not stop.signalled:
+                    raise
+                raise _stopped(None, run_dir, restarts) from None
             except Exception as exc:
                 record_failure(run_dir, exc)
+                if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
+                    raise _stopped(None, run_dir, restarts, describe(exc)) from exc
                 if not is_fault(exc) or restarts >= cfg.run.max_restarts:
                     raise _failed(describe(exc), run_dir, restarts) from exc
                 fault = describe(exc)
@@ -91,17 +102,26 @@ async def _train(
     run_dir: Path,
     inputs: Future[Inputs],
     resume: ResumePoint | None,
+    stop: StopSignal,
 ) -> list[EvalReport]:
     loaded: asyncio.Future[Inputs] = asyncio.wrap_future(inputs)
-    async with Session(cfg, plan, run_dir, before_actors=loaded) as session:
-        loop = TrainLoop(cfg, plan, session, inputs.result(), resume)
-        try:
-            return await loop.run()
-        except Exception as exc:
-            fault = await session.fault_behind(exc)
-            if fault is not None:
-                raise fault from exc
-            raise
+    stop.install()
+    try:
+        # installed again once Ray has started: its driver puts a handler of its own in place
+        session = Session(cfg, plan, run_dir, before_actors=loaded, after_ray=stop.install)
+        async with session:
+            loop = TrainLoop(cfg, plan, session, inputs.result(), resume, stop)
+            try:
+                return await loop.run()
+            except Stopped:
+                raise
+            except Exception as exc:
+                fault = await session.fault_behind(exc)
+                if fault is not None:
+                    raise fault from exc
+                raise
+    finally:
+        stop.uninstall()
 
 
 def _resuming(cfg: RunConfig) -> RunConfig:
@@ -117,6 +137,19 @@ def record_failure(run_dir: Path, exc: BaseException) -> None:
     text = "".join(traceback.format_exception(exc))
     with (log_dir / FAILURES_LOG).open("a", encoding="utf-8") as f:
         f.write(f"--- {datetime.now(UTC).isoformat(timespec='seconds')}\n{text}\n")
+
+
+def _stopped(
+    stopped: Stopped | None, run_dir: Path, restarts: int, save_error: str = ""
+) -> RunStopped:
+    newest = checkpoint.scan(run_dir, check_hashes=False).latest
+    if stopped is None:
+        what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
+    elif stopped.saved is not None:
+        what = f"SIGTERM; every finished rollout ({stopped.done}) is in {stopped.saved}"
+    else:
+        what = f"SIGTERM after rollout {stopped.done}"
+    return RunStopped(what, run_dir, newest, restarts)
 
 
 def _failed(what: str, run_dir: Path, restarts: int) -> RunFailed:

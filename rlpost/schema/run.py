@@ -150,6 +150,14 @@ class RunOptions(Section):
         "engines' logprobs, rewards, status) to <run.dir>/rollouts/rollout_<id>.jsonl, one "
         "line per sample (rlpost.runtime.rollout_dump)",
     )
+    on_sigterm: Literal["save", "stop"] = Field(
+        "save",
+        description="SIGTERM (a scheduler's time limit or preemption, `docker stop`, `kill`): "
+        "save, a checkpoint of every rollout the run has finished (at once while the trainer "
+        "waits for generation, else once the rollout being trained is done), then stop; "
+        "stop, end at once, keeping the checkpoints saved so far. Exit status 143 either "
+        "way; a second SIGTERM ends the run at once",
+    )
     max_restarts: NonNegativeInt = Field(
         0,
         description="when a train rank, an engine (without engine.fault_tolerance), the router "

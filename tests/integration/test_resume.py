@@ -302,6 +302,44 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
     ]  # fmt: skip
 
 
+def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    """SIGTERM, as a scheduler's time limit or preemption sends it, with no periodic save due
+    before the run's end: the run saves every rollout it has logged (at once while it waits
+    for generation, after the rollout it is training otherwise), stops with status 143 and
+    leaves nothing running; resumed, its metrics equal those of a run that never stopped."""
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
+    args = overrides(assets, run_dir, "recipe.save.interval=100")  # the last rollout's only
+    log = tmp_path / "first.log"
+    proc = start(args, log)
+    wait_for(lambda: len(_records(run_dir)) >= 1, proc, log, 240)
+    time.sleep(random.Random().uniform(0.0, 1.0))  # into the next rollout's generation or training
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+    text, done = log.read_text(), len(_records(run_dir))
+    assert 1 <= done < NUM_ROLLOUT, text[-3000:]
+    saved = ckpt / f"rollout_{done}"
+    assert f"the run stopped: SIGTERM; every finished rollout ({done}) is in {saved}" in text
+    assert f"to continue: add run.dir={run_dir} run.resume=auto" in text
+    assert "SIGTERM received" not in text, text[-3000:]  # no stack dump from Ray's handler
+    assert [p.name for p in ckpt.iterdir()] == [saved.name]
+    deadline = time.monotonic() + 60  # Ray's processes exit once its GCS has gone
+    while {pid for pid, _, sid in process_table() if sid == proc.pid and _not_zombie(pid)}:
+        assert time.monotonic() < deadline, "the stopped launch left processes running"
+        time.sleep(0.5)
+
+    resumed = launch([*args, "run.resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {saved}" in resumed.stdout
+    same_run(run_dir, reference)
+
+
+def _records(run_dir: Path) -> list[str]:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.read_text().splitlines() if metrics.exists() else []
+
+
 def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:

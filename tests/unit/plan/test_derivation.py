@@ -175,3 +175,15 @@ def test_a_run_that_writes_no_policy_says_so(run_config: Runs) -> None:
     assert not says()  # grpo_dapo saves every 20 rollouts
     assert says(recipe__save__interval=None)
     assert not says(recipe__save__interval=None, recipe__save__save_hf_interval=50)
+
+
+def test_the_plan_says_what_a_sigterm_does(run_config: Runs) -> None:
+    saving = build_plan(run_config("qwen3-4b", "h200x1"))
+    stopping = build_plan(run_config("qwen3-4b", "h200x1", run__on_sigterm="stop"))
+    assert (saving.runtime.on_sigterm, stopping.runtime.on_sigterm) == ("save", "stop")
+    assert "save every finished rollout, then stop" in render_runtime(saving)
+    assert "stop at once, keeping the checkpoints saved so far" in render_runtime(stopping)
+    assert json.loads(render_json(stopping))["runtime"]["on_sigterm"] == "stop"
+    # a run without periodic saves is told that a SIGTERM still saves
+    quiet = build_plan(run_config("qwen3-4b", "h200x1", recipe__save__interval=None))
+    assert any("a SIGTERM still saves" in note for note in quiet.notes)

@@ -27,6 +27,7 @@ from rlpost.runtime.pipeline import Batch, PipelineError, RolloutPipeline
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.rollout.context import GenerateContext
 from rlpost.runtime.rollout.manager import GenerateHook, Group, GroupRunner, generate_sample
+from rlpost.runtime.stop import StopRequested
 from rlpost.types import Sample, SampleStatus
 
 BATCH, PER_GROUP = 4, 2
@@ -278,4 +279,53 @@ def test_groups_whose_generation_failed_stay_in_a_checkpoint_taken_before_the_fa
     assert sorted(g[0].group_index for g in batch.groups) == list(range(BATCH))
     assert not queued
     assert sorted(g[0].group_index for g in generating) == list(range(BATCH, 2 * BATCH))
+    assert all(not s.response_ids and s.reward is None for g in generating for s in g)
+
+
+def test_a_stop_while_the_trainer_waits_takes_nothing_and_the_snapshot_keeps_every_group(
+    url: str,
+) -> None:
+    """SIGTERM while a take waits for generation (rlpost.runtime.stop): the take raises
+    StopRequested without taking, and the checkpoint's snapshot holds every group drawn:
+    those finished as queued, those still generating as prompts to draw again."""
+    release = asyncio.Event()
+
+    async def half_hang(sample: Sample, ctx: GenerateContext) -> Sample:
+        if sample.group_index % 2:  # half the groups never finish before the stop
+            await release.wait()
+        return await generate_sample(sample, ctx)
+
+    async def scenario() -> tuple[list[Group], list[Group], list[int]]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            params = {"max_new_tokens": 8, "temperature": 1.0}
+            pipeline = RolloutPipeline(
+                GroupRunner(client, length_reward, half_hang), data_source(), params,
+                bounds("sync", 0, 0, BATCH), BATCH,
+            )  # fmt: skip
+            pipeline.start()
+            try:
+                take = asyncio.ensure_future(pipeline.take(0))
+                async with asyncio.timeout(60):  # the other half finishes
+                    while len(pipeline.queue) < BATCH // 2:
+                        await asyncio.sleep(0.01)
+                assert not take.done()
+                pipeline.stop_taking()
+                async with asyncio.timeout(10):
+                    with pytest.raises(StopRequested):
+                        await take
+                    with pytest.raises(StopRequested):  # and any take after it
+                        await pipeline.take(0)
+                saved = pipeline.snapshot()
+                drawn = [g[0].group_index for g in [*pipeline.queue, *pipeline._generating()]]
+            finally:
+                release.set()
+                await pipeline.close()
+        return saved.queued, saved.generating, drawn
+
+    queued, generating, drawn = asyncio.run(scenario())
+    assert sorted(drawn) == list(range(BATCH))
+    assert sorted(g[0].group_index for g in queued) == [0, 2]
+    assert all(s.response_ids and s.reward is not None for g in queued for s in g)
+    assert sorted(g[0].group_index for g in generating) == [1, 3]
     assert all(not s.response_ids and s.reward is None for g in generating for s in g)

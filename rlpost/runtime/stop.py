@@ -1,0 +1,103 @@
+"""A run asked to stop: SIGTERM, what a scheduler's time limit or preemption, `docker stop`,
+Kubernetes or `kill` sends before it kills.
+
+`run.on_sigterm: save` (the default): the run takes no new rollout, writes a checkpoint of
+every rollout it has finished and ends. While the trainer waits for generation the save starts
+at once (the rollout being generated is generated again on resume: its groups are in the
+checkpoint as prompts to draw first); while a rollout trains, the run lets it finish (its
+evaluation too, when one is due: the rollout's record holds it), skips the weight push nothing
+needs any more, logs it and saves it. `stop`: the run ends
+at once (as Ctrl-C does) and keeps the checkpoints it has. A second SIGTERM always ends it at
+once; a save cut short leaves a `tmp-` folder that resuming ignores. Either way the launch
+exits with status 143 (128 + SIGTERM, what a shell reports for a process SIGTERM ended) and
+says how to continue.
+
+The handler is the event loop's (`loop.add_signal_handler`), installed again once Ray has
+started: Ray's driver installs a handler of its own that prints a stack dump and dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable
+from typing import Any, Literal
+
+from rlpost.runtime.progress import status
+
+EXIT_STOPPED = 128 + signal.SIGTERM
+
+
+class StopRequested(Exception):
+    """Raised where a train step stops for the signal before taking its batch."""
+
+
+class Stopped(Exception):
+    """The loop has stopped for the signal: `done` rollouts are finished, and the checkpoint
+    it saved for them (None: nothing new to save, or the disk refused it)."""
+
+    def __init__(self, done: int, saved: object | None) -> None:
+        super().__init__(f"stopped after rollout {done}")
+        self.done, self.saved = done, saved
+
+
+class StopSignal:
+    """SIGTERM for one launch: the first asks the train loop to save and stop (`save`, once
+    the loop accepts it) or cancels the launch's task (`stop`, before the loop runs, or a
+    second SIGTERM)."""
+
+    def __init__(self, on_sigterm: Literal["save", "stop"]) -> None:
+        self.on_sigterm = on_sigterm
+        self.received = 0
+        self.requested = asyncio.Event()
+        self._accepting = False
+        self._wake: list[Callable[[], None]] = []
+        self._task: asyncio.Task[object] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._before: Any = None  # the handler SIGTERM had, given back by uninstall
+
+    @property
+    def signalled(self) -> bool:
+        return self.received > 0
+
+    def install(self) -> None:
+        """Handle SIGTERM in this event loop, cancelling the current task when it must end at
+        once. Again after Ray starts (its handler replaces this one). Only the main thread
+        can; elsewhere SIGTERM keeps its default."""
+        loop = asyncio.get_running_loop()
+        self._task = self._task or asyncio.current_task()
+        if self._loop is None:
+            self._before = signal.getsignal(signal.SIGTERM)
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(signal.SIGTERM, self._on_signal)
+            self._loop = loop
+
+    def uninstall(self) -> None:
+        """SIGTERM's handler as it was before `install` (Python's view of it)."""
+        if self._loop is not None:
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+                self._loop.remove_signal_handler(signal.SIGTERM)
+                signal.signal(signal.SIGTERM, self._before or signal.SIG_DFL)
+            self._loop = None
+
+    def accept(self, wake: Callable[[], None]) -> None:
+        """The train loop runs: a first SIGTERM now asks it to save and stop, and `wake`
+        ends the wait it may be in (for generation)."""
+        self._accepting = True
+        self._wake.append(wake)
+
+    def _on_signal(self) -> None:
+        self.received += 1
+        if self.received == 1 and self.on_sigterm == "save" and self._accepting:
+            status(
+                "SIGTERM: saving a checkpoint of every finished rollout, then stopping "
+                "(SIGTERM again: stop at once)"
+            )
+            self.requested.set()
+            for wake in self._wake:
+                wake()
+            return
+        status("SIGTERM: stopping at once")
+        if self._task is not None:
+            self._task.cancel()

@@ -1,0 +1,82 @@
+"""SIGTERM for a launch (rlpost.runtime.stop): real signals to this process, handled by the
+event loop; the first asks the loop to save and stop, or ends the launch's task at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed, RunStopped
+from rlpost.runtime.stop import EXIT_STOPPED, StopSignal
+
+
+async def _sigterm(stop: StopSignal) -> None:
+    assert stop._loop is not None, "no handler installed: SIGTERM would end the test process"
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100):  # the loop runs its handler on its next turn
+        await asyncio.sleep(0.01)
+        if stop.received:
+            return
+
+
+def test_save_asks_the_loop_first_and_a_second_sigterm_ends_the_task() -> None:
+    woken: list[str] = []
+
+    async def launch(stop: StopSignal) -> None:
+        stop.install()
+        try:
+            stop.accept(lambda: woken.append("pipeline"))
+            await _sigterm(stop)
+            assert stop.requested.is_set() and woken == ["pipeline"]
+            await asyncio.sleep(0)  # not cancelled: the loop saves first
+            await _sigterm(stop)
+            await asyncio.sleep(10)
+        finally:
+            stop.uninstall()
+
+    before = signal.getsignal(signal.SIGTERM)
+    stop = StopSignal("save")
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(launch(stop))
+    assert stop.received == 2 and stop.signalled
+    assert signal.getsignal(signal.SIGTERM) == before  # given back
+
+
+@pytest.mark.parametrize(
+    ("on_sigterm", "accepted"),
+    [("save", False), ("stop", False), ("stop", True)],
+    ids=["save, before the loop runs", "stop, before", "stop, while the loop runs"],
+)
+def test_the_task_ends_at_once_before_the_loop_runs_or_with_stop(
+    on_sigterm: str, accepted: bool
+) -> None:
+    async def launch(stop: StopSignal) -> None:
+        stop.install()
+        try:
+            if accepted:
+                stop.accept(lambda: None)
+            await _sigterm(stop)
+            await asyncio.sleep(10)
+        finally:
+            stop.uninstall()
+
+    stop = StopSignal(on_sigterm)  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(launch(stop))
+    assert stop.received == 1 and not stop.requested.is_set()
+
+
+def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt" / "rollout_3"
+    stopped = RunStopped("SIGTERM; every finished rollout (3) is in " + str(ckpt), tmp_path, ckpt)
+    text = stopped.render()
+    assert text.startswith("rlpost: the run stopped: SIGTERM")
+    assert f"to continue: add run.dir={tmp_path} run.resume=auto" in text
+    assert "traceback" not in text
+    assert (stopped.exit_status, EXIT_STOPPED) == (143, 128 + signal.SIGTERM)
+    failed = RunFailed("a train rank died", tmp_path, None)
+    assert failed.exit_status == EXIT_RUN_FAILED and "traceback" in failed.render()
