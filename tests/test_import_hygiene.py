@@ -84,3 +84,21 @@ def test_launch_mode_plan_imports_no_framework() -> None:
     assert "rlpost.plan" in modules
     heavy = sorted(m for m in modules if m.split(".")[0] in FORBIDDEN)
     assert heavy == []
+
+
+def test_an_engine_server_imports_neither_the_plan_nor_the_schema() -> None:
+    """Each CPU engine is a process of its own, started while the train ranks start on the
+    same cores: what its module imports is start-up time of every launch. It needs torch and
+    transformers; the plan and the config schema (pydantic) it does not."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import rlpost.backends.cpu_engine.server"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules = _imported_modules(result.stderr)
+    assert {"torch", "transformers", "rlpost.backends.sglang.launch"} <= modules
+    assert sorted(m for m in modules if m.startswith(("rlpost.plan", "rlpost.schema"))) == []

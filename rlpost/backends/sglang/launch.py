@@ -16,11 +16,13 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.config.sglang_options import OptionSpec, cli_names, load_sglang_options
-from rlpost.plan import Plan
-from rlpost.schema import RunConfig
+
+if TYPE_CHECKING:  # the engines' and train ranks' processes import this module: not the plan
+    from rlpost.plan import Plan
+    from rlpost.schema import RunConfig
 
 LOCALHOST = "127.0.0.1"
 MEMORY_SAVER_OPTION = "enable_memory_saver"
