@@ -187,7 +187,7 @@ class TrainLoop:
                     self.logger.log(step, evaluation)
                 self.logger.log(step, record, extra={"groups": groups})
                 progress.update(record)
-                if self.stopping:
+                if self.stopping and step + 1 < total:  # the last one ends the run as usual
                     await self._stop(step + 1)
                 await self._save_when_due(step + 1)
                 self.pipeline.step_done(step)

@@ -2,15 +2,15 @@
 Kubernetes or `kill` sends before it kills.
 
 `run.on_sigterm: save` (the default): the run takes no new rollout, writes a checkpoint of
-every rollout it has finished and ends. While the trainer waits for generation the save starts
-at once (the rollout being generated is generated again on resume: its groups are in the
-checkpoint as prompts to draw first); while a rollout trains, the run lets it finish (its
-evaluation too, when one is due: the rollout's record holds it), skips the weight push nothing
-needs any more, logs it and saves it. `stop`: the run ends
-at once (as Ctrl-C does) and keeps the checkpoints it has. A second SIGTERM always ends it at
-once; a save cut short leaves a `tmp-` folder that resuming ignores. Either way the launch
-exits with status 143 (128 + SIGTERM, what a shell reports for a process SIGTERM ended) and
-says how to continue.
+every rollout it has finished and ends. While the trainer waits for generation the save
+starts at once (the rollout being generated is generated again on resume: its groups are in
+the checkpoint as prompts to draw first); while a rollout trains, the run lets it finish (its
+evaluation too, when one is due: the rollout's record holds it), skips the weight push
+nothing needs any more, logs it and saves it (the run's last rollout ends the run as usual).
+`stop`: the run ends at once (as Ctrl-C does) and keeps the checkpoints it has. A second
+SIGTERM always ends it at once; a save cut short leaves a `tmp-` folder that resuming
+ignores. Either way the launch exits with status 143 (128 + SIGTERM, what a shell reports
+for a process SIGTERM ended) and says how to continue.
 
 The handler is the event loop's (`loop.add_signal_handler`), installed again once Ray has
 started: Ray's driver installs a handler of its own that prints a stack dump and dies.
