@@ -6,7 +6,8 @@
 megatron or sglang) and create no run directory; `mode=train` hands the run to
 `rlpost.runtime.train`. Exit status: 0 when the run is done; 2 for a configuration error
 (any UserError: its message, no traceback, before anything starts); 3 when a run that
-started could not finish (what failed, the run directory, the checkpoint to resume from).
+started could not finish (what failed, the run directory, the checkpoint to resume from);
+143 when SIGTERM stopped it (rlpost.runtime.stop).
 """
 
 from __future__ import annotations
