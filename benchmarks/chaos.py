@@ -421,12 +421,15 @@ class Chaos:
         assert self.proc is not None
         code = self.proc.wait()
         self._poll()
-        if code != 143:
+        logged = self.records > self.launch_records
+        # killed by the signal itself: only in the instant before the launch's Python handles
+        # it (its interpreter starting), with nothing of its own to save
+        if code != 143 and not (code == -signal.SIGTERM and not logged):
             outcome.note = f"exit status {code} after SIGTERM, not 143"
             return False
         saves = (self.run_dir / "ckpt").glob("rollout_*")
         newest = max((int(p.name.removeprefix("rollout_")) for p in saves), default=0)
-        if self.records > self.launch_records and newest != self.last_rollout + 1:
+        if logged and newest != self.last_rollout + 1:
             outcome.note = (
                 f"stopped with {self.last_rollout + 1} rollouts logged and the newest "
                 f"checkpoint at rollout {newest}"

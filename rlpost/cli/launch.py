@@ -82,24 +82,30 @@ def _end_leftovers(run_dir: Path) -> None:
 def _train(cfg: RunConfig, plan: Plan) -> None:
     """The preflight and the resume point (both light), then the run itself."""
     from rlpost.plan.preflight import preflight
+    from rlpost.runtime.failures import RunFailed, stopped
     from rlpost.runtime.resume import find_resume_point
     from rlpost.runtime.rundir import run_dir_of
+    from rlpost.runtime.stop import Terminated, sigterm_raises
 
-    warnings = preflight(cfg, plan)
     run_dir = run_dir_of(cfg)
-    resume = find_resume_point(cfg, plan, run_dir)
-    _claim(run_dir)
-    _end_leftovers(run_dir)
-    for issue in warnings:
-        print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
-    from rlpost.runtime.failures import RunFailed
-    from rlpost.runtime.train import run
+    with sigterm_raises():
+        try:
+            warnings = preflight(cfg, plan)
+            resume = find_resume_point(cfg, plan, run_dir)
+            _claim(run_dir)
+            _end_leftovers(run_dir)
+            for issue in warnings:
+                print(f"rlpost: warning: {issue.key}: {issue.message}", file=sys.stderr)
+            from rlpost.runtime.train import run
 
-    try:
-        run(cfg, plan, resume)
-    except RunFailed as failure:
-        print(failure.render(), file=sys.stderr, flush=True)
-        raise SystemExit(failure.exit_status) from None
+            run(cfg, plan, resume)
+        except Terminated:
+            failure = stopped(None, run_dir, 0)
+            print(failure.render(), file=sys.stderr, flush=True)
+            raise SystemExit(failure.exit_status) from None
+        except RunFailed as failure:
+            print(failure.render(), file=sys.stderr, flush=True)
+            raise SystemExit(failure.exit_status) from None
 
 
 PRINTING_MODES = {"plan", "slime_args"}
@@ -244,7 +250,19 @@ def _print_once(args: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Check argv's overrides, then hand them to Hydra."""
+    """Check argv's overrides, then hand them to Hydra. SIGTERM before a training launch's
+    own handling (rlpost.runtime.stop) ends it with a line and status 143."""
+    from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
+
+    with sigterm_raises():
+        try:
+            _main(argv)
+        except Terminated:
+            print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
+            raise SystemExit(EXIT_STOPPED) from None
+
+
+def _main(argv: Sequence[str] | None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         if _printing_mode(args):

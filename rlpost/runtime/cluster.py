@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import NodeInfo, choose_nodes, nodes_from_ray, ray_address
 from rlpost.plan.placement import Placement
+from rlpost.runtime.stop import Terminated
 from rlpost.schema import HardwareConfig, RunConfig
 
 log = logging.getLogger(__name__)
@@ -189,9 +191,20 @@ class Cluster:
     def on_gpu(self) -> bool:
         return self.hardware.kind == "gpu"
 
-    def start(self) -> None:
+    def start(self, after_init: Callable[[], None] | None = None) -> None:
+        """Start or join Ray, then reserve the slots. `after_init`: called as soon as Ray is
+        initialized in this process (ray.init replaces the process's SIGTERM handlers)."""
         if not ray.is_initialized():
-            self._init_ray()
+            try:
+                self._init_ray()
+            except SystemExit as exc:
+                # ray.init's own SIGTERM handler (it exits with the signal's number), until
+                # the launch puts its own back (rlpost.runtime.stop)
+                if exc.code != signal.SIGTERM:
+                    raise
+                raise Terminated from None
+        if after_init is not None:
+            after_init()
         driver = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         nodes = ray.nodes()  # type: ignore[no-untyped-call]
         self.nodes = choose_nodes(self.hardware, nodes_from_ray(nodes), driver, self.num_slots)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpost.runtime.stop import EXIT_STOPPED
+from rlpost.runtime.stop import EXIT_STOPPED, Stopped
 
 EXIT_RUN_FAILED = 3
 FAILURES_LOG = "failures.log"  # in <run.dir>/logs: each failure's whole traceback
@@ -129,3 +129,20 @@ class RunStopped(RunFailed):
 
     def _logs(self) -> str:
         return f"  logs: {self.run_dir / 'logs'}"
+
+
+def stopped(
+    halted: Stopped | None, run_dir: Path, restarts: int, save_error: str = ""
+) -> RunStopped:
+    """What the launch says when SIGTERM stopped it: `halted`, the loop's Stopped (None: it
+    stopped elsewhere, or its save failed with `save_error`)."""
+    from rlpost.runtime import checkpoint
+
+    newest = checkpoint.scan(run_dir, check_hashes=False).latest
+    if halted is None:
+        what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
+    elif halted.saved is not None:
+        what = f"SIGTERM; every finished rollout ({halted.done}) is in {halted.saved}"
+    else:
+        what = f"SIGTERM after rollout {halted.done}"
+    return RunStopped(what, run_dir, newest, restarts)

@@ -120,9 +120,8 @@ class Session:
     async def __aenter__(self) -> Session:
         try:
             start = time.perf_counter()
-            self.cluster.start()  # in the main thread: Ray installs its signal handlers
-            if self.after_ray is not None:
-                self.after_ray()
+            # in the main thread: Ray installs signal handlers of its own
+            self.cluster.start(after_init=self.after_ray)
             # what a killed launch would leave running, for the next launch to end
             record_processes(self.run_dir)
             self.cluster.check_shared(self.run_dir)

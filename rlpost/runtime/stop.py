@@ -14,6 +14,8 @@ for a process SIGTERM ended) and says how to continue.
 
 The handler is the event loop's (`loop.add_signal_handler`), installed again once Ray has
 started: Ray's driver installs a handler of its own that prints a stack dump and dies.
+Around it, for the whole launch (its preflight, the start of each attempt, between restarts),
+SIGTERM raises Terminated, which the launcher reports the same way.
 """
 
 from __future__ import annotations
@@ -21,12 +23,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, Literal
 
 from rlpost.runtime.progress import status
 
 EXIT_STOPPED = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the train loop's own handling: the launch ends where it is."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside, SIGTERM raises Terminated in the main thread (its default would end the process
+    with no word); elsewhere, and in other threads, nothing changes."""
+    try:
+        before = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class StopRequested(Exception):

@@ -24,7 +24,7 @@ from rlpost.plan import Plan
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import seed_driver
 from rlpost.runtime.evaluation import EvalReport, format_eval_table, load_eval_sets
-from rlpost.runtime.failures import FAILURES_LOG, RunFailed, RunStopped, describe, is_fault
+from rlpost.runtime.failures import FAILURES_LOG, RunFailed, describe, is_fault, stopped
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
@@ -70,16 +70,16 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
                 raise
             except KeyboardInterrupt:
                 raise _failed("interrupted (Ctrl-C)", run_dir, restarts) from None
-            except Stopped as stopped:
-                raise _stopped(stopped, run_dir, restarts) from None
+            except Stopped as halted:
+                raise stopped(halted, run_dir, restarts) from None
             except asyncio.CancelledError:
                 if not stop.signalled:
                     raise
-                raise _stopped(None, run_dir, restarts) from None
+                raise stopped(None, run_dir, restarts) from None
             except Exception as exc:
                 record_failure(run_dir, exc)
                 if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
-                    raise _stopped(None, run_dir, restarts, describe(exc)) from exc
+                    raise stopped(None, run_dir, restarts, describe(exc)) from exc
                 if not is_fault(exc) or restarts >= cfg.run.max_restarts:
                     raise _failed(describe(exc), run_dir, restarts) from exc
                 fault = describe(exc)
@@ -137,19 +137,6 @@ def record_failure(run_dir: Path, exc: BaseException) -> None:
     text = "".join(traceback.format_exception(exc))
     with (log_dir / FAILURES_LOG).open("a", encoding="utf-8") as f:
         f.write(f"--- {datetime.now(UTC).isoformat(timespec='seconds')}\n{text}\n")
-
-
-def _stopped(
-    stopped: Stopped | None, run_dir: Path, restarts: int, save_error: str = ""
-) -> RunStopped:
-    newest = checkpoint.scan(run_dir, check_hashes=False).latest
-    if stopped is None:
-        what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
-    elif stopped.saved is not None:
-        what = f"SIGTERM; every finished rollout ({stopped.done}) is in {stopped.saved}"
-    else:
-        what = f"SIGTERM after rollout {stopped.done}"
-    return RunStopped(what, run_dir, newest, restarts)
 
 
 def _failed(what: str, run_dir: Path, restarts: int) -> RunFailed:

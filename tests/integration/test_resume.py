@@ -305,10 +305,21 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
 def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM, as a scheduler's time limit or preemption sends it, with no periodic save due
-    before the run's end: the run saves every rollout it has logged (at once while it waits
-    for generation, after the rollout it is training otherwise), stops with status 143 and
-    leaves nothing running; resumed, its metrics equal those of a run that never stopped."""
+    """SIGTERM, as a scheduler's time limit or preemption sends it. While a launch starts: it
+    stops there, ending what it started. Mid-run, with no periodic save due before the run's
+    end: the run saves every rollout it has logged (at once while it waits for generation,
+    after the rollout it is training otherwise), stops with status 143 and leaves nothing
+    running; resumed, its metrics equal those of a run that never stopped."""
+    # while it starts (Ray up, the engines and the ranks starting): it stops there, cleanly
+    early_log = tmp_path / "early.log"
+    early = start(overrides(assets, tmp_path / "early"), early_log)
+    wait_for(lambda: "ray: " in early_log.read_text(), early, early_log, 240, poll_s=0.2)
+    early.send_signal(signal.SIGTERM)
+    assert early.wait(timeout=120) == 143, early_log.read_text()[-3000:]
+    assert "the run stopped: SIGTERM" in early_log.read_text()
+    assert "SIGTERM received" not in early_log.read_text()
+    _ends(early)
+
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
     args = overrides(assets, run_dir, "recipe.save.interval=100")  # the last rollout's only
     log = tmp_path / "first.log"
@@ -324,15 +335,20 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert f"to continue: add run.dir={run_dir} run.resume=auto" in text
     assert "SIGTERM received" not in text, text[-3000:]  # no stack dump from Ray's handler
     assert [p.name for p in ckpt.iterdir()] == [saved.name]
-    deadline = time.monotonic() + 60  # Ray's processes exit once its GCS has gone
-    while {pid for pid, _, sid in process_table() if sid == proc.pid and _not_zombie(pid)}:
-        assert time.monotonic() < deadline, "the stopped launch left processes running"
-        time.sleep(0.5)
+    _ends(proc)
 
     resumed = launch([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {saved}" in resumed.stdout
     same_run(run_dir, reference)
+
+
+def _ends(proc: subprocess.Popen[bytes]) -> None:
+    """Nothing of the stopped launch keeps running (Ray's processes exit once its GCS has)."""
+    deadline = time.monotonic() + 60
+    while {pid for pid, _, sid in process_table() if sid == proc.pid and _not_zombie(pid)}:
+        assert time.monotonic() < deadline, "the stopped launch left processes running"
+        time.sleep(0.5)
 
 
 def _records(run_dir: Path) -> list[str]:

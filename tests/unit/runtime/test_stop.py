@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed, RunStopped
-from rlpost.runtime.stop import EXIT_STOPPED, StopSignal
+from rlpost.runtime.stop import EXIT_STOPPED, StopSignal, Terminated, sigterm_raises
 
 
 async def _sigterm(stop: StopSignal) -> None:
@@ -80,3 +81,27 @@ def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
     assert (stopped.exit_status, EXIT_STOPPED) == (143, 128 + signal.SIGTERM)
     failed = RunFailed("a train rank died", tmp_path, None)
     assert failed.exit_status == EXIT_RUN_FAILED and "traceback" in failed.render()
+
+
+def test_around_the_loop_a_sigterm_raises_terminated_and_the_handler_is_given_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), sigterm_raises():  # the launch's start, between restarts
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # delivered at the next bytecode boundary
+            time.sleep(0.01)
+    assert signal.getsignal(signal.SIGTERM) == before
+
+    async def launch(stop: StopSignal) -> None:
+        stop.install()  # the loop's handler in its place while the run runs
+        try:
+            stop.accept(lambda: None)
+            await _sigterm(stop)
+        finally:
+            stop.uninstall()
+
+    with sigterm_raises():
+        stop = StopSignal("save")
+        asyncio.run(launch(stop))
+        assert stop.requested.is_set()
+        assert signal.getsignal(signal.SIGTERM) is not before  # raising Terminated again
+    assert signal.getsignal(signal.SIGTERM) == before
