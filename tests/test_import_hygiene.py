@@ -60,6 +60,20 @@ def test_plan_path_imports_no_framework() -> None:
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
+def _imports_of(*python_args: str) -> set[str]:
+    """The modules `python -X importtime <python_args>` imports (it must exit 0)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *python_args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return _imported_modules(result.stderr)
+
+
 def _imported_modules(importtime_stderr: str) -> set[str]:
     """Module names from `python -X importtime` lines ('import time: self | cum | name')."""
     names = set()
@@ -71,16 +85,7 @@ def _imported_modules(importtime_stderr: str) -> set[str]:
 
 @pytest.mark.skipif(not (REPO / "launch.py").exists(), reason="launch.py not present")
 def test_launch_mode_plan_imports_no_framework() -> None:
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "launch.py", *PLAN_ARGS, "mode=plan"],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    modules = _imported_modules(result.stderr)
+    modules = _imports_of("launch.py", *PLAN_ARGS, "mode=plan")
     assert "rlpost.plan" in modules
     heavy = sorted(m for m in modules if m.split(".")[0] in FORBIDDEN)
     assert heavy == []
@@ -90,15 +95,6 @@ def test_an_engine_server_imports_neither_the_plan_nor_the_schema() -> None:
     """Each CPU engine is a process of its own, started while the train ranks start on the
     same cores: what its module imports is start-up time of every launch. It needs torch and
     transformers; the plan and the config schema (pydantic) it does not."""
-    result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import rlpost.backends.cpu_engine.server"],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    modules = _imported_modules(result.stderr)
+    modules = _imports_of("-c", "import rlpost.backends.cpu_engine.server")
     assert {"torch", "transformers", "rlpost.backends.sglang.launch"} <= modules
     assert sorted(m for m in modules if m.startswith(("rlpost.plan", "rlpost.schema"))) == []
