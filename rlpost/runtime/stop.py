@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
@@ -63,7 +64,7 @@ class Stopped(Exception):
     """The loop has stopped for the signal: `done` rollouts are finished, and the checkpoint
     it saved for them (None: nothing new to save, or the disk refused it)."""
 
-    def __init__(self, done: int, saved: object | None) -> None:
+    def __init__(self, done: int, saved: Path | None) -> None:
         super().__init__(f"stopped after rollout {done}")
         self.done, self.saved = done, saved
 
