@@ -72,7 +72,9 @@ from pathlib import Path
 
 import psutil
 
+from rlpost.plan import build_plan
 from rlpost.runtime.rollout_dump import dump_path, first_difference
+from rlpost.schema import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = (
@@ -89,7 +91,6 @@ TARGETS = {
     "router": ("sglang_router", "sglang::router"),
     "reward_worker": ("rlpost.rewards.worker",),
 }
-BOUNDS = {"sync": 0, "async": 1}  # staleness; fully_async: recipe.loop.max_staleness (4)
 DECOUPLED = ("layout.colocate=false", "layout.train.num_gpus=1", "layout.rollout.num_gpus=1")
 WALL_CLOCK = ("perf/",)
 WALL_CLOCK_SUFFIXES = ("time_s", "_per_s")
@@ -627,14 +628,11 @@ def bench(settings: Settings) -> Report:
             elif settings.mode == "sync":
                 report.verdict += same_records(run_dir, reference)
             else:
-                cfg = run_config(run_dir)
-                loop = cfg["recipe"]["loop"]  # type: ignore[index]
-                bound = (
-                    int(loop["max_staleness"])  # type: ignore[index]
-                    if settings.mode == "fully_async"
-                    else int(loop["update_weights_interval"])  # type: ignore[index]
-                )
-                batch = int(cfg["recipe"]["rollout"]["batch_size"])  # type: ignore[index]
+                # the staleness bound the run ran under: the plan's (fully_async's default is
+                # derived there, not written in the config)
+                run = RunConfig.model_validate(run_config(run_dir))
+                bound = build_plan(run).runtime.loop.max_staleness
+                batch = run.recipe.rollout.batch_size
                 report.verdict += accounting(run_dir, rollouts, batch, bound)
             report.verdict += [
                 f"sigterm: {o.note}"
