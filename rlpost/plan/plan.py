@@ -14,6 +14,7 @@ from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import GIB, estimate_rollout
 from rlpost.plan.fsdp import FSDP_MOE_NOTE, FSDP_NOTE, FsdpTrainMemory, estimate_trainer
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.loop import plan_loop
 from rlpost.plan.memory import (
     GENERIC_MEMORY_NOTE,
     MemoryPlan,
@@ -215,6 +216,20 @@ def _notes(
             "the engines serve FP8 and recipe.algo.off_policy_correction is none: tokens the "
             "FP8 policy sampled are trained as the trainer's own (train/rollout_logprob_abs_diff "
             "shows by how much they differ); tis reweights them"
+        )
+    stale = plan_loop(cfg, batch.longest_sample_tokens).max_staleness
+    if stale and algo.off_policy_correction == "none":
+        loop = cfg.recipe.loop
+        why = f"recipe.loop.mode={loop.mode}" + (
+            f", update_weights_interval={loop.update_weights_interval}"
+            if loop.update_weights_interval > 1
+            else ""
+        )
+        notes.append(
+            f"a token may be trained up to {stale} policy version(s) after the one that "
+            f"sampled it ({why}) and recipe.algo.off_policy_correction is none: it is "
+            "trained as the trained policy's own (rollout/staleness_max shows how stale); "
+            "tis or decoupled_ppo reweights such tokens"
         )
     save = cfg.recipe.save
     if save.interval is None and save.save_hf_interval is None:

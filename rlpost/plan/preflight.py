@@ -307,8 +307,9 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
             )
         else:
             issues += visible_gpu_issues(cfg, os.environ.get(VISIBLE_DEVICES))
-            issues += local_gpu_issues(cfg, local_gpus())
-            issues += torch_build_issues(cfg, installed_torch_version(), driver_version())
+            gpus, driver = nvidia_smi()
+            issues += local_gpu_issues(cfg, gpus)
+            issues += torch_build_issues(cfg, installed_torch_version(), driver)
             issues += shared_memory_issues(cfg, shared_memory_bytes(), os.environ)
             issues += host_memory_issues(cfg, plan, host_memory_gib())
     wandb = cfg.tracking.wandb
@@ -350,23 +351,36 @@ class LocalGpu:
     compute_capability: tuple[int, int] | None  # None: a driver too old to report it
 
 
-def local_gpus() -> list[LocalGpu]:
-    """This machine's GPUs from `nvidia-smi` (what the driver reports, before any CUDA
-    context); a driver without the compute_cap field is asked again without it; empty where
-    nvidia-smi is missing or fails."""
+def nvidia_smi() -> tuple[list[LocalGpu], str | None]:
+    """This machine's GPUs and the NVIDIA driver's version (580.159.04), from one call of
+    `nvidia-smi` (what the driver reports, before any CUDA context); a driver without the
+    compute_cap field is asked again without it; nothing where nvidia-smi is missing or
+    fails."""
     command = shutil.which("nvidia-smi")
     if command is None:
-        return []
+        return [], None
     for fields in (GPU_FIELDS, GPU_FIELDS[:2]):
-        query = [f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+        # the driver's version first: it holds no comma, a GPU's name may
+        query = [f"--query-gpu=driver_version,{','.join(fields)}", "--format=csv,noheader,nounits"]
         try:
             done = subprocess.run(
                 [command, *query], capture_output=True, text=True, timeout=10, check=True
             )
         except (OSError, subprocess.SubprocessError):
             continue
-        return parse_gpus(done.stdout, with_compute_capability=len(fields) == 3)
-    return []
+        drivers, rest = [], []
+        for line in done.stdout.splitlines():
+            driver, _, gpu = line.partition(",")
+            drivers.append(driver.strip())
+            rest.append(gpu)
+        gpus = parse_gpus("\n".join(rest), with_compute_capability=len(fields) == 3)
+        return gpus, next((d for d in drivers if d), None)
+    return [], None
+
+
+def local_gpus() -> list[LocalGpu]:
+    """This machine's GPUs (`nvidia_smi`); empty where nvidia-smi is missing or fails."""
+    return nvidia_smi()[0]
 
 
 def parse_gpus(text: str, *, with_compute_capability: bool = True) -> list[LocalGpu]:
@@ -457,20 +471,6 @@ def installed_torch_version() -> str | None:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def driver_version() -> str | None:
-    """The NVIDIA driver's version from nvidia-smi (580.159.04), None without one."""
-    command = shutil.which("nvidia-smi")
-    if command is None:
-        return None
-    query = [command, "--query-gpu=driver_version", "--format=csv,noheader"]
-    try:
-        done = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = done.stdout.split()
-    return lines[0] if lines else None
 
 
 def torch_build_issues(
@@ -698,6 +698,7 @@ class CheckpointDisk:
     kept: int  # checkpoints on disk at once: keep_last, plus the new one before pruning
     hf_export: float  # one HF export of the policy
     hf_exports: int  # HF exports written (never pruned)
+    on_sigterm_only: bool = False  # no save is due: the one counted is SIGTERM's
 
     @property
     def total(self) -> float:
@@ -716,9 +717,13 @@ def checkpoint_disk(cfg: RunConfig, plan: Plan) -> CheckpointDisk:
     weights = 4 if torch_trainer else compute
     optimizer = (8 + (4 if weights < 4 else 0)) if save.save_optimizer else 0
     saves = saves_due(save.interval, total)
-    kept = min(save.keep_last + 1, saves)
+    # run.on_sigterm: save writes a checkpoint when the run is stopped, saves due or not
+    on_sigterm_only = saves == 0 and cfg.run.on_sigterm == "save"
+    kept = 1 if on_sigterm_only else min(save.keep_last + 1, saves)
     exports = saves_due(save.save_hf_interval, total)
-    return CheckpointDisk(params * (weights + optimizer), kept, params * compute, exports)
+    return CheckpointDisk(
+        params * (weights + optimizer), kept, params * compute, exports, on_sigterm_only
+    )
 
 
 def checkpoint_disk_issues(
@@ -733,11 +738,17 @@ def checkpoint_disk_issues(
     if need.total <= free_bytes:
         return []
     save, gib = cfg.recipe.save, 1024**3
-    parts = [f"{need.kept} checkpoint(s) of {need.checkpoint / gib:,.1f} GiB at once "
-             f"(keep_last {save.keep_last}, and the new one before the oldest goes)"]  # fmt: skip
+    fixes = ["free space there or point run.dir at a larger disk"]
+    if need.on_sigterm_only:
+        what = "(run.on_sigterm: save; recipe.save.interval is null)"
+        parts = [f"the checkpoint of {need.checkpoint / gib:,.1f} GiB a SIGTERM saves {what}"]
+        fixes.append("run.on_sigterm: stop (a SIGTERM then loses what the run trained)")
+    else:
+        kept = f"keep_last {save.keep_last}, and the new one before the oldest goes"
+        parts = [f"{need.kept} checkpoint(s) of {need.checkpoint / gib:,.1f} GiB at once ({kept})"]
+        fixes.append("lower recipe.save.keep_last")
     if need.hf_exports:
         parts.append(f"{need.hf_exports} HF export(s) of {need.hf_export / gib:,.1f} GiB")
-    fixes = ["free space there or point run.dir at a larger disk", "lower recipe.save.keep_last"]
     if save.save_optimizer:
         fixes.append("recipe.save.save_optimizer: false (weights only: no exact resume)")
     if need.hf_exports:

@@ -10,6 +10,7 @@ from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
 from rlpost.plan.runtime import RuntimePlan
 from rlpost.plan.table import Cell, format_cell, ranges, render_table
+from rlpost.schema.run import OnSigterm
 
 DERIVED_MARK = "*"
 
@@ -218,7 +219,7 @@ def render_runtime(plan: Plan) -> str:
     return render_table(["runtime", "value"], rows, "Runtime")
 
 
-SIGTERM_NAMES = {
+SIGTERM_NAMES: dict[OnSigterm, str] = {
     "save": "save every finished rollout, then stop (a second SIGTERM: at once)",
     "stop": "stop at once, keeping the checkpoints saved so far",
 }

@@ -15,6 +15,7 @@ from rlpost.plan.checks import PlanContext, check
 from rlpost.plan.loop import LoopPlan, plan_loop
 from rlpost.schema import RunConfig
 from rlpost.schema.base import Section
+from rlpost.schema.run import OnSigterm
 
 
 def _changed(section: Section, field: str) -> bool:
@@ -59,7 +60,7 @@ class RuntimePlan:
     engine_nice: int = 0
     # SIGTERM (run.on_sigterm): save a checkpoint of every finished rollout then stop, or
     # stop at once (rlpost.runtime.stop)
-    on_sigterm: str = "save"
+    on_sigterm: OnSigterm = "save"
 
 
 ENGINE_NICE = 10  # the CPU engines' niceness when training is the critical path

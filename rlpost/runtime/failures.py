@@ -120,7 +120,6 @@ class RunFailed(Exception):
         return f"  logs: {logs} (the traceback: {logs / FAILURES_LOG})"
 
 
-@dataclass
 class RunStopped(RunFailed):
     """A run that stopped when asked to (SIGTERM: rlpost.runtime.stop)."""
 
@@ -131,18 +130,26 @@ class RunStopped(RunFailed):
         return f"  logs: {self.run_dir / 'logs'}"
 
 
+def _newest_checkpoint(run_dir: Path) -> Path | None:
+    from rlpost.runtime import checkpoint
+
+    return checkpoint.scan(run_dir, check_hashes=False).latest
+
+
+def failed(what: str, run_dir: Path, restarts: int) -> RunFailed:
+    """What the launch says when the run could not finish: `what`, and where to resume."""
+    return RunFailed(what, run_dir, _newest_checkpoint(run_dir), restarts)
+
+
 def stopped(
     halted: Stopped | None, run_dir: Path, restarts: int, save_error: str = ""
 ) -> RunStopped:
     """What the launch says when SIGTERM stopped it: `halted`, the loop's Stopped (None: it
     stopped elsewhere, or its save failed with `save_error`)."""
-    from rlpost.runtime import checkpoint
-
-    newest = checkpoint.scan(run_dir, check_hashes=False).latest
     if halted is None:
         what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
     elif halted.saved is not None:
         what = f"SIGTERM; every finished rollout ({halted.done}) is in {halted.saved}"
     else:
         what = f"SIGTERM after rollout {halted.done}"
-    return RunStopped(what, run_dir, newest, restarts)
+    return RunStopped(what, run_dir, _newest_checkpoint(run_dir), restarts)

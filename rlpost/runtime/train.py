@@ -21,10 +21,9 @@ from pathlib import Path
 from rlpost.data.source import DataSource
 from rlpost.errors import UserError
 from rlpost.plan import Plan
-from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import seed_driver
 from rlpost.runtime.evaluation import EvalReport, format_eval_table, load_eval_sets
-from rlpost.runtime.failures import FAILURES_LOG, RunFailed, describe, is_fault, stopped
+from rlpost.runtime.failures import FAILURES_LOG, describe, failed, is_fault, stopped
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
@@ -69,7 +68,7 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
             except UserError:
                 raise
             except KeyboardInterrupt:
-                raise _failed("interrupted (Ctrl-C)", run_dir, restarts) from None
+                raise failed("interrupted (Ctrl-C)", run_dir, restarts) from None
             except Stopped as halted:
                 raise stopped(halted, run_dir, restarts) from None
             except asyncio.CancelledError:
@@ -81,7 +80,7 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
                 if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
                     raise stopped(None, run_dir, restarts, describe(exc)) from exc
                 if not is_fault(exc) or restarts >= cfg.run.max_restarts:
-                    raise _failed(describe(exc), run_dir, restarts) from exc
+                    raise failed(describe(exc), run_dir, restarts) from exc
                 fault = describe(exc)
         restarts += 1
         resume = find_resume_point(_resuming(cfg), plan, run_dir)
@@ -137,11 +136,6 @@ def record_failure(run_dir: Path, exc: BaseException) -> None:
     text = "".join(traceback.format_exception(exc))
     with (log_dir / FAILURES_LOG).open("a", encoding="utf-8") as f:
         f.write(f"--- {datetime.now(UTC).isoformat(timespec='seconds')}\n{text}\n")
-
-
-def _failed(what: str, run_dir: Path, restarts: int) -> RunFailed:
-    newest = checkpoint.scan(run_dir, check_hashes=False).latest
-    return RunFailed(what, run_dir, newest, restarts)
 
 
 def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:

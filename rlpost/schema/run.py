@@ -22,6 +22,7 @@ from rlpost.schema.recipe import RecipeConfig
 # Faster than any engine decodes one sequence today (H100, small model, batch 1: ~200-300):
 # a request timeout below max_response_len / this cannot be met by a full-length response.
 FASTEST_DECODE_TOKENS_PER_S = 500
+OnSigterm = Literal["save", "stop"]  # run.on_sigterm
 
 
 class TrainerConfig(Section):
@@ -150,7 +151,7 @@ class RunOptions(Section):
         "engines' logprobs, rewards, status) to <run.dir>/rollouts/rollout_<id>.jsonl, one "
         "line per sample (rlpost.runtime.rollout_dump)",
     )
-    on_sigterm: Literal["save", "stop"] = Field(
+    on_sigterm: OnSigterm = Field(
         "save",
         description="SIGTERM (a scheduler's time limit or preemption, `docker stop`, `kill`): "
         "save, a checkpoint of every rollout the run has finished (at once while the trainer "

@@ -187,3 +187,27 @@ def test_the_plan_says_what_a_sigterm_does(run_config: Runs) -> None:
     # a run without periodic saves is told that a SIGTERM still saves
     quiet = build_plan(run_config("qwen3-4b", "h200x1", recipe__save__interval=None))
     assert any("a SIGTERM still saves" in note for note in quiet.notes)
+
+
+def test_stale_tokens_without_a_correction_are_noted(run_config: Runs) -> None:
+    """Tokens trained by a later policy version than the one that sampled them (the async
+    loops, or weights pushed every few rollouts) are trained as the policy's own unless the
+    recipe corrects for them: the plan says so, with the bound."""
+
+    def note(recipe: str = "grpo_dapo", **overrides: object) -> str | None:
+        cfg = run_config("qwen3-4b", "h100x8", recipe, **overrides)
+        plan = build_plan(cfg)
+        return next((n for n in plan.notes if "policy version(s) after" in n), None)
+
+    decoupled = {"layout__colocate": False, "layout__train__num_gpus": 4,
+                 "layout__rollout__num_gpus": 4}  # fmt: skip
+    assert note() is None  # sync, weights pushed every rollout: nothing is stale
+    said = note(recipe__loop__mode="async", **decoupled)
+    assert said is not None and "up to 1 policy version(s)" in said
+    assert "recipe.loop.mode=async)" in said and "tis or decoupled_ppo" in said
+    said = note(recipe__loop__update_weights_interval=3)
+    assert said is not None and "up to 2 policy version(s)" in said
+    assert "recipe.loop.mode=sync, update_weights_interval=3" in said
+    assert note(recipe__loop__mode="async", recipe__algo__off_policy_correction="tis",
+                **decoupled) is None  # fmt: skip
+    assert note("grpo_dapo_fully_async", **decoupled) is None  # decoupled_ppo

@@ -110,3 +110,21 @@ def test_a_resumed_runs_own_checkpoints_count_as_room_and_its_exports_as_done(
     )
     (issue,) = preflight_module.check_run_dir(cfg, plan)
     assert "1 HF export(s)" in issue.message  # the third, still to come
+
+
+def test_with_no_save_due_the_checkpoint_a_sigterm_saves_still_needs_room() -> None:
+    """recipe.save.interval null: no save is due, yet run.on_sigterm: save (the default)
+    writes one checkpoint when a scheduler stops the run; with run.on_sigterm: stop nothing
+    is written."""
+    no_saves = (*QWEN4B, "recipe.save.interval=null")
+    cfg, plan = planned(*no_saves)
+    need = checkpoint_disk(cfg, plan)
+    assert (need.kept, need.on_sigterm_only) == (1, True)
+    assert need.total == need.checkpoint
+    assert checkpoint_disk_issues(cfg, plan, need.total) == []
+    (issue,) = checkpoint_disk_issues(cfg, plan, need.total - 1)
+    assert f"the checkpoint of {need.checkpoint / GIB:,.1f} GiB a SIGTERM saves" in issue.message
+    assert "keep_last" not in issue.fix and "run.on_sigterm: stop" in issue.fix
+    cfg, plan = planned(*no_saves, "run.on_sigterm=stop")
+    assert checkpoint_disk(cfg, plan).total == 0
+    assert checkpoint_disk_issues(cfg, plan, 0) == []

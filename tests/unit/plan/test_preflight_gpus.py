@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from rlpost.config.loader import compose_run_config
-from rlpost.plan import build_plan
+from rlpost.plan import build_plan, preflight
 from rlpost.plan.preflight import (
     LocalGpu,
-    driver_version,
     host_memory_gib,
     host_memory_issues,
     installed_torch_version,
     local_gpu_issues,
     local_gpus,
+    nvidia_smi,
     parse_gpus,
     shared_memory_bytes,
     shared_memory_issues,
@@ -107,6 +107,50 @@ def test_bf16_on_gpus_without_it_is_refused_with_fp16_or_fp32_as_the_fix() -> No
     assert local_gpu_issues(cfg, unknown) == []
 
 
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo "$*" >> "$CALLS"
+case "$*" in *compute_cap*) [ -n "$OLD_DRIVER" ] && exit 6 ;; esac
+while read -r line; do
+  [ -n "$OLD_DRIVER" ] && line="${line%,*}"
+  echo "580.159.04, $line"
+done < "$GPUS"
+"""
+
+
+@pytest.mark.parametrize("old_driver", [False, True])
+def test_one_nvidia_smi_call_gives_the_gpus_and_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old_driver: bool
+) -> None:
+    """The GPUs (names with commas too) and the driver's version come from one call; a driver
+    without the compute_cap field is asked once more, without it. The environment check, on
+    a GPU profile, calls nvidia-smi once."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_NVIDIA_SMI)
+    fake.chmod(0o755)
+    (tmp_path / "gpus").write_text(f"{H200}\nNVIDIA A100-SXM4-80GB, PCIe, 81920, 8.0\n")
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GPUS", str(tmp_path / "gpus"))
+    monkeypatch.setenv("CALLS", str(calls))
+    if old_driver:
+        monkeypatch.setenv("OLD_DRIVER", "1")
+    gpus, driver = nvidia_smi()
+    capability = [None, None] if old_driver else [(9, 0), (8, 0)]
+    assert gpus == [
+        LocalGpu("NVIDIA H200", 143771 / 1024, capability[0]),
+        LocalGpu("NVIDIA A100-SXM4-80GB, PCIe", 80.0, capability[1]),
+    ]
+    assert driver == "580.159.04"
+    assert len(calls.read_text().splitlines()) == (2 if old_driver else 1)
+
+    calls.unlink()
+    monkeypatch.setattr(preflight, "_local_gpus", lambda: 8)
+    cfg = run("h100x8", "engine.backend=cpu")
+    preflight.check_environment(cfg, build_plan(cfg))
+    assert len(calls.read_text().splitlines()) == (2 if old_driver else 1)
+
+
 @pytest.mark.gpu
 def test_nvidia_smi_reports_the_gpus_torch_sees() -> None:
     torch = pytest.importorskip("torch")
@@ -120,7 +164,9 @@ def test_nvidia_smi_reports_the_gpus_torch_sees() -> None:
     assert abs(ours.memory_gib - total_gib) < 0.02 * total_gib
     assert ours.compute_capability == (properties.major, properties.minor)
     # this machine's torch runs on its driver: the build check must not refuse it
-    assert torch_build_issues(run("h100x1"), installed_torch_version(), driver_version()) == []
+    driver = nvidia_smi()[1]
+    assert driver is not None
+    assert torch_build_issues(run("h100x1"), installed_torch_version(), driver) == []
 
 
 @pytest.mark.parametrize(
