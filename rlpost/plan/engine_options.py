@@ -47,8 +47,8 @@ def check_context_length(ctx: PlanContext) -> list[Issue]:
             Issue(
                 f"{KEY}.context_length",
                 f"engines would hold {context} tokens per request, and a request asks for up "
-                f"to {longest} (max_prompt_len {cfg.recipe.data.max_prompt_len or 0} + "
-                "max_response_len): SGLang refuses those requests mid-rollout",
+                f"to {longest} ({_request_parts(cfg)}): SGLang refuses those requests "
+                "mid-rollout",
                 f"set it to at least {longest} (up to model.max_position_embeddings="
                 f"{model_max}), or remove it (the model's own length)",
                 context,
@@ -204,3 +204,10 @@ def check_engine_inputs(ctx: PlanContext) -> list[Issue]:
             )
         )
     return issues
+
+
+def _request_parts(cfg: RunConfig) -> str:
+    prompt = cfg.recipe.data.max_prompt_len
+    if prompt is None:
+        return "max_response_len alone: recipe.data.max_prompt_len is unset, and prompts add to it"
+    return f"max_prompt_len {prompt} + max_response_len"

@@ -236,9 +236,14 @@ class RunConfig(Section):
             ("recipe.eval.max_response_len", (data.max_prompt_len or 0) + eval_len),
         ):
             if length > context:
+                parts = (
+                    f"max_prompt_len {data.max_prompt_len} + response"
+                    if data.max_prompt_len is not None
+                    else "the response alone: recipe.data.max_prompt_len is unset, and "
+                    "prompts add to it"
+                )
                 raise InvariantError(
-                    f"prompt + response can reach {length} tokens "
-                    f"(max_prompt_len {data.max_prompt_len or 0} + response), beyond "
+                    f"prompt + response can reach {length} tokens ({parts}), beyond "
                     f"model.max_position_embeddings={context}",
                     fields=(key,),
                     fix=f"lower it so prompt + response <= {context}",

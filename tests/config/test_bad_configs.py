@@ -245,6 +245,20 @@ CASES = [
         "beyond model.max_position_embeddings=40960",
     ),
     Case(
+        "context_overflow_prompts_unbounded",
+        (*QWEN, "recipe.rollout.max_response_len=50000"),
+        "recipe.rollout.max_response_len",
+        CMD,
+        "(the response alone: recipe.data.max_prompt_len is unset, and prompts add to it)",
+    ),
+    Case(
+        "context_overflow_with_the_prompt",
+        (*QWEN, "recipe.rollout.max_response_len=40000", "recipe.data.max_prompt_len=1024"),
+        "recipe.rollout.max_response_len",
+        CMD,
+        "prompt + response can reach 41024 tokens (max_prompt_len 1024 + response)",
+    ),
+    Case(
         "eval_context_overflow",
         (*QWEN, "recipe.eval.max_response_len=60000"),
         "recipe.eval.max_response_len",
