@@ -7,15 +7,18 @@ engine.fault_tolerance); weights reach them through the plan's WeightSync; coloc
 release the engines' memory around training.
 
 Every call to the train ranks goes to all of them at once and is awaited as a whole: a rank
-that does not answer within trainer.collective_timeout_s is named in the error, and a rank
-whose process died is reported as a fault (`RunFault`) that `run.max_restarts` can restart.
+that does not answer within trainer.collective_timeout_s (a save: of its last written byte) is
+named in the error, and a rank whose process died is reported as a fault (`RunFault`) that
+`run.max_restarts` can restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -430,42 +433,12 @@ class Session:
 
     # ---- calling the train ranks ---------------------------------------------------------
 
-    async def on_ranks(self, what: str, refs: Sequence[Any]) -> list[Any]:
-        """Await one call on every train rank. A rank whose process died is a RunFault; when
-        the others finish (or fail) and a rank still has not answered within
-        trainer.collective_timeout_s, it is named as the one that did not arrive."""
-        timeout = self.cfg.trainer.collective_timeout_s
-        tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
-        done, pending = await asyncio.wait(
-            tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
-        )
-        failed = [t for t in done if t.exception() is not None]
-        if failed and pending:  # the others are probably stuck in a collective with it
-            more, pending = await asyncio.wait(pending, timeout=RANK_GRACE_S)
-            done |= more
-        for task in pending:
-            task.cancel()
-        missing = [rank for rank, t in enumerate(tasks) if t in pending]
-        errors = {
-            rank: t.exception() for rank, t in enumerate(tasks) if t in done and t.exception()
-        }
-        dead = [rank for rank, exc in errors.items() if actor_died(exc)]
-        if dead:
-            raise RunFault(
-                f"train rank(s) {dead} died during {what} ({errors[dead[0]]})",
-                component="train rank",
-            ) from errors[dead[0]]
-        if missing:
-            reason = f"; rank {min(errors)} failed: {errors[min(errors)]}" if errors else ""
-            raise RunFault(
-                f"train rank(s) {missing} did not arrive: {what} did not finish within "
-                f"trainer.collective_timeout_s={timeout:g} s{reason}",
-                component="train rank",
-            )
-        if errors:
-            first = min(errors)
-            raise errors[first]  # type: ignore[misc]
-        return [t.result() for t in tasks]
+    async def on_ranks(
+        self, what: str, refs: Sequence[Any], progress: Callable[[], int] | None = None
+    ) -> list[Any]:
+        """Await one call on every train rank (`await_ranks`, within
+        trainer.collective_timeout_s)."""
+        return await await_ranks(what, refs, self.cfg.trainer.collective_timeout_s, progress)
 
     async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
         """`fn(trainer, *args)` in train rank `rank`'s process."""
@@ -615,7 +588,8 @@ class Session:
             t.__ray_call__.remote(on_trainer, save_rank_state, str(staging), rank, with_optimizer)
             for rank, t in enumerate(self.trainers)
         ]
-        await self.on_ranks("a checkpoint save", refs)
+        # a save of a large trainer can outlast the timeout: it runs while it still writes
+        await self.on_ranks("a checkpoint save", refs, progress=lambda: bytes_under(staging))
 
     async def load_trainer(self, checkpoint: Path) -> list[int]:
         """Load a checkpoint into every rank; returns the ranks that had no saved RNG."""
@@ -643,3 +617,85 @@ class Session:
 
 async def _awaited(ref: Any) -> Any:
     return await ref
+
+
+PROGRESS_POLL_S = 5.0
+"""How often a call that reports progress (`await_ranks`) is looked at."""
+
+
+async def await_ranks(
+    what: str,
+    refs: Sequence[Awaitable[Any]],
+    timeout: float,
+    progress: Callable[[], int] | None = None,
+) -> list[Any]:
+    """Await one call on every rank, in rank order. A rank whose process died is a RunFault;
+    when the others finish (or fail) and a rank still has not answered within `timeout`, it
+    is named as the one that did not arrive. `progress`: a figure that changes while the
+    call makes progress (the bytes a save has written); the timeout then counts from its
+    last change, so a long save that keeps writing is not cut off and a stalled one is."""
+    tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
+    done, pending = await _wait_while_progressing(tasks, timeout, progress)
+    failed = [t for t in done if t.exception() is not None]
+    if failed and pending:  # the others are probably stuck in a collective with it
+        more, pending = await asyncio.wait(pending, timeout=RANK_GRACE_S)
+        done |= more
+    for task in pending:
+        task.cancel()
+    missing = [rank for rank, t in enumerate(tasks) if t in pending]
+    errors = {rank: t.exception() for rank, t in enumerate(tasks) if t in done and t.exception()}
+    dead = [rank for rank, exc in errors.items() if actor_died(exc)]
+    if dead:
+        raise RunFault(
+            f"train rank(s) {dead} died during {what} ({errors[dead[0]]})",
+            component="train rank",
+        ) from errors[dead[0]]
+    if missing:
+        reason = f"; rank {min(errors)} failed: {errors[min(errors)]}" if errors else ""
+        since = " of its last progress" if progress is not None else ""
+        raise RunFault(
+            f"train rank(s) {missing} did not arrive: {what} did not finish within "
+            f"trainer.collective_timeout_s={timeout:g} s{since}{reason}",
+            component="train rank",
+        )
+    if errors:
+        first = min(errors)
+        raise errors[first]  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+async def _wait_while_progressing(
+    tasks: list[asyncio.Task[Any]], timeout: float, progress: Callable[[], int] | None
+) -> tuple[set[asyncio.Task[Any]], set[asyncio.Task[Any]]]:
+    """asyncio.wait for every task (or the first exception), with `timeout` counted from the
+    last change of `progress` (read off the event loop: a slow file system must not stall
+    it)."""
+    if progress is None:
+        return await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+    done: set[asyncio.Task[Any]] = set()
+    pending: set[asyncio.Task[Any]] = set(tasks)
+    seen, quiet_since = await asyncio.to_thread(progress), time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - quiet_since)
+        finished, pending = await asyncio.wait(
+            pending, timeout=max(0.0, min(PROGRESS_POLL_S, left)),
+            return_when=asyncio.FIRST_EXCEPTION,
+        )  # fmt: skip
+        done |= finished
+        if not pending or any(t.exception() is not None for t in finished):
+            return done, pending
+        now = await asyncio.to_thread(progress)
+        if now != seen:
+            seen, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= timeout:
+            return done, pending
+
+
+def bytes_under(folder: Path) -> int:
+    """The size of every file under `folder` (0 where there is none)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
