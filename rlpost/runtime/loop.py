@@ -278,7 +278,7 @@ class TrainLoop:
         cfg, data = self.cfg, self.inputs.data
         # one consistent cut of the data position, the buffer and the pipeline's groups
         pipeline = self.pipeline.snapshot()
-        groups = SavedGroups(buffer=data.buffer + pipeline.generating, queued=pipeline.queued)
+        groups = SavedGroups(data.buffer, pipeline.queued, pipeline.generating)
         state = LoopState(
             rollouts_done=done,
             data=data.state(),
@@ -322,7 +322,7 @@ class TrainLoop:
             status(f"train rank(s) {without_rng} had no saved RNG state (more ranks than saved)")
         await self.session.push_weights(version=resume.start_rollout)
         saved = read_groups(resume.path)
-        self.pipeline.restore(PipelineState(queued=saved.queued, generating=[]))
+        self.pipeline.restore(PipelineState(queued=saved.queued, generating=saved.generating))
 
     def _resumed_wandb_id(self) -> str | None:
         """The same wandb run when the run continues in its own directory; a fork starts

@@ -128,6 +128,8 @@ class RolloutPipeline:
         self.failed: list[Group] = []
         self._producer: asyncio.Task[None] | None = None
         self._stopping = False
+        # a checkpoint's groups that were generating: generated again before any new draw
+        self._resumed: list[Group] = []
 
     # ---- the trainer's side ------------------------------------------------------------
 
@@ -178,19 +180,21 @@ class RolloutPipeline:
     def snapshot(self) -> PipelineState:
         """The pipeline's groups as a checkpoint keeps them (synchronous: a consistent cut
         with the data position)."""
+        generating = [*self._resumed, *self._generating(), *self.failed]
         return PipelineState(
-            queued=list(self.queue),
-            generating=[[s.fresh() for s in g] for g in [*self._generating(), *self.failed]],
+            queued=list(self.queue), generating=[[s.fresh() for s in g] for g in generating]
         )
 
     def _generating(self) -> list[Group]:
         return [f.group for f in self.in_flight]
 
     def restore(self, state: PipelineState) -> None:
-        """Queued groups go back in the queue; prompts that were generating are drawn again
-        first (through the data source's buffer)."""
+        """Queued groups go back in the queue; groups that were generating are generated
+        again first, as the draw they were part of: a new draw would top them up with fresh
+        prompts, more than the run had drawn, and those past the step's need would be cut
+        short, their prompts lost."""
         self.queue.extend(state.queued)
-        self.data.add_to_buffer(state.generating)
+        self._resumed.extend(state.generating)
 
     async def close(self) -> None:
         """Stop generating: the producer, then every group in flight."""
@@ -224,6 +228,9 @@ class RolloutPipeline:
 
     async def _produce(self) -> None:
         try:
+            if self._resumed:
+                resumed, self._resumed = self._resumed, []
+                self._launch(resumed, self._landing_step(len(self.in_flight)))
             while True:
                 while self._error is None and self._may_draw():
                     self._draw()
@@ -236,7 +243,10 @@ class RolloutPipeline:
 
     def _draw(self) -> None:
         step = self._landing_step(len(self.in_flight))
-        for group in self.data.next_groups(self.bounds.draw_groups, step):
+        self._launch(self.data.next_groups(self.bounds.draw_groups, step), step)
+
+    def _launch(self, groups: list[Group], step: int) -> None:
+        for group in groups:
             for sample in group:
                 sample.resumed_at = len(sample.response_ids)
             client = self.runner.client_for(group)

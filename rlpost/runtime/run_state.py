@@ -6,8 +6,8 @@ each train rank's model and optimizer.
                          offset, seed), tracker run ids,
                          eval history, the trainer's backend and parallel grid
       buffer.pkl         groups waiting for a later rollout (pickled samples): the partial-rollout
-                         buffer and prompts being generated (drawn again), and finished groups
-                         queued for the trainer (async loops)
+                         buffer, prompts being generated (generated again, before any new
+                         draw), and finished groups queued for the trainer
       rng/driver.pt      python and torch RNG of the driver
       rng/rank_<r>.pt    python and torch RNG of train rank r
       trainer/           model, optimizer and step, in the trainer backend's own format:
@@ -111,16 +111,19 @@ def _load_torch(path: Path) -> Any:
 @dataclass(frozen=True)
 class SavedGroups:
     """Groups a checkpoint keeps: `buffer` is drawn before fresh prompts (partial rollouts,
-    prompts to generate again); `queued` are finished groups the trainer takes first."""
+    prompts put back); `queued` are finished groups the trainer takes first; `generating`
+    were being generated (or had failed) and are generated again, as drawn, before any new
+    draw (checkpoints before it: in `buffer`)."""
 
     buffer: list[Group] = field(default_factory=list)
     queued: list[Group] = field(default_factory=list)
+    generating: list[Group] = field(default_factory=list)
 
 
 def write_driver_state(
     staging: Path, state: LoopState, groups: SavedGroups, config_yaml: str, provenance: str
 ) -> None:
-    payload = {"buffer": groups.buffer, "queued": groups.queued}
+    payload = {"buffer": groups.buffer, "queued": groups.queued, "generating": groups.generating}
     write_synced(staging / LOOP_FILE, state.to_json().encode())
     write_synced(staging / BUFFER_FILE, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
     write_synced(staging / CONFIG_FILE, config_yaml.encode())
@@ -137,7 +140,9 @@ def read_groups(path: Path) -> SavedGroups:
     saved = pickle.loads((path / BUFFER_FILE).read_bytes())
     if isinstance(saved, list):  # checkpoints before the async loops: the buffer alone
         return SavedGroups(buffer=saved)
-    return SavedGroups(buffer=saved["buffer"], queued=saved["queued"])
+    return SavedGroups(
+        buffer=saved["buffer"], queued=saved["queued"], generating=saved.get("generating", [])
+    )
 
 
 def restore_driver_rng(path: Path) -> None:

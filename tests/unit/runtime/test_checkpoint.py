@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -43,8 +44,10 @@ def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = 
     state = LoopState(rollouts_done=done, data={"epoch": 0, "offset": done, "seed": 42})
     buffer = [[Sample(group_index=done, index=0, prompt="p", prompt_ids=[1, 2])]]
     queued = [[Sample(group_index=done + 1, index=0, prompt="q", prompt_ids=[3])]]
+    generating = [[Sample(group_index=done + 2, index=0, prompt="r", prompt_ids=[4])]]
     yaml_text = config_yaml(cfg) if cfg is not None else "model: {}\n"
-    write_driver_state(staging, state, SavedGroups(buffer, queued), yaml_text, "{}\n")
+    groups = SavedGroups(buffer, queued, generating)
+    write_driver_state(staging, state, groups, yaml_text, "{}\n")
     checkpoint.write_synced(staging / "trainer" / "rank_0.pt", os.urandom(4096))
     return checkpoint.commit_save(staging, keep_last)
 
@@ -63,6 +66,12 @@ def test_commit_renames_staging_and_lists_every_file(tmp_path: Path) -> None:
     assert read_loop_state(path).data == {"epoch": 0, "offset": 3, "seed": 42}
     saved = read_groups(path)
     assert saved.buffer[0][0].group_index == 3 and saved.queued[0][0].group_index == 4
+    assert saved.generating[0][0].group_index == 5
+    # a checkpoint from before `generating` was kept apart: its groups are in the buffer
+    payload = pickle.loads((path / "buffer.pkl").read_bytes())
+    del payload["generating"]
+    (path / "buffer.pkl").write_bytes(pickle.dumps(payload))
+    assert read_groups(path).generating == [] and read_groups(path).buffer == saved.buffer
 
 
 def test_unfinished_save_is_never_taken_for_a_checkpoint(tmp_path: Path) -> None:

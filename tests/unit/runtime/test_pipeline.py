@@ -9,6 +9,7 @@ aborted with what they have), the version switched, generation continued.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -287,7 +288,10 @@ def test_a_stop_while_the_trainer_waits_takes_nothing_and_the_snapshot_keeps_eve
 ) -> None:
     """SIGTERM while a take waits for generation (rlpost.runtime.stop): the take raises
     StopRequested without taking, and the checkpoint's snapshot holds every group drawn:
-    those finished as queued, those still generating as prompts to draw again."""
+    those finished as queued, those still generating to generate again. A pipeline restored
+    from it trains what an uninterrupted one would: the same groups, and nothing drawn on
+    top of them (a fresh draw beside the restored groups would be cut short, its prompts
+    lost)."""
     release = asyncio.Event()
 
     async def half_hang(sample: Sample, ctx: GenerateContext) -> Sample:
@@ -295,12 +299,13 @@ def test_a_stop_while_the_trainer_waits_takes_nothing_and_the_snapshot_keeps_eve
             await release.wait()
         return await generate_sample(sample, ctx)
 
-    async def scenario() -> tuple[list[Group], list[Group], list[int]]:
+    async def scenario() -> tuple[list[Group], list[Group], list[int], list[Batch]]:
+        data = data_source()
         async with EngineClient(url, worker_urls=[url]) as client:
             await client.post(url, "/update_weight_version", {"new_version": "0"})
             params = {"max_new_tokens": 8, "temperature": 1.0}
             pipeline = RolloutPipeline(
-                GroupRunner(client, length_reward, half_hang), data_source(), params,
+                GroupRunner(client, length_reward, half_hang), data, params,
                 bounds("sync", 0, 0, BATCH), BATCH,
             )  # fmt: skip
             pipeline.start()
@@ -321,11 +326,32 @@ def test_a_stop_while_the_trainer_waits_takes_nothing_and_the_snapshot_keeps_eve
             finally:
                 release.set()
                 await pipeline.close()
-        return saved.queued, saved.generating, drawn
+            # resumed: the data source stands where the save found it (past groups 0-3)
+            resumed = RolloutPipeline(
+                GroupRunner(client, length_reward), data, params,
+                bounds("sync", 0, 0, BATCH), BATCH,
+            )  # fmt: skip
+            resumed.restore(pickle.loads(pickle.dumps(saved)))  # as a checkpoint keeps it
+            resumed.start()
+            batches = []
+            try:
+                async with asyncio.timeout(60):
+                    for step in range(2):
+                        batches.append(await resumed.take(step))
+                        await push(client, url, step + 1)
+                        resumed.weights_pushed(step + 1)
+                        resumed.step_done(step)
+            finally:
+                await resumed.close()
+        return saved.queued, saved.generating, drawn, batches
 
-    queued, generating, drawn = asyncio.run(scenario())
+    queued, generating, drawn, batches = asyncio.run(scenario())
     assert sorted(drawn) == list(range(BATCH))
     assert sorted(g[0].group_index for g in queued) == [0, 2]
     assert all(s.response_ids and s.reward is not None for g in queued for s in g)
     assert sorted(g[0].group_index for g in generating) == [1, 3]
     assert all(not s.response_ids and s.reward is None for g in generating for s in g)
+    for step, batch in enumerate(batches):
+        indices = sorted(g[0].group_index for g in batch.groups)
+        assert indices == list(range(step * BATCH, (step + 1) * BATCH)), (step, indices)
+        assert batch.tally.cut_short == [] and batch.tally.dropped_stale == []
