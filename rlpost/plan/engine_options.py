@@ -14,6 +14,7 @@ from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
 from rlpost.plan.engine_memory import longest_sample_tokens
 from rlpost.schema import RunConfig
+from rlpost.schema.run import request_parts
 
 KEY = "layout.rollout.sglang"
 # SGLang's --dtype spellings for each of the model's parameter dtypes
@@ -43,12 +44,12 @@ def check_context_length(ctx: PlanContext) -> list[Issue]:
         return []
     longest, model_max = longest_request_tokens(cfg), cfg.model.max_position_embeddings
     if context < longest:
+        parts = request_parts(cfg.recipe.data.max_prompt_len, "max_response_len")
         return [
             Issue(
                 f"{KEY}.context_length",
                 f"engines would hold {context} tokens per request, and a request asks for up "
-                f"to {longest} ({_request_parts(cfg)}): SGLang refuses those requests "
-                "mid-rollout",
+                f"to {longest} ({parts}): SGLang refuses those requests mid-rollout",
                 f"set it to at least {longest} (up to model.max_position_embeddings="
                 f"{model_max}), or remove it (the model's own length)",
                 context,
@@ -204,10 +205,3 @@ def check_engine_inputs(ctx: PlanContext) -> list[Issue]:
             )
         )
     return issues
-
-
-def _request_parts(cfg: RunConfig) -> str:
-    prompt = cfg.recipe.data.max_prompt_len
-    if prompt is None:
-        return "max_response_len alone: recipe.data.max_prompt_len is unset, and prompts add to it"
-    return f"max_prompt_len {prompt} + max_response_len"

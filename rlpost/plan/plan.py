@@ -14,7 +14,7 @@ from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import GIB, estimate_rollout
 from rlpost.plan.fsdp import FSDP_MOE_NOTE, FSDP_NOTE, FsdpTrainMemory, estimate_trainer
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
-from rlpost.plan.loop import plan_loop
+from rlpost.plan.loop import LoopPlan
 from rlpost.plan.memory import (
     GENERIC_MEMORY_NOTE,
     MemoryPlan,
@@ -179,7 +179,9 @@ def _memory_dict(m: MemoryPlan) -> dict[str, Any]:
 
 
 def _notes(
-    cfg: RunConfig, plan_parts: tuple[ParallelLayout, BatchPlan, EngineLayout, MemoryPlan]
+    cfg: RunConfig,
+    plan_parts: tuple[ParallelLayout, BatchPlan, EngineLayout, MemoryPlan],
+    loop_plan: LoopPlan,
 ) -> tuple[str, ...]:
     par, batch, engine, memory = plan_parts
     notes = []
@@ -217,7 +219,7 @@ def _notes(
             "FP8 policy sampled are trained as the trainer's own (train/rollout_logprob_abs_diff "
             "shows by how much they differ); tis reweights them"
         )
-    stale = plan_loop(cfg, batch.longest_sample_tokens).max_staleness
+    stale = loop_plan.max_staleness
     if stale and algo.off_policy_correction == "none":
         loop = cfg.recipe.loop
         why = f"recipe.loop.mode={loop.mode}" + (
@@ -288,6 +290,9 @@ def build_plan(cfg: RunConfig) -> Plan:
     batch = plan_batch(cfg.recipe, par, engine)
     memory = estimate_memory(cfg, sizes, par, engine)
     work = plan_work(cfg, par, batch)
+    runtime = plan_runtime(
+        cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
+    )
     return Plan(
         model=cfg.model.name,
         recipe=cfg.recipe.name,
@@ -300,14 +305,12 @@ def build_plan(cfg: RunConfig) -> Plan:
         engine=engine,
         batch=batch,
         memory=memory,
-        runtime=plan_runtime(
-            cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
-        ),
+        runtime=runtime,
         work=work,
         prediction=predict_train(cfg, par, batch, work, memory.train, sizes.train_gpus),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
-        notes=_notes(cfg, (par, batch, engine, memory)),
+        notes=_notes(cfg, (par, batch, engine, memory), runtime.loop),
     )
 
 

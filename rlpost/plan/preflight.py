@@ -666,7 +666,9 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
         elif existing is not None:
             free = shutil.disk_usage(existing).free
             # a run that resumes here: its checkpoints give way to new ones, its exports stay
-            held = _bytes_under(target / "ckpt")
+            from rlpost.runtime.checkpoint import bytes_under
+
+            held = bytes_under(target / "ckpt")
             exported = _folders_in(target / "hf")
             issues += checkpoint_disk_issues(cfg, plan, free + held, exported)
     resume = cfg.run.resume
@@ -762,13 +764,6 @@ def checkpoint_disk_issues(
             value=cfg.run.dir,
         )
     ]
-
-
-def _bytes_under(folder: Path) -> int:
-    try:
-        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    except OSError:
-        return 0
 
 
 def _folders_in(folder: Path) -> int:

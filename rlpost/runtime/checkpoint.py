@@ -10,6 +10,7 @@ broken and skipped. Imports nothing heavy (the export tool and the resume check 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -128,6 +129,17 @@ async def save(
         discard_save(staging)
         cause = remote_cause(exc)  # a train rank's OSError, without Ray's traceback text
         raise SaveError(f"{type(cause).__name__}: {cause}") from exc
+
+
+def bytes_under(folder: Path) -> int:
+    """The size of every file under `folder` (0 where there is none; a file that goes while
+    it is counted is left out: a save renames and removes its files as it writes)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
 
 
 def start_save(run_dir: Path, rollouts_done: int) -> Path:

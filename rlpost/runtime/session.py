@@ -15,10 +15,8 @@ named in the error, and a rank whose process died is reported as a fault (`RunFa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +32,7 @@ from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.runtime.actors import RewardModelActor, TrainActor
+from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import (
@@ -689,13 +688,3 @@ async def _wait_while_progressing(
             seen, quiet_since = now, time.monotonic()
         elif time.monotonic() - quiet_since >= timeout:
             return done, pending
-
-
-def bytes_under(folder: Path) -> int:
-    """The size of every file under `folder` (0 where there is none)."""
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(root, name)).st_size
-    return total

@@ -25,6 +25,16 @@ FASTEST_DECODE_TOKENS_PER_S = 500
 OnSigterm = Literal["save", "stop"]  # run.on_sigterm
 
 
+def request_parts(max_prompt_len: int | None, response: str, alone: str = "") -> str:
+    """What the longest request is made of, for a message: the prompt's bound and the
+    response, or the response alone (`alone`, else `response`) where max_prompt_len is
+    unset (prompts add to it)."""
+    if max_prompt_len is None:
+        what = alone or response
+        return f"{what} alone: recipe.data.max_prompt_len is unset, and prompts add to it"
+    return f"max_prompt_len {max_prompt_len} + {response}"
+
+
 class TrainerConfig(Section):
     backend: Literal["auto", "torch", "megatron"] = "auto"
     threads_per_rank: PositiveInt | None = None
@@ -237,12 +247,7 @@ class RunConfig(Section):
             ("recipe.eval.max_response_len", (data.max_prompt_len or 0) + eval_len),
         ):
             if length > context:
-                parts = (
-                    f"max_prompt_len {data.max_prompt_len} + response"
-                    if data.max_prompt_len is not None
-                    else "the response alone: recipe.data.max_prompt_len is unset, and "
-                    "prompts add to it"
-                )
+                parts = request_parts(data.max_prompt_len, "response", "the response")
                 raise InvariantError(
                     f"prompt + response can reach {length} tokens ({parts}), beyond "
                     f"model.max_position_embeddings={context}",

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlpost.runtime import session
+from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.failures import RunFault
-from rlpost.runtime.session import await_ranks, bytes_under
+from rlpost.runtime.session import await_ranks
 
 TIMEOUT_S = 1.0  # a loaded machine's event loop may pause for a good part of a second
 
