@@ -177,7 +177,8 @@ class CpuEngine:
         state = self._dequantized(dict(receive_weights(infos, group)), weight_version)
 
         def load() -> None:
-            self.weights.assign_some(state)
+            # the version comes with the update's last bucket (or in set_weight_version)
+            self.weights.assign_some(state, last=weight_version is not None)
             if weight_version is not None:
                 self.generator.weight_version = weight_version
 
@@ -230,6 +231,7 @@ class CpuEngine:
             )
 
         def apply() -> None:
+            self.weights.finish_update()
             self.generator.weight_version = version
 
         return self.scheduler.call(apply)

@@ -2,6 +2,8 @@
 
 Weights are assigned by parameter name. Tied parameters (an embedding shared with the LM
 head) are one tensor under several names; a checkpoint may carry any one of the names.
+Checkpoints and updates come in the checkpoint's layout (per-expert tensors of an MoE layer
+that transformers stacks into one): `rlpost.backends.hf_names` converts them to the model's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import torch
 from torch import nn
 
 from rlpost.backends.hf_load import WeightLoadError, read_safetensors_dir, read_weights
+from rlpost.backends.hf_names import merged_names, to_model
 
 __all__ = ["ModelWeights", "WeightLoadError", "read_safetensors_dir", "read_weights"]
 
@@ -30,9 +33,23 @@ class ModelWeights:
         self._dtype = next(iter(self._params.values())).dtype
         self._buffers = {name for name, _ in model.named_buffers()}
         self.released = False
+        # checkpoint tensors of a bucketed update that wait for the rest of their model tensor
+        self._waiting: dict[str, torch.Tensor] = {}
+
+    def _as_model(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from transformers import PreTrainedModel
+
+        if not isinstance(self.model, PreTrainedModel):
+            return state
+        try:
+            return to_model(self.model, state)
+        except ValueError as exc:
+            raise WeightLoadError(str(exc)) from None
 
     def assign(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace every parameter with the checkpoint's tensor of the same name."""
+        """Replace every parameter with the checkpoint's tensor of the same name (checkpoint
+        names and layout, converted to the model's)."""
+        state = self._as_model(state)
         unexpected = sorted(k for k in state if k not in self._shapes and k not in self._buffers)
         if unexpected:
             raise WeightLoadError(
@@ -61,10 +78,30 @@ class ModelWeights:
             self._params[key].data = state[name].to(self._dtype).contiguous()
         self.released = False
 
-    def assign_some(self, state: dict[str, torch.Tensor]) -> None:
-        """Replace only the named parameters (one bucket of a distributed update)."""
+    def assign_some(self, state: dict[str, torch.Tensor], last: bool = False) -> None:
+        """Replace only the named parameters (one bucket of a distributed update, checkpoint
+        names and layout). A tensor that is one of several making a model tensor waits for
+        the others; the update's `last` bucket (or `finish_update`) assigns them."""
         if self.released:
             raise WeightLoadError("the weights are released; resume them before an update")
+        from transformers import PreTrainedModel
+
+        if isinstance(self.model, PreTrainedModel):
+            merged = merged_names(self.model, state)
+            self._waiting.update((n, state[n]) for n in merged)
+            state = self._as_model({n: t for n, t in state.items() if n not in merged})
+        self._assign_model_tensors(state)
+        if last:
+            self.finish_update()
+
+    def finish_update(self) -> None:
+        """The end of a bucketed update: the waiting checkpoint tensors, merged into their
+        model tensors and assigned; a group with members missing is refused."""
+        waiting, self._waiting = self._waiting, {}
+        if waiting:
+            self._assign_model_tensors(self._as_model(waiting))
+
+    def _assign_model_tensors(self, state: dict[str, torch.Tensor]) -> None:
         for name, tensor in state.items():
             if name not in self._shapes:
                 raise WeightLoadError(f"the model has no parameter '{name}'")

@@ -47,6 +47,7 @@ from rlpost.algo.steps import (
     sample_tensors,
     validate_sample,
 )
+from rlpost.backends.hf_names import to_checkpoint
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
@@ -335,7 +336,8 @@ class TorchTrainer:
         every rank returns once it is there. Collective."""
         out = Path(out_dir)
         weights: dict[str, Tensor] = {}
-        for bucket in self.iter_hf_weights():
+        # the model's own names: save_pretrained converts them to the checkpoint's
+        for bucket in self._iter_weights():
             if self.dp.rank == 0:
                 weights.update((name, tensor.cpu()) for name, tensor in bucket)
             del bucket
@@ -345,11 +347,19 @@ class TorchTrainer:
         return out
 
     def iter_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
-        """The policy in HF names (it is an HF model), in buckets of <= bucket_bytes of one
-        dtype each, every tensor whole (gathered from its shards). Collective: every rank
-        must consume every bucket. This generator holds one bucket of gathered tensors at a
-        time (twice that while it gathers one, `gather_full`); a consumer that drops each
-        bucket before asking for the next holds no more."""
+        """The policy as its HF checkpoint stores it (names and layout: an MoE layer's
+        experts one tensor each, `rlpost.backends.hf_names`), as the engines load it, in
+        buckets of about bucket_bytes of one dtype each, every tensor whole (gathered from
+        its shards). Collective: every rank must consume every bucket. This generator holds
+        one bucket of gathered tensors at a time (twice that while it gathers one,
+        `gather_full`); a consumer that drops each bucket before asking for the next holds
+        no more."""
+        for bucket in self._iter_weights(bucket_bytes):
+            yield list(to_checkpoint(self.model, dict(bucket)).items())
+            del bucket
+
+    def _iter_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
+        """`iter_hf_weights` under the model's own names and layout."""
         params = dict(self.model.named_parameters())
         for plan in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
             whole = gather_full([params[w.name].detach() for w in plan])

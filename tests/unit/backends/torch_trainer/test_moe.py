@@ -219,3 +219,24 @@ def test_grouped_experts_on_a_class_without_them_name_the_key(
     assert build_causal_lm(tiny_moe_dir, grouped_gemm=False).config._experts_implementation == (
         EXPERT_LOOP
     )
+
+
+def test_weights_leave_in_the_checkpoints_layout_one_tensor_per_expert(
+    tiny_moe_dir: Path, make_configs: Configs, tmp_path: Path
+) -> None:
+    """What the engines receive (iter_hf_weights) and the HF export are the checkpoint's
+    names and tensors, as SGLang loads them, not transformers' stacked experts."""
+    from rlpost.backends.hf_load import read_weights
+
+    stored = read_weights(tiny_moe_dir, torch.float32)
+    trainer = TorchTrainer(tiny_moe_dir, *make_configs(4), num_threads=1)
+    assert any(n.endswith("experts.gate_up_proj") for n, _ in trainer.model.named_parameters())
+    sent = [pair for bucket in trainer.iter_hf_weights(bucket_bytes=64 << 10) for pair in bucket]
+    names = [name for name, _ in sent]
+    assert len(names) == len(set(names)) and set(names) == set(stored)
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in names
+    assert all(torch.equal(tensor, stored[name]) for name, tensor in sent)
+    exported = read_weights(trainer.export_hf(tmp_path / "hf"), torch.float32)
+    assert set(exported) == set(stored)
+    assert all(torch.equal(exported[n], stored[n]) for n in stored)
+    trainer.close()
