@@ -29,6 +29,13 @@ def copy_side_files(src_dir: str | Path, dst_dir: str | Path) -> None:
             shutil.copy2(item, dst / item.name)
 
 
+def staging_folders(out_dir: str | Path) -> list[Path]:
+    """The folders `publish_folder` fills before they become `out_dir` (one while an export
+    runs; more only when a killed export left its own behind)."""
+    out = Path(out_dir)
+    return sorted(out.parent.glob(f".{glob.escape(out.name)}.*"))
+
+
 def publish_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
     """Call `fill(staging)` on a sibling temp folder, then rename it to `out_dir`.
 
@@ -38,7 +45,7 @@ def publish_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{glob.escape(out.name)}.*"):  # left by a killed export
+    for stale in staging_folders(out):  # left by a killed export
         shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(staging, 0o755)

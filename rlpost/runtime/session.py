@@ -7,9 +7,9 @@ engine.fault_tolerance); weights reach them through the plan's WeightSync; coloc
 release the engines' memory around training.
 
 Every call to the train ranks goes to all of them at once and is awaited as a whole: a rank
-that does not answer within trainer.collective_timeout_s (a save: of its last written byte) is
-named in the error, and a rank whose process died is reported as a fault (`RunFault`) that
-`run.max_restarts` can restart.
+that does not answer within trainer.collective_timeout_s (a save or an HF export: of its last
+written byte) is named in the error, and a rank whose process died is reported as a fault
+(`RunFault`) that `run.max_restarts` can restart.
 """
 
 from __future__ import annotations
@@ -602,9 +602,14 @@ class Session:
         return [rank for rank, ok in enumerate(found) if not ok]
 
     async def export_policy(self, out_dir: Path) -> None:
-        """The current policy as an HF folder (written by rank 0, atomically)."""
+        """The current policy as an HF folder (written by rank 0, atomically); like a save,
+        it runs while it still writes (a large model's export outlasts the timeout)."""
+        from rlpost.backends.hf_folder import staging_folders
+
         await self.on_ranks(
-            "an HF export", [t.export_hf.remote(str(out_dir)) for t in self.trainers]
+            "an HF export",
+            [t.export_hf.remote(str(out_dir)) for t in self.trainers],
+            progress=lambda: sum(bytes_under(folder) for folder in staging_folders(out_dir)),
         )
 
     async def use_deterministic_algorithms(self) -> None:

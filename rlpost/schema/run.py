@@ -41,8 +41,8 @@ class TrainerConfig(Section):
     collective_timeout_s: PositiveFloat = Field(
         600.0,
         description="a collective (gloo, NCCL) or a call on the train ranks that takes longer "
-        "fails, naming the rank that did not arrive; a checkpoint save fails once it has "
-        "written nothing for this long",
+        "fails, naming the rank that did not arrive; a checkpoint save or an HF export fails "
+        "once it has written nothing for this long",
     )
 
 

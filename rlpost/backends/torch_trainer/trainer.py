@@ -48,6 +48,7 @@ from rlpost.algo.steps import (
     validate_sample,
 )
 from rlpost.backends.hf_names import to_checkpoint
+from rlpost.backends.megatron.hf_files import write_hf_folder
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
@@ -65,7 +66,6 @@ from rlpost.backends.torch_trainer.forward import (
     TokenForward,
     pack_samples,
 )
-from rlpost.backends.torch_trainer.model_io import export_hf
 from rlpost.backends.torch_trainer.optim import build_optimizer, set_lr
 from rlpost.backends.torch_trainer.sharded_model import load_sharded_lm
 from rlpost.backends.vector_math import warm_vector_math
@@ -332,17 +332,19 @@ class TorchTrainer:
     # ---- weights and checkpoints -----------------------------------------------------------
 
     def export_hf(self, out_dir: str | Path) -> Path:
-        """Rank 0 writes the policy as an HF folder, full tensors gathered bucket by bucket;
-        every rank returns once it is there. Collective."""
+        """Rank 0 writes the policy as an HF folder beside the base folder's config and
+        tokenizer, in the checkpoint's layout (`iter_hf_weights`), each shard as soon as its
+        buckets have arrived: no rank holds more than a shard and a bucket, and the others
+        wait on no more than one shard's write at a time. Every rank returns once the folder
+        is there. Collective."""
         out = Path(out_dir)
-        weights: dict[str, Tensor] = {}
-        # the model's own names: save_pretrained converts them to the checkpoint's
-        for bucket in self._iter_weights():
-            if self.dp.rank == 0:
-                weights.update((name, tensor.cpu()) for name, tensor in bucket)
-            del bucket
+        buckets = self.iter_hf_weights()
         if self.dp.rank == 0:
-            export_hf(self.model, self.model_dir, out, weights)
+            tensors = ((name, t.cpu()) for bucket in buckets for name, t in bucket)
+            write_hf_folder(out, tensors, self.model_dir)
+        else:
+            for _ in buckets:
+                pass
         self.dp.barrier()
         return out
 
@@ -354,18 +356,14 @@ class TorchTrainer:
         one bucket of gathered tensors at a time (twice that while it gathers one,
         `gather_full`); a consumer that drops each bucket before asking for the next holds
         no more."""
-        for bucket in self._iter_weights(bucket_bytes):
-            yield list(to_checkpoint(self.model, dict(bucket)).items())
-            del bucket
-
-    def _iter_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
-        """`iter_hf_weights` under the model's own names and layout."""
         params = dict(self.model.named_parameters())
         for plan in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
             whole = gather_full([params[w.name].detach() for w in plan])
-            bucket = [(w.name, t) for w, t in zip(plan, whole, strict=True)]
+            bucket = to_checkpoint(
+                self.model, {w.name: t for w, t in zip(plan, whole, strict=True)}
+            )
             del whole
-            yield bucket
+            yield list(bucket.items())
             del bucket
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ import resource
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -209,6 +210,43 @@ def test_export_hf_round_trips(
         before, after = (forward_tokens(m, packed, 0.8).logp for m in (original, reloaded))
         assert not torch.allclose(before, after, atol=1e-4)
     assert [p.name for p in tmp_path.iterdir()] == ["weights"]
+
+
+def test_export_hf_writes_each_shard_as_its_buckets_arrive(
+    tiny_model_dir: Path, make_configs: Configs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 never holds the whole model: with small buckets and shards, shards are on disk
+    before the last bucket is gathered, and the folder equals the model's weights."""
+    import functools
+
+    from rlpost.backends.hf_folder import staging_folders
+    from rlpost.backends.hf_load import read_weights
+    from rlpost.backends.megatron.hf_files import write_hf_folder
+    from rlpost.backends.torch_trainer import trainer as trainer_module
+
+    t = trainer(tiny_model_dir, *make_configs(4))
+    out = tmp_path / "weights"
+    monkeypatch.setattr(
+        trainer_module, "write_hf_folder", functools.partial(write_hf_folder, shard_bytes=16 << 10)
+    )
+    shards_seen: list[int] = []
+    iterate = t.iter_hf_weights
+
+    def watched(bucket_bytes: int = 0) -> Any:
+        for bucket in iterate(bucket_bytes=8 << 10):
+            shards_seen.append(
+                sum(len(list(f.glob("*.safetensors"))) for f in staging_folders(out))
+            )
+            yield bucket
+
+    monkeypatch.setattr(t, "iter_hf_weights", watched)
+    t.export_hf(out)
+    assert len(shards_seen) > 4 and shards_seen[0] == 0 and shards_seen[-1] > 1, shards_seen
+    assert not staging_folders(out)
+    exported = read_weights(out, torch.float32)
+    held = {n: full_tensor(p.detach()) for n, p in t.model.named_parameters()}
+    assert set(exported) == set(held)
+    assert all(torch.equal(exported[n], held[n]) for n in held)
 
 
 def test_checkpoint_resume_reproduces_training(
