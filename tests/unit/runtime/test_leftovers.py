@@ -19,15 +19,18 @@ from rlpost.runtime import leftovers
 pytestmark = pytest.mark.skipif(not leftovers.supported(), reason="needs Linux's /proc")
 
 # A "driver" that starts a grandchild in a session of its own (as Ray's agents and engine
-# servers run), records its processes, says the grandchild's pid, then waits to be killed.
+# servers run), records its processes once the grandchild runs its own command (recorded
+# mid-exec, its command line reads empty), says the grandchild's pid, then waits to be killed.
 DRIVER = textwrap.dedent(
     """
     import subprocess, sys, time
     from pathlib import Path
     from rlpost.runtime.leftovers import record_processes
     child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+        [sys.executable, "-c", "print('up', flush=True); import time; time.sleep(120)"],
+        start_new_session=True, stdout=subprocess.PIPE, text=True,
     )
+    assert child.stdout.readline() == "up\\n"
     record_processes(Path(sys.argv[1]))
     print(child.pid, flush=True)
     time.sleep(120)
