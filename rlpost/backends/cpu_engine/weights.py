@@ -35,14 +35,16 @@ class ModelWeights:
         self.released = False
         # checkpoint tensors of a bucketed update that wait for the rest of their model tensor
         self._waiting: dict[str, torch.Tensor] = {}
-
-    def _as_model(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from transformers import PreTrainedModel
 
-        if not isinstance(self.model, PreTrainedModel):
+        # an HF model converts from its checkpoint's layout; another is named as it holds them
+        self._hf = model if isinstance(model, PreTrainedModel) else None
+
+    def _as_model(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._hf is None:
             return state
         try:
-            return to_model(self.model, state)
+            return to_model(self._hf, state)
         except ValueError as exc:
             raise WeightLoadError(str(exc)) from None
 
@@ -84,10 +86,8 @@ class ModelWeights:
         the others; the update's `last` bucket (or `finish_update`) assigns them."""
         if self.released:
             raise WeightLoadError("the weights are released; resume them before an update")
-        from transformers import PreTrainedModel
-
-        if isinstance(self.model, PreTrainedModel):
-            merged = merged_names(self.model, state)
+        if self._hf is not None:
+            merged = merged_names(self._hf, state)
             self._waiting.update((n, state[n]) for n in merged)
             state = self._as_model({n: t for n, t in state.items() if n not in merged})
         self._assign_model_tensors(state)
