@@ -34,7 +34,19 @@ from transformers.core_model_loading import (
     revert_weight_conversion,
 )
 
-__all__ = ["merged_names", "to_checkpoint", "to_model"]
+__all__ = ["merged_names", "persistent_buffers", "to_checkpoint", "to_model"]
+
+
+def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a checkpoint of `model` holds beside its parameters, by the model's names:
+    the persistent ones (a DeepSeek-V3 or GLM-4.5 router's `e_score_correction_bias`), not a
+    rotary embedding's `inv_freq`."""
+    found: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set:
+                found[f"{prefix}.{name}" if prefix else name] = buffer
+    return found
 
 
 def _transforms(model: PreTrainedModel) -> list[Any]:

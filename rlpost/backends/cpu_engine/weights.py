@@ -1,7 +1,11 @@
 """Loading safetensors weights into a live model, and dropping them to free memory.
 
 Weights are assigned by parameter name. Tied parameters (an embedding shared with the LM
-head) are one tensor under several names; a checkpoint may carry any one of the names.
+head) are one tensor under several names; a checkpoint may carry any one of the names. A
+persistent buffer (DeepSeek-V3's and GLM-4.5's router expert bias, which the megatron trainer
+updates) is a checkpoint tensor too and is assigned like a parameter, in its own dtype; a
+checkpoint without one leaves it as it is, and a non-persistent buffer (a rotary embedding's
+`inv_freq`, which some old checkpoints carry) is never read from one.
 Checkpoints and updates come in the checkpoint's layout (per-expert tensors of an MoE layer
 that transformers stacks into one): `rlpost.backends.hf_names` converts them to the model's.
 """
@@ -12,7 +16,7 @@ import torch
 from torch import nn
 
 from rlpost.backends.hf_load import WeightLoadError, read_safetensors_dir, read_weights
-from rlpost.backends.hf_names import merged_names, to_model
+from rlpost.backends.hf_names import merged_names, persistent_buffers, to_model
 
 __all__ = ["ModelWeights", "WeightLoadError", "read_safetensors_dir", "read_weights"]
 
@@ -32,6 +36,7 @@ class ModelWeights:
         self._shapes = {name: tuple(param.shape) for name, param in named}
         self._dtype = next(iter(self._params.values())).dtype
         self._buffers = {name for name, _ in model.named_buffers()}
+        self._persistent = persistent_buffers(model)
         self.released = False
         # checkpoint tensors of a bucketed update that wait for the rest of their model tensor
         self._waiting: dict[str, torch.Tensor] = {}
@@ -76,8 +81,11 @@ class ModelWeights:
             raise WeightLoadError(
                 f"checkpoint lacks {len(missing)} parameter(s), e.g. {missing[:3]}"
             )
+        buffers = {n: t for n, t in state.items() if n in self._persistent}
+        self._check_buffers(buffers, "checkpoint")
         for key, name in chosen.items():
             self._params[key].data = state[name].to(self._dtype).contiguous()
+        self._assign_buffers(buffers)
         self.released = False
 
     def assign_some(self, state: dict[str, torch.Tensor], last: bool = False) -> None:
@@ -101,7 +109,23 @@ class ModelWeights:
         if waiting:
             self._assign_model_tensors(self._as_model(waiting))
 
+    def _check_buffers(self, buffers: dict[str, torch.Tensor], source: str) -> None:
+        for name, tensor in buffers.items():
+            if tensor.shape != self._persistent[name].shape:
+                raise WeightLoadError(
+                    f"tensor '{name}' has shape {list(tensor.shape)} in the {source} but "
+                    f"{list(self._persistent[name].shape)} in the model"
+                )
+
+    def _assign_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in buffers.items():
+                self._persistent[name].copy_(tensor)
+
     def _assign_model_tensors(self, state: dict[str, torch.Tensor]) -> None:
+        buffers = {n: t for n, t in state.items() if n in self._persistent}
+        self._check_buffers(buffers, "update")
+        state = {n: t for n, t in state.items() if n not in self._buffers}
         for name, tensor in state.items():
             if name not in self._shapes:
                 raise WeightLoadError(f"the model has no parameter '{name}'")
@@ -113,6 +137,7 @@ class ModelWeights:
         by_name = {n: key for key, names in self._groups.items() for n in names}
         for name, tensor in state.items():
             self._params[by_name[name]].data = tensor.to(self._dtype).contiguous()
+        self._assign_buffers(buffers)
 
     def release(self) -> None:
         """Free every parameter's storage; `assign` must run before the model is used."""

@@ -47,7 +47,7 @@ from rlpost.algo.steps import (
     sample_tensors,
     validate_sample,
 )
-from rlpost.backends.hf_names import to_checkpoint
+from rlpost.backends.hf_names import persistent_buffers, to_checkpoint
 from rlpost.backends.megatron.hf_files import write_hf_folder
 from rlpost.backends.sglang.buckets import plan_buckets, weight_infos
 from rlpost.backends.step_perf import StepMeter, forwards_run, host_memory_now_gib
@@ -355,7 +355,8 @@ class TorchTrainer:
         its shards). Collective: every rank must consume every bucket. This generator holds
         one bucket of gathered tensors at a time (twice that while it gathers one,
         `gather_full`); a consumer that drops each bucket before asking for the next holds
-        no more."""
+        no more. The persistent buffers (a router's expert bias) come last, in buckets of
+        their own: every rank holds them whole, so they need no gathering."""
         params = dict(self.model.named_parameters())
         for plan in plan_buckets(weight_infos(list(params.items())), bucket_bytes):
             whole = gather_full([params[w.name].detach() for w in plan])
@@ -365,6 +366,9 @@ class TorchTrainer:
             del whole
             yield list(bucket.items())
             del bucket
+        buffers = persistent_buffers(self.model)
+        for plan in plan_buckets(weight_infos(list(buffers.items())), bucket_bytes):
+            yield list(to_checkpoint(self.model, {w.name: buffers[w.name] for w in plan}).items())
 
     def state_dict(self) -> dict[str, Any]:
         """Model (HF names), optimizer and step, whole tensors on the host of rank 0 (other

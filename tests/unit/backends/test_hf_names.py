@@ -17,6 +17,8 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedModel,
@@ -45,6 +47,19 @@ FAMILIES = {
         Qwen3MoeConfig(**SMALL, head_dim=8, moe_intermediate_size=16, num_experts=4),
     ),
     "mixtral": (MixtralForCausalLM, MixtralConfig(**SMALL, num_local_experts=4)),
+    # a router with a persistent buffer (its expert bias) in the checkpoint beside the weights
+    "glm4_moe": (
+        Glm4MoeForCausalLM,
+        Glm4MoeConfig(
+            **SMALL,
+            head_dim=8,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            first_k_dense_replace=0,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
     "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SMALL, head_dim=8)),  # stored as built
 }
 EXPERTS = 4
@@ -53,12 +68,21 @@ EXPERTS = 4
 def save(family: str, folder: Path, seed: int) -> Path:
     model_class, config = FAMILIES[family]
     torch.manual_seed(seed)
-    model_class(config).save_pretrained(folder)
+    model = model_class(config)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # zeros as built; a trained one is not
+            buffer.normal_()
+    model.save_pretrained(folder)
     return folder
 
 
 def params(model: PreTrainedModel) -> dict[str, torch.Tensor]:
-    return {name: p.detach() for name, p in model.named_parameters()}
+    """What a checkpoint of the model holds, under the model's names: its parameters and its
+    persistent buffers (a router's expert bias; not a rotary embedding's `inv_freq`)."""
+    saved = model.state_dict()
+    tensors = {name: p.detach() for name, p in model.named_parameters()}
+    tensors |= {name: b for name, b in model.named_buffers() if name in saved}
+    return tensors
 
 
 @pytest.fixture(params=list(FAMILIES))

@@ -221,15 +221,18 @@ def test_grouped_experts_on_a_class_without_them_name_the_key(
     )
 
 
+@pytest.mark.parametrize("model", ["qwen3_moe", "glm4_moe"])
 def test_weights_leave_in_the_checkpoints_layout_one_tensor_per_expert(
-    tiny_moe_dir: Path, make_configs: Configs, tmp_path: Path
+    model: str, request: pytest.FixtureRequest, make_configs: Configs, tmp_path: Path
 ) -> None:
     """What the engines receive (iter_hf_weights) and the HF export are the checkpoint's
-    names and tensors, as SGLang loads them, not transformers' stacked experts."""
+    names and tensors, as SGLang loads them, not transformers' stacked experts; a router's
+    expert bias (a persistent buffer, GLM-4.5's and DeepSeek-V3's) travels with them."""
     from rlpost.backends.hf_load import read_weights
 
-    stored = read_weights(tiny_moe_dir, torch.float32)
-    trainer = TorchTrainer(tiny_moe_dir, *make_configs(4), num_threads=1)
+    folder = request.getfixturevalue("tiny_moe_dir" if model == "qwen3_moe" else "tiny_glm_moe_dir")
+    stored = read_weights(folder, torch.float32)
+    trainer = TorchTrainer(folder, *make_configs(4), num_threads=1)
     assert any(n.endswith("experts.gate_up_proj") for n, _ in trainer.model.named_parameters())
     sent = [pair for bucket in trainer.iter_hf_weights(bucket_bytes=64 << 10) for pair in bucket]
     names = [name for name, _ in sent]
