@@ -37,7 +37,6 @@ from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import (
     RunFault,
-    actor_died,
     is_fault,
     killed_while_starting,
     remote_cause,
@@ -45,6 +44,7 @@ from rlpost.runtime.failures import (
 from rlpost.runtime.leftovers import record_processes
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
+from rlpost.runtime.rank_calls import await_ranks
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterSettings
 from rlpost.runtime.trainers import trainer_spec
@@ -66,8 +66,6 @@ log = logging.getLogger(__name__)
 # weights' memory, the KV cache only the next rollout.
 RELEASE_STAGES = (("kv_cache",), ("cuda_graph",), ("weights",))
 PROBE_TEXT = "The capital of France is"
-# After one rank fails, how long the others get to answer before they count as missing.
-RANK_GRACE_S = 10.0
 LOOPBACK_IFNAME = "lo"
 # With engine.fault_tolerance, a weight update that an engine's death interrupted is sent
 # again (after the engine's restart) this many times in all.
@@ -418,6 +416,7 @@ class Session:
             on_gpu=self.cluster.on_gpu,
             multi_node=cfg.hardware.num_nodes > 1,
             fp8=self.plan.runtime.fp8,
+            timeout_s=cfg.trainer.collective_timeout_s,
         )
         self.weight_sync = WEIGHT_SYNCS[kind](context)
         if cfg.engine.weight_probe:
@@ -617,79 +616,3 @@ class Session:
 
         refs = [t.__ray_call__.remote(use_deterministic_algorithms) for t in self.trainers]
         await self.on_ranks("switching to deterministic kernels", refs)
-
-
-async def _awaited(ref: Any) -> Any:
-    return await ref
-
-
-PROGRESS_POLL_S = 5.0
-"""How often a call that reports progress (`await_ranks`) is looked at."""
-
-
-async def await_ranks(
-    what: str,
-    refs: Sequence[Awaitable[Any]],
-    timeout: float,
-    progress: Callable[[], int] | None = None,
-) -> list[Any]:
-    """Await one call on every rank, in rank order. A rank whose process died is a RunFault;
-    when the others finish (or fail) and a rank still has not answered within `timeout`, it
-    is named as the one that did not arrive. `progress`: a figure that changes while the
-    call makes progress (the bytes a save has written); the timeout then counts from its
-    last change, so a long save that keeps writing is not cut off and a stalled one is."""
-    tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
-    done, pending = await _wait_while_progressing(tasks, timeout, progress)
-    failed = [t for t in done if t.exception() is not None]
-    if failed and pending:  # the others are probably stuck in a collective with it
-        more, pending = await asyncio.wait(pending, timeout=RANK_GRACE_S)
-        done |= more
-    for task in pending:
-        task.cancel()
-    missing = [rank for rank, t in enumerate(tasks) if t in pending]
-    errors = {rank: t.exception() for rank, t in enumerate(tasks) if t in done and t.exception()}
-    dead = [rank for rank, exc in errors.items() if actor_died(exc)]
-    if dead:
-        raise RunFault(
-            f"train rank(s) {dead} died during {what} ({errors[dead[0]]})",
-            component="train rank",
-        ) from errors[dead[0]]
-    if missing:
-        reason = f"; rank {min(errors)} failed: {errors[min(errors)]}" if errors else ""
-        since = " of its last progress" if progress is not None else ""
-        raise RunFault(
-            f"train rank(s) {missing} did not arrive: {what} did not finish within "
-            f"trainer.collective_timeout_s={timeout:g} s{since}{reason}",
-            component="train rank",
-        )
-    if errors:
-        first = min(errors)
-        raise errors[first]  # type: ignore[misc]
-    return [t.result() for t in tasks]
-
-
-async def _wait_while_progressing(
-    tasks: list[asyncio.Task[Any]], timeout: float, progress: Callable[[], int] | None
-) -> tuple[set[asyncio.Task[Any]], set[asyncio.Task[Any]]]:
-    """asyncio.wait for every task (or the first exception), with `timeout` counted from the
-    last change of `progress` (read off the event loop: a slow file system must not stall
-    it)."""
-    if progress is None:
-        return await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
-    done: set[asyncio.Task[Any]] = set()
-    pending: set[asyncio.Task[Any]] = set(tasks)
-    seen, quiet_since = await asyncio.to_thread(progress), time.monotonic()
-    while True:
-        left = timeout - (time.monotonic() - quiet_since)
-        finished, pending = await asyncio.wait(
-            pending, timeout=max(0.0, min(PROGRESS_POLL_S, left)),
-            return_when=asyncio.FIRST_EXCEPTION,
-        )  # fmt: skip
-        done |= finished
-        if not pending or any(t.exception() is not None for t in finished):
-            return done, pending
-        now = await asyncio.to_thread(progress)
-        if now != seen:
-            seen, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since >= timeout:
-            return done, pending

@@ -10,6 +10,11 @@
 
 `update_engines` wraps any of them: generation paused, cache flushed, weights pushed, each
 engine's version checked, generation resumed; then an optional logprob probe.
+
+Every step that calls all train ranks (an export, a bucket gathered from the shards) is
+awaited as one collective (`rank_calls.await_ranks`): a rank that died or hangs ends the update
+with a RunFault naming it within trainer.collective_timeout_s, not a driver that waits for ever;
+the disk export counts that time from the last byte it wrote, as a checkpoint save does.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlpost.backends.fp8_format import Fp8Format
+from rlpost.backends.hf_folder import staging_folders
 from rlpost.backends.sglang.trainer_calls import trainer_side
+from rlpost.runtime.checkpoint import bytes_under
+from rlpost.runtime.rank_calls import await_ranks
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
 from rlpost.runtime.rollout.manager import NEUTRAL_SAMPLING
 
@@ -36,6 +44,22 @@ log = logging.getLogger(__name__)
 
 TrainerCall = Callable[..., Awaitable[Any]]
 """`call(rank, fn, *args)`: run `fn(trainer, *args)` on train rank `rank`."""
+
+DEFAULT_TIMEOUT_S = 600.0  # trainer.collective_timeout_s's default
+
+
+async def on_every_rank(
+    call: TrainerCall,
+    num_ranks: int,
+    timeout_s: float,
+    what: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    progress: Callable[[], int] | None = None,
+) -> list[Any]:
+    """`fn(trainer, *args)` on every train rank, awaited as one collective (`await_ranks`)."""
+    calls = [call(rank, fn, *args) for rank in range(num_ranks)]
+    return await await_ranks(what, calls, timeout_s, progress)
 
 
 class WeightSync(Protocol):
@@ -64,10 +88,12 @@ class DiskSync:
         num_ranks: int,
         weights_dir: Path,
         fp8: Fp8Format | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.weights_dir = weights_dir
         self.fp8 = fp8
+        self.timeout_s = timeout_s
         self.exported: int | None = None
 
     def folder(self, version: int) -> Path:
@@ -77,9 +103,13 @@ class DiskSync:
         target = self.folder(version)
         if self.exported != version:
             # Every rank enters (the export ends in a barrier); rank 0 writes.
-            await asyncio.gather(
-                *(self.call(r, _export, str(target), self.fp8) for r in range(self.num_ranks))
-            )
+            staged = [target, Path(f"{target}{UNQUANTISED}")]
+            await on_every_rank(
+                self.call, self.num_ranks, self.timeout_s,
+                f"the export of weight version {version} for the engines",
+                _export, str(target), self.fp8,
+                progress=lambda: sum(bytes_under(f) for o in staged for f in staging_folders(o)),
+            )  # fmt: skip
             if self.exported is not None:
                 shutil.rmtree(self.folder(self.exported), ignore_errors=True)
             self.exported = version
@@ -91,6 +121,9 @@ class DiskSync:
         return None
 
 
+UNQUANTISED = ".unquantised"  # the folder an FP8 export is converted from: out_dir + this
+
+
 def _export(trainer: Any, out_dir: str, fp8: Fp8Format | None = None) -> str:
     """The policy as an HF folder; for FP8 engines, converted as tools/convert_hf_to_fp8.py
     converts (rank 0, after every rank's part of the export)."""
@@ -98,7 +131,7 @@ def _export(trainer: Any, out_dir: str, fp8: Fp8Format | None = None) -> str:
         return str(trainer.export_hf(out_dir))
     from rlpost.backends.fp8_convert import convert_folder
 
-    unquantised = f"{out_dir}.unquantised"
+    unquantised = f"{out_dir}{UNQUANTISED}"
     trainer.export_hf(unquantised)
     if _rank() == 0:
         convert_folder(unquantised, out_dir, fp8)
@@ -116,25 +149,29 @@ def _rank() -> int:
 
 
 async def _weight_buckets(
-    call: TrainerCall, num_ranks: int, bucket_bytes: int, fp8: Fp8Format | None
+    call: TrainerCall, num_ranks: int, bucket_bytes: int, fp8: Fp8Format | None, timeout_s: float
 ) -> AsyncGenerator[list[WeightInfo], None]:
     """The trainers' weights bucket by bucket. Every rank steps through the stream together
     (a sharded trainer gathers each bucket collectively); the bucket stays current on every
     rank until the next step, which drops it before gathering another: nothing looks ahead,
     so the last bucket is known only once the stream ends (the version follows it, see
     `_announce_version`)."""
-    ranks = range(num_ranks)
-    await asyncio.gather(
-        *(call(r, trainer_side.open_weight_stream, bucket_bytes, fp8) for r in ranks)
-    )
+
+    async def every_rank(what: str, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        return await on_every_rank(call, num_ranks, timeout_s, what, fn, *args)
+
+    opening = trainer_side.open_weight_stream
+    await every_rank("opening the weight stream", opening, bucket_bytes, fp8)
     try:
-        while True:
-            steps = await asyncio.gather(*(call(r, trainer_side.next_weight_bucket) for r in ranks))
+        for index in itertools.count():
+            steps = await every_rank(
+                f"gathering weight bucket {index}", trainer_side.next_weight_bucket
+            )
             if steps[0] is None:
                 return
             yield steps[0]
     finally:
-        await asyncio.gather(*(call(r, trainer_side.close_weight_stream) for r in ranks))
+        await every_rank("closing the weight stream", trainer_side.close_weight_stream)
 
 
 async def _announce_version(client: EngineClient, version: int, worker_urls: Sequence[str]) -> None:
@@ -165,28 +202,30 @@ class TensorSync:
         engine_ranks: Callable[[str], Sequence[int]],
         bucket_bytes: int,
         fp8: Fp8Format | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.engine_ranks = engine_ranks
         self.bucket_bytes = bucket_bytes
         self.fp8 = fp8
+        self.timeout_s = timeout_s
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
-        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes, self.fp8)
+        stream = _weight_buckets(
+            self.call, self.num_ranks, self.bucket_bytes, self.fp8, self.timeout_s
+        )
         async with contextlib.aclosing(stream) as buckets:
             async for _ in buckets:
                 try:
                     await self._send(worker_urls)
                 finally:
                     # the engines have mapped (and copied from) the bucket: free it everywhere
-                    await asyncio.gather(
-                        *(self.call(r, trainer_side.release_bucket) for r in range(self.num_ranks))
-                    )
+                    await self._every_rank("releasing a weight bucket", trainer_side.release_bucket)
         await _announce_version(self.client, version, worker_urls)
 
     async def _send(self, worker_urls: Sequence[str]) -> None:
-        payloads = await asyncio.gather(
-            *(self.call(r, trainer_side.tensor_bucket_payload) for r in range(self.num_ranks))
+        payloads = await self._every_rank(
+            "sharing a weight bucket", trainer_side.tensor_bucket_payload
         )
         answers = await asyncio.gather(
             *(
@@ -201,6 +240,9 @@ class TensorSync:
             )
         )  # fmt: skip
         _check_answers(answers, "update_weights_from_tensor")
+
+    async def _every_rank(self, what: str, fn: Callable[..., Any]) -> list[Any]:
+        return await on_every_rank(self.call, self.num_ranks, self.timeout_s, what, fn)
 
     async def close(self) -> None:
         return None
@@ -225,7 +267,7 @@ class DistributedSync:
         bucket_bytes: int,
         backend: str = "nccl",
         multi_node: bool = False,
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         fp8: Fp8Format | None = None,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
@@ -240,7 +282,9 @@ class DistributedSync:
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         await self._form_group(tuple(worker_urls))
-        stream = _weight_buckets(self.call, self.num_ranks, self.bucket_bytes, self.fp8)
+        stream = _weight_buckets(
+            self.call, self.num_ranks, self.bucket_bytes, self.fp8, self.timeout_s
+        )
         async with contextlib.aclosing(stream) as buckets:
             async for bucket in buckets:
                 await self._send(bucket, worker_urls)
@@ -320,12 +364,15 @@ class SyncContext:
     on_gpu: bool
     multi_node: bool
     fp8: Fp8Format | None = None  # the engines serve FP8: updates are quantised to it
+    timeout_s: float = DEFAULT_TIMEOUT_S  # trainer.collective_timeout_s
 
 
 WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
-    "disk": lambda c: DiskSync(c.client, c.call, c.num_ranks, c.weights_dir, c.fp8),
+    "disk": lambda c: DiskSync(
+        c.client, c.call, c.num_ranks, c.weights_dir, c.fp8, timeout_s=c.timeout_s
+    ),
     "tensor": lambda c: TensorSync(
-        c.client, c.call, c.num_ranks, c.engine_ranks, c.bucket_bytes, c.fp8
+        c.client, c.call, c.num_ranks, c.engine_ranks, c.bucket_bytes, c.fp8, c.timeout_s
     ),
     "distributed": lambda c: DistributedSync(
         c.client,
@@ -335,6 +382,7 @@ WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
         bucket_bytes=c.bucket_bytes,
         backend="nccl" if c.on_gpu else "gloo",
         multi_node=c.multi_node,
+        timeout_s=c.timeout_s,
         fp8=c.fp8,
     ),
 }

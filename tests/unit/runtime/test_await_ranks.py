@@ -1,4 +1,4 @@
-"""Calls on every train rank awaited as a whole (rlpost.runtime.session.await_ranks): a rank
+"""Calls on every train rank awaited as a whole (rlpost.runtime.rank_calls.await_ranks): a rank
 that does not answer within trainer.collective_timeout_s is named; a save, which reports the
 bytes it has written, is cut off only once it stops writing for that long."""
 
@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.runtime import session
+from rlpost.runtime import rank_calls
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.failures import RunFault
-from rlpost.runtime.session import await_ranks
+from rlpost.runtime.rank_calls import await_ranks
 
 TIMEOUT_S = 1.0  # a loaded machine's event loop may pause for a good part of a second
 
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(session, "PROGRESS_POLL_S", 0.05)
-    monkeypatch.setattr(session, "RANK_GRACE_S", 0.1)
+    monkeypatch.setattr(rank_calls, "PROGRESS_POLL_S", 0.05)
+    monkeypatch.setattr(rank_calls, "RANK_GRACE_S", 0.1)
 
 
 async def answer(value: int, after_s: float = 0.0) -> int:

@@ -24,6 +24,7 @@ from rlpost.backends.sglang import trainer_side
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess, free_port
 from rlpost.backends.torch_trainer.trainer import TorchTrainer
+from rlpost.runtime.failures import RunFault
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.weight_sync import (
     DiskSync,
@@ -146,6 +147,59 @@ def test_distributed_then_disk_sync_make_the_engine_serve_the_trainer_weights(
 
     # only the newest export is kept: it is what a restarted engine reloads
     assert run(scenario()) == ["v4"]
+
+
+def with_a_stuck_rank(trainer: TorchTrainer, stuck_in: Any) -> Any:
+    """Two train ranks: rank 0 the trainer, rank 1 one that answers every call at once but
+    never returns from `stuck_in` (as a rank stuck in a collective or a dead file system)."""
+    real = trainer_call(trainer)
+
+    async def call(rank: int, fn: Any, *args: Any) -> Any:
+        if rank == 0:
+            return await real(0, fn, *args)
+        if fn == stuck_in:
+            await asyncio.sleep(3600)
+        return None
+
+    return call
+
+
+@pytest.mark.parametrize("kind", ["disk", "distributed"])
+def test_a_rank_that_does_not_answer_ends_the_update_naming_it(
+    kind: str, engine_url: str, trainer: TorchTrainer, tmp_path: Path
+) -> None:
+    """Every step of an update that calls all train ranks is awaited as one collective: a
+    rank that never answers fails the update within trainer.collective_timeout_s (counted
+    from the export's last written byte on disk) with a RunFault naming it and the step, and
+    the engine keeps its version and serves again."""
+    from rlpost.backends.sglang.trainer_calls import trainer_side as by_name
+    from rlpost.runtime.weight_sync import _export
+
+    stuck_in = _export if kind == "disk" else by_name.next_weight_bucket
+    call = with_a_stuck_rank(trainer, stuck_in)
+    step = "the export of weight version 7" if kind == "disk" else "gathering weight bucket 0"
+
+    async def scenario() -> None:
+        async with EngineClient(engine_url, worker_urls=[engine_url]) as client:
+            before = await client.get_weight_version(engine_url)
+            if kind == "disk":
+                sync: Any = DiskSync(client, call, 2, tmp_path / "weights", timeout_s=1.0)
+            else:
+                sync = DistributedSync(
+                    client, call, num_ranks=2, gpus_per_engine=1, bucket_bytes=64 << 10,
+                    backend="gloo", timeout_s=1.0,
+                )  # fmt: skip
+            try:
+                with pytest.raises(RunFault, match=rf"rank\(s\) \[1\] did not arrive: {step}"):
+                    await asyncio.wait_for(
+                        update_engines(client, sync, [engine_url], version=7), timeout=60
+                    )
+            finally:
+                await sync.close()
+            assert await client.get_weight_version(engine_url) == before != "7"
+            await probe(client, engine_url, trainer, tolerance=float("inf"))  # it generates
+
+    run(scenario())
 
 
 def test_bucket_size_bounds_the_distributed_updates(engine_url: str, trainer: TorchTrainer) -> None:

@@ -1,0 +1,94 @@
+"""Awaiting one call on every train rank as a whole: a rank whose process died, or one that
+does not answer within trainer.collective_timeout_s (counted from the call's last progress
+where it reports some), is a RunFault that names it, instead of a driver that waits forever
+on a rank stuck in a collective."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from rlpost.runtime.failures import RunFault, actor_died
+
+__all__ = ["PROGRESS_POLL_S", "RANK_GRACE_S", "await_ranks"]
+
+# After one rank fails, how long the others get to answer before they count as missing.
+RANK_GRACE_S = 10.0
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref
+
+
+PROGRESS_POLL_S = 5.0
+"""How often a call that reports progress (`await_ranks`) is looked at."""
+
+
+async def await_ranks(
+    what: str,
+    refs: Sequence[Awaitable[Any]],
+    timeout: float,
+    progress: Callable[[], int] | None = None,
+) -> list[Any]:
+    """Await one call on every rank, in rank order. A rank whose process died is a RunFault;
+    when the others finish (or fail) and a rank still has not answered within `timeout`, it
+    is named as the one that did not arrive. `progress`: a figure that changes while the
+    call makes progress (the bytes a save has written); the timeout then counts from its
+    last change, so a long save that keeps writing is not cut off and a stalled one is."""
+    tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
+    done, pending = await _wait_while_progressing(tasks, timeout, progress)
+    failed = [t for t in done if t.exception() is not None]
+    if failed and pending:  # the others are probably stuck in a collective with it
+        more, pending = await asyncio.wait(pending, timeout=RANK_GRACE_S)
+        done |= more
+    for task in pending:
+        task.cancel()
+    missing = [rank for rank, t in enumerate(tasks) if t in pending]
+    errors = {rank: t.exception() for rank, t in enumerate(tasks) if t in done and t.exception()}
+    dead = [rank for rank, exc in errors.items() if actor_died(exc)]
+    if dead:
+        raise RunFault(
+            f"train rank(s) {dead} died during {what} ({errors[dead[0]]})",
+            component="train rank",
+        ) from errors[dead[0]]
+    if missing:
+        reason = f"; rank {min(errors)} failed: {errors[min(errors)]}" if errors else ""
+        since = " of its last progress" if progress is not None else ""
+        raise RunFault(
+            f"train rank(s) {missing} did not arrive: {what} did not finish within "
+            f"trainer.collective_timeout_s={timeout:g} s{since}{reason}",
+            component="train rank",
+        )
+    if errors:
+        first = min(errors)
+        raise errors[first]  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+async def _wait_while_progressing(
+    tasks: list[asyncio.Task[Any]], timeout: float, progress: Callable[[], int] | None
+) -> tuple[set[asyncio.Task[Any]], set[asyncio.Task[Any]]]:
+    """asyncio.wait for every task (or the first exception), with `timeout` counted from the
+    last change of `progress` (read off the event loop: a slow file system must not stall
+    it)."""
+    if progress is None:
+        return await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+    done: set[asyncio.Task[Any]] = set()
+    pending: set[asyncio.Task[Any]] = set(tasks)
+    seen, quiet_since = await asyncio.to_thread(progress), time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - quiet_since)
+        finished, pending = await asyncio.wait(
+            pending, timeout=max(0.0, min(PROGRESS_POLL_S, left)),
+            return_when=asyncio.FIRST_EXCEPTION,
+        )  # fmt: skip
+        done |= finished
+        if not pending or any(t.exception() is not None for t in finished):
+            return done, pending
+        now = await asyncio.to_thread(progress)
+        if now != seen:
+            seen, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= timeout:
+            return done, pending
