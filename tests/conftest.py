@@ -143,3 +143,49 @@ def save_tiny_mistral(path: Path, *, hidden: int = 64, layers: int = 2, seed: in
 def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, hidden-64 random Mistral with the shipped tiny tokenizer."""
     return save_tiny_mistral(tmp_path_factory.mktemp("tiny_mistral"))
+
+
+def save_tiny_glm_moe(path: Path, *, hidden: int = 64, seed: int = 0) -> Path:
+    """A random GLM-4.5-shaped mixture of experts with the shipped tiny tokenizer: a dense
+    first layer, then an MoE layer of 4 experts (top-2) beside a shared expert, routed by a
+    sigmoid router whose expert bias (a persistent buffer, in the checkpoint) is drawn at
+    random as a pre-trained one would be."""
+    import shutil
+
+    import torch
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    shipped = json.loads((TINY_ASSETS / "config.json").read_text())
+    config = Glm4MoeConfig(
+        vocab_size=shipped["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        moe_intermediate_size=hidden // 2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=shipped["max_position_embeddings"],
+        tie_word_embeddings=False,
+        bos_token_id=shipped["bos_token_id"],
+        eos_token_id=shipped["eos_token_id"],
+        pad_token_id=shipped["pad_token_id"],
+    )
+    torch.manual_seed(seed)
+    model = Glm4MoeForCausalLM(config)
+    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_()
+    model.save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copy(TINY_ASSETS / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_glm_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_glm_moe(tmp_path_factory.mktemp("tiny_glm_moe"))

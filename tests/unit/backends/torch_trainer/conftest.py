@@ -14,8 +14,6 @@ import torch
 import torch.distributed as dist
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
-    Glm4MoeConfig,
-    Glm4MoeForCausalLM,
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
@@ -72,34 +70,6 @@ def save_tiny_qwen3_moe(path: Path, *, layers: int = 2, hidden: int = 64, seed: 
     return path
 
 
-def save_tiny_glm4_moe(path: Path, *, hidden: int = 64, seed: int = 0) -> Path:
-    """A random GLM-4.5-shaped model: a dense first layer, then an MoE layer of 4 experts,
-    top-2, a shared expert and a sigmoid router whose expert bias (a persistent buffer, in
-    the checkpoint beside the weights) is drawn at random as a trained one would be."""
-    torch.manual_seed(seed)
-    config = Glm4MoeConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        moe_intermediate_size=hidden // 2,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        max_position_embeddings=1024,
-    )
-    model = Glm4MoeForCausalLM(config)
-    model.model.layers[1].mlp.gate.e_score_correction_bias.normal_()
-    model.save_pretrained(path)
-    _save_tokenizer(path)
-    return path
-
-
 def _save_tokenizer(path: Path) -> None:
     vocab = {"<pad>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, VOCAB_SIZE)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
@@ -131,11 +101,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny_qwen3_moe"))
-
-
-@pytest.fixture(scope="session")
-def tiny_glm_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_glm4_moe(tmp_path_factory.mktemp("tiny_glm4_moe"))
 
 
 def random_samples(
