@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import ray
@@ -9,6 +10,7 @@ import ray
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess
 from rlpost.runtime.progress import trainer_notes_to_stderr
+from rlpost.runtime.rank_io import ReadMeter
 from rlpost.runtime.trainers import TrainerSpec, build_trainer
 from rlpost.types import TrainSample
 
@@ -35,12 +37,22 @@ class TrainActor:
     """One train rank; the backend (rlpost.runtime.trainers) does the work, the actor only
     hosts it. The run calls every method on all ranks at once."""
 
-    def __init__(self, spec: TrainerSpec, rank: int, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        spec: TrainerSpec,
+        rank: int,
+        env: dict[str, str],
+        reads: tuple[str, list[str]] | None = None,
+    ) -> None:
+        """`reads`: (a folder, the folders this rank loads from as it starts): its reads of
+        them are metered to the folder (`rank_io`)."""
         os.environ.update(env)  # before torch loads here: its thread pool reads it
         trainer_notes_to_stderr()
-        _seed_everything(spec.seed + rank)
-        self.backend = spec.backend
-        self.trainer = build_trainer(spec, rank)
+        meter = ReadMeter(reads[0], rank, reads[1]) if reads else contextlib.nullcontext()
+        with meter:
+            _seed_everything(spec.seed + rank)
+            self.backend = spec.backend
+            self.trainer = build_trainer(spec, rank)
 
     def ready(self) -> bool:
         return True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,6 +46,7 @@ from rlpost.runtime.leftovers import record_processes
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rank_calls import await_ranks
+from rlpost.runtime.rank_io import READS_DIR, load_metered, reads_seen
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterSettings
 from rlpost.runtime.trainers import trainer_spec
@@ -105,6 +107,7 @@ class Session:
         # port. Held in memory and in child processes' environments only.
         self.engine_key = new_engine_key()
         self.weights_dir = run_dir / "weights"
+        self.reads_dir = run_dir / READS_DIR  # what the ranks have read (rank_io)
         self.weight_sync: WeightSync | None = None
         self.weight_version = 0
         self.offload = plan.runtime.offload
@@ -143,7 +146,9 @@ class Session:
                     raise outcome
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
             await self._start_router()
-            await self.on_ranks("start", [t.ready.remote() for t in self.trainers])
+            await self.on_ranks(
+                "start", [t.ready.remote() for t in self.trainers], progress=self._rank_reads
+            )
             if self.reward_actor is not None:
                 await self.on_ranks("the reward model's start", [self.reward_actor.ready.remote()])
             await self._start_weight_sync()
@@ -302,12 +307,16 @@ class Session:
         if spec.init_method is None:  # across nodes; on one node it is a file (placement.json)
             status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
         resources = self.cluster.share(TRAIN_SHARE if placement.colocate else 1.0)
+        model = cfg.model
+        loads = [
+            os.path.abspath(p) for p in (model.hf_checkpoint, model.ref_load, model.load) if p
+        ]
         for rank, slot in enumerate(placement.train_slots):
             index = placement.index(slot)
             strategy = self.cluster.strategy(index)
             actor = TrainActor.options(  # type: ignore[attr-defined]
                 scheduling_strategy=strategy, **resources
-            ).remote(spec, rank, self._thread_env(index))
+            ).remote(spec, rank, self._thread_env(index), (str(self.reads_dir), loads))
             self.trainers.append(actor)
 
     def _start_reward_model(self) -> None:
@@ -441,6 +450,11 @@ class Session:
     async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
         """`fn(trainer, *args)` in train rank `rank`'s process."""
         return await self.trainers[rank].__ray_call__.remote(on_trainer, fn, *args)
+
+    def _rank_reads(self) -> int:
+        """A figure that changes while the train ranks read the folders they start or resume
+        from (`rank_io`)."""
+        return reads_seen(self.reads_dir)
 
     def _on_all_trainers(self, fn: Any, *args: Any) -> list[Any]:
         return [t.__ray_call__.remote(on_trainer, fn, *args) for t in self.trainers]
@@ -591,13 +605,14 @@ class Session:
 
     async def load_trainer(self, checkpoint: Path) -> list[int]:
         """Load a checkpoint into every rank; returns the ranks that had no saved RNG."""
-        from rlpost.runtime.run_state import load_rank_state
-
         refs = [
-            t.__ray_call__.remote(on_trainer, load_rank_state, str(checkpoint), rank)
+            t.__ray_call__.remote(
+                on_trainer, load_metered, str(checkpoint), rank, str(self.reads_dir)
+            )
             for rank, t in enumerate(self.trainers)
         ]
-        found = await self.on_ranks("loading the checkpoint", refs)
+        # like a save, it runs while it still reads (a large model's outlasts the timeout)
+        found = await self.on_ranks("loading the checkpoint", refs, progress=self._rank_reads)
         return [rank for rank, ok in enumerate(found) if not ok]
 
     async def export_policy(self, out_dir: Path) -> None:

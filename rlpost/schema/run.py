@@ -42,7 +42,8 @@ class TrainerConfig(Section):
         600.0,
         description="a collective (gloo, NCCL) or a call on the train ranks that takes longer "
         "fails, naming the rank that did not arrive; a checkpoint save or an HF export fails "
-        "once it has written nothing for this long",
+        "once it has written nothing for this long, the ranks' start and a checkpoint load "
+        "once they have read nothing",
     )
 
 
