@@ -308,9 +308,7 @@ class Session:
             status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
         resources = self.cluster.share(TRAIN_SHARE if placement.colocate else 1.0)
         model = cfg.model
-        loads = [
-            os.path.abspath(p) for p in (model.hf_checkpoint, model.ref_load, model.load) if p
-        ]
+        loads = [os.path.abspath(p) for p in (model.hf_checkpoint, model.ref_load, model.load) if p]
         for rank, slot in enumerate(placement.train_slots):
             index = placement.index(slot)
             strategy = self.cluster.strategy(index)
