@@ -75,8 +75,6 @@ class ReadMeter:
         self._thread = threading.Thread(target=self._run, name="rlpost-read-meter", daemon=True)
 
     def __enter__(self) -> ReadMeter:
-        with contextlib.suppress(OSError):
-            self.folder.mkdir(parents=True, exist_ok=True)
         self._thread.start()
         return self
 
@@ -104,6 +102,7 @@ class ReadMeter:
         staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         # a full disk or a vanished run directory must not fail the load being metered
         with contextlib.suppress(OSError):
+            self.folder.mkdir(parents=True, exist_ok=True)  # not before a load lasts a look
             staging.write_text(str(value), encoding="utf-8")
             os.replace(staging, self.path)
 
