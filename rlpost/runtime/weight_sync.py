@@ -33,6 +33,7 @@ from rlpost.backends.fp8_format import Fp8Format
 from rlpost.backends.hf_folder import staging_folders
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.runtime.checkpoint import bytes_under
+from rlpost.runtime.failures import RunFault
 from rlpost.runtime.rank_calls import await_ranks
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
 from rlpost.runtime.rollout.manager import NEUTRAL_SAMPLING
@@ -148,30 +149,45 @@ def _rank() -> int:
 # ---- shared by the bucketed ways ----------------------------------------------------------
 
 
+class _Ranks:
+    """Calls on every train rank for one push, each awaited as one collective. Once one has
+    failed for a rank (dead, or not answering), `failed` is set: the push's clean-ups (closing
+    the stream, releasing a bucket) are not asked of ranks that cannot answer them, which
+    would cost another timeout and report the clean-up instead of the step that failed."""
+
+    def __init__(self, call: TrainerCall, num_ranks: int, timeout_s: float) -> None:
+        self.call, self.num_ranks, self.timeout_s = call, num_ranks, timeout_s
+        self.failed = False
+
+    async def every(self, what: str, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        try:
+            return await on_every_rank(self.call, self.num_ranks, self.timeout_s, what, fn, *args)
+        except RunFault:
+            self.failed = True
+            raise
+
+
 async def _weight_buckets(
-    call: TrainerCall, num_ranks: int, bucket_bytes: int, fp8: Fp8Format | None, timeout_s: float
+    ranks: _Ranks, bucket_bytes: int, fp8: Fp8Format | None
 ) -> AsyncGenerator[list[WeightInfo], None]:
     """The trainers' weights bucket by bucket. Every rank steps through the stream together
     (a sharded trainer gathers each bucket collectively); the bucket stays current on every
     rank until the next step, which drops it before gathering another: nothing looks ahead,
     so the last bucket is known only once the stream ends (the version follows it, see
     `_announce_version`)."""
-
-    async def every_rank(what: str, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        return await on_every_rank(call, num_ranks, timeout_s, what, fn, *args)
-
     opening = trainer_side.open_weight_stream
-    await every_rank("opening the weight stream", opening, bucket_bytes, fp8)
+    await ranks.every("opening the weight stream", opening, bucket_bytes, fp8)
     try:
         for index in itertools.count():
-            steps = await every_rank(
+            steps = await ranks.every(
                 f"gathering weight bucket {index}", trainer_side.next_weight_bucket
             )
             if steps[0] is None:
                 return
             yield steps[0]
     finally:
-        await every_rank("closing the weight stream", trainer_side.close_weight_stream)
+        if not ranks.failed:
+            await ranks.every("closing the weight stream", trainer_side.close_weight_stream)
 
 
 async def _announce_version(client: EngineClient, version: int, worker_urls: Sequence[str]) -> None:
@@ -211,22 +227,20 @@ class TensorSync:
         self.timeout_s = timeout_s
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
-        stream = _weight_buckets(
-            self.call, self.num_ranks, self.bucket_bytes, self.fp8, self.timeout_s
-        )
+        ranks = _Ranks(self.call, self.num_ranks, self.timeout_s)
+        stream = _weight_buckets(ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
             async for _ in buckets:
                 try:
-                    await self._send(worker_urls)
+                    await self._send(ranks, worker_urls)
                 finally:
                     # the engines have mapped (and copied from) the bucket: free it everywhere
-                    await self._every_rank("releasing a weight bucket", trainer_side.release_bucket)
+                    if not ranks.failed:
+                        await ranks.every("releasing a weight bucket", trainer_side.release_bucket)
         await _announce_version(self.client, version, worker_urls)
 
-    async def _send(self, worker_urls: Sequence[str]) -> None:
-        payloads = await self._every_rank(
-            "sharing a weight bucket", trainer_side.tensor_bucket_payload
-        )
+    async def _send(self, ranks: _Ranks, worker_urls: Sequence[str]) -> None:
+        payloads = await ranks.every("sharing a weight bucket", trainer_side.tensor_bucket_payload)
         answers = await asyncio.gather(
             *(
                 self.client.post(url, "/update_weights_from_tensor", {
@@ -240,9 +254,6 @@ class TensorSync:
             )
         )  # fmt: skip
         _check_answers(answers, "update_weights_from_tensor")
-
-    async def _every_rank(self, what: str, fn: Callable[..., Any]) -> list[Any]:
-        return await on_every_rank(self.call, self.num_ranks, self.timeout_s, what, fn)
 
     async def close(self) -> None:
         return None
@@ -282,9 +293,8 @@ class DistributedSync:
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         await self._form_group(tuple(worker_urls))
-        stream = _weight_buckets(
-            self.call, self.num_ranks, self.bucket_bytes, self.fp8, self.timeout_s
-        )
+        ranks = _Ranks(self.call, self.num_ranks, self.timeout_s)
+        stream = _weight_buckets(ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
             async for bucket in buckets:
                 await self._send(bucket, worker_urls)
