@@ -9,11 +9,10 @@ open under the folders being loaded (`/proc/self/fd`) and where each stands
 changed to a file of its own in the run directory, which every node sees
 (`Cluster.check_shared`). The driver sums the files (`reads_seen`) and counts the timeout from
 their last change (`rank_calls.await_ranks`), as it counts a save's from its last written
-byte. A rank stuck in a read, or done reading and
-stuck in a collective, changes nothing. The process's own read counter (`rchar`) would not do:
-an idle Ray worker reads some 100 kB/s of its own. Reads through a memory map (safetensors)
-move no offset: such a load is timed as a whole, as before. Where /proc is not there, nothing
-is written.
+byte. A rank stuck in a read, or done reading and stuck in a collective, changes nothing. The
+process's own read counter (`rchar`) would not do: an idle Ray worker reads some 100 kB/s of
+its own. Reads through a memory map (safetensors) move no offset: such a load is timed as a
+whole. Where /proc is not there, nothing is written.
 
 Stdlib only: the driver imports it.
 """
