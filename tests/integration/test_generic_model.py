@@ -23,25 +23,36 @@ HOOKS = ROOT / "tests" / "hooks_fixtures"
 pytestmark = pytest.mark.integration
 
 
-def test_a_mistral_drawn_as_generic_trains_end_to_end_on_cpu(
-    tiny_mistral_dir: Path, tmp_path: Path
-) -> None:
+def launch_drawn_model(
+    hf_dir: Path, name: str, tmp_path: Path, *overrides: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`rlpost new model --from-hf hf_dir` as `name`, then 2 rollouts of it through the real
+    loop on CPU with `overrides`; (the launch, its run directory)."""
     conf = tmp_path / "conf"
-    main(["new", "model", "--from-hf", str(tiny_mistral_dir), "--name", "mistral-tiny",
-          "--config-dir", str(conf)])  # fmt: skip
+    main(["new", "model", "--from-hf", str(hf_dir), "--name", name, "--config-dir", str(conf)])
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, str(ROOT / "launch.py"), "--config-dir", str(conf), "model=mistral-tiny",
+        sys.executable, str(ROOT / "launch.py"), "--config-dir", str(conf), f"model={name}",
         f"run.dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}", "run.progress=false",
         "recipe.rollout.num_rollout=2",
         # a reward a random model earns unevenly, so the first rollout changes the weights
         "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
-        "recipe.algo.kl_metric_interval=1",  # loads and runs the reference (the HF folder)
         "recipe.eval.interval=null", "recipe.eval.datasets=[]", "tracking.tensorboard=false",
+        *overrides,
     ]  # fmt: skip
     path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return proc, run_dir
+
+
+def test_a_mistral_drawn_as_generic_trains_end_to_end_on_cpu(
+    tiny_mistral_dir: Path, tmp_path: Path
+) -> None:
+    proc, run_dir = launch_drawn_model(
+        tiny_mistral_dir, "mistral-tiny", tmp_path,
+        "recipe.algo.kl_metric_interval=1",  # loads and runs the reference (the HF folder)
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from rlpost.cli.main import main
+from .test_generic_model import launch_drawn_model
 
-ROOT = Path(__file__).resolve().parents[2]
-HOOKS = ROOT / "tests" / "hooks_fixtures"
 BIAS = "model.layers.1.mlp.gate.e_score_correction_bias"
 
 pytestmark = pytest.mark.integration
@@ -34,23 +29,11 @@ def test_a_glm_moe_trains_with_megatron_and_the_engine_serves_its_experts(
 ) -> None:
     from rlpost.backends.hf_load import read_safetensors_dir
 
-    conf = tmp_path / "conf"
-    main(["new", "model", "--from-hf", str(tiny_glm_moe_dir), "--name", "glm-moe-tiny",
-          "--config-dir", str(conf)])  # fmt: skip
-    run_dir = tmp_path / "run"
-    command = [
-        sys.executable, str(ROOT / "launch.py"), "--config-dir", str(conf), "model=glm-moe-tiny",
-        "trainer.backend=megatron", f"run.dir={run_dir}", f"hydra.run.dir={tmp_path / 'hydra'}",
-        "run.progress=false", "recipe.rollout.num_rollout=2",
-        # a reward a random model earns unevenly, so the first rollout changes the weights,
-        # and a step large enough that an expert the update missed would show in rollout 1
-        "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+    proc, run_dir = launch_drawn_model(
+        tiny_glm_moe_dir, "glm-moe-tiny", tmp_path, "trainer.backend=megatron",
+        # a step large enough that an expert the update missed would show in rollout 1
         "recipe.optim.lr=1e-3",
-        "recipe.eval.interval=null", "recipe.eval.datasets=[]", "tracking.tensorboard=false",
-    ]  # fmt: skip
-    path = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
