@@ -49,18 +49,31 @@ TrainerCall = Callable[..., Awaitable[Any]]
 DEFAULT_TIMEOUT_S = 600.0  # trainer.collective_timeout_s's default
 
 
-async def on_every_rank(
-    call: TrainerCall,
-    num_ranks: int,
-    timeout_s: float,
-    what: str,
-    fn: Callable[..., Any],
-    *args: Any,
-    progress: Callable[[], int] | None = None,
-) -> list[Any]:
-    """`fn(trainer, *args)` on every train rank, awaited as one collective (`await_ranks`)."""
-    calls = [call(rank, fn, *args) for rank in range(num_ranks)]
-    return await await_ranks(what, calls, timeout_s, progress)
+class _Ranks:
+    """Calls on every train rank for one push, each awaited as one collective
+    (`await_ranks`). Once one has failed for a rank (dead, or not answering), `failed` is set:
+    the push's clean-ups (closing the stream, releasing a bucket) are not asked of ranks that
+    cannot answer them, which would cost another timeout and report the clean-up instead of
+    the step that failed."""
+
+    def __init__(self, call: TrainerCall, num_ranks: int, timeout_s: float) -> None:
+        self.call, self.num_ranks, self.timeout_s = call, num_ranks, timeout_s
+        self.failed = False
+
+    async def every(
+        self,
+        what: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        progress: Callable[[], int] | None = None,
+    ) -> list[Any]:
+        """`fn(trainer, *args)` on every rank; `progress` as `await_ranks` takes it."""
+        calls = [self.call(rank, fn, *args) for rank in range(self.num_ranks)]
+        try:
+            return await await_ranks(what, calls, self.timeout_s, progress)
+        except RunFault:
+            self.failed = True
+            raise
 
 
 class WeightSync(Protocol):
@@ -105,8 +118,7 @@ class DiskSync:
         if self.exported != version:
             # Every rank enters (the export ends in a barrier); rank 0 writes.
             staged = [target, Path(f"{target}{UNQUANTISED}")]
-            await on_every_rank(
-                self.call, self.num_ranks, self.timeout_s,
+            await _Ranks(self.call, self.num_ranks, self.timeout_s).every(
                 f"the export of weight version {version} for the engines",
                 _export, str(target), self.fp8,
                 progress=lambda: sum(bytes_under(f) for o in staged for f in staging_folders(o)),
@@ -147,24 +159,6 @@ def _rank() -> int:
 
 
 # ---- shared by the bucketed ways ----------------------------------------------------------
-
-
-class _Ranks:
-    """Calls on every train rank for one push, each awaited as one collective. Once one has
-    failed for a rank (dead, or not answering), `failed` is set: the push's clean-ups (closing
-    the stream, releasing a bucket) are not asked of ranks that cannot answer them, which
-    would cost another timeout and report the clean-up instead of the step that failed."""
-
-    def __init__(self, call: TrainerCall, num_ranks: int, timeout_s: float) -> None:
-        self.call, self.num_ranks, self.timeout_s = call, num_ranks, timeout_s
-        self.failed = False
-
-    async def every(self, what: str, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        try:
-            return await on_every_rank(self.call, self.num_ranks, self.timeout_s, what, fn, *args)
-        except RunFault:
-            self.failed = True
-            raise
 
 
 async def _weight_buckets(
