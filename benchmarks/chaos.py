@@ -74,6 +74,7 @@ import psutil
 
 from rlpost.plan import build_plan
 from rlpost.runtime.rollout_dump import dump_path, first_difference
+from rlpost.runtime.run_state import read_loop_state
 from rlpost.schema import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -418,7 +419,8 @@ class Chaos:
     def _stopped_with_everything_saved(self, outcome: Outcome) -> bool:
         """After a SIGTERM: the launch exited with 143, and when it had logged a rollout of
         its own, its newest checkpoint holds every rollout logged (before that, a launch
-        still starting saves nothing, and the records past its checkpoint are redone)."""
+        still starting saves nothing, and the records past its checkpoint are redone), and
+        one more when that rollout's record waits for its evaluation (`Unfinished`)."""
         assert self.proc is not None
         code = self.proc.wait()
         self._poll()
@@ -430,6 +432,9 @@ class Chaos:
             return False
         saves = (self.run_dir / "ckpt").glob("rollout_*")
         newest = max((int(p.name.removeprefix("rollout_")) for p in saves), default=0)
+        if logged and newest == self.last_rollout + 2:
+            waiting = read_loop_state(self.run_dir / "ckpt" / f"rollout_{newest}").unfinished
+            newest -= bool(waiting and waiting["metrics"] is not None)
         if logged and newest != self.last_rollout + 1:
             outcome.note = (
                 f"stopped with {self.last_rollout + 1} rollouts logged and the newest "

@@ -150,6 +150,12 @@ def stopped(
         what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
     elif halted.saved is not None:
         what = f"SIGTERM; every finished rollout ({halted.done}) is in {halted.saved}"
+        if halted.waiting:
+            verb = "are" if " and " in halted.waiting else "is"
+            what += (
+                f" ({halted.waiting} due after rollout {halted.done} {verb} done first when "
+                "the run continues)"
+            )
     else:
         what = f"SIGTERM after rollout {halted.done}"
     return RunStopped(what, run_dir, _newest_checkpoint(run_dir), restarts)

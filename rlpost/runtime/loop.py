@@ -4,7 +4,9 @@ The rollout pipeline (rlpost.runtime.pipeline) produces rewarded groups within t
 the plan's loop; each train step takes its batch, trains, pushes the weights to the engines
 when due, evaluates when due, logs, and saves when due. The same steps serve every loop mode:
 only the pipeline's bounds differ. Asked to stop (SIGTERM, rlpost.runtime.stop), the loop
-saves every finished rollout and raises Stopped.
+saves every finished rollout and raises Stopped; a rollout it trained meanwhile is saved
+without the evaluation and HF export due after it (`Unfinished`), which the resumed run does
+first, so the stop's lead time covers a rollout's training and a save, nothing longer.
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ from rlpost.schema import RunConfig
 from rlpost.types import Sample
 
 DEFAULT_GENERATE = "rlpost.runtime.rollout.manager.generate_sample"
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A rollout trained after a SIGTERM, saved before its evaluation and HF export (when
+    due): the resumed run evaluates and exports it first (as its config has them due), then
+    logs its record. `metrics`: the record, when it waits for the evaluation (None: logged);
+    `before_training`: rollout 0's evaluation before training, logged with it."""
+
+    rollout_id: int
+    metrics: dict[str, float] | None = None
+    before_training: dict[str, float] = dataclasses.field(default_factory=dict)
+    groups: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_state(cls, state: LoopState) -> Unfinished | None:
+        return cls(**state.unfinished) if state.unfinished else None
 
 
 @dataclass(frozen=True)
@@ -116,11 +135,15 @@ class TrainLoop:
             start_version=self.start,
         )
         self.reports = [EvalReport(**r) for r in resume.state.eval_history] if resume else []
+        self.unfinished = Unfinished.from_state(resume.state) if resume else None
+        waiting = self.unfinished is not None and self.unfinished.metrics is not None
         self.logger = MetricsLogger(
             self.run_dir,
             cfg.tracking,
             run_name=self.run_dir.name,
-            start_rollout=self.start,
+            # a record that waited for its evaluation is logged (again, if an earlier resume
+            # from the same checkpoint logged it) by this run
+            start_rollout=self.start - 1 if waiting else self.start,
             wandb_run_id=self._resumed_wandb_id(),
             config=config_dict(cfg),
         )
@@ -170,6 +193,8 @@ class TrainLoop:
             pending_eval = await self._evaluate(0)  # logged with rollout 0
         if self.resume:
             restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
+        if self.unfinished is not None:
+            await self._finish(self.unfinished)
         progress = Progress(total, initial=start, enabled=cfg.run.progress)
         self.pipeline.start()
         if self.stop is not None:
@@ -177,18 +202,17 @@ class TrainLoop:
         try:
             for step in range(start, total):
                 try:
-                    metrics, groups = await self.step(step)
+                    metrics, groups, eval_waits = await self.step(step)
                 except StopRequested:
                     await self._stop(step)
-                *evaluations, record = step_records(pending_eval, metrics)
+                if eval_waits:  # stopping: saved first, evaluated and logged when resumed
+                    await self._stop(step + 1, Unfinished(step, metrics, pending_eval, groups))
+                # Logged before the save: a checkpoint never runs ahead of metrics.jsonl
+                # (but for a record that waits for its evaluation, which the checkpoint holds).
+                progress.update(self._log_step(step, pending_eval, metrics, groups))
                 pending_eval = {}
-                # Logged before the save: a checkpoint never runs ahead of metrics.jsonl.
-                for evaluation in evaluations:
-                    self.logger.log(step, evaluation)
-                self.logger.log(step, record, extra={"groups": groups})
-                progress.update(record)
                 if self.stopping and step + 1 < total:  # the last one ends the run as usual
-                    await self._stop(step + 1)
+                    await self._stop(step + 1, Unfinished(step))
                 await self._save_when_due(step + 1)
                 self.pipeline.step_done(step)
         finally:
@@ -201,13 +225,62 @@ class TrainLoop:
     def stopping(self) -> bool:
         return self.stop is not None and self.stop.requested.is_set()
 
-    async def _stop(self, done: int) -> NoReturn:
-        """Save the rollouts finished since the newest checkpoint, then raise Stopped."""
-        saved = await self.save(done) if done > self.saved_at else None
-        raise Stopped(done, saved)
+    def _log_step(
+        self,
+        step: int,
+        before_training: dict[str, float],
+        metrics: dict[str, float],
+        groups: dict[str, list[int]],
+    ) -> dict[str, float]:
+        *evaluations, record = step_records(before_training, metrics)
+        for evaluation in evaluations:
+            self.logger.log(step, evaluation)
+        self.logger.log(step, record, extra={"groups": groups})
+        return record
 
-    async def step(self, step: int) -> tuple[dict[str, float], dict[str, list[int]]]:
-        """Take the step's groups, train, push weights and evaluate when due."""
+    def _waiting(self, unfinished: Unfinished) -> list[str]:
+        """What is due after `unfinished`'s rollout and not done: its evaluation, when its
+        record waits for one, and its HF export."""
+        cfg, total = self.cfg.recipe, self.cfg.recipe.rollout.num_rollout
+        done = unfinished.rollout_id + 1
+        evaluates = bool(self.inputs.eval_sets) and _due(cfg.eval.interval, done, total)
+        due = {
+            "the evaluation": unfinished.metrics is not None and evaluates,
+            "the HF export": _due(cfg.save.save_hf_interval, done, total),
+        }
+        return [what for what, is_due in due.items() if is_due]
+
+    async def _stop(self, done: int, unfinished: Unfinished | None = None) -> NoReturn:
+        """Save the rollouts finished since the newest checkpoint, then raise Stopped.
+        `unfinished`: the rollout trained since the signal, whose evaluation and HF export
+        (when due) the resumed run does first."""
+        waiting = self._waiting(unfinished) if unfinished is not None else []
+        kept = unfinished if waiting else None
+        saved = await self.save(done, kept) if done > self.saved_at else None
+        if saved is None and kept is not None and kept.metrics is not None:
+            # nothing to resume it from: its record is logged as it is, without the evaluation
+            self._log_step(kept.rollout_id, kept.before_training, kept.metrics, kept.groups)
+            waiting = []
+        raise Stopped(done, saved, " and ".join(waiting))
+
+    async def _finish(self, unfinished: Unfinished) -> None:
+        """What a SIGTERM left of the rollout before the resumed one: its evaluation (its
+        record waited for it) and its HF export, as this run's config has them due."""
+        step = unfinished.rollout_id
+        done = step + 1
+        waiting = self._waiting(unfinished)
+        if unfinished.metrics is not None:
+            metrics = dict(unfinished.metrics)
+            if "the evaluation" in waiting:
+                metrics.update(await self._evaluate(done))
+            metrics["perf/weight_version"] = float(self.session.weight_version)  # now `done`
+            self._log_step(step, unfinished.before_training, metrics, unfinished.groups)
+        if "the HF export" in waiting:
+            await self._export_hf(done)
+
+    async def step(self, step: int) -> tuple[dict[str, float], dict[str, list[int]], bool]:
+        """Take the step's groups, train, push weights and evaluate when due. The flag: an
+        evaluation was due and waits, since the loop stops after this rollout (SIGTERM)."""
         cfg, rollout = self.cfg, self.cfg.recipe.rollout
         started = time.perf_counter()
         first = step == self.start
@@ -228,12 +301,15 @@ class TrainLoop:
         eval_due = bool(self.inputs.eval_sets) and _due(
             cfg.recipe.eval.interval, done, rollout.num_rollout
         )
-        # stopping, the push serves only an evaluation due now: the rollout's record needs it
+        # stopping before the last rollout, an evaluation waits for the resumed run: the save
+        # comes first (`Unfinished`); and no push is due (no rollout follows)
+        eval_waits = eval_due and self.stopping and done < rollout.num_rollout
+        eval_now = eval_due and not eval_waits
         push_due = done % cfg.recipe.loop.update_weights_interval == 0 and not self.stopping
-        if push_due or eval_due:
+        if push_due or eval_now:
             metrics["perf/weight_sync_time_s"] = await self.session.push_weights(version=done)
             self.pipeline.weights_pushed(done)
-        if eval_due:
+        if eval_now:
             metrics.update(await self._evaluate(done))
         wall = time.perf_counter() - started
         metrics["perf/step_time_s"] = wall
@@ -241,7 +317,7 @@ class TrainLoop:
         metrics["perf/weight_version"] = float(self.session.weight_version)
         if first:
             metrics["perf/startup_time_s"] = startup
-        return metrics, accounting(batch, self.outstanding())
+        return metrics, accounting(batch, self.outstanding()), eval_waits
 
     def outstanding(self) -> list[int]:
         """Groups drawn but not yet trained, filtered or dropped: queued, generating, or
@@ -263,17 +339,21 @@ class TrainLoop:
         # the HF export first: a run killed between the two resumes from an older checkpoint
         # and exports again, where the other order would resume past a missing export
         if _due(save.save_hf_interval, done, total):
-            try:
-                await self.session.export_policy(self.run_dir / "hf" / f"rollout_{done}")
-            except OSError as exc:
-                status(f"the HF export after rollout {done} could not be written: {exc}")
+            await self._export_hf(done)
         if _due(save.interval, done, total):
             await self.save(done)
 
-    async def save(self, done: int) -> Path | None:
+    async def _export_hf(self, done: int) -> None:
+        try:
+            await self.session.export_policy(self.run_dir / "hf" / f"rollout_{done}")
+        except OSError as exc:
+            status(f"the HF export after rollout {done} could not be written: {exc}")
+
+    async def save(self, done: int, unfinished: Unfinished | None = None) -> Path | None:
         """Write ckpt/rollout_<done> atomically (see rlpost.runtime.checkpoint). A save the
         disk refuses (full, a quota, a size limit) is reported and the previous checkpoint
-        stays the newest; when it was the run's last save, the run fails."""
+        stays the newest; when it was the run's last save, the run fails. `unfinished`: what
+        the resumed run does first (a SIGTERM's save)."""
         start = time.perf_counter()
         cfg, data = self.cfg, self.inputs.data
         # one consistent cut of the data position, the buffer and the pipeline's groups
@@ -289,6 +369,7 @@ class TrainLoop:
             parallel=plan_grid(self.plan),
             train_ranks=len(self.session.trainers),
             optimizer_saved=cfg.recipe.save.save_optimizer,
+            unfinished=asdict(unfinished) if unfinished is not None else None,
         )
 
         async def write(staging: Path) -> None:

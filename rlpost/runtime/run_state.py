@@ -58,6 +58,9 @@ class LoopState:
     parallel: dict[str, Any] = field(default_factory=dict)
     train_ranks: int = 1
     optimizer_saved: bool = True
+    # A SIGTERM's save after a rollout trained: what the resumed run does for that rollout
+    # first (its evaluation and HF export when due; rlpost.runtime.loop.Unfinished).
+    unfinished: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"

@@ -62,11 +62,12 @@ class StopRequested(Exception):
 
 class Stopped(Exception):
     """The loop has stopped for the signal: `done` rollouts are finished, and the checkpoint
-    it saved for them (None: nothing new to save, or the disk refused it)."""
+    it saved for them (None: nothing new to save, or the disk refused it). `waiting`: what
+    of the last rollout the resumed run does first (its evaluation, its HF export), if any."""
 
-    def __init__(self, done: int, saved: Path | None) -> None:
+    def __init__(self, done: int, saved: Path | None, waiting: str = "") -> None:
         super().__init__(f"stopped after rollout {done}")
-        self.done, self.saved = done, saved
+        self.done, self.saved, self.waiting = done, saved, waiting
 
 
 class StopSignal:

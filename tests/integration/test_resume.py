@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -307,9 +308,11 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
 ) -> None:
     """SIGTERM, as a scheduler's time limit or preemption sends it. While a launch starts: it
     stops there, ending what it started. Mid-run, with no periodic save due before the run's
-    end: the run saves every rollout it has logged (at once while it waits for generation,
-    after the rollout it is training otherwise), stops with status 143 and leaves nothing
-    running; resumed, its metrics equal those of a run that never stopped."""
+    end: the run saves every rollout it has trained, stops with status 143 and leaves nothing
+    running. While a rollout trains, it saves after the training, and the evaluation and HF
+    export due after that rollout wait for the resumed run (which does them first, then logs
+    the rollout's record); while it waits for generation, it saves at once. Resumed twice, its
+    metrics, evaluations and HF exports equal those of a run that never stopped."""
     # while it starts (Ray up, the engines and the ranks starting): it stops there, cleanly
     early_log = tmp_path / "early.log"
     early = start(overrides(assets, tmp_path / "early"), early_log)
@@ -322,25 +325,50 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
 
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
     args = overrides(assets, run_dir, "recipe.save.interval=100")  # the last rollout's only
+    # rollout 1 (after which an evaluation and an HF export are due) is dumped as its
+    # training starts: the signal arrives while it trains
     log = tmp_path / "first.log"
     proc = start(args, log)
-    wait_for(lambda: len(_records(run_dir)) >= 1, proc, log, 240)
-    time.sleep(random.Random().uniform(0.0, 1.0))  # into the next rollout's generation or training
+    wait_for(lambda: dump_path(run_dir, 1).exists(), proc, log, 240)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
-    text, done = log.read_text(), len(_records(run_dir))
-    assert 1 <= done < NUM_ROLLOUT, text[-3000:]
-    saved = ckpt / f"rollout_{done}"
-    assert f"the run stopped: SIGTERM; every finished rollout ({done}) is in {saved}" in text
+    text = log.read_text()
+    assert len(_records(run_dir)) == 1, text[-3000:]  # rollout 1's record waits
+    assert (
+        f"the run stopped: SIGTERM; every finished rollout (2) is in {ckpt / 'rollout_2'} (the "
+        "evaluation and the HF export due after rollout 2 are done first when the run continues)"
+    ) in text, text[-3000:]
     assert f"to continue: add run.dir={run_dir} run.resume=auto" in text
     assert "SIGTERM received" not in text, text[-3000:]  # no stack dump from Ray's handler
-    assert [p.name for p in ckpt.iterdir()] == [saved.name]
+    assert [p.name for p in ckpt.iterdir()] == ["rollout_2"]
+    assert not (run_dir / "hf").exists()
+    _ends(proc)
+
+    # resumed: rollout 1's evaluation, record and export first; then, once rollout 2's record
+    # is logged and nothing is due, the signal arrives while it waits for rollout 3's groups
+    log = tmp_path / "second.log"
+    proc = start([*args, "run.resume=auto"], log)
+    wait_for(lambda: len(_records(run_dir)) >= 3, proc, log, 240)
+    assert sorted(p.name for p in (run_dir / "hf").iterdir()) == ["rollout_2"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+    text = log.read_text()
+    stopped = re.search(r"every finished rollout \((\d+)\) is in (\S+)", text)
+    assert stopped is not None, text[-3000:]
+    # 4 (its record waiting): the signal came once rollout 3's groups were there, as it trained
+    done = int(stopped[1])
+    assert (done, stopped[2], len(_records(run_dir))) in [
+        (3, str(ckpt / "rollout_3"), 3), (4, str(ckpt / "rollout_4"), 3)
+    ], text[-3000:]  # fmt: skip
     _ends(proc)
 
     resumed = launch([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {saved}" in resumed.stdout
+    assert f"resuming from {ckpt / f'rollout_{done}'}" in resumed.stdout
     same_run(run_dir, reference)
+    assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [
+        "rollout_2", "rollout_4", "rollout_5"
+    ]  # fmt: skip
 
 
 def _ends(proc: subprocess.Popen[bytes]) -> None:
