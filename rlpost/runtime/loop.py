@@ -136,6 +136,7 @@ class TrainLoop:
         )
         self.reports = [EvalReport(**r) for r in resume.state.eval_history] if resume else []
         self.unfinished = Unfinished.from_state(resume.state) if resume else None
+        self._evaluating: asyncio.Future[dict[str, float]] | None = None
         waiting = self.unfinished is not None and self.unfinished.metrics is not None
         self.logger = MetricsLogger(
             self.run_dir,
@@ -199,6 +200,7 @@ class TrainLoop:
         self.pipeline.start()
         if self.stop is not None:
             self.stop.accept(self.pipeline.stop_taking)
+            self.stop.accept(self._give_up_evaluating)
         try:
             for step in range(start, total):
                 try:
@@ -302,7 +304,8 @@ class TrainLoop:
             cfg.recipe.eval.interval, done, rollout.num_rollout
         )
         # stopping before the last rollout, an evaluation waits for the resumed run: the save
-        # comes first (`Unfinished`); and no push is due (no rollout follows)
+        # comes first (`Unfinished`); and no push is due (no rollout follows). A SIGTERM
+        # during the evaluation gives it up the same way.
         eval_waits = eval_due and self.stopping and done < rollout.num_rollout
         eval_now = eval_due and not eval_waits
         push_due = done % cfg.recipe.loop.update_weights_interval == 0 and not self.stopping
@@ -310,7 +313,11 @@ class TrainLoop:
             metrics["perf/weight_sync_time_s"] = await self.session.push_weights(version=done)
             self.pipeline.weights_pushed(done)
         if eval_now:
-            metrics.update(await self._evaluate(done))
+            evaluated = await self._evaluate_unless_stopped(done)
+            if evaluated is None:
+                eval_waits = True
+            else:
+                metrics.update(evaluated)
         wall = time.perf_counter() - started
         metrics["perf/step_time_s"] = wall
         metrics["perf/rollout_tokens_per_s"] = metrics["rollout/response_tokens"] / wall
@@ -325,6 +332,29 @@ class TrainLoop:
         pipeline = self.pipeline.snapshot()
         groups = [*pipeline.queued, *pipeline.generating, *self.inputs.data.buffer]
         return sorted({g[0].group_index for g in groups})
+
+    async def _evaluate_unless_stopped(self, done: int) -> dict[str, float] | None:
+        """The evaluation after rollout `done`; None when a SIGTERM came while it ran before
+        the last rollout: it is given up, to be done again first by the resumed run."""
+        if done >= self.cfg.recipe.rollout.num_rollout:
+            return await self._evaluate(done)
+        self._evaluating = asyncio.ensure_future(self._evaluate(done))
+        try:
+            return await self._evaluating
+        except asyncio.CancelledError:
+            this = asyncio.current_task()
+            if this is not None and this.cancelling():  # the launch ends at once (2nd SIGTERM)
+                raise
+            status(f"the evaluation after rollout {done} is given up for the stop")
+            return None
+        finally:
+            self._evaluating = None
+
+    def _give_up_evaluating(self) -> None:
+        """A SIGTERM came (the stop's wake-up): an evaluation running now waits for the
+        resumed run instead of the save."""
+        if self._evaluating is not None:
+            self._evaluating.cancel()
 
     async def _evaluate(self, done: int) -> dict[str, float]:
         if self.eval_seeding is not None:

@@ -25,6 +25,18 @@ def length_reward(sample: Sample) -> float:
     return float(len(sample.response_text))
 
 
+def length_reward_marking_evaluations(sample: Sample) -> float:
+    """`length_reward`; an evaluation's sample (its prompt's metadata has `"split": "eval"`)
+    first appends a line to the file $RLPOST_TEST_EVAL_MARK names, when set, and takes a
+    second: a test sees an evaluation running and has time to signal it."""
+    mark = os.environ.get("RLPOST_TEST_EVAL_MARK")
+    if mark and sample.metadata.get("split") == "eval":
+        with open(mark, "a", encoding="utf-8") as out:
+            out.write(f"{sample.group_index}\n")
+        time.sleep(1.0)
+    return length_reward(sample)
+
+
 def score_in_metadata_or_length(sample: Sample) -> float:
     """The prompt's own `score` when its line has one (the same for every sample of its
     group, whatever was generated), else the response's length."""

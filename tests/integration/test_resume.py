@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -62,6 +61,10 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train, evaluation = builder.split_problems(7)
     builder.write_jsonl(out / "train.jsonl", train[:64])
     builder.write_jsonl(out / "eval.jsonl", evaluation[:8])
+    # marked, for a reward hook that lets a test see an evaluation running
+    lines = (out / "eval.jsonl").read_text().splitlines()
+    marked = [json.dumps({**json.loads(line), "metadata": {"split": "eval"}}) for line in lines]
+    (out / "eval.jsonl").write_text("\n".join(marked) + "\n")
     tokenizer = builder.train_tokenizer(train)
     builder.save_model(builder.build_model(tokenizer, 7), tokenizer, out / "model")
     return out
@@ -309,10 +312,11 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     """SIGTERM, as a scheduler's time limit or preemption sends it. While a launch starts: it
     stops there, ending what it started. Mid-run, with no periodic save due before the run's
     end: the run saves every rollout it has trained, stops with status 143 and leaves nothing
-    running. While a rollout trains, it saves after the training, and the evaluation and HF
-    export due after that rollout wait for the resumed run (which does them first, then logs
-    the rollout's record); while it waits for generation, it saves at once. Resumed twice, its
-    metrics, evaluations and HF exports equal those of a run that never stopped."""
+    running. While a rollout trains, or while the evaluation after it runs, it saves once the
+    training is done; the evaluation and the HF export due after that rollout wait for the
+    resumed run, which does them first, then logs the rollout's record. Resumed twice, its
+    metrics, evaluations and HF exports equal those of a run that never stopped. (A stop while
+    the trainer waits for generation: tests/unit/runtime/test_pipeline.py.)"""
     # while it starts (Ray up, the engines and the ranks starting): it stops there, cleanly
     early_log = tmp_path / "early.log"
     early = start(overrides(assets, tmp_path / "early"), early_log)
@@ -324,7 +328,10 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     _ends(early)
 
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
-    args = overrides(assets, run_dir, "recipe.save.interval=100")  # the last rollout's only
+    args = overrides(
+        assets, run_dir, "recipe.save.interval=100",  # the last rollout's only
+        "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward_marking_evaluations",
+    )  # fmt: skip
     # rollout 1 (after which an evaluation and an HF export are due) is dumped as its
     # training starts: the signal arrives while it trains
     log = tmp_path / "first.log"
@@ -344,27 +351,29 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert not (run_dir / "hf").exists()
     _ends(proc)
 
-    # resumed: rollout 1's evaluation, record and export first; then, once rollout 2's record
-    # is logged and nothing is due, the signal arrives while it waits for rollout 3's groups
-    log = tmp_path / "second.log"
-    proc = start([*args, "run.resume=auto"], log)
+    # resumed: rollout 1's evaluation, record and export first; then the signal arrives while
+    # the evaluation after rollout 4 runs (each of its samples marks, and takes a second)
+    log, mark = tmp_path / "second.log", tmp_path / "evaluating"
+    proc = start([*args, "run.resume=auto"], log, RLPOST_TEST_EVAL_MARK=str(mark))
     wait_for(lambda: len(_records(run_dir)) >= 3, proc, log, 240)
     assert sorted(p.name for p in (run_dir / "hf").iterdir()) == ["rollout_2"]
+    mark.unlink()  # the evaluation after rollout 2's marks
+    wait_for(mark.exists, proc, log, 240)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
     text = log.read_text()
-    stopped = re.search(r"every finished rollout \((\d+)\) is in (\S+)", text)
-    assert stopped is not None, text[-3000:]
-    # 4 (its record waiting): the signal came once rollout 3's groups were there, as it trained
-    done = int(stopped[1])
-    assert (done, stopped[2], len(_records(run_dir))) in [
-        (3, str(ckpt / "rollout_3"), 3), (4, str(ckpt / "rollout_4"), 3)
-    ], text[-3000:]  # fmt: skip
+    assert "the evaluation after rollout 4 is given up for the stop" in text, text[-3000:]
+    assert len(_records(run_dir)) == 3, text[-3000:]  # rollout 3's record waits
+    assert (
+        f"every finished rollout (4) is in {ckpt / 'rollout_4'} (the evaluation and the HF "
+        "export due after rollout 4 are done first when the run continues)"
+    ) in text, text[-3000:]
+    assert sorted(p.name for p in (run_dir / "hf").iterdir()) == ["rollout_2"]
     _ends(proc)
 
     resumed = launch([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {ckpt / f'rollout_{done}'}" in resumed.stdout
+    assert f"resuming from {ckpt / 'rollout_4'}" in resumed.stdout
     same_run(run_dir, reference)
     assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [
         "rollout_2", "rollout_4", "rollout_5"
