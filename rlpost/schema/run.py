@@ -167,7 +167,8 @@ class RunOptions(Section):
         "save",
         description="SIGTERM (a scheduler's time limit or preemption, `docker stop`, `kill`): "
         "save, a checkpoint of every rollout the run has finished (at once while the trainer "
-        "waits for generation, else once the rollout being trained is done), then stop; "
+        "waits for generation, else once the rollout being trained is done; the evaluation "
+        "and HF export due after it wait for the resumed run, which does them first), then stop; "
         "stop, end at once, keeping the checkpoints saved so far. Exit status 143 either "
         "way; a second SIGTERM ends the run at once",
     )
