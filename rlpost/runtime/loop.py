@@ -334,10 +334,13 @@ class TrainLoop:
         return sorted({g[0].group_index for g in groups})
 
     async def _evaluate_unless_stopped(self, done: int) -> dict[str, float] | None:
-        """The evaluation after rollout `done`; None when a SIGTERM came while it ran before
-        the last rollout: it is given up, to be done again first by the resumed run."""
+        """The evaluation after rollout `done`; None when a SIGTERM came before it began or
+        while it ran (not after the last rollout): it is given up, to be done first by the
+        resumed run."""
         if done >= self.cfg.recipe.rollout.num_rollout:
             return await self._evaluate(done)
+        if self.stopping:  # the signal came during the push
+            return None
         self._evaluating = asyncio.ensure_future(self._evaluate(done))
         try:
             return await self._evaluating
