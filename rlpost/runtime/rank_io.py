@@ -5,14 +5,15 @@ take longer than trainer.collective_timeout_s on a large model and a slow shared
 (GLM-4.5's checkpoint with its optimizer state is about 78 GB per rank on 64 GPUs, 14 bytes a
 parameter). While it runs, a `ReadMeter` thread in the rank looks at the files its process has
 open under the folders being loaded (`/proc/self/fd`) and where each stands
-(`/proc/self/fdinfo`: the offset a read moves), and writes how many of its looks found that
+(`/proc/self/fdinfo`: the offset a read moves) and, for a file it reads through a memory map
+(safetensors, `torch.load(mmap=True)`: no offset moves), how much of the map is resident
+(`/proc/self/smaps`: each page read is paged in), and writes how many of its looks found that
 changed to a file of its own in the run directory, which every node sees
 (`Cluster.check_shared`). The driver sums the files (`reads_seen`) and counts the timeout from
 their last change (`rank_calls.await_ranks`), as it counts a save's from its last written
 byte. A rank stuck in a read, or done reading and stuck in a collective, changes nothing. The
 process's own read counter (`rchar`) would not do: an idle Ray worker reads some 100 kB/s of
-its own. Reads through a memory map (safetensors) move no offset: such a load is timed as a
-whole. Where /proc is not there, nothing is written.
+its own. Where /proc is not there, nothing is written.
 
 Stdlib only: the driver imports it.
 """
@@ -32,6 +33,7 @@ __all__ = ["READS_DIR", "ReadMeter", "load_metered", "reads_seen"]
 READS_DIR = ".reads"  # under the run directory: one file per rank
 METER_S = 2.0  # how often a rank's meter looks
 FDS = "/proc/self/fd"
+MAPS, SMAPS = "/proc/self/maps", "/proc/self/smaps"
 
 
 def _offset(fd: str) -> int:
@@ -56,7 +58,31 @@ def open_reads(roots: Iterable[str]) -> frozenset[tuple[str, int]] | None:
             target = os.readlink(f"{FDS}/{fd}")
             if target.startswith(prefixes):
                 found.add((target, _offset(fd)))
-    return frozenset(found)
+    return frozenset(found | mapped_reads(prefixes))
+
+
+def mapped_reads(prefixes: tuple[str, ...]) -> set[tuple[str, int]]:
+    """("<addresses> <path>", resident kB) of each memory map of a file under `prefixes`.
+    /proc/self/maps (small) is looked at first; smaps (some 10 ms to read in a process that
+    has imported torch) only when it maps such a file."""
+    try:
+        with open(MAPS, encoding="utf-8", errors="replace") as f:
+            if not any(prefix in f.read() for prefix in prefixes):
+                return set()
+        found = set()
+        current = None
+        with open(SMAPS, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                head = line.split(None, 1)[0] if line.strip() else ""
+                if "-" in head and not head.endswith(":"):  # a map: addresses ... path
+                    parts = line.rstrip("\n").split(None, 5)
+                    path = parts[5] if len(parts) == 6 else ""
+                    current = f"{parts[0]} {path}" if path.startswith(prefixes) else None
+                elif current is not None and head == "Rss:":
+                    found.add((current, int(line.split()[1])))
+        return found
+    except (OSError, ValueError, IndexError):
+        return set()
 
 
 class ReadMeter:

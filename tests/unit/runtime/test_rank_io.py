@@ -5,6 +5,7 @@ that stops reading is cut off a timeout after its last read."""
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import threading
 import time
@@ -71,6 +72,49 @@ def test_a_meter_counts_reads_under_its_roots_and_nothing_else(tmp_path: Path) -
         time.sleep(0.3)
         assert seen(reads, 3) == count + 1
     assert reads_seen(reads) == count + 1
+
+
+def test_a_read_through_a_memory_map_counts_as_its_pages_come_in(tmp_path: Path) -> None:
+    """safetensors (and torch.load(mmap=True)) read a file through a map: no offset moves,
+    but each page read becomes resident in the map."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    loaded, other = tmp_path / "ckpt", tmp_path / "elsewhere"
+    loaded.mkdir()
+    other.mkdir()
+    (other / "data").write_bytes(os.urandom(16 << 20))
+    (loaded / "data").write_bytes(os.urandom(16 << 20))
+    reads = tmp_path / "reads"
+    with ReadMeter(reads, 0, [str(loaded)]):
+        with (
+            open(other / "data", "rb") as f,
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        ):
+            for step in range(3):
+                m[(2 + 4 * step) << 20]  # a page read in
+                time.sleep(0.15)
+        assert seen(reads) == 0  # mapped, but not under the roots
+        with (
+            open(loaded / "data", "rb") as f,
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        ):
+            count = next_change(reads, 0, 0)  # opened and mapped
+            # pages 4 MB apart: each its own fault, past any read-around or huge page (2 MB)
+            for step in range(3):
+                m[(2 + 4 * step) << 20]
+                assert next_change(reads, 0, count) > count
+                count = seen(reads)
+            time.sleep(0.3)  # no page read: it stands still
+            assert seen(reads) == count
+        count = next_change(reads, 0, count)  # closed and unmapped
+        # a safetensors load, as a rank's model load from an HF folder
+        save_file({"w": torch.randn(1 << 20)}, loaded / "model.safetensors")
+        with safe_open(loaded / "model.safetensors", "pt") as f:
+            assert next_change(reads, 0, count) > count
+            count = seen(reads)
+            f.get_tensor("w")
+            assert next_change(reads, 0, count) > count
 
 
 def test_the_driver_sums_every_ranks_file_and_skips_what_it_cannot_read(tmp_path: Path) -> None:
