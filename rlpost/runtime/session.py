@@ -427,7 +427,8 @@ class Session:
         )
         self.weight_sync = WEIGHT_SYNCS[kind](context)
         if cfg.engine.weight_probe:
-            prompt = await self.call_trainer(0, trainer_side.probe_prompt_ids, PROBE_TEXT)
+            ask = self.call_trainer(0, trainer_side.probe_prompt_ids, PROBE_TEXT)
+            prompt = (await self.on_ranks("tokenizing the weight probe's prompt", [ask]))[0]
             self.probe = ProbeSettings(
                 prompt_ids=tuple(prompt),
                 temperature=cfg.recipe.rollout.temperature,

@@ -14,7 +14,9 @@ engine's version checked, generation resumed; then an optional logprob probe.
 Every step that calls all train ranks (an export, a bucket gathered from the shards) is
 awaited as one collective (`rank_calls.await_ranks`): a rank that died or hangs ends the update
 with a RunFault naming it within trainer.collective_timeout_s, not a driver that waits for ever;
-the disk export counts that time from the last byte it wrote, as a checkpoint save does.
+the disk export counts that time from the last byte it wrote, as a checkpoint save does. So is
+each call of the distributed sync on rank 0 alone (the group's address, joining it, each
+broadcast, leaving it).
 """
 
 from __future__ import annotations
@@ -302,7 +304,9 @@ class DistributedSync:
             "group_name": self.group_name,
             "flush_cache": False,  # flushed before the push (update_engines), and paused
         }
-        sends = self.call(0, trainer_side.broadcast_bucket, self.group_name)
+        sends = self._on_rank_0(
+            "broadcasting a weight bucket", trainer_side.broadcast_bucket, self.group_name
+        )
         receives = [
             self.client.post(u, "/update_weights_from_distributed", body) for u in worker_urls
         ]
@@ -314,7 +318,11 @@ class DistributedSync:
             return
         await self.close()
         name = f"rlpost_weights_{next(self._names)}"
-        address = await self.call(0, trainer_side.update_group_address, self.multi_node)
+        address = await self._on_rank_0(
+            "choosing the weight-update group's address",
+            trainer_side.update_group_address,
+            self.multi_node,
+        )
         world = 1 + len(urls) * self.gpus_per_engine
         joins = [
             self.client.post(url, "/init_weights_update_group", {
@@ -327,9 +335,10 @@ class DistributedSync:
             })
             for i, url in enumerate(urls)
         ]  # fmt: skip
-        host = self.call(
-            0, trainer_side.join_update_group, address, world, name, self.backend, self.timeout_s
-        )
+        host = self._on_rank_0(
+            "joining the weight-update group",
+            trainer_side.join_update_group, address, world, name, self.backend, self.timeout_s,
+        )  # fmt: skip
         answers = await asyncio.gather(host, *joins)
         _check_answers(answers[1:], "init_weights_update_group")
         self.group_name, self.group_urls = name, urls
@@ -348,7 +357,14 @@ class DistributedSync:
         for url, result in zip(urls, results, strict=True):
             if isinstance(result, BaseException):
                 log.info("engine %s did not leave group %s: %s", url, name, result)
-        await self.call(0, trainer_side.leave_update_group, name)
+        await self._on_rank_0(
+            "leaving the weight-update group", trainer_side.leave_update_group, name
+        )
+
+    async def _on_rank_0(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(trainer, *args)` on train rank 0, the group's member, within the timeout
+        (`await_ranks`): a rank 0 stuck there is named, not waited for."""
+        return (await await_ranks(what, [self.call(0, fn, *args)], self.timeout_s))[0]
 
 
 # ---- choosing one --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ pause, flush, push, version check, continue.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -149,39 +150,41 @@ def test_distributed_then_disk_sync_make_the_engine_serve_the_trainer_weights(
     assert run(scenario()) == ["v4"]
 
 
-def with_a_stuck_rank(trainer: TorchTrainer, stuck_in: Any) -> Any:
-    """Two train ranks: rank 0 the trainer, rank 1 one that answers every call at once until
-    `stuck_in`, which never returns (as a rank stuck in a collective or on a dead file
-    system); every call after it waits behind it, as an actor's calls do."""
+def with_a_stuck_rank(trainer: TorchTrainer, stuck_in: Any, stuck_rank: int = 1) -> Any:
+    """Two train ranks: rank 0 the trainer, rank 1 one that answers every call at once; the
+    `stuck_rank` until `stuck_in`, which never returns (as a rank stuck in a collective or on
+    a dead file system); every call after it waits behind it, as an actor's calls do."""
     real = trainer_call(trainer)
     stuck = asyncio.Event()
 
     async def call(rank: int, fn: Any, *args: Any) -> Any:
-        if rank == 0:
-            return await real(0, fn, *args)
-        if fn == stuck_in:
+        if rank == stuck_rank and fn == stuck_in:
             stuck.set()
-        if stuck.is_set():
+        if rank == stuck_rank and stuck.is_set():
             await asyncio.sleep(3600)
-        return None
+        return await real(0, fn, *args) if rank == 0 else None
 
     return call
 
 
-@pytest.mark.parametrize("kind", ["disk", "distributed"])
+@pytest.mark.parametrize("kind", ["disk", "distributed", "group"])
 def test_a_rank_that_does_not_answer_ends_the_update_naming_it(
     kind: str, engine_url: str, trainer: TorchTrainer, tmp_path: Path
 ) -> None:
     """Every step of an update that calls all train ranks is awaited as one collective: a
     rank that never answers fails the update within trainer.collective_timeout_s (counted
     from the export's last written byte on disk) with a RunFault naming it and the step, and
-    the engine keeps its version and serves again."""
+    the engine keeps its version and serves again. So are rank 0's own calls of the
+    distributed sync (`group`: its update group's address, before any engine is asked)."""
     from rlpost.backends.sglang.trainer_calls import trainer_side as by_name
     from rlpost.runtime.weight_sync import _export
 
-    stuck_in = _export if kind == "disk" else by_name.next_weight_bucket
-    call = with_a_stuck_rank(trainer, stuck_in)
-    step = "the export of weight version 7" if kind == "disk" else "gathering weight bucket 0"
+    stuck_in, stuck_rank, step = {
+        "disk": (_export, 1, "the export of weight version 7"),
+        "distributed": (by_name.next_weight_bucket, 1, "gathering weight bucket 0"),
+        "group": (by_name.update_group_address, 0, "choosing the weight-update group's address"),
+    }[kind]
+    call = with_a_stuck_rank(trainer, stuck_in, stuck_rank)
 
     async def scenario() -> None:
         async with EngineClient(engine_url, worker_urls=[engine_url]) as client:
@@ -196,7 +199,8 @@ def test_a_rank_that_does_not_answer_ends_the_update_naming_it(
             try:
                 # the step that failed is named: no clean-up waits on the stuck rank again
                 # (its RunFault would take the place of this one)
-                with pytest.raises(RunFault, match=rf"rank\(s\) \[1\] did not arrive: {step}"):
+                missing = rf"rank\(s\) \[{stuck_rank}\] did not arrive: {re.escape(step)}"
+                with pytest.raises(RunFault, match=missing):
                     await asyncio.wait_for(
                         update_engines(client, sync, [engine_url], version=7), timeout=60
                     )
