@@ -28,7 +28,7 @@ from rlpost.rewards.model import RewardBatcher, build_reward_model, score
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import Seeding
 from rlpost.runtime.evaluation import EvalReport, EvalSet, evaluate
-from rlpost.runtime.metrics import MetricsLogger
+from rlpost.runtime.metrics import MetricsLogger, jsonable
 from rlpost.runtime.pipeline import PipelineState, RolloutPipeline
 from rlpost.runtime.progress import Progress, status
 from rlpost.runtime.resume import ResumePoint, plan_grid
@@ -67,6 +67,14 @@ class Unfinished:
     @classmethod
     def from_state(cls, state: LoopState) -> Unfinished | None:
         return cls(**state.unfinished) if state.unfinished else None
+
+    def to_state(self) -> dict[str, Any]:
+        """For loop.json: the metrics as metrics.jsonl would hold them."""
+        state = asdict(self)
+        for key in ("metrics", "before_training"):
+            if state[key] is not None:
+                state[key] = {k: jsonable(v) for k, v in state[key].items()}
+        return state
 
 
 @dataclass(frozen=True)
@@ -257,7 +265,7 @@ class TrainLoop:
         `unfinished`: the rollout trained since the signal, whose evaluation and HF export
         (when due) the resumed run does first."""
         waiting = self._waiting(unfinished) if unfinished is not None else []
-        kept = unfinished if waiting else None
+        kept = unfinished if waiting or (unfinished and unfinished.metrics is not None) else None
         saved = await self.save(done, kept) if done > self.saved_at else None
         if saved is None and kept is not None and kept.metrics is not None:
             # nothing to resume it from: its record is logged as it is, without the evaluation
@@ -402,7 +410,7 @@ class TrainLoop:
             parallel=plan_grid(self.plan),
             train_ranks=len(self.session.trainers),
             optimizer_saved=cfg.recipe.save.save_optimizer,
-            unfinished=asdict(unfinished) if unfinished is not None else None,
+            unfinished=unfinished.to_state() if unfinished is not None else None,
         )
 
         async def write(staging: Path) -> None:

@@ -60,7 +60,7 @@ class MetricsLogger:
     ) -> None:
         """One rollout's metrics (numbers: every tracker) and `extra` (any JSON: the jsonl
         file only, e.g. which groups the step trained)."""
-        record = {"rollout_id": rollout_id, **{k: _jsonable(v) for k, v in metrics.items()}}
+        record = {"rollout_id": rollout_id, **{k: jsonable(v) for k, v in metrics.items()}}
         numeric = {
             k: v for k, v in record.items() if isinstance(v, int | float) and k != "rollout_id"
         }
@@ -119,7 +119,8 @@ def truncate_metrics(path: Path, start_rollout: int) -> int:
     return dropped
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A metric as JSON holds it: a tensor's or NumPy's number as Python's, not finite as null."""
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
