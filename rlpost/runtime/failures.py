@@ -151,10 +151,10 @@ def stopped(
     elif halted.saved is not None:
         what = f"SIGTERM; every finished rollout ({halted.done}) is in {halted.saved}"
         if halted.waiting:
-            verb = "are" if " and " in halted.waiting else "is"
+            verb = "are" if len(halted.waiting) > 1 else "is"
             what += (
-                f" ({halted.waiting} due after rollout {halted.done} {verb} done first when "
-                "the run continues)"
+                f" ({' and '.join(halted.waiting)} due after rollout {halted.done} {verb} done "
+                "first when the run continues)"
             )
     else:
         what = f"SIGTERM after rollout {halted.done}"

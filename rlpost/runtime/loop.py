@@ -50,6 +50,7 @@ from rlpost.schema import RunConfig
 from rlpost.types import Sample
 
 DEFAULT_GENERATE = "rlpost.runtime.rollout.manager.generate_sample"
+EVALUATION, HF_EXPORT = "the evaluation", "the HF export"  # what may wait (`Unfinished`)
 
 
 @dataclass(frozen=True)
@@ -248,30 +249,30 @@ class TrainLoop:
         self.logger.log(step, record, extra={"groups": groups})
         return record
 
-    def _waiting(self, unfinished: Unfinished) -> list[str]:
+    def _waiting(self, unfinished: Unfinished) -> tuple[str, ...]:
         """What is due after `unfinished`'s rollout and not done: its evaluation, when its
         record waits for one, and its HF export."""
         cfg, total = self.cfg.recipe, self.cfg.recipe.rollout.num_rollout
         done = unfinished.rollout_id + 1
         evaluates = bool(self.inputs.eval_sets) and _due(cfg.eval.interval, done, total)
         due = {
-            "the evaluation": unfinished.metrics is not None and evaluates,
-            "the HF export": _due(cfg.save.save_hf_interval, done, total),
+            EVALUATION: unfinished.metrics is not None and evaluates,
+            HF_EXPORT: _due(cfg.save.save_hf_interval, done, total),
         }
-        return [what for what, is_due in due.items() if is_due]
+        return tuple(what for what, is_due in due.items() if is_due)
 
     async def _stop(self, done: int, unfinished: Unfinished | None = None) -> NoReturn:
         """Save the rollouts finished since the newest checkpoint, then raise Stopped.
         `unfinished`: the rollout trained since the signal, whose evaluation and HF export
         (when due) the resumed run does first."""
-        waiting = self._waiting(unfinished) if unfinished is not None else []
+        waiting = self._waiting(unfinished) if unfinished is not None else ()
         kept = unfinished if waiting or (unfinished and unfinished.metrics is not None) else None
         saved = await self.save(done, kept) if done > self.saved_at else None
         if saved is None and kept is not None and kept.metrics is not None:
             # nothing to resume it from: its record is logged as it is, without the evaluation
             self._log_step(kept.rollout_id, kept.before_training, kept.metrics, kept.groups)
-            waiting = []
-        raise Stopped(done, saved, " and ".join(waiting))
+            waiting = ()
+        raise Stopped(done, saved, waiting)
 
     async def _finish(self, unfinished: Unfinished) -> None:
         """What a SIGTERM left of the rollout before the resumed one: its evaluation (its
@@ -281,11 +282,11 @@ class TrainLoop:
         waiting = self._waiting(unfinished)
         if unfinished.metrics is not None:
             metrics = dict(unfinished.metrics)
-            if "the evaluation" in waiting:
+            if EVALUATION in waiting:
                 metrics.update(await self._evaluate(done))
             metrics["perf/weight_version"] = float(self.session.weight_version)  # now `done`
             self._log_step(step, unfinished.before_training, metrics, unfinished.groups)
-        if "the HF export" in waiting:
+        if HF_EXPORT in waiting:
             await self._export_hf(done)
 
     async def step(self, step: int) -> tuple[dict[str, float], dict[str, list[int]], bool]:

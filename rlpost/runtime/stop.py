@@ -65,7 +65,7 @@ class Stopped(Exception):
     it saved for them (None: nothing new to save, or the disk refused it). `waiting`: what
     of the last rollout the resumed run does first (its evaluation, its HF export), if any."""
 
-    def __init__(self, done: int, saved: Path | None, waiting: str = "") -> None:
+    def __init__(self, done: int, saved: Path | None, waiting: tuple[str, ...] = ()) -> None:
         super().__init__(f"stopped after rollout {done}")
         self.done, self.saved, self.waiting = done, saved, waiting
 
