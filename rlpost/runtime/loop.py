@@ -205,6 +205,12 @@ class TrainLoop:
             restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
         if self.unfinished is not None:
             await self._finish(self.unfinished)
+            if start >= total:  # no rollout follows: saved again, with nothing waiting
+                try:
+                    await self.save(start)
+                finally:
+                    self.logger.close()
+                return self.reports
         progress = Progress(total, initial=start, enabled=cfg.run.progress)
         self.pipeline.start()
         if self.stop is not None:

@@ -47,11 +47,17 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
     while True:
         start = resume.start_rollout if resume else 0
         if start >= total:
+            if resume is None or resume.state.unfinished is None:
+                status(
+                    f"{start} rollouts are done and recipe.rollout.num_rollout={total}: "
+                    "nothing to train; raise num_rollout to continue the run"
+                )
+                return run_dir
+            # a SIGTERM's save: the stopped rollout's record, evaluation and HF export wait
             status(
-                f"{start} rollouts are done and recipe.rollout.num_rollout={total}: nothing "
-                "to train; raise num_rollout to continue the run"
+                f"{start} rollouts are done and recipe.rollout.num_rollout={total}: no "
+                f"rollout to train; finishing what the stop left of rollout {start - 1}"
             )
-            return run_dir
         prepare_run_dir(cfg, start, restart=restarts)
         if resume:
             set_aside_newer(run_dir, start)

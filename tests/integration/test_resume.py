@@ -315,8 +315,9 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     running. While a rollout trains, or while the evaluation after it runs, it saves once the
     training is done; the evaluation and the HF export due after that rollout wait for the
     resumed run, which does them first, then logs the rollout's record. Resumed twice, its
-    metrics, evaluations and HF exports equal those of a run that never stopped. (A stop while
-    the trainer waits for generation: tests/unit/runtime/test_pipeline.py.)"""
+    metrics, evaluations and HF exports equal those of a run that never stopped; resumed with
+    the run cut to the rollouts it has, it does only what waits. (A stop while the trainer
+    waits for generation: tests/unit/runtime/test_pipeline.py.)"""
     # while it starts (Ray up, the engines and the ranks starting): it stops there, cleanly
     early_log = tmp_path / "early.log"
     early = start(overrides(assets, tmp_path / "early"), early_log)
@@ -328,10 +329,11 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     _ends(early)
 
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
-    args = overrides(
-        assets, run_dir, "recipe.save.interval=100",  # the last rollout's only
+    extra = (
+        "recipe.save.interval=100",  # the last rollout's only
         "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward_marking_evaluations",
     )  # fmt: skip
+    args = overrides(assets, run_dir, *extra)
     # rollout 1 (after which an evaluation and an HF export are due) is dumped as its
     # training starts: the signal arrives while it trains
     log = tmp_path / "first.log"
@@ -370,6 +372,22 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     ) in text, text[-3000:]
     assert sorted(p.name for p in (run_dir / "hf").iterdir()) == ["rollout_2"]
     _ends(proc)
+
+    # continued elsewhere with the run cut to the rollouts it has: no rollout to train, but
+    # rollout 3's evaluation, record and HF export are done all the same, and saved, so that
+    # the next launch has nothing to do
+    ended = tmp_path / "ended"
+    cut = overrides(assets, ended, *extra, f"recipe.rollout.num_rollout={NUM_ROLLOUT - 1}")
+    finishing = launch([*cut, f"run.resume={ckpt / 'rollout_4'}"])
+    assert finishing.returncode == 0, finishing.stderr[-3000:]
+    assert "finishing what the stop left of rollout 3" in finishing.stdout
+    assert comparable(ended) == comparable(reference)[3:4]  # its evaluation included
+    assert [p.name for p in (ended / "hf").iterdir()] == ["rollout_4"]
+    saved = json.loads((ended / "ckpt" / "rollout_4" / "loop.json").read_text())
+    assert saved["unfinished"] is None
+    finished = launch([*cut, "run.resume=auto"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "nothing to train" in finished.stdout
 
     resumed = launch([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
