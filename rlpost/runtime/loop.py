@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -199,8 +200,11 @@ class TrainLoop:
         pending_eval: dict[str, float] = {}
         if self.resume:
             await self._restore(self.resume)
-        elif self.inputs.eval_sets and not cfg.recipe.eval.skip_before_train:
-            pending_eval = await self._evaluate(0)  # logged with rollout 0
+        else:
+            if starts_elsewhere(cfg):  # the engines start from model.hf_checkpoint's weights
+                await self.session.push_weights(version=0)
+            if self.inputs.eval_sets and not cfg.recipe.eval.skip_before_train:
+                pending_eval = await self._evaluate(0)  # logged with rollout 0
         if self.resume:
             restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
         if self.unfinished is not None:
@@ -471,6 +475,18 @@ def step_records(
     if before_training.keys() & metrics.keys():
         return [before_training, metrics]
     return [{**before_training, **metrics}]
+
+
+def starts_elsewhere(cfg: RunConfig) -> bool:
+    """The policy starts from other weights than the ones the engines load at their start
+    (model.load): the first rollout and the evaluation before training must not be
+    sampled from the HF folder's."""
+    load, served = cfg.model.load, cfg.model.hf_checkpoint
+    return load is not None and _real(load) != _real(served)
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
 
 
 def _due(interval: int | None, done: int, total: int) -> bool:

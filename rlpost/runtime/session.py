@@ -110,6 +110,7 @@ class Session:
         self.reads_dir = run_dir / READS_DIR  # what the ranks have read (rank_io)
         self.weight_sync: WeightSync | None = None
         self.weight_version = 0
+        self.pushed = False  # the engines serve the trainers' weights, not the HF folder's
         self.offload = plan.runtime.offload
         self.probe: ProbeSettings | None = None
         self.rendezvous = ""
@@ -555,7 +556,7 @@ class Session:
                     log.warning("weight update to version %d: %s (%s); pushing again",
                                 version, "; ".join(dead.values()), exc)  # fmt: skip
             await self.pool.resume_memory([("kv_cache",), ("cuda_graph",)], done=True)
-            self.weight_version = version
+            self.weight_version, self.pushed = version, True
             if self.probe is not None:
                 gaps = await probe_weights(self.client, urls, self._trainer_logprobs, self.probe)
                 log.info("weight probe after version %d: %s", version, gaps)
@@ -585,7 +586,7 @@ class Session:
 
     async def _catch_up(self, url: str) -> None:
         """A restarted engine loads the weights the others serve before it is registered."""
-        if self.weight_version > 0:
+        if self.pushed:
             assert self.client is not None and self.weight_sync is not None
             await update_engines(self.client, self.weight_sync, [url], self.weight_version)
 

@@ -140,8 +140,8 @@ class ModelConfig(Section):
     load: str | None = Field(
         None,
         description="the policy's initial weights when not hf_checkpoint's: an HF folder of "
-        "the same architecture (both trainers) or a torch_dist checkpoint (megatron). "
-        "Resuming a run is run.resume",
+        "the same architecture (both trainers) or a torch_dist checkpoint (megatron); the "
+        "engines are sent them before the first rollout. Resuming a run is run.resume",
     )
     save: str | None = Field(
         None,

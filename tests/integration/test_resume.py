@@ -472,6 +472,25 @@ def hf_weights(folder: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+def test_a_run_started_from_other_weights_samples_from_them_from_the_first_rollout(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    """model.load: the policy starts from other weights than the HF folder the engines load
+    at their start (here the reference run's export after rollout 2). The engines are sent
+    them before the evaluation before training: the first rollout is sampled from the policy
+    that trains on it, as every later one is."""
+    run_dir = tmp_path / "run"
+    args = overrides(
+        assets, run_dir, f"model.load={reference / 'hf' / 'rollout_2'}",
+        "recipe.rollout.num_rollout=1", "recipe.save.save_hf_interval=null",
+    )  # fmt: skip
+    done = launch(args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in _records(run_dir)]
+    (trained,) = [r for r in records if "train/loss" in r]  # beside rollout 0's evaluations
+    assert trained["train/rollout_logprob_abs_diff"] < 1e-4, trained
+
+
 def test_a_run_saved_on_one_train_rank_resumes_on_two_and_takes_the_same_step(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:
