@@ -129,7 +129,19 @@ def check_kv_cache_dtype(ctx: PlanContext) -> list[Issue]:
 
 @check("sglang_deterministic", scope="engine")
 def check_deterministic_inference(ctx: PlanContext) -> list[Issue]:
-    if not _options(ctx.cfg).get("enable_deterministic_inference") or ctx.cfg.run.deterministic:
+    option = _options(ctx.cfg).get("enable_deterministic_inference")
+    if option is False and ctx.cfg.run.deterministic:
+        return [
+            Issue(
+                f"{KEY}.enable_deterministic_inference",
+                "run.deterministic sends each sample with a seed of its own, and SGLang "
+                "samples with a request's seed only in its deterministic inference mode: "
+                "without it the seeds are dropped and no two runs sample alike",
+                "remove it (run.deterministic switches it on), or remove run.deterministic",
+                False,
+            )
+        ]
+    if not option or ctx.cfg.run.deterministic:
         return []
     n = ctx.cfg.recipe.rollout.n_samples_per_prompt
     return [

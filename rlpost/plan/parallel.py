@@ -32,6 +32,7 @@ from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Siz
 from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
 from rlpost.plan.placement import engine_offset, misplaced_engines
+from rlpost.plan.runtime import resolve_engine_backend
 from rlpost.schema import RunConfig
 
 
@@ -293,9 +294,24 @@ def _derive_engine_size(
     return size
 
 
+DETERMINISTIC_OPTION = "enable_deterministic_inference"
+
+
+def engine_options(cfg: RunConfig) -> dict[str, Any]:
+    """layout.rollout.sglang, with what `run.deterministic` needs of SGLang engines: SGLang
+    samples with a request's seed only in its deterministic inference mode (without it the
+    per-sample seeds the run sends would be dropped and no two runs would sample alike)."""
+    options = dict(cfg.layout.rollout.sglang)
+    if cfg.run.deterministic and resolve_engine_backend(cfg) == "sglang":
+        options.setdefault(DETERMINISTIC_OPTION, True)
+    return options
+
+
 def resolve_engine(cfg: RunConfig, sizes: Sizes, rec: _Record) -> EngineLayout:
     rollout = cfg.layout.rollout
-    options = dict(rollout.sglang)
+    options = engine_options(cfg)
+    if DETERMINISTIC_OPTION in options.keys() - rollout.sglang.keys():
+        rec.derived.append(f"layout.rollout.sglang.{DETERMINISTIC_OPTION}")
     dp_size, ep_size = engine_shape(options)
     fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
     size = rollout.gpus_per_engine

@@ -62,7 +62,7 @@ from rlpost.plan.fsdp import (
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host
-from rlpost.plan.parallel import engine_shape, powers_of_two
+from rlpost.plan.parallel import engine_options, engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
 from rlpost.plan.work import plan_work
 from rlpost.schema import RunConfig
@@ -434,7 +434,7 @@ def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
 def engine_layouts(cfg: RunConfig, sizes: Sizes) -> Iterator[EngineLayout]:
     """Every engine size (and, for MoE, dp-attention size) over the rollout GPUs."""
     rollout, model, hw = cfg.layout.rollout, cfg.model, cfg.hardware
-    fixed = dict(rollout.sglang)
+    fixed = engine_options(cfg)
     fp8 = checkpoint_fp8(cfg.model.hf_checkpoint)
     if rollout.gpus_per_engine:
         engine_sizes = [rollout.gpus_per_engine]

@@ -211,3 +211,26 @@ def test_stale_tokens_without_a_correction_are_noted(run_config: Runs) -> None:
     assert note(recipe__loop__mode="async", recipe__algo__off_policy_correction="tis",
                 **decoupled) is None  # fmt: skip
     assert note("grpo_dapo_fully_async", **decoupled) is None  # decoupled_ppo
+
+
+def test_run_deterministic_switches_on_sglangs_seeded_sampling(run_config: Runs) -> None:
+    """SGLang samples with a request's seed only in its deterministic inference mode: with
+    run.deterministic the plan gives the engines that mode (and says it derived it); an
+    engine told otherwise is refused, and the CPU engine, which seeds every request, is
+    given nothing."""
+    option = "layout.rollout.sglang.enable_deterministic_inference"
+    plan = build_plan(run_config("qwen3-4b", "h100x8", run__deterministic=True))
+    assert dict(plan.engine.sglang)["enable_deterministic_inference"] is True
+    assert plan.is_derived(option)
+    plain = build_plan(run_config("qwen3-4b", "h100x8"))
+    assert "enable_deterministic_inference" not in dict(plain.engine.sglang)
+    cpu = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math", run__deterministic=True))
+    assert "enable_deterministic_inference" not in dict(cpu.engine.sglang)
+    with pytest.raises(UserError) as refused:
+        build_plan(
+            run_config(
+                "qwen3-4b", "h100x8", run__deterministic=True,
+                layout__rollout__sglang__enable_deterministic_inference=False,
+            )
+        )  # fmt: skip
+    assert option in str(refused.value) and "the seeds are dropped" in str(refused.value)
