@@ -213,6 +213,33 @@ def _last_value(tokens: Sequence[str], key: str) -> str | None:
     return found
 
 
+def _shared_run_dir(args: LaunchArgs) -> list[Issue]:
+    """A training sweep of several jobs with one literal run.dir on the command line: the
+    second job would find the first's checkpoints and be refused after the first trained
+    (with run.resume=auto it would find the run done and train nothing)."""
+    if not args.multirun or _last_value(args.overrides, "mode") in NO_RUN_DIR_MODES:
+        return []
+    parsed = [(p, t) for t in args.overrides if not isinstance(p := _parse(t), Issue)]
+    given = [(p, t) for p, t in parsed if p.key_or_group == "run.dir"]
+    if not given or not any(p.is_sweep_override() for p, _ in parsed):
+        return []
+    override, token = given[-1]
+    value = None if override.is_sweep_override() else override.value()
+    if value is None or "${" in str(value):
+        return []  # a directory per job
+    return [
+        Issue(
+            key="run.dir",
+            message="every job of this sweep would train in this one directory: the second "
+            "would find the first's checkpoints and be refused once the first had trained",
+            fix="leave run.dir unset (each job gets a folder of its own under runs/multirun), "
+            f"or give each job its own: run.dir='{value}/${{hydra:job.num}}'",
+            value=value,
+            location=Location(override=token),
+        )
+    ]
+
+
 def _user_sources(args: LaunchArgs, searchpath: Sequence[str]) -> bool:
     return bool(args.config_dir or args.config_path or args.config_name or searchpath)
 
@@ -237,6 +264,9 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     )
     roots = search_roots(args.config_dir, args.config_path, searchpath)
     checked = check_overrides(args.overrides, roots)
+    shared = _shared_run_dir(args)
+    if shared:
+        raise UserError(shared, title="sweep error")
     if _user_sources(args, searchpath) and not args.multirun:
         main = main_dir(args.config_path)
         check_composition(config_name, checked, roots, args.config_dir, main)

@@ -128,3 +128,22 @@ def test_config_dir_adds_group_choices(tmp_path: Path) -> None:
         str(tmp_path),
         "model=my-model",
     ]
+
+
+def test_a_training_sweep_with_one_run_dir_is_refused_before_its_first_job() -> None:
+    """Every job would train in the same directory: the second would be refused after the
+    first had trained. A directory per job, a swept run.dir, a sweep of one job, or a sweep
+    of plans is fine."""
+    with pytest.raises(UserError) as refused:
+        prepare_argv(["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/exp"])
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.value) == ("run.dir", "runs/exp")
+    assert "run.dir='runs/exp/${hydra:job.num}'" in issue.fix
+    for fine in (
+        ["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/exp/${hydra:job.num}"],
+        ["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/a,runs/b"],
+        ["-m", "recipe.optim.lr=1e-6", "run.dir=runs/exp"],
+        ["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/exp", "mode=plan"],
+        ["recipe.optim.lr=1e-6", "run.dir=runs/exp"],
+    ):
+        prepare_argv(fine)
