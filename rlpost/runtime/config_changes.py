@@ -39,6 +39,9 @@ SHAPE_FIELDS = (
     "recipe.train.mtp_training",  # the trainer's state holds MTP layers (and their Adam) or not
 )
 
+# The prompt order's seed: the data position a checkpoint holds is a place in that order.
+DATA_SEED = "recipe.data.seed"
+
 # Keys that say how this launch runs, not what the run is.
 IGNORED_ON_RESUME = ("run.resume", "run.progress", "mode", "plan.format")
 
@@ -159,6 +162,19 @@ def check_resume_changes(
         )
         for g in grid
         if not g.resharded
+    ]
+    issues += [
+        Issue(
+            key=c.key,
+            value=c.after,
+            message=f"is {_show(c.before)} in checkpoint {checkpoint}: the saved data "
+            "position is a place in the prompt order that seed drew, and the checkpoint's "
+            "seed goes on drawing it (another would repeat and skip prompts)",
+            fix=f"set {c.key}={_show(c.before)} to resume, or start a new run for another "
+            "prompt order",
+        )
+        for c in reported
+        if c.key == DATA_SEED
     ]
     saved, now = backends
     if saved != now:

@@ -188,6 +188,21 @@ def test_turning_mtp_training_on_or_off_is_refused() -> None:
             check_resume_changes(diff_configs(saved, now), [], "c", ("megatron", "megatron"))
 
 
+def test_another_prompt_order_seed_is_refused_and_other_data_changes_are_reported() -> None:
+    """The saved data position is a place in the order the seed drew: resumed with another
+    seed, the run would repeat and skip prompts. Other data changes reorder and are noted."""
+    before = {"recipe": {"data": {"seed": 42, "max_prompt_len": None}}}
+    after = {"recipe": {"data": {"seed": 7, "max_prompt_len": 64}}}
+    with pytest.raises(UserError) as caught:
+        check_resume_changes(diff_configs(before, after), [], "ckpt/rollout_3")
+    (issue,) = caught.value.issues
+    assert (issue.key, issue.value) == ("recipe.data.seed", 7)
+    assert "set recipe.data.seed=42 to resume" in caught.value.render()
+    after["recipe"]["data"]["seed"] = 42
+    (reported,) = check_resume_changes(diff_configs(before, after), [], "c")
+    assert "prompt order" in reported.render()
+
+
 def test_naming_the_backend_that_auto_picks_is_not_a_change_of_backend() -> None:
     changes = diff_configs({"trainer": {"backend": "auto"}}, {"trainer": {"backend": "torch"}})
     reported = check_resume_changes(changes, [], "c", ("torch", "torch"))
