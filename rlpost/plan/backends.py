@@ -30,6 +30,17 @@ def compute_dtype(cfg: RunConfig) -> str:
     return cfg.model.params_dtype if cfg.hardware.kind == "gpu" else "fp32"
 
 
+def as_computed(cfg: RunConfig) -> RunConfig:
+    """The config as its hardware computes it: on a CPU profile the trainers and the CPU
+    engines hold float32 whatever model.params_dtype says, so the plan's memory and time
+    figures count float32 there."""
+    dtype = compute_dtype(cfg)
+    if dtype == cfg.model.params_dtype:
+        return cfg
+    model = cfg.model.model_copy(update={"params_dtype": dtype})
+    return cfg.model_copy(update={"model": model})
+
+
 def model_parallel_sizes(layout: ParallelLayout) -> dict[str, int]:
     sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp}
     return {k: v for k, v in sizes.items() if v > 1}

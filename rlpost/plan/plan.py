@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import rlpost.plan.engine_checks  # registers the engine and batch rules
 import rlpost.plan.engine_options  # noqa: F401  (registers the SGLang option rules)
 from rlpost.errors import UserError
-from rlpost.plan.backends import resolve_trainer_backend
+from rlpost.plan.backends import as_computed, resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import GIB, estimate_rollout
@@ -247,8 +247,8 @@ def _notes(
         if cfg.model.params_dtype != "fp32":
             notes.append(
                 f"model.params_dtype={cfg.model.params_dtype} is for GPUs: on CPU the trainers "
-                "and the CPU engines compute in float32 (the memory figures count "
-                f"{cfg.model.params_dtype} weights)"
+                "and the CPU engines compute in float32, and the memory and time figures "
+                "count float32"
             )
         if cfg.run.deterministic:
             notes.append(
@@ -271,7 +271,8 @@ def build_plan(cfg: RunConfig) -> Plan:
 
     Raises UserError listing every problem found, never just the first.
     """
-    res = resolve_layout(cfg)
+    counted = as_computed(cfg)  # what the figures count (float32 on CPU)
+    res = resolve_layout(counted)
     ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
     issues = list(res.issues) + run_checks(ctx)
     if issues:
@@ -288,8 +289,8 @@ def build_plan(cfg: RunConfig) -> Plan:
         cfg.recipe.rollout.reward.device_slots,
     )
     batch = plan_batch(cfg.recipe, par, engine)
-    memory = estimate_memory(cfg, sizes, par, engine)
-    work = plan_work(cfg, par, batch)
+    memory = estimate_memory(counted, sizes, par, engine)
+    work = plan_work(counted, par, batch)
     runtime = plan_runtime(
         cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
     )
@@ -307,7 +308,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         memory=memory,
         runtime=runtime,
         work=work,
-        prediction=predict_train(cfg, par, batch, work, memory.train, sizes.train_gpus),
+        prediction=predict_train(counted, par, batch, work, memory.train, sizes.train_gpus),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch, engine, memory), runtime.loop),

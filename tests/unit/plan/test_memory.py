@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from rlpost.plan import Plan, build_plan
 from rlpost.plan.engine_memory import (
     GIB,
     TRAINER_RESIDUAL_GIB,
@@ -212,3 +213,17 @@ def test_grouped_experts_hold_one_layers_stacked_fc1_and_its_gradient(run_config
     assert sequential.memory.train.total_gib == pytest.approx(train.total_gib - expected / GIB)
     dense = build_plan(run_config("qwen3-4b", "h100x8")).memory.train
     assert dense.grouped_experts_gib == 0.0
+
+
+def test_a_cpu_plan_counts_float32_whatever_params_dtype_says(run_config: Runs) -> None:
+    """On a CPU profile the trainers and the CPU engines hold float32: the memory and time
+    figures are those of float32 weights for a bf16 model as for an fp32 one."""
+
+    def plan(dtype: str) -> Plan:
+        return build_plan(
+            run_config("qwen3-tiny", "cpu", "grpo_tiny_math", model__params_dtype=dtype)
+        )
+
+    bf16, fp32 = plan("bf16"), plan("fp32")
+    assert bf16.memory == fp32.memory and bf16.prediction == fp32.prediction
+    assert any("count float32" in note for note in bf16.notes)
