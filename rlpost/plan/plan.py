@@ -252,10 +252,9 @@ def _notes(
             )
         if cfg.run.deterministic:
             notes.append(
-                "run.deterministic: the CPU engines compute one sequence per forward, so "
-                f"engine.max_batch_size={cfg.engine.max_batch_size} does not apply (a batched "
-                "forward's last bits depend on the batch, and a near-tie then samples another "
-                "token)"
+                "run.deterministic: the CPU engines compute one sequence per forward (a "
+                "batched forward's last bits depend on the batch, and a near-tie then samples "
+                "another token)"
             )
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))

@@ -187,6 +187,17 @@ def check_engine_backend(ctx: PlanContext) -> list[Issue]:
                 "remove them; engine.max_batch_size sets the CPU engine's batch",
             )
         )
+    if backend == "cpu" and cfg.run.deterministic and _changed(cfg.engine, "max_batch_size"):
+        issues.append(
+            Issue(
+                "engine.max_batch_size",
+                "with run.deterministic the CPU engine computes one sequence per forward (a "
+                "batched forward's last bits depend on the batch, and a near-tie then samples "
+                "another token), so no batch size applies",
+                "remove it, or remove run.deterministic to batch",
+                value=cfg.engine.max_batch_size,
+            )
+        )
     if backend == "sglang" and _changed(cfg.engine, "max_batch_size"):
         issues.append(
             Issue(

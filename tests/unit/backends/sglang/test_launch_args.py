@@ -24,6 +24,7 @@ from rlpost.backends.sglang.launch import (
 )
 from rlpost.config.loader import compose_run_config
 from rlpost.config.sglang_options import load_sglang_options
+from rlpost.errors import UserError
 from rlpost.plan import build_plan
 from rlpost.plan.slime_args import SLIME_SGLANG_NAMES
 
@@ -294,8 +295,14 @@ def test_a_deterministic_run_gives_the_cpu_engine_one_sequence_per_forward(
     assert sglang[0][0].max_batch_size == cfg.engine.max_batch_size
 
 
-def test_the_plan_says_a_deterministic_cpu_run_ignores_the_engine_batch_size() -> None:
+def test_a_deterministic_cpu_run_refuses_an_engine_batch_size_it_would_not_use() -> None:
     cfg, _ = compose_run_config(["run.deterministic=true", "engine.max_batch_size=32"])
-    assert any("engine.max_batch_size=32 does not apply" in n for n in build_plan(cfg).notes)
-    plain, _ = compose_run_config([])
-    assert not any("engine.max_batch_size" in n for n in build_plan(plain).notes)
+    with pytest.raises(UserError) as refused:
+        build_plan(cfg)
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.value) == ("engine.max_batch_size", 32)
+    assert "one sequence per forward" in issue.message
+    deterministic, _ = compose_run_config(["run.deterministic=true"])
+    assert any("one sequence per forward" in n for n in build_plan(deterministic).notes)
+    batched, _ = compose_run_config(["engine.max_batch_size=32"])
+    build_plan(batched)
