@@ -75,10 +75,10 @@ def resolve_engine_backend(cfg: RunConfig) -> str:
 
 def resolve_weight_sync(cfg: RunConfig, colocate: bool) -> str:
     """engine.weight_sync=auto: CUDA IPC (tensor) when colocated on GPUs, a broadcast group
-    (distributed: NCCL) when decoupled on GPUs, disk on CPU."""
+    (distributed: NCCL) when decoupled on GPUs, disk on CPU and for rlpost's CPU engine."""
     if cfg.engine.weight_sync != "auto":
         return cfg.engine.weight_sync
-    if cfg.hardware.kind != "gpu":
+    if cfg.hardware.kind != "gpu" or resolve_engine_backend(cfg) == "cpu":
         return "disk"
     return "tensor" if colocate else "distributed"
 
@@ -247,6 +247,17 @@ def check_weight_sync(ctx: PlanContext) -> list[Issue]:
                 "after the engines and trainers have started",
                 "use engine.weight_sync=tensor (CUDA IPC; the auto choice for colocated "
                 "runs), or layout.colocate: false to give the engines GPUs of their own",
+                value=kind,
+            )
+        )
+    if kind != "disk" and cfg.hardware.kind == "gpu" and resolve_engine_backend(cfg) == "cpu":
+        issues.append(
+            Issue(
+                "engine.weight_sync",
+                "rlpost's CPU engine holds its weights in host memory: it opens no CUDA IPC "
+                "handle and joins no NCCL group, so the first weight update would fail after "
+                "the engines and trainers had started",
+                "use engine.weight_sync=disk (the auto choice for the CPU engine)",
                 value=kind,
             )
         )

@@ -356,6 +356,19 @@ CASES: list[Bad] = [
         "same GPU",
     ),
     Bad(
+        "GPU weight sync to the CPU engine",
+        (
+            "model=qwen3-4b",
+            "recipe=grpo_dapo",
+            "hardware=h100x8",
+            "engine.backend=cpu",
+            "~layout.rollout.sglang.mem_fraction_static",
+            "engine.weight_sync=tensor",
+        ),
+        "engine.weight_sync",
+        "joins no NCCL group",
+    ),
+    Bad(
         "GPUs this machine does not have",
         ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"),
         "hardware",
