@@ -312,6 +312,8 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
             issues += torch_build_issues(cfg, installed_torch_version(), driver)
             issues += shared_memory_issues(cfg, shared_memory_bytes(), os.environ)
             issues += host_memory_issues(cfg, plan, host_memory_gib())
+    elif cfg.hardware.kind == "cpu" and not joins_cluster:
+        issues += cpu_memory_issues(cfg, plan, host_memory_gib())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():
         issues.append(
@@ -545,6 +547,34 @@ def host_memory_issues(cfg: RunConfig, plan: Plan, total_gib: float | None) -> l
             f"plan for this machine: hardware.host_memory_gib={math.floor(total_gib):d} (the "
             "plan then offers what fits), or run on nodes with more memory",
             value=cfg.hardware.host_memory_gib,
+        )
+    ]
+
+
+def cpu_memory_issues(cfg: RunConfig, plan: Plan, total_gib: float | None) -> list[Issue]:
+    """A CPU profile's device slots are processes in this machine's memory: the train ranks
+    of a node at the plan's training peak, with the host's offloaded state and reference
+    weights, must fit in it, or the kernel's OOM killer ends the run mid-step. (The profile's
+    nominal figure for the processes themselves is left out: a floor, not a forecast.)"""
+    if total_gib is None:
+        return []
+    memory, host = plan.memory, plan.memory.host
+    per_rank = max(memory.train.total_gib, memory.weight_sync_gib)
+    ranks = min(plan.placement.train_gpus, cfg.hardware.gpus_per_node)
+    held = host.optimizer_gib + host.reference_weights_gib
+    need = ranks * per_rank + held
+    if need <= total_gib:
+        return []
+    return [
+        Issue(
+            "hardware",
+            f"the plan's training takes {per_rank:,.1f} GiB in each of {ranks} train rank(s) "
+            f"on a node, {need:,.1f} GiB with {held:,.1f} GiB of offloaded state and "
+            f"reference weights, and this machine has {total_gib:,.1f} GiB: the OOM killer "
+            "would end the run mid-step",
+            "lower recipe.train.max_tokens_per_gpu (the activations), train fewer ranks "
+            "(layout.train.num_gpus), or use a smaller model",
+            value=cfg.hardware.name,
         )
     ]
 

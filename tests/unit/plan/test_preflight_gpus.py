@@ -14,6 +14,7 @@ from rlpost.config.loader import compose_run_config
 from rlpost.plan import build_plan, preflight
 from rlpost.plan.preflight import (
     LocalGpu,
+    cpu_memory_issues,
     host_memory_gib,
     host_memory_issues,
     installed_torch_version,
@@ -229,6 +230,23 @@ def test_a_container_sized_dev_shm_on_a_node_of_several_gpus_is_refused() -> Non
     shm = Path("/dev/shm")
     if shm.is_dir():  # this machine's, against the same figure from another call
         assert shared_memory_bytes() == shutil.disk_usage(shm).total
+
+
+def test_a_cpu_run_whose_train_ranks_outgrow_this_machines_memory_is_refused() -> None:
+    """A CPU profile's train ranks are processes in this machine's memory, at the plan's
+    training peak each (a bf16 model counted in float32, as it runs there)."""
+    cfg, _ = compose_run_config(["model=qwen3-1.7b", "plan.memory_check=warn"])
+    plan = build_plan(cfg)
+    per_rank = plan.memory.train.total_gib
+    assert per_rank > 20  # float32 weights, gradients and Adam of 1.7B parameters
+    (issue,) = cpu_memory_issues(cfg, plan, 32.0)
+    assert (issue.key, issue.value) == ("hardware", "cpu")
+    assert f"{per_rank:,.1f} GiB in each of 2 train rank(s)" in issue.message
+    assert "this machine has 32.0 GiB" in issue.message
+    assert cpu_memory_issues(cfg, plan, 2 * per_rank + 1) == []
+    assert cpu_memory_issues(cfg, plan, None) == []
+    default, _ = compose_run_config([])
+    assert cpu_memory_issues(default, build_plan(default), 2.0) == []  # the default: 0.4 GiB
 
 
 def test_a_node_with_less_memory_than_the_plans_host_need_is_refused() -> None:
