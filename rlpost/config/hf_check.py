@@ -4,7 +4,8 @@ A model file that disagrees with its checkpoint (query groups, head dim, vocabul
 experts, ...) converts or loads into a silently different network. When
 `model.hf_checkpoint` is a local folder with a config.json, every architecture field the
 YAML states is compared with the HF key it must equal; each disagreement is one Issue.
-Reads JSON only: transformers is not imported.
+`model.load` and `model.ref_load` naming HF folders are compared the same way by the
+preflight (`check_weights_config`). Reads JSON only: transformers is not imported.
 """
 
 from __future__ import annotations
@@ -126,15 +127,30 @@ def _ours(model: ModelConfig, field: str) -> Any:
 Locate = Callable[[str], Location]
 
 
-def compare(
-    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
-) -> list[Issue]:
-    """One Issue per field where `model` and the HF config disagree."""
+@dataclass(frozen=True)
+class Mismatch:
+    """A field of the model and what a config.json says of it instead. `section`: the
+    model has a moe or rope_scaling section and the checkpoint not, or the reverse."""
+
+    field: str
+    ours: Any
+    hf_key: str
+    theirs: Any  # MISSING: the config.json does not state it
+    section: str | None = None
+
+    def stated(self) -> str:
+        """What the config.json says, as `hf_key=value` (or that it lacks the key)."""
+        return f"no {self.hf_key}" if self.theirs is MISSING else f"{self.hf_key}={self.theirs!r}"
+
+
+def mismatches(model: ModelConfig, hf: Mapping[str, Any]) -> list[Mismatch]:
+    """Every field the HF config states and `model` disagrees with, then a moe or
+    rope_scaling section that one of the two has and the other not."""
     maps = list(ARCHITECTURE)
     maps += MOE if model.moe is not None else []
     maps += MLA if model.mla is not None else []
     maps += ROPE_SCALING if model.rope_scaling is not None else []
-    issues = []
+    found = []
     for mapping in maps:
         hf_key, theirs = _first(hf, mapping.hf_keys)
         ours = _ours(model, mapping.field)
@@ -144,92 +160,96 @@ def compare(
             theirs = theirs[0] if theirs else MISSING
         if theirs is MISSING or _same(ours, theirs):
             continue
-        issues.append(_mismatch(mapping.field, ours, hf_key, theirs, config_file, locate))
-    issues += _moe_presence(model, hf, config_file, locate)
-    issues += _rope_presence(model, hf, config_file, locate)
-    return issues
+        found.append(Mismatch(mapping.field, ours, hf_key, theirs))
+    sections = (_moe_section(model, hf), _rope_section(model, hf))
+    return found + [m for m in sections if m is not None]
 
 
-def _mismatch(
-    field: str, ours: Any, hf_key: str, theirs: Any, config_file: str, locate: Locate
-) -> Issue:
-    key = f"model.{field}"
+def compare(
+    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
+) -> list[Issue]:
+    """One Issue per field where `model` and the HF config disagree."""
+    return [
+        _mismatch(m, config_file, locate)
+        if m.section is None
+        else _section_issue(m, config_file, locate)
+        for m in mismatches(model, hf)
+    ]
+
+
+def _mismatch(m: Mismatch, config_file: str, locate: Locate) -> Issue:
+    key = f"model.{m.field}"
     where = locate(key)
     yaml_file = where.file or "the model YAML (schema default)"
     return Issue(
         key=key,
-        value=ours,
-        message=f"{yaml_file} says {field}={ours!r}, but {config_file} says "
-        f"{hf_key}={theirs!r}: the model would not match its checkpoint",
-        fix=f"set {field}: {json.dumps(theirs)} in {yaml_file}, or point model.hf_checkpoint "
+        value=m.ours,
+        message=f"{yaml_file} says {m.field}={m.ours!r}, but {config_file} says "
+        f"{m.stated()}: the model would not match its checkpoint",
+        fix=f"set {m.field}: {json.dumps(m.theirs)} in {yaml_file}, or point model.hf_checkpoint "
         "at the checkpoint this YAML describes",
         location=where,
     )
 
 
-def _moe_presence(
-    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
-) -> list[Issue]:
+def _moe_section(model: ModelConfig, hf: Mapping[str, Any]) -> Mismatch | None:
     hf_key, experts = _first(hf, EXPERT_KEYS)
-    hf_moe = isinstance(experts, int) and experts > 0
-    if hf_moe and model.moe is None:
-        return [
-            Issue(
-                key="model.moe",
-                message=f"{config_file} says {hf_key}={experts} (a mixture-of-experts model), "
-                "but the model YAML has no moe section",
-                fix="add a moe section (num_experts, top_k, expert_ffn_hidden_size, ...) "
-                "matching the HF config",
-                location=locate("model"),
-            )
-        ]
+    if isinstance(experts, int) and experts > 0 and model.moe is None:
+        return Mismatch("moe", None, hf_key, experts, section="moe")
     if model.moe is not None and experts is MISSING:
-        return [
-            Issue(
-                key="model.moe",
-                message=f"the model YAML has a moe section, but {config_file} has no "
-                f"{' or '.join(EXPERT_KEYS)}: the checkpoint is a dense model",
-                fix="remove the moe section, or point model.hf_checkpoint at the MoE checkpoint",
-                location=locate("model.moe"),
-            )
-        ]
-    return []
+        keys = " or ".join(EXPERT_KEYS)
+        return Mismatch("moe.num_experts", model.moe.num_experts, keys, MISSING, section="moe")
+    return None
 
 
-def hf_rope_type(hf: Mapping[str, Any]) -> Any:
-    """The HF config's RoPE scaling type; None (or 'default') when RoPE is not scaled."""
-    _, found = _first(hf, ROPE_SCALING[0].hf_keys)
-    return None if found is MISSING else found
-
-
-def _rope_presence(
-    model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
-) -> list[Issue]:
-    kind = hf_rope_type(hf)
+def _rope_section(model: ModelConfig, hf: Mapping[str, Any]) -> Mismatch | None:
+    hf_key, kind = _first(hf, ROPE_SCALING[0].hf_keys)
+    kind = None if kind is MISSING else kind
     if model.rope_scaling is None and kind not in UNSCALED_ROPE_TYPES:
-        return [
-            Issue(
-                key="model.rope_scaling",
-                message=f"{config_file} scales RoPE ({kind!r}), but the model YAML has no "
-                "rope_scaling section: positions beyond the original context would be "
-                "encoded differently from pre-training",
-                fix="add rope_scaling (type, factor, original_max_position_embeddings, ...) "
-                "matching the HF config's rope_scaling",
-                location=locate("model"),
-            )
-        ]
+        return Mismatch("rope_scaling", None, hf_key, kind, section="rope_scaling")
     if model.rope_scaling is not None and kind in UNSCALED_ROPE_TYPES:
-        return [
-            Issue(
-                key="model.rope_scaling",
-                message=f"the model YAML scales RoPE ({model.rope_scaling.type}), but "
-                f"{config_file} does not",
-                fix="remove the rope_scaling section, or point model.hf_checkpoint at the "
-                "checkpoint this YAML describes",
-                location=locate("model.rope_scaling"),
-            )
-        ]
-    return []
+        ours = model.rope_scaling.type
+        return Mismatch("rope_scaling.type", ours, hf_key, kind, section="rope_scaling")
+    return None
+
+
+def _section_issue(m: Mismatch, config_file: str, locate: Locate) -> Issue:
+    """A moe or rope_scaling section the model YAML has and its checkpoint not, or the
+    reverse."""
+    if m.section == "moe" and m.ours is None:
+        return Issue(
+            key="model.moe",
+            message=f"{config_file} says {m.hf_key}={m.theirs} (a mixture-of-experts model), "
+            "but the model YAML has no moe section",
+            fix="add a moe section (num_experts, top_k, expert_ffn_hidden_size, ...) "
+            "matching the HF config",
+            location=locate("model"),
+        )
+    if m.section == "moe":
+        return Issue(
+            key="model.moe",
+            message=f"the model YAML has a moe section, but {config_file} has no "
+            f"{m.hf_key}: the checkpoint is a dense model",
+            fix="remove the moe section, or point model.hf_checkpoint at the MoE checkpoint",
+            location=locate("model.moe"),
+        )
+    if m.ours is None:
+        return Issue(
+            key="model.rope_scaling",
+            message=f"{config_file} scales RoPE ({m.theirs!r}), but the model YAML has no "
+            "rope_scaling section: positions beyond the original context would be "
+            "encoded differently from pre-training",
+            fix="add rope_scaling (type, factor, original_max_position_embeddings, ...) "
+            "matching the HF config's rope_scaling",
+            location=locate("model"),
+        )
+    return Issue(
+        key="model.rope_scaling",
+        message=f"the model YAML scales RoPE ({m.ours}), but {config_file} does not",
+        fix="remove the rope_scaling section, or point model.hf_checkpoint at the "
+        "checkpoint this YAML describes",
+        location=locate("model.rope_scaling"),
+    )
 
 
 DERIVED = (
@@ -349,3 +369,43 @@ def check_hf_config(data: Mapping[str, Any], locate: Locate) -> list[Issue]:
     stated = {issue.key for issue in issues}
     derived = derived_issues(model, hf, str(config_path), locate)
     return issues + [issue for issue in derived if issue.key not in stated]
+
+
+WEIGHTS_ROLES = {
+    "model.load": "the policy would start from the weights of another network",
+    "model.ref_load": "the KL would be measured against another network",
+}
+
+
+def check_weights_config(key: str, folder: str, model: ModelConfig) -> list[Issue]:
+    """`key` (model.load or model.ref_load) naming an HF folder of another architecture than
+    `model`'s: its config.json compared as model.hf_checkpoint's is, one Issue naming every
+    disagreement. A folder without a config.json (a torch_dist checkpoint: its tensor
+    metadata reads only with torch) is not compared here: megatron-core compares its tensor
+    shapes with the model's when the trainer loads it."""
+    config_path = Path(folder).expanduser() / "config.json"
+    if not config_path.is_file():
+        return []
+    fix = (
+        f"point {key} at weights of this model's architecture (a checkpoint whose config.json "
+        "agrees with model.hf_checkpoint's), or remove it"
+    )
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        return [Issue(key, f"{config_path} cannot be read as JSON: {exc}", fix, value=folder)]
+    if not isinstance(hf, Mapping):
+        return [Issue(key, f"{config_path} holds no JSON object", fix, value=folder)]
+    found = mismatches(model, hf)
+    if not found:
+        return []
+    theirs = ", ".join(m.stated() for m in found)
+    ours = ", ".join(f"{m.field}={m.ours!r}" for m in found)
+    return [
+        Issue(
+            key,
+            f"its config.json says {theirs}, where the model says {ours}: {WEIGHTS_ROLES[key]}",
+            fix,
+            value=folder,
+        )
+    ]

@@ -2,10 +2,11 @@
 
 The plan says whether a run can work on its hardware; the preflight says whether it can start
 here: the checkpoint folders and data files it names exist and read (every jsonl line has its
-keys), the credentials and packages it will need are present, this node has the GPUs its
-hardware profile describes (as many, with as much memory: `nvidia-smi`), the run directory can
-be written, and the run fits in memory (plan.memory_check). `launch.py mode=train` and
-`rlpost validate` run it; `mode=plan` does not, so a config meant for a cluster plans anywhere.
+keys; an HF folder given as model.load or model.ref_load is of the model's architecture), the
+credentials and packages it will need are present, this node has the GPUs its hardware profile
+describes (as many, with as much memory: `nvidia-smi`), the run directory can be written, and
+the run fits in memory (plan.memory_check). `launch.py mode=train` and `rlpost validate` run
+it; `mode=plan` does not, so a config meant for a cluster plans anywhere.
 
 Standard library only, and quick: data files are parsed as JSON, never tokenized (prompt
 length against data.max_prompt_len is judged when the tokenizer loads, still before anything
@@ -31,11 +32,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpost.config.hf_check import check_weights_config
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
-from rlpost.schema import RunConfig
+from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.recipe import RewardType
 from rlpost.switches import bad_switches
 
@@ -100,9 +102,9 @@ def check_hf_folder(key: str, value: str, *, needs_weights: bool = True) -> list
     return []
 
 
-def _weights_issues(key: str, value: str, backend: str) -> list[Issue]:
-    """A policy or reference checkpoint the trainer will read: an HF folder, or (megatron
-    only) a torch_dist checkpoint."""
+def _weights_issues(key: str, value: str, backend: str, model: ModelConfig) -> list[Issue]:
+    """A policy or reference checkpoint the trainer will read: an HF folder of the model's
+    architecture, or (megatron only) a torch_dist checkpoint."""
     path = Path(value).expanduser()
     readable = (
         "an HF folder or a torch_dist checkpoint"
@@ -131,7 +133,7 @@ def _weights_issues(key: str, value: str, backend: str) -> list[Issue]:
                 "train with the megatron backend",
             )
         ]
-    return check_hf_folder(key, value)
+    return check_hf_folder(key, value) or check_weights_config(key, value, model)
 
 
 def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
@@ -140,9 +142,9 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
     # the reference only matters when the recipe reads it
     ref = model.ref_load
     if ref is not None and ref != model.hf_checkpoint and cfg.recipe.algo.reference_interval > 0:
-        issues += _weights_issues("model.ref_load", ref, plan.trainer_backend)
+        issues += _weights_issues("model.ref_load", ref, plan.trainer_backend, model)
     if model.load is not None and model.load != model.hf_checkpoint:
-        issues += _weights_issues("model.load", model.load, plan.trainer_backend)
+        issues += _weights_issues("model.load", model.load, plan.trainer_backend, model)
     if (
         cfg.recipe.data.apply_chat_template
         and not issues

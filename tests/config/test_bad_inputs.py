@@ -441,6 +441,14 @@ def write_fixtures(root: Path) -> Path:
     used.mkdir(parents=True)
     (used / "manifest.json").write_text("{}")
     (root / "not_a_checkpoint").mkdir()
+    other_shape = root / "other_shape"  # a Qwen3 of 2 layers of 128, the model's: 4 of 256
+    other_shape.mkdir()
+    for item in TINY_MODEL.iterdir():
+        if item.name != "config.json":
+            (other_shape / item.name).symlink_to(item)
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    smaller = {**config, "num_hidden_layers": 2, "hidden_size": 128}
+    (other_shape / "config.json").write_text(json.dumps(smaller))
     torch_dist = root / "ref_torch_dist"
     torch_dist.mkdir()
     (torch_dist / "metadata.json").write_text("{}")
@@ -505,6 +513,19 @@ def file_cases(root: Path) -> list[Bad]:
             ("model.load=/no/such/sft",),
             "model.load",
             "no such checkpoint",
+        ),
+        _case(
+            "initial policy weights of another shape",
+            (f"model.load={root / 'other_shape'}",),
+            "model.load",
+            "its config.json says num_hidden_layers=2, hidden_size=128, where the model says "
+            "num_layers=4, hidden_size=256: the policy would start from the weights of another",
+        ),
+        _case(
+            "a reference of another shape",
+            (f"model.ref_load={root / 'other_shape'}", "recipe.algo.kl_metric_interval=2"),
+            f"model.ref_load = '{root / 'other_shape'}'",
+            "the KL would be measured against another network",
         ),
         _case(
             "a torch_dist reference for the torch trainer",

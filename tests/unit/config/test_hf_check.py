@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlpost.config.hf_check import check_hf_config, compare, derived_issues
+from rlpost.config.hf_check import check_hf_config, check_weights_config, compare, derived_issues
 from rlpost.errors import Location
 from rlpost.schema import ModelConfig
 
@@ -218,3 +218,33 @@ def test_a_stated_key_is_reported_once(tmp_path: Path) -> None:
     issues = check_hf_config({"model": raw}, here)
     assert [i.key for i in issues] == ["model.mtp_num_layers"]
     assert "num_nextn_predict_layers=1" in issues[0].message
+
+
+def test_initial_weights_of_another_shape_are_one_issue_on_their_key(tmp_path: Path) -> None:
+    """model.load and model.ref_load are compared with the model as hf_checkpoint is: one
+    Issue on the key naming every field the folder's config.json says otherwise."""
+    qwen = model("qwen3-4b")
+    assert check_weights_config("model.load", str(tmp_path), qwen) == []  # no config.json
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
+    assert check_weights_config("model.load", str(tmp_path), qwen) == []  # the same network
+    smaller = {**QWEN3_4B, "num_hidden_layers": 28, "hidden_size": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(smaller))
+    (issue,) = check_weights_config("model.load", str(tmp_path), qwen)
+    assert issue.key == "model.load" and issue.value == str(tmp_path)
+    assert issue.message == (
+        "its config.json says num_hidden_layers=28, hidden_size=2048, where the model says "
+        "num_layers=36, hidden_size=2560: the policy would start from the weights of another "
+        "network"
+    )
+    assert issue.fix.startswith("point model.load at weights of this model's architecture")
+    (issue,) = check_weights_config("model.ref_load", str(tmp_path), qwen)
+    assert issue.key == "model.ref_load" and "the KL would be measured against" in issue.message
+
+
+def test_a_reference_that_is_a_moe_model_names_its_experts(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_4B, "num_experts": 128}))
+    (issue,) = check_weights_config("model.ref_load", str(tmp_path), model("qwen3-4b"))
+    assert "says num_experts=128, where the model says moe=None" in issue.message
+    (tmp_path / "config.json").write_text("[1, 2]")
+    (issue,) = check_weights_config("model.ref_load", str(tmp_path), model("qwen3-4b"))
+    assert "holds no JSON object" in issue.message and issue.fix.startswith("point model.ref_load")
