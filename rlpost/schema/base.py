@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class Section(BaseModel):
@@ -15,6 +17,18 @@ class Section(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def expand_home(path: str) -> str:
+    """`path` with a leading `~` (or `~user`) expanded as a shell would: the schema reads it
+    once, so the preflight, the trainers, the engines and the run directory all get the
+    folder the user meant (none of them expands it, and a hub id or a `./~` folder is what
+    the path as written would become)."""
+    return os.path.expanduser(path)
+
+
+LocalPath = Annotated[str, AfterValidator(expand_home)]
+"""A file or folder on the machines of the run, `~` expanded (`expand_home`)."""
 
 
 class InvariantError(ValueError):

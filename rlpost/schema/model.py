@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.base import InvariantError, LocalPath, Section
 
 Family = Literal[
     "qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3", "generic"
@@ -128,16 +128,16 @@ class ModelConfig(Section):
     mtp_num_layers: NonNegativeInt = 0
     params_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
 
-    hf_checkpoint: str = Field(
+    hf_checkpoint: LocalPath = Field(
         description="the HF folder: architecture, tokenizer, the engines' first weights, and "
         "the policy's unless `load` names others"
     )
-    ref_load: str | None = Field(
+    ref_load: LocalPath | None = Field(
         None,
         description="the frozen reference for KL terms: an HF folder (both trainers) or a "
         "torch_dist checkpoint (megatron); read only when the recipe reads the KL",
     )
-    load: str | None = Field(
+    load: LocalPath | None = Field(
         None,
         description="the policy's initial weights when not hf_checkpoint's: an HF folder of "
         "the same architecture (both trainers) or a torch_dist checkpoint (megatron); the "

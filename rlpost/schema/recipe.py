@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 
 # The reward types rlpost registers (rlpost.rewards.hub; a test holds the two together), and
 # those that grade a response against the sample's label. "model" is no per-sample type:
@@ -57,7 +57,7 @@ def check_top_k(top_k: int, field: str) -> None:
 
 
 class DataConfig(Section):
-    prompt_data: str | None = Field(
+    prompt_data: LocalPath | None = Field(
         None, description="a jsonl file of prompts (required unless `source` is set)"
     )
     source: str | None = Field(
@@ -734,7 +734,7 @@ class TrainConfig(Section):
 
 class EvalDataset(Section):
     name: str
-    path: str
+    path: LocalPath
     input_key: str | None = None
     label_key: str | None = None
     n_samples_per_prompt: PositiveInt | None = None

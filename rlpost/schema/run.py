@@ -13,7 +13,14 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, Section, check_host_port, check_ip, refuse_unused
+from rlpost.schema.base import (
+    InvariantError,
+    LocalPath,
+    Section,
+    check_host_port,
+    check_ip,
+    refuse_unused,
+)
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import GENERIC_FAMILY, ModelConfig
@@ -152,9 +159,9 @@ class TrackingConfig(Section):
 
 
 class RunOptions(Section):
-    dir: str | None = Field(None, description="null: the Hydra output directory")
+    dir: LocalPath | None = Field(None, description="null: the Hydra output directory")
     seed: int = 1234
-    resume: str | None = Field(None, description="auto, or a checkpoint directory")
+    resume: LocalPath | None = Field(None, description="auto, or a checkpoint directory")
     deterministic: bool = False
     progress: bool = True
     dump_rollouts: bool = Field(

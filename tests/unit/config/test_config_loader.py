@@ -108,3 +108,32 @@ def test_post_checks_run_even_when_the_schema_fails() -> None:
         "layout.rollout.sglang.port",
         "recipe.rollout.dynamic_sampling_filter",
     ]
+
+
+def test_a_path_written_with_a_tilde_is_read_in_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every path the run reads or writes gets `~` expanded where the config is validated:
+    nothing downstream expands it (the tokenizer took '~/x' for a hub id, and run.dir made a
+    './~' folder)."""
+    from rlpost.config.loader import compose_run_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run, _ = compose_run_config(
+        [
+            "model.hf_checkpoint='~/qwen3-tiny'",  # ref_load is ${.hf_checkpoint}
+            "model.load='~/sft'",
+            "recipe.data.prompt_data='~/data/train.jsonl'",
+            "recipe.eval.datasets.0.path='~/data/eval.jsonl'",
+            "run.dir='~/runs/a'",
+            "run.resume='~/runs/b/ckpt/rollout_4'",
+        ]
+    )
+    home = str(tmp_path)
+    assert run.model.hf_checkpoint == run.model.ref_load == f"{home}/qwen3-tiny"
+    assert run.model.load == f"{home}/sft"
+    assert run.recipe.data.prompt_data == f"{home}/data/train.jsonl"
+    assert run.recipe.eval.datasets[0].path == f"{home}/data/eval.jsonl"
+    assert (run.run.dir, run.run.resume) == (f"{home}/runs/a", f"{home}/runs/b/ckpt/rollout_4")
+    run, _ = compose_run_config(["run.dir=runs/a", "run.resume=auto"])
+    assert (run.run.dir, run.run.resume) == ("runs/a", "auto")  # all else as written
