@@ -686,7 +686,10 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
     if cfg.run.dir is not None:
         target = Path(cfg.run.dir).expanduser().resolve()
         existing = next((p for p in (target, *target.parents) if p.exists()), None)
-        if existing is None or not _writable_folder(existing):
+        foreign = foreign_run_dir(cfg.run.dir, target)
+        if foreign:
+            issues.append(foreign)
+        elif existing is None or not _writable_folder(existing):
             issues.append(
                 Issue(
                     "run.dir",
@@ -715,6 +718,32 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
             )
         )
     return issues
+
+
+SHOWN_ENTRIES = 4
+
+
+def foreign_run_dir(value: str, target: Path) -> Issue | None:
+    """run.dir naming a folder that holds files and is no run's: the launch would write its
+    config.yaml, provenance.json and metrics.jsonl over any of the same name there."""
+    from rlpost.runtime.rundir import RUN_MARKERS, foreign_entries
+
+    entries = foreign_entries(target)
+    if not entries:
+        return None
+    shown = ", ".join(entries[:SHOWN_ENTRIES])
+    more = len(entries) - SHOWN_ENTRIES
+    shown += f" and {more} more" if more > 0 else ""
+    return Issue(
+        "run.dir",
+        f"{target} holds {shown}; it is no run's directory (every launch of rlpost writes "
+        f"{' and '.join(RUN_MARKERS[:-1])} in its run's, and checkpoints in "
+        f"{RUN_MARKERS[-1]}/): this launch would write its config.yaml, provenance.json and "
+        "metrics.jsonl over files of those names",
+        "choose a new or empty folder, or the run's own folder (the one an earlier launch of "
+        "it wrote, to continue it with run.resume=auto)",
+        value=value,
+    )
 
 
 def saves_due(interval: int | None, total: int) -> int:

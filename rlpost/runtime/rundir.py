@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from rlpost.runtime.checkpoint import CKPT_DIR
 from rlpost.runtime.redact import redact
 from rlpost.schema import RunConfig
 
@@ -37,6 +38,24 @@ LAUNCHES_FILE = "launches.jsonl"
 
 LOCK_FILE = ".lock"
 _HELD_LOCKS: dict[Path, int] = {}
+RUN_MARKERS = (LAUNCHES_FILE, PROVENANCE_FILE, CKPT_DIR)
+"""What makes a folder a run directory: every launch writes launches.jsonl and provenance.json
+before anything else it writes there (prepare_run_dir), and ckpt/ holds a run's checkpoints
+(copied or moved there, too)."""
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The entries of `folder` when it is not a run directory and not empty: a folder of
+    someone's own, whose config.yaml, provenance.json or metrics.jsonl a launch would write
+    over. [] for a run directory (RUN_MARKERS), for a folder that holds nothing or only a lock
+    (the launcher claims Hydra's job folder before it validates), and for none."""
+    try:
+        entries = sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return []
+    if any(marker in entries for marker in RUN_MARKERS):
+        return []
+    return [name for name in entries if name != LOCK_FILE]
 
 
 def lock_run_dir(run_dir: Path) -> int | None:

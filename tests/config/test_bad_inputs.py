@@ -441,6 +441,10 @@ def write_fixtures(root: Path) -> Path:
     used.mkdir(parents=True)
     (used / "manifest.json").write_text("{}")
     (root / "not_a_checkpoint").mkdir()
+    own = root / "own_folder"  # a folder of the user's: no run's directory
+    own.mkdir()
+    (own / "config.yaml").write_text("mine: true\n")
+    (own / "metrics.jsonl").write_text('{"mine": 1}\n')
     other_shape = root / "other_shape"  # a Qwen3 of 2 layers of 128, the model's: 4 of 256
     other_shape.mkdir()
     for item in TINY_MODEL.iterdir():
@@ -630,6 +634,12 @@ def file_cases(root: Path) -> list[Bad]:
             "already holds checkpoints",
         ),
         _case(
+            "run directory that is a folder of the user's",
+            (f"run.dir={root / 'own_folder'}",),
+            f"run.dir = '{root / 'own_folder'}'",
+            "holds config.yaml, metrics.jsonl; it is no run's directory",
+        ),
+        _case(
             "hook module missing",
             (
                 "recipe.rollout.over_sampling_batch_size=16",
@@ -760,6 +770,8 @@ def test_every_bad_input_is_refused_before_anything_starts(fixtures: Path, tmp_p
     assert not problems, "\n\n".join(problems)
     written = [p for p in (tmp_path / "runs").iterdir() if p.name != "hydra"]
     assert written == [], f"run directories written by refused launches: {written}"
+    own = sorted(p.name for p in (fixtures / "own_folder").iterdir())
+    assert own == ["config.yaml", "metrics.jsonl"], f"the user's folder now holds {own}"
 
 
 def test_a_bad_launch_is_refused_from_the_command_line(tmp_path: Path) -> None:
