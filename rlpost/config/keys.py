@@ -65,6 +65,50 @@ def node_for(annotation: Any) -> KeyNode:
 ROOT = KeyNode("section", section=RunConfig)
 
 
+# Other frameworks' names for rlpost's keys, which a close spelling would point elsewhere
+# (TRL's max_new_tokens is closest to max_turns): name -> (key, whose name it is, and what
+# differs, after a semicolon).
+PEER_NAMES: dict[str, tuple[str, str]] = {
+    "max_new_tokens": ("recipe.rollout.max_response_len", "SGLang's and HF generate's"),
+    "max_tokens": ("recipe.rollout.max_response_len", "vLLM's"),
+    "max_completion_length": ("recipe.rollout.max_response_len", "TRL's"),
+    "max_response_length": ("recipe.rollout.max_response_len", "verl's"),
+    "response_length": ("recipe.rollout.max_response_len", "verl's rollout"),
+    "rollout_max_response_len": ("recipe.rollout.max_response_len", "slime's"),
+    "max_prompt_length": ("recipe.data.max_prompt_len", "verl's and TRL's"),
+    "rollout_max_prompt_len": ("recipe.data.max_prompt_len", "slime's"),
+    "num_generations": ("recipe.rollout.n_samples_per_prompt", "TRL's"),
+    "n": ("recipe.rollout.n_samples_per_prompt", "verl's rollout"),
+    "rollout_n": ("recipe.rollout.n_samples_per_prompt", "verl's"),
+    "n_samples": ("recipe.rollout.n_samples_per_prompt", "OpenRLHF's"),
+    "learning_rate": ("recipe.optim.lr", "TRL's"),
+    "max_grad_norm": ("recipe.optim.clip_grad", "TRL's"),
+    "grad_clip": ("recipe.optim.clip_grad", "verl's"),
+    "warmup_steps": ("recipe.optim.lr_warmup_steps", "TRL's"),
+    "clip_ratio": ("recipe.algo.eps_clip", "verl's"),
+    "clip_ratio_low": ("recipe.algo.eps_clip", "verl's"),
+    "clip_ratio_high": ("recipe.algo.eps_clip_high", "verl's"),
+    "epsilon": ("recipe.algo.eps_clip", "TRL's"),
+    "epsilon_high": ("recipe.algo.eps_clip_high", "TRL's"),
+    "beta": ("recipe.algo.kl_loss_coef", "TRL's; the KL in the loss"),
+    "entropy_coeff": ("recipe.algo.entropy_coef", "verl's"),
+    "adv_estimator": ("recipe.algo.advantage_estimator", "verl's"),
+    "loss_agg_mode": (
+        "recipe.algo.loss_reduction",
+        "verl's; its token-mean is token_mean, seq-mean-token-mean is sample_mean",
+    ),
+    "train_batch_size": ("recipe.rollout.batch_size", "verl's; prompts per rollout"),
+    "rollout_batch_size": ("recipe.rollout.batch_size", "slime's and OpenRLHF's"),
+    "ppo_mini_batch_size": (
+        "recipe.train.global_batch_size",
+        "verl's; counted in prompts there, in samples here",
+    ),
+    "ppo_micro_batch_size_per_gpu": ("recipe.train.micro_batch_size", "verl's"),
+    "micro_batch_size_per_gpu": ("recipe.train.micro_batch_size", "verl's and OpenRLHF's"),
+    "ppo_max_token_len_per_gpu": ("recipe.train.max_tokens_per_gpu", "verl's"),
+}
+
+
 @dataclass(frozen=True)
 class UnknownKey:
     """A key path that leaves the schema at `name`, a child of `parent`."""
@@ -75,7 +119,10 @@ class UnknownKey:
     choices: tuple[str, ...]
 
     def candidates(self) -> list[str]:
-        """Full key paths the user probably meant: a close sibling, else same-named keys."""
+        """Full key paths the user probably meant: the key another framework's name stands
+        for, a close sibling, else same-named keys."""
+        if self.name in PEER_NAMES:
+            return [PEER_NAMES[self.name][0]]
         close = difflib.get_close_matches(self.name, self.choices, n=1, cutoff=0.6)
         if close:
             return [f"{self.parent}.{close[0]}" if self.parent else close[0]]
@@ -83,6 +130,11 @@ class UnknownKey:
 
     def suggestion(self) -> str:
         """' Did you mean ...?': the sibling's own name, or the full path of a key elsewhere."""
+        if self.name in PEER_NAMES:
+            key, whose = PEER_NAMES[self.name]
+            owner, _, differs = whose.partition("; ")
+            tail = f"; {differs}" if differs else ""
+            return f" Did you mean '{key}'? ('{self.name}' is {owner} name for it{tail})"
         close = did_you_mean(self.name, self.choices)
         if close:
             return close

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from rlpost.config.keys import all_key_paths, describe_field, find_unknown, resolve_loc
+from rlpost.config.keys import (
+    PEER_NAMES,
+    all_key_paths,
+    describe_field,
+    find_unknown,
+    resolve_loc,
+)
 from rlpost.schema import PlanOptions, RolloutConfig, RolloutLayout, TrainLayout
 
 
@@ -62,3 +68,18 @@ def test_describe_field_states_type_range_and_null() -> None:
     )
     assert describe_field(RolloutConfig.model_fields["stop"]) == "a list of strings"
     assert describe_field(RolloutLayout.model_fields["sglang"]) == "a mapping"
+
+
+def test_other_frameworks_names_point_at_the_key_they_stand_for() -> None:
+    """verl's, TRL's, OpenRLHF's and slime's names for rlpost's keys: each target exists, and
+    the suggestion names it (not the closest spelling: max_new_tokens is closest to
+    max_turns), with what differs."""
+    paths = set(all_key_paths())
+    for name, (key, _) in PEER_NAMES.items():
+        assert key in paths, (name, key)
+    unknown = find_unknown("recipe.rollout.max_new_tokens")
+    assert unknown is not None and unknown.candidates() == ["recipe.rollout.max_response_len"]
+    agg = find_unknown("recipe.algo.loss_agg_mode")
+    assert agg is not None
+    assert "seq-mean-token-mean is sample_mean" in agg.describe()
+    assert agg.fix() == "use recipe.algo.loss_reduction instead, or remove the key"
