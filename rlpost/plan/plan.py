@@ -185,6 +185,14 @@ def _notes(
 ) -> tuple[str, ...]:
     par, batch, engine, memory = plan_parts
     notes = []
+    model = cfg.model
+    reference = model.ref_load or model.hf_checkpoint
+    if model.load not in (None, reference) and cfg.recipe.algo.reference_interval > 0:
+        notes.append(
+            f"the KL's reference is model.ref_load={reference}, not the policy's start "
+            f"(model.load={model.load}): the KL pulls the policy toward the reference's "
+            "weights; model.ref_load: ${model.load} measures it against the start instead"
+        )
     if cfg.recipe.data.max_prompt_len is None:
         notes.append(
             "recipe.data.max_prompt_len is not set: the longest sample counts as "

@@ -234,3 +234,19 @@ def test_run_deterministic_switches_on_sglangs_seeded_sampling(run_config: Runs)
             )
         )  # fmt: skip
     assert option in str(refused.value) and "the seeds are dropped" in str(refused.value)
+
+
+def test_a_reference_other_than_the_policys_start_is_noted_when_the_kl_is_read(
+    run_config: Runs,
+) -> None:
+    def notes(**overrides: object) -> str:
+        plan = build_plan(run_config("qwen3-4b", "h100x8", model__load="/sft", **overrides))
+        return "\n".join(plan.notes)
+
+    assert "model.ref_load=/root/Qwen3-4B_torch_dist, not the policy's start" in notes(
+        recipe__algo__kl_loss_coef=0.01
+    )
+    assert "the KL's reference" not in notes()  # the shipped recipe's KL weighs nothing
+    assert "the KL's reference" not in notes(
+        recipe__algo__kl_loss_coef=0.01, model__ref_load="/sft"
+    )
