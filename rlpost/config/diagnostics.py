@@ -122,8 +122,22 @@ def _bad_value(err: ErrorDetails, loc: ResolvedLoc, data: Any, sources: SourceMa
     return Issue(loc.key, message, fix, value=_shown(value), location=sources.get(loc.key))
 
 
+def _not_finite(err: ErrorDetails, loc: ResolvedLoc, data: Any, sources: SourceMap) -> Issue:
+    value = err.get("input", ABSENT)
+    expected = describe_field(loc.field) if loc.field is not None else "a number"
+    return Issue(
+        loc.key,
+        f"must be a finite number; got {value!r}, which no range check can hold (NaN compares"
+        " false with everything) and no run can use",
+        f"set it to {expected.replace('a number', 'a finite number', 1)}",
+        value=_shown(value),
+        location=sources.get(loc.key),
+    )
+
+
 HANDLERS: dict[str, Handler] = {
     "extra_forbidden": _unknown_key,
+    "finite_number": _not_finite,
     "missing": _missing,
     "value_error": _rule,
     "assertion_error": _rule,

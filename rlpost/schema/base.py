@@ -13,10 +13,14 @@ class Section(BaseModel):
     """A validated, immutable config section.
 
     Unknown keys are errors (the loader turns them into did-you-mean messages), and nothing
-    downstream may mutate a config: derived values belong to the Plan.
+    downstream may mutate a config: derived values belong to the Plan. Every float is
+    finite: a NaN or infinite learning rate, temperature or bound would pass every range
+    check it meets (NaN compares false) and only fail, if at all, inside the run.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False
+    )
 
 
 def expand_home(path: str) -> str:

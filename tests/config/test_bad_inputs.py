@@ -123,6 +123,18 @@ CASES: list[Bad] = [
         "must be > 0",
     ),
     Bad(
+        "temperature not a number",
+        ("recipe.rollout.temperature=nan",),
+        "recipe.rollout.temperature = nan",
+        "must be a finite number; got nan",
+    ),
+    Bad(
+        "infinite learning rate",
+        ("recipe.optim.lr=inf",),
+        "recipe.optim.lr = inf",
+        "fix: set it to a finite number > 0",
+    ),
+    Bad(
         "global batch that does not divide",
         ("recipe.train.global_batch_size=60",),
         "recipe.train.global_batch_size",

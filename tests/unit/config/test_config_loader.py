@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from rlpost.config.loader import load_run_config
 from rlpost.config.sources import SourceMap
 from rlpost.errors import Location, UserError
+from rlpost.schema import Section
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
@@ -66,6 +67,25 @@ def test_issues_carry_the_location_of_their_key() -> None:
     assert by_key["recipe.rollout.temperature"].value == -1.0
     assert str(by_key["trainer.backend"].location) == "default"
     assert "one of 'auto', 'torch', 'megatron'" in by_key["trainer.backend"].fix
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_float_that_is_not_finite_is_refused(value: float) -> None:
+    error = errors_of(run_dict(recipe__rollout__temperature=value, recipe__optim__lr=value))
+    by_key = {issue.key: issue for issue in error.issues}
+    assert set(by_key) == {"recipe.rollout.temperature", "recipe.optim.lr"}
+    assert f"must be a finite number; got {value!r}" in by_key["recipe.optim.lr"].message
+    assert by_key["recipe.optim.lr"].fix == "set it to a finite number > 0"
+    assert by_key["recipe.rollout.temperature"].fix == "set it to a finite number"
+
+
+def test_every_section_refuses_nan_and_infinity() -> None:
+    def sections(cls: type[Section]) -> list[type[Section]]:
+        return [cls, *(s for sub in cls.__subclasses__() for s in sections(sub))]
+
+    every = sections(Section)
+    assert len(every) > 20
+    assert [c for c in every if c.model_config.get("allow_inf_nan") is not False] == []
 
 
 def test_missing_key_points_at_the_section_file() -> None:
