@@ -257,6 +257,11 @@ NOT_IMPORTED = {
         "engine.max_restarts",
     ),
     "--wandb-key": ("credentials come from the environment (WANDB_API_KEY)", "tracking.wandb"),
+    "--wandb-team": (
+        "the entity comes from the environment (WANDB_ENTITY), as the key does",
+        "tracking.wandb.project",
+    ),
+    "--wandb-host": ("the server comes from the environment (WANDB_BASE_URL)", "tracking.wandb"),
     "--sglang-log-level": ("rlpost's engine logs go to the run directory", "run.dir"),
     "--save-debug-rollout-data": (
         "rlpost writes each rollout's samples as JSON lines in <run.dir>/rollouts/, not "

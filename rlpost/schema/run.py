@@ -133,10 +133,25 @@ class PlanOptions(Section):
     )
 
 
+# What wandb.init refuses (wandb/sdk/wandb_settings.py, validate_project and validate_run_id),
+# checked here so that a bad name stops the launch, not the run once its engines are up.
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+WANDB_PROJECT_MAX_CHARS = 128
+WANDB_RUN_ID_FORBIDDEN = ":;,#?/'"
+
+
+def _without(value: str, forbidden: str) -> str:
+    return "".join(c for c in value if c not in forbidden)
+
+
 class WandbConfig(Section):
     enabled: bool = False
     mode: Literal["online", "offline"] = "offline"
-    project: str = "rlpost"
+    project: str = Field(
+        "rlpost",
+        description="the project alone; the entity (team or user) comes from WANDB_ENTITY, "
+        "else the API key's default entity",
+    )
     group: str | None = None
     run_id: str | None = None
 
@@ -150,6 +165,53 @@ class WandbConfig(Section):
                     why="wandb logging is off (enabled: false)",
                     fix=f"set enabled: true, or remove {name}",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_project_name_wandb_accepts(self) -> WandbConfig:
+        entity, slash, name = self.project.rpartition("/")
+        if slash and entity and name and "/" not in entity:
+            raise InvariantError(
+                f"'{self.project}' is an entity/project path: wandb takes the project name "
+                "alone and refuses '/' in it, after the engines and trainers have started",
+                fields=("project",),
+                fix=f"set project: {name}, and the entity in the environment: "
+                f"WANDB_ENTITY={entity}",
+            )
+        found = sorted(set(self.project) & set(WANDB_PROJECT_FORBIDDEN))
+        if found or len(self.project) > WANDB_PROJECT_MAX_CHARS:
+            why = (
+                f"it holds {' '.join(found)}, which wandb refuses in a project name"
+                if found
+                else f"wandb takes at most {WANDB_PROJECT_MAX_CHARS} characters, not "
+                f"{len(self.project)}"
+            )
+            shorter = _without(self.project, WANDB_PROJECT_FORBIDDEN)[:WANDB_PROJECT_MAX_CHARS]
+            raise InvariantError(
+                f"'{self.project}' is not a wandb project name: {why}",
+                fields=("project",),
+                fix=f"set project: {shorter or 'rlpost'} (no {' '.join(WANDB_PROJECT_FORBIDDEN)})",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_run_id_wandb_accepts(self) -> WandbConfig:
+        run_id = self.run_id
+        if run_id is None:
+            return self
+        found = sorted(set(run_id) & set(WANDB_RUN_ID_FORBIDDEN))
+        if found or not run_id.strip() or run_id != run_id.strip():
+            why = (
+                f"it holds {' '.join(found)}, which wandb refuses in a run id"
+                if found
+                else "wandb refuses an empty run id, or one that starts or ends with a space"
+            )
+            fixed = _without(run_id, WANDB_RUN_ID_FORBIDDEN).strip()
+            raise InvariantError(
+                f"'{run_id}' is not a wandb run id: {why}",
+                fields=("run_id",),
+                fix=f"set run_id: {fixed}" if fixed else "remove run_id (wandb makes one)",
+            )
         return self
 
 

@@ -394,6 +394,24 @@ CASES: list[Bad] = [
         "enabled: false",
     ),
     Bad(
+        "wandb project written as entity/project",
+        ("tracking.wandb.enabled=true", "tracking.wandb.project='team/proj'"),
+        "tracking.wandb.project = 'team/proj'",
+        "fix: set project: proj, and the entity in the environment: WANDB_ENTITY=team",
+    ),
+    Bad(
+        "wandb project with a character wandb refuses",
+        ("tracking.wandb.enabled=true", "tracking.wandb.project='exp#3'"),
+        "tracking.wandb.project = 'exp#3'",
+        "it holds #, which wandb refuses in a project name",
+    ),
+    Bad(
+        "wandb run id with a character wandb refuses",
+        ("tracking.wandb.enabled=true", "tracking.wandb.run_id='grpo:1'"),
+        "tracking.wandb.run_id = 'grpo:1'",
+        "fix: set run_id: grpo1",
+    ),
+    Bad(
         "online wandb without a key",
         ("tracking.wandb.enabled=true", "tracking.wandb.mode=online"),
         "tracking.wandb.mode",
