@@ -282,6 +282,16 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_format_fits_mode(self) -> RunConfig:
+        if self.mode == "train":
+            printer = "mode=slime_args" if self.plan.format == "script" else "mode=plan"
+            refuse_unused(
+                self.plan,
+                "format",
+                why="it is how mode=plan and mode=slime_args print, and a training launch "
+                "(mode=train) prints neither",
+                fix=f"add {printer} to print in that format, or remove plan.format",
+                prefix="plan.",
+            )
         if self.plan.format == "script" and self.mode != "slime_args":
             raise InvariantError(
                 f"plan.format=script writes a slime launch script, which mode={self.mode} "

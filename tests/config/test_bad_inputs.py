@@ -386,6 +386,18 @@ CASES: list[Bad] = [
         "hardware",
         "this machine has 0",
     ),
+    Bad(
+        "plan format on a training launch",
+        ("plan.format=json",),
+        "plan.format = 'json'",
+        "fix: add mode=plan to print in that format, or remove plan.format",
+    ),
+    Bad(
+        "slime script format on a training launch",
+        ("plan.format=script",),
+        "plan.format = 'script'",
+        "fix: add mode=slime_args to print in that format",
+    ),
     # ---- tracking -------------------------------------------------------------------------
     Bad(
         "wandb run id while wandb is off",
