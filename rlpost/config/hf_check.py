@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlpost.errors import Issue, Location
-from rlpost.schema import GENERIC_FAMILY, ModelConfig
+from rlpost.schema import GENERIC_FAMILY, ModelConfig, rope_fields_unread
 
 MISSING = object()
 
@@ -149,7 +149,9 @@ def mismatches(model: ModelConfig, hf: Mapping[str, Any]) -> list[Mismatch]:
     maps = list(ARCHITECTURE)
     maps += MOE if model.moe is not None else []
     maps += MLA if model.mla is not None else []
-    maps += ROPE_SCALING if model.rope_scaling is not None else []
+    if model.rope_scaling is not None:
+        unread = {f"rope_scaling.{f}" for f in rope_fields_unread(model.rope_scaling.type)}
+        maps += [m for m in ROPE_SCALING if m.field not in unread]
     found = []
     for mapping in maps:
         hf_key, theirs = _first(hf, mapping.hf_keys)

@@ -27,7 +27,7 @@ from rlpost.config.hf_check import (
     hf_value,
 )
 from rlpost.errors import Issue, Location, UserError, did_you_mean
-from rlpost.schema import GENERIC_FAMILY, ModelConfig
+from rlpost.schema import GENERIC_FAMILY, ModelConfig, rope_fields_unread
 
 
 @dataclass(frozen=True)
@@ -229,9 +229,10 @@ def _rope_scaling(hf: HFConfig) -> dict[str, Any] | None:
             f"only {' and '.join(SUPPORTED_ROPE_SCALING)} RoPE scaling are expressible",
         )
     found: dict[str, Any] = {"type": kind}
+    unread = rope_fields_unread(kind)  # transformers reads them no more than rlpost does
     for field, keys in ROPE_KEYS.items():
         value = hf.get(*(f"{scope}.{k}" for k in keys))
-        if field != "type" and value is not MISSING:
+        if field != "type" and field not in unread and value is not MISSING:
             found[field] = value
     return found
 

@@ -15,6 +15,7 @@ from rlpost.schema.model import (
     ModelConfig,
     MoEConfig,
     RopeScalingConfig,
+    rope_fields_unread,
 )
 from rlpost.schema.recipe import (
     AlgoConfig,
@@ -71,4 +72,5 @@ __all__ = [
     "TrainLayout",
     "TrainerConfig",
     "WandbConfig",
+    "rope_fields_unread",
 ]

@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, LocalPath, Section
+from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 
 Family = Literal[
     "qwen3", "qwen3_moe", "glm4", "glm4_moe", "glm4_moe_lite", "llama", "deepseek_v3", "generic"
@@ -64,14 +64,24 @@ class MLAConfig(Section):
     v_head_dim: PositiveInt
 
 
+RopeScalingType = Literal["llama3", "yarn"]
+ROPE_SCALING_FIELDS: dict[RopeScalingType, tuple[str, ...]] = {
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+    "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
+}
+"""The fields only one type reads (rlpost.backends.rope); type, factor and
+original_max_position_embeddings both do."""
+
+
 class RopeScalingConfig(Section):
     """RoPE context extension, as the HF config's `rope_scaling` states it.
 
     `llama3` rescales frequency bands (Llama 3.1+); `yarn` interpolates with attention
-    temperature (DeepSeek-V3). Fields not used by `type` keep their defaults.
+    temperature (DeepSeek-V3). Fields of the other type (`ROPE_SCALING_FIELDS`) keep their
+    defaults: nothing reads them.
     """
 
-    type: Literal["llama3", "yarn"]
+    type: RopeScalingType
     factor: PositiveFloat
     original_max_position_embeddings: PositiveInt
     low_freq_factor: PositiveFloat = 1.0
@@ -80,6 +90,24 @@ class RopeScalingConfig(Section):
     beta_slow: PositiveFloat = 1.0
     mscale: NonNegativeFloat = 1.0
     mscale_all_dim: NonNegativeFloat = 0.0
+
+    @model_validator(mode="after")
+    def check_fields_belong_to_type(self) -> RopeScalingConfig:
+        for other, fields in ROPE_SCALING_FIELDS.items():
+            for name in fields if other != self.type else ():
+                refuse_unused(
+                    self,
+                    name,
+                    why=f"only {other} scaling reads it, and type is {self.type}",
+                    fix=f"remove {name}, or set type: {other} if the checkpoint's config.json "
+                    f"says rope_type {other}",
+                )
+        return self
+
+
+def rope_fields_unread(kind: str) -> frozenset[str]:
+    """The RopeScalingConfig fields that scaling of type `kind` never reads (other types')."""
+    return frozenset(f for k, fields in ROPE_SCALING_FIELDS.items() if k != kind for f in fields)
 
 
 class ModelConfig(Section):

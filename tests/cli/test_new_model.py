@@ -403,6 +403,25 @@ def test_a_class_that_adds_what_its_config_omits_is_drawn_with_it() -> None:
     assert facts["activation"] == "geglu"  # Gemma gates its MLP with GELU
 
 
+def test_rope_scaling_keeps_only_the_fields_its_type_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hf = json.loads((FIXTURES / "llama3.1-8b" / "config.json").read_text())
+    hf["rope_scaling"] |= {"beta_fast": 16.0, "mscale": 0.5}  # yarn's: llama3 never reads them
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    status, out, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
+    assert status == 0, err
+    model = ModelConfig.model_validate(yaml.safe_load(out))
+    assert set(yaml.safe_load(out)["rope_scaling"]) == {
+        "type",
+        "factor",
+        "original_max_position_embeddings",
+        "low_freq_factor",
+        "high_freq_factor",
+    }
+    assert compare(model, hf, "config.json", lambda key: Location()) == []
+
+
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [

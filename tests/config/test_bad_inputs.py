@@ -398,6 +398,17 @@ CASES: list[Bad] = [
         "plan.format = 'script'",
         "fix: add mode=slime_args to print in that format",
     ),
+    Bad(
+        "yarn setting on llama3 rope scaling",
+        (
+            "model=llama3.1-8b",
+            "recipe=grpo_dapo",
+            "hardware=h100x8",
+            "model.rope_scaling.beta_fast=16",
+        ),
+        "model.rope_scaling.beta_fast = 16",
+        "fix: remove beta_fast, or set type: yarn",
+    ),
     # ---- tracking -------------------------------------------------------------------------
     Bad(
         "wandb run id while wandb is off",
