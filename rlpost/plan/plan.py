@@ -28,7 +28,7 @@ from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.prediction import TrainPrediction, predict_train
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
 from rlpost.plan.work import TrainWork, plan_work
-from rlpost.schema import GENERIC_FAMILY, RunConfig
+from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
 
 if TYPE_CHECKING:
     from rlpost.plan.search import LayoutSearch
@@ -264,6 +264,7 @@ def _notes(
                 "batched forward's last bits depend on the batch, and a near-tie then samples "
                 "another token)"
             )
+    notes += _reward_notes(cfg.recipe.rollout.reward)
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
     if isinstance(memory.train, FsdpTrainMemory):
@@ -271,6 +272,25 @@ def _notes(
         gathered = "two layers" if memory.train.reshard_after_forward else "every layer"
         notes.append(FSDP_NOTE.format(shards=memory.train.shards, gathered=gathered) + moe)
     return tuple(notes)
+
+
+def _reward_notes(reward: RewardConfig) -> list[str]:
+    """Which function scores where both reward.type and reward.custom_function are set: a
+    recipe derived from one that names a type, or a slime script that passes --rm-type beside
+    --custom-rm-path (slime, too, scores with the custom function)."""
+    default = RewardConfig.model_fields["type"].get_default()
+    if not reward.custom_function or reward.type == default:
+        return []
+    who = (
+        "called once per group (reward.group), scores every sample"
+        if reward.group
+        else "scores every sample whose metadata names no rm_type"
+    )
+    return [
+        f"recipe.rollout.reward.custom_function ({reward.custom_function}) {who}, not "
+        f"recipe.rollout.reward.type={reward.type}: the type is passed on only as slime's "
+        f"--rm-type (mode=slime_args)"
+    ]
 
 
 def build_plan(cfg: RunConfig) -> Plan:

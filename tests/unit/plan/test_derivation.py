@@ -177,6 +177,23 @@ def test_a_run_that_writes_no_policy_says_so(run_config: Runs) -> None:
     assert not says(recipe__save__interval=None, recipe__save__save_hf_interval=50)
 
 
+def test_the_plan_says_which_reward_scores(run_config: Runs) -> None:
+    """grpo_dapo names reward type deepscaler; a custom function set on top of it scores."""
+
+    def notes(**overrides: object) -> list[str]:
+        plan = build_plan(run_config("qwen3-4b", "h200x1", **overrides))
+        return [note for note in plan.notes if "reward" in note]
+
+    fn = "recipe__rollout__reward__custom_function"
+    assert notes() == []
+    (note,) = notes(**{fn: "my_pkg.rm.score"})
+    assert note.startswith("recipe.rollout.reward.custom_function (my_pkg.rm.score) scores")
+    assert "not recipe.rollout.reward.type=deepscaler" in note and "--rm-type" in note
+    (grouped,) = notes(**{fn: "my_pkg.rm.rank", "recipe__rollout__reward__group": True})
+    assert "called once per group" in grouped
+    assert notes(**{fn: "my_pkg.rm.score", "recipe__rollout__reward__type": "math"}) == []
+
+
 def test_the_plan_says_what_a_sigterm_does(run_config: Runs) -> None:
     saving = build_plan(run_config("qwen3-4b", "h200x1"))
     stopping = build_plan(run_config("qwen3-4b", "h200x1", run__on_sigterm="stop"))
