@@ -572,14 +572,19 @@ def check_fsdp_layout(ctx: PlanContext) -> list[Issue]:
 
 
 def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
-    """Settings only megatron-core reads: the torch trainer would ignore them."""
+    """Settings only megatron-core reads: the torch trainer would ignore them. MoE dispatch
+    settings on a dense model are left to _dense_dispatcher, which says why they mean nothing
+    under either trainer."""
     cfg = ctx.cfg
     train, optim = cfg.layout.train, cfg.recipe.optim
     fsdp = "layout.train.fsdp.cpu_offload: true (FSDP2 keeps shards and Adam on the host)"
     megatron = "" if cfg.model.family == GENERIC_FAMILY else ", or set trainer.backend=megatron"
-    found = [
+    dispatch = "megatron-core's expert token dispatch"
+    own_moe = "remove it (the torch trainer runs the model's own MoE layers on every rank)"
+    found: list[tuple[str, object, bool, str, str]] = [
         (
             "recipe.optim.cpu_offload",
+            optim.cpu_offload,
             optim.cpu_offload,
             "megatron's CPU Adam (HybridDeviceOptimizer)",
             f"remove it; the torch trainer offloads with {fsdp}",
@@ -587,30 +592,43 @@ def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
         (
             "recipe.optim.precision_aware_optimizer",
             optim.precision_aware_optimizer,
+            optim.precision_aware_optimizer,
             "megatron's precision-aware optimizer",
             "remove it (the torch trainer keeps float32 master weights and Adam state)",
         ),
         (
             "layout.train.distributed_optimizer",
+            train.distributed_optimizer,
             not train.distributed_optimizer,
             "megatron's choice between a replicated and a distributed optimizer",
             "remove it (FSDP2 always shards the optimizer state over the data-parallel ranks)",
         ),
-        (
-            "layout.train.moe_token_dispatcher_type",
-            train.moe_token_dispatcher_type is not None or train.moe_enable_deepep,
-            "megatron-core's expert token dispatch",
-            "remove it (the torch trainer runs the model's own MoE layers on every rank)",
-        ),
     ]
+    if cfg.model.moe is not None:
+        found += [
+            (
+                "layout.train.moe_token_dispatcher_type",
+                train.moe_token_dispatcher_type,
+                train.moe_token_dispatcher_type is not None,
+                dispatch,
+                own_moe,
+            ),
+            (
+                "layout.train.moe_enable_deepep",
+                train.moe_enable_deepep,
+                train.moe_enable_deepep,
+                dispatch,
+                own_moe,
+            ),
+        ]
     return [
         Issue(
             key,
             f"{key} configures {what}, and trainer.backend resolves to torch: it would be ignored",
             fix + megatron,
-            value=True,
+            value=value,
         )
-        for key, is_set, what, fix in found
+        for key, value, is_set, what, fix in found
         if is_set
     ]
 

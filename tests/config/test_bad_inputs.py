@@ -387,6 +387,12 @@ CASES: list[Bad] = [
         "this machine has 0",
     ),
     Bad(
+        "megatron's optimizer choice under the torch trainer",
+        ("trainer.backend=torch", "layout.train.distributed_optimizer=false"),
+        "layout.train.distributed_optimizer = False",
+        "trainer.backend resolves to torch: it would be ignored",
+    ),
+    Bad(
         "plan format on a training launch",
         ("plan.format=json",),
         "plan.format = 'json'",

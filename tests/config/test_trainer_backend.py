@@ -53,6 +53,39 @@ def test_a_backend_that_cannot_train_the_layout_is_refused(
     assert issue.key == "trainer.backend" and "trainer.backend=megatron" in issue.fix
 
 
+@pytest.mark.parametrize(
+    ("overrides", "shown"),
+    [
+        ((*TINY, "layout.train.distributed_optimizer=false"), {"distributed_optimizer": False}),
+        (
+            ("model=qwen3-0.6b", "recipe=grpo_dapo", "hardware=h200x1", "layout=auto",
+             "recipe.optim.cpu_offload=true", "recipe.optim.precision_aware_optimizer=true"),
+            {"cpu_offload": True, "precision_aware_optimizer": True},
+        ),
+        (
+            ("model=qwen3-30b-a3b", "recipe=grpo_dapo", "hardware=h100x8", "layout=auto",
+             "++layout.train.moe_token_dispatcher_type=flex",
+             "++layout.train.moe_enable_deepep=true"),
+            {"moe_token_dispatcher_type": "flex", "moe_enable_deepep": True},
+        ),
+        # a dense model: the dense-model refusal alone names the key
+        ((*TINY, "++layout.train.moe_token_dispatcher_type=alltoall"), {}),
+    ],
+    ids=["distributed-optimizer", "cpu-adam", "moe-dispatch", "dense-dispatch"],
+)  # fmt: skip
+def test_megatron_only_settings_are_refused_once_with_their_values(
+    compose_run: ComposeRun, overrides: tuple[str, ...], shown: dict[str, object]
+) -> None:
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*overrides, "trainer.backend=torch"))
+    keys = [issue.key for issue in caught.value.issues]
+    assert len(keys) == len(set(keys)), keys
+    ignored = {
+        i.key.rsplit(".", 1)[-1]: i.value for i in caught.value.issues if "be ignored" in i.message
+    }
+    assert ignored == shown
+
+
 def test_following_the_data_parallel_refusals_fix_gives_a_plan(compose_run: ComposeRun) -> None:
     """The shipped qwen3-4b layout has TP2 with sequence parallelism: the refusal names both,
     so that one round of its fix plans."""
