@@ -139,14 +139,14 @@ def check_sglang_expert_parallel(ctx: PlanContext) -> list[Issue]:
 def check_global_batch_over_dp(ctx: PlanContext) -> list[Issue]:
     gbs, dp = ctx.cfg.recipe.train.global_batch_size, ctx.parallel.dp
     if gbs % dp:
-        lower = gbs - gbs % dp
+        lower = gbs - gbs % dp  # the nearest multiples below and above; none below dp
+        nearest = " or ".join(str(m) for m in (lower, lower + dp) if m)
         return [
             Issue(
                 "recipe.train.global_batch_size",
                 f"each optimizer step spreads global_batch_size={gbs} samples over dp={dp} "
                 "data-parallel ranks, and they do not divide evenly",
-                f"use a multiple of {dp} (e.g. {lower or dp} or {lower + dp}), or change the "
-                "data-parallel size",
+                f"use a multiple of {dp} (e.g. {nearest}), or change the data-parallel size",
                 gbs,
             )
         ]

@@ -123,6 +123,12 @@ CASES: list[Bad] = [
         "must be > 0",
     ),
     Bad(
+        "global batch smaller than the data-parallel size",
+        ("recipe.train.global_batch_size=1",),
+        "recipe.train.global_batch_size = 1",
+        "fix: use a multiple of 2 (e.g. 2), or change the data-parallel size",
+    ),
+    Bad(
         "temperature not a number",
         ("recipe.rollout.temperature=nan",),
         "recipe.rollout.temperature = nan",
