@@ -164,29 +164,57 @@ def _check_key(override: Override, token: str) -> Issue | None:
     )
 
 
-def check_override(token: str, roots: Sequence[ConfigRoot]) -> tuple[str, list[Issue]]:
+def _sweep(override: Override, token: str) -> Issue:
+    """A sweep (a,b or range(...)) on a launch without -m: Hydra says only 'Ambiguous value',
+    under no key."""
+    from hydra.errors import HydraException
+
+    key, values = override.key_or_group, token.split("=", 1)[1]
+    try:
+        choices = _choices_of(override)
+    except HydraException:  # interval(...) has no values to list
+        choices = []
+    one = f" ({key}={choices[0]})" if choices else ""
+    return Issue(
+        key=key,
+        value=values,
+        message=f"{values} is a sweep, one run per value, and a launch without -m is one run: "
+        "Hydra refuses it",
+        fix=f"add -m to launch one run per value (python launch.py -m {token}), or give one "
+        f"value{one}",
+        location=Location(override=token),
+    )
+
+
+def check_override(
+    token: str, roots: Sequence[ConfigRoot], multirun: bool = False
+) -> tuple[str, list[Issue]]:
     """One override -> (the form to hand Hydra, issues)."""
     parsed = _parse(token)
     if isinstance(parsed, Issue):
         return token, [parsed]
     if parsed.is_hydra_override() or parsed.key_or_group.split(".")[0] == "hydra":
         return token, []
+    sweep = [] if multirun or not parsed.is_sweep_override() else [_sweep(parsed, token)]
     if parsed.package is not None or _is_group(roots, parsed.key_or_group):
-        return token, ([] if parsed.is_delete() else _check_group(parsed, token, roots))
+        return token, ([] if parsed.is_delete() else _check_group(parsed, token, roots)) + sweep
     issue = _check_key(parsed, token)
     if issue is not None:
-        return token, [issue]
-    if parsed.is_delete() or parsed.is_force_add():
-        return token, []
+        return token, [issue, *sweep]
+    if parsed.is_delete() or parsed.is_force_add() or sweep:
+        return token, sweep
     # '+key' fails in Hydra when a file already sets the key; every schema key may be set
     return f"++{token.removeprefix('+')}", []
 
 
-def check_overrides(tokens: Sequence[str], roots: Sequence[ConfigRoot]) -> list[str]:
-    """The overrides to hand Hydra, or a UserError listing every bad one."""
+def check_overrides(
+    tokens: Sequence[str], roots: Sequence[ConfigRoot], multirun: bool = False
+) -> list[str]:
+    """The overrides to hand Hydra, or a UserError listing every bad one. Sweeps (a,b or
+    range(...)) only with `multirun` (-m)."""
     rewritten, issues = [], []
     for token in tokens:
-        form, found = check_override(token, roots)
+        form, found = check_override(token, roots, multirun)
         rewritten.append(form)
         issues.extend(found)
     if issues:
@@ -263,7 +291,7 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
         search_roots(args.config_dir, args.config_path), config_name
     )
     roots = search_roots(args.config_dir, args.config_path, searchpath)
-    checked = check_overrides(args.overrides, roots)
+    checked = check_overrides(args.overrides, roots, args.multirun)
     shared = _shared_run_dir(args)
     if shared:
         raise UserError(shared, title="sweep error")

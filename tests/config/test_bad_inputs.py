@@ -454,6 +454,12 @@ CASES: list[Bad] = [
     ),
     # ---- overrides and groups -------------------------------------------------------------
     Bad(
+        "a sweep without -m",
+        ("recipe.train.global_batch_size=64,32",),
+        "recipe.train.global_batch_size = '64,32'",
+        "fix: add -m to launch one run per value",
+    ),
+    Bad(
         "unknown key",
         ("recipe.rollout.temprature=1.0",),
         "recipe.rollout.temprature",

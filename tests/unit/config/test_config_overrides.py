@@ -34,9 +34,28 @@ def test_unknown_group_choice_suggests_and_lists_choices() -> None:
 
 
 def test_every_choice_of_a_sweep_is_checked() -> None:
-    issue = only_issue("hardware=h100x8,h100x32")
+    _, (issue,) = check_override("hardware=h100x8,h100x32", ROOTS, multirun=True)
     assert issue.value == "h100x32"
-    assert check_override("hardware=h100x8,h100x64", ROOTS)[1] == []
+    assert check_override("hardware=h100x8,h100x64", ROOTS, multirun=True)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("token", "one"),
+    [
+        ("recipe.train.global_batch_size=64,32", "(recipe.train.global_batch_size=64)"),
+        ("model=qwen3-4b,qwen3-8b", "(model=qwen3-4b)"),
+        ("recipe.optim.lr=interval(0.1,0.2)", "or give one value"),
+    ],
+)
+def test_a_sweep_without_multirun_names_its_key_and_minus_m(token: str, one: str) -> None:
+    issue = only_issue(token)
+    key, values = token.split("=", 1)
+    assert (issue.key, issue.value) == (key, values)
+    assert f"python launch.py -m {token}" in issue.fix and issue.fix.endswith(one)
+    assert check_override(token, ROOTS, multirun=True)[1] == []
+    with pytest.raises(UserError, match="is a sweep"):
+        prepare_argv([token])
+    assert prepare_argv(["-m", token])[-1].endswith(token)
 
 
 def test_unknown_key_suggests_the_sibling() -> None:
