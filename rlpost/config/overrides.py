@@ -268,6 +268,12 @@ def _shared_run_dir(args: LaunchArgs) -> list[Issue]:
     ]
 
 
+def _sets_a_list_entry(token: str) -> bool:
+    """Whether an override's key goes through a list index (recipe.eval.datasets.1.path)."""
+    key = token.split("=", 1)[0].lstrip("+~")
+    return any(part.isdigit() for part in key.split("."))
+
+
 def _user_sources(args: LaunchArgs, searchpath: Sequence[str]) -> bool:
     return bool(args.config_dir or args.config_path or args.config_name or searchpath)
 
@@ -275,10 +281,11 @@ def _user_sources(args: LaunchArgs, searchpath: Sequence[str]) -> bool:
 def prepare_argv(argv: Sequence[str]) -> list[str]:
     """Check argv's overrides and return the argv to hand `@hydra.main`.
 
-    Raises UserError for unknown group choices and keys, and, when configs come from outside
-    conf/ (`--config-dir`, `--config-name`, a search path), for defaults lists or YAML that
-    Hydra cannot compose. For a single `mode=plan` or `mode=slime_args` job, points Hydra's
-    run dir at '.' so nothing is created on disk.
+    Raises UserError for unknown group choices and keys, for a sweep without -m, when configs
+    come from outside conf/ (`--config-dir`, `--config-name`, a search path) for defaults
+    lists or YAML that Hydra cannot compose, and for a list entry past the list's end. For
+    a single `mode=plan` or `mode=slime_args` job, points Hydra's run dir at '.' so nothing
+    is created on disk.
     """
     from rlpost.config.search_path import check_composition, check_config_dir, primary_searchpath
 
@@ -295,9 +302,11 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     shared = _shared_run_dir(args)
     if shared:
         raise UserError(shared, title="sweep error")
-    if _user_sources(args, searchpath) and not args.multirun:
+    # a list entry past the list's end fails only when Hydra merges the overrides
+    indexed = any(_sets_a_list_entry(token) for token in checked)
+    if (_user_sources(args, searchpath) or indexed) and not args.multirun:
         main = main_dir(args.config_path)
-        check_composition(config_name, checked, roots, args.config_dir, main)
+        check_composition(config_name, checked, roots, args.config_dir, main, merge=indexed)
     rewritten = dict(zip(args.overrides, checked, strict=True))
     out = [rewritten.get(token, token) for token in argv]
     mode = _last_value(args.overrides, "mode")

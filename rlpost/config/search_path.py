@@ -26,6 +26,7 @@ from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 CHOICES_SHOWN = 12
 _IN_PARENT = re.compile(r"In '([^']+)': Could not (?:load|find)")
+_MERGING = re.compile(r"Error merging override \+*(\S+?)=(.*)")
 
 
 def _session(elements: Iterable[tuple[str, str]]) -> contextlib.AbstractContextManager[None]:
@@ -207,6 +208,38 @@ def _missing_issue(missing: str, parent: str | None, roots: Sequence[ConfigRoot]
     )
 
 
+def _example_list(items: Sequence[Any]) -> str:
+    """A list shaped like `items` for a fix: '[{name: ..., path: ...}, {name: ..., ...}]'."""
+    first = items[0] if items else None
+    if isinstance(first, Mapping):
+        entry = "{" + ", ".join(f"{k}: ..." for k in first) + "}"
+    else:
+        entry = "..."
+    return f"[{entry}, {entry}]"
+
+
+def _index_issue(exc: BaseException) -> Issue | None:
+    """An override of a list entry past the list's end ('datasets.1.path' on a list of
+    one): Hydra says only 'list index out of range', under no key."""
+    from omegaconf.errors import ConfigIndexError
+
+    cause, merging = exc.__cause__, _MERGING.match(str(exc))
+    if not isinstance(cause, ConfigIndexError) or merging is None:
+        return None
+    key, value = merging.groups()
+    list_key = str(cause.full_key).rsplit("[", 1)[0]
+    items = list(cause.parent_node) if cause.parent_node is not None else []
+    return Issue(
+        key=key,
+        value=value,
+        message=f"{list_key} has {len(items)} entr{'y' if len(items) == 1 else 'ies'}, so there "
+        f"is no entry {cause.key} to set: an override changes an entry the list has, and "
+        "cannot add one",
+        fix=f"write the whole list: {list_key}='{_example_list(items)}'",
+        location=Location(override=f"{key}={value}"),
+    )
+
+
 def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[Issue]:
     """Hydra's composition failure as Issues located in the file at fault."""
     from hydra.errors import MissingConfigException
@@ -217,6 +250,9 @@ def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
         parent = _IN_PARENT.match(str(exc))
         return [_missing_issue(exc.missing_cfg_file, parent.group(1) if parent else None, roots)]
+    index = _index_issue(exc)
+    if index is not None:
+        return [index]
     text = str(exc).strip().split("\n\n")[0] or type(exc).__name__
     cause = exc.__cause__
     if cause is not None and str(cause).strip():
@@ -237,8 +273,10 @@ def check_composition(
     roots: Sequence[ConfigRoot],
     config_dir: str | Path | None = None,
     main_dir: str | Path = CONF_DIR,
+    merge: bool = False,
 ) -> None:
-    """Compute the defaults list the launcher will compose; UserError on any failure."""
+    """Compute the defaults list the launcher will compose (with `merge`, compose the config
+    too, overrides merged); UserError on any failure."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -246,6 +284,9 @@ def check_composition(
     with hydra_session(config_dir, main_dir):
         loader = GlobalHydra.instance().config_loader()
         try:
-            loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
+            if merge:
+                loader.load_configuration(config_name, list(overrides), RunMode.RUN)
+            else:
+                loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN)
         except (HydraException, OSError, yaml.YAMLError) as exc:
             raise UserError(composition_issues(exc, roots)) from None

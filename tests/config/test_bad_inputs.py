@@ -460,6 +460,12 @@ CASES: list[Bad] = [
         "fix: add -m to launch one run per value",
     ),
     Bad(
+        "an eval dataset added by index",
+        ("recipe.eval.datasets.1.path=/x.jsonl",),
+        "recipe.eval.datasets.1.path = '/x.jsonl'",
+        "fix: write the whole list: recipe.eval.datasets='[{name: ..., path: ...}, {name:",
+    ),
+    Bad(
         "unknown key",
         ("recipe.rollout.temprature=1.0",),
         "recipe.rollout.temprature",

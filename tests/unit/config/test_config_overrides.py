@@ -166,3 +166,22 @@ def test_a_training_sweep_with_one_run_dir_is_refused_before_its_first_job() -> 
         ["recipe.optim.lr=1e-6", "run.dir=runs/exp"],
     ):
         prepare_argv(fine)
+
+
+def test_a_list_entry_past_the_end_names_its_key_and_the_whole_list() -> None:
+    from rlpost.config.loader import compose_run_config
+
+    token = "recipe.eval.datasets.1.path=/x.jsonl"
+    with pytest.raises(UserError) as composed:
+        compose_run_config([token])
+    with pytest.raises(UserError) as launched:
+        prepare_argv([token])
+    for caught in (composed, launched):
+        (issue,) = caught.value.issues
+        assert (issue.key, issue.value) == ("recipe.eval.datasets.1.path", "/x.jsonl")
+        assert "recipe.eval.datasets has 1 entry, so there is no entry 1" in issue.message
+        assert issue.fix == (
+            "write the whole list: "
+            "recipe.eval.datasets='[{name: ..., path: ...}, {name: ..., path: ...}]'"
+        )
+    assert check_override("recipe.eval.datasets.0.path=/x.jsonl", ROOTS)[1] == []
