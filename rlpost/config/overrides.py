@@ -302,8 +302,9 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     shared = _shared_run_dir(args)
     if shared:
         raise UserError(shared, title="sweep error")
-    # a list entry past the list's end fails only when Hydra merges the overrides
-    indexed = any(_sets_a_list_entry(token) for token in checked)
+    # a list entry past the list's end, or a key to delete that the config does not hold,
+    # fails only when Hydra merges the overrides
+    indexed = any(_sets_a_list_entry(token) or token.startswith("~") for token in checked)
     if (_user_sources(args, searchpath) or indexed) and not args.multirun:
         main = main_dir(args.config_path)
         check_composition(config_name, checked, roots, args.config_dir, main, merge=indexed)

@@ -27,6 +27,7 @@ from rlpost.errors import Issue, Location, UserError, did_you_mean
 CHOICES_SHOWN = 12
 _IN_PARENT = re.compile(r"In '([^']+)': Could not (?:load|find)")
 _MERGING = re.compile(r"Error merging override \+*(\S+?)=(.*)")
+_NOT_THERE = re.compile(r"Could not delete from config\. '([^']+)' does not exist")
 
 
 def _session(elements: Iterable[tuple[str, str]]) -> contextlib.AbstractContextManager[None]:
@@ -240,6 +241,23 @@ def _index_issue(exc: BaseException) -> Issue | None:
     )
 
 
+def _delete_issue(exc: BaseException) -> Issue | None:
+    """`~key` for a key the composed config does not hold (a layout that leaves it out):
+    Hydra says only that it cannot delete it, under no key."""
+    absent = _NOT_THERE.search(str(exc))
+    if absent is None:
+        return None
+    key = absent.group(1)
+    return Issue(
+        key=key,
+        message=f"there is no {key} to delete: the config composed from these choices "
+        "(model, recipe, hardware and the layout for the pair) does not set it",
+        fix=f"remove ~{key} (`rlpost show ... --only {key.rsplit('.', 1)[0]}` shows what "
+        "is set), or delete one of the keys it does hold",
+        location=Location(override=f"~{key}"),
+    )
+
+
 def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[Issue]:
     """Hydra's composition failure as Issues located in the file at fault."""
     from hydra.errors import MissingConfigException
@@ -250,7 +268,7 @@ def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
         parent = _IN_PARENT.match(str(exc))
         return [_missing_issue(exc.missing_cfg_file, parent.group(1) if parent else None, roots)]
-    index = _index_issue(exc)
+    index = _index_issue(exc) or _delete_issue(exc)
     if index is not None:
         return [index]
     text = str(exc).strip().split("\n\n")[0] or type(exc).__name__

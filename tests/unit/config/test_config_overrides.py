@@ -185,3 +185,19 @@ def test_a_list_entry_past_the_end_names_its_key_and_the_whole_list() -> None:
             "recipe.eval.datasets='[{name: ..., path: ...}, {name: ..., path: ...}]'"
         )
     assert check_override("recipe.eval.datasets.0.path=/x.jsonl", ROOTS)[1] == []
+
+
+def test_deleting_a_key_the_composed_config_does_not_hold_names_it() -> None:
+    """glm4-9b's layout on h100x8 sets no SGLang options: `~layout.rollout.sglang` has
+    nothing to delete, which Hydra says only when it merges, under no key."""
+    from rlpost.config.loader import compose_run_config
+
+    args = ["model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8", "~layout.rollout.sglang"]
+    for refuse in (compose_run_config, prepare_argv):
+        with pytest.raises(UserError) as caught:
+            refuse(args)
+        (issue,) = caught.value.issues
+        assert issue.key == "layout.rollout.sglang"
+        assert "there is no layout.rollout.sglang to delete" in issue.message
+        assert issue.fix.startswith("remove ~layout.rollout.sglang")
+    prepare_argv(["~recipe.eval.interval"])  # a key the config holds
