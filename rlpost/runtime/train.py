@@ -19,10 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rlpost.data.source import DataSource
-from rlpost.errors import UserError
+from rlpost.errors import Issue, UserError
 from rlpost.plan import Plan
+from rlpost.plan.runtime import resolve_engine_backend
 from rlpost.runtime.determinism import seed_driver
-from rlpost.runtime.evaluation import EvalReport, format_eval_table, load_eval_sets
+from rlpost.runtime.evaluation import EvalReport, EvalSet, format_eval_table, load_eval_sets
 from rlpost.runtime.failures import FAILURES_LOG, describe, failed, is_fault, stopped
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
@@ -168,4 +169,54 @@ def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
         skip_special_tokens=rollout.skip_special_tokens,
     )
     eval_sets = load_eval_sets(recipe, tokenizer, rollout.stop_token_ids)
+    too_long = context_issues(cfg, data, eval_sets)
+    if too_long:
+        raise UserError(too_long, title="data error")
     return Inputs(data, eval_sets, sampling, tokenizer)
+
+
+def context_issues(cfg: RunConfig, data: DataSource, eval_sets: list[EvalSet]) -> list[Issue]:
+    """A prompt, tokenized, whose request (prompt + response) is longer than the engines'
+    context: the config alone bounds it only by max_prompt_len, which may be unset, and the
+    engines would refuse it at the first rollout or evaluation that draws it."""
+    rollout, context = cfg.recipe.rollout, cfg.model.max_position_embeddings
+    where = "model.max_position_embeddings"
+    if resolve_engine_backend(cfg) == "sglang":
+        limit = cfg.layout.rollout.sglang.get("context_length")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit < context:
+            context, where = limit, "layout.rollout.sglang.context_length"
+    requests: list[tuple[str, int, int]] = []  # (key, longest prompt, response)
+    prompts = getattr(data.source, "prompts", None)  # the jsonl source's (a class's: unknown)
+    if prompts:
+        longest = max(len(p.prompt_ids) for p in prompts)
+        requests.append(("recipe.rollout.max_response_len", longest, rollout.max_response_len))
+    ev = cfg.recipe.eval
+    for i, (dataset, evaluation) in enumerate(zip(ev.datasets, eval_sets, strict=True)):
+        longest = max((len(g[0].prompt_ids) for g in evaluation.groups if g), default=0)
+        key = next(
+            key
+            for key, value in (
+                (f"recipe.eval.datasets.{i}.max_response_len", dataset.max_response_len),
+                ("recipe.eval.max_response_len", ev.max_response_len),
+                ("recipe.rollout.max_response_len", rollout.max_response_len),
+            )
+            if value is not None
+        )
+        requests.append((key, longest, evaluation.sampling.max_new_tokens))
+    longest_by_key: dict[str, tuple[int, int]] = {}
+    for key, prompt, response in requests:  # one issue a key (eval sets may share the rollout's)
+        if prompt >= longest_by_key.get(key, (-1, 0))[0]:
+            longest_by_key[key] = (prompt, response)
+    return [
+        Issue(
+            key,
+            f"the longest prompt is {prompt} tokens, and {prompt} + {response} response "
+            f"tokens = {prompt + response} is beyond {where}={context}: the engines would "
+            "refuse those requests mid-run",
+            f"at most {context - prompt} response tokens, or recipe.data.max_prompt_len to "
+            "leave out the longest prompts",
+            value=response,
+        )
+        for key, (prompt, response) in longest_by_key.items()
+        if prompt + response > context
+    ]

@@ -1,0 +1,31 @@
+"""The run's inputs as a launch loads them before any actor starts (rlpost.runtime.train)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlpost.config.loader import compose_run_config
+from rlpost.errors import UserError
+from rlpost.runtime.train import load_inputs
+
+
+def test_a_prompt_whose_request_outgrows_the_context_is_refused_before_any_actor() -> None:
+    """With max_prompt_len unset the config bounds a request by its response alone (512
+    positions take 500); the tokenized prompts add to it, and the engines would refuse the
+    longest at the first rollout or evaluation that drew it."""
+    cfg, _ = compose_run_config(["recipe.rollout.max_response_len=500"])
+    with pytest.raises(UserError) as refused:
+        load_inputs(cfg, None)
+    (issue,) = refused.value.issues  # training and evaluation share the key
+    assert (issue.key, issue.value) == ("recipe.rollout.max_response_len", 500)
+    assert "beyond model.max_position_embeddings=512" in issue.message
+    longest = int(issue.message.split("the longest prompt is ")[1].split()[0])
+    assert issue.fix.startswith(f"at most {512 - longest} response tokens")
+    evaluated, _ = compose_run_config(
+        ["recipe.rollout.max_response_len=400", "recipe.eval.max_response_len=500"]
+    )
+    with pytest.raises(UserError) as eval_refused:
+        load_inputs(evaluated, None)
+    assert [i.key for i in eval_refused.value.issues] == ["recipe.eval.max_response_len"]
+    fits, _ = compose_run_config([f"recipe.rollout.max_response_len={512 - longest}"])
+    assert load_inputs(fits, None).eval_sets
