@@ -243,6 +243,13 @@ def _row_problem(
             f"has no '{label_key}' (the label key) to grade responses against",
             "add the answer under that key, or set label_key to the field holding it",
         )
+    label = row.get(label_key) if label_key is not None else None
+    if isinstance(label, str) and not label.strip():
+        return (
+            f"has an empty '{label_key}' (the label key): only an empty answer would match it "
+            "(the math grader pays an empty \\boxed{} against it)",
+            "store the reference answer under that key",
+        )
     metadata = row.get(metadata_key)
     if metadata is not None and not isinstance(metadata, dict):
         return f"'{metadata_key}' is not an object", f"make '{metadata_key}' a JSON object"

@@ -489,6 +489,7 @@ def write_fixtures(root: Path) -> Path:
     (data / "bad_json.jsonl").write_text("\n".join([good[0], "{not json", good[1]]) + "\n")
     (data / "no_input.jsonl").write_text(good[0] + '\n{"question": "1+1?", "label": "2"}\n')
     (data / "no_label.jsonl").write_text(good[0] + '\n{"prompt": "1+1?"}\n')
+    (data / "empty_label.jsonl").write_text(good[0] + '\n{"prompt": "1+1?", "label": " "}\n')
     (data / "bad_rm_type.jsonl").write_text(
         '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "mth"}}\n'
     )
@@ -649,6 +650,12 @@ def file_cases(root: Path) -> list[Bad]:
             (f"recipe.data.prompt_data={data / 'no_input.jsonl'}",),
             f"{data / 'no_input.jsonl'}:2",
             "has no 'prompt'",
+        ),
+        _case(
+            "prompt line with an empty label",
+            (f"recipe.data.prompt_data={data / 'empty_label.jsonl'}",),
+            f"{data / 'empty_label.jsonl'}:2",
+            "has an empty 'label'",
         ),
         _case(
             "prompt line without a label",
