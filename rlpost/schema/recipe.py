@@ -56,6 +56,12 @@ def check_top_k(top_k: int, field: str) -> None:
         )
 
 
+# The arguments rlpost passes to tokenizer.apply_chat_template itself (rlpost.data.prompts).
+TEMPLATE_CALL_ARGUMENTS = frozenset(
+    {"conversation", "add_generation_prompt", "tokenize", "continue_final_message"}
+)
+
+
 class DataConfig(Section):
     prompt_data: LocalPath | None = Field(
         None, description="a jsonl file of prompts (required unless `source` is set)"
@@ -105,6 +111,20 @@ class DataConfig(Section):
                 why="they are passed to the tokenizer's chat template, and apply_chat_template "
                 "is false: prompts are sent as written",
                 fix="set apply_chat_template: true, or remove apply_chat_template_kwargs",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_template_kwargs_are_the_templates(self) -> DataConfig:
+        own = sorted(self.apply_chat_template_kwargs.keys() & TEMPLATE_CALL_ARGUMENTS)
+        if own:
+            raise InvariantError(
+                f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} set by rlpost itself when "
+                "it renders a prompt (a generation prompt, as text); passed again, every "
+                "prompt would fail with 'got multiple values for keyword argument'",
+                fields=("apply_chat_template_kwargs",),
+                fix=f"remove {', '.join(own)}; apply_chat_template_kwargs are the template's "
+                "own variables (enable_thinking, ...)",
             )
         return self
 

@@ -54,6 +54,12 @@ CASES: list[Bad] = [
     ),
     Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
     Bad(
+        "a chat template argument rlpost passes itself",
+        ("recipe.data.apply_chat_template_kwargs={add_generation_prompt: false}",),
+        "recipe.data.apply_chat_template_kwargs",
+        "got multiple values for keyword argument",
+    ),
+    Bad(
         "over-sampling without a filter",
         ("recipe.rollout.over_sampling_batch_size=16",),
         "recipe.rollout.over_sampling_batch_size",
