@@ -206,6 +206,16 @@ def _render(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> str:
                 _short(prompt),
             )
         return prompt
+    marker = _already_templated(prompt, tokenizer)
+    if marker is not None:
+        raise _LineError(
+            fmt.input_key,
+            f"already holds the chat template's marker {marker!r}: the template would wrap "
+            "the rendered conversation in a second one",
+            "store the question itself (or a message list), or set "
+            "data.apply_chat_template: false to send prompts as written",
+            _short(prompt),
+        )
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     try:
         text = tokenizer.apply_chat_template(
@@ -221,6 +231,38 @@ def _render(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> str:
     if not isinstance(text, str):
         raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}")
     return text
+
+
+_MARKERS: dict[int, tuple[ChatTokenizer, tuple[str, ...]]] = {}
+
+
+def _template_markers(tokenizer: ChatTokenizer) -> tuple[str, ...]:
+    """The special tokens the chat template writes around a message (ChatML's <|im_start|>
+    and <|im_end|>, Llama 3's headers): text that holds one was rendered already."""
+    cached = _MARKERS.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    special = getattr(tokenizer, "all_special_tokens", None) or []
+    try:
+        probe = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception:  # a template that needs more than one user message: nothing to learn
+        probe = ""
+    markers = tuple(t for t in special if isinstance(probe, str) and t and t in probe)
+    _MARKERS[id(tokenizer)] = (tokenizer, markers)
+    return markers
+
+
+def _already_templated(prompt: Prompt, tokenizer: ChatTokenizer) -> str | None:
+    """The first chat marker a prompt's text holds, None when it holds none."""
+    if isinstance(prompt, str):
+        texts = [prompt]
+    else:
+        texts = [m["content"] for m in prompt if isinstance(m.get("content"), str)]
+    if not any("<" in t or "[" in t for t in texts):  # every chat marker known is bracketed
+        return None
+    return next((m for m in _template_markers(tokenizer) for t in texts if m in t), None)
 
 
 def _tokenize(

@@ -122,3 +122,22 @@ def test_missing_file_names_the_path(tmp_path: Path, chat_tokenizer) -> None:
     with pytest.raises(PromptDataError, match="cannot be read") as info:
         load_prompts(tmp_path / "nope.jsonl", fmt(), chat_tokenizer)
     assert "nope.jsonl" in info.value.render()
+
+
+def test_a_prompt_already_rendered_by_the_chat_template_is_refused(
+    write_jsonl, chat_tokenizer
+) -> None:
+    """Data prepared for another framework often holds the rendered conversation; wrapped by
+    the template again, the model would see a conversation inside a user message."""
+    rendered = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    path = write_jsonl([{"prompt": rendered, "label": "4"}])
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(path, fmt(), chat_tokenizer)
+    (issue,) = refused.value.issues
+    assert "already holds the chat template's marker" in issue.message
+    assert "data.apply_chat_template: false" in issue.fix
+    as_written = fmt(apply_chat_template=False)
+    (record,) = load_prompts(path, as_written, chat_tokenizer)[0]
+    assert chat_tokenizer.decode(list(record.prompt_ids)) == rendered
+    plain = write_jsonl([{"prompt": "Is 3 < 4 [yes/no]?", "label": "yes"}])
+    assert load_prompts(plain, fmt(), chat_tokenizer)[0]
