@@ -32,12 +32,25 @@ class EvalReport:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def eval_response_len(recipe: RecipeConfig, index: int) -> tuple[str, int]:
+    """The response length of recipe.eval.datasets[index]'s requests, and the key that sets
+    it: the dataset's own, else the eval section's, else the rollout's."""
+    ev, at = recipe.eval, f"recipe.eval.datasets.{index}.max_response_len"
+    for key, value in (
+        (at, ev.datasets[index].max_response_len),
+        ("recipe.eval.max_response_len", ev.max_response_len),
+    ):
+        if value:
+            return key, value
+    return "recipe.rollout.max_response_len", recipe.rollout.max_response_len
+
+
 def load_eval_sets(
     recipe: RecipeConfig, tokenizer: ChatTokenizer, stop_token_ids: Sequence[int]
 ) -> list[EvalSet]:
     ev, rollout = recipe.eval, recipe.rollout
     sets = []
-    for dataset in ev.datasets:
+    for i, dataset in enumerate(ev.datasets):
         groups = load_eval_groups(
             dataset.path,
             recipe.data,
@@ -47,9 +60,7 @@ def load_eval_sets(
             label_key=dataset.label_key,
         )
         sampling = SamplingSettings(
-            max_new_tokens=dataset.max_response_len
-            or ev.max_response_len
-            or rollout.max_response_len,
+            max_new_tokens=eval_response_len(recipe, i)[1],
             temperature=ev.temperature if ev.temperature is not None else rollout.temperature,
             top_p=ev.top_p if ev.top_p is not None else rollout.top_p,
             top_k=ev.top_k if ev.top_k is not None else rollout.top_k,

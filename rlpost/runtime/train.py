@@ -23,7 +23,13 @@ from rlpost.errors import Issue, UserError
 from rlpost.plan import Plan
 from rlpost.plan.runtime import resolve_engine_backend
 from rlpost.runtime.determinism import seed_driver
-from rlpost.runtime.evaluation import EvalReport, EvalSet, format_eval_table, load_eval_sets
+from rlpost.runtime.evaluation import (
+    EvalReport,
+    EvalSet,
+    eval_response_len,
+    format_eval_table,
+    load_eval_sets,
+)
 from rlpost.runtime.failures import FAILURES_LOG, describe, failed, is_fault, stopped
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
@@ -190,19 +196,10 @@ def context_issues(cfg: RunConfig, data: DataSource, eval_sets: list[EvalSet]) -
     if prompts:
         longest = max(len(p.prompt_ids) for p in prompts)
         requests.append(("recipe.rollout.max_response_len", longest, rollout.max_response_len))
-    ev = cfg.recipe.eval
-    for i, (dataset, evaluation) in enumerate(zip(ev.datasets, eval_sets, strict=True)):
+    for i, evaluation in enumerate(eval_sets):
         longest = max((len(g[0].prompt_ids) for g in evaluation.groups if g), default=0)
-        key = next(
-            key
-            for key, value in (
-                (f"recipe.eval.datasets.{i}.max_response_len", dataset.max_response_len),
-                ("recipe.eval.max_response_len", ev.max_response_len),
-                ("recipe.rollout.max_response_len", rollout.max_response_len),
-            )
-            if value is not None
-        )
-        requests.append((key, longest, evaluation.sampling.max_new_tokens))
+        key, response = eval_response_len(cfg.recipe, i)
+        requests.append((key, longest, response))
     longest_by_key: dict[str, tuple[int, int]] = {}
     for key, prompt, response in requests:  # one issue a key (eval sets may share the rollout's)
         if prompt >= longest_by_key.get(key, (-1, 0))[0]:
