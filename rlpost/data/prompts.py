@@ -2,8 +2,10 @@
 
 Each line is a JSON object. The input key holds a string or a chat message list
 (`[{"role": "user", "content": "..."}]`, as in dapo-math-17k); the label key a string or a
-number; the metadata key, when present, an object. Bad lines are all reported at once, with
-file and line number.
+number; the metadata key, when present, an object; the tool key, when present, the line's
+tools: a list of tool schemas, or a JSON string of one, which the chat template renders into
+the prompt and the line's metadata keeps as "tools" (slime's `--tool-key`). Bad lines are all
+reported at once, with file and line number.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ logger = logging.getLogger(__name__)
 
 MAX_REPORTED_LINES = 10
 ONE_OBJECT = "make every line one JSON object"
+Tools = list[dict[str, Any]]
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool",
+        "description": "A tool that shows whether the chat template renders tools.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 class ChatTokenizer(Protocol):
@@ -57,6 +68,7 @@ class PromptFormat:
     input_key: str
     label_key: str | None
     metadata_key: str
+    tool_key: str | None
     apply_chat_template: bool
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -82,7 +94,7 @@ def load_prompts(
                 )
             ]
         ) from None
-    rows: list[tuple[int, Prompt, str | None, dict[str, Any]]] = []
+    rows: list[_Row] = []
     texts: list[str] = []
     issues: list[Issue] = []
     bad_lines = 0
@@ -91,16 +103,17 @@ def load_prompts(
             continue
         where = Location(file=str(path), line=number)
         try:
-            prompt, label, metadata = _parse_line(line, fmt)
-            texts.append(_render(prompt, fmt, tokenizer))
+            row = _parse_line(number, line, fmt)
+            texts.append(_render(row.prompt, fmt, tokenizer, row.tools))
         except _LineError as exc:
             bad_lines += 1
             if len(issues) < MAX_REPORTED_LINES:
                 issues.append(Issue(exc.key, exc.message, exc.fix, value=exc.value, location=where))
             continue
-        rows.append((number, prompt, label, metadata))
-    if bad_lines:
-        raise PromptDataError(issues + _more_lines(bad_lines - len(issues), path))
+        rows.append(row)
+    ignored = _ignored_tools(rows, fmt, tokenizer, path)
+    if bad_lines or ignored:
+        raise PromptDataError(issues + _more_lines(bad_lines - len(issues), path) + ignored)
     records = _tokenize(rows, texts, tokenizer)
     kept = [r for r in records if max_prompt_len is None or len(r.prompt_ids) <= max_prompt_len]
     dropped = len(records) - len(kept)
@@ -125,7 +138,18 @@ class _LineError(Exception):
         self.key, self.message, self.fix, self.value = key, message, fix, value
 
 
-def _parse_line(line: str, fmt: PromptFormat) -> tuple[Prompt, str | None, dict[str, Any]]:
+@dataclass(frozen=True)
+class _Row:
+    """A line read and checked: `tools` is None when the line has none."""
+
+    line: int
+    prompt: Prompt
+    label: str | None
+    metadata: dict[str, Any]
+    tools: Tools | None
+
+
+def _parse_line(number: int, line: str, fmt: PromptFormat) -> _Row:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -161,7 +185,57 @@ def _parse_line(line: str, fmt: PromptFormat) -> tuple[Prompt, str | None, dict[
             "store metadata as an object, or point data.metadata_key at another field",
             _short(metadata),
         )
-    return prompt, label, metadata
+    if fmt.tool_key is None or row.get(fmt.tool_key) is None:
+        return _Row(number, prompt, label, metadata, tools=None)
+    tools = _tools(fmt.tool_key, row[fmt.tool_key])
+    _check_metadata_tools(metadata, tools, fmt.tool_key, fmt.metadata_key)
+    return _Row(number, prompt, label, {**metadata, "tools": tools}, tools)
+
+
+def _tools(key: str, value: Any) -> Tools:
+    """A line's tools: a list of objects, or a string holding one (decoded, as slime does)."""
+    fix = (
+        'store the tools as a list of tool schemas [{"type": "function", "function": {...}}], '
+        "or point data.tool_key at the field that holds them"
+    )
+    tools = value
+    if isinstance(value, str):
+        try:
+            tools = json.loads(value)
+        except json.JSONDecodeError as exc:
+            message = f"is a string that is not JSON ({exc.msg}, column {exc.colno})"
+            raise _LineError(key, message, fix, _short(value)) from None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise _LineError(
+            key,
+            f"holds {_kind(tools)}; tools must be a list of JSON objects (tool schemas), or "
+            "a string holding one",
+            fix,
+            _short(value),
+        )
+    return tools
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        kinds = sorted({type(item).__name__ for item in value if not isinstance(item, dict)})
+        return f"a list with items of type {', '.join(kinds)}"
+    return f"a value of type {type(value).__name__}"
+
+
+def _check_metadata_tools(
+    metadata: dict[str, Any], tools: Tools, key: str, metadata_key: str
+) -> None:
+    """A line's tools are kept in its metadata as "tools" (as slime keeps them): other tools
+    there would be lost."""
+    if "tools" in metadata and metadata["tools"] != tools:
+        raise _LineError(
+            key,
+            f"differs from the line's {metadata_key}.tools, where the line's tools are kept: "
+            "one of the two would be lost",
+            f"remove 'tools' from {metadata_key}, or make it equal to the '{key}' field",
+            _short(tools),
+        )
 
 
 def _field(row: dict[str, Any], key: str, config_key: str) -> Any:
@@ -196,7 +270,9 @@ def _check_prompt(key: str, prompt: Any) -> None:
             )
 
 
-def _render(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> str:
+def _render(
+    prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer, tools: Tools | None = None
+) -> str:
     if not fmt.apply_chat_template:
         if not isinstance(prompt, str):
             raise _LineError(
@@ -204,6 +280,15 @@ def _render(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> str:
                 "is a message list, which needs the chat template to become text",
                 "set data.apply_chat_template: true",
                 _short(prompt),
+            )
+        if tools:
+            raise _LineError(
+                fmt.tool_key or "tools",
+                "holds tools, which only the chat template writes into a prompt, and "
+                "apply_chat_template is false: the prompt would never describe them",
+                "set data.apply_chat_template: true, or data.tool_key: null to keep them out "
+                "of the prompt",
+                _short(tools),
             )
         return prompt
     marker = _already_templated(prompt, tokenizer)
@@ -219,7 +304,11 @@ def _render(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> str:
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     try:
         text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **fmt.chat_template_kwargs
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            tokenize=False,
+            **fmt.chat_template_kwargs,
         )
     except Exception as exc:  # jinja raises anything a template author chose
         raise _LineError(
@@ -265,18 +354,62 @@ def _already_templated(prompt: Prompt, tokenizer: ChatTokenizer) -> str | None:
     return next((m for m in _template_markers(tokenizer) for t in texts if m in t), None)
 
 
-def _tokenize(
-    rows: list[tuple[int, Prompt, str | None, dict[str, Any]]],
-    texts: list[str],
-    tokenizer: ChatTokenizer,
-) -> list[PromptRecord]:
+_TOOL_PROBES: dict[tuple[int, str], tuple[ChatTokenizer, bool]] = {}
+
+
+def _template_ignores_tools(tokenizer: ChatTokenizer, kwargs: dict[str, Any]) -> bool:
+    """True when the chat template renders a conversation the same with a tool as without:
+    transformers passes `tools` to every template and drops it silently in one that never
+    reads it. Probed once per tokenizer and template arguments."""
+    key = (id(tokenizer), json.dumps(kwargs, sort_keys=True, default=repr))
+    cached = _TOOL_PROBES.get(key)
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    messages = [{"role": "user", "content": "x"}]
+    try:
+        renders = [
+            tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+            for tools in (None, [PROBE_TOOL])
+        ]
+    except Exception:  # a template that refuses the probe: nothing to learn (a line's own
+        renders = []  # render reports what its template refuses)
+    ignores = len(renders) == 2 and renders[0] == renders[1]
+    _TOOL_PROBES[key] = (tokenizer, ignores)
+    return ignores
+
+
+def _ignored_tools(
+    rows: Sequence[_Row], fmt: PromptFormat, tokenizer: ChatTokenizer, path: Path
+) -> list[Issue]:
+    """One issue when lines have tools and the chat template would drop them, else none."""
+    first = next((row for row in rows if row.tools), None)
+    if first is None or not _template_ignores_tools(tokenizer, fmt.chat_template_kwargs):
+        return []
+    return [
+        Issue(
+            "model.hf_checkpoint",
+            "the chat template does not render tools (it renders a conversation the same "
+            f"with a tool as without), and this line's '{fmt.tool_key}' holds some (others "
+            "may too): no prompt would describe them",
+            "use a tokenizer whose chat template renders tools, pass one as "
+            "data.apply_chat_template_kwargs.chat_template, or set data.tool_key: null to "
+            "keep the tools out of the prompt",
+            value=getattr(tokenizer, "name_or_path", None) or None,
+            location=Location(file=str(path), line=first.line),
+        )
+    ]
+
+
+def _tokenize(rows: list[_Row], texts: list[str], tokenizer: ChatTokenizer) -> list[PromptRecord]:
     if not texts:
         return []
     # The template already wrote any BOS and role markers: add nothing on top.
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [
-        PromptRecord(line, prompt, tuple(token_ids), label, metadata)
-        for (line, prompt, label, metadata), token_ids in zip(rows, ids, strict=True)
+        PromptRecord(row.line, row.prompt, tuple(token_ids), row.label, row.metadata)
+        for row, token_ids in zip(rows, ids, strict=True)
     ]
 
 

@@ -404,13 +404,17 @@ def make_group(record: PromptRecord, group_index: int, n_samples: int) -> Group:
 
 
 def prompt_format(
-    config: Any, input_key: str | None = None, label_key: str | None = None
+    config: Any,
+    input_key: str | None = None,
+    label_key: str | None = None,
+    tool_key: str | None = None,
 ) -> PromptFormat:
     """The data section's keys and template settings, optionally with other keys."""
     return PromptFormat(
         input_key=input_key or config.input_key,
         label_key=label_key if label_key is not None else config.label_key,
         metadata_key=config.metadata_key,
+        tool_key=tool_key if tool_key is not None else config.tool_key,
         apply_chat_template=config.apply_chat_template,
         chat_template_kwargs=dict(config.apply_chat_template_kwargs),
     )
@@ -424,12 +428,13 @@ def load_eval_groups(
     n_samples_per_prompt: int,
     input_key: str | None = None,
     label_key: str | None = None,
+    tool_key: str | None = None,
 ) -> list[Group]:
     """Every prompt of an eval file, in file order, `n_samples_per_prompt` samples each.
 
     Same reading and template as the training data (keys may differ); never shuffled and
     never filtered by length, so a benchmark's score is over all of its prompts.
     """
-    fmt = prompt_format(config, input_key, label_key)
+    fmt = prompt_format(config, input_key, label_key, tool_key)
     prompts, _ = load_prompts(path, fmt, tokenizer, max_prompt_len=None)
     return [make_group(record, i, n_samples_per_prompt) for i, record in enumerate(prompts)]

@@ -71,6 +71,7 @@ FLAGS: tuple[FlagRule, ...] = (
     FlagRule("--input-key", "recipe.data.input_key", _text),
     FlagRule("--label-key", "recipe.data.label_key", _text),
     FlagRule("--metadata-key", "recipe.data.metadata_key", _text),
+    FlagRule("--tool-key", "recipe.data.tool_key", _text),
     FlagRule("--apply-chat-template", "recipe.data.apply_chat_template", _on),
     FlagRule(
         "--apply-chat-template-kwargs",

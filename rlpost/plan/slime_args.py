@@ -214,6 +214,7 @@ def rollout_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         flag("--input-key", data.input_key),
         *option(data.label_key, "--label-key"),
         *option(data.metadata_key, "--metadata-key", "metadata"),
+        *option(data.tool_key, "--tool-key", "tools"),
         *switch(data.apply_chat_template, "--apply-chat-template"),
         *([flag("--apply-chat-template-kwargs", json.dumps(kwargs))] if kwargs else []),
         *switch(data.shuffle, "--rollout-shuffle"),
@@ -253,11 +254,13 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     datasets = [item for d in ev.datasets for item in (d.name, d.path)]
     input_keys = {d.input_key for d in ev.datasets}
     label_keys = {d.label_key for d in ev.datasets}
+    tool_keys = {d.tool_key for d in ev.datasets}
     return [
         flag("--eval-interval", ev.interval),
         flag("--eval-prompt-data", *datasets),
         *(option(input_keys.pop(), "--eval-input-key") if len(input_keys) == 1 else []),
         *(option(label_keys.pop(), "--eval-label-key") if len(label_keys) == 1 else []),
+        *(option(tool_keys.pop(), "--eval-tool-key") if len(tool_keys) == 1 else []),
         flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
         *option(ev.max_response_len, "--eval-max-response-len"),
         *option(ev.temperature, "--eval-temperature"),
@@ -466,6 +469,13 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
         "rlpost's data sources are built as cls(ctx) with get_samples/add_samples/state_dict; "
         "slime's --data-source-path classes take (args) and another interface",
         "export with recipe.data.prompt_data, or port the class to slime's RolloutDataSource",
+    ),
+    (
+        "recipe.data.tool_key",
+        lambda cfg: cfg.recipe.data.tool_key is None,
+        "slime passes a row's 'tools' field to the chat template whenever the row has one "
+        "(--tool-key has no off): rows rlpost renders without tools would get them in slime",
+        "rename the column in the data, or export with recipe.data.tool_key: tools",
     ),
 )
 

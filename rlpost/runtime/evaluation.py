@@ -58,6 +58,7 @@ def load_eval_sets(
             n_samples_per_prompt=dataset.n_samples_per_prompt or ev.n_samples_per_prompt,
             input_key=dataset.input_key,
             label_key=dataset.label_key,
+            tool_key=dataset.tool_key,
         )
         sampling = SamplingSettings(
             max_new_tokens=eval_response_len(recipe, i)[1],

@@ -58,7 +58,7 @@ def check_top_k(top_k: int, field: str) -> None:
 
 # The arguments rlpost passes to tokenizer.apply_chat_template itself (rlpost.data.prompts).
 TEMPLATE_CALL_ARGUMENTS = frozenset(
-    {"conversation", "add_generation_prompt", "tokenize", "continue_final_message"}
+    {"conversation", "add_generation_prompt", "tokenize", "continue_final_message", "tools"}
 )
 
 
@@ -78,6 +78,12 @@ class DataConfig(Section):
     input_key: str = "input"
     label_key: str | None = None
     metadata_key: str = "metadata"
+    tool_key: str | None = Field(
+        "tools",
+        description="the field of a prompt line that holds its tools (a list of tool schemas, "
+        "or a JSON string of one), passed to the chat template as `tools` and kept in the "
+        "line's metadata as 'tools', as slime's --tool-key; null reads no tools",
+    )
     apply_chat_template: bool = False
     apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     shuffle: bool = False
@@ -120,11 +126,13 @@ class DataConfig(Section):
         if own:
             raise InvariantError(
                 f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} set by rlpost itself when "
-                "it renders a prompt (a generation prompt, as text); passed again, every "
-                "prompt would fail with 'got multiple values for keyword argument'",
+                "it renders a prompt (a generation prompt, as text, with the line's tools); "
+                "passed again, every prompt would fail with 'got multiple values for keyword "
+                "argument'",
                 fields=("apply_chat_template_kwargs",),
                 fix=f"remove {', '.join(own)}; apply_chat_template_kwargs are the template's "
-                "own variables (enable_thinking, ...)",
+                "own variables (enable_thinking, ...)"
+                + ("; tools come from each prompt line's tool_key field" if "tools" in own else ""),
             )
         return self
 
@@ -757,6 +765,9 @@ class EvalDataset(Section):
     path: LocalPath
     input_key: str | None = None
     label_key: str | None = None
+    tool_key: str | None = Field(
+        None, description="the field holding a line's tools (null: the data section's tool_key)"
+    )
     n_samples_per_prompt: PositiveInt | None = None
     max_response_len: PositiveInt | None = None
 

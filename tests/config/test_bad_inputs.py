@@ -60,6 +60,12 @@ CASES: list[Bad] = [
         "got multiple values for keyword argument",
     ),
     Bad(
+        "tools as a chat template argument",
+        ("recipe.data.apply_chat_template_kwargs={tools: []}",),
+        "recipe.data.apply_chat_template_kwargs",
+        "tools come from each prompt line's tool_key field",
+    ),
+    Bad(
         "over-sampling without a filter",
         ("recipe.rollout.over_sampling_batch_size=16",),
         "recipe.rollout.over_sampling_batch_size",

@@ -310,6 +310,31 @@ def test_extension_points_slime_calls_otherwise_are_refused_by_the_export(
     }
 
 
+def test_tool_keys_are_exported_where_they_differ_from_slimes(groups_for: GroupsFor) -> None:
+    """slime reads a row's "tools" field unless told another (--tool-key, --eval-tool-key)."""
+    default = groups_for("qwen3-4b", "h100x8")
+    assert "--tool-key" not in default["ROLLOUT_ARGS"]
+    assert "--eval-tool-key" not in default["EVAL_ARGS"]
+    aime = "{name: aime, path: /root/aime-2024/aime-2024.jsonl, tool_key: functions}"
+    groups = groups_for(
+        "qwen3-4b", "h100x8", "recipe.data.tool_key=fns", f"recipe.eval.datasets=[{aime}]"
+    )
+    assert "--tool-key fns" in " ".join(groups["ROLLOUT_ARGS"])
+    assert "--eval-tool-key functions" in " ".join(groups["EVAL_ARGS"])
+
+
+def test_reading_no_tools_is_refused_by_the_export(compose_run: ComposeRun) -> None:
+    cfg = compose_run(
+        "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.data.tool_key=null"
+    )
+    with pytest.raises(UserError) as refused:
+        render_slime_args(cfg, build_plan(cfg))
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.value) == ("recipe.data.tool_key", None)
+    assert "whenever the row has one" in issue.message
+    assert issue.fix == "rename the column in the data, or export with recipe.data.tool_key: tools"
+
+
 def test_cpu_adam_without_the_precision_aware_optimizer_is_refused_by_the_export(
     compose_run: ComposeRun,
 ) -> None:

@@ -211,6 +211,28 @@ def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
     assert imported.model_file is not None and imported.model_file["rotary_base"] == 500000
 
 
+def test_the_tool_key_imports_and_exports_back(
+    tmp_path: Path, compose_run: Callable[..., RunConfig]
+) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "source scripts/models/glm4-9B.sh\npython3 train.py ${MODEL_ARGS[@]} --colocate "
+        "--rollout-batch-size 8 --global-batch-size 8 --tool-key mytools\n"
+    )
+    assert import_slime(script).values["recipe.data.tool_key"] == "mytools"
+    cfg = compose_run(
+        "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.data.tool_key=mytools"
+    )
+    plan = build_plan(cfg)
+    rollout = slime_arg_groups(cfg, plan)["ROLLOUT_ARGS"]
+    assert rollout[rollout.index("--tool-key") + 1] == "mytools"
+    exported = tmp_path / "run-exported.sh"
+    exported.write_text(render_slime_args(cfg, plan))
+    again = assembled(import_slime(exported), cfg)
+    assert again.recipe.data.tool_key == "mytools"
+    assert slime_arg_groups(again, build_plan(again)) == slime_arg_groups(cfg, plan)
+
+
 def test_a_script_without_a_train_command_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "setup.sh"
     script.write_text("pip install slime\nray start --head\n")

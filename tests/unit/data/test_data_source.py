@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from rlpost.data import DataSource, PromptRecord, load_eval_groups
-from rlpost.schema import DataConfig
+from rlpost.runtime.evaluation import load_eval_sets
+from rlpost.schema import DataConfig, RecipeConfig
 from rlpost.types import Sample
 
 
@@ -136,6 +137,47 @@ def test_from_config_and_eval_groups(write_jsonl, chat_tokenizer) -> None:
     assert labels(groups) == ["0", "3", "6"]  # file order, never shuffled
     assert [len(g) for g in groups] == [16, 16, 16]
     assert chat_tokenizer.decode(groups[1][0].prompt_ids).startswith("<|im_start|>user\nwhat")
+
+
+def test_an_eval_dataset_reads_its_own_tool_key_or_the_data_sections(
+    write_jsonl, tools_tokenizer
+) -> None:
+    train = write_jsonl([{"prompt": "what is 2 times 3?", "label": "6"}])
+    tool = {"type": "function", "function": {"name": "multiply"}}
+    other = {"type": "function", "function": {"name": "search"}}
+    eval_path = write_jsonl(
+        [{"prompt": "what is 4 times 5?", "label": "20", "fns": [tool], "tools": [other]}],
+        name="eval.jsonl",
+    )
+    recipe = RecipeConfig.model_validate(
+        {
+            "name": "tools",
+            "data": {
+                "prompt_data": str(train),
+                "input_key": "prompt",
+                "label_key": "label",
+                "apply_chat_template": True,
+            },
+            "rollout": {
+                "num_rollout": 1,
+                "batch_size": 1,
+                "n_samples_per_prompt": 2,
+                "max_response_len": 8,
+            },
+            "train": {"global_batch_size": 2},
+            "eval": {
+                "interval": 1,
+                "datasets": [
+                    {"name": "own", "path": str(eval_path), "tool_key": "fns"},
+                    {"name": "data", "path": str(eval_path)},
+                ],
+            },
+        }
+    )
+    own, data = load_eval_sets(recipe, tools_tokenizer, stop_token_ids=[])
+    assert own.groups[0][0].metadata["tools"] == [tool]
+    assert data.groups[0][0].metadata["tools"] == [other]  # the data section's "tools"
+    assert '"multiply"' in tools_tokenizer.decode(own.groups[0][0].prompt_ids)
 
 
 def feedback_config(path: Path, **settings: object) -> DataConfig:

@@ -1,3 +1,4 @@
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def fmt(**overrides: object) -> PromptFormat:
         "input_key": "prompt",
         "label_key": "label",
         "metadata_key": "metadata",
+        "tool_key": "tools",
         "apply_chat_template": True,
     }
     return PromptFormat(**(fields | overrides))
@@ -141,3 +143,143 @@ def test_a_prompt_already_rendered_by_the_chat_template_is_refused(
     assert chat_tokenizer.decode(list(record.prompt_ids)) == rendered
     plain = write_jsonl([{"prompt": "Is 3 < 4 [yes/no]?", "label": "yes"}])
     assert load_prompts(plain, fmt(), chat_tokenizer)[0]
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+TOOL_ROW = {"prompt": [{"role": "user", "content": "Rain in Oslo?"}], "label": "yes"}
+
+
+def text_of(record, tokenizer) -> str:
+    return tokenizer.decode(list(record.prompt_ids))
+
+
+def test_a_lines_tools_reach_the_chat_template_and_its_metadata(
+    write_jsonl, tools_tokenizer
+) -> None:
+    """As slime's --tool-key: the tools are passed to apply_chat_template and kept in the
+    sample's metadata; a JSON string of the list is decoded, as slime decodes it."""
+    rows = [
+        TOOL_ROW | {"tools": [WEATHER], "metadata": {"rm_type": "math"}},
+        TOOL_ROW | {"tools": json.dumps([WEATHER])},
+    ]
+    listed, as_string = load_prompts(write_jsonl(rows), fmt(), tools_tokenizer)[0]
+    expected = tools_tokenizer.apply_chat_template(
+        TOOL_ROW["prompt"], tools=[WEATHER], add_generation_prompt=True, tokenize=False
+    )
+    assert text_of(listed, tools_tokenizer) == expected
+    assert expected.startswith("<|im_start|>system\n# Tools\n{") and '"get_weather"' in expected
+    assert listed.metadata == {"rm_type": "math", "tools": [WEATHER]}
+    assert as_string.prompt_ids == listed.prompt_ids
+    assert as_string.metadata == {"tools": [WEATHER]}
+
+
+def test_lines_without_tools_render_as_before(write_jsonl, tools_tokenizer, chat_tokenizer) -> None:
+    """A line with no tools field (or null there) gets the same bytes as before tools were
+    read, and as with tool_key null, beside lines that have tools."""
+    plain = write_jsonl([DAPO_ROW], name="plain.jsonl")
+    for tokenizer in (tools_tokenizer, chat_tokenizer):
+        before = tokenizer.apply_chat_template(  # the call made before tools were read
+            DAPO_ROW["prompt"], add_generation_prompt=True, tokenize=False
+        )
+        before_ids = tuple(tokenizer([before], add_special_tokens=False)["input_ids"][0])
+        for tool_key in ("tools", None):
+            (record,) = load_prompts(plain, fmt(tool_key=tool_key), tokenizer)[0]
+            assert (record.prompt_ids, record.metadata) == (before_ids, {})
+    rows = [DAPO_ROW, TOOL_ROW | {"tools": [WEATHER]}, DAPO_ROW | {"tools": None}]
+    first, with_tools, null_tools = load_prompts(write_jsonl(rows), fmt(), tools_tokenizer)[0]
+    assert first.prompt_ids == null_tools.prompt_ids
+    assert "# Tools" not in text_of(first, tools_tokenizer)
+    assert "# Tools" in text_of(with_tools, tools_tokenizer)
+    assert null_tools.metadata == {}
+
+
+def test_bad_tools_are_bad_lines_naming_the_key(write_jsonl, tools_tokenizer) -> None:
+    rows = [
+        TOOL_ROW | {"tools": 3},
+        TOOL_ROW | {"tools": ["get_weather"]},
+        TOOL_ROW | {"tools": "[{not json"},
+        TOOL_ROW | {"tools": '{"type": "function"}'},
+        TOOL_ROW | {"tools": [WEATHER], "metadata": {"tools": []}},
+        TOOL_ROW | {"tools": [WEATHER], "metadata": {"tools": [WEATHER]}},  # the same: kept
+    ]
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(write_jsonl(rows), fmt(), tools_tokenizer)
+    issues = refused.value.issues
+    assert [issue.location.line for issue in issues] == [1, 2, 3, 4, 5]
+    assert all(issue.key == "tools" for issue in issues)
+    messages = [issue.message for issue in issues]
+    assert messages[0].startswith("holds a value of type int; tools must be a list of JSON")
+    assert messages[1].startswith("holds a list with items of type str;")
+    assert messages[2].startswith("is a string that is not JSON")
+    assert messages[3].startswith("holds a value of type dict;")
+    assert "differs from the line's metadata.tools" in messages[4]
+    assert issues[4].fix == "remove 'tools' from metadata, or make it equal to the 'tools' field"
+    assert issues[1].value == '["get_weather"]'
+    assert "point data.tool_key at the field that holds them" in issues[0].fix
+
+
+def test_tools_without_the_chat_template_are_refused(write_jsonl, tools_tokenizer) -> None:
+    """Only the chat template writes tools into a prompt: sent as written, the prompt would
+    never describe them; tool_key null keeps them out knowingly."""
+    rows = [{"prompt": "Rain in Oslo?", "tools": [WEATHER]}, {"prompt": "Sun?", "tools": []}]
+    path = write_jsonl(rows)
+    as_written = fmt(apply_chat_template=False, label_key=None)
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(path, as_written, tools_tokenizer)
+    (issue,) = refused.value.issues  # an empty list has nothing to lose
+    assert (issue.key, issue.location.line) == ("tools", 1)
+    assert "apply_chat_template is false" in issue.message
+    assert issue.fix == (
+        "set data.apply_chat_template: true, or data.tool_key: null to keep them out of the prompt"
+    )
+    keep_out = fmt(apply_chat_template=False, label_key=None, tool_key=None)
+    records = load_prompts(path, keep_out, tools_tokenizer)[0]
+    assert text_of(records[0], tools_tokenizer) == "Rain in Oslo?"
+    assert all("tools" not in r.metadata for r in records)
+
+
+def test_a_chat_template_that_ignores_tools_is_refused_once(write_jsonl, tiny_tokenizer) -> None:
+    """transformers passes tools to every template and drops them silently in one that never
+    reads them: the shipped tiny model's ChatML template is one."""
+    rows = [DAPO_ROW, TOOL_ROW | {"tools": [WEATHER]}, TOOL_ROW | {"tools": [WEATHER]}]
+    path = write_jsonl(rows)
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(path, fmt(), tiny_tokenizer)
+    (issue,) = refused.value.issues
+    assert issue.key == "model.hf_checkpoint"
+    assert issue.value == str(tiny_tokenizer.name_or_path)
+    assert issue.location.line == 2
+    assert "the chat template does not render tools" in issue.message
+    assert issue.fix == (
+        "use a tokenizer whose chat template renders tools, pass one as "
+        "data.apply_chat_template_kwargs.chat_template, or set data.tool_key: null to keep "
+        "the tools out of the prompt"
+    )
+    without = load_prompts(path, fmt(tool_key=None), tiny_tokenizer)[0]
+    assert without[1].prompt_ids == without[2].prompt_ids
+    assert all("tools" not in r.metadata for r in without)
+    only_empty = write_jsonl([TOOL_ROW | {"tools": []}], name="empty.jsonl")
+    assert load_prompts(only_empty, fmt(), tiny_tokenizer)[0][0].metadata == {"tools": []}
+
+
+def test_a_chat_template_passed_as_an_argument_can_render_the_tools(
+    write_jsonl, tiny_tokenizer, tools_tokenizer
+) -> None:
+    path = write_jsonl([TOOL_ROW | {"tools": [WEATHER]}])
+    template = {"chat_template": tools_tokenizer.chat_template}
+    (record,) = load_prompts(path, fmt(chat_template_kwargs=template), tiny_tokenizer)[0]
+    assert "# Tools" in text_of(record, tiny_tokenizer)
+
+
+def test_another_tool_key_reads_another_field(write_jsonl, tools_tokenizer) -> None:
+    path = write_jsonl([TOOL_ROW | {"functions": [WEATHER], "tools": "ignored"}])
+    (record,) = load_prompts(path, fmt(tool_key="functions"), tools_tokenizer)[0]
+    assert record.metadata == {"tools": [WEATHER]}
+    assert '"get_weather"' in text_of(record, tools_tokenizer)
