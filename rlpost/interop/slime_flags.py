@@ -65,6 +65,22 @@ def _hook(values: Values) -> str:
     return _HOOKS_BACK.get(values[0], values[0])
 
 
+_TRANSPORTS = {"disk": "disk", "nccl": "auto"}
+
+
+def _transport(values: Values) -> str:
+    if values[0] not in _TRANSPORTS:
+        raise ValueError(f"slime's transports are {' and '.join(_TRANSPORTS)}")
+    return _TRANSPORTS[values[0]]
+
+
+def _mib(values: Values) -> int:
+    size = int(values[0])
+    if size <= 0:
+        raise ValueError("a bucket holds at least one byte")
+    return -(-size // 2**20)
+
+
 FLAGS: tuple[FlagRule, ...] = (
     # data and rollout
     FlagRule("--prompt-data", "recipe.data.prompt_data", _text),
@@ -178,6 +194,12 @@ FLAGS: tuple[FlagRule, ...] = (
         "--decoder-last-pipeline-num-layers", "layout.train.num_layers_in_last_pipeline_stage", one
     ),
     FlagRule("--recompute-granularity", "layout.train.recompute.granularity", _text),
+    FlagRule(
+        "--recompute-activations",
+        "layout.train.recompute.granularity",
+        lambda v: "selective",
+        "the value is selective, as Megatron-LM sets it",
+    ),
     FlagRule("--recompute-method", "layout.train.recompute.method", _text),
     FlagRule("--recompute-num-layers", "layout.train.recompute.num_layers", one),
     FlagRule("--moe-token-dispatcher-type", "layout.train.moe_token_dispatcher_type", _text),
@@ -185,12 +207,39 @@ FLAGS: tuple[FlagRule, ...] = (
     FlagRule("--rollout-num-gpus-per-engine", "layout.rollout.gpus_per_engine", one),
     # run and tracking
     FlagRule("--seed", "run.seed", one),
+    FlagRule(
+        "--deterministic-mode",
+        "run.deterministic",
+        _on,
+        "rlpost's also seeds every request and turns on SGLang's deterministic inference",
+    ),
     FlagRule("--use-wandb", "tracking.wandb.enabled", _on),
     FlagRule("--wandb-mode", "tracking.wandb.mode", _text),
     FlagRule("--wandb-project", "tracking.wandb.project", _text),
     FlagRule("--wandb-group", "tracking.wandb.group", _text),
     FlagRule("--wandb-run-id", "tracking.wandb.run_id", _text),
     FlagRule("--use-tensorboard", "tracking.tensorboard", _on),
+    # engines, weight updates and the trainer
+    FlagRule("--use-fault-tolerance", "engine.fault_tolerance", _on),
+    FlagRule(
+        "--update-weight-transport",
+        "engine.weight_sync",
+        _transport,
+        "disk: disk; nccl: auto (CUDA IPC colocated, NCCL decoupled, as slime picks)",
+    ),
+    FlagRule(
+        "--update-weight-buffer-size",
+        "engine.weight_bucket_mb",
+        _mib,
+        "bytes / 2^20, rounded up",
+    ),
+    FlagRule(
+        "--distributed-timeout-minutes",
+        "trainer.collective_timeout_s",
+        lambda v: 60.0 * float(v[0]),
+        "minutes x 60",
+    ),
+    FlagRule("--train-backend", "trainer.backend", _text, "megatron, slime's one trainer"),
 )
 RULES = {rule.flag: rule for rule in FLAGS}
 
@@ -206,6 +255,7 @@ READ_TOGETHER: dict[str, tuple[str, str]] = {
     "--eval-prompt-data": ("recipe.eval.datasets", "NAME PATH pairs"),
     "--eval-input-key": ("recipe.eval.datasets[].input_key", "every dataset"),
     "--eval-label-key": ("recipe.eval.datasets[].label_key", "every dataset"),
+    "--eval-tool-key": ("recipe.eval.datasets[].tool_key", "every dataset"),
     "--sglang-*": ("layout.rollout.sglang.*", "SGLang's own option names"),
     "--sglang-server-concurrency": (
         "recipe.rollout.max_concurrency",
@@ -221,6 +271,39 @@ READ_TOGETHER: dict[str, tuple[str, str]] = {
     ),
     "MODEL_ARGS": ("model", "a shipped model, or one drawn from the flags on its family"),
     "train_async.py": ("recipe.loop.mode", "async"),
+    "--offload": (
+        "engine.offload",
+        "colocated runs offload the trainer and the engines, decoupled runs neither: "
+        "= --offload-train + --offload-rollout",
+    ),
+    "--offload-train": (
+        "engine.offload",
+        "with --offload-rollout: rlpost offloads both or neither",
+    ),
+    "--offload-rollout": (
+        "engine.offload",
+        "with --offload-train: rlpost offloads both or neither",
+    ),
+    "--rollout-health-check-interval": (
+        "engine.health_check_interval_s",
+        "with --use-fault-tolerance, the only time slime checks",
+    ),
+    "--rollout-health-check-timeout": (
+        "engine.health_check_timeout_s",
+        "with --use-fault-tolerance, the only time slime checks",
+    ),
+    "--rollout-health-check-first-wait": (
+        "engine.health_check_first_wait_s",
+        "with --use-fault-tolerance; 0 when unset, as in slime",
+    ),
+    "--save-hf": (
+        "recipe.save.save_hf_interval",
+        "= --save-interval; rlpost writes <run.dir>/hf/rollout_<n>/, not the flag's path",
+    ),
+    "--rollout-max-context-len": (
+        "recipe.data.max_prompt_len",
+        "its value - 1 when --rollout-max-prompt-len is unset, as slime derives it",
+    ),
 }
 
 SLIME_FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
@@ -230,9 +313,20 @@ CLUSTER_FLAGS = frozenset(
     {"--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--colocate",
      "--num-gpus-per-node"}
 )  # fmt: skip
+OFFLOAD_FLAGS = frozenset(
+    {"--offload", "--offload-train", "--offload-rollout", "--no-offload-train",
+     "--no-offload-rollout"}
+)  # fmt: skip
+HEALTH_CHECK_FLAGS = {
+    "--rollout-health-check-interval": "engine.health_check_interval_s",
+    "--rollout-health-check-timeout": "engine.health_check_timeout_s",
+    "--rollout-health-check-first-wait": "engine.health_check_first_wait_s",
+}
 TOGETHER_FLAGS = frozenset(
     {"--load", "--save", "--eval-prompt-data", "--eval-input-key", "--eval-label-key",
-     "--sglang-server-concurrency", "--num-steps-per-rollout", "--rollout-function-path"}
+     "--eval-tool-key",
+     "--sglang-server-concurrency", "--num-steps-per-rollout", "--rollout-function-path",
+     "--save-hf", "--rollout-max-context-len", *OFFLOAD_FLAGS, *HEALTH_CHECK_FLAGS}
 )  # fmt: skip
 SECRET_FLAGS = frozenset({"--wandb-key"})
 """Flags whose values are never copied (not into YAML, not into what the import prints)."""
@@ -245,6 +339,12 @@ FIXED_SETTINGS = {
     "--accumulate-allreduce-grads-in-fp32": [],
     "--attention-softmax-in-fp32": [],
     "--attention-backend": ["flash"],
+    "--distributed-backend": ["nccl"],  # gloo on CPU, which slime does not run on
+    "--update-weight-mode": ["full"],
+    # rlpost's log-prob kernel recomputes the logits chunk by chunk in the backward pass
+    "--recompute-loss-function": [],
+    # rlpost always logs train/rollout_logprob_abs_diff
+    "--get-mismatch-metrics": [],
 }
 
 # Flags rlpost has no key for: (reason, nearest rlpost key)
@@ -252,10 +352,6 @@ NOT_IMPORTED = {
     "--async-buffer-size": (
         "train_async.py keeps one rollout ahead; rlpost bounds its queue itself",
         "recipe.loop.max_buffered_groups (fully_async)",
-    ),
-    "--use-fault-tolerance": (
-        "rlpost's engine pool always restarts dead engines",
-        "engine.max_restarts",
     ),
     "--wandb-key": ("credentials come from the environment (WANDB_API_KEY)", "tracking.wandb"),
     "--wandb-team": (
@@ -288,6 +384,323 @@ NOT_IMPORTED = {
         "rlpost's engines are tensor parallel only",
         "layout.rollout.gpus_per_engine",
     ),
+    # cluster and weight updates
+    "--release-train": (
+        "rlpost keeps its train ranks alive across rollouts and offloads them instead",
+        "engine.offload",
+    ),
+    "--update-weight-disk-dir": (
+        "rlpost writes disk weight updates to <run.dir>/weights/",
+        "run.dir",
+    ),
+    "--update-weight-disk-keep-files": (
+        "rlpost keeps only the newest disk update, the one a restarted engine catches up from",
+        "engine.weight_sync",
+    ),
+    "--update-weight-delta-encoding": ("rlpost has no delta weight updates", "engine.weight_sync"),
+    "--update-weight-delta-checksum": ("rlpost has no delta weight updates", "engine.weight_sync"),
+    "--update-weight-local-checkpoint-dir": (
+        "rlpost has no delta weight updates or node-local copies of them",
+        "engine.weight_sync",
+    ),
+    "--custom-update-weight-post-write-path": (
+        "rlpost calls no hook between writing a disk update and the engines reading it",
+        "engine.weight_sync",
+    ),
+    "--check-weight-update-equal": (
+        "slime compares the engines' weights with the trainer's once, after the first update; "
+        "rlpost's probe compares a prompt's log-probs after every update instead",
+        "engine.weight_probe",
+    ),
+    "--train-env-vars": (
+        "rlpost's train ranks inherit the environment of the cluster they run in: export "
+        "them where its Ray cluster starts",
+        "-",
+    ),
+    # the trainer and the model
+    "--custom-model-provider-path": (
+        "rlpost builds the network from the model YAML (model.family and its fields)",
+        "model.family",
+    ),
+    "--qwen-gdn-backend": ("rlpost has no Qwen linear-attention (GDN) family", "model.family"),
+    "--model-name": (
+        "rlpost names HF exports' architecture from the model YAML",
+        "model.hf_architecture",
+    ),
+    "--padded-vocab-size": (
+        "rlpost pads the vocabulary as Megatron-LM does, from the model YAML",
+        "model.make_vocab_size_divisible_by",
+    ),
+    "--only-train-params-name-list": ("rlpost trains every parameter", "-"),
+    "--freeze-params-name-list": ("rlpost trains every parameter", "-"),
+    "--freeze-indexer": ("rlpost trains every parameter", "-"),
+    "--log-probs-chunk-size": (
+        "rlpost's log-prob kernel picks its own chunks and never holds the whole logits",
+        "-",
+    ),
+    "--log-probs-max-tokens-per-gpu": (
+        "rlpost's log-prob passes use the training micro-batches",
+        "recipe.train.max_tokens_per_gpu",
+    ),
+    "--balance-by-flops": (
+        "rlpost balances micro-batches by tokens",
+        "recipe.train.balance_data",
+    ),
+    "--data-pad-size-multiplier": ("rlpost packs samples without padding them", "-"),
+    "--megatron-config-path": ("rlpost has no critic model", "recipe.algo.advantage_estimator"),
+    "--custom-megatron-init-path": ("rlpost calls no hook inside its Megatron trainer", "-"),
+    "--custom-megatron-before-log-prob-hook-path": (
+        "rlpost calls no hook inside its Megatron trainer",
+        "-",
+    ),
+    "--custom-megatron-before-train-step-hook-path": (
+        "rlpost calls no hook inside its Megatron trainer",
+        "-",
+    ),
+    "--megatron-deepgemm-forward-layers": (
+        "rlpost's trainer has no DeepGEMM forward",
+        "layout.rollout.sglang",
+    ),
+    "--megatron-deepgemm-forward-modules": (
+        "rlpost's trainer has no DeepGEMM forward",
+        "layout.rollout.sglang",
+    ),
+    "--megatron-deepgemm-moe-forward-layers": (
+        "rlpost's trainer has no DeepGEMM forward",
+        "layout.rollout.sglang",
+    ),
+    "--megatron-deepgemm-moe-forward-modules": (
+        "rlpost's trainer has no DeepGEMM forward",
+        "layout.rollout.sglang",
+    ),
+    "--async-save": (
+        "rlpost's checkpoint saves are its own (staged, hashed, then renamed), not Megatron's "
+        "asynchronous save",
+        "recipe.save.interval",
+    ),
+    # rollout
+    "--custom-generate-function-path": (
+        "slime calls generate(args, sample, sampling_params); rlpost's generate functions "
+        "are async generate(sample, ctx): port the function",
+        "recipe.rollout.generate_function",
+    ),
+    "--rollout-sample-hook-path": (
+        "rlpost calls no hook between generation and the reward: do it in the reward function",
+        "recipe.rollout.reward.custom_function",
+    ),
+    "--rollout-data-postprocess-path": (
+        "rlpost calls no hook on a rollout's data before training",
+        "-",
+    ),
+    "--custom-convert-samples-to-train-data-path": (
+        "rlpost calls no hook between samples and training data",
+        "-",
+    ),
+    "--rollout-sample-filter-path": (
+        "rlpost drops samples only by group, through the filters",
+        "recipe.rollout.dynamic_sampling_filter",
+    ),
+    "--rollout-all-samples-process-path": (
+        "rlpost calls no hook on the filtered-out samples",
+        "recipe.rollout.dynamic_sampling_filter",
+    ),
+    "--custom-reward-post-process-path": (
+        "rlpost normalises rewards by the advantage estimator, with no hook",
+        "recipe.algo.advantage_estimator",
+    ),
+    "--reward-key": (
+        "rlpost's reward functions return a number, not a dict to pick from",
+        "recipe.rollout.reward.custom_function",
+    ),
+    "--eval-reward-key": (
+        "rlpost's reward functions return a number, not a dict to pick from",
+        "recipe.rollout.reward.custom_function",
+    ),
+    "--rollout-data-transport": (
+        "rlpost hands rollouts to the trainer through Ray's object store",
+        "-",
+    ),
+    "--rollout-external-engine-addrs": (
+        "rlpost starts the run's engines itself",
+        "layout.rollout.num_gpus",
+    ),
+    "--prefill-num-servers": (
+        "rlpost's engines prefill and decode in one server each",
+        "layout.rollout.gpus_per_engine",
+    ),
+    "--rollout-buffer-url": ("rlpost has no external rollout buffer", "recipe.data.source"),
+    "--fetch-trajectory-retry-times": (
+        "rlpost has no external rollout buffer",
+        "recipe.data.source",
+    ),
+    "--min-batch-collection-ratio": (
+        "rlpost has no external rollout buffer",
+        "recipe.data.source",
+    ),
+    "--rollout-task-type": ("rlpost has no external rollout buffer", "recipe.data.source"),
+    "--loss-mask-type": (
+        "rlpost masks the loss by the tokens the engines generated, for every chat template",
+        "-",
+    ),
+    "--keep-old-actor": (
+        "rlpost keeps no second copy of the policy on the train ranks",
+        "recipe.algo.off_policy_correction",
+    ),
+    "--use-rollout-logprobs": (
+        "rlpost's ratio is against the trainer's own log-probs; the engines' log-probs "
+        "correct off-policy tokens instead",
+        "recipe.algo.off_policy_correction",
+    ),
+    "--use-rollout-entropy": ("rlpost computes no entropy for loss masks", "-"),
+    # data
+    "--num-epoch": (
+        "rlpost counts a run in rollouts (and slime ignores --num-epoch beside --num-rollout): "
+        "epochs x prompts / --rollout-batch-size",
+        "recipe.rollout.num_rollout",
+    ),
+    "--start-rollout-id": (
+        "rlpost resumes at the rollout its checkpoint holds",
+        "run.resume",
+    ),
+    "--disable-rollout-global-dataset": (
+        "rlpost reads prompts from prompt_data, or from a data source class",
+        "recipe.data.source",
+    ),
+    "--data-source-path": (
+        "rlpost's data sources are built as cls(ctx) with their own interface; slime's take "
+        "(args): port the class",
+        "recipe.data.source",
+    ),
+    "--multimodal-keys": ("rlpost trains text-only models", "recipe.data.input_key"),
+    # evaluation
+    "--eval-function-path": (
+        "rlpost evaluates with its own generation and the recipe's reward",
+        "recipe.eval.datasets",
+    ),
+    "--eval-config": (
+        "rlpost's evaluation sets are listed in the recipe: copy the file's datasets there",
+        "recipe.eval.datasets",
+    ),
+    "--eval-max-prompt-len": (
+        "rlpost evaluates every prompt of an evaluation set",
+        "recipe.data.max_prompt_len",
+    ),
+    "--eval-max-context-len": (
+        "rlpost checks every evaluation prompt and response against the engines' context",
+        "recipe.eval.max_response_len",
+    ),
+    "--eval-min-new-tokens": (
+        "rlpost's evaluation sets no minimum response length",
+        "recipe.eval.max_response_len",
+    ),
+    # the algorithm
+    "--ref-ckpt-step": (
+        "rlpost loads the reference from model.ref_load as it is",
+        "model.ref_load",
+    ),
+    "--ref-update-interval": ("rlpost's reference model is never updated", "model.ref_load"),
+    "--use-unbiased-kl": ("rlpost has no unbiased KL estimate", "recipe.algo.kl_loss_type"),
+    "--disable-rewards-normalization": (
+        "rlpost's group baselines always subtract the group's mean reward",
+        "recipe.algo.grpo_std_normalization",
+    ),
+    "--disable-compute-advantages-and-returns": (
+        "rlpost always computes advantages (it trains reinforcement-learning recipes only)",
+        "recipe.algo.advantage_estimator",
+    ),
+    "--custom-advantage-function-path": (
+        "rlpost's advantage estimators are its own",
+        "recipe.algo.advantage_estimator",
+    ),
+    "--custom-loss-function-path": (
+        "rlpost's loss is the policy-gradient loss of its recipe",
+        "recipe.algo",
+    ),
+    "--custom-pg-loss-reducer-function-path": (
+        "rlpost reduces the loss by sample or by token",
+        "recipe.algo.loss_reduction",
+    ),
+    "--custom-tis-function-path": (
+        "rlpost's importance weights are its own (tis, decoupled_ppo)",
+        "recipe.algo.off_policy_correction",
+    ),
+    "--num-critic-only-steps": ("rlpost has no critic model", "recipe.algo.advantage_estimator"),
+    "--value-clip": ("rlpost has no critic model", "recipe.algo.advantage_estimator"),
+    "--lambd": ("rlpost has no critic model (GAE)", "recipe.algo.advantage_estimator"),
+    "--use-routing-replay": ("rlpost has no routing replay for MoE models", "-"),
+    "--use-rollout-routing-replay": ("rlpost has no routing replay for MoE models", "-"),
+    "--use-opsm": (
+        "rlpost has no off-policy sequence masking",
+        "recipe.algo.off_policy_correction",
+    ),
+    "--opsm-delta": (
+        "rlpost has no off-policy sequence masking",
+        "recipe.algo.off_policy_correction",
+    ),
+    "--use-opd": ("rlpost has no on-policy distillation", "-"),
+    "--opd-type": ("rlpost has no on-policy distillation", "-"),
+    "--opd-kl-coef": ("rlpost has no on-policy distillation", "-"),
+    "--opd-teacher-load": ("rlpost has no on-policy distillation", "-"),
+    "--opd-teacher-ckpt-step": ("rlpost has no on-policy distillation", "-"),
+    "--reset-optimizer-states": ("rlpost keeps the optimizer's state across rollouts", "-"),
+    "--use-stateless-adam": ("rlpost keeps the optimizer's state across rollouts", "-"),
+    # logging
+    "--wandb-dir": ("rlpost's wandb files go to the run directory", "run.dir"),
+    "--disable-wandb-random-suffix": (
+        "rlpost names the wandb run after the run directory, with no suffix",
+        "tracking.wandb.run_id",
+    ),
+    "--wandb-always-use-train-step": (
+        "rlpost logs every metric at its rollout id",
+        "tracking.wandb",
+    ),
+    "--tb-project-name": ("rlpost's tensorboard files go to the run directory", "run.dir"),
+    "--tb-experiment-name": ("rlpost's tensorboard files go to the run directory", "run.dir"),
+    "--log-multi-turn": ("rlpost logs turns per sample for multi-turn rollouts", "-"),
+    "--log-passrate": ("rlpost logs no pass@k", "recipe.eval.n_samples_per_prompt"),
+    "--log-correct-samples": ("rlpost logs no pass@k", "recipe.eval.n_samples_per_prompt"),
+    "--log-reward-category": (
+        "rlpost's reward functions return a number, with no category",
+        "recipe.rollout.reward.custom_function",
+    ),
+    "--custom-rollout-log-function-path": ("rlpost calls no logging hook", "run.dump_rollouts"),
+    "--custom-eval-rollout-log-function-path": (
+        "rlpost calls no logging hook",
+        "run.dump_rollouts",
+    ),
+    # debugging, profiling and slime's own CI
+    "--debug-rollout-only": ("rlpost has no rollout-only mode", "mode"),
+    "--debug-train-only": ("rlpost has no train-only mode", "mode"),
+    "--load-debug-rollout-data": ("rlpost does not replay saved rollouts", "run.dump_rollouts"),
+    "--load-debug-rollout-data-subsample": (
+        "rlpost does not replay saved rollouts",
+        "run.dump_rollouts",
+    ),
+    "--load-forge-rollout-data": ("rlpost does not replay saved rollouts", "run.dump_rollouts"),
+    "--save-debug-train-data": (
+        "rlpost writes each rollout's samples as the trainer gets them in <run.dir>/rollouts/",
+        "run.dump_rollouts",
+    ),
+    "--dump-details": (
+        "rlpost writes each rollout's samples as the trainer gets them in <run.dir>/rollouts/",
+        "run.dump_rollouts",
+    ),
+    "--memory-snapshot-dir": ("rlpost takes no CUDA memory snapshots", "-"),
+    "--memory-snapshot-num-steps": ("rlpost takes no CUDA memory snapshots", "-"),
+    "--memory-recorder": ("rlpost takes no CUDA memory snapshots", "-"),
+    "--record-memory-history": ("rlpost takes no CUDA memory snapshots", "-"),
+    "--profile-target": ("rlpost has no profiler switch", "-"),
+    "--http-proxy": (
+        "rlpost sets no proxy for its requests",
+        "-",
+    ),
+    "--use-distributed-post": ("rlpost's rollout requests go through the run's router", "-"),
+    "--custom-config-path": ("rlpost's configuration is its YAML", "-"),
+    "--ci-test": ("slime's own CI checks", "-"),
+    "--ci-disable-kl-checker": ("slime's own CI checks", "-"),
+    "--ci-train-rollout-logprob-abs-diff-threshold": ("slime's own CI checks", "-"),
+    "--ci-save-grad-norm": ("slime's own CI checks", "-"),
+    "--ci-load-grad-norm": ("slime's own CI checks", "-"),
 }
 
 

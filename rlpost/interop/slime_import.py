@@ -30,7 +30,9 @@ from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE, evaluate_script
 from rlpost.interop.slime_flags import (
     CLUSTER_FLAGS,
     FIXED_SETTINGS,
+    HEALTH_CHECK_FLAGS,
     NOT_IMPORTED,
+    OFFLOAD_FLAGS,
     RULES,
     SECRET_FLAGS,
     SLIME_FULLY_ASYNC,
@@ -96,11 +98,12 @@ class Imported:
         ]
 
     def extra_overrides(self) -> list[str]:
-        """Run-level values (run.dir, run.seed, tracking) given on the command line."""
+        """Run-level values (run.dir, run.seed, tracking, the engines' and the trainer's
+        settings) given on the command line."""
         return [
             f"{key}={_override_text(value)}"
             for key, value in self.values.items()
-            if key.startswith(("run.", "tracking."))
+            if key.startswith(("run.", "tracking.", "engine.", "trainer."))
         ]
 
     def write(self, out: Path) -> list[Path]:
@@ -471,7 +474,12 @@ def _read_together(
     data = together.get("--eval-prompt-data")
     if data:
         pairs = [{"name": data[i], "path": data[i + 1]} for i in range(0, len(data) - 1, 2)]
-        for key, flag in (("input_key", "--eval-input-key"), ("label_key", "--eval-label-key")):
+        keys = (
+            ("input_key", "--eval-input-key"),
+            ("label_key", "--eval-label-key"),
+            ("tool_key", "--eval-tool-key"),
+        )
+        for key, flag in keys:
             if flag in together:
                 for pair in pairs:
                     pair[key] = together[flag][0]
@@ -487,6 +495,70 @@ def _read_together(
         rollout = values.get("layout.rollout.num_gpus") or values["layout.train.num_gpus"]
         engines = max(1, rollout // int(values.get("layout.rollout.gpus_per_engine", 1)))
         values["recipe.rollout.max_concurrency"] = int(concurrency[0]) * engines
+    unmapped += _read_offload(together, bool(values.get("layout.colocate")))
+    unmapped += _read_health_checks(together, values)
+    unmapped += _read_save_hf(together, values)
+    context = together.get("--rollout-max-context-len")
+    if context and "recipe.data.max_prompt_len" not in values:
+        # slime: rollout_max_prompt_len = rollout_max_context_len - 1 when unset, so that
+        # at least one token is generated
+        values["recipe.data.max_prompt_len"] = int(context[0]) - 1
+
+
+def _read_offload(together: dict[str, list[str]], colocate: bool) -> list[Unmapped]:
+    """slime offloads the trainer and the engines of a colocated run unless told not to, and
+    a decoupled run's only when told to; rlpost offloads a colocated GPU run's both, always
+    (training counts on the engines' memory), and a decoupled run's never."""
+    given = [flag for flag in together if flag in OFFLOAD_FLAGS]
+    if "--offload" in together:
+        train = rollout = True
+    else:
+        train = _offload_switch(together, "train", colocate)
+        rollout = _offload_switch(together, "rollout", colocate)
+    if (train, rollout) == (colocate, colocate):
+        return []
+    if colocate:
+        why = (
+            "rlpost offloads a colocated run's trainer and engines around every training "
+            "step: training counts on the memory the engines release"
+        )
+        return [Unmapped(flag, tuple(together[flag]), why, "engine.offload") for flag in given]
+    why = "the engines have GPUs of their own (no --colocate): rlpost offloads only colocated runs"
+    return [Unmapped(flag, tuple(together[flag]), why, "layout.colocate") for flag in given]
+
+
+def _offload_switch(together: dict[str, list[str]], part: str, default: bool) -> bool:
+    if f"--offload-{part}" in together:
+        return True
+    return False if f"--no-offload-{part}" in together else default
+
+
+def _read_health_checks(together: dict[str, list[str]], values: dict[str, Any]) -> list[Unmapped]:
+    """Health-check settings count only with fault tolerance, in slime as in rlpost; slime
+    waits no grace period unless told to, rlpost five minutes."""
+    given = {flag: vals for flag, vals in together.items() if flag in HEALTH_CHECK_FLAGS}
+    if not values.get("engine.fault_tolerance"):
+        why = "slime checks engines' health only with --use-fault-tolerance: it does nothing here"
+        return [
+            Unmapped(flag, tuple(v), why, "engine.fault_tolerance") for flag, v in given.items()
+        ]
+    given.setdefault("--rollout-health-check-first-wait", ["0"])
+    for flag, vals in given.items():
+        values[HEALTH_CHECK_FLAGS[flag]] = float(vals[0])
+    return []
+
+
+def _read_save_hf(together: dict[str, list[str]], values: dict[str, Any]) -> list[Unmapped]:
+    """slime writes an HF folder at every checkpoint save when --save-hf names a path."""
+    path = together.get("--save-hf")
+    if not path:
+        return []
+    interval = values.get("recipe.save.interval")
+    if interval is None:
+        why = "slime writes it at each checkpoint save, and --save-interval is unset"
+        return [Unmapped("--save-hf", tuple(path), why, "recipe.save.save_hf_interval")]
+    values["recipe.save.save_hf_interval"] = interval
+    return []
 
 
 def _layout_defaults(values: dict[str, Any], model: ModelConfig) -> None:

@@ -147,6 +147,7 @@ def model_flag_names() -> set[str]:
         | {
             *FEATURES,
             "--num-query-groups",
+            "--mtp-num-layers",
             "--group-query-attention",
             "--q-lora-rank",
             "--use-rope-scaling",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,12 @@ def ckpt_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         flag("--save", ckpt_dir),
         *option(save.interval, "--save-interval"),
         *switch(not save.save_optimizer, "--no-save-optim"),
+        # slime writes an HF folder at every checkpoint save (NOT_IN_SLIME: any other interval)
+        *(
+            [flag("--save-hf", f"{ckpt_dir}hf/rollout_{{rollout_id}}")]
+            if save.save_hf_interval
+            else []
+        ),
     ]
 
 
@@ -367,6 +374,38 @@ def sglang_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     return flags
 
 
+SLIME_HEALTH_CHECKS = (
+    ("health_check_interval_s", "--rollout-health-check-interval", 30.0),
+    ("health_check_timeout_s", "--rollout-health-check-timeout", 30.0),
+    ("health_check_first_wait_s", "--rollout-health-check-first-wait", 0.0),
+)
+"""The engines' health checks: rlpost's setting, slime's flag and slime's default."""
+
+
+def runtime_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
+    """Fault tolerance, weight updates and the collective timeout, where they differ from
+    slime's defaults (weight updates by CUDA IPC colocated and NCCL decoupled, as rlpost's
+    auto picks them; buckets of 512 MiB; ten minutes)."""
+    e = cfg.engine
+    flags: list[Flag] = []
+    if e.fault_tolerance:
+        flags.append(("--use-fault-tolerance",))
+        for name, slime_flag, default in SLIME_HEALTH_CHECKS:
+            flags += option(_number(getattr(e, name)), slime_flag, default)
+    if e.weight_sync == "disk":  # auto picks what slime picks on GPUs
+        ckpt_dir = f"{(cfg.run.dir or '.').rstrip('/')}/{SLIME_CKPT_DIR}/"
+        flags.append(flag("--update-weight-transport", "disk"))
+        flags.append(flag("--update-weight-disk-dir", f"{ckpt_dir}weights/"))
+    flags += option(e.weight_bucket_mb << 20, "--update-weight-buffer-size", 512 << 20)
+    minutes = math.ceil(cfg.trainer.collective_timeout_s / 60)  # slime takes whole minutes
+    flags += option(minutes, "--distributed-timeout-minutes", 10)
+    return flags
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
 def mtp_model_args(cfg: RunConfig) -> list[Flag]:
     """slime builds (and loads) the MTP layers only when told their count; rlpost builds them
     only to train them, and otherwise passes their weights through to the engines."""
@@ -412,6 +451,7 @@ def misc_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         *option(p.moe_token_dispatcher_type, "--moe-token-dispatcher-type"),
         *switch(p.moe_enable_deepep, "--moe-enable-deepep"),
         *option(cfg.run.seed, "--seed", 1234),
+        *switch(cfg.run.deterministic, "--deterministic-mode"),
     ]
 
 
@@ -425,6 +465,7 @@ GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
     "OPTIMIZER_ARGS": optimizer_args,
     "PERF_ARGS": perf_args,
     "SGLANG_ARGS": sglang_args,
+    "RUNTIME_ARGS": runtime_args,
     "SPEC_ARGS": spec_args,
     "TRACKING_ARGS": tracking_args,
     "MISC_ARGS": misc_args,
@@ -462,6 +503,18 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
         lambda cfg: cfg.recipe.rollout.reward.type == "model",
         "slime has no reward model classes (--custom-rm-path names a function rm(args, sample))",
         "export with a reward type slime has (math, deepscaler, dapo, f1, remote)",
+    ),
+    (
+        "recipe.save.save_hf_interval",
+        lambda cfg: cfg.recipe.save.save_hf_interval not in (None, cfg.recipe.save.interval),
+        "slime writes an HF folder (--save-hf) at every checkpoint save, and at no other interval",
+        "set save_hf_interval to save.interval, or remove it",
+    ),
+    (
+        "trainer.backend",
+        lambda cfg: cfg.trainer.backend == "torch",
+        f"slime at {SLIME_COMMIT} trains with Megatron-LM only (--train-backend megatron)",
+        "export with trainer.backend: megatron (or auto)",
     ),
     (
         "recipe.data.source",

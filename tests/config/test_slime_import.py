@@ -185,7 +185,7 @@ ray job submit --address="http://127.0.0.1:8265" \\
     unmapped = {u.flag: u for u in imported.unmapped}
     assert unmapped["--lr"].reason.startswith("given twice")
     assert "not a slime or Megatron flag" in unmapped["--made-up-flag"].reason
-    assert unmapped["--use-fault-tolerance"].nearest == "engine.max_restarts"
+    assert values["engine.fault_tolerance"] is True
     assert "has no such flag: slime drops it" in unmapped["--sglang-made-up"].reason
     assert "router itself" in unmapped["--sglang-router-ip"].reason  # slime's own flag
     # the old spelling slime's scripts use is an alias in slime's SGLang: the same option
@@ -197,6 +197,173 @@ ray job submit --address="http://127.0.0.1:8265" \\
     cfg, plan = imported_config(script, tmp_path / "out")
     assert not plan.placement.colocate and plan.parallel.tp == 2  # type: ignore[attr-defined]
     assert cfg.recipe.loop.mode == "async"
+
+
+SLIME_FLAGS = Path(__file__).resolve().parents[1] / "fixtures" / "slime_flags.txt"
+
+
+def slime_flags() -> list[str]:
+    """Every flag slime's argparse defines at the pinned commit (argparse's --no- spellings of
+    its BooleanOptionalAction flags too)."""
+    flags = []
+    for line in SLIME_FLAGS.read_text().splitlines():
+        if line.startswith("--"):
+            name = line.split()[0]
+            flags.append(name)
+            if "BooleanOptionalAction" in line:
+                flags.append("--no-" + name.removeprefix("--"))
+    return flags
+
+
+def test_every_flag_slime_defines_is_imported_or_says_why_not() -> None:
+    """No slime flag meets the import's last resort ('not a slime or Megatron flag rlpost
+    reads'): each sets a key, is read with others, is held at rlpost's value, belongs to the
+    model or the cluster, or is listed with the reason and the nearest key."""
+    from rlpost.interop.slime_flags import (
+        CLUSTER_FLAGS,
+        FIXED_SETTINGS,
+        NOT_IMPORTED,
+        READ_TOGETHER,
+        RULES,
+        TOGETHER_FLAGS,
+    )
+    from rlpost.interop.slime_model import model_flag_names
+
+    handled = {*RULES, *TOGETHER_FLAGS, *CLUSTER_FLAGS, *FIXED_SETTINGS, *NOT_IMPORTED}
+    handled |= model_flag_names() | set(slime_sglang_flags())
+    assert sorted(set(slime_flags()) - handled) == []
+    # and the README's table lists each flag read with others
+    assert {f for f in TOGETHER_FLAGS | CLUSTER_FLAGS if not f.startswith("--no-")} <= set(
+        READ_TOGETHER
+    )
+
+
+def test_the_flags_not_imported_are_slimes() -> None:
+    """A reason given for a flag slime does not have would never be shown."""
+    from rlpost.interop.slime_flags import NOT_IMPORTED
+
+    seed_overview = {"--async-buffer-size"}  # train_async.py's, in the seeds' overview
+    known = set(slime_flags()) | set(slime_sglang_flags()) | seed_overview
+    assert sorted(set(NOT_IMPORTED) - known) == []
+
+
+def write_script(tmp_path: Path, flags: str, cluster: str = "--colocate") -> Path:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "source scripts/models/qwen3-4B.sh\n"
+        "python3 train.py ${MODEL_ARGS[@]} --actor-num-nodes 1 --actor-num-gpus-per-node 8 "
+        f"{cluster} --hf-checkpoint /models/Qwen3-4B --prompt-data /data/math.jsonl "
+        "--label-key label "
+        "--num-rollout 10 --rollout-batch-size 8 --n-samples-per-prompt 8 "
+        "--global-batch-size 64 "
+        f"--rollout-max-response-len 1024 {flags}\n"
+    )
+    return script
+
+
+def test_engine_and_trainer_flags_import_to_their_keys(tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "--use-fault-tolerance --rollout-health-check-interval 10 "
+        "--update-weight-transport disk --update-weight-disk-dir /shared/w "
+        "--distributed-timeout-minutes 30 --train-backend megatron --deterministic-mode "
+        "--save-interval 5 --save-hf /hf/{rollout_id} "
+        "--rollout-max-context-len 4096 --offload --recompute-loss-function",
+    )
+    imported = import_slime(script)
+    values = imported.values
+    assert values["engine.fault_tolerance"] is True
+    assert values["engine.health_check_interval_s"] == 10.0
+    assert values["engine.health_check_first_wait_s"] == 0.0  # slime's default, not rlpost's
+    assert "engine.health_check_timeout_s" not in values  # 30 s in both
+    assert values["engine.weight_sync"] == "disk"
+    assert values["trainer.collective_timeout_s"] == 1800.0
+    assert values["trainer.backend"] == "megatron"
+    assert values["run.deterministic"] is True
+    assert values["recipe.save.save_hf_interval"] == 5
+    assert values["recipe.data.max_prompt_len"] == 4095  # slime: context - 1
+    assert "engine.offload" not in values  # colocated runs offload both, in slime and rlpost
+    unmapped = {u.flag: u for u in imported.unmapped}
+    assert set(unmapped) == {"--update-weight-disk-dir"}
+    assert unmapped["--update-weight-disk-dir"].nearest == "run.dir"
+    cfg, plan = imported_config(script, tmp_path / "out")
+    assert cfg.engine.fault_tolerance and cfg.engine.health_check_first_wait_s == 0.0
+    assert plan.runtime.weight_sync == "disk"  # type: ignore[attr-defined]
+    assert cfg.run.deterministic and cfg.recipe.save.save_hf_interval == 5
+
+
+@pytest.mark.parametrize(
+    ("cluster", "flags", "nearest"),
+    [
+        ("--colocate", "--no-offload-train", "engine.offload"),
+        ("--colocate", "--offload-train --no-offload-rollout", "engine.offload"),
+        ("--rollout-num-gpus 8", "--offload", "layout.colocate"),
+        ("--rollout-num-gpus 8", "--offload-rollout", "layout.colocate"),
+    ],
+)
+def test_offload_other_than_rlpost_does_is_not_imported(
+    cluster: str, flags: str, nearest: str, tmp_path: Path
+) -> None:
+    """rlpost offloads a colocated GPU run's trainer and engines, always, and a decoupled
+    run's never."""
+    imported = import_slime(write_script(tmp_path, flags, cluster))
+    assert "engine.offload" not in imported.values
+    given = {flag for flag, _ in split_flags(flags.split())}
+    assert {u.flag: u.nearest for u in imported.unmapped} == dict.fromkeys(given, nearest)
+
+
+def test_settings_slime_ignores_are_not_imported(tmp_path: Path) -> None:
+    """Health checks without fault tolerance, and --save-hf without --save-interval, do
+    nothing in slime."""
+    script = write_script(tmp_path, "--rollout-health-check-timeout 5 --save-hf /hf")
+    imported = import_slime(script)
+    assert not any(key.startswith("engine.") for key in imported.values)
+    reasons = {u.flag: u.reason for u in imported.unmapped}
+    assert "only with --use-fault-tolerance" in reasons["--rollout-health-check-timeout"]
+    assert "--save-interval is unset" in reasons["--save-hf"]
+
+
+def test_runtime_settings_export_and_import_back(tmp_path: Path) -> None:
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "run.dir=/runs/a"]
+    cfg, _ = compose_run_config(
+        [*base, "engine.fault_tolerance=true", "engine.health_check_timeout_s=45",
+         "engine.weight_bucket_mb=1024", "trainer.collective_timeout_s=1200",
+         "run.deterministic=true", "recipe.save.save_hf_interval=20"]
+    )  # fmt: skip
+    plan = build_plan(cfg)
+    groups = slime_arg_groups(cfg, plan)
+    assert groups["RUNTIME_ARGS"] == [
+        "--use-fault-tolerance", "--rollout-health-check-timeout", "45",
+        "--rollout-health-check-first-wait", "300", "--update-weight-buffer-size", "1073741824",
+        "--distributed-timeout-minutes", "20",
+    ]  # fmt: skip
+    assert "--deterministic-mode" in groups["MISC_ARGS"]
+    assert groups["CKPT_ARGS"][-2:] == ["--save-hf", "/runs/a/slime/hf/rollout_{rollout_id}"]
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(seed_shaped(render_slime_args(cfg, plan), "qwen3-4b"))
+    again, again_plan = imported_config(script, tmp_path / "out")
+    assert slime_arg_groups(again, again_plan) == groups  # type: ignore[arg-type]
+    assert again.engine == cfg.engine and again.trainer == cfg.trainer  # type: ignore[attr-defined]
+    assert again.run.deterministic and again.recipe.save.save_hf_interval == 20  # type: ignore[attr-defined]
+
+    disk, _ = compose_run_config([*base, "engine.weight_sync=disk"])
+    assert slime_arg_groups(disk, build_plan(disk))["RUNTIME_ARGS"] == [
+        "--update-weight-transport", "disk", "--update-weight-disk-dir", "/runs/a/slime/weights/"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("recipe.save.save_hf_interval=10", "recipe.save.save_hf_interval"),
+        ("trainer.backend=torch", "trainer.backend"),
+    ],
+)
+def test_what_slime_cannot_run_is_not_exported(override: str, key: str) -> None:
+    cfg, _ = compose_run_config(["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", override])
+    with pytest.raises(UserError) as refused:
+        check_exportable(cfg)
+    assert [issue.key for issue in refused.value.issues] == [key]
 
 
 def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
@@ -211,18 +378,20 @@ def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
     assert imported.model_file is not None and imported.model_file["rotary_base"] == 500000
 
 
-def test_the_tool_key_imports_and_exports_back(
-    tmp_path: Path, compose_run: Callable[..., RunConfig]
-) -> None:
+def test_the_tool_key_imports_and_exports_back(tmp_path: Path) -> None:
     script = tmp_path / "run.sh"
     script.write_text(
         "source scripts/models/glm4-9B.sh\npython3 train.py ${MODEL_ARGS[@]} --colocate "
-        "--rollout-batch-size 8 --global-batch-size 8 --tool-key mytools\n"
+        "--rollout-batch-size 8 --global-batch-size 8 --tool-key mytools "
+        "--eval-prompt-data aime /data/aime.jsonl --eval-tool-key evaltools\n"
     )
-    assert import_slime(script).values["recipe.data.tool_key"] == "mytools"
-    cfg = compose_run(
-        "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.data.tool_key=mytools"
-    )
+    values = import_slime(script).values
+    assert values["recipe.data.tool_key"] == "mytools"
+    assert values["recipe.eval.datasets"][0]["tool_key"] == "evaltools"
+    cfg, _ = compose_run_config(
+        ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.data.tool_key=mytools",
+         "recipe.eval.datasets.0.tool_key=evaltools"]
+    )  # fmt: skip
     plan = build_plan(cfg)
     rollout = slime_arg_groups(cfg, plan)["ROLLOUT_ARGS"]
     assert rollout[rollout.index("--tool-key") + 1] == "mytools"
@@ -230,6 +399,7 @@ def test_the_tool_key_imports_and_exports_back(
     exported.write_text(render_slime_args(cfg, plan))
     again = assembled(import_slime(exported), cfg)
     assert again.recipe.data.tool_key == "mytools"
+    assert again.recipe.eval.datasets[0].tool_key == "evaltools"
     assert slime_arg_groups(again, build_plan(again)) == slime_arg_groups(cfg, plan)
 
 
@@ -343,3 +513,12 @@ def test_an_sglang_option_slimes_sglang_lacks_is_refused_by_the_export(
     (issue,) = refused.value.issues
     assert issue.key == "layout.rollout.sglang.enable_dense_mlp_attn_tp"
     assert f"sglang {SGLANG_VERSION}, which slime {SLIME_COMMIT} runs, has no" in issue.message
+
+
+def test_mtp_layers_without_training_them_are_not_imported(tmp_path: Path) -> None:
+    """--mtp-num-layers is a model flag: rlpost builds MTP layers only with
+    --enable-mtp-training, and passes their weights to the engines otherwise."""
+    imported = import_slime(write_script(tmp_path, "--mtp-num-layers 1"))
+    [note] = imported.unmapped
+    assert (note.flag, note.nearest) == ("--mtp-num-layers", "recipe.train.mtp_training")
+    assert "only to train them" in note.reason
