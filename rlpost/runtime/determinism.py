@@ -53,3 +53,14 @@ def seed_driver(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True)
+
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""cuBLAS's fixed workspace configuration, without which torch refuses every cuBLAS call once
+deterministic kernels are on ("...uses CuBLAS and you have CUDA >= 10.2")."""
+
+
+def deterministic_env(deterministic: bool, on_gpu: bool) -> dict[str, str]:
+    """What a train rank's environment needs before CUDA starts in it, for the deterministic
+    kernels `run.deterministic` switches on (torch.use_deterministic_algorithms)."""
+    return {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE} if deterministic and on_gpu else {}

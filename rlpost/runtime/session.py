@@ -35,6 +35,7 @@ from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
+from rlpost.runtime.determinism import deterministic_env
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import (
     RunFault,
@@ -235,6 +236,13 @@ class Session:
             env.update(GLOO_SOCKET_IFNAME=ifname, NCCL_SOCKET_IFNAME=ifname)
         return env
 
+    def _train_env(self, slot_index: int) -> dict[str, str]:
+        on_gpu = self.cfg.hardware.kind == "gpu"
+        return {
+            **self._thread_env(slot_index),
+            **deterministic_env(self.cfg.run.deterministic, on_gpu),
+        }
+
     def _socket_ifname(self, slot_index: int | None) -> str | None:
         if self.plan.runtime.loopback_only:
             return LOOPBACK_IFNAME
@@ -315,7 +323,7 @@ class Session:
             strategy = self.cluster.strategy(index)
             actor = TrainActor.options(  # type: ignore[attr-defined]
                 scheduling_strategy=strategy, **resources
-            ).remote(spec, rank, self._thread_env(index), (str(self.reads_dir), loads))
+            ).remote(spec, rank, self._train_env(index), (str(self.reads_dir), loads))
             self.trainers.append(actor)
 
     def _start_reward_model(self) -> None:

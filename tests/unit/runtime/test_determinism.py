@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rlpost.runtime.determinism import Seeding, sampling_seed
+from rlpost.runtime.determinism import Seeding, deterministic_env, sampling_seed
 from rlpost.runtime.rollout.client import FinishKind, GenerateResult
 from rlpost.runtime.rollout.context import GenerateContext
 from rlpost.types import Sample
@@ -51,3 +51,12 @@ def test_every_request_of_a_context_carries_the_samples_seed() -> None:
             "sampling_seed": sampling_seed(5, "eval", 3, 9, generated=2),
         },
     ]
+
+
+def test_deterministic_gpu_ranks_get_cublas_fixed_workspace() -> None:
+    """torch refuses every cuBLAS call under deterministic kernels unless the process started
+    with a fixed cuBLAS workspace: a deterministic GPU run's train ranks get one, and no
+    other run's do."""
+    assert deterministic_env(True, on_gpu=True) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert deterministic_env(True, on_gpu=False) == {}
+    assert deterministic_env(False, on_gpu=True) == {}

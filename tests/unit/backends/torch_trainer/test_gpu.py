@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from rlpost.backends.sglang import trainer_side
 from rlpost.backends.torch_trainer import TorchTrainer
 from rlpost.backends.torch_trainer.model_io import router_modules
+from rlpost.runtime.determinism import deterministic_env
 from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 from rlpost.types import TrainSample
 
@@ -89,3 +90,33 @@ def test_moe_routers_compute_in_float32_beside_bf16_layers(
     assert len(routers) == 2 and seen == {(torch.float32, torch.float32)}
     assert metrics["train/grad_norm"] > 0.0
     trainer.close()
+
+
+def test_deterministic_kernels_repeat_a_bf16_step_bit_for_bit(
+    tiny_model_dir: Path,
+    make_samples: Samples,
+    make_configs: Configs,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run.deterministic on CUDA: the train rank's environment (cuBLAS's fixed workspace) and
+    torch's deterministic kernels, as a run switches them on; two trainers from the same
+    weights then take the same step, loss, gradient norm and weights alike."""
+    for name, value in deterministic_env(True, on_gpu=True).items():
+        monkeypatch.setenv(name, value)
+    samples = make_samples(4, seed=5, with_rollout=True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        steps = []
+        for _ in range(2):
+            trainer = TorchTrainer(
+                tiny_model_dir, *make_configs(4), device="cuda", compute_dtype="bf16"
+            )
+            metrics = trainer.train_step(samples)
+            weights = [_local(p).detach().cpu().clone() for p in trainer.model.parameters()]
+            steps.append((metrics["train/loss"], metrics["train/grad_norm"], weights))
+            trainer.close()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    (loss_a, norm_a, weights_a), (loss_b, norm_b, weights_b) = steps
+    assert (loss_a, norm_a) == (loss_b, norm_b)
+    assert all(torch.equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
