@@ -3,11 +3,12 @@
     python launch.py model=glm4-9b recipe=grpo_dapo hardware=h100x8 mode=plan
 
 `mode=plan` and `mode=slime_args` import nothing heavy (no torch, ray, transformers,
-megatron or sglang) and create no run directory; `mode=train` hands the run to
-`rlpost.runtime.train`. Exit status: 0 when the run is done; 2 for a configuration error
-(any UserError: its message, no traceback, before anything starts); 3 when a run that
-started could not finish (what failed, the run directory, the checkpoint to resume from);
-143 when SIGTERM stopped it (rlpost.runtime.stop).
+megatron or sglang) and create no run directory; `mode=train` and `mode=eval` (one
+evaluation, no training) hand the run to `rlpost.runtime.train`. Exit status: 0 when the
+run is done; 2 for a configuration error (any UserError: its message, no traceback, before
+anything starts); 3 when a run that started could not finish (what failed, the run
+directory, the checkpoint to resume from); 143 when SIGTERM stopped it
+(rlpost.runtime.stop).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
 from rlpost.errors import Issue, UserError, exit_with
 from rlpost.schema import RunConfig
+from rlpost.schema.run import LAUNCH_MODES
 
 if TYPE_CHECKING:
     from rlpost.plan import Plan
@@ -113,6 +115,7 @@ MODES: dict[str, Callable[[RunConfig, Plan], None]] = {
     "plan": _print_plan,
     "slime_args": _print_slime_args,
     "train": _train,
+    "eval": _train,  # the same launch; the loop evaluates once and trains nothing
 }
 
 
@@ -134,7 +137,7 @@ def _default_run_dir(cfg: DictConfig) -> None:
 
     if OmegaConf.select(cfg, "run.dir", default=None) is not None:
         return
-    training = OmegaConf.select(cfg, "mode", default="train") == "train"
+    training = OmegaConf.select(cfg, "mode", default="train") in LAUNCH_MODES
     if training and OmegaConf.select(cfg, "run.resume", default=None) == "auto":
         return  # a fresh dated directory holds nothing to resume: validation says so
     base = Path(HydraConfig.get().runtime.output_dir)

@@ -16,6 +16,7 @@ from rlpost.config.loader import compose_run_config
 from rlpost.config.sources import SourceMap
 from rlpost.plan import Plan
 from rlpost.schema import RunConfig
+from rlpost.schema.run import LAUNCH_MODES
 
 HELP = "check a config (every launcher check, plan included) without running anything"
 
@@ -62,6 +63,7 @@ def _preflight(run: RunConfig, plan: Plan, machine: bool) -> None:
 MODE_CHECKS: dict[str, Callable[[RunConfig, Plan, bool], None]] = {
     "slime_args": lambda run, plan, machine: _render_slime_args(run, plan),
     "train": _preflight,
+    "eval": _preflight,
 }
 
 
@@ -92,7 +94,7 @@ def summary(run: RunConfig, plan: Plan) -> str:
         f"rlpost: OK  model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout}, mode {run.mode})",
         "  checked  overrides, defaults lists, schema, hooks, SGLang options, config.json, plan"
-        + (", files and this machine" if run.mode == "train" else ""),
+        + (", files and this machine" if run.mode in LAUNCH_MODES else ""),
         f"  layout   {split}: train TP{par.tp} PP{par.pp} CP{par.cp} EP{par.ep} DP{par.dp}; "
         f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} GPU(s)",
         f"  batch    {batch.samples_per_rollout} samples per rollout, "

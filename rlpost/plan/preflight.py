@@ -694,8 +694,11 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
         target = Path(cfg.run.dir).expanduser().resolve()
         existing = next((p for p in (target, *target.parents) if p.exists()), None)
         foreign = foreign_run_dir(cfg.run.dir, target)
+        training_run = _a_run_to_keep(cfg, target)
         if foreign:
             issues.append(foreign)
+        elif training_run:
+            issues.append(training_run)
         elif existing is None or not _writable_folder(existing):
             issues.append(
                 Issue(
@@ -728,6 +731,22 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
 
 
 SHOWN_ENTRIES = 4
+
+
+def _a_run_to_keep(cfg: RunConfig, target: Path) -> Issue | None:
+    """mode=eval naming a run's directory: its metrics.jsonl would gain an evaluation that
+    no rollout of the run made, beside the run's own at that rollout."""
+    from rlpost.runtime.rundir import RUN_MARKERS
+
+    if cfg.mode != "eval" or not any((target / marker).exists() for marker in RUN_MARKERS):
+        return None
+    return Issue(
+        "run.dir",
+        f"{target} is a run's directory, and mode=eval writes a run directory of its own",
+        "leave run.dir unset (a new dated directory) or name a new one; to evaluate this "
+        f"run's weights, run.resume={target}/ckpt/rollout_<n>",
+        value=cfg.run.dir,
+    )
 
 
 def foreign_run_dir(value: str, target: Path) -> Issue | None:

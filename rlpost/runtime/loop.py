@@ -203,8 +203,11 @@ class TrainLoop:
         else:
             if starts_elsewhere(cfg):  # the engines start from model.hf_checkpoint's weights
                 await self.session.push_weights(version=0)
-            if self.inputs.eval_sets and not cfg.recipe.eval.skip_before_train:
+            evaluate_first = cfg.mode == "train" and not cfg.recipe.eval.skip_before_train
+            if self.inputs.eval_sets and evaluate_first:
                 pending_eval = await self._evaluate(0)  # logged with rollout 0
+        if cfg.mode == "eval":
+            return await self._evaluate_only(start)
         if self.resume:
             restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
         if self.unfinished is not None:
@@ -239,6 +242,16 @@ class TrainLoop:
         finally:
             await self.pipeline.close()
             progress.close()
+            self.logger.close()
+        return self.reports
+
+    async def _evaluate_only(self, done: int) -> list[EvalReport]:
+        """mode=eval: the weights the engines now serve (model.load's or hf_checkpoint's, or
+        the checkpoint's after `done` rollouts), evaluated once with the seeds a training
+        run's evaluation after `done` rollouts has, and logged at `done`."""
+        try:
+            self.logger.log(done, await self._evaluate(done))
+        finally:
             self.logger.close()
         return self.reports
 

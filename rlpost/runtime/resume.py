@@ -21,6 +21,7 @@ from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.runtime import checkpoint
 from rlpost.runtime.checkpoint import CheckpointError
 from rlpost.runtime.config_changes import (
+    DATA_SEED,
     Change,
     check_resume_changes,
     diff_configs,
@@ -67,6 +68,8 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     state = read_loop_state(path)
     saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
     changes = diff_configs(saved, config_dict(cfg))  # both redacted alike
+    if cfg.mode == "eval":  # only the weights are read: the prompt order does not matter
+        changes = [c for c in changes if c.key != DATA_SEED]
     grid = parallel_changes(state.parallel, plan_grid(plan), _reshards(path, state, saved))
     backends = (state.trainer_backend, trainer_backend(cfg, plan))
     reported = check_resume_changes(changes, grid, str(path), backends)

@@ -53,7 +53,7 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
     restarts = 0
     while True:
         start = resume.start_rollout if resume else 0
-        if start >= total:
+        if start >= total and cfg.mode == "train":
             if resume is None or resume.state.unfinished is None:
                 status(
                     f"{start} rollouts are done and recipe.rollout.num_rollout={total}: "

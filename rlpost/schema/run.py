@@ -268,8 +268,17 @@ class RunOptions(Section):
         return self
 
 
+LAUNCH_MODES = frozenset({"train", "eval"})
+"""The modes that start a run (engines, trainers, a run directory); the others only print."""
+
+
 class RunConfig(Section):
-    mode: Literal["train", "plan", "slime_args"] = "train"
+    mode: Literal["train", "eval", "plan", "slime_args"] = Field(
+        "train",
+        description="train; eval: evaluate the policy once on recipe.eval.datasets (model.load "
+        "or model.hf_checkpoint, or the checkpoint run.resume names) and train nothing; plan "
+        "and slime_args print",
+    )
     model: ModelConfig
     recipe: RecipeConfig
     hardware: HardwareConfig
@@ -282,13 +291,13 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_format_fits_mode(self) -> RunConfig:
-        if self.mode == "train":
+        if self.mode in LAUNCH_MODES:
             printer = "mode=slime_args" if self.plan.format == "script" else "mode=plan"
             refuse_unused(
                 self.plan,
                 "format",
-                why="it is how mode=plan and mode=slime_args print, and a training launch "
-                "(mode=train) prints neither",
+                why="it is how mode=plan and mode=slime_args print, and a launch "
+                f"(mode={self.mode}) prints neither",
                 fix=f"add {printer} to print in that format, or remove plan.format",
                 prefix="plan.",
             )
@@ -383,6 +392,26 @@ class RunConfig(Section):
                     fix=f"remove recipe.optim.{name}",
                     prefix="recipe.optim.",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_eval_mode_has_what_it_evaluates(self) -> RunConfig:
+        if self.mode != "eval":
+            return self
+        if not self.recipe.eval.datasets:
+            raise InvariantError(
+                "mode=eval evaluates the policy on recipe.eval.datasets, and none are named",
+                fields=("recipe.eval.datasets",),
+                fix="add recipe.eval.datasets=[{name: aime, path: /path/aime-2024.jsonl}]",
+            )
+        if self.run.resume == "auto":
+            raise InvariantError(
+                "mode=eval writes a run directory of its own and evaluates the weights it is "
+                "given: run.resume=auto would look for a checkpoint in that new directory",
+                fields=("run.resume",),
+                fix="name the checkpoint to evaluate (run.resume=runs/my_run/ckpt/rollout_40), "
+                "or remove run.resume to evaluate model.load (else model.hf_checkpoint)",
+            )
         return self
 
     @model_validator(mode="after")

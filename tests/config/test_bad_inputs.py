@@ -54,6 +54,18 @@ CASES: list[Bad] = [
     ),
     Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
     Bad(
+        "an evaluation with nothing to evaluate",
+        ("mode=eval", "recipe.eval.datasets=[]", "recipe.eval.interval=null"),
+        "recipe.eval.datasets",
+        "mode=eval evaluates the policy on recipe.eval.datasets",
+    ),
+    Bad(
+        "an evaluation of a checkpoint it would look for in its own new directory",
+        ("mode=eval", "run.resume=auto", "run.dir=/tmp/rlpost-eval-auto"),
+        "run.resume",
+        "name the checkpoint to evaluate",
+    ),
+    Bad(
         "a chat template argument rlpost passes itself",
         ("recipe.data.apply_chat_template_kwargs={add_generation_prompt: false}",),
         "recipe.data.apply_chat_template_kwargs",
@@ -728,6 +740,12 @@ def file_cases(root: Path) -> list[Bad]:
             (f"run.dir={root / 'used_run'}",),
             "run.dir",
             "already holds checkpoints",
+        ),
+        _case(
+            "an evaluation writing into a run's directory",
+            ("mode=eval", f"run.dir={root / 'used_run'}"),
+            "run.dir",
+            "mode=eval writes a run directory of its own",
         ),
         _case(
             "run directory that is a folder of the user's",

@@ -491,6 +491,28 @@ def test_a_run_started_from_other_weights_samples_from_them_from_the_first_rollo
     assert trained["train/rollout_logprob_abs_diff"] < 1e-4, trained
 
 
+def test_an_evaluation_of_a_checkpoint_repeats_the_runs_own_evaluation_there(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    """mode=eval with run.resume naming the reference run's checkpoint after rollout 4: the
+    engines serve the saved weights and the evaluation draws the seeds the run's own
+    evaluation after rollout 4 drew, so every figure repeats it. It trains, saves and
+    exports nothing, and leaves the reference run's directory as it was."""
+    run_dir = tmp_path / "eval"
+    before = sorted(p.relative_to(reference) for p in reference.rglob("*"))
+    args = overrides(assets, run_dir, "mode=eval", f"run.resume={reference / 'ckpt' / 'rollout_4'}")
+    done = launch(args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = comparable(run_dir)
+    # the run evaluated after rollout 4 within step 3, and logged it in that step's record
+    (theirs,) = [r for r in comparable(reference) if r["rollout_id"] == 3]
+    evaluation = {k: v for k, v in theirs.items() if k.startswith("eval/")}
+    assert evaluation and record == {"rollout_id": 4, **evaluation}
+    assert "arith" in done.stdout and f"run directory: {run_dir}" in done.stdout
+    assert not (run_dir / "ckpt").exists() and not (run_dir / "hf").exists()
+    assert sorted(p.relative_to(reference) for p in reference.rglob("*")) == before
+
+
 def test_a_run_saved_on_one_train_rank_resumes_on_two_and_takes_the_same_step(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:
