@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from rlpost.errors import Issue, UserError
 from rlpost.plan.megatron_rules import BY_LINE, MEGATRON_COMMIT
 from rlpost.plan.model_args import format_value, model_args
 from rlpost.plan.plan import Plan
-from rlpost.schema import RunConfig
+from rlpost.schema import EvalDataset, RunConfig
 
 Flag = tuple[str, ...]
 """One flag and its values, e.g. ('--lr', '1e-6') or ('--colocate',)."""
@@ -505,6 +505,28 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
         "export with a reward type slime has (math, deepscaler, dapo, f1, remote)",
     ),
     (
+        "recipe.eval.datasets",
+        lambda cfg: _datasets_differ(cfg.recipe.eval.datasets),
+        "slime gives evaluation sets keys and sample counts of their own only through "
+        "--eval-config, a file the export does not write: --eval-input-key, --eval-label-key "
+        "and --eval-tool-key, --n-samples-per-eval-prompt and --eval-max-response-len hold "
+        "for every set",
+        "give every set the same keys, and set the counts on recipe.eval "
+        "(n_samples_per_prompt, max_response_len), or export without the sets that differ",
+    ),
+    (
+        "recipe.eval.interval",
+        lambda cfg: (
+            cfg.recipe.eval.interval is None
+            and bool(cfg.recipe.eval.datasets)
+            and not cfg.recipe.eval.skip_before_train
+        ),
+        "rlpost evaluates once before training, and slime evaluates only with "
+        "--eval-interval: the export would evaluate nothing",
+        "set recipe.eval.interval (recipe.rollout.num_rollout: before training and after "
+        "the last rollout)",
+    ),
+    (
         "recipe.save.save_hf_interval",
         lambda cfg: cfg.recipe.save.save_hf_interval not in (None, cfg.recipe.save.interval),
         "slime writes an HF folder (--save-hf) at every checkpoint save, and at no other interval",
@@ -546,6 +568,15 @@ MEGATRON_REFUSES: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] 
         "or recipe.optim.cpu_offload: false",
     ),
 )
+
+
+def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:
+    """Evaluation sets whose keys differ, or that set their own sample counts."""
+    keys = {(d.input_key, d.label_key, d.tool_key) for d in datasets}
+    own = any(
+        d.n_samples_per_prompt is not None or d.max_response_len is not None for d in datasets
+    )
+    return len(keys) > 1 or own
 
 
 def check_exportable(cfg: RunConfig, plan: Plan | None = None) -> None:

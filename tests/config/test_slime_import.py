@@ -352,11 +352,17 @@ def test_runtime_settings_export_and_import_back(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+TWO_SETS = "recipe.eval.datasets=[{name: a, path: /a.jsonl}, {name: b, path: /b.jsonl"
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
         ("recipe.save.save_hf_interval=10", "recipe.save.save_hf_interval"),
         ("trainer.backend=torch", "trainer.backend"),
+        (TWO_SETS + ", label_key: answer}]", "recipe.eval.datasets"),
+        (TWO_SETS + ", n_samples_per_prompt: 4}]", "recipe.eval.datasets"),
+        ("recipe.eval.interval=null", "recipe.eval.interval"),
     ],
 )
 def test_what_slime_cannot_run_is_not_exported(override: str, key: str) -> None:
