@@ -179,7 +179,12 @@ REWARD_TYPES = frozenset(typing.get_args(RewardType))
 
 
 def check_jsonl(
-    key: str, path_text: str, input_key: str, label_key: str | None, metadata_key: str
+    key: str,
+    path_text: str,
+    input_key: str,
+    label_key: str | None,
+    metadata_key: str,
+    reward_type: str | None = None,
 ) -> list[Issue]:
     """Every line of a prompt file is a JSON object with the keys the recipe reads."""
     path = Path(path_text).expanduser()
@@ -195,7 +200,7 @@ def check_jsonl(
                 if not line.strip():
                     continue
                 rows += 1
-                problem = _row_problem(line, input_key, label_key, metadata_key)
+                problem = _row_problem(line, input_key, label_key, metadata_key, reward_type)
                 if problem is None:
                     continue
                 bad += 1
@@ -217,7 +222,11 @@ def check_jsonl(
 
 
 def _row_problem(
-    line: str, input_key: str, label_key: str | None, metadata_key: str
+    line: str,
+    input_key: str,
+    label_key: str | None,
+    metadata_key: str,
+    reward_type: str | None = None,
 ) -> tuple[str, str] | None:
     """(what is wrong, the fix) for one jsonl line, or None."""
     try:
@@ -259,6 +268,13 @@ def _row_problem(
             f"metadata rm_type {rm_type!r} is not a reward type",
             f"use one of {', '.join(sorted(REWARD_TYPES))}",
         )
+    if label_key is not None and (rm_type or reward_type) == "gpqa":
+        from rlpost.rewards.answers import choice_label  # the grader's own reading
+
+        try:
+            choice_label(label, metadata)
+        except ValueError as exc:
+            return f"'{label_key}' (the label key): {exc}", "fix the label, or the reward type"
     return None
 
 
@@ -268,7 +284,12 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
         issues += check_jsonl(
-            "recipe.data.prompt_data", data.prompt_data, data.input_key, label, data.metadata_key
+            "recipe.data.prompt_data",
+            data.prompt_data,
+            data.input_key,
+            label,
+            data.metadata_key,
+            recipe.rollout.reward.type,
         )
     for i, dataset in enumerate(recipe.eval.datasets):
         eval_label = dataset.label_key or data.label_key
@@ -278,6 +299,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             dataset.input_key or data.input_key,
             eval_label if recipe.rollout.reward.needs_label else None,
             data.metadata_key,
+            recipe.rollout.reward.type,
         )
     return issues
 

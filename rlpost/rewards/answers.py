@@ -121,11 +121,83 @@ def answers_match(answer: str, label: str) -> bool:
     return _normalize_text(answer) == _normalize_text(_gold_text(label))
 
 
+CHOICE_LETTERS = string.ascii_uppercase[:10]
+"""The letters a multiple-choice answer may name when the data does not list its options
+(GPQA has four, MMLU-Pro ten)."""
+
+_STATED_CHOICE = re.compile(
+    r"(?i:\b(?:answer|option|choice)\b)\s*(?i:is\b)?\s*[:=]?\s*(?:\*\*)?[\(\[]?"
+    r"([A-Z])[\)\]]?(?:\*\*)?(?![A-Za-z0-9])"
+)
+_BOXED_CHOICE = re.compile(r"\s*[\(\[]?([A-Z])[\)\]]?(?:[\s.:)].*)?", re.DOTALL)
+_BRACKETED_CHOICE = re.compile(r"\(([A-Z])\)")
+
+
+def chosen_letter(response: str, letters: str = CHOICE_LETTERS) -> str | None:
+    """The option a response settles on, among `letters`: its last boxed answer when that is
+    a letter, else the last "answer is (C)" / "Answer: C" / "the correct option is C", else
+    its last "(C)". Only the text after the last `</think>` counts. A capital letter standing
+    alone elsewhere ("I think") is no answer."""
+    text = response.rsplit(THINK_END, 1)[-1]
+    boxed = last_boxed(text)
+    if boxed is not None:
+        match = _BOXED_CHOICE.fullmatch(_TEXT_WRAPPER.sub(r"\1", boxed))
+        if match and match.group(1) in letters:
+            return match.group(1)
+    for pattern in (_STATED_CHOICE, _BRACKETED_CHOICE):
+        found = [m.group(1) for m in pattern.finditer(text) if _names_option(m, letters)]
+        if found:
+            return found[-1]
+    return None
+
+
+def _names_option(match: re.Match[str], letters: str) -> bool:
+    """The letter is an option, and not the pronoun ("Answer: I think it is B")."""
+    letter = match.group(1)
+    pronoun = letter == "I" and re.match(r"\s+[a-z']", match.string[match.end() :])
+    return letter in letters and not pronoun
+
+
+def choice_label(label: object, metadata: dict[str, object] | None = None) -> str:
+    """A multiple-choice label as the grader takes it, 'C/ABCD' (the right letter, then the
+    options' letters): from metadata['correct_letter'], or a label that is the letter, its
+    0-based index, or the option's text among metadata['choices'] (a list, or a dict of
+    letter -> text). ValueError when it names no option."""
+    metadata = metadata or {}
+    options = metadata.get("choices")
+    texts = list(options.values()) if isinstance(options, dict) else options
+    texts = texts if isinstance(texts, list) else []
+    letters = CHOICE_LETTERS[: len(texts)] if texts else CHOICE_LETTERS
+    stated = metadata.get("correct_letter")
+    text = str(stated if isinstance(stated, str) else label).strip()
+    if text.upper() in letters and len(text) == 1:
+        return f"{text.upper()}/{letters}"
+    if text.isdigit() and int(text) < len(letters):
+        return f"{letters[int(text)]}/{letters}"
+    wanted = _normalize_words(text)
+    for letter, option in zip(letters, texts, strict=False):
+        if wanted and _normalize_words(str(option)) == wanted:
+            return f"{letter}/{letters}"
+    where = "its letter (A-" + letters[-1] + "), its 0-based index"
+    raise ValueError(
+        f"label {text[:40]!r} names no option: give {where}, or the option's text with the "
+        "options in metadata['choices']"
+    )
+
+
+def grade_choice(response: str, label: str) -> float:
+    """1.0 when the response settles on the labelled option ('C/ABCD', see choice_label),
+    else 0.0."""
+    correct, _, letters = label.partition("/")
+    return 1.0 if chosen_letter(response, letters or CHOICE_LETTERS) == correct else 0.0
+
+
 GRADERS: dict[str, Callable[[str, str], float]] = {
     "math": grade_math,
     "deepscaler": grade_deepscaler,
     "dapo": grade_dapo,
     "f1": f1_score,
+    "gpqa": grade_choice,
 }
 
 

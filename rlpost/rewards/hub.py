@@ -32,6 +32,7 @@ from rlpost.hooks import (
     is_async_hook,
     load_hook,
 )
+from rlpost.rewards.answers import choice_label
 from rlpost.rewards.errors import RewardError
 from rlpost.rewards.pool import grading_pool
 from rlpost.rewards.remote import post_reward, reward_payload
@@ -201,8 +202,10 @@ def _label_of(sample: Sample, reward_type: str) -> str:
     return str(sample.label)
 
 
-async def _grade(grader: str, failed: float, sample: Sample, ctx: RewardContext) -> float:
-    label = _label_of(sample, grader)
+async def _grade(
+    grader: str, failed: float, sample: Sample, ctx: RewardContext, label: str | None = None
+) -> float:
+    label = _label_of(sample, grader) if label is None else label
     pool = grading_pool()
     value = await pool.run(grader, sample.response_text, label, timeout_s=ctx.config.timeout_s)
     return failed if value is None else value
@@ -230,6 +233,18 @@ async def dapo_reward(sample: Sample, ctx: RewardContext) -> float:
 async def f1_reward(sample: Sample, ctx: RewardContext) -> float:
     """Token F1 between response and label."""
     return await _grade("f1", 0.0, sample, ctx)
+
+
+@register_reward("gpqa")
+async def choice_reward(sample: Sample, ctx: RewardContext) -> float:
+    """Multiple choice (GPQA, MMLU-style): 1 when the option the response settles on is the
+    labelled one (rlpost.rewards.answers.chosen_letter), else 0."""
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    try:
+        label = choice_label(_label_of(sample, "gpqa"), metadata)
+    except ValueError as exc:
+        raise RewardError(f"sample group_index={sample.group_index}: {exc}") from None
+    return await _grade("gpqa", 0.0, sample, ctx, label)
 
 
 @register_reward("remote")

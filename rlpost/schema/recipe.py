@@ -18,8 +18,8 @@ from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 # The reward types rlpost registers (rlpost.rewards.hub; a test holds the two together), and
 # those that grade a response against the sample's label. "model" is no per-sample type:
 # reward.model's class scores whole batches (rlpost.rewards.model).
-RewardType = Literal["math", "deepscaler", "dapo", "f1", "remote", "model"]
-LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1"})
+RewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote", "model"]
+LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1", "gpqa"})
 
 # What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
 # the two together). Group baselines subtract the group's mean reward, so a group of one

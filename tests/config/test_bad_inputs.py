@@ -517,6 +517,10 @@ def write_fixtures(root: Path) -> Path:
     (data / "bad_rm_type.jsonl").write_text(
         '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "mth"}}\n'
     )
+    (data / "choice_label.jsonl").write_text(
+        '{"prompt": "Capital of France?", "label": "Madrid", '
+        '"metadata": {"choices": ["London", "Paris", "Rome", "Oslo"]}}\n'
+    )
     (data / "empty.jsonl").write_text("\n")
     (data / "a_list.jsonl").write_text('["prompt", "label"]\n')
     (root / "file_not_folder").write_text("x")
@@ -692,6 +696,15 @@ def file_cases(root: Path) -> list[Bad]:
             (f"recipe.data.prompt_data={data / 'bad_rm_type.jsonl'}",),
             f"{data / 'bad_rm_type.jsonl'}:1",
             "not a reward type",
+        ),
+        _case(
+            "multiple-choice label that names no option",
+            (
+                f"recipe.data.prompt_data={data / 'choice_label.jsonl'}",
+                "recipe.rollout.reward.type=gpqa",
+            ),
+            f"{data / 'choice_label.jsonl'}:1",
+            "names no option: give its letter (A-D)",
         ),
         _case(
             "prompt line that is a list",

@@ -5,7 +5,10 @@ import pytest
 
 from rlpost.rewards.answers import (
     answers_match,
+    choice_label,
+    chosen_letter,
     f1_score,
+    grade_choice,
     grade_dapo,
     grade_deepscaler,
     grade_math,
@@ -152,3 +155,57 @@ def test_integers_are_compared_as_math_verify_compares_them(answer: str, label: 
     gold = last_boxed(label) or label
     expected = mv.verify(parsed(gold), parsed(answer), timeout_seconds=None)
     assert answers_match(answer, label) is expected
+
+
+@pytest.mark.parametrize(
+    ("response", "chosen"),
+    [
+        ("The answer is (B).", "B"),
+        ("Answer: **C**", "C"),
+        ("so the correct option is D", "D"),
+        ("Both A and B look right... \\boxed{\\text{A}}", "A"),
+        ("\\boxed{(C) 42 meters}", "C"),
+        ("I think it is A or B. Final answer: B", "B"),
+        ("<think>the answer is A</think> On reflection, (C).", "C"),
+        ("Answer: I think it is (D)", "D"),  # the pronoun is not option I
+        ("I am not sure", None),
+        ("the answer is a guess", None),  # a lower-case word is no option
+        ("The answer is 42", None),
+    ],
+)
+def test_the_chosen_option_is_what_the_response_settles_on(
+    response: str, chosen: str | None
+) -> None:
+    assert chosen_letter(response) == chosen
+
+
+def test_options_outside_the_question_are_not_chosen() -> None:
+    assert chosen_letter("The answer is (E).", "ABCD") is None
+
+
+@pytest.mark.parametrize(
+    ("label", "metadata", "expected"),
+    [
+        ("b", {}, "B/ABCDEFGHIJ"),
+        (2, {}, "C/ABCDEFGHIJ"),
+        ("Paris", {"choices": ["London", "Paris", "Rome", "Oslo"]}, "B/ABCD"),
+        ("Rome", {"choices": {"A": "London", "B": "Paris", "C": "Rome"}}, "C/ABC"),
+        ("whatever", {"correct_letter": "d"}, "D/ABCDEFGHIJ"),
+    ],
+)
+def test_a_choice_label_is_a_letter_an_index_or_an_options_text(
+    label: object, metadata: dict[str, object], expected: str
+) -> None:
+    assert choice_label(label, metadata) == expected
+
+
+def test_a_label_that_names_no_option_says_what_it_should_be() -> None:
+    with pytest.raises(ValueError, match="names no option: give its letter \\(A-D\\)"):
+        choice_label("Madrid", {"choices": ["London", "Paris", "Rome", "Oslo"]})
+
+
+def test_a_choice_is_graded_against_the_labelled_letter_among_the_options() -> None:
+    label = choice_label("Paris", {"choices": ["London", "Paris", "Rome", "Oslo"]})
+    assert grade_choice("The answer is (B)", label) == 1.0
+    assert grade_choice("The answer is (C)", label) == 0.0
+    assert grade_choice("I cannot tell", label) == 0.0

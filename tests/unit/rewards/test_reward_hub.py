@@ -34,7 +34,7 @@ def rewards(samples: list[Sample], **config: Any) -> list[float]:
 
 
 def test_every_documented_reward_type_is_registered() -> None:
-    assert {"math", "deepscaler", "dapo", "f1", "remote"} <= set(REWARD_TYPES)
+    assert {"math", "deepscaler", "dapo", "f1", "gpqa", "remote"} <= set(REWARD_TYPES)
 
 
 def test_rule_based_types_grade_each_sample_in_order() -> None:
@@ -205,3 +205,15 @@ def test_the_schema_refuses_what_scoring_would_fail_on() -> None:
         RewardConfig(type="remote", remote_url="127.0.0.1:1/score")
     with pytest.raises(ValidationError, match=r"user:\*\*\*@"):
         RewardConfig(type="remote", remote_url="ftp://user:secret@host/score")
+
+
+def test_multiple_choice_grades_the_letter_and_names_a_label_it_cannot_read() -> None:
+    options = {"choices": ["London", "Paris", "Rome", "Oslo"]}
+    graded = [
+        sample("The answer is (B).", label="Paris", **options),
+        sample("Answer: C", label="Paris", **options),
+        sample("\\boxed{A}", label="0"),
+    ]
+    assert rewards(graded, type="gpqa") == [1.0, 0.0, 1.0]
+    with pytest.raises(RewardError, match="names no option"):
+        rewards([sample("(A)", label="Madrid", group=3, **options)], type="gpqa")
