@@ -274,6 +274,29 @@ def _sets_a_list_entry(token: str) -> bool:
     return any(part.isdigit() for part in key.split("."))
 
 
+def _jobs_that_shape_lists(overrides: Sequence[str]) -> list[list[str]]:
+    """A sweep's jobs, one per distinct set of group choices, list-entry overrides and
+    deletions (what decides whether a list has the entry an override sets): the other
+    values swept change no list's length."""
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        batches = BasicSweeper.split_arguments(parsed, None)
+    except Exception:  # Hydra refuses the sweep: its own message comes at the launch
+        return []
+    seen: dict[tuple[str, ...], list[str]] = {}
+    for job in (job for batch in batches for job in batch):
+        shaping = tuple(
+            token
+            for token in job
+            if "." not in token.split("=", 1)[0] or _sets_a_list_entry(token) or token[:1] == "~"
+        )
+        seen.setdefault(shaping, list(job))
+    return list(seen.values())
+
+
 def _user_sources(args: LaunchArgs, searchpath: Sequence[str]) -> bool:
     return bool(args.config_dir or args.config_path or args.config_name or searchpath)
 
@@ -305,9 +328,12 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     # a list entry past the list's end, or a key to delete that the config does not hold,
     # fails only when Hydra merges the overrides
     indexed = any(_sets_a_list_entry(token) or token.startswith("~") for token in checked)
+    main = main_dir(args.config_path)
     if (_user_sources(args, searchpath) or indexed) and not args.multirun:
-        main = main_dir(args.config_path)
         check_composition(config_name, checked, roots, args.config_dir, main, merge=indexed)
+    elif indexed:  # a sweep: each distinct list the entry or deletion goes through
+        for job in _jobs_that_shape_lists(checked):
+            check_composition(config_name, job, roots, args.config_dir, main, merge=True)
     rewritten = dict(zip(args.overrides, checked, strict=True))
     out = [rewritten.get(token, token) for token in argv]
     mode = _last_value(args.overrides, "mode")

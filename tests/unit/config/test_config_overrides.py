@@ -187,6 +187,19 @@ def test_a_list_entry_past_the_end_names_its_key_and_the_whole_list() -> None:
     assert check_override("recipe.eval.datasets.0.path=/x.jsonl", ROOTS)[1] == []
 
 
+def test_a_sweep_checks_list_entries_for_each_choice_that_shapes_the_list() -> None:
+    """Under -m the entry is checked once per distinct set of group choices and list
+    overrides, before any job starts (the swept learning rate changes no list); before, a
+    sweep got Hydra's bare 'list index out of range'."""
+    past_end = ["-m", "recipe.optim.lr=1e-6,2e-6", "recipe.eval.datasets.1.name=x", "mode=plan"]
+    with pytest.raises(UserError) as caught:
+        prepare_argv(past_end)
+    (issue,) = caught.value.issues
+    assert issue.key == "recipe.eval.datasets.1.name"
+    assert "has 1 entry, so there is no entry 1" in issue.message
+    prepare_argv(["-m", "recipe.optim.lr=1e-6,2e-6", "recipe.eval.datasets.0.name=x"])
+
+
 def test_deleting_a_key_the_composed_config_does_not_hold_names_it() -> None:
     """glm4-9b's layout on h100x8 sets no SGLang options: `~layout.rollout.sglang` has
     nothing to delete, which Hydra says only when it merges, under no key."""
