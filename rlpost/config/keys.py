@@ -67,16 +67,15 @@ ROOT = KeyNode("section", section=RunConfig)
 
 # Other frameworks' names for rlpost's keys, which a close spelling would point elsewhere
 # (TRL's max_new_tokens is closest to max_turns): name -> (key, whose name it is, and what
-# differs, after a semicolon).
+# differs, after a semicolon). slime's, one per flag its import reads, are added from the
+# import's table (peer_names).
 PEER_NAMES: dict[str, tuple[str, str]] = {
     "max_new_tokens": ("recipe.rollout.max_response_len", "SGLang's and HF generate's"),
     "max_tokens": ("recipe.rollout.max_response_len", "vLLM's"),
     "max_completion_length": ("recipe.rollout.max_response_len", "TRL's"),
     "max_response_length": ("recipe.rollout.max_response_len", "verl's"),
     "response_length": ("recipe.rollout.max_response_len", "verl's rollout"),
-    "rollout_max_response_len": ("recipe.rollout.max_response_len", "slime's"),
     "max_prompt_length": ("recipe.data.max_prompt_len", "verl's and TRL's"),
-    "rollout_max_prompt_len": ("recipe.data.max_prompt_len", "slime's"),
     "num_generations": ("recipe.rollout.n_samples_per_prompt", "TRL's"),
     "n": ("recipe.rollout.n_samples_per_prompt", "verl's rollout"),
     "rollout_n": ("recipe.rollout.n_samples_per_prompt", "verl's"),
@@ -109,6 +108,24 @@ PEER_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+@functools.cache
+def peer_names() -> dict[str, tuple[str, str]]:
+    """PEER_NAMES, and slime's flag names as argparse spells them (`--rollout-max-response-len`
+    -> rollout_max_response_len) for the keys its import sets them to, where the two
+    differ. Read on a failure's path only: the import's table loads the planner."""
+    from rlpost.interop.slime_flags import FLAGS
+
+    slime = {
+        rule.flag.removeprefix("--").replace("-", "_"): (
+            rule.key,
+            f"slime's; {rule.note}" if rule.note else "slime's",
+        )
+        for rule in FLAGS
+        if rule.key.rsplit(".", 1)[-1] != rule.flag.removeprefix("--").replace("-", "_")
+    }
+    return slime | PEER_NAMES
+
+
 @dataclass(frozen=True)
 class UnknownKey:
     """A key path that leaves the schema at `name`, a child of `parent`."""
@@ -121,8 +138,9 @@ class UnknownKey:
     def candidates(self) -> list[str]:
         """Full key paths the user probably meant: the key another framework's name stands
         for, a close sibling, else same-named keys."""
-        if self.name in PEER_NAMES:
-            return [PEER_NAMES[self.name][0]]
+        peers = peer_names()
+        if self.name in peers:
+            return [peers[self.name][0]]
         close = difflib.get_close_matches(self.name, self.choices, n=1, cutoff=0.6)
         if close:
             return [f"{self.parent}.{close[0]}" if self.parent else close[0]]
@@ -130,8 +148,9 @@ class UnknownKey:
 
     def suggestion(self) -> str:
         """' Did you mean ...?': the sibling's own name, or the full path of a key elsewhere."""
-        if self.name in PEER_NAMES:
-            key, whose = PEER_NAMES[self.name]
+        peers = peer_names()
+        if self.name in peers:
+            key, whose = peers[self.name]
             owner, _, differs = whose.partition("; ")
             tail = f"; {differs}" if differs else ""
             return f" Did you mean '{key}'? ('{self.name}' is {owner} name for it{tail})"

@@ -7,6 +7,7 @@ from rlpost.config.keys import (
     all_key_paths,
     describe_field,
     find_unknown,
+    peer_names,
     resolve_loc,
 )
 from rlpost.schema import PlanOptions, RolloutConfig, RolloutLayout, TrainLayout
@@ -75,8 +76,12 @@ def test_other_frameworks_names_point_at_the_key_they_stand_for() -> None:
     the suggestion names it (not the closest spelling: max_new_tokens is closest to
     max_turns), with what differs."""
     paths = set(all_key_paths())
-    for name, (key, _) in PEER_NAMES.items():
+    for name, (key, _) in peer_names().items():
         assert key in paths, (name, key)
+    assert set(PEER_NAMES) < set(peer_names())
+    tis = find_unknown("recipe.algo.use_tis")
+    assert tis is not None and tis.candidates() == ["recipe.algo.off_policy_correction"]
+    assert "('use_tis' is slime's name for it; the value is tis)" in tis.describe()
     unknown = find_unknown("recipe.rollout.max_new_tokens")
     assert unknown is not None and unknown.candidates() == ["recipe.rollout.max_response_len"]
     agg = find_unknown("recipe.algo.loss_agg_mode")
