@@ -426,10 +426,22 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_prompt_ids(prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer) -> list[int]:
-    """One prompt's token ids, rendered as a prompt file's lines are (data sources' groups)."""
+def render_prompt_ids(
+    prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer, tools: Tools | None = None
+) -> list[int]:
+    """One prompt's token ids, rendered as a prompt file's lines are (data sources' groups),
+    with `tools` written into it by the chat template."""
     try:
-        text = _render(prompt, fmt, tokenizer)
+        text = _render(prompt, fmt, tokenizer, tools)
+        if tools and _template_ignores_tools(tokenizer, fmt.chat_template_kwargs):
+            raise _LineError(
+                "tools",
+                "the chat template does not render tools (it renders a conversation the same "
+                "with a tool as without): the prompt would not describe them",
+                "use a tokenizer whose chat template renders tools, or pass one as "
+                "data.apply_chat_template_kwargs.chat_template",
+                _short(tools),
+            )
     except _LineError as exc:
         raise ValueError(f"prompt {_short(prompt)}: {exc.message}; fix: {exc.fix}") from None
     return list(tokenizer([text], add_special_tokens=False)["input_ids"][0])

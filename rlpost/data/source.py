@@ -98,15 +98,21 @@ class SourceContext:
         prompt: Prompt,
         label: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Group:
         """One group for `prompt` (a string or a chat message list), rendered with the chat
-        template when `recipe.data.apply_chat_template` is set, and tokenized."""
+        template when `recipe.data.apply_chat_template` is set, and tokenized. `tools` (tool
+        schemas) are written into the prompt by the chat template and kept in the samples'
+        metadata as "tools", as a prompt file's tools column is."""
+        listed = [dict(tool) for tool in tools] if tools else None
+        ids = render_prompt_ids(prompt, self.fmt, self.tokenizer, listed)
+        extra = {"tools": listed} if listed else {}
         record = PromptRecord(
             line=0,
             prompt=prompt,
-            prompt_ids=tuple(render_prompt_ids(prompt, self.fmt, self.tokenizer)),
+            prompt_ids=tuple(ids),
             label=label,
-            metadata=dict(metadata or {}),
+            metadata={**(metadata or {}), **extra},
         )
         return make_group(record, group_index, self.n_samples_per_prompt)
 

@@ -247,6 +247,26 @@ def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
         ctx.make_group(1, [{"role": "user", "content": "q"}])
 
 
+def test_a_source_classs_group_carries_tools_into_its_prompt_and_metadata(
+    tools_tokenizer, tiny_tokenizer
+) -> None:
+    """A data source's tools reach the chat template as a prompt file's tools column does;
+    a template that would drop them is refused."""
+    from rlpost.data.source import SourceContext, prompt_format
+
+    config = DataConfig(prompt_data="unused.jsonl", apply_chat_template=True)
+    tools = [{"type": "function", "function": {"name": "multiply", "parameters": {}}}]
+    ctx = SourceContext({}, tools_tokenizer, prompt_format(config), 2, seed=0)
+    group = ctx.make_group(0, "What is 6 x 7?", label="42", tools=tools)
+    assert '"multiply"' in tools_tokenizer.decode(group[0].prompt_ids)
+    assert group[1].metadata == {"tools": tools}
+    plain = ctx.make_group(1, "What is 6 x 7?")
+    assert '"multiply"' not in tools_tokenizer.decode(plain[0].prompt_ids)
+    ignoring = SourceContext({}, tiny_tokenizer, prompt_format(config), 2, seed=0)
+    with pytest.raises(ValueError, match="chat template does not render tools"):
+        ignoring.make_group(0, "What is 6 x 7?", tools=tools)
+
+
 class LengthsSource:
     """Prompts of the given word counts, in turn, each a new group."""
 
