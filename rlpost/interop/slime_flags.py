@@ -58,7 +58,7 @@ _HOOKS_BACK = {slime: ours for ours, slime in SLIME_HOOKS.items()} | {
     # older slime scripts name the buffer filter slime applies by default
     "slime.rollout.filter_hub.buffer_filters.pop_first": "rlpost.filters.pop_first",
 }
-_REWARDS_BACK = {slime: ours for ours, slime in SLIME_REWARD_TYPES.items()}
+REWARDS_FROM_SLIME = {slime: ours for ours, slime in SLIME_REWARD_TYPES.items()}
 
 
 def _hook(values: Values) -> str:
@@ -97,7 +97,9 @@ FLAGS: tuple[FlagRule, ...] = (
     FlagRule("--rollout-shuffle", "recipe.data.shuffle", _on),
     FlagRule("--rollout-seed", "recipe.data.seed", one),
     FlagRule("--rollout-max-prompt-len", "recipe.data.max_prompt_len", one),
-    FlagRule("--rm-type", "recipe.rollout.reward.type", lambda v: _REWARDS_BACK.get(v[0], v[0])),
+    FlagRule(
+        "--rm-type", "recipe.rollout.reward.type", lambda v: REWARDS_FROM_SLIME.get(v[0], v[0])
+    ),
     FlagRule("--custom-rm-path", "recipe.rollout.reward.custom_function", _hook),
     FlagRule("--rm-url", "recipe.rollout.reward.remote_url", _text),
     FlagRule("--group-rm", "recipe.rollout.reward.group", _on),
@@ -256,6 +258,11 @@ READ_TOGETHER: dict[str, tuple[str, str]] = {
     "--eval-input-key": ("recipe.eval.datasets[].input_key", "every dataset"),
     "--eval-label-key": ("recipe.eval.datasets[].label_key", "every dataset"),
     "--eval-tool-key": ("recipe.eval.datasets[].tool_key", "every dataset"),
+    "--eval-config": (
+        "recipe.eval.datasets",
+        "the file's sets (keys, rm_type, sample counts, response lengths) and its defaults, "
+        "read when the file is on this machine",
+    ),
     "--sglang-*": ("layout.rollout.sglang.*", "SGLang's own option names"),
     "--sglang-server-concurrency": (
         "recipe.rollout.max_concurrency",
@@ -324,7 +331,7 @@ HEALTH_CHECK_FLAGS = {
 }
 TOGETHER_FLAGS = frozenset(
     {"--load", "--save", "--eval-prompt-data", "--eval-input-key", "--eval-label-key",
-     "--eval-tool-key",
+     "--eval-tool-key", "--eval-config",
      "--sglang-server-concurrency", "--num-steps-per-rollout", "--rollout-function-path",
      "--save-hf", "--rollout-max-context-len", *OFFLOAD_FLAGS, *HEALTH_CHECK_FLAGS}
 )  # fmt: skip
@@ -575,10 +582,6 @@ NOT_IMPORTED = {
     # evaluation
     "--eval-function-path": (
         "rlpost evaluates with its own generation and the recipe's reward",
-        "recipe.eval.datasets",
-    ),
-    "--eval-config": (
-        "rlpost's evaluation sets are listed in the recipe: copy the file's datasets there",
         "recipe.eval.datasets",
     ),
     "--eval-max-prompt-len": (

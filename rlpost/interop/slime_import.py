@@ -33,6 +33,7 @@ from rlpost.interop.slime_flags import (
     HEALTH_CHECK_FLAGS,
     NOT_IMPORTED,
     OFFLOAD_FLAGS,
+    REWARDS_FROM_SLIME,
     RULES,
     SECRET_FLAGS,
     SLIME_FULLY_ASYNC,
@@ -495,6 +496,9 @@ def _read_together(
         rollout = values.get("layout.rollout.num_gpus") or values["layout.train.num_gpus"]
         engines = max(1, rollout // int(values.get("layout.rollout.gpus_per_engine", 1)))
         values["recipe.rollout.max_concurrency"] = int(concurrency[0]) * engines
+    config = together.get("--eval-config")
+    if config:
+        unmapped += read_eval_config(config[0], values)
     unmapped += _read_offload(together, bool(values.get("layout.colocate")))
     unmapped += _read_health_checks(together, values)
     unmapped += _read_save_hf(together, values)
@@ -503,6 +507,66 @@ def _read_together(
         # slime: rollout_max_prompt_len = rollout_max_context_len - 1 when unset, so that
         # at least one token is generated
         values["recipe.data.max_prompt_len"] = int(context[0]) - 1
+
+
+EVAL_SET_KEYS = {  # slime's eval config -> rlpost's eval dataset
+    "name": "name",
+    "path": "path",
+    "input_key": "input_key",
+    "label_key": "label_key",
+    "tool_key": "tool_key",
+    "rm_type": "reward_type",
+    "n_samples_per_eval_prompt": "n_samples_per_prompt",
+    "max_response_len": "max_response_len",
+}
+EVAL_DEFAULT_KEYS = {  # slime's eval config defaults -> recipe.eval
+    "n_samples_per_eval_prompt": "recipe.eval.n_samples_per_prompt",
+    "max_response_len": "recipe.eval.max_response_len",
+    "temperature": "recipe.eval.temperature",
+    "top_p": "recipe.eval.top_p",
+    "top_k": "recipe.eval.top_k",
+}
+
+
+def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
+    """slime's --eval-config file (`eval: {defaults: ..., datasets: [...]}`, or the mapping
+    itself; datasets a list or a mapping by name) as recipe.eval: each set's keys, reward type,
+    sample count and response length, and the defaults rlpost keeps for every set. What else
+    a set or the defaults give is listed, not imported."""
+    flag = "--eval-config"
+    try:
+        loaded = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        why = f"the file cannot be read here ({type(exc).__name__}): copy its sets into the recipe"
+        return [Unmapped(flag, (path,), why, "recipe.eval.datasets")]
+    section = loaded.get("eval", loaded) if isinstance(loaded, dict) else None
+    raw = section.get("datasets") if isinstance(section, dict) else None
+    if isinstance(raw, dict):
+        raw = [{"name": name, **(entry or {})} for name, entry in raw.items()]
+    if not isinstance(raw, list) or not raw or not all(isinstance(e, dict) for e in raw):
+        why = "the file lists no evaluation sets under eval.datasets"
+        return [Unmapped(flag, (path,), why, "recipe.eval.datasets")]
+    unmapped: list[Unmapped] = []
+    defaults = (section or {}).get("defaults") or {}
+    for key, value in defaults.items():
+        if key in EVAL_DEFAULT_KEYS:
+            values[EVAL_DEFAULT_KEYS[key]] = value
+        else:
+            why = "rlpost's evaluation has no such setting"
+            unmapped.append(Unmapped(f"{flag} defaults.{key}", (str(value),), why, "recipe.eval"))
+    datasets = []
+    for entry in raw:
+        dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
+        reward = dataset.get("reward_type")
+        if reward is not None:
+            dataset["reward_type"] = REWARDS_FROM_SLIME.get(reward, reward)
+        where = f"{flag} {entry.get('name', '?')}"
+        for key in sorted(set(entry) - set(EVAL_SET_KEYS)):
+            why = "rlpost sets it for every evaluation set, or has no such setting"
+            unmapped.append(Unmapped(f"{where}.{key}", (str(entry[key]),), why, "recipe.eval"))
+        datasets.append(dataset)
+    values["recipe.eval.datasets"] = datasets
+    return unmapped
 
 
 def _read_offload(together: dict[str, list[str]], colocate: bool) -> list[Unmapped]:

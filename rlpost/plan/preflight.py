@@ -38,7 +38,7 @@ from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import ModelConfig, RunConfig
-from rlpost.schema.recipe import RewardType
+from rlpost.schema.recipe import LABELLED_REWARD_TYPES, RewardConfig, RewardType
 from rlpost.switches import bad_switches
 
 MAX_BAD_LINES = 5
@@ -185,8 +185,13 @@ def check_jsonl(
     label_key: str | None,
     metadata_key: str,
     reward_type: str | None = None,
+    scorer: str | None = None,
+    forced: bool = False,
 ) -> list[Issue]:
-    """Every line of a prompt file is a JSON object with the keys the recipe reads."""
+    """Every line of a prompt file is a JSON object with the keys the recipe reads, and a
+    label its grader can read: `reward_type` grades the lines (`forced`: over a line's own
+    metadata rm_type, an eval set's reward_type), and `scorer`, when given, scores every
+    sample without reading rm_type."""
     path = Path(path_text).expanduser()
     fix_path = f"point {key} at an existing jsonl file (one JSON object per line)"
     if not path.is_file():
@@ -200,7 +205,9 @@ def check_jsonl(
                 if not line.strip():
                     continue
                 rows += 1
-                problem = _row_problem(line, input_key, label_key, metadata_key, reward_type)
+                problem = _row_problem(
+                    line, input_key, label_key, metadata_key, reward_type, scorer, forced
+                )
                 if problem is None:
                     continue
                 bad += 1
@@ -227,6 +234,8 @@ def _row_problem(
     label_key: str | None,
     metadata_key: str,
     reward_type: str | None = None,
+    scorer: str | None = None,
+    forced: bool = False,
 ) -> tuple[str, str] | None:
     """(what is wrong, the fix) for one jsonl line, or None."""
     try:
@@ -268,7 +277,14 @@ def _row_problem(
             f"metadata rm_type {rm_type!r} is not a reward type",
             f"use one of {', '.join(sorted(REWARD_TYPES))}",
         )
-    if label_key is not None and (rm_type or reward_type) == "gpqa":
+    if rm_type is not None and scorer is not None:
+        return (
+            f"metadata rm_type {rm_type!r} names a reward type, and {scorer} scores every "
+            "sample without reading it",
+            "remove rm_type from the lines, or grade with a rule-based reward.type",
+        )
+    graded = reward_type if forced else rm_type or reward_type
+    if label_key is not None and graded == "gpqa":
         from rlpost.rewards.answers import choice_label  # the grader's own reading
 
         try:
@@ -281,6 +297,7 @@ def _row_problem(
 def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     data, recipe = cfg.recipe.data, cfg.recipe
     label = data.label_key if recipe.rollout.reward.needs_label else None
+    scorer = _whole_batch_scorer(recipe.rollout.reward)
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
         issues += check_jsonl(
@@ -290,18 +307,34 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             label,
             data.metadata_key,
             recipe.rollout.reward.type,
+            scorer,
         )
     for i, dataset in enumerate(recipe.eval.datasets):
         eval_label = dataset.label_key or data.label_key
+        graded = dataset.reward_type or recipe.rollout.reward.type
+        labelled = (
+            dataset.reward_type in LABELLED_REWARD_TYPES
+            if dataset.reward_type is not None
+            else recipe.rollout.reward.needs_label
+        )
         issues += check_jsonl(
             f"recipe.eval.datasets.{i}.path",
             dataset.path,
             dataset.input_key or data.input_key,
-            eval_label if recipe.rollout.reward.needs_label else None,
+            eval_label if labelled else None,
             data.metadata_key,
-            recipe.rollout.reward.type,
+            graded,
+            scorer,
+            forced=dataset.reward_type is not None,
         )
     return issues
+
+
+def _whole_batch_scorer(reward: RewardConfig) -> str | None:
+    """What scores every sample without reading its metadata's rm_type, if anything does."""
+    if reward.type == "model":
+        return "the reward model (reward.type=model)"
+    return "the group function (reward.group)" if reward.group else None
 
 
 # ---- this machine -------------------------------------------------------------------------

@@ -507,12 +507,12 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
     (
         "recipe.eval.datasets",
         lambda cfg: _datasets_differ(cfg.recipe.eval.datasets),
-        "slime gives evaluation sets keys and sample counts of their own only through "
-        "--eval-config, a file the export does not write: --eval-input-key, --eval-label-key "
-        "and --eval-tool-key, --n-samples-per-eval-prompt and --eval-max-response-len hold "
-        "for every set",
-        "give every set the same keys, and set the counts on recipe.eval "
-        "(n_samples_per_prompt, max_response_len), or export without the sets that differ",
+        "slime gives evaluation sets keys, sample counts and reward types of their own only "
+        "through --eval-config, a file the export does not write: --eval-input-key, "
+        "--eval-label-key and --eval-tool-key, --n-samples-per-eval-prompt, "
+        "--eval-max-response-len and --rm-type hold for every set",
+        "give every set the same keys, set the counts on recipe.eval (n_samples_per_prompt, "
+        "max_response_len), leave reward_type unset, or export without the sets that differ",
     ),
     (
         "recipe.eval.interval",
@@ -571,10 +571,14 @@ MEGATRON_REFUSES: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] 
 
 
 def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:
-    """Evaluation sets whose keys differ, or that set their own sample counts."""
+    """Evaluation sets whose keys differ, or that set their own sample counts or reward
+    types."""
     keys = {(d.input_key, d.label_key, d.tool_key) for d in datasets}
     own = any(
-        d.n_samples_per_prompt is not None or d.max_response_len is not None for d in datasets
+        d.n_samples_per_prompt is not None
+        or d.max_response_len is not None
+        or d.reward_type is not None
+        for d in datasets
     )
     return len(keys) > 1 or own
 

@@ -60,6 +60,9 @@ def load_eval_sets(
             label_key=dataset.label_key,
             tool_key=dataset.tool_key,
         )
+        if dataset.reward_type is not None:  # over a line's own rm_type, as slime's does
+            for sample in (s for group in groups for s in group):
+                sample.metadata["rm_type"] = dataset.reward_type
         sampling = SamplingSettings(
             max_new_tokens=eval_response_len(recipe, i)[1],
             temperature=ev.temperature if ev.temperature is not None else rollout.temperature,

@@ -760,9 +760,20 @@ class TrainConfig(Section):
         return self
 
 
+# What an evaluation set may grade with in place of rollout.reward.type: a rule-based type or
+# the reward server (a reward model scores every sample, whatever its set).
+EvalRewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote"]
+
+
 class EvalDataset(Section):
     name: str
     path: LocalPath
+    reward_type: EvalRewardType | None = Field(
+        None,
+        description="grade this set's every line with this reward type, whatever "
+        "rollout.reward.type and a line's metadata rm_type say (slime's eval config's "
+        "rm_type)",
+    )
     input_key: str | None = None
     label_key: str | None = None
     tool_key: str | None = Field(
@@ -934,6 +945,27 @@ class RecipeConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     save: SaveConfig = Field(default_factory=SaveConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
+
+    @model_validator(mode="after")
+    def check_eval_reward_types_are_read(self) -> RecipeConfig:
+        reward = self.rollout.reward
+        scorer = (
+            "the reward model (rollout.reward.type=model)"
+            if reward.type == "model"
+            else "the group function (rollout.reward.group)"
+            if reward.group
+            else None
+        )
+        for i, dataset in enumerate(self.eval.datasets):
+            if dataset.reward_type is not None and scorer is not None:
+                raise InvariantError(
+                    f"eval.datasets.{i}.reward_type={dataset.reward_type}: {scorer} scores "
+                    "every sample, whatever its set, and never reads it",
+                    fields=(f"eval.datasets.{i}.reward_type",),
+                    fix="remove reward_type from the set, or grade with a rule-based "
+                    "rollout.reward.type",
+                )
+        return self
 
     @model_validator(mode="after")
     def check_batch_divides(self) -> RecipeConfig:

@@ -54,6 +54,16 @@ CASES: list[Bad] = [
     ),
     Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
     Bad(
+        "an evaluation set's reward type that the reward model never reads",
+        (
+            "recipe.rollout.reward.type=model",
+            "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
+            "recipe.eval.datasets=[{name: a, path: /a.jsonl, reward_type: f1}]",
+        ),
+        "recipe.eval.datasets.0.reward_type",
+        "scores every sample, whatever its set, and never reads it",
+    ),
+    Bad(
         "an evaluation with nothing to evaluate",
         ("mode=eval", "recipe.eval.datasets=[]", "recipe.eval.interval=null"),
         "recipe.eval.datasets",
@@ -521,6 +531,9 @@ def write_fixtures(root: Path) -> Path:
         '{"prompt": "Capital of France?", "label": "Madrid", '
         '"metadata": {"choices": ["London", "Paris", "Rome", "Oslo"]}}\n'
     )
+    (data / "typed_line.jsonl").write_text(
+        '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "math"}}\n'
+    )
     (data / "empty.jsonl").write_text("\n")
     (data / "a_list.jsonl").write_text('["prompt", "label"]\n')
     (root / "file_not_folder").write_text("x")
@@ -705,6 +718,16 @@ def file_cases(root: Path) -> list[Bad]:
             ),
             f"{data / 'choice_label.jsonl'}:1",
             "names no option: give its letter (A-D)",
+        ),
+        _case(
+            "prompt line naming a reward type a group function never reads",
+            (
+                f"recipe.data.prompt_data={data / 'typed_line.jsonl'}",
+                "recipe.rollout.reward.group=true",
+                "recipe.rollout.reward.custom_function=rlpost_test_hooks.rank_in_group",
+            ),
+            f"{data / 'typed_line.jsonl'}:1",
+            "the group function (reward.group) scores every sample without reading it",
         ),
         _case(
             "prompt line that is a list",

@@ -362,6 +362,7 @@ TWO_SETS = "recipe.eval.datasets=[{name: a, path: /a.jsonl}, {name: b, path: /b.
         ("trainer.backend=torch", "trainer.backend"),
         (TWO_SETS + ", label_key: answer}]", "recipe.eval.datasets"),
         (TWO_SETS + ", n_samples_per_prompt: 4}]", "recipe.eval.datasets"),
+        (TWO_SETS + ", reward_type: gpqa}]", "recipe.eval.datasets"),
         ("recipe.eval.interval=null", "recipe.eval.interval"),
     ],
 )
@@ -528,3 +529,38 @@ def test_mtp_layers_without_training_them_are_not_imported(tmp_path: Path) -> No
     [note] = imported.unmapped
     assert (note.flag, note.nearest) == ("--mtp-num-layers", "recipe.train.mtp_training")
     assert "only to train them" in note.reason
+
+
+def test_an_eval_config_file_imports_its_sets_and_defaults(tmp_path: Path) -> None:
+    """slime's multi-task evaluation (examples/eval_multi_task): per-set reward types and
+    sample counts, defaults for every set; what rlpost lacks (ifbench, a set's own
+    temperature) is listed."""
+    config = tmp_path / "multi_task.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults:\n    max_response_len: 16384\n    top_p: 0.7\n    min_eval_samples: 4\n"
+        "  datasets:\n"
+        "    - {name: aime, path: /data/aime.jsonl, rm_type: deepscaler,"
+        " n_samples_per_eval_prompt: 16}\n"
+        "    - {name: gpqa, path: /data/gpqa.jsonl, rm_type: gpqa, n_samples_per_eval_prompt: 2,"
+        " temperature: 0.6}\n"
+    )
+    script = write_script(tmp_path, f"--eval-interval 20 --eval-config {config}")
+    imported = import_slime(script)
+    values = imported.values
+    assert values["recipe.eval.datasets"] == [
+        {"name": "aime", "path": "/data/aime.jsonl", "reward_type": "deepscaler",
+         "n_samples_per_prompt": 16},
+        {"name": "gpqa", "path": "/data/gpqa.jsonl", "reward_type": "gpqa",
+         "n_samples_per_prompt": 2},
+    ]  # fmt: skip
+    assert (values["recipe.eval.max_response_len"], values["recipe.eval.top_p"]) == (16384, 0.7)
+    assert sorted(u.flag for u in imported.unmapped) == [
+        "--eval-config defaults.min_eval_samples",
+        "--eval-config gpqa.temperature",
+    ]
+    cfg, _ = imported_config(script, tmp_path / "out")
+    assert [d.reward_type for d in cfg.recipe.eval.datasets] == ["deepscaler", "gpqa"]  # type: ignore[attr-defined]
+    missing = import_slime(write_script(tmp_path, "--eval-interval 20 --eval-config /nowhere.yaml"))
+    [note] = missing.unmapped
+    assert note.flag == "--eval-config" and "cannot be read here" in note.reason

@@ -247,6 +247,29 @@ def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
         ctx.make_group(1, [{"role": "user", "content": "q"}])
 
 
+def test_an_eval_sets_reward_type_grades_every_line_of_it(
+    write_jsonl, chat_tokenizer
+) -> None:
+    path = write_jsonl(
+        [
+            {"prompt": "Capital of France? A) Paris B) Rome", "label": "A"},
+            {"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "math"}},
+        ]
+    )
+    recipe = RecipeConfig.model_validate(
+        {
+            "name": "r",
+            "data": {"prompt_data": str(path), "input_key": "prompt", "label_key": "label"},
+            "rollout": {"num_rollout": 1, "batch_size": 1, "n_samples_per_prompt": 2,
+                        "max_response_len": 8},
+            "train": {"global_batch_size": 2},
+            "eval": {"datasets": [{"name": "mixed", "path": str(path), "reward_type": "gpqa"}]},
+        }
+    )  # fmt: skip
+    (mixed,) = load_eval_sets(recipe, chat_tokenizer, stop_token_ids=[])
+    assert [group[0].metadata["rm_type"] for group in mixed.groups] == ["gpqa", "gpqa"]
+
+
 def test_a_source_classs_group_carries_tools_into_its_prompt_and_metadata(
     tools_tokenizer, tiny_tokenizer
 ) -> None:
