@@ -137,7 +137,10 @@ async def _train(
 
 
 def _resuming(cfg: RunConfig) -> RunConfig:
-    """The same run, continuing from its newest checkpoint (a restart)."""
+    """The same run, continuing from its newest checkpoint (a restart); an evaluation, which
+    saves none, evaluates the weights it was given again."""
+    if cfg.mode == "eval":
+        return cfg
     return cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "auto"})})
 
 

@@ -452,6 +452,8 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def check_restarts_have_checkpoints(self) -> RunConfig:
         interval, rollouts = self.recipe.save.interval, self.recipe.rollout.num_rollout
+        if self.mode == "eval":  # a restart evaluates the same weights again
+            return self
         if self.run.max_restarts and (interval is None or interval >= rollouts):
             said = "is null" if interval is None else f"is {interval}, of {rollouts} rollouts"
             raise InvariantError(

@@ -29,3 +29,18 @@ def test_a_prompt_whose_request_outgrows_the_context_is_refused_before_any_actor
     assert [i.key for i in eval_refused.value.issues] == ["recipe.eval.max_response_len"]
     fits, _ = compose_run_config([f"recipe.rollout.max_response_len={512 - longest}"])
     assert load_inputs(fits, None).eval_sets
+
+
+def test_an_evaluation_restarts_on_the_weights_it_was_given() -> None:
+    """A fault during mode=eval restarts it on the same checkpoint (an evaluation saves none
+    to continue from), and run.max_restarts needs no save interval there; a training run
+    restarts from its newest checkpoint."""
+    from rlpost.runtime.train import _resuming
+
+    checkpoint = "runs/exp1/ckpt/rollout_40"
+    evaluation, _ = compose_run_config(
+        ["mode=eval", f"run.resume={checkpoint}", "run.max_restarts=2", "recipe.save.interval=null"]
+    )
+    assert _resuming(evaluation).run.resume == checkpoint
+    training, _ = compose_run_config(["run.max_restarts=2", "run.dir=runs/x"])
+    assert _resuming(training).run.resume == "auto"
