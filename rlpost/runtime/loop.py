@@ -144,7 +144,9 @@ class TrainLoop:
             start_step=self.start,
             start_version=self.start,
         )
-        self.reports = [EvalReport(**r) for r in resume.state.eval_history] if resume else []
+        # the run's evaluations so far, which its final table shows (an evaluation: its own)
+        history = resume.state.eval_history if resume and cfg.mode == "train" else []
+        self.reports = [EvalReport(**r) for r in history]
         self.unfinished = Unfinished.from_state(resume.state) if resume else None
         self._evaluating: asyncio.Future[dict[str, float]] | None = None
         waiting = self.unfinished is not None and self.unfinished.metrics is not None

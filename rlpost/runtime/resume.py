@@ -73,6 +73,9 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     grid = parallel_changes(state.parallel, plan_grid(plan), _reshards(path, state, saved))
     backends = (state.trainer_backend, trainer_backend(cfg, plan))
     reported = check_resume_changes(changes, grid, str(path), backends)
+    if cfg.mode == "eval":  # what else differs is the evaluation's own business
+        status(f"evaluating {path} ({state.rollouts_done} rollouts done)")
+        return ResumePoint(path, state, [])
     status(f"resuming from {path} ({state.rollouts_done} rollouts done)")
     if reported:
         status(f"the config differs from the checkpoint's in {len(reported)} field(s):")

@@ -508,7 +508,11 @@ def test_an_evaluation_of_a_checkpoint_repeats_the_runs_own_evaluation_there(
     (theirs,) = [r for r in comparable(reference) if r["rollout_id"] == 3]
     evaluation = {k: v for k, v in theirs.items() if k.startswith("eval/")}
     assert evaluation and record == {"rollout_id": 4, **evaluation}
-    assert "arith" in done.stdout and f"run directory: {run_dir}" in done.stdout
+    assert f"evaluating {reference / 'ckpt' / 'rollout_4'} (4 rollouts done)" in done.stdout
+    table = done.stdout.split("eval accuracy", 1)[1].split("run directory:", 1)[0]
+    rows = [line.split()[0] for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert rows == ["4"], table  # this evaluation alone, not the run's earlier ones
+    assert f"run directory: {run_dir}" in done.stdout
     assert not (run_dir / "ckpt").exists() and not (run_dir / "hf").exists()
     assert sorted(p.relative_to(reference) for p in reference.rglob("*")) == before
 
