@@ -104,7 +104,7 @@ class Imported:
         return [
             f"{key}={_override_text(value)}"
             for key, value in self.values.items()
-            if key.startswith(("run.", "tracking.", "engine.", "trainer."))
+            if key == "mode" or key.startswith(("run.", "tracking.", "engine.", "trainer."))
         ]
 
     def write(self, out: Path) -> list[Path]:
@@ -312,6 +312,8 @@ def _map(
     per_node = launch.head_gpus or gpus_per_node
     hardware, hardware_file = _read_cluster(got.cluster, values, per_node)
     _read_together(got.together, values, got.sglang, unmapped)
+    if values.get("recipe.rollout.num_rollout") == 0:
+        unmapped.append(_evaluation_only(values, got.together.get("--load")))
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -329,6 +331,23 @@ def _map(
         model_notes=list(match.differences),
         cluster_notes=_cluster_notes(launch),
     )
+
+
+def _evaluation_only(values: dict[str, Any], load: list[str] | None) -> Unmapped:
+    """slime's --num-rollout 0: its train.py evaluates the loaded weights once and trains
+    nothing. That is rlpost's mode=eval: the weights --load names (model.load), evaluated in
+    a run directory of its own; the recipe still needs a num_rollout, which mode=eval does
+    not read."""
+    values["mode"] = "eval"
+    values["recipe.rollout.num_rollout"] = 1
+    values.pop("run.dir", None)
+    if load:
+        values["model.load"] = load[0]
+    why = (
+        "slime evaluates the loaded weights once and trains nothing: the launch is mode=eval "
+        "(the recipe's num_rollout is 1, which mode=eval does not read)"
+    )
+    return Unmapped("--num-rollout", ("0",), why, "mode")
 
 
 def _read_rollout_function(

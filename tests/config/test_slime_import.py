@@ -564,3 +564,21 @@ def test_an_eval_config_file_imports_its_sets_and_defaults(tmp_path: Path) -> No
     missing = import_slime(write_script(tmp_path, "--eval-interval 20 --eval-config /nowhere.yaml"))
     [note] = missing.unmapped
     assert note.flag == "--eval-config" and "cannot be read here" in note.reason
+
+
+def test_a_script_that_trains_no_rollout_imports_as_an_evaluation(tmp_path: Path) -> None:
+    """slime's --num-rollout 0: train.py evaluates the weights --load names once. The import
+    launches mode=eval on them (model.load) in a directory of its own."""
+    script = write_script(
+        tmp_path,
+        "--num-rollout 0 --eval-interval 1 --eval-prompt-data aime /data/aime.jsonl "
+        "--load /ckpt/qwen3-4b-step40 --save /ckpt/qwen3-4b-step40",
+    )
+    imported = import_slime(script)
+    assert "mode=eval" in imported.extra_overrides()
+    assert "run.dir" not in imported.values
+    # (the helper's script says --num-rollout 10 first: the later value counts, as in slime)
+    note = [u for u in imported.unmapped if u.flag == "--num-rollout"][-1]
+    assert note.nearest == "mode" and "evaluates the loaded weights once" in note.reason
+    cfg, _ = imported_config(script, tmp_path / "out")
+    assert cfg.mode == "eval" and cfg.model.load == "/ckpt/qwen3-4b-step40"  # type: ignore[attr-defined]
