@@ -26,6 +26,9 @@ from rlpost.backends.ports import free_port, is_port_free, listens_on
 from rlpost.backends.sglang.launch import EngineSpec, engine_backend
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+START_MARK = "\n=== start "  # each start's line in the engine's log
+PORT_TAKEN = ("address already in use", "[errno 98]")  # how servers say bind() failed
+LOG_TAIL_BYTES = 16384
 
 
 def visible_index(gpu_id: int, visible: str | None) -> int:
@@ -77,7 +80,9 @@ class EngineProcess:
 
         The plan's port when free here (a restart may find it still held, or taken). If
         another process takes the port while this one starts, it starts once more on a
-        port the system hands out.
+        port the system hands out: the port is held when asked again, or the server said it
+        was (a connection of another process may hold it for a moment, the port chosen from
+        the range the system also hands out for connections).
         """
         if self.is_alive():
             raise EngineStartError(f"engine {self.spec.index} is already running")
@@ -86,10 +91,24 @@ class EngineProcess:
         try:
             return self._launch(port)
         except EngineStartError:
-            if not spec.is_head or self.is_alive() or is_port_free(self.port, spec.host):
+            if not spec.is_head or self.is_alive():
+                raise
+            if is_port_free(self.port, spec.host) and not self._said_port_taken():
                 raise
             self.stop()
             return self._launch(free_port(spec.host))
+
+    def _said_port_taken(self) -> bool:
+        """Whether this start's log says the server could not bind its port."""
+        try:
+            with open(self.spec.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+                tail = log.read().decode(errors="replace")
+        except OSError:
+            return False
+        this_start = tail.rsplit(START_MARK, 1)[-1].lower()
+        return any(sign in this_start for sign in PORT_TAKEN)
 
     def launch_command(self, env: Mapping[str, str]) -> list[str]:
         """The command as this host runs it, in `env`: the spec's base GPU is the GPU id Ray
@@ -109,7 +128,7 @@ class EngineProcess:
         key_args = [] if self.key is None else self.backend.key_args(self.key)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as log:
-            log.write(f"\n=== start {self.starts + 1}: {' '.join(command)}\n".encode())
+            log.write(f"{START_MARK}{self.starts + 1}: {' '.join(command)}\n".encode())
             log.flush()
             self.proc = start_child(
                 command + key_args,

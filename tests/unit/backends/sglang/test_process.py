@@ -154,3 +154,33 @@ def test_the_base_gpu_is_the_bundles_place_among_the_gpus_the_server_sees(tmp_pa
     assert base({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == "2"
     assert base({"CUDA_VISIBLE_DEVICES": "GPU-5a1f,GPU-77c0"}) == "6"  # by UUID: left as it is
     assert visible_index(6, "0, 1, 6") == 2 and visible_index(3, None) == 3
+
+
+def test_a_port_taken_for_a_moment_at_bind_time_moves_the_engine_to_another(
+    tiny_lm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's connection may hold the plan's port for a moment (ports come from
+    the range the system hands out for connections): the server cannot bind it, and asked
+    again the port may be free. The server's own words decide: it starts once more on a
+    port the system hands out. Here a listener holds the port while `is_port_free` says
+    free both times, as a connection that came and went would leave it."""
+    import rlpost.backends.sglang.process as process_module
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        monkeypatch.setattr(process_module, "is_port_free", lambda port, host: True)
+        spec = EngineSpec(
+            index=0, backend="cpu", model_path=str(tiny_lm_dir), host="127.0.0.1", port=taken,
+            seed=0, log_path=str(tmp_path / "engine_0.log"), startup_timeout_s=120,
+            num_threads=1,
+        )  # fmt: skip
+        process = EngineProcess(spec)
+        try:
+            url = process.start()
+            assert process.port != taken and url.endswith(f":{process.port}")
+            assert process.starts == 2
+            assert "address already in use" in (tmp_path / "engine_0.log").read_text().lower()
+        finally:
+            process.stop(grace_s=2)
