@@ -56,6 +56,14 @@ class RouterPortTakenError(RouterError):
         self.port = port
 
 
+class _MetricsPortTaken(RouterError):
+    """The router's own port was free, but another it binds (its metrics server's, picked
+    free when the command was built) was taken by the time it bound it."""
+
+
+PORT_TAKEN = "address already in use"  # the router's words (Rust's "os error 98" beside them)
+
+
 @dataclass(frozen=True)
 class RouterSettings:
     """How the router runs. As slime does, its health checker and circuit breaker are off:
@@ -161,6 +169,9 @@ class Router:
             raise RouterError("the router is already running")
         try:
             return self._launch()
+        except _MetricsPortTaken:  # another metrics port, on a command built anew
+            logger.warning("the router's metrics port was taken while it started; retrying")
+            return self._launch()
         except RouterPortTakenError:
             if self.settings.require_port:
                 raise
@@ -171,6 +182,7 @@ class Router:
     def _launch(self) -> Router:
         s = self.settings
         log = open(s.log_path, "ab") if s.log_path else None  # noqa: SIM115
+        logged_before = log.tell() if log is not None else 0
         env = {k: v for k, v in os.environ.items() if k != ENGINE_KEY_ENV}
         if s.engine_key is not None:
             env[ENGINE_KEY_ENV] = s.engine_key
@@ -190,6 +202,8 @@ class Router:
                 self._process = None
                 if not is_port_free(self.port, s.host):
                     raise RouterPortTakenError(s.host, self.port)
+                if PORT_TAKEN in self._logged_since(logged_before).lower():
+                    raise _MetricsPortTaken(f"a port of the router was taken{see_log}")
                 raise RouterError(
                     f"sglang-router exited with code {process.returncode} at startup{see_log}",
                     returncode=process.returncode,
@@ -210,6 +224,17 @@ class Router:
             f"sglang-router did not answer on {self.url} within {s.startup_timeout_s} s "
             f"({last}){see_log}"
         )
+
+    def _logged_since(self, offset: int) -> str:
+        """What the router's log gained from `offset` on ('' without a log)."""
+        if not self.settings.log_path:
+            return ""
+        try:
+            with open(self.settings.log_path, "rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _call(
         self, method: str, path: str, body: Any = None, timeout_s: float = 10.0

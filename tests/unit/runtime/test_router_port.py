@@ -59,3 +59,25 @@ def test_a_required_port_that_is_taken_fails_naming_port_and_fix(
     assert "require_port=False" in message
     assert not router.is_running
     assert "Address already in use" in log.read_text()
+
+
+def test_a_metrics_port_taken_while_the_router_starts_is_picked_again(
+    squatter: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics server's port is picked free when the command is built; another launch's
+    process may take it before the router binds it (two runs started at once). The router
+    then starts again with another, even when its own port must stay (require_port)."""
+    import rlpost.runtime.router as router_module
+
+    real_free_port = router_module.free_port
+    picks = iter([squatter])  # the first metrics port the command is given: taken
+
+    def free_port(host: str = "127.0.0.1") -> int:
+        return next(picks, None) or real_free_port(host)
+
+    own = real_free_port("127.0.0.1")
+    settings = RouterSettings(port=own, require_port=True, log_path=str(tmp_path / "router.log"))
+    monkeypatch.setattr(router_module, "free_port", free_port)
+    with Router(settings) as router:
+        assert router.port == own and router.workers() == []
+    assert "Address already in use" in (tmp_path / "router.log").read_text()
