@@ -178,20 +178,23 @@ def _has_chat_template(folder: Path) -> bool:
 REWARD_TYPES = frozenset(typing.get_args(RewardType))
 
 
-def check_jsonl(
-    key: str,
-    path_text: str,
-    input_key: str,
-    label_key: str | None,
-    metadata_key: str,
-    reward_type: str | None = None,
-    scorer: str | None = None,
-    forced: bool = False,
-) -> list[Issue]:
+@dataclass(frozen=True)
+class RowRules:
+    """What a prompt file's lines must hold: `reward_type` grades them (`forced`: over a
+    line's own metadata rm_type, as an eval set's reward_type does), and `scorer`, when
+    given, scores every sample without reading rm_type."""
+
+    input_key: str
+    label_key: str | None
+    metadata_key: str
+    reward_type: str | None = None
+    scorer: str | None = None
+    forced: bool = False
+
+
+def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
     """Every line of a prompt file is a JSON object with the keys the recipe reads, and a
-    label its grader can read: `reward_type` grades the lines (`forced`: over a line's own
-    metadata rm_type, an eval set's reward_type), and `scorer`, when given, scores every
-    sample without reading rm_type."""
+    label its grader can read (`rules`)."""
     path = Path(path_text).expanduser()
     fix_path = f"point {key} at an existing jsonl file (one JSON object per line)"
     if not path.is_file():
@@ -205,9 +208,7 @@ def check_jsonl(
                 if not line.strip():
                     continue
                 rows += 1
-                problem = _row_problem(
-                    line, input_key, label_key, metadata_key, reward_type, scorer, forced
-                )
+                problem = _row_problem(line, rules)
                 if problem is None:
                     continue
                 bad += 1
@@ -228,16 +229,10 @@ def check_jsonl(
     return issues
 
 
-def _row_problem(
-    line: str,
-    input_key: str,
-    label_key: str | None,
-    metadata_key: str,
-    reward_type: str | None = None,
-    scorer: str | None = None,
-    forced: bool = False,
-) -> tuple[str, str] | None:
+def _row_problem(line: str, rules: RowRules) -> tuple[str, str] | None:
     """(what is wrong, the fix) for one jsonl line, or None."""
+    input_key, label_key, metadata_key = rules.input_key, rules.label_key, rules.metadata_key
+    reward_type, scorer = rules.reward_type, rules.scorer
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -283,7 +278,7 @@ def _row_problem(
             "sample without reading it",
             "remove rm_type from the lines, or grade with a rule-based reward.type",
         )
-    graded = reward_type if forced else rm_type or reward_type
+    graded = reward_type if rules.forced else rm_type or reward_type
     if label_key is not None and graded == "gpqa":
         from rlpost.rewards.answers import choice_label  # the grader's own reading
 
@@ -300,15 +295,10 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     scorer = _whole_batch_scorer(recipe.rollout.reward)
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
-        issues += check_jsonl(
-            "recipe.data.prompt_data",
-            data.prompt_data,
-            data.input_key,
-            label,
-            data.metadata_key,
-            recipe.rollout.reward.type,
-            scorer,
+        rules = RowRules(
+            data.input_key, label, data.metadata_key, recipe.rollout.reward.type, scorer
         )
+        issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
         eval_label = dataset.label_key or data.label_key
         graded = dataset.reward_type or recipe.rollout.reward.type
@@ -317,9 +307,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             if dataset.reward_type is not None
             else recipe.rollout.reward.needs_label
         )
-        issues += check_jsonl(
-            f"recipe.eval.datasets.{i}.path",
-            dataset.path,
+        rules = RowRules(
             dataset.input_key or data.input_key,
             eval_label if labelled else None,
             data.metadata_key,
@@ -327,6 +315,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             scorer,
             forced=dataset.reward_type is not None,
         )
+        issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues
 
 
