@@ -6,6 +6,7 @@ from rlpost.data.prompts import (
     PromptFormat,
     PromptRecord,
     load_prompts,
+    prompt_format,
 )
 from rlpost.data.source import (
     DataSource,
@@ -16,7 +17,6 @@ from rlpost.data.source import (
     SourceContext,
     load_eval_groups,
     make_group,
-    prompt_format,
 )
 
 __all__ = [

@@ -73,6 +73,23 @@ class PromptFormat:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+def prompt_format(
+    config: Any,
+    input_key: str | None = None,
+    label_key: str | None = None,
+    tool_key: str | None = None,
+) -> PromptFormat:
+    """The data section's keys and template settings, optionally with other keys."""
+    return PromptFormat(
+        input_key=input_key or config.input_key,
+        label_key=label_key if label_key is not None else config.label_key,
+        metadata_key=config.metadata_key,
+        tool_key=tool_key if tool_key is not None else config.tool_key,
+        apply_chat_template=config.apply_chat_template,
+        chat_template_kwargs=dict(config.apply_chat_template_kwargs),
+    )
+
+
 def load_prompts(
     path: str | Path,
     fmt: PromptFormat,
@@ -94,7 +111,7 @@ def load_prompts(
                 )
             ]
         ) from None
-    rows: list[_Row] = []
+    rows: list[Row] = []
     texts: list[str] = []
     issues: list[Issue] = []
     bad_lines = 0
@@ -103,9 +120,9 @@ def load_prompts(
             continue
         where = Location(file=str(path), line=number)
         try:
-            row = _parse_line(number, line, fmt)
+            row = read_line(number, line, fmt)
             texts.append(_render(row.prompt, fmt, tokenizer, row.tools))
-        except _LineError as exc:
+        except LineError as exc:
             bad_lines += 1
             if len(issues) < MAX_REPORTED_LINES:
                 issues.append(Issue(exc.key, exc.message, exc.fix, value=exc.value, location=where))
@@ -132,14 +149,16 @@ def load_prompts(
     return kept, dropped
 
 
-class _LineError(Exception):
+class LineError(Exception):
+    """What is wrong with one line (`key`: the line's field, or "line"), and the fix."""
+
     def __init__(self, key: str, message: str, fix: str, value: Any = None) -> None:
         super().__init__(message)
         self.key, self.message, self.fix, self.value = key, message, fix, value
 
 
 @dataclass(frozen=True)
-class _Row:
+class Row:
     """A line read and checked: `tools` is None when the line has none."""
 
     line: int
@@ -149,11 +168,20 @@ class _Row:
     tools: Tools | None
 
 
-def _parse_line(number: int, line: str, fmt: PromptFormat) -> _Row:
+def read_line(number: int, line: str, fmt: PromptFormat) -> Row:
+    """One line read and checked as far as no tokenizer is needed (`rlpost validate` runs
+    the same reading); LineError names what is wrong and the fix."""
+    row = _parse_line(number, line, fmt)
+    if not fmt.apply_chat_template:
+        _check_untemplated(row.prompt, fmt, row.tools)
+    return row
+
+
+def _parse_line(number: int, line: str, fmt: PromptFormat) -> Row:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise _LineError(
+        raise LineError(
             "line",
             f"is not valid JSON ({exc.msg}, column {exc.colno})",
             ONE_OBJECT,
@@ -161,14 +189,14 @@ def _parse_line(number: int, line: str, fmt: PromptFormat) -> _Row:
         ) from None
     if not isinstance(row, dict):
         kind = type(row).__name__
-        raise _LineError("line", f"is a JSON {kind}, not an object", ONE_OBJECT, _short(row))
+        raise LineError("line", f"is a JSON {kind}, not an object", ONE_OBJECT, _short(row))
     prompt = _field(row, fmt.input_key, "data.input_key")
     _check_prompt(fmt.input_key, prompt)
     label = None
     if fmt.label_key is not None:
         raw = _field(row, fmt.label_key, "data.label_key")
         if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-            raise _LineError(
+            raise LineError(
                 fmt.label_key,
                 f"is of type {type(raw).__name__}; a label must be a string or a number",
                 "store the reference answer as a string",
@@ -179,17 +207,17 @@ def _parse_line(number: int, line: str, fmt: PromptFormat) -> _Row:
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
-        raise _LineError(
+        raise LineError(
             fmt.metadata_key,
             f"is of type {type(metadata).__name__}; metadata must be a JSON object",
             "store metadata as an object, or point data.metadata_key at another field",
             _short(metadata),
         )
     if fmt.tool_key is None or row.get(fmt.tool_key) is None:
-        return _Row(number, prompt, label, metadata, tools=None)
+        return Row(number, prompt, label, metadata, tools=None)
     tools = _tools(fmt.tool_key, row[fmt.tool_key])
     _check_metadata_tools(metadata, tools, fmt.tool_key, fmt.metadata_key)
-    return _Row(number, prompt, label, {**metadata, "tools": tools}, tools)
+    return Row(number, prompt, label, {**metadata, "tools": tools}, tools)
 
 
 def _tools(key: str, value: Any) -> Tools:
@@ -204,9 +232,9 @@ def _tools(key: str, value: Any) -> Tools:
             tools = json.loads(value)
         except json.JSONDecodeError as exc:
             message = f"is a string that is not JSON ({exc.msg}, column {exc.colno})"
-            raise _LineError(key, message, fix, _short(value)) from None
+            raise LineError(key, message, fix, _short(value)) from None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise _LineError(
+        raise LineError(
             key,
             f"holds {_kind(tools)}; tools must be a list of JSON objects (tool schemas), or "
             "a string holding one",
@@ -229,7 +257,7 @@ def _check_metadata_tools(
     """A line's tools are kept in its metadata as "tools" (as slime keeps them): other tools
     there would be lost."""
     if "tools" in metadata and metadata["tools"] != tools:
-        raise _LineError(
+        raise LineError(
             key,
             f"differs from the line's {metadata_key}.tools, where the line's tools are kept: "
             "one of the two would be lost",
@@ -241,7 +269,7 @@ def _check_metadata_tools(
 def _field(row: dict[str, Any], key: str, config_key: str) -> Any:
     if key not in row:
         present = ", ".join(sorted(row)) or "none"
-        raise _LineError(
+        raise LineError(
             key,
             f"is missing (this line's keys: {present})",
             f"add '{key}' to every line, or set {config_key} to the field that holds it",
@@ -252,17 +280,17 @@ def _field(row: dict[str, Any], key: str, config_key: str) -> Any:
 def _check_prompt(key: str, prompt: Any) -> None:
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise _LineError(key, "is an empty string", "give every line a prompt", prompt)
+            raise LineError(key, "is an empty string", "give every line a prompt", prompt)
         return
     fix = 'use a string or a message list [{"role": "user", "content": "..."}]'
     if not isinstance(prompt, list) or not prompt:
-        raise _LineError(
+        raise LineError(
             key, f"is of type {type(prompt).__name__}, not a prompt", fix, _short(prompt)
         )
     for position, message in enumerate(prompt):
         ok = isinstance(message, dict) and isinstance(message.get("role"), str)
         if not ok or "content" not in message:
-            raise _LineError(
+            raise LineError(
                 key,
                 f"message {position} is not an object with 'role' and 'content'",
                 fix,
@@ -274,26 +302,12 @@ def _render(
     prompt: Prompt, fmt: PromptFormat, tokenizer: ChatTokenizer, tools: Tools | None = None
 ) -> str:
     if not fmt.apply_chat_template:
-        if not isinstance(prompt, str):
-            raise _LineError(
-                fmt.input_key,
-                "is a message list, which needs the chat template to become text",
-                "set data.apply_chat_template: true",
-                _short(prompt),
-            )
-        if tools:
-            raise _LineError(
-                fmt.tool_key or "tools",
-                "holds tools, which only the chat template writes into a prompt, and "
-                "apply_chat_template is false: the prompt would never describe them",
-                "set data.apply_chat_template: true, or data.tool_key: null to keep them out "
-                "of the prompt",
-                _short(tools),
-            )
+        _check_untemplated(prompt, fmt, tools)
+        assert isinstance(prompt, str)  # _check_untemplated refuses message lists
         return prompt
     marker = _already_templated(prompt, tokenizer)
     if marker is not None:
-        raise _LineError(
+        raise LineError(
             fmt.input_key,
             f"already holds the chat template's marker {marker!r}: the template would wrap "
             "the rendered conversation in a second one",
@@ -311,7 +325,7 @@ def _render(
             **fmt.chat_template_kwargs,
         )
     except Exception as exc:  # jinja raises anything a template author chose
-        raise _LineError(
+        raise LineError(
             fmt.input_key,
             f"the tokenizer's chat template failed on it: {type(exc).__name__}: {exc}",
             "fix the messages (roles, order) or data.apply_chat_template_kwargs",
@@ -320,6 +334,26 @@ def _render(
     if not isinstance(text, str):
         raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}")
     return text
+
+
+def _check_untemplated(prompt: Prompt, fmt: PromptFormat, tools: Tools | None) -> None:
+    """A prompt sent as written (no chat template) is text, with no tools to describe."""
+    if not isinstance(prompt, str):
+        raise LineError(
+            fmt.input_key,
+            "is a message list, which needs the chat template to become text",
+            "set data.apply_chat_template: true",
+            _short(prompt),
+        )
+    if tools:
+        raise LineError(
+            fmt.tool_key or "tools",
+            "holds tools, which only the chat template writes into a prompt, and "
+            "apply_chat_template is false: the prompt would never describe them",
+            "set data.apply_chat_template: true, or data.tool_key: null to keep them out "
+            "of the prompt",
+            _short(tools),
+        )
 
 
 _MARKERS: dict[int, tuple[ChatTokenizer, tuple[str, ...]]] = {}
@@ -381,7 +415,7 @@ def _template_ignores_tools(tokenizer: ChatTokenizer, kwargs: dict[str, Any]) ->
 
 
 def _ignored_tools(
-    rows: Sequence[_Row], fmt: PromptFormat, tokenizer: ChatTokenizer, path: Path
+    rows: Sequence[Row], fmt: PromptFormat, tokenizer: ChatTokenizer, path: Path
 ) -> list[Issue]:
     """One issue when lines have tools and the chat template would drop them, else none."""
     first = next((row for row in rows if row.tools), None)
@@ -402,7 +436,7 @@ def _ignored_tools(
     ]
 
 
-def _tokenize(rows: list[_Row], texts: list[str], tokenizer: ChatTokenizer) -> list[PromptRecord]:
+def _tokenize(rows: list[Row], texts: list[str], tokenizer: ChatTokenizer) -> list[PromptRecord]:
     if not texts:
         return []
     # The template already wrote any BOS and role markers: add nothing on top.
@@ -434,7 +468,7 @@ def render_prompt_ids(
     try:
         text = _render(prompt, fmt, tokenizer, tools)
         if tools and _template_ignores_tools(tokenizer, fmt.chat_template_kwargs):
-            raise _LineError(
+            raise LineError(
                 "tools",
                 "the chat template does not render tools (it renders a conversation the same "
                 "with a tool as without): the prompt would not describe them",
@@ -442,6 +476,6 @@ def render_prompt_ids(
                 "data.apply_chat_template_kwargs.chat_template",
                 _short(tools),
             )
-    except _LineError as exc:
+    except LineError as exc:
         raise ValueError(f"prompt {_short(prompt)}: {exc.message}; fix: {exc.fix}") from None
     return list(tokenizer([text], add_special_tokens=False)["input_ids"][0])

@@ -23,6 +23,7 @@ from rlpost.data.prompts import (
     PromptFormat,
     PromptRecord,
     load_prompts,
+    prompt_format,
     render_prompt_ids,
 )
 from rlpost.hooks import BUFFER_FILTER, DATA_SOURCE, load_hook, load_object
@@ -407,23 +408,6 @@ def make_group(record: PromptRecord, group_index: int, n_samples: int) -> Group:
         )
         for j in range(n_samples)
     ]
-
-
-def prompt_format(
-    config: Any,
-    input_key: str | None = None,
-    label_key: str | None = None,
-    tool_key: str | None = None,
-) -> PromptFormat:
-    """The data section's keys and template settings, optionally with other keys."""
-    return PromptFormat(
-        input_key=input_key or config.input_key,
-        label_key=label_key if label_key is not None else config.label_key,
-        metadata_key=config.metadata_key,
-        tool_key=tool_key if tool_key is not None else config.tool_key,
-        apply_chat_template=config.apply_chat_template,
-        chat_template_kwargs=dict(config.apply_chat_template_kwargs),
-    )
 
 
 def load_eval_groups(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlpost.config.hf_check import check_weights_config
+from rlpost.data.prompts import LineError, PromptFormat, prompt_format, read_line
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
@@ -180,21 +181,22 @@ REWARD_TYPES = frozenset(typing.get_args(RewardType))
 
 @dataclass(frozen=True)
 class RowRules:
-    """What a prompt file's lines must hold: `reward_type` grades them (`forced`: over a
-    line's own metadata rm_type, as an eval set's reward_type does), and `scorer`, when
-    given, scores every sample without reading rm_type."""
+    """What a prompt file's lines must hold: `fmt` reads them as the prompt loader does
+    (keys, tools, template), `labelled` says whether the reward grades against the label,
+    `reward_type` grades them (`forced`: over a line's own metadata rm_type, as an eval set's
+    reward_type does), and `scorer`, when given, scores every sample without reading rm_type."""
 
-    input_key: str
-    label_key: str | None
-    metadata_key: str
+    fmt: PromptFormat
+    labelled: bool
     reward_type: str | None = None
     scorer: str | None = None
     forced: bool = False
 
 
 def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
-    """Every line of a prompt file is a JSON object with the keys the recipe reads, and a
-    label its grader can read (`rules`)."""
+    """Every line of a prompt file reads as the prompt loader reads it (`read_line`: JSON,
+    keys, label, metadata, tools, message lists without a template), with a label its grader
+    can read (`rules`); the checks that need the tokenizer wait for the run."""
     path = Path(path_text).expanduser()
     fix_path = f"point {key} at an existing jsonl file (one JSON object per line)"
     if not path.is_file():
@@ -208,7 +210,7 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
                 if not line.strip():
                     continue
                 rows += 1
-                problem = _row_problem(line, rules)
+                problem = _row_problem(number, line, rules)
                 if problem is None:
                     continue
                 bad += 1
@@ -229,44 +231,22 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
     return issues
 
 
-def _row_problem(line: str, rules: RowRules) -> tuple[str, str] | None:
+def _row_problem(number: int, line: str, rules: RowRules) -> tuple[str, str] | None:
     """(what is wrong, the fix) for one jsonl line, or None."""
-    input_key, label_key, metadata_key = rules.input_key, rules.label_key, rules.metadata_key
-    reward_type, scorer = rules.reward_type, rules.scorer
+    fmt, reward_type, scorer = rules.fmt, rules.reward_type, rules.scorer
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at column {exc.colno})", "make it one JSON object"
-    if not isinstance(row, dict):
-        return f"a JSON {type(row).__name__}, not an object", "make it one JSON object"
-    if input_key not in row:
-        keys = ", ".join(sorted(row)[:6])
-        return (
-            f"has no '{input_key}' (the input key); its keys: {keys}",
-            "set recipe.data.input_key (or the eval dataset's input_key) to the prompt's field",
-        )
-    prompt = row[input_key]
-    if not isinstance(prompt, str | list) or not prompt:
-        return (
-            f"'{input_key}' is {type(prompt).__name__} {str(prompt)[:40]!r}, not a prompt",
-            "give a string or a chat message list [{role, content}, ...]",
-        )
-    if label_key is not None and row.get(label_key) is None:
-        return (
-            f"has no '{label_key}' (the label key) to grade responses against",
-            "add the answer under that key, or set label_key to the field holding it",
-        )
-    label = row.get(label_key) if label_key is not None else None
-    if isinstance(label, str) and not label.strip():
+        row = read_line(number, line, fmt)
+    except LineError as exc:
+        what = f"the line {exc.message}" if exc.key == "line" else f"'{exc.key}' {exc.message}"
+        return what, exc.fix
+    label_key = fmt.label_key if rules.labelled else None
+    if label_key is not None and row.label is not None and not row.label.strip():
         return (
             f"has an empty '{label_key}' (the label key): only an empty answer would match it "
             "(the math grader pays an empty \\boxed{} against it)",
             "store the reference answer under that key",
         )
-    metadata = row.get(metadata_key)
-    if metadata is not None and not isinstance(metadata, dict):
-        return f"'{metadata_key}' is not an object", f"make '{metadata_key}' a JSON object"
-    rm_type = (metadata or {}).get("rm_type")
+    rm_type = row.metadata.get("rm_type")
     if rm_type is not None and rm_type not in REWARD_TYPES:
         return (
             f"metadata rm_type {rm_type!r} is not a reward type",
@@ -283,7 +263,7 @@ def _row_problem(line: str, rules: RowRules) -> tuple[str, str] | None:
         from rlpost.rewards.answers import choice_label  # the grader's own reading
 
         try:
-            choice_label(label, metadata)
+            choice_label(row.label, row.metadata)
         except ValueError as exc:
             return f"'{label_key}' (the label key): {exc}", "fix the label, or the reward type"
     return None
@@ -291,27 +271,26 @@ def _row_problem(line: str, rules: RowRules) -> tuple[str, str] | None:
 
 def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     data, recipe = cfg.recipe.data, cfg.recipe
-    label = data.label_key if recipe.rollout.reward.needs_label else None
     scorer = _whole_batch_scorer(recipe.rollout.reward)
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
         rules = RowRules(
-            data.input_key, label, data.metadata_key, recipe.rollout.reward.type, scorer
+            prompt_format(data),
+            recipe.rollout.reward.needs_label,
+            recipe.rollout.reward.type,
+            scorer,
         )
         issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
-        eval_label = dataset.label_key or data.label_key
-        graded = dataset.reward_type or recipe.rollout.reward.type
         labelled = (
             dataset.reward_type in LABELLED_REWARD_TYPES
             if dataset.reward_type is not None
             else recipe.rollout.reward.needs_label
         )
         rules = RowRules(
-            dataset.input_key or data.input_key,
-            eval_label if labelled else None,
-            data.metadata_key,
-            graded,
+            prompt_format(data, dataset.input_key, dataset.label_key, dataset.tool_key),
+            labelled,
+            dataset.reward_type or recipe.rollout.reward.type,
             scorer,
             forced=dataset.reward_type is not None,
         )

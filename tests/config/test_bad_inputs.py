@@ -534,6 +534,12 @@ def write_fixtures(root: Path) -> Path:
     (data / "typed_line.jsonl").write_text(
         '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "math"}}\n'
     )
+    (data / "list_label.jsonl").write_text('{"prompt": "1+1?", "label": ["2"]}\n')
+    (data / "bad_tools.jsonl").write_text('{"prompt": "1+1?", "label": "2", "tools": "calc"}\n')
+    (data / "chat_with_tools.jsonl").write_text(
+        '{"prompt": "1+1?", "label": "2", "tools": [{"type": "function", '
+        '"function": {"name": "calc"}}]}\n'
+    )
     (data / "empty.jsonl").write_text("\n")
     (data / "a_list.jsonl").write_text('["prompt", "label"]\n')
     (root / "file_not_folder").write_text("x")
@@ -690,7 +696,7 @@ def file_cases(root: Path) -> list[Bad]:
             "prompt line without the input key",
             (f"recipe.data.prompt_data={data / 'no_input.jsonl'}",),
             f"{data / 'no_input.jsonl'}:2",
-            "has no 'prompt'",
+            "'prompt' is missing (this line's keys: label, question)",
         ),
         _case(
             "prompt line with an empty label",
@@ -702,7 +708,7 @@ def file_cases(root: Path) -> list[Bad]:
             "prompt line without a label",
             (f"recipe.data.prompt_data={data / 'no_label.jsonl'}",),
             f"{data / 'no_label.jsonl'}:2",
-            "has no 'label'",
+            "'label' is missing",
         ),
         _case(
             "prompt line with an unknown reward type",
@@ -730,6 +736,27 @@ def file_cases(root: Path) -> list[Bad]:
             "the group function (reward.group) scores every sample without reading it",
         ),
         _case(
+            "prompt line whose label is a list",
+            (f"recipe.data.prompt_data={data / 'list_label.jsonl'}",),
+            f"{data / 'list_label.jsonl'}:1",
+            "'label' is of type list; a label must be a string or a number",
+        ),
+        _case(
+            "prompt line whose tools are not tool schemas",
+            (f"recipe.data.prompt_data={data / 'bad_tools.jsonl'}",),
+            f"{data / 'bad_tools.jsonl'}:1",
+            "'tools' is a string that is not JSON",
+        ),
+        _case(
+            "prompt line with tools that no template would write into the prompt",
+            (
+                f"recipe.data.prompt_data={data / 'chat_with_tools.jsonl'}",
+                "recipe.data.apply_chat_template=false",
+            ),
+            f"{data / 'chat_with_tools.jsonl'}:1",
+            "only the chat template writes into a prompt",
+        ),
+        _case(
             "prompt line that is a list",
             (f"recipe.data.prompt_data={data / 'a_list.jsonl'}",),
             f"{data / 'a_list.jsonl'}:1",
@@ -751,7 +778,7 @@ def file_cases(root: Path) -> list[Bad]:
             "eval line without a label",
             (f"recipe.eval.datasets.0.path={data / 'no_label.jsonl'}",),
             f"{data / 'no_label.jsonl'}:2",
-            "has no 'label'",
+            "'label' is missing",
         ),
         _case(
             "resume target missing",

@@ -235,7 +235,8 @@ class ShortSource:
 
 
 def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
-    from rlpost.data.source import DataSourceError, SourceContext, prompt_format
+    from rlpost.data.prompts import prompt_format
+    from rlpost.data.source import DataSourceError, SourceContext
 
     config = DataConfig(prompt_data="unused.jsonl")
     ctx = SourceContext({}, chat_tokenizer, prompt_format(config), 2, seed=0)
@@ -247,9 +248,7 @@ def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
         ctx.make_group(1, [{"role": "user", "content": "q"}])
 
 
-def test_an_eval_sets_reward_type_grades_every_line_of_it(
-    write_jsonl, chat_tokenizer
-) -> None:
+def test_an_eval_sets_reward_type_grades_every_line_of_it(write_jsonl, chat_tokenizer) -> None:
     path = write_jsonl(
         [
             {"prompt": "Capital of France? A) Paris B) Rome", "label": "A"},
@@ -275,7 +274,8 @@ def test_a_source_classs_group_carries_tools_into_its_prompt_and_metadata(
 ) -> None:
     """A data source's tools reach the chat template as a prompt file's tools column does;
     a template that would drop them is refused."""
-    from rlpost.data.source import SourceContext, prompt_format
+    from rlpost.data.prompts import prompt_format
+    from rlpost.data.source import SourceContext
 
     config = DataConfig(prompt_data="unused.jsonl", apply_chat_template=True)
     tools = [{"type": "function", "function": {"name": "multiply", "parameters": {}}}]
@@ -316,7 +316,8 @@ class LengthsSource:
 def test_a_source_classs_prompts_over_max_prompt_len_are_dropped_and_replaced(
     chat_tokenizer,
 ) -> None:
-    from rlpost.data.source import MAX_DROPPED_DRAWS, DataSourceError, SourceContext, prompt_format
+    from rlpost.data.prompts import prompt_format
+    from rlpost.data.source import MAX_DROPPED_DRAWS, DataSourceError, SourceContext
 
     config = DataConfig(prompt_data="unused.jsonl")
     ctx = SourceContext({}, chat_tokenizer, prompt_format(config), 2, seed=0)

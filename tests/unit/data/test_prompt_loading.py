@@ -283,3 +283,51 @@ def test_another_tool_key_reads_another_field(write_jsonl, tools_tokenizer) -> N
     (record,) = load_prompts(path, fmt(tool_key="functions"), tools_tokenizer)[0]
     assert record.metadata == {"tools": [WEATHER]}
     assert '"get_weather"' in text_of(record, tools_tokenizer)
+
+
+TOOL = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
+BAD_LINES = {
+    "not JSON": "{prompt: 1",
+    "a JSON list": '["prompt", "label"]',
+    "no prompt": {"question": "1+1?", "label": "2"},
+    "an empty prompt": {"prompt": " ", "label": "2"},
+    "a message without a role": {"prompt": [{"content": "1+1?"}], "label": "2"},
+    "no label": {"prompt": "1+1?"},
+    "a label that is a list": {"prompt": "1+1?", "label": ["2"]},
+    "a label that is a boolean": {"prompt": "1+1?", "label": True},
+    "metadata that is a string": {"prompt": "1+1?", "label": "2", "metadata": "math"},
+    "tools that are a string, not JSON": {"prompt": "1+1?", "label": "2", "tools": "calc"},
+    "tools that are an object": {"prompt": "1+1?", "label": "2", "tools": TOOL},
+    "tools unlike the metadata's": {
+        "prompt": "1+1?",
+        "label": "2",
+        "tools": [TOOL],
+        "metadata": {"tools": []},
+    },
+}
+
+
+@pytest.mark.parametrize("template", [True, False], ids=["template", "as written"])
+def test_validation_refuses_every_line_the_loader_refuses(
+    template: bool, write_jsonl, chat_tokenizer, tmp_path: Path
+) -> None:
+    """`rlpost validate` reads a prompt file as the loader does (one `read_line`), so no line
+    the run would refuse passes validation; without a template, message lists and tools too."""
+    from rlpost.plan.preflight import RowRules, check_jsonl
+
+    lines = dict(BAD_LINES)
+    if not template:
+        lines["a message list"] = DAPO_ROW
+        lines["tools"] = {"prompt": "1+1?", "label": "2", "tools": [TOOL]}
+    good = {"prompt": "what is 2 times 3?", "label": "6"}
+    form = fmt(apply_chat_template=template)
+    for name, line in lines.items():
+        path = tmp_path / f"{name}.jsonl"
+        rows = [json.dumps(good), line if isinstance(line, str) else json.dumps(line)]
+        path.write_text("\n".join(rows) + "\n")
+        issues = check_jsonl("recipe.data.prompt_data", str(path), RowRules(form, labelled=True))
+        assert [issue.key for issue in issues] == [f"{path}:2"], (name, [str(i) for i in issues])
+        with pytest.raises(PromptDataError) as raised:
+            load_prompts(path, form, chat_tokenizer)
+        where = [(i.location.file, i.location.line) for i in raised.value.issues if i.location]
+        assert where == [(str(path), 2)], name
