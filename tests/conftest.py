@@ -44,6 +44,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return RealLoopTogether(config, log)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_process_group_outlives_its_module() -> Any:
+    """A torch.distributed group a module's tests left in this worker is destroyed when the
+    module ends: ranks that a later test forks would inherit it (the megatron tests' ranks
+    refuse to start then), whichever worker and order xdist gives the tests."""
+    yield
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # only where a test imported torch
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_LM_CONTEXT = 256
 

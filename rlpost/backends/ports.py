@@ -32,6 +32,40 @@ def free_port(host: str = LOCALHOST) -> int:
         return int(sock.getsockname()[1])
 
 
+_HELD: dict[tuple[str, int], socket.socket] = {}
+
+
+def hold_port(host: str = LOCALHOST) -> int:
+    """A port on host that this process binds and listens on now, and keeps until
+    `take_held_port` hands the socket to the server that will serve it: unlike a free port
+    picked and let go, no other process can take it in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    port = int(sock.getsockname()[1])
+    _HELD[(host, port)] = sock
+    return port
+
+
+def take_held_port(host: str, port: int) -> socket.socket | None:
+    """The listening socket `hold_port` keeps for host:port (the caller owns it from here),
+    or None when this process holds none there."""
+    return _HELD.pop((host, port), None)
+
+
+def release_held_port(host: str, port: int) -> None:
+    """Closes a held port nobody took."""
+    sock = take_held_port(host, port)
+    if sock is not None:
+        sock.close()
+
+
 def _listening_inodes(port: int) -> set[str] | None:
     """Socket inodes listening on `port` here (Linux /proc), or None where unknown."""
     inodes: set[str] = set()

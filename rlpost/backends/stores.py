@@ -2,7 +2,8 @@
 
 `init_process_group(init_method="tcp://host:port")` makes rank 0 a TCPStore server that
 binds every interface (`::`) whatever host it is given; the host only tells the other ranks
-where to connect. Rank 0 here binds the socket itself, on host, and hands it to the store
+where to connect. Rank 0 here binds the socket itself, on host, or takes the one it has held
+since it chose the port (`rlpost.backends.ports.hold_port`), and hands it to the store
 (`master_listen_fd`); the other ranks connect as before, so a peer that rendezvouses by URL
 (SGLang's `init_custom_process_group`) meets it unchanged. Measured with torch 2.13: the
 default store listens on `::`, this one on the address given only.
@@ -15,6 +16,8 @@ from datetime import timedelta
 from typing import TypedDict
 
 from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]
+
+from rlpost.backends.ports import take_held_port
 
 TCP_PREFIX = "tcp://"
 
@@ -30,10 +33,12 @@ def tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedel
     """The rendezvous store at host:port; rank 0 serves it on host alone."""
     if rank != 0:
         return TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    held = take_held_port(host, port)  # this process's port since it was chosen, if held
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
+    with held or socket.socket(family, socket.SOCK_STREAM) as listener:
+        if held is None:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
         listener.listen(max(world_size, 128))
         bound_port = listener.getsockname()[1]
         # the store owns the socket from here on: the `with` must not close it

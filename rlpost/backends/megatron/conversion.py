@@ -11,7 +11,6 @@ back to HF, a checkpoint without them (saved by a run that did not train them) t
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,12 +38,6 @@ from rlpost.schema import ModelConfig
 SINGLE_PROCESS = ParallelLayout.single_process()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def single_process_model(
     model: ModelConfig, with_mtp: bool = False
@@ -59,7 +52,9 @@ def single_process_model(
         mtp_loss_scaling_factor=1.0 if with_mtp else None,
     )
     with cpu_compat():
-        init_parallel(ProcessPlace(master_port=_free_port()), settings.parallel, seed=1234)
+        # a world of one: its store listens on a port the kernel picks as it binds (0), which
+        # no other rank needs to know and no other process can take first
+        init_parallel(ProcessPlace(master_port=0), settings.parallel, seed=1234)
         try:
             yield settings, build_gpt_model(settings)
         finally:

@@ -104,15 +104,16 @@ def _current_bucket() -> NamedTensors:
 
 def update_group_address(trainer: Any, multi_node: bool) -> tuple[str, int]:
     """Where the group's rendezvous listens: this node (its IP when engines are on other
-    nodes), on a port free here."""
-    from rlpost.backends.ports import free_port
+    nodes), on a port this process holds until `join_update_group` serves the store on it
+    (no other launch on the node can take it in between)."""
+    from rlpost.backends.ports import hold_port
 
     host = "127.0.0.1"
     if multi_node:
         import ray
 
         host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    return host, free_port(host)
+    return host, hold_port(host)
 
 
 def join_update_group(

@@ -75,9 +75,11 @@ def other_model(tiny_lm_dir: Path, out: Path) -> Path:
 def trainer(tiny_lm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchTrainer]:
     other = other_model(tiny_lm_dir, tmp_path_factory.mktemp("other_lm"))
     threads = torch.get_num_threads()
-    yield TorchTrainer(
+    trainer = TorchTrainer(
         other, AlgoConfig(), OptimConfig(lr=1e-3), TrainConfig(global_batch_size=1), num_threads=1
     )
+    yield trainer
+    trainer.close()  # its process group: ranks forked later by this worker would inherit it
     torch.set_num_threads(threads)
 
 
