@@ -32,6 +32,16 @@ def free_port(host: str = LOCALHOST) -> int:
         return int(sock.getsockname()[1])
 
 
+# how servers say bind() failed: Python's and Rust's words for EADDRINUSE
+_PORT_TAKEN = ("address already in use", "[errno 98]", "os error 98")
+
+
+def says_port_taken(log_text: str) -> bool:
+    """Whether a server's log says it could not bind a port (another process held it)."""
+    text = log_text.lower()
+    return any(sign in text for sign in _PORT_TAKEN)
+
+
 _HELD: dict[tuple[str, int], socket.socket] = {}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from rlpost.backends.child_process import start_child
 from rlpost.backends.engine_key import ENGINE_KEY_ENV, auth_headers
-from rlpost.backends.ports import free_port, is_port_free, listens_on
+from rlpost.backends.ports import free_port, is_port_free, listens_on, says_port_taken
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,6 @@ class RouterPortTakenError(RouterError):
 class _MetricsPortTaken(RouterError):
     """The router's own port was free, but another it binds (its metrics server's, picked
     free when the command was built) was taken by the time it bound it."""
-
-
-PORT_TAKEN = "address already in use"  # the router's words (Rust's "os error 98" beside them)
 
 
 @dataclass(frozen=True)
@@ -202,7 +199,7 @@ class Router:
                 self._process = None
                 if not is_port_free(self.port, s.host):
                     raise RouterPortTakenError(s.host, self.port)
-                if PORT_TAKEN in self._logged_since(logged_before).lower():
+                if says_port_taken(self._logged_since(logged_before)):
                     raise _MetricsPortTaken(f"a port of the router was taken{see_log}")
                 raise RouterError(
                     f"sglang-router exited with code {process.returncode} at startup{see_log}",

@@ -22,12 +22,11 @@ from pathlib import Path
 
 from rlpost.backends.child_process import start_child
 from rlpost.backends.engine_key import ENGINE_KEY_ENV, auth_headers
-from rlpost.backends.ports import free_port, is_port_free, listens_on
+from rlpost.backends.ports import free_port, is_port_free, listens_on, says_port_taken
 from rlpost.backends.sglang.launch import EngineSpec, engine_backend
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 START_MARK = "\n=== start "  # each start's line in the engine's log
-PORT_TAKEN = ("address already in use", "[errno 98]")  # how servers say bind() failed
 LOG_TAIL_BYTES = 16384
 
 
@@ -107,8 +106,7 @@ class EngineProcess:
                 tail = log.read().decode(errors="replace")
         except OSError:
             return False
-        this_start = tail.rsplit(START_MARK, 1)[-1].lower()
-        return any(sign in this_start for sign in PORT_TAKEN)
+        return says_port_taken(tail.rsplit(START_MARK, 1)[-1])
 
     def launch_command(self, env: Mapping[str, str]) -> list[str]:
         """The command as this host runs it, in `env`: the spec's base GPU is the GPU id Ray
