@@ -157,13 +157,17 @@ SLIME_CKPT_DIR = "slime"
 """Under run.dir: where the exported run saves and resumes (slime's --save and --load)."""
 
 
+def _ckpt_dir(cfg: RunConfig) -> str:
+    return f"{(cfg.run.dir or '.').rstrip('/')}/{SLIME_CKPT_DIR}/"
+
+
 def ckpt_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     """slime resumes from --load and saves to --save: both are the run directory's slime/
     (./slime/ when run.dir is unset), so the exported run resumes itself as rlpost does. A
     policy that starts from other weights than the HF checkpoint's (model.load) starts from
     that torch_dist checkpoint; slime cannot start a policy from an HF folder."""
     m, save = cfg.model, cfg.recipe.save
-    ckpt_dir = f"{(cfg.run.dir or '.').rstrip('/')}/{SLIME_CKPT_DIR}/"
+    ckpt_dir = _ckpt_dir(cfg)
     load = ckpt_dir
     if m.load is not None and m.load != m.hf_checkpoint:
         if (Path(m.load).expanduser() / "config.json").is_file():  # an HF folder, here
@@ -254,17 +258,56 @@ def rollout_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     ]
 
 
+EVAL_CONFIG_FILE = "eval_config.yaml"
+# rlpost's eval dataset field -> slime's eval config key for it
+EVAL_SET_FIELDS = {
+    "reward_type": "rm_type",
+    "input_key": "input_key",
+    "label_key": "label_key",
+    "tool_key": "tool_key",
+    "n_samples_per_prompt": "n_samples_per_eval_prompt",
+    "max_response_len": "max_response_len",
+}
+
+
+def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
+    """(path, YAML) of slime's --eval-config for evaluation sets with keys, sample counts,
+    response lengths or reward types of their own (slime reads those per set only from that
+    file; its flags hold for every set), else None. The path is in the checkpoint folder
+    the export's --save names; each set lists only what it sets, and slime fills the rest
+    from the flags, as rlpost fills it from recipe.eval and recipe.data."""
+    ev = cfg.recipe.eval
+    if ev.interval is None or not _datasets_differ(ev.datasets):
+        return None
+    sets = []
+    for dataset in ev.datasets:
+        entry: dict[str, Any] = {"name": dataset.name, "path": dataset.path}
+        for ours, theirs in EVAL_SET_FIELDS.items():
+            value = getattr(dataset, ours)
+            if value is not None:
+                entry[theirs] = (
+                    SLIME_REWARD_TYPES.get(value, value) if ours == "reward_type" else value
+                )
+        sets.append(entry)
+    import yaml  # type: ignore[import-untyped]
+
+    text = yaml.safe_dump({"eval": {"datasets": sets}}, sort_keys=False)
+    return f"{_ckpt_dir(cfg)}{EVAL_CONFIG_FILE}", text
+
+
 def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     ev = cfg.recipe.eval
     if ev.interval is None:
         return []
+    config = eval_config_file(cfg)
     datasets = [item for d in ev.datasets for item in (d.name, d.path)]
     input_keys = {d.input_key for d in ev.datasets}
     label_keys = {d.label_key for d in ev.datasets}
     tool_keys = {d.tool_key for d in ev.datasets}
     return [
         flag("--eval-interval", ev.interval),
-        flag("--eval-prompt-data", *datasets),
+        # slime reads the sets from the file when given one, else from the name/path pairs
+        flag("--eval-config", config[0]) if config else flag("--eval-prompt-data", *datasets),
         *(option(input_keys.pop(), "--eval-input-key") if len(input_keys) == 1 else []),
         *(option(label_keys.pop(), "--eval-label-key") if len(label_keys) == 1 else []),
         *(option(tool_keys.pop(), "--eval-tool-key") if len(tool_keys) == 1 else []),
@@ -505,16 +548,6 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
         "export with a reward type slime has (math, deepscaler, dapo, f1, remote)",
     ),
     (
-        "recipe.eval.datasets",
-        lambda cfg: _datasets_differ(cfg.recipe.eval.datasets),
-        "slime gives evaluation sets keys, sample counts and reward types of their own only "
-        "through --eval-config, a file the export does not write: --eval-input-key, "
-        "--eval-label-key and --eval-tool-key, --n-samples-per-eval-prompt, "
-        "--eval-max-response-len and --rm-type hold for every set",
-        "give every set the same keys, set the counts on recipe.eval (n_samples_per_prompt, "
-        "max_response_len), leave reward_type unset, or export without the sets that differ",
-    ),
-    (
         "recipe.eval.interval",
         lambda cfg: (
             cfg.recipe.eval.interval is None
@@ -633,6 +666,20 @@ def _arrays(groups: dict[str, list[Flag]]) -> list[str]:
     return lines
 
 
+def _file_writes(config: tuple[str, str] | None) -> list[str]:
+    """Shell lines that write the --eval-config file before slime starts, if there is one."""
+    if config is None:
+        return []
+    path, text = config
+    end = "RLPOST_EVAL_CONFIG"
+    return [
+        f"mkdir -p {_quote(str(Path(path).parent))}",
+        f"cat > {_quote(path)} <<'{end}'",
+        *text.rstrip("\n").split("\n"),
+        end,
+    ]
+
+
 def _entry(cfg: RunConfig) -> str:
     return "train_async.py" if cfg.recipe.loop.mode == "async" else "train.py"
 
@@ -642,9 +689,14 @@ def render_slime_args(cfg: RunConfig, plan: Plan, fmt: str = "table") -> str:
     the groups' argument tokens; `script`: a complete launch script in the shape of slime's
     scripts/run-*.sh (environment, Ray head, `ray job submit` with the runtime env)."""
     groups = slime_flag_groups(cfg, plan)
+    config = eval_config_file(cfg)
     if fmt == "json":
         tokens = {name: [t for f in flags for t in f] for name, flags in groups.items()}
-        return json.dumps({"slime": PINNED, "entry": _entry(cfg), "args": tokens}, indent=2) + "\n"
+        data: dict[str, Any] = {"slime": PINNED, "entry": _entry(cfg), "args": tokens}
+        if config is not None:
+            data["files"] = {config[0]: config[1]}  # what --eval-config names, to write first
+        return json.dumps(data, indent=2) + "\n"
+    files = _file_writes(config)
     header = [
         f"# slime arguments for model={plan.model} recipe={plan.recipe} "
         f"hardware={plan.hardware} (layout {plan.layout})",
@@ -652,7 +704,7 @@ def render_slime_args(cfg: RunConfig, plan: Plan, fmt: str = "table") -> str:
     ]
     uses = " \\\n".join(f"   ${{{name}[@]}}" for name in groups)
     if fmt != "script":
-        lines = [*header, *_arrays(groups), f"\npython3 {_entry(cfg)} \\\n{uses}"]
+        lines = [*header, *files, *_arrays(groups), f"\npython3 {_entry(cfg)} \\\n{uses}"]
         return "\n".join(lines) + "\n"
     env = "".join(f"export {k}={_quote(v)}\n" for k, v in RUNTIME_ENV.items())
     runtime = json.dumps({"env_vars": RUNTIME_ENV})
@@ -677,6 +729,7 @@ def render_slime_args(cfg: RunConfig, plan: Plan, fmt: str = "table") -> str:
         head,
         *([workers.rstrip("\n")] if workers else []),
         "",
+        *files,
         *_arrays(groups),
         "",
         f"RUNTIME_ENV_JSON={_quote(runtime)}",

@@ -352,17 +352,11 @@ def test_runtime_settings_export_and_import_back(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
-TWO_SETS = "recipe.eval.datasets=[{name: a, path: /a.jsonl}, {name: b, path: /b.jsonl"
-
-
 @pytest.mark.parametrize(
     ("override", "key"),
     [
         ("recipe.save.save_hf_interval=10", "recipe.save.save_hf_interval"),
         ("trainer.backend=torch", "trainer.backend"),
-        (TWO_SETS + ", label_key: answer}]", "recipe.eval.datasets"),
-        (TWO_SETS + ", n_samples_per_prompt: 4}]", "recipe.eval.datasets"),
-        (TWO_SETS + ", reward_type: gpqa}]", "recipe.eval.datasets"),
         ("recipe.eval.interval=null", "recipe.eval.interval"),
     ],
 )
@@ -408,6 +402,59 @@ def test_the_tool_key_imports_and_exports_back(tmp_path: Path) -> None:
     assert again.recipe.data.tool_key == "mytools"
     assert again.recipe.eval.datasets[0].tool_key == "evaltools"
     assert slime_arg_groups(again, build_plan(again)) == slime_arg_groups(cfg, plan)
+
+
+def test_evaluation_sets_of_their_own_export_as_slimes_eval_config(tmp_path: Path) -> None:
+    """Sets with their own keys, sample counts, response lengths or reward types: slime reads
+    those per set only from an --eval-config file. The export writes the file (a heredoc in
+    the table and script formats, `files` in json) into the checkpoint folder --save names;
+    the exported script, run up to train.py, writes it, and importing the script reads it
+    back to the same sets and the same export."""
+    sets = (
+        "recipe.eval.datasets=[{name: aime, path: /data/aime.jsonl, reward_type: deepscaler, "
+        "n_samples_per_prompt: 16}, {name: gpqa, path: /data/gpqa.jsonl, reward_type: gpqa, "
+        "label_key: answer, max_response_len: 2048}, {name: web, path: /data/web.jsonl, "
+        "reward_type: f1, input_key: question}]"
+    )
+    run_dir = tmp_path / "run"
+    cfg, _ = compose_run_config(
+        ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", sets, f"run.dir={run_dir}"]
+    )
+    plan = build_plan(cfg)
+    tokens = slime_arg_groups(cfg, plan)["EVAL_ARGS"]
+    path = str(run_dir / "slime" / "eval_config.yaml")
+    assert tokens[tokens.index("--eval-config") + 1] == path
+    assert "--eval-prompt-data" not in tokens  # slime reads the sets from the file alone
+    data = json.loads(render_slime_args(cfg, plan, "json"))
+    import yaml
+
+    assert yaml.safe_load(data["files"][path]) == {
+        "eval": {
+            "datasets": [
+                {"name": "aime", "path": "/data/aime.jsonl", "rm_type": "deepscaler",
+                 "n_samples_per_eval_prompt": 16},
+                {"name": "gpqa", "path": "/data/gpqa.jsonl", "rm_type": "gpqa",
+                 "label_key": "answer", "max_response_len": 2048},
+                {"name": "web", "path": "/data/web.jsonl", "rm_type": "f1",
+                 "input_key": "question"},
+            ]
+        }
+    }  # fmt: skip
+    exported = tmp_path / "run-exported.sh"
+    exported.write_text(render_slime_args(cfg, plan))
+    up_to_train = exported.read_text().replace("python3 train.py", "true")
+    import subprocess
+
+    subprocess.run(["bash", "-c", up_to_train], check=True)
+    assert (run_dir / "slime" / "eval_config.yaml").read_text() == data["files"][path]
+    imported = import_slime(exported)
+    assert not [note for note in imported.unmapped if note.flag.startswith("--eval-config")]
+    again = assembled(imported, cfg)
+    assert again.recipe.eval.datasets == cfg.recipe.eval.datasets
+    assert slime_arg_groups(again, build_plan(again)) == slime_arg_groups(cfg, plan)
+    script = render_slime_args(cfg, plan, "script")
+    assert f"cat > {path} <<'RLPOST_EVAL_CONFIG'" in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
 def test_a_script_without_a_train_command_is_refused(tmp_path: Path) -> None:
