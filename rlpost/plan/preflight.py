@@ -191,6 +191,7 @@ class RowRules:
     reward_type: str | None = None
     scorer: str | None = None
     forced: bool = False
+    has_server: bool = False  # recipe.rollout.reward.remote_url is set
 
 
 def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
@@ -258,6 +259,13 @@ def _row_problem(number: int, line: str, rules: RowRules) -> tuple[str, str] | N
             "sample without reading it",
             "remove rm_type from the lines, or grade with a rule-based reward.type",
         )
+    if rm_type == "remote" and not rules.forced and not rules.has_server:
+        return (
+            "metadata rm_type 'remote' posts the sample to a reward server, and "
+            "recipe.rollout.reward.remote_url is not set: its every sample would fail",
+            "set recipe.rollout.reward.type: remote and its remote_url (the lines' own "
+            "rm_type still grade theirs), or give the line a rule-based rm_type",
+        )
     graded = reward_type if rules.forced else rm_type or reward_type
     if label_key is not None and graded == "gpqa":
         from rlpost.rewards.answers import choice_label  # the grader's own reading
@@ -272,6 +280,7 @@ def _row_problem(number: int, line: str, rules: RowRules) -> tuple[str, str] | N
 def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     data, recipe = cfg.recipe.data, cfg.recipe
     scorer = _whole_batch_scorer(recipe.rollout.reward)
+    has_server = recipe.rollout.reward.remote_url is not None
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
         rules = RowRules(
@@ -279,6 +288,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             recipe.rollout.reward.needs_label,
             recipe.rollout.reward.type,
             scorer,
+            has_server=has_server,
         )
         issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
@@ -293,6 +303,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             dataset.reward_type or recipe.rollout.reward.type,
             scorer,
             forced=dataset.reward_type is not None,
+            has_server=has_server,
         )
         issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues

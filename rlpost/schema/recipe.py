@@ -218,11 +218,7 @@ class RewardConfig(Section):
                 fields=("remote_url",),
                 fix="set remote_url: http://host:port/path",
             )
-        if not self.posts_to_server:
-            why = "only reward type 'remote' (without custom_function) talks to a reward server"
-            refuse_unused(self, "remote_url", why=why, fix="remove it, or set type: remote")
-            refuse_unused(self, "max_retries", why=why, fix="remove it, or set type: remote")
-        return self
+        return self  # a URL nothing posts to: RecipeConfig.check_remote_url_is_read
 
     @model_validator(mode="after")
     def check_remote_url_is_http(self) -> RewardConfig:
@@ -965,6 +961,34 @@ class RecipeConfig(Section):
                     fix="remove reward_type from the set, or grade with a rule-based "
                     "rollout.reward.type",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_remote_url_is_read(self) -> RecipeConfig:
+        """The reward server's URL serves reward type 'remote' and every evaluation set
+        graded 'remote': one of them without it would fail every sample it scores, and a URL
+        none of them posts to is never read."""
+        reward = self.rollout.reward
+        remote_sets = [
+            i for i, dataset in enumerate(self.eval.datasets) if dataset.reward_type == "remote"
+        ]
+        if remote_sets and not reward.remote_url:
+            i = remote_sets[0]
+            raise InvariantError(
+                f"eval.datasets.{i}.reward_type=remote posts each of the set's samples to a "
+                "reward server, and rollout.reward.remote_url is not set: every one would fail",
+                fields=(f"eval.datasets.{i}.reward_type",),
+                fix="set rollout.reward.remote_url: http://host:port/path (the server every "
+                "remote set and sample posts to), or give the set a rule-based reward_type",
+            )
+        if not reward.posts_to_server and not remote_sets:
+            why = (
+                "only reward type 'remote' (without custom_function) and evaluation sets "
+                "with reward_type: remote talk to a reward server"
+            )
+            fix = "remove it, or set type: remote"
+            refuse_unused(reward, "remote_url", why=why, fix=fix, prefix="rollout.reward.")
+            refuse_unused(reward, "max_retries", why=why, fix=fix, prefix="rollout.reward.")
         return self
 
     @model_validator(mode="after")

@@ -124,6 +124,12 @@ CASES: list[Bad] = [
         "has no effect",
     ),
     Bad(
+        "an evaluation set graded by a reward server whose URL is not set",
+        ("recipe.eval.datasets=[{name: a, path: /a.jsonl, reward_type: remote}]",),
+        "recipe.eval.datasets.0.reward_type",
+        "rollout.reward.remote_url is not set: every one would fail",
+    ),
+    Bad(
         "reward URL without a scheme",
         (
             "recipe.rollout.reward.type=remote",
@@ -540,6 +546,9 @@ def write_fixtures(root: Path) -> Path:
         '{"prompt": "1+1?", "label": "2", "tools": [{"type": "function", '
         '"function": {"name": "calc"}}]}\n'
     )
+    (data / "remote_line.jsonl").write_text(
+        '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "remote"}}\n'
+    )
     (data / "empty.jsonl").write_text("\n")
     (data / "a_list.jsonl").write_text('["prompt", "label"]\n')
     (root / "file_not_folder").write_text("x")
@@ -755,6 +764,12 @@ def file_cases(root: Path) -> list[Bad]:
             ),
             f"{data / 'chat_with_tools.jsonl'}:1",
             "only the chat template writes into a prompt",
+        ),
+        _case(
+            "prompt line graded by a reward server whose URL is not set",
+            (f"recipe.data.prompt_data={data / 'remote_line.jsonl'}",),
+            f"{data / 'remote_line.jsonl'}:1",
+            "remote_url is not set: its every sample would fail",
         ),
         _case(
             "prompt line that is a list",

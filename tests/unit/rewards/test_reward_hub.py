@@ -199,12 +199,30 @@ def test_the_schema_refuses_what_scoring_would_fail_on() -> None:
         RewardConfig(type="remote")
     with pytest.raises(ValidationError, match="custom_function is not set"):
         RewardConfig(group=True)
-    with pytest.raises(ValidationError, match="has no effect"):
-        RewardConfig(type="math", remote_url="http://127.0.0.1:1/score")
     with pytest.raises(ValidationError, match="not an http"):
         RewardConfig(type="remote", remote_url="127.0.0.1:1/score")
     with pytest.raises(ValidationError, match=r"user:\*\*\*@"):
         RewardConfig(type="remote", remote_url="ftp://user:secret@host/score")
+
+
+def test_the_reward_servers_url_is_read_by_remote_training_or_a_remote_evaluation_set() -> None:
+    """remote_url serves reward type 'remote' and every evaluation set graded 'remote': math
+    training with a remote benchmark takes it, and a URL neither posts to is refused."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.errors import UserError
+
+    url = "recipe.rollout.reward.remote_url=http://127.0.0.1:1/score"
+    remote_set = "recipe.eval.datasets=[{name: chat, path: /chat.jsonl, reward_type: remote}]"
+    cfg, _ = compose_run_config([url, "recipe.rollout.reward.max_retries=5", remote_set])
+    assert cfg.recipe.rollout.reward.type == "math"  # type: ignore[attr-defined]
+    with pytest.raises(UserError) as refused:
+        compose_run_config([remote_set])
+    assert [i.key for i in refused.value.issues] == ["recipe.eval.datasets.0.reward_type"]
+    assert "rollout.reward.remote_url is not set" in str(refused.value)
+    with pytest.raises(UserError) as refused:
+        compose_run_config([url])
+    assert [i.key for i in refused.value.issues] == ["recipe.rollout.reward.remote_url"]
+    assert "has no effect" in str(refused.value)
 
 
 def test_multiple_choice_grades_the_letter_and_names_a_label_it_cannot_read() -> None:
