@@ -159,37 +159,65 @@ def _names_option(match: re.Match[str], letters: str) -> bool:
 
 
 def choice_label(label: object, metadata: dict[str, object] | None = None) -> str:
-    """A multiple-choice label as the grader takes it, 'C/ABCD' (the right letter, then the
-    options' letters): from metadata['correct_letter'], or a label that is the letter, its
-    0-based index, or the option's text among metadata['choices'] (a list, or a dict of
-    letter -> text). ValueError when it names no option."""
+    """A multiple-choice label as the grader takes it, 'C/ABCD/paris' (the right letter, the
+    options' letters, then the right option's words when known, '|'-separated): from
+    metadata['correct_letter'], or a label that is the letter, its 0-based index, or the
+    option's text among metadata['choices'] (a list, or a dict of letter -> text). The
+    letters are metadata['valid_letters'] when given, else one per choice, else A-J; the
+    option's words are its choice's text, and metadata['correct_answer'] or ['answer_text'].
+    ValueError when the label names no option."""
     metadata = metadata or {}
     options = metadata.get("choices")
     texts = list(options.values()) if isinstance(options, dict) else options
     texts = texts if isinstance(texts, list) else []
-    letters = CHOICE_LETTERS[: len(texts)] if texts else CHOICE_LETTERS
+    letters = _valid_letters(metadata.get("valid_letters")) or (
+        CHOICE_LETTERS[: len(texts)] if texts else CHOICE_LETTERS
+    )
     stated = metadata.get("correct_letter")
     text = str(stated if isinstance(stated, str) else label).strip()
+    correct = None
     if text.upper() in letters and len(text) == 1:
-        return f"{text.upper()}/{letters}"
-    if text.isdigit() and int(text) < len(letters):
-        return f"{letters[int(text)]}/{letters}"
-    wanted = _normalize_words(text)
-    for letter, option in zip(letters, texts, strict=False):
-        if wanted and _normalize_words(str(option)) == wanted:
-            return f"{letter}/{letters}"
-    where = "its letter (A-" + letters[-1] + "), its 0-based index"
-    raise ValueError(
-        f"label {text[:40]!r} names no option: give {where}, or the option's text with the "
-        "options in metadata['choices']"
-    )
+        correct = text.upper()
+    elif text.isdigit() and int(text) < len(letters):
+        correct = letters[int(text)]
+    else:
+        wanted = _normalize_words(text)
+        for letter, option in zip(letters, texts, strict=False):
+            if wanted and _normalize_words(str(option)) == wanted:
+                correct = letter
+                break
+    if correct is None:
+        where = "its letter (A-" + letters[-1] + "), its 0-based index"
+        raise ValueError(
+            f"label {text[:40]!r} names no option: give {where}, or the option's text with the "
+            "options in metadata['choices']"
+        )
+    index = letters.index(correct)
+    words = [str(texts[index])] if index < len(texts) else []
+    words += [str(metadata[k]) for k in ("correct_answer", "answer_text") if metadata.get(k)]
+    targets = dict.fromkeys(w for w in map(_normalize_words, words) if w)
+    return f"{correct}/{letters}" + (f"/{'|'.join(targets)}" if targets else "")
+
+
+def _valid_letters(value: object) -> str:
+    """metadata['valid_letters'] (a list of letters, or a string of them) as 'ABC', or ''."""
+    items = list(value) if isinstance(value, list | tuple | str) else []
+    letters = "".join(dict.fromkeys(str(i).strip().upper() for i in items))
+    return letters if letters and all(c in string.ascii_uppercase for c in letters) else ""
 
 
 def grade_choice(response: str, label: str) -> float:
-    """1.0 when the response settles on the labelled option ('C/ABCD', see choice_label),
-    else 0.0."""
-    correct, _, letters = label.partition("/")
-    return 1.0 if chosen_letter(response, letters or CHOICE_LETTERS) == correct else 0.0
+    """1.0 when the response settles on the labelled option ('C/ABCD/paris', see
+    choice_label), else 0.0. A response that names no option letter at all counts when it
+    states the right option's words (whole words, after the last `</think>`), as slime's
+    GPQA grader does."""
+    correct, _, rest = label.partition("/")
+    letters, _, targets = rest.partition("/")
+    chosen = chosen_letter(response, letters or CHOICE_LETTERS)
+    if chosen is not None:
+        return 1.0 if chosen == correct else 0.0
+    said = f" {_normalize_words(response.rsplit(THINK_END, 1)[-1])} "
+    return 1.0 if any(f" {t} " in said for t in targets.split("|") if t) else 0.0
 
 
 GRADERS: dict[str, Callable[[str, str], float]] = {

@@ -188,9 +188,11 @@ def test_options_outside_the_question_are_not_chosen() -> None:
     [
         ("b", {}, "B/ABCDEFGHIJ"),
         (2, {}, "C/ABCDEFGHIJ"),
-        ("Paris", {"choices": ["London", "Paris", "Rome", "Oslo"]}, "B/ABCD"),
-        ("Rome", {"choices": {"A": "London", "B": "Paris", "C": "Rome"}}, "C/ABC"),
+        ("Paris", {"choices": ["London", "Paris", "Rome", "Oslo"]}, "B/ABCD/paris"),
+        ("Rome", {"choices": {"A": "London", "B": "Paris", "C": "Rome"}}, "C/ABC/rome"),
         ("whatever", {"correct_letter": "d"}, "D/ABCDEFGHIJ"),
+        ("c", {"valid_letters": ["A", "B", "C"]}, "C/ABC"),
+        ("0", {"valid_letters": "xyz", "correct_answer": "The Moon."}, "X/XYZ/moon"),
     ],
 )
 def test_a_choice_label_is_a_letter_an_index_or_an_options_text(
@@ -209,3 +211,16 @@ def test_a_choice_is_graded_against_the_labelled_letter_among_the_options() -> N
     assert grade_choice("The answer is (B)", label) == 1.0
     assert grade_choice("The answer is (C)", label) == 0.0
     assert grade_choice("I cannot tell", label) == 0.0
+    # no letter named: the right option's words count, as whole words
+    assert grade_choice("<think>London? No.</think> It is Paris.", label) == 1.0
+    assert grade_choice("It is London.", label) == 0.0
+    assert grade_choice("Parisian cafes", label) == 0.0
+    assert grade_choice("The answer is (C), not Paris", label) == 0.0  # the letter decides
+
+
+def test_letters_outside_valid_letters_are_no_answer() -> None:
+    with pytest.raises(ValueError, match="names no option: give its letter \\(A-C\\)"):
+        choice_label("D", {"valid_letters": ["A", "B", "C"]})
+    label = choice_label("B", {"valid_letters": ["A", "B", "C"]})
+    assert grade_choice("The answer is (D)", label) == 0.0
+    assert grade_choice("The answer is (B)", label) == 1.0
