@@ -7,7 +7,9 @@ Both compose and plan the run first (a config error stops here, exit 2), then wr
 that is generated, never edited: regenerate it after a change. The sbatch script asks for
 the plan's nodes and GPUs, starts the Ray head on the first node and one worker per other
 node through srun (each `ray start --block`, its log in the run directory), waits until every
-node has registered, and launches the run on the head with the same overrides. The RayJob
+node has registered, and launches the run on the head with the same overrides; it asks for
+SIGTERM ahead of the time limit for itself alone and hands it to the launch, which saves and
+stops while Ray still runs (at the limit Slurm signals every step at once). The RayJob
 has a head group and a worker group sized from the hardware profile, the launch as its
 entrypoint, and the run directory on a volume every pod mounts.
 """
@@ -15,16 +17,20 @@ entrypoint, and the run directory on a volume every pod mounts.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import sys
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.cli.target import Target, add_target_arguments, target_from_args
 from rlpost.errors import Issue, UserError
 from rlpost.schema import RunConfig
+
+if TYPE_CHECKING:
+    from rlpost.plan import Plan
 
 SLURM_HELP = "write an sbatch script for a run: a Ray cluster over the job's nodes, then the launch"
 KUBERAY_HELP = "write a KubeRay RayJob manifest for a run (head and worker groups, the launch)"
@@ -33,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]  # where launch.py is
 TOKEN_SECRET_KEY = "auth_token"
 
 
-def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig]:
+def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     """The run's config, checked and planned (a config or planning error stops here)."""
     from rlpost.cli.launch import plan_run
     from rlpost.config.loader import compose_run_config
@@ -42,8 +48,8 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig]:
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
-    cfg, _ = plan_run(cfg, sources)
-    return target, cfg
+    cfg, plan = plan_run(cfg, sources)
+    return target, cfg, plan
 
 
 def job_name(cfg: RunConfig) -> str:
@@ -111,16 +117,96 @@ done
 "$PYTHON" -m rlpost.cli.main cluster wait --address "$HEAD_IP:$PORT" \
     --node-address "$HEAD_IP" --nodes @NODES@ --timeout 600
 
-# The run, on the head, with the same overrides.
+# The run, on the head, with the same overrides. At the time limit Slurm signals every step
+# at once, Ray's with the run's, and the run could not save; so this script asks for SIGTERM
+# @LEAD@ s ahead, for itself alone (--signal=B:TERM), and hands it to the launch (srun passes
+# a SIGTERM on to its task), which saves every finished rollout while Ray still runs and
+# stops; the job ends with it.
 cd "$RLPOST_DIR"
 srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" "$PYTHON" launch.py @LAUNCH@ \
-    run.dir="$RUN_DIR" run.ray_address="$HEAD_IP:$PORT" run.node_address="$HEAD_IP"
+    run.dir="$RUN_DIR" run.ray_address="$HEAD_IP:$PORT" run.node_address="$HEAD_IP" &
+LAUNCH_PID=$!
+trap 'kill -TERM "$LAUNCH_PID" 2> /dev/null || true' TERM
+status=0
+wait "$LAUNCH_PID" || status=$?
+while kill -0 "$LAUNCH_PID" 2> /dev/null; do  # the trapped signal ended the wait early
+    status=0
+    wait "$LAUNCH_PID" || status=$?
+done
+exit "$status"
 """
 
 
-def render_sbatch(cfg: RunConfig, target: Target, args: argparse.Namespace) -> str:
+MIN_STOP_LEAD_S = 300
+SAVE_ALLOWANCE_S = 300
+
+
+def stop_lead_s(train_s: float, asked: int | None) -> int:
+    """Seconds before the time limit the launch is told to stop: `--stop-lead` when given,
+    else the plan's training time per rollout (the rollout a stop lets finish) and 5 minutes
+    for the save, in whole minutes, 5 at least."""
+    if asked is not None:
+        return asked
+    return max(MIN_STOP_LEAD_S, 60 * math.ceil((train_s + SAVE_ALLOWANCE_S) / 60))
+
+
+_SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def slurm_time_s(text: str) -> int | None:
+    """sbatch --time in seconds: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+    days-hours:minutes, days-hours:minutes:seconds; None for what is not one of them."""
+    match = _SLURM_TIME.fullmatch(text.strip())
+    if match is None:
+        return None
+    days, first, second, third = (int(g) if g else None for g in match.groups())
+    assert first is not None
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        return ((days * 24 + first) * 60 + (second or 0)) * 60 + (third or 0)
+    if third is not None:  # hours:minutes:seconds
+        return (first * 60 + (second or 0)) * 60 + third
+    return first * 60 + (second or 0)  # minutes[:seconds]
+
+
+def _check_stop_lead(lead: int, time: str | None) -> None:
+    limit = slurm_time_s(time) if time else None
+    if time and limit is None:
+        raise UserError(
+            [
+                Issue(
+                    "--time",
+                    "is not a Slurm time limit",
+                    "write minutes, hours:minutes:seconds or days-hours[:minutes[:seconds]], "
+                    "e.g. 24:00:00 or 2-00:00:00",
+                    value=time,
+                )
+            ],
+            title="command-line error",
+        )
+    if limit is not None and lead >= limit:
+        raise UserError(
+            [
+                Issue(
+                    "--stop-lead",
+                    f"the launch would be told to stop {lead} s before the time limit, and the "
+                    f"job has {limit} s in all: it would stop before it trained anything",
+                    "ask for a longer --time, or a shorter --stop-lead (it must cover a "
+                    "rollout's training and a save)",
+                    value=lead,
+                )
+            ],
+            title="command-line error",
+        )
+
+
+def render_sbatch(
+    cfg: RunConfig, target: Target, args: argparse.Namespace, train_s: float = 0.0
+) -> str:
+    """The script; `train_s`: the plan's training seconds per rollout (the stop's lead)."""
     hw = cfg.hardware
     run_dir = Path(args.run_dir).resolve()
+    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None))
+    _check_stop_lead(lead, args.time)
     directives = [
         f"--job-name={job_name(cfg)}",
         f"--nodes={hw.num_nodes}",
@@ -128,6 +214,7 @@ def render_sbatch(cfg: RunConfig, target: Target, args: argparse.Namespace) -> s
         f"--cpus-per-task={hw.cpus_per_node}",
         "--exclusive",
         f"--output={run_dir}/logs/slurm-%j.out",
+        f"--signal=B:TERM@{lead}",
     ]
     if hw.kind == "gpu":
         directives.insert(3, f"--gpus-per-node={hw.gpus_per_node}")
@@ -144,6 +231,7 @@ def render_sbatch(cfg: RunConfig, target: Target, args: argparse.Namespace) -> s
         "RESOURCES": _resources(cfg),
         "NODES": str(hw.num_nodes),
         "LAUNCH": launch,
+        "LEAD": str(lead),
     }
     body = SBATCH_BODY
     for name, value in fills.items():
@@ -278,8 +366,8 @@ def _write(text: str, out: str | None, what: str) -> None:
 
 
 def slurm(args: argparse.Namespace) -> int:
-    target, cfg = _planned(args)
-    text = render_sbatch(cfg, target, args)
+    target, cfg, plan = _planned(args)
+    text = render_sbatch(cfg, target, args, plan.prediction.train_s)
     Path(args.run_dir, "logs").mkdir(parents=True, exist_ok=True)  # sbatch opens --output there
     _write(text, args.out, "the sbatch script")
     return 0
@@ -288,7 +376,7 @@ def slurm(args: argparse.Namespace) -> int:
 def kuberay(args: argparse.Namespace) -> int:
     import yaml  # type: ignore[import-untyped]
 
-    target, cfg = _planned(args)
+    target, cfg, _ = _planned(args)
     if cfg.hardware.num_nodes > 1 and not args.pvc:
         raise UserError(
             [
@@ -322,6 +410,13 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partition", help="#SBATCH --partition")
     parser.add_argument("--account", help="#SBATCH --account")
     parser.add_argument("--time", help="#SBATCH --time, e.g. 24:00:00")
+    parser.add_argument(
+        "--stop-lead",
+        type=int,
+        metavar="SECONDS",
+        help="SIGTERM to the launch this long before the time limit, so that it saves and "
+        "stops (default: the plan's training time per rollout plus 5 minutes, 5 at least)",
+    )
     parser.add_argument("--python", help="the Python of rlpost's environment on the nodes")
     parser.add_argument("--rlpost-dir", help="where launch.py is on the nodes")
 

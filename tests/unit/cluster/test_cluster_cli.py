@@ -12,6 +12,7 @@ import yaml
 
 from rlpost.cli.cluster import ClusterState, parse_hostfile, worker_command
 from rlpost.cli.main import main
+from rlpost.cli.schedulers import slurm_time_s, stop_lead_s
 from rlpost.errors import UserError
 
 SEED_002 = ("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x64")
@@ -109,6 +110,87 @@ def test_the_sbatch_script_for_seed_002_is_valid_bash_and_asks_for_the_plan(
     assert "launch.py model=glm4.5-355b-a32b recipe=grpo_dapo hardware=h100x64" in text
     assert 'run.ray_address="$HEAD_IP:$PORT"' in text
     assert (tmp_path / "run" / "logs").is_dir()
+    # SIGTERM ahead of the limit, for the batch script alone, which hands it to the launch:
+    # the plan's training time per rollout and 5 minutes for the save, in whole minutes
+    lead = [line for line in text.splitlines() if line.startswith("#SBATCH --signal=")]
+    assert lead == [f"#SBATCH --signal=B:TERM@{stop_lead_s(seed_002_train_s(), None)}"]
+
+
+def seed_002_train_s() -> float:
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import build_plan
+
+    cfg, _ = compose_run_config(list(SEED_002))
+    return build_plan(cfg).prediction.train_s
+
+
+def test_the_stop_lead_covers_a_rollouts_training_and_a_save() -> None:
+    assert stop_lead_s(12.0, None) == 360  # 5 minutes and the training, in whole minutes
+    assert stop_lead_s(0.0, None) == 300
+    assert stop_lead_s(900.0, None) == 1200
+    assert stop_lead_s(900.0, 120) == 120  # --stop-lead as given
+    assert [slurm_time_s(t) for t in ("90", "90:30", "24:00:00", "2-00", "1-2:03", "1-0:0:5")] == [
+        5400, 5430, 86400, 172800, 93780, 86405
+    ]  # fmt: skip
+    assert slurm_time_s("tomorrow") is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "says"),
+    [
+        (["--time", "4:00"], "--stop-lead", "it would stop before it trained anything"),
+        (["--time", "noon"], "--time", "is not a Slurm time limit"),
+    ],
+)
+def test_a_time_limit_the_stop_lead_leaves_nothing_of_is_refused(
+    extra: list[str], key: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", *SEED_002, "--run-dir", str(tmp_path / "run"), *extra, "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and key in err and says in err, err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_batch_scripts_sigterm_reaches_the_launch_which_saves_and_ends_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The script's last block, run with Slurm's srun stood in for by a function that runs
+    its command here (no Slurm on this machine) and a launch that saves on SIGTERM: a SIGTERM
+    to the batch shell reaches the launch, the script waits until the launch has saved and
+    exits with the launch's own status."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "job.sbatch"
+    status, _, err = run_main(
+        ["slurm", *SEED_002, "--run-dir", str(tmp_path / "run"), "--out", str(out)], capsys
+    )
+    assert status == 0, err
+    block = out.read_text().split('cd "$RLPOST_DIR"\n', 1)[1]
+    saved = tmp_path / "saved"
+    launch = tmp_path / "launch"
+    launch.write_text(
+        "#!/bin/bash\n"
+        f"trap 'sleep 0.5; echo saved > {saved}; exit 143' TERM\n"
+        f"echo started > {tmp_path / 'started'}\n"
+        "for _ in $(seq 400); do sleep 0.05; done  # 20 s at most, should the test fail\n"
+    )
+    launch.chmod(0o755)
+    stand_ins = (
+        "set -euo pipefail\n"
+        'srun() { shift 5; exec "$@"; }  # --overlap --nodes=1 --ntasks=1 -w HOST\n'
+        f"PYTHON={launch} RUN_DIR=/r HEAD=h HEAD_IP=10.0.0.1 PORT=6379\n"
+    )
+    job = subprocess.Popen(["bash", "-c", stand_ins + block])
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(job.pid, signal.SIGTERM)  # what --signal=B:TERM sends: the batch shell alone
+    assert job.wait(timeout=10) == 143  # the launch's status, once it has saved
+    assert saved.read_text() == "saved\n"
 
 
 def test_a_bad_config_writes_no_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
