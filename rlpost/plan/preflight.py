@@ -17,6 +17,7 @@ a hook that raises on some sample) is handled by the run itself.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -159,6 +160,102 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 "use a checkpoint whose tokenizer has a chat template (an instruct or chat "
                 "model), or set recipe.data.apply_chat_template: false",
                 value=True,
+            )
+        )
+    elif cfg.recipe.data.apply_chat_template and not issues:
+        issues += check_template_kwargs(cfg.recipe.data.apply_chat_template_kwargs, model)
+    return issues
+
+
+# apply_chat_template's own keyword arguments: transformers reads them, the template never
+TOKENIZER_ARGUMENTS = frozenset(
+    {"chat_template", "documents", "padding", "truncation", "max_length", "return_tensors",
+     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)  # fmt: skip
+
+
+def chat_templates(folder: Path) -> dict[str, str]:
+    """The checkpoint's chat templates by name ("default": the one used unless another is
+    named): chat_template.jinja, chat_template.json, additional_chat_templates/*.jinja, and
+    tokenizer_config.json's chat_template (a string, or a list of {name, template})."""
+    found: dict[str, str] = {}
+    config = _json_object(folder / "tokenizer_config.json")
+    inline = config.get("chat_template")
+    if isinstance(inline, str):
+        found["default"] = inline
+    elif isinstance(inline, list):
+        found |= {
+            str(t["name"]): str(t["template"])
+            for t in inline
+            if isinstance(t, dict) and "name" in t and "template" in t
+        }
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        found |= {p.stem: p.read_text(encoding="utf-8") for p in sorted(extra.glob("*.jinja"))}
+    in_json = _json_object(folder / "chat_template.json").get("chat_template")
+    if isinstance(in_json, str):
+        found["default"] = in_json
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        found["default"] = jinja.read_text(encoding="utf-8")
+    return found
+
+
+def _json_object(path: Path) -> dict[str, object]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def template_variables(source: str) -> frozenset[str] | None:
+    """The variables a Jinja chat template reads from its caller; None when it does not
+    parse here (a tag of transformers' own, say)."""
+    import jinja2
+    import jinja2.meta
+
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+    except jinja2.TemplateSyntaxError:
+        return None
+
+
+def check_template_kwargs(kwargs: dict[str, object], model: ModelConfig) -> list[Issue]:
+    """Every apply_chat_template_kwargs key is read by the chat template it goes to: Jinja
+    drops a variable a template never reads without a word (a misspelt enable_thinking
+    leaves thinking on)."""
+    passed = sorted(set(kwargs) - TOKENIZER_ARGUMENTS)
+    if not passed:
+        return []
+    folder = Path(model.hf_checkpoint).expanduser()
+    templates = chat_templates(folder)
+    chosen = kwargs.get("chat_template")
+    if isinstance(chosen, str):
+        source = templates.get(chosen, chosen)  # a named template, or the template itself
+        which = (
+            f"the chat template {chosen!r}" if chosen in templates else "the chat template given"
+        )
+    else:
+        source = templates.get("default")
+        which = f"the chat template of {model.hf_checkpoint}"
+    reads = template_variables(source) if source else None
+    if reads is None:
+        return []
+    issues = []
+    for key in passed:
+        if key in reads:
+            continue
+        near = difflib.get_close_matches(key, sorted(reads), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        issues.append(
+            Issue(
+                f"recipe.data.apply_chat_template_kwargs.{key}",
+                f"{which} never reads {key!r}{hint}, so the tokenizer drops it without a word "
+                f"(it reads {', '.join(sorted(reads))})",
+                "spell it as the template does, or remove it",
+                value=kwargs[key],
             )
         )
     return issues

@@ -76,6 +76,12 @@ CASES: list[Bad] = [
         "name the checkpoint to evaluate",
     ),
     Bad(
+        "a chat template argument the template never reads (a misspelt enable_thinking)",
+        ("+recipe.data.apply_chat_template_kwargs.enable_thinkng=false",),
+        "recipe.data.apply_chat_template_kwargs.enable_thinkng",
+        "never reads 'enable_thinkng' (did you mean 'enable_thinking'?)",
+    ),
+    Bad(
         "a chat template argument rlpost passes itself",
         ("recipe.data.apply_chat_template_kwargs={add_generation_prompt: false}",),
         "recipe.data.apply_chat_template_kwargs",

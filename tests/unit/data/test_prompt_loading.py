@@ -331,3 +331,38 @@ def test_validation_refuses_every_line_the_loader_refuses(
             load_prompts(path, form, chat_tokenizer)
         where = [(i.location.file, i.location.line) for i in raised.value.issues if i.location]
         assert where == [(str(path), 2)], name
+
+
+def test_validation_names_a_template_argument_no_chat_template_reads(tmp_path: Path) -> None:
+    """Jinja drops a variable a template never reads: validation reads the checkpoint's chat
+    templates (the default one, or the one `chat_template` names, or gives) and refuses an
+    argument none of them would read; a template it cannot parse is not judged."""
+    from rlpost.plan.preflight import chat_templates, check_template_kwargs
+    from rlpost.schema import ModelConfig
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"chat_template": [
+                {"name": "default", "template": "{{ messages[0]['content'] }}"},
+                {"name": "tool_use", "template": "{% if verbose %}{{ tools }}{% endif %}"},
+            ]}
+        )
+    )  # fmt: skip
+    assert set(chat_templates(folder)) == {"default", "tool_use"}
+    model = ModelConfig.model_validate({**yaml_of("qwen3-tiny"), "hf_checkpoint": str(folder)})
+    (refused,) = check_template_kwargs({"verbose": True}, model)
+    assert refused.key == "recipe.data.apply_chat_template_kwargs.verbose"
+    assert "never reads 'verbose'" in refused.message and "(it reads messages)" in refused.message
+    assert check_template_kwargs({"verbose": True, "chat_template": "tool_use"}, model) == []
+    given = {"chat_template": "{{ mode }}", "mode": "x", "verbose": True}
+    assert [i.key.rsplit(".", 1)[1] for i in check_template_kwargs(given, model)] == ["verbose"]
+    assert check_template_kwargs({"x": 1, "chat_template": "{% generation %}"}, model) == []
+
+
+def yaml_of(model: str) -> dict:
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    return yaml.safe_load((root / "rlpost" / "conf" / "model" / f"{model}.yaml").read_text())
