@@ -232,6 +232,7 @@ def check_template_kwargs(kwargs: dict[str, object], model: ModelConfig) -> list
     folder = Path(model.hf_checkpoint).expanduser()
     templates = chat_templates(folder)
     chosen = kwargs.get("chat_template")
+    source: str | None
     if isinstance(chosen, str):
         source = templates.get(chosen, chosen)  # a named template, or the template itself
         which = (
