@@ -17,6 +17,7 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from rlpost.data.source import DataSource
 from rlpost.errors import Issue, UserError
@@ -178,10 +179,83 @@ def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
         skip_special_tokens=rollout.skip_special_tokens,
     )
     eval_sets = load_eval_sets(recipe, tokenizer, rollout.stop_token_ids)
-    too_long = context_issues(cfg, data, eval_sets)
+    too_long = context_issues(cfg, data, eval_sets) + turn_end_issues(cfg, tokenizer)
     if too_long:
         raise UserError(too_long, title="data error")
     return Inputs(data, eval_sets, sampling, tokenizer)
+
+
+TURN_PROBE = "rlpost-turn-probe"
+
+
+def turn_end_issues(cfg: RunConfig, tokenizer: Any) -> list[Issue]:
+    """The token the chat template closes an assistant turn with must stop the engines:
+    they stop at the checkpoint's eos ids (config.json, generation_config.json, the
+    tokenizer's) and recipe.rollout.stop_token_ids, and a base model's eos is often its
+    end-of-text, not the template's end-of-turn (Qwen's <|endoftext|> against <|im_end|>).
+    Then every response runs on to max_response_len, writing turns of its own. Judged by
+    rendering one assistant turn with the template; nothing when the turn's end is not one
+    special token."""
+    data, rollout = cfg.recipe.data, cfg.recipe.rollout
+    if not data.apply_chat_template:
+        return []
+    turn = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": TURN_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(
+            turn, tokenize=False, **dict(data.apply_chat_template_kwargs)
+        )
+    except Exception:  # a template that refuses the probe: nothing to learn
+        return []
+    if not isinstance(text, str) or TURN_PROBE not in text:
+        return []
+    after = text.rsplit(TURN_PROBE, 1)[1]
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    if not ids or ids[0] not in _special_ids(tokenizer):
+        return []
+    end = int(ids[0])
+    eos = _eos_ids(cfg.model.hf_checkpoint, tokenizer)
+    given = list(rollout.stop_token_ids)
+    end_text = tokenizer.convert_ids_to_tokens(end)
+    if end in eos or end in given or end_text in rollout.stop:
+        return []
+    return [
+        Issue(
+            "recipe.rollout.stop_token_ids",
+            f"the chat template ends an assistant turn with {end_text!r} (id {end}), and the "
+            f"engines stop only at the checkpoint's eos ids {sorted(eos)} and stop_token_ids "
+            f"{given}: every response would run on to max_response_len, writing turns of "
+            "its own",
+            f"add it: recipe.rollout.stop_token_ids: {[*given, end]} (or set eos_token_id to "
+            f"{end} in the checkpoint's generation_config.json)",
+            value=given,
+        )
+    ]
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    """The tokenizer's special tokens: its named ones and every added token marked special
+    (a chat template's markers are often only the latter)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    marked = {int(i) for i, token in added.items() if getattr(token, "special", False)}
+    return marked | set(getattr(tokenizer, "all_special_ids", ()))
+
+
+def _eos_ids(folder: str, tokenizer: Any) -> set[int]:
+    """The ids the engines stop at for the checkpoint: the tokenizer's eos, and config.json's
+    and generation_config.json's eos_token_id (a number or a list)."""
+    import json
+
+    found: set[int] = set()
+    values: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    for name in ("config.json", "generation_config.json"):
+        try:
+            values.append(json.loads((Path(folder) / name).read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            continue
+    for value in values:
+        items = value if isinstance(value, list) else [value]
+        found.update(int(v) for v in items if isinstance(v, int) and not isinstance(v, bool))
+    return found
 
 
 def context_issues(cfg: RunConfig, data: DataSource, eval_sets: list[EvalSet]) -> list[Issue]:

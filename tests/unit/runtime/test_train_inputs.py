@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rlpost.config.loader import compose_run_config
@@ -44,3 +46,39 @@ def test_an_evaluation_restarts_on_the_weights_it_was_given() -> None:
     assert _resuming(evaluation).run.resume == checkpoint
     training, _ = compose_run_config(["run.max_restarts=2", "run.dir=runs/x"])
     assert _resuming(training).run.resume == "auto"
+
+
+def test_a_turn_end_the_engines_would_not_stop_at_is_refused_before_any_actor(
+    tmp_path: Path,
+) -> None:
+    """A base model's eos is often its end-of-text while the chat template ends a turn with
+    another token (Qwen's <|endoftext|> against <|im_end|>): the engines would never stop a
+    response. The shipped tiny model's eos is its template's <|im_end|>; a copy whose
+    config, generation config and tokenizer say <|endoftext|> is refused, and the fix the
+    message names (stop_token_ids) is accepted."""
+    import json
+    import shutil
+
+    shipped, _ = compose_run_config([])
+    assert load_inputs(shipped, None).data is not None
+    folder = tmp_path / "eos_is_end_of_text"
+    shutil.copytree(shipped.model.hf_checkpoint, folder)  # type: ignore[attr-defined]
+    for name, key, value in (
+        ("config.json", "eos_token_id", 0),
+        ("generation_config.json", "eos_token_id", 0),
+        ("tokenizer_config.json", "eos_token", "<|endoftext|>"),
+    ):
+        data = json.loads((folder / name).read_text())
+        data[key] = value
+        (folder / name).write_text(json.dumps(data))
+    moved = [f"model.hf_checkpoint={folder}", f"model.ref_load={folder}"]
+    cfg, _ = compose_run_config(moved)
+    with pytest.raises(UserError) as refused:
+        load_inputs(cfg, None)
+    (issue,) = refused.value.issues
+    assert issue.key == "recipe.rollout.stop_token_ids"
+    assert "ends an assistant turn with '<|im_end|>' (id 2)" in issue.message
+    assert "eos ids [0]" in issue.message
+    assert issue.fix.startswith("add it: recipe.rollout.stop_token_ids: [2]")
+    fixed, _ = compose_run_config([*moved, "recipe.rollout.stop_token_ids=[2]"])
+    assert load_inputs(fixed, None).data is not None
