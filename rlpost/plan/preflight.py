@@ -164,7 +164,50 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
         )
     elif cfg.recipe.data.apply_chat_template and not issues:
         issues += check_template_kwargs(cfg.recipe.data.apply_chat_template_kwargs, model)
+    if not issues:
+        issues += check_thinking_reward(cfg)
     return issues
+
+
+THINK_END = "</think>"
+
+
+def check_thinking_reward(cfg: RunConfig) -> list[Issue]:
+    """deepscaler grades only the text after `</think>` and pays 0 without one: a model
+    whose tokenizer and chat templates never name `</think>` (no such token, no thinking
+    block) never writes one, and every sample it is graded on would score 0."""
+    recipe = cfg.recipe
+    graders = [("recipe.rollout.reward.type", recipe.rollout.reward.type)]
+    graders += [
+        (f"recipe.eval.datasets.{i}.reward_type", d.reward_type)
+        for i, d in enumerate(recipe.eval.datasets)
+    ]
+    keys = [key for key, kind in graders if kind == "deepscaler"]
+    if recipe.rollout.reward.custom_function and keys[:1] == ["recipe.rollout.reward.type"]:
+        keys = keys[1:]  # the custom function scores in its place
+    if not keys:
+        return []
+    folder = Path(cfg.model.hf_checkpoint).expanduser()
+    try:
+        vocabulary = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []  # a tokenizer of another format: cannot tell
+    texts = [vocabulary, *chat_templates(folder).values()]
+    if any(THINK_END in text for text in texts):
+        return []
+    return [
+        Issue(
+            key,
+            f"deepscaler grades only the text after {THINK_END} and scores 0 without one, and "
+            f"{cfg.model.hf_checkpoint} has no {THINK_END} (neither a token of its tokenizer "
+            "nor in its chat templates): the model never opens a thinking block, so every "
+            "sample it grades would score 0",
+            "grade with math (the same answer check on the whole response), or use a "
+            "thinking model",
+            value="deepscaler",
+        )
+        for key in keys
+    ]
 
 
 # apply_chat_template's own keyword arguments: transformers reads them, the template never

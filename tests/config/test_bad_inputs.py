@@ -567,6 +567,13 @@ def write_fixtures(root: Path) -> Path:
     for item in TINY_MODEL.iterdir():
         if item.name != "chat_template.jinja":
             (no_template / item.name).symlink_to(item)
+    never_thinks = root / "never_thinks"  # a tokenizer and template without </think>
+    never_thinks.mkdir()
+    for item in TINY_MODEL.iterdir():
+        if item.name in ("tokenizer.json", "chat_template.jinja"):
+            (never_thinks / item.name).write_text(item.read_text().replace("think>", "thonk>"))
+        else:
+            (never_thinks / item.name).symlink_to(item)
     conf = root / "conf" / "recipe"
     conf.mkdir(parents=True)
     (conf / "typo.yaml").write_text(
@@ -645,6 +652,16 @@ def file_cases(root: Path) -> list[Bad]:
             (f"model.hf_checkpoint={root / 'no_template'}",),
             "recipe.data.apply_chat_template",
             "no chat template",
+        ),
+        _case(
+            "the deepscaler reward for a model that never writes </think>",
+            (
+                f"model.hf_checkpoint={root / 'never_thinks'}",
+                f"model.ref_load={root / 'never_thinks'}",
+                "recipe.rollout.reward.type=deepscaler",
+            ),
+            "recipe.rollout.reward.type",
+            "so every sample it grades would score 0",
         ),
         _case(
             "reference checkpoint missing",
