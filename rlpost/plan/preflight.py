@@ -177,7 +177,9 @@ def check_thinking_reward(cfg: RunConfig) -> list[Issue]:
     whose tokenizer and chat templates never name `</think>` (no such token, no thinking
     block) never writes one, and every sample it is graded on would score 0."""
     recipe = cfg.recipe
-    graders = [("recipe.rollout.reward.type", recipe.rollout.reward.type)]
+    graders: list[tuple[str, str | None]] = [
+        ("recipe.rollout.reward.type", recipe.rollout.reward.type)
+    ]
     graders += [
         (f"recipe.eval.datasets.{i}.reward_type", d.reward_type)
         for i, d in enumerate(recipe.eval.datasets)
