@@ -249,3 +249,23 @@ def test_the_rayjob_carries_the_v1_fields_sized_from_the_profile(
 def test_a_multi_node_rayjob_needs_a_shared_volume(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_main(["kuberay", *SEED_002, "--image", "registry/rlpost:1"], capsys)
     assert status == 2 and "--pvc" in err
+    scratch = ["kuberay", *SEED_002, "--image", "registry/rlpost:1", "--scratch"]
+    status, _, err = run_main(scratch, capsys)
+    assert status == 2 and "write checkpoints into one run directory" in err
+
+
+def test_a_rayjob_keeps_its_checkpoints_on_a_volume_unless_told_they_may_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One node without --pvc: the run directory would live in the pod's emptyDir, lost with
+    a restarted pod and with the cluster an hour after the job; --scratch says that is meant."""
+    one_node = ["kuberay", "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"]
+    status, _, err = run_main([*one_node, "--image", "registry/rlpost:1"], capsys)
+    assert status == 2 and "--pvc" in err and "emptyDir" in err and "--scratch" in err
+    out = tmp_path / "job.yaml"
+    argv = [*one_node, "--image", "registry/rlpost:1", "--scratch", "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 0, err
+    manifest = yaml.safe_load(out.read_text().split("\n", 2)[2])
+    (volume,) = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    assert volume == {"name": "runs", "emptyDir": {}}
