@@ -536,6 +536,18 @@ class AlgoConfig(Section):
                 fields=("tis_clip_low",),
                 fix="use a low bound below the high one (e.g. 0.0 and 2.0)",
             )
+        low, high = self.tis_clip_low, self.tis_clip_high
+        if correction == "tis" and not low <= 1.0 <= high:
+            bound, key = (high, "tis_clip_high") if high < 1.0 else (low, "tis_clip_low")
+            raise InvariantError(
+                f"the importance weights' range [{low:g}, {high:g}] does not hold 1, the weight "
+                "of a token the trained policy would sample as the engines did: every "
+                f"on-policy token's loss would be scaled by {bound:g}, as by a learning rate "
+                f"{bound:g}x the one set",
+                fields=(key,),
+                fix="bound the weights around 1: tis_clip_low <= 1 <= tis_clip_high (slime's "
+                "defaults: 0 and 2)",
+            )
         return self
 
     @model_validator(mode="after")

@@ -54,6 +54,12 @@ CASES: list[Bad] = [
     ),
     Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
     Bad(
+        "importance weights clipped below 1",
+        ("recipe.algo.off_policy_correction=tis", "recipe.algo.tis_clip_high=0.5"),
+        "recipe.algo.tis_clip_high",
+        "every on-policy token's loss would be scaled by 0.5",
+    ),
+    Bad(
         "an evaluation set's reward type that the reward model never reads",
         (
             "recipe.rollout.reward.type=model",
