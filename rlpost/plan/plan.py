@@ -250,6 +250,17 @@ def _notes(
             "every N rollouts and at the end"
             + (" (a SIGTERM still saves: run.on_sigterm)" if cfg.run.on_sigterm == "save" else "")
         )
+    if not save.save_optimizer:
+        again = (
+            f"a restart (run.max_restarts={cfg.run.max_restarts}) or a resume"
+            if cfg.run.max_restarts
+            else "a resume"
+        )
+        notes.append(
+            "recipe.save.save_optimizer is false: checkpoints hold the weights only, so "
+            f"{again} continues with Adam's moments at zero (its first steps move every "
+            "weight by about the learning rate); save_optimizer: true keeps them"
+        )
     if cfg.hardware.kind == "cpu":
         notes.append("hardware kind cpu: device slots share host memory; figures are nominal")
         if cfg.model.params_dtype != "fp32":

@@ -230,6 +230,22 @@ def test_stale_tokens_without_a_correction_are_noted(run_config: Runs) -> None:
     assert note("grpo_dapo_fully_async", **decoupled) is None  # decoupled_ppo
 
 
+def test_checkpoints_without_optimizer_state_are_noted(run_config: Runs) -> None:
+    """Weights-only checkpoints (slime's --no-save-optim) resume with Adam's moments at zero:
+    the plan says so, naming the restarts that would meet it."""
+
+    def note(**overrides: object) -> str | None:
+        plan = build_plan(run_config("qwen3-4b", "h100x8", **overrides))
+        return next((n for n in plan.notes if "save_optimizer is false" in n), None)
+
+    assert note() is None
+    said = note(recipe__save__save_optimizer=False, run__max_restarts=2, run__dir="runs/x")
+    assert said is not None and "a restart (run.max_restarts=2) or a resume" in said
+    assert "Adam's moments at zero" in said
+    said = note(recipe__save__save_optimizer=False)
+    assert said is not None and "so a resume continues" in said
+
+
 def test_run_deterministic_switches_on_sglangs_seeded_sampling(run_config: Runs) -> None:
     """SGLang samples with a request's seed only in its deterministic inference mode: with
     run.deterministic the plan gives the engines that mode (and says it derived it); an
