@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +251,27 @@ def _notes(
             "every N rollouts and at the end"
             + (" (a SIGTERM still saves: run.on_sigterm)" if cfg.run.on_sigterm == "save" else "")
         )
+    ev, data = cfg.recipe.eval, cfg.recipe.data
+    trained_on = (
+        os.path.realpath(os.path.expanduser(data.prompt_data)) if data.prompt_data else None
+    )
+    for i, dataset in enumerate(ev.datasets):
+        if trained_on and os.path.realpath(os.path.expanduser(dataset.path)) == trained_on:
+            notes.append(
+                f"recipe.eval.datasets.{i} ({dataset.name}) is the training prompt file: its "
+                "accuracy is measured on prompts the policy trains on, not held out"
+            )
+    rollout_len = cfg.recipe.rollout.max_response_len
+    eval_lens = [(f"recipe.eval.datasets.{i}.max_response_len", d.max_response_len)
+                 for i, d in enumerate(ev.datasets)] + [("recipe.eval.max_response_len",
+                                                          ev.max_response_len)]  # fmt: skip
+    for key, length in eval_lens:
+        if length is not None and length < rollout_len:
+            notes.append(
+                f"{key}={length} is below recipe.rollout.max_response_len={rollout_len}: "
+                "answers the policy finishes in training are cut off in evaluation, so its "
+                "accuracy understates the policy, the more as its responses grow"
+            )
     if not save.save_optimizer:
         again = (
             f"a restart (run.max_restarts={cfg.run.max_restarts}) or a resume"

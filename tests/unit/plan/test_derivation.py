@@ -246,6 +246,25 @@ def test_checkpoints_without_optimizer_state_are_noted(run_config: Runs) -> None
     assert said is not None and "so a resume continues" in said
 
 
+def test_an_evaluation_on_the_training_prompts_or_shorter_than_training_is_noted(
+    run_config: Runs,
+) -> None:
+    """Two evaluations that measure less than they seem to: a set that is the training prompt
+    file (nothing held out), and responses cut shorter than training lets them run."""
+
+    def notes(**overrides: object) -> list[str]:
+        cfg = run_config("qwen3-tiny", "cpu", "grpo_tiny_math", **overrides)
+        return [n for n in build_plan(cfg).notes if "recipe.eval" in n]
+
+    assert notes() == []
+    cfg = run_config("qwen3-tiny", "cpu", "grpo_tiny_math")
+    (same,) = notes(recipe__eval__datasets=[{"name": "train", "path": cfg.recipe.data.prompt_data}])
+    assert "recipe.eval.datasets.0 (train) is the training prompt file" in same
+    (short,) = notes(recipe__eval__max_response_len=8)
+    assert short.startswith("recipe.eval.max_response_len=8 is below")
+    assert "recipe.rollout.max_response_len=16" in short
+
+
 def test_run_deterministic_switches_on_sglangs_seeded_sampling(run_config: Runs) -> None:
     """SGLang samples with a request's seed only in its deterministic inference mode: with
     run.deterministic the plan gives the engines that mode (and says it derived it); an
