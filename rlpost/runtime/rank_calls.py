@@ -37,6 +37,8 @@ async def await_ranks(
     is named as the one that did not arrive. `progress`: a figure that changes while the
     call makes progress (the bytes a save has written); the timeout then counts from its
     last change, so a long save that keeps writing is not cut off and a stalled one is."""
+    if not refs:  # no rank to ask (an evaluation of the engines' own weights has none)
+        return []
     tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
     done, pending = await _wait_while_progressing(tasks, timeout, progress)
     failed = [t for t in done if t.exception() is not None]

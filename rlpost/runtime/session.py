@@ -75,6 +75,18 @@ LOOPBACK_IFNAME = "lo"
 PUSH_ATTEMPTS = 3
 
 
+def evaluates_served_weights(cfg: RunConfig) -> bool:
+    """mode=eval of model.hf_checkpoint's own weights (no run.resume, no other model.load):
+    the engines load them as they start, and no train rank is needed to hand them over."""
+    load, served = cfg.model.load, cfg.model.hf_checkpoint
+    elsewhere = load is not None and _real(load) != _real(served)
+    return cfg.mode == "eval" and cfg.run.resume is None and not elsewhere
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
 def _since(start: float) -> str:
     return f"{time.perf_counter() - start:.1f} s"
 
@@ -115,6 +127,8 @@ class Session:
         self.offload = plan.runtime.offload
         self.probe: ProbeSettings | None = None
         self.rendezvous = ""
+        # an evaluation of the weights the engines load at their start needs no train rank
+        self.with_trainers = not evaluates_served_weights(cfg)
 
     @property
     def engine_urls(self) -> list[str]:
@@ -133,7 +147,8 @@ class Session:
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             if self.before_actors is not None:
                 await self.before_actors
-            self._start_trainers()
+            if self.with_trainers:
+                self._start_trainers()
             self._start_reward_model()
             # The router starts while the engines load (it needs none of them to start).
             started = await asyncio.gather(
@@ -153,8 +168,14 @@ class Session:
             )
             if self.reward_actor is not None:
                 await self.on_ranks("the reward model's start", [self.reward_actor.ready.remote()])
-            await self._start_weight_sync()
-            status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
+            if self.with_trainers:
+                await self._start_weight_sync()
+                status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
+            else:
+                status(
+                    "trainers: none (mode=eval of the weights the engines load, "
+                    "model.hf_checkpoint's)"
+                )
             await self._record_placement()
             record_processes(self.run_dir)  # Ray's agents and workers are up by now
         except Exception as exc:
@@ -261,7 +282,8 @@ class Session:
         wheres: list[dict[str, object]] = await asyncio.gather(
             *(t.where.remote() for t in self.trainers)
         )
-        for rank, (slot, where) in enumerate(zip(placement.train_slots, wheres, strict=True)):
+        train_slots = placement.train_slots if self.trainers else []
+        for rank, (slot, where) in enumerate(zip(train_slots, wheres, strict=True)):
             entries.append({"role": "train", "rank": rank, "node": slot.node, **where})
         assert self.pool is not None
         for engine in self.pool.engines:

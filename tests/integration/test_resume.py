@@ -517,6 +517,24 @@ def test_an_evaluation_of_a_checkpoint_repeats_the_runs_own_evaluation_there(
     assert sorted(p.relative_to(reference) for p in reference.rglob("*")) == before
 
 
+def test_an_evaluation_of_the_starting_weights_needs_no_train_rank_and_repeats_the_runs_first(
+    assets: Path, reference: Path, tmp_path: Path
+) -> None:
+    """mode=eval of model.hf_checkpoint's own weights: the engines load them as they start,
+    so no train rank starts (placement.json lists engines alone), and the evaluation repeats
+    the reference run's evaluation before its first rollout, figure for figure."""
+    run_dir = tmp_path / "eval"
+    done = launch(overrides(assets, run_dir, "mode=eval"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trainers: none (mode=eval" in done.stderr + done.stdout
+    roles = {p["role"] for p in json.loads((run_dir / "placement.json").read_text())["processes"]}
+    assert roles == {"engine"}
+    (record,) = comparable(run_dir)
+    (theirs,) = [r for r in comparable(reference) if r["rollout_id"] == 0]
+    evaluation = {k: v for k, v in theirs.items() if k.startswith("eval/")}
+    assert evaluation and record == {"rollout_id": 0, **evaluation}
+
+
 def test_a_run_saved_on_one_train_rank_resumes_on_two_and_takes_the_same_step(
     assets: Path, reference: Path, tmp_path: Path
 ) -> None:

@@ -82,3 +82,20 @@ def test_a_turn_end_the_engines_would_not_stop_at_is_refused_before_any_actor(
     assert issue.fix.startswith("add it: recipe.rollout.stop_token_ids: [2]")
     fixed, _ = compose_run_config([*moved, "recipe.rollout.stop_token_ids=[2]"])
     assert load_inputs(fixed, None).data is not None
+
+
+def test_only_an_evaluation_of_the_engines_own_weights_runs_without_train_ranks() -> None:
+    """The engines load model.hf_checkpoint as they start: evaluating it needs no train rank;
+    other weights (model.load, a checkpoint) reach the engines through the trainers."""
+    from rlpost.runtime.session import evaluates_served_weights
+
+    def evaluation(*overrides: str) -> bool:
+        cfg, _ = compose_run_config(["mode=eval", *overrides])
+        return evaluates_served_weights(cfg)
+
+    assert evaluation()
+    assert evaluation("model.load=${model.hf_checkpoint}")  # the same folder
+    assert not evaluation("run.resume=runs/exp1/ckpt/rollout_40")
+    assert not evaluation("model.load=/elsewhere/policy")
+    training, _ = compose_run_config([])
+    assert not evaluates_served_weights(training)
