@@ -168,12 +168,15 @@ class Row:
     tools: Tools | None
 
 
-def read_line(number: int, line: str, fmt: PromptFormat) -> Row:
+def read_line(number: int, line: str, fmt: PromptFormat, markers: Sequence[str] = ()) -> Row:
     """One line read and checked as far as no tokenizer is needed (`rlpost validate` runs
-    the same reading); LineError names what is wrong and the fix."""
+    the same reading; `markers`: the chat template's, where known); LineError names what is
+    wrong and the fix."""
     row = _parse_line(number, line, fmt)
     if not fmt.apply_chat_template:
         _check_untemplated(row.prompt, fmt, row.tools)
+    else:
+        check_not_templated(row.prompt, fmt, markers)
     return row
 
 
@@ -305,16 +308,7 @@ def _render(
         _check_untemplated(prompt, fmt, tools)
         assert isinstance(prompt, str)  # _check_untemplated refuses message lists
         return prompt
-    marker = _already_templated(prompt, tokenizer)
-    if marker is not None:
-        raise LineError(
-            fmt.input_key,
-            f"already holds the chat template's marker {marker!r}: the template would wrap "
-            "the rendered conversation in a second one",
-            "store the question itself (or a message list), or set "
-            "data.apply_chat_template: false to send prompts as written",
-            _short(prompt),
-        )
+    check_not_templated(prompt, fmt, _template_markers(tokenizer))
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     try:
         text = tokenizer.apply_chat_template(
@@ -365,7 +359,13 @@ def _template_markers(tokenizer: ChatTokenizer) -> tuple[str, ...]:
     cached = _MARKERS.get(id(tokenizer))
     if cached is not None and cached[0] is tokenizer:
         return cached[1]
-    special = getattr(tokenizer, "all_special_tokens", None) or []
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = dict.fromkeys(
+        [
+            *(getattr(tokenizer, "all_special_tokens", None) or []),
+            *(str(t.content) for t in added.values() if getattr(t, "special", False)),
+        ]
+    )  # the named special tokens, and every added token marked special
     try:
         probe = tokenizer.apply_chat_template(
             [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False
@@ -377,15 +377,30 @@ def _template_markers(tokenizer: ChatTokenizer) -> tuple[str, ...]:
     return markers
 
 
-def _already_templated(prompt: Prompt, tokenizer: ChatTokenizer) -> str | None:
-    """The first chat marker a prompt's text holds, None when it holds none."""
+def held_marker(prompt: Prompt, markers: Sequence[str]) -> str | None:
+    """The first of the chat template's markers a prompt's text holds, None when none."""
     if isinstance(prompt, str):
         texts = [prompt]
     else:
         texts = [m["content"] for m in prompt if isinstance(m.get("content"), str)]
-    if not any("<" in t or "[" in t for t in texts):  # every chat marker known is bracketed
+    if not markers or not any("<" in t or "[" in t for t in texts):  # markers are bracketed
         return None
-    return next((m for m in _template_markers(tokenizer) for t in texts if m in t), None)
+    return next((m for m in markers for t in texts if m in t), None)
+
+
+def check_not_templated(prompt: Prompt, fmt: PromptFormat, markers: Sequence[str]) -> None:
+    """A prompt rendered already (data written for another framework) would be wrapped in a
+    second conversation by the template: LineError naming the marker it holds."""
+    marker = held_marker(prompt, markers)
+    if marker is not None:
+        raise LineError(
+            fmt.input_key,
+            f"already holds the chat template's marker {marker!r}: the template would wrap "
+            "the rendered conversation in a second one",
+            "store the question itself (or a message list), or set "
+            "data.apply_chat_template: false to send prompts as written",
+            _short(prompt),
+        )
 
 
 _TOOL_PROBES: dict[tuple[int, str], tuple[ChatTokenizer, bool]] = {}

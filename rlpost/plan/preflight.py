@@ -267,6 +267,78 @@ def template_variables(source: str) -> frozenset[str] | None:
         return None
 
 
+def template_markers(folder: Path) -> tuple[str, ...]:
+    """The special tokens the checkpoint's default chat template writes around one user
+    message with the generation prompt, as the prompt loader finds them by rendering it
+    (rlpost.data.prompts): read from tokenizer.json's added tokens and tokenizer_config.json,
+    the template rendered by Jinja here. Empty when the template does not render here."""
+    import jinja2
+    import jinja2.sandbox
+
+    source = chat_templates(folder).get("default")
+    if not source:
+        return ()
+    config = _json_object(folder / "tokenizer_config.json")
+    named = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
+    special = [*_added_special_tokens(folder), *(t for t in named.values() if t)]
+    for key in ("extra_special_tokens", "additional_special_tokens"):
+        listed = config.get(key)
+        special += [t for t in map(_token_text, listed) if t] if isinstance(listed, list) else []
+    decoder = config.get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        special += [
+            str(t["content"]) for t in decoder.values() if isinstance(t, dict) and t.get("special")
+        ]
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        probe = env.from_string(source).render(
+            messages=[{"role": "user", "content": "x"}],
+            add_generation_prompt=True,
+            **{k: v or "" for k, v in named.items()},
+        )
+    except Exception:  # a tag or function of transformers' own: the run's loader judges
+        return ()
+    return tuple(t for t in dict.fromkeys(special) if t and t in probe)
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or {content: ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _added_special_tokens(folder: Path) -> list[str]:
+    """tokenizer.json's added tokens marked special, read without parsing the vocabulary
+    (the list comes before it)."""
+    try:
+        text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    at = text.find('"added_tokens"')
+    start = text.find("[", at) if at >= 0 else -1
+    if start < 0:
+        return []
+    try:
+        added, _ = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return []
+    return (
+        [
+            str(t["content"])
+            for t in added
+            if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str)
+        ]
+        if isinstance(added, list)
+        else []
+    )
+
+
 def check_template_kwargs(kwargs: dict[str, object], model: ModelConfig) -> list[Issue]:
     """Every apply_chat_template_kwargs key is read by the chat template it goes to: Jinja
     drops a variable a template never reads without a word (a misspelt enable_thinking
@@ -335,6 +407,7 @@ class RowRules:
     scorer: str | None = None
     forced: bool = False
     has_server: bool = False  # recipe.rollout.reward.remote_url is set
+    markers: tuple[str, ...] = ()  # the chat template's (template_markers)
 
 
 def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
@@ -379,7 +452,7 @@ def _row_problem(number: int, line: str, rules: RowRules) -> tuple[str, str] | N
     """(what is wrong, the fix) for one jsonl line, or None."""
     fmt, reward_type, scorer = rules.fmt, rules.reward_type, rules.scorer
     try:
-        row = read_line(number, line, fmt)
+        row = read_line(number, line, fmt, rules.markers)
     except LineError as exc:
         what = f"the line {exc.message}" if exc.key == "line" else f"'{exc.key}' {exc.message}"
         return what, exc.fix
@@ -424,6 +497,11 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     data, recipe = cfg.recipe.data, cfg.recipe
     scorer = _whole_batch_scorer(recipe.rollout.reward)
     has_server = recipe.rollout.reward.remote_url is not None
+    markers = (
+        template_markers(Path(cfg.model.hf_checkpoint).expanduser())
+        if data.apply_chat_template
+        else ()
+    )
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
         rules = RowRules(
@@ -432,6 +510,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             recipe.rollout.reward.type,
             scorer,
             has_server=has_server,
+            markers=markers,
         )
         issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
@@ -447,6 +526,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             scorer,
             forced=dataset.reward_type is not None,
             has_server=has_server,
+            markers=markers,
         )
         issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues

@@ -561,6 +561,9 @@ def write_fixtures(root: Path) -> Path:
     (data / "remote_line.jsonl").write_text(
         '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "remote"}}\n'
     )
+    (data / "templated.jsonl").write_text(
+        '{"prompt": "<|im_start|>user\\n1+1?<|im_end|>\\n", "label": "2"}\n'
+    )
     (data / "empty.jsonl").write_text("\n")
     (data / "a_list.jsonl").write_text('["prompt", "label"]\n')
     (root / "file_not_folder").write_text("x")
@@ -799,6 +802,12 @@ def file_cases(root: Path) -> list[Bad]:
             (f"recipe.data.prompt_data={data / 'remote_line.jsonl'}",),
             f"{data / 'remote_line.jsonl'}:1",
             "remote_url is not set: its every sample would fail",
+        ),
+        _case(
+            "prompt line rendered with the chat template already",
+            (f"recipe.data.prompt_data={data / 'templated.jsonl'}",),
+            f"{data / 'templated.jsonl'}:1",
+            "already holds the chat template's marker '<|im_start|>'",
         ),
         _case(
             "prompt line that is a list",

@@ -313,19 +313,29 @@ def test_validation_refuses_every_line_the_loader_refuses(
 ) -> None:
     """`rlpost validate` reads a prompt file as the loader does (one `read_line`), so no line
     the run would refuse passes validation; without a template, message lists and tools too."""
-    from rlpost.plan.preflight import RowRules, check_jsonl
+    from rlpost.plan.preflight import RowRules, check_jsonl, template_markers
 
     lines = dict(BAD_LINES)
     if not template:
         lines["a message list"] = DAPO_ROW
         lines["tools"] = {"prompt": "1+1?", "label": "2", "tools": [TOOL]}
+    else:  # the template's own markers, found by validation in the checkpoint's files
+        lines["a prompt rendered already"] = {
+            "prompt": "<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\n",
+            "label": "2",
+        }
+    folder = tmp_path / "tokenizer"
+    chat_tokenizer.save_pretrained(folder)
+    markers = template_markers(folder)
+    assert set(markers) == {"<|im_start|>", "<|im_end|>"}
     good = {"prompt": "what is 2 times 3?", "label": "6"}
     form = fmt(apply_chat_template=template)
     for name, line in lines.items():
         path = tmp_path / f"{name}.jsonl"
         rows = [json.dumps(good), line if isinstance(line, str) else json.dumps(line)]
         path.write_text("\n".join(rows) + "\n")
-        issues = check_jsonl("recipe.data.prompt_data", str(path), RowRules(form, labelled=True))
+        rules = RowRules(form, labelled=True, markers=markers)
+        issues = check_jsonl("recipe.data.prompt_data", str(path), rules)
         assert [issue.key for issue in issues] == [f"{path}:2"], (name, [str(i) for i in issues])
         with pytest.raises(PromptDataError) as raised:
             load_prompts(path, form, chat_tokenizer)
