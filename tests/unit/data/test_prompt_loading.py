@@ -313,7 +313,8 @@ def test_validation_refuses_every_line_the_loader_refuses(
 ) -> None:
     """`rlpost validate` reads a prompt file as the loader does (one `read_line`), so no line
     the run would refuse passes validation; without a template, message lists and tools too."""
-    from rlpost.plan.preflight import RowRules, check_jsonl, template_markers
+    from rlpost.config.chat_templates import template_markers
+    from rlpost.plan.preflight import RowRules, check_jsonl
 
     lines = dict(BAD_LINES)
     if not template:
@@ -347,7 +348,8 @@ def test_validation_names_a_template_argument_no_chat_template_reads(tmp_path: P
     """Jinja drops a variable a template never reads: validation reads the checkpoint's chat
     templates (the default one, or the one `chat_template` names, or gives) and refuses an
     argument none of them would read; a template it cannot parse is not judged."""
-    from rlpost.plan.preflight import chat_templates, check_template_kwargs
+    from rlpost.config.chat_templates import chat_templates
+    from rlpost.plan.preflight import check_template_kwargs
     from rlpost.schema import ModelConfig
 
     folder = tmp_path / "ckpt"
