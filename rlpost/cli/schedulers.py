@@ -123,10 +123,12 @@ done
 # a SIGTERM on to its task), which saves every finished rollout while Ray still runs and
 # stops; the job ends with it.
 cd "$RLPOST_DIR"
+LAUNCH_PID="" STOP=""
+trap 'STOP=1; [ -z "$LAUNCH_PID" ] || kill -TERM "$LAUNCH_PID" 2> /dev/null || true' TERM
 srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" "$PYTHON" launch.py @LAUNCH@ \
     run.dir="$RUN_DIR" run.ray_address="$HEAD_IP:$PORT" run.node_address="$HEAD_IP" &
 LAUNCH_PID=$!
-trap 'kill -TERM "$LAUNCH_PID" 2> /dev/null || true' TERM
+[ -z "$STOP" ] || kill -TERM "$LAUNCH_PID" 2> /dev/null || true  # a signal before the launch
 status=0
 wait "$LAUNCH_PID" || status=$?
 while kill -0 "$LAUNCH_PID" 2> /dev/null; do  # the trapped signal ended the wait early
