@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from rlpost.runtime.run_state import (
     write_driver_state,
 )
 from rlpost.runtime.rundir import config_dict, config_yaml, provenance
-from rlpost.runtime.session import Session
+from rlpost.runtime.session import Session, starts_elsewhere
 from rlpost.runtime.stop import Stopped, StopRequested, StopSignal
 from rlpost.runtime.train_data import accounting, rollout_metrics, to_train_samples
 from rlpost.schema import RunConfig
@@ -490,18 +489,6 @@ def step_records(
     if before_training.keys() & metrics.keys():
         return [before_training, metrics]
     return [{**before_training, **metrics}]
-
-
-def starts_elsewhere(cfg: RunConfig) -> bool:
-    """The policy starts from other weights than the ones the engines load at their start
-    (model.load): the first rollout and the evaluation before training must not be
-    sampled from the HF folder's."""
-    load, served = cfg.model.load, cfg.model.hf_checkpoint
-    return load is not None and _real(load) != _real(served)
-
-
-def _real(path: str) -> str:
-    return os.path.realpath(os.path.expanduser(path))
 
 
 def _due(interval: int | None, done: int, total: int) -> bool:

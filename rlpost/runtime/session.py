@@ -75,16 +75,22 @@ LOOPBACK_IFNAME = "lo"
 PUSH_ATTEMPTS = 3
 
 
-def evaluates_served_weights(cfg: RunConfig) -> bool:
-    """mode=eval of model.hf_checkpoint's own weights (no run.resume, no other model.load):
-    the engines load them as they start, and no train rank is needed to hand them over."""
+def starts_elsewhere(cfg: RunConfig) -> bool:
+    """The policy starts from other weights than the ones the engines load at their start
+    (model.load): the first rollout and the evaluation before training must not be
+    sampled from the HF folder's."""
     load, served = cfg.model.load, cfg.model.hf_checkpoint
-    elsewhere = load is not None and _real(load) != _real(served)
-    return cfg.mode == "eval" and cfg.run.resume is None and not elsewhere
+    return load is not None and _real(load) != _real(served)
 
 
 def _real(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path))
+
+
+def evaluates_served_weights(cfg: RunConfig) -> bool:
+    """mode=eval of model.hf_checkpoint's own weights (no run.resume, no other model.load):
+    the engines load them as they start, and no train rank is needed to hand them over."""
+    return cfg.mode == "eval" and cfg.run.resume is None and not starts_elsewhere(cfg)
 
 
 def _since(start: float) -> str:
