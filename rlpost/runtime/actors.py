@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+from typing import Any
 
 import ray
 
+from rlpost.backends.ports import hold_port
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess
 from rlpost.runtime.progress import trainer_notes_to_stderr
@@ -35,7 +38,7 @@ def _where() -> dict[str, object]:
 @ray.remote
 class TrainActor:
     """One train rank; the backend (rlpost.runtime.trainers) does the work, the actor only
-    hosts it. The run calls every method on all ranks at once."""
+    hosts it. The run calls every method on all ranks at once, after `start`."""
 
     def __init__(
         self,
@@ -45,16 +48,32 @@ class TrainActor:
         reads: tuple[str, list[str]] | None = None,
     ) -> None:
         """`reads`: (a folder, the folders this rank loads from as it starts): its reads of
-        them are metered to the folder (`rank_io`)."""
+        them are metered to the folder (`rank_io`). The trainer is built by `start`, so that
+        rank 0 can hold the ranks' meeting port first (`hold_rendezvous`)."""
         os.environ.update(env)  # before torch loads here: its thread pool reads it
         trainer_notes_to_stderr()
-        meter = ReadMeter(reads[0], rank, reads[1]) if reads else contextlib.nullcontext()
-        with meter:
-            _seed_everything(spec.seed + rank)
-            self.backend = spec.backend
-            self.trainer = build_trainer(spec, rank)
+        self.spec, self.rank, self.reads = spec, rank, reads
+        self.backend = spec.backend
+        self.trainer: Any = None
 
-    def ready(self) -> bool:
+    def hold_rendezvous(self) -> int:
+        """Rank 0 of ranks that meet over TCP: a port on its address that this process binds
+        and listens on from now on, until its store serves it (`hold_port`); a port picked
+        free and let go could be another process's by the time the trainer binds it."""
+        port = hold_port(self.spec.master_addr)
+        self.spec = dataclasses.replace(self.spec, master_port=port)
+        return port
+
+    def start(self, master_port: int | None = None) -> bool:
+        """Builds this rank's trainer, meeting the others at `master_port` on rank 0's
+        address when given (rank 0's held port), else at the spec's rendezvous."""
+        if master_port is not None:
+            self.spec = dataclasses.replace(self.spec, master_port=master_port)
+        reads = self.reads
+        meter = ReadMeter(reads[0], self.rank, reads[1]) if reads else contextlib.nullcontext()
+        with meter:
+            _seed_everything(self.spec.seed + self.rank)
+            self.trainer = build_trainer(self.spec, self.rank)
         return True
 
     def where(self) -> dict[str, object]:

@@ -140,14 +140,6 @@ def _reads(path: str, expected: str) -> bool:
         return False
 
 
-@ray.remote(num_cpus=0)
-def _free_port_here() -> int:
-    """A port free on this node, on its cluster address."""
-    from rlpost.backends.ports import free_port
-
-    return free_port(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
-
-
 def one_per_node_at_a_time(
     calls: Sequence[tuple[int, Callable[[], ray.ObjectRef[Any]]]],
 ) -> list[Any]:
@@ -367,11 +359,6 @@ class Cluster:
                 ],
                 title="run directory not shared",
             )
-
-    def free_port_on(self, slot_index: int) -> int:
-        """A port free on the node of the plan's `slot_index`-th device, chosen there."""
-        strategy = self.strategy(slot_index)
-        return int(ray.get(_free_port_here.options(scheduling_strategy=strategy).remote()))
 
     def strategy(self, slot_index: int) -> PlacementGroupSchedulingStrategy:
         """Scheduling strategy for the plan's `slot_index`-th device."""

@@ -133,6 +133,7 @@ class Session:
         self.offload = plan.runtime.offload
         self.probe: ProbeSettings | None = None
         self.rendezvous = ""
+        self.train_starts: list[ray.ObjectRef[bool]] = []  # each train rank's `start`
         # an evaluation of the weights the engines load at their start needs no train rank
         self.with_trainers = not evaluates_served_weights(cfg)
 
@@ -154,7 +155,7 @@ class Session:
             if self.before_actors is not None:
                 await self.before_actors
             if self.with_trainers:
-                self._start_trainers()
+                await self._start_trainers()
             self._start_reward_model()
             # The router starts while the engines load (it needs none of them to start).
             started = await asyncio.gather(
@@ -169,9 +170,7 @@ class Session:
                     raise outcome
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
             await self._start_router()
-            await self.on_ranks(
-                "start", [t.ready.remote() for t in self.trainers], progress=self._rank_reads
-            )
+            await self.on_ranks("start", self.train_starts, progress=self._rank_reads)
             if self.reward_actor is not None:
                 await self.on_ranks("the reward model's start", [self.reward_actor.ready.remote()])
             if self.with_trainers:
@@ -325,24 +324,22 @@ class Session:
         folder.mkdir(parents=True, exist_ok=True)
         return f"file://{folder / f'train-{uuid.uuid4().hex}'}"
 
-    def _start_trainers(self) -> None:
+    async def _start_trainers(self) -> None:
+        """The train ranks' actors, building their trainers while the engines start. Ranks
+        that meet over TCP meet at a port rank 0 holds from the moment it picks it (the
+        kernel's pick, not the plan's fixed port: runs that start together on one host would
+        both find that free)."""
         placement = self.plan.placement
         cfg = self.cfg
-        rank0 = placement.train_slots[0]
-        first = placement.index(rank0)
+        first = placement.index(placement.train_slots[0])
         spec = trainer_spec(
             cfg,
             self.plan,
-            # rank 0's node, at a port free there: the kernel's pick, not the plan's fixed
-            # port (runs that start together on one host would both find it free)
             master_addr=self.cluster.slots[first].node_ip,
-            master_port=self.cluster.free_port_on(first),
+            master_port=0,  # rank 0's held port, below
             num_threads=self._threads_per_slot(),
             init_method=self._rendezvous(),
         )
-        self.rendezvous = spec.init_method or f"tcp://{spec.master_addr}:{spec.master_port}"
-        if spec.init_method is None:  # across nodes; on one node it is a file (placement.json)
-            status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
         resources = self.cluster.share(TRAIN_SHARE if placement.colocate else 1.0)
         model = cfg.model
         loads = [os.path.abspath(p) for p in (model.hf_checkpoint, model.ref_load, model.load) if p]
@@ -353,6 +350,18 @@ class Session:
                 scheduling_strategy=strategy, **resources
             ).remote(spec, rank, self._train_env(index), (str(self.reads_dir), loads))
             self.trainers.append(actor)
+        port: int | None = None
+        if spec.init_method is not None:  # on one node, a file (placement.json)
+            self.rendezvous = spec.init_method
+        elif spec.world_size > 1:  # across nodes
+            [port] = await self.on_ranks(
+                "the rendezvous", [self.trainers[0].hold_rendezvous.remote()]
+            )
+            self.rendezvous = f"tcp://{spec.master_addr}:{port}"
+            status(f"trainers: {placement.train_gpus} rank(s) meet at {self.rendezvous}")
+        else:  # one rank meets no one (megatron's store binds a port the kernel picks)
+            self.rendezvous = f"tcp://{spec.master_addr}:0"
+        self.train_starts = [t.start.remote(port) for t in self.trainers]
 
     def _start_reward_model(self) -> None:
         """The reward model's actor on the plan's slot for it (reward.model_placement)."""

@@ -58,3 +58,42 @@ def test_an_moe_models_routing_and_experts_reach_the_trainer() -> None:
     assert spec.grouped_gemm is False
     _, _, dense = spec_for("hardware=cpu", "trainer.backend=torch")
     assert dense.grouped_gemm is None  # a dense model: transformers' default, no experts
+
+
+def test_rank_zero_holds_the_ranks_meeting_port_from_its_pick_until_its_trainer_serves_it() -> None:
+    """Ranks that meet over TCP (across nodes) meet at a port rank 0's actor binds the moment
+    it picks it (`hold_rendezvous`), before any rank builds its trainer: a port picked free
+    on the node and let go (as before) could be another process's by the time rank 0 bound
+    it. The trainer's store then serves that same socket."""
+    import dataclasses
+
+    import psutil
+    import torch
+
+    from rlpost.backends.ports import is_port_free, take_held_port
+    from rlpost.runtime.actors import TrainActor
+
+    # megatron's one rank serves a TCP store too (the torch trainer's meets no one)
+    _, _, spec = spec_for("trainer.backend=megatron", "layout.train.num_gpus=1")
+    spec = dataclasses.replace(spec, master_addr="127.0.0.1", master_port=0)
+    assert spec.world_size == 1
+    assert spec.init_method is None
+    threads = torch.get_num_threads()
+    rank0 = TrainActor.__ray_actor_class__(spec, 0, {})  # the actor's class, in this process
+    port = rank0.hold_rendezvous()
+    assert rank0.trainer is None  # nothing built yet: the other ranks start after this
+    assert not is_port_free(port, "127.0.0.1")  # what another process's bind now meets
+    try:
+        assert rank0.start() is True
+        assert take_held_port("127.0.0.1", port) is None  # the trainer's store took it
+        listening = {
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process().net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert ("127.0.0.1", port) in listening
+        assert torch.distributed.is_initialized()  # its group, met at the held port
+    finally:
+        if rank0.trainer is not None:
+            rank0.trainer.close()
+        torch.set_num_threads(threads)
