@@ -53,6 +53,18 @@ class Sample:
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
     weight_version: str | None = None
+    # the special token's text that ended the response (its eos or end-of-turn token, as
+    # the engine wrote it into response_text), which the rule-based graders leave out
+    end_text: str = ""
+
+    @property
+    def answer_text(self) -> str:
+        """`response_text` without the special token that ended it: what rule-based graders
+        read (`42<|im_end|>` is not the answer 42 to a token F1 or a DAPO answer)."""
+        end = self.end_text
+        if end and self.response_text.endswith(end):
+            return self.response_text[: -len(end)]
+        return self.response_text
 
     @property
     def total_length(self) -> int:
@@ -83,6 +95,7 @@ class Sample:
         self.loss_mask += [0] * len(token_ids)
         self.token_versions += [UNVERSIONED] * len(token_ids)
         self.response_text += text
+        self.end_text = ""
 
     def policy_versions(self, since: int = 0) -> list[int]:
         """Versions of the policy tokens from response position `since` on."""

@@ -207,7 +207,7 @@ async def _grade(
 ) -> float:
     label = _label_of(sample, grader) if label is None else label
     pool = grading_pool()
-    value = await pool.run(grader, sample.response_text, label, timeout_s=ctx.config.timeout_s)
+    value = await pool.run(grader, sample.answer_text, label, timeout_s=ctx.config.timeout_s)
     return failed if value is None else value
 
 

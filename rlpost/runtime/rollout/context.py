@@ -46,6 +46,18 @@ FINISH_STATUS = {
 }
 
 
+def special_token_text(tokenizer: Any, token_id: int) -> str | None:
+    """The text of `token_id` when the tokenizer marks it special (an eos, an end-of-turn
+    token, any added token flagged special), else None."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    token = added.get(token_id)
+    if token is not None and getattr(token, "special", False):
+        return str(token.content)
+    if token_id in (getattr(tokenizer, "all_special_ids", None) or ()):
+        return str(tokenizer.convert_ids_to_tokens(token_id))
+    return None
+
+
 class Seeder(Protocol):
     """Deterministic mode's per-request seed (rlpost.runtime.determinism.Seeding)."""
 
@@ -148,6 +160,11 @@ class GenerateContext:
         )
         sample.weight_version = result.weight_version
         sample.status = FINISH_STATUS[str(result.finish_reason)]
+        sample.end_text = ""
+        if sample.status is SampleStatus.COMPLETED and result.output_ids:
+            end = special_token_text(self.tokenizer, int(result.output_ids[-1]))
+            if end and sample.response_text.endswith(end):
+                sample.end_text = end
         if sample.status is not SampleStatus.ABORTED:
             sample.turns += 1
 

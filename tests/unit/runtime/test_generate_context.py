@@ -187,3 +187,42 @@ def test_a_malformed_sample_is_refused_naming_the_hook(
     with pytest.raises(MalformedSampleError, match=message) as raised:
         run_group(url, tokenizer, malformed, max_new_tokens=16)
     assert HOOK in str(raised.value)
+
+
+def test_graders_read_the_answer_without_the_special_token_that_ended_it(tokenizer: Any) -> None:
+    """The engines keep special tokens in the text (skip_special_tokens false, as slime), so
+    a response that stopped at its end-of-turn token reads `42<|im_end|>`: a token F1 of 0
+    against `42`, and a DAPO answer `x+1<|im_end|>` that is not `x+1`. The rule-based graders
+    read the response without that last special token; a response cut at the budget, or
+    one that ends in text, is read as it is."""
+    from rlpost.rewards import compute_rewards
+    from rlpost.runtime.rollout.client import GenerateResult
+    from rlpost.schema import RewardConfig
+
+    def ended(text: str, finish: str) -> Sample:
+        [sample] = group_of(tokenizer, 1)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        result = GenerateResult(ids, text, [0.0] * len(ids), finish, None, 3, len(ids))  # type: ignore[arg-type]
+        GenerateContext(client=None, tokenizer=tokenizer, sampling_params={})._end_turn(
+            sample, result
+        )
+        sample.label = "x+1"
+        return sample
+
+    stopped = ended("The answer is\nAnswer: x+1<|im_end|>", "stop")
+    assert stopped.end_text == "<|im_end|>" and stopped.response_text.endswith("<|im_end|>")
+    assert stopped.answer_text == "The answer is\nAnswer: x+1"
+    cut = ended("The answer is\nAnswer: x+1", "length")
+    texts = ended("The answer is\nAnswer: x+1", "stop")  # a stop string, not a token
+    assert cut.end_text == texts.end_text == ""
+
+    def graded(reward_type: str, samples: list[Sample]) -> list[float]:
+        return asyncio.run(compute_rewards(samples, RewardConfig(type=reward_type)))
+
+    assert graded("dapo", [stopped, cut, texts]) == [1.0, 1.0, 1.0]
+    for sample in (stopped, cut, texts):
+        sample.label = "The answer is Answer: x+1"
+    assert graded("f1", [stopped]) == [1.0]
+    # an environment's turn after it ends the response elsewhere: nothing left to drop
+    stopped.append_inserted_tokens([1], "<tool_response>")
+    assert stopped.answer_text == stopped.response_text
