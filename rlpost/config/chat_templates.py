@@ -109,27 +109,32 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _added_special_tokens(folder: Path) -> list[str]:
-    """tokenizer.json's added tokens marked special, read without parsing the vocabulary
-    (the list comes before it)."""
+def added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
+    """tokenizer.json's added tokens, id -> (text, marked special), read without parsing
+    the vocabulary (the list comes before it); empty where there is no such file."""
     try:
         text = (folder / "tokenizer.json").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return []
+        return {}
     at = text.find('"added_tokens"')
     start = text.find("[", at) if at >= 0 else -1
     if start < 0:
-        return []
+        return {}
     try:
         added, _ = json.JSONDecoder().raw_decode(text, start)
     except ValueError:
-        return []
-    return (
-        [
-            str(t["content"])
-            for t in added
-            if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str)
-        ]
-        if isinstance(added, list)
-        else []
-    )
+        return {}
+    if not isinstance(added, list):
+        return {}
+    return {
+        t["id"]: (t["content"], bool(t.get("special")))
+        for t in added
+        if isinstance(t, dict)
+        and isinstance(t.get("id"), int)
+        and isinstance(t.get("content"), str)
+    }
+
+
+def _added_special_tokens(folder: Path) -> list[str]:
+    """tokenizer.json's added tokens marked special."""
+    return [text for text, special in added_tokens(folder).values() if special]

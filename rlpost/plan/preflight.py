@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rlpost.config.chat_templates import (
     TOKENIZER_ARGUMENTS,
+    added_tokens,
     chat_templates,
     template_markers,
     template_variables,
@@ -45,7 +46,13 @@ from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import ModelConfig, RunConfig
-from rlpost.schema.recipe import LABELLED_REWARD_TYPES, RewardConfig, RewardType
+from rlpost.schema.recipe import (
+    GRADER_FLOOR,
+    GRADER_MARKERS,
+    LABELLED_REWARD_TYPES,
+    RewardConfig,
+    RewardType,
+)
 from rlpost.switches import bad_switches
 
 MAX_BAD_LINES = 5
@@ -171,6 +178,7 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
         issues += check_template_kwargs(cfg.recipe.data.apply_chat_template_kwargs, model)
     if not issues:
         issues += check_thinking_reward(cfg)
+        issues += check_markers_survive_sampling(cfg)
     return issues
 
 
@@ -215,6 +223,52 @@ def check_thinking_reward(cfg: RunConfig) -> list[Issue]:
         )
         for key in keys
     ]
+
+
+def check_markers_survive_sampling(cfg: RunConfig) -> list[Issue]:
+    """A grader's marker that is one of the tokenizer's added tokens (`</think>`) never
+    reaches it when a stop token id ends generation at it, or when skip_special_tokens drops
+    it from the text for being special (verl#1724, trl#2897: the reward then never pays).
+    Stop strings are the schema's concern (RecipeConfig.check_stops_leave_the_answer)."""
+    rollout = cfg.recipe.rollout
+    graders = cfg.recipe.rule_graders()
+    if not graders or not (rollout.stop_token_ids or rollout.skip_special_tokens):
+        return []
+    tokens = added_tokens(Path(cfg.model.hf_checkpoint).expanduser())
+    for key, kind in graders:
+        for marker in GRADER_MARKERS.get(kind, ()):
+            for token_id in rollout.stop_token_ids:
+                text = tokens.get(token_id, ("", False))[0]
+                if text and (text in marker or marker in text):
+                    return [
+                        Issue(
+                            "recipe.rollout.stop_token_ids",
+                            f"recipe.{key}={kind} grades the answer a response writes after "
+                            f"'{marker}', and stop_token_ids holds {token_id} ('{text}' in "
+                            f"{cfg.model.hf_checkpoint}'s tokenizer): generation ends at it, "
+                            f"before any answer, so every response it grades scores "
+                            f"{GRADER_FLOOR[kind]:g} and no group has a signal",
+                            f"remove {token_id} from recipe.rollout.stop_token_ids (the "
+                            "end-of-turn token ends a response)",
+                            value=rollout.stop_token_ids,
+                        )
+                    ]
+            special = [i for i, (text, flag) in tokens.items() if flag and text == marker]
+            if rollout.skip_special_tokens and special:
+                return [
+                    Issue(
+                        "recipe.rollout.skip_special_tokens",
+                        f"recipe.{key}={kind} looks for '{marker}' in each response, which "
+                        f"{cfg.model.hf_checkpoint}'s tokenizer marks special (token "
+                        f"{special[0]}), and skip_special_tokens: true leaves special tokens "
+                        "out of the text the grader reads: every response it grades scores "
+                        f"{GRADER_FLOOR[kind]:g} and no group has a signal",
+                        "set recipe.rollout.skip_special_tokens: false (the default; the "
+                        "graders read a response without its end-of-turn token anyway)",
+                        value=True,
+                    )
+                ]
+    return []
 
 
 def check_template_kwargs(kwargs: dict[str, object], model: ModelConfig) -> list[Issue]:

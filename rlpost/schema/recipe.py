@@ -20,6 +20,14 @@ from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 # reward.model's class scores whole batches (rlpost.rewards.model).
 RewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote", "model"]
 LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1", "gpqa"})
+# what a rule-based grader must find written in a response, with the answer after it
+# (rlpost.rewards.answers), and what it pays when it does not
+GRADER_MARKERS: dict[str, tuple[str, ...]] = {
+    "math": ("\\boxed",),
+    "deepscaler": ("</think>", "\\boxed"),
+    "dapo": ("Answer:",),
+}
+GRADER_FLOOR = {"math": 0.0, "deepscaler": 0.0, "dapo": -1.0, "f1": 0.0, "gpqa": 0.0}
 
 # What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
 # the two together). Group baselines subtract the group's mean reward, so a group of one
@@ -1121,6 +1129,41 @@ class RecipeConfig(Section):
                 fix="set data.label_key to the jsonl field holding the answer (the seeds use "
                 "label), or use a reward that needs no label",
             )
+        return self
+
+    def rule_graders(self) -> list[tuple[str, str]]:
+        """(key, reward type) for each rule-based grader the run uses: the rollout's type,
+        unless a custom or group function scores in its place, and each evaluation set's own
+        (a set without one is graded as training is)."""
+        reward = self.rollout.reward
+        graders: list[tuple[str, str]] = []
+        if reward.type in LABELLED_REWARD_TYPES and not (reward.custom_function or reward.group):
+            graders.append(("rollout.reward.type", reward.type))
+        graders += [
+            (f"eval.datasets.{i}.reward_type", d.reward_type)
+            for i, d in enumerate(self.eval.datasets)
+            if d.reward_type in LABELLED_REWARD_TYPES
+        ]
+        return graders
+
+    @model_validator(mode="after")
+    def check_stops_leave_the_answer(self) -> RecipeConfig:
+        """A stop string the grader's marker holds (or that holds it) ends every response
+        at or right after the marker, before the answer the grader reads after it."""
+        for key, kind in self.rule_graders():
+            for marker in GRADER_MARKERS.get(kind, ()):
+                for stop in self.rollout.stop:
+                    if stop.casefold() in marker.casefold() or marker.casefold() in stop.casefold():
+                        raise InvariantError(
+                            f"{key}={kind} grades the answer a response writes after "
+                            f"'{marker}', and rollout.stop holds '{stop}': generation stops "
+                            "there (the stop string ends the text), before any answer, so "
+                            f"every response it grades scores {GRADER_FLOOR[kind]:g} and no "
+                            "group has a signal",
+                            fields=("rollout.stop",),
+                            fix=f"remove '{stop}' from rollout.stop; the end-of-turn token "
+                            "ends a response",
+                        )
         return self
 
     @model_validator(mode="after")

@@ -163,6 +163,34 @@ CASES: list[Bad] = [
         "outside the model's vocabulary",
     ),
     Bad(
+        "a stop string at the thinking block's end, graded after it",
+        ('recipe.rollout.stop=["</think>"]', "recipe.rollout.reward.type=deepscaler"),
+        "recipe.rollout.stop",
+        "generation stops there (the stop string ends the text), before any answer",
+    ),
+    Bad(
+        "a stop string at DAPO's answer line",
+        ('recipe.rollout.stop=["answer:"]', "recipe.rollout.reward.type=dapo"),
+        "recipe.rollout.stop",
+        "every response it grades scores -1",
+    ),
+    Bad(
+        "an evaluation set graded past a stop string",
+        (
+            'recipe.rollout.stop=["\\boxed"]',
+            "recipe.rollout.reward.type=f1",
+            "recipe.eval.datasets.0.reward_type=math",
+        ),
+        "recipe.rollout.stop",
+        "eval.datasets.0.reward_type=math grades the answer a response writes after '\\boxed'",
+    ),
+    Bad(
+        "a stop token id at the thinking block's end",
+        ("recipe.rollout.stop_token_ids=[4]", "recipe.rollout.reward.type=deepscaler"),
+        "recipe.rollout.stop_token_ids",
+        "stop_token_ids holds 4 ('</think>'",
+    ),
+    Bad(
         "math reward without labels",
         ("recipe.data.label_key=null",),
         "recipe.data.label_key",

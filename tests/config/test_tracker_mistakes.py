@@ -626,6 +626,18 @@ MISTAKES: list[Mistake] = [
         "rollout.reward.type: math",
     ),
     Mistake(
+        "special tokens skipped where the reward reads one",
+        "https://github.com/verl-project/verl/issues/1724",
+        "vLLM seems to strip or omit the special tokens (in my case, <think> and </think> are "
+        "defined as special tokens in the tokenizer). I need the content within this block in "
+        "order to evaluate it.",
+        ("recipe.rollout.reward.type=deepscaler", "recipe.rollout.skip_special_tokens=true"),
+        "recipe.rollout.skip_special_tokens",
+        "leaves special tokens out of the text the grader reads",
+        ("recipe.rollout.skip_special_tokens=false",),
+        "set recipe.rollout.skip_special_tokens: false",
+    ),
+    Mistake(
         "the KL in the reward and in the loss",
         "https://github.com/verl-project/verl/issues/265",
         "kl is applied twice if kl_loss_coef >0 and kl_coef > 0 (the maintainers: 'We should "

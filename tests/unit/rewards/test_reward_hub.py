@@ -235,3 +235,33 @@ def test_multiple_choice_grades_the_letter_and_names_a_label_it_cannot_read() ->
     assert rewards(graded, type="gpqa") == [1.0, 0.0, 1.0]
     with pytest.raises(RewardError, match="names no option"):
         rewards([sample("(A)", label="Madrid", group=3, **options)], type="gpqa")
+
+
+def test_stop_strings_are_judged_against_the_graders_the_run_uses(hook_modules: Path) -> None:
+    """A stop string is refused only beside a grader whose marker it overlaps: a grader
+    that needs nothing written (f1), or a custom function scoring in the rollout type's
+    place, leaves it alone; an evaluation set's own grader counts."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.errors import UserError
+
+    stop = 'recipe.rollout.stop=["Answer:"]'
+    for accepted in (
+        [stop],  # math reads \boxed, not Answer:
+        [stop, "recipe.rollout.reward.type=f1"],
+        ['recipe.rollout.stop=["</answer>"]', "recipe.rollout.reward.type=dapo"],
+        [
+            stop,
+            "recipe.rollout.reward.type=dapo",
+            "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+        ],
+    ):
+        compose_run_config(accepted)
+    graded = compose_run_config(["recipe.eval.datasets.0.reward_type=dapo"])[0]
+    assert graded.recipe.rule_graders() == [  # type: ignore[attr-defined]
+        ("rollout.reward.type", "math"),
+        ("eval.datasets.0.reward_type", "dapo"),
+    ]
+    with pytest.raises(UserError) as refused:
+        compose_run_config([stop, "recipe.eval.datasets.0.reward_type=dapo"])
+    assert [i.key for i in refused.value.issues] == ["recipe.rollout.stop"]
+    assert "eval.datasets.0.reward_type=dapo grades the answer" in str(refused.value)
