@@ -9,7 +9,8 @@ numbers bound the producer (rlpost.runtime.pipeline enforces them):
   trains; async 1: rollout N+1 is generated while rollout N trains; fully_async: unbounded.
 - max_staleness K: a trained token may be at most K policy versions older than the version
   being trained. sync: update_weights_interval - 1; async: update_weights_interval; fully_async:
-  loop.max_staleness (default 4).
+  loop.max_staleness (default 4). Tokens a partial rollout carried over from an earlier
+  rollout are outside it: a group cut short again is carried again.
 - max_buffered_groups C: groups generating or finished ahead of the trainer.
 
 The policy version is the number of train steps whose weights the engines serve; a sample
@@ -42,6 +43,10 @@ class LoopPlan:
     draw_groups: int
     stale_groups: str
     queue_host_gib: float
+    # rollout.partial_rollout: groups cut short continue in a later rollout, their tokens so
+    # far carried over from older policies, outside max_staleness (which counts the tokens
+    # since a group last started)
+    partial_rollout: bool = False
 
 
 def plan_loop(cfg: RunConfig, longest_sample_tokens: int) -> LoopPlan:
@@ -67,6 +72,7 @@ def plan_loop(cfg: RunConfig, longest_sample_tokens: int) -> LoopPlan:
         draw_groups=draw,
         stale_groups=loop.stale_groups,
         queue_host_gib=samples * longest_sample_tokens * QUEUE_BYTES_PER_TOKEN / GIB,
+        partial_rollout=rollout.partial_rollout,
     )
 
 

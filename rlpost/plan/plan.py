@@ -242,6 +242,22 @@ def _notes(
             "trained as the trained policy's own (rollout/staleness_max shows how stale); "
             "tis or decoupled_ppo reweights such tokens"
         )
+    rollout = cfg.recipe.rollout
+    if (
+        rollout.partial_rollout
+        and not rollout.mask_offpolicy_in_partial_rollout
+        and algo.off_policy_correction == "none"
+    ):
+        notes.append(
+            "recipe.rollout.partial_rollout continues each group a rollout cut short in a later "
+            "rollout, under newer weights: the tokens it carries over were sampled by an older "
+            "policy, a version older for each rollout it is carried (a group cut short again "
+            "is carried again; the staleness bound counts only the tokens since a group last "
+            "started), and recipe.algo.off_policy_correction is none: they are trained as the "
+            "trained policy's own (rollout/carried_over_tokens counts them); "
+            "rollout.mask_offpolicy_in_partial_rollout takes them out of the loss, tis or "
+            "decoupled_ppo reweights them"
+        )
     save = cfg.recipe.save
     if save.interval is None and save.save_hf_interval is None:
         notes.append(

@@ -201,10 +201,19 @@ def render_runtime(plan: Plan) -> str:
         ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
         ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
         ["generate requests", _requests(plan)],
-        ["loop", LOOP_NAMES.get(loop.mode, loop.mode)],
+        [
+            "loop",
+            LOOP_NAMES.get(loop.mode, loop.mode)
+            + ("; partial rollouts continue cut groups later" if loop.partial_rollout else ""),
+        ],
         ["weights to the engines every", f"{loop.update_weights_interval} rollout(s)"],
         ["generation runs ahead of training by", ahead],
-        ["staleness bound (policy versions)", loop.max_staleness],
+        [
+            "staleness bound (policy versions)",
+            f"{loop.max_staleness}, but for the tokens partial rollouts carry over (unbounded)"
+            if loop.partial_rollout
+            else loop.max_staleness,
+        ],
         [
             "groups buffered ahead of the trainer",
             f"{loop.max_buffered_groups} (drawn {loop.draw_groups} at a time; "

@@ -10,7 +10,7 @@ import pytest
 
 from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import UserError
-from rlpost.plan import build_plan
+from rlpost.plan import Plan, build_plan
 from rlpost.plan.parallel import powers_of_two
 from rlpost.plan.render import render_json, render_runtime
 from rlpost.schema import RunConfig
@@ -228,6 +228,32 @@ def test_stale_tokens_without_a_correction_are_noted(run_config: Runs) -> None:
     assert note(recipe__loop__mode="async", recipe__algo__off_policy_correction="tis",
                 **decoupled) is None  # fmt: skip
     assert note("grpo_dapo_fully_async", **decoupled) is None  # decoupled_ppo
+
+
+def test_tokens_partial_rollouts_carry_over_are_noted_as_off_policy(run_config: Runs) -> None:
+    """A partial rollout continues a cut group in a later rollout under newer weights: the
+    tokens it carries over are outside the staleness bound, which the plan says (the loop
+    rows and a note) unless they are masked or reweighted."""
+
+    def planned(**overrides: object) -> Plan:
+        return build_plan(
+            run_config("qwen3-4b", "h100x8", "grpo_dapo_dynamic_sampling", **overrides)
+        )
+
+    def note(plan: Plan) -> str | None:
+        return next((n for n in plan.notes if "partial_rollout continues" in n), None)
+
+    plan = planned()
+    said = note(plan)
+    assert said is not None and "trained as the trained policy's own" in said
+    assert "a group cut short again is carried again" in said
+    runtime = render_runtime(plan)
+    assert "0, but for the tokens partial rollouts carry over (unbounded)" in runtime
+    assert "partial rollouts continue cut groups later" in runtime
+    assert note(planned(recipe__rollout__mask_offpolicy_in_partial_rollout=True)) is None
+    assert note(planned(recipe__algo__off_policy_correction="tis")) is None
+    whole = planned(recipe__rollout__partial_rollout=False, recipe__rollout__buffer_filter=None)
+    assert note(whole) is None and "unbounded" not in render_runtime(whole)
 
 
 def test_checkpoints_without_optimizer_state_are_noted(run_config: Runs) -> None:
