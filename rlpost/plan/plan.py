@@ -242,6 +242,15 @@ def _notes(
             "trained as the trained policy's own (rollout/staleness_max shows how stale); "
             "tis or decoupled_ppo reweights such tokens"
         )
+    optim, steps = cfg.recipe.optim, cfg.recipe.optimizer_steps
+    if optim.lr_decay_steps is not None and optim.lr_decay_steps < steps and optim.min_lr > 0:
+        rollouts = cfg.recipe.rollout.num_rollout
+        ends = -(-optim.lr_decay_steps * rollouts // steps)
+        notes.append(
+            f"recipe.optim.lr_decay_steps={optim.lr_decay_steps} ends the {optim.lr_decay_style} "
+            f"decay at optimizer step {optim.lr_decay_steps} of {steps} (rollout {ends} of "
+            f"{rollouts}): the rest of the run trains at min_lr={optim.min_lr:g}"
+        )
     rollout = cfg.recipe.rollout
     if (
         rollout.partial_rollout

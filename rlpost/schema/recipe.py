@@ -1079,7 +1079,16 @@ class RecipeConfig(Section):
     @model_validator(mode="after")
     def check_decay_spans_run(self) -> RecipeConfig:
         optim, steps = self.optim, self.optimizer_steps
-        decay = optim.lr_decay_steps
+        decay, rollouts = optim.lr_decay_steps, self.rollout.num_rollout
+        if decay is not None and decay == rollouts < steps:
+            raise InvariantError(
+                f"optim.lr_decay_steps={decay} is the run's rollouts, and it counts optimizer "
+                f"steps: with {steps // rollouts} steps a rollout the decay ends at rollout "
+                f"{-(-decay * rollouts // steps)} of {rollouts}, and the rest of the run "
+                f"trains at min_lr={optim.min_lr:g}",
+                fields=("optim.lr_decay_steps",),
+                fix=f"set optim.lr_decay_steps: {steps} (the run's optimizer steps)",
+            )
         if decay is not None and decay < steps and optim.min_lr == 0:
             raise InvariantError(
                 f"optim.lr_decay_steps={decay} ends the decay {steps - decay} optimizer steps "

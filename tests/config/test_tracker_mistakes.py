@@ -626,6 +626,25 @@ MISTAKES: list[Mistake] = [
         "rollout.reward.type: math",
     ),
     Mistake(
+        "a decay counted in rollouts where it counts optimizer steps",
+        "https://github.com/NovaSky-AI/SkyRL/issues/872",
+        "my understanding is that we perform |data_size|/64 optimization steps. Right now, the "
+        "len of the dataloader depends on the train_batch_size, not the mini-batch-size. So "
+        "does this means we decay 2x as fast (because it happens after every optimization "
+        "step).",
+        (
+            *QWEN,
+            "recipe.train.global_batch_size=64",
+            "recipe.optim.lr_decay_style=cosine",
+            "recipe.optim.lr_decay_steps=3000",
+            "recipe.optim.min_lr=1e-7",
+        ),
+        "recipe.optim.lr_decay_steps",
+        "the decay ends at rollout 750 of 3000",
+        ("recipe.optim.lr_decay_steps=12000",),
+        "set optim.lr_decay_steps: 12000",
+    ),
+    Mistake(
         "special tokens skipped where the reward reads one",
         "https://github.com/verl-project/verl/issues/1724",
         "vLLM seems to strip or omit the special tokens (in my case, <think> and </think> are "

@@ -256,6 +256,22 @@ def test_tokens_partial_rollouts_carry_over_are_noted_as_off_policy(run_config: 
     assert note(whole) is None and "unbounded" not in render_runtime(whole)
 
 
+def test_a_decay_that_ends_before_the_run_is_noted_with_where(run_config: Runs) -> None:
+    """A decay shorter than the run, holding at min_lr after it, can be meant: the plan says
+    at which step and rollout it ends."""
+
+    def note(**overrides: object) -> str | None:
+        cfg = run_config("qwen3-4b", "h100x8", "grpo_dapo", **overrides)
+        return next((n for n in build_plan(cfg).notes if "ends the cosine decay" in n), None)
+
+    decay = {"recipe__optim__lr_decay_style": "cosine", "recipe__optim__min_lr": 1e-7}
+    said = note(recipe__train__global_batch_size=64, recipe__optim__lr_decay_steps=6000, **decay)
+    assert said is not None
+    assert "at optimizer step 6000 of 12000 (rollout 1500 of 3000)" in said
+    assert "trains at min_lr=1e-07" in said
+    assert note(recipe__optim__lr_decay_steps=3000, **decay) is None  # the whole run
+
+
 def test_checkpoints_without_optimizer_state_are_noted(run_config: Runs) -> None:
     """Weights-only checkpoints (slime's --no-save-optim) resume with Adam's moments at zero:
     the plan says so, naming the restarts that would meet it."""
