@@ -126,7 +126,34 @@ def check_hooks(data: Mapping[str, Any]) -> list[Issue]:
             f"{ROLLOUT}.generate_settings",
             rollout.get("generate_settings") or {},
         )
+        issues += check_min_turns(rollout.get("generate_function"), rollout.get("max_turns", 1))
     return issues
+
+
+def check_min_turns(path: Any, max_turns: Any) -> list[Issue]:
+    """A generate function may declare `min_turns`: the policy turns a sample that uses its
+    environment needs to answer (a tool call, then the answer after the tool's reply: 2).
+    With max_turns below it every such sample ends before its answer."""
+    if not isinstance(path, str) or not isinstance(max_turns, int):
+        return []
+    try:
+        hook = hooks.load_object(path, hooks.GENERATE_FUNCTION)
+    except hooks.HookError:
+        return []  # reported by the signature check
+    need = getattr(hook, "min_turns", None)
+    if not isinstance(need, int) or max_turns >= need:
+        return []
+    return [
+        Issue(
+            f"{ROLLOUT}.max_turns",
+            f"{path} needs {need} policy turns for a sample that uses its environment to "
+            f"answer (its min_turns), and max_turns={max_turns} ends such a sample after turn "
+            f"{max_turns}, before the answer: the environment's replies are never used, and "
+            "a response that asks for one is graded without an answer",
+            f"set {ROLLOUT}.max_turns: {need} or more",
+            value=max_turns,
+        )
+    ]
 
 
 def _class_issues(recipe: Mapping[str, Any]) -> list[Issue]:

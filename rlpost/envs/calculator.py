@@ -86,3 +86,6 @@ async def local_calculator(call: str, ctx: GenerateContext) -> str:
 async def generate(sample: Sample, ctx: GenerateContext) -> Sample:
     """The generate function of recipe grpo_tiny_calculator (see the module docstring)."""
     return await run_tool_loop(sample, ctx, local_calculator)
+
+
+generate.min_turns = 2  # type: ignore[attr-defined]  # the call, then the answer

@@ -142,3 +142,4 @@ async def generate(sample: Sample, ctx: GenerateContext) -> Sample:
 
 
 generate.check_settings = check_settings  # type: ignore[attr-defined]
+generate.min_turns = 2  # type: ignore[attr-defined]  # a call, then the answer

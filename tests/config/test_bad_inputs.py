@@ -191,6 +191,12 @@ CASES: list[Bad] = [
         "stop_token_ids holds 4 ('</think>'",
     ),
     Bad(
+        "a tool loop allowed one turn",
+        ("recipe=grpo_tiny_calculator", "recipe.rollout.max_turns=1"),
+        "recipe.rollout.max_turns",
+        "needs 2 policy turns for a sample that uses its environment to answer",
+    ),
+    Bad(
         "math reward without labels",
         ("recipe.data.label_key=null",),
         "recipe.data.label_key",
