@@ -1036,12 +1036,25 @@ def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
 
 
 def test_a_refused_sweep_leaves_no_sweep_folder(tmp_path: Path) -> None:
-    """A sweep's first job refused: its job folder, Hydra's multirun.yaml and the time-named
-    folders above them go; runs/multirun (a fixed name) stays."""
+    """A sweep whose jobs are refused is refused before Hydra makes its sweep folder."""
     command = [sys.executable, str(REPO / "launch.py"), "-m", "recipe.rollout.temperature=-1,-2"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "recipe.rollout.temperature" in done.stderr, done.stderr
-    assert sorted((tmp_path / "runs").rglob("*")) == [tmp_path / "runs" / "multirun"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_refuses_a_later_job_before_the_first_trains(tmp_path: Path) -> None:
+    """Every job's config is checked before the first starts: job 1's bad value is refused
+    naming the job, and job 0 never trains (no run directory, no summary)."""
+    command = [
+        sys.executable, str(REPO / "launch.py"), "-m",
+        "recipe.rollout.temperature=0.8,-1", "recipe.rollout.num_rollout=1",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "in job 1 (recipe.rollout.temperature=-1)" in done.stderr
+    assert "no job has started" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_launch_with_its_run_dir_elsewhere_leaves_no_empty_hydra_folder(tmp_path: Path) -> None:
