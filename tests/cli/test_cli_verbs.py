@@ -78,6 +78,23 @@ def test_validate_prints_a_summary_and_exits_0(capsys: pytest.CaptureFixture[str
     assert "checked" in out and "train TP1" in out
 
 
+def test_validate_says_only_what_it_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    def checked_line(*argv: str) -> str:
+        status, out, _ = run_main(["validate", *argv], capsys)
+        assert status == 0, out
+        return next(line for line in out.splitlines() if line.startswith("  checked"))
+
+    here = checked_line(*TINY)  # the tiny model's config.json ships: it is compared
+    assert here.endswith("config.json, plan, files and this machine")
+    remote = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "model.hf_checkpoint=/no/4b")
+    skipped = checked_line("--no-local-checks", *remote)
+    assert "config.json" not in skipped and "files and this machine" not in skipped
+    assert "--no-local-checks" in skipped
+    plan_only = checked_line(*remote, "mode=plan")
+    assert "files and this machine" not in plan_only
+    assert "no config.json at model.hf_checkpoint=/no/4b here" in plan_only
+
+
 def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["validate", *TINY, "recipe.rollout.temperature=-1", "trainer.backend=jax"]
     status, out, err = run_main(argv, capsys)
