@@ -251,3 +251,18 @@ def test_import_slime_refuses_an_sft_script_without_a_traceback(
     script = REPO / "tests" / "fixtures" / "slime" / "scripts" / "run-qwen3-4B-base-sft.sh"
     status, _, err = run_main(["import", "slime", str(script), "--out", str(tmp_path)], capsys)
     assert status != 0 and "supervised fine-tuning" in err and "Traceback" not in err
+
+
+def test_each_commands_usage_line_names_its_required_flags() -> None:
+    """`rlpost --help` opens with a line per command: every flag a command requires is on it."""
+    import argparse
+
+    from rlpost.cli import main as cli_main
+
+    usage = [line.strip() for line in (cli_main.__doc__ or "").splitlines()]
+    for name, verb in cli_main.verbs().items():
+        parser = argparse.ArgumentParser()
+        verb.add_arguments(parser)
+        required = [a.option_strings[0] for a in parser._actions if a.required and a.option_strings]
+        line = next(line for line in usage if line.startswith(f"rlpost {name} "))
+        assert all(flag in line for flag in required), (name, required, line)

@@ -124,6 +124,16 @@ def seed_002_train_s() -> float:
     return build_plan(cfg).prediction.train_s
 
 
+def test_the_stop_lead_the_fix_names_writes_a_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", *SEED_002, "--run-dir", str(tmp_path / "run"), "--stop-lead", "300"]
+    status, _, err = run_main([*argv, "--out", str(out)], capsys)
+    assert status == 0, err
+    assert "#SBATCH --signal=B:TERM@300" in out.read_text().splitlines()
+
+
 def test_the_stop_lead_covers_a_rollouts_training_and_a_save() -> None:
     assert stop_lead_s(12.0, None) == 360  # 5 minutes and the training, in whole minutes
     assert stop_lead_s(0.0, None) == 300
@@ -140,6 +150,9 @@ def test_the_stop_lead_covers_a_rollouts_training_and_a_save() -> None:
     [
         (["--time", "4:00"], "--stop-lead", "it would stop before it trained anything"),
         (["--time", "noon"], "--time", "is not a Slurm time limit"),
+        (["--stop-lead", "-5"], "--stop-lead = -5", "takes 0 to 65535"),
+        (["--stop-lead", "0"], "--stop-lead = 0", "too late to save"),
+        (["--stop-lead", "70000"], "--stop-lead = 70000", "takes 0 to 65535"),
     ],
 )
 def test_a_time_limit_the_stop_lead_leaves_nothing_of_is_refused(
