@@ -391,9 +391,26 @@ def slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_scratch(args: argparse.Namespace) -> None:
+    if args.scratch and args.pvc:
+        raise UserError(
+            [
+                Issue(
+                    "--scratch",
+                    f"says the run directory may go with the pod, and --pvc {args.pvc} keeps "
+                    "it on a claim: the two contradict each other",
+                    f"drop --scratch to keep the run directory on {args.pvc}, or drop --pvc "
+                    "for a one-node run whose directory may go",
+                )
+            ],
+            title="command-line error",
+        )
+
+
 def kuberay(args: argparse.Namespace) -> int:
     import yaml  # type: ignore[import-untyped]
 
+    _check_scratch(args)
     target, cfg, _ = _planned(args)
     if not args.pvc:
         nodes = cfg.hardware.num_nodes

@@ -282,3 +282,17 @@ def test_a_rayjob_keeps_its_checkpoints_on_a_volume_unless_told_they_may_go(
     manifest = yaml.safe_load(out.read_text().split("\n", 2)[2])
     (volume,) = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"]
     assert volume == {"name": "runs", "emptyDir": {}}
+
+
+def test_scratch_with_a_claim_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--scratch (the run directory may go) with --pvc (it is kept): one of them is a mistake."""
+    out = tmp_path / "job.yaml"
+    one_node = ["kuberay", "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"]
+    argv = [*one_node, "--image", "registry/rlpost:1", "--scratch", "--pvc", "runs"]
+    status, _, err = run_main([*argv, "--out", str(out)], capsys)
+    assert status == 2 and "--scratch" in err and "--pvc runs keeps it" in err, err
+    assert not out.exists()
+    status, _, err = run_main([*argv[:-3], "--pvc", "runs", "--out", str(out)], capsys)
+    assert status == 0 and out.exists(), err  # the fix: without --scratch
