@@ -95,6 +95,17 @@ def test_validate_says_only_what_it_checked(capsys: pytest.CaptureFixture[str]) 
     assert "no config.json at model.hf_checkpoint=/no/4b here" in plan_only
 
 
+@pytest.mark.parametrize("verb", ["ls", "validate"])
+def test_a_config_name_that_is_no_config_is_refused(
+    verb: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_main([verb, "--config-name", "confg"], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "--config-name = 'confg'" in err and "no top-level config 'confg'" in err
+    assert "Did you mean 'config'?" in err and "choose one of: config" in err
+    assert run_main([verb, "--config-name", "config"], capsys)[0] == 0  # the fix works
+
+
 def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["validate", *TINY, "recipe.rollout.temperature=-1", "trainer.backend=jax"]
     status, out, err = run_main(argv, capsys)

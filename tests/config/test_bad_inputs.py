@@ -524,6 +524,12 @@ CASES: list[Bad] = [
         "Did you mean 'temperature'?",
     ),
     Bad("unknown group choice", ("model=qwen3-tinyy",), "model", "Did you mean 'qwen3-tiny'?"),
+    Bad(
+        "a primary config that is not there",
+        ("--config-name", "nope"),
+        "--config-name",
+        "no top-level config 'nope'",
+    ),
     Bad("the layout group set to null", ("layout=null",), "layout", "write ~layout to leave it"),
     Bad("the recipe group set to null", ("recipe=null",), "recipe", "choose one of: grpo_dapo"),
     Bad("the model group set to null", ("model=null",), "model", "choose one of: deepseek-v3"),
