@@ -264,6 +264,15 @@ def test_import_slime_refuses_an_sft_script_without_a_traceback(
     assert status != 0 and "supervised fine-tuning" in err and "Traceback" not in err
 
 
+def test_import_slime_without_a_script_says_so_and_shows_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, _, err = run_main(["import", "slime"], capsys)
+    assert status == 2 and "Traceback" not in err and "None" not in err
+    assert "the slime launch script to import is missing" in err
+    assert "rlpost import slime SCRIPT.sh [--out DIR]" in err
+
+
 def test_each_commands_usage_line_names_its_required_flags() -> None:
     """`rlpost --help` opens with a line per command: every flag a command requires is on it."""
     import argparse
