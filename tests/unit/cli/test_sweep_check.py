@@ -51,3 +51,14 @@ def test_a_good_sweep_passes_and_writes_nothing(
     )
     check_sweep(prepare_argv(["recipe.rollout.temperature=-1"]))  # no sweep: the job checks
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_training_jobs_preflight_is_checked_too(tmp_path: Path) -> None:
+    """What a training launch checks on this machine (here: a prompt file that is not there)
+    refuses the job before the sweep starts, as it would refuse a single launch."""
+    data = "recipe.data.prompt_data"
+    argv = prepare_argv(["-m", f"{data}={tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"])
+    with pytest.raises(UserError) as caught:
+        check_sweep(argv)
+    assert [i.key for i in caught.value.issues] == [data, data]
+    assert [i.message.split(" (")[0] for i in caught.value.issues] == ["in job 0", "in job 1"]
