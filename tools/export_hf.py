@@ -20,6 +20,11 @@ from rlpost.runtime import checkpoint
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint folder as given, or the newest complete one of a run directory."""
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise checkpoint.CheckpointError(
+            path, f"{what}: give a checkpoint (<run.dir>/ckpt/rollout_<n>) or a run directory"
+        )
     if (path / checkpoint.MANIFEST).exists() or checkpoint.rollouts_done_of(path) is not None:
         return path
     found = checkpoint.scan(path)

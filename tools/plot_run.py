@@ -4,8 +4,11 @@
     python tools/plot_run.py runs/multirun/2026-11-21/10-00-00/* -o sweep.png
 
 Panels: rollout reward, eval accuracy (one line per eval set), KL, entropy and step time,
-each against the rollout id, read from each run's metrics.jsonl. Without -o the PNG is
-written as curves.png in the first run's directory.
+read from each run's metrics.jsonl: a rollout's metrics at its rollout id, an evaluation at
+the rollouts trained before it (eval/after_rollout; "after rollout N" is drawn at N). Of
+several paths (a glob over a sweep's folder), those that are no run directory (the sweep's
+multirun.yaml and summary files, a job that logged nothing) are skipped with a note. Without
+-o the PNG is written as curves.png in the first run's directory.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlpost.runtime.metrics import METRICS_FILE, read_metrics
+from rlpost.runtime.metrics import AFTER_ROLLOUT, METRICS_FILE, read_metrics
 
 DEFAULT_NAME = "curves.png"
 
@@ -38,6 +41,16 @@ PANELS = (
 )
 
 
+def x_of(record: dict[str, Any], name: str) -> int:
+    """Where a metric goes on the rollout axis: an evaluation at the rollouts trained before
+    it (the step's record that carries it has the step's rollout_id, one less; a run logged
+    before eval/after_rollout existed falls back to that), the rest at their rollout id."""
+    after = record.get(AFTER_ROLLOUT)
+    if name.startswith("eval/") and isinstance(after, int | float):
+        return int(after)
+    return int(record["rollout_id"])
+
+
 def series(records: Sequence[dict[str, Any]], key: str) -> dict[str, tuple[list[int], list[float]]]:
     """(rollout ids, values) per matching metric name, skipping records without it."""
     prefix, _, suffix = key.partition("*")
@@ -52,7 +65,7 @@ def series(records: Sequence[dict[str, Any]], key: str) -> dict[str, tuple[list[
     out = {}
     for name in names:
         points = [
-            (int(r["rollout_id"]), float(r[name]))
+            (x_of(r, name), float(r[name]))
             for r in records
             if isinstance(r.get(name), int | float) and "rollout_id" in r
         ]
@@ -105,13 +118,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dirs", type=Path, nargs="+", help="run directories")
     parser.add_argument("-o", "--out", type=Path, default=None, help=f"PNG path ({DEFAULT_NAME})")
     args = parser.parse_args(argv)
-    missing = [str(p) for p in args.run_dirs if not (p / METRICS_FILE).is_file()]
-    if missing:
-        print(f"plot_run: no {METRICS_FILE} in {', '.join(missing)}", file=sys.stderr)
+    runs = run_dirs(args.run_dirs)
+    if runs is None:
         return 2
-    out = args.out or args.run_dirs[0] / DEFAULT_NAME
-    print(f"wrote {plot_runs([p.resolve() for p in args.run_dirs], out)}")
+    out = args.out or runs[0] / DEFAULT_NAME
+    print(f"wrote {plot_runs([p.resolve() for p in runs], out)}")
     return 0
+
+
+def run_dirs(paths: Sequence[Path]) -> list[Path] | None:
+    """The paths that are run directories (they hold metrics.jsonl). A path that does not
+    exist is refused; of several, the others are skipped with a note (a glob over a sweep's
+    folder names its multirun.yaml and summary files too); None, said why, when no run is
+    left."""
+    absent = [str(p) for p in paths if not p.exists()]
+    if absent:
+        print(f"plot_run: {', '.join(absent)}: no such run directory", file=sys.stderr)
+        return None
+    runs = [p for p in paths if (p / METRICS_FILE).is_file()]
+    others = [str(p) for p in paths if p not in runs]
+    if not runs:
+        print(f"plot_run: no {METRICS_FILE} in {', '.join(others)}", file=sys.stderr)
+        return None
+    if others:
+        print(f"plot_run: skipping {', '.join(others)}: no {METRICS_FILE}", file=sys.stderr)
+    return runs
 
 
 if __name__ == "__main__":

@@ -148,12 +148,13 @@ def _check_groups(groups: Sequence[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlpost.config.search_path import check_config_dir
+    from rlpost.config.search_path import check_config_dir, check_config_name
 
     groups = list(args.groups) or list(GROUPS)
     _check_groups(groups)
     check_config_dir(args.config_dir)
     base = search_roots(args.config_dir)
+    check_config_name(args.config_name, base)
     roots = search_roots(
         args.config_dir, searchpath=primary_searchpath(base, args.config_name or PRIMARY_CONFIG)
     )

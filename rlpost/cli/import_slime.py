@@ -20,6 +20,7 @@ from rlpost.errors import Issue, UserError
 from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE
 
 HELP = "write rlpost configs from a slime launch script (scripts/run-*.sh)"
+USAGE = "rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR] (or --table for the flags)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +57,18 @@ def run(args: argparse.Namespace) -> int:
 
         print(flag_table(), end="")
         return 0
-    if args.script is None or not args.script.is_file():
+    if args.script is None:
         raise UserError(
-            [Issue("SCRIPT", f"{args.script} is not a file", "give a slime launch script")],
+            [Issue("SCRIPT", "the slime launch script to import is missing", f"name it: {USAGE}")],
+            title="import error",
+        )
+    if not args.script.is_file():
+        raise UserError(
+            [
+                Issue(
+                    "SCRIPT", f"{args.script} is not a file", f"give a slime launch script: {USAGE}"
+                )
+            ],
             title="import error",
         )
     bad = [item for item in args.env if "=" not in item]

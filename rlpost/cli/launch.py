@@ -273,8 +273,11 @@ def _main(argv: Sequence[str] | None) -> None:
             return
         import hydra
 
+        from rlpost.cli.sweep_check import check_sweep
+
         try:
             checked = prepare_argv(args)
+            check_sweep(checked)
         except UserError as exc:
             exit_with(exc)
         sys.argv = [sys.argv[0], *checked]

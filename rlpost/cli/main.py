@@ -9,7 +9,7 @@
     rlpost new hardware NAME [--nodes N]                                 # from this machine
     rlpost run ...                                                       # python launch.py ...
     rlpost cluster up --hostfile FILE | status | down                    # a Ray cluster over ssh
-    rlpost slurm model=... recipe=... hardware=... [--out FILE]         # an sbatch script
+    rlpost slurm model=... recipe=... hardware=... --run-dir DIR [--out FILE]  # sbatch script
     rlpost kuberay model=... recipe=... hardware=... --image IMAGE      # a KubeRay RayJob
     rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR]         # configs from slime
 

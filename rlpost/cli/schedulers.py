@@ -140,6 +140,7 @@ exit "$status"
 
 
 MIN_STOP_LEAD_S = 300
+MAX_SIGNAL_S = 65535  # sbatch --signal's sig_time: 0 to 65535 s
 SAVE_ALLOWANCE_S = 300
 
 
@@ -171,6 +172,21 @@ def slurm_time_s(text: str) -> int | None:
 
 
 def _check_stop_lead(lead: int, time: str | None) -> None:
+    if not 0 < lead <= MAX_SIGNAL_S:
+        raise UserError(
+            [
+                Issue(
+                    "--stop-lead",
+                    f"is when, in seconds before the time limit, the launch is told to stop and "
+                    f"save; Slurm's --signal=B:TERM@<seconds> takes 0 to {MAX_SIGNAL_S}, and at "
+                    "0 the signal comes with the kill, too late to save",
+                    f"give 1 to {MAX_SIGNAL_S} seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), or "
+                    "leave it out for the plan's training time per rollout plus 5 minutes",
+                    value=lead,
+                )
+            ],
+            title="command-line error",
+        )
     limit = slurm_time_s(time) if time else None
     if time and limit is None:
         raise UserError(
@@ -375,9 +391,26 @@ def slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_scratch(args: argparse.Namespace) -> None:
+    if args.scratch and args.pvc:
+        raise UserError(
+            [
+                Issue(
+                    "--scratch",
+                    f"says the run directory may go with the pod, and --pvc {args.pvc} keeps "
+                    "it on a claim: the two contradict each other",
+                    f"drop --scratch to keep the run directory on {args.pvc}, or drop --pvc "
+                    "for a one-node run whose directory may go",
+                )
+            ],
+            title="command-line error",
+        )
+
+
 def kuberay(args: argparse.Namespace) -> int:
     import yaml  # type: ignore[import-untyped]
 
+    _check_scratch(args)
     target, cfg, _ = _planned(args)
     if not args.pvc:
         nodes = cfg.hardware.num_nodes

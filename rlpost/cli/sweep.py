@@ -26,6 +26,7 @@ SUMMARY_TEXT = "summary.txt"
 SUMMARY_JSON = "summary.json"
 REWARD_KEY = "rollout/reward_mean"
 STEP_TIME_KEY = "perf/step_time_s"
+PRINTING_MODES = frozenset({"plan", "slime_args"})
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class JobSummary:
     overrides: str
     run_dir: str
     status: str
-    rollouts: int
+    rollouts: int | None  # None: the job only printed (mode=plan or slime_args)
     final_reward: float | None
     best_eval_accuracy: float | None
     step_time_s: float | None
@@ -50,7 +51,15 @@ def eval_accuracy(record: dict[str, Any]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def summarize_job(job: int, overrides: str, run_dir: Path, status: str) -> JobSummary:
+def summarize_job(
+    job: int, overrides: str, run_dir: Path, status: str, mode: str = "train"
+) -> JobSummary:
+    """A job of mode=plan or slime_args trained nothing: its status says what it did, and
+    it has no rollouts to count."""
+    if mode in PRINTING_MODES:
+        printed = "plan printed" if mode == "plan" else "slime args printed"
+        status = printed if status == "completed" else status
+        return JobSummary(job, overrides, str(run_dir), status, None, None, None, None)
     records = read_metrics(run_dir)
     rewards = [r[REWARD_KEY] for r in records if isinstance(r.get(REWARD_KEY), int | float)]
     accuracies = [a for a in map(eval_accuracy, records) if a is not None]
@@ -98,7 +107,7 @@ class SweepSummary(Callback):
     """Collects the jobs of a multirun and summarizes them when it ends."""
 
     def __init__(self) -> None:
-        self.jobs: list[tuple[int, list[str], Path, str]] = []
+        self.jobs: list[tuple[int, list[str], Path, str, str]] = []
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         hydra_cfg = job_return.hydra_cfg.hydra if job_return.hydra_cfg is not None else None
@@ -108,7 +117,8 @@ class SweepSummary(Callback):
         run_dir = OmegaConf.select(task, "run.dir", default=None) or hydra_cfg.runtime.output_dir
         overrides = [o.lstrip("+") for o in job_return.overrides or []]
         status = job_return.status.name.lower() if job_return.status is not None else "?"
-        self.jobs.append((int(hydra_cfg.job.num), overrides, Path(run_dir), status))
+        mode = str(OmegaConf.select(task, "mode", default="train"))
+        self.jobs.append((int(hydra_cfg.job.num), overrides, Path(run_dir), status, mode))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.jobs:
@@ -117,8 +127,10 @@ class SweepSummary(Callback):
         # the overrides every job shares say nothing about the difference between jobs
         shared = set.intersection(*(set(job[1]) for job in self.jobs))
         jobs = [
-            summarize_job(num, " ".join(o for o in overrides if o not in shared), path, status)
-            for num, overrides, path, status in sorted(self.jobs, key=lambda j: j[0])
+            summarize_job(
+                num, " ".join(o for o in overrides if o not in shared), path, status, mode
+            )
+            for num, overrides, path, status, mode in sorted(self.jobs, key=lambda j: j[0])
         ]
         text = write_summary(sweep_dir, jobs)
         print(f"\n{text}\nsweep summary: {sweep_dir / SUMMARY_TEXT}", flush=True)

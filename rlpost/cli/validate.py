@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from rlpost.cli.target import Target, add_target_arguments, target_from_args
 from rlpost.config.loader import compose_run_config
@@ -82,7 +83,24 @@ def check(target: Target, machine: bool = True) -> tuple[RunConfig, SourceMap, P
     return run, sources, plan
 
 
-def summary(run: RunConfig, plan: Plan) -> str:
+def checked(run: RunConfig, machine: bool = True) -> str:
+    """What the checks covered: config.json only when it is on this machine (it is compared
+    where it is found), the files and this machine only for a training mode without
+    --no-local-checks."""
+    config_json = (Path(run.model.hf_checkpoint).expanduser() / "config.json").is_file()
+    local = run.mode in LAUNCH_MODES and machine
+    text = "overrides, defaults lists, schema, hooks, SGLang options" + (
+        ", config.json" if config_json else ""
+    )
+    text += ", plan" + (", files and this machine" if local else "")
+    if run.mode in LAUNCH_MODES and not machine:
+        text += " (not this machine's files, packages or GPUs: --no-local-checks)"
+    elif not config_json:
+        text += f" (no config.json at model.hf_checkpoint={run.model.hf_checkpoint} here)"
+    return text
+
+
+def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
     """A few lines: what was checked and what the plan comes to."""
     p, par, eng, mem, batch = plan.placement, plan.parallel, plan.engine, plan.memory, plan.batch
     split = (
@@ -93,8 +111,7 @@ def summary(run: RunConfig, plan: Plan) -> str:
     lines = [
         f"rlpost: OK  model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout}, mode {run.mode})",
-        "  checked  overrides, defaults lists, schema, hooks, SGLang options, config.json, plan"
-        + (", files and this machine" if run.mode in LAUNCH_MODES else ""),
+        f"  checked  {checked(run, machine)}",
         f"  layout   {split}: train TP{par.tp} PP{par.pp} CP{par.cp} EP{par.ep} DP{par.dp}; "
         f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} GPU(s)",
         f"  batch    {batch.samples_per_rollout} samples per rollout, "
@@ -107,6 +124,7 @@ def summary(run: RunConfig, plan: Plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config, _, plan = check(target_from_args(args), machine=not args.no_local_checks)
-    print(summary(config, plan))
+    machine = not args.no_local_checks
+    config, _, plan = check(target_from_args(args), machine=machine)
+    print(summary(config, plan, machine))
     return 0

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 NO_RUN_DIR_MODES = frozenset({"plan", "slime_args"})
 CHOICES_SHOWN = 12
+# the groups conf/config.yaml's defaults list marks optional: leaving one out is `~group`
+OPTIONAL_GROUPS = frozenset({"layout"})
 
 
 @dataclass(frozen=True)
@@ -127,16 +129,41 @@ def _choices_of(override: Override) -> list[str]:
     return [] if value is None else [str(value)]
 
 
+def _shown(available: Sequence[str]) -> str:
+    return ", ".join(available[:CHOICES_SHOWN]) + (" ..." if len(available) > CHOICES_SHOWN else "")
+
+
+def _null_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> Issue:
+    """`group=null`: Hydra raises 'Config group override must be a string or a list' with a
+    traceback. A group takes a config's name; leaving an optional one out is `~group`."""
+    group = override.key_or_group
+    choose = f"choose one of: {_shown(group_options(roots, group))}"
+    fix = (
+        f"write ~{group} to leave it out (the planner derives the {group} for the model and "
+        f"hardware), or {choose}"
+        if group in OPTIONAL_GROUPS
+        else f"{choose} (files {group}/<name>.yaml on the search path); the run needs a {group}"
+    )
+    return Issue(
+        key=group,
+        value=None,
+        message=f"{group}=null names no config: a config group takes the name of one of its "
+        "configs",
+        fix=fix,
+        location=Location(override=token),
+    )
+
+
 def _check_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> list[Issue]:
     group = override.key_or_group
+    if not override.is_sweep_override() and override.value() is None:
+        return [_null_group(override, token, roots)]
     available = group_options(roots, group)
     issues = []
     for choice in _choices_of(override):
         if choice in available:
             continue
-        shown = ", ".join(available[:CHOICES_SHOWN]) + (
-            " ..." if len(available) > CHOICES_SHOWN else ""
-        )
+        shown = _shown(available)
         issues.append(
             Issue(
                 key=group,

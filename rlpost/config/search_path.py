@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from rlpost.config.sources import CONF_DIR, ConfigRoot, display_path, find_config
+from rlpost.config.sources import CONF_DIR, PRIMARY_CONFIG, ConfigRoot, display_path, find_config
 from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 CHOICES_SHOWN = 12
@@ -183,10 +183,35 @@ def _defaults_line(text: str, name: str) -> int | None:
     return None
 
 
+def primary_config_issue(name: str, roots: Sequence[ConfigRoot]) -> Issue:
+    """`--config-name NAME` naming no top-level config on the search path."""
+    from rlpost.config.overrides import group_options
+
+    options = group_options(roots, "")
+    shown = ", ".join(options[:CHOICES_SHOWN]) + (" ..." if len(options) > CHOICES_SHOWN else "")
+    return Issue(
+        key="--config-name",
+        value=name,
+        message=f"there is no top-level config '{name}' (a {name}.yaml beside model/, recipe/ "
+        f"and hardware/ on the search path).{did_you_mean(name, options)}",
+        fix=f"choose one of: {shown} (without --config-name: {PRIMARY_CONFIG})",
+        location=Location(override=f"--config-name {name}"),
+    )
+
+
+def check_config_name(name: str | None, roots: Sequence[ConfigRoot]) -> None:
+    """UserError when `--config-name` names no top-level config."""
+    if name is None or find_config(roots, name) is not None:
+        return
+    raise UserError([primary_config_issue(name, roots)], title="command-line error")
+
+
 def _missing_issue(missing: str, parent: str | None, roots: Sequence[ConfigRoot]) -> Issue:
     from rlpost.config.overrides import group_options
 
     group, _, name = missing.rpartition("/")
+    if not group and parent is None:  # the primary config itself
+        return primary_config_issue(name, roots)
     options = group_options(roots, group) if group else []
     location = None
     parent_file = find_config(roots, parent) if parent else None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rlpost.data.prompts import ChatTokenizer
 from rlpost.data.source import Group, load_eval_groups
 from rlpost.plan.table import render_table
+from rlpost.runtime.metrics import AFTER_ROLLOUT
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
 from rlpost.schema import RecipeConfig
 
@@ -79,9 +80,15 @@ def load_eval_sets(
 async def evaluate(
     runner: GroupRunner, eval_sets: Sequence[EvalSet], rollout_id: int, weight_version: int
 ) -> EvalReport:
-    """Every eval group generated and scored once, by engines serving `weight_version`."""
+    """Every eval group generated and scored once, by engines serving `weight_version`.
+    `rollout_id` is the rollouts trained before it (the table's "after rollout"): it is
+    logged as eval/after_rollout, since a step's record carries the evaluation after it
+    under the step's own rollout_id, one less."""
     accuracy: dict[str, float] = {}
-    metrics: dict[str, float] = {"eval/weight_version": float(weight_version)}
+    metrics: dict[str, float] = {
+        "eval/weight_version": float(weight_version),
+        AFTER_ROLLOUT: float(rollout_id),
+    }
     for eval_set in eval_sets:
         groups = [[s.fresh() for s in g] for g in eval_set.groups]
         params = eval_set.sampling.to_sglang()

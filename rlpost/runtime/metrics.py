@@ -16,6 +16,9 @@ from typing import Any
 from rlpost.schema import TrackingConfig
 
 METRICS_FILE = "metrics.jsonl"
+# an evaluation's record: the rollouts trained before it (its step's rollout_id + 1, or the
+# rollout it started from for the one before training)
+AFTER_ROLLOUT = "eval/after_rollout"
 TENSORBOARD_DIR = "tensorboard"
 
 

@@ -78,6 +78,34 @@ def test_validate_prints_a_summary_and_exits_0(capsys: pytest.CaptureFixture[str
     assert "checked" in out and "train TP1" in out
 
 
+def test_validate_says_only_what_it_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    def checked_line(*argv: str) -> str:
+        status, out, _ = run_main(["validate", *argv], capsys)
+        assert status == 0, out
+        return next(line for line in out.splitlines() if line.startswith("  checked"))
+
+    here = checked_line(*TINY)  # the tiny model's config.json ships: it is compared
+    assert here.endswith("config.json, plan, files and this machine")
+    remote = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "model.hf_checkpoint=/no/4b")
+    skipped = checked_line("--no-local-checks", *remote)
+    assert "config.json" not in skipped and "files and this machine" not in skipped
+    assert "--no-local-checks" in skipped
+    plan_only = checked_line(*remote, "mode=plan")
+    assert "files and this machine" not in plan_only
+    assert "no config.json at model.hf_checkpoint=/no/4b here" in plan_only
+
+
+@pytest.mark.parametrize("verb", ["ls", "validate"])
+def test_a_config_name_that_is_no_config_is_refused(
+    verb: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_main([verb, "--config-name", "confg"], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "--config-name = 'confg'" in err and "no top-level config 'confg'" in err
+    assert "Did you mean 'config'?" in err and "choose one of: config" in err
+    assert run_main([verb, "--config-name", "config"], capsys)[0] == 0  # the fix works
+
+
 def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["validate", *TINY, "recipe.rollout.temperature=-1", "trainer.backend=jax"]
     status, out, err = run_main(argv, capsys)
@@ -234,3 +262,27 @@ def test_import_slime_refuses_an_sft_script_without_a_traceback(
     script = REPO / "tests" / "fixtures" / "slime" / "scripts" / "run-qwen3-4B-base-sft.sh"
     status, _, err = run_main(["import", "slime", str(script), "--out", str(tmp_path)], capsys)
     assert status != 0 and "supervised fine-tuning" in err and "Traceback" not in err
+
+
+def test_import_slime_without_a_script_says_so_and_shows_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, _, err = run_main(["import", "slime"], capsys)
+    assert status == 2 and "Traceback" not in err and "None" not in err
+    assert "the slime launch script to import is missing" in err
+    assert "rlpost import slime SCRIPT.sh [--out DIR]" in err
+
+
+def test_each_commands_usage_line_names_its_required_flags() -> None:
+    """`rlpost --help` opens with a line per command: every flag a command requires is on it."""
+    import argparse
+
+    from rlpost.cli import main as cli_main
+
+    usage = [line.strip() for line in (cli_main.__doc__ or "").splitlines()]
+    for name, verb in cli_main.verbs().items():
+        parser = argparse.ArgumentParser()
+        verb.add_arguments(parser)
+        required = [a.option_strings[0] for a in parser._actions if a.required and a.option_strings]
+        line = next(line for line in usage if line.startswith(f"rlpost {name} "))
+        assert all(flag in line for flag in required), (name, required, line)

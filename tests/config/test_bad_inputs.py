@@ -558,6 +558,16 @@ CASES: list[Bad] = [
         "Did you mean 'temperature'?",
     ),
     Bad("unknown group choice", ("model=qwen3-tinyy",), "model", "Did you mean 'qwen3-tiny'?"),
+    Bad(
+        "a primary config that is not there",
+        ("--config-name", "nope"),
+        "--config-name",
+        "no top-level config 'nope'",
+    ),
+    Bad("the layout group set to null", ("layout=null",), "layout", "write ~layout to leave it"),
+    Bad("the recipe group set to null", ("recipe=null",), "recipe", "choose one of: grpo_dapo"),
+    Bad("the model group set to null", ("model=null",), "model", "choose one of: deepseek-v3"),
+    Bad("the hardware group set to null", ("hardware=null",), "hardware", "choose one of: cpu"),
     Bad("unknown section", ("recipee.rollout.temperature=1.0",), "recipee", "Did you mean"),
 ]
 
@@ -1070,12 +1080,25 @@ def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
 
 
 def test_a_refused_sweep_leaves_no_sweep_folder(tmp_path: Path) -> None:
-    """A sweep's first job refused: its job folder, Hydra's multirun.yaml and the time-named
-    folders above them go; runs/multirun (a fixed name) stays."""
+    """A sweep whose jobs are refused is refused before Hydra makes its sweep folder."""
     command = [sys.executable, str(REPO / "launch.py"), "-m", "recipe.rollout.temperature=-1,-2"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "recipe.rollout.temperature" in done.stderr, done.stderr
-    assert sorted((tmp_path / "runs").rglob("*")) == [tmp_path / "runs" / "multirun"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_refuses_a_later_job_before_the_first_trains(tmp_path: Path) -> None:
+    """Every job's config is checked before the first starts: job 1's bad value is refused
+    naming the job, and job 0 never trains (no run directory, no summary)."""
+    command = [
+        sys.executable, str(REPO / "launch.py"), "-m",
+        "recipe.rollout.temperature=0.8,-1", "recipe.rollout.num_rollout=1",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "in job 1 (recipe.rollout.temperature=-1)" in done.stderr
+    assert "no job has started" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_launch_with_its_run_dir_elsewhere_leaves_no_empty_hydra_folder(tmp_path: Path) -> None:

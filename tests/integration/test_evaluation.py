@@ -61,6 +61,8 @@ def test_evaluation_with_a_filter_on_groups_of_equal_rewards_returns_the_exact_a
     assert [(r["rollout_id"], r["eval/weight_version"]) for r in evals] == [
         (0, 0.0), (0, 1.0), (1, 2.0), (2, 3.0)
     ]  # fmt: skip
+    # each says the rollouts trained before it, as the table's "after rollout" does
+    assert [r["eval/after_rollout"] for r in evals] == [0, 1, 2, 3]
     assert not any(k.startswith(("rollout/", "train/")) for k in records[0])
     exact = float(Fraction(sum(SCORES), len(SCORES)))
     for record in evals:

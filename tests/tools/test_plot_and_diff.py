@@ -81,6 +81,39 @@ def test_plot_defaults_to_the_first_run_and_refuses_a_non_run(
     assert tool.main([str(tmp_path)]) == 2
 
 
+def test_plot_of_a_sweeps_folder_skips_its_own_files(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README's `plot_run.py runs/multirun/<date>/<time>/*`: the glob names the sweep's
+    multirun.yaml and summaries beside its job folders."""
+    sweep = runs[0].parent
+    for name in ("multirun.yaml", "summary.json", "summary.txt"):
+        (sweep / name).write_text("{}\n")
+    out = tmp_path / "sweep.png"
+    assert load_tool("plot_run").main([*map(str, sorted(sweep.iterdir())), "-o", str(out)]) == 0
+    assert out.is_file() and "skipping" in capsys.readouterr().err
+    files = [str(sweep / "multirun.yaml"), str(sweep / "summary.txt")]
+    assert load_tool("plot_run").main([*files, "-o", str(out)]) == 2  # no run among them
+    assert "no metrics.jsonl in" in capsys.readouterr().err
+    assert load_tool("plot_run").main([str(runs[0]), str(sweep / "2"), "-o", str(out)]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+
+
+def test_an_evaluation_is_drawn_after_the_rollouts_it_followed() -> None:
+    """The loop's records (eval.interval=1): the evaluation before training and the one after
+    rollout 1 both sit in rollout 0's records; eval/after_rollout places them at 0 and 1."""
+    records = [
+        {"rollout_id": 0, "eval/after_rollout": 0.0, "eval/arith/accuracy": 0.24},
+        {"rollout_id": 0, "rollout/reward_mean": 0.36, "eval/after_rollout": 1.0,
+         "eval/arith/accuracy": 0.27},
+        {"rollout_id": 1, "rollout/reward_mean": 0.33, "eval/after_rollout": 2.0,
+         "eval/arith/accuracy": 0.33},
+    ]  # fmt: skip
+    tool = load_tool("plot_run")
+    assert tool.series(records, "eval/*/accuracy")["eval/arith/accuracy"][0] == [0, 1, 2]
+    assert tool.series(records, "rollout/reward_mean")["rollout/reward_mean"][0] == [0, 1]
+
+
 def test_config_diff_shows_only_the_differences(
     runs: list[Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -60,8 +60,10 @@ def test_multirun_writes_and_prints_the_summary(tmp_path: Path) -> None:
     assert "sweep summary" in done.stdout
     table = (sweep_dir / "summary.txt").read_text()
     rows = [line.split() for line in table.splitlines()[3:]]
-    # only what differs between jobs is shown; plan jobs have no metrics
-    assert [row[:3] for row in rows] == [
-        ["0", "recipe.optim.lr=0.0001", "completed"],
-        ["1", "recipe.optim.lr=0.0002", "completed"],
+    # only what differs between jobs is shown; plan jobs trained nothing and say so
+    assert [row[:5] for row in rows] == [
+        ["0", "recipe.optim.lr=0.0001", "plan", "printed", "-"],
+        ["1", "recipe.optim.lr=0.0002", "plan", "printed", "-"],
     ]
+    saved = json.loads((sweep_dir / "summary.json").read_text())
+    assert [(j["status"], j["rollouts"]) for j in saved] == [("plan printed", None)] * 2

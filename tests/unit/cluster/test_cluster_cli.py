@@ -124,6 +124,16 @@ def seed_002_train_s() -> float:
     return build_plan(cfg).prediction.train_s
 
 
+def test_the_stop_lead_the_fix_names_writes_a_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", *SEED_002, "--run-dir", str(tmp_path / "run"), "--stop-lead", "300"]
+    status, _, err = run_main([*argv, "--out", str(out)], capsys)
+    assert status == 0, err
+    assert "#SBATCH --signal=B:TERM@300" in out.read_text().splitlines()
+
+
 def test_the_stop_lead_covers_a_rollouts_training_and_a_save() -> None:
     assert stop_lead_s(12.0, None) == 360  # 5 minutes and the training, in whole minutes
     assert stop_lead_s(0.0, None) == 300
@@ -140,6 +150,9 @@ def test_the_stop_lead_covers_a_rollouts_training_and_a_save() -> None:
     [
         (["--time", "4:00"], "--stop-lead", "it would stop before it trained anything"),
         (["--time", "noon"], "--time", "is not a Slurm time limit"),
+        (["--stop-lead", "-5"], "--stop-lead = -5", "takes 0 to 65535"),
+        (["--stop-lead", "0"], "--stop-lead = 0", "too late to save"),
+        (["--stop-lead", "70000"], "--stop-lead = 70000", "takes 0 to 65535"),
     ],
 )
 def test_a_time_limit_the_stop_lead_leaves_nothing_of_is_refused(
@@ -269,3 +282,17 @@ def test_a_rayjob_keeps_its_checkpoints_on_a_volume_unless_told_they_may_go(
     manifest = yaml.safe_load(out.read_text().split("\n", 2)[2])
     (volume,) = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"]
     assert volume == {"name": "runs", "emptyDir": {}}
+
+
+def test_scratch_with_a_claim_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--scratch (the run directory may go) with --pvc (it is kept): one of them is a mistake."""
+    out = tmp_path / "job.yaml"
+    one_node = ["kuberay", "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"]
+    argv = [*one_node, "--image", "registry/rlpost:1", "--scratch", "--pvc", "runs"]
+    status, _, err = run_main([*argv, "--out", str(out)], capsys)
+    assert status == 2 and "--scratch" in err and "--pvc runs keeps it" in err, err
+    assert not out.exists()
+    status, _, err = run_main([*argv[:-3], "--pvc", "runs", "--out", str(out)], capsys)
+    assert status == 0 and out.exists(), err  # the fix: without --scratch

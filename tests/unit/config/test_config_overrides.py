@@ -33,6 +33,21 @@ def test_unknown_group_choice_suggests_and_lists_choices() -> None:
     assert "qwen3-4b" in issue.fix and "glm4.7-flash" in issue.fix
 
 
+def test_a_group_set_to_null_names_the_group_and_its_remedy() -> None:
+    issue = only_issue("layout=null")
+    assert issue.key == "layout" and "~layout" in issue.fix and "qwen3-tiny_cpu" in issue.fix
+    # the remedy it names works: ~layout composes, validates and plans (a derived layout)
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import plan_config
+
+    run, _ = compose_run_config(["~layout"])
+    assert plan_config(run)[1].derived
+    for group in ("model", "recipe", "hardware"):
+        issue = only_issue(f"{group}=null")
+        assert issue.key == group and "~" not in issue.fix
+        assert all(name in issue.fix for name in group_options(ROOTS, group))
+
+
 def test_every_choice_of_a_sweep_is_checked() -> None:
     _, (issue,) = check_override("hardware=h100x8,h100x32", ROOTS, multirun=True)
     assert issue.value == "h100x32"

@@ -127,3 +127,12 @@ def test_export_refuses_a_corrupted_checkpoint(
     assert load_tool("export_hf").main([str(broken), str(tmp_path / "out")]) == 2
     assert "bytes, the manifest says" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_run_directory_that_is_not_there_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert load_tool("export_hf").main([str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "nope: does not exist" in err and "ckpt/" not in err.split("give")[0]
+    assert not (tmp_path / "out").exists()
