@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, get_args
 
 from pydantic import (
@@ -942,6 +943,14 @@ class LoopConfig(Section):
         return self
 
 
+def _prompts_filling_steps(prompts: int, n: int, gbs: int) -> str:
+    """A rollout.batch_size for a fix, with the whole optimizer steps its samples fill."""
+    steps = prompts * n // gbs
+    return f"{prompts} prompts ({prompts} x {n} = {prompts * n} samples: {steps} step" + (
+        "s per rollout)" if steps > 1 else " per rollout)"
+    )
+
+
 class RecipeConfig(Section):
     name: str
     description: str = ""
@@ -1005,29 +1014,34 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     def check_batch_divides(self) -> RecipeConfig:
-        samples = self.rollout.batch_size * self.rollout.n_samples_per_prompt
+        n = self.rollout.n_samples_per_prompt
+        samples = self.rollout.batch_size * n
         gbs = self.train.global_batch_size
+        # Prompt counts whose samples fill whole steps are the multiples of this one.
+        step_prompts = gbs // math.gcd(gbs, n)
         if gbs > samples:
-            prompts_needed = -(-gbs // self.rollout.n_samples_per_prompt)
             raise InvariantError(
                 f"train.global_batch_size={gbs} is more than the {samples} samples a rollout "
                 f"makes (rollout.batch_size x rollout.n_samples_per_prompt = "
-                f"{self.rollout.batch_size} x {self.rollout.n_samples_per_prompt}): no "
-                "optimizer step would ever fill, and the run would train nothing",
+                f"{self.rollout.batch_size} x {n}): no optimizer step would ever fill, and the "
+                "run would train nothing",
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to {samples} (one step per rollout) or a "
-                f"divisor of it, or raise rollout.batch_size to {prompts_needed} prompts",
+                f"divisor of it, or raise rollout.batch_size to "
+                f"{_prompts_filling_steps(step_prompts, n, gbs)}",
             )
         if samples % gbs:
             divisors = [d for d in range(samples, 0, -1) if samples % d == 0][:3]
+            prompts = max(1, round(self.rollout.batch_size / step_prompts)) * step_prompts
             raise InvariantError(
                 f"rollout.batch_size x rollout.n_samples_per_prompt = "
-                f"{self.rollout.batch_size} x {self.rollout.n_samples_per_prompt} = {samples} "
+                f"{self.rollout.batch_size} x {n} = {samples} "
                 f"samples per rollout is not a multiple of train.global_batch_size={gbs}; "
                 "the trailing samples would be dropped every rollout",
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to a divisor of {samples} "
-                f"(e.g. {', '.join(map(str, divisors))}), or change the rollout counts",
+                f"(e.g. {', '.join(map(str, divisors))}), or rollout.batch_size to "
+                f"{_prompts_filling_steps(prompts, n, gbs)}",
             )
         return self
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -572,6 +573,17 @@ def test_bad_config(case: Case, user_conf: Path, monkeypatch: pytest.MonkeyPatch
     assert case.fragment in issue.message, issue.render()
     assert issue.fix, issue.render()
     check_where(issue, case.where)
+
+
+@pytest.mark.parametrize("gbs", [300, 100], ids=["more_than_a_rollout", "not_a_divisor"])
+def test_the_rollout_batch_size_a_batch_refusal_names_validates(gbs: int) -> None:
+    bad = [*GLM9, f"recipe.train.global_batch_size={gbs}"]
+    with pytest.raises(UserError) as caught:
+        compose_run_config(bad)
+    fix = find_issue(caught.value, "recipe.train.global_batch_size").fix or ""
+    named = re.search(r"rollout\.batch_size to (\d+) prompts", fix)
+    assert named, fix
+    compose_run_config([*bad, f"recipe.rollout.batch_size={named[1]}"])
 
 
 def test_hf_config_mismatch_names_both_files(user_conf: Path) -> None:
