@@ -1178,17 +1178,30 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     def check_thinking_reward_has_thinking(self) -> RecipeConfig:
-        kwargs = self.data.apply_chat_template_kwargs
-        if self.rollout.reward.type == "deepscaler" and kwargs.get("enable_thinking") is False:
-            raise InvariantError(
-                "rollout.reward.type=deepscaler grades only the text after the response's "
-                "last </think>, and data.apply_chat_template_kwargs.enable_thinking=false "
-                "writes the (empty) thinking block into the prompt: no response has one, "
-                "every reward is 0 and no group has a signal",
-                fields=("rollout.reward.type",),
-                fix="use rollout.reward.type: math (it grades the whole response), or remove "
-                "enable_thinking: false",
-            )
+        """deepscaler pays 0 for a response without </think>, and a thinking-off template
+        never has the model write one. The rollout's reward.type grades only where no custom
+        function scores in its place; an evaluation set's reward_type grades its every line."""
+        if self.data.apply_chat_template_kwargs.get("enable_thinking") is not False:
+            return self
+        reward = self.rollout.reward
+        graders: list[tuple[str, str | None, str]] = []
+        if not reward.custom_function:
+            graders.append(("rollout.reward.type", reward.type, "no group has a signal"))
+        graders += [
+            (f"eval.datasets.{i}.reward_type", d.reward_type, f"the {d.name} accuracy reads 0")
+            for i, d in enumerate(self.eval.datasets)
+        ]
+        for field, kind, so in graders:
+            if kind == "deepscaler":
+                raise InvariantError(
+                    f"{field}=deepscaler grades only the text after the response's last "
+                    "</think>, and data.apply_chat_template_kwargs.enable_thinking=false "
+                    "writes the (empty) thinking block into the prompt: no response has one, "
+                    f"every reward is 0 and {so}",
+                    fields=(field,),
+                    fix=f"use {field}: math (it grades the whole response), or remove "
+                    "enable_thinking: false",
+                )
         return self
 
     @model_validator(mode="after")

@@ -586,6 +586,22 @@ def test_the_rollout_batch_size_a_batch_refusal_names_validates(gbs: int) -> Non
     compose_run_config([*bad, f"recipe.rollout.batch_size={named[1]}"])
 
 
+def test_a_custom_reward_function_grades_in_place_of_deepscaler_with_thinking_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The custom function scores every rollout sample (none names an rm_type), so the
+    recipe's reward.type=deepscaler never grades a response of the thinking-off template."""
+    monkeypatch.syspath_prepend(str(HOOK_FIXTURES))
+    run, _ = compose_run_config(
+        [
+            *GLM9,
+            "recipe.data.apply_chat_template_kwargs={enable_thinking: false}",
+            "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+        ]
+    )
+    assert run.recipe.rollout.reward.type == "deepscaler"
+
+
 def test_hf_config_mismatch_names_both_files(user_conf: Path) -> None:
     ckpt = user_conf / "ckpt"
     with pytest.raises(UserError) as caught:

@@ -88,6 +88,15 @@ CASES: list[Bad] = [
         "never reads 'enable_thinkng' (did you mean 'enable_thinking'?)",
     ),
     Bad(
+        "an evaluation set graded after </think> with thinking turned off",
+        (
+            "recipe.data.apply_chat_template_kwargs={enable_thinking: false}",
+            "recipe.eval.datasets=[{name: aime, path: /a.jsonl, reward_type: deepscaler}]",
+        ),
+        "recipe.eval.datasets.0.reward_type",
+        "every reward is 0 and the aime accuracy reads 0",
+    ),
+    Bad(
         "a chat template argument rlpost passes itself",
         ("recipe.data.apply_chat_template_kwargs={add_generation_prompt: false}",),
         "recipe.data.apply_chat_template_kwargs",
