@@ -838,10 +838,24 @@ class EvalConfig(Section):
             check_top_k(self.top_k, "top_k")
         return self
 
+    @property
+    def greedy_by(self) -> tuple[str, str] | None:
+        """What makes evaluation decode greedily (the most likely token every step), and how:
+        a temperature below GREEDY_BELOW, or top_k=1; None where it samples (a null
+        temperature is the rollout's, above GREEDY_BELOW; a null top_k the rollout's, which
+        cuts nothing)."""
+        if self.temperature is not None and self.temperature < GREEDY_BELOW:
+            how = f"the engines' below {GREEDY_BELOW:g}"
+            return f"temperature={self.temperature:g}", f"greedy decoding ({how})"
+        if self.top_k == 1:
+            return "top_k=1", "greedy decoding (one token kept each step)"
+        return None
+
     @model_validator(mode="after")
     def check_greedy_samples_differ(self) -> EvalConfig:
-        if self.temperature is None or self.temperature >= GREEDY_BELOW:
-            return self  # sampled (null: at the rollout's temperature, above GREEDY_BELOW)
+        if self.greedy_by is None:
+            return self
+        setting, decoding = self.greedy_by
         many = [("n_samples_per_prompt", self.n_samples_per_prompt)] + [
             (f"datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
             for i, d in enumerate(self.datasets)
@@ -849,14 +863,30 @@ class EvalConfig(Section):
         for field, n in many:
             if n is not None and n > 1:
                 raise InvariantError(
-                    f"{field.rsplit('.', 1)[-1]}={n} with temperature={self.temperature:g}: "
-                    f"greedy decoding (the engines' below {GREEDY_BELOW:g}) gives the same "
+                    f"{field.rsplit('.', 1)[-1]}={n} with {setting}: {decoding} gives the same "
                     f"response {n} times, so the accuracy is one sample's and the evaluation "
                     f"costs {n}x",
                     fields=(field,),
-                    fix="use n_samples_per_prompt: 1 for greedy evaluation, or a temperature "
-                    "above 0 (e.g. 0.6) to average several samples",
+                    fix="use n_samples_per_prompt: 1 for greedy evaluation, or sample: a "
+                    "temperature above 0 (e.g. 0.6) and top_k -1 or above 1, to average "
+                    "several samples",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_greedy_ignores_cuts(self) -> EvalConfig:
+        if self.greedy_by is None:
+            return self
+        setting, decoding = self.greedy_by
+        why = (
+            f"{setting} means {decoding}, which picks the most likely token each step, and no "
+            "top_p or top_k cut removes that token"
+        )
+        fix = "remove it for greedy evaluation, or sample with a temperature above 0 (e.g. 0.6)"
+        if self.top_p is not None and self.top_p < 1:
+            refuse_unused(self, "top_p", why=why, fix=fix)
+        if self.top_k is not None and self.top_k > 1:
+            refuse_unused(self, "top_k", why=why, fix=fix)
         return self
 
     @model_validator(mode="after")

@@ -517,6 +517,13 @@ CASES = [
         "greedy decoding (the engines' below 1e-06)",
     ),
     Case(
+        "eval_sampled_n_times_at_top_k_1",
+        (*QWEN, "recipe.eval.top_k=1"),
+        "recipe.eval.n_samples_per_prompt",
+        "grpo_dapo.yaml",
+        "n_samples_per_prompt=16 with top_k=1: greedy decoding",
+    ),
+    Case(
         "restarts_with_one_checkpoint_at_the_end",
         (*QWEN, "run.max_restarts=2", "recipe.save.interval=3000"),
         "recipe.save.interval",

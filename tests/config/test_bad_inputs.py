@@ -88,6 +88,18 @@ CASES: list[Bad] = [
         "never reads 'enable_thinkng' (did you mean 'enable_thinking'?)",
     ),
     Bad(
+        "a top_p cut under greedy evaluation",
+        ("recipe.eval.temperature=0", "recipe.eval.top_p=0.7", "recipe.eval.top_k=20"),
+        "recipe.eval.top_p",
+        "top_p=0.7 has no effect: temperature=0 means greedy decoding",
+    ),
+    Bad(
+        "a top_k cut under greedy evaluation",
+        ("recipe.eval.temperature=0", "recipe.eval.top_k=20"),
+        "recipe.eval.top_k",
+        "top_k=20 has no effect: temperature=0 means greedy decoding",
+    ),
+    Bad(
         "an evaluation set graded after </think> with thinking turned off",
         (
             "recipe.data.apply_chat_template_kwargs={enable_thinking: false}",
