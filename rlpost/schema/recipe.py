@@ -110,6 +110,18 @@ class DataConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def check_seed_orders_a_shuffle(self) -> DataConfig:
+        if self.source is None and not self.shuffle:
+            refuse_unused(
+                self,
+                "seed",
+                why="the jsonl source draws the prompts in the file's order when shuffle is "
+                "false, and seed only orders its shuffle (every seed gives the same order)",
+                fix="set shuffle: true to draw the prompts in the seed's order, or remove seed",
+            )
+        return self
+
+    @model_validator(mode="after")
     def check_template_kwargs_have_a_template(self) -> DataConfig:
         if not self.apply_chat_template:
             refuse_unused(

@@ -88,6 +88,12 @@ CASES: list[Bad] = [
         "never reads 'enable_thinkng' (did you mean 'enable_thinking'?)",
     ),
     Bad(
+        "a data seed without a shuffle to order",
+        ("recipe.data.shuffle=false", "recipe.data.seed=7"),
+        "recipe.data.seed",
+        "seed=7 has no effect: the jsonl source draws the prompts in the file's order",
+    ),
+    Bad(
         "a top_p cut under greedy evaluation",
         ("recipe.eval.temperature=0", "recipe.eval.top_p=0.7", "recipe.eval.top_k=20"),
         "recipe.eval.top_p",
