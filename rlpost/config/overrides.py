@@ -268,20 +268,31 @@ def _last_value(tokens: Sequence[str], key: str) -> str | None:
     return found
 
 
+def _one_value_for_every_job(args: LaunchArgs, key: str) -> tuple[Any, str] | None:
+    """The literal value and token of `key` on the command line of a training sweep of
+    several jobs, where every job gets that same value; None otherwise (no sweep, a sweep
+    of plans, the key unset, swept, or interpolated per job)."""
+    if not args.multirun or _last_value(args.overrides, "mode") in NO_RUN_DIR_MODES:
+        return None
+    parsed = [(p, t) for t in args.overrides if not isinstance(p := _parse(t), Issue)]
+    given = [(p, t) for p, t in parsed if p.key_or_group == key]
+    if not given or not any(p.is_sweep_override() for p, _ in parsed):
+        return None
+    override, token = given[-1]
+    value = None if override.is_sweep_override() else override.value()
+    if value is None or "${" in str(value):
+        return None  # a value per job
+    return value, token
+
+
 def _shared_run_dir(args: LaunchArgs) -> list[Issue]:
     """A training sweep of several jobs with one literal run.dir on the command line: the
     second job would find the first's checkpoints and be refused after the first trained
     (with run.resume=auto it would find the run done and train nothing)."""
-    if not args.multirun or _last_value(args.overrides, "mode") in NO_RUN_DIR_MODES:
+    found = _one_value_for_every_job(args, "run.dir")
+    if found is None:
         return []
-    parsed = [(p, t) for t in args.overrides if not isinstance(p := _parse(t), Issue)]
-    given = [(p, t) for p, t in parsed if p.key_or_group == "run.dir"]
-    if not given or not any(p.is_sweep_override() for p, _ in parsed):
-        return []
-    override, token = given[-1]
-    value = None if override.is_sweep_override() else override.value()
-    if value is None or "${" in str(value):
-        return []  # a directory per job
+    value, token = found
     return [
         Issue(
             key="run.dir",
@@ -289,6 +300,30 @@ def _shared_run_dir(args: LaunchArgs) -> list[Issue]:
             "would find the first's checkpoints and be refused once the first had trained",
             fix="leave run.dir unset (each job gets a folder of its own under runs/multirun), "
             f"or give each job its own: run.dir='{value}/${{hydra:job.num}}'",
+            value=value,
+            location=Location(override=token),
+        )
+    ]
+
+
+def _shared_wandb_run(args: LaunchArgs) -> list[Issue]:
+    """A training sweep of several jobs with one literal wandb run id on the command line:
+    every job resumes that one run (wandb.init(id=..., resume='allow'), steps = rollout
+    ids), and wandb drops each later job's steps as lower than the last one logged."""
+    found = _one_value_for_every_job(args, "tracking.wandb.run_id")
+    if found is None:
+        return []
+    value, token = found
+    return [
+        Issue(
+            key="tracking.wandb.run_id",
+            message="every job of this sweep would log to this one wandb run: each resumes "
+            "it and logs from step 0, and wandb drops every step below the last one logged "
+            "('User provided step ... is less than current step ... Dropping entry'), so the "
+            "second job's curves are lost",
+            fix="leave tracking.wandb.run_id unset (wandb gives each job a run of its own; "
+            "tracking.wandb.group gathers them), or give each job its own: "
+            f"tracking.wandb.run_id='{value}-${{hydra:job.num}}'",
             value=value,
             location=Location(override=token),
         )
@@ -349,7 +384,7 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     )
     roots = search_roots(args.config_dir, args.config_path, searchpath)
     checked = check_overrides(args.overrides, roots, args.multirun)
-    shared = _shared_run_dir(args)
+    shared = _shared_run_dir(args) + _shared_wandb_run(args)
     if shared:
         raise UserError(shared, title="sweep error")
     # a list entry past the list's end, or a key to delete that the config does not hold,

@@ -83,6 +83,30 @@ REFUSED: dict[str, tuple[str, str]] = {
         "rewards grade each response's text, which an engine without its tokenizer does not return",
         "remove it",
     ),
+    # Rollouts post token ids to SGLang's native /generate, the prompts rendered by the
+    # checkpoint's tokenizer (recipe.data); these act only on SGLang's OpenAI-compatible
+    # endpoints and /parse_function_call, which rlpost never calls.
+    "chat_template": (
+        "SGLang applies it only on its OpenAI-compatible endpoints; rollouts send /generate "
+        "token ids of prompts the checkpoint's tokenizer rendered (recipe.data), so no prompt "
+        "would be rendered with it",
+        "remove it; render the prompts with another template through "
+        "recipe.data.apply_chat_template_kwargs.chat_template (the Jinja text itself, or the "
+        "name of one of the checkpoint's named templates)",
+    ),
+    "completion_template": (
+        "SGLang applies it only on its OpenAI-compatible /v1/completions; rollouts send "
+        "/generate token ids of prompts the checkpoint's tokenizer rendered (recipe.data)",
+        "remove it; recipe.data.apply_chat_template_kwargs.chat_template chooses how prompts "
+        "are rendered",
+    ),
+    "tool_call_parser": (
+        "SGLang parses tool calls with it only on its OpenAI-compatible chat endpoint and "
+        "/parse_function_call, which rollouts never call: the generate function reads the "
+        "calls from each response's text",
+        "remove it; parse tool calls in recipe.rollout.generate_function (as "
+        "rlpost.envs.calculator and rlpost.envs.http_tool do)",
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, get_args
 
 from pydantic import (
@@ -113,6 +114,18 @@ class DataConfig(Section):
                 "source_settings",
                 why="the jsonl source reads no settings",
                 fix="set source to the class that reads them, or remove source_settings",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_seed_orders_a_shuffle(self) -> DataConfig:
+        if self.source is None and not self.shuffle:
+            refuse_unused(
+                self,
+                "seed",
+                why="the jsonl source draws the prompts in the file's order when shuffle is "
+                "false, and seed only orders its shuffle (every seed gives the same order)",
+                fix="set shuffle: true to draw the prompts in the seed's order, or remove seed",
             )
         return self
 
@@ -845,10 +858,24 @@ class EvalConfig(Section):
             check_top_k(self.top_k, "top_k")
         return self
 
+    @property
+    def greedy_by(self) -> tuple[str, str] | None:
+        """What makes evaluation decode greedily (the most likely token every step), and how:
+        a temperature below GREEDY_BELOW, or top_k=1; None where it samples (a null
+        temperature is the rollout's, above GREEDY_BELOW; a null top_k the rollout's, which
+        cuts nothing)."""
+        if self.temperature is not None and self.temperature < GREEDY_BELOW:
+            how = f"the engines' below {GREEDY_BELOW:g}"
+            return f"temperature={self.temperature:g}", f"greedy decoding ({how})"
+        if self.top_k == 1:
+            return "top_k=1", "greedy decoding (one token kept each step)"
+        return None
+
     @model_validator(mode="after")
     def check_greedy_samples_differ(self) -> EvalConfig:
-        if self.temperature is None or self.temperature >= GREEDY_BELOW:
-            return self  # sampled (null: at the rollout's temperature, above GREEDY_BELOW)
+        if self.greedy_by is None:
+            return self
+        setting, decoding = self.greedy_by
         many = [("n_samples_per_prompt", self.n_samples_per_prompt)] + [
             (f"datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
             for i, d in enumerate(self.datasets)
@@ -856,14 +883,30 @@ class EvalConfig(Section):
         for field, n in many:
             if n is not None and n > 1:
                 raise InvariantError(
-                    f"{field.rsplit('.', 1)[-1]}={n} with temperature={self.temperature:g}: "
-                    f"greedy decoding (the engines' below {GREEDY_BELOW:g}) gives the same "
+                    f"{field.rsplit('.', 1)[-1]}={n} with {setting}: {decoding} gives the same "
                     f"response {n} times, so the accuracy is one sample's and the evaluation "
                     f"costs {n}x",
                     fields=(field,),
-                    fix="use n_samples_per_prompt: 1 for greedy evaluation, or a temperature "
-                    "above 0 (e.g. 0.6) to average several samples",
+                    fix="use n_samples_per_prompt: 1 for greedy evaluation, or sample: a "
+                    "temperature above 0 (e.g. 0.6) and top_k -1 or above 1, to average "
+                    "several samples",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_greedy_ignores_cuts(self) -> EvalConfig:
+        if self.greedy_by is None:
+            return self
+        setting, decoding = self.greedy_by
+        why = (
+            f"{setting} means {decoding}, which picks the most likely token each step, and no "
+            "top_p or top_k cut removes that token"
+        )
+        fix = "remove it for greedy evaluation, or sample with a temperature above 0 (e.g. 0.6)"
+        if self.top_p is not None and self.top_p < 1:
+            refuse_unused(self, "top_p", why=why, fix=fix)
+        if self.top_k is not None and self.top_k > 1:
+            refuse_unused(self, "top_k", why=why, fix=fix)
         return self
 
     @model_validator(mode="after")
@@ -950,6 +993,14 @@ class LoopConfig(Section):
         return self
 
 
+def _prompts_filling_steps(prompts: int, n: int, gbs: int) -> str:
+    """A rollout.batch_size for a fix, with the whole optimizer steps its samples fill."""
+    steps = prompts * n // gbs
+    return f"{prompts} prompts ({prompts} x {n} = {prompts * n} samples: {steps} step" + (
+        "s per rollout)" if steps > 1 else " per rollout)"
+    )
+
+
 class RecipeConfig(Section):
     name: str
     description: str = ""
@@ -1013,29 +1064,34 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     def check_batch_divides(self) -> RecipeConfig:
-        samples = self.rollout.batch_size * self.rollout.n_samples_per_prompt
+        n = self.rollout.n_samples_per_prompt
+        samples = self.rollout.batch_size * n
         gbs = self.train.global_batch_size
+        # Prompt counts whose samples fill whole steps are the multiples of this one.
+        step_prompts = gbs // math.gcd(gbs, n)
         if gbs > samples:
-            prompts_needed = -(-gbs // self.rollout.n_samples_per_prompt)
             raise InvariantError(
                 f"train.global_batch_size={gbs} is more than the {samples} samples a rollout "
                 f"makes (rollout.batch_size x rollout.n_samples_per_prompt = "
-                f"{self.rollout.batch_size} x {self.rollout.n_samples_per_prompt}): no "
-                "optimizer step would ever fill, and the run would train nothing",
+                f"{self.rollout.batch_size} x {n}): no optimizer step would ever fill, and the "
+                "run would train nothing",
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to {samples} (one step per rollout) or a "
-                f"divisor of it, or raise rollout.batch_size to {prompts_needed} prompts",
+                f"divisor of it, or raise rollout.batch_size to "
+                f"{_prompts_filling_steps(step_prompts, n, gbs)}",
             )
         if samples % gbs:
             divisors = [d for d in range(samples, 0, -1) if samples % d == 0][:3]
+            prompts = max(1, round(self.rollout.batch_size / step_prompts)) * step_prompts
             raise InvariantError(
                 f"rollout.batch_size x rollout.n_samples_per_prompt = "
-                f"{self.rollout.batch_size} x {self.rollout.n_samples_per_prompt} = {samples} "
+                f"{self.rollout.batch_size} x {n} = {samples} "
                 f"samples per rollout is not a multiple of train.global_batch_size={gbs}; "
                 "the trailing samples would be dropped every rollout",
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to a divisor of {samples} "
-                f"(e.g. {', '.join(map(str, divisors))}), or change the rollout counts",
+                f"(e.g. {', '.join(map(str, divisors))}), or rollout.batch_size to "
+                f"{_prompts_filling_steps(prompts, n, gbs)}",
             )
         return self
 
@@ -1216,17 +1272,30 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     def check_thinking_reward_has_thinking(self) -> RecipeConfig:
-        kwargs = self.data.apply_chat_template_kwargs
-        if self.rollout.reward.type == "deepscaler" and kwargs.get("enable_thinking") is False:
-            raise InvariantError(
-                "rollout.reward.type=deepscaler grades only the text after the response's "
-                "last </think>, and data.apply_chat_template_kwargs.enable_thinking=false "
-                "writes the (empty) thinking block into the prompt: no response has one, "
-                "every reward is 0 and no group has a signal",
-                fields=("rollout.reward.type",),
-                fix="use rollout.reward.type: math (it grades the whole response), or remove "
-                "enable_thinking: false",
-            )
+        """deepscaler pays 0 for a response without </think>, and a thinking-off template
+        never has the model write one. The rollout's reward.type grades only where no custom
+        function scores in its place; an evaluation set's reward_type grades its every line."""
+        if self.data.apply_chat_template_kwargs.get("enable_thinking") is not False:
+            return self
+        reward = self.rollout.reward
+        graders: list[tuple[str, str | None, str]] = []
+        if not reward.custom_function:
+            graders.append(("rollout.reward.type", reward.type, "no group has a signal"))
+        graders += [
+            (f"eval.datasets.{i}.reward_type", d.reward_type, f"the {d.name} accuracy reads 0")
+            for i, d in enumerate(self.eval.datasets)
+        ]
+        for field, kind, so in graders:
+            if kind == "deepscaler":
+                raise InvariantError(
+                    f"{field}=deepscaler grades only the text after the response's last "
+                    "</think>, and data.apply_chat_template_kwargs.enable_thinking=false "
+                    "writes the (empty) thinking block into the prompt: no response has one, "
+                    f"every reward is 0 and {so}",
+                    fields=(field,),
+                    fix=f"use {field}: math (it grades the whole response), or remove "
+                    "enable_thinking: false",
+                )
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -516,6 +517,13 @@ CASES = [
         "greedy decoding (the engines' below 1e-06)",
     ),
     Case(
+        "eval_sampled_n_times_at_top_k_1",
+        (*QWEN, "recipe.eval.top_k=1"),
+        "recipe.eval.n_samples_per_prompt",
+        "grpo_dapo.yaml",
+        "n_samples_per_prompt=16 with top_k=1: greedy decoding",
+    ),
+    Case(
         "restarts_with_one_checkpoint_at_the_end",
         (*QWEN, "run.max_restarts=2", "recipe.save.interval=3000"),
         "recipe.save.interval",
@@ -572,6 +580,33 @@ def test_bad_config(case: Case, user_conf: Path, monkeypatch: pytest.MonkeyPatch
     assert case.fragment in issue.message, issue.render()
     assert issue.fix, issue.render()
     check_where(issue, case.where)
+
+
+@pytest.mark.parametrize("gbs", [300, 100], ids=["more_than_a_rollout", "not_a_divisor"])
+def test_the_rollout_batch_size_a_batch_refusal_names_validates(gbs: int) -> None:
+    bad = [*GLM9, f"recipe.train.global_batch_size={gbs}"]
+    with pytest.raises(UserError) as caught:
+        compose_run_config(bad)
+    fix = find_issue(caught.value, "recipe.train.global_batch_size").fix or ""
+    named = re.search(r"rollout\.batch_size to (\d+) prompts", fix)
+    assert named, fix
+    compose_run_config([*bad, f"recipe.rollout.batch_size={named[1]}"])
+
+
+def test_a_custom_reward_function_grades_in_place_of_deepscaler_with_thinking_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The custom function scores every rollout sample (none names an rm_type), so the
+    recipe's reward.type=deepscaler never grades a response of the thinking-off template."""
+    monkeypatch.syspath_prepend(str(HOOK_FIXTURES))
+    run, _ = compose_run_config(
+        [
+            *GLM9,
+            "recipe.data.apply_chat_template_kwargs={enable_thinking: false}",
+            "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+        ]
+    )
+    assert run.recipe.rollout.reward.type == "deepscaler"
 
 
 def test_hf_config_mismatch_names_both_files(user_conf: Path) -> None:

@@ -88,6 +88,33 @@ CASES: list[Bad] = [
         "never reads 'enable_thinkng' (did you mean 'enable_thinking'?)",
     ),
     Bad(
+        "a data seed without a shuffle to order",
+        ("recipe.data.shuffle=false", "recipe.data.seed=7"),
+        "recipe.data.seed",
+        "seed=7 has no effect: the jsonl source draws the prompts in the file's order",
+    ),
+    Bad(
+        "a top_p cut under greedy evaluation",
+        ("recipe.eval.temperature=0", "recipe.eval.top_p=0.7", "recipe.eval.top_k=20"),
+        "recipe.eval.top_p",
+        "top_p=0.7 has no effect: temperature=0 means greedy decoding",
+    ),
+    Bad(
+        "a top_k cut under greedy evaluation",
+        ("recipe.eval.temperature=0", "recipe.eval.top_k=20"),
+        "recipe.eval.top_k",
+        "top_k=20 has no effect: temperature=0 means greedy decoding",
+    ),
+    Bad(
+        "an evaluation set graded after </think> with thinking turned off",
+        (
+            "recipe.data.apply_chat_template_kwargs={enable_thinking: false}",
+            "recipe.eval.datasets=[{name: aime, path: /a.jsonl, reward_type: deepscaler}]",
+        ),
+        "recipe.eval.datasets.0.reward_type",
+        "every reward is 0 and the aime accuracy reads 0",
+    ),
+    Bad(
         "a chat template argument rlpost passes itself",
         ("recipe.data.apply_chat_template_kwargs={add_generation_prompt: false}",),
         "recipe.data.apply_chat_template_kwargs",

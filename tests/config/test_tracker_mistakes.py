@@ -604,6 +604,19 @@ MISTAKES: list[Mistake] = [
         "change the checkpoint's config.json",
         value="json_model_override_args",
     ),
+    Mistake(
+        "an SGLang chat template for prompts sent as token ids",
+        "https://github.com/sgl-project/sglang/issues/239",
+        "The chat template specified via the  --chat-template option is only applied to the "
+        "OpenAI compatible server (the reply to a user whose --chat-template chatml left "
+        "/generate's prompts untemplated)",
+        (*QWEN, f"{SG}.chat_template=chatml"),
+        "layout.rollout.sglang.chat_template",
+        "applies it only on its OpenAI-compatible endpoints",
+        (f"~{SG}.chat_template",),
+        "recipe.data.apply_chat_template_kwargs.chat_template",
+        value="chat_template",
+    ),
     # ---- sampling, rewards and the KL -----------------------------------------------------
     Mistake(
         "a temperature the engines treat as greedy",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from rlpost.config.overrides import (
 from rlpost.errors import Issue, UserError
 
 ROOTS = search_roots()
+REPO = Path(__file__).resolve().parents[3]
 
 
 def only_issue(token: str) -> Issue:
@@ -181,6 +186,50 @@ def test_a_training_sweep_with_one_run_dir_is_refused_before_its_first_job() -> 
         ["recipe.optim.lr=1e-6", "run.dir=runs/exp"],
     ):
         prepare_argv(fine)
+
+
+WANDB = ["tracking.wandb.enabled=true", "tracking.wandb.mode=online"]
+
+
+def test_a_training_sweep_with_one_wandb_run_id_is_refused_before_its_first_job() -> None:
+    """Every job would resume the same wandb run and log from step 0, and wandb drops the
+    steps below its last (https://github.com/wandb/wandb/issues/1450: 'User provided step:
+    26500 is less than current step: 52501. Dropping entry'). An id per job, a swept id, a
+    sweep of one job, or a sweep of plans is fine."""
+    sweep = ["-m", "recipe.optim.lr=1e-4,2e-4", *WANDB]
+    with pytest.raises(UserError) as refused:
+        prepare_argv([*sweep, "tracking.wandb.run_id=grpo-lr-sweep"])
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.value) == ("tracking.wandb.run_id", "grpo-lr-sweep")
+    assert "wandb drops every step below the last one logged" in issue.message
+    per_job = "tracking.wandb.run_id='grpo-lr-sweep-${hydra:job.num}'"
+    assert per_job in issue.fix
+    for fine in (
+        [*sweep, per_job.replace("'", "")],
+        [*sweep, "tracking.wandb.run_id=a,b"],
+        [*sweep],
+        ["-m", "recipe.optim.lr=1e-4", *WANDB, "tracking.wandb.run_id=grpo-lr-sweep"],
+        [*sweep, "tracking.wandb.run_id=grpo-lr-sweep", "mode=plan"],
+        ["recipe.optim.lr=1e-4", *WANDB, "tracking.wandb.run_id=grpo-lr-sweep"],
+    ):
+        prepare_argv(fine)
+
+
+def test_the_wandb_run_id_per_job_the_refusal_names_resolves_per_job(tmp_path: Path) -> None:
+    """${hydra:job.num} in the run id resolves through the loader to each job's number."""
+    argv = ["-m", "recipe.optim.lr=1e-4,2e-4", *WANDB, "mode=slime_args"]
+    argv.append("tracking.wandb.run_id=grpo-lr-sweep-${hydra:job.num}")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    ids = re.findall(r"--wandb-run-id (\S+)", done.stdout)
+    assert ids == ["grpo-lr-sweep-0", "grpo-lr-sweep-1"], done.stdout[-2000:]
 
 
 def test_a_list_entry_past_the_end_names_its_key_and_the_whole_list() -> None:

@@ -92,6 +92,31 @@ def test_plan_owned_options_name_the_rlpost_key() -> None:
     assert issue is not None and "model.hf_checkpoint" in issue.fix
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "fix"),
+    [
+        ("chat_template", "chatml", "recipe.data.apply_chat_template_kwargs.chat_template"),
+        ("completion_template", "deepseek_coder", "apply_chat_template_kwargs.chat_template"),
+        ("tool_call_parser", "qwen25", "recipe.rollout.generate_function"),
+    ],
+)
+def test_options_only_the_openai_endpoints_read_are_refused(
+    name: str, value: str, fix: str
+) -> None:
+    """Rollouts post token ids to SGLang's /generate, with prompts the checkpoint's tokenizer
+    rendered; these options act only on SGLang's OpenAI-compatible endpoints (on SGLang's
+    tracker: 'The chat template specified via the --chat-template option is only applied
+    to the OpenAI compatible server', https://github.com/sgl-project/sglang/issues/239)."""
+    issue = check_option(name, value, load_sglang_options())
+    assert issue is not None and issue.key == f"layout.rollout.sglang.{name}"
+    assert "OpenAI-compatible" in issue.message and fix in issue.fix
+
+
+def test_the_reasoning_parser_is_kept() -> None:
+    """It also steers SGLang's constrained decoding, which a generate function may request."""
+    assert check_option("reasoning_parser", "qwen3", load_sglang_options()) is None
+
+
 def _generator() -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(
         "gen_sglang_options", REPO / "tools" / "gen_sglang_options.py"
