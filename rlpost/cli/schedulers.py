@@ -21,6 +21,7 @@ import math
 import re
 import shlex
 import sys
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -263,13 +264,83 @@ def render_sbatch(
     return "\n".join(head) + "\n" + body
 
 
-def _container(cfg: RunConfig, args: argparse.Namespace, name: str) -> dict[str, Any]:
+# What a pod asks of its node's CPUs and memory by default: a node's allocatable is below its
+# capacity (the kubelet's and the system's reservations, the eviction threshold, daemon sets),
+# so a pod asking for a whole node of the profile would never be scheduled.
+POD_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class PodSize:
+    cpus: int
+    memory_gib: int
+
+
+def pod_size(cfg: RunConfig, plan: Plan, args: argparse.Namespace) -> PodSize:
+    """The CPUs and memory each Ray pod asks for (`--pod-cpus`, `--pod-memory-gib`, else
+    POD_SHARE of the profile's node), refused where the node cannot give them or the run
+    cannot live in them."""
     hw = cfg.hardware
-    limits: dict[str, Any] = {
-        "cpu": str(hw.cpus_per_node),
-        "memory": f"{int(hw.host_memory_gib)}Gi",
-    }
-    if hw.kind == "gpu":
+    cpus = args.pod_cpus or max(1, int(hw.cpus_per_node * POD_SHARE))
+    memory = args.pod_memory_gib or max(1, int(hw.host_memory_gib * POD_SHARE))
+    issues = []
+    if cpus > hw.cpus_per_node:
+        issues.append(
+            Issue(
+                "--pod-cpus",
+                f"{cpus} CPUs is more than a node of hardware={hw.name} has "
+                f"({hw.cpus_per_node}): no node could schedule the pod",
+                f"ask for at most {hw.cpus_per_node}, less what the node reserves",
+                value=cpus,
+            )
+        )
+    slots = hw.gpus_per_node
+    if cpus < slots:
+        issues.append(
+            Issue(
+                "--pod-cpus",
+                f"{cpus} CPUs is fewer than the node's {slots} device slots, and each slot's "
+                "Ray bundle reserves a CPU: the placement group would never be created",
+                f"ask for at least {slots}",
+                value=cpus,
+            )
+        )
+    if memory > hw.host_memory_gib:
+        issues.append(
+            Issue(
+                "--pod-memory-gib",
+                f"{memory} GiB is more than a node of hardware={hw.name} has "
+                f"({hw.host_memory_gib:g}): no node could schedule the pod",
+                f"ask for at most {int(hw.host_memory_gib)}, less what the node reserves",
+                value=memory,
+            )
+        )
+    needs = plan.memory.host.total_gib
+    if memory < needs:
+        issues.append(
+            Issue(
+                "--pod-memory-gib",
+                f"the run keeps {needs:,.1f} GiB in host memory on a node (offloaded optimizer "
+                f"state, reference weights), more than the pod's {memory} GiB: Kubernetes "
+                "would kill the pod when it got there",
+                f"ask for at least {int(needs) + 1} GiB (--pod-memory-gib), or a layout that "
+                "keeps less on the host",
+                value=memory,
+            )
+        )
+    if issues:
+        raise UserError(issues, title="command-line error")
+    return PodSize(cpus, memory)
+
+
+def _container(
+    cfg: RunConfig, args: argparse.Namespace, name: str, size: PodSize | None = None
+) -> dict[str, Any]:
+    hw = cfg.hardware
+    limits: dict[str, Any] = {}
+    if size is not None:
+        limits = {"cpu": str(size.cpus), "memory": f"{size.memory_gib}Gi"}
+    if hw.kind == "gpu" and size is not None:
         limits["nvidia.com/gpu"] = hw.gpus_per_node
     env = [
         {"name": "RAY_AUTH_MODE", "value": "token"},
@@ -293,10 +364,10 @@ def _container(cfg: RunConfig, args: argparse.Namespace, name: str) -> dict[str,
     return container
 
 
-def _pod(cfg: RunConfig, args: argparse.Namespace, name: str) -> dict[str, Any]:
+def _pod(cfg: RunConfig, args: argparse.Namespace, name: str, size: PodSize) -> dict[str, Any]:
     return {
         "spec": {
-            "containers": [_container(cfg, args, name)],
+            "containers": [_container(cfg, args, name, size)],
             "volumes": [
                 {"name": "runs", "persistentVolumeClaim": {"claimName": args.pvc}}
                 if args.pvc
@@ -306,15 +377,18 @@ def _pod(cfg: RunConfig, args: argparse.Namespace, name: str) -> dict[str, Any]:
     }
 
 
-def _start_params(cfg: RunConfig) -> dict[str, str]:
+def _start_params(cfg: RunConfig, size: PodSize) -> dict[str, str]:
     hw = cfg.hardware
-    if hw.kind == "gpu":
-        return {"num-gpus": str(hw.gpus_per_node), "num-cpus": str(hw.cpus_per_node)}
+    if hw.kind == "gpu":  # Ray counts the CPUs the pod has, not the node's
+        return {"num-gpus": str(hw.gpus_per_node), "num-cpus": str(size.cpus)}
     return {"num-cpus": str(hw.gpus_per_node), "num-gpus": "0"}
 
 
-def render_rayjob(cfg: RunConfig, target: Target, args: argparse.Namespace) -> dict[str, Any]:
+def render_rayjob(
+    cfg: RunConfig, plan: Plan, target: Target, args: argparse.Namespace
+) -> dict[str, Any]:
     hw = cfg.hardware
+    size = pod_size(cfg, plan, args)
     name = job_name(cfg)
     run_dir = f"{args.runs_mount.rstrip('/')}/{name}"
     launch = shlex.join(["python", "launch.py", *_launch_argv(target)])
@@ -327,8 +401,8 @@ def render_rayjob(cfg: RunConfig, target: Target, args: argparse.Namespace) -> d
         "rayVersion": version("ray"),
         "headGroupSpec": {
             # The dashboard takes the job submission; it listens on the pod's network only.
-            "rayStartParams": {**_start_params(cfg), "dashboard-host": "0.0.0.0"},
-            "template": _pod(cfg, args, "ray-head"),
+            "rayStartParams": {**_start_params(cfg, size), "dashboard-host": "0.0.0.0"},
+            "template": _pod(cfg, args, "ray-head", size),
         },
         "workerGroupSpecs": [],
     }
@@ -339,8 +413,8 @@ def render_rayjob(cfg: RunConfig, target: Target, args: argparse.Namespace) -> d
                 "replicas": workers,
                 "minReplicas": workers,
                 "maxReplicas": workers,
-                "rayStartParams": _start_params(cfg),
-                "template": _pod(cfg, args, "ray-worker"),
+                "rayStartParams": _start_params(cfg, size),
+                "template": _pod(cfg, args, "ray-worker", size),
             }
         )
     return {
@@ -411,7 +485,7 @@ def kuberay(args: argparse.Namespace) -> int:
     import yaml  # type: ignore[import-untyped]
 
     _check_scratch(args)
-    target, cfg, _ = _planned(args)
+    target, cfg, plan = _planned(args)
     if not args.pvc:
         nodes = cfg.hardware.num_nodes
         shared = nodes > 1
@@ -428,7 +502,7 @@ def kuberay(args: argparse.Namespace) -> int:
             if not shared:
                 fix += ", or --scratch for a run whose directory may go"
             raise UserError([Issue("--pvc", why, fix)], title="command-line error")
-    manifest = render_rayjob(cfg, target, args)
+    manifest = render_rayjob(cfg, plan, target, args)
     header = (
         "# Generated by `rlpost kuberay` from the plan; regenerate it after a change, do not "
         "edit.\n# Needs a Secret with the Ray token: kubectl create secret generic "
@@ -469,6 +543,19 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         "--scratch",
         action="store_true",
         help="one node, no --pvc: the run directory in the pod's own storage, gone with it",
+    )
+    parser.add_argument(
+        "--pod-cpus",
+        type=int,
+        metavar="N",
+        help=f"CPUs each Ray pod asks for (default: {POD_SHARE:.0%} of the profile's node: a "
+        "node's allocatable is below its capacity)",
+    )
+    parser.add_argument(
+        "--pod-memory-gib",
+        type=int,
+        metavar="GIB",
+        help=f"memory each Ray pod asks for (default: {POD_SHARE:.0%} of the profile's node)",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

@@ -296,3 +296,39 @@ def test_scratch_with_a_claim_is_refused(
     assert not out.exists()
     status, _, err = run_main([*argv[:-3], "--pvc", "runs", "--out", str(out)], capsys)
     assert status == 0 and out.exists(), err  # the fix: without --scratch
+
+
+def test_each_ray_pod_asks_for_what_a_node_can_give_and_the_run_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pod asking for a whole node of the profile (224 CPUs, 2048 GiB) would never be
+    scheduled: a node's allocatable is below its capacity. Pods ask for 90% by default, or
+    what --pod-cpus and --pod-memory-gib say, and Ray counts the pod's CPUs; sizes no node
+    can give, or that the run's host memory (seed 002 keeps Adam on the host) outgrows, are
+    refused."""
+    out = tmp_path / "job.yaml"
+    argv = ["kuberay", *SEED_002, "--image", "registry/rlpost:1", "--pvc", "runs", "--out"]
+
+    def sizes(*flags: str) -> list[tuple[str, str, str]]:
+        status, _, err = run_main([*argv, str(out), *flags], capsys)
+        assert status == 0, err
+        cluster = yaml.safe_load(out.read_text())["spec"]["rayClusterSpec"]
+        groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+        found = []
+        for group in groups:
+            (container,) = group["template"]["spec"]["containers"]
+            limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+            assert limits == requests
+            found.append((limits["cpu"], limits["memory"], group["rayStartParams"]["num-cpus"]))
+        return found
+
+    assert sizes() == [("201", "1843Gi", "201")] * 2
+    assert sizes("--pod-cpus", "200", "--pod-memory-gib", "1900") == [("200", "1900Gi", "200")] * 2
+    for flags, key, says in (
+        (("--pod-cpus", "300"), "--pod-cpus", "more than a node of hardware=h100x64 has (224)"),
+        (("--pod-cpus", "4"), "--pod-cpus", "fewer than the node's 8 device slots"),
+        (("--pod-memory-gib", "600"), "--pod-memory-gib", "ask for at least 726 GiB"),
+    ):
+        status, _, err = run_main([*argv, str(tmp_path / "no.yaml"), *flags], capsys)
+        assert status == 2 and key in err and says in err, err
+        assert not (tmp_path / "no.yaml").exists()
