@@ -841,9 +841,16 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
             held = bytes_under(target / "ckpt")
             exported = _folders_in(target / "hf")
             issues += checkpoint_disk_issues(cfg, plan, free + held, exported)
-    resume = cfg.run.resume
-    if resume not in (None, "auto") and not Path(resume).expanduser().is_dir():
-        issues.append(
+    return issues + check_resume_target(cfg.run.resume)
+
+
+def check_resume_target(resume: str | None) -> list[Issue]:
+    """run.resume names a complete checkpoint, or a run directory holding one: the launch's
+    own test (rlpost.runtime.resume), sizes checked but not each file's sha256."""
+    if resume in (None, "auto"):
+        return []
+    if not Path(resume).expanduser().is_dir():
+        return [
             Issue(
                 "run.resume",
                 "no such checkpoint or run directory on this machine",
@@ -851,8 +858,14 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 "run.resume=auto",
                 value=resume,
             )
-        )
-    return issues
+        ]
+    from rlpost.runtime.resume import checkpoint_named
+
+    try:
+        checkpoint_named(resume, check_hashes=False)
+    except UserError as exc:
+        return exc.issues
+    return []
 
 
 SHOWN_ENTRIES = 4
