@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from rlpost.plan.engine_memory import RolloutMemory
 from rlpost.plan.fsdp import FsdpTrainMemory
+from rlpost.plan.memory import gib_text
 from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
 from rlpost.plan.runtime import RuntimePlan
@@ -288,7 +290,17 @@ def render_work(plan: Plan) -> str:
 def _verdict(fits: bool, margin: float) -> str:
     if fits:
         return f"fits, {margin:.2f} GiB spare"
-    return f"DOES NOT FIT, short by {-margin:.2f} GiB"
+    return f"DOES NOT FIT, short by {gib_text(-margin)}"
+
+
+def _kv_cache_row(r: RolloutMemory) -> list[Cell]:
+    if r.kv_cache_gib < 0:  # the weights alone overfill what the engine may hold
+        return [f"KV cache (none: the weights exceed the pool by {gib_text(-r.kv_cache_gib)})", 0.0]
+    return [
+        f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/GPU, "
+        f"{r.kv_cache_tokens_per_engine:,}/engine)",
+        r.kv_cache_gib,
+    ]
 
 
 def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
@@ -310,6 +322,10 @@ def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
             t.reference_gib,
         ],
     ]
+
+
+def _pool(plan: Plan) -> str:
+    return "static pool" if plan.hardware_kind == "gpu" else "the CPU engine's share"
 
 
 def _grouped_experts_row(gib: float) -> list[list[Cell]]:
@@ -344,13 +360,12 @@ def render_memory(plan: Plan) -> str:
         )
     rollout_rows: list[list[Cell]] = [
         ["weight shard", r.weights_gib],
-        [
-            f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/GPU, "
-            f"{r.kv_cache_tokens_per_engine:,}/engine)",
-            r.kv_cache_gib,
-        ],
+        _kv_cache_row(r),
         ["CUDA context", r.context_gib],
-        [f"static pool ({r.mem_fraction_static} x {m.gpu_gib})", r.mem_fraction_static * m.gpu_gib],
+        [
+            f"{_pool(plan)} ({r.mem_fraction_static} x {m.gpu_gib})",
+            r.mem_fraction_static * m.gpu_gib,
+        ],
         ["prefill activations, CUDA graphs", r.activation_reserve_gib],
         ["trainer residue (colocated)", r.trainer_residual_gib],
         ["peak", r.total_gib],
