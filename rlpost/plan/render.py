@@ -287,6 +287,14 @@ def render_work(plan: Plan) -> str:
     return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
 
 
+def param_count(n: float) -> str:
+    """4.02B, 3.15M, 850.0K: a tiny model's count in its own unit, not 0.00B."""
+    for unit, size in (("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n / 1e3:.1f}K"
+
+
 def _verdict(fits: bool, margin: float) -> str:
     if fits:
         return f"fits, {margin:.2f} GiB spare"
@@ -381,8 +389,8 @@ def render_memory(plan: Plan) -> str:
         render_table(
             ["training, per GPU", "GiB"],
             train_rows,
-            f"Memory (GPU {m.gpu_gib} GiB; {m.params_total / 1e9:.2f}B parameters, "
-            f"{m.params_active / 1e9:.2f}B active)\ntraining, stage {t.stage}: "
+            f"Memory (GPU {m.gpu_gib} GiB; {param_count(m.params_total)} parameters, "
+            f"{param_count(m.params_active)} active)\ntraining, stage {t.stage}: "
             f"{_verdict(m.train_fits, m.train_margin_gib)}",
         ),
         render_table(

@@ -131,3 +131,12 @@ def test_the_plan_decides_whether_a_groups_prompt_is_packed_once(
     assert plan.work.share_prompts is shared
     expected = "packed once per micro-batch" if shared else "packed with each of its samples"
     assert expected in render_plan(plan)
+
+
+def test_a_tiny_models_parameters_are_counted_in_millions(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math"))
+    millions = plan.memory.params_total / 1e6
+    assert 1 < millions < 1000
+    assert f"GiB; {millions:.2f}M parameters, {millions:.2f}M active)" in render_plan(plan)
+    large = render_plan(build_plan(run_config("qwen3-4b", "h100x8")))
+    assert "B parameters" in large and "0.00B" not in large
