@@ -292,6 +292,18 @@ class TrainMemory:
         """The reference model's weights kept on the host between uses, per rank."""
         return self.params_per_gpu * weight_bytes(model) / GIB
 
+    def terms(self) -> str:
+        """Every term of total_gib in GiB ('weights + grads 70.3, optimizer 119.2, ...'),
+        those that are zero left out but the first three."""
+        parts = [
+            ("weights + grads", self.weights_gib + self.grads_gib),
+            ("optimizer", self.optimizer_gib),
+            ("activations + logits", self.activations_gib + self.logits_gib),
+            ("grouped experts", self.grouped_experts_gib),
+            ("CUDA context and workspaces", self.overhead_gib),
+        ]
+        return ", ".join(f"{name} {gib:.1f}" for i, (name, gib) in enumerate(parts) if i < 3 or gib)
+
 
 def _stage_memory(
     model: ModelConfig,

@@ -322,3 +322,15 @@ def test_a_train_grid_fix_names_what_the_hardware_holds(
     assert issue.fix.startswith(fix), issue.fix
     assert max(int(n) for n in re.findall(r"\d+", issue.fix.replace("h100x8", ""))) <= 8
     build_plan(compose_run(*on_h100x8, f"layout.train.{fixed}"))  # the fix it names plans
+
+
+def test_the_memory_a_refused_tp_still_needs_adds_up(compose_run: Callable[..., RunConfig]) -> None:
+    cfg = compose_run("model=deepseek-v3", "recipe=grpo_dapo", "hardware=h100x64")
+    with pytest.raises(UserError) as info:
+        build_plan(cfg)
+    (issue,) = [i for i in info.value.issues if "no tensor-parallel size fits" in i.message]
+    found = re.search(r"still needs ([\d.]+) GiB per GPU \((.*)\)$", issue.message)
+    assert found is not None, issue.message
+    terms = dict(re.findall(r"([a-zA-Z +]+?) ([\d.]+)(?:, |$)", found.group(2)))
+    assert "CUDA context and workspaces" in terms and "grouped experts" in terms
+    assert sum(map(float, terms.values())) == pytest.approx(float(found.group(1)), abs=0.25)
