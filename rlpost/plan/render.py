@@ -281,10 +281,24 @@ def render_work(plan: Plan) -> str:
         [
             "predicted, logged beside the measured",
             f"{plan.prediction.train_s:.3g} s per rollout (perf/train_time_vs_plan), "
-            f"{plan.prediction.memory_gib:.2f} GiB per GPU (perf/memory_vs_plan)",
+            f"{plan.prediction.memory_gib:.2f} GiB per GPU (perf/memory_vs_plan)"
+            + _unseen_overhead(plan),
         ],
     ]
     return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
+
+
+def _unseen_overhead(plan: Plan) -> str:
+    """The memory prediction is what torch's allocator sees: the training total less the CUDA
+    context and workspaces (rlpost.plan.prediction), which the line says when it differs."""
+    overhead = plan.memory.train.overhead_gib
+    if not overhead:
+        return ""
+    total = plan.memory.train.total_gib
+    return (
+        f": the memory table's {total:.2f} less its {overhead:.2f} of CUDA context and "
+        "workspaces, which the allocator does not see"
+    )
 
 
 def param_count(n: float) -> str:

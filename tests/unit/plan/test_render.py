@@ -140,3 +140,16 @@ def test_a_tiny_models_parameters_are_counted_in_millions(run_config: Runs) -> N
     assert f"GiB; {millions:.2f}M parameters, {millions:.2f}M active)" in render_plan(plan)
     large = render_plan(build_plan(run_config("qwen3-4b", "h100x8")))
     assert "B parameters" in large and "0.00B" not in large
+
+
+def test_the_memory_prediction_says_it_leaves_out_the_overhead(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8"))
+    t = plan.memory.train
+    assert t.overhead_gib > 0
+    line = next(x for x in render_plan(plan).splitlines() if "perf/memory_vs_plan" in x)
+    assert (
+        f"{t.total_gib - t.overhead_gib:.2f} GiB per GPU (perf/memory_vs_plan): the memory "
+        f"table's {t.total_gib:.2f} less its {t.overhead_gib:.2f} of CUDA context and workspaces"
+    ) in line
+    cpu = render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
+    assert "(perf/memory_vs_plan)\n" in cpu  # no overhead on CPU: nothing to explain
