@@ -124,6 +124,16 @@ def render_engines(plan: Plan) -> str:
     return render_table(["rollout", "value"], rows, "Engines")
 
 
+def _micro_batch_tokens(plan: Plan) -> Cell:
+    """The packing cap; a sample longer than it is trained whole in a micro-batch of its own
+    (rlpost.algo.packing.pack_first_fit), which the row says beside the cap."""
+    b = plan.batch
+    cap = b.tokens_per_micro_batch
+    if cap and b.longest_sample_tokens > cap:
+        return f"{cap:,}; a longer sample alone, up to {b.longest_sample_tokens:,}"
+    return cap
+
+
 def render_batch(plan: Plan) -> str:
     b = plan.batch
     rows: list[list[Cell]] = [
@@ -137,7 +147,7 @@ def render_batch(plan: Plan) -> str:
         ["prompts per engine", format_value(b.prompts_per_engine)],
         ["samples per engine", format_value(b.samples_per_engine)],
         ["max tokens per GPU", b.max_tokens_per_gpu],
-        ["tokens per micro-batch (x CP)", b.tokens_per_micro_batch],
+        ["tokens per micro-batch (x CP)", _micro_batch_tokens(plan)],
         ["longest sample (tokens)", b.longest_sample_tokens],
     ]
     if b.over_sampling_batch_size != b.rollout_batch_size:

@@ -153,3 +153,23 @@ def test_the_memory_prediction_says_it_leaves_out_the_overhead(run_config: Runs)
     ) in line
     cpu = render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
     assert "(perf/memory_vs_plan)\n" in cpu  # no overhead on CPU: nothing to explain
+
+
+def test_a_cap_below_the_longest_sample_says_such_a_sample_trains_alone(run_config: Runs) -> None:
+    from rlpost.algo.packing import pack_micro_batches
+
+    plan = build_plan(
+        run_config("qwen3-tiny", "cpu", "grpo_tiny_math", recipe__train__max_tokens_per_gpu=1)
+    )
+    longest = plan.batch.longest_sample_tokens
+    row = next(x for x in render_plan(plan).splitlines() if "tokens per micro-batch" in x)
+    assert row.endswith(f" 1; a longer sample alone, up to {longest}")
+    # what the trainers do with such a cap: every sample whole, one micro-batch each
+    lengths = [longest, longest, 3]
+    assert pack_micro_batches(lengths, dynamic=True, max_tokens=1, micro_batch_size=1) == [
+        [0],
+        [1],
+        [2],
+    ]
+    roomy = render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
+    assert "a longer sample alone" not in roomy
