@@ -22,6 +22,11 @@ def memory_issues(plan: Plan) -> list[Issue]:
         fix = (
             "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
             "lower recipe.train.max_tokens_per_gpu or offload the optimizer"
+            if plan.hardware_kind == "gpu"
+            # a CPU's optimizer is in host memory already (recipe.optim.cpu_offload is refused)
+            else "split the model further (tp, pp), turn on layout.train.recompute, lower "
+            "recipe.train.max_tokens_per_gpu or raise hardware.gpu_memory_gib (a device "
+            "slot's nominal share of host memory)"
         )
         if isinstance(m.train, FsdpTrainMemory):
             fix = (

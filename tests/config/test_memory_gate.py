@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -136,3 +137,15 @@ def test_a_rollout_that_does_not_fit_on_gpus_names_the_sglang_fix_that_helps(
     assert "an engine GPU needs" in large_pool.message
     assert large_pool.fix.startswith("lower layout.rollout.sglang.mem_fraction_static")
     assert rollout_issues(0.5) == []
+
+
+def test_training_that_does_not_fit_on_cpu_names_no_optimizer_offload(
+    compose_run: ComposeRun,
+) -> None:
+    plan = build_plan(compose_run("model=qwen3-4b", "hardware=cpu"))
+    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.train"]
+    assert "offload" not in issue.fix  # recipe.optim.cpu_offload is refused on a CPU profile
+    assert "raise hardware.gpu_memory_gib" in issue.fix
+    need = math.ceil(plan.memory.train.total_gib)
+    roomier = build_plan(compose_run("model=qwen3-4b", f"hardware.gpu_memory_gib={need}"))
+    assert memory_issues(roomier) == []
