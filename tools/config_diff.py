@@ -19,6 +19,8 @@ import yaml
 
 from rlpost.plan.table import render_table
 from rlpost.runtime.config_changes import Change, diff_configs
+from rlpost.schema import RunConfig
+from rlpost.schema.base import local_path_keys
 
 CONFIG_FILE = "config.yaml"
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"config_diff: {exc}", file=sys.stderr)
         return 2
-    changes = diff_configs(a, b)
+    changes = diff_configs(a, b, frozenset(local_path_keys(RunConfig)))
     if not changes:
         print("the resolved configs are the same")
         return 0

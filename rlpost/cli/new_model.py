@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hf-checkpoint",
         metavar="PATH",
-        help="where runs read the checkpoint (default: DIR); ref_load follows it",
+        help="where runs read the checkpoint (default: DIR); ref_load (the KL's reference) "
+        "is the same folder",
     )
     parser.add_argument("--description", help="one line (default: drawn from the architecture)")
     add_output_arguments(parser, "model")

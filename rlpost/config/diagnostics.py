@@ -48,7 +48,7 @@ def attach_locations(issues: Sequence[Issue], sources: SourceMap) -> list[Issue]
     return [
         issue
         if issue.location is not None
-        else dataclasses.replace(issue, location=sources.get(issue.key))
+        else dataclasses.replace(issue, location=sources.set_at_or_below(issue.key))
         for issue in issues
     ]
 

@@ -179,17 +179,30 @@ def compare(
     ]
 
 
+def _setter(where: Location, field: str, theirs: Any) -> tuple[str, str]:
+    """Who set model.`field` (a model YAML, the command line, the schema's default) and how
+    to set it to `theirs` there."""
+    value = json.dumps(theirs)
+    if where.override is not None:
+        return (
+            f"the command line ({where.override})",
+            f"set model.{field}={value} on the command line",
+        )
+    if where.file is not None:
+        return where.file, f"set {field}: {value} in {where.file}"
+    return "the schema's default", f"set {field}: {value} in the model YAML"
+
+
 def _mismatch(m: Mismatch, config_file: str, locate: Locate) -> Issue:
     key = f"model.{m.field}"
     where = locate(key)
-    yaml_file = where.file or "the model YAML (schema default)"
+    setter, set_it = _setter(where, m.field, m.theirs)
     return Issue(
         key=key,
         value=m.ours,
-        message=f"{yaml_file} says {m.field}={m.ours!r}, but {config_file} says "
+        message=f"{setter} says {m.field}={m.ours!r}, but {config_file} says "
         f"{m.stated()}: the model would not match its checkpoint",
-        fix=f"set {m.field}: {json.dumps(m.theirs)} in {yaml_file}, or point model.hf_checkpoint "
-        "at the checkpoint this YAML describes",
+        fix=f"{set_it}, or point model.hf_checkpoint at the checkpoint this YAML describes",
         location=where,
     )
 
@@ -325,18 +338,17 @@ def derived_issues(
             continue
         key = f"model.{field}"
         where = locate(key)
-        yaml_file = where.file or "the model YAML (schema default)"
+        setter, set_it = _setter(where, field, theirs)
         issues.append(
             Issue(
                 key=key,
                 value=ours,
-                message=f"{yaml_file} says {field}={ours!r}, but the {facts['family']} "
+                message=f"{setter} says {field}={ours!r}, but the {facts['family']} "
                 f"checkpoint of {config_file} has {theirs!r} (what its config.json states, "
                 f"or its modelling code does where the file is silent): the model would not "
                 "match its checkpoint",
-                fix=f"set {field}: {json.dumps(theirs)} in {yaml_file} (`rlpost new model "
-                "--from-hf` writes every such field), or point model.hf_checkpoint at the "
-                "checkpoint this YAML describes",
+                fix=f"{set_it} (`rlpost new model --from-hf` writes every such field), or "
+                "point model.hf_checkpoint at the checkpoint this YAML describes",
                 location=where,
             )
         )

@@ -346,13 +346,13 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
     return _present(facts)
 
 
-def checkpoint_paths(hf_checkpoint: str, family: str) -> dict[str, str]:
-    """The checkpoint layout every shipped model uses: the HF folder and its torch_dist (the
-    reference); the policy starts from the HF folder, and runs write under run.dir. A generic
-    model has no torch_dist (megatron's format): its reference is the HF folder itself."""
+def checkpoint_paths(hf_checkpoint: str) -> dict[str, str]:
+    """The policy starts from the HF folder, and the KL's reference is that folder too: both
+    trainers read an HF folder as the reference, and a torch_dist one exists only once
+    converted (tools/convert_hf_to_megatron.py; point ref_load at it then). Runs write under
+    run.dir."""
     base = hf_checkpoint.rstrip("/")
-    reference = base if family == GENERIC_FAMILY else f"{base}_torch_dist"
-    return {"hf_checkpoint": base, "ref_load": reference}
+    return {"hf_checkpoint": base, "ref_load": base}
 
 
 def describe(facts: Mapping[str, Any], display: str) -> str:
@@ -392,7 +392,7 @@ def model_fields(
         "name": name,
         "description": text,
         **facts,
-        **checkpoint_paths(hf_checkpoint, facts["family"]),
+        **checkpoint_paths(hf_checkpoint),
     }
     cross_check(fields, hf)
     return fields

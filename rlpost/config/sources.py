@@ -115,6 +115,21 @@ class SourceMap:
         """Where `key` was set; `DEFAULT` (renders "default") when no file or override set it."""
         return self.entries.get(key, DEFAULT)
 
+    def set_at_or_below(self, key: str) -> Location:
+        """Where `key` was set; for a section nothing set whole, the command-line override
+        that set a key inside it (`layout.rollout.sglang.mem_fraction_static=0.8` for
+        `layout.rollout.sglang`); else `DEFAULT`."""
+        found = self.entries.get(key)
+        if found is not None:
+            return found
+        prefix = f"{key}."
+        inside = [
+            loc
+            for k, loc in self.entries.items()
+            if k.startswith(prefix) and loc.override is not None
+        ]
+        return inside[-1] if inside else DEFAULT
+
     def locate(self, key: str) -> Location:
         """Where `key` was set, else where its nearest enclosing key was (for missing keys)."""
         parts = key.split(".")

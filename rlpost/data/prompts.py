@@ -152,9 +152,15 @@ def load_prompts(
 class LineError(Exception):
     """What is wrong with one line (`key`: the line's field, or "line"), and the fix."""
 
-    def __init__(self, key: str, message: str, fix: str, value: Any = None) -> None:
+    def __init__(
+        self, key: str, message: str, fix: str, value: Any = None, missing_from: Any = None
+    ) -> None:
         super().__init__(message)
         self.key, self.message, self.fix, self.value = key, message, fix, value
+        # the keys the line has, when `key` is one of the data section's and it lacks it
+        self.missing_from: tuple[str, ...] | None = (
+            None if missing_from is None else tuple(sorted(missing_from))
+        )
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,7 @@ def _field(row: dict[str, Any], key: str, config_key: str) -> Any:
             key,
             f"is missing (this line's keys: {present})",
             f"add '{key}' to every line, or set {config_key} to the field that holds it",
+            missing_from=row,
         )
     return row[key]
 

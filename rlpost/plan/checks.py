@@ -112,14 +112,12 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
     p, world = ctx.parallel, ctx.sizes.train_gpus
     model_parallel = p.tp * p.pp * p.cp
     if world % model_parallel:
-        fits = [m for m in range(model_parallel, 4 * model_parallel + 1, model_parallel)]
         return [
             Issue(
                 "layout.train.num_gpus",
                 f"{world} train GPUs do not split into tp x pp x cp = {p.tp} x {p.pp} x {p.cp} "
                 f"= {model_parallel}-GPU model replicas (data parallelism needs whole replicas)",
-                f"use a multiple of {model_parallel} train GPUs (e.g. {_examples(fits)}), or "
-                "change layout.train.tp/pp/cp",
+                _train_grid_fix(ctx),
                 world,
             )
         ]
@@ -134,6 +132,37 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
             )
         ]
     return []
+
+
+def _train_grid_fix(ctx: PlanContext) -> str:
+    """What makes whole replicas on this hardware: a tp the model splits into that divides
+    the train GPUs, more train GPUs where the profile has them, else a larger profile."""
+    p, s, model = ctx.parallel, ctx.sizes, ctx.cfg.model
+    model_parallel, others = p.tp * p.pp * p.cp, p.pp * p.cp
+    room = s.total_gpus if s.colocate else s.total_gpus - s.rollout_gpus
+    fixes = []
+    if s.train_gpus % others == 0:
+        per_replica = s.train_gpus // others
+        tps = [t for t in divisors(per_replica) if _tp_splits(model, t)]
+        within = f" / pp x cp = {per_replica}" if others > 1 else ""
+        fixes.append(f"use a layout.train.tp that divides {s.train_gpus}{within}: {_examples(tps)}")
+    more = list(range(model_parallel, room + 1, model_parallel))
+    if more and _tp_splits(model, p.tp):
+        fixes.append(
+            f"use a multiple of {model_parallel} train GPUs that {ctx.cfg.hardware.name} has "
+            f"(layout.train.num_gpus: {_examples(more)})"
+        )
+    elif _tp_splits(model, p.tp):
+        fixes.append(f"use a hardware profile of {model_parallel} GPUs or more")
+    if s.train_gpus % others != 0:
+        fixes.append("change layout.train.pp/cp")
+    return "; or ".join(fixes)
+
+
+def _tp_splits(model: ModelConfig, tp: int) -> bool:
+    """check_attention_heads' rule: whole heads, and whole query groups without MLA."""
+    heads_ok = model.num_attention_heads % tp == 0
+    return heads_ok and (model.mla is not None or model.num_query_groups % tp == 0)
 
 
 @check("attention_heads", scope="train")

@@ -7,6 +7,7 @@ import math
 
 from rlpost.errors import Issue
 from rlpost.plan.fsdp import FsdpTrainMemory
+from rlpost.plan.memory import gib_text
 from rlpost.plan.plan import Plan
 from rlpost.schema import RunConfig
 
@@ -21,6 +22,11 @@ def memory_issues(plan: Plan) -> list[Issue]:
         fix = (
             "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
             "lower recipe.train.max_tokens_per_gpu or offload the optimizer"
+            if plan.hardware_kind == "gpu"
+            # a CPU's optimizer is in host memory already (recipe.optim.cpu_offload is refused)
+            else "split the model further (tp, pp), turn on layout.train.recompute, lower "
+            "recipe.train.max_tokens_per_gpu or raise hardware.gpu_memory_gib (a device "
+            "slot's nominal share of host memory)"
         )
         if isinstance(m.train, FsdpTrainMemory):
             fix = (
@@ -38,19 +44,13 @@ def memory_issues(plan: Plan) -> list[Issue]:
             Issue(
                 "layout.train",
                 f"training needs {m.train.total_gib:.2f} GiB per GPU and {plan.hardware} has "
-                f"{m.gpu_gib:.2f} (short by {-m.train_margin_gib:.2f} GiB; see mode=plan)",
+                f"{m.gpu_gib:.2f} (short by {gib_text(-m.train_margin_gib)}; see mode=plan)",
                 fix + ANYWAY,
             )
         )
     if not m.rollout_fits:
         issues.append(
-            Issue(
-                "layout.rollout",
-                f"an engine GPU needs {m.rollout.total_gib:.2f} GiB and has {m.gpu_gib:.2f}, or "
-                "its KV cache cannot hold one sample (see mode=plan)",
-                "use more GPUs per engine (layout.rollout.gpus_per_engine), raise "
-                "mem_fraction_static or shorten recipe.rollout.max_response_len" + ANYWAY,
-            )
+            Issue("layout.rollout", _rollout_shortfall(plan), _rollout_fix(plan) + ANYWAY)
         )
     if not m.host_fits:
         issues.append(
@@ -62,6 +62,51 @@ def memory_issues(plan: Plan) -> list[Issue]:
             )
         )
     return issues
+
+
+def _rollout_shortfall(plan: Plan) -> str:
+    m = plan.memory
+    r = m.rollout
+    short = f"short by {gib_text(-m.rollout_margin_gib)}; see mode=plan"
+    if r.holds_one_sample:
+        return f"an engine GPU needs {r.total_gib:.2f} GiB and has {m.gpu_gib:.2f} ({short})"
+    pool = f"{r.mem_fraction_static} x {m.gpu_gib} GiB"
+    where = "the static pool" if plan.hardware_kind == "gpu" else "the CPU engine's share"
+    held = (
+        f"the weights ({r.weights_gib:.2f} GiB) exceed {where} ({pool}) by "
+        f"{gib_text(-r.kv_cache_gib)}"
+        if r.kv_cache_gib < 0
+        else f"the KV cache left in {where} ({pool}) holds {r.kv_cache_tokens_per_gpu:,} tokens"
+    )
+    return f"{held}: no room for one {r.longest_sample_tokens:,}-token sample ({short})"
+
+
+def _rollout_fix(plan: Plan) -> str:
+    """What the engines take: SGLang's TP and static pool on GPUs; the CPU engine has neither
+    (one device slot per engine, no SGLang options), only the slot's nominal memory. A peak
+    over the GPU comes down with a smaller pool; a KV cache short of one sample grows with a
+    larger one or smaller weight shards, and a shorter sample needs less of it."""
+    m = plan.memory
+    r = m.rollout
+    on_gpu = plan.hardware_kind == "gpu"
+    if r.total_gib > m.gpu_gib and on_gpu:
+        return (
+            "lower layout.rollout.sglang.mem_fraction_static (what the pool leaves holds the "
+            "activations, CUDA graphs and a colocated trainer's residue)"
+        )
+    if on_gpu:
+        fixes = [
+            "use more GPUs per engine (layout.rollout.gpus_per_engine)",
+            "raise layout.rollout.sglang.mem_fraction_static",
+        ]
+    else:
+        fixes = [
+            "use a smaller model",
+            "raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)",
+        ]
+    if r.kv_cache_gib > 0:
+        fixes.append("shorten recipe.rollout.max_response_len (or recipe.data.max_prompt_len)")
+    return ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 
 TIMEOUT_HEADROOM = 2.0

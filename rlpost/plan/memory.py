@@ -65,6 +65,17 @@ from rlpost.plan.layout import PADDED_ROWS_LIMIT, ParallelLayout, Sizes
 from rlpost.plan.params import StageParams, is_moe_layer, params_per_stage, stage_layers
 from rlpost.schema import HardwareConfig, ModelConfig, RecipeConfig
 
+
+def gib_text(gib: float) -> str:
+    """An amount of memory as the plan prints it: GiB to 2 places, and an amount too small to
+    show that way in MiB or KiB (never "0.00 GiB" for a shortfall)."""
+    if gib == 0 or abs(gib) >= 0.01:
+        return f"{gib:.2f} GiB"
+    if abs(gib) * 1024 >= 0.01:
+        return f"{gib * 1024:.2f} MiB"
+    return f"{gib * 1024 * 1024:.1f} KiB"
+
+
 TRAIN_WORKSPACE_GIB = 2.0
 """NCCL buffers, cuBLAS workspaces and allocator fragmentation beyond the CUDA context."""
 ENGINE_RESIDUAL_GIB = 1.0
@@ -281,6 +292,18 @@ class TrainMemory:
         """The reference model's weights kept on the host between uses, per rank."""
         return self.params_per_gpu * weight_bytes(model) / GIB
 
+    def terms(self) -> str:
+        """Every term of total_gib in GiB ('weights + grads 70.3, optimizer 119.2, ...'),
+        those that are zero left out but the first three."""
+        parts = [
+            ("weights + grads", self.weights_gib + self.grads_gib),
+            ("optimizer", self.optimizer_gib),
+            ("activations + logits", self.activations_gib + self.logits_gib),
+            ("grouped experts", self.grouped_experts_gib),
+            ("CUDA context and workspaces", self.overhead_gib),
+        ]
+        return ", ".join(f"{name} {gib:.1f}" for i, (name, gib) in enumerate(parts) if i < 3 or gib)
+
 
 def _stage_memory(
     model: ModelConfig,
@@ -458,14 +481,15 @@ class MemoryPlan:
     @property
     def rollout_margin_gib(self) -> float:
         """Headroom at the rollout peak; a KV cache that cannot hold one sample counts as the
-        memory still missing for it."""
+        memory still missing for it (with the weights' excess over the pool, if any)."""
         margin = self.gpu_gib - self.rollout.total_gib
         r = self.rollout
         if not r.holds_one_sample:
             missing = (r.longest_sample_tokens - r.kv_cache_tokens_per_gpu) * (
                 r.kv_bytes_per_token_per_gpu / GIB
             )
-            margin = min(margin, -missing)
+            # weights past the pool: that much more before the first KV token fits
+            margin = min(margin, -missing - max(0.0, -r.kv_cache_gib))
         return margin
 
     @property

@@ -156,9 +156,7 @@ def _derive_tp(cfg: RunConfig, sizes: Sizes, base: ParallelLayout, rec: _Record)
             message=(
                 f"no tensor-parallel size fits {cfg.model.name} on {sizes.train_gpus} x "
                 f"{cfg.hardware.gpu_memory_gib} GiB: the largest valid, tp={tp}, still needs "
-                f"{need.total_gib:.1f} GiB per GPU (weights + grads "
-                f"{need.weights_gib + need.grads_gib:.1f}, optimizer {need.optimizer_gib:.1f}, "
-                f"activations + logits {need.activations_gib + need.logits_gib:.1f})"
+                f"{need.total_gib:.1f} GiB per GPU ({need.terms()})"
             ),
             fix="set layout.train.pp (pipeline stages) and, for MoE, layout.train.ep; "
             + ("" if cfg.recipe.optim.cpu_offload else "or recipe.optim.cpu_offload: true; ")

@@ -40,7 +40,7 @@ from rlpost.config.chat_templates import (
     template_variables,
 )
 from rlpost.config.hf_check import check_weights_config
-from rlpost.data.prompts import LineError, PromptFormat, prompt_format, read_line
+from rlpost.data.prompts import LineError, PromptFormat, Row, prompt_format, read_line
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
@@ -330,6 +330,9 @@ class RowRules:
     forced: bool = False
     has_server: bool = False  # recipe.rollout.reward.remote_url is set
     markers: tuple[str, ...] = ()  # the chat template's (template_markers)
+    # the config key that names each of fmt's line keys ('prompt' -> recipe.data.input_key):
+    # a key no line has is that setting's problem, said once
+    key_settings: tuple[tuple[str, str], ...] = ()
 
 
 def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
@@ -343,6 +346,8 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
         return [Issue(key, f"{what} on this machine", fix_path, value=path_text)]
     issues: list[Issue] = []
     bad = rows = 0
+    lacking: dict[str, int] = {}  # a line key -> how many lines lack it
+    keys_there: set[str] = set()
     try:
         with path.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
@@ -353,10 +358,27 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
                 if problem is None:
                     continue
                 bad += 1
+                what, fix, missing = problem
+                if missing is not None:
+                    lacking[missing[0]] = lacking.get(missing[0], 0) + 1
+                    keys_there.update(missing[1])
                 if len(issues) < MAX_BAD_LINES:
-                    issues.append(Issue(f"{path}:{number}", problem[0], problem[1], value=None))
+                    issues.append(Issue(f"{path}:{number}", what, fix, value=None))
     except (OSError, UnicodeDecodeError) as exc:
         return [Issue(key, f"cannot be read: {exc}", fix_path, value=path_text)]
+    for field, setting in rules.key_settings:
+        if rows and lacking.get(field) == rows:  # the setting names a key no line has
+            there = ", ".join(sorted(keys_there)) or "none"
+            return [
+                Issue(
+                    setting,
+                    f"no line of {path} has the key '{field}' (keys there: {there})",
+                    f"set {setting} to the key that holds the "
+                    f"{'prompt' if setting.endswith('input_key') else 'label'} (one of: "
+                    f"{there}), or point {key} at a file whose lines have '{field}'",
+                    value=field,
+                )
+            ]
     if bad > len(issues):
         issues.append(
             Issue(
@@ -370,14 +392,25 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
     return issues
 
 
-def _row_problem(number: int, line: str, rules: RowRules) -> tuple[str, str] | None:
-    """(what is wrong, the fix) for one jsonl line, or None."""
-    fmt, reward_type, scorer = rules.fmt, rules.reward_type, rules.scorer
+Problem = tuple[str, str, tuple[str, tuple[str, ...]] | None]
+"""What is wrong with a line, the fix, and (the key, the line's keys) when it lacks a key."""
+
+
+def _row_problem(number: int, line: str, rules: RowRules) -> Problem | None:
+    """(what is wrong, the fix, the key it lacks) for one jsonl line, or None."""
     try:
-        row = read_line(number, line, fmt, rules.markers)
+        row = read_line(number, line, rules.fmt, rules.markers)
     except LineError as exc:
         what = f"the line {exc.message}" if exc.key == "line" else f"'{exc.key}' {exc.message}"
-        return what, exc.fix
+        lacks = None if exc.missing_from is None else (exc.key, exc.missing_from)
+        return what, exc.fix, lacks
+    problem = _content_problem(row, rules)
+    return None if problem is None else (*problem, None)
+
+
+def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for a line read whole: its label and rm_type."""
+    fmt, reward_type, scorer = rules.fmt, rules.reward_type, rules.scorer
     label_key = fmt.label_key if rules.labelled else None
     if label_key is not None and row.label is not None and not row.label.strip():
         return (
@@ -426,13 +459,15 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     )
     issues = []
     if data.source is None and data.prompt_data is not None:  # a source reads its own way
+        fmt = prompt_format(data)
         rules = RowRules(
-            prompt_format(data),
+            fmt,
             recipe.rollout.reward.needs_label,
             recipe.rollout.reward.type,
             scorer,
             has_server=has_server,
             markers=markers,
+            key_settings=_key_settings(fmt, "recipe.data", "recipe.data"),
         )
         issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
@@ -441,17 +476,35 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             if dataset.reward_type is not None
             else recipe.rollout.reward.needs_label
         )
+        fmt = prompt_format(data, dataset.input_key, dataset.label_key, dataset.tool_key)
+        own = f"recipe.eval.datasets.{i}"
         rules = RowRules(
-            prompt_format(data, dataset.input_key, dataset.label_key, dataset.tool_key),
+            fmt,
             labelled,
             dataset.reward_type or recipe.rollout.reward.type,
             scorer,
             forced=dataset.reward_type is not None,
             has_server=has_server,
             markers=markers,
+            key_settings=_key_settings(
+                fmt,
+                own if dataset.input_key else "recipe.data",
+                own if dataset.label_key is not None else "recipe.data",
+            ),
         )
         issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues
+
+
+def _key_settings(
+    fmt: PromptFormat, input_from: str, label_from: str
+) -> tuple[tuple[str, str], ...]:
+    """Which setting names the prompt's key and the label's (a dataset's own, or the data
+    section's)."""
+    settings = [(fmt.input_key, f"{input_from}.input_key")]
+    if fmt.label_key is not None:
+        settings.append((fmt.label_key, f"{label_from}.label_key"))
+    return tuple(settings)
 
 
 def _whole_batch_scorer(reward: RewardConfig) -> str | None:
@@ -895,9 +948,16 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
             held = bytes_under(target / "ckpt")
             exported = _folders_in(target / "hf")
             issues += checkpoint_disk_issues(cfg, plan, free + held, exported)
-    resume = cfg.run.resume
-    if resume not in (None, "auto") and not Path(resume).expanduser().is_dir():
-        issues.append(
+    return issues + check_resume_target(cfg.run.resume)
+
+
+def check_resume_target(resume: str | None) -> list[Issue]:
+    """run.resume names a complete checkpoint, or a run directory holding one: the launch's
+    own test (rlpost.runtime.resume), sizes checked but not each file's sha256."""
+    if resume in (None, "auto"):
+        return []
+    if not Path(resume).expanduser().is_dir():
+        return [
             Issue(
                 "run.resume",
                 "no such checkpoint or run directory on this machine",
@@ -905,8 +965,14 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 "run.resume=auto",
                 value=resume,
             )
-        )
-    return issues
+        ]
+    from rlpost.runtime.resume import checkpoint_named
+
+    try:
+        checkpoint_named(resume, check_hashes=False)
+    except UserError as exc:
+        return exc.issues
+    return []
 
 
 SHOWN_ENTRIES = 4

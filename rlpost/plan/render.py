@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from rlpost.plan.engine_memory import RolloutMemory
 from rlpost.plan.fsdp import FsdpTrainMemory
+from rlpost.plan.memory import gib_text
 from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
 from rlpost.plan.runtime import RuntimePlan
@@ -122,6 +124,16 @@ def render_engines(plan: Plan) -> str:
     return render_table(["rollout", "value"], rows, "Engines")
 
 
+def _micro_batch_tokens(plan: Plan) -> Cell:
+    """The packing cap; a sample longer than it is trained whole in a micro-batch of its own
+    (rlpost.algo.packing.pack_first_fit), which the row says beside the cap."""
+    b = plan.batch
+    cap = b.tokens_per_micro_batch
+    if cap and b.longest_sample_tokens > cap:
+        return f"{cap:,}; a longer sample alone, up to {b.longest_sample_tokens:,}"
+    return cap
+
+
 def render_batch(plan: Plan) -> str:
     b = plan.batch
     rows: list[list[Cell]] = [
@@ -135,7 +147,7 @@ def render_batch(plan: Plan) -> str:
         ["prompts per engine", format_value(b.prompts_per_engine)],
         ["samples per engine", format_value(b.samples_per_engine)],
         ["max tokens per GPU", b.max_tokens_per_gpu],
-        ["tokens per micro-batch (x CP)", b.tokens_per_micro_batch],
+        ["tokens per micro-batch (x CP)", _micro_batch_tokens(plan)],
         ["longest sample (tokens)", b.longest_sample_tokens],
     ]
     if b.over_sampling_batch_size != b.rollout_batch_size:
@@ -288,16 +300,48 @@ def render_work(plan: Plan) -> str:
         [
             "predicted, logged beside the measured",
             f"{plan.prediction.train_s:.3g} s per rollout (perf/train_time_vs_plan), "
-            f"{plan.prediction.memory_gib:.2f} GiB per GPU (perf/memory_vs_plan)",
+            f"{plan.prediction.memory_gib:.2f} GiB per GPU (perf/memory_vs_plan)"
+            + _unseen_overhead(plan),
         ],
     ]
     return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
 
 
+def _unseen_overhead(plan: Plan) -> str:
+    """The memory prediction is what torch's allocator sees: the training total less the CUDA
+    context and workspaces (rlpost.plan.prediction), which the line says when it differs."""
+    overhead = plan.memory.train.overhead_gib
+    if not overhead:
+        return ""
+    total = plan.memory.train.total_gib
+    return (
+        f": the memory table's {total:.2f} less its {overhead:.2f} of CUDA context and "
+        "workspaces, which the allocator does not see"
+    )
+
+
+def param_count(n: float) -> str:
+    """4.02B, 3.15M, 850.0K: a tiny model's count in its own unit, not 0.00B."""
+    for unit, size in (("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n / 1e3:.1f}K"
+
+
 def _verdict(fits: bool, margin: float) -> str:
     if fits:
         return f"fits, {margin:.2f} GiB spare"
-    return f"DOES NOT FIT, short by {-margin:.2f} GiB"
+    return f"DOES NOT FIT, short by {gib_text(-margin)}"
+
+
+def _kv_cache_row(r: RolloutMemory) -> list[Cell]:
+    if r.kv_cache_gib < 0:  # the weights alone overfill what the engine may hold
+        return [f"KV cache (none: the weights exceed the pool by {gib_text(-r.kv_cache_gib)})", 0.0]
+    return [
+        f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/GPU, "
+        f"{r.kv_cache_tokens_per_engine:,}/engine)",
+        r.kv_cache_gib,
+    ]
 
 
 def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
@@ -319,6 +363,10 @@ def _fsdp_state_rows(t: FsdpTrainMemory) -> list[list[Cell]]:
             t.reference_gib,
         ],
     ]
+
+
+def _pool(plan: Plan) -> str:
+    return "static pool" if plan.hardware_kind == "gpu" else "the CPU engine's share"
 
 
 def _grouped_experts_row(gib: float) -> list[list[Cell]]:
@@ -353,13 +401,12 @@ def render_memory(plan: Plan) -> str:
         )
     rollout_rows: list[list[Cell]] = [
         ["weight shard", r.weights_gib],
-        [
-            f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/GPU, "
-            f"{r.kv_cache_tokens_per_engine:,}/engine)",
-            r.kv_cache_gib,
-        ],
+        _kv_cache_row(r),
         ["CUDA context", r.context_gib],
-        [f"static pool ({r.mem_fraction_static} x {m.gpu_gib})", r.mem_fraction_static * m.gpu_gib],
+        [
+            f"{_pool(plan)} ({r.mem_fraction_static} x {m.gpu_gib})",
+            r.mem_fraction_static * m.gpu_gib,
+        ],
         ["prefill activations, CUDA graphs", r.activation_reserve_gib],
         ["trainer residue (colocated)", r.trainer_residual_gib],
         ["peak", r.total_gib],
@@ -375,8 +422,8 @@ def render_memory(plan: Plan) -> str:
         render_table(
             ["training, per GPU", "GiB"],
             train_rows,
-            f"Memory (GPU {m.gpu_gib} GiB; {m.params_total / 1e9:.2f}B parameters, "
-            f"{m.params_active / 1e9:.2f}B active)\ntraining, stage {t.stage}: "
+            f"Memory (GPU {m.gpu_gib} GiB; {param_count(m.params_total)} parameters, "
+            f"{param_count(m.params_active)} active)\ntraining, stage {t.stage}: "
             f"{_verdict(m.train_fits, m.train_margin_gib)}",
         ),
         render_table(

@@ -7,8 +7,10 @@ and the resume check both use it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlpost.errors import Issue, UserError
@@ -78,14 +80,32 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def diff_configs(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[Change]:
-    """Every leaf that differs, sorted by key; a key on one side only shows as <absent>."""
+def diff_configs(
+    before: Mapping[str, Any], after: Mapping[str, Any], paths: Collection[str] = ()
+) -> list[Change]:
+    """Every leaf that differs, sorted by key; a key on one side only shows as <absent>.
+
+    The keys in `paths` hold files or folders: two spellings of one (`runs/a` and its
+    absolute path) are the same value (`same_path`)."""
     a, b = flatten(before), flatten(after)
     return [
         Change(key, a.get(key, MISSING), b.get(key, MISSING))
         for key in sorted(set(a) | set(b))
         if a.get(key, MISSING) != b.get(key, MISSING)
+        and not (key in paths and same_path(a.get(key), b.get(key)))
     ]
+
+
+def same_path(a: Any, b: Any) -> bool:
+    """Whether two path values name one existing file or folder (relative ones from the
+    working directory). A path that does not exist here (a hub id, a folder on other
+    machines) is the same only as itself, written alike."""
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    try:
+        return os.path.samefile(Path(a).expanduser(), Path(b).expanduser())
+    except (OSError, ValueError):
+        return False
 
 
 def _matches(key: str, prefixes: Sequence[str]) -> bool:

@@ -32,8 +32,10 @@ from rlpost.runtime.progress import status
 from rlpost.runtime.run_state import CONFIG_FILE, TRAINER_DIR, LoopState, read_loop_state
 from rlpost.runtime.rundir import config_dict
 from rlpost.schema import RunConfig
+from rlpost.schema.base import local_path_keys
 
 AUTO = "auto"
+PATH_KEYS = frozenset(local_path_keys(RunConfig))  # run.dir, model.hf_checkpoint, ...
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,12 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     if cfg.run.resume is None:
         _refuse_used_dir(run_dir)
         return None
-    path = _auto(run_dir) if cfg.run.resume == AUTO else _explicit(cfg.run.resume)
+    path = _auto(run_dir) if cfg.run.resume == AUTO else checkpoint_named(cfg.run.resume)
     if path is None:
         return None
     state = read_loop_state(path)
     saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
-    changes = diff_configs(saved, config_dict(cfg))  # both redacted alike
+    changes = diff_configs(saved, config_dict(cfg), PATH_KEYS)  # both redacted alike
     if cfg.mode == "eval":  # only the weights are read: the prompt order does not matter
         changes = [c for c in changes if c.key != DATA_SEED]
     grid = parallel_changes(state.parallel, plan_grid(plan), _reshards(path, state, saved))
@@ -127,20 +129,23 @@ def _auto(run_dir: Path) -> Path | None:
     return None
 
 
-def _explicit(value: str) -> Path:
+def checkpoint_named(value: str, check_hashes: bool = True) -> Path:
+    """The checkpoint run.resume=`value` names: that checkpoint, or a run directory's newest
+    complete one; UserError (exit 2) when it holds none. Validation checks the same without
+    reading every file's sha256 (`check_hashes`), which the launch does."""
     path = Path(value).expanduser().resolve()
     if (
         path.is_dir()
         and checkpoint.rollouts_done_of(path) is None
         and not (path / checkpoint.MANIFEST).exists()
     ):
-        scan = checkpoint.scan(path)  # a run directory: its newest complete checkpoint
+        scan = checkpoint.scan(path, check_hashes)  # a run directory: its newest complete one
         _report(scan)
         if scan.latest is None:
             raise _bad_path(value, f"{path} holds no complete checkpoint")
         return scan.latest
     try:
-        checkpoint.verify(path)
+        checkpoint.verify(path, check_hashes)
     except CheckpointError as exc:
         raise _bad_path(value, str(exc)) from None
     return path

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
@@ -33,6 +34,28 @@ def expand_home(path: str) -> str:
 
 LocalPath = Annotated[str, AfterValidator(expand_home)]
 """A file or folder on the machines of the run, `~` expanded (`expand_home`)."""
+
+
+def local_path_keys(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    """The dotted keys of `model`'s LocalPath fields (`run.dir`, `model.hf_checkpoint`, ...),
+    through nested sections; a list of sections is one value and is not entered."""
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        if _is_local_path(info.metadata) or any(
+            _is_local_path(getattr(arg, "__metadata__", ())) for arg in get_args(info.annotation)
+        ):
+            yield key
+            continue
+        inner = (
+            () if get_origin(info.annotation) in (list, tuple, dict) else get_args(info.annotation)
+        )
+        for arg in (info.annotation, *inner):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                yield from local_path_keys(arg, f"{key}.")
+
+
+def _is_local_path(metadata: Any) -> bool:
+    return any(isinstance(m, AfterValidator) and m.func is expand_home for m in metadata)
 
 
 class InvariantError(ValueError):

@@ -439,3 +439,34 @@ def test_what_a_generic_model_cannot_describe_is_refused_by_name(
     (tmp_path / "config.json").write_text(json.dumps(mistral_config(**change)))
     status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
     assert status == 2 and fragment in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_the_written_reference_exists_and_a_kl_validates(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny = REPO / "rlpost" / "assets" / "qwen3-tiny"
+    argv = [
+        "new",
+        "model",
+        "--from-hf",
+        str(tiny),
+        "--name",
+        "tiny2",
+        "--config-dir",
+        str(tmp_path),
+    ]
+    status, _, err = run_main(argv, capsys)
+    assert status == 0, err
+    data = yaml.safe_load((tmp_path / "model" / "tiny2.yaml").read_text())
+    assert Path(data["ref_load"]).is_dir()
+    check = [
+        "validate",
+        "--config-dir",
+        str(tmp_path),
+        "model=tiny2",
+        "recipe.algo.kl_loss_coef=0.01",
+        f"trainer.backend={backend}",
+    ]
+    status, _, err = run_main(check, capsys)
+    assert status == 0, err  # the local checks read the reference the KL needs

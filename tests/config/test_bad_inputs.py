@@ -414,8 +414,20 @@ CASES: list[Bad] = [
     Bad(
         "SGLang options the CPU engine ignores",
         ("++layout.rollout.sglang.mem_fraction_static=0.5",),
-        "layout.rollout.sglang",
+        "layout.rollout.sglang   (command line: layout.rollout.sglang.mem_fraction_static=0.5)",
         "reads no SGLang options",
+    ),
+    Bad(
+        "a model fact from the command line its checkpoint contradicts",
+        ("model.num_layers=3",),
+        "model.num_layers = 3   (command line: model.num_layers=3)",
+        "the command line (model.num_layers=3) says num_layers=3, but",
+    ),
+    Bad(
+        "a prompt key no line of the prompt file has",
+        ("recipe.data.input_key=question",),
+        "recipe.data.input_key = 'question'   (command line: recipe.data.input_key=question)",
+        "arith_train.jsonl has the key 'question' (keys there: label, prompt)",
     ),
     Bad(
         "torch trainer with tensor parallelism",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -297,3 +298,39 @@ def test_all_issues_are_reported_at_once(compose_run: Callable[..., RunConfig]) 
     } <= keys
     text = info.value.render()
     assert text.startswith("rlpost: ") and "fix:" in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fix", "fixed"),
+    [
+        (("layout.train.tp=16",), "use a layout.train.tp that divides 8: 1, 2, 4, 8", "tp=8"),
+        (("layout.train.tp=3",), "use a layout.train.tp that divides 8: 1, 2, 4, 8", "tp=4"),
+        (
+            ("layout.train.tp=2", "layout.train.pp=3"),
+            "use a multiple of 6 train GPUs that h100x8 has (layout.train.num_gpus: 6)",
+            "num_gpus=6",
+        ),
+    ],
+)
+def test_a_train_grid_fix_names_what_the_hardware_holds(
+    overrides: tuple[str, ...], fix: str, fixed: str, compose_run: Callable[..., RunConfig]
+) -> None:
+    on_h100x8 = ("model=qwen3-8b", "recipe=grpo_dapo", "hardware=h100x8", *overrides)
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*on_h100x8))
+    (issue,) = [i for i in info.value.issues if i.key == "layout.train.num_gpus"]
+    assert issue.fix.startswith(fix), issue.fix
+    assert max(int(n) for n in re.findall(r"\d+", issue.fix.replace("h100x8", ""))) <= 8
+    build_plan(compose_run(*on_h100x8, f"layout.train.{fixed}"))  # the fix it names plans
+
+
+def test_the_memory_a_refused_tp_still_needs_adds_up(compose_run: Callable[..., RunConfig]) -> None:
+    cfg = compose_run("model=deepseek-v3", "recipe=grpo_dapo", "hardware=h100x64")
+    with pytest.raises(UserError) as info:
+        build_plan(cfg)
+    (issue,) = [i for i in info.value.issues if "no tensor-parallel size fits" in i.message]
+    found = re.search(r"still needs ([\d.]+) GiB per GPU \((.*)\)$", issue.message)
+    assert found is not None, issue.message
+    terms = dict(re.findall(r"([a-zA-Z +]+?) ([\d.]+)(?:, |$)", found.group(2)))
+    assert "CUDA context and workspaces" in terms and "grouped experts" in terms
+    assert sum(map(float, terms.values())) == pytest.approx(float(found.group(1)), abs=0.25)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.errors import Issue
 from rlpost.plan import build_plan
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.schema import RunConfig
@@ -79,3 +81,71 @@ def test_a_train_call_predicted_near_its_timeout_is_refused(
         main(["validate", "--no-local-checks", *one_gpu, "trainer.collective_timeout_s=400"])
     err = capsys.readouterr().err
     assert caught.value.code == 2 and "launch problem" in err and "collective_timeout_s" in err
+
+
+def test_a_rollout_that_does_not_fit_on_cpu_says_what_is_short_and_a_fix_cpu_takes(
+    compose_run: ComposeRun,
+) -> None:
+    from rlpost.plan import render_plan
+
+    plan = build_plan(compose_run("model=qwen3-4b", "hardware=cpu"))
+    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.rollout"]
+    excess = plan.memory.rollout.weights_gib - 0.9 * 8.0
+    assert f"exceed the CPU engine's share (0.9 x 8.0 GiB) by {excess:.2f} GiB" in issue.message
+    assert f"(short by {excess:.2f} GiB" in issue.message and excess >= 0.01
+    text = render_plan(plan, "table")
+    assert f"rollout: DOES NOT FIT, short by {excess:.2f} GiB" in text
+    assert "-0." not in text.split("rollout: DOES NOT FIT")[1].split("host")[0]
+    # neither SGLang's knob nor engine TP: the CPU engine takes neither
+    assert "mem_fraction_static" not in issue.fix and "gpus_per_engine" not in issue.fix
+    assert "max_response_len" not in issue.fix  # no sample fits while the weights overfill
+    assert "hardware.gpu_memory_gib" in issue.fix
+    roomier = build_plan(compose_run("model=qwen3-4b", "hardware=cpu", "hardware.gpu_memory_gib=9"))
+    assert [i.key for i in memory_issues(roomier)] == ["layout.train"]
+
+
+def test_a_shortfall_under_a_hundredth_of_a_gib_is_not_short_by_zero(
+    compose_run: ComposeRun,
+) -> None:
+    from rlpost.plan import render_plan
+
+    # the weights leave a KV cache of a few tokens, short of one 16-token sample by some MiB
+    plan = build_plan(
+        compose_run("model=qwen3-4b", "hardware=cpu", "hardware.gpu_memory_gib=8.325")
+    )
+    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.rollout"]
+    short = -plan.memory.rollout_margin_gib
+    assert 0 < short < 0.005
+    assert f"short by {short * 1024:.2f} MiB" in issue.message
+    assert "short by 0.00" not in issue.message + render_plan(plan, "table")
+
+
+def test_a_rollout_that_does_not_fit_on_gpus_names_the_sglang_fix_that_helps(
+    compose_run: ComposeRun,
+) -> None:
+    tight = ("model=qwen3-8b", "hardware=h100x8", "layout.rollout.gpus_per_engine=1")
+
+    def rollout_issues(fraction: float) -> list[Issue]:
+        option = f"layout.rollout.sglang.mem_fraction_static={fraction}"
+        issues = memory_issues(build_plan(compose_run(*tight, option)))
+        return [i for i in issues if i.key == "layout.rollout"]
+
+    (small_pool,) = rollout_issues(0.2)  # the weight shard overfills the pool
+    assert "raise layout.rollout.sglang.mem_fraction_static" in small_pool.fix
+    assert "layout.rollout.gpus_per_engine" in small_pool.fix
+    (large_pool,) = rollout_issues(0.8)  # the peak over the GPU: less pool, not more
+    assert "an engine GPU needs" in large_pool.message
+    assert large_pool.fix.startswith("lower layout.rollout.sglang.mem_fraction_static")
+    assert rollout_issues(0.5) == []
+
+
+def test_training_that_does_not_fit_on_cpu_names_no_optimizer_offload(
+    compose_run: ComposeRun,
+) -> None:
+    plan = build_plan(compose_run("model=qwen3-4b", "hardware=cpu"))
+    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.train"]
+    assert "offload" not in issue.fix  # recipe.optim.cpu_offload is refused on a CPU profile
+    assert "raise hardware.gpu_memory_gib" in issue.fix
+    need = math.ceil(plan.memory.train.total_gib)
+    roomier = build_plan(compose_run("model=qwen3-4b", f"hardware.gpu_memory_gib={need}"))
+    assert memory_issues(roomier) == []

@@ -414,7 +414,7 @@ MISTAKES: list[Mistake] = [
         "model.rotary_base",
         "the model would not match its checkpoint",
         ("model.rotary_base=1000000",),
-        "rotary_base: 1000000.0",
+        "set model.rotary_base=1000000.0 on the command line",
     ),
     Mistake(
         "untied output weights for a checkpoint that ties them",
@@ -425,7 +425,7 @@ MISTAKES: list[Mistake] = [
         "model.tie_word_embeddings",
         "the model would not match its checkpoint",
         ("model.tie_word_embeddings=true",),
-        "tie_word_embeddings: true",
+        "set model.tie_word_embeddings=true on the command line",
     ),
     # ---- engines: memory and numerics -----------------------------------------------------
     Mistake(

@@ -378,3 +378,27 @@ def yaml_of(model: str) -> dict:
 
     root = Path(__file__).resolve().parents[3]
     return yaml.safe_load((root / "rlpost" / "conf" / "model" / f"{model}.yaml").read_text())
+
+
+def test_a_key_no_line_has_is_one_problem_of_the_setting_that_names_it(tmp_path: Path) -> None:
+    """A data key every line lacks is the setting's mistake, said once with the keys the
+    lines do have; a key some lines lack stays a problem of those lines."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import build_plan
+    from rlpost.plan.preflight import check_data
+
+    def issues(*overrides: str) -> list:
+        cfg = compose_run_config(list(overrides))[0]
+        return check_data(cfg, build_plan(cfg))
+
+    wrong = issues("recipe.data.input_key=question")
+    assert [(i.key, i.value) for i in wrong] == [("recipe.data.input_key", "question")] * 2
+    assert "has the key 'question' (keys there: label, prompt)" in wrong[0].message
+    assert "recipe.data.input_key to the key that holds the prompt" in wrong[0].fix
+    labels = issues("recipe.data.label_key=answer")
+    assert {i.key for i in labels} == {"recipe.data.label_key"}
+    assert issues("recipe.data.input_key=prompt") == []  # the key the fix names
+    some = tmp_path / "some.jsonl"
+    some.write_text('{"prompt": "1+1?", "label": "2"}\n{"question": "1+1?", "label": "2"}\n')
+    partly = issues(f"recipe.data.prompt_data={some}", "recipe.eval.interval=null")
+    assert [i.key for i in partly] == [f"{some}:2"]

@@ -67,3 +67,19 @@ def test_a_new_an_empty_or_a_claimed_folder_is_taken(tmp_path: Path) -> None:
     assert run_dir_issues(tmp_path) == []
     (tmp_path / LOCK_FILE).write_text("123\n")  # the launcher's claim on Hydra's job folder
     assert run_dir_issues(tmp_path) == []
+
+
+def test_a_resume_target_the_launch_would_refuse_is_refused_by_validation(
+    tmp_path: Path,
+) -> None:
+    hf_folder = Path(__file__).resolve().parents[3] / "rlpost" / "assets" / "qwen3-tiny"
+    unfinished = tmp_path / "old" / "ckpt" / "rollout_4"  # a save that wrote no manifest
+    unfinished.mkdir(parents=True)
+    for target, says in (
+        (hf_folder, f"{hf_folder} holds no complete checkpoint"),
+        (unfinished, "no manifest.json: the save did not finish"),
+    ):
+        (issue,) = run_dir_issues(tmp_path / "new", f"run.resume={target}")
+        assert issue.key == "run.resume" and issue.value == str(target)
+        assert issue.message.startswith("cannot resume from it:") and says in issue.message
+        assert "run.resume=auto" in issue.fix

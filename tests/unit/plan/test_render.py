@@ -131,3 +131,45 @@ def test_the_plan_decides_whether_a_groups_prompt_is_packed_once(
     assert plan.work.share_prompts is shared
     expected = "packed once per micro-batch" if shared else "packed with each of its samples"
     assert expected in render_plan(plan)
+
+
+def test_a_tiny_models_parameters_are_counted_in_millions(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math"))
+    millions = plan.memory.params_total / 1e6
+    assert 1 < millions < 1000
+    assert f"GiB; {millions:.2f}M parameters, {millions:.2f}M active)" in render_plan(plan)
+    large = render_plan(build_plan(run_config("qwen3-4b", "h100x8")))
+    assert "B parameters" in large and "0.00B" not in large
+
+
+def test_the_memory_prediction_says_it_leaves_out_the_overhead(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8"))
+    t = plan.memory.train
+    assert t.overhead_gib > 0
+    line = next(x for x in render_plan(plan).splitlines() if "perf/memory_vs_plan" in x)
+    assert (
+        f"{t.total_gib - t.overhead_gib:.2f} GiB per GPU (perf/memory_vs_plan): the memory "
+        f"table's {t.total_gib:.2f} less its {t.overhead_gib:.2f} of CUDA context and workspaces"
+    ) in line
+    cpu = render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
+    assert "(perf/memory_vs_plan)\n" in cpu  # no overhead on CPU: nothing to explain
+
+
+def test_a_cap_below_the_longest_sample_says_such_a_sample_trains_alone(run_config: Runs) -> None:
+    from rlpost.algo.packing import pack_micro_batches
+
+    plan = build_plan(
+        run_config("qwen3-tiny", "cpu", "grpo_tiny_math", recipe__train__max_tokens_per_gpu=1)
+    )
+    longest = plan.batch.longest_sample_tokens
+    row = next(x for x in render_plan(plan).splitlines() if "tokens per micro-batch" in x)
+    assert row.endswith(f" 1; a longer sample alone, up to {longest}")
+    # what the trainers do with such a cap: every sample whole, one micro-batch each
+    lengths = [longest, longest, 3]
+    assert pack_micro_batches(lengths, dynamic=True, max_tokens=1, micro_batch_size=1) == [
+        [0],
+        [1],
+        [2],
+    ]
+    roomy = render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
+    assert "a longer sample alone" not in roomy

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,3 +340,43 @@ def test_a_save_the_disk_refuses_leaves_the_previous_checkpoint_loadable(tmp_pat
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["rollout_3"]
     assert checkpoint.scan(tmp_path).latest == previous
     checkpoint.verify(previous)
+
+
+def test_a_run_dir_written_another_way_is_the_same_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs/exp2").mkdir(parents=True)
+    relative, absolute = "runs/exp2", str(tmp_path / "runs/exp2")
+    for saved_dir, resumed_dir in ((relative, absolute), (absolute, relative)):
+        shutil.rmtree(tmp_path / "runs/exp2/ckpt", ignore_errors=True)
+        cfg, plan = compose(Path(saved_dir))
+        save(Path(saved_dir), 2, cfg=cfg)
+        resumed, _ = compose(Path(resumed_dir), "run.resume=auto")
+        point = find_resume_point(resumed, plan, Path(resumed_dir))  # type: ignore[arg-type]
+        assert point is not None and point.changes == []
+        assert "fork" not in capsys.readouterr().out
+
+
+def test_only_paths_to_one_file_are_the_same_value(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    paths = {"run.dir", "model.hf_checkpoint"}
+    same = diff_configs(
+        {"run": {"dir": str(tmp_path / "a")}}, {"run": {"dir": f"{tmp_path}/b/../a"}}, paths
+    )
+    assert same == []
+    other = diff_configs(
+        {"run": {"dir": str(tmp_path / "a")}}, {"run": {"dir": str(tmp_path / "b")}}, paths
+    )
+    assert [c.key for c in other] == ["run.dir"]
+    hub = diff_configs(
+        {"model": {"hf_checkpoint": "Qwen/Qwen3-4B"}},
+        {"model": {"hf_checkpoint": "./Qwen/Qwen3-4B"}},
+        paths,
+    )
+    assert [c.key for c in hub] == ["model.hf_checkpoint"]  # neither exists: not known to be one
+    unlisted = diff_configs(
+        {"recipe": {"x": str(tmp_path / "a")}}, {"recipe": {"x": f"{tmp_path}/b/../a"}}, paths
+    )
+    assert [c.key for c in unlisted] == ["recipe.x"]
