@@ -34,8 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hf-checkpoint",
         metavar="PATH",
-        help="where runs read the checkpoint (default: DIR); ref_load (the KL's reference) "
-        "is the same folder",
+        help="where runs read the checkpoint (default: DIR)",
+    )
+    parser.add_argument(
+        "--ref-load",
+        metavar="PATH",
+        help="the KL's reference (default: the checkpoint itself, which both trainers read; "
+        "a torch_dist folder converted from it serves as well)",
     )
     parser.add_argument("--description", help="one line (default: drawn from the architecture)")
     add_output_arguments(parser, "model")
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     folder = source if source.is_dir() else source.parent
     name = check_name(args.name or folder.resolve().name.lower(), "model")
     checkpoint = args.hf_checkpoint or str(folder.resolve())
-    fields = model_fields(hf, name, checkpoint, args.description)
+    fields = model_fields(hf, name, checkpoint, args.description, ref_load=args.ref_load)
     text = render_model_yaml(fields, str(fields["hf_architecture"]))
     path = output_path(args.out, args.config_dir, "model", name)
     write_text(path, text, args.force)

@@ -346,13 +346,13 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
     return _present(facts)
 
 
-def checkpoint_paths(hf_checkpoint: str) -> dict[str, str]:
-    """The policy starts from the HF folder, and the KL's reference is that folder too: both
-    trainers read an HF folder as the reference, and a torch_dist one exists only once
-    converted (tools/convert_hf_to_megatron.py; point ref_load at it then). Runs write under
-    run.dir."""
+def checkpoint_paths(hf_checkpoint: str, ref_load: str | None = None) -> dict[str, str]:
+    """The policy starts from the HF folder, and the KL's reference is that folder too unless
+    given: both trainers read an HF folder as the reference, and a torch_dist one exists only
+    once converted (tools/convert_hf_to_megatron.py; name it then, as slime's scripts name
+    theirs). Runs write under run.dir."""
     base = hf_checkpoint.rstrip("/")
-    return {"hf_checkpoint": base, "ref_load": base}
+    return {"hf_checkpoint": base, "ref_load": (ref_load or base).rstrip("/")}
 
 
 def describe(facts: Mapping[str, Any], display: str) -> str:
@@ -383,7 +383,12 @@ def describe(facts: Mapping[str, Any], display: str) -> str:
 
 
 def model_fields(
-    hf: HFConfig, name: str, hf_checkpoint: str, description: str | None = None
+    hf: HFConfig,
+    name: str,
+    hf_checkpoint: str,
+    description: str | None = None,
+    *,
+    ref_load: str | None = None,
 ) -> dict[str, Any]:
     """The whole model YAML as a mapping, checked by the schema and against `hf` itself."""
     facts = architecture(hf)
@@ -392,7 +397,7 @@ def model_fields(
         "name": name,
         "description": text,
         **facts,
-        **checkpoint_paths(hf_checkpoint),
+        **checkpoint_paths(hf_checkpoint, ref_load),
     }
     cross_check(fields, hf)
     return fields

@@ -102,6 +102,8 @@ def test_the_shipped_model_is_the_commands_output(
         name,
         "--hf-checkpoint",
         checkpoint,
+        "--ref-load",  # the torch_dist reference slime's scripts convert to and name
+        f"{checkpoint}_torch_dist",
         "--out",
         "-",
     ]
