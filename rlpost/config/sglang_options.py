@@ -41,6 +41,12 @@ PLAN_OWNED: dict[str, tuple[str, str]] = {
         "set layout.rollout.gpus_per_engine instead",
     ),
     "node_rank": ("rlpost gives each node of a multi-node engine its rank", "remove it"),
+    "enable_memory_saver": (
+        "engine.offload decides it: engines that release their memory around training (the "
+        "colocated default) are started with it, whatever this says",
+        "remove it; set engine.offload (false keeps the engines' memory, and needs "
+        "layout.colocate: false on GPUs)",
+    ),
     "random_seed": (
         "each engine gets run.seed + its index, so that engines draw different samples; one "
         "seed for every engine gives them the same draws",

@@ -29,10 +29,7 @@ def longest_request_tokens(cfg: RunConfig) -> int:
     """Prompt + response of the longest rollout or evaluation request (an unset
     max_prompt_len counts as 0: the plan says so)."""
     recipe = cfg.recipe
-    eval_len = max(
-        [recipe.eval.max_response_len or 0]
-        + [d.max_response_len or 0 for d in recipe.eval.datasets]
-    )
+    eval_len = max([0] + [n for _, n in recipe.eval.response_lens()])
     return max(longest_sample_tokens(recipe), (recipe.data.max_prompt_len or 0) + eval_len)
 
 

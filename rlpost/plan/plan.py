@@ -287,13 +287,10 @@ def _notes(
                 "accuracy is measured on prompts the policy trains on, not held out"
             )
     rollout_len = cfg.recipe.rollout.max_response_len
-    eval_lens = [(f"recipe.eval.datasets.{i}.max_response_len", d.max_response_len)
-                 for i, d in enumerate(ev.datasets)] + [("recipe.eval.max_response_len",
-                                                          ev.max_response_len)]  # fmt: skip
-    for key, length in eval_lens:
-        if length is not None and length < rollout_len:
+    for key, length in ev.response_lens():
+        if length < rollout_len:
             notes.append(
-                f"{key}={length} is below recipe.rollout.max_response_len={rollout_len}: "
+                f"recipe.{key}={length} is below recipe.rollout.max_response_len={rollout_len}: "
                 "answers the policy finishes in training are cut off in evaluation, so its "
                 "accuracy understates the policy, the more as its responses grow"
             )

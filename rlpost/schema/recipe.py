@@ -822,6 +822,35 @@ class EvalConfig(Section):
     top_k: int | None = None
     skip_before_train: bool = False
 
+    def response_lens(self) -> list[tuple[str, int]]:
+        """The response lengths the evaluation sets run at, each with the key that sets it:
+        a set's own, else this section's (a set with neither runs at the rollout's, which
+        is not listed); this section's is listed only where a set takes it."""
+        found: dict[str, int] = {}
+        for i, dataset in enumerate(self.datasets):
+            if dataset.max_response_len:
+                found[f"eval.datasets.{i}.max_response_len"] = dataset.max_response_len
+            elif self.max_response_len:
+                found["eval.max_response_len"] = self.max_response_len
+        return list(found.items())
+
+    @model_validator(mode="after")
+    def check_set_defaults_are_read(self) -> EvalConfig:
+        """This section's n_samples_per_prompt and max_response_len are the sets' defaults:
+        when every set names its own, neither is read."""
+        if not self.datasets:
+            return self
+        for name in ("n_samples_per_prompt", "max_response_len"):
+            if all(getattr(d, name) is not None for d in self.datasets):
+                refuse_unused(
+                    self,
+                    name,
+                    why=f"every one of eval.datasets sets its own {name}, which it runs at",
+                    fix=f"remove eval.{name} (~recipe.eval.{name} on the command line), or "
+                    f"the sets' own to take it",
+                )
+        return self
+
     @model_validator(mode="after")
     def check_interval_has_datasets(self) -> EvalConfig:
         if self.interval is not None and not self.datasets:
@@ -1229,6 +1258,32 @@ class RecipeConfig(Section):
                             fix=f"remove '{stop}' from rollout.stop; the end-of-turn token "
                             "ends a response",
                         )
+        return self
+
+    @model_validator(mode="after")
+    def check_reward_model_batch_holds_a_group(self) -> RecipeConfig:
+        """A reward model call never splits a group, so a group larger than model_batch_size
+        goes out whole: the bound would not hold."""
+        reward = self.rollout.reward
+        if reward.type != "model":
+            return self
+        groups = [("rollout.n_samples_per_prompt", self.rollout.n_samples_per_prompt)]
+        groups += [
+            (f"eval.datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
+            if d.n_samples_per_prompt is not None
+            else ("eval.n_samples_per_prompt", self.eval.n_samples_per_prompt)
+            for i, d in enumerate(self.eval.datasets)
+        ]
+        key, largest = max(groups, key=lambda kv: kv[1])
+        if reward.model_batch_size < largest:
+            raise InvariantError(
+                f"rollout.reward.model_batch_size={reward.model_batch_size} is below {key}="
+                f"{largest}: a reward model call never splits a group, so each of those "
+                f"groups goes out as one call of {largest} samples, over the bound",
+                fields=("rollout.reward.model_batch_size",),
+                fix=f"set rollout.reward.model_batch_size: {largest} or more (a multiple of "
+                "the group size packs whole groups)",
+            )
         return self
 
     @model_validator(mode="after")

@@ -327,14 +327,13 @@ class RunConfig(Section):
     def check_context_fits(self) -> RunConfig:
         rollout, data = self.recipe.rollout, self.recipe.data
         longest = (data.max_prompt_len or 0) + rollout.max_response_len
-        eval_len = max(
-            [self.recipe.eval.max_response_len or 0]
-            + [d.max_response_len or 0 for d in self.recipe.eval.datasets]
-        )
         context = self.model.max_position_embeddings
         for key, length in (
             ("recipe.rollout.max_response_len", longest),
-            ("recipe.eval.max_response_len", (data.max_prompt_len or 0) + eval_len),
+            *(
+                (f"recipe.{key}", (data.max_prompt_len or 0) + eval_len)
+                for key, eval_len in self.recipe.eval.response_lens()
+            ),
         ):
             if length > context:
                 parts = request_parts(data.max_prompt_len, "response", "the response")
@@ -392,6 +391,14 @@ class RunConfig(Section):
                     fix=f"remove recipe.optim.{name}",
                     prefix="recipe.optim.",
                 )
+            refuse_unused(
+                self.layout.train.fsdp,
+                "cpu_offload",
+                why=f"hardware {self.hardware.name} is a CPU machine: the shards, gradients "
+                "and optimizer state already live in host memory",
+                fix="remove layout.train.fsdp.cpu_offload",
+                prefix="layout.train.fsdp.",
+            )
         return self
 
     @model_validator(mode="after")
@@ -432,8 +439,7 @@ class RunConfig(Section):
     def check_request_timeout_fits_a_response(self) -> RunConfig:
         recipe = self.recipe
         longest = max(
-            [recipe.rollout.max_response_len, recipe.eval.max_response_len or 0]
-            + [d.max_response_len or 0 for d in recipe.eval.datasets]
+            [recipe.rollout.max_response_len] + [n for _, n in recipe.eval.response_lens()]
         )
         fastest_s = longest / FASTEST_DECODE_TOKENS_PER_S
         timeout = self.engine.request_timeout_s

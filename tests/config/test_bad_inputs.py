@@ -224,6 +224,33 @@ CASES: list[Bad] = [
         "needs 2 policy turns for a sample that uses its environment to answer",
     ),
     Bad(
+        "reward model calls smaller than a group",
+        (
+            "recipe.rollout.reward.type=model",
+            "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
+            "recipe.rollout.reward.model_batch_size=4",
+        ),
+        "recipe.rollout.reward.model_batch_size",
+        "a reward model call never splits a group, so each of those groups goes out as one "
+        "call of 8 samples",
+    ),
+    Bad(
+        "FSDP2's CPU offload on a CPU machine",
+        ("layout.train.fsdp.cpu_offload=true",),
+        "layout.train.fsdp.cpu_offload",
+        "already live in host memory",
+    ),
+    Bad(
+        "an evaluation default every set overrides",
+        (
+            "recipe.eval.datasets=[{name: arith, path: ${asset:data/arith_eval.jsonl},"
+            " n_samples_per_prompt: 2, max_response_len: 16}]",
+            "recipe.eval.n_samples_per_prompt=4",
+        ),
+        "recipe.eval.n_samples_per_prompt",
+        "every one of eval.datasets sets its own n_samples_per_prompt",
+    ),
+    Bad(
         "math reward without labels",
         ("recipe.data.label_key=null",),
         "recipe.data.label_key",
@@ -461,6 +488,12 @@ CASES: list[Bad] = [
         (*GLM9, "++layout.rollout.sglang.cuda_graph_bs_decode=[1,0]"),
         "layout.rollout.sglang.cuda_graph_bs_decode",
         "0 is not",
+    ),
+    Bad(
+        "the engines' memory saver turned off where they release memory",
+        (*GLM9, "++layout.rollout.sglang.enable_memory_saver=false"),
+        "layout.rollout.sglang.enable_memory_saver",
+        "engine.offload decides it",
     ),
     Bad(
         "running requests zero",
