@@ -116,8 +116,9 @@ def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
         f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} GPU(s)",
         f"  batch    {batch.samples_per_rollout} samples per rollout, "
         f"{batch.steps_per_rollout} optimizer step(s) each, {batch.num_rollout} rollouts",
-        f"  memory   train peak {mem.train.total_gib:.1f} GiB, rollout peak "
-        f"{mem.rollout.total_gib:.1f} GiB, of {mem.gpu_gib:.1f} GiB per GPU",
+        "  memory   "
+        + (f"train peak {mem.train.total_gib:.1f} GiB" if plan.trains else "no training")
+        + f", rollout peak {mem.rollout.total_gib:.1f} GiB, of {mem.gpu_gib:.1f} GiB per GPU",
     ]
     lines += [f"  note     {note}" for note in plan.notes]
     return "\n".join(lines)

@@ -18,7 +18,7 @@ def memory_issues(plan: Plan) -> list[Issue]:
     """One Issue per part of the run (training, rollout, host) that does not fit."""
     m = plan.memory
     issues = []
-    if not m.train_fits:
+    if not m.train_fits and plan.trains:
         fix = (
             "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
             "lower recipe.train.max_tokens_per_gpu or offload the optimizer"
@@ -52,7 +52,7 @@ def memory_issues(plan: Plan) -> list[Issue]:
         issues.append(
             Issue("layout.rollout", _rollout_shortfall(plan), _rollout_fix(plan) + ANYWAY)
         )
-    if not m.host_fits:
+    if not m.host_fits and plan.trains:  # what it holds is the trainers' (offload, reference)
         issues.append(
             Issue(
                 "hardware.host_memory_gib",
@@ -119,7 +119,7 @@ def timeout_issues(cfg: RunConfig, plan: Plan) -> list[Issue]:
     included: one the cost model predicts near or past it would fail the run after its first
     rollout. GPU profiles only (on CPU the figures are nominal)."""
     timeout, train_s = cfg.trainer.collective_timeout_s, plan.prediction.train_s
-    if plan.hardware_kind != "gpu" or train_s * TIMEOUT_HEADROOM <= timeout:
+    if not plan.trains or plan.hardware_kind != "gpu" or train_s * TIMEOUT_HEADROOM <= timeout:
         return []
     enough = math.ceil(train_s * 3 / 60) * 60
     return [

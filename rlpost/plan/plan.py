@@ -28,7 +28,7 @@ from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.prediction import TrainPrediction, predict_train
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
-from rlpost.plan.work import TrainWork, plan_work
+from rlpost.plan.work import TrainWork, evaluates_served_weights, plan_work
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
 
 if TYPE_CHECKING:
@@ -62,6 +62,9 @@ class Plan:
     notes: tuple[str, ...]
     # layout=auto: the search that chose this layout (rlpost.plan.search.LayoutSearch)
     search: LayoutSearch | None = None
+    # False for mode=eval of model.hf_checkpoint's own weights: no train rank starts, so the
+    # training side is shown but neither checked nor held to the hardware
+    trains: bool = True
 
     def is_derived(self, key: str) -> bool:
         return key in self.derived
@@ -348,6 +351,14 @@ def _reward_notes(reward: RewardConfig) -> list[str]:
     ]
 
 
+TRAIN_LAYOUT = "layout.train"
+NO_TRAINING_NOTE = (
+    "mode=eval of model.hf_checkpoint's own weights starts no train rank: the training side "
+    "of this plan (layout.train, its memory and time) is shown as the layout states it, and "
+    "neither checked nor held to the hardware"
+)
+
+
 def build_plan(cfg: RunConfig) -> Plan:
     """Resolve the layout, check every rule, then place, batch and size the run.
 
@@ -356,7 +367,9 @@ def build_plan(cfg: RunConfig) -> Plan:
     counted = as_computed(cfg)  # what the figures count (float32 on CPU)
     res = resolve_layout(counted)
     ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
-    issues = list(res.issues) + run_checks(ctx)
+    trains = not evaluates_served_weights(cfg)
+    issues = [i for i in res.issues if trains or not i.key.startswith(TRAIN_LAYOUT)]
+    issues += run_checks(ctx, skip=frozenset() if trains else frozenset({"train"}))
     if issues:
         raise UserError(issues, title="planning error")
     sizes, par, engine = res.sizes, res.parallel, res.engine
@@ -393,7 +406,9 @@ def build_plan(cfg: RunConfig) -> Plan:
         prediction=predict_train(counted, par, batch, work, memory.train, sizes.train_gpus),
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
-        notes=_notes(cfg, (par, batch, engine, memory), runtime.loop),
+        notes=_notes(cfg, (par, batch, engine, memory), runtime.loop)
+        + (() if trains else (NO_TRAINING_NOTE,)),
+        trains=trains,
     )
 
 

@@ -424,7 +424,11 @@ def render_memory(plan: Plan) -> str:
             train_rows,
             f"Memory (GPU {m.gpu_gib} GiB; {param_count(m.params_total)} parameters, "
             f"{param_count(m.params_active)} active)\ntraining, stage {t.stage}: "
-            f"{_verdict(m.train_fits, m.train_margin_gib)}",
+            + (
+                _verdict(m.train_fits, m.train_margin_gib)
+                if plan.trains
+                else "not run (mode=eval of model.hf_checkpoint's weights: no train rank)"
+            ),
         ),
         render_table(
             ["rollout, per engine GPU", "GiB"],
@@ -437,7 +441,8 @@ def render_memory(plan: Plan) -> str:
             f"host ({h.host_gib} GiB): {_verdict(m.host_fits, m.host_margin_gib)}",
         ),
     ]
-    verdict = "the run fits" if m.fits else "the run DOES NOT FIT"
+    fits = m.fits if plan.trains else m.rollout_fits
+    verdict = "the run fits" if fits else "the run DOES NOT FIT"
     return "\n\n".join(parts) + f"\n\nVerdict: {verdict}"
 
 

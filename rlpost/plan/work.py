@@ -24,6 +24,7 @@ The trainers and the loop read `Plan.work` and decide none of this themselves.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from rlpost.plan.backends import PROMPT_SHARING, resolve_trainer_backend
@@ -93,3 +94,22 @@ def plan_work(cfg: RunConfig, par: ParallelLayout, batch: BatchPlan) -> TrainWor
         share_prompts=resolve_trainer_backend(cfg, par) in PROMPT_SHARING
         and cfg.recipe.rollout.n_samples_per_prompt > 1,
     )
+
+
+def starts_elsewhere(cfg: RunConfig) -> bool:
+    """The policy starts from other weights than the ones the engines load at their start
+    (model.load): the first rollout and the evaluation before training must not be
+    sampled from the HF folder's."""
+    load, served = cfg.model.load, cfg.model.hf_checkpoint
+    return load is not None and _real(load) != _real(served)
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def evaluates_served_weights(cfg: RunConfig) -> bool:
+    """mode=eval of model.hf_checkpoint's own weights (no run.resume, no other model.load):
+    the engines load them as they start, and no train rank is needed to hand them over, so
+    the run neither starts train ranks nor needs room for training."""
+    return cfg.mode == "eval" and cfg.run.resume is None and not starts_elsewhere(cfg)

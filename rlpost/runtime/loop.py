@@ -23,6 +23,7 @@ import rlpost
 from rlpost.data.source import DataSource
 from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, GENERATE_FUNCTION, load_hook
 from rlpost.plan import Plan
+from rlpost.plan.work import starts_elsewhere
 from rlpost.rewards import RewardError, compute_rewards
 from rlpost.rewards.model import RewardBatcher, build_reward_model, score
 from rlpost.runtime import checkpoint
@@ -43,7 +44,7 @@ from rlpost.runtime.run_state import (
     write_driver_state,
 )
 from rlpost.runtime.rundir import config_dict, config_yaml, provenance
-from rlpost.runtime.session import Session, starts_elsewhere
+from rlpost.runtime.session import Session
 from rlpost.runtime.stop import Stopped, StopRequested, StopSignal
 from rlpost.runtime.train_data import accounting, rollout_metrics, to_train_samples
 from rlpost.schema import RunConfig

@@ -32,6 +32,7 @@ from rlpost.backends.sglang.launch import engine_backend, engine_specs
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.plan.prediction import RANK_PEAK_METRICS
+from rlpost.plan.work import evaluates_served_weights
 from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
@@ -73,24 +74,6 @@ LOOPBACK_IFNAME = "lo"
 # With engine.fault_tolerance, a weight update that an engine's death interrupted is sent
 # again (after the engine's restart) this many times in all.
 PUSH_ATTEMPTS = 3
-
-
-def starts_elsewhere(cfg: RunConfig) -> bool:
-    """The policy starts from other weights than the ones the engines load at their start
-    (model.load): the first rollout and the evaluation before training must not be
-    sampled from the HF folder's."""
-    load, served = cfg.model.load, cfg.model.hf_checkpoint
-    return load is not None and _real(load) != _real(served)
-
-
-def _real(path: str) -> str:
-    return os.path.realpath(os.path.expanduser(path))
-
-
-def evaluates_served_weights(cfg: RunConfig) -> bool:
-    """mode=eval of model.hf_checkpoint's own weights (no run.resume, no other model.load):
-    the engines load them as they start, and no train rank is needed to hand them over."""
-    return cfg.mode == "eval" and cfg.run.resume is None and not starts_elsewhere(cfg)
 
 
 def _since(start: float) -> str:

@@ -272,6 +272,34 @@ def test_a_decay_that_ends_before_the_run_is_noted_with_where(run_config: Runs) 
     assert note(recipe__optim__lr_decay_steps=3000, **decay) is None  # the whole run
 
 
+def test_an_evaluation_that_starts_no_trainer_is_not_held_to_training(run_config: Runs) -> None:
+    """mode=eval of model.hf_checkpoint's own weights starts no train rank: qwen3-8b's
+    training (147 GiB a GPU) does not fit one H100, and its evaluation there plans with the
+    training side shown, unchecked and noted. Training, or an evaluation whose train ranks
+    hand the engines other weights (model.load), is still refused."""
+    from rlpost.plan.fit import memory_issues, timeout_issues
+    from rlpost.plan.plan import NO_TRAINING_NOTE
+    from rlpost.plan.render import render_memory
+
+    plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval"))
+    assert not plan.trains and NO_TRAINING_NOTE in plan.notes
+    assert not plan.memory.train_fits and plan.memory.rollout_fits
+    assert memory_issues(plan) == []
+    assert timeout_issues(run_config("qwen3-8b", "h100x1", mode="eval"), plan) == []
+    shown = render_memory(plan)
+    assert "not run (mode=eval of model.hf_checkpoint's weights" in shown
+    assert "Verdict: the run fits" in shown
+    for refused in (
+        run_config("qwen3-8b", "h100x1"),
+        run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/qwen3-8b-step100"),
+    ):
+        with pytest.raises(UserError) as caught:
+            build_plan(refused)
+        assert [i.key for i in caught.value.issues] == ["layout.train.tp"]
+    assert build_plan(run_config("qwen3-4b", "h100x8", mode="eval")).trains is False
+    assert build_plan(run_config("qwen3-4b", "h100x8")).trains is True
+
+
 def test_checkpoints_without_optimizer_state_are_noted(run_config: Runs) -> None:
     """Weights-only checkpoints (slime's --no-save-optim) resume with Adam's moments at zero:
     the plan says so, naming the restarts that would meet it."""

@@ -87,7 +87,7 @@ def test_a_turn_end_the_engines_would_not_stop_at_is_refused_before_any_actor(
 def test_only_an_evaluation_of_the_engines_own_weights_runs_without_train_ranks() -> None:
     """The engines load model.hf_checkpoint as they start: evaluating it needs no train rank;
     other weights (model.load, a checkpoint) reach the engines through the trainers."""
-    from rlpost.runtime.session import evaluates_served_weights
+    from rlpost.plan.work import evaluates_served_weights
 
     def evaluation(*overrides: str) -> bool:
         cfg, _ = compose_run_config(["mode=eval", *overrides])
