@@ -189,17 +189,7 @@ def check_thinking_reward(cfg: RunConfig) -> list[Issue]:
     """deepscaler grades only the text after `</think>` and pays 0 without one: a model
     whose tokenizer and chat templates never name `</think>` (no such token, no thinking
     block) never writes one, and every sample it is graded on would score 0."""
-    recipe = cfg.recipe
-    graders: list[tuple[str, str | None]] = [
-        ("recipe.rollout.reward.type", recipe.rollout.reward.type)
-    ]
-    graders += [
-        (f"recipe.eval.datasets.{i}.reward_type", d.reward_type)
-        for i, d in enumerate(recipe.eval.datasets)
-    ]
-    keys = [key for key, kind in graders if kind == "deepscaler"]
-    if recipe.rollout.reward.custom_function and keys[:1] == ["recipe.rollout.reward.type"]:
-        keys = keys[1:]  # the custom function scores in its place
+    keys = [f"recipe.{key}" for key, kind in cfg.recipe.rule_graders() if kind == "deepscaler"]
     if not keys:
         return []
     folder = Path(cfg.model.hf_checkpoint).expanduser()

@@ -1332,16 +1332,14 @@ class RecipeConfig(Section):
         function scores in its place; an evaluation set's reward_type grades its every line."""
         if self.data.apply_chat_template_kwargs.get("enable_thinking") is not False:
             return self
-        reward = self.rollout.reward
-        graders: list[tuple[str, str | None, str]] = []
-        if not reward.custom_function:
-            graders.append(("rollout.reward.type", reward.type, "no group has a signal"))
-        graders += [
-            (f"eval.datasets.{i}.reward_type", d.reward_type, f"the {d.name} accuracy reads 0")
-            for i, d in enumerate(self.eval.datasets)
-        ]
-        for field, kind, so in graders:
+        names = {f"eval.datasets.{i}.reward_type": d.name for i, d in enumerate(self.eval.datasets)}
+        for field, kind in self.rule_graders():
             if kind == "deepscaler":
+                so = (
+                    f"the {names[field]} accuracy reads 0"
+                    if field in names
+                    else "no group has a signal"
+                )
                 raise InvariantError(
                     f"{field}=deepscaler grades only the text after the response's last "
                     "</think>, and data.apply_chat_template_kwargs.enable_thinking=false "
