@@ -19,6 +19,7 @@ import yaml
 
 from rlpost.plan.table import render_table
 from rlpost.runtime.config_changes import Change, diff_configs
+from rlpost.runtime.rundir import config_as_today
 from rlpost.schema import RunConfig
 from rlpost.schema.base import local_path_keys
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"config_diff: {exc}", file=sys.stderr)
         return 2
+    a, b = config_as_today(a), config_as_today(b)  # written by other versions: alike
     changes = diff_configs(a, b, frozenset(local_path_keys(RunConfig)))
     if not changes:
         print("the resolved configs are the same")

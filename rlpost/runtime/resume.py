@@ -30,7 +30,7 @@ from rlpost.runtime.config_changes import (
 )
 from rlpost.runtime.progress import status
 from rlpost.runtime.run_state import CONFIG_FILE, TRAINER_DIR, LoopState, read_loop_state
-from rlpost.runtime.rundir import config_dict
+from rlpost.runtime.rundir import config_as_today, config_dict
 from rlpost.schema import RunConfig
 from rlpost.schema.base import local_path_keys
 
@@ -68,7 +68,7 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     if path is None:
         return None
     state = read_loop_state(path)
-    saved = yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    saved = config_as_today(yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8")))
     changes = diff_configs(saved, config_dict(cfg), PATH_KEYS)  # both redacted alike
     if cfg.mode == "eval":  # only the weights are read: the prompt order does not matter
         changes = [c for c in changes if c.key != DATA_SEED]

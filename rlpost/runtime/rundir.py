@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]
+from pydantic import ValidationError
 
 from rlpost.runtime.checkpoint import CKPT_DIR
 from rlpost.runtime.redact import redact
@@ -134,6 +135,17 @@ def config_dict(cfg: RunConfig) -> dict[str, Any]:
     """The resolved config as plain data, secrets redacted (what a run writes of it)."""
     data: dict[str, Any] = redact(cfg.model_dump(mode="json"))
     return data
+
+
+def config_as_today(data: dict[str, Any]) -> dict[str, Any]:
+    """A config another rlpost version wrote, as this version reads it: fields added since
+    (at the top or in a list's items, such as an evaluation dataset's) take their defaults, so
+    a comparison shows what the run set, not what the schema grew. Data this version's schema
+    refuses is returned as written."""
+    try:
+        return config_dict(RunConfig.model_validate(data))
+    except ValidationError:
+        return data
 
 
 def config_yaml(cfg: RunConfig) -> str:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
@@ -32,14 +33,20 @@ from rlpost.runtime.run_state import (
     read_loop_state,
     write_driver_state,
 )
-from rlpost.runtime.rundir import config_yaml
+from rlpost.runtime.rundir import config_dict, config_yaml
 from rlpost.schema import RunConfig
 from rlpost.types import Sample
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = None) -> Path:
+def save(
+    run_dir: Path,
+    done: int,
+    keep_last: int = 10,
+    cfg: RunConfig | None = None,
+    config_text: str | None = None,
+) -> Path:
     """A checkpoint through the real writer; the trainer file is a stand-in payload."""
     staging = checkpoint.start_save(run_dir, done)
     state = LoopState(rollouts_done=done, data={"epoch": 0, "offset": done, "seed": 42})
@@ -47,6 +54,7 @@ def save(run_dir: Path, done: int, keep_last: int = 10, cfg: RunConfig | None = 
     queued = [[Sample(group_index=done + 1, index=0, prompt="q", prompt_ids=[3])]]
     generating = [[Sample(group_index=done + 2, index=0, prompt="r", prompt_ids=[4])]]
     yaml_text = config_yaml(cfg) if cfg is not None else "model: {}\n"
+    yaml_text = config_text if config_text is not None else yaml_text
     groups = SavedGroups(buffer, queued, generating)
     write_driver_state(staging, state, groups, yaml_text, "{}\n")
     checkpoint.write_synced(staging / "trainer" / "rank_0.pt", os.urandom(4096))
@@ -380,3 +388,24 @@ def test_only_paths_to_one_file_are_the_same_value(tmp_path: Path) -> None:
         {"recipe": {"x": str(tmp_path / "a")}}, {"recipe": {"x": f"{tmp_path}/b/../a"}}, paths
     )
     assert [c.key for c in unlisted] == ["recipe.x"]
+
+
+def test_fields_an_older_version_did_not_write_are_not_changes_on_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint written before the schema grew a field (at the top, or in a list's items
+    such as an evaluation dataset's) resumes with no change reported; a real change still is."""
+    cfg, plan = compose(tmp_path, "run.resume=auto")
+    older = config_dict(cfg)
+    assert older["recipe"]["eval"]["datasets"], "the default recipe evaluates a dataset"
+    del older["recipe"]["eval"]["datasets"][0]["max_response_len"]
+    del older["recipe"]["optim"]["min_lr"]
+    save(tmp_path, 2, config_text=yaml.safe_dump(older, sort_keys=False))
+    point = find_resume_point(cfg, plan, tmp_path)  # type: ignore[arg-type]
+    assert point is not None and point.changes == []
+
+    older["recipe"]["optim"]["lr"] = cfg.recipe.optim.lr * 2
+    shutil.rmtree(tmp_path / "ckpt")
+    save(tmp_path, 2, config_text=yaml.safe_dump(older, sort_keys=False))
+    point = find_resume_point(cfg, plan, tmp_path)  # type: ignore[arg-type]
+    assert point is not None and [c.key for c in point.changes] == ["recipe.optim.lr"]
