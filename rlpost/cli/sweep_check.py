@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
 from rlpost.config.overrides import LaunchArgs, main_dir, parse_argv, search_roots
 from rlpost.config.resolvers import register_resolvers
-from rlpost.config.sources import ConfigRoot, defer_source_map
+from rlpost.config.sources import ConfigRoot, SourceMap, defer_source_map
 from rlpost.errors import Issue, UserError
 from rlpost.schema.run import LAUNCH_MODES
 
@@ -33,6 +33,17 @@ if TYPE_CHECKING:
 class SweepJob:
     num: int
     overrides: list[str]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A job that would start: its composed config (Hydra's node included), where it writes,
+    the wandb run it resumes by id, and the places they were set."""
+
+    full: DictConfig
+    run_dir: str | None
+    wandb_run_id: str | None
+    sources: SourceMap
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[SweepJob]:
@@ -80,8 +91,8 @@ def check_job(
     job: SweepJob,
     roots: list[ConfigRoot],
     first: DictConfig | None = None,
-) -> DictConfig:
-    """UserError when this job would be refused as it starts; else its composed config."""
+) -> Checked:
+    """UserError when this job would be refused as it starts; else what it would do."""
     from hydra.errors import HydraException
 
     from rlpost.cli.launch import located, plan_run
@@ -102,12 +113,57 @@ def check_job(
             # the job's own folder, as run_job names it; claimed only when the job starts
             cfg.run.dir = str(full.hydra.runtime.output_dir)
     run, plan = plan_run(load_run_config(cfg, sources), sources)
-    if run.mode in LAUNCH_MODES:
-        from rlpost.plan.preflight import preflight
+    if run.mode not in LAUNCH_MODES:
+        return Checked(full, None, None, sources)
+    from rlpost.plan.preflight import preflight
 
-        with located(sources):
-            preflight(run, plan)
-    return full
+    with located(sources):
+        preflight(run, plan)
+    wandb = run.tracking.wandb
+    run_dir = os.path.abspath(os.path.expanduser(run.run.dir)) if run.run.dir else None
+    return Checked(full, run_dir, wandb.run_id if wandb.enabled else None, sources)
+
+
+# What a sweep's jobs must not share: the key, the Checked field holding its value, why, the fix.
+ONE_PER_JOB = (
+    (
+        "run.dir",
+        "run_dir",
+        "each job would train in this one directory: the second would find the first's "
+        "checkpoints and be refused once the first had trained",
+        "leave run.dir unset (each job gets a folder of its own under runs/multirun), or give "
+        "each job its own: run.dir=<folder>/${hydra:job.num}",
+    ),
+    (
+        "tracking.wandb.run_id",
+        "wandb_run_id",
+        "each job would resume this one wandb run and log from step 0, and wandb drops every "
+        "step below the last one logged, so the later jobs' curves are lost",
+        "leave tracking.wandb.run_id unset (wandb gives each job a run of its own; "
+        "tracking.wandb.group gathers them), or give each job its own: "
+        "tracking.wandb.run_id=<id>-${hydra:job.num}",
+    ),
+)
+
+
+def shared_by_jobs(jobs: Sequence[tuple[SweepJob, Checked]], shared: set[str]) -> list[Issue]:
+    """Jobs that would write one run directory or log to one wandb run, wherever the value
+    was set (a config file, an experiment, the command line)."""
+    issues = []
+    for key, field, why, fix in ONE_PER_JOB:
+        by_value: dict[str, list[tuple[SweepJob, Checked]]] = {}
+        for job, checked in jobs:
+            if (value := getattr(checked, field)) is not None:
+                by_value.setdefault(value, []).append((job, checked))
+        for value, same in by_value.items():
+            if len(same) < 2:
+                continue
+            names = ", ".join(f"job {job.num} ({_label(job, shared)})" for job, _ in same)
+            location = same[0][1].sources.locate(key)
+            issues.append(
+                Issue(key, f"{names} share this value: {why}", fix, value=value, location=location)
+            )
+    return issues
 
 
 def _label(job: SweepJob, shared: set[str]) -> str:
@@ -136,17 +192,24 @@ def check_sweep(argv: Sequence[str]) -> None:
     with hydra_session(args.config_dir, main_dir(args.config_path)):
         loader = GlobalHydra.instance().config_loader()
         first = None
+        started: list[tuple[SweepJob, Checked]] = []
         for job in jobs:
             try:
-                composed = check_job(loader, config_name, job, roots, first)
-                first = composed if first is None else first
+                checked = check_job(loader, config_name, job, roots, first)
+                first = checked.full if first is None else first
+                started.append((job, checked))
             except UserError as exc:
                 for issue in exc.issues:  # one entry per problem, with the jobs it refuses
                     refused.setdefault(issue.render(), (issue, []))[1].append(job)
+        for issue in shared_by_jobs(started, shared):  # located while Hydra's search path holds
+            refused[issue.render()] = (issue, [])
     if not refused:
         return
     issues = []
     for issue, bad in refused.values():
+        if not bad:  # a problem between jobs, which names them
+            issues.append(issue)
+            continue
         if len(bad) == len(jobs) and len(jobs) > 1:
             where = f"every job of the sweep ({len(jobs)})"
         else:

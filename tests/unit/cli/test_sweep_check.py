@@ -62,3 +62,41 @@ def test_a_training_jobs_preflight_is_checked_too(tmp_path: Path) -> None:
         check_sweep(argv)
     assert [i.key for i in caught.value.issues] == [data, data]
     assert [i.message.split(" (")[0] for i in caught.value.issues] == ["in job 0", "in job 1"]
+
+
+def test_jobs_that_share_a_run_dir_or_wandb_run_set_in_a_file_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line's literal run.dir and run_id are refused as the argv is read; these
+    come from an experiment file, and only the composed jobs show that they are one value."""
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "fixed.yaml").write_text(
+        "# @package _global_\n"
+        "run:\n  dir: runs/fixed\n"
+        "tracking:\n  wandb:\n    enabled: true\n    run_id: fixed-run\n"
+    )
+    argv = prepare_argv(
+        ["-m", f"--config-dir={conf}", "+experiment=fixed", "recipe.optim.lr=1e-5,2e-5"]
+    )
+    with pytest.raises(UserError) as caught:
+        check_sweep(argv)
+    issues = {i.key: i for i in caught.value.issues}
+    assert set(issues) == {"run.dir", "tracking.wandb.run_id"}
+    assert issues["run.dir"].value == str(tmp_path / "runs/fixed")
+    assert issues["tracking.wandb.run_id"].value == "fixed-run"
+    for issue in issues.values():
+        assert issue.message.startswith(
+            "job 0 (recipe.optim.lr=1e-05), job 1 (recipe.optim.lr=2e-05) share this value:"
+        )
+        assert "${hydra:job.num}" in issue.fix
+        assert "fixed.yaml" in issue.render()
+
+    own = ["-m", f"--config-dir={conf}", "+experiment=fixed", "recipe.optim.lr=1e-5,2e-5"]
+    check_sweep(
+        prepare_argv(
+            [*own, "run.dir=runs/r${hydra:job.num}", "tracking.wandb.run_id=r${hydra:job.num}"]
+        )
+    )
+    assert list(tmp_path.iterdir()) == [conf]
