@@ -35,15 +35,13 @@ class EvalReport:
 
 def eval_response_len(recipe: RecipeConfig, index: int) -> tuple[str, int]:
     """The response length of recipe.eval.datasets[index]'s requests, and the key that sets
-    it: the dataset's own, else the eval section's, else the rollout's."""
-    ev, at = recipe.eval, f"recipe.eval.datasets.{index}.max_response_len"
-    for key, value in (
-        (at, ev.datasets[index].max_response_len),
-        ("recipe.eval.max_response_len", ev.max_response_len),
-    ):
-        if value:
-            return key, value
-    return "recipe.rollout.max_response_len", recipe.rollout.max_response_len
+    it: the dataset's own, else the eval section's (EvalConfig.response_len), else the
+    rollout's."""
+    found = recipe.eval.response_len(index)
+    if found is None:
+        return "recipe.rollout.max_response_len", recipe.rollout.max_response_len
+    key, value = found
+    return f"recipe.{key}", value
 
 
 def load_eval_sets(

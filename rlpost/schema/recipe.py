@@ -822,17 +822,21 @@ class EvalConfig(Section):
     top_k: int | None = None
     skip_before_train: bool = False
 
+    def response_len(self, index: int) -> tuple[str, int] | None:
+        """datasets[index]'s response length, with the key (below recipe) that sets it: the
+        set's own, else this section's; None where the set runs at the rollout's."""
+        own = self.datasets[index].max_response_len
+        if own:
+            return f"eval.datasets.{index}.max_response_len", own
+        if self.max_response_len:
+            return "eval.max_response_len", self.max_response_len
+        return None
+
     def response_lens(self) -> list[tuple[str, int]]:
-        """The response lengths the evaluation sets run at, each with the key that sets it:
-        a set's own, else this section's (a set with neither runs at the rollout's, which
-        is not listed); this section's is listed only where a set takes it."""
-        found: dict[str, int] = {}
-        for i, dataset in enumerate(self.datasets):
-            if dataset.max_response_len:
-                found[f"eval.datasets.{i}.max_response_len"] = dataset.max_response_len
-            elif self.max_response_len:
-                found["eval.max_response_len"] = self.max_response_len
-        return list(found.items())
+        """The response lengths the evaluation sets run at, each with the key that sets it
+        (`response_len`); sets at the rollout's are not listed, and this section's only once."""
+        found = (self.response_len(i) for i in range(len(self.datasets)))
+        return list(dict(f for f in found if f is not None).items())
 
     @model_validator(mode="after")
     def check_set_defaults_are_read(self) -> EvalConfig:

@@ -345,3 +345,51 @@ def test_a_source_class_is_told_shuffle_and_max_prompt_len(
     data = DataSource.from_config(config, chat_tokenizer, n_samples_per_prompt=2)
     ctx = data.source.ctx  # type: ignore[attr-defined]
     assert (ctx.shuffle, ctx.max_prompt_len, data.max_prompt_len) == (True, 64, 64)
+
+
+def test_an_eval_sets_response_length_is_its_own_else_the_sections_else_the_rollouts(
+    tmp_path: Path,
+) -> None:
+    """One precedence for the requests (eval_response_len) and the plan (response_lens)."""
+    from rlpost.runtime.evaluation import eval_response_len
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "q", "label": "a"}\n')
+    sets = [
+        {"name": "own", "path": str(tmp_path / "p.jsonl"), "max_response_len": 32},
+        {"name": "other", "path": str(tmp_path / "p.jsonl")},
+    ]
+
+    def recipe(**eval_section: object) -> RecipeConfig:
+        return RecipeConfig.model_validate(
+            {
+                "name": "lens",
+                "data": {
+                    "prompt_data": str(tmp_path / "p.jsonl"),
+                    "input_key": "prompt",
+                    "label_key": "label",
+                },
+                "rollout": {
+                    "num_rollout": 1,
+                    "batch_size": 1,
+                    "n_samples_per_prompt": 2,
+                    "max_response_len": 8,
+                },
+                "train": {"global_batch_size": 2},
+                "eval": {"interval": 1, "datasets": sets, **eval_section},
+            }
+        )
+
+    with_section, without = recipe(max_response_len=16), recipe()
+    assert [eval_response_len(with_section, i) for i in (0, 1)] == [
+        ("recipe.eval.datasets.0.max_response_len", 32),
+        ("recipe.eval.max_response_len", 16),
+    ]
+    assert [eval_response_len(without, i) for i in (0, 1)] == [
+        ("recipe.eval.datasets.0.max_response_len", 32),
+        ("recipe.rollout.max_response_len", 8),
+    ]
+    assert with_section.eval.response_lens() == [
+        ("eval.datasets.0.max_response_len", 32),
+        ("eval.max_response_len", 16),
+    ]
+    assert without.eval.response_lens() == [("eval.datasets.0.max_response_len", 32)]
