@@ -11,7 +11,8 @@ node has registered, and launches the run on the head with the same overrides; i
 SIGTERM ahead of the time limit for itself alone and hands it to the launch, which saves and
 stops while Ray still runs (at the limit Slurm signals every step at once). The RayJob
 has a head group and a worker group sized from the hardware profile, the launch as its
-entrypoint, and the run directory on a volume every pod mounts.
+entrypoint, the run directory on a volume every pod mounts, and preStop hooks that let the
+launch save before a deletion stops Ray.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlpost.cli.target import Target, add_target_arguments, target_from_args
 from rlpost.errors import Issue, UserError
+from rlpost.runtime.rundir import LOCK_FILE
 from rlpost.schema import RunConfig
 
 if TYPE_CHECKING:
@@ -364,10 +366,52 @@ def _container(
     return container
 
 
-def _pod(cfg: RunConfig, args: argparse.Namespace, name: str, size: PodSize) -> dict[str, Any]:
+# Deleting a RayJob (or its cluster) signals every pod at once: the Ray workers would go while
+# the launch saves. Kubernetes runs a container's preStop hook before it sends SIGTERM, and
+# gives hook and stop terminationGracePeriodSeconds together. The head's hook hands SIGTERM to
+# the launch (the pid its run directory's lock names, when that process is the launch) and
+# waits until it has saved and ended; each worker's waits while the head's Ray still answers
+# (KubeRay sets FQ_RAY_IP and RAY_PORT in worker pods), so the workers stay until the head goes.
+HEAD_PRE_STOP = """\
+pid=""; read -r pid < {lock} 2> /dev/null || true
+case "$pid" in "" | *[!0-9]*) exit 0 ;; esac
+grep -qa launch.py "/proc/$pid/cmdline" 2> /dev/null || exit 0  # not the launch: a stale lock
+kill -TERM "$pid" 2> /dev/null || exit 0
+end=$((SECONDS + {lead}))
+while kill -0 "$pid" 2> /dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 1; done
+"""
+WORKER_PRE_STOP = """\
+end=$((SECONDS + {lead}))
+while [ "$SECONDS" -lt "$end" ] && (: <> "/dev/tcp/$FQ_RAY_IP/${{RAY_PORT:-{port}}}") 2> /dev/null
+do sleep 2; done
+"""
+RAY_STOP_S = 30  # after the hook: Ray's own stop, within the grace period
+
+
+def pre_stop_script(role: str, lead_s: int, run_dir: str) -> str:
+    """The bash a `role` ('ray-head' or 'ray-worker') pod runs before its SIGTERM."""
+    if role == "ray-head":
+        return HEAD_PRE_STOP.format(lock=shlex.quote(f"{run_dir}/{LOCK_FILE}"), lead=lead_s)
+    return WORKER_PRE_STOP.format(lead=lead_s + RAY_STOP_S, port=RAY_PORT)
+
+
+def _pod(
+    cfg: RunConfig,
+    args: argparse.Namespace,
+    name: str,
+    size: PodSize,
+    lead_s: int = MIN_STOP_LEAD_S,
+    run_dir: str = "",
+) -> dict[str, Any]:
+    container = _container(cfg, args, name, size)
+    script = pre_stop_script(name, lead_s, run_dir)
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/bash", "-c", script]}}}
+    # a worker waits for the head's hook and the head's Ray to stop, then stops itself
+    grace = lead_s + RAY_STOP_S * (1 if name == "ray-head" else 2)
     return {
         "spec": {
-            "containers": [_container(cfg, args, name, size)],
+            "terminationGracePeriodSeconds": grace,
+            "containers": [container],
             "volumes": [
                 {"name": "runs", "persistentVolumeClaim": {"claimName": args.pvc}}
                 if args.pvc
@@ -397,12 +441,27 @@ def render_rayjob(
         "run.ray_address=auto"
     )
     workers = hw.num_nodes - 1
+    lead = stop_lead_s(plan.prediction.train_s, getattr(args, "stop_lead", None))
+    if lead <= 0:
+        raise UserError(
+            [
+                Issue(
+                    "--stop-lead",
+                    "is how long a deleted or preempted head pod gives the launch to save "
+                    "before Kubernetes stops it: at 0 or below nothing is saved",
+                    f"give a positive number of seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), "
+                    "or leave it out for the plan's training time per rollout plus 5 minutes",
+                    value=lead,
+                )
+            ],
+            title="command-line error",
+        )
     cluster: dict[str, Any] = {
         "rayVersion": version("ray"),
         "headGroupSpec": {
             # The dashboard takes the job submission; it listens on the pod's network only.
             "rayStartParams": {**_start_params(cfg, size), "dashboard-host": "0.0.0.0"},
-            "template": _pod(cfg, args, "ray-head", size),
+            "template": _pod(cfg, args, "ray-head", size, lead, run_dir),
         },
         "workerGroupSpecs": [],
     }
@@ -414,7 +473,7 @@ def render_rayjob(
                 "minReplicas": workers,
                 "maxReplicas": workers,
                 "rayStartParams": _start_params(cfg, size),
-                "template": _pod(cfg, args, "ray-worker", size),
+                "template": _pod(cfg, args, "ray-worker", size, lead, run_dir),
             }
         )
     return {
@@ -556,6 +615,14 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="GIB",
         help=f"memory each Ray pod asks for (default: {POD_SHARE:.0%} of the profile's node)",
+    )
+    parser.add_argument(
+        "--stop-lead",
+        type=int,
+        metavar="SECONDS",
+        help="how long a deleted or preempted head pod gives the launch to save and stop "
+        "before Kubernetes stops Ray (its terminationGracePeriodSeconds, with Ray's stop); "
+        "default: the plan's training time per rollout plus 5 minutes, 5 at least",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

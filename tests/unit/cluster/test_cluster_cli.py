@@ -332,3 +332,88 @@ def test_each_ray_pod_asks_for_what_a_node_can_give_and_the_run_needs(
         status, _, err = run_main([*argv, str(tmp_path / "no.yaml"), *flags], capsys)
         assert status == 2 and key in err and says in err, err
         assert not (tmp_path / "no.yaml").exists()
+
+
+def test_a_deleted_rayjobs_pods_stop_the_launch_first_and_wait_for_its_save(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "job.yaml"
+    argv = ["kuberay", *SEED_002, "--image", "i", "--pvc", "runs", "--stop-lead", "900"]
+    status, _, err = run_main([*argv, "--out", str(out)], capsys)
+    assert status == 0, err
+    cluster = yaml.safe_load(out.read_text())["spec"]["rayClusterSpec"]
+    (worker,) = cluster["workerGroupSpecs"]
+    for group, grace in ((cluster["headGroupSpec"], 930), (worker, 960)):
+        spec = group["template"]["spec"]
+        assert spec["terminationGracePeriodSeconds"] == grace
+        (container,) = spec["containers"]
+        command = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[:2] == ["/bin/bash", "-c"]
+        subprocess.run(["bash", "-n", "-c", command[2]], check=True)
+    head_script = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["lifecycle"]
+    assert "/runs/rlpost-glm4-5-355b-a32b-grpo-dapo/.lock" in str(head_script)
+    status, _, err = run_main([*argv[:-1], "0"], capsys)
+    assert status == 2 and "--stop-lead" in err
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_head_pods_pre_stop_hands_sigterm_to_the_launch_and_waits_for_its_save(
+    tmp_path: Path,
+) -> None:
+    """The hook, run as Kubernetes runs it, against a launch that saves on SIGTERM: it signals
+    the pid the run directory's lock names and returns once the launch has saved and ended.
+    A lock naming a process that is not the launch (a stale one) is left alone."""
+    import sys
+    import threading
+    import time
+
+    from rlpost.cli.schedulers import pre_stop_script
+
+    saved = tmp_path / "saved"
+    launch = tmp_path / "launch.py"
+    launch.write_text(
+        "import signal, sys, time\n"
+        "def save(*_):\n"
+        f"    time.sleep(0.5); open({str(saved)!r}, 'w').write('saved'); sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, save)\n"
+        "print('started', flush=True)\n"
+        "time.sleep(20)\n"
+    )
+    run = subprocess.Popen([sys.executable, str(launch)], stdout=subprocess.PIPE, text=True)
+    assert run.stdout is not None and run.stdout.readline() == "started\n"
+    (tmp_path / ".lock").write_text(f"{run.pid}\n")
+    reaper = threading.Thread(target=run.wait)  # as its parent would, or it stays a zombie
+    reaper.start()
+    start = time.monotonic()
+    subprocess.run(["bash", "-c", pre_stop_script("ray-head", 10, str(tmp_path))], check=True)
+    reaper.join(timeout=1)
+    assert saved.read_text() == "saved" and run.returncode == 143
+    assert time.monotonic() - start < 8
+
+    other = subprocess.Popen(["sleep", "20"])
+    (tmp_path / ".lock").write_text(f"{other.pid}\n")
+    subprocess.run(["bash", "-c", pre_stop_script("ray-head", 10, str(tmp_path))], check=True)
+    assert other.poll() is None  # not the launch: not signalled
+    other.kill()
+    other.wait()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_worker_pods_pre_stop_waits_while_the_heads_ray_answers(tmp_path: Path) -> None:
+    import os
+    import socket
+    import time
+
+    from rlpost.cli.schedulers import pre_stop_script
+
+    head = socket.create_server(("127.0.0.1", 0))
+    port = head.getsockname()[1]
+    env = {**os.environ, "FQ_RAY_IP": "127.0.0.1", "RAY_PORT": str(port)}
+    hook = subprocess.Popen(["bash", "-c", pre_stop_script("ray-worker", 30, "/r")], env=env)
+    time.sleep(1.5)
+    assert hook.poll() is None  # the head still answers: the worker stays
+    head.close()
+    assert hook.wait(timeout=10) == 0
+    env.pop("FQ_RAY_IP")  # outside KubeRay: nothing to wait for
+    done = subprocess.run(["bash", "-c", pre_stop_script("ray-worker", 30, "/r")], env=env)
+    assert done.returncode == 0
