@@ -40,6 +40,7 @@ from rlpost.plan.work import (
     TRAIN,
     TrainWork,
     plan_work,
+    skipped_rules,
     train_rank_work,
 )
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
@@ -386,8 +387,13 @@ SEND_WEIGHTS_NOTE = (
     "and run no train step, so their memory counts the weights, a weight bucket and the CUDA "
     "context (no gradients, optimizer state or activations), and their time per rollout is 0"
 )
-STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step"})
-"""Rules of the train step's batch arithmetic, which an evaluation never runs."""
+EVAL_SEARCH_NOTE = (
+    "layout=auto in mode=eval ranks the layouts by the evaluation's work, not training's: "
+    "the engines' generation time (the recipe's rollout batch stands for the evaluation "
+    "sets, which are not read when planning) plus the one weight push; the train side only "
+    "has to hold the weights, so a split that takes GPUs from the engines for training "
+    "gains nothing"
+)
 
 
 def _evaluated_weights(cfg: RunConfig) -> str:
@@ -396,25 +402,19 @@ def _evaluated_weights(cfg: RunConfig) -> str:
     return f"model.load={cfg.model.load}"
 
 
-def _skipped_rules(train_ranks: str) -> frozenset[str]:
-    """The rules a run's train ranks give no reason to check (checks.run_checks' `skip`)."""
-    if train_ranks == NO_TRAIN_RANK:
-        return frozenset({"train"})
-    return STEP_RULES if train_ranks == SEND_WEIGHTS else frozenset()
-
-
 def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple[str, ...]:
+    if train_ranks == TRAIN:
+        return ()
+    notes = [EVAL_SEARCH_NOTE] if cfg.layout.search else []
     if train_ranks == NO_TRAIN_RANK:
-        return (NO_TRAINING_NOTE,)
-    if train_ranks == SEND_WEIGHTS:
-        note = SEND_WEIGHTS_NOTE.format(weights=_evaluated_weights(cfg))
-        if colocate and cfg.hardware.kind == "gpu":
-            note += (
-                "; colocated, those weights stay on each GPU beside its engine through the "
-                "evaluation (the rollout table counts them)"
-            )
-        return (note,)
-    return ()
+        return (*notes, NO_TRAINING_NOTE)
+    note = SEND_WEIGHTS_NOTE.format(weights=_evaluated_weights(cfg))
+    if colocate and cfg.hardware.kind == "gpu":
+        note += (
+            "; colocated, those weights stay on each GPU beside its engine through the "
+            "evaluation (the rollout table counts them)"
+        )
+    return (*notes, note)
 
 
 def build_plan(cfg: RunConfig) -> Plan:
@@ -428,7 +428,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     train_ranks = train_rank_work(cfg)
     starts = train_ranks != NO_TRAIN_RANK
     issues = [i for i in res.issues if starts or not i.key.startswith(TRAIN_LAYOUT)]
-    issues += run_checks(ctx, skip=_skipped_rules(train_ranks))
+    issues += run_checks(ctx, skip=skipped_rules(train_ranks))
     if issues:
         raise UserError(issues, title="planning error")
     sizes, par, engine = res.sizes, res.parallel, res.engine

@@ -147,3 +147,16 @@ def train_rank_work(cfg: RunConfig) -> str:
     if cfg.mode != "eval":
         return TRAIN
     return NO_TRAIN_RANK if evaluates_served_weights(cfg) else SEND_WEIGHTS
+
+
+STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step"})
+"""Rules of the train step's batch arithmetic, which an evaluation never runs."""
+
+
+def skipped_rules(train_ranks: str) -> frozenset[str]:
+    """The rules (scopes or names, rlpost.plan.checks.run_checks' `skip`) that what the train
+    ranks do gives no reason to check: none in training; the step's batch rules when they
+    only send weights; every training rule when none starts."""
+    if train_ranks == NO_TRAIN_RANK:
+        return frozenset({"train"})
+    return STEP_RULES if train_ranks == SEND_WEIGHTS else frozenset()
