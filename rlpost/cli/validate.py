@@ -117,7 +117,13 @@ def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
         f"  batch    {batch.samples_per_rollout} samples per rollout, "
         f"{batch.steps_per_rollout} optimizer step(s) each, {batch.num_rollout} rollouts",
         "  memory   "
-        + (f"train peak {mem.train.total_gib:.1f} GiB" if plan.trains else "no training")
+        + (
+            f"train peak {mem.train.total_gib:.1f} GiB"
+            if plan.trains
+            else f"train ranks send weights, {mem.train.total_gib:.1f} GiB"
+            if plan.starts_train_ranks
+            else "no training"
+        )
         + f", rollout peak {mem.rollout.total_gib:.1f} GiB, of {mem.gpu_gib:.1f} GiB per GPU",
     ]
     lines += [f"  note     {note}" for note in plan.notes]

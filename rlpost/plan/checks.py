@@ -50,12 +50,14 @@ def check(name: str, scope: str = "run") -> Callable[[Check], Check]:
 def run_checks(
     ctx: PlanContext, scope: str | None = None, skip: frozenset[str] = frozenset()
 ) -> list[Issue]:
-    """Every registered rule's issues (of one scope when given, none of the `skip` scopes),
-    in registration order."""
+    """Every registered rule's issues (of one scope when given, none of the `skip` scopes or
+    rules), in registration order."""
     return [
         issue
         for name, rule in CHECKS.items()
-        if (scope is None or SCOPES[name] == scope) and SCOPES[name] not in skip
+        if (scope is None or SCOPES[name] == scope)
+        and SCOPES[name] not in skip
+        and name not in skip
         for issue in rule(ctx)
     ]
 

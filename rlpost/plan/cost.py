@@ -225,6 +225,8 @@ def train_time(
     memory: TrainMemory,
     train_gpus: int,
 ) -> TrainTime:
+    if not work.steps_per_rollout:  # mode=eval: the train ranks run no step
+        return TrainTime(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     if isinstance(memory, FsdpTrainMemory):
         return fsdp_train_time(cfg, par, batch, work, memory, train_gpus)
     model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe

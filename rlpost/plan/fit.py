@@ -18,7 +18,7 @@ def memory_issues(plan: Plan) -> list[Issue]:
     """One Issue per part of the run (training, rollout, host) that does not fit."""
     m = plan.memory
     issues = []
-    if not m.train_fits and plan.trains:
+    if not m.train_fits and plan.starts_train_ranks:
         fix = (
             "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
             "lower recipe.train.max_tokens_per_gpu or offload the optimizer"
@@ -40,10 +40,16 @@ def memory_issues(plan: Plan) -> list[Issue]:
                 + ", lower recipe.train.max_tokens_per_gpu, or use more GPUs (the torch "
                 "trainer's shards shrink as 1/DP)"
             )
+        if not plan.trains:  # mode=eval: the train ranks hold the weights, nothing else
+            fix = (
+                "split the model further over the train GPUs (layout.train.tp, pp, ep; the "
+                "torch trainer's shards shrink as 1/DP), or give training more GPUs"
+            )
+        need = "training needs" if plan.trains else "sending the weights to the engines needs"
         issues.append(
             Issue(
                 "layout.train",
-                f"training needs {m.train.total_gib:.2f} GiB per GPU and {plan.hardware} has "
+                f"{need} {m.train.total_gib:.2f} GiB per GPU and {plan.hardware} has "
                 f"{m.gpu_gib:.2f} (short by {gib_text(-m.train_margin_gib)}; see mode=plan)",
                 fix + ANYWAY,
             )
@@ -52,7 +58,7 @@ def memory_issues(plan: Plan) -> list[Issue]:
         issues.append(
             Issue("layout.rollout", _rollout_shortfall(plan), _rollout_fix(plan) + ANYWAY)
         )
-    if not m.host_fits and plan.trains:  # what it holds is the trainers' (offload, reference)
+    if not m.host_fits and plan.starts_train_ranks:  # the trainers' (offload, reference)
         issues.append(
             Issue(
                 "hardware.host_memory_gib",

@@ -35,6 +35,7 @@ experts are all in every gathered layer. MTP layers are not built (it trains the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.engine_memory import CUDA_CONTEXT_GIB, GIB
@@ -267,6 +268,7 @@ def estimate_fsdp_train(
         activations_gib=activations,
         logits_gib=logits,
         grouped_experts_gib=0.0,  # transformers' experts are stacked parameters already
+        weight_bucket_gib=0.0,
         overhead_gib=overhead,
         total_gib=total,
         host_optimizer_gib=host_state,
@@ -291,6 +293,42 @@ def estimate_trainer(
     if fsdp_trains(cfg, resolve_trainer_backend(cfg, par)):
         return estimate_fsdp_train(cfg, par, colocate, recipe)
     return estimate_train(cfg.model, recipe or cfg.recipe, cfg.hardware, par, colocate)
+
+
+WEIGHT_BUCKET_COPIES = 2
+"""A bucket of weights on its way to the engines: the tensors gathered into it and the one
+flat copy the tensor and distributed syncs send (rlpost.backends.sglang.buckets); a tensor
+larger than the bucket (the embedding, most often) travels alone."""
+
+
+def estimate_sender(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, bucket_bytes: int
+) -> TrainMemory:
+    """A train rank of mode=eval (rlpost.plan.work.SEND_WEIGHTS): it builds the policy with
+    no optimizer and no reference model, loads the weights (run.resume's checkpoint or
+    model.load) and sends them to the engines a bucket at a time, and runs no train step: its
+    GPU holds the weights as the trainer keeps them (megatron's in the compute dtype split
+    over TP, PP and EP; the torch trainer's float32 FSDP2 shards), the bucket, and the CUDA
+    context; no gradients, optimizer state, activations or logits."""
+    train = estimate_trainer(cfg, par, colocate)
+    model = cfg.model
+    largest = model.vocab_size * model.hidden_size * weight_bytes(model)  # travels alone
+    bucket = WEIGHT_BUCKET_COPIES * max(bucket_bytes, largest) / GIB
+    kept: dict[str, Any] = {
+        "grads_gib": 0.0,
+        "optimizer_gib": 0.0,
+        "activations_gib": 0.0,
+        "logits_gib": 0.0,
+        "grouped_experts_gib": 0.0,
+        "weight_bucket_gib": bucket,
+        "total_gib": train.weights_gib + bucket + train.overhead_gib,
+        "host_optimizer_gib": 0.0,
+    }
+    if isinstance(train, FsdpTrainMemory):
+        # offloaded (FSDP2 CPU offload): the float32 shards wait on the host
+        shards = train.params_per_gpu * MASTER_BYTES / GIB if train.cpu_offload else 0.0
+        kept |= {"gathered_gib": 0.0, "reference_gib": 0.0, "host_optimizer_gib": shards}
+    return replace(train, **kept)
 
 
 def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:

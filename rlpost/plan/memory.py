@@ -287,6 +287,10 @@ class TrainMemory:
     # megatron's grouped experts (model.moe.grouped_gemm): one MoE layer's local fc1 weights
     # stacked for a grouped GEMM, and in its backward their stacked gradient beside them
     grouped_experts_gib: float
+    # mode=eval's train ranks (rlpost.plan.fsdp.estimate_sender): the weights gathered into
+    # one bucket for the engines and its flattened copy; 0 in training, where the bucket
+    # takes the room the step's activations left (MemoryPlan.weight_sync_gib)
+    weight_bucket_gib: float
 
     def host_reference_gib(self, model: ModelConfig) -> float:
         """The reference model's weights kept on the host between uses, per rank."""
@@ -300,6 +304,7 @@ class TrainMemory:
             ("optimizer", self.optimizer_gib),
             ("activations + logits", self.activations_gib + self.logits_gib),
             ("grouped experts", self.grouped_experts_gib),
+            ("weight bucket", self.weight_bucket_gib),
             ("CUDA context and workspaces", self.overhead_gib),
         ]
         return ", ".join(f"{name} {gib:.1f}" for i, (name, gib) in enumerate(parts) if i < 3 or gib)
@@ -351,6 +356,7 @@ def _stage_memory(
         activations_gib=parts["activations"],
         logits_gib=parts["logits"],
         grouped_experts_gib=parts["grouped"],
+        weight_bucket_gib=0.0,
         overhead_gib=overhead,
         total_gib=sum(parts.values()) + overhead,
         host_optimizer_gib=(optimizer + host_grads) / GIB if offload else 0.0,
@@ -419,13 +425,15 @@ def estimate_host(
     hardware: HardwareConfig,
     train: TrainMemory,
     sizes: Sizes,
+    trains: bool = True,
 ) -> HostMemory:
     """Ranks on the fullest node x (offloaded optimizer + reference weights kept on the host
-    between uses when the reference runs at all, 2 bytes/param) + per-process overhead."""
+    between uses when the reference runs at all, 2 bytes/param) + per-process overhead.
+    `trains` false (mode=eval's train ranks): no reference is loaded."""
     ranks = min(sizes.train_gpus, hardware.gpus_per_node)
     optimizer = ranks * train.host_optimizer_gib
     reference = 0.0
-    if recipe.algo.reference_interval > 0:
+    if trains and recipe.algo.reference_interval > 0:
         reference = ranks * train.host_reference_gib(model)
     processes = ranks * HOST_PER_PROCESS_GIB
     return HostMemory(

@@ -27,12 +27,13 @@ from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import Issue
 from rlpost.plan.backends import resolve_trainer_backend
 from rlpost.plan.engine_memory import checkpoint_fp8, default_mem_fraction, estimate_rollout
-from rlpost.plan.fsdp import estimate_fsdp_train, fsdp_fixes, fsdp_trains
+from rlpost.plan.fsdp import estimate_fsdp_train, estimate_sender, fsdp_fixes, fsdp_trains
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
 from rlpost.plan.placement import engine_offset, misplaced_engines
 from rlpost.plan.runtime import resolve_engine_backend
+from rlpost.plan.work import SEND_WEIGHTS, train_rank_work
 from rlpost.schema import RunConfig
 
 
@@ -100,7 +101,15 @@ def _torch_on_gpus(cfg: RunConfig) -> bool:
     return fsdp_trains(cfg, resolve_trainer_backend(cfg, ParallelLayout.single_process()))
 
 
+def _sends_weights(cfg: RunConfig) -> bool:
+    """mode=eval's train ranks only send weights: sized by estimate_sender, and the plan's
+    memory verdict (rlpost.plan.fit) says what does not fit, not a training remedy here."""
+    return train_rank_work(cfg) == SEND_WEIGHTS
+
+
 def _check_fsdp_fits(cfg: RunConfig, sizes: Sizes, par: ParallelLayout, rec: _Record) -> None:
+    if _sends_weights(cfg):
+        return
     need = estimate_fsdp_train(cfg, par, sizes.colocate)
     gpu = cfg.hardware.gpu_memory_gib
     if need.total_gib <= gpu:
@@ -143,12 +152,17 @@ def _derive_tp(cfg: RunConfig, sizes: Sizes, base: ParallelLayout, rec: _Record)
     best = None
     for tp in candidates:
         trial = _with_tp(cfg, base, tp, sizes.train_gpus)
-        need = estimate_train(cfg.model, cfg.recipe, cfg.hardware, trial, sizes.colocate)
+        if _sends_weights(cfg):
+            need = estimate_sender(cfg, trial, sizes.colocate, cfg.engine.weight_bucket_mb << 20)
+        else:
+            need = estimate_train(cfg.model, cfg.recipe, cfg.hardware, trial, sizes.colocate)
         if need.total_gib <= cfg.hardware.gpu_memory_gib:
             return tp
         best = (tp, need)
     assert best is not None
     tp, need = best
+    if _sends_weights(cfg):
+        return tp
     rec.issues.append(
         Issue(
             key="layout.train.tp",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import rlpost.plan.engine_checks  # registers the engine and batch rules
@@ -13,7 +13,13 @@ from rlpost.plan.backends import as_computed, resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
 from rlpost.plan.engine_memory import GIB, estimate_rollout
-from rlpost.plan.fsdp import FSDP_MOE_NOTE, FSDP_NOTE, FsdpTrainMemory, estimate_trainer
+from rlpost.plan.fsdp import (
+    FSDP_MOE_NOTE,
+    FSDP_NOTE,
+    FsdpTrainMemory,
+    estimate_sender,
+    estimate_trainer,
+)
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import LoopPlan
 from rlpost.plan.memory import (
@@ -28,7 +34,15 @@ from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.prediction import TrainPrediction, predict_train
 from rlpost.plan.runtime import RuntimePlan, plan_runtime
-from rlpost.plan.work import TrainWork, evaluates_served_weights, plan_work
+from rlpost.plan.work import (
+    NO_TRAIN_RANK,
+    SEND_WEIGHTS,
+    TRAIN,
+    TrainWork,
+    plan_work,
+    skipped_rules,
+    train_rank_work,
+)
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
 
 if TYPE_CHECKING:
@@ -62,9 +76,19 @@ class Plan:
     notes: tuple[str, ...]
     # layout=auto: the search that chose this layout (rlpost.plan.search.LayoutSearch)
     search: LayoutSearch | None = None
-    # False for mode=eval of model.hf_checkpoint's own weights: no train rank starts, so the
-    # training side is shown but neither checked nor held to the hardware
-    trains: bool = True
+    # what the train ranks do (rlpost.plan.work.train_rank_work): train; in mode=eval, send
+    # the weights they load to the engines (the memory counts that alone), or start at all
+    # (model.hf_checkpoint's own weights: the training side is shown, neither checked nor
+    # held to the hardware)
+    train_ranks: str = TRAIN
+
+    @property
+    def trains(self) -> bool:
+        return self.train_ranks == TRAIN
+
+    @property
+    def starts_train_ranks(self) -> bool:
+        return self.train_ranks != NO_TRAIN_RANK
 
     def is_derived(self, key: str) -> bool:
         return key in self.derived
@@ -357,6 +381,40 @@ NO_TRAINING_NOTE = (
     "of this plan (layout.train, its memory and time) is shown as the layout states it, and "
     "neither checked nor held to the hardware"
 )
+SEND_WEIGHTS_NOTE = (
+    "mode=eval of {weights}: the train ranks only load these weights and send them to the "
+    "engines, once, before the evaluation; they build no optimizer and no reference model "
+    "and run no train step, so their memory counts the weights, a weight bucket and the CUDA "
+    "context (no gradients, optimizer state or activations), and their time per rollout is 0"
+)
+EVAL_SEARCH_NOTE = (
+    "layout=auto in mode=eval ranks the layouts by the evaluation's work, not training's: "
+    "the engines' generation time (the recipe's rollout batch stands for the evaluation "
+    "sets, which are not read when planning) plus the one weight push; the train side only "
+    "has to hold the weights, so a split that takes GPUs from the engines for training "
+    "gains nothing"
+)
+
+
+def _evaluated_weights(cfg: RunConfig) -> str:
+    if cfg.run.resume is not None:
+        return f"run.resume's checkpoint ({cfg.run.resume})"
+    return f"model.load={cfg.model.load}"
+
+
+def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple[str, ...]:
+    if train_ranks == TRAIN:
+        return ()
+    notes = [EVAL_SEARCH_NOTE] if cfg.layout.search else []
+    if train_ranks == NO_TRAIN_RANK:
+        return (*notes, NO_TRAINING_NOTE)
+    note = SEND_WEIGHTS_NOTE.format(weights=_evaluated_weights(cfg))
+    if colocate and cfg.hardware.kind == "gpu":
+        note += (
+            "; colocated, those weights stay on each GPU beside its engine through the "
+            "evaluation (the rollout table counts them)"
+        )
+    return (*notes, note)
 
 
 def build_plan(cfg: RunConfig) -> Plan:
@@ -367,9 +425,10 @@ def build_plan(cfg: RunConfig) -> Plan:
     counted = as_computed(cfg)  # what the figures count (float32 on CPU)
     res = resolve_layout(counted)
     ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
-    trains = not evaluates_served_weights(cfg)
-    issues = [i for i in res.issues if trains or not i.key.startswith(TRAIN_LAYOUT)]
-    issues += run_checks(ctx, skip=frozenset() if trains else frozenset({"train"}))
+    train_ranks = train_rank_work(cfg)
+    starts = train_ranks != NO_TRAIN_RANK
+    issues = [i for i in res.issues if starts or not i.key.startswith(TRAIN_LAYOUT)]
+    issues += run_checks(ctx, skip=skipped_rules(train_ranks))
     if issues:
         raise UserError(issues, title="planning error")
     sizes, par, engine = res.sizes, res.parallel, res.engine
@@ -384,7 +443,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         cfg.recipe.rollout.reward.device_slots,
     )
     batch = plan_batch(cfg.recipe, par, engine)
-    memory = estimate_memory(counted, sizes, par, engine)
+    memory = estimate_memory(counted, sizes, par, engine, train_ranks)
     work = plan_work(counted, par, batch)
     runtime = plan_runtime(
         cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
@@ -407,18 +466,27 @@ def build_plan(cfg: RunConfig) -> Plan:
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch, engine, memory), runtime.loop)
-        + (() if trains else (NO_TRAINING_NOTE,)),
-        trains=trains,
+        + _train_rank_notes(cfg, train_ranks, sizes.colocate),
+        train_ranks=train_ranks,
     )
 
 
 def estimate_memory(
-    cfg: RunConfig, sizes: Sizes, par: ParallelLayout, engine: EngineLayout
+    cfg: RunConfig,
+    sizes: Sizes,
+    par: ParallelLayout,
+    engine: EngineLayout,
+    train_ranks: str = TRAIN,
 ) -> MemoryPlan:
-    """Training and rollout peaks per GPU and the host need per node."""
+    """Training (or, in mode=eval, the train ranks' weights on their way to the engines) and
+    rollout peaks per GPU, and the host need per node."""
     model, recipe, hw = cfg.model, cfg.recipe, cfg.hardware
     colocate = sizes.colocate
-    train = estimate_trainer(cfg, par, colocate)
+    bucket_bytes = cfg.engine.weight_bucket_mb << 20
+    if train_ranks == SEND_WEIGHTS:
+        train = estimate_sender(cfg, par, colocate, bucket_bytes)
+    else:
+        train = estimate_trainer(cfg, par, colocate)
     rollout = estimate_rollout(
         model,
         recipe,
@@ -430,15 +498,20 @@ def estimate_memory(
         colocate,
         engine.fp8,
     )
+    if train_ranks == SEND_WEIGHTS and colocate and hw.kind == "gpu":
+        # nothing offloads them after the push: the train ranks' weights stay on the GPU
+        # beside the engine through the evaluation, in place of a trainer's offload residue
+        kept = train.weights_gib
+        total = rollout.total_gib - rollout.trainer_residual_gib + kept
+        rollout = replace(rollout, trainer_residual_gib=kept, total_gib=total)
     params = count_params(model)
-    bucket_bytes = cfg.engine.weight_bucket_mb << 20
     return MemoryPlan(
         gpu_gib=hw.gpu_memory_gib,
         params_total=params.total,
         params_active=params.active,
         train=train,
         rollout=rollout,
-        host=estimate_host(model, recipe, hw, train, sizes),
+        host=estimate_host(model, recipe, hw, train, sizes, trains=train_ranks == TRAIN),
         fp8_update_buffer_gib=(
             fp8_update_buffer_bytes(model, bucket_bytes) / GIB if engine.fp8 else 0.0
         ),

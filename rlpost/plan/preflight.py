@@ -542,9 +542,9 @@ def check_environment(cfg: RunConfig, plan: Plan) -> list[Issue]:
             issues += local_gpu_issues(cfg, gpus)
             issues += torch_build_issues(cfg, installed_torch_version(), driver)
             issues += shared_memory_issues(cfg, shared_memory_bytes(), os.environ)
-            if plan.trains:  # the host need is the trainers' (offloaded state, reference)
+            if plan.starts_train_ranks:  # the host need is the trainers' (offload, reference)
                 issues += host_memory_issues(cfg, plan, host_memory_gib())
-    elif cfg.hardware.kind == "cpu" and not joins_cluster and plan.trains:
+    elif cfg.hardware.kind == "cpu" and not joins_cluster and plan.starts_train_ranks:
         issues += cpu_memory_issues(cfg, plan, host_memory_gib())
     wandb = cfg.tracking.wandb
     if wandb.enabled and wandb.mode == "online" and not _has_wandb_key():

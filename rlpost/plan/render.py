@@ -12,6 +12,7 @@ from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
 from rlpost.plan.runtime import RuntimePlan
 from rlpost.plan.table import Cell, format_cell, ranges, render_table
+from rlpost.plan.work import SEND_WEIGHTS
 from rlpost.schema.run import OnSigterm
 
 DERIVED_MARK = "*"
@@ -278,6 +279,15 @@ def _flops(tflop: float) -> str:
 
 def render_work(plan: Plan) -> str:
     w = plan.work
+    if not plan.trains:
+        what = (
+            "load the weights and send them to the engines once; no train step, no "
+            "logprob or reference forward"
+            if plan.starts_train_ranks
+            else "none start (the engines load model.hf_checkpoint's weights themselves)"
+        )
+        rows: list[list[Cell]] = [["mode=eval: the train ranks", what]]
+        return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
     old = (
         "from the training forward (one optimizer step per rollout)"
         if w.reuse_old_logprobs
@@ -291,7 +301,7 @@ def render_work(plan: Plan) -> str:
             f" ({w.passes_every_forward:.0f} if the old-policy and reference forwards ran "
             f"every rollout: {w.saved_fraction:.0%} less)"
         )
-    rows: list[list[Cell]] = [
+    rows = [
         ["reference model runs", REFERENCE_RUNS[w.reference].format(n=w.reference_interval)],
         ["old-policy logprobs", old],
         ["forward-equivalents per token", passes],
@@ -375,7 +385,7 @@ def _grouped_experts_row(gib: float) -> list[list[Cell]]:
 
 def render_memory(plan: Plan) -> str:
     m, par = plan.memory, plan.parallel
-    t, r, h = m.train, m.rollout, m.host
+    t = m.train
     offload = " (on the host: CPU offload)" if t.host_optimizer_gib else ""
     state_rows: list[list[Cell]] = [
         ["weights", t.weights_gib],
@@ -384,17 +394,30 @@ def render_memory(plan: Plan) -> str:
     ]
     if isinstance(t, FsdpTrainMemory):
         state_rows = _fsdp_state_rows(t)
-    train_rows: list[list[Cell]] = [
+    context = "CUDA context, workspaces" + (", engine residue" if plan.placement.colocate else "")
+    if plan.train_ranks == SEND_WEIGHTS:  # mode=eval: the weights and their way out, no step
+        state_rows = [state_rows[0]]
+        train_rows: list[list[Cell]] = [
+            *state_rows,
+            ["weight bucket on its way to the engines (and its flat copy)", t.weight_bucket_gib],
+            [context, t.overhead_gib],
+            ["total", t.total_gib],
+        ]
+        return _memory_tables(plan, train_rows, "train ranks (load and send weights)")
+    train_rows = [
         *state_rows,
         [f"activations ({par.recompute} recompute, {t.tokens_per_gpu} tokens)", t.activations_gib],
         ["log-prob kernel (no whole logits)", t.logits_gib],
         *_grouped_experts_row(t.grouped_experts_gib),
-        [
-            "CUDA context, workspaces" + (", engine residue" if plan.placement.colocate else ""),
-            t.overhead_gib,
-        ],
+        [context, t.overhead_gib],
         ["total", t.total_gib],
     ]
+    return _memory_tables(plan, train_rows, "training")
+
+
+def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
+    m = plan.memory
+    t, r, h = m.train, m.rollout, m.host
     if m.fp8_update_buffer_gib:
         train_rows.append(
             ["weight sync (no activations; + FP8 quantisation buffer)", m.weight_sync_gib]
@@ -408,7 +431,12 @@ def render_memory(plan: Plan) -> str:
             r.mem_fraction_static * m.gpu_gib,
         ],
         ["prefill activations, CUDA graphs", r.activation_reserve_gib],
-        ["trainer residue (colocated)", r.trainer_residual_gib],
+        [
+            "train ranks' weights (colocated, mode=eval)"
+            if plan.train_ranks == SEND_WEIGHTS
+            else "trainer residue (colocated)",
+            r.trainer_residual_gib,
+        ],
         ["peak", r.total_gib],
     ]
     offloaded = "FSDP2 shards and reference" if isinstance(t, FsdpTrainMemory) else "optimizer"
@@ -420,13 +448,13 @@ def render_memory(plan: Plan) -> str:
     ]
     parts = [
         render_table(
-            ["training, per GPU", "GiB"],
+            [f"{side}, per GPU", "GiB"],
             train_rows,
             f"Memory (GPU {m.gpu_gib} GiB; {param_count(m.params_total)} parameters, "
-            f"{param_count(m.params_active)} active)\ntraining, stage {t.stage}: "
+            f"{param_count(m.params_active)} active)\n{side}, stage {t.stage}: "
             + (
                 _verdict(m.train_fits, m.train_margin_gib)
-                if plan.trains
+                if plan.starts_train_ranks
                 else "not run (mode=eval of model.hf_checkpoint's weights: no train rank)"
             ),
         ),
@@ -441,7 +469,7 @@ def render_memory(plan: Plan) -> str:
             f"host ({h.host_gib} GiB): {_verdict(m.host_fits, m.host_margin_gib)}",
         ),
     ]
-    fits = m.fits if plan.trains else m.rollout_fits
+    fits = m.fits if plan.starts_train_ranks else m.rollout_fits
     verdict = "the run fits" if fits else "the run DOES NOT FIT"
     return "\n\n".join(parts) + f"\n\nVerdict: {verdict}"
 

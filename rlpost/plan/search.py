@@ -54,6 +54,7 @@ from rlpost.plan.fsdp import (
     FSDP_RESHARD_KEY,
     FsdpOptions,
     FsdpTrainMemory,
+    estimate_sender,
     estimate_trainer,
     fsdp_fixes,
     fsdp_options,
@@ -64,7 +65,14 @@ from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host
 from rlpost.plan.parallel import engine_options, engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
-from rlpost.plan.work import plan_work
+from rlpost.plan.work import (
+    NO_TRAIN_RANK,
+    SEND_WEIGHTS,
+    TRAIN,
+    plan_work,
+    skipped_rules,
+    train_rank_work,
+)
 from rlpost.schema import RunConfig
 
 MARGIN_FRACTION = 0.05
@@ -564,6 +572,15 @@ class _Searcher:
         self.variants = _variants(cfg)
         self.margin = MARGIN_FRACTION * cfg.hardware.gpu_memory_gib
         self.fsdp = fsdp_options(cfg) if torch_searched(cfg) else None
+        # mode=eval: the train side only sends weights (or does not start), nothing to time
+        self.train_ranks = train_rank_work(cfg)
+        self.trains = self.train_ranks == TRAIN
+        self.skip = skipped_rules(self.train_ranks)
+
+    def _train_memory(self, cfg: RunConfig, par: ParallelLayout, sizes: Sizes) -> TrainMemory:
+        if self.train_ranks == SEND_WEIGHTS:
+            return estimate_sender(cfg, par, sizes.colocate, cfg.engine.weight_bucket_mb << 20)
+        return estimate_trainer(cfg, par, sizes.colocate)
 
     def _dummy_engine(self, sizes: Sizes) -> EngineLayout:
         return EngineLayout(1, sizes.rollout_gpus, 0.8, 1, 1, ())
@@ -592,21 +609,22 @@ class _Searcher:
             batch = None
             for cpu_offload, cfg in self._with_shard_groups(par):
                 out.enumerated_trains += 1
-                issues = run_checks(PlanContext(cfg, sizes, par, engine), "train")
+                issues = run_checks(PlanContext(cfg, sizes, par, engine), "train", skip=self.skip)
                 if issues:
                     out.refused.append(
                         (describe_train(par, cpu_offload, self.fsdp), _first_reason(issues))
                     )
                     break  # the rules do not depend on where Adam runs, nor on resharding
-                memory = estimate_trainer(cfg, par, sizes.colocate)
+                memory = self._train_memory(cfg, par, sizes)
                 batch = batch or self._batch(par)
                 work = plan_work(cfg, par, batch)
                 timing = train_time(cfg, par, batch, work, memory, sizes.train_gpus)
-                option = TrainOption(
-                    par, cpu_offload, memory, timing, offload_time(cfg, sizes, memory)
-                )
-                host = estimate_host(cfg.model, cfg.recipe, hw, memory, sizes)
+                offload = offload_time(cfg, sizes, memory) if self.trains else 0.0
+                option = TrainOption(par, cpu_offload, memory, timing, offload)
+                host = estimate_host(cfg.model, cfg.recipe, hw, memory, sizes, self.trains)
                 short = memory.total_gib + self.margin - hw.gpu_memory_gib
+                if self.train_ranks == NO_TRAIN_RANK:  # nothing of it starts: held to nothing
+                    short = -1.0
                 if short > 0:
                     out.rejected_trains.append(
                         (
@@ -722,10 +740,13 @@ class _Searcher:
         out.engines.sort(key=lambda o: o.time.total_s)
 
     def cost(self, sizes: Sizes, train: TrainOption, engine: EngineOption) -> StepCost:
+        """Training, generation, the weight push and offload of one rollout; in mode=eval the
+        evaluation's work: generation and the one push (none without train ranks)."""
+        pushes = self.train_ranks != NO_TRAIN_RANK
         return StepCost(
             train=train.time,
             rollout=engine.time,
-            sync_s=sync_time(self.cfg, sizes, engine.engine, self.params),
+            sync_s=sync_time(self.cfg, sizes, engine.engine, self.params) if pushes else 0.0,
             offload_s=train.offload_s,
             overlapped=asynchronous(self.cfg) and not sizes.colocate,
         )

@@ -19,6 +19,9 @@ what follows it), so the layers run over prompt + n x response tokens instead of
 n x (prompt + response). The compute figure stays an upper bound: it counts every sample's
 prompt, since a micro-batch need not hold a whole group.
 
+mode=eval trains nothing: its train ranks, when it starts any (`train_rank_work`), load the
+policy's weights and send them to the engines, and run none of these passes.
+
 The trainers and the loop read `Plan.work` and decide none of this themselves.
 """
 
@@ -60,7 +63,23 @@ class TrainWork:
     @property
     def saved_fraction(self) -> float:
         """The share of the always-every-forward work this plan does not do."""
+        if not self.passes_every_forward:  # mode=eval: no pass at all
+            return 0.0
         return 1.0 - self.passes_per_rollout / self.passes_every_forward
+
+
+NO_TRAIN_WORK = TrainWork(
+    reference="off",
+    reference_interval=0,
+    reuse_old_logprobs=False,
+    steps_per_rollout=0,
+    passes_per_rollout=0.0,
+    recompute_passes=0.0,
+    passes_every_forward=0.0,
+    train_tflop_per_rollout=0.0,
+    share_prompts=False,
+)
+"""mode=eval: no train step, no logprob pass, no reference model."""
 
 
 def _reference(cfg: RunConfig) -> str:
@@ -73,6 +92,8 @@ def _reference(cfg: RunConfig) -> str:
 
 
 def plan_work(cfg: RunConfig, par: ParallelLayout, batch: BatchPlan) -> TrainWork:
+    if cfg.mode == "eval":
+        return NO_TRAIN_WORK
     algo = cfg.recipe.algo
     interval = algo.reference_interval
     reuse = batch.steps_per_rollout == 1 and not algo.kl_in_reward
@@ -113,3 +134,29 @@ def evaluates_served_weights(cfg: RunConfig) -> bool:
     the engines load them as they start, and no train rank is needed to hand them over, so
     the run neither starts train ranks nor needs room for training."""
     return cfg.mode == "eval" and cfg.run.resume is None and not starts_elsewhere(cfg)
+
+
+TRAIN, SEND_WEIGHTS, NO_TRAIN_RANK = "train", "send weights", "none"
+
+
+def train_rank_work(cfg: RunConfig) -> str:
+    """What the train ranks do: TRAIN; SEND_WEIGHTS in mode=eval of other weights than the
+    engines load at their start (run.resume's checkpoint, model.load), which the train ranks
+    load and send to the engines once, and nothing more; NO_TRAIN_RANK when the engines'
+    own weights are evaluated."""
+    if cfg.mode != "eval":
+        return TRAIN
+    return NO_TRAIN_RANK if evaluates_served_weights(cfg) else SEND_WEIGHTS
+
+
+STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step"})
+"""Rules of the train step's batch arithmetic, which an evaluation never runs."""
+
+
+def skipped_rules(train_ranks: str) -> frozenset[str]:
+    """The rules (scopes or names, rlpost.plan.checks.run_checks' `skip`) that what the train
+    ranks do gives no reason to check: none in training; the step's batch rules when they
+    only send weights; every training rule when none starts."""
+    if train_ranks == NO_TRAIN_RANK:
+        return frozenset({"train"})
+    return STEP_RULES if train_ranks == SEND_WEIGHTS else frozenset()

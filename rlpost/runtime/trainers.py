@@ -44,6 +44,9 @@ class TrainerSpec:
     reuse_old_logprobs: bool
     share_prompts: bool  # Plan.work: a group's prompt packed once per micro-batch (torch)
     prediction: TrainPrediction  # Plan.prediction: logged beside each step's measurements
+    # False in mode=eval (Plan.trains): the rank loads the weights and sends them to the
+    # engines; it builds no optimizer (and, by Plan.work, no reference model)
+    trains: bool = True
     collective_timeout_s: float = 600.0
     init_method: str | None = None  # the rendezvous; default tcp://master_addr:master_port
     device: str = "cpu"  # where the torch trainer computes: "cpu", or "cuda" on GPU profiles
@@ -87,6 +90,7 @@ def trainer_spec(
         reuse_old_logprobs=plan.work.reuse_old_logprobs,
         share_prompts=plan.work.share_prompts,
         prediction=plan.prediction,
+        trains=plan.trains,
         collective_timeout_s=cfg.trainer.collective_timeout_s,
         init_method=init_method,
         device="cuda" if on_gpu else "cpu",
@@ -111,6 +115,7 @@ def _rank_kwargs(spec: TrainerSpec, rank: int) -> dict[str, Any]:
         "load_reference": spec.load_reference,
         "reuse_logprobs_single_step": spec.reuse_old_logprobs,
         "prediction": spec.prediction,
+        "trains": spec.trains,
     }
 
 

@@ -76,6 +76,7 @@ from rlpost.backends.megatron.schedule import finalize_grads, from_last_stage, r
 from rlpost.backends.megatron.steps import equalize
 from rlpost.backends.megatron.trainer_state import (
     load_state,
+    load_weights,
     offload_to_host,
     onload_from_host,
     save_state,
@@ -119,8 +120,11 @@ class MegatronTrainer:
         load_reference: bool | None = None,
         prediction: TrainPrediction | None = None,
         seed: int = 1234,
+        trains: bool = True,
     ) -> None:
-        """`prediction`: the plan's, logged beside what each step measured (perf/*)."""
+        """`prediction`: the plan's, logged beside what each step measured (perf/*);
+        `trains` false (mode=eval): the GPTModel alone, with no DDP gradient buffers and no
+        optimizer, holds the weights to send them (a checkpoint loads its model part)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -151,18 +155,10 @@ class MegatronTrainer:
             # and a bound method of the DDP wrapper (holding process groups) cannot be copied
             wants_ref = loads_reference(algo, load_reference)
             self.ref_model = self._frozen(model.ref_load) if wants_ref else None
-            config = self.settings.transformer
-            self.model = DistributedDataParallel(config, self.settings.ddp, module)
-            config.finalize_model_grads_func = finalize_grads
-            config.no_sync_func = self.model.no_sync
-            # gloo groups exist only on CPU (init_parallel); megatron-core's default asks for
-            # them and asserts they were created
-            self.optimizer = get_megatron_optimizer(
-                self._optimizer_config(on_gpu), [self.model], use_gloo_process_groups=not on_gpu
-            )
-            if config.fp16:  # the fp16 optimizer divides grads by its loss scale: scale the loss
-                config.grad_scale_func = self.optimizer.scale_loss
-            fuse_adam(self.optimizer, FUSED_ADAM_DEVICES)
+            self.model: Any = module
+            self.optimizer: Any = None
+            if trains:
+                self._build_optimizer(module, on_gpu)
         self.inv_freq, self.rope_scale = None, 1.0
         if self.settings.own_rope:
             gpt = self.settings.gpt
@@ -175,6 +171,21 @@ class MegatronTrainer:
             self.inv_freq = inv_freq.to(self.device)
 
     # ---- construction ------------------------------------------------------------------------
+
+    def _build_optimizer(self, module: torch.nn.Module, on_gpu: bool) -> None:
+        """DDP's gradient buffers and the distributed optimizer around `module`."""
+        config = self.settings.transformer
+        self.model = DistributedDataParallel(config, self.settings.ddp, module)
+        config.finalize_model_grads_func = finalize_grads
+        config.no_sync_func = self.model.no_sync
+        # gloo groups exist only on CPU (init_parallel); megatron-core's default asks for
+        # them and asserts they were created
+        self.optimizer = get_megatron_optimizer(
+            self._optimizer_config(on_gpu), [self.model], use_gloo_process_groups=not on_gpu
+        )
+        if config.fp16:  # the fp16 optimizer divides grads by its loss scale: scale the loss
+            config.grad_scale_func = self.optimizer.scale_loss
+        fuse_adam(self.optimizer, FUSED_ADAM_DEVICES)
 
     def _load(self, module: torch.nn.Module, path: str | None) -> torch.nn.Module:
         """Weights from `path`, a torch_dist checkpoint or an HF folder (model.load,
@@ -451,13 +462,13 @@ class MegatronTrainer:
         """The policy in HF names, gathered over TP/EP/PP, in buckets of <= bucket_bytes.
         Collective: every rank must consume every bucket."""
         with cpu_compat():
-            yield from iter_hf_weights(self.model.module, self.weights, bucket_bytes)
+            yield from iter_hf_weights(_unwrapped(self.model), self.weights, bucket_bytes)
 
     def export_hf(self, out_dir: str | Path) -> Path:
         """Rank 0 writes the policy as an HF folder; every rank returns once it is there."""
         out = Path(out_dir)
         with cpu_compat():
-            buckets = iter_hf_weights(self.model.module, self.weights)
+            buckets = iter_hf_weights(_unwrapped(self.model), self.weights)
             export_hf_folder(buckets, self.model_config, out, write=dist.get_rank() == 0)
             dist.barrier()
         return out
@@ -470,6 +481,9 @@ class MegatronTrainer:
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
         """Inverse of save_checkpoint; without a saved optimizer, Adam starts over. Collective."""
         with cpu_compat():
+            if self.optimizer is None:  # mode=eval: the weights alone
+                self.step = load_weights(self.model, Path(ckpt_dir))
+                return
             self.step = load_state(self.model, self.optimizer, Path(ckpt_dir))
             fuse_adam(self.optimizer, FUSED_ADAM_DEVICES)  # loading restores saved flags
 
@@ -481,11 +495,13 @@ class MegatronTrainer:
     def offload(self) -> int:
         """Weights, gradients and optimizer state to host memory while the engines generate
         (colocated GPU runs); returns bytes freed on the GPU. A no-op on CPU."""
-        return 0 if needs_cpu_compat() else offload_to_host(self.model, self.optimizer)
+        if needs_cpu_compat() or self.optimizer is None:  # mode=eval: nothing is offloaded
+            return 0
+        return offload_to_host(self.model, self.optimizer)
 
     def onload(self) -> None:
         """Back from `offload` before training."""
-        if not needs_cpu_compat():
+        if not needs_cpu_compat() and self.optimizer is not None:
             onload_from_host(self.model, self.optimizer)
 
     def close(self) -> None:

@@ -99,6 +99,16 @@ def load_state(model: DistributedDataParallel, optimizer: Any, path: Path) -> in
     return int(record["step"])
 
 
+def load_weights(module: torch.nn.Module, path: Path) -> int:
+    """The model part of what save_state wrote, into a GPTModel built without an optimizer
+    (mode=eval); returns the step. Collective."""
+    record = json.loads((path / STATE_FILE).read_text())
+    with torch.no_grad():
+        state = load_torch_dist_state({"model": module.sharded_state_dict()}, path)  # type: ignore[operator]
+        module.load_state_dict(state["model"], strict=False)
+    return int(record["step"])
+
+
 def _saved_steps(tree: Any) -> set[int]:
     """Adam's step count wherever the saved (common) state holds param groups."""
     found: set[int] = set()

@@ -110,6 +110,7 @@ class TorchTrainer:
         compute_dtype: str = "bf16",
         router_dtype: str = "fp32",
         grouped_gemm: bool | None = None,
+        trains: bool = True,
     ) -> None:
         """`model_dir`: the policy's HF folder; `reference_dir`: the reference's (default:
         the policy's); `prediction`: the plan's, logged beside what each step measured;
@@ -122,7 +123,9 @@ class TorchTrainer:
         layers compute in on CUDA ("bf16" or "fp32"; float32 on CPU); `router_dtype`:
         model.moe.router_dtype, what an MoE model's routers compute in there;
         `grouped_gemm`: model.moe.grouped_gemm (None: a dense model), whether its experts
-        run as grouped matrix multiplies or one at a time."""
+        run as grouped matrix multiplies or one at a time; `trains` false (mode=eval): no
+        optimizer, the rank only holds the weights to send them (a checkpoint loads its
+        model part alone)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         warm_vector_math()
@@ -174,7 +177,9 @@ class TorchTrainer:
                 router_dtype=router_dtype,
                 grouped_gemm=grouped_gemm,
             )
-        self.optimizer = build_optimizer(self.model, optim)
+        self.optimizer: torch.optim.Optimizer | None = (
+            build_optimizer(self.model, optim) if trains else None
+        )
         self.device = self.dp.device
         self.meter = StepMeter(self.device, world_size, prediction, host_before)
         self.step = 0
@@ -289,7 +294,8 @@ class TorchTrainer:
         names = metric_names(self.algo, with_reference, has_rollout_logprobs(batch))
         sums = torch.zeros(len(names), dtype=torch.float64)
         maxima: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer = self._adam
+        optimizer.zero_grad(set_to_none=True)
         for micro in plan.micro_batches:
             metrics = self._micro_batch_loss(batch, micro, data, plan.denominator)
             if not metrics:
@@ -301,8 +307,8 @@ class TorchTrainer:
         max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
         grad_norm = clip_grad_norm(params, max_norm, self.dp, sums)  # sums summed with it
         lr = lr_at_step(self.step, self.optim)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        set_lr(optimizer, lr)
+        optimizer.step()
         self.step += 1
         summed = dict(zip(names, sums.tolist(), strict=True))
         return {**summed, **maxima, "grad_norm": grad_norm, "lr": lr}
@@ -375,7 +381,7 @@ class TorchTrainer:
         ranks get empty model and optimizer entries). Collective."""
         model, optimizer = get_state_dict(
             self.policy,
-            self.optimizer,
+            self._adam,
             options=StateDictOptions(full_state_dict=True, cpu_offload=True),
         )
         return {
@@ -395,7 +401,7 @@ class TorchTrainer:
         if "optimizer" in state:
             set_state_dict(
                 self.policy,
-                self.optimizer,
+                self._adam,
                 model_state_dict=model,
                 optim_state_dict=state["optimizer"],
                 options=options,
@@ -428,10 +434,11 @@ class TorchTrainer:
             return 0
         moved = sum(local_shard(p).numel() * local_shard(p).element_size() for p in params)
         self._offloaded_from = device
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            _move_optimizer(self.optimizer, torch.device("cpu"))
         reshard(self.policy)
         self.policy.to("cpu")
-        _move_optimizer(self.optimizer, torch.device("cpu"))
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         return moved
@@ -442,8 +449,16 @@ class TorchTrainer:
         if device is None:
             return
         self.policy.to(device)
-        _move_optimizer(self.optimizer, device)
+        if self.optimizer is not None:
+            _move_optimizer(self.optimizer, device)
         torch.cuda.synchronize()
+
+    @property
+    def _adam(self) -> torch.optim.Optimizer:
+        """The optimizer of a trainer that trains (`trains`; mode=eval builds none)."""
+        if self.optimizer is None:
+            raise RuntimeError("this trainer was built without an optimizer (mode=eval)")
+        return self.optimizer
 
     def close(self) -> None:
         if self._owns_group:

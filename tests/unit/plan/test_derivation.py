@@ -276,7 +276,8 @@ def test_an_evaluation_that_starts_no_trainer_is_not_held_to_training(run_config
     """mode=eval of model.hf_checkpoint's own weights starts no train rank: qwen3-8b's
     training (147 GiB a GPU) does not fit one H100, and its evaluation there plans with the
     training side shown, unchecked and noted. Training, or an evaluation whose train ranks
-    hand the engines other weights (model.load), is still refused."""
+    hand the engines other weights (model.load), is held to what its train ranks do (the
+    test below)."""
     from rlpost.plan.fit import memory_issues, timeout_issues
     from rlpost.plan.plan import NO_TRAINING_NOTE
     from rlpost.plan.render import render_memory
@@ -289,13 +290,9 @@ def test_an_evaluation_that_starts_no_trainer_is_not_held_to_training(run_config
     shown = render_memory(plan)
     assert "not run (mode=eval of model.hf_checkpoint's weights" in shown
     assert "Verdict: the run fits" in shown
-    for refused in (
-        run_config("qwen3-8b", "h100x1"),
-        run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/qwen3-8b-step100"),
-    ):
-        with pytest.raises(UserError) as caught:
-            build_plan(refused)
-        assert [i.key for i in caught.value.issues] == ["layout.train.tp"]
+    with pytest.raises(UserError) as caught:
+        build_plan(run_config("qwen3-8b", "h100x1"))
+    assert [i.key for i in caught.value.issues] == ["layout.train.tp"]
     assert build_plan(run_config("qwen3-4b", "h100x8", mode="eval")).trains is False
     assert build_plan(run_config("qwen3-4b", "h100x8")).trains is True
 
@@ -372,3 +369,50 @@ def test_a_reference_other_than_the_policys_start_is_noted_when_the_kl_is_read(
     assert "the KL's reference" not in notes(
         recipe__algo__kl_loss_coef=0.01, model__ref_load="/sft"
     )
+
+
+def test_an_evaluation_whose_train_ranks_send_weights_counts_only_that(run_config: Runs) -> None:
+    """mode=eval of other weights (model.load, run.resume) starts train ranks that load them
+    and send them to the engines, with no optimizer, reference or train step: qwen3-8b, whose
+    training needs 147 GiB a GPU, evaluates a checkpoint on one H100, its train ranks counted
+    as the weights, a weight bucket and the CUDA context, and no training time."""
+    from rlpost.plan.fit import memory_issues, timeout_issues
+    from rlpost.plan.render import render_memory, render_work
+    from rlpost.plan.work import SEND_WEIGHTS
+
+    fraction = {"layout__rollout__sglang__mem_fraction_static": 0.6}
+    with pytest.raises(UserError):
+        build_plan(run_config("qwen3-8b", "h100x1", **fraction))
+    for weights in ({"model__load": "/ckpt/step100"}, {"run__resume": "/runs/a/ckpt/rollout_10"}):
+        cfg = run_config("qwen3-8b", "h100x1", mode="eval", **weights, **fraction)
+        plan = build_plan(cfg)
+        t = plan.memory.train
+        assert plan.train_ranks == SEND_WEIGHTS and plan.starts_train_ranks and not plan.trains
+        assert t.grads_gib == t.optimizer_gib == t.activations_gib == t.logits_gib == 0
+        assert t.total_gib == pytest.approx(t.weights_gib + t.weight_bucket_gib + t.overhead_gib)
+        assert t.weight_bucket_gib > 0 and plan.memory.train_fits
+        assert plan.work.reference_interval == 0 and plan.work.passes_per_rollout == 0
+        assert plan.prediction.train_s == 0
+        assert plan.memory.host.reference_weights_gib == 0
+        assert memory_issues(plan) == [] and timeout_issues(cfg, plan) == []
+        assert any("train ranks only load these weights" in n for n in plan.notes)
+        shown = render_memory(plan)
+        assert "train ranks (load and send weights), stage 0: fits" in shown
+        assert "gradients" not in shown and "activations (" not in shown
+        assert "train ranks' weights (colocated, mode=eval)" in shown
+        assert "no train step" in render_work(plan)
+    # colocated, the train ranks' weights stay beside the engine: its default pool leaves
+    # no room for them, and the rollout verdict says so (not a training one)
+    plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s"))
+    assert [i.key for i in memory_issues(plan)] == ["layout.rollout"]
+    # the torch trainer: float32 FSDP2 shards of the weights, nothing else
+    torch_eval = run_config(
+        "qwen3-8b",
+        "h100x1",
+        mode="eval",
+        model__load="/ckpt/s",
+        trainer__backend="torch",
+        **fraction,
+    )
+    t = build_plan(torch_eval).memory.train
+    assert t.grads_gib == t.optimizer_gib == 0 and t.weights_gib > 30

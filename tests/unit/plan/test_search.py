@@ -192,3 +192,31 @@ def test_cpu_adam_chosen_by_the_search_is_the_seeds_and_exports_to_slime(
     cpu_adam = with_adam(gpu_adam, True).recipe.optim
     assert (cpu_adam.cpu_offload, cpu_adam.precision_aware_optimizer) == (True, True)
     check_exportable(with_adam(gpu_adam, True))
+
+
+def test_an_evaluation_searches_by_its_own_work(run_config: MakeRun) -> None:
+    """layout=auto in mode=eval ranks by generation and the one weight push, with the train
+    side held to the weights it sends: qwen3-8b's training fits one H100 only with Adam on
+    the host, its evaluation of a checkpoint needs no Adam at all; no candidate counts
+    training time, and every GPU serves the engines (a decoupled split would take one from
+    them for nothing)."""
+    from rlpost.plan import plan_config
+    from rlpost.plan.plan import EVAL_SEARCH_NOTE
+
+    fraction = {"rollout": {"sglang": {"mem_fraction_static": 0.6}}}
+    training = search_layout(searching(run_config("qwen3-8b", "h100x1"), **fraction)).chosen
+    assert training is not None and training.train.cpu_offload
+    evaluation = run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/step100")
+    search = search_layout(searching(evaluation, **fraction))
+    assert search.chosen is not None and not search.chosen.train.cpu_offload
+    assert search.chosen.train.memory.optimizer_gib == 0
+    assert all(c.cost.train.total_s == 0 and c.cost.offload_s == 0 for c in search.ranked)
+    assert all(c.cost.sync_s > 0 for c in search.ranked)
+    _, plan = plan_config(searching(evaluation, **fraction))
+    assert EVAL_SEARCH_NOTE in plan.notes and plan.memory.train.optimizer_gib == 0
+    eight = run_config("qwen3-4b", "h100x8", mode="eval", model__load="/ckpt/step100")
+    chosen = search_layout(searching(eight)).chosen
+    assert chosen is not None and chosen.sizes.colocate
+    assert chosen.engine.gpus_per_engine * chosen.engine.num_engines == 8
+    served = search_layout(searching(run_config("qwen3-4b", "h100x8", mode="eval")))
+    assert served.ranked and all(c.cost.sync_s == 0 for c in served.ranked)

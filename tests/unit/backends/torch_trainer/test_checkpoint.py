@@ -344,3 +344,26 @@ def test_a_folder_without_a_checkpoint_is_refused_naming_both_formats(tmp_path: 
         load_sharded(tmp_path, nn.Linear(2, 2), None)
     with pytest.raises(FileNotFoundError, match="trainer/ folder"):
         read_full_model_state(tmp_path)
+
+
+def test_an_evaluation_trainer_loads_the_weights_alone_and_sends_them(
+    dp2_checkpoint: tuple[Path, dict[str, Any]], tiny_model_dir: Path
+) -> None:
+    """mode=eval's train rank (trains=False) builds no optimizer: a resumed checkpoint loads
+    its model part, and the weights it sends to the engines are the checkpoint's."""
+    from rlpost.backends.torch_trainer import TorchTrainer
+
+    from .conftest import configs
+
+    ckpt, saved = dp2_checkpoint
+    trainer = TorchTrainer(tiny_model_dir, *configs(2), num_threads=1, trains=False)
+    assert trainer.optimizer is None and trainer.ref_model is None
+    trainer.load_checkpoint(ckpt)
+    sent = {name: t for bucket in trainer.iter_hf_weights() for name, t in bucket}
+    assert trainer.step == 1 and sent.keys() <= saved["model"].keys()
+    for name, tensor in sent.items():
+        torch.testing.assert_close(tensor, saved["model"][name], rtol=0, atol=0)
+    assert trainer.offload() == 0  # on CPU: nothing moves, and no optimizer to move
+    with pytest.raises(RuntimeError, match="without an optimizer"):
+        trainer.state_dict()
+    trainer.close()
