@@ -131,6 +131,7 @@ class Setup:
     model: ModelConfig
     configs: Configs
     layout: ParallelLayout
+    trains: bool = True  # False: mode=eval's trainer, which only loads and sends weights
 
     def with_model(self, **fields: Any) -> Setup:
         return replace(self, model=self.model.model_copy(update=fields))
@@ -145,7 +146,15 @@ def rank_trainer(rank: int, world: int, port: int, setup: Setup) -> Iterator[Meg
     """This rank's trainer, closed (its process groups with it) however the block ends."""
     model, (algo, optim, train), par = setup.model, setup.configs, setup.layout
     trainer = MegatronTrainer(
-        model, algo, optim, train, par, rank=rank, world_size=world, master_port=port
+        model,
+        algo,
+        optim,
+        train,
+        par,
+        rank=rank,
+        world_size=world,
+        master_port=port,
+        trains=setup.trains,
     )
     try:
         yield trainer

@@ -52,6 +52,51 @@ def test_a_checkpoint_without_optimizer_restores_weights_and_step(
     assert any(not torch.allclose(loaded["weights"][n], w) for n, w in saved["weights"].items())
 
 
+def trained_and_saved(trainer: Any, samples: list[TrainSample], ckpt: Any) -> dict[str, Any]:
+    trainer.train_step(samples)
+    trainer.save_checkpoint(ckpt)
+    weights = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
+    return {"step": trainer.step, "weights": weights}
+
+
+def loaded_weights(trainer: Any, ckpt: Any) -> dict[str, Any]:
+    """mode=eval's trainer: the checkpoint loaded, and the weights it would send."""
+    trainer.load_checkpoint(ckpt)
+    weights = {n: w.clone() for b in trainer.iter_hf_weights() for n, w in b}
+    return {"optimizer": trainer.optimizer, "step": trainer.step, "weights": weights}
+
+
+@pytest.mark.parametrize(
+    ("arch", "saved", "loaded"),
+    [("qwen3", {"tp": 2}, {"dp": 2}), ("glm4_moe", {"ep": 2, "dp": 2}, {"dp": 2})],
+    ids=["dense-tp2-to-dp2", "moe-ep2-to-dp2"],
+)
+def test_an_evaluation_trainer_loads_a_checkpoints_weights_alone_and_sends_them(
+    arch: str,
+    saved: dict[str, int],
+    loaded: dict[str, int],
+    tmp_path: Any,
+    make_setup: Callable[..., Any],
+    make_layout: Callable[..., Any],
+    make_rollout: Callable[..., list[TrainSample]],
+) -> None:
+    """Built without gradient buffers or an optimizer (trains=False), under another layout,
+    it reads the model part of a checkpoint saved with Adam's state and sends exactly the
+    weights the training run held at that checkpoint."""
+    from dataclasses import replace
+
+    setup = make_setup(arch, **saved)
+    samples = make_rollout(8, seed=9)
+    ckpt = tmp_path / "checkpoint"
+    kept = setup.run(trained_and_saved, samples, ckpt)
+    evaluation = replace(setup, layout=make_layout(**loaded), trains=False)
+    got = evaluation.run(loaded_weights, ckpt)
+    assert got["optimizer"] is None and got["step"] == kept["step"] == 1
+    assert got["weights"].keys() == kept["weights"].keys()
+    for name, weight in kept["weights"].items():
+        assert torch.equal(got["weights"][name], weight), name
+
+
 # (architecture, layout saved under, layout resumed under); every world is 2 ranks
 RESHARDS = [
     ("qwen3", {"tp": 2}, {"dp": 2}),
