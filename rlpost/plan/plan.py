@@ -12,7 +12,7 @@ from rlpost.errors import UserError
 from rlpost.plan.backends import as_computed, resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
-from rlpost.plan.engine_memory import GIB, estimate_rollout
+from rlpost.plan.engine_memory import GIB, TRAINER_RESIDUAL_GIB, estimate_rollout
 from rlpost.plan.fsdp import (
     FSDP_MOE_NOTE,
     FSDP_NOTE,
@@ -29,7 +29,7 @@ from rlpost.plan.memory import (
     fp8_update_buffer_bytes,
     pipeline_stages,
 )
-from rlpost.plan.parallel import resolve_layout
+from rlpost.plan.parallel import Resolution, resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
 from rlpost.plan.prediction import TrainPrediction, predict_train
@@ -412,7 +412,8 @@ def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple
     if colocate and cfg.hardware.kind == "gpu":
         note += (
             "; colocated, those weights stay on each GPU beside its engine through the "
-            "evaluation (the rollout table counts them)"
+            "evaluation (the rollout table counts them, and a derived "
+            "layout.rollout.sglang.mem_fraction_static leaves room for them)"
         )
     return (*notes, note)
 
@@ -423,9 +424,9 @@ def build_plan(cfg: RunConfig) -> Plan:
     Raises UserError listing every problem found, never just the first.
     """
     counted = as_computed(cfg)  # what the figures count (float32 on CPU)
-    res = resolve_layout(counted)
-    ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
     train_ranks = train_rank_work(cfg)
+    res = _room_for_sent_weights(counted, resolve_layout(counted), train_ranks)
+    ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
     starts = train_ranks != NO_TRAIN_RANK
     issues = [i for i in res.issues if starts or not i.key.startswith(TRAIN_LAYOUT)]
     issues += run_checks(ctx, skip=skipped_rules(train_ranks))
@@ -469,6 +470,27 @@ def build_plan(cfg: RunConfig) -> Plan:
         + _train_rank_notes(cfg, train_ranks, sizes.colocate),
         train_ranks=train_ranks,
     )
+
+
+MEM_FRACTION_KEY = "layout.rollout.sglang.mem_fraction_static"
+
+
+def _room_for_sent_weights(cfg: RunConfig, res: Resolution, train_ranks: str) -> Resolution:
+    """mode=eval's train ranks keep the weights they sent on each colocated GPU through the
+    evaluation (nothing offloads them): a derived mem_fraction_static leaves room for them,
+    as in training it leaves room for the offloaded trainer's residue. A fraction the user
+    set stays as set, and the plan's memory check holds it to the weights."""
+    engine, hw = res.engine, cfg.hardware
+    derived = MEM_FRACTION_KEY in res.derived
+    if not (derived and train_ranks == SEND_WEIGHTS and res.sizes.colocate and hw.kind == "gpu"):
+        return res
+    bucket_bytes = cfg.engine.weight_bucket_mb << 20
+    kept = estimate_sender(cfg, res.parallel, True, bucket_bytes).weights_gib
+    extra = max(0.0, kept - TRAINER_RESIDUAL_GIB)
+    fraction = round(engine.mem_fraction_static - extra / hw.gpu_memory_gib, 3)
+    options = dict(engine.sglang) | {"mem_fraction_static": fraction}
+    engine = replace(engine, mem_fraction_static=fraction, sglang=tuple(options.items()))
+    return replace(res, engine=engine)
 
 
 def estimate_memory(

@@ -401,9 +401,20 @@ def test_an_evaluation_whose_train_ranks_send_weights_counts_only_that(run_confi
         assert "gradients" not in shown and "activations (" not in shown
         assert "train ranks' weights (colocated, mode=eval)" in shown
         assert "no train step" in render_work(plan)
-    # colocated, the train ranks' weights stay beside the engine: its default pool leaves
-    # no room for them, and the rollout verdict says so (not a training one)
+    # colocated, the train ranks' weights stay beside the engine: a derived pool leaves room
+    # for them (in place of the trainer's residue it leaves in training), so the evaluation
+    # fits as it is; a pool the user sets stays as set, and the rollout verdict holds it
+    trained = build_plan(run_config("qwen3-8b", "h100x8"))
     plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s"))
+    kept = plan.memory.rollout.trainer_residual_gib
+    assert kept == plan.memory.train.weights_gib > 5
+    assert plan.engine.mem_fraction_static == pytest.approx(
+        trained.engine.mem_fraction_static - (kept - 5e9 / 2**30) / 79.6, abs=1e-3
+    )
+    assert plan.engine.options["mem_fraction_static"] == plan.engine.mem_fraction_static
+    assert memory_issues(plan) == [] and plan.memory.rollout.total_gib <= 79.6
+    told = {"layout__rollout__sglang__mem_fraction_static": trained.engine.mem_fraction_static}
+    plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s", **told))
     assert [i.key for i in memory_issues(plan)] == ["layout.rollout"]
     # the torch trainer: float32 FSDP2 shards of the weights, nothing else
     torch_eval = run_config(
