@@ -313,6 +313,7 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         *(option(tool_keys.pop(), "--eval-tool-key") if len(tool_keys) == 1 else []),
         flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
         *option(ev.max_response_len, "--eval-max-response-len"),
+        *option(ev.max_prompt_len, "--eval-max-prompt-len"),
         *option(ev.temperature, "--eval-temperature"),
         *option(ev.top_p, "--eval-top-p"),
         *option(ev.top_k, "--eval-top-k"),

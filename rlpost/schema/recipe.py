@@ -817,6 +817,13 @@ class EvalConfig(Section):
     datasets: list[EvalDataset] = Field(default_factory=list)
     n_samples_per_prompt: PositiveInt = 1
     max_response_len: PositiveInt | None = None
+    max_prompt_len: PositiveInt | None = Field(
+        None,
+        description="leave out of every evaluation set the prompts longer than this many "
+        "tokens, as data.max_prompt_len does for training (slime's --eval-max-prompt-len); "
+        "null evaluates every prompt, each then checked against the engines' context before "
+        "the run starts",
+    )
     temperature: float | None = None
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
@@ -849,6 +856,17 @@ class EvalConfig(Section):
                     fix=f"remove eval.{name} (~recipe.eval.{name} on the command line), or "
                     f"the sets' own to take it",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_prompt_bound_has_datasets(self) -> EvalConfig:
+        if not self.datasets:
+            refuse_unused(
+                self,
+                "max_prompt_len",
+                why="it bounds the prompts of the evaluation sets, and none is named",
+                fix="name the sets in datasets, or remove max_prompt_len",
+            )
         return self
 
     @model_validator(mode="after")
@@ -1224,6 +1242,24 @@ class RecipeConfig(Section):
                 "label), or use a reward that needs no label",
             )
         return self
+
+    def eval_requests(self) -> list[tuple[str, int]]:
+        """The longest request (prompt + response) of each evaluation set that can outgrow
+        training's, keyed by what sets its response length (one entry a key): the prompt
+        counts eval.max_prompt_len (0 where unset: the prompts add to it, and are checked
+        once tokenized); a set at the rollout's response length is listed under
+        eval.max_prompt_len, and only when that is set (else training's bound covers it)."""
+        ev = self.eval
+        prompt = ev.max_prompt_len or 0
+        found: dict[str, int] = {}
+        for i, dataset in enumerate(ev.datasets):
+            if dataset.max_response_len:
+                found[f"eval.datasets.{i}.max_response_len"] = prompt + dataset.max_response_len
+            elif ev.max_response_len:
+                found["eval.max_response_len"] = prompt + ev.max_response_len
+            elif ev.max_prompt_len:
+                found["eval.max_prompt_len"] = prompt + self.rollout.max_response_len
+        return list(found.items())
 
     def rule_graders(self) -> list[tuple[str, str]]:
         """(key, reward type) for each rule-based grader the run uses: the rollout's type,

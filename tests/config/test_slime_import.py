@@ -352,6 +352,20 @@ def test_runtime_settings_export_and_import_back(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+def test_the_evaluation_prompt_bound_exports_and_imports_back(tmp_path: Path) -> None:
+    """slime's --eval-max-prompt-len leaves long prompts out of every evaluation set, as
+    recipe.eval.max_prompt_len does."""
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "run.dir=/runs/a"]
+    cfg, _ = compose_run_config([*base, "recipe.eval.max_prompt_len=1536"])
+    plan = build_plan(cfg)
+    flags = slime_arg_groups(cfg, plan)["EVAL_ARGS"]
+    assert flags[flags.index("--eval-max-prompt-len") + 1] == "1536"
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(seed_shaped(render_slime_args(cfg, plan), "qwen3-4b"))
+    again, _ = imported_config(script, tmp_path / "out")
+    assert again.recipe.eval.max_prompt_len == 1536  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
