@@ -50,6 +50,7 @@ from rlpost.schema.recipe import (
     GRADER_FLOOR,
     GRADER_MARKERS,
     LABELLED_REWARD_TYPES,
+    UNREGISTERED_REWARD_TYPES,
     RewardConfig,
     RewardType,
 )
@@ -409,6 +410,9 @@ def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
             "store the reference answer under that key",
         )
     rm_type = row.metadata.get("rm_type")
+    if isinstance(rm_type, str) and rm_type in UNREGISTERED_REWARD_TYPES:
+        why, fix = UNREGISTERED_REWARD_TYPES[rm_type]
+        return f"metadata rm_type {rm_type!r} is not available: {why}", fix
     if rm_type is not None and rm_type not in REWARD_TYPES:
         return (
             f"metadata rm_type {rm_type!r} is not a reward type",

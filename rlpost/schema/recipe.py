@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    BeforeValidator,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -19,16 +20,71 @@ from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 # The reward types rlpost registers (rlpost.rewards.hub; a test holds the two together), and
 # those that grade a response against the sample's label. "model" is no per-sample type:
 # reward.model's class scores whole batches (rlpost.rewards.model).
-RewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote", "model"]
-LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1", "gpqa"})
+# The boxed_ types (slime's) grade the last \\boxed{} answer of a response with the named
+# grader, and pay its floor where there is none.
+RewardType = Literal[
+    "math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote", "model"
+]
+LABELLED_REWARD_TYPES = frozenset(
+    {"math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa"}
+)
 # what a rule-based grader must find written in a response, with the answer after it
 # (rlpost.rewards.answers), and what it pays when it does not
 GRADER_MARKERS: dict[str, tuple[str, ...]] = {
     "math": ("\\boxed",),
     "deepscaler": ("</think>", "\\boxed"),
     "dapo": ("Answer:",),
+    "boxed_f1": ("\\boxed",),
+    "boxed_gpqa": ("\\boxed",),
 }
-GRADER_FLOOR = {"math": 0.0, "deepscaler": 0.0, "dapo": -1.0, "f1": 0.0, "gpqa": 0.0}
+GRADER_FLOOR = {
+    "math": 0.0,
+    "deepscaler": 0.0,
+    "dapo": -1.0,
+    "f1": 0.0,
+    "gpqa": 0.0,
+    "boxed_f1": 0.0,
+    "boxed_gpqa": 0.0,
+}
+# slime's reward types that rlpost does not register: why, and what to use instead
+UNREGISTERED_REWARD_TYPES: dict[str, tuple[str, str]] = {
+    "ifbench": (
+        "slime's ifbench grades with AllenAI's IFBench instruction checkers, which slime "
+        "clones from GitHub and pip-installs while the run is under way; rlpost ships no "
+        "such checker and installs nothing during a run",
+        "score with custom_function: a function of your own that calls IFBench's checkers "
+        "(installed beforehand), or type: remote with a reward server that runs them",
+    ),
+    "boxed_math": (
+        "math grades the last \\boxed{} answer already, and slime's boxed_math looks for a "
+        "box inside the boxed answer, which is never there: it pays 0 for every response",
+        "use math",
+    ),
+    "boxed_deepscaler": (
+        "deepscaler grades what follows </think>, which a boxed answer never holds: every "
+        "response would score 0",
+        "use deepscaler (it grades the last box after </think>), or math",
+    ),
+    "boxed_dapo": (
+        "dapo grades the answer after 'Answer:', which a boxed answer never holds: every "
+        "response would score -1",
+        "use dapo (it reads a box after 'Answer:' too), or math",
+    ),
+    "boxed_remote": (
+        "the reward server is sent the whole sample, never a boxed answer",
+        "use remote, and have the server read the last box",
+    ),
+}
+
+
+def check_reward_type_known(value: Any) -> Any:
+    """A reward type slime has and rlpost does not register is refused with the reason
+    (before the list of known types would be: that says what, not why)."""
+    if isinstance(value, str) and value in UNREGISTERED_REWARD_TYPES:
+        why, fix = UNREGISTERED_REWARD_TYPES[value]
+        raise InvariantError(f"reward type {value!r} is not available: {why}", fields=(), fix=fix)
+    return value
+
 
 # What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
 # the two together). Group baselines subtract the group's mean reward, so a group of one
@@ -159,7 +215,7 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    type: RewardType = "math"
+    type: Annotated[RewardType, BeforeValidator(check_reward_type_known)] = "math"
     custom_function: str | None = None
     group: bool = False
     remote_url: str | None = None
@@ -791,7 +847,10 @@ class TrainConfig(Section):
 
 # What an evaluation set may grade with in place of rollout.reward.type: a rule-based type or
 # the reward server (a reward model scores every sample, whatever its set).
-EvalRewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote"]
+EvalRewardType = Annotated[
+    Literal["math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote"],
+    BeforeValidator(check_reward_type_known),
+]
 
 
 class EvalDataset(Section):

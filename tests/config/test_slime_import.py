@@ -366,6 +366,31 @@ def test_the_evaluation_prompt_bound_exports_and_imports_back(tmp_path: Path) ->
     assert again.recipe.eval.max_prompt_len == 1536  # type: ignore[attr-defined]
 
 
+def test_slimes_boxed_reward_types_export_and_import_back(tmp_path: Path) -> None:
+    """--rm-type boxed_f1 is rlpost's type of that name (the last boxed answer graded by F1),
+    and an evaluation set's boxed_gpqa goes out as its eval config's rm_type."""
+    from rlpost.plan.slime_args import eval_config_file
+
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "run.dir=/runs/a"]
+    cfg, _ = compose_run_config([*base, "recipe.rollout.reward.type=boxed_f1"])
+    plan = build_plan(cfg)
+    flags = slime_arg_groups(cfg, plan)["ROLLOUT_ARGS"]
+    assert flags[flags.index("--rm-type") + 1] == "boxed_f1"
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(seed_shaped(render_slime_args(cfg, plan), "qwen3-4b"))
+    again, _ = imported_config(script, tmp_path / "out")
+    assert again.recipe.rollout.reward.type == "boxed_f1"  # type: ignore[attr-defined]
+    graded, _ = compose_run_config(
+        [
+            *base,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: gpqa, path: /d/gpqa.jsonl, reward_type: boxed_gpqa}]",
+        ]
+    )
+    config = eval_config_file(graded)
+    assert config is not None and "rm_type: boxed_gpqa" in config[1]
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
