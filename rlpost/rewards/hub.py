@@ -1,11 +1,15 @@
 """The reward hub: a reward for every sample, by registered type, custom or group function.
 
-Which function scores a sample, first match wins:
+Which function scores a sample, first match wins (slime's order: its --custom-rm-path runs
+before any --rm-type, a line's or the run's):
 1. `reward.group` set: `reward.custom_function(samples) -> list[float]`, called once per
    group (samples sharing a group_index); per-sample types are not consulted.
-2. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
-3. `reward.custom_function(sample) -> float`.
+2. `reward.custom_function(sample) -> float`, for every sample (it may read
+   `sample.metadata["rm_type"]` itself).
+3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
+An evaluation set with a reward_type of its own is scored with a config that names that type
+and no custom function (rlpost.runtime.evaluation), so the set's type grades its every line.
 
 A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
 the response with the grader it names, and pays that grader's floor where there is none.
@@ -96,14 +100,14 @@ async def compute_rewards(samples: Sequence[Sample], config: RewardConfig) -> li
 
 
 async def _sample_reward(sample: Sample, ctx: RewardContext) -> float:
-    rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
-    if rm_type:
-        return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
     path = ctx.config.custom_function
     if path:
         hook = _load_cached(path, REWARD_FUNCTION)
         value = await _call_hook(hook, sample, ctx.config.timeout_s, path)
         return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
+    rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
+    if rm_type:
+        return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
     return await _typed_reward(ctx.config.type, sample, ctx, source="reward.type")
 
 

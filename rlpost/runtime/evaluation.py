@@ -8,6 +8,7 @@ recipe.eval.max_prompt_len, where set, leaves prompts out (as slime's --eval-max
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import statistics
 from collections.abc import Sequence
@@ -17,10 +18,11 @@ from rlpost.data.prompts import ChatTokenizer
 from rlpost.data.source import Group, load_eval_groups
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.table import render_table
+from rlpost.rewards import compute_rewards
 from rlpost.runtime.metrics import AFTER_ROLLOUT
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
 from rlpost.schema import RecipeConfig
-from rlpost.schema.recipe import EvalConfig
+from rlpost.schema.recipe import EvalConfig, RewardConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ class EvalSet:
     sampling: SamplingSettings
     path: str = ""
     dropped: int = 0  # prompts left out over recipe.eval.max_prompt_len
+    # the set's own reward_type, as a reward config that grades with it (and no custom
+    # function); None: scored as training is
+    reward: RewardConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -81,9 +86,12 @@ def load_eval_sets(
             )  # fmt: skip
         elif dropped:
             empty.append(_all_too_long(i, dataset.name, dataset.path, everything, ev))
+        reward = None
         if dataset.reward_type is not None:  # over a line's own rm_type, as slime's does
             for sample in (s for group in groups for s in group):
                 sample.metadata["rm_type"] = dataset.reward_type
+            update = {"type": dataset.reward_type, "custom_function": None}
+            reward = rollout.reward.model_copy(update=update)
         sampling = SamplingSettings(
             max_new_tokens=eval_response_len(recipe, i)[1],
             temperature=ev.temperature if ev.temperature is not None else rollout.temperature,
@@ -93,7 +101,7 @@ def load_eval_sets(
             stop_token_ids=tuple(stop_token_ids),
             skip_special_tokens=rollout.skip_special_tokens,
         )
-        sets.append(EvalSet(dataset.name, groups, sampling, str(dataset.path), dropped))
+        sets.append(EvalSet(dataset.name, groups, sampling, str(dataset.path), dropped, reward))
     if empty:
         raise UserError(empty, title="data error")
     return sets
@@ -134,7 +142,11 @@ async def evaluate(
     for eval_set in eval_sets:
         groups = [[s.fresh() for s in g] for g in eval_set.groups]
         params = eval_set.sampling.to_sglang()
-        done = await asyncio.gather(*(runner.run(g, params, runner.client_for(g)) for g in groups))
+        own = eval_set.reward
+        scored = None if own is None else functools.partial(compute_rewards, config=own)
+        done = await asyncio.gather(
+            *(runner.run(g, params, runner.client_for(g), scored) for g in groups)
+        )
         samples = [s for g in done for s in g]
         rewards = [float(s.reward or 0.0) for s in samples]
         lengths = [sum(s.loss_mask) for s in samples]

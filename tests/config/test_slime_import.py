@@ -652,6 +652,28 @@ def test_an_eval_config_file_imports_its_sets_and_defaults(tmp_path: Path) -> No
     assert note.flag == "--eval-config" and "cannot be read here" in note.reason
 
 
+def test_an_eval_sets_rm_type_beside_a_custom_reward_function_is_not_imported(
+    tmp_path: Path,
+) -> None:
+    """slime's --custom-rm-path scores every sample before any rm_type, an eval config set's
+    included; rlpost grades a set by its own reward_type, so importing the rm_type would
+    change the set's scores: it is listed, and the set is scored by the function."""
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n  datasets:\n    - {name: aime, path: /data/aime.jsonl, rm_type: math}\n"
+    )
+    custom = "--custom-rm-path rlpost_test_hooks.length_reward --rm-type deepscaler"
+    script = write_script(tmp_path, f"{custom} --eval-interval 20 --eval-config {config}")
+    imported = import_slime(script)
+    assert imported.values["recipe.eval.datasets"] == [{"name": "aime", "path": "/data/aime.jsonl"}]
+    [note] = imported.unmapped
+    assert (note.flag, note.values) == ("--eval-config aime.rm_type", ("math",))
+    assert "before any rm_type" in note.reason
+    plain = import_slime(write_script(tmp_path, f"--eval-interval 20 --eval-config {config}"))
+    assert plain.values["recipe.eval.datasets"][0]["reward_type"] == "math"
+    assert not plain.unmapped
+
+
 def test_a_script_that_trains_no_rollout_imports_as_an_evaluation(tmp_path: Path) -> None:
     """slime's --num-rollout 0: train.py evaluates the weights --load names once. The import
     launches mode=eval on them (model.load) in a directory of its own."""

@@ -108,6 +108,14 @@ def test_custom_sync_function_runs_off_the_event_loop_thread(hook_modules: Path)
     assert threading.main_thread().name not in rlpost_test_hooks.CALL_THREADS
 
 
+def test_a_custom_function_scores_before_a_lines_rm_type(hook_modules: Path) -> None:
+    """slime's order: --custom-rm-path scores every sample, a line's rm_type included (the
+    function may read it from the metadata); without one the line's rm_type grades it."""
+    batch = [sample("\\boxed{34}", rm_type="math"), sample("abc")]
+    assert rewards(batch, custom_function="rlpost_test_hooks.length_reward") == [10.0, 3.0]
+    assert rewards(batch, type="f1") == [1.0, 0.0]
+
+
 def test_custom_async_function(hook_modules: Path) -> None:
     out = rewards(
         [sample("it is 34"), sample("it is 43")],
