@@ -519,6 +519,17 @@ GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
 # recipe features slime has no counterpart for: (key, value test, why, fix)
 NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
     (
+        "recipe.rollout.reward.custom_function",
+        lambda cfg: (
+            bool(cfg.recipe.rollout.reward.custom_function)
+            and any(d.reward_type is not None for d in cfg.recipe.eval.datasets)
+        ),
+        "slime scores every sample with --custom-rm-path before any rm_type, an evaluation "
+        "set's included: the sets that name a reward_type here would be scored by the "
+        "function there",
+        "export without the custom function, or without the evaluation sets' reward_type",
+    ),
+    (
         "recipe.loop.mode",
         lambda cfg: cfg.recipe.loop.mode == "fully_async",
         "slime's fully-async rollout (train_async.py with --rollout-function-path "

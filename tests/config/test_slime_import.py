@@ -406,6 +406,24 @@ def test_what_slime_cannot_run_is_not_exported(override: str, key: str) -> None:
     assert [issue.key for issue in refused.value.issues] == [key]
 
 
+def test_an_eval_sets_reward_type_beside_a_custom_function_is_not_exported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rlpost grades such a set by its reward_type; slime's --custom-rm-path would score it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.eval.interval=10"]
+    custom = "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward"
+    graded = "recipe.eval.datasets=[{name: a, path: /d/a.jsonl, reward_type: math}]"
+    cfg, _ = compose_run_config([*base, custom, graded])
+    with pytest.raises(UserError) as refused:
+        check_exportable(cfg)
+    (issue,) = refused.value.issues
+    assert issue.key == "recipe.rollout.reward.custom_function"
+    assert "before any rm_type" in issue.message
+    as_training, _ = compose_run_config([*base, custom, graded.replace(", reward_type: math", "")])
+    check_exportable(as_training)
+
+
 def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
     script = tmp_path / "run.sh"
     script.write_text(
