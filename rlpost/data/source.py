@@ -423,7 +423,8 @@ def load_eval_groups(
     """Every prompt of an eval file, in file order, `n_samples_per_prompt` samples each.
 
     Same reading and template as the training data (keys may differ); never shuffled and
-    never filtered by length, so a benchmark's score is over all of its prompts.
+    not filtered by length here: only recipe.eval.max_prompt_len, where set, leaves prompts
+    out (rlpost.runtime.evaluation), so a benchmark's score is otherwise over all of them.
     """
     fmt = prompt_format(config, input_key, label_key, tool_key)
     prompts, _ = load_prompts(path, fmt, tokenizer, max_prompt_len=None)

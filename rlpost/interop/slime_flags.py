@@ -97,6 +97,7 @@ FLAGS: tuple[FlagRule, ...] = (
     FlagRule("--rollout-shuffle", "recipe.data.shuffle", _on),
     FlagRule("--rollout-seed", "recipe.data.seed", one),
     FlagRule("--rollout-max-prompt-len", "recipe.data.max_prompt_len", one),
+    FlagRule("--eval-max-prompt-len", "recipe.eval.max_prompt_len", one),
     FlagRule(
         "--rm-type", "recipe.rollout.reward.type", lambda v: REWARDS_FROM_SLIME.get(v[0], v[0])
     ),
@@ -583,10 +584,6 @@ NOT_IMPORTED = {
     "--eval-function-path": (
         "rlpost evaluates with its own generation and the recipe's reward",
         "recipe.eval.datasets",
-    ),
-    "--eval-max-prompt-len": (
-        "rlpost evaluates every prompt of an evaluation set",
-        "recipe.data.max_prompt_len",
     ),
     "--eval-max-context-len": (
         "rlpost checks every evaluation prompt and response against the engines' context",

@@ -574,12 +574,23 @@ def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
             why = "rlpost's evaluation has no such setting"
             unmapped.append(Unmapped(f"{flag} defaults.{key}", (str(value),), why, "recipe.eval"))
     datasets = []
+    custom = values.get("recipe.rollout.reward.custom_function")
     for entry in raw:
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
         reward = dataset.get("reward_type")
-        if reward is not None:
-            dataset["reward_type"] = REWARDS_FROM_SLIME.get(reward, reward)
         where = f"{flag} {entry.get('name', '?')}"
+        if reward is not None and custom:
+            # slime: a --custom-rm-path scores every sample before any rm_type; rlpost grades
+            # a set by its own reward_type, which would change the set's scores
+            del dataset["reward_type"]
+            why = (
+                f"slime scores every sample with --custom-rm-path ({custom}) before any "
+                "rm_type, so the set's rm_type grades nothing there; imported as it runs, the "
+                "set is scored by the custom function (give it a reward_type to grade it so)"
+            )
+            unmapped.append(Unmapped(f"{where}.rm_type", (str(reward),), why, "recipe.eval"))
+        elif reward is not None:
+            dataset["reward_type"] = REWARDS_FROM_SLIME.get(reward, reward)
         for key in sorted(set(entry) - set(EVAL_SET_KEYS)):
             why = "rlpost sets it for every evaluation set, or has no such setting"
             unmapped.append(Unmapped(f"{where}.{key}", (str(entry[key]),), why, "recipe.eval"))

@@ -27,10 +27,9 @@ def _options(cfg: RunConfig) -> dict[str, Any]:
 
 def longest_request_tokens(cfg: RunConfig) -> int:
     """Prompt + response of the longest rollout or evaluation request (an unset
-    max_prompt_len counts as 0: the plan says so)."""
+    data.max_prompt_len or eval.max_prompt_len counts as 0: the plan says so)."""
     recipe = cfg.recipe
-    eval_len = max([0] + [n for _, n in recipe.eval.response_lens()])
-    return max(longest_sample_tokens(recipe), (recipe.data.max_prompt_len or 0) + eval_len)
+    return max([longest_sample_tokens(recipe)] + [n for _, n in recipe.eval_requests()])
 
 
 @check("sglang_context_length", scope="engine")

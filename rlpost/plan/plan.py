@@ -366,7 +366,8 @@ def _reward_notes(reward: RewardConfig) -> list[str]:
     who = (
         "called once per group (reward.group), scores every sample"
         if reward.group
-        else "scores every sample whose metadata names no rm_type"
+        else "scores every sample, before a prompt line's metadata rm_type (an evaluation "
+        "set's own reward_type still grades that set)"
     )
     return [
         f"recipe.rollout.reward.custom_function ({reward.custom_function}) {who}, not "

@@ -50,6 +50,7 @@ from rlpost.schema.recipe import (
     GRADER_FLOOR,
     GRADER_MARKERS,
     LABELLED_REWARD_TYPES,
+    UNREGISTERED_REWARD_TYPES,
     RewardConfig,
     RewardType,
 )
@@ -318,6 +319,9 @@ class RowRules:
     reward_type: str | None = None
     scorer: str | None = None
     forced: bool = False
+    # whether a line's rm_type picks its grader: not where a custom function scores every
+    # sample (before any rm_type, as slime's --custom-rm-path; it may read rm_type itself)
+    rm_type_grades: bool = True
     has_server: bool = False  # recipe.rollout.reward.remote_url is set
     markers: tuple[str, ...] = ()  # the chat template's (template_markers)
     # the config key that names each of fmt's line keys ('prompt' -> recipe.data.input_key):
@@ -408,7 +412,10 @@ def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
             "(the math grader pays an empty \\boxed{} against it)",
             "store the reference answer under that key",
         )
-    rm_type = row.metadata.get("rm_type")
+    rm_type = row.metadata.get("rm_type") if rules.rm_type_grades else None
+    if isinstance(rm_type, str) and rm_type in UNREGISTERED_REWARD_TYPES:
+        why, fix = UNREGISTERED_REWARD_TYPES[rm_type]
+        return f"metadata rm_type {rm_type!r} is not available: {why}", fix
     if rm_type is not None and rm_type not in REWARD_TYPES:
         return (
             f"metadata rm_type {rm_type!r} is not a reward type",
@@ -441,6 +448,8 @@ def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
 def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     data, recipe = cfg.recipe.data, cfg.recipe
     scorer = _whole_batch_scorer(recipe.rollout.reward)
+    reward = recipe.rollout.reward
+    custom = reward.custom_function is not None and not reward.group  # (a group's: scorer)
     has_server = recipe.rollout.reward.remote_url is not None
     markers = (
         template_markers(Path(cfg.model.hf_checkpoint).expanduser())
@@ -455,6 +464,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             recipe.rollout.reward.needs_label,
             recipe.rollout.reward.type,
             scorer,
+            rm_type_grades=not custom,
             has_server=has_server,
             markers=markers,
             key_settings=_key_settings(fmt, "recipe.data", "recipe.data"),
@@ -474,6 +484,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             dataset.reward_type or recipe.rollout.reward.type,
             scorer,
             forced=dataset.reward_type is not None,
+            rm_type_grades=dataset.reward_type is not None or not custom,
             has_server=has_server,
             markers=markers,
             key_settings=_key_settings(

@@ -313,6 +313,7 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         *(option(tool_keys.pop(), "--eval-tool-key") if len(tool_keys) == 1 else []),
         flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
         *option(ev.max_response_len, "--eval-max-response-len"),
+        *option(ev.max_prompt_len, "--eval-max-prompt-len"),
         *option(ev.temperature, "--eval-temperature"),
         *option(ev.top_p, "--eval-top-p"),
         *option(ev.top_k, "--eval-top-k"),
@@ -517,6 +518,17 @@ GROUPS: dict[str, Callable[[RunConfig, Plan], list[Flag]]] = {
 
 # recipe features slime has no counterpart for: (key, value test, why, fix)
 NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
+    (
+        "recipe.rollout.reward.custom_function",
+        lambda cfg: (
+            bool(cfg.recipe.rollout.reward.custom_function)
+            and any(d.reward_type is not None for d in cfg.recipe.eval.datasets)
+        ),
+        "slime scores every sample with --custom-rm-path before any rm_type, an evaluation "
+        "set's included: the sets that name a reward_type here would be scored by the "
+        "function there",
+        "export without the custom function, or without the evaluation sets' reward_type",
+    ),
     (
         "recipe.loop.mode",
         lambda cfg: cfg.recipe.loop.mode == "fully_async",

@@ -140,15 +140,19 @@ def chosen_letter(response: str, letters: str = CHOICE_LETTERS) -> str | None:
     alone elsewhere ("I think") is no answer."""
     text = response.rsplit(THINK_END, 1)[-1]
     boxed = last_boxed(text)
-    if boxed is not None:
-        match = _BOXED_CHOICE.fullmatch(_TEXT_WRAPPER.sub(r"\1", boxed))
-        if match and match.group(1) in letters:
-            return match.group(1)
+    if boxed is not None and (letter := _answer_letter(boxed, letters)):
+        return letter
     for pattern in (_STATED_CHOICE, _BRACKETED_CHOICE):
         found = [m.group(1) for m in pattern.finditer(text) if _names_option(m, letters)]
         if found:
             return found[-1]
     return None
+
+
+def _answer_letter(answer: str, letters: str) -> str | None:
+    """The option an answer (a box's content) is: 'C', '(C)', 'C. Paris'; else None."""
+    match = _BOXED_CHOICE.fullmatch(_TEXT_WRAPPER.sub(r"\1", answer))
+    return match.group(1) if match and match.group(1) in letters else None
 
 
 def _names_option(match: re.Match[str], letters: str) -> bool:
@@ -220,12 +224,23 @@ def grade_choice(response: str, label: str) -> float:
     return 1.0 if any(f" {t} " in said for t in targets.split("|") if t) else 0.0
 
 
+def grade_boxed_choice(answer: str, label: str) -> float:
+    """grade_choice of a boxed answer alone (the box's content): the option it is ('C',
+    '(C)', 'C. Paris'), else the option it states or whose words it gives."""
+    correct, _, rest = label.partition("/")
+    letter = _answer_letter(answer, rest.partition("/")[0] or CHOICE_LETTERS)
+    if letter is not None:
+        return 1.0 if letter == correct else 0.0
+    return grade_choice(answer, label)
+
+
 GRADERS: dict[str, Callable[[str, str], float]] = {
     "math": grade_math,
     "deepscaler": grade_deepscaler,
     "dapo": grade_dapo,
     "f1": f1_score,
     "gpqa": grade_choice,
+    "boxed_gpqa": grade_boxed_choice,  # on the last box's content (the hub extracts it)
 }
 
 

@@ -1,11 +1,18 @@
 """The reward hub: a reward for every sample, by registered type, custom or group function.
 
-Which function scores a sample, first match wins:
+Which function scores a sample, first match wins (slime's order: its --custom-rm-path runs
+before any --rm-type, a line's or the run's):
 1. `reward.group` set: `reward.custom_function(samples) -> list[float]`, called once per
    group (samples sharing a group_index); per-sample types are not consulted.
-2. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
-3. `reward.custom_function(sample) -> float`.
+2. `reward.custom_function(sample) -> float`, for every sample (it may read
+   `sample.metadata["rm_type"]` itself).
+3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
+An evaluation set with a reward_type of its own is scored with a config that names that type
+and no custom function (rlpost.runtime.evaluation), so the set's type grades its every line.
+
+A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
+the response with the grader it names, and pays that grader's floor where there is none.
 
 Rule-based types grade in worker processes under `reward.timeout_s`; a grader that runs
 past it scores as a wrong answer. Custom functions, plain or async, get the same limit.
@@ -32,7 +39,7 @@ from rlpost.hooks import (
     is_async_hook,
     load_hook,
 )
-from rlpost.rewards.answers import choice_label
+from rlpost.rewards.answers import choice_label, last_boxed
 from rlpost.rewards.errors import RewardError
 from rlpost.rewards.pool import grading_pool
 from rlpost.rewards.remote import post_reward, reward_payload
@@ -93,14 +100,14 @@ async def compute_rewards(samples: Sequence[Sample], config: RewardConfig) -> li
 
 
 async def _sample_reward(sample: Sample, ctx: RewardContext) -> float:
-    rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
-    if rm_type:
-        return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
     path = ctx.config.custom_function
     if path:
         hook = _load_cached(path, REWARD_FUNCTION)
         value = await _call_hook(hook, sample, ctx.config.timeout_s, path)
         return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
+    rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
+    if rm_type:
+        return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
     return await _typed_reward(ctx.config.type, sample, ctx, source="reward.type")
 
 
@@ -203,11 +210,22 @@ def _label_of(sample: Sample, reward_type: str) -> str:
 
 
 async def _grade(
-    grader: str, failed: float, sample: Sample, ctx: RewardContext, label: str | None = None
+    grader: str,
+    failed: float,
+    sample: Sample,
+    ctx: RewardContext,
+    label: str | None = None,
+    *,
+    boxed: str = "",
 ) -> float:
-    label = _label_of(sample, grader) if label is None else label
+    """`grader` on the response, against the label; for reward type `boxed`, on its last
+    `\\boxed{}` answer alone, and `failed` where it has none."""
+    label = _label_of(sample, boxed or grader) if label is None else label
+    response = last_boxed(sample.answer_text) if boxed else sample.answer_text
+    if response is None:
+        return failed
     pool = grading_pool()
-    value = await pool.run(grader, sample.answer_text, label, timeout_s=ctx.config.timeout_s)
+    value = await pool.run(grader, response, label, timeout_s=ctx.config.timeout_s)
     return failed if value is None else value
 
 
@@ -239,12 +257,29 @@ async def f1_reward(sample: Sample, ctx: RewardContext) -> float:
 async def choice_reward(sample: Sample, ctx: RewardContext) -> float:
     """Multiple choice (GPQA, MMLU-style): 1 when the option the response settles on is the
     labelled one (rlpost.rewards.answers.chosen_letter), else 0."""
+    return await _grade("gpqa", 0.0, sample, ctx, _choice_label(sample, "gpqa"))
+
+
+@register_reward("boxed_f1")
+async def boxed_f1_reward(sample: Sample, ctx: RewardContext) -> float:
+    """Token F1 between the last `\\boxed{}` answer and the label; 0 without a box."""
+    return await _grade("f1", 0.0, sample, ctx, boxed="boxed_f1")
+
+
+@register_reward("boxed_gpqa")
+async def boxed_choice_reward(sample: Sample, ctx: RewardContext) -> float:
+    """1 when the last `\\boxed{}` answer settles on the labelled option, else 0 (0 without
+    a box): the choice is read from the box alone, not from the reasoning before it."""
+    label = _choice_label(sample, "boxed_gpqa")
+    return await _grade("boxed_gpqa", 0.0, sample, ctx, label, boxed="boxed_gpqa")
+
+
+def _choice_label(sample: Sample, reward_type: str) -> str:
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     try:
-        label = choice_label(_label_of(sample, "gpqa"), metadata)
+        return choice_label(_label_of(sample, reward_type), metadata)
     except ValueError as exc:
         raise RewardError(f"sample group_index={sample.group_index}: {exc}") from None
-    return await _grade("gpqa", 0.0, sample, ctx, label)
 
 
 @register_reward("remote")

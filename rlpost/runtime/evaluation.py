@@ -1,22 +1,30 @@
 """Evaluation on named datasets: n samples per prompt, accuracy = mean reward.
 
 Every group of every eval set is generated and scored once: no dynamic-sampling filter, no
-over-sampling, so the accuracy is exact whatever the training recipe filters.
+over-sampling, so the accuracy is exact whatever the training recipe filters. Only
+recipe.eval.max_prompt_len, where set, leaves prompts out (as slime's --eval-max-prompt-len).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlpost.data.prompts import ChatTokenizer
 from rlpost.data.source import Group, load_eval_groups
+from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.table import render_table
+from rlpost.rewards import compute_rewards
 from rlpost.runtime.metrics import AFTER_ROLLOUT
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
 from rlpost.schema import RecipeConfig
+from rlpost.schema.recipe import EvalConfig, RewardConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,11 @@ class EvalSet:
     name: str
     groups: list[Group]
     sampling: SamplingSettings
+    path: str = ""
+    dropped: int = 0  # prompts left out over recipe.eval.max_prompt_len
+    # the set's own reward_type, as a reward config that grades with it (and no custom
+    # function); None: scored as training is
+    reward: RewardConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -47,10 +60,12 @@ def eval_response_len(recipe: RecipeConfig, index: int) -> tuple[str, int]:
 def load_eval_sets(
     recipe: RecipeConfig, tokenizer: ChatTokenizer, stop_token_ids: Sequence[int]
 ) -> list[EvalSet]:
+    """Every evaluation set, its prompts over recipe.eval.max_prompt_len left out; a
+    UserError naming each set none of whose prompts is left."""
     ev, rollout = recipe.eval, recipe.rollout
-    sets = []
+    sets, empty = [], []
     for i, dataset in enumerate(ev.datasets):
-        groups = load_eval_groups(
+        everything = load_eval_groups(
             dataset.path,
             recipe.data,
             tokenizer,
@@ -59,9 +74,22 @@ def load_eval_sets(
             label_key=dataset.label_key,
             tool_key=dataset.tool_key,
         )
+        groups = [g for g in everything if fits(g, ev.max_prompt_len)]
+        dropped = len(everything) - len(groups)
+        if dropped and groups:
+            logger.info(
+                "eval set %s (%s): left out %d of %d prompts over recipe.eval.max_prompt_len="
+                "%s tokens",
+                dataset.name, dataset.path, dropped, len(everything), ev.max_prompt_len,
+            )  # fmt: skip
+        elif dropped:
+            empty.append(_all_too_long(i, dataset.name, dataset.path, everything, ev))
+        reward = None
         if dataset.reward_type is not None:  # over a line's own rm_type, as slime's does
             for sample in (s for group in groups for s in group):
                 sample.metadata["rm_type"] = dataset.reward_type
+            update = {"type": dataset.reward_type, "custom_function": None}
+            reward = rollout.reward.model_copy(update=update)
         sampling = SamplingSettings(
             max_new_tokens=eval_response_len(recipe, i)[1],
             temperature=ev.temperature if ev.temperature is not None else rollout.temperature,
@@ -71,8 +99,30 @@ def load_eval_sets(
             stop_token_ids=tuple(stop_token_ids),
             skip_special_tokens=rollout.skip_special_tokens,
         )
-        sets.append(EvalSet(dataset.name, groups, sampling))
+        sets.append(EvalSet(dataset.name, groups, sampling, str(dataset.path), dropped, reward))
+    if empty:
+        raise UserError(empty, title="data error")
     return sets
+
+
+def fits(group: Group, max_prompt_len: int | None) -> bool:
+    return max_prompt_len is None or len(group[0].prompt_ids) <= max_prompt_len
+
+
+def _all_too_long(
+    index: int, name: str, path: str, groups: Sequence[Group], ev: EvalConfig
+) -> Issue:
+    shortest = min(len(g[0].prompt_ids) for g in groups)
+    return Issue(
+        "recipe.eval.max_prompt_len",
+        f"evaluation set {name!r} (recipe.eval.datasets.{index}) has no prompt of at most "
+        f"{ev.max_prompt_len} tokens: its {len(groups)} prompts run from {shortest} tokens "
+        "up, so it would evaluate nothing",
+        f"raise recipe.eval.max_prompt_len to at least {shortest} (within the engines' "
+        "context, less the set's response length), or remove the set",
+        value=ev.max_prompt_len,
+        location=Location(file=str(path)),
+    )
 
 
 async def evaluate(
@@ -90,7 +140,11 @@ async def evaluate(
     for eval_set in eval_sets:
         groups = [[s.fresh() for s in g] for g in eval_set.groups]
         params = eval_set.sampling.to_sglang()
-        done = await asyncio.gather(*(runner.run(g, params, runner.client_for(g)) for g in groups))
+        own = eval_set.reward
+        scored = None if own is None else functools.partial(compute_rewards, config=own)
+        done = await asyncio.gather(
+            *(runner.run(g, params, runner.client_for(g), scored) for g in groups)
+        )
         samples = [s for g in done for s in g]
         rewards = [float(s.reward or 0.0) for s in samples]
         lengths = [sum(s.loss_mask) for s in samples]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpost.data.source import DataSource
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.plan import Plan
 from rlpost.plan.runtime import resolve_engine_backend
 from rlpost.runtime.determinism import seed_driver
@@ -260,37 +260,47 @@ def _eos_ids(folder: str, tokenizer: Any) -> set[int]:
 
 def context_issues(cfg: RunConfig, data: DataSource, eval_sets: list[EvalSet]) -> list[Issue]:
     """A prompt, tokenized, whose request (prompt + response) is longer than the engines'
-    context: the config alone bounds it only by max_prompt_len, which may be unset, and the
-    engines would refuse it at the first rollout or evaluation that draws it."""
+    context: the config alone bounds it only by max_prompt_len (data's for training, eval's
+    for the evaluation sets), which may be unset, and the engines would refuse it at the
+    first rollout or evaluation that draws it. One issue for training, one per set."""
     rollout, context = cfg.recipe.rollout, cfg.model.max_position_embeddings
     where = "model.max_position_embeddings"
     if resolve_engine_backend(cfg) == "sglang":
         limit = cfg.layout.rollout.sglang.get("context_length")
         if isinstance(limit, int) and not isinstance(limit, bool) and limit < context:
             context, where = limit, "layout.rollout.sglang.context_length"
-    requests: list[tuple[str, int, int]] = []  # (key, longest prompt, response)
+    issues = []
     prompts = getattr(data.source, "prompts", None)  # the jsonl source's (a class's: unknown)
     if prompts:
-        longest = max(len(p.prompt_ids) for p in prompts)
-        requests.append(("recipe.rollout.max_response_len", longest, rollout.max_response_len))
+        prompt = max(len(p.prompt_ids) for p in prompts)
+        response = rollout.max_response_len
+        if prompt + response > context:
+            issues.append(
+                Issue(
+                    "recipe.rollout.max_response_len",
+                    f"the longest prompt is {prompt} tokens, and {prompt} + {response} "
+                    f"response tokens = {prompt + response} is beyond {where}={context}: the "
+                    "engines would refuse those requests mid-run",
+                    f"at most {context - prompt} response tokens, or recipe.data."
+                    f"max_prompt_len: {context - response} to leave out the longest prompts",
+                    value=response,
+                )
+            )
     for i, evaluation in enumerate(eval_sets):
-        longest = max((len(g[0].prompt_ids) for g in evaluation.groups if g), default=0)
+        prompt = max((len(g[0].prompt_ids) for g in evaluation.groups if g), default=0)
         key, response = eval_response_len(cfg.recipe, i)
-        requests.append((key, longest, response))
-    longest_by_key: dict[str, tuple[int, int]] = {}
-    for key, prompt, response in requests:  # one issue a key (eval sets may share the rollout's)
-        if prompt >= longest_by_key.get(key, (-1, 0))[0]:
-            longest_by_key[key] = (prompt, response)
-    return [
-        Issue(
-            key,
-            f"the longest prompt is {prompt} tokens, and {prompt} + {response} response "
-            f"tokens = {prompt + response} is beyond {where}={context}: the engines would "
-            "refuse those requests mid-run",
-            f"at most {context - prompt} response tokens, or recipe.data.max_prompt_len to "
-            "leave out the longest prompts",
-            value=response,
-        )
-        for key, (prompt, response) in longest_by_key.items()
-        if prompt + response > context
-    ]
+        if prompt + response > context:
+            issues.append(
+                Issue(
+                    key,
+                    f"evaluation set {evaluation.name!r}'s longest prompt is {prompt} tokens, "
+                    f"and {prompt} + {response} response tokens = {prompt + response} is "
+                    f"beyond {where}={context}: the engines would refuse those requests at "
+                    "its first evaluation",
+                    f"at most {context - prompt} response tokens, or recipe.eval."
+                    f"max_prompt_len: {context - response} to leave out the longest prompts",
+                    value=response,
+                    location=Location(file=evaluation.path) if evaluation.path else None,
+                )
+            )
+    return issues

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    BeforeValidator,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -19,16 +20,71 @@ from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 # The reward types rlpost registers (rlpost.rewards.hub; a test holds the two together), and
 # those that grade a response against the sample's label. "model" is no per-sample type:
 # reward.model's class scores whole batches (rlpost.rewards.model).
-RewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote", "model"]
-LABELLED_REWARD_TYPES = frozenset({"math", "deepscaler", "dapo", "f1", "gpqa"})
+# The boxed_ types (slime's) grade the last \\boxed{} answer of a response with the named
+# grader, and pay its floor where there is none.
+RewardType = Literal[
+    "math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote", "model"
+]
+LABELLED_REWARD_TYPES = frozenset(
+    {"math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa"}
+)
 # what a rule-based grader must find written in a response, with the answer after it
 # (rlpost.rewards.answers), and what it pays when it does not
 GRADER_MARKERS: dict[str, tuple[str, ...]] = {
     "math": ("\\boxed",),
     "deepscaler": ("</think>", "\\boxed"),
     "dapo": ("Answer:",),
+    "boxed_f1": ("\\boxed",),
+    "boxed_gpqa": ("\\boxed",),
 }
-GRADER_FLOOR = {"math": 0.0, "deepscaler": 0.0, "dapo": -1.0, "f1": 0.0, "gpqa": 0.0}
+GRADER_FLOOR = {
+    "math": 0.0,
+    "deepscaler": 0.0,
+    "dapo": -1.0,
+    "f1": 0.0,
+    "gpqa": 0.0,
+    "boxed_f1": 0.0,
+    "boxed_gpqa": 0.0,
+}
+# slime's reward types that rlpost does not register: why, and what to use instead
+UNREGISTERED_REWARD_TYPES: dict[str, tuple[str, str]] = {
+    "ifbench": (
+        "slime's ifbench grades with AllenAI's IFBench instruction checkers, which slime "
+        "clones from GitHub and pip-installs while the run is under way; rlpost ships no "
+        "such checker and installs nothing during a run",
+        "score with custom_function: a function of your own that calls IFBench's checkers "
+        "(installed beforehand), or type: remote with a reward server that runs them",
+    ),
+    "boxed_math": (
+        "math grades the last \\boxed{} answer already, and slime's boxed_math looks for a "
+        "box inside the boxed answer, which is never there: it pays 0 for every response",
+        "use math",
+    ),
+    "boxed_deepscaler": (
+        "deepscaler grades what follows </think>, which a boxed answer never holds: every "
+        "response would score 0",
+        "use deepscaler (it grades the last box after </think>), or math",
+    ),
+    "boxed_dapo": (
+        "dapo grades the answer after 'Answer:', which a boxed answer never holds: every "
+        "response would score -1",
+        "use dapo (it reads a box after 'Answer:' too), or math",
+    ),
+    "boxed_remote": (
+        "the reward server is sent the whole sample, never a boxed answer",
+        "use remote, and have the server read the last box",
+    ),
+}
+
+
+def check_reward_type_known(value: Any) -> Any:
+    """A reward type slime has and rlpost does not register is refused with the reason
+    (before the list of known types would be: that says what, not why)."""
+    if isinstance(value, str) and value in UNREGISTERED_REWARD_TYPES:
+        why, fix = UNREGISTERED_REWARD_TYPES[value]
+        raise InvariantError(f"reward type {value!r} is not available: {why}", fields=(), fix=fix)
+    return value
+
 
 # What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
 # the two together). Group baselines subtract the group's mean reward, so a group of one
@@ -159,7 +215,7 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    type: RewardType = "math"
+    type: Annotated[RewardType, BeforeValidator(check_reward_type_known)] = "math"
     custom_function: str | None = None
     group: bool = False
     remote_url: str | None = None
@@ -791,7 +847,10 @@ class TrainConfig(Section):
 
 # What an evaluation set may grade with in place of rollout.reward.type: a rule-based type or
 # the reward server (a reward model scores every sample, whatever its set).
-EvalRewardType = Literal["math", "deepscaler", "dapo", "f1", "gpqa", "remote"]
+EvalRewardType = Annotated[
+    Literal["math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote"],
+    BeforeValidator(check_reward_type_known),
+]
 
 
 class EvalDataset(Section):
@@ -817,6 +876,13 @@ class EvalConfig(Section):
     datasets: list[EvalDataset] = Field(default_factory=list)
     n_samples_per_prompt: PositiveInt = 1
     max_response_len: PositiveInt | None = None
+    max_prompt_len: PositiveInt | None = Field(
+        None,
+        description="leave out of every evaluation set the prompts longer than this many "
+        "tokens, as data.max_prompt_len does for training (slime's --eval-max-prompt-len); "
+        "null evaluates every prompt, each then checked against the engines' context before "
+        "the run starts",
+    )
     temperature: float | None = None
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
@@ -853,6 +919,17 @@ class EvalConfig(Section):
                     fix=f"remove eval.{name} (~recipe.eval.{name} on the command line), or "
                     f"the sets' own to take it",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_prompt_bound_has_datasets(self) -> EvalConfig:
+        if not self.datasets:
+            refuse_unused(
+                self,
+                "max_prompt_len",
+                why="it bounds the prompts of the evaluation sets, and none is named",
+                fix="name the sets in datasets, or remove max_prompt_len",
+            )
         return self
 
     @model_validator(mode="after")
@@ -1228,6 +1305,24 @@ class RecipeConfig(Section):
                 "label), or use a reward that needs no label",
             )
         return self
+
+    def eval_requests(self) -> list[tuple[str, int]]:
+        """The longest request (prompt + response) of each evaluation set that can outgrow
+        training's, keyed by what sets its response length (one entry a key): the prompt
+        counts eval.max_prompt_len (0 where unset: the prompts add to it, and are checked
+        once tokenized); a set at the rollout's response length is listed under
+        eval.max_prompt_len, and only when that is set (else training's bound covers it)."""
+        ev = self.eval
+        prompt = ev.max_prompt_len or 0
+        found: dict[str, int] = {}
+        for i, dataset in enumerate(ev.datasets):
+            if dataset.max_response_len:
+                found[f"eval.datasets.{i}.max_response_len"] = prompt + dataset.max_response_len
+            elif ev.max_response_len:
+                found["eval.max_response_len"] = prompt + ev.max_response_len
+            elif ev.max_prompt_len:
+                found["eval.max_prompt_len"] = prompt + self.rollout.max_response_len
+        return list(found.items())
 
     def rule_graders(self) -> list[tuple[str, str]]:
         """(key, reward type) for each rule-based grader the run uses: the rollout's type,

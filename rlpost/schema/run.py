@@ -32,14 +32,20 @@ FASTEST_DECODE_TOKENS_PER_S = 500
 OnSigterm = Literal["save", "stop"]  # run.on_sigterm
 
 
-def request_parts(max_prompt_len: int | None, response: str, alone: str = "") -> str:
-    """What the longest request is made of, for a message: the prompt's bound and the
-    response, or the response alone (`alone`, else `response`) where max_prompt_len is
-    unset (prompts add to it)."""
+def request_parts(
+    max_prompt_len: int | None,
+    response: str,
+    alone: str = "",
+    bound: str = "recipe.data.max_prompt_len",
+) -> str:
+    """What the longest request is made of, for a message: the prompt's bound (`bound`, the
+    key) and the response, or the response alone (`alone`, else `response`) where the bound
+    is unset (prompts add to it)."""
     if max_prompt_len is None:
         what = alone or response
-        return f"{what} alone: recipe.data.max_prompt_len is unset, and prompts add to it"
-    return f"max_prompt_len {max_prompt_len} + {response}"
+        return f"{what} alone: {bound} is unset, and prompts add to it"
+    name = "max_prompt_len" if bound == "recipe.data.max_prompt_len" else bound[len("recipe.") :]
+    return f"{name} {max_prompt_len} + {response}"
 
 
 class TrainerConfig(Section):
@@ -325,18 +331,23 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_context_fits(self) -> RunConfig:
-        rollout, data = self.recipe.rollout, self.recipe.data
+        """Training's prompts are bounded by data.max_prompt_len and the evaluation sets'
+        by eval.max_prompt_len: each bound + its response must fit the model's positions."""
+        rollout, data, ev = self.recipe.rollout, self.recipe.data, self.recipe.eval
         longest = (data.max_prompt_len or 0) + rollout.max_response_len
         context = self.model.max_position_embeddings
         for key, length in (
             ("recipe.rollout.max_response_len", longest),
-            *(
-                (f"recipe.{key}", (data.max_prompt_len or 0) + eval_len)
-                for key, eval_len in self.recipe.eval.response_lens()
-            ),
+            *((f"recipe.{key}", length) for key, length in self.recipe.eval_requests()),
         ):
             if length > context:
-                parts = request_parts(data.max_prompt_len, "response", "the response")
+                parts = (
+                    request_parts(data.max_prompt_len, "response", "the response")
+                    if key == "recipe.rollout.max_response_len"
+                    else request_parts(
+                        ev.max_prompt_len, "response", "the response", "recipe.eval.max_prompt_len"
+                    )
+                )
                 raise InvariantError(
                     f"prompt + response can reach {length} tokens ({parts}), beyond "
                     f"model.max_position_embeddings={context}",

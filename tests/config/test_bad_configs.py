@@ -267,6 +267,25 @@ CASES = [
         "beyond model.max_position_embeddings",
     ),
     Case(
+        "eval_context_overflow_with_the_eval_prompt",
+        (*QWEN, "recipe.eval.max_prompt_len=2048", "recipe.eval.max_response_len=40000"),
+        "recipe.eval.max_response_len",
+        CMD,
+        "prompt + response can reach 42048 tokens (eval.max_prompt_len 2048 + response)",
+    ),
+    Case(
+        "eval_max_prompt_len_without_sets",
+        (
+            *QWEN,
+            "recipe.eval.datasets=[]",
+            "recipe.eval.interval=null",
+            "recipe.eval.max_prompt_len=1024",
+        ),
+        "recipe.eval.max_prompt_len",
+        CMD,
+        "has no effect: it bounds the prompts of the evaluation sets, and none is named",
+    ),
+    Case(
         "buffer_filter_without_partial",
         (*QWEN, "recipe.rollout.buffer_filter=rlpost.filters.pop_first"),
         "recipe.rollout.buffer_filter",
@@ -580,6 +599,18 @@ def test_bad_config(case: Case, user_conf: Path, monkeypatch: pytest.MonkeyPatch
     assert case.fragment in issue.message, issue.render()
     assert issue.fix, issue.render()
     check_where(issue, case.where)
+
+
+def test_evaluation_prompts_are_bounded_by_their_own_max_prompt_len() -> None:
+    """data.max_prompt_len leaves out training prompts only: evaluation sets are bounded by
+    eval.max_prompt_len, so a training bound that leaves no room for the evaluation's
+    response does not refuse it (its tokenized prompts are checked as the inputs load)."""
+    overrides = [*QWEN, "recipe.data.max_prompt_len=1024", "recipe.eval.max_response_len=40000"]
+    cfg, _ = compose_run_config(overrides)
+    assert cfg.recipe.eval_requests() == [("eval.max_response_len", 40000)]
+    with pytest.raises(UserError) as caught:
+        compose_run_config([*overrides, "recipe.eval.max_prompt_len=1024"])
+    assert "(eval.max_prompt_len 1024 + response)" in caught.value.issues[0].message
 
 
 @pytest.mark.parametrize("gbs", [300, 100], ids=["more_than_a_rollout", "not_a_divisor"])

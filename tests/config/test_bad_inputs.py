@@ -212,6 +212,40 @@ CASES: list[Bad] = [
         "eval.datasets.0.reward_type=math grades the answer a response writes after '\\boxed'",
     ),
     Bad(
+        "a stop string at the box a boxed_ grader reads",
+        ('recipe.rollout.stop=["\\boxed{"]', "recipe.rollout.reward.type=boxed_f1"),
+        "recipe.rollout.stop",
+        "rollout.reward.type=boxed_f1 grades the answer a response writes after '\\boxed'",
+    ),
+    Bad(
+        "an evaluation set graded by its box past a stop string",
+        (
+            'recipe.rollout.stop=["\\boxed"]',
+            "recipe.rollout.reward.type=f1",
+            "recipe.eval.datasets.0.reward_type=boxed_gpqa",
+        ),
+        "recipe.rollout.stop",
+        "eval.datasets.0.reward_type=boxed_gpqa grades the answer a response writes after",
+    ),
+    Bad(
+        "slime's ifbench, whose checkers rlpost does not ship",
+        ("recipe.rollout.reward.type=ifbench",),
+        "recipe.rollout.reward.type",
+        "reward type 'ifbench' is not available: slime's ifbench grades with AllenAI's IFBench",
+    ),
+    Bad(
+        "an evaluation set graded by slime's ifbench",
+        ("recipe.eval.datasets.0.reward_type=ifbench",),
+        "recipe.eval.datasets.0.reward_type",
+        "rlpost ships no such checker",
+    ),
+    Bad(
+        "slime's boxed_math, which finds no box inside the box",
+        ("recipe.rollout.reward.type=boxed_math",),
+        "recipe.rollout.reward.type",
+        "math grades the last \\boxed{} answer already",
+    ),
+    Bad(
         "a stop token id at the thinking block's end",
         ("recipe.rollout.stop_token_ids=[4]", "recipe.rollout.reward.type=deepscaler"),
         "recipe.rollout.stop_token_ids",
@@ -661,6 +695,9 @@ def write_fixtures(root: Path) -> Path:
     (data / "bad_rm_type.jsonl").write_text(
         '{"prompt": "1+1?", "label": "2", "metadata": {"rm_type": "mth"}}\n'
     )
+    (data / "ifbench_rm_type.jsonl").write_text(
+        '{"prompt": "Write two lines.", "label": "2", "metadata": {"rm_type": "ifbench"}}\n'
+    )
     (data / "choice_label.jsonl").write_text(
         '{"prompt": "Capital of France?", "label": "Madrid", '
         '"metadata": {"choices": ["London", "Paris", "Rome", "Oslo"]}}\n'
@@ -872,6 +909,12 @@ def file_cases(root: Path) -> list[Bad]:
             (f"recipe.data.prompt_data={data / 'bad_rm_type.jsonl'}",),
             f"{data / 'bad_rm_type.jsonl'}:1",
             "not a reward type",
+        ),
+        _case(
+            "prompt line graded by slime's ifbench",
+            (f"recipe.data.prompt_data={data / 'ifbench_rm_type.jsonl'}",),
+            f"{data / 'ifbench_rm_type.jsonl'}:1",
+            "metadata rm_type 'ifbench' is not available: slime's ifbench grades with",
         ),
         _case(
             "multiple-choice label that names no option",

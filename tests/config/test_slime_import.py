@@ -352,6 +352,45 @@ def test_runtime_settings_export_and_import_back(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+def test_the_evaluation_prompt_bound_exports_and_imports_back(tmp_path: Path) -> None:
+    """slime's --eval-max-prompt-len leaves long prompts out of every evaluation set, as
+    recipe.eval.max_prompt_len does."""
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "run.dir=/runs/a"]
+    cfg, _ = compose_run_config([*base, "recipe.eval.max_prompt_len=1536"])
+    plan = build_plan(cfg)
+    flags = slime_arg_groups(cfg, plan)["EVAL_ARGS"]
+    assert flags[flags.index("--eval-max-prompt-len") + 1] == "1536"
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(seed_shaped(render_slime_args(cfg, plan), "qwen3-4b"))
+    again, _ = imported_config(script, tmp_path / "out")
+    assert again.recipe.eval.max_prompt_len == 1536  # type: ignore[attr-defined]
+
+
+def test_slimes_boxed_reward_types_export_and_import_back(tmp_path: Path) -> None:
+    """--rm-type boxed_f1 is rlpost's type of that name (the last boxed answer graded by F1),
+    and an evaluation set's boxed_gpqa goes out as its eval config's rm_type."""
+    from rlpost.plan.slime_args import eval_config_file
+
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "run.dir=/runs/a"]
+    cfg, _ = compose_run_config([*base, "recipe.rollout.reward.type=boxed_f1"])
+    plan = build_plan(cfg)
+    flags = slime_arg_groups(cfg, plan)["ROLLOUT_ARGS"]
+    assert flags[flags.index("--rm-type") + 1] == "boxed_f1"
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(seed_shaped(render_slime_args(cfg, plan), "qwen3-4b"))
+    again, _ = imported_config(script, tmp_path / "out")
+    assert again.recipe.rollout.reward.type == "boxed_f1"  # type: ignore[attr-defined]
+    graded, _ = compose_run_config(
+        [
+            *base,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: gpqa, path: /d/gpqa.jsonl, reward_type: boxed_gpqa}]",
+        ]
+    )
+    config = eval_config_file(graded)
+    assert config is not None and "rm_type: boxed_gpqa" in config[1]
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
@@ -365,6 +404,24 @@ def test_what_slime_cannot_run_is_not_exported(override: str, key: str) -> None:
     with pytest.raises(UserError) as refused:
         check_exportable(cfg)
     assert [issue.key for issue in refused.value.issues] == [key]
+
+
+def test_an_eval_sets_reward_type_beside_a_custom_function_is_not_exported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rlpost grades such a set by its reward_type; slime's --custom-rm-path would score it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    base = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.eval.interval=10"]
+    custom = "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward"
+    graded = "recipe.eval.datasets=[{name: a, path: /d/a.jsonl, reward_type: math}]"
+    cfg, _ = compose_run_config([*base, custom, graded])
+    with pytest.raises(UserError) as refused:
+        check_exportable(cfg)
+    (issue,) = refused.value.issues
+    assert issue.key == "recipe.rollout.reward.custom_function"
+    assert "before any rm_type" in issue.message
+    as_training, _ = compose_run_config([*base, custom, graded.replace(", reward_type: math", "")])
+    check_exportable(as_training)
 
 
 def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
@@ -611,6 +668,28 @@ def test_an_eval_config_file_imports_its_sets_and_defaults(tmp_path: Path) -> No
     missing = import_slime(write_script(tmp_path, "--eval-interval 20 --eval-config /nowhere.yaml"))
     [note] = missing.unmapped
     assert note.flag == "--eval-config" and "cannot be read here" in note.reason
+
+
+def test_an_eval_sets_rm_type_beside_a_custom_reward_function_is_not_imported(
+    tmp_path: Path,
+) -> None:
+    """slime's --custom-rm-path scores every sample before any rm_type, an eval config set's
+    included; rlpost grades a set by its own reward_type, so importing the rm_type would
+    change the set's scores: it is listed, and the set is scored by the function."""
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n  datasets:\n    - {name: aime, path: /data/aime.jsonl, rm_type: math}\n"
+    )
+    custom = "--custom-rm-path rlpost_test_hooks.length_reward --rm-type deepscaler"
+    script = write_script(tmp_path, f"{custom} --eval-interval 20 --eval-config {config}")
+    imported = import_slime(script)
+    assert imported.values["recipe.eval.datasets"] == [{"name": "aime", "path": "/data/aime.jsonl"}]
+    [note] = imported.unmapped
+    assert (note.flag, note.values) == ("--eval-config aime.rm_type", ("math",))
+    assert "before any rm_type" in note.reason
+    plain = import_slime(write_script(tmp_path, f"--eval-interval 20 --eval-config {config}"))
+    assert plain.values["recipe.eval.datasets"][0]["reward_type"] == "math"
+    assert not plain.unmapped
 
 
 def test_a_script_that_trains_no_rollout_imports_as_an_evaluation(tmp_path: Path) -> None:

@@ -214,7 +214,14 @@ class GroupRunner:
         self.contexts = contexts or ContextFactory()
         self.group_requests = group_requests
 
-    async def run(self, group: Group, params: dict[str, Any], gclient: GroupClient) -> Group:
+    async def run(
+        self,
+        group: Group,
+        params: dict[str, Any],
+        gclient: GroupClient,
+        reward_fn: RewardFn | None = None,
+    ) -> Group:
+        """The group generated, then rewarded by `reward_fn` (else the runner's)."""
         ctx = self.contexts.context(gclient, params)
         while True:
             pending = [i for i, s in enumerate(group) if not s.finished]
@@ -231,7 +238,7 @@ class GroupRunner:
             # Aborted by a weight update: the rest is generated under the new weights.
         if gclient.stopping:
             return group
-        rewards = await self.reward_fn(group)
+        rewards = await (reward_fn or self.reward_fn)(group)
         for sample, reward in zip(group, rewards, strict=True):
             sample.reward = float(reward)
         return group

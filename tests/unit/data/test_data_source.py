@@ -269,6 +269,40 @@ def test_an_eval_sets_reward_type_grades_every_line_of_it(write_jsonl, chat_toke
     assert [group[0].metadata["rm_type"] for group in mixed.groups] == ["gpqa", "gpqa"]
 
 
+def test_an_eval_sets_reward_type_grades_it_beside_a_custom_function(
+    write_jsonl, chat_tokenizer, hook_modules
+) -> None:
+    """A custom function scores every training sample before any rm_type (slime's order),
+    and an evaluation set that names its own reward_type is graded by that type all the
+    same: the set is scored with a reward config of its type and no custom function."""
+    import asyncio
+
+    from rlpost.rewards import compute_rewards
+
+    path = write_jsonl([{"prompt": "1+1?", "label": "2"}])
+    recipe = RecipeConfig.model_validate(
+        {
+            "name": "r",
+            "data": {"prompt_data": str(path), "input_key": "prompt", "label_key": "label"},
+            "rollout": {"num_rollout": 1, "batch_size": 1, "n_samples_per_prompt": 2,
+                        "max_response_len": 8,
+                        "reward": {"custom_function": "rlpost_test_hooks.length_reward"}},
+            "train": {"global_batch_size": 2},
+            "eval": {"datasets": [{"name": "own", "path": str(path), "reward_type": "math"},
+                                  {"name": "as_training", "path": str(path)}]},
+        }
+    )  # fmt: skip
+    own, as_training = load_eval_sets(recipe, chat_tokenizer, stop_token_ids=[])
+    assert as_training.reward is None  # scored as training is: by the custom function
+    assert own.reward is not None
+    assert (own.reward.type, own.reward.custom_function) == ("math", None)
+    (answer,) = [s.fresh() for s in own.groups[0][:1]]
+    answer.response_text = "so \\boxed{2}"
+    assert asyncio.run(compute_rewards([answer], own.reward)) == [1.0]
+    training = asyncio.run(compute_rewards([answer], recipe.rollout.reward))
+    assert training == [float(len("so \\boxed{2}"))]  # the line's rm_type aside
+
+
 def test_a_source_classs_group_carries_tools_into_its_prompt_and_metadata(
     tools_tokenizer, tiny_tokenizer
 ) -> None:

@@ -189,6 +189,7 @@ def test_the_plan_says_which_reward_scores(run_config: Runs) -> None:
     (note,) = notes(**{fn: "my_pkg.rm.score"})
     assert note.startswith("recipe.rollout.reward.custom_function (my_pkg.rm.score) scores")
     assert "not recipe.rollout.reward.type=deepscaler" in note and "--rm-type" in note
+    assert "scores every sample, before a prompt line's metadata rm_type" in note
     (grouped,) = notes(**{fn: "my_pkg.rm.rank", "recipe__rollout__reward__group": True})
     assert "called once per group" in grouped
     assert notes(**{fn: "my_pkg.rm.score", "recipe__rollout__reward__type": "math"}) == []

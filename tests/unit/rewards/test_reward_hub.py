@@ -47,6 +47,36 @@ def test_rule_based_types_grade_each_sample_in_order() -> None:
     assert rewards([], type="math") == []
 
 
+def test_boxed_types_grade_the_last_boxed_answer_alone() -> None:
+    """slime's boxed_ types: the grader reads only what the last \\boxed{} holds (braces
+    nest), so the reasoning before it neither adds nor takes away; no box pays nothing."""
+    label = "the Eiffel tower"
+    texts = [
+        "It is not the Louvre. \\boxed{the Eiffel tower}",  # the box alone is graded
+        "The Eiffel tower, I think",  # no box
+        "\\boxed{Louvre} then \\boxed{the {Eiffel} tower}",  # the last box, braces nested
+        "\\boxed{the Eiffel tower",  # cut off inside its box
+    ]
+    boxed = rewards([sample(t, label=label) for t in texts], type="boxed_f1")
+    assert boxed == [1.0, 0.0, 1.0, 0.0]
+    plain = rewards([sample(t, label=label) for t in texts[:2]], type="f1")
+    assert 0.0 < plain[0] < 1.0 and plain[1] > 0.0  # f1 grades the whole response
+    # the end-of-turn token the engine wrote is not part of the answer (Sample.answer_text)
+    ended = sample("\\boxed{the Eiffel tower}<|im_end|>", label=label)
+    ended.end_text = "<|im_end|>"
+    assert rewards([ended], type="boxed_f1") == [1.0]
+    choices = {"choices": ["Paris", "Rome", "Oslo", "Bern"]}
+    graded = [
+        sample("A is tempting, but \\boxed{C}", label="C", **choices),
+        sample("The answer is C.", label="C", **choices),  # no box
+        sample("C is tempting, but \\boxed{A}", label="C", **choices),
+    ]
+    assert rewards(graded, type="boxed_gpqa") == [1.0, 0.0, 0.0]
+    assert rewards([sample("\\boxed{34}", rm_type="boxed_f1")], type="math") == [1.0]
+    with pytest.raises(RewardError, match="reward type 'boxed_f1' compares responses with"):
+        rewards([sample("\\boxed{34}", label=None)], type="boxed_f1")
+
+
 def test_per_sample_rm_type_overrides_the_configured_type() -> None:
     batch = [
         sample("\\boxed{34}"),
@@ -76,6 +106,14 @@ def test_custom_sync_function_runs_off_the_event_loop_thread(hook_modules: Path)
     assert out == [3.0, 6.0]
     assert rlpost_test_hooks.CALL_THREADS
     assert threading.main_thread().name not in rlpost_test_hooks.CALL_THREADS
+
+
+def test_a_custom_function_scores_before_a_lines_rm_type(hook_modules: Path) -> None:
+    """slime's order: --custom-rm-path scores every sample, a line's rm_type included (the
+    function may read it from the metadata); without one the line's rm_type grades it."""
+    batch = [sample("\\boxed{34}", rm_type="math"), sample("abc")]
+    assert rewards(batch, custom_function="rlpost_test_hooks.length_reward") == [10.0, 3.0]
+    assert rewards(batch, type="f1") == [1.0, 0.0]
 
 
 def test_custom_async_function(hook_modules: Path) -> None:

@@ -28,7 +28,11 @@ def test_a_prompt_whose_request_outgrows_the_context_is_refused_before_any_actor
     )
     with pytest.raises(UserError) as eval_refused:
         load_inputs(evaluated, None)
-    assert [i.key for i in eval_refused.value.issues] == ["recipe.eval.max_response_len"]
+    (issue,) = eval_refused.value.issues
+    assert issue.key == "recipe.eval.max_response_len"
+    assert issue.message.startswith("evaluation set 'arith''s longest prompt is ")
+    assert str(issue.location).startswith(str(evaluated.recipe.eval.datasets[0].path))
+    assert "recipe.eval.max_prompt_len: 12 to leave out the longest prompts" in issue.fix
     fits, _ = compose_run_config([f"recipe.rollout.max_response_len={512 - longest}"])
     assert load_inputs(fits, None).eval_sets
 
@@ -99,3 +103,63 @@ def test_only_an_evaluation_of_the_engines_own_weights_runs_without_train_ranks(
     assert not evaluation("model.load=/elsewhere/policy")
     training, _ = compose_run_config([])
     assert not evaluates_served_weights(training)
+
+
+def _eval_file(tmp_path: Path, words: list[int]) -> Path:
+    """An evaluation set of one prompt per entry, each that many words long."""
+    import json
+
+    path = tmp_path / "long_eval.jsonl"
+    lines = [
+        {"prompt": [{"role": "user", "content": " ".join(["seven"] * n)}], "label": "7"}
+        for n in words
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_eval_max_prompt_len_leaves_long_evaluation_prompts_out_before_any_actor(
+    tmp_path: Path,
+) -> None:
+    """An evaluation prompt longer than the engines' context would be refused at the first
+    evaluation, after the run started: it is refused as the inputs load, naming the set and
+    its file, and recipe.eval.max_prompt_len (slime's --eval-max-prompt-len) leaves such
+    prompts out of the set, as data.max_prompt_len does for training."""
+    path = _eval_file(tmp_path, [2, 600])
+    sets = [f"recipe.eval.datasets=[{{name: long, path: {path}}}]"]
+    cfg, _ = compose_run_config(sets)
+    with pytest.raises(UserError) as refused:
+        load_inputs(cfg, None)
+    (issue,) = refused.value.issues
+    assert issue.key == "recipe.eval.max_response_len"
+    assert "evaluation set 'long''s longest prompt is" in issue.message
+    assert str(issue.location) == str(path)
+    assert "recipe.eval.max_prompt_len: 496" in issue.fix  # 512 positions, 16 response tokens
+    bounded, _ = compose_run_config([*sets, "recipe.eval.max_prompt_len=496"])
+    (evaluation,) = load_inputs(bounded, None).eval_sets
+    assert (len(evaluation.groups), evaluation.dropped) == (1, 1)
+    assert len(evaluation.groups[0][0].prompt_ids) <= 496
+
+
+def test_an_evaluation_set_whose_every_prompt_is_too_long_is_refused_before_any_actor(
+    tmp_path: Path,
+) -> None:
+    """A set that eval.max_prompt_len leaves empty would evaluate nothing (an accuracy of
+    no sample): refused with the set, its file, its shortest prompt and the bound."""
+    path = _eval_file(tmp_path, [40, 60])
+    cfg, _ = compose_run_config(
+        [f"recipe.eval.datasets=[{{name: long, path: {path}}}]", "recipe.eval.max_prompt_len=8"]
+    )
+    with pytest.raises(UserError) as refused:
+        load_inputs(cfg, None)
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.value, str(issue.location)) == (
+        "recipe.eval.max_prompt_len",
+        8,
+        str(path),
+    )
+    assert issue.message.startswith(
+        "evaluation set 'long' (recipe.eval.datasets.0) has no prompt of at most 8 tokens: "
+        "its 2 prompts run from "
+    )
+    assert issue.fix.startswith("raise recipe.eval.max_prompt_len to at least ")
