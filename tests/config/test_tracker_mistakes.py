@@ -686,6 +686,32 @@ MISTAKES: list[Mistake] = [
         "kl_coef: 0",
     ),
     Mistake(
+        "uniform recompute groups that overrun a stage's layers",
+        "https://github.com/NVIDIA/Megatron-LM/issues/1807",
+        "List of out range error when `self.num_layers_per_pipeline_rank % "
+        "self.config.recompute_num_layers!=0`",
+        (*QWEN, "layout.train.recompute.num_layers=5"),
+        "layout.train.recompute.num_layers",
+        "the model's 36 layers are not a multiple of 5",
+        ("layout.train.recompute.num_layers=4",),
+        "(1, 2, 3, 4, 6, 9)",
+    ),
+    Mistake(
+        "speculative decoding with no draft model",
+        "https://github.com/sgl-project/sglang/issues/36528",
+        "Starting SGLang with `--speculative-algorithm EAGLE3` but without "
+        "`--speculative-draft-model-path` can silently use the target checkpoint as the draft "
+        "model ... the server crashes during startup after loading the target weights twice",
+        (*QWEN, f"{SG}.speculative_algorithm=EAGLE3"),
+        "layout.rollout.sglang.speculative_algorithm",
+        "EAGLE3 drafts with a model of its own",
+        (
+            f"{SG}.speculative_algorithm=EAGLE3",
+            f"{SG}.speculative_draft_model_path=/root/Qwen3-4B-eagle3",
+        ),
+        "speculative_draft_model_path to a draft checkpoint",
+    ),
+    Mistake(
         "engines that never receive the trained weights",
         "https://github.com/radixark/miles/pull/2470",
         "Assert that the rollout executor keeps receiving weight versions",
