@@ -135,6 +135,19 @@ def added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
     }
 
 
+def added_token_ids(folder: Path) -> dict[int, str]:
+    """Every added token's id -> text: tokenizer.json's added tokens and tokenizer_config.json's
+    added_tokens_decoder (ids written as strings), which the tokenizer loads alike."""
+    found = {i: text for i, (text, _) in added_tokens(folder).items()}
+    decoder = json_object(folder / "tokenizer_config.json").get("added_tokens_decoder")
+    if isinstance(decoder, dict):
+        for key, token in decoder.items():
+            text = _token_text(token)
+            if isinstance(key, str) and key.isdigit() and text is not None:
+                found.setdefault(int(key), text)
+    return found
+
+
 def _added_special_tokens(folder: Path) -> list[str]:
     """tokenizer.json's added tokens marked special."""
     return [text for text, special in added_tokens(folder).values() if special]

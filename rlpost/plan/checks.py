@@ -7,6 +7,7 @@ reject later (or silently get wrong), with the value, the reason and the fix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -213,6 +214,18 @@ def check_experts(ctx: PlanContext) -> list[Issue]:
                     p.ep,
                 )
             ]
+        if p.etp > 1:
+            return [
+                Issue(
+                    "layout.train.etp",
+                    f"expert tensor parallelism splits each MoE expert's weights, and "
+                    f"{ctx.cfg.model.name} is dense (no model.moe): it would have no effect, "
+                    "and the dense layers split by layout.train.tp alone",
+                    "remove it (or set layout.train.etp: 1); to split the dense layers "
+                    "further, raise layout.train.tp",
+                    p.etp,
+                )
+            ]
         return _dense_dispatcher(ctx)
     issues = []
     if moe.num_experts % p.ep:
@@ -296,6 +309,46 @@ def check_pipeline(ctx: PlanContext) -> list[Issue]:
             f"use a pp that divides {layers} ({_examples(divisors(layers))}), or an uneven split: "
             f"layout.train.num_layers_in_last_pipeline_stage: {layers - uneven * (p.pp - 1)}",
             p.pp,
+        )
+    ]
+
+
+@check("uniform_recompute_groups", scope="train")
+def check_uniform_recompute_groups(ctx: PlanContext) -> list[Issue]:
+    """megatron-core's uniform recompute checkpoints each stage's layers in groups of
+    recompute_num_layers without clamping the last group to the stage: a stage whose layer
+    count is not a multiple of the group indexes a layer it does not hold (an IndexError in
+    the first training forward, after the first rollout). The torch trainer refuses groups
+    above 1 on its own (torch_recompute_issues)."""
+    p = ctx.parallel
+    if p.recompute != "full" or p.recompute_method != "uniform" or p.recompute_num_layers == 1:
+        return []
+    if resolve_trainer_backend(ctx.cfg, p) != "megatron":
+        return []
+    first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    stages = stage_layers(ctx.cfg.model.num_layers, p.pp, first, last)
+    if stages is None:  # check_pipeline says why
+        return []
+    group = p.recompute_num_layers
+    uneven = sorted({s for s in stages if s % group})
+    if not uneven:
+        return []
+    fitting = divisors(math.gcd(*stages))
+    if p.pp == 1:
+        where = f"the model's {stages[0]} layers are"
+    else:
+        where = f"stages of {' and '.join(map(str, uneven))} layers (of {list(stages)}) are"
+    return [
+        Issue(
+            "layout.train.recompute.num_layers",
+            f"uniform recompute checkpoints each stage's layers in groups of {group}, and "
+            f"{where} not a multiple of {group}: megatron-core's last group reaches past the "
+            "stage's last layer, and the first training step fails (IndexError) after the "
+            "first rollout",
+            f"use a group size that divides every stage's layers ({_examples(fitting)}), or "
+            f"method: block to recompute the first {min(group, max(stages))} layers of each "
+            "stage",
+            group,
         )
     ]
 

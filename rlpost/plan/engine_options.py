@@ -213,3 +213,42 @@ def check_engine_inputs(ctx: PlanContext) -> list[Issue]:
             )
         )
     return issues
+
+
+# SGLang's speculative algorithms that draft with a model of their own: EAGLE3 and STANDALONE
+# always need one named; EAGLE and NEXTN fall back to the target's own MTP layers.
+OWN_DRAFT_ALGORITHMS = frozenset({"EAGLE3", "STANDALONE"})
+MTP_DRAFT_ALGORITHMS = frozenset({"EAGLE", "NEXTN"})
+
+
+@check("sglang_speculative_draft", scope="engine")
+def check_speculative_draft(ctx: PlanContext) -> list[Issue]:
+    """Without speculative_draft_model_path SGLang drafts with the target checkpoint itself,
+    which only works for a checkpoint with MTP layers and the MTP algorithms; otherwise the
+    engine fails while it starts, after loading the target's weights twice."""
+    options, model = _options(ctx.cfg), ctx.cfg.model
+    algorithm = options.get("speculative_algorithm")
+    if not isinstance(algorithm, str) or options.get("speculative_draft_model_path"):
+        return []
+    name = algorithm.upper()
+    if name in OWN_DRAFT_ALGORITHMS:
+        why = (
+            f"{algorithm} drafts with a model of its own, and speculative_draft_model_path is unset"
+        )
+    elif name in MTP_DRAFT_ALGORITHMS and model.mtp_num_layers == 0:
+        why = (
+            f"{algorithm} without speculative_draft_model_path drafts with the checkpoint's MTP "
+            f"layers, and {model.name} has none (model.mtp_num_layers=0)"
+        )
+    else:
+        return []
+    return [
+        Issue(
+            f"{KEY}.speculative_algorithm",
+            f"{why}: SGLang then loads model.hf_checkpoint as the draft too, and the engines "
+            "fail while they start, after the trainers have loaded",
+            f"set {KEY}.speculative_draft_model_path to a draft checkpoint trained for this "
+            "model, or remove speculative_algorithm",
+            algorithm,
+        )
+    ]

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rlpost.config.chat_templates import (
     TOKENIZER_ARGUMENTS,
+    added_token_ids,
     added_tokens,
     chat_templates,
     template_markers,
@@ -178,9 +179,37 @@ def check_checkpoints(cfg: RunConfig, plan: Plan) -> list[Issue]:
     elif cfg.recipe.data.apply_chat_template and not issues:
         issues += check_template_kwargs(cfg.recipe.data.apply_chat_template_kwargs, model)
     if not issues:
+        issues += check_tokens_in_embedding(cfg.model)
         issues += check_thinking_reward(cfg)
         issues += check_markers_survive_sampling(cfg)
     return issues
+
+
+def check_tokens_in_embedding(model: ModelConfig) -> list[Issue]:
+    """A token id at or past model.vocab_size (config.json's, which the YAML is checked
+    against) has no row in the embedding or the output layer: the first prompt or response
+    holding it indexes past them. Tokens added to a tokenizer without resizing the model's
+    embeddings are the usual source."""
+    folder = Path(model.hf_checkpoint).expanduser()
+    outside = {i: t for i, t in added_token_ids(folder).items() if i >= model.vocab_size}
+    if not outside:
+        return []
+    shown = ", ".join(f"{t!r} = {i}" for i, t in sorted(outside.items())[:4])
+    more = f" and {len(outside) - 4} more" if len(outside) > 4 else ""
+    return [
+        Issue(
+            "model.hf_checkpoint",
+            f"the tokenizer in {model.hf_checkpoint} has {len(outside)} token(s) with ids at "
+            f"or past the model's vocabulary of model.vocab_size={model.vocab_size} "
+            f"(config.json's vocab_size): {shown}{more}; the embedding and output layer have "
+            "no row for them, so the first prompt or response holding one fails (an index "
+            "error; on GPUs a device-side assert) after the engines and trainers have started",
+            "resize the checkpoint's embeddings to the tokenizer and save it (transformers: "
+            "model.resize_token_embeddings(len(tokenizer)), then model.save_pretrained), or "
+            "use the tokenizer the checkpoint was trained with",
+            value=model.hf_checkpoint,
+        )
+    ]
 
 
 THINK_END = "</think>"

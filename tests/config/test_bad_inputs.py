@@ -663,6 +663,12 @@ CASES: list[Bad] = [
         "recipe.rollout.temprature",
         "Did you mean 'temperature'?",
     ),
+    Bad(
+        "a KL metric interval as long as the run",
+        ("recipe.algo.kl_metric_interval=60",),
+        "recipe.algo.kl_metric_interval",
+        "only at rollout 0, before the first update",
+    ),
     Bad("unknown group choice", ("model=qwen3-tinyy",), "model", "Did you mean 'qwen3-tiny'?"),
     Bad(
         "a primary config that is not there",
@@ -736,6 +742,7 @@ def write_fixtures(root: Path) -> Path:
             (never_thinks / item.name).write_text(item.read_text().replace("think>", "thonk>"))
         else:
             (never_thinks / item.name).symlink_to(item)
+    write_extended_tokenizer(root / "extended_tokenizer")
     conf = root / "conf" / "recipe"
     conf.mkdir(parents=True)
     (conf / "typo.yaml").write_text(
@@ -779,6 +786,24 @@ def write_fixtures(root: Path) -> Path:
         config = json.loads((TINY_MODEL / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
     return root
+
+
+def write_extended_tokenizer(folder: Path) -> Path:
+    """The tiny model with a token added to its tokenizer past the model's vocabulary (id 320
+    of 320 embedding rows), as `tokenizer.add_tokens` then `save_pretrained` leaves it when
+    the embeddings are not resized."""
+    folder.mkdir()
+    for item in TINY_MODEL.iterdir():
+        if item.name != "tokenizer.json":
+            (folder / item.name).symlink_to(item)
+    tokenizer = json.loads((TINY_MODEL / "tokenizer.json").read_text())
+    vocab_size = json.loads((TINY_MODEL / "config.json").read_text())["vocab_size"]
+    tokenizer["added_tokens"].append(
+        {"id": vocab_size, "content": "<tool_call>", "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": True}
+    )  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -855,6 +880,12 @@ def file_cases(root: Path) -> list[Bad]:
             (f"model.ref_load={root / 'ref_torch_dist'}", "recipe.algo.kl_metric_interval=2"),
             "model.ref_load",
             "the torch trainer cannot read",
+        ),
+        _case(
+            "a tokenizer with tokens past the model's vocabulary",
+            (f"model.hf_checkpoint={root / 'extended_tokenizer'}",),
+            "model.hf_checkpoint",
+            "'<tool_call>' = 320; the embedding and output layer have no row for them",
         ),
         _case(
             "an FP8 checkpoint with one scale per tensor",

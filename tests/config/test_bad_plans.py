@@ -244,6 +244,42 @@ CASES = [
         "is dense (no model.moe)",
     ),
     Bad(
+        "expert tensor parallelism on a dense model",
+        (*GLM9, "layout.train.etp=2"),
+        "layout.train.etp",
+        "splits each MoE expert's weights, and glm4-9b is dense",
+    ),
+    Bad(
+        "uniform recompute groups that overrun the model's layers",
+        (*GLM9, "layout.train.recompute.num_layers=3"),
+        "layout.train.recompute.num_layers",
+        "the model's 40 layers are not a multiple of 3",
+    ),
+    Bad(
+        "uniform recompute groups that overrun a pipeline stage",
+        (
+            *QWEN,
+            "layout.train.pp=2",
+            "layout.train.tp=1",
+            "layout.train.sequence_parallel=false",
+            "layout.train.recompute.num_layers=4",
+        ),
+        "layout.train.recompute.num_layers",
+        "stages of 18 layers (of [18, 18]) are not a multiple of 4",
+    ),
+    Bad(
+        "speculative decoding with no draft model",
+        (*QWEN, "++layout.rollout.sglang.speculative_algorithm=EAGLE"),
+        "layout.rollout.sglang.speculative_algorithm",
+        "qwen3-4b has none (model.mtp_num_layers=0)",
+    ),
+    Bad(
+        "EAGLE3 with no draft model",
+        (*GLM9, "++layout.rollout.sglang.speculative_algorithm=EAGLE3"),
+        "layout.rollout.sglang.speculative_algorithm",
+        "EAGLE3 drafts with a model of its own",
+    ),
+    Bad(
         "engines given another tokenizer",
         (*GLM9, "++layout.rollout.sglang.tokenizer_path=/root/other-tokenizer"),
         "layout.rollout.sglang.tokenizer_path",
@@ -334,3 +370,31 @@ def test_the_memory_a_refused_tp_still_needs_adds_up(compose_run: Callable[..., 
     terms = dict(re.findall(r"([a-zA-Z +]+?) ([\d.]+)(?:, |$)", found.group(2)))
     assert "CUDA context and workspaces" in terms and "grouped experts" in terms
     assert sum(map(float, terms.values())) == pytest.approx(float(found.group(1)), abs=0.25)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (*GLM9, "layout.train.recompute.num_layers=4"),  # 40 layers in groups of 4
+        (*GLM9, "layout.train.recompute.num_layers=3", "layout.train.recompute.method=block"),
+        (*GLM9, "layout.train.etp=1"),
+        (
+            *QWEN,
+            "++layout.rollout.sglang.speculative_algorithm=EAGLE3",
+            "++layout.rollout.sglang.speculative_draft_model_path=/root/Qwen3-4B-eagle3",
+        ),
+        (*QWEN, "++layout.rollout.sglang.speculative_algorithm=NGRAM"),
+        # EAGLE drafts with the checkpoint's own MTP layers
+        (
+            "model=glm4.5-355b-a32b",
+            "recipe=grpo_dapo",
+            "hardware=h100x64",
+            "++layout.rollout.sglang.speculative_algorithm=EAGLE",
+        ),
+    ],
+    ids=lambda o: " ".join(o[3:]),
+)
+def test_what_those_checks_leave_alone_plans(
+    overrides: tuple[str, ...], compose_run: Callable[..., RunConfig]
+) -> None:
+    build_plan(compose_run(*overrides))

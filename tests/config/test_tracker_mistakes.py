@@ -686,6 +686,44 @@ MISTAKES: list[Mistake] = [
         "kl_coef: 0",
     ),
     Mistake(
+        "uniform recompute groups that overrun a stage's layers",
+        "https://github.com/NVIDIA/Megatron-LM/issues/1807",
+        "List of out range error when `self.num_layers_per_pipeline_rank % "
+        "self.config.recompute_num_layers!=0`",
+        (*QWEN, "layout.train.recompute.num_layers=5"),
+        "layout.train.recompute.num_layers",
+        "the model's 36 layers are not a multiple of 5",
+        ("layout.train.recompute.num_layers=4",),
+        "(1, 2, 3, 4, 6, 9)",
+    ),
+    Mistake(
+        "speculative decoding with no draft model",
+        "https://github.com/sgl-project/sglang/issues/36528",
+        "Starting SGLang with `--speculative-algorithm EAGLE3` but without "
+        "`--speculative-draft-model-path` can silently use the target checkpoint as the draft "
+        "model ... the server crashes during startup after loading the target weights twice",
+        (*QWEN, f"{SG}.speculative_algorithm=EAGLE3"),
+        "layout.rollout.sglang.speculative_algorithm",
+        "EAGLE3 drafts with a model of its own",
+        (
+            f"{SG}.speculative_algorithm=EAGLE3",
+            f"{SG}.speculative_draft_model_path=/root/Qwen3-4B-eagle3",
+        ),
+        "speculative_draft_model_path to a draft checkpoint",
+    ),
+    Mistake(
+        "a tokenizer with tokens the embedding has no row for",
+        "https://github.com/huggingface/transformers/issues/1848",
+        "When you run `run_lm_finetuning.py` with a custom tokenizer ... you need to resize "
+        "model embedding according to the new tokenizer. Otherwise you are going to get "
+        "`CUDA runtime error (59) : device-side assert triggered`",
+        ("model.hf_checkpoint={tmp}/extended_tokenizer",),
+        "model.hf_checkpoint",
+        "'<tool_call>' = 320; the embedding and output layer have no row for them",
+        ("~model.hf_checkpoint",),
+        "resize the checkpoint's embeddings to the tokenizer",
+    ),
+    Mistake(
         "engines that never receive the trained weights",
         "https://github.com/radixark/miles/pull/2470",
         "Assert that the rollout executor keeps receiving weight versions",
@@ -703,7 +741,8 @@ def fixed_argv(case: Mistake, tmp: Path) -> list[str]:
     dropped for `~key`."""
     fix = [f.replace("{tmp}", str(tmp)) for f in case.fix]
     keys = {f.lstrip("~+").split("=", 1)[0] for f in fix}
-    kept = [a for a in case.argv if a.lstrip("+").split("=", 1)[0] not in keys]
+    argv = [a.replace("{tmp}", str(tmp)) for a in case.argv]
+    kept = [a for a in argv if a.lstrip("+").split("=", 1)[0] not in keys]
     return kept + [f for f in fix if not f.startswith("~")]
 
 
@@ -742,14 +781,30 @@ print(json.dumps(results))
 """
 
 
+def write_checkpoints(work: Path) -> None:
+    """The checkpoint folders cases name as {tmp}/...: the tiny model with a token added to
+    its tokenizer past the model's 320 embedding rows (add_tokens, then save_pretrained,
+    without resizing the embeddings)."""
+    tiny = REPO / "rlpost" / "assets" / "qwen3-tiny"
+    folder = work / "extended_tokenizer"
+    folder.mkdir()
+    for item in tiny.iterdir():
+        if item.name != "tokenizer.json":
+            (folder / item.name).symlink_to(item)
+    tokenizer = json.loads((tiny / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append({"id": 320, "content": "<tool_call>", "special": True})
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
 def run_mistakes(cases: list[Mistake], work: Path) -> dict[str, dict]:
     """Runs the cases through DRIVER in one interpreter, each launch followed by its fix's
     validation; by case name: `code`, `stderr`, `seconds` and `cpu_seconds` of the launch,
     `ray_started`, `fixed_code`, `fixed_stderr`. Run dirs go under work/runs."""
     runs = work / "runs"
+    write_checkpoints(work)
     items = []
     for i, case in enumerate(cases):
-        launch = list(case.argv)
+        launch = [a.replace("{tmp}", str(work)) for a in case.argv]
         if case.own_dir:
             launch.append(f"run.dir={runs / str(i)}")
         launch.append(f"hydra.run.dir={runs / 'hydra' / str(i)}")
