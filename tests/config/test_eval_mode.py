@@ -1,4 +1,5 @@
-"""mode=eval reads no training setting: rlpost.schema.training_only lists them.
+"""mode=eval reads no training setting: rlpost.schema.training_only lists them, a launch refuses
+them on its command line, and a training recipe's own (from its files) are kept and noted.
 
 `test_no_listed_key_changes_what_an_evaluation_does` holds the list to what mode=eval reads:
 each listed key, changed as a file would change it, leaves unchanged everything the
@@ -9,6 +10,7 @@ evaluation sets and their sampling).
 from __future__ import annotations
 
 import dataclasses
+import glob
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,12 @@ import pytest
 import yaml
 
 from rlpost.config.loader import compose_run_config
-from rlpost.plan import Plan, plan_config
+from rlpost.errors import UserError
+from rlpost.plan import Plan, build_plan, plan_config
+from rlpost.plan.plan import TRAINING_SETTINGS_NOTE
 from rlpost.plan.work import NO_TRAIN_RANK, SEND_WEIGHTS
 from rlpost.schema import RecipeConfig, RunConfig
-from rlpost.schema.training_only import TRAINING_ONLY, training_only
+from rlpost.schema.training_only import TRAINING_ONLY, set_training_only, training_only
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ("model=qwen3-tiny", "recipe=grpo_tiny_math", "hardware=cpu")
@@ -241,3 +245,94 @@ def test_no_listed_key_changes_the_evaluation_sets() -> None:
                 node = node[part]
             node[leaf] = yaml.safe_load(value)
         assert load_eval_sets(RecipeConfig.model_validate(data), tokenizer, []) == expected, key
+
+
+def refusal(*argv: str) -> UserError:
+    with pytest.raises(UserError) as caught:
+        compose_run_config(list(argv))
+    return caught.value
+
+
+def test_a_training_setting_on_an_evaluations_command_line_is_refused() -> None:
+    error = refusal(*TINY, "mode=eval", "recipe.optim.lr=3e-5", "recipe.rollout.num_rollout=7")
+    keys = {issue.key: issue for issue in error.issues}
+    assert set(keys) == {"recipe.optim.lr", "recipe.rollout.num_rollout"}
+    lr = keys["recipe.optim.lr"]
+    assert lr.value == 3e-5 and str(lr.location) == "command line: recipe.optim.lr=3e-5"
+    assert "mode=eval trains nothing and reads no training settings" in lr.message
+    assert "no optimizer" in lr.message
+    assert "drop the override recipe.optim.lr=3e-5" in lr.fix and "mode=train" in lr.fix
+
+
+def test_a_whole_training_section_on_the_command_line_is_one_refusal() -> None:
+    error = refusal(*TINY, "mode=eval", "recipe.save={interval: 5, keep_last: 1}")
+    [issue] = error.issues
+    assert issue.key == "recipe.save"
+    assert str(issue.location) == "command line: recipe.save={interval: 5, keep_last: 1}"
+
+
+def test_what_an_evaluation_reads_may_be_given_on_its_command_line() -> None:
+    """Sampling (the eval sets' fallbacks), the MTP layers it sends, the default placement,
+    and the rollout batch that stands for the eval sets in a layout search are read."""
+    read = (
+        "recipe.rollout.temperature=0.7",
+        "recipe.rollout.max_response_len=12",
+        "recipe.rollout.batch_size=16",
+        "recipe.rollout.n_samples_per_prompt=4",
+        "recipe.rollout.max_concurrency=8",
+        "recipe.train.mtp_training=false",
+        "recipe.eval.temperature=0.5",
+        "recipe.data.input_key=prompt",
+        LOADS,
+    )
+    cfg = compose_run_config([*TINY, "mode=eval", *read])[0]
+    assert cfg.recipe.rollout.temperature == 0.7 and cfg.mode == "eval"
+
+
+def test_training_settings_from_a_file_are_kept(tmp_path: Path) -> None:
+    """An experiment file that sets training settings (as a recipe does) evaluates as it is."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "longer.yaml").write_text(
+        "# @package _global_\nrecipe:\n  optim:\n    lr: 3.0e-5\n  rollout:\n    num_rollout: 7\n"
+    )
+    cfg = compose_run_config([*TINY, "mode=eval", "+experiment=longer"], search_path=[tmp_path])[0]
+    assert cfg.recipe.optim.lr == 3e-5 and cfg.recipe.rollout.num_rollout == 7
+
+
+def test_a_training_launch_takes_training_settings_on_its_command_line() -> None:
+    cfg = compose_run_config([*TINY, "recipe.optim.lr=3e-5", "recipe.rollout.num_rollout=7"])[0]
+    assert cfg.recipe.optim.lr == 3e-5 and cfg.mode == "train"
+    assert not [n for n in build_plan(cfg).notes if "mode=eval" in n]
+
+
+RECIPES = sorted(Path(p).stem for p in glob.glob(str(REPO / "conf" / "recipe" / "*.yaml")))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("weights", [(), (LOADS,)], ids=["served", "sent"])
+def test_every_shipped_recipe_evaluates_as_it_is(recipe: str, weights: tuple[str, ...]) -> None:
+    """mode=eval with a shipped training recipe and no training override validates and plans,
+    and the plan says which of the recipe's training settings it leaves unread."""
+    cfg, _ = compose_run_config(
+        ["model=qwen3-1.7b", "hardware=h100x8", f"recipe={recipe}", "mode=eval", *weights]
+    )
+    plan = build_plan(cfg)
+    [note] = [n for n in plan.notes if n.startswith("mode=eval trains nothing")]
+    given = set_training_only(cfg)
+    assert note == TRAINING_SETTINGS_NOTE.format(given=", ".join(given))
+    assert "recipe.optim" in given and any(g.startswith("recipe.rollout") for g in given)
+
+
+def test_the_note_names_sections_whole_and_single_keys_as_keys(compose_run: ComposeRun) -> None:
+    cfg: RunConfig = compose_run(*TINY, "mode=eval")
+    given = set_training_only(cfg)
+    assert given == [
+        "recipe.optim",
+        "recipe.algo",
+        "recipe.train's batch settings",
+        "recipe.save",
+        "recipe.rollout.num_rollout",
+        "recipe.eval.interval",
+    ]
+    changed = compose_run(*TINY, "mode=eval", "recipe.loop.update_weights_interval=2")
+    assert "recipe.loop.update_weights_interval" in set_training_only(changed)
