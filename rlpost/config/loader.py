@@ -23,6 +23,7 @@ from rlpost.config.diagnostics import (
     resolve_config,
     value_at,
 )
+from rlpost.config.eval_mode import check_eval_training_overrides
 from rlpost.config.hf_check import check_hf_config
 from rlpost.config.hook_checks import check_hooks
 from rlpost.config.overrides import check_overrides, search_roots
@@ -50,7 +51,12 @@ def _hf_config(data: Mapping[str, Any], sources: SourceMap) -> list[Issue]:
 
 # Checks beyond the schema, run on the resolved values whether or not the schema passed, so
 # one run reports every problem.
-POST_CHECKS: tuple[PostCheck, ...] = (_sglang, _hooks, _hf_config)
+POST_CHECKS: tuple[PostCheck, ...] = (
+    _sglang,
+    _hooks,
+    _hf_config,
+    check_eval_training_overrides,
+)
 
 
 def load_run_config(cfg: DictConfig, sources: SourceMap) -> RunConfig:

@@ -309,12 +309,14 @@ def estimate_sender(
     model.load) and sends them to the engines a bucket at a time, and runs no train step: its
     GPU holds the weights as the trainer keeps them (megatron's in the compute dtype split
     over TP, PP and EP; the torch trainer's float32 FSDP2 shards), the bucket, and the CUDA
-    context; no gradients, optimizer state, activations or logits."""
+    context; no gradients, optimizer state, activations or logits, and no micro-batch (its
+    tokens_per_gpu is 0: recipe.train's batch settings are training's alone)."""
     train = estimate_trainer(cfg, par, colocate)
     model = cfg.model
     largest = model.vocab_size * model.hidden_size * weight_bytes(model)  # travels alone
     bucket = WEIGHT_BUCKET_COPIES * max(bucket_bytes, largest) / GIB
     kept: dict[str, Any] = {
+        "tokens_per_gpu": 0,
         "grads_gib": 0.0,
         "optimizer_gib": 0.0,
         "activations_gib": 0.0,

@@ -44,6 +44,7 @@ from rlpost.plan.work import (
     train_rank_work,
 )
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
+from rlpost.schema.training_only import set_training_only
 
 if TYPE_CHECKING:
     from rlpost.plan.search import LayoutSearch
@@ -396,6 +397,10 @@ EVAL_SEARCH_NOTE = (
     "gains nothing"
 )
 
+TRAINING_SETTINGS_NOTE = (
+    "mode=eval trains nothing: the training settings the files give in {given} are not read"
+)
+
 
 def _evaluated_weights(cfg: RunConfig) -> str:
     if cfg.run.resume is not None:
@@ -407,6 +412,9 @@ def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple
     if train_ranks == TRAIN:
         return ()
     notes = [EVAL_SEARCH_NOTE] if cfg.layout.search else []
+    given = set_training_only(cfg)  # the command line may give none (rlpost.config.eval_mode)
+    if given:
+        notes.append(TRAINING_SETTINGS_NOTE.format(given=", ".join(given)))
     if train_ranks == NO_TRAIN_RANK:
         return (*notes, NO_TRAINING_NOTE)
     note = SEND_WEIGHTS_NOTE.format(weights=_evaluated_weights(cfg))

@@ -115,6 +115,22 @@ def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixtur
     assert "Traceback" not in err
 
 
+def test_validate_refuses_training_settings_given_to_an_evaluation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    evaluation = ["validate", "--no-local-checks", *TINY, "mode=eval", "model.load=/ckpt/s"]
+    status, out, err = run_main([*evaluation, "recipe.save.interval=5"], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "recipe.save.interval = 5   (command line: recipe.save.interval=5)" in err
+    assert "mode=eval trains nothing and reads no training settings" in err
+    assert "fix: drop the override recipe.save.interval=5 from the command line, or use " in err
+    status, out, _ = run_main(evaluation, capsys)  # the recipe's own: kept, and noted
+    assert status == 0
+    assert "note     mode=eval trains nothing: the training settings the files give in " in out
+    status, out, _ = run_main(["validate", *TINY, "recipe.save.interval=5"], capsys)
+    assert status == 0 and "mode=eval" not in out
+
+
 def test_validate_includes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["validate", "model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x8"]
     status, _, err = run_main(argv, capsys)

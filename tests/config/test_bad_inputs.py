@@ -71,7 +71,7 @@ CASES: list[Bad] = [
     ),
     Bad(
         "an evaluation with nothing to evaluate",
-        ("mode=eval", "recipe.eval.datasets=[]", "recipe.eval.interval=null"),
+        ("mode=eval", "recipe.eval.datasets=[]", "~recipe.eval.interval"),
         "recipe.eval.datasets",
         "mode=eval evaluates the policy on recipe.eval.datasets",
     ),
@@ -80,6 +80,12 @@ CASES: list[Bad] = [
         ("mode=eval", "run.resume=auto", "run.dir=/tmp/rlpost-eval-auto"),
         "run.resume",
         "name the checkpoint to evaluate",
+    ),
+    Bad(
+        "a training setting on the command line of an evaluation, which trains nothing",
+        ("mode=eval", "recipe.optim.lr=3e-5"),
+        "recipe.optim.lr = 3e-05   (command line: recipe.optim.lr=3e-5)",
+        "mode=eval trains nothing and reads no training settings",
     ),
     Bad(
         "a chat template argument the template never reads (a misspelt enable_thinking)",

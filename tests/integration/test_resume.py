@@ -26,6 +26,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlpost.runtime.rollout_dump import dump_path, first_difference
+from rlpost.schema.training_only import training_only
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,8 +72,12 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
+    """The reference run's command line, with `extra`. For an evaluation (mode=eval), less
+    the training settings, which it refuses on its command line, and the rollout batch: the
+    evaluation reads none of them, and the recipe's own global_batch_size fits the recipe's
+    own batch (the figures it repeats are the reference run's all the same)."""
     vocab_size = json.loads((assets / "model" / "config.json").read_text())["vocab_size"]
-    return [
+    given = [
         f"model.hf_checkpoint={assets / 'model'}",
         f"model.vocab_size={vocab_size}",
         f"recipe.data.prompt_data={assets / 'train.jsonl'}",
@@ -101,6 +106,11 @@ def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
         f"hydra.run.dir={run_dir.parent / 'hydra'}",  # keep Hydra's own folder out of the repo
         *extra,
     ]
+    if "mode=eval" not in extra:
+        return given
+    batch = {"recipe.rollout.batch_size", "recipe.rollout.n_samples_per_prompt"}
+    keys = [token.split("=", 1)[0] for token in given]
+    return [t for t, k in zip(given, keys, strict=True) if not training_only(k) and k not in batch]
 
 
 def command(args: Sequence[str]) -> list[str]:

@@ -37,16 +37,22 @@ def test_a_prompt_whose_request_outgrows_the_context_is_refused_before_any_actor
     assert load_inputs(fits, None).eval_sets
 
 
-def test_an_evaluation_restarts_on_the_weights_it_was_given() -> None:
+def test_an_evaluation_restarts_on_the_weights_it_was_given(tmp_path: Path) -> None:
     """A fault during mode=eval restarts it on the same checkpoint (an evaluation saves none
-    to continue from), and run.max_restarts needs no save interval there; a training run
-    restarts from its newest checkpoint."""
+    to continue from), and run.max_restarts needs no save interval there (a recipe without
+    one, here an experiment file's); a training run restarts from its newest checkpoint."""
     from rlpost.runtime.train import _resuming
 
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "unsaved.yaml").write_text(
+        "# @package _global_\nrecipe:\n  save:\n    interval: null\n"
+    )
     checkpoint = "runs/exp1/ckpt/rollout_40"
     evaluation, _ = compose_run_config(
-        ["mode=eval", f"run.resume={checkpoint}", "run.max_restarts=2", "recipe.save.interval=null"]
+        ["mode=eval", f"run.resume={checkpoint}", "run.max_restarts=2", "+experiment=unsaved"],
+        search_path=[tmp_path],
     )
+    assert evaluation.recipe.save.interval is None
     assert _resuming(evaluation).run.resume == checkpoint
     training, _ = compose_run_config(["run.max_restarts=2", "run.dir=runs/x"])
     assert _resuming(training).run.resume == "auto"

@@ -1,0 +1,338 @@
+"""mode=eval reads no training setting: rlpost.schema.training_only lists them, a launch refuses
+them on its command line, and a training recipe's own (from its files) are kept and noted.
+
+`test_no_listed_key_changes_what_an_evaluation_does` holds the list to what mode=eval reads:
+each listed key, changed as a file would change it, leaves unchanged everything the
+evaluation's launch carries out (the engines, the train ranks and what they send, the
+evaluation sets and their sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlpost.config.loader import compose_run_config
+from rlpost.errors import UserError
+from rlpost.plan import Plan, build_plan, plan_config
+from rlpost.plan.plan import TRAINING_SETTINGS_NOTE
+from rlpost.plan.work import NO_TRAIN_RANK, SEND_WEIGHTS
+from rlpost.schema import RecipeConfig, RunConfig
+from rlpost.schema.training_only import TRAINING_ONLY, set_training_only, training_only
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ("model=qwen3-tiny", "recipe=grpo_tiny_math", "hardware=cpu")
+GPU = ("model=qwen3-1.7b", "hardware=h100x8")
+ComposeRun = Callable[..., RunConfig]
+LOADS = "model.load=/ckpt/policy"  # other weights than the engines start with: train ranks send
+
+# Each listed key, changed (with what it needs beside it, itself training-only) to a value
+# the run validates with; () for a key with one valid value.
+CHANGED: dict[str, tuple[str, ...]] = {
+    "recipe.optim.optimizer": (),  # adam only
+    "recipe.optim.lr": ("recipe.optim.lr=3e-5",),
+    "recipe.optim.min_lr": (
+        "recipe.optim.lr_decay_style=cosine",
+        "recipe.optim.lr_decay_steps=7",
+        "recipe.optim.min_lr=1e-8",
+    ),
+    "recipe.optim.lr_decay_style": (
+        "recipe.optim.lr_decay_style=linear",
+        "recipe.optim.lr_decay_steps=7",
+        "recipe.optim.min_lr=1e-8",
+    ),
+    "recipe.optim.lr_warmup_steps": ("recipe.optim.lr_warmup_steps=5",),
+    "recipe.optim.lr_decay_steps": (
+        "recipe.optim.lr_decay_style=cosine",
+        "recipe.optim.lr_decay_steps=9",
+        "recipe.optim.min_lr=1e-7",
+    ),
+    "recipe.optim.weight_decay": ("recipe.optim.weight_decay=0.01",),
+    "recipe.optim.adam_beta1": ("recipe.optim.adam_beta1=0.8",),
+    "recipe.optim.adam_beta2": ("recipe.optim.adam_beta2=0.95",),
+    "recipe.optim.adam_eps": ("recipe.optim.adam_eps=1e-6",),
+    "recipe.optim.clip_grad": ("recipe.optim.clip_grad=0.5",),
+    "recipe.optim.cpu_offload": ("recipe.optim.cpu_offload=true",),
+    "recipe.optim.overlap_cpu_optimizer_d2h_h2d": (
+        "recipe.optim.cpu_offload=true",
+        "recipe.optim.overlap_cpu_optimizer_d2h_h2d=true",
+    ),
+    "recipe.optim.precision_aware_optimizer": ("recipe.optim.precision_aware_optimizer=true",),
+    "recipe.algo.advantage_estimator": (
+        "recipe.algo.advantage_estimator=reinforce_plus_plus_baseline",
+    ),
+    "recipe.algo.grpo_std_normalization": ("recipe.algo.grpo_std_normalization=false",),
+    "recipe.algo.normalize_advantages": ("recipe.algo.normalize_advantages=true",),
+    "recipe.algo.gamma": (
+        "recipe.algo.advantage_estimator=reinforce_plus_plus",
+        "recipe.algo.gamma=0.9",
+    ),
+    "recipe.algo.use_kl_loss": ("recipe.algo.use_kl_loss=false",),
+    "recipe.algo.kl_loss_coef": ("recipe.algo.kl_loss_coef=0.01",),
+    "recipe.algo.kl_loss_type": ("recipe.algo.kl_loss_type=k3",),
+    "recipe.algo.kl_coef": (
+        "recipe.algo.advantage_estimator=reinforce_plus_plus",
+        "recipe.algo.use_kl_loss=false",
+        "recipe.algo.kl_coef=0.01",
+    ),
+    "recipe.algo.kl_metric_interval": ("recipe.algo.kl_metric_interval=5",),
+    "recipe.algo.entropy_coef": ("recipe.algo.entropy_coef=0.01",),
+    "recipe.algo.eps_clip": ("recipe.algo.eps_clip=0.1",),
+    "recipe.algo.eps_clip_high": ("recipe.algo.eps_clip_high=0.3",),
+    "recipe.algo.eps_clip_c": ("recipe.algo.eps_clip_c=3.0",),
+    "recipe.algo.loss_reduction": ("recipe.algo.loss_reduction=token_mean",),
+    "recipe.algo.off_policy_correction": ("recipe.algo.off_policy_correction=tis",),
+    "recipe.algo.tis_clip_low": (
+        "recipe.algo.off_policy_correction=tis",
+        "recipe.algo.tis_clip_low=0.5",
+    ),
+    "recipe.algo.tis_clip_high": (
+        "recipe.algo.off_policy_correction=tis",
+        "recipe.algo.tis_clip_high=3.0",
+    ),
+    "recipe.algo.behaviour_weight_cap": (
+        "recipe.algo.off_policy_correction=decoupled_ppo",
+        "recipe.algo.behaviour_weight_cap=2.0",
+    ),
+    "recipe.train.global_batch_size": ("recipe.train.global_batch_size=32",),
+    "recipe.train.micro_batch_size": (
+        "recipe.train.use_dynamic_batch_size=false",
+        "recipe.train.max_tokens_per_gpu=null",
+        "recipe.train.micro_batch_size=2",
+    ),
+    "recipe.train.use_dynamic_batch_size": (
+        "recipe.train.use_dynamic_batch_size=false",
+        "recipe.train.max_tokens_per_gpu=null",
+    ),
+    "recipe.train.max_tokens_per_gpu": ("recipe.train.max_tokens_per_gpu=4096",),
+    "recipe.train.balance_data": ("recipe.train.balance_data=false",),
+    # refused unless recipe.train.mtp_training trains MTP layers, which qwen3 has none of; it
+    # weighs their loss in the train step only (rlpost.backends.megatron.mtp.mtp_loss_factor)
+    "recipe.train.mtp_loss_scaling_factor": (),
+    "recipe.save.interval": ("recipe.save.interval=5",),
+    "recipe.save.keep_last": ("recipe.save.keep_last=1",),
+    "recipe.save.save_hf_interval": ("recipe.save.save_hf_interval=10",),
+    "recipe.save.save_optimizer": ("recipe.save.save_optimizer=false",),
+    "recipe.loop.update_weights_interval": ("recipe.loop.update_weights_interval=2",),
+    # the fully_async loop's own (changed on grpo_dapo_fully_async: FULLY_ASYNC)
+    "recipe.loop.max_staleness": ("recipe.loop.max_staleness=1",),
+    "recipe.loop.max_buffered_groups": ("recipe.loop.max_buffered_groups=96",),
+    "recipe.loop.stale_groups": ("recipe.loop.stale_groups=drop",),
+    "recipe.rollout.num_rollout": ("recipe.rollout.num_rollout=7",),
+    "recipe.rollout.over_sampling_batch_size": (
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        "recipe.rollout.over_sampling_batch_size=48",
+    ),
+    "recipe.rollout.dynamic_sampling_filter": (
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+    ),
+    "recipe.rollout.partial_rollout": (
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        "recipe.rollout.over_sampling_batch_size=48",
+        "recipe.rollout.partial_rollout=true",
+    ),
+    "recipe.rollout.mask_offpolicy_in_partial_rollout": (
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        "recipe.rollout.over_sampling_batch_size=48",
+        "recipe.rollout.partial_rollout=true",
+        "recipe.rollout.mask_offpolicy_in_partial_rollout=true",
+    ),
+    "recipe.rollout.buffer_filter": (
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        "recipe.rollout.over_sampling_batch_size=48",
+        "recipe.rollout.partial_rollout=true",
+        "recipe.rollout.buffer_filter=rlpost.filters.pop_first",
+    ),
+    "recipe.eval.interval": ("recipe.eval.interval=5",),
+    "recipe.eval.skip_before_train": ("recipe.eval.skip_before_train=true",),
+}
+
+FULLY_ASYNC = {
+    "recipe.loop.max_staleness",
+    "recipe.loop.max_buffered_groups",
+    "recipe.loop.stale_groups",
+}
+
+
+def listed_keys() -> list[str]:
+    """Every key TRAINING_ONLY lists, a whole section's expanded to its fields."""
+    probe = compose_run_config(list(TINY))[0]
+    keys = []
+    for entry in TRAINING_ONLY:
+        section: Any = probe
+        for part in entry.section.split("."):
+            section = getattr(section, part)
+        names = entry.keys or tuple(type(section).model_fields)
+        keys += [f"{entry.section}.{name}" for name in names]
+    return keys
+
+
+def test_every_listed_key_is_changed_below() -> None:
+    assert sorted(listed_keys()) == sorted(CHANGED)
+    for key, changes in CHANGED.items():  # what each change sets is itself training-only
+        assert all(training_only(c.split("=")[0]) for c in changes), key
+
+
+def what_the_launch_does(plan: Plan) -> Plan:
+    """The plan less what only training reads: the batch arithmetic and step prediction (no
+    step runs), the loop's bounds (the rollout pipeline is never started), the notes, and a
+    layout search's table of the candidates (the layout it chose stays); with no train rank
+    at all, the training side's memory too, which is shown, neither checked nor held to the
+    hardware (rlpost.plan.plan.NO_TRAINING_NOTE)."""
+    memory = plan.memory
+    if not plan.starts_train_ranks:
+        memory = dataclasses.replace(memory, train=None, host=None)  # type: ignore[arg-type]
+    return dataclasses.replace(
+        plan,
+        batch=None,  # type: ignore[arg-type]
+        prediction=None,  # type: ignore[arg-type]
+        runtime=dataclasses.replace(plan.runtime, loop=None),  # type: ignore[arg-type]
+        memory=memory,
+        notes=(),
+        search=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("base", "train_ranks"),
+    [
+        ((*GPU, "mode=eval"), NO_TRAIN_RANK),
+        ((*GPU, "mode=eval", LOADS), SEND_WEIGHTS),
+        ((*GPU, "mode=eval", LOADS, "layout=auto"), SEND_WEIGHTS),
+    ],
+    ids=["served weights", "sent weights", "sent weights, searched layout"],
+)
+def test_no_listed_key_changes_what_an_evaluation_does(
+    base: tuple[str, ...], train_ranks: str, compose_run: ComposeRun
+) -> None:
+    for recipe in ("recipe=grpo_dapo", "recipe=grpo_dapo_fully_async"):
+        plan = plan_config(compose_run(*base, recipe))[1]
+        assert plan.train_ranks == train_ranks
+        assert (plan.search is not None) == ("layout=auto" in base)
+        expected = what_the_launch_does(plan)
+        for key, changes in CHANGED.items():
+            if changes and (key in FULLY_ASYNC) == recipe.endswith("fully_async"):
+                changed = plan_config(compose_run(*base, recipe, *changes))[1]
+                assert what_the_launch_does(changed) == expected, key
+
+
+def test_no_listed_key_changes_the_evaluation_sets() -> None:
+    """The evaluation's prompts, samples per prompt and sampling (rollout's as fallbacks)."""
+    from transformers import AutoTokenizer
+
+    from rlpost.runtime.evaluation import load_eval_sets
+
+    cfg = compose_run_config([*TINY, "mode=eval"])[0]
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint, local_files_only=True)
+    recipe = cfg.recipe.model_dump()
+    expected = load_eval_sets(cfg.recipe, tokenizer, [])
+    assert expected and expected[0].groups
+    for key, changes in CHANGED.items():
+        data = yaml.safe_load(yaml.safe_dump(recipe))
+        if key in FULLY_ASYNC:  # the loop's mode, which load_eval_sets does not read either
+            changes = ("recipe.loop.mode=fully_async", *changes)
+        for change in changes:
+            dotted, value = change.split("=", 1)
+            *parents, leaf = dotted.removeprefix("recipe.").split(".")
+            node = data
+            for part in parents:
+                node = node[part]
+            node[leaf] = yaml.safe_load(value)
+        assert load_eval_sets(RecipeConfig.model_validate(data), tokenizer, []) == expected, key
+
+
+def refusal(*argv: str) -> UserError:
+    with pytest.raises(UserError) as caught:
+        compose_run_config(list(argv))
+    return caught.value
+
+
+def test_a_training_setting_on_an_evaluations_command_line_is_refused() -> None:
+    error = refusal(*TINY, "mode=eval", "recipe.optim.lr=3e-5", "recipe.rollout.num_rollout=7")
+    keys = {issue.key: issue for issue in error.issues}
+    assert set(keys) == {"recipe.optim.lr", "recipe.rollout.num_rollout"}
+    lr = keys["recipe.optim.lr"]
+    assert lr.value == 3e-5 and str(lr.location) == "command line: recipe.optim.lr=3e-5"
+    assert "mode=eval trains nothing and reads no training settings" in lr.message
+    assert "no optimizer" in lr.message
+    assert "drop the override recipe.optim.lr=3e-5" in lr.fix and "mode=train" in lr.fix
+
+
+def test_a_whole_training_section_on_the_command_line_is_one_refusal() -> None:
+    error = refusal(*TINY, "mode=eval", "recipe.save={interval: 5, keep_last: 1}")
+    [issue] = error.issues
+    assert issue.key == "recipe.save"
+    assert str(issue.location) == "command line: recipe.save={interval: 5, keep_last: 1}"
+
+
+def test_what_an_evaluation_reads_may_be_given_on_its_command_line() -> None:
+    """Sampling (the eval sets' fallbacks), the MTP layers it sends, the default placement,
+    and the rollout batch that stands for the eval sets in a layout search are read."""
+    read = (
+        "recipe.rollout.temperature=0.7",
+        "recipe.rollout.max_response_len=12",
+        "recipe.rollout.batch_size=16",
+        "recipe.rollout.n_samples_per_prompt=4",
+        "recipe.rollout.max_concurrency=8",
+        "recipe.train.mtp_training=false",
+        "recipe.eval.temperature=0.5",
+        "recipe.data.input_key=prompt",
+        LOADS,
+    )
+    cfg = compose_run_config([*TINY, "mode=eval", *read])[0]
+    assert cfg.recipe.rollout.temperature == 0.7 and cfg.mode == "eval"
+
+
+def test_training_settings_from_a_file_are_kept(tmp_path: Path) -> None:
+    """An experiment file that sets training settings (as a recipe does) evaluates as it is."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "longer.yaml").write_text(
+        "# @package _global_\nrecipe:\n  optim:\n    lr: 3.0e-5\n  rollout:\n    num_rollout: 7\n"
+    )
+    cfg = compose_run_config([*TINY, "mode=eval", "+experiment=longer"], search_path=[tmp_path])[0]
+    assert cfg.recipe.optim.lr == 3e-5 and cfg.recipe.rollout.num_rollout == 7
+
+
+def test_a_training_launch_takes_training_settings_on_its_command_line() -> None:
+    cfg = compose_run_config([*TINY, "recipe.optim.lr=3e-5", "recipe.rollout.num_rollout=7"])[0]
+    assert cfg.recipe.optim.lr == 3e-5 and cfg.mode == "train"
+    assert not [n for n in build_plan(cfg).notes if "mode=eval" in n]
+
+
+RECIPES = sorted(Path(p).stem for p in glob.glob(str(REPO / "conf" / "recipe" / "*.yaml")))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("weights", [(), (LOADS,)], ids=["served", "sent"])
+def test_every_shipped_recipe_evaluates_as_it_is(recipe: str, weights: tuple[str, ...]) -> None:
+    """mode=eval with a shipped training recipe and no training override validates and plans,
+    and the plan says which of the recipe's training settings it leaves unread."""
+    cfg, _ = compose_run_config(
+        ["model=qwen3-1.7b", "hardware=h100x8", f"recipe={recipe}", "mode=eval", *weights]
+    )
+    plan = build_plan(cfg)
+    [note] = [n for n in plan.notes if n.startswith("mode=eval trains nothing")]
+    given = set_training_only(cfg)
+    assert note == TRAINING_SETTINGS_NOTE.format(given=", ".join(given))
+    assert "recipe.optim" in given and any(g.startswith("recipe.rollout") for g in given)
+
+
+def test_the_note_names_sections_whole_and_single_keys_as_keys(compose_run: ComposeRun) -> None:
+    cfg: RunConfig = compose_run(*TINY, "mode=eval")
+    given = set_training_only(cfg)
+    assert given == [
+        "recipe.optim",
+        "recipe.algo",
+        "recipe.train's batch settings",
+        "recipe.save",
+        "recipe.rollout.num_rollout",
+        "recipe.eval.interval",
+    ]
+    changed = compose_run(*TINY, "mode=eval", "recipe.loop.update_weights_interval=2")
+    assert "recipe.loop.update_weights_interval" in set_training_only(changed)
