@@ -100,6 +100,11 @@ def checked(run: RunConfig, machine: bool = True) -> str:
     return text
 
 
+def _eval_sets(run: RunConfig) -> str:
+    names = [d.name for d in run.recipe.eval.datasets]
+    return f"{len(names)} set(s): {', '.join(names)}" if names else "no sets"
+
+
 def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
     """A few lines: what was checked and what the plan comes to."""
     p, par, eng, mem, batch = plan.placement, plan.parallel, plan.engine, plan.memory, plan.batch
@@ -114,8 +119,12 @@ def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
         f"  checked  {checked(run, machine)}",
         f"  layout   {split}: train TP{par.tp} PP{par.pp} CP{par.cp} EP{par.ep} DP{par.dp}; "
         f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} GPU(s)",
-        f"  batch    {batch.samples_per_rollout} samples per rollout, "
-        f"{batch.steps_per_rollout} optimizer step(s) each, {batch.num_rollout} rollouts",
+        (
+            f"  batch    {batch.samples_per_rollout} samples per rollout, "
+            f"{batch.steps_per_rollout} optimizer step(s) each, {batch.num_rollout} rollouts"
+            if run.mode != "eval"
+            else f"  eval     {_eval_sets(run)}, evaluated once"
+        ),
         "  memory   "
         + (
             f"train peak {mem.train.total_gib:.1f} GiB"

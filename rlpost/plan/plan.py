@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -213,22 +214,25 @@ def _notes(
     loop_plan: LoopPlan,
 ) -> tuple[str, ...]:
     par, batch, engine, memory = plan_parts
-    notes = []
+    notes: list[str] = []
+    # what only training does (its reference, steps, schedule, staleness, saves, shards): an
+    # evaluation, which trains nothing, leaves these out
+    training: Callable[[str], None] = notes.append if cfg.mode != "eval" else _drop
     model = cfg.model
     reference = model.ref_load or model.hf_checkpoint
     if model.load not in (None, reference) and cfg.recipe.algo.reference_interval > 0:
-        notes.append(
+        training(
             f"the KL's reference is model.ref_load={reference}, not the policy's start "
             f"(model.load={model.load}): the KL pulls the policy toward the reference's "
             "weights; model.ref_load: ${model.load} measures it against the start instead"
         )
     if cfg.recipe.data.max_prompt_len is None:
-        notes.append(
+        training(
             "recipe.data.max_prompt_len is not set: the longest sample counts as "
             f"max_response_len = {batch.longest_sample_tokens} tokens (prompts add to it)"
         )
     if batch.tokens_per_micro_batch and batch.longest_sample_tokens > batch.tokens_per_micro_batch:
-        notes.append(
+        training(
             f"a sample of up to {batch.longest_sample_tokens} tokens exceeds max_tokens_per_gpu "
             f"x cp = {batch.tokens_per_micro_batch}: it gets a micro-batch of its own (never "
             "truncated), and the memory estimate holds such a micro-batch"
@@ -237,21 +241,21 @@ def _notes(
         notes.append(f"tp={par.tp} spans nodes: its all-reduces leave the node's fast links")
     algo = cfg.recipe.algo
     if algo.use_kl_loss and not algo.kl_in_loss and not algo.reference_interval:
-        notes.append(
+        training(
             "algo.use_kl_loss with kl_loss_coef 0: the KL weighs nothing in the loss, so the "
             "reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
             "logs the KL every N rollouts)"
         )
     fp8 = engine.fp8
     if fp8 is not None and cfg.model.load is None:
-        notes.append(
+        training(
             "model.hf_checkpoint is FP8 and model.load is not set: the trainer starts from the "
             "FP8 weights dequantised, and on that grid updates smaller than an FP8 step are "
             "rounded away on the way to the engines (the rollout/trainer mismatch grows); "
             "point model.load at the bf16 checkpoint the FP8 one was converted from"
         )
     if fp8 is not None and algo.off_policy_correction == "none":
-        notes.append(
+        training(
             "the engines serve FP8 and recipe.algo.off_policy_correction is none: tokens the "
             "FP8 policy sampled are trained as the trainer's own (train/rollout_logprob_abs_diff "
             "shows by how much they differ); tis reweights them"
@@ -264,7 +268,7 @@ def _notes(
             if loop.update_weights_interval > 1
             else ""
         )
-        notes.append(
+        training(
             f"a token may be trained up to {stale} policy version(s) after the one that "
             f"sampled it ({why}) and recipe.algo.off_policy_correction is none: it is "
             "trained as the trained policy's own (rollout/staleness_max shows how stale); "
@@ -274,7 +278,7 @@ def _notes(
     if optim.lr_decay_steps is not None and optim.lr_decay_steps < steps and optim.min_lr > 0:
         rollouts = cfg.recipe.rollout.num_rollout
         ends = -(-optim.lr_decay_steps * rollouts // steps)
-        notes.append(
+        training(
             f"recipe.optim.lr_decay_steps={optim.lr_decay_steps} ends the {optim.lr_decay_style} "
             f"decay at optimizer step {optim.lr_decay_steps} of {steps} (rollout {ends} of "
             f"{rollouts}): the rest of the run trains at min_lr={optim.min_lr:g}"
@@ -285,7 +289,7 @@ def _notes(
         and not rollout.mask_offpolicy_in_partial_rollout
         and algo.off_policy_correction == "none"
     ):
-        notes.append(
+        training(
             "recipe.rollout.partial_rollout continues each group a rollout cut short in a later "
             "rollout, under newer weights: the tokens it carries over were sampled by an older "
             "policy, a version older for each rollout it is carried (a group cut short again "
@@ -297,7 +301,7 @@ def _notes(
         )
     save = cfg.recipe.save
     if save.interval is None and save.save_hf_interval is None:
-        notes.append(
+        training(
             "recipe.save.interval and recipe.save.save_hf_interval are both null: the run "
             "writes no checkpoint and no HF export, so the trained policy ends with the run "
             "(or with a crash) and only its metrics remain; recipe.save.interval: N saves "
@@ -328,7 +332,7 @@ def _notes(
             if cfg.run.max_restarts
             else "a resume"
         )
-        notes.append(
+        training(
             "recipe.save.save_optimizer is false: checkpoints hold the weights only, so "
             f"{again} continues with Adam's moments at zero (its first steps move every "
             "weight by about the learning rate); save_optimizer: true keeps them"
@@ -353,8 +357,12 @@ def _notes(
     if isinstance(memory.train, FsdpTrainMemory):
         moe = FSDP_MOE_NOTE if cfg.model.moe is not None else ""
         gathered = "two layers" if memory.train.reshard_after_forward else "every layer"
-        notes.append(FSDP_NOTE.format(shards=memory.train.shards, gathered=gathered) + moe)
+        training(FSDP_NOTE.format(shards=memory.train.shards, gathered=gathered) + moe)
     return tuple(notes)
+
+
+def _drop(note: str) -> None:
+    """A training note in a plan that trains nothing."""
 
 
 def _reward_notes(reward: RewardConfig) -> list[str]:

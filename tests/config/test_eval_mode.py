@@ -336,3 +336,38 @@ def test_the_note_names_sections_whole_and_single_keys_as_keys(compose_run: Comp
     ]
     changed = compose_run(*TINY, "mode=eval", "recipe.loop.update_weights_interval=2")
     assert "recipe.loop.update_weights_interval" in set_training_only(changed)
+
+
+def test_an_evaluations_plan_leaves_out_the_notes_on_what_only_training_does() -> None:
+    """Partial rollouts' carried tokens, a run that saves nothing, Adam restarting on resume:
+    the training plan notes them; the same config evaluated trains nothing and does not."""
+    cfg, _ = compose_run_config(
+        [
+            *GPU,
+            "recipe=grpo_dapo_dynamic_sampling",
+            "recipe.save.interval=null",
+            "recipe.save.save_hf_interval=null",
+            "recipe.save.save_optimizer=false",
+        ]
+    )
+    training = (
+        "recipe.rollout.partial_rollout continues",
+        "recipe.save.interval and recipe.save.save_hf_interval are both null",
+        "recipe.save.save_optimizer is false",
+    )
+    trained = [n for n in build_plan(cfg).notes if n.startswith(training)]
+    assert len(trained) == len(training)
+    evaluated = build_plan(cfg.model_copy(update={"mode": "eval"})).notes
+    assert not [n for n in evaluated if n.startswith(training)]
+    assert any(n.startswith("mode=eval trains nothing") for n in evaluated)
+
+
+def test_validate_summarises_an_evaluation_by_its_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlpost.cli.main import main
+
+    main(["validate", *TINY, "mode=eval"])
+    out = capsys.readouterr().out
+    assert "  eval     1 set(s): arith, evaluated once" in out
+    assert "optimizer step(s)" not in out
+    main(["validate", *TINY])
+    assert "optimizer step(s) each" in capsys.readouterr().out
