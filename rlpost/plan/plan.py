@@ -314,7 +314,7 @@ def _notes(
     )
     for i, dataset in enumerate(ev.datasets):
         if trained_on and os.path.realpath(os.path.expanduser(dataset.path)) == trained_on:
-            notes.append(
+            training(
                 f"recipe.eval.datasets.{i} ({dataset.name}) is the training prompt file: its "
                 "accuracy is measured on prompts the policy trains on, not held out"
             )

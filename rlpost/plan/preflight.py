@@ -486,7 +486,8 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
         else ()
     )
     issues = []
-    if data.source is None and data.prompt_data is not None:  # a source reads its own way
+    # a source reads its own way; an evaluation reads no training prompt
+    if data.source is None and data.prompt_data is not None and cfg.mode != "eval":
         fmt = prompt_format(data)
         rules = RowRules(
             fmt,

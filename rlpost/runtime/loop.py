@@ -84,7 +84,7 @@ class Inputs:
     """What the loop reads: prompts (at the resumed position), eval sets, sampling, and the
     tokenizer (generate functions render environment turns with it)."""
 
-    data: DataSource
+    data: DataSource | None  # None in mode=eval, which draws no training prompt
     eval_sets: list[EvalSet]
     sampling: SamplingSettings
     tokenizer: Any = None
@@ -128,22 +128,24 @@ class TrainLoop:
         )
         self.resume = resume
         self.start = resume.start_rollout if resume else 0
-        group_filter = (
-            load_hook(rollout.dynamic_sampling_filter, DYNAMIC_SAMPLING_FILTER)
-            if rollout.dynamic_sampling_filter
-            else None
-        )
-        self.pipeline = RolloutPipeline(
-            GroupRunner(session.client, self._reward, generate, hook_name, shared, together),
-            inputs.data,
-            inputs.sampling.to_sglang(),
-            plan.runtime.loop,
-            rollout.batch_size,
-            group_filter=group_filter,
-            partial_rollout=rollout.partial_rollout,
-            start_step=self.start,
-            start_version=self.start,
-        )
+        self._pipeline: RolloutPipeline | None = None
+        if inputs.data is not None:  # training: its rollouts' pipeline (mode=eval has none)
+            group_filter = (
+                load_hook(rollout.dynamic_sampling_filter, DYNAMIC_SAMPLING_FILTER)
+                if rollout.dynamic_sampling_filter
+                else None
+            )
+            self._pipeline = RolloutPipeline(
+                GroupRunner(session.client, self._reward, generate, hook_name, shared, together),
+                inputs.data,
+                inputs.sampling.to_sglang(),
+                plan.runtime.loop,
+                rollout.batch_size,
+                group_filter=group_filter,
+                partial_rollout=rollout.partial_rollout,
+                start_step=self.start,
+                start_version=self.start,
+            )
         # the run's evaluations so far, which its final table shows (an evaluation: its own)
         history = resume.state.eval_history if resume and cfg.mode == "train" else []
         self.reports = [EvalReport(**r) for r in history]
@@ -258,6 +260,20 @@ class TrainLoop:
         return self.reports
 
     @property
+    def pipeline(self) -> RolloutPipeline:
+        """The training rollouts' pipeline (training only: mode=eval builds none)."""
+        if self._pipeline is None:
+            raise RuntimeError("mode=eval has no training rollouts")
+        return self._pipeline
+
+    @property
+    def data(self) -> DataSource:
+        """The training prompts (training only: mode=eval reads none)."""
+        if self.inputs.data is None:
+            raise RuntimeError("mode=eval draws no training prompt")
+        return self.inputs.data
+
+    @property
     def stopping(self) -> bool:
         return self.stop is not None and self.stop.requested.is_set()
 
@@ -325,7 +341,7 @@ class TrainLoop:
         # Groups finish in arrival order; train in prompt order instead, so the update does
         # not depend on which engine answered first.
         batch.groups.sort(key=lambda g: g[0].group_index)
-        self.inputs.data.trained(batch.groups)
+        self.data.trained(batch.groups)
         if cfg.run.dump_rollouts:
             await asyncio.to_thread(dump_rollout, self.run_dir, step, batch.groups)
         metrics = rollout_metrics(batch)
@@ -364,7 +380,7 @@ class TrainLoop:
         """Groups drawn but not yet trained, filtered or dropped: queued, generating, or
         waiting in the data buffer (partial rollouts, prompts put back)."""
         pipeline = self.pipeline.snapshot()
-        groups = [*pipeline.queued, *pipeline.generating, *self.inputs.data.buffer]
+        groups = [*pipeline.queued, *pipeline.generating, *self.data.buffer]
         return sorted({g[0].group_index for g in groups})
 
     async def _evaluate_unless_stopped(self, done: int) -> dict[str, float] | None:
@@ -422,7 +438,7 @@ class TrainLoop:
         stays the newest; when it was the run's last save, the run fails. `unfinished`: what
         the resumed run does first (a SIGTERM's save)."""
         start = time.perf_counter()
-        cfg, data = self.cfg, self.inputs.data
+        cfg, data = self.cfg, self.data
         # one consistent cut of the data position, the buffer and the pipeline's groups
         pipeline = self.pipeline.snapshot()
         groups = SavedGroups(data.buffer, pipeline.queued, pipeline.generating)
@@ -469,8 +485,9 @@ class TrainLoop:
         if without_rng:
             status(f"train rank(s) {without_rng} had no saved RNG state (more ranks than saved)")
         await self.session.push_weights(version=resume.start_rollout)
-        saved = read_groups(resume.path)
-        self.pipeline.restore(PipelineState(queued=saved.queued, generating=saved.generating))
+        if self._pipeline is not None:  # an evaluation of the checkpoint generates none of them
+            saved = read_groups(resume.path)
+            self._pipeline.restore(PipelineState(queued=saved.queued, generating=saved.generating))
 
     def _resumed_wandb_id(self) -> str | None:
         """The same wandb run when the run continues in its own directory; a fork starts

@@ -160,15 +160,17 @@ def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
 
     recipe, rollout = cfg.recipe, cfg.recipe.rollout
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint, local_files_only=True)
-    data = DataSource.from_config(
-        recipe.data,
-        tokenizer,
-        n_samples_per_prompt=rollout.n_samples_per_prompt,
-        buffer_filter=rollout.buffer_filter,
-    )
-    if resume:
-        data.load_state(resume.state.data)
-        data.add_to_buffer(read_groups(resume.path).buffer)
+    data = None  # mode=eval draws no training prompt: none is read (they may not be here)
+    if cfg.mode != "eval":
+        data = DataSource.from_config(
+            recipe.data,
+            tokenizer,
+            n_samples_per_prompt=rollout.n_samples_per_prompt,
+            buffer_filter=rollout.buffer_filter,
+        )
+        if resume:
+            data.load_state(resume.state.data)
+            data.add_to_buffer(read_groups(resume.path).buffer)
     sampling = SamplingSettings(
         max_new_tokens=rollout.max_response_len,
         temperature=rollout.temperature,
@@ -258,7 +260,9 @@ def _eos_ids(folder: str, tokenizer: Any) -> set[int]:
     return found
 
 
-def context_issues(cfg: RunConfig, data: DataSource, eval_sets: list[EvalSet]) -> list[Issue]:
+def context_issues(
+    cfg: RunConfig, data: DataSource | None, eval_sets: list[EvalSet]
+) -> list[Issue]:
     """A prompt, tokenized, whose request (prompt + response) is longer than the engines'
     context: the config alone bounds it only by max_prompt_len (data's for training, eval's
     for the evaluation sets), which may be unset, and the engines would refuse it at the
@@ -270,7 +274,8 @@ def context_issues(cfg: RunConfig, data: DataSource, eval_sets: list[EvalSet]) -
         if isinstance(limit, int) and not isinstance(limit, bool) and limit < context:
             context, where = limit, "layout.rollout.sglang.context_length"
     issues = []
-    prompts = getattr(data.source, "prompts", None)  # the jsonl source's (a class's: unknown)
+    # the jsonl source's (a class's: unknown; mode=eval's: none)
+    prompts = getattr(data.source, "prompts", None) if data is not None else None
     if prompts:
         prompt = max(len(p.prompt_ids) for p in prompts)
         response = rollout.max_response_len

@@ -5,8 +5,10 @@ or run.resume's, which the train ranks load and send to the engines before the e
 and trains nothing: no optimizer, loss, train step, checkpoint or training rollout. What it
 does read of the recipe, and so is not listed: the eval section's sets and sampling, with the
 rollout's sampling settings, stop tokens, generate function, turns and reward as their
-fallbacks (rlpost.runtime.evaluation.load_eval_sets); the data section (its prompt format is
-the eval sets' too, and the launch loads the training prompts as well); and what shapes the
+fallbacks (rlpost.runtime.evaluation.load_eval_sets); the data section's prompt format,
+which is the eval sets' too, and its max_prompt_len, which sizes the engines' context and
+KV cache in the plan (the training prompts themselves are neither checked nor loaded:
+rlpost.plan.preflight.check_data, rlpost.runtime.train.load_inputs); and what shapes the
 engines and train ranks: rollout.max_concurrency, loop.mode (an overlapping loop's default
 placement), train.mtp_training (the MTP layers built, loaded and sent), and
 rollout.batch_size and n_samples_per_prompt, which stand for the evaluation sets when
@@ -92,6 +94,14 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
             "buffer_filter",
         ),
         "training-rollout settings",
+    ),
+    TrainingOnly(
+        # the prompt format (keys, chat template) is read: the evaluation sets take it
+        "recipe.data",
+        "where and in which order training draws its prompts: an evaluation neither reads "
+        "nor draws them, only its sets' prompts",
+        ("prompt_data", "source", "source_settings", "shuffle", "seed"),
+        "prompt source",
     ),
     TrainingOnly(
         "recipe.eval",

@@ -149,6 +149,14 @@ CHANGED: dict[str, tuple[str, ...]] = {
         "recipe.rollout.partial_rollout=true",
         "recipe.rollout.buffer_filter=rlpost.filters.pop_first",
     ),
+    "recipe.data.prompt_data": ("recipe.data.prompt_data=/elsewhere/train.jsonl",),
+    "recipe.data.source": ("recipe.data.source=rlpost_test_hooks.FeedbackSource",),
+    "recipe.data.source_settings": (
+        "recipe.data.source=rlpost_test_hooks.FeedbackSource",
+        "recipe.data.source_settings={max_repeats: 3}",
+    ),
+    "recipe.data.shuffle": ("recipe.data.shuffle=true",),
+    "recipe.data.seed": ("recipe.data.shuffle=true", "recipe.data.seed=7"),
     "recipe.eval.interval": ("recipe.eval.interval=5",),
     "recipe.eval.skip_before_train": ("recipe.eval.skip_before_train=true",),
 }
@@ -158,6 +166,12 @@ FULLY_ASYNC = {
     "recipe.loop.max_buffered_groups",
     "recipe.loop.stale_groups",
 }
+
+
+@pytest.fixture(autouse=True)
+def test_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's data source class (recipe.data.source) importable by its dotted path."""
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "hooks_fixtures"))
 
 
 def listed_keys() -> list[str]:
@@ -332,6 +346,7 @@ def test_the_note_names_sections_whole_and_single_keys_as_keys(compose_run: Comp
         "recipe.train's batch settings",
         "recipe.save",
         "recipe.rollout.num_rollout",
+        "recipe.data's prompt source",
         "recipe.eval.interval",
     ]
     changed = compose_run(*TINY, "mode=eval", "recipe.loop.update_weights_interval=2")
@@ -371,3 +386,24 @@ def test_validate_summarises_an_evaluation_by_its_sets(capsys: pytest.CaptureFix
     assert "optimizer step(s)" not in out
     main(["validate", *TINY])
     assert "optimizer step(s) each" in capsys.readouterr().out
+
+
+def test_an_evaluation_neither_checks_nor_loads_the_training_prompts(tmp_path: Path) -> None:
+    """They may not be on the machine that evaluates: the preflight reads only the sets'
+    files, and the launch's inputs hold no training prompts (the loop builds no pipeline)."""
+    from rlpost.plan.preflight import check_data
+    from rlpost.runtime.train import load_inputs
+
+    cfg = compose_run_config([*TINY, "mode=eval"])[0]
+    data = cfg.recipe.data.model_copy(update={"prompt_data": str(tmp_path / "gone.jsonl")})
+    evaluation = cfg.model_copy(update={"recipe": cfg.recipe.model_copy(update={"data": data})})
+    plan = build_plan(evaluation)
+    assert check_data(evaluation, plan) == []
+    inputs = load_inputs(evaluation, None)
+    assert inputs.data is None and inputs.eval_sets and inputs.eval_sets[0].groups
+    training = cfg.model_copy(
+        update={"mode": "train", "recipe": cfg.recipe.model_copy(update={"data": data})}
+    )
+    assert [i.key for i in check_data(training, build_plan(training))] == [
+        "recipe.data.prompt_data"
+    ]
