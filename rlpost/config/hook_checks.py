@@ -12,6 +12,7 @@ from typing import Any
 
 from rlpost import hooks
 from rlpost.errors import Issue
+from rlpost.schema.training_only import training_only
 
 # the methods each extension class must have (rlpost.data.source.RolloutDataSource,
 # rlpost.rewards.model.RewardModel; kept here so validation imports neither)
@@ -116,9 +117,12 @@ def check_hooks(data: Mapping[str, Any]) -> list[Issue]:
     if isinstance(reward, Mapping):
         sig = hooks.GROUP_REWARD_FUNCTION if reward.get("group") else hooks.REWARD_FUNCTION
         checks.insert(0, (f"{ROLLOUT}.reward.custom_function", reward.get("custom_function"), sig))
+    evaluation = data.get("mode") == "eval"
+    if evaluation:  # training's own hooks (filters, data source) are never imported there
+        checks = [(key, path, sig) for key, path, sig in checks if training_only(key) is None]
     found = (check_hook(key, path, sig) for key, path, sig in checks)
     issues = [issue for issue in found if issue is not None]
-    issues += _class_issues(recipe)
+    issues += _class_issues(recipe, evaluation)
     if not issues:
         issues += check_settings(
             rollout.get("generate_function"),
@@ -156,8 +160,9 @@ def check_min_turns(path: Any, max_turns: Any) -> list[Issue]:
     ]
 
 
-def _class_issues(recipe: Mapping[str, Any]) -> list[Issue]:
-    """The data source class and the reward model class, with their settings."""
+def _class_issues(recipe: Mapping[str, Any], evaluation: bool = False) -> list[Issue]:
+    """The data source class (training's: not in an `evaluation`) and the reward model
+    class, with their settings."""
     issues: list[Issue] = []
     data = recipe.get("data") or {}
     reward = ((recipe.get("rollout") or {}).get("reward")) or {}
@@ -167,7 +172,7 @@ def _class_issues(recipe: Mapping[str, Any]) -> list[Issue]:
          REWARD_MODEL_METHODS),
     ]  # fmt: skip
     for prefix, section, key, settings_key, signature, methods in named:
-        if not isinstance(section, Mapping):
+        if not isinstance(section, Mapping) or (evaluation and training_only(f"{prefix}.{key}")):
             continue
         path = section.get(key)
         issue = check_class(f"{prefix}.{key}", path, signature, methods)

@@ -407,3 +407,21 @@ def test_an_evaluation_neither_checks_nor_loads_the_training_prompts(tmp_path: P
     assert [i.key for i in check_data(training, build_plan(training))] == [
         "recipe.data.prompt_data"
     ]
+
+
+def test_an_evaluation_imports_none_of_trainings_own_hooks() -> None:
+    """A filter or data source module that only the training machine has does not refuse an
+    evaluation elsewhere: nothing imports it there."""
+    from rlpost.config.hook_checks import check_hooks
+
+    recipe = {
+        "rollout": {"dynamic_sampling_filter": "nowhere.keep", "buffer_filter": "nowhere.pop"},
+        "data": {"source": "nowhere.Source"},
+    }
+    assert check_hooks({"mode": "eval", "recipe": recipe}) == []
+    refused = check_hooks({"mode": "train", "recipe": recipe})
+    assert sorted(i.key for i in refused) == [
+        "recipe.data.source",
+        "recipe.rollout.buffer_filter",
+        "recipe.rollout.dynamic_sampling_filter",
+    ]
