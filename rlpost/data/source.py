@@ -30,7 +30,7 @@ from rlpost.hooks import BUFFER_FILTER, DATA_SOURCE, load_hook, load_object
 from rlpost.types import Prompt, Sample
 
 if TYPE_CHECKING:
-    from rlpost.schema.recipe import DataConfig
+    from rlpost.schema.data import DataConfig
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import ModelConfig, RunConfig
-from rlpost.schema.recipe import (
+from rlpost.schema.reward import (
     GRADER_FLOOR,
     GRADER_MARKERS,
     LABELLED_REWARD_TYPES,

@@ -48,7 +48,7 @@ from rlpost.types import Sample
 if TYPE_CHECKING:
     import aiohttp
 
-    from rlpost.schema.recipe import RewardConfig
+    from rlpost.schema.reward import RewardConfig
 
 logger = logging.getLogger(__name__)
 

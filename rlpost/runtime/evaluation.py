@@ -22,7 +22,8 @@ from rlpost.rewards import compute_rewards
 from rlpost.runtime.metrics import AFTER_ROLLOUT
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
 from rlpost.schema import RecipeConfig
-from rlpost.schema.recipe import EvalConfig, RewardConfig
+from rlpost.schema.evaluation import EvalConfig
+from rlpost.schema.reward import RewardConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,9 @@
 """Typed config sections. Imports nothing heavier than pydantic."""
 
+from rlpost.schema.algo import AlgoConfig
 from rlpost.schema.base import InvariantError, Section
+from rlpost.schema.data import DataConfig
+from rlpost.schema.evaluation import EvalConfig, EvalDataset
 from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import (
     FsdpLayout,
@@ -9,6 +12,7 @@ from rlpost.schema.layout import (
     RolloutLayout,
     TrainLayout,
 )
+from rlpost.schema.loop import LoopConfig
 from rlpost.schema.model import (
     GENERIC_FAMILY,
     MLAConfig,
@@ -17,19 +21,10 @@ from rlpost.schema.model import (
     RopeScalingConfig,
     rope_fields_unread,
 )
-from rlpost.schema.recipe import (
-    AlgoConfig,
-    DataConfig,
-    EvalConfig,
-    EvalDataset,
-    LoopConfig,
-    OptimConfig,
-    RecipeConfig,
-    RewardConfig,
-    RolloutConfig,
-    SaveConfig,
-    TrainConfig,
-)
+from rlpost.schema.optim import OptimConfig
+from rlpost.schema.recipe import RecipeConfig
+from rlpost.schema.reward import RewardConfig
+from rlpost.schema.rollout import RolloutConfig
 from rlpost.schema.run import (
     EngineConfig,
     PlanOptions,
@@ -39,6 +34,8 @@ from rlpost.schema.run import (
     TrainerConfig,
     WandbConfig,
 )
+from rlpost.schema.save import SaveConfig
+from rlpost.schema.train import TrainConfig
 
 __all__ = [
     "GENERIC_FAMILY",

@@ -151,13 +151,13 @@ def test_reference_kl_needed_only_by_kl_estimators_with_a_coefficient() -> None:
 
 def test_the_schema_knows_what_each_estimator_reads() -> None:
     from rlpost.algo.advantages import center_and_scale, keep_raw
-    from rlpost.schema import recipe
+    from rlpost.schema import algo
 
-    assert set(recipe.AdvantageEstimatorName.__args__) == set(ADVANTAGE_ESTIMATORS)
+    assert set(algo.AdvantageEstimatorName.__args__) == set(ADVANTAGE_ESTIMATORS)
     for name, estimator in ADVANTAGE_ESTIMATORS.items():
-        assert (name in recipe.KL_REWARD_ESTIMATORS) == estimator.uses_kl
-        assert (name in recipe.WHITENING_ESTIMATORS) == estimator.always_whiten
+        assert (name in algo.KL_REWARD_ESTIMATORS) == estimator.uses_kl
+        assert (name in algo.WHITENING_ESTIMATORS) == estimator.always_whiten
         baseline = estimator.shape_group is not keep_raw
-        assert (name in recipe.GROUP_BASELINE_ESTIMATORS) == baseline
+        assert (name in algo.GROUP_BASELINE_ESTIMATORS) == baseline
         scaled = estimator.shape_group is center_and_scale
-        assert (name in recipe.STD_SCALING_ESTIMATORS) == scaled
+        assert (name in algo.STD_SCALING_ESTIMATORS) == scaled

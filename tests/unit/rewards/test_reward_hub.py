@@ -224,7 +224,7 @@ def test_rewards_from_a_loop_in_another_thread() -> None:
 
 
 def test_the_schema_knows_every_registered_reward_type() -> None:
-    from rlpost.schema.recipe import RewardType
+    from rlpost.schema.reward import RewardType
 
     # "model" is scored by reward.model's class on batches, not by a per-sample function
     assert set(RewardType.__args__) - {"model"} == set(REWARD_TYPES)
