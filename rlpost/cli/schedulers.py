@@ -607,14 +607,14 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         "--pod-cpus",
         type=int,
         metavar="N",
-        help=f"CPUs each Ray pod asks for (default: {POD_SHARE:.0%} of the profile's node: a "
+        help=f"CPUs each Ray pod asks for (default: {POD_SHARE:.0%}% of the profile's node: a "
         "node's allocatable is below its capacity)",
     )
     parser.add_argument(
         "--pod-memory-gib",
         type=int,
         metavar="GIB",
-        help=f"memory each Ray pod asks for (default: {POD_SHARE:.0%} of the profile's node)",
+        help=f"memory each Ray pod asks for (default: {POD_SHARE:.0%}% of the profile's node)",
     )
     parser.add_argument(
         "--stop-lead",

@@ -980,16 +980,24 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
             held = bytes_under(target / "ckpt")
             exported = _folders_in(target / "hf")
             issues += checkpoint_disk_issues(cfg, plan, free + held, exported)
-    return issues + check_resume_target(cfg.run.resume)
+    return issues + check_resume_target(cfg.run.resume, cfg.mode)
 
 
-def check_resume_target(resume: str | None) -> list[Issue]:
+# mode=eval refuses run.resume=auto (its run directory is a new one): its fix names the
+# weights it evaluates without a checkpoint instead
+EVAL_RESUME_FIX = (
+    "point run.resume at a complete checkpoint (<run.dir>/ckpt/rollout_<n>) or at a run "
+    "directory, or remove run.resume to evaluate model.load (else model.hf_checkpoint)"
+)
+
+
+def check_resume_target(resume: str | None, mode: str = "train") -> list[Issue]:
     """run.resume names a complete checkpoint, or a run directory holding one: the launch's
     own test (rlpost.runtime.resume), sizes checked but not each file's sha256."""
     if resume in (None, "auto"):
         return []
     if not Path(resume).expanduser().is_dir():
-        return [
+        issues = [
             Issue(
                 "run.resume",
                 "no such checkpoint or run directory on this machine",
@@ -998,13 +1006,17 @@ def check_resume_target(resume: str | None) -> list[Issue]:
                 value=resume,
             )
         ]
-    from rlpost.runtime.resume import checkpoint_named
+    else:
+        from rlpost.runtime.resume import checkpoint_named
 
-    try:
-        checkpoint_named(resume, check_hashes=False)
-    except UserError as exc:
-        return exc.issues
-    return []
+        try:
+            checkpoint_named(resume, check_hashes=False)
+            return []
+        except UserError as exc:
+            issues = exc.issues
+    if mode == "eval":
+        return [dataclasses.replace(i, fix=EVAL_RESUME_FIX) for i in issues]
+    return issues
 
 
 SHOWN_ENTRIES = 4

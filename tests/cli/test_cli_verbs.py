@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost.cli.main import main
+from rlpost.cli.main import build_parser, main, verbs
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "my_configs"
@@ -302,3 +303,25 @@ def test_each_commands_usage_line_names_its_required_flags() -> None:
         required = [a.option_strings[0] for a in parser._actions if a.required and a.option_strings]
         line = next(line for line in usage if line.startswith(f"rlpost {name} "))
         assert all(flag in line for flag in required), (name, required, line)
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every subcommand's parser under it, nested ones included."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += _parsers(child)
+    return found
+
+
+def test_every_command_prints_its_help() -> None:
+    # argparse expands %-formats in help texts: a bare "90%" made `rlpost kuberay --help`
+    # end in a TypeError
+    parsers = _parsers(build_parser(verbs()))
+    assert any(p.prog == "rlpost kuberay" for p in parsers)
+    for parser in parsers:
+        assert parser.format_help()
+    assert "90% of the profile's node" in " ".join(
+        next(p for p in parsers if p.prog == "rlpost kuberay").format_help().split()
+    )

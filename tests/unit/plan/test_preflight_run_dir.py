@@ -83,3 +83,18 @@ def test_a_resume_target_the_launch_would_refuse_is_refused_by_validation(
         assert issue.key == "run.resume" and issue.value == str(target)
         assert issue.message.startswith("cannot resume from it:") and says in issue.message
         assert "run.resume=auto" in issue.fix
+
+
+def test_an_evaluations_resume_target_is_refused_with_a_fix_it_can_take(tmp_path: Path) -> None:
+    """mode=eval refuses run.resume=auto, so its fix offers model.load's weights instead."""
+    (tmp_path / "old" / "ckpt").mkdir(parents=True)
+    for target, says in (
+        (tmp_path / "nowhere", "no such checkpoint or run directory on this machine"),
+        (tmp_path / "old", "holds no complete checkpoint"),
+    ):
+        (issue,) = run_dir_issues(tmp_path / "new", "mode=eval", f"run.resume={target}")
+        assert issue.key == "run.resume" and issue.value == str(target) and says in issue.message
+        assert "run.resume=auto" not in issue.fix
+        assert issue.fix.endswith(
+            "or remove run.resume to evaluate model.load (else model.hf_checkpoint)"
+        )
