@@ -129,8 +129,8 @@ ONE_PER_JOB = (
     (
         "run.dir",
         "run_dir",
-        "each job would train in this one directory: the second would find the first's "
-        "checkpoints and be refused once the first had trained",
+        "each job would run in this one directory: the second would find the first's run "
+        "there (its checkpoints, its metrics) and be refused once the first had finished",
         "leave run.dir unset (each job gets a folder of its own under runs/multirun), or give "
         "each job its own: run.dir=<folder>/${hydra:job.num}",
     ),

@@ -296,8 +296,9 @@ def _shared_run_dir(args: LaunchArgs) -> list[Issue]:
     return [
         Issue(
             key="run.dir",
-            message="every job of this sweep would train in this one directory: the second "
-            "would find the first's checkpoints and be refused once the first had trained",
+            message="every job of this sweep would run in this one directory: the second "
+            "would find the first's run there (its checkpoints, its metrics) and be refused "
+            "once the first had finished",
             fix="leave run.dir unset (each job gets a folder of its own under runs/multirun), "
             f"or give each job its own: run.dir='{value}/${{hydra:job.num}}'",
             value=value,
@@ -317,7 +318,8 @@ def _shared_wandb_run(args: LaunchArgs) -> list[Issue]:
     return [
         Issue(
             key="tracking.wandb.run_id",
-            message="every job of this sweep would log to this one wandb run: each resumes "
+            message="every job of this sweep would log to this one wandb run (with "
+            "tracking.wandb.enabled, which a run_id needs): each resumes "
             "it and logs from step 0, and wandb drops every step below the last one logged "
             "('User provided step ... is less than current step ... Dropping entry'), so the "
             "second job's curves are lost",
