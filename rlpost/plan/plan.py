@@ -246,6 +246,15 @@ def _notes(
             "reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
             "logs the KL every N rollouts)"
         )
+    interval, rollouts = algo.kl_metric_interval, cfg.recipe.rollout.num_rollout
+    if algo.reference_interval == interval > 0 and interval >= rollouts > 1:
+        training(
+            f"recipe.algo.kl_metric_interval={interval} is not below the run's {rollouts} "
+            f"rollouts: the KL is measured at rollouts 0, {interval}, ..., so only at rollout "
+            "0, before the first update (against a reference that is the starting policy, "
+            "that figure is 0), and the reference model is loaded and held for the whole "
+            f"run for it; an interval below {rollouts} measures it as the policy moves"
+        )
     fp8 = engine.fp8
     if fp8 is not None and cfg.model.load is None:
         training(

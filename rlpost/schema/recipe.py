@@ -400,24 +400,6 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def check_kl_metric_recurs(self) -> RecipeConfig:
-        """A KL measured only where it weighs nothing runs at rollouts 0, N, 2N, ... (0-based):
-        with N at or past the run's length that is rollout 0 alone, before any update."""
-        interval, rollouts = self.algo.kl_metric_interval, self.rollout.num_rollout
-        if self.algo.reference_interval == interval > 0 and interval >= rollouts:
-            raise InvariantError(
-                f"algo.kl_metric_interval={interval} is not below the run's {rollouts} rollouts: "
-                f"the KL is measured at rollouts 0, {interval}, ... and so only at rollout 0, "
-                "before the first update, where the policy has not moved from where it "
-                "started; the reference model is still loaded and held for the whole run "
-                "for that one figure",
-                fields=("algo.kl_metric_interval",),
-                fix=f"use an interval below rollout.num_rollout (e.g. "
-                f"{max(1, rollouts // 10)}), or 0 to not measure the KL",
-            )
-        return self
-
-    @model_validator(mode="after")
     def check_kl_loss_has_coef_type(self) -> RecipeConfig:
         if self.algo.kl_loss_coef > 0 and not self.algo.use_kl_loss:
             raise InvariantError(

@@ -669,12 +669,6 @@ CASES: list[Bad] = [
         "recipe.rollout.temprature",
         "Did you mean 'temperature'?",
     ),
-    Bad(
-        "a KL metric interval as long as the run",
-        ("recipe.algo.kl_metric_interval=60",),
-        "recipe.algo.kl_metric_interval",
-        "only at rollout 0, before the first update",
-    ),
     Bad("unknown group choice", ("model=qwen3-tinyy",), "model", "Did you mean 'qwen3-tiny'?"),
     Bad(
         "a primary config that is not there",

@@ -428,3 +428,20 @@ def test_an_evaluation_whose_train_ranks_send_weights_counts_only_that(run_confi
     )
     t = build_plan(torch_eval).memory.train
     assert t.grads_gib == t.optimizer_gib == 0 and t.weights_gib > 30
+
+
+def test_a_kl_measured_only_at_the_first_rollout_is_noted_not_refused() -> None:
+    """An interval at or past the run's length measures the KL at rollout 0 alone, before the
+    first update: the plan says so; not refused, since against a reference other than the
+    starting policy that one figure means something, and a one-rollout run has no other."""
+    from rlpost.config.loader import compose_run_config
+
+    def notes(*overrides: str) -> list[str]:
+        cfg = compose_run_config(list(overrides))[0]
+        return [n for n in build_plan(cfg).notes if "kl_metric_interval" in n]
+
+    rollouts = compose_run_config([])[0].recipe.rollout.num_rollout
+    (note,) = notes(f"recipe.algo.kl_metric_interval={rollouts}")
+    assert f"is not below the run's {rollouts} rollouts" in note and "only at rollout 0" in note
+    assert notes(f"recipe.algo.kl_metric_interval={rollouts - 1}") == []
+    assert notes("recipe.algo.kl_metric_interval=1", "recipe.rollout.num_rollout=1") == []
