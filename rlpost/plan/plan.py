@@ -30,6 +30,7 @@ from rlpost.plan.memory import (
     fp8_update_buffer_bytes,
     pipeline_stages,
 )
+from rlpost.plan.notes import idle_gpu_notes, mtp_notes
 from rlpost.plan.parallel import Resolution, resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
@@ -493,6 +494,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         pipeline_stages=pipeline_stages(cfg.model, par),
         derived=res.derived,
         notes=_notes(cfg, (par, batch, engine, memory), runtime.loop)
+        + tuple(idle_gpu_notes(cfg, sizes, par) + mtp_notes(cfg))
         + _train_rank_notes(cfg, train_ranks, sizes.colocate),
         train_ranks=train_ranks,
     )

@@ -203,3 +203,24 @@ def test_two_node_flash_alternative_splits_47_layers_unevenly(
     assert (par.tp, par.pp, par.cp, par.ep, par.dp) == (4, 2, 2, 8, 1)
     assert plan.pipeline_stages == (24, 23)
     assert plan.memory.train.optimizer_gib > 0 and plan.memory.train.host_optimizer_gib == 0
+
+
+SHIPPED_LAYOUTS = sorted(
+    p.stem for p in (Path(__file__).parents[2] / "conf" / "layout").glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("layout", [name for name in SHIPPED_LAYOUTS if name != "auto"])
+def test_no_shipped_layout_leaves_gpus_idle(
+    layout: str, compose_run: Callable[..., RunConfig]
+) -> None:
+    """Each shipped layout, on the model and hardware its name gives, places a train rank or
+    an engine on every GPU (the plan notes GPUs it leaves idle)."""
+    model, hardware = layout.removesuffix("_async").split("_")
+    recipe = "grpo_dapo_async" if layout.endswith("_async") else "grpo_dapo"
+    if hardware == "cpu":
+        recipe = "grpo_tiny_math"
+    groups = (f"model={model}", f"recipe={recipe}", f"hardware={hardware}", f"layout={layout}")
+    plan = build_plan(compose_run(*groups))
+    assert plan.layout == layout
+    assert not [note for note in plan.notes if "sit idle" in note], plan.notes

@@ -1,0 +1,99 @@
+"""Plan notes on what a valid layout leaves unused: GPUs no rank or engine is placed on, and
+multi-token-prediction (MTP) layers that are trained with no engine drafting with them, or
+drafted with while they stay as the checkpoint has them.
+
+Each is valid and may be meant (a smaller run beside another job, MTP layers trained for a
+later deployment), so the plan says it and refuses nothing.
+"""
+
+from __future__ import annotations
+
+from rlpost.plan.engine_options import KEY, MTP_DRAFT_ALGORITHMS
+from rlpost.plan.layout import ParallelLayout, Sizes
+from rlpost.schema import RunConfig
+
+MTP_DRAFT_OPTIONS = (
+    "speculative_algorithm: EAGLE, speculative_num_steps: 2, speculative_eagle_topk: 1, "
+    "speculative_num_draft_tokens: 3"
+)
+
+
+def idle_gpu_notes(cfg: RunConfig, sizes: Sizes, par: ParallelLayout) -> list[str]:
+    """GPUs of the hardware profile that neither a train rank nor an engine uses (a reward
+    model's own slot is counted out of the total already)."""
+    used = sizes.train_gpus if sizes.colocate else sizes.train_gpus + sizes.rollout_gpus
+    idle = sizes.total_gpus - used
+    if idle <= 0:
+        return []
+    unit = "device slots" if cfg.hardware.kind == "cpu" else "GPUs"
+    where = f"{cfg.hardware.name} has {sizes.total_gpus} {unit}"
+    if not sizes.colocate:
+        return [
+            f"{idle} of the {sizes.total_gpus} {unit} sit idle for the whole run: decoupled, "
+            f"{sizes.train_gpus} train and {sizes.rollout_gpus} generate, and {where}; "
+            f"layout.rollout.num_gpus: {sizes.total_gpus - sizes.train_gpus} gives them to "
+            "the engines"
+        ]
+    replica = par.tp * par.pp * par.cp
+    whole = sizes.total_gpus // replica * replica
+    fixes = []
+    if whole > sizes.train_gpus:
+        fixes.append(
+            f"layout.train.num_gpus: {whole} (whole tp x pp x cp = {replica}-GPU replicas; "
+            "null takes every one) trains and generates on them"
+            if replica > 1
+            else f"layout.train.num_gpus: {whole} (or null, every one) trains and generates on them"
+        )
+    fixes.append(
+        f"layout.colocate: false with layout.rollout.num_gpus: {idle} gives them to "
+        "engines of their own"
+    )
+    return [
+        f"{idle} of the {sizes.total_gpus} {unit} sit idle for the whole run: colocated, "
+        f"the trainer and the engines share layout.train.num_gpus={sizes.train_gpus}, and "
+        f"{where}; " + ", or ".join(fixes)
+    ]
+
+
+def drafts_with_mtp(cfg: RunConfig) -> bool:
+    """The engines' speculative decoder drafts with the policy checkpoint's MTP layers: an
+    MTP algorithm without a draft model of its own, on SGLang engines, for a model that has
+    them (rlpost.plan.engine_options refuses the pair for a model that has none)."""
+    if cfg.engine.backend == "cpu" or cfg.model.mtp_num_layers == 0:
+        return False
+    options = cfg.layout.rollout.sglang
+    algorithm = options.get("speculative_algorithm")
+    return (
+        isinstance(algorithm, str)
+        and algorithm.upper() in MTP_DRAFT_ALGORITHMS
+        and not options.get("speculative_draft_model_path")
+    )
+
+
+def mtp_notes(cfg: RunConfig) -> list[str]:
+    """MTP layers trained that nothing drafts with, or drafted with and never trained.
+    Training notes: an evaluation trains nothing."""
+    if cfg.mode == "eval":
+        return []
+    trained, drafted = cfg.recipe.train.mtp_training, drafts_with_mtp(cfg)
+    if trained and not drafted:
+        return [
+            "recipe.train.mtp_training trains the MTP layers on every rollout, and no engine "
+            f"drafts with them ({KEY} sets no EAGLE or NEXTN speculative_algorithm without a "
+            "speculative_draft_model_path): each optimizer step pays for their forward, "
+            "backward and optimizer state, and the rollouts gain nothing from them (they only "
+            f"reach the checkpoints and HF exports); {KEY} {MTP_DRAFT_OPTIONS} drafts with "
+            "them, or recipe.train.mtp_training: false leaves them out"
+        ]
+    if drafted and not trained:
+        algorithm = cfg.layout.rollout.sglang["speculative_algorithm"]
+        return [
+            f"{KEY}.speculative_algorithm={algorithm} drafts with {cfg.model.name}'s MTP "
+            "layers, and recipe.train.mtp_training is false: they stay as model.hf_checkpoint "
+            "has them while the policy trains away from it, so fewer and fewer drafted tokens "
+            "are accepted and the speed-up fades as the run goes on (the policy verifies "
+            "each drafted token, so it is the speed that suffers); "
+            "recipe.train.mtp_training: true (Megatron trainer) trains them beside the "
+            "policy and sends them to the engines with its weights"
+        ]
+    return []

@@ -1,0 +1,133 @@
+"""Plan notes on what a valid layout leaves unused (rlpost.plan.notes)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from rlpost.plan import Plan, build_plan
+from rlpost.schema import RunConfig
+
+Runs = Callable[..., RunConfig]
+IDLE = "sit idle for the whole run"
+TRAINED_UNUSED = "no engine drafts with them"
+DRAFT_DRIFTS = "fewer and fewer drafted tokens are accepted"
+
+
+def said(plan: Plan, part: str) -> str | None:
+    return next((note for note in plan.notes if part in note), None)
+
+
+def test_a_colocated_layout_on_part_of_the_gpus_is_noted_with_the_idle_count(
+    run_config: Runs,
+) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8", layout__train__num_gpus=4))
+    note = said(plan, IDLE)
+    assert note is not None and note.startswith("4 of the 8 GPUs sit idle")
+    assert "share layout.train.num_gpus=4, and h100x8 has 8 GPUs" in note
+    assert "layout.train.num_gpus: 8 (whole tp x pp x cp = 2-GPU replicas" in note
+    assert "layout.colocate: false with layout.rollout.num_gpus: 4" in note
+    # the fix it names plans, and without the note
+    assert (
+        said(build_plan(run_config("qwen3-4b", "h100x8", layout__train__num_gpus=8)), IDLE) is None
+    )
+    decoupled = run_config(
+        "qwen3-4b", "h100x8", layout__colocate=False, layout__train__num_gpus=4,
+        layout__rollout__num_gpus=4,
+    )  # fmt: skip
+    assert said(build_plan(decoupled), IDLE) is None
+
+
+def test_a_colocated_layout_whose_replicas_cannot_grow_names_only_the_decoupled_fix(
+    run_config: Runs,
+) -> None:
+    # 6 of 8 in replicas of 2 x 3 = 6 GPUs: no whole-replica count above 6 fits 8
+    plan = build_plan(
+        run_config(
+            "qwen3-4b", "h100x8", layout__train__num_gpus=6, layout__train__tp=2,
+            layout__train__sequence_parallel=True, layout__train__cp=3,
+            recipe__train__max_tokens_per_gpu=9216,
+        )
+    )  # fmt: skip
+    note = said(plan, IDLE)
+    assert note is not None and note.startswith("2 of the 8 GPUs sit idle")
+    assert "layout.train.num_gpus:" not in note
+    assert "layout.colocate: false with layout.rollout.num_gpus: 2" in note
+
+
+def test_a_decoupled_split_short_of_the_gpus_is_noted(run_config: Runs) -> None:
+    plan = build_plan(
+        run_config(
+            "qwen3-4b", "h100x8", layout__colocate=False, layout__train__num_gpus=2,
+            layout__rollout__num_gpus=4,
+        )
+    )  # fmt: skip
+    note = said(plan, IDLE)
+    assert note is not None and note.startswith("2 of the 8 GPUs sit idle")
+    assert "2 train and 4 generate" in note and "layout.rollout.num_gpus: 6" in note
+
+
+def test_the_cpu_profile_counts_device_slots(run_config: Runs) -> None:
+    plan = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math", layout__train__num_gpus=1))
+    note = said(plan, IDLE)
+    assert note is not None and note.startswith("1 of the 2 device slots sit idle")
+
+
+@pytest.mark.parametrize(
+    ("model", "hardware"),
+    [*itertools.product(["qwen3-4b", "glm4-9b"], ["h100x8", "h100x16"]), ("qwen3-4b", "h200x1")],
+)
+def test_derived_and_searched_layouts_use_every_gpu(
+    model: str, hardware: str, run_config: Runs
+) -> None:
+    derived = build_plan(run_config(model, hardware, layout=False))
+    assert said(derived, IDLE) is None
+    searched = build_plan(run_config(model, hardware, layout=False, layout__search=True))
+    assert said(searched, IDLE) is None
+
+
+SPECULATIVE = {
+    "layout__rollout__sglang__speculative_algorithm": "EAGLE",
+    "layout__rollout__sglang__speculative_num_steps": 2,
+    "layout__rollout__sglang__speculative_eagle_topk": 1,
+    "layout__rollout__sglang__speculative_num_draft_tokens": 3,
+}
+
+
+def test_mtp_training_with_no_engine_drafting_is_noted(run_config: Runs) -> None:
+    plan = build_plan(run_config("glm4.7-flash", "h100x8", recipe__train__mtp_training=True))
+    note = said(plan, TRAINED_UNUSED)
+    assert note is not None and "the rollouts gain nothing from them" in note
+    assert "layout.rollout.sglang speculative_algorithm: EAGLE" in note
+    assert "recipe.train.mtp_training: false leaves them out" in note
+    both = run_config("glm4.7-flash", "h100x8", recipe__train__mtp_training=True, **SPECULATIVE)
+    assert not [n for n in build_plan(both).notes if "MTP" in n]
+    # a draft model of its own does not draft with the MTP layers
+    own = run_config(
+        "glm4.7-flash", "h100x8", recipe__train__mtp_training=True,
+        layout__rollout__sglang__speculative_algorithm="EAGLE3",
+        layout__rollout__sglang__speculative_draft_model_path="/ckpt/draft",
+    )  # fmt: skip
+    assert said(build_plan(own), TRAINED_UNUSED) is not None
+
+
+def test_an_mtp_draft_that_is_not_trained_is_noted(run_config: Runs) -> None:
+    plan = build_plan(run_config("glm4.7-flash", "h100x8", **SPECULATIVE))
+    note = said(plan, DRAFT_DRIFTS)
+    assert note is not None
+    assert note.startswith("layout.rollout.sglang.speculative_algorithm=EAGLE drafts with")
+    assert "recipe.train.mtp_training: true" in note and "it is the speed that suffers" in note
+    nextn = run_config(
+        "glm4.7-flash", "h100x8", layout__rollout__sglang__speculative_algorithm="nextn"
+    )
+    assert said(build_plan(nextn), DRAFT_DRIFTS) is not None
+    # nothing about MTP where nothing drafts with it, or a draft model of its own does
+    assert not [n for n in build_plan(run_config("glm4.7-flash", "h100x8")).notes if "MTP" in n]
+    own = run_config(
+        "glm4.7-flash", "h100x8",
+        layout__rollout__sglang__speculative_algorithm="EAGLE3",
+        layout__rollout__sglang__speculative_draft_model_path="/ckpt/draft",
+    )  # fmt: skip
+    assert not [n for n in build_plan(own).notes if "MTP" in n]
