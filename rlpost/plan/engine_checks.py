@@ -95,6 +95,18 @@ def check_dp_attention(ctx: PlanContext) -> list[Issue]:
                 dp_size,
             )
         ]
+    if options.get("enable_dp_lm_head") and not options.get("enable_dp_attention"):
+        return [
+            Issue(
+                "layout.rollout.sglang.enable_dp_lm_head",
+                "it splits the LM head over the dp-attention groups, and enable_dp_attention "
+                "is off: SGLang refuses the pair (an assertion in its server arguments) while "
+                "the engines start, after the trainers have loaded",
+                "remove enable_dp_lm_head, or set enable_dp_attention: true with a dp_size "
+                f"that divides {size}",
+                True,
+            )
+        ]
     if options.get("enable_dp_attention") and size % dp_size:
         return [
             Issue(

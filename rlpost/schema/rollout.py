@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.reward import RewardConfig
@@ -25,7 +25,7 @@ def check_top_k(top_k: int, field: str) -> None:
 
 
 class RolloutConfig(Section):
-    num_rollout: PositiveInt
+    num_rollout: NonNegativeInt
     batch_size: PositiveInt = Field(description="prompts per rollout")
     n_samples_per_prompt: PositiveInt = 1
     max_response_len: PositiveInt
@@ -61,6 +61,18 @@ class RolloutConfig(Section):
         "slime's --sglang-server-concurrency default)",
     )
     reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @model_validator(mode="after")
+    def check_runs_a_rollout(self) -> RolloutConfig:
+        if self.num_rollout == 0:
+            raise InvariantError(
+                "num_rollout=0 runs no rollout, so a training run would train and evaluate "
+                "nothing (an evaluation alone is a mode of its own, not a run of 0 rollouts)",
+                fields=("num_rollout",),
+                fix="set num_rollout >= 1; to evaluate model.hf_checkpoint (or model.load) "
+                "alone, use mode=eval",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_generate_settings_have_a_reader(self) -> RolloutConfig:

@@ -13,6 +13,9 @@ Most come from the trackers of the frameworks rlpost is measured against (`PEERS
 verl, OpenRLHF, TRL, NeMo-RL, AReaL); the rest from the projects under or beside them
 (SGLang, Megatron-LM, NeMo-Gym, miles, ...), where the same mistake was reported.
 
+`NOTED` holds tracker mistakes that are valid, so not refused: `rlpost validate` passes them
+and its plan notes say what the run would do instead of what was meant.
+
 The cases run in one interpreter (the launcher's own `main`), as test_bad_inputs.py's corpus
 does; each is a test of its own so that a failure names the issue it came from.
 """
@@ -733,6 +736,60 @@ MISTAKES: list[Mistake] = [
         ("recipe.loop.update_weights_interval=1",),
         "use 1",
     ),
+    Mistake(
+        "a run of zero rollouts meant as an evaluation",
+        "https://github.com/THUDM/slime/issues/1785",
+        "i want to do an eval only test ... so i set the num_rollout 0, and also set the eval "
+        "args, but errors happenned",
+        ("recipe.rollout.num_rollout=0",),
+        "recipe.rollout.num_rollout",
+        "runs no rollout",
+        ("recipe.rollout.num_rollout=1",),
+        "use mode=eval",
+    ),
+    Mistake(
+        "an LM head split over dp-attention groups that are off",
+        "https://github.com/sgl-project/sglang/pull/7895",
+        "Corrects a typo in an assertion message ... the dependency between "
+        "`enable_dp_lm_head` and `enable_dp_attention`",
+        (*QWEN, f"{SG}.enable_dp_lm_head=true"),
+        "layout.rollout.sglang.enable_dp_lm_head",
+        "enable_dp_attention is off",
+        ("~layout.rollout.sglang.enable_dp_lm_head",),
+        "remove enable_dp_lm_head",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Noted:
+    """A mistake that is valid (it runs) but probably not what its author meant: the plan
+    says so in a note, and the launch is not refused."""
+
+    name: str
+    url: str
+    symptom: str  # what the issue's author saw, quoted
+    argv: tuple[str, ...]
+    says: tuple[str, ...]  # parts of the note
+
+
+NOTED: list[Noted] = [
+    Noted(
+        "GPUs no rank or engine uses",
+        "https://github.com/verl-project/verl/issues/1058",
+        "When I set the `tensor_parallel_size` value to something low like 1 or 2, it results "
+        "in only 1 or 2 GPUs being used for the rollout generation",
+        (*QWEN, "layout.train.num_gpus=4"),
+        ("4 of the 8 GPUs sit idle", "layout.train.num_gpus: 8"),
+    ),
+    Noted(
+        "an MTP draft that stays as the checkpoint has it",
+        "https://github.com/ROCm/ATOM/issues/609",
+        "The MTP module ... was trained jointly with the main model ... during pretraining ... "
+        "the MTP module's weights were frozen - it was not updated during post-training",
+        (*FLASH, f"{SG}.speculative_algorithm=EAGLE", f"{SG}.speculative_num_steps=2"),
+        ("fewer and fewer drafted tokens are accepted", "recipe.train.mtp_training: true"),
+    ),
 ]
 
 
@@ -837,10 +894,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 def test_the_corpus_is_tracker_sourced() -> None:
+    cases = [*MISTAKES, *NOTED]
     assert len(MISTAKES) >= 30
-    assert len({c.name for c in MISTAKES}) == len(MISTAKES)
-    assert len({c.url for c in MISTAKES}) == len(MISTAKES)
-    assert all(c.url.startswith("https://github.com/") and c.symptom for c in MISTAKES)
+    assert len({c.name for c in cases}) == len(cases)
+    assert len({c.url for c in cases}) == len(cases)
+    assert all(c.url.startswith("https://github.com/") and c.symptom for c in cases)
 
 
 def repository(url: str) -> str:
@@ -870,3 +928,14 @@ def test_refused_before_anything_starts(case: Mistake, results: dict[str, dict])
 def test_the_fix_it_names_validates(case: Mistake, results: dict[str, dict]) -> None:
     got = results[case.name]
     assert got["fixed_code"] == 0, f"{asdict(case)['fix']}:\n{got['fixed_stderr'][-2000:]}"
+
+
+@pytest.mark.parametrize("case", NOTED, ids=[c.name for c in NOTED])
+def test_noted_in_the_plan_and_not_refused(case: Noted, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlpost.cli.main import main as rlpost_main
+
+    code = rlpost_main(["validate", "--no-local-checks", *case.argv])
+    out, err = capsys.readouterr()
+    assert code in (0, None), f"{case.url}: refused\n{err[-2000:]}"
+    notes = [line for line in out.splitlines() if line.strip().startswith("note")]
+    assert all(any(part in note for note in notes) for part in case.says), f"{case.url}\n{out}"
