@@ -127,9 +127,15 @@ def _all_too_long(
 
 
 async def evaluate(
-    runner: GroupRunner, eval_sets: Sequence[EvalSet], rollout_id: int, weight_version: int
+    runner: GroupRunner,
+    eval_sets: Sequence[EvalSet],
+    rollout_id: int,
+    weight_version: int,
+    reward_seed: int | None = None,
 ) -> EvalReport:
-    """Every eval group generated and scored once, by engines serving `weight_version`.
+    """Every eval group generated and scored once, by engines serving `weight_version`; a
+    set with a reward of its own is scored by it (with `reward_seed`, the run's in
+    deterministic mode), the others by the runner's.
     `rollout_id` is the rollouts trained before it (the table's "after rollout"): it is
     logged as eval/after_rollout, since a step's record carries the evaluation after it
     under the step's own rollout_id, one less."""
@@ -142,7 +148,11 @@ async def evaluate(
         groups = [[s.fresh() for s in g] for g in eval_set.groups]
         params = eval_set.sampling.to_sglang()
         own = eval_set.reward
-        scored = None if own is None else functools.partial(compute_rewards, config=own)
+        scored = (
+            None
+            if own is None
+            else functools.partial(compute_rewards, config=own, seed=reward_seed)
+        )
         done = await asyncio.gather(
             *(runner.run(g, params, runner.client_for(g), scored) for g in groups)
         )

@@ -18,7 +18,9 @@ from rlpost.schema.rollout import GREEDY_BELOW, check_top_k
 # What an evaluation set may grade with in place of rollout.reward.type: a rule-based type or
 # the reward server (a reward model scores every sample, whatever its set).
 EvalRewardType = Annotated[
-    Literal["math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote"],
+    Literal[
+        "math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "random", "remote"
+    ],
     BeforeValidator(check_reward_type_known),
 ]
 

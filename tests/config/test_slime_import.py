@@ -391,6 +391,15 @@ def test_slimes_boxed_reward_types_export_and_import_back(tmp_path: Path) -> Non
     assert config is not None and "rm_type: boxed_gpqa" in config[1]
 
 
+def test_slimes_random_reward_type_imports_and_exports_back(tmp_path: Path) -> None:
+    """--rm-type random (a coin flip per sample) is rlpost's type of that name."""
+    script = write_script(tmp_path, "--rm-type random")
+    cfg, plan = imported_config(script, tmp_path / "out")
+    assert cfg.recipe.rollout.reward.type == "random"  # type: ignore[attr-defined]
+    flags = slime_arg_groups(cfg, plan)["ROLLOUT_ARGS"]  # type: ignore[arg-type]
+    assert flags[flags.index("--rm-type") + 1] == "random"
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
