@@ -81,6 +81,19 @@ class Imported:
     environment: list[tuple[str, str, str]] = field(default_factory=list)  # name, value, note
     model_notes: list[Difference] = field(default_factory=list)  # flags that change nothing
     cluster_notes: list[str] = field(default_factory=list)  # Ray head and worker starts
+    # key -> what in the script set it: the flag and its value ('--rm-type', 'ifbench'),
+    # or an --eval-config file's set (no value of its own), for refusals of the value
+    origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+
+    def origin(self, key: str) -> tuple[str, str | None] | None:
+        """What in the script set `key` (or the nearest section above it that one thing
+        set: an evaluation set), if the import knows."""
+        parts = key.split(".")
+        for end in range(len(parts), 0, -1):
+            found = self.origins.get(".".join(parts[:end]))
+            if found is not None:
+                return found
+        return None
 
     def section(self, prefix: str) -> dict[str, Any]:
         tree: dict[str, Any] = {}
@@ -265,6 +278,7 @@ class _Sorted:
     cluster: dict[str, list[str]] = field(default_factory=dict)
     together: dict[str, list[str]] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # Imported's
 
 
 def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
@@ -282,6 +296,7 @@ def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
         if flag in RULES:
             try:
                 out.values[RULES[flag].key] = RULES[flag].read(vals)
+                out.origins[RULES[flag].key] = (flag, " ".join(vals))
             except (ValueError, IndexError, json.JSONDecodeError) as exc:
                 why = f"its value does not read: {exc}"
                 out.unmapped.append(Unmapped(flag, tuple(vals), why, RULES[flag].key))
@@ -314,6 +329,11 @@ def _map(
     _read_together(got.together, values, got.sglang, unmapped)
     if values.get("recipe.rollout.num_rollout") == 0:
         unmapped.append(_evaluation_only(values, got.together.get("--load")))
+    config = got.together.get("--eval-config")
+    for i, dataset in enumerate(values.get("recipe.eval.datasets") or []):
+        if config and isinstance(dataset, dict):
+            where = f"--eval-config {config[0]}, its set {dataset.get('name')!r}"
+            got.origins[f"recipe.eval.datasets.{i}"] = (where, None)
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -330,6 +350,7 @@ def _map(
         environment=[(k, v, environment_note(k)) for k, v in launch.env.items()],
         model_notes=list(match.differences),
         cluster_notes=_cluster_notes(launch),
+        origins=got.origins,
     )
 
 
