@@ -8,8 +8,11 @@ before any --rm-type, a line's or the run's):
    `sample.metadata["rm_type"]` itself).
 3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
-An evaluation set with a reward_type of its own is scored with a config that names that type
-and no custom function (rlpost.runtime.evaluation), so the set's type grades its every line.
+An evaluation set scored otherwise than training is gets a config of its own
+(rlpost.runtime.evaluation): with the evaluation's custom function (the set's
+custom_reward_function, else recipe.eval's; slime's per-set custom_rm_path, which scores
+before any rm_type there too), else with the set's reward_type and no custom function, so
+that type grades its every line.
 
 A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
 the response with the grader it names, and pays that grader's floor where there is none.

@@ -35,8 +35,9 @@ class EvalSet:
     sampling: SamplingSettings
     path: str = ""
     dropped: int = 0  # prompts left out over recipe.eval.max_prompt_len
-    # the set's own reward_type, as a reward config that grades with it (and no custom
-    # function); None: scored as training is
+    # how the set is scored where not as training is: its own custom function (the set's,
+    # else recipe.eval's), or its own reward_type (and no custom function), as a reward
+    # config; None: scored as training is
     reward: RewardConfig | None = None
 
 
@@ -89,7 +90,11 @@ def load_eval_sets(
         if dataset.reward_type is not None:  # over a line's own rm_type, as slime's does
             for sample in (s for group in groups for s in group):
                 sample.metadata["rm_type"] = dataset.reward_type
-            update = {"type": dataset.reward_type, "custom_function": None}
+            update: dict[str, object] = {"type": dataset.reward_type, "custom_function": None}
+            reward = rollout.reward.model_copy(update=update)
+        function = ev.reward_function(i)
+        if function is not None:  # before any reward type (the schema refuses the set's own)
+            update = {"custom_function": function[1], "group": False}
             reward = rollout.reward.model_copy(update=update)
         sampling = SamplingSettings(
             max_new_tokens=eval_response_len(recipe, i)[1],
