@@ -14,10 +14,16 @@ read from --slime-dir when given, else stands for rlpost's own model of that nam
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE
+
+if TYPE_CHECKING:
+    from rlpost.interop.slime_import import Imported
 
 HELP = "write rlpost configs from a slime launch script (scripts/run-*.sh)"
 USAGE = "rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR] (or --table for the flags)"
@@ -81,10 +87,16 @@ def run(args: argparse.Namespace) -> int:
     imported = import_slime(
         args.script, args.slime_dir, args.name, gpus_per_node=args.gpus_per_node, env=env
     )
-    written = imported.write(args.out)
     overrides = [*imported.overrides(), *imported.extra_overrides()]
-    cfg, _ = compose_run_config(overrides, config_dir=args.out)
-    _, plan = plan_config(cfg)
+    # composed and planned from a folder of its own first: a refused import writes nothing
+    with tempfile.TemporaryDirectory(prefix="rlpost-import-") as staging:
+        imported.write(Path(staging))
+        try:
+            cfg, _ = compose_run_config(overrides, config_dir=Path(staging))
+            _, plan = plan_config(cfg)
+        except UserError as exc:
+            raise refused(exc, Path(staging), args.out, args.script, imported) from None
+    written = imported.write(args.out)
     for path in written:
         print(f"wrote {path}")
     print(
@@ -115,3 +127,38 @@ def run(args: argparse.Namespace) -> int:
         for line in imported.skipped:
             print(f"  {line[:160]}")
     return 0
+
+
+def refused(
+    error: UserError, staging: Path, out: Path, script: Path, imported: Imported
+) -> UserError:
+    """The refusal of the imported configs, said of the script: each issue names the flag
+    (and value) that set the refused key, where the import knows it, at the script; the files
+    it would have written are named where --out would have held them."""
+
+    def moved(text: str) -> str:
+        return text.replace(str(staging), str(out))
+
+    issues = []
+    for issue in error.issues:
+        origin = imported.origin(issue.key)
+        message, fix = moved(issue.message), moved(issue.fix)
+        location = issue.location
+        if origin is None:
+            if location is not None and location.file is not None:
+                location = dataclasses.replace(location, file=moved(location.file))
+            issues.append(dataclasses.replace(issue, message=message, fix=fix, location=location))
+            continue
+        flag, value = origin
+        what = flag if " " in flag else f"{flag} in the script"  # (an --eval-config set)
+        issues.append(
+            Issue(
+                flag,
+                f"imported as {issue.key}: {message}",
+                f"change {what} (in rlpost's terms: {fix})",
+                issue.value if value is None else value,
+                Location(file=str(script)),
+            )
+        )
+    note = f"{script} imports to configs rlpost refuses: nothing was written to {out}"
+    return UserError(issues, title="import error", note=note)

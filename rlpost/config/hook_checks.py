@@ -117,6 +117,7 @@ def check_hooks(data: Mapping[str, Any]) -> list[Issue]:
     if isinstance(reward, Mapping):
         sig = hooks.GROUP_REWARD_FUNCTION if reward.get("group") else hooks.REWARD_FUNCTION
         checks.insert(0, (f"{ROLLOUT}.reward.custom_function", reward.get("custom_function"), sig))
+    checks += _eval_reward_functions(recipe.get("eval") if isinstance(recipe, Mapping) else None)
     evaluation = data.get("mode") == "eval"
     if evaluation:  # training's own hooks (filters, data source) are never imported there
         checks = [(key, path, sig) for key, path, sig in checks if training_only(key) is None]
@@ -132,6 +133,21 @@ def check_hooks(data: Mapping[str, Any]) -> list[Issue]:
         )
         issues += check_min_turns(rollout.get("generate_function"), rollout.get("max_turns", 1))
     return issues
+
+
+def _eval_reward_functions(section: Any) -> list[tuple[str, Any, hooks.HookSignature]]:
+    """The evaluation's own reward functions: recipe.eval's and each set's."""
+    if not isinstance(section, Mapping):
+        return []
+    key = "recipe.eval.custom_reward_function"
+    found = [(key, section.get("custom_reward_function"), hooks.REWARD_FUNCTION)]
+    datasets = section.get("datasets")
+    for i, dataset in enumerate(datasets if isinstance(datasets, list) else []):
+        if isinstance(dataset, Mapping):
+            path = dataset.get("custom_reward_function")
+            key = f"recipe.eval.datasets.{i}.custom_reward_function"
+            found.append((key, path, hooks.REWARD_FUNCTION))
+    return found
 
 
 def check_min_turns(path: Any, max_turns: Any) -> list[Issue]:

@@ -61,8 +61,13 @@ _HOOKS_BACK = {slime: ours for ours, slime in SLIME_HOOKS.items()} | {
 REWARDS_FROM_SLIME = {slime: ours for ours, slime in SLIME_REWARD_TYPES.items()}
 
 
+def hook_path(path: str) -> str:
+    """rlpost's hook for a slime hook path (its own where rlpost has none of that name)."""
+    return _HOOKS_BACK.get(path, path)
+
+
 def _hook(values: Values) -> str:
-    return _HOOKS_BACK.get(values[0], values[0])
+    return hook_path(values[0])
 
 
 _TRANSPORTS = {"disk": "disk", "nccl": "auto"}
@@ -261,7 +266,8 @@ READ_TOGETHER: dict[str, tuple[str, str]] = {
     "--eval-tool-key": ("recipe.eval.datasets[].tool_key", "every dataset"),
     "--eval-config": (
         "recipe.eval.datasets",
-        "the file's sets (keys, rm_type, sample counts, response lengths) and its defaults, "
+        "the file's sets (keys, rm_type, custom_rm_path, sample counts, response lengths) and "
+        "its defaults, "
         "read when the file is on this machine",
     ),
     "--sglang-*": ("layout.rollout.sglang.*", "SGLang's own option names"),
@@ -356,6 +362,18 @@ FIXED_SETTINGS = {
 }
 
 # Flags rlpost has no key for: (reason, nearest rlpost key)
+# what slime's code looks up in its arguments without defining a flag for it: slime's parser
+# (Megatron's, told to ignore what it does not know) drops such a flag without a word
+READ_NOT_DEFINED = {
+    "--eval-custom-rm-path": (
+        "slime's eval config falls back to args.eval_custom_rm_path, but slime defines no "
+        "such flag: its parser drops it, and slime scores the evaluation sets with "
+        "--custom-rm-path or their rm_type as if it were absent (slime's evaluation-wide "
+        "function is its --eval-config's defaults.custom_rm_path, which is imported)",
+        "recipe.eval.custom_reward_function",
+    ),
+}
+
 NOT_IMPORTED = {
     "--async-buffer-size": (
         "train_async.py keeps one rollout ahead; rlpost bounds its queue itself",

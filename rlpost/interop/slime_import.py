@@ -33,12 +33,14 @@ from rlpost.interop.slime_flags import (
     HEALTH_CHECK_FLAGS,
     NOT_IMPORTED,
     OFFLOAD_FLAGS,
+    READ_NOT_DEFINED,
     REWARDS_FROM_SLIME,
     RULES,
     SECRET_FLAGS,
     SLIME_FULLY_ASYNC,
     TOGETHER_FLAGS,
     environment_note,
+    hook_path,
     many,
     nearest_key,
     one,
@@ -81,6 +83,19 @@ class Imported:
     environment: list[tuple[str, str, str]] = field(default_factory=list)  # name, value, note
     model_notes: list[Difference] = field(default_factory=list)  # flags that change nothing
     cluster_notes: list[str] = field(default_factory=list)  # Ray head and worker starts
+    # key -> what in the script set it: the flag and its value ('--rm-type', 'ifbench'),
+    # or an --eval-config file's set (no value of its own), for refusals of the value
+    origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+
+    def origin(self, key: str) -> tuple[str, str | None] | None:
+        """What in the script set `key` (or the nearest section above it that one thing
+        set: an evaluation set), if the import knows."""
+        parts = key.split(".")
+        for end in range(len(parts), 0, -1):
+            found = self.origins.get(".".join(parts[:end]))
+            if found is not None:
+                return found
+        return None
 
     def section(self, prefix: str) -> dict[str, Any]:
         tree: dict[str, Any] = {}
@@ -265,6 +280,7 @@ class _Sorted:
     cluster: dict[str, list[str]] = field(default_factory=dict)
     together: dict[str, list[str]] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # Imported's
 
 
 def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
@@ -282,6 +298,7 @@ def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
         if flag in RULES:
             try:
                 out.values[RULES[flag].key] = RULES[flag].read(vals)
+                out.origins[RULES[flag].key] = (flag, " ".join(vals))
             except (ValueError, IndexError, json.JSONDecodeError) as exc:
                 why = f"its value does not read: {exc}"
                 out.unmapped.append(Unmapped(flag, tuple(vals), why, RULES[flag].key))
@@ -314,6 +331,11 @@ def _map(
     _read_together(got.together, values, got.sglang, unmapped)
     if values.get("recipe.rollout.num_rollout") == 0:
         unmapped.append(_evaluation_only(values, got.together.get("--load")))
+    config = got.together.get("--eval-config")
+    for i, dataset in enumerate(values.get("recipe.eval.datasets") or []):
+        if config and isinstance(dataset, dict):
+            where = f"--eval-config {config[0]}, its set {dataset.get('name')!r}"
+            got.origins[f"recipe.eval.datasets.{i}"] = (where, None)
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -330,6 +352,7 @@ def _map(
         environment=[(k, v, environment_note(k)) for k, v in launch.env.items()],
         model_notes=list(match.differences),
         cluster_notes=_cluster_notes(launch),
+        origins=got.origins,
     )
 
 
@@ -427,6 +450,9 @@ def _other(flag: str, vals: list[str], sglang: dict[str, Any]) -> list[Unmapped]
             "without a word"
         )
         return [Unmapped(flag, tuple(vals), why, "layout.rollout.sglang")]
+    if flag in READ_NOT_DEFINED:
+        reason, nearest = READ_NOT_DEFINED[flag]
+        return [Unmapped(flag, tuple(vals), reason, nearest)]
     why = "not a slime or Megatron flag rlpost reads"
     return [Unmapped(flag, tuple(vals), why, nearest_key(flag))]
 
@@ -535,6 +561,7 @@ EVAL_SET_KEYS = {  # slime's eval config -> rlpost's eval dataset
     "label_key": "label_key",
     "tool_key": "tool_key",
     "rm_type": "reward_type",
+    "custom_rm_path": "custom_reward_function",
     "n_samples_per_eval_prompt": "n_samples_per_prompt",
     "max_response_len": "max_response_len",
 }
@@ -544,14 +571,15 @@ EVAL_DEFAULT_KEYS = {  # slime's eval config defaults -> recipe.eval
     "temperature": "recipe.eval.temperature",
     "top_p": "recipe.eval.top_p",
     "top_k": "recipe.eval.top_k",
+    "custom_rm_path": "recipe.eval.custom_reward_function",
 }
 
 
 def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
     """slime's --eval-config file (`eval: {defaults: ..., datasets: [...]}`, or the mapping
     itself; datasets a list or a mapping by name) as recipe.eval: each set's keys, reward type,
-    sample count and response length, and the defaults rlpost keeps for every set. What else
-    a set or the defaults give is listed, not imported."""
+    reward function, sample count and response length, and the defaults rlpost keeps for
+    every set. What else a set or the defaults give is listed, not imported."""
     flag = "--eval-config"
     try:
         loaded = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
@@ -568,25 +596,40 @@ def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
     unmapped: list[Unmapped] = []
     defaults = (section or {}).get("defaults") or {}
     for key, value in defaults.items():
-        if key in EVAL_DEFAULT_KEYS:
+        if key == "custom_rm_path":
+            values[EVAL_DEFAULT_KEYS[key]] = hook_path(str(value))
+        elif key in EVAL_DEFAULT_KEYS:
             values[EVAL_DEFAULT_KEYS[key]] = value
         else:
             why = "rlpost's evaluation has no such setting"
             unmapped.append(Unmapped(f"{flag} defaults.{key}", (str(value),), why, "recipe.eval"))
     datasets = []
-    custom = values.get("recipe.rollout.reward.custom_function")
+    training = values.get("recipe.rollout.reward.custom_function")
+    evaluation = values.get("recipe.eval.custom_reward_function")
     for entry in raw:
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
+        if dataset.get("custom_reward_function") is not None:
+            dataset["custom_reward_function"] = hook_path(str(dataset["custom_reward_function"]))
         reward = dataset.get("reward_type")
         where = f"{flag} {entry.get('name', '?')}"
-        if reward is not None and custom:
-            # slime: a --custom-rm-path scores every sample before any rm_type; rlpost grades
-            # a set by its own reward_type, which would change the set's scores
+        # slime scores a set with the first of its own custom_rm_path, the defaults' and
+        # --custom-rm-path, before any rm_type
+        own = dataset.get("custom_reward_function") or evaluation
+        if reward is not None and (own or training):
+            # rlpost refuses a set's reward_type beside its own function, and grades a set
+            # by it over training's function: either way the scores would change
             del dataset["reward_type"]
+            scorer = (
+                f"the set's custom_rm_path ({own})"
+                if dataset.get("custom_reward_function")
+                else f"the defaults' custom_rm_path ({own})"
+                if own
+                else f"--custom-rm-path ({training})"
+            )
             why = (
-                f"slime scores every sample with --custom-rm-path ({custom}) before any "
-                "rm_type, so the set's rm_type grades nothing there; imported as it runs, the "
-                "set is scored by the custom function (give it a reward_type to grade it so)"
+                f"slime scores the set's every sample with {scorer} before any rm_type, so the "
+                "set's rm_type grades nothing there; imported as it runs, the set is scored "
+                "by the custom function (give it a reward_type alone to grade it so)"
             )
             unmapped.append(Unmapped(f"{where}.rm_type", (str(reward),), why, "recipe.eval"))
         elif reward is not None:

@@ -46,6 +46,7 @@ from rlpost.plan.work import (
     train_rank_work,
 )
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
+from rlpost.schema.evaluation import EvalConfig
 from rlpost.schema.training_only import set_training_only
 
 if TYPE_CHECKING:
@@ -362,6 +363,7 @@ def _notes(
                 "another token)"
             )
     notes += _reward_notes(cfg.recipe.rollout.reward)
+    notes += _eval_reward_notes(cfg.recipe.eval)
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
     if isinstance(memory.train, FsdpTrainMemory):
@@ -392,6 +394,18 @@ def _reward_notes(reward: RewardConfig) -> list[str]:
         f"recipe.rollout.reward.custom_function ({reward.custom_function}) {who}, not "
         f"recipe.rollout.reward.type={reward.type}: the type is passed on only as slime's "
         f"--rm-type (mode=slime_args)"
+    ]
+
+
+def _eval_reward_notes(ev: EvalConfig) -> list[str]:
+    """Which evaluation sets a custom function of the evaluation's scores, and which."""
+    scored = [(d.name, ev.reward_function(i)) for i, d in enumerate(ev.datasets)]
+    named = [f"{name} by {found[1]} (recipe.{found[0]})" for name, found in scored if found]
+    if not named:
+        return []
+    return [
+        "evaluation sets scored by a custom function of the evaluation's, before any reward "
+        f"type and in place of recipe.rollout.reward's: {'; '.join(named)}"
     ]
 
 

@@ -501,8 +501,12 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
         )
         issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
+        # the set's own custom function (or the evaluation's) scores it before any type
+        function = recipe.eval.reward_function(i) is not None
         labelled = (
-            dataset.reward_type in LABELLED_REWARD_TYPES
+            False
+            if function
+            else dataset.reward_type in LABELLED_REWARD_TYPES
             if dataset.reward_type is not None
             else recipe.rollout.reward.needs_label
         )
@@ -512,9 +516,9 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             fmt,
             labelled,
             dataset.reward_type or recipe.rollout.reward.type,
-            scorer,
+            None if function else scorer,
             forced=dataset.reward_type is not None,
-            rm_type_grades=dataset.reward_type is not None or not custom,
+            rm_type_grades=not function and (dataset.reward_type is not None or not custom),
             has_server=has_server,
             markers=markers,
             key_settings=_key_settings(

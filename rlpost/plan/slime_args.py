@@ -262,6 +262,7 @@ EVAL_CONFIG_FILE = "eval_config.yaml"
 # rlpost's eval dataset field -> slime's eval config key for it
 EVAL_SET_FIELDS = {
     "reward_type": "rm_type",
+    "custom_reward_function": "custom_rm_path",
     "input_key": "input_key",
     "label_key": "label_key",
     "tool_key": "tool_key",
@@ -272,12 +273,13 @@ EVAL_SET_FIELDS = {
 
 def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
     """(path, YAML) of slime's --eval-config for evaluation sets with keys, sample counts,
-    response lengths or reward types of their own (slime reads those per set only from that
-    file; its flags hold for every set), else None. The path is in the checkpoint folder
+    response lengths, reward types or reward functions of their own, or a reward function of
+    the evaluation's (slime reads those per set only from that file, the last as its
+    defaults; its flags hold for every set), else None. The path is in the checkpoint folder
     the export's --save names; each set lists only what it sets, and slime fills the rest
     from the flags, as rlpost fills it from recipe.eval and recipe.data."""
     ev = cfg.recipe.eval
-    if ev.interval is None or not _datasets_differ(ev.datasets):
+    if ev.interval is None or not (_datasets_differ(ev.datasets) or ev.custom_reward_function):
         return None
     sets = []
     for dataset in ev.datasets:
@@ -291,7 +293,10 @@ def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
         sets.append(entry)
     import yaml  # type: ignore[import-untyped]
 
-    text = yaml.safe_dump({"eval": {"datasets": sets}}, sort_keys=False)
+    section: dict[str, Any] = {"datasets": sets}
+    if ev.custom_reward_function:  # every set's that names none of its own
+        section = {"defaults": {"custom_rm_path": ev.custom_reward_function}, **section}
+    text = yaml.safe_dump({"eval": section}, sort_keys=False)
     return f"{_ckpt_dir(cfg)}{EVAL_CONFIG_FILE}", text
 
 
@@ -616,13 +621,14 @@ MEGATRON_REFUSES: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] 
 
 
 def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:
-    """Evaluation sets whose keys differ, or that set their own sample counts or reward
-    types."""
+    """Evaluation sets whose keys differ, or that set their own sample counts, reward types
+    or reward functions."""
     keys = {(d.input_key, d.label_key, d.tool_key) for d in datasets}
     own = any(
         d.n_samples_per_prompt is not None
         or d.max_response_len is not None
         or d.reward_type is not None
+        or d.custom_reward_function is not None
         for d in datasets
     )
     return len(keys) > 1 or own

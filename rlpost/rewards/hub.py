@@ -8,11 +8,16 @@ before any --rm-type, a line's or the run's):
    `sample.metadata["rm_type"]` itself).
 3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
-An evaluation set with a reward_type of its own is scored with a config that names that type
-and no custom function (rlpost.runtime.evaluation), so the set's type grades its every line.
+An evaluation set scored otherwise than training is gets a config of its own
+(rlpost.runtime.evaluation): with the evaluation's custom function (the set's
+custom_reward_function, else recipe.eval's; slime's per-set custom_rm_path, which scores
+before any rm_type there too), else with the set's reward_type and no custom function, so
+that type grades its every line.
 
 A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
 the response with the grader it names, and pays that grader's floor where there is none.
+`random` (slime's) pays 0 or 1 at even odds; given a seed (`run.deterministic`), each sample's
+draw is fixed by the seed and the sample, so a resumed run scores as an uninterrupted one.
 
 Rule-based types grade in worker processes under `reward.timeout_s`; a grader that runs
 past it scores as a wrong answer. Custom functions, plain or async, get the same limit.
@@ -21,9 +26,11 @@ past it scores as a wrong answer. Custom functions, plain or async, get the same
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import math
+import random
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +80,8 @@ class RewardContext:
     """What reward functions share during one `compute_rewards` call."""
 
     config: RewardConfig
+    # the run's seed where draws must repeat (run.deterministic); None draws afresh
+    seed: int | None = None
     _session: aiohttp.ClientSession | None = None
 
     async def http_session(self) -> aiohttp.ClientSession:
@@ -88,11 +97,14 @@ class RewardContext:
             self._session = None
 
 
-async def compute_rewards(samples: Sequence[Sample], config: RewardConfig) -> list[float]:
-    """One reward per sample, in order. Does not write `sample.reward`."""
+async def compute_rewards(
+    samples: Sequence[Sample], config: RewardConfig, seed: int | None = None
+) -> list[float]:
+    """One reward per sample, in order. Does not write `sample.reward`. `seed` (the run's,
+    in deterministic mode) fixes what a random reward draws for each sample."""
     if config.group:
         return await _group_rewards(samples, config)
-    ctx = RewardContext(config)
+    ctx = RewardContext(config, seed)
     try:
         return list(await asyncio.gather(*(_sample_reward(s, ctx) for s in samples)))
     finally:
@@ -280,6 +292,27 @@ def _choice_label(sample: Sample, reward_type: str) -> str:
         return choice_label(_label_of(sample, reward_type), metadata)
     except ValueError as exc:
         raise RewardError(f"sample group_index={sample.group_index}: {exc}") from None
+
+
+@register_reward("random")
+async def random_reward(sample: Sample, ctx: RewardContext) -> float:
+    """0 or 1 at even odds, reading nothing of the response (slime's random). With a seed,
+    drawn from it and the sample (`sample_coin`), else afresh."""
+    if ctx.seed is None:
+        return float(random.randint(0, 1))
+    return float(sample_coin(ctx.seed, sample))
+
+
+def sample_coin(seed: int, sample: Sample) -> int:
+    """0 or 1, fixed by the seed and the sample: its group and index (unique over a run's
+    training samples), its prompt and its response. A resumed deterministic run regenerates
+    the same responses, so it draws the same; independent of Python's hash randomisation."""
+    key = hashlib.blake2b(digest_size=8)
+    key.update(f"{seed}/reward/{sample.group_index}/{sample.index}/".encode())
+    key.update(",".join(map(str, sample.prompt_ids)).encode())
+    key.update(b"/")
+    key.update(",".join(map(str, sample.response_ids)).encode())
+    return key.digest()[0] & 1
 
 
 @register_reward("remote")

@@ -35,8 +35,9 @@ class EvalSet:
     sampling: SamplingSettings
     path: str = ""
     dropped: int = 0  # prompts left out over recipe.eval.max_prompt_len
-    # the set's own reward_type, as a reward config that grades with it (and no custom
-    # function); None: scored as training is
+    # how the set is scored where not as training is: its own custom function (the set's,
+    # else recipe.eval's), or its own reward_type (and no custom function), as a reward
+    # config; None: scored as training is
     reward: RewardConfig | None = None
 
 
@@ -89,7 +90,11 @@ def load_eval_sets(
         if dataset.reward_type is not None:  # over a line's own rm_type, as slime's does
             for sample in (s for group in groups for s in group):
                 sample.metadata["rm_type"] = dataset.reward_type
-            update = {"type": dataset.reward_type, "custom_function": None}
+            update: dict[str, object] = {"type": dataset.reward_type, "custom_function": None}
+            reward = rollout.reward.model_copy(update=update)
+        function = ev.reward_function(i)
+        if function is not None:  # before any reward type (the schema refuses the set's own)
+            update = {"custom_function": function[1], "group": False}
             reward = rollout.reward.model_copy(update=update)
         sampling = SamplingSettings(
             max_new_tokens=eval_response_len(recipe, i)[1],
@@ -127,9 +132,15 @@ def _all_too_long(
 
 
 async def evaluate(
-    runner: GroupRunner, eval_sets: Sequence[EvalSet], rollout_id: int, weight_version: int
+    runner: GroupRunner,
+    eval_sets: Sequence[EvalSet],
+    rollout_id: int,
+    weight_version: int,
+    reward_seed: int | None = None,
 ) -> EvalReport:
-    """Every eval group generated and scored once, by engines serving `weight_version`.
+    """Every eval group generated and scored once, by engines serving `weight_version`; a
+    set with a reward of its own is scored by it (with `reward_seed`, the run's in
+    deterministic mode), the others by the runner's.
     `rollout_id` is the rollouts trained before it (the table's "after rollout"): it is
     logged as eval/after_rollout, since a step's record carries the evaluation after it
     under the step's own rollout_id, one less."""
@@ -142,7 +153,11 @@ async def evaluate(
         groups = [[s.fresh() for s in g] for g in eval_set.groups]
         params = eval_set.sampling.to_sglang()
         own = eval_set.reward
-        scored = None if own is None else functools.partial(compute_rewards, config=own)
+        scored = (
+            None
+            if own is None
+            else functools.partial(compute_rewards, config=own, seed=reward_seed)
+        )
         done = await asyncio.gather(
             *(runner.run(g, params, runner.client_for(g), scored) for g in groups)
         )

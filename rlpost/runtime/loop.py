@@ -114,6 +114,8 @@ class TrainLoop:
         generate = hook or generate_sample
         # deterministic mode: every request samples with its own derived seed
         seeded = cfg.run.deterministic
+        # what a random reward draws for a sample is fixed by the run's seed and the sample
+        self.reward_seed = cfg.run.seed if seeded else None
         self.eval_seeding = Seeding(cfg.run.seed, "eval") if seeded else None
         shared = ContextFactory(
             tokenizer=inputs.tokenizer,
@@ -195,7 +197,7 @@ class TrainLoop:
     async def _reward(self, samples: list[Sample]) -> list[float]:
         if self.reward_model is not None:
             return await self.reward_model(samples)
-        return await compute_rewards(samples, self.cfg.recipe.rollout.reward)
+        return await compute_rewards(samples, self.cfg.recipe.rollout.reward, self.reward_seed)
 
     async def run(self) -> list[EvalReport]:
         cfg, total, start = self.cfg, self.cfg.recipe.rollout.num_rollout, self.start
@@ -413,7 +415,9 @@ class TrainLoop:
         if self.eval_seeding is not None:
             self.eval_seeding.at(done)
         version = self.session.weight_version
-        report = await evaluate(self.eval_runner, self.inputs.eval_sets, done, version)
+        report = await evaluate(
+            self.eval_runner, self.inputs.eval_sets, done, version, self.reward_seed
+        )
         self.reports.append(report)
         return report.metrics
 

@@ -18,7 +18,9 @@ from rlpost.schema.rollout import GREEDY_BELOW, check_top_k
 # What an evaluation set may grade with in place of rollout.reward.type: a rule-based type or
 # the reward server (a reward model scores every sample, whatever its set).
 EvalRewardType = Annotated[
-    Literal["math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote"],
+    Literal[
+        "math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "random", "remote"
+    ],
     BeforeValidator(check_reward_type_known),
 ]
 
@@ -31,6 +33,12 @@ class EvalDataset(Section):
         description="grade this set's every line with this reward type, whatever "
         "rollout.reward.type and a line's metadata rm_type say (slime's eval config's "
         "rm_type)",
+    )
+    custom_reward_function: str | None = Field(
+        None,
+        description="score this set's every sample with this function, 'module.fn' with "
+        "def fn(sample) -> float (async too), before eval.custom_reward_function and any "
+        "other scorer (slime's eval config's custom_rm_path)",
     )
     input_key: str | None = None
     label_key: str | None = None
@@ -57,6 +65,23 @@ class EvalConfig(Section):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
     skip_before_train: bool = False
+    custom_reward_function: str | None = Field(
+        None,
+        description="score the evaluation sets' samples with this function, 'module.fn' "
+        "with def fn(sample) -> float (async too), in place of rollout.reward's (a set's own "
+        "custom_reward_function first; slime's eval config's defaults.custom_rm_path)",
+    )
+
+    def reward_function(self, index: int) -> tuple[str, str] | None:
+        """The function that scores datasets[index], with the key (below recipe) that names
+        it: the set's own, else this section's; None where the set is scored otherwise. In
+        slime's order: a custom function scores before any reward type."""
+        own = self.datasets[index].custom_reward_function
+        if own:
+            return f"eval.datasets.{index}.custom_reward_function", own
+        if self.custom_reward_function:
+            return "eval.custom_reward_function", self.custom_reward_function
+        return None
 
     def response_len(self, index: int) -> tuple[str, int] | None:
         """datasets[index]'s response length, with the key (below recipe) that sets it: the
@@ -89,6 +114,51 @@ class EvalConfig(Section):
                     fix=f"remove eval.{name} (~recipe.eval.{name} on the command line), or "
                     f"the sets' own to take it",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def check_reward_types_are_read(self) -> EvalConfig:
+        """A custom function scores a set before any reward type, as in slime, so the set's
+        reward_type beside one would grade nothing."""
+        for i, dataset in enumerate(self.datasets):
+            scorer = self.reward_function(i)
+            if dataset.reward_type is None or scorer is None:
+                continue
+            key, path = scorer
+            fix = (
+                "remove reward_type from the set (the function reads a line's rm_type as "
+                "sample.metadata['rm_type']), or remove the set's custom_reward_function"
+                if key.startswith("eval.datasets.")
+                else "remove reward_type from the set (the function reads a line's rm_type as "
+                "sample.metadata['rm_type']), or name the function on the sets it scores "
+                "(eval.datasets[].custom_reward_function) in place of eval.custom_reward_function"
+            )
+            raise InvariantError(
+                f"datasets.{i}.reward_type={dataset.reward_type}: {key}={path} scores the "
+                f"set's every sample before any reward type (as slime's custom_rm_path does), "
+                "so the reward type grades nothing",
+                fields=(f"datasets.{i}.reward_type",),
+                fix=fix,
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_reward_function_has_datasets(self) -> EvalConfig:
+        if not self.datasets:
+            refuse_unused(
+                self,
+                "custom_reward_function",
+                why="it scores the evaluation sets, and none is named",
+                fix="name the sets in datasets, or remove custom_reward_function",
+            )
+        elif all(d.custom_reward_function for d in self.datasets):
+            refuse_unused(
+                self,
+                "custom_reward_function",
+                why="every one of eval.datasets names its own custom_reward_function, which "
+                "scores it",
+                fix="remove eval.custom_reward_function, or the sets' own to take it",
+            )
         return self
 
     @model_validator(mode="after")

@@ -19,9 +19,19 @@ from rlpost.schema.base import InvariantError, Section, refuse_unused
 # those that grade a response against the sample's label. "model" is no per-sample type:
 # reward.model's class scores whole batches (rlpost.rewards.model).
 # The boxed_ types (slime's) grade the last \\boxed{} answer of a response with the named
-# grader, and pay its floor where there is none.
+# grader, and pay its floor where there is none. "random" (slime's) pays 0 or 1 by a coin
+# flip, reading nothing of the sample: a baseline, and a check of the pipeline.
 RewardType = Literal[
-    "math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa", "remote", "model"
+    "math",
+    "deepscaler",
+    "dapo",
+    "f1",
+    "gpqa",
+    "boxed_f1",
+    "boxed_gpqa",
+    "random",
+    "remote",
+    "model",
 ]
 LABELLED_REWARD_TYPES = frozenset(
     {"math", "deepscaler", "dapo", "f1", "gpqa", "boxed_f1", "boxed_gpqa"}

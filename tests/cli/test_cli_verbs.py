@@ -281,6 +281,39 @@ def test_import_slime_refuses_an_sft_script_without_a_traceback(
     assert status != 0 and "supervised fine-tuning" in err and "Traceback" not in err
 
 
+def test_a_refused_import_names_the_scripts_flag_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--rm-type ifbench imports to a reward type rlpost refuses: the refusal names the script
+    and the flag with its value (not the recipe the import would write), and --out is left as
+    it was, an earlier import's files included."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "source scripts/models/qwen3-4B.sh\n"
+        "python3 train.py ${MODEL_ARGS[@]} --actor-num-nodes 1 --actor-num-gpus-per-node 8 "
+        "--colocate --hf-checkpoint /models/Qwen3-4B --prompt-data /data/math.jsonl "
+        "--label-key label --num-rollout 10 --rollout-batch-size 8 --n-samples-per-prompt 8 "
+        "--global-batch-size 64 --rollout-max-response-len 1024 --rm-type ifbench\n"
+    )
+    out = tmp_path / "imported"
+    status, _, err = run_main(["import", "slime", str(script), "--out", str(out)], capsys)
+    assert status == 2 and "Traceback" not in err
+    assert f"--rm-type = 'ifbench'   ({script})" in err
+    assert "imported as recipe.rollout.reward.type: reward type 'ifbench' is not available" in err
+    assert "fix: change --rm-type in the script" in err
+    assert "recipe/run.yaml" not in err and f"nothing was written to {out}" in err
+    assert not out.exists()
+    (out / "recipe").mkdir(parents=True)
+    (out / "recipe" / "run.yaml").write_text("name: run\n")  # an earlier import's
+    status, _, _ = run_main(["import", "slime", str(script), "--out", str(out)], capsys)
+    assert status == 2
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "recipe",
+        "recipe/run.yaml",
+    ]
+    assert (out / "recipe" / "run.yaml").read_text() == "name: run\n"
+
+
 def test_import_slime_without_a_script_says_so_and_shows_usage(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -564,6 +564,56 @@ CASES = [
         "engine defaults never apply",
     ),
     Case(
+        "eval_reward_type_beside_the_sets_function",
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl, reward_type: gpqa,"
+            " custom_reward_function: rlpost_test_hooks.length_reward}]",
+        ),
+        "recipe.eval.datasets.0.reward_type",
+        CMD,
+        "scores the set's every sample before any reward type",
+    ),
+    Case(
+        "eval_reward_type_beside_the_evaluations_function",
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl}, {name: b, path: /d/b.jsonl,"
+            " reward_type: gpqa}]",
+            "recipe.eval.custom_reward_function=rlpost_test_hooks.length_reward",
+        ),
+        "recipe.eval.datasets.1.reward_type",
+        CMD,
+        "eval.custom_reward_function=rlpost_test_hooks.length_reward scores the set's",
+    ),
+    Case(
+        "eval_reward_function_without_sets",
+        (
+            *QWEN,
+            "recipe.eval.interval=null",
+            "recipe.eval.datasets=[]",
+            "recipe.eval.custom_reward_function=rlpost_test_hooks.length_reward",
+        ),
+        "recipe.eval.custom_reward_function",
+        CMD,
+        "it scores the evaluation sets, and none is named",
+    ),
+    Case(
+        "eval_reward_function_of_no_set",
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl,"
+            " custom_reward_function: rlpost_test_hooks.length_reward}]",
+            "recipe.eval.custom_reward_function=rlpost_test_hooks.quarter_reward",
+        ),
+        "recipe.eval.custom_reward_function",
+        CMD,
+        "every one of eval.datasets names its own custom_reward_function",
+    ),
+    Case(
         "unknown_resolver",
         (*QWEN, "recipe.data.prompt_data=${nope:x}"),
         "recipe.data.prompt_data",
@@ -683,6 +733,23 @@ LAUNCH_CASES = {
     "sglang_plan_owned": (
         (*QWEN, "layout.rollout.sglang.tp_size=2", "mode=slime_args"),
         ["layout.rollout.gpus_per_engine"],
+    ),
+    "eval_reward_function_missing": (
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{{name: a, path: /d/a.jsonl,"
+            " custom_reward_function: nope.rewards.score}}, {{name: b, path: /d/b.jsonl}}]",
+            "recipe.eval.custom_reward_function=rlpost.filters.pop_frst",
+            "mode=plan",
+        ),
+        [
+            "recipe.eval.datasets.0.custom_reward_function = 'nope.rewards.score'",
+            "module 'nope.rewards' was not found",
+            "recipe.eval.custom_reward_function = 'rlpost.filters.pop_frst'",
+            "no attribute 'pop_frst'. Did you mean 'rlpost.filters.pop_first'?",
+            "fix: define [async] def fn(sample) named 'pop_frst'",
+        ],
     ),
     "user_config_dir": (
         ("--config-dir", "{user_conf}", "model=qwen3-4b", "recipe=typo_recipe", "mode=plan"),

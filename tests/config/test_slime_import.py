@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
@@ -31,6 +32,7 @@ from rlpost.schema import RunConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SLIME_NAMES = {ours: slime for slime, ours in SLIME_MODEL_SCRIPTS.items()}
+OWN_FN, WIDE_FN = "rlpost_test_hooks.length_reward", "rlpost_test_hooks.quarter_reward"
 SEEDS = [
     ("glm4-9b", "h100x8"),
     ("qwen3-4b", "h100x8"),
@@ -391,6 +393,15 @@ def test_slimes_boxed_reward_types_export_and_import_back(tmp_path: Path) -> Non
     assert config is not None and "rm_type: boxed_gpqa" in config[1]
 
 
+def test_slimes_random_reward_type_imports_and_exports_back(tmp_path: Path) -> None:
+    """--rm-type random (a coin flip per sample) is rlpost's type of that name."""
+    script = write_script(tmp_path, "--rm-type random")
+    cfg, plan = imported_config(script, tmp_path / "out")
+    assert cfg.recipe.rollout.reward.type == "random"  # type: ignore[attr-defined]
+    flags = slime_arg_groups(cfg, plan)["ROLLOUT_ARGS"]  # type: ignore[arg-type]
+    assert flags[flags.index("--rm-type") + 1] == "random"
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
@@ -690,6 +701,63 @@ def test_an_eval_sets_rm_type_beside_a_custom_reward_function_is_not_imported(
     plain = import_slime(write_script(tmp_path, f"--eval-interval 20 --eval-config {config}"))
     assert plain.values["recipe.eval.datasets"][0]["reward_type"] == "math"
     assert not plain.unmapped
+
+
+def test_eval_config_reward_functions_import_and_export_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slime's eval config: a set's custom_rm_path scores it, the defaults' every other set,
+    before any rm_type (the set's rm_type beside one is listed, not imported); rlpost's
+    custom_reward_function keys, and the export writes them back into the file."""
+    from rlpost.plan.slime_args import eval_config_file
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {custom_rm_path: rlpost_test_hooks.quarter_reward}\n"
+        "  datasets:\n"
+        "    - {name: ifeval, path: /data/ifeval.jsonl,"
+        " custom_rm_path: rlpost_test_hooks.length_reward, rm_type: ifbench}\n"
+        "    - {name: aime, path: /data/aime.jsonl, rm_type: math}\n"
+    )
+    script = write_script(tmp_path, f"--eval-interval 20 --eval-config {config}")
+    imported = import_slime(script)
+    assert imported.values["recipe.eval.custom_reward_function"] == WIDE_FN
+    assert imported.values["recipe.eval.datasets"] == [
+        {"name": "ifeval", "path": "/data/ifeval.jsonl", "custom_reward_function": OWN_FN},
+        {"name": "aime", "path": "/data/aime.jsonl"},
+    ]
+    notes = {u.flag: u for u in imported.unmapped}
+    assert sorted(notes) == ["--eval-config aime.rm_type", "--eval-config ifeval.rm_type"]
+    assert (
+        f"the set's custom_rm_path ({OWN_FN}) before any rm_type"
+        in notes["--eval-config ifeval.rm_type"].reason
+    )
+    assert f"the defaults' custom_rm_path ({WIDE_FN})" in notes["--eval-config aime.rm_type"].reason
+    cfg, _ = imported_config(script, tmp_path / "out")
+    exported = eval_config_file(cfg)  # type: ignore[arg-type]
+    assert exported is not None
+    assert yaml.safe_load(exported[1]) == {
+        "eval": {
+            "defaults": {"custom_rm_path": WIDE_FN},
+            "datasets": [
+                {"name": "ifeval", "path": "/data/ifeval.jsonl", "custom_rm_path": OWN_FN},
+                {"name": "aime", "path": "/data/aime.jsonl"},
+            ],
+        }
+    }
+
+
+def test_eval_custom_rm_path_on_the_command_line_is_not_imported(tmp_path: Path) -> None:
+    """slime's eval config falls back to args.eval_custom_rm_path, which no flag of slime's
+    sets: its parser drops --eval-custom-rm-path, so slime scores evaluation without it."""
+    imported = import_slime(write_script(tmp_path, "--eval-custom-rm-path my_pkg.rm.score"))
+    [note] = imported.unmapped
+    assert (note.flag, note.values) == ("--eval-custom-rm-path", ("my_pkg.rm.score",))
+    assert note.nearest == "recipe.eval.custom_reward_function"
+    assert "slime defines no such flag: its parser drops it" in note.reason
+    assert "recipe.eval.custom_reward_function" not in imported.values
 
 
 def test_a_script_that_trains_no_rollout_imports_as_an_evaluation(tmp_path: Path) -> None:

@@ -45,6 +45,16 @@ def score_in_metadata_or_length(sample: Sample) -> float:
     return float(len(sample.response_text))
 
 
+def quarter_reward(sample: Sample) -> float:
+    """0.25 for every sample: which function scored a set shows in its accuracy."""
+    return 0.25
+
+
+async def async_three_quarter_reward(sample: Sample) -> float:
+    """0.75 for every sample."""
+    return 0.75
+
+
 async def async_contains_label(sample: Sample) -> float:
     await asyncio.sleep(0)
     return 1.0 if sample.label and sample.label in sample.response_text else 0.0

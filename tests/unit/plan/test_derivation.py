@@ -195,6 +195,29 @@ def test_the_plan_says_which_reward_scores(run_config: Runs) -> None:
     assert notes(**{fn: "my_pkg.rm.score", "recipe__rollout__reward__type": "math"}) == []
 
 
+def test_the_plan_says_which_sets_the_evaluations_functions_score(run_config: Runs) -> None:
+    """A set's own custom_reward_function, else recipe.eval's, scores it before anything
+    training scores with; the plan names each set so scored and what names its function."""
+
+    def notes(**overrides: object) -> list[str]:
+        plan = build_plan(run_config("qwen3-4b", "h200x1", **overrides))
+        return [note for note in plan.notes if "evaluation sets scored" in note]
+
+    sets = [
+        {"name": "aime", "path": "/d/aime.jsonl", "custom_reward_function": "my_pkg.rm.aime"},
+        {"name": "gpqa", "path": "/d/gpqa.jsonl"},
+        {"name": "math", "path": "/d/math.jsonl", "reward_type": "math"},
+    ]
+    assert notes() == []
+    assert notes(recipe__eval__datasets=sets[1:]) == []
+    wide = "my_pkg.rm.any"
+    (note,) = notes(recipe__eval__datasets=sets[:2], recipe__eval__custom_reward_function=wide)
+    assert note.endswith(
+        "aime by my_pkg.rm.aime (recipe.eval.datasets.0.custom_reward_function); gpqa by "
+        "my_pkg.rm.any (recipe.eval.custom_reward_function)"
+    )
+
+
 def test_the_plan_says_what_a_sigterm_does(run_config: Runs) -> None:
     saving = build_plan(run_config("qwen3-4b", "h200x1"))
     stopping = build_plan(run_config("qwen3-4b", "h200x1", run__on_sigterm="stop"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rlpost.data.prompts import PromptFormat
 from rlpost.plan.preflight import RowRules, check_jsonl
 
@@ -26,3 +28,34 @@ def test_a_lines_rm_type_beside_a_custom_function_is_the_functions_to_read(
     graded = RowRules(FMT, labelled=True, reward_type="math")
     (issue,) = check_jsonl("recipe.data.prompt_data", str(path), graded)
     assert "metadata rm_type 'ifbench' is not available" in issue.message
+
+
+def test_an_eval_set_its_own_function_scores_is_not_held_to_labels_or_rm_types(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A set scored by a custom function of the evaluation's (its own, or recipe.eval's) is
+    graded against no label, and its lines' rm_type is the function's to read: the preflight
+    that holds a set the math grader scores to both leaves it alone."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import build_plan
+    from rlpost.plan.preflight import check_data
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "hooks_fixtures"))
+    path = tmp_path / "ifeval.jsonl"
+    line = {"prompt": "Write two lines.", "label": "", "metadata": {"rm_type": "ifbench"}}
+    path.write_text(json.dumps(line) + "\n")
+
+    def issues(*overrides: str) -> list[str]:
+        cfg = compose_run_config(
+            [f"recipe.eval.datasets=[{{name: ifeval, path: {path}}}]", *overrides]
+        )[0]
+        return [issue.key for issue in check_data(cfg, build_plan(cfg))]
+
+    fn = "rlpost_test_hooks.quarter_reward"
+    own = f"recipe.eval.datasets=[{{name: ifeval, path: {path}, custom_reward_function: {fn}}}]"
+    assert issues() == [f"{path}:1"]  # an empty label: the math grader pays only an empty box
+    assert issues(f"recipe.eval.custom_reward_function={fn}") == []
+    line["label"] = "2"
+    path.write_text(json.dumps(line) + "\n")
+    assert issues() == [f"{path}:1"]  # 'ifbench' picks the grader, and is none of rlpost's
+    assert issues(own) == []

@@ -77,6 +77,29 @@ def test_boxed_types_grade_the_last_boxed_answer_alone() -> None:
         rewards([sample("\\boxed{34}", label=None)], type="boxed_f1")
 
 
+def test_random_pays_a_coin_flip_each_sample_keeps_under_a_seed() -> None:
+    """slime's random: 0 or 1 at even odds, whatever the response and with no label. With
+    the run's seed (run.deterministic) a sample's draw is fixed by the seed and the sample,
+    whatever the batch or order it is scored in (a resumed run scores it the same)."""
+    batch = [
+        Sample(group_index=i // 4, index=i, prompt="p", prompt_ids=[7, i % 4],
+               response_ids=[i, 3], response_text=f"r{i}")
+        for i in range(64)
+    ]  # fmt: skip
+    config = RewardConfig(type="random")
+    unseeded = asyncio.run(compute_rewards(batch, config))
+    assert set(unseeded) == {0.0, 1.0}
+    seeded = asyncio.run(compute_rewards(batch, config, seed=1234))
+    assert set(seeded) == {0.0, 1.0} and 16 < sum(seeded) < 48
+    halves = [
+        asyncio.run(compute_rewards(part, config, seed=1234)) for part in (batch[32:], batch[:32])
+    ]
+    assert halves[1] + halves[0] == seeded
+    assert list(reversed(asyncio.run(compute_rewards(batch[::-1], config, seed=1234)))) == seeded
+    assert asyncio.run(compute_rewards(batch, config, seed=1235)) != seeded
+    assert rewards([sample("anything", label=None, rm_type="random")], type="math")[0] in (0, 1)
+
+
 def test_per_sample_rm_type_overrides_the_configured_type() -> None:
     batch = [
         sample("\\boxed{34}"),

@@ -1,0 +1,105 @@
+"""Which function scores an evaluation set, through the evaluation itself against a real CPU
+engine: a set's own custom_reward_function, else recipe.eval's, before training's scorer
+(slime's per-set custom_rm_path, its eval config's defaults.custom_rm_path)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlpost.backends.cpu_engine.engine import EngineSettings
+from rlpost.backends.cpu_engine.server import BackgroundServer
+from rlpost.rewards import compute_rewards
+from rlpost.runtime.evaluation import EvalReport, evaluate, load_eval_sets
+from rlpost.runtime.rollout.client import EngineClient
+from rlpost.runtime.rollout.manager import GroupRunner
+from rlpost.schema import RecipeConfig
+from rlpost.types import Sample
+
+OWN = "rlpost_test_hooks.async_three_quarter_reward"  # 0.75 a sample
+WIDE = "rlpost_test_hooks.quarter_reward"  # 0.25 a sample
+TRAINING = "rlpost_test_hooks.score_in_metadata_or_length"  # the line's score: 0.5
+
+
+@pytest.fixture(scope="module")
+def url(tiny_lm_dir: Path) -> Iterator[str]:
+    threads = torch.get_num_threads()
+    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
+    yield server.start()
+    server.stop()
+    torch.set_num_threads(threads)
+
+
+def write_set(path: Path, prompts: int = 3) -> str:
+    lines = [
+        {"input": f"What is {i}+{i}?", "label": str(2 * i), "metadata": {"score": 0.5}}
+        for i in range(1, prompts + 1)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def recipe(tmp_path: Path, ev: dict[str, Any], reward: dict[str, Any]) -> RecipeConfig:
+    return RecipeConfig.model_validate(
+        {
+            "name": "eval_rewards",
+            "data": {"prompt_data": write_set(tmp_path / "train.jsonl"), "label_key": "label"},
+            "rollout": {
+                "num_rollout": 1,
+                "batch_size": 1,
+                "n_samples_per_prompt": 2,
+                "max_response_len": 6,
+                "reward": reward,
+            },
+            "train": {"global_batch_size": 2},
+            "eval": {"interval": 1, "temperature": 0.0, **ev},
+        }
+    )
+
+
+def run_evaluation(url: str, tiny_lm_dir: Path, cfg: RecipeConfig, seed: int | None) -> EvalReport:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir, local_files_only=True)
+    sets = load_eval_sets(cfg, tokenizer, stop_token_ids=[])
+
+    async def training_reward(samples: list[Sample]) -> list[float]:  # TrainLoop._reward's
+        return await compute_rewards(samples, cfg.rollout.reward, seed)
+
+    async def main() -> EvalReport:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            runner = GroupRunner(client, training_reward)
+            return await evaluate(runner, sets, 0, 0, reward_seed=seed)
+
+    return asyncio.run(main())
+
+
+def test_a_sets_own_function_then_the_evaluations_score_before_trainings(
+    url: str, tiny_lm_dir: Path, tmp_path: Path, hook_modules: Path
+) -> None:
+    aime, gpqa = write_set(tmp_path / "aime.jsonl"), write_set(tmp_path / "gpqa.jsonl")
+    datasets = [
+        {"name": "own", "path": aime, "custom_reward_function": OWN},
+        {"name": "wide", "path": gpqa},
+    ]
+    # training grades with math (no response of the tiny model boxes an answer: 0)
+    cfg = recipe(tmp_path, {"datasets": datasets, "custom_reward_function": WIDE}, {})
+    report = run_evaluation(url, tiny_lm_dir, cfg, None)
+    assert report.accuracy == {"own": 0.75, "wide": 0.25}
+
+    # without recipe.eval's function, a set without its own is scored as training is: by
+    # training's custom function, and a set's reward_type grades it (here random, seeded)
+    datasets[1] = {"name": "plain", "path": gpqa}
+    coins = write_set(tmp_path / "coins.jsonl", 16)
+    datasets.append({"name": "coin", "path": coins, "reward_type": "random"})
+    cfg = recipe(tmp_path, {"datasets": datasets}, {"custom_function": TRAINING})
+    first = run_evaluation(url, tiny_lm_dir, cfg, 11)
+    assert (first.accuracy["own"], first.accuracy["plain"]) == (0.75, 0.5)
+    assert 0.0 < first.accuracy["coin"] < 1.0
+    # greedy responses are the same again, and so is each one's seeded draw
+    assert run_evaluation(url, tiny_lm_dir, cfg, 11).accuracy == first.accuracy
