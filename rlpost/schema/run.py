@@ -280,6 +280,14 @@ class RunOptions(Section):
 LAUNCH_MODES = frozenset({"train", "eval"})
 """The modes that start a run (engines, trainers, a run directory); the others only print."""
 
+# mode=eval refuses run.resume=auto (its run directory is a new one): a run.resume that names
+# no usable checkpoint is refused in mode=eval (by validation, and by the launch's hash check)
+# with this fix, which names the weights it evaluates without a checkpoint instead
+EVAL_RESUME_FIX = (
+    "point run.resume at a complete checkpoint (<run.dir>/ckpt/rollout_<n>) or at a run "
+    "directory, or remove run.resume to evaluate model.load (else model.hf_checkpoint)"
+)
+
 
 class RunConfig(Section):
     mode: Literal["train", "eval", "plan", "slime_args"] = Field(
