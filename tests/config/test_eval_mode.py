@@ -598,3 +598,23 @@ def test_reward_model_calls_still_hold_an_evaluation_sets_group() -> None:
     [issue] = error.issues
     assert issue.key == "recipe.rollout.reward.model_batch_size"
     assert "below eval.n_samples_per_prompt=8" in issue.message
+
+
+def test_the_senders_memory_is_estimated_once(
+    compose_run: ComposeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Colocated, it sizes the engines' derived mem_fraction_static and the memory plan."""
+    import rlpost.plan.plan as planning
+
+    calls = []
+    estimate = planning.estimate_sender
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return estimate(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "estimate_sender", counted)
+    plan = build_plan(compose_run(*GPU, "recipe=grpo_dapo", "mode=eval", LOADS))
+    assert plan.train_ranks == SEND_WEIGHTS and plan.placement.colocate
+    assert "layout.rollout.sglang.mem_fraction_static" in plan.derived
+    assert len(calls) == 1
