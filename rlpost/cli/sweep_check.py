@@ -124,7 +124,8 @@ def check_job(
     return Checked(full, run_dir, wandb.run_id if wandb.enabled else None, sources)
 
 
-# What a sweep's jobs must not share: the key, the Checked field holding its value, why, the fix.
+# What a sweep's jobs must not share: the key, the Checked field holding its value, why, the fix
+# ({value}: the shared value; the per-job value quoted, so that a shell leaves ${...} to Hydra).
 ONE_PER_JOB = (
     (
         "run.dir",
@@ -132,16 +133,17 @@ ONE_PER_JOB = (
         "each job would run in this one directory: the second would find the first's run "
         "there (its checkpoints, its metrics) and be refused once the first had finished",
         "leave run.dir unset (each job gets a folder of its own under runs/multirun), or give "
-        "each job its own: run.dir=<folder>/${hydra:job.num}",
+        "each job its own: run.dir='{value}/${{hydra:job.num}}'",
     ),
     (
         "tracking.wandb.run_id",
         "wandb_run_id",
         "each job would resume this one wandb run and log from step 0, and wandb drops every "
-        "step below the last one logged, so the later jobs' curves are lost",
+        "step below the last one logged ('User provided step ... is less than current step "
+        "... Dropping entry'), so the later jobs' curves are lost",
         "leave tracking.wandb.run_id unset (wandb gives each job a run of its own; "
         "tracking.wandb.group gathers them), or give each job its own: "
-        "tracking.wandb.run_id=<id>-${hydra:job.num}",
+        "tracking.wandb.run_id='{value}-${{hydra:job.num}}'",
     ),
 )
 
@@ -161,7 +163,13 @@ def shared_by_jobs(jobs: Sequence[tuple[SweepJob, Checked]], shared: set[str]) -
             names = ", ".join(f"job {job.num} ({_label(job, shared)})" for job, _ in same)
             location = same[0][1].sources.locate(key)
             issues.append(
-                Issue(key, f"{names} share this value: {why}", fix, value=value, location=location)
+                Issue(
+                    key,
+                    f"{names} share this value: {why}",
+                    fix.format(value=value),
+                    value=value,
+                    location=location,
+                )
             )
     return issues
 

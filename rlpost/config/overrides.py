@@ -268,70 +268,6 @@ def _last_value(tokens: Sequence[str], key: str) -> str | None:
     return found
 
 
-def _one_value_for_every_job(args: LaunchArgs, key: str) -> tuple[Any, str] | None:
-    """The literal value and token of `key` on the command line of a training sweep of
-    several jobs, where every job gets that same value; None otherwise (no sweep, a sweep
-    of plans, the key unset, swept, or interpolated per job)."""
-    if not args.multirun or _last_value(args.overrides, "mode") in NO_RUN_DIR_MODES:
-        return None
-    parsed = [(p, t) for t in args.overrides if not isinstance(p := _parse(t), Issue)]
-    given = [(p, t) for p, t in parsed if p.key_or_group == key]
-    if not given or not any(p.is_sweep_override() for p, _ in parsed):
-        return None
-    override, token = given[-1]
-    value = None if override.is_sweep_override() else override.value()
-    if value is None or "${" in str(value):
-        return None  # a value per job
-    return value, token
-
-
-def _shared_run_dir(args: LaunchArgs) -> list[Issue]:
-    """A training sweep of several jobs with one literal run.dir on the command line: the
-    second job would find the first's checkpoints and be refused after the first trained
-    (with run.resume=auto it would find the run done and train nothing)."""
-    found = _one_value_for_every_job(args, "run.dir")
-    if found is None:
-        return []
-    value, token = found
-    return [
-        Issue(
-            key="run.dir",
-            message="every job of this sweep would run in this one directory: the second "
-            "would find the first's run there (its checkpoints, its metrics) and be refused "
-            "once the first had finished",
-            fix="leave run.dir unset (each job gets a folder of its own under runs/multirun), "
-            f"or give each job its own: run.dir='{value}/${{hydra:job.num}}'",
-            value=value,
-            location=Location(override=token),
-        )
-    ]
-
-
-def _shared_wandb_run(args: LaunchArgs) -> list[Issue]:
-    """A training sweep of several jobs with one literal wandb run id on the command line:
-    every job resumes that one run (wandb.init(id=..., resume='allow'), steps = rollout
-    ids), and wandb drops each later job's steps as lower than the last one logged."""
-    found = _one_value_for_every_job(args, "tracking.wandb.run_id")
-    if found is None:
-        return []
-    value, token = found
-    return [
-        Issue(
-            key="tracking.wandb.run_id",
-            message="every job of this sweep would log to this one wandb run (with "
-            "tracking.wandb.enabled, which a run_id needs): each resumes "
-            "it and logs from step 0, and wandb drops every step below the last one logged "
-            "('User provided step ... is less than current step ... Dropping entry'), so the "
-            "second job's curves are lost",
-            fix="leave tracking.wandb.run_id unset (wandb gives each job a run of its own; "
-            "tracking.wandb.group gathers them), or give each job its own: "
-            f"tracking.wandb.run_id='{value}-${{hydra:job.num}}'",
-            value=value,
-            location=Location(override=token),
-        )
-    ]
-
-
 def _sets_a_list_entry(token: str) -> bool:
     """Whether an override's key goes through a list index (recipe.eval.datasets.1.path)."""
     key = token.split("=", 1)[0].lstrip("+~")
@@ -386,9 +322,6 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     )
     roots = search_roots(args.config_dir, args.config_path, searchpath)
     checked = check_overrides(args.overrides, roots, args.multirun)
-    shared = _shared_run_dir(args) + _shared_wandb_run(args)
-    if shared:
-        raise UserError(shared, title="sweep error")
     # a list entry past the list's end, or a key to delete that the config does not hold,
     # fails only when Hydra merges the overrides
     indexed = any(_sets_a_list_entry(token) or token.startswith("~") for token in checked)

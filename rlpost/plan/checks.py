@@ -628,6 +628,7 @@ def check_fsdp_layout(ctx: PlanContext) -> list[Issue]:
     ignore it, and an HSDP shard group must divide the data-parallel ranks."""
     fsdp = ctx.cfg.layout.train.fsdp
     backend = resolve_trainer_backend(ctx.cfg, ctx.parallel)
+    evaluating = ctx.cfg.mode == "eval"  # no optimizer: recipe.optim goes unread
     default = type(fsdp)().model_dump()
     chosen = {k: v for k, v in fsdp.model_dump().items() if v != default[k]}
     if backend != "torch" and chosen:
@@ -636,8 +637,9 @@ def check_fsdp_layout(ctx: PlanContext) -> list[Issue]:
                 f"layout.train.fsdp.{name}",
                 f"FSDP2's {name} configures the torch trainer, and this run trains with "
                 f"{backend}, which would ignore it",
-                "remove layout.train.fsdp (megatron: recipe.optim.cpu_offload, the "
-                "distributed optimizer), or set trainer.backend=torch",
+                "remove layout.train.fsdp"
+                + ("" if evaluating else MEGATRON_OFFLOAD)
+                + ", or set trainer.backend=torch",
                 value=value,
             )
             for name, value in chosen.items()
@@ -658,28 +660,33 @@ def check_fsdp_layout(ctx: PlanContext) -> list[Issue]:
     return []
 
 
+MEGATRON_OFFLOAD = " (megatron: recipe.optim.cpu_offload, the distributed optimizer)"
+
+
 def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
     """Settings only megatron-core reads: the torch trainer would ignore them. MoE dispatch
     settings on a dense model are left to _dense_dispatcher, which says why they mean nothing
-    under either trainer."""
+    under either trainer. recipe.optim's are training's: an evaluation reads neither trainer's
+    optimizer settings."""
     cfg = ctx.cfg
     train, optim = cfg.layout.train, cfg.recipe.optim
     fsdp = "layout.train.fsdp.cpu_offload: true (FSDP2 keeps shards and Adam on the host)"
     megatron = "" if cfg.model.family == GENERIC_FAMILY else ", or set trainer.backend=megatron"
     dispatch = "megatron-core's expert token dispatch"
     own_moe = "remove it (the torch trainer runs the model's own MoE layers on every rank)"
+    trains = cfg.mode != "eval"
     found: list[tuple[str, object, bool, str, str]] = [
         (
             "recipe.optim.cpu_offload",
             optim.cpu_offload,
-            optim.cpu_offload,
+            optim.cpu_offload and trains,
             "megatron's CPU Adam (HybridDeviceOptimizer)",
             f"remove it; the torch trainer offloads with {fsdp}",
         ),
         (
             "recipe.optim.precision_aware_optimizer",
             optim.precision_aware_optimizer,
-            optim.precision_aware_optimizer,
+            optim.precision_aware_optimizer and trains,
             "megatron's precision-aware optimizer",
             "remove it (the torch trainer keeps float32 master weights and Adam state)",
         ),

@@ -26,6 +26,7 @@ from rlpost.plan.loop import LoopPlan
 from rlpost.plan.memory import (
     GENERIC_MEMORY_NOTE,
     MemoryPlan,
+    TrainMemory,
     estimate_host,
     fp8_update_buffer_bytes,
     pipeline_stages,
@@ -466,7 +467,9 @@ def build_plan(cfg: RunConfig) -> Plan:
     """
     counted = as_computed(cfg)  # what the figures count (float32 on CPU)
     train_ranks = train_rank_work(cfg)
-    res = _room_for_sent_weights(counted, resolve_layout(counted), train_ranks)
+    resolved = resolve_layout(counted)
+    train = train_rank_memory(counted, resolved.parallel, resolved.sizes.colocate, train_ranks)
+    res = _room_for_sent_weights(counted, resolved, train_ranks, train)
     ctx = PlanContext(cfg, res.sizes, res.parallel, res.engine)
     starts = train_ranks != NO_TRAIN_RANK
     issues = [i for i in res.issues if starts or not i.key.startswith(TRAIN_LAYOUT)]
@@ -485,7 +488,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         cfg.recipe.rollout.reward.device_slots,
     )
     batch = plan_batch(cfg.recipe, par, engine)
-    memory = estimate_memory(counted, sizes, par, engine, train_ranks)
+    memory = estimate_memory(counted, sizes, engine, train, train_ranks)
     work = plan_work(counted, par, batch)
     runtime = plan_runtime(
         cfg, sizes.colocate, batch.longest_sample_tokens, placement.num_engines, engine.fp8
@@ -517,17 +520,29 @@ def build_plan(cfg: RunConfig) -> Plan:
 MEM_FRACTION_KEY = "layout.rollout.sglang.mem_fraction_static"
 
 
-def _room_for_sent_weights(cfg: RunConfig, res: Resolution, train_ranks: str) -> Resolution:
+def train_rank_memory(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, train_ranks: str
+) -> TrainMemory:
+    """A train rank's peak per GPU: the trainer's, or, where the train ranks only send
+    weights (mode=eval), the sender's."""
+    if train_ranks == SEND_WEIGHTS:
+        return estimate_sender(cfg, par, colocate, cfg.engine.weight_bucket_mb << 20)
+    return estimate_trainer(cfg, par, colocate)
+
+
+def _room_for_sent_weights(
+    cfg: RunConfig, res: Resolution, train_ranks: str, train: TrainMemory
+) -> Resolution:
     """mode=eval's train ranks keep the weights they sent on each colocated GPU through the
     evaluation (nothing offloads them): a derived mem_fraction_static leaves room for them,
     as in training it leaves room for the offloaded trainer's residue. A fraction the user
-    set stays as set, and the plan's memory check holds it to the weights."""
+    set stays as set, and the plan's memory check holds it to the weights. `train` is the
+    train ranks' memory (train_rank_memory)."""
     engine, hw = res.engine, cfg.hardware
     derived = MEM_FRACTION_KEY in res.derived
     if not (derived and train_ranks == SEND_WEIGHTS and res.sizes.colocate and hw.kind == "gpu"):
         return res
-    bucket_bytes = cfg.engine.weight_bucket_mb << 20
-    kept = estimate_sender(cfg, res.parallel, True, bucket_bytes).weights_gib
+    kept = train.weights_gib
     extra = max(0.0, kept - TRAINER_RESIDUAL_GIB)
     fraction = round(engine.mem_fraction_static - extra / hw.gpu_memory_gib, 3)
     options = dict(engine.sglang) | {"mem_fraction_static": fraction}
@@ -538,19 +553,15 @@ def _room_for_sent_weights(cfg: RunConfig, res: Resolution, train_ranks: str) ->
 def estimate_memory(
     cfg: RunConfig,
     sizes: Sizes,
-    par: ParallelLayout,
     engine: EngineLayout,
+    train: TrainMemory,
     train_ranks: str = TRAIN,
 ) -> MemoryPlan:
-    """Training (or, in mode=eval, the train ranks' weights on their way to the engines) and
-    rollout peaks per GPU, and the host need per node."""
+    """Training (or, in mode=eval, the train ranks' weights on their way to the engines:
+    `train`, train_rank_memory's) and rollout peaks per GPU, and the host need per node."""
     model, recipe, hw = cfg.model, cfg.recipe, cfg.hardware
     colocate = sizes.colocate
     bucket_bytes = cfg.engine.weight_bucket_mb << 20
-    if train_ranks == SEND_WEIGHTS:
-        train = estimate_sender(cfg, par, colocate, bucket_bytes)
-    else:
-        train = estimate_trainer(cfg, par, colocate)
     rollout = estimate_rollout(
         model,
         recipe,

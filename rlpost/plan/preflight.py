@@ -55,6 +55,7 @@ from rlpost.schema.reward import (
     RewardConfig,
     RewardType,
 )
+from rlpost.schema.run import EVAL_RESUME_FIX
 from rlpost.switches import bad_switches
 
 MAX_BAD_LINES = 5
@@ -987,14 +988,6 @@ def check_run_dir(cfg: RunConfig, plan: Plan) -> list[Issue]:
     return issues + check_resume_target(cfg.run.resume, cfg.mode)
 
 
-# mode=eval refuses run.resume=auto (its run directory is a new one): its fix names the
-# weights it evaluates without a checkpoint instead
-EVAL_RESUME_FIX = (
-    "point run.resume at a complete checkpoint (<run.dir>/ckpt/rollout_<n>) or at a run "
-    "directory, or remove run.resume to evaluate model.load (else model.hf_checkpoint)"
-)
-
-
 def check_resume_target(resume: str | None, mode: str = "train") -> list[Issue]:
     """run.resume names a complete checkpoint, or a run directory holding one: the launch's
     own test (rlpost.runtime.resume), sizes checked but not each file's sha256."""
@@ -1014,7 +1007,7 @@ def check_resume_target(resume: str | None, mode: str = "train") -> list[Issue]:
         from rlpost.runtime.resume import checkpoint_named
 
         try:
-            checkpoint_named(resume, check_hashes=False)
+            checkpoint_named(resume, check_hashes=False, mode=mode)
             return []
         except UserError as exc:
             issues = exc.issues

@@ -706,7 +706,7 @@ class _Searcher:
         batch = self._batch(probe)
         for engine in engine_layouts(cfg, sizes):
             out.enumerated_engines += 1
-            issues = run_checks(PlanContext(cfg, sizes, probe, engine), "engine")
+            issues = run_checks(PlanContext(cfg, sizes, probe, engine), "engine", skip=self.skip)
             if issues:
                 out.refused.append((describe_engine(engine), _first_reason(issues)))
                 continue

@@ -149,14 +149,20 @@ def train_rank_work(cfg: RunConfig) -> str:
     return NO_TRAIN_RANK if evaluates_served_weights(cfg) else SEND_WEIGHTS
 
 
-STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step"})
-"""Rules of the train step's batch arithmetic, which an evaluation never runs."""
+STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step", "context_parallel"})
+"""Rules of the train step's batches (their split over the data-parallel ranks, the packing
+context parallelism needs), which an evaluation never runs."""
+
+LOSS_RULES = frozenset({"sglang_kv_cache_dtype"})
+"""Engine rules whose subject is training's loss (a KV cache dtype the loss leaves
+uncorrected): an evaluation only generates."""
 
 
 def skipped_rules(train_ranks: str) -> frozenset[str]:
     """The rules (scopes or names, rlpost.plan.checks.run_checks' `skip`) that what the train
-    ranks do gives no reason to check: none in training; the step's batch rules when they
-    only send weights; every training rule when none starts."""
+    ranks do gives no reason to check: none in training; the step's batch rules and the
+    loss's when they only send weights; every training rule and the loss's when none
+    starts."""
     if train_ranks == NO_TRAIN_RANK:
-        return frozenset({"train"})
-    return STEP_RULES if train_ranks == SEND_WEIGHTS else frozenset()
+        return frozenset({"train"}) | LOSS_RULES
+    return STEP_RULES | LOSS_RULES if train_ranks == SEND_WEIGHTS else frozenset()

@@ -33,6 +33,7 @@ from rlpost.runtime.run_state import CONFIG_FILE, TRAINER_DIR, LoopState, read_l
 from rlpost.runtime.rundir import config_as_today, config_dict
 from rlpost.schema import RunConfig
 from rlpost.schema.base import local_path_keys
+from rlpost.schema.run import EVAL_RESUME_FIX
 
 AUTO = "auto"
 PATH_KEYS = frozenset(local_path_keys(RunConfig))  # run.dir, model.hf_checkpoint, ...
@@ -64,7 +65,8 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
     if cfg.run.resume is None:
         _refuse_used_dir(run_dir)
         return None
-    path = _auto(run_dir) if cfg.run.resume == AUTO else checkpoint_named(cfg.run.resume)
+    resume = cfg.run.resume
+    path = _auto(run_dir) if resume == AUTO else checkpoint_named(resume, mode=cfg.mode)
     if path is None:
         return None
     state = read_loop_state(path)
@@ -129,10 +131,11 @@ def _auto(run_dir: Path) -> Path | None:
     return None
 
 
-def checkpoint_named(value: str, check_hashes: bool = True) -> Path:
+def checkpoint_named(value: str, check_hashes: bool = True, mode: str = "train") -> Path:
     """The checkpoint run.resume=`value` names: that checkpoint, or a run directory's newest
-    complete one; UserError (exit 2) when it holds none. Validation checks the same without
-    reading every file's sha256 (`check_hashes`), which the launch does."""
+    complete one; UserError (exit 2) when it holds none, with a fix that a run of `mode`
+    can take. Validation checks the same without reading every file's sha256
+    (`check_hashes`), which the launch does."""
     path = Path(value).expanduser().resolve()
     if (
         path.is_dir()
@@ -142,24 +145,29 @@ def checkpoint_named(value: str, check_hashes: bool = True) -> Path:
         scan = checkpoint.scan(path, check_hashes)  # a run directory: its newest complete one
         _report(scan)
         if scan.latest is None:
-            raise _bad_path(value, f"{path} holds no complete checkpoint")
+            raise _bad_path(value, f"{path} holds no complete checkpoint", mode)
         return scan.latest
     try:
         checkpoint.verify(path, check_hashes)
     except CheckpointError as exc:
-        raise _bad_path(value, str(exc)) from None
+        raise _bad_path(value, str(exc), mode) from None
     return path
 
 
-def _bad_path(value: str, problem: str) -> UserError:
+def _bad_path(value: str, problem: str, mode: str) -> UserError:
+    fix = (
+        EVAL_RESUME_FIX  # mode=eval refuses run.resume=auto
+        if mode == "eval"
+        else "point run.resume at a complete checkpoint (<run.dir>/ckpt/rollout_<n>) or at a "
+        "run directory, or use run.resume=auto"
+    )
     return UserError(
         [
             Issue(
                 key="run.resume",
                 value=value,
                 message=f"cannot resume from it: {problem}",
-                fix="point run.resume at a complete checkpoint (<run.dir>/ckpt/rollout_<n>) or "
-                "at a run directory, or use run.resume=auto",
+                fix=fix,
             )
         ],
         title="checkpoint problem",

@@ -13,6 +13,7 @@ from pydantic import (
 )
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.training_only import training_rule
 
 # What each advantage estimator reads (rlpost.algo.advantages registers them; a test holds
 # the two together). Group baselines subtract the group's mean reward, so a group of one
@@ -85,6 +86,7 @@ class AlgoConfig(Section):
         return self.kl_metric_interval
 
     @model_validator(mode="after")
+    @training_rule
     def check_kl_metric_interval(self) -> AlgoConfig:
         if self.kl_in_loss or self.kl_in_reward:
             where = "loss (kl_loss_coef > 0)" if self.kl_in_loss else "reward (kl_coef > 0)"
@@ -97,6 +99,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_kl_counted_once(self) -> AlgoConfig:
         if self.kl_in_reward and self.kl_in_loss:
             raise InvariantError(
@@ -110,6 +113,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_kl_loss_has_a_gradient(self) -> AlgoConfig:
         if self.kl_in_loss and self.kl_loss_type == "k1":
             raise InvariantError(
@@ -123,6 +127,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_estimator_reads_its_settings(self) -> AlgoConfig:
         name = self.advantage_estimator
         fix = "remove it, or pick an estimator that uses it"
@@ -154,6 +159,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_tis_settings(self) -> AlgoConfig:
         correction = self.off_policy_correction
         if correction != "tis":
@@ -193,6 +199,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_clips_are_epsilons(self) -> AlgoConfig:
         # 1.0 is a deliberate "no low clip"; above it, 1 + eps or another coefficient was meant
         if self.eps_clip > 1.0:
@@ -225,6 +232,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_behaviour_cap_keeps_on_policy_tokens(self) -> AlgoConfig:
         cap = self.behaviour_weight_cap
         if self.off_policy_correction == "decoupled_ppo" and cap <= 1.0:
@@ -239,6 +247,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_dual_clip_above_one(self) -> AlgoConfig:
         if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
             raise InvariantError(
@@ -250,6 +259,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_sequence_clip_is_narrow(self) -> AlgoConfig:
         # gspo clips exp(mean log ratio) of a whole response, which moves about 1/length as
         # much as one token's ratio; its paper clips at 3e-4 and 4e-4
@@ -272,6 +282,7 @@ class AlgoConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_sequence_loss_averages_sequences(self) -> AlgoConfig:
         if self.advantage_estimator == "gspo" and self.loss_reduction == "token_mean":
             raise InvariantError(

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
+from rlpost.schema.training_only import training_rule
 
 # The arguments rlpost passes to tokenizer.apply_chat_template itself (rlpost.data.prompts).
 TEMPLATE_CALL_ARGUMENTS = frozenset(
@@ -43,6 +44,7 @@ class DataConfig(Section):
     max_prompt_len: PositiveInt | None = None
 
     @model_validator(mode="after")
+    @training_rule
     def check_prompts_have_a_source(self) -> DataConfig:
         if self.prompt_data is None and self.source is None:
             raise InvariantError(
@@ -61,6 +63,7 @@ class DataConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_seed_orders_a_shuffle(self) -> DataConfig:
         if self.source is None and not self.shuffle:
             refuse_unused(

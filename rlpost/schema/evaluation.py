@@ -14,6 +14,7 @@ from pydantic import (
 from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
 from rlpost.schema.reward import check_reward_type_known
 from rlpost.schema.rollout import GREEDY_BELOW, check_top_k
+from rlpost.schema.training_only import training_rule
 
 # What an evaluation set may grade with in place of rollout.reward.type: a rule-based type or
 # the reward server (a reward model scores every sample, whatever its set).
@@ -173,6 +174,7 @@ class EvalConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_interval_has_datasets(self) -> EvalConfig:
         if self.interval is not None and not self.datasets:
             raise InvariantError(

@@ -12,6 +12,7 @@ from pydantic import (
 )
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.training_only import training_rule
 
 LoopMode = Literal["sync", "async", "fully_async"]
 
@@ -53,6 +54,7 @@ class LoopConfig(Section):
     )
 
     @model_validator(mode="after")
+    @training_rule
     def check_bounds_belong_to_fully_async(self) -> LoopConfig:
         if self.mode != "fully_async":
             for name in ("max_staleness", "max_buffered_groups", "stale_groups"):

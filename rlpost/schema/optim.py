@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.training_only import training_rule
 
 
 class OptimConfig(Section):
@@ -33,6 +34,7 @@ class OptimConfig(Section):
     precision_aware_optimizer: bool = False
 
     @model_validator(mode="after")
+    @training_rule
     def check_schedule(self) -> OptimConfig:
         if self.lr_decay_style == "constant":
             why = "lr_decay_style is constant"
@@ -69,6 +71,7 @@ class OptimConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_offload_options(self) -> OptimConfig:
         if not self.cpu_offload:
             refuse_unused(

@@ -18,6 +18,7 @@ from rlpost.schema.reward import GRADER_FLOOR, GRADER_MARKERS, LABELLED_REWARD_T
 from rlpost.schema.rollout import RolloutConfig
 from rlpost.schema.save import SaveConfig
 from rlpost.schema.train import TrainConfig
+from rlpost.schema.training_only import evaluating, training_rule
 
 # The recipe's sections, importable from here as well as from their own modules.
 __all__ = [
@@ -108,6 +109,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_batch_divides(self) -> RecipeConfig:
         n = self.rollout.n_samples_per_prompt
         samples = self.rollout.batch_size * n
@@ -147,6 +149,7 @@ class RecipeConfig(Section):
         return self.rollout.num_rollout * max(1, per_rollout // self.train.global_batch_size)
 
     @model_validator(mode="after")
+    @training_rule
     def check_groups_carry_signal(self) -> RecipeConfig:
         name, n = self.algo.advantage_estimator, self.rollout.n_samples_per_prompt
         if n == 1 and name in GROUP_BASELINE_ESTIMATORS:
@@ -162,6 +165,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_filter_can_pass_groups(self) -> RecipeConfig:
         rollout = self.rollout
         if rollout.dynamic_sampling_filter == NONZERO_STD_FILTER and (
@@ -178,6 +182,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_decay_spans_run(self) -> RecipeConfig:
         optim, steps = self.optim, self.optimizer_steps
         decay, rollouts = optim.lr_decay_steps, self.rollout.num_rollout
@@ -213,6 +218,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_buffer_holds_a_batch(self) -> RecipeConfig:
         buffered, batch = self.loop.max_buffered_groups, self.rollout.batch_size
         if self.loop.mode == "fully_async" and buffered is not None and buffered < batch:
@@ -301,13 +307,20 @@ class RecipeConfig(Section):
         reward = self.rollout.reward
         if reward.type != "model":
             return self
-        groups = [("rollout.n_samples_per_prompt", self.rollout.n_samples_per_prompt)]
+        # an evaluation generates its sets' groups only
+        groups = (
+            []
+            if evaluating()
+            else [("rollout.n_samples_per_prompt", self.rollout.n_samples_per_prompt)]
+        )
         groups += [
             (f"eval.datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
             if d.n_samples_per_prompt is not None
             else ("eval.n_samples_per_prompt", self.eval.n_samples_per_prompt)
             for i, d in enumerate(self.eval.datasets)
         ]
+        if not groups:
+            return self
         key, largest = max(groups, key=lambda kv: kv[1])
         if reward.model_batch_size < largest:
             raise InvariantError(
@@ -321,6 +334,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_warmup_fits_run(self) -> RecipeConfig:
         warmup, steps = self.optim.lr_warmup_steps, self.optimizer_steps
         if warmup >= steps:
@@ -334,6 +348,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_partial_rollout_has_groups_to_keep(self) -> RecipeConfig:
         rollout = self.rollout
         # groups are cut short when dynamic sampling has enough, or (fully_async) when they
@@ -386,6 +401,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_engines_get_new_weights(self) -> RecipeConfig:
         interval, rollouts = self.loop.update_weights_interval, self.rollout.num_rollout
         if interval > 1 and interval >= rollouts:
@@ -400,6 +416,7 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_kl_loss_has_coef_type(self) -> RecipeConfig:
         if self.algo.kl_loss_coef > 0 and not self.algo.use_kl_loss:
             raise InvariantError(

@@ -8,6 +8,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.reward import RewardConfig
+from rlpost.schema.training_only import training_rule
 
 GREEDY_BELOW = 1e-6
 """SGLang decodes greedily at any temperature below this (its _SAMPLING_EPS), as the CPU engine
@@ -141,6 +142,7 @@ class RolloutConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_over_sampling_has_filter(self) -> RolloutConfig:
         over = self.over_sampling_batch_size
         if over is not None and over > self.batch_size and not self.dynamic_sampling_filter:
@@ -155,6 +157,7 @@ class RolloutConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_over_sampling_covers_batch(self) -> RolloutConfig:
         over = self.over_sampling_batch_size
         if over is not None and over < self.batch_size:
@@ -168,6 +171,7 @@ class RolloutConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_partial_rollout_needs_over_sampling(self) -> RolloutConfig:
         if self.buffer_filter and not self.partial_rollout:
             raise InvariantError(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import (
     Field,
+    ModelWrapValidatorHandler,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -25,6 +27,7 @@ from rlpost.schema.hardware import HardwareConfig
 from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import GENERIC_FAMILY, ModelConfig
 from rlpost.schema.recipe import RecipeConfig
+from rlpost.schema.training_only import judging
 
 # Faster than any engine decodes one sequence today (H100, small model, batch 1: ~200-300):
 # a request timeout below max_response_len / this cannot be met by a full-length response.
@@ -277,6 +280,14 @@ class RunOptions(Section):
 LAUNCH_MODES = frozenset({"train", "eval"})
 """The modes that start a run (engines, trainers, a run directory); the others only print."""
 
+# mode=eval refuses run.resume=auto (its run directory is a new one): a run.resume that names
+# no usable checkpoint is refused in mode=eval (by validation, and by the launch's hash check)
+# with this fix, which names the weights it evaluates without a checkpoint instead
+EVAL_RESUME_FIX = (
+    "point run.resume at a complete checkpoint (<run.dir>/ckpt/rollout_<n>) or at a run "
+    "directory, or remove run.resume to evaluate model.load (else model.hf_checkpoint)"
+)
+
 
 class RunConfig(Section):
     mode: Literal["train", "eval", "plan", "slime_args"] = Field(
@@ -294,6 +305,16 @@ class RunConfig(Section):
     plan: PlanOptions = Field(default_factory=PlanOptions)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run: RunOptions = Field(default_factory=RunOptions)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def judge_by_mode(cls, data: Any, handler: ModelWrapValidatorHandler[RunConfig]) -> RunConfig:
+        """Every section validates knowing the run's mode: a mode=eval run's training-only
+        settings go unread, and the rules that judge only them pass it
+        (rlpost.schema.training_only.training_rule; the rules below read self.mode)."""
+        mode = data.get("mode") if isinstance(data, Mapping) else getattr(data, "mode", None)
+        with judging(mode):
+            return handler(data)
 
     @model_validator(mode="after")
     def check_format_fits_mode(self) -> RunConfig:
@@ -358,6 +379,8 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_kl_loss_has_reference(self) -> RunConfig:
+        if self.mode == "eval":  # no reference model is loaded: nothing is trained
+            return self
         algo = self.recipe.algo
         if algo.reference_interval and not self.model.ref_load:
             what = (
@@ -393,7 +416,7 @@ class RunConfig(Section):
     def check_cpu_offload_on_gpus(self) -> RunConfig:
         optim = self.recipe.optim
         if self.hardware.kind == "cpu":
-            for name in ("cpu_offload", "precision_aware_optimizer"):
+            for name in () if self.mode == "eval" else ("cpu_offload", "precision_aware_optimizer"):
                 refuse_unused(
                     optim,
                     name,
@@ -486,6 +509,8 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_precision_aware_optimizer_is_distributed(self) -> RunConfig:
+        if self.mode == "eval":  # no optimizer is built: nothing is trained
+            return self
         if self.recipe.optim.precision_aware_optimizer and not (
             self.layout.train.distributed_optimizer
         ):
@@ -501,6 +526,8 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_cpu_offload_is_distributed(self) -> RunConfig:
+        if self.mode == "eval":  # no optimizer is built: nothing is trained
+            return self
         if self.recipe.optim.cpu_offload and not self.layout.train.distributed_optimizer:
             raise InvariantError(
                 "recipe.optim.cpu_offload runs Adam on the host for the distributed "

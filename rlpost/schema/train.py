@@ -10,6 +10,7 @@ from pydantic import (
 )
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.training_only import training_rule
 
 
 class TrainConfig(Section):
@@ -28,6 +29,7 @@ class TrainConfig(Section):
     )
 
     @model_validator(mode="after")
+    @training_rule
     def check_batching_settings_used(self) -> TrainConfig:
         if self.use_dynamic_batch_size:
             refuse_unused(
@@ -49,6 +51,7 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_mtp_settings_used(self) -> TrainConfig:
         if not self.mtp_training:
             refuse_unused(
@@ -60,6 +63,7 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_dynamic_batch_has_cap(self) -> TrainConfig:
         if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
             raise InvariantError(

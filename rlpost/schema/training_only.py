@@ -22,7 +22,12 @@ and evaluation sets stay the same.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -111,6 +116,41 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
     ),
 )
 """Every config key mode=eval never reads, by section, with the reason."""
+
+
+_EVALUATING: ContextVar[bool] = ContextVar("evaluating", default=False)
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
+
+
+@contextmanager
+def judging(mode: object) -> Iterator[None]:
+    """While a RunConfig of `mode` validates: training_rule's rules pass a mode=eval config,
+    whose training-only settings go unread (a training recipe reused for evaluation keeps
+    them as they are)."""
+    token = _EVALUATING.set(mode == "eval")
+    try:
+        yield
+    finally:
+        _EVALUATING.reset(token)
+
+
+def evaluating() -> bool:
+    """Whether the RunConfig being validated is a mode=eval run's (False for a section
+    validated on its own: it is judged as training's)."""
+    return _EVALUATING.get()
+
+
+def training_rule(rule: Callable[[SectionT], SectionT]) -> Callable[[SectionT], SectionT]:
+    """A cross-field rule whose subject is only training (TRAINING_ONLY's settings): it
+    judges a run that trains, and passes a mode=eval run, which never reads what it judges.
+    Put it under @model_validator(mode="after")."""
+
+    @functools.wraps(rule)
+    def judged(section: SectionT) -> SectionT:
+        return section if evaluating() else rule(section)
+
+    return judged
 
 
 def _at_or_below(key: str, prefix: str) -> bool:

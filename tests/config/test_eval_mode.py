@@ -425,3 +425,196 @@ def test_an_evaluation_imports_none_of_trainings_own_hooks() -> None:
         "recipe.rollout.buffer_filter",
         "recipe.rollout.dynamic_sampling_filter",
     ]
+
+
+REWARD_MODEL = (
+    "recipe.rollout.reward.type=model",
+    "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
+)
+
+# Training's rules, each broken by a file (as a reused training recipe would break it): the
+# base, the file's settings, the command line's (none training-only), and the key a training
+# run is refused on.
+BROKEN_TRAINING_RULES: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...], str]] = {
+    "rollout not a multiple of the step": (
+        TINY,
+        {"train": {"global_batch_size": 48}},
+        (),
+        "recipe.train.global_batch_size",
+    ),
+    "step larger than a rollout": (
+        TINY,
+        {"train": {"global_batch_size": 128}},
+        (),
+        "recipe.train.global_batch_size",
+    ),
+    "lr decay past the run": (
+        TINY,
+        {"optim": {"lr_decay_style": "cosine", "lr_decay_steps": 600, "min_lr": 1e-6}},
+        (),
+        "recipe.optim.lr_decay_steps",
+    ),
+    "lr decay without steps": (
+        TINY,
+        {"optim": {"lr_decay_style": "linear"}},
+        (),
+        "recipe.optim.lr_decay_steps",
+    ),
+    "warmup past the run": (
+        TINY,
+        {"optim": {"lr_warmup_steps": 60}},
+        (),
+        "recipe.optim.lr_warmup_steps",
+    ),
+    "KL coefficient without the KL loss": (
+        TINY,
+        {"algo": {"use_kl_loss": False, "kl_loss_coef": 0.01}},
+        (),
+        "recipe.algo.kl_loss_coef",
+    ),
+    "KL loss of k1": (
+        TINY,
+        {"algo": {"kl_loss_coef": 0.01, "kl_loss_type": "k1"}},
+        (),
+        "recipe.algo.kl_loss_type",
+    ),
+    "KL metric interval beside a KL loss": (
+        TINY,
+        {"algo": {"kl_loss_coef": 0.01, "kl_metric_interval": 5}},
+        (),
+        "recipe.algo.kl_metric_interval",
+    ),
+    "KL loss without a reference": (
+        TINY,
+        {"algo": {"kl_loss_coef": 0.01}},
+        ("model.ref_load=null",),
+        "model.ref_load",
+    ),
+    "groups of one for grpo": (
+        TINY,
+        {"rollout": {"n_samples_per_prompt": 1}, "train": {"global_batch_size": 8}},
+        (),
+        "recipe.rollout.n_samples_per_prompt",
+    ),
+    "engines never updated": (
+        TINY,
+        {"loop": {"update_weights_interval": 60}},
+        (),
+        "recipe.loop.update_weights_interval",
+    ),
+    "CPU Adam on a CPU machine": (
+        TINY,
+        {"optim": {"cpu_offload": True}},
+        (),
+        "recipe.optim.cpu_offload",
+    ),
+    "packing without a cap": (
+        TINY,
+        {"train": {"max_tokens_per_gpu": None}},
+        (),
+        "recipe.train.max_tokens_per_gpu",
+    ),
+    "no training prompts": (
+        TINY,
+        {"data": {"prompt_data": None}},
+        (),
+        "recipe.data.prompt_data",
+    ),
+    "reward model calls smaller than a training group": (
+        TINY,
+        {},
+        (*REWARD_MODEL, "recipe.rollout.reward.model_batch_size=4"),
+        "recipe.rollout.reward.model_batch_size",
+    ),
+    "precision-aware Adam without the distributed optimizer": (
+        (*GPU, "recipe=grpo_dapo", LOADS),
+        {"optim": {"precision_aware_optimizer": True}},
+        ("layout.train.distributed_optimizer=false",),
+        "layout.train.distributed_optimizer",
+    ),
+    "context parallelism without packing": (
+        (*GPU, "recipe=grpo_dapo", LOADS),
+        {"train": {"use_dynamic_batch_size": False, "max_tokens_per_gpu": None}},
+        ("layout.train.cp=2",),
+        "layout.train.cp",
+    ),
+    "megatron's optimizer settings under the torch trainer": (
+        (*GPU, "recipe=grpo_dapo", LOADS),
+        {"optim": {"precision_aware_optimizer": True}},
+        ("trainer.backend=torch", "~layout"),
+        "recipe.optim.precision_aware_optimizer",
+    ),
+    "an FP8 KV cache the loss leaves uncorrected": (
+        (*GPU, "recipe=grpo_dapo", LOADS),
+        {},
+        ("layout.rollout.sglang.kv_cache_dtype=fp8_e4m3",),
+        "layout.rollout.sglang.kv_cache_dtype",
+    ),
+}
+
+
+def with_recipe_file(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
+    """The command-line tokens that add `settings` under recipe from an experiment file."""
+    (tmp_path / "experiment").mkdir(exist_ok=True)
+    text = "# @package _global_\n" + yaml.safe_dump({"recipe": settings} if settings else {})
+    (tmp_path / "experiment" / "reused.yaml").write_text(text)
+    return ["+experiment=reused"]
+
+
+@pytest.mark.parametrize("case", list(BROKEN_TRAINING_RULES))
+def test_trainings_rules_pass_an_evaluation_and_still_refuse_training(
+    case: str, tmp_path: Path
+) -> None:
+    base, settings, argv, key = BROKEN_TRAINING_RULES[case]
+    given = [*base, *with_recipe_file(tmp_path, settings), *argv]
+    cfg = compose_run_config([*given, "mode=eval"], search_path=[tmp_path])[0]
+    plan = build_plan(cfg)
+    assert plan.train_ranks in (NO_TRAIN_RANK, SEND_WEIGHTS)
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run_config(given, search_path=[tmp_path])[0])
+    assert key in [issue.key for issue in caught.value.issues]
+
+
+def test_an_evaluations_refusal_names_no_training_setting_as_its_fix() -> None:
+    """layout.train.fsdp beside megatron is refused in either mode; mode=eval's fix leaves out
+    megatron's optimizer offload (recipe.optim, which its command line refuses)."""
+    given = [*GPU, "recipe=grpo_dapo", LOADS, "layout.train.fsdp.reshard_after_forward=false"]
+    fixes = {}
+    for mode in ("eval", "train"):
+        with pytest.raises(UserError) as caught:
+            build_plan(compose_run_config([*given, f"mode={mode}"])[0])
+        [issue] = caught.value.issues
+        assert issue.key == "layout.train.fsdp.reshard_after_forward"
+        fixes[mode] = issue.fix
+    assert fixes["eval"] == "remove layout.train.fsdp, or set trainer.backend=torch"
+    assert "recipe.optim.cpu_offload" in fixes["train"]
+
+
+def test_reward_model_calls_still_hold_an_evaluation_sets_group() -> None:
+    """The rule keeps its part an evaluation reads: the sets' groups, which it grades."""
+    given = [*TINY, "mode=eval", *REWARD_MODEL, "recipe.rollout.reward.model_batch_size=4"]
+    assert compose_run_config(given)[0].recipe.rollout.reward.model_batch_size == 4
+    error = refusal(*given, "recipe.eval.n_samples_per_prompt=8")
+    [issue] = error.issues
+    assert issue.key == "recipe.rollout.reward.model_batch_size"
+    assert "below eval.n_samples_per_prompt=8" in issue.message
+
+
+def test_the_senders_memory_is_estimated_once(
+    compose_run: ComposeRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Colocated, it sizes the engines' derived mem_fraction_static and the memory plan."""
+    import rlpost.plan.plan as planning
+
+    calls = []
+    estimate = planning.estimate_sender
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return estimate(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "estimate_sender", counted)
+    plan = build_plan(compose_run(*GPU, "recipe=grpo_dapo", "mode=eval", LOADS))
+    assert plan.train_ranks == SEND_WEIGHTS and plan.placement.colocate
+    assert "layout.rollout.sglang.mem_fraction_static" in plan.derived
+    assert len(calls) == 1

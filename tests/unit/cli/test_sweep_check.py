@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,11 +67,106 @@ def test_a_training_jobs_preflight_is_checked_too(tmp_path: Path) -> None:
     assert [i.message.split(" (")[0] for i in caught.value.issues] == ["in job 0", "in job 1"]
 
 
+REPO = Path(__file__).resolve().parents[3]
+LR_SWEEP = ["-m", "recipe.optim.lr=1e-6,2e-6"]
+WANDB = ["tracking.wandb.enabled=true", "tracking.wandb.mode=offline"]
+
+
+def sweep_refusal(argv: list[str]) -> UserError:
+    with pytest.raises(UserError) as refused:
+        check_sweep(prepare_argv(argv))
+    return refused.value
+
+
+def test_jobs_that_share_a_run_dir_from_the_command_line_are_refused_before_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every job would run in the same directory: the second would be refused after the
+    first had trained (or evaluated). A directory per job, a sweep of one job, a sweep of
+    plans, or a single run is fine."""
+    monkeypatch.chdir(tmp_path)
+    (issue,) = sweep_refusal([*LR_SWEEP, "run.dir=runs/exp"]).issues
+    shared = tmp_path / "runs" / "exp"
+    assert (issue.key, issue.value) == ("run.dir", str(shared))
+    assert str(issue.location) == "command line: run.dir=runs/exp"
+    assert issue.message.startswith(
+        "job 0 (recipe.optim.lr=1e-06), job 1 (recipe.optim.lr=2e-06) share this value: each "
+        "job would run in this one directory"
+    )
+    assert f"run.dir='{shared}/${{hydra:job.num}}'" in issue.fix
+    for fine in (
+        [*LR_SWEEP, "run.dir=runs/exp/${hydra:job.num}"],
+        ["-m", "recipe.optim.lr=1e-6", "run.dir=runs/a,runs/b"],
+        ["-m", "recipe.optim.lr=1e-6", "run.dir=runs/exp"],
+        [*LR_SWEEP, "run.dir=runs/exp", "mode=plan"],
+        ["recipe.optim.lr=1e-6", "run.dir=runs/exp"],
+    ):
+        check_sweep(prepare_argv(fine))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_swept_run_dir_crossed_with_another_sweep_is_shared_by_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two run.dir values over two learning rates make four jobs: two in each directory."""
+    monkeypatch.chdir(tmp_path)
+    issues = sweep_refusal([*LR_SWEEP, "run.dir=runs/a,runs/b"]).issues
+    assert [(i.key, i.value) for i in issues] == [
+        ("run.dir", str(tmp_path / "runs" / "a")),
+        ("run.dir", str(tmp_path / "runs" / "b")),
+    ]
+    assert issues[0].message.startswith("job 0 (recipe.optim.lr=1e-06 run.dir=runs/a), job 2")
+
+
+def test_jobs_that_share_a_wandb_run_id_from_the_command_line_are_refused_before_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every job would resume the same wandb run and log from step 0, and wandb drops the
+    steps below its last (https://github.com/wandb/wandb/issues/1450: 'User provided step:
+    26500 is less than current step: 52501. Dropping entry'). An id per job, a swept id, a
+    sweep of one job, a sweep of plans, or a single run is fine."""
+    monkeypatch.chdir(tmp_path)
+    sweep = [*LR_SWEEP, *WANDB]
+    (issue,) = sweep_refusal([*sweep, "tracking.wandb.run_id=grpo-lr-sweep"]).issues
+    assert (issue.key, issue.value) == ("tracking.wandb.run_id", "grpo-lr-sweep")
+    assert str(issue.location) == "command line: tracking.wandb.run_id=grpo-lr-sweep"
+    assert "wandb drops every step below the last one logged" in issue.message
+    per_job = "tracking.wandb.run_id='grpo-lr-sweep-${hydra:job.num}'"
+    assert per_job in issue.fix
+    for fine in (
+        [*sweep, per_job.replace("'", "")],
+        ["-m", "recipe.optim.lr=1e-6", *WANDB, "tracking.wandb.run_id=a,b"],
+        sweep,
+        ["-m", "recipe.optim.lr=1e-6", *WANDB, "tracking.wandb.run_id=grpo-lr-sweep"],
+        [*sweep, "tracking.wandb.run_id=grpo-lr-sweep", "mode=plan"],
+        ["recipe.optim.lr=1e-6", *WANDB, "tracking.wandb.run_id=grpo-lr-sweep"],
+    ):
+        check_sweep(prepare_argv(fine))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_launch_of_jobs_sharing_a_run_dir_exits_2_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *LR_SWEEP, "run.dir=runs/exp"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "run.dir = " in done.stderr and "share this value" in done.stderr
+    assert "no job has started" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_jobs_that_share_a_run_dir_or_wandb_run_set_in_a_file_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The command line's literal run.dir and run_id are refused as the argv is read; these
-    come from an experiment file, and only the composed jobs show that they are one value."""
+    """Wherever the value was set: here an experiment file."""
     monkeypatch.chdir(tmp_path)
     conf = tmp_path / "conf"
     (conf / "experiment").mkdir(parents=True)

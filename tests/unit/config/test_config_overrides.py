@@ -169,50 +169,7 @@ def test_config_dir_adds_group_choices(tmp_path: Path) -> None:
     ]
 
 
-def test_a_training_sweep_with_one_run_dir_is_refused_before_its_first_job() -> None:
-    """Every job would train in the same directory: the second would be refused after the
-    first had trained. A directory per job, a swept run.dir, a sweep of one job, or a sweep
-    of plans is fine."""
-    with pytest.raises(UserError) as refused:
-        prepare_argv(["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/exp"])
-    (issue,) = refused.value.issues
-    assert (issue.key, issue.value) == ("run.dir", "runs/exp")
-    assert "run.dir='runs/exp/${hydra:job.num}'" in issue.fix
-    for fine in (
-        ["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/exp/${hydra:job.num}"],
-        ["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/a,runs/b"],
-        ["-m", "recipe.optim.lr=1e-6", "run.dir=runs/exp"],
-        ["-m", "recipe.optim.lr=1e-6,2e-6", "run.dir=runs/exp", "mode=plan"],
-        ["recipe.optim.lr=1e-6", "run.dir=runs/exp"],
-    ):
-        prepare_argv(fine)
-
-
 WANDB = ["tracking.wandb.enabled=true", "tracking.wandb.mode=online"]
-
-
-def test_a_training_sweep_with_one_wandb_run_id_is_refused_before_its_first_job() -> None:
-    """Every job would resume the same wandb run and log from step 0, and wandb drops the
-    steps below its last (https://github.com/wandb/wandb/issues/1450: 'User provided step:
-    26500 is less than current step: 52501. Dropping entry'). An id per job, a swept id, a
-    sweep of one job, or a sweep of plans is fine."""
-    sweep = ["-m", "recipe.optim.lr=1e-4,2e-4", *WANDB]
-    with pytest.raises(UserError) as refused:
-        prepare_argv([*sweep, "tracking.wandb.run_id=grpo-lr-sweep"])
-    (issue,) = refused.value.issues
-    assert (issue.key, issue.value) == ("tracking.wandb.run_id", "grpo-lr-sweep")
-    assert "wandb drops every step below the last one logged" in issue.message
-    per_job = "tracking.wandb.run_id='grpo-lr-sweep-${hydra:job.num}'"
-    assert per_job in issue.fix
-    for fine in (
-        [*sweep, per_job.replace("'", "")],
-        [*sweep, "tracking.wandb.run_id=a,b"],
-        [*sweep],
-        ["-m", "recipe.optim.lr=1e-4", *WANDB, "tracking.wandb.run_id=grpo-lr-sweep"],
-        [*sweep, "tracking.wandb.run_id=grpo-lr-sweep", "mode=plan"],
-        ["recipe.optim.lr=1e-4", *WANDB, "tracking.wandb.run_id=grpo-lr-sweep"],
-    ):
-        prepare_argv(fine)
 
 
 def test_the_wandb_run_id_per_job_the_refusal_names_resolves_per_job(tmp_path: Path) -> None:

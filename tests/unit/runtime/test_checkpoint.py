@@ -35,6 +35,7 @@ from rlpost.runtime.run_state import (
 )
 from rlpost.runtime.rundir import config_dict, config_yaml
 from rlpost.schema import RunConfig
+from rlpost.schema.run import EVAL_RESUME_FIX
 from rlpost.types import Sample
 
 REPO = Path(__file__).resolve().parents[3]
@@ -291,6 +292,28 @@ def test_resume_from_a_corrupted_path_is_a_user_error(tmp_path: Path) -> None:
     cfg, plan = compose(tmp_path / "new", f"run.resume={path}")
     with pytest.raises(UserError, match="did not finish"):
         find_resume_point(cfg, plan, tmp_path / "new")  # type: ignore[arg-type]
+
+
+def test_an_evaluations_checkpoint_failing_its_hash_check_is_refused_with_a_fix_it_can_take(
+    tmp_path: Path,
+) -> None:
+    """Validation reads no file's sha256; the launch does, and mode=eval refuses
+    run.resume=auto, so its fix offers the weights it evaluates without a checkpoint."""
+    from rlpost.plan.preflight import check_resume_target
+
+    path = save(tmp_path, 2)
+    _flip_byte(path / "trainer/rank_0.pt")
+    assert check_resume_target(str(path), "eval") == []
+    cfg, plan = compose(tmp_path / "new", "mode=eval", f"run.resume={path}")
+    with pytest.raises(UserError) as caught:
+        find_resume_point(cfg, plan, tmp_path / "new")  # type: ignore[arg-type]
+    [issue] = caught.value.issues
+    assert issue.key == "run.resume" and issue.value == str(path) and "sha256" in issue.message
+    assert "run.resume=auto" not in issue.fix
+    assert issue.fix == EVAL_RESUME_FIX
+    training, plan = compose(tmp_path / "new", f"run.resume={path}")
+    with pytest.raises(UserError, match=r"run\.resume=auto"):
+        find_resume_point(training, plan, tmp_path / "new")  # type: ignore[arg-type]
 
 
 def test_fresh_start_in_a_directory_with_checkpoints_is_refused(tmp_path: Path) -> None:
