@@ -64,6 +64,7 @@ class RolloutConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
     @model_validator(mode="after")
+    @training_rule
     def check_runs_a_rollout(self) -> RolloutConfig:
         if self.num_rollout == 0:
             raise InvariantError(

@@ -460,6 +460,12 @@ BROKEN_TRAINING_RULES: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[st
         (),
         "recipe.optim.lr_decay_steps",
     ),
+    "no rollout to run": (
+        TINY,
+        {"rollout": {"num_rollout": 0}},
+        (),
+        "recipe.rollout.num_rollout",
+    ),
     "warmup past the run": (
         TINY,
         {"optim": {"lr_warmup_steps": 60}},
