@@ -23,25 +23,83 @@ if TYPE_CHECKING:
 
 
 REAL_LOOP = "tests/integration/"
+# real-loop tests that share a module-scoped launch (or cluster) run as one unit, so it starts
+# once; every other real-loop test is a unit of its own. A test missing here only costs time:
+# its module's fixture then starts again on whichever worker runs it.
+SHARED_LAUNCH = {
+    "tests/integration/test_megatron_loop.py": "runs",
+    "tests/integration/test_multi_turn.py": "launches",
+    "tests/integration/test_multi_node.py": "cluster",
+    "tests/integration/test_resume.py::test_a_run_killed_at_a_random_moment": "reference",
+    "tests/integration/test_resume.py::test_a_sigterm_saves": "reference",
+    "tests/integration/test_resume.py::test_corrupted_checkpoint_is_refused": "reference",
+    "tests/integration/test_resume.py::test_a_run_started_from_other_weights": "reference",
+    "tests/integration/test_resume.py::test_an_evaluation_of_a_checkpoint": "reference",
+    "tests/integration/test_resume.py::test_an_evaluation_of_the_starting_weights": "reference",
+}
+# real-loop units run at once at most: a launch takes both cores of a 2-core machine while it
+# starts, and more at once would only slow each other into their timeouts
+REAL_LOOPS_AT_ONCE = 2
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (pyproject's addopts): the tests of the real loop (tests/integration,
-    each a launch of Ray, engines and ranks) run on one worker, one after another and first,
-    while the other tests spread over the other workers beside them. A launch takes both
-    cores of a 2-core machine while it starts; two at once would only slow each other into
-    their timeouts. Another --dist than pyproject's `load` gets xdist's own scheduler."""
+    each a launch of Ray, engines and ranks) start first, one after another on one worker,
+    while the other tests spread over the other workers beside them; once those are all
+    handed out, a second worker takes real-loop tests too, so the end of the run is not one
+    worker's queue of launches beside idle ones. Another --dist than pyproject's `load` gets
+    xdist's own scheduler."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class RealLoopTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            # scopes are queued largest first: the real loop's, then one per test
-            return REAL_LOOP if nodeid.startswith(REAL_LOOP) else nodeid
+    def real_loop(scope: str) -> bool:
+        return scope.startswith(REAL_LOOP)
 
-    return RealLoopTogether(config, log)
+    class RealLoopFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not real_loop(nodeid):
+                return nodeid
+            shared = next((f for p, f in SHARED_LAUNCH.items() if nodeid.startswith(p)), None)
+            module = nodeid.split("::")[0]
+            # scopes are queued largest first: the shared launches', then one per test
+            return f"{module}::{shared}" if shared else nodeid
+
+        def _holds_real_loop(self, node: Any) -> bool:
+            work = self.assigned_work[node].items()
+            return any(real_loop(scope) and False in unit.values() for scope, unit in work)
+
+        def _next_scope(self, node: Any) -> str | None:
+            real = [scope for scope in self.workqueue if real_loop(scope)]
+            other = [scope for scope in self.workqueue if not real_loop(scope)]
+            if node is self.nodes[0]:  # the real loop's worker
+                return (real or other)[0]
+            if other:
+                return other[0]
+            running = sum(self._holds_real_loop(each) for each in self.nodes)
+            if self._holds_real_loop(node) or running < REAL_LOOPS_AT_ONCE:
+                return real[0]
+            return None  # idle until the queue empties and it is shut down
+
+        def _assign_work_unit(self, node: Any) -> None:
+            scope = self._next_scope(node)
+            if scope is None:
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+            if not self.workqueue:  # every worker, idle ones included, finishes and ends
+                for each in self.nodes:
+                    if not each.shutting_down:
+                        each.shutdown()
+
+    return RealLoopFirst(config, log)
 
 
 @pytest.fixture(autouse=True, scope="module")

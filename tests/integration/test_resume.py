@@ -54,9 +54,10 @@ def load_builder() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random (not warm-started) model of conf/model/qwen3-tiny.yaml's shape, and data."""
+    """A random (not warm-started) model of conf/model/qwen3-tiny.yaml's shape, and data:
+    built once by each worker that runs this file's tests, whichever others run between."""
     out = tmp_path_factory.mktemp("assets")
     builder = load_builder()
     train, evaluation = builder.split_problems(7)
