@@ -153,9 +153,10 @@ STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step", "cont
 """Rules of the train step's batches (their split over the data-parallel ranks, the packing
 context parallelism needs), which an evaluation never runs."""
 
-LOSS_RULES = frozenset({"sglang_kv_cache_dtype"})
-"""Engine rules whose subject is training's loss (a KV cache dtype the loss leaves
-uncorrected): an evaluation only generates."""
+LOSS_RULES = frozenset({"sglang_kv_cache_dtype", "rollout_feeds_engines", "async_loop"})
+"""Rules whose subject is training's loss or its rollouts (a KV cache dtype the loss leaves
+uncorrected, a training rollout too small for the engines, a loop that overlaps rollouts with
+train steps): an evaluation only generates its sets, once."""
 
 
 def skipped_rules(train_ranks: str) -> frozenset[str]:

@@ -466,6 +466,27 @@ BROKEN_TRAINING_RULES: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[st
         (),
         "recipe.rollout.num_rollout",
     ),
+    "a training rollout too small for the engines": (
+        TINY,
+        {
+            "rollout": {"batch_size": 1, "n_samples_per_prompt": 4},
+            "train": {"global_batch_size": 4},
+        },
+        ("hardware.gpus_per_node=8", "layout.train.num_gpus=8"),
+        "recipe.rollout.batch_size",
+    ),
+    "an overlapping loop on a colocated layout": (
+        TINY,
+        {"loop": {"mode": "async"}},
+        ("layout.colocate=true",),
+        "recipe.loop.mode",
+    ),
+    "an overlapping loop that cannot repeat exactly": (
+        TINY,
+        {"loop": {"mode": "async"}},
+        ("run.deterministic=true",),
+        "run.deterministic",
+    ),
     "warmup past the run": (
         TINY,
         {"optim": {"lr_warmup_steps": 60}},
