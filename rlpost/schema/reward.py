@@ -60,8 +60,9 @@ UNREGISTERED_REWARD_TYPES: dict[str, tuple[str, str]] = {
         "slime's ifbench grades with AllenAI's IFBench instruction checkers, which slime "
         "clones from GitHub and pip-installs while the run is under way; rlpost ships no "
         "such checker and installs nothing during a run",
-        "score with custom_function: a function of your own that calls IFBench's checkers "
-        "(installed beforehand), or type: remote with a reward server that runs them",
+        "score with a function of your own that calls IFBench's checkers (installed "
+        "beforehand): recipe.rollout.reward.custom_function, or for an evaluation set its "
+        "custom_reward_function; or use the remote type with a reward server that runs them",
     ),
     "boxed_math": (
         "math grades the last \\boxed{} answer already, and slime's boxed_math looks for a "

@@ -243,7 +243,7 @@ CASES: list[Bad] = [
         "an evaluation set graded by slime's ifbench",
         ("recipe.eval.datasets.0.reward_type=ifbench",),
         "recipe.eval.datasets.0.reward_type",
-        "rlpost ships no such checker",
+        "or for an evaluation set its custom_reward_function",  # a fix the set can take
     ),
     Bad(
         "slime's boxed_math, which finds no box inside the box",
