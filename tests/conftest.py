@@ -115,6 +115,22 @@ def no_process_group_outlives_its_module() -> Any:
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def url(tiny_lm_dir: Path) -> Any:
+    """A CPU engine server serving the tiny model on a thread of this worker, one for each
+    test module that asks for it: its URL."""
+    import torch
+
+    from rlpost.backends.cpu_engine.engine import EngineSettings
+    from rlpost.backends.cpu_engine.server import BackgroundServer
+
+    threads = torch.get_num_threads()
+    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
+    yield server.start()
+    server.stop()
+    torch.set_num_threads(threads)
+
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TINY_LM_CONTEXT = 256
 

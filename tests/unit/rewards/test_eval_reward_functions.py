@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
 from transformers import AutoTokenizer
 
-from rlpost.backends.cpu_engine.engine import EngineSettings
-from rlpost.backends.cpu_engine.server import BackgroundServer
 from rlpost.rewards import compute_rewards
 from rlpost.runtime.evaluation import EvalReport, evaluate, load_eval_sets
 from rlpost.runtime.rollout.client import EngineClient
@@ -26,15 +21,6 @@ from rlpost.types import Sample
 OWN = "rlpost_test_hooks.async_three_quarter_reward"  # 0.75 a sample
 WIDE = "rlpost_test_hooks.quarter_reward"  # 0.25 a sample
 TRAINING = "rlpost_test_hooks.score_in_metadata_or_length"  # the line's score: 0.5
-
-
-@pytest.fixture(scope="module")
-def url(tiny_lm_dir: Path) -> Iterator[str]:
-    threads = torch.get_num_threads()
-    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
-    yield server.start()
-    server.stop()
-    torch.set_num_threads(threads)
 
 
 def write_set(path: Path, prompts: int = 3) -> str:

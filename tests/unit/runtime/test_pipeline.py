@@ -11,16 +11,11 @@ from __future__ import annotations
 import asyncio
 import pickle
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from rlpost.backends.cpu_engine.engine import EngineSettings
-from rlpost.backends.cpu_engine.server import BackgroundServer
 from rlpost.data.prompts import PromptRecord
 from rlpost.data.source import DataSource
 from rlpost.plan.loop import LoopPlan
@@ -32,15 +27,6 @@ from rlpost.runtime.stop import StopRequested
 from rlpost.types import Sample, SampleStatus
 
 BATCH, PER_GROUP = 4, 2
-
-
-@pytest.fixture(scope="module")
-def url(tiny_lm_dir: Path) -> Iterator[str]:
-    threads = torch.get_num_threads()
-    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
-    yield server.start()
-    server.stop()
-    torch.set_num_threads(threads)
 
 
 def data_source(num_prompts: int = 64) -> DataSource:

@@ -27,15 +27,6 @@ LONG = {"max_new_tokens": 240, "temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def url(tiny_lm_dir: Path) -> Iterator[str]:
-    threads = torch.get_num_threads()
-    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
-    yield server.start()
-    server.stop()
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def pool() -> Iterator[ThreadPoolExecutor]:
     with ThreadPoolExecutor(max_workers=4) as executor:
         yield executor

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import torch
 
-from rlpost.backends.cpu_engine.engine import EngineSettings
-from rlpost.backends.cpu_engine.server import BackgroundServer
 from rlpost.runtime.rollout.client import (
     EngineClient,
     EngineRequestError,
@@ -26,15 +23,6 @@ T = TypeVar("T")
 PROMPT = [40, 41, 42, 43]
 GREEDY = {"max_new_tokens": 5, "temperature": 0.0, "ignore_eos": True}
 LONG = {"max_new_tokens": 240, "temperature": 0.0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def url(tiny_lm_dir: Path) -> Iterator[str]:
-    threads = torch.get_num_threads()
-    server = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
-    yield server.start()
-    server.stop()
-    torch.set_num_threads(threads)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
