@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from rlpost.errors import Issue, Location, UserError
 from rlpost.types import Prompt
@@ -76,13 +76,16 @@ class PromptFormat:
 def prompt_format(
     config: Any,
     input_key: str | None = None,
-    label_key: str | None = None,
+    label_key: str | Literal[False] | None = None,
     tool_key: str | None = None,
 ) -> PromptFormat:
-    """The data section's keys and template settings, optionally with other keys."""
+    """The data section's keys and template settings, optionally with other keys (label_key
+    False: no label, as an evaluation set's)."""
     return PromptFormat(
         input_key=input_key or config.input_key,
-        label_key=label_key if label_key is not None else config.label_key,
+        label_key=(
+            None if label_key is False else config.label_key if label_key is None else label_key
+        ),
         metadata_key=config.metadata_key,
         tool_key=tool_key if tool_key is not None else config.tool_key,
         apply_chat_template=config.apply_chat_template,

@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from rlpost.data.prompts import (
     ChatTokenizer,
@@ -417,7 +417,7 @@ def load_eval_groups(
     *,
     n_samples_per_prompt: int,
     input_key: str | None = None,
-    label_key: str | None = None,
+    label_key: str | Literal[False] | None = None,
     tool_key: str | None = None,
 ) -> list[Group]:
     """Every prompt of an eval file, in file order, `n_samples_per_prompt` samples each.

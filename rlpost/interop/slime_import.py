@@ -573,6 +573,7 @@ EVAL_DEFAULT_KEYS = {  # slime's eval config defaults -> recipe.eval
     "top_k": "recipe.eval.top_k",
     "custom_rm_path": "recipe.eval.custom_reward_function",
 }
+EVAL_SET_KEY_DEFAULTS = ("input_key", "label_key", "tool_key")  # every set's without its own
 
 
 def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
@@ -600,6 +601,8 @@ def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
             values[EVAL_DEFAULT_KEYS[key]] = hook_path(str(value))
         elif key in EVAL_DEFAULT_KEYS:
             values[EVAL_DEFAULT_KEYS[key]] = value
+        elif key in EVAL_SET_KEY_DEFAULTS:
+            continue  # onto each set below
         else:
             why = "rlpost's evaluation has no such setting"
             unmapped.append(Unmapped(f"{flag} defaults.{key}", (str(value),), why, "recipe.eval"))
@@ -607,7 +610,10 @@ def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
     training = values.get("recipe.rollout.reward.custom_function")
     evaluation = values.get("recipe.eval.custom_reward_function")
     for entry in raw:
+        entry = {**{k: defaults[k] for k in EVAL_SET_KEY_DEFAULTS if k in defaults}, **entry}
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
+        if "label_key" in dataset and dataset["label_key"] is None:
+            dataset["label_key"] = False  # slime reads no label; rlpost's null inherits one
         if dataset.get("custom_reward_function") is not None:
             dataset["custom_reward_function"] = hook_path(str(dataset["custom_reward_function"]))
         reward = dataset.get("reward_type")

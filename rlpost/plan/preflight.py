@@ -50,7 +50,6 @@ from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.reward import (
     GRADER_FLOOR,
     GRADER_MARKERS,
-    LABELLED_REWARD_TYPES,
     UNREGISTERED_REWARD_TYPES,
     RewardConfig,
     RewardType,
@@ -357,6 +356,8 @@ class RowRules:
     # the config key that names each of fmt's line keys ('prompt' -> recipe.data.input_key):
     # a key no line has is that setting's problem, said once
     key_settings: tuple[tuple[str, str], ...] = ()
+    # an evaluation set scored without a label: the key that says its lines have none
+    unlabelled_key: str | None = None
 
 
 def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
@@ -393,13 +394,16 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
     for field, setting in rules.key_settings:
         if rows and lacking.get(field) == rows:  # the setting names a key no line has
             there = ", ".join(sorted(keys_there)) or "none"
+            label = not setting.endswith("input_key")
+            fix_key = f"point {key} at a file whose lines have '{field}'"
+            if label and rules.unlabelled_key:
+                fix_key += f", or set {rules.unlabelled_key}: false (its scorer reads no label)"
             return [
                 Issue(
                     setting,
                     f"no line of {path} has the key '{field}' (keys there: {there})",
                     f"set {setting} to the key that holds the "
-                    f"{'prompt' if setting.endswith('input_key') else 'label'} (one of: "
-                    f"{there}), or point {key} at a file whose lines have '{field}'",
+                    f"{'label' if label else 'prompt'} (one of: {there}), or {fix_key}",
                     value=field,
                 )
             ]
@@ -504,15 +508,9 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
     for i, dataset in enumerate(recipe.eval.datasets):
         # the set's own custom function (or the evaluation's) scores it before any type
         function = recipe.eval.reward_function(i) is not None
-        labelled = (
-            False
-            if function
-            else dataset.reward_type in LABELLED_REWARD_TYPES
-            if dataset.reward_type is not None
-            else recipe.rollout.reward.needs_label
-        )
-        fmt = prompt_format(data, dataset.input_key, dataset.label_key, dataset.tool_key)
+        labelled = recipe.eval_label_grader(i) is not None
         own = f"recipe.eval.datasets.{i}"
+        fmt = prompt_format(data, dataset.input_key, dataset.label_key, dataset.tool_key)
         rules = RowRules(
             fmt,
             labelled,
@@ -527,6 +525,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 own if dataset.input_key else "recipe.data",
                 own if dataset.label_key is not None else "recipe.data",
             ),
+            unlabelled_key=None if labelled else f"{own}.label_key",
         )
         issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues

@@ -286,7 +286,9 @@ def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
         entry: dict[str, Any] = {"name": dataset.name, "path": dataset.path}
         for ours, theirs in EVAL_SET_FIELDS.items():
             value = getattr(dataset, ours)
-            if value is not None:
+            if value is False:  # label_key: slime reads no label where it is null
+                entry[theirs] = None
+            elif value is not None:
                 entry[theirs] = (
                     SLIME_REWARD_TYPES.get(value, value) if ours == "reward_type" else value
                 )
@@ -314,7 +316,7 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         # slime reads the sets from the file when given one, else from the name/path pairs
         flag("--eval-config", config[0]) if config else flag("--eval-prompt-data", *datasets),
         *(option(input_keys.pop(), "--eval-input-key") if len(input_keys) == 1 else []),
-        *(option(label_keys.pop(), "--eval-label-key") if len(label_keys) == 1 else []),
+        *(option(label_keys.pop(), "--eval-label-key", False) if len(label_keys) == 1 else []),
         *(option(tool_keys.pop(), "--eval-tool-key") if len(tool_keys) == 1 else []),
         flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
         *option(ev.max_response_len, "--eval-max-response-len"),
@@ -629,6 +631,7 @@ def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:
         or d.max_response_len is not None
         or d.reward_type is not None
         or d.custom_reward_function is not None
+        or d.label_key is False  # slime reads no label only where the file says null
         for d in datasets
     )
     return len(keys) > 1 or own

@@ -42,7 +42,12 @@ class EvalDataset(Section):
         "other scorer (slime's eval config's custom_rm_path)",
     )
     input_key: str | None = None
-    label_key: str | None = None
+    label_key: str | Literal[False] | None = Field(
+        None,
+        description="the field holding a line's label (null: the data section's label_key; "
+        "false: the set's lines have none, for a set scored without one: a custom reward "
+        "function, the random type, a reward model; slime's eval config's label_key: null)",
+    )
     tool_key: str | None = Field(
         None, description="the field holding a line's tools (null: the data section's tool_key)"
     )

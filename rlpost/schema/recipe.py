@@ -247,6 +247,53 @@ class RecipeConfig(Section):
             )
         return self
 
+    def eval_label_grader(self, index: int) -> tuple[str, str] | None:
+        """(key, reward type) of what grades eval.datasets[index] against a line's label, or
+        None where its scorer reads no label. In slime's order: a custom function (the set's
+        or the evaluation's) scores before any type, then the set's reward_type, then
+        training's scorer."""
+        if self.eval.reward_function(index) is not None:
+            return None
+        own = self.eval.datasets[index].reward_type
+        if own is not None:
+            key = f"eval.datasets.{index}.reward_type"
+            return (key, own) if own in LABELLED_REWARD_TYPES else None
+        reward = self.rollout.reward
+        return ("rollout.reward.type", reward.type) if reward.needs_label else None
+
+    @model_validator(mode="after")
+    def check_eval_sets_have_labels(self) -> RecipeConfig:
+        """A set that reads no label (label_key false, or null with no data.label_key) must
+        be scored by something that needs none."""
+        for i, dataset in enumerate(self.eval.datasets):
+            grader = self.eval_label_grader(i)
+            if grader is None:
+                continue
+            key, kind = grader
+            if dataset.label_key is False:
+                value, why = "false", "the set reads no label from its lines"
+                fix = (
+                    f"set eval.datasets.{i}.label_key to the field holding the answer (null: "
+                    "data.label_key), or score the set without a label: its own "
+                    "custom_reward_function, or reward_type: random"
+                )
+            elif dataset.label_key is None and self.data.label_key is None:
+                value, why = "null", "neither the set's label_key nor data.label_key is set"
+                fix = (
+                    f"set eval.datasets.{i}.label_key (or data.label_key) to the field holding "
+                    "the answer, or score the set with its own custom_reward_function"
+                )
+            else:
+                continue
+            raise InvariantError(
+                f"eval.datasets.{i}.label_key={value}: {key}={kind} grades the "
+                f"set's every response against the line's label, and {why}: every sample "
+                "would fail",
+                fields=(f"eval.datasets.{i}.label_key",),
+                fix=fix,
+            )
+        return self
+
     def eval_requests(self) -> list[tuple[str, int]]:
         """The longest request (prompt + response) of each evaluation set that can outgrow
         training's, keyed by what sets its response length (one entry a key): the prompt

@@ -589,6 +589,44 @@ CASES = [
         "eval.custom_reward_function=rlpost_test_hooks.length_reward scores the set's",
     ),
     Case(
+        "eval_set_without_labels_graded_by_trainings_type",
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl, label_key: false}]",
+        ),
+        "recipe.eval.datasets.0.label_key",
+        CMD,
+        "label_key=false: rollout.reward.type=deepscaler grades the set's every response "
+        "against the line's label, and the set reads no label from its lines",
+    ),
+    Case(
+        "eval_set_without_labels_graded_by_its_own_type",
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl, reward_type: random},"
+            " {name: b, path: /d/b.jsonl, label_key: false, reward_type: gpqa}]",
+            "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+        ),
+        "recipe.eval.datasets.1.label_key",
+        CMD,
+        "eval.datasets.1.reward_type=gpqa grades the set's every response",
+    ),
+    Case(
+        "eval_set_graded_by_its_own_type_and_no_label_key_anywhere",
+        (
+            *QWEN,
+            "recipe.data.label_key=null",
+            "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward",
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl, reward_type: math}]",
+        ),
+        "recipe.eval.datasets.0.label_key",
+        "default",
+        "neither the set's label_key nor data.label_key is set",
+    ),
+    Case(
         "eval_reward_function_without_sets",
         (
             *QWEN,
@@ -649,6 +687,28 @@ def test_bad_config(case: Case, user_conf: Path, monkeypatch: pytest.MonkeyPatch
     assert case.fragment in issue.message, issue.render()
     assert issue.fix, issue.render()
     check_where(issue, case.where)
+
+
+def test_an_evaluation_set_scored_without_a_label_may_read_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """label_key: false (slime's eval config's label_key: null) where the set's scorer reads
+    no label: its own or the evaluation's custom function, the random type, training's
+    custom function; the lines then need no label field."""
+    monkeypatch.syspath_prepend(str(HOOK_FIXTURES))
+    unlabelled = "path: /d/a.jsonl, label_key: false"
+    for overrides in (
+        [f"recipe.eval.datasets=[{{name: a, {unlabelled},"
+         " custom_reward_function: rlpost_test_hooks.length_reward}]"],
+        [f"recipe.eval.datasets=[{{name: a, {unlabelled}}}]",
+         "recipe.eval.custom_reward_function=rlpost_test_hooks.length_reward"],
+        [f"recipe.eval.datasets=[{{name: a, {unlabelled}, reward_type: random}}]"],
+        [f"recipe.eval.datasets=[{{name: a, {unlabelled}}}]",
+         "recipe.rollout.reward.custom_function=rlpost_test_hooks.length_reward"],
+    ):  # fmt: skip
+        cfg, _ = compose_run_config([*QWEN, "recipe.eval.interval=10", *overrides])
+        assert cfg.recipe.eval.datasets[0].label_key is False
+        assert cfg.recipe.eval_label_grader(0) is None
 
 
 def test_evaluation_prompts_are_bounded_by_their_own_max_prompt_len() -> None:

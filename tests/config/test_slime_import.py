@@ -749,6 +749,55 @@ def test_eval_config_reward_functions_import_and_export_back(
     }
 
 
+def test_an_eval_config_set_without_labels_imports_and_exports_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slime reads no label for a set whose label_key is null in its eval config (its own, or
+    the defaults' for every set without one), where --label-key names training's: rlpost's
+    label_key: false, which the export writes back as null."""
+    from rlpost.plan.slime_args import eval_config_file
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {label_key: null}\n"
+        "  datasets:\n"
+        "    - {name: chat, path: /data/chat.jsonl,"
+        " custom_rm_path: rlpost_test_hooks.length_reward}\n"
+        "    - {name: aime, path: /data/aime.jsonl, label_key: answer, rm_type: math}\n"
+        "    - {name: coin, path: /data/coin.jsonl, label_key: null, rm_type: random}\n"
+    )
+    script = write_script(tmp_path, f"--eval-interval 20 --eval-config {config}")
+    imported = import_slime(script)
+    assert not imported.unmapped
+    assert [d.get("label_key") for d in imported.values["recipe.eval.datasets"]] == [
+        False, "answer", False
+    ]  # fmt: skip
+    cfg, _ = imported_config(script, tmp_path / "out")
+    assert cfg.recipe.data.label_key == "label"  # type: ignore[attr-defined]
+    exported = eval_config_file(cfg)  # type: ignore[arg-type]
+    assert exported is not None
+    sets = yaml.safe_load(exported[1])["eval"]["datasets"]
+    assert [(d["name"], d["label_key"]) for d in sets] == [
+        ("chat", None), ("aime", "answer"), ("coin", None)
+    ]  # fmt: skip
+    # scored by training's function, sets alike but for reading no label: slime has no flag
+    # for that (--eval-label-key null is no value), so the file says it
+    overrides = [
+        "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8",
+        f"recipe.rollout.reward.custom_function={OWN_FN}",
+        "recipe.eval.datasets=[{name: a, path: /data/a.jsonl, label_key: false},"
+        " {name: b, path: /data/b.jsonl, label_key: false}]",
+    ]  # fmt: skip
+    alike, _ = compose_run_config(overrides)
+    tokens = slime_arg_groups(alike, build_plan(alike))["EVAL_ARGS"]
+    assert "--eval-config" in tokens and "--eval-label-key" not in tokens
+    exported = eval_config_file(alike)
+    assert exported is not None
+    assert [d["label_key"] for d in yaml.safe_load(exported[1])["eval"]["datasets"]] == [None] * 2
+
+
 def test_eval_custom_rm_path_on_the_command_line_is_not_imported(tmp_path: Path) -> None:
     """slime's eval config falls back to args.eval_custom_rm_path, which no flag of slime's
     sets: its parser drops --eval-custom-rm-path, so slime scores evaluation without it."""

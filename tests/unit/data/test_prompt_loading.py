@@ -402,3 +402,34 @@ def test_a_key_no_line_has_is_one_problem_of_the_setting_that_names_it(tmp_path:
     some.write_text('{"prompt": "1+1?", "label": "2"}\n{"question": "1+1?", "label": "2"}\n')
     partly = issues(f"recipe.data.prompt_data={some}", "recipe.eval.interval=null")
     assert [i.key for i in partly] == [f"{some}:2"]
+
+
+def test_an_unlabelled_set_scored_without_a_label_is_told_it_may_read_none(
+    tmp_path: Path, hook_modules: Path
+) -> None:
+    """An evaluation set whose lines have no label field, scored by a function: the refusal
+    of the label key it inherits names label_key: false, and with it the lines pass; a set
+    graded against the label is not told so."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import build_plan
+    from rlpost.plan.preflight import check_data
+
+    free = tmp_path / "free.jsonl"
+    free.write_text('{"prompt": "Say 1."}\n{"prompt": "Say 2."}\n')
+
+    def issues(label_key: str = "", function: str = "rlpost_test_hooks.length_reward") -> list:
+        own = f", label_key: {label_key}" if label_key else ""
+        scored = f", custom_reward_function: {function}" if function else ""
+        cfg = compose_run_config(
+            ["mode=eval", f"recipe.eval.datasets=[{{name: free, path: {free}{own}{scored}}}]"]
+        )[0]
+        return check_data(cfg, build_plan(cfg))
+
+    [inherited] = issues()
+    assert inherited.key == "recipe.data.label_key"
+    assert "or set recipe.eval.datasets.0.label_key: false (its scorer reads no label)" in (
+        inherited.fix
+    )
+    assert issues("false") == []
+    [graded] = issues(function="")  # math, against the label
+    assert graded.key == "recipe.data.label_key" and "false" not in graded.fix

@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from transformers import AutoTokenizer
 
+from rlpost.data.prompts import PromptDataError
 from rlpost.rewards import compute_rewards
 from rlpost.runtime.evaluation import EvalReport, evaluate, load_eval_sets
 from rlpost.runtime.rollout.client import EngineClient
@@ -89,3 +91,26 @@ def test_a_sets_own_function_then_the_evaluations_score_before_trainings(
     assert 0.0 < first.accuracy["coin"] < 1.0
     # greedy responses are the same again, and so is each one's seeded draw
     assert run_evaluation(url, tiny_lm_dir, cfg, 11).accuracy == first.accuracy
+
+
+def test_a_set_without_labels_is_read_and_scored_by_its_function(
+    tiny_lm_dir: Path, tmp_path: Path, hook_modules: Path
+) -> None:
+    """label_key: false reads a set whose lines have no label field (training's data has
+    one: data.label_key=label); its custom function scores the samples, which carry none. The
+    same lines graded as training is (math, against the label) are refused as they load."""
+    free = tmp_path / "free.jsonl"
+    free.write_text("".join(json.dumps({"input": f"Say {i}."}) + "\n" for i in range(3)))
+    unlabelled = {"name": "free", "path": str(free), "label_key": False}
+    cfg = recipe(tmp_path, {"datasets": [{**unlabelled, "custom_reward_function": OWN}]}, {})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir, local_files_only=True)
+    [eval_set] = load_eval_sets(cfg, tokenizer, stop_token_ids=[])
+    samples = [s for group in eval_set.groups for s in group]
+    assert len(samples) == 3 and all(s.label is None for s in samples)
+    assert eval_set.reward is not None
+    assert asyncio.run(compute_rewards(samples, eval_set.reward)) == [0.75] * 3
+
+    graded = recipe(tmp_path, {"datasets": [{"name": "free", "path": str(free)}]}, {})
+    with pytest.raises(PromptDataError) as caught:
+        load_eval_sets(graded, tokenizer, stop_token_ids=[])
+    assert "'label'" in str(caught.value)
