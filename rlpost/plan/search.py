@@ -292,7 +292,15 @@ def describe_train(par: ParallelLayout, cpu_offload: bool, fsdp: FsdpOptions | N
         where = "FSDP2 CPU offload" if fsdp.cpu_offload else "state on the GPU"
         if not fsdp.reshard_after_forward:
             where += ", layers kept gathered"
-        return f"torch FSDP2 DP{par.dp} (shards of {fsdp.shards(par.dp)}), {recompute}, {where}"
+        return f"{describe_grid(par, fsdp)}, {recompute}, {where}"
+    adam = "CPU Adam" if cpu_offload else "GPU Adam"
+    return f"{describe_grid(par)}, {recompute}, {adam}"
+
+
+def describe_grid(par: ParallelLayout, fsdp: FsdpOptions | None = None) -> str:
+    """How the train ranks split the model (`fsdp` for the torch trainer's shards)."""
+    if fsdp is not None:
+        return f"torch FSDP2 DP{par.dp} (shards of {fsdp.shards(par.dp)})"
     parts = [f"TP{par.tp}" + ("+SP" if par.sequence_parallel else "")]
     if par.pp > 1:
         first, last = par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage
@@ -304,8 +312,7 @@ def describe_train(par: ParallelLayout, cpu_offload: bool, fsdp: FsdpOptions | N
     if par.ep > 1 or par.etp > 1:
         parts.append(f"EP{par.ep}" + (f" ETP{par.etp}" if par.etp > 1 else ""))
     parts.append(f"DP{par.dp}")
-    adam = "CPU Adam" if cpu_offload else "GPU Adam"
-    return f"{' '.join(parts)}, {recompute}, {adam}"
+    return " ".join(parts)
 
 
 def describe_engine(engine: EngineLayout) -> str:
@@ -848,10 +855,23 @@ def _worth_showing(rejected: list[Rejected], chosen: Candidate | None) -> list[R
 
 
 def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
-    """Nothing fits: what would (CPU Adam, a shorter max_tokens_per_gpu, more GPUs)."""
+    """Nothing fits: what would (CPU Adam, a shorter max_tokens_per_gpu, more GPUs); in
+    mode=eval, what the evaluation holds alone: the weights its train ranks send, if any
+    start, and the engines'."""
     found = []
     trains = [t for s in splits for t, _ in s.rejected_trains]
-    if trains:
+    work = train_rank_work(cfg)
+    if trains and work == SEND_WEIGHTS:
+        least = min(trains, key=lambda t: t.memory.total_gib)
+        budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
+        found.append(
+            f"the train ranks that load the evaluated weights and send them to the engines "
+            f"need {least.memory.total_gib:.1f} GiB per GPU of {budget:.1f} usable at the "
+            f"least ({describe_grid(least.parallel, least.fsdp)}): use a larger hardware "
+            "profile, or evaluate a Hugging Face folder of the weights (model.hf_checkpoint, "
+            "without model.load or run.resume), which the engines load themselves"
+        )
+    elif trains and work == TRAIN:
         least = min(trains, key=lambda t: t.memory.total_gib)
         budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
         leanest = describe_train(least.parallel, least.cpu_offload, least.fsdp)

@@ -220,3 +220,20 @@ def test_an_evaluation_searches_by_its_own_work(run_config: MakeRun) -> None:
     assert chosen.engine.gpus_per_engine * chosen.engine.num_engines == 8
     served = search_layout(searching(run_config("qwen3-4b", "h100x8", mode="eval")))
     assert served.ranked and all(c.cost.sync_s == 0 for c in served.ranked)
+
+
+def test_an_evaluation_that_fits_nowhere_is_told_what_it_holds(run_config: MakeRun) -> None:
+    """mode=eval trains nothing: where nothing fits, the suggestions name what it holds (the
+    weights its train ranks send, the engines), never training's memory (gradients, Adam,
+    recipe.train.max_tokens_per_gpu); the same run in training is told training's."""
+    training = ("gradients", "optimizer", "Adam", "max_tokens_per_gpu", "training layout")
+    sends = run_config("glm4.5-355b-a32b", "h100x8", mode="eval", model__load="/ckpt/step100")
+    [weights] = search_layout(searching(sends)).suggestions
+    assert weights.startswith("the train ranks that load the evaluated weights and send them")
+    assert "(model.hf_checkpoint, without model.load or run.resume)" in weights
+    served = run_config("glm4.5-355b-a32b", "h100x8", mode="eval")
+    [engines] = search_layout(searching(served)).suggestions
+    assert engines.startswith("no engine holds one sample")
+    assert not [word for word in training if word in weights + engines]
+    told = " ".join(search_layout(searching(run_config("glm4.5-355b-a32b", "h100x8"))).suggestions)
+    assert "gradients and optimizer state" in told
