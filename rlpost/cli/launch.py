@@ -102,7 +102,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
 
             run(cfg, plan, resume)
         except Terminated:
-            failure = stopped(None, run_dir, 0)
+            failure = stopped(None, run_dir, 0, evaluation=cfg.mode == "eval")
             print(failure.render(), file=sys.stderr, flush=True)
             raise SystemExit(failure.exit_status) from None
         except RunFailed as failure:

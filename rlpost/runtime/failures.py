@@ -96,6 +96,7 @@ class RunFailed(Exception):
     run_dir: Path
     checkpoint: Path | None
     restarts: int = 0
+    evaluation: bool = False  # mode=eval: it saves no checkpoint and resumes none
 
     exit_status = EXIT_RUN_FAILED
     headline = "the run failed"
@@ -107,7 +108,9 @@ class RunFailed(Exception):
         lines = [f"rlpost: {self.headline}: {self.what}", f"  run directory: {self.run_dir}"]
         if self.restarts:
             lines.append(f"  restarted {self.restarts} time(s) before giving up")
-        if self.checkpoint is not None:
+        if self.evaluation:
+            lines.append("  an evaluation saves no checkpoint: launch it again to evaluate anew")
+        elif self.checkpoint is not None:
             lines.append(f"  newest usable checkpoint: {self.checkpoint}")
             lines.append(f"  to continue: add run.dir={self.run_dir} run.resume=auto")
         else:
@@ -136,16 +139,22 @@ def _newest_checkpoint(run_dir: Path) -> Path | None:
     return checkpoint.scan(run_dir, check_hashes=False).latest
 
 
-def failed(what: str, run_dir: Path, restarts: int) -> RunFailed:
-    """What the launch says when the run could not finish: `what`, and where to resume."""
-    return RunFailed(what, run_dir, _newest_checkpoint(run_dir), restarts)
+def failed(what: str, run_dir: Path, restarts: int, evaluation: bool = False) -> RunFailed:
+    """What the launch says when the run could not finish: `what`, and where to resume (an
+    evaluation, mode=eval, resumes nothing)."""
+    checkpoint = None if evaluation else _newest_checkpoint(run_dir)
+    return RunFailed(what, run_dir, checkpoint, restarts, evaluation)
 
 
 def stopped(
-    halted: Stopped | None, run_dir: Path, restarts: int, save_error: str = ""
+    halted: Stopped | None,
+    run_dir: Path,
+    restarts: int,
+    save_error: str = "",
+    evaluation: bool = False,
 ) -> RunStopped:
     """What the launch says when SIGTERM stopped it: `halted`, the loop's Stopped (None: it
-    stopped elsewhere, or its save failed with `save_error`)."""
+    stopped elsewhere, or its save failed with `save_error`); an evaluation resumes nothing."""
     if halted is None:
         what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
     elif halted.saved is not None:
@@ -158,4 +167,5 @@ def stopped(
             )
     else:
         what = f"SIGTERM after rollout {halted.done}"
-    return RunStopped(what, run_dir, _newest_checkpoint(run_dir), restarts)
+    checkpoint = None if evaluation else _newest_checkpoint(run_dir)
+    return RunStopped(what, run_dir, checkpoint, restarts, evaluation)

@@ -52,6 +52,7 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
     run_dir = run_dir_of(cfg)
     total = cfg.recipe.rollout.num_rollout
     restarts = 0
+    evaluation = cfg.mode == "eval"  # saves no checkpoint: a failure names none to resume
     while True:
         start = resume.start_rollout if resume else 0
         if start >= total and cfg.mode == "train":
@@ -82,19 +83,19 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
             except UserError:
                 raise
             except KeyboardInterrupt:
-                raise failed("interrupted (Ctrl-C)", run_dir, restarts) from None
+                raise failed("interrupted (Ctrl-C)", run_dir, restarts, evaluation) from None
             except Stopped as halted:
-                raise stopped(halted, run_dir, restarts) from None
+                raise stopped(halted, run_dir, restarts, evaluation=evaluation) from None
             except asyncio.CancelledError:
                 if not stop.signalled:
                     raise
-                raise stopped(None, run_dir, restarts) from None
+                raise stopped(None, run_dir, restarts, evaluation=evaluation) from None
             except Exception as exc:
                 record_failure(run_dir, exc)
                 if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
-                    raise stopped(None, run_dir, restarts, describe(exc)) from exc
+                    raise stopped(None, run_dir, restarts, describe(exc), evaluation) from exc
                 if not is_fault(exc) or restarts >= cfg.run.max_restarts:
-                    raise failed(describe(exc), run_dir, restarts) from exc
+                    raise failed(describe(exc), run_dir, restarts, evaluation) from exc
                 fault = describe(exc)
         restarts += 1
         resume = find_resume_point(_resuming(cfg), plan, run_dir)

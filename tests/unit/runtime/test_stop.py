@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed, RunStopped
+from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed, RunStopped, failed, stopped
 from rlpost.runtime.stop import EXIT_STOPPED, StopSignal, Terminated, sigterm_raises
 
 
@@ -79,8 +79,21 @@ def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
     assert f"to continue: add run.dir={tmp_path} run.resume=auto" in text
     assert "traceback" not in text
     assert (stopped.exit_status, EXIT_STOPPED) == (143, 128 + signal.SIGTERM)
-    failed = RunFailed("a train rank died", tmp_path, None)
-    assert failed.exit_status == EXIT_RUN_FAILED and "traceback" in failed.render()
+    failure = RunFailed("a train rank died", tmp_path, None)
+    assert failure.exit_status == EXIT_RUN_FAILED and "traceback" in failure.render()
+
+
+def test_a_failed_or_stopped_evaluation_names_no_checkpoint_to_resume(tmp_path: Path) -> None:
+    """mode=eval saves no checkpoint and refuses run.resume=auto: its failure says so, where
+    a training run's says none was saved yet (or names run.resume=auto)."""
+    for ended in (
+        failed("an engine died", tmp_path, 0, evaluation=True),
+        stopped(None, tmp_path, 0, evaluation=True),
+    ):
+        text = ended.render()
+        assert "an evaluation saves no checkpoint: launch it again to evaluate anew" in text
+        assert "run.resume" not in text and "saved yet" not in text
+    assert "no checkpoint was saved yet" in failed("an engine died", tmp_path, 0).render()
 
 
 def test_around_the_loop_a_sigterm_raises_terminated_and_the_handler_is_given_back() -> None:
