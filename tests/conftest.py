@@ -71,15 +71,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return any(real_loop(scope) and False in unit.values() for scope, unit in work)
 
         def _next_scope(self, node: Any) -> str | None:
-            real = [scope for scope in self.workqueue if real_loop(scope)]
-            other = [scope for scope in self.workqueue if not real_loop(scope)]
-            if node is self.nodes[0]:  # the real loop's worker
-                return (real or other)[0]
-            if other:
-                return other[0]
+            # each look reads the queue up to its first match, not the whole queue
+            first = next(iter(self.workqueue), None)
+            if node is self.nodes[0]:  # the real loop's worker; the others once none is left
+                return next((scope for scope in self.workqueue if real_loop(scope)), first)
+            other = next((scope for scope in self.workqueue if not real_loop(scope)), None)
+            if other is not None:
+                return other
+            # only real-loop scopes are left (the first is the queue's first)
             running = sum(self._holds_real_loop(each) for each in self.nodes)
             if self._holds_real_loop(node) or running < REAL_LOOPS_AT_ONCE:
-                return real[0]
+                return first
             return None  # idle until the queue empties and it is shut down
 
         def _assign_work_unit(self, node: Any) -> None:

@@ -132,9 +132,10 @@ def run(args: argparse.Namespace) -> int:
 def refused(
     error: UserError, staging: Path, out: Path, script: Path, imported: Imported
 ) -> UserError:
-    """The refusal of the imported configs, said of the script: each issue names the flag
-    (and value) that set the refused key, where the import knows it, at the script; the files
-    it would have written are named where --out would have held them."""
+    """The refusal of the imported configs, said of the script: each issue names what set
+    the refused key to the value imported (a flag and its value, an --eval-config set or
+    default), and what else set it that slime overrules, where the import knows it, at the
+    script; the files it would have written are named where --out would have held them."""
 
     def moved(text: str) -> str:
         return text.replace(str(staging), str(out))
@@ -149,14 +150,13 @@ def refused(
                 location = dataclasses.replace(location, file=moved(location.file))
             issues.append(dataclasses.replace(issue, message=message, fix=fix, location=location))
             continue
-        flag, value = origin
-        what = flag if " " in flag else f"{flag} in the script"  # (an --eval-config set)
+        beside = f"; {origin.beside}" if origin.beside else ""
         issues.append(
             Issue(
-                flag,
-                f"imported as {issue.key}: {message}",
-                f"change {what} (in rlpost's terms: {fix})",
-                issue.value if value is None else value,
+                origin.source,
+                f"imported as {issue.key}: {message}{beside}",
+                f"change {origin.named()} (in rlpost's terms: {fix})",
+                issue.value if origin.value is None else origin.value,
                 Location(file=str(script)),
             )
         )

@@ -68,6 +68,21 @@ class Unmapped:
     nearest: str
 
 
+@dataclass(frozen=True)
+class Origin:
+    """What in the script set an imported key: a flag and its value ('--rm-type', 'ifbench'),
+    an --eval-config file's set (no value of its own) or one of its defaults and its value;
+    `beside` says what else set the key, and why this one is the value imported."""
+
+    source: str
+    value: str | None = None
+    beside: str | None = None
+
+    def named(self) -> str:
+        """The source as a fix names it: a flag is said to be in the script."""
+        return self.source if " " in self.source else f"{self.source} in the script"
+
+
 @dataclass
 class Imported:
     """The configs a slime script imports to, and what could not be imported."""
@@ -83,11 +98,10 @@ class Imported:
     environment: list[tuple[str, str, str]] = field(default_factory=list)  # name, value, note
     model_notes: list[Difference] = field(default_factory=list)  # flags that change nothing
     cluster_notes: list[str] = field(default_factory=list)  # Ray head and worker starts
-    # key -> what in the script set it: the flag and its value ('--rm-type', 'ifbench'),
-    # or an --eval-config file's set (no value of its own), for refusals of the value
-    origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    # key -> what in the script set it, for refusals of the value
+    origins: dict[str, Origin] = field(default_factory=dict)
 
-    def origin(self, key: str) -> tuple[str, str | None] | None:
+    def origin(self, key: str) -> Origin | None:
         """What in the script set `key` (or the nearest section above it that one thing
         set: an evaluation set), if the import knows."""
         parts = key.split(".")
@@ -280,7 +294,7 @@ class _Sorted:
     cluster: dict[str, list[str]] = field(default_factory=dict)
     together: dict[str, list[str]] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
-    origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # Imported's
+    origins: dict[str, Origin] = field(default_factory=dict)  # Imported's
 
 
 def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
@@ -298,7 +312,7 @@ def _sort(flags: list[tuple[str, list[str]]]) -> _Sorted:
         if flag in RULES:
             try:
                 out.values[RULES[flag].key] = RULES[flag].read(vals)
-                out.origins[RULES[flag].key] = (flag, " ".join(vals))
+                out.origins[RULES[flag].key] = Origin(flag, " ".join(vals))
             except (ValueError, IndexError, json.JSONDecodeError) as exc:
                 why = f"its value does not read: {exc}"
                 out.unmapped.append(Unmapped(flag, tuple(vals), why, RULES[flag].key))
@@ -328,14 +342,14 @@ def _map(
         unmapped.append(Unmapped("--mtp-num-layers", tuple(mtp), why, "recipe.train.mtp_training"))
     per_node = launch.head_gpus or gpus_per_node
     hardware, hardware_file = _read_cluster(got.cluster, values, per_node)
-    _read_together(got.together, values, got.sglang, unmapped)
+    _read_together(got.together, values, got.sglang, unmapped, got.origins)
     if values.get("recipe.rollout.num_rollout") == 0:
         unmapped.append(_evaluation_only(values, got.together.get("--load")))
     config = got.together.get("--eval-config")
     for i, dataset in enumerate(values.get("recipe.eval.datasets") or []):
         if config and isinstance(dataset, dict):
             where = f"--eval-config {config[0]}, its set {dataset.get('name')!r}"
-            got.origins[f"recipe.eval.datasets.{i}"] = (where, None)
+            got.origins[f"recipe.eval.datasets.{i}"] = Origin(where)
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -508,6 +522,7 @@ def _read_together(
     values: dict[str, Any],
     sglang: dict[str, Any],
     unmapped: list[Unmapped],
+    origins: dict[str, Origin],
 ) -> None:
     save, load = together.get("--save"), together.get("--load")
     if save:
@@ -543,7 +558,7 @@ def _read_together(
         values["recipe.rollout.max_concurrency"] = int(concurrency[0]) * engines
     config = together.get("--eval-config")
     if config:
-        unmapped += read_eval_config(config[0], values)
+        unmapped += read_eval_config(config[0], values, origins)
     unmapped += _read_offload(together, bool(values.get("layout.colocate")))
     unmapped += _read_health_checks(together, values)
     unmapped += _read_save_hf(together, values)
@@ -576,11 +591,14 @@ EVAL_DEFAULT_KEYS = {  # slime's eval config defaults -> recipe.eval
 EVAL_SET_KEY_DEFAULTS = ("input_key", "label_key", "tool_key")  # every set's without its own
 
 
-def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
+def read_eval_config(
+    path: str, values: dict[str, Any], origins: dict[str, Origin]
+) -> list[Unmapped]:
     """slime's --eval-config file (`eval: {defaults: ..., datasets: [...]}`, or the mapping
     itself; datasets a list or a mapping by name) as recipe.eval: each set's keys, reward type,
     reward function, sample count and response length, and the defaults rlpost keeps for
-    every set. What else a set or the defaults give is listed, not imported."""
+    every set (each default's origin recorded in `origins`). What else a set or the defaults
+    give is listed, not imported."""
     flag = "--eval-config"
     try:
         loaded = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
@@ -597,10 +615,11 @@ def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
     unmapped: list[Unmapped] = []
     defaults = (section or {}).get("defaults") or {}
     for key, value in defaults.items():
-        if key == "custom_rm_path":
-            values[EVAL_DEFAULT_KEYS[key]] = hook_path(str(value))
-        elif key in EVAL_DEFAULT_KEYS:
-            values[EVAL_DEFAULT_KEYS[key]] = value
+        if key in EVAL_DEFAULT_KEYS:
+            target = EVAL_DEFAULT_KEYS[key]
+            values[target] = hook_path(str(value)) if key == "custom_rm_path" else value
+            where = f"{flag} {path} defaults.{key}"
+            origins[target] = _default_origin(where, value, origins.get(target))
         elif key in EVAL_SET_KEY_DEFAULTS:
             continue  # onto each set below
         else:
@@ -646,6 +665,20 @@ def read_eval_config(path: str, values: dict[str, Any]) -> list[Unmapped]:
         datasets.append(dataset)
     values["recipe.eval.datasets"] = datasets
     return unmapped
+
+
+def _default_origin(source: str, value: Any, flag: Origin | None) -> Origin:
+    """An --eval-config default's origin. slime resolves each set's setting as the set's own
+    value, else the file's defaults, else the flag (its eval_config.py), so a default wins
+    over the flag that set the same key; the origin names that flag too."""
+    if flag is None:
+        return Origin(source, str(value))
+    beside = (
+        f"{flag.source} {flag.value} in the script sets it too: slime takes the "
+        "--eval-config file's default over the flag, as the import did, and reads the "
+        "flag only where the file sets no default"
+    )
+    return Origin(source, str(value), beside)
 
 
 def _read_offload(together: dict[str, list[str]], colocate: bool) -> list[Unmapped]:

@@ -153,17 +153,18 @@ STEP_RULES = frozenset({"global_batch_over_dp", "micro_batch_within_step", "cont
 """Rules of the train step's batches (their split over the data-parallel ranks, the packing
 context parallelism needs), which an evaluation never runs."""
 
-LOSS_RULES = frozenset({"sglang_kv_cache_dtype", "rollout_feeds_engines", "async_loop"})
-"""Rules whose subject is training's loss or its rollouts (a KV cache dtype the loss leaves
-uncorrected, a training rollout too small for the engines, a loop that overlaps rollouts with
-train steps): an evaluation only generates its sets, once."""
+EVAL_SKIPPED_RULES = frozenset({"sglang_kv_cache_dtype", "rollout_feeds_engines", "async_loop"})
+"""Rules every evaluation (mode=eval) skips, whatever its train ranks do, since their subject
+is training's loss, rollouts or loop (a KV cache dtype the loss leaves uncorrected, a training
+rollout too small for the engines, a loop that overlaps rollouts with train steps): an
+evaluation only generates its sets, once."""
 
 
 def skipped_rules(train_ranks: str) -> frozenset[str]:
     """The rules (scopes or names, rlpost.plan.checks.run_checks' `skip`) that what the train
-    ranks do gives no reason to check: none in training; the step's batch rules and the
-    loss's when they only send weights; every training rule and the loss's when none
-    starts."""
+    ranks do gives no reason to check: none in training; in an evaluation, the rules every
+    evaluation skips, with the step's batch rules when the train ranks only send weights, or
+    with every training rule when none starts."""
     if train_ranks == NO_TRAIN_RANK:
-        return frozenset({"train"}) | LOSS_RULES
-    return STEP_RULES | LOSS_RULES if train_ranks == SEND_WEIGHTS else frozenset()
+        return frozenset({"train"}) | EVAL_SKIPPED_RULES
+    return STEP_RULES | EVAL_SKIPPED_RULES if train_ranks == SEND_WEIGHTS else frozenset()

@@ -798,6 +798,37 @@ def test_an_eval_config_set_without_labels_imports_and_exports_back(
     assert [d["label_key"] for d in yaml.safe_load(exported[1])["eval"]["datasets"]] == [None] * 2
 
 
+@pytest.mark.parametrize("flag", ["", "--eval-top-k 5 "])
+def test_a_refused_eval_config_default_is_named_with_the_flag_it_overrules(
+    tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """slime takes an --eval-config default over the flag for the same setting (a set's own
+    value, else the defaults, else the flag), and so does the import: the refusal of the
+    value imported names the file's default that set it, and the flag beside it, overruled."""
+    from rlpost.cli.main import main
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n  defaults: {top_k: 0}\n  datasets:\n    - {name: aime, path: /data/aime.jsonl}\n"
+    )
+    script = write_script(tmp_path, f"--eval-interval 20 {flag}--eval-config {config}")
+    default = f"--eval-config {config} defaults.top_k"
+    with pytest.raises(SystemExit) as exited:
+        main(["import", "slime", str(script), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    assert f"{default} = '0'   ({script})" in err
+    assert "imported as recipe.eval.top_k: top_k=0 keeps no token" in err
+    assert f"fix: change {default} (in rlpost's terms" in err
+    overruled = "--eval-top-k 5 in the script sets it too: slime takes the --eval-config file's"
+    assert (overruled in err) == bool(flag)
+    assert "recipe/" not in err
+    imported = import_slime(script)
+    assert imported.values["recipe.eval.top_k"] == 0
+    origin = imported.origin("recipe.eval.top_k")
+    assert origin is not None and (origin.source, origin.value) == (default, "0")
+
+
 def test_eval_custom_rm_path_on_the_command_line_is_not_imported(tmp_path: Path) -> None:
     """slime's eval config falls back to args.eval_custom_rm_path, which no flag of slime's
     sets: its parser drops --eval-custom-rm-path, so slime scores evaluation without it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ from transformers import AutoTokenizer
 
 from rlpost.data.prompts import PromptDataError
 from rlpost.rewards import compute_rewards
+from rlpost.rewards.hub import sample_coin
 from rlpost.runtime.evaluation import EvalReport, evaluate, load_eval_sets
 from rlpost.runtime.rollout.client import EngineClient
-from rlpost.runtime.rollout.manager import GroupRunner
+from rlpost.runtime.rollout.manager import Group, GroupRunner
 from rlpost.schema import RecipeConfig
 from rlpost.types import Sample
 
@@ -27,7 +29,11 @@ TRAINING = "rlpost_test_hooks.score_in_metadata_or_length"  # the line's score: 
 
 def write_set(path: Path, prompts: int = 3) -> str:
     lines = [
-        {"input": f"What is {i}+{i}?", "label": str(2 * i), "metadata": {"score": 0.5}}
+        {
+            "input": f"What is {i}+{i}?",
+            "label": str(2 * i),
+            "metadata": {"score": 0.5, "set": path.stem},
+        }
         for i in range(1, prompts + 1)
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -52,17 +58,34 @@ def recipe(tmp_path: Path, ev: dict[str, Any], reward: dict[str, Any]) -> Recipe
     )
 
 
-def run_evaluation(url: str, tiny_lm_dir: Path, cfg: RecipeConfig, seed: int | None) -> EvalReport:
+class KeepingRunner(GroupRunner):
+    """The rollout's group runner, keeping every sample it generated and scored."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.samples: list[Sample] = []
+
+    async def run(self, group: Group, *args: Any) -> Group:
+        done = await super().run(group, *args)
+        self.samples += done
+        return done
+
+
+def run_evaluation(
+    url: str, tiny_lm_dir: Path, cfg: RecipeConfig, seed: int | None
+) -> tuple[EvalReport, list[Sample]]:
+    """The evaluation's report, and its samples as scored."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir, local_files_only=True)
     sets = load_eval_sets(cfg, tokenizer, stop_token_ids=[])
 
     async def training_reward(samples: list[Sample]) -> list[float]:  # TrainLoop._reward's
         return await compute_rewards(samples, cfg.rollout.reward, seed)
 
-    async def main() -> EvalReport:
+    async def main() -> tuple[EvalReport, list[Sample]]:
         async with EngineClient(url, worker_urls=[url]) as client:
-            runner = GroupRunner(client, training_reward)
-            return await evaluate(runner, sets, 0, 0, reward_seed=seed)
+            runner = KeepingRunner(client, training_reward)
+            report = await evaluate(runner, sets, 0, 0, reward_seed=seed)
+            return report, runner.samples
 
     return asyncio.run(main())
 
@@ -77,20 +100,26 @@ def test_a_sets_own_function_then_the_evaluations_score_before_trainings(
     ]
     # training grades with math (no response of the tiny model boxes an answer: 0)
     cfg = recipe(tmp_path, {"datasets": datasets, "custom_reward_function": WIDE}, {})
-    report = run_evaluation(url, tiny_lm_dir, cfg, None)
+    report, _ = run_evaluation(url, tiny_lm_dir, cfg, None)
     assert report.accuracy == {"own": 0.75, "wide": 0.25}
 
     # without recipe.eval's function, a set without its own is scored as training is: by
     # training's custom function, and a set's reward_type grades it (here random, seeded)
     datasets[1] = {"name": "plain", "path": gpqa}
-    coins = write_set(tmp_path / "coins.jsonl", 16)
+    coins = write_set(tmp_path / "coins.jsonl", 32)
     datasets.append({"name": "coin", "path": coins, "reward_type": "random"})
     cfg = recipe(tmp_path, {"datasets": datasets}, {"custom_function": TRAINING})
-    first = run_evaluation(url, tiny_lm_dir, cfg, 11)
+    first, samples = run_evaluation(url, tiny_lm_dir, cfg, 11)
     assert (first.accuracy["own"], first.accuracy["plain"]) == (0.75, 0.5)
+    # each sample scores the coin the run's seed draws for it (draws without the seed
+    # would match all 32 one time in 2**32)
+    drawn = [s for s in samples if s.metadata["set"] == "coins"]
+    assert len(drawn) == 32
+    assert [s.reward for s in drawn] == [float(sample_coin(11, s)) for s in drawn]
+    assert first.accuracy["coin"] == statistics.fmean(s.reward or 0.0 for s in drawn)
     assert 0.0 < first.accuracy["coin"] < 1.0
     # greedy responses are the same again, and so is each one's seeded draw
-    assert run_evaluation(url, tiny_lm_dir, cfg, 11).accuracy == first.accuracy
+    assert run_evaluation(url, tiny_lm_dir, cfg, 11)[0].accuracy == first.accuracy
 
 
 def test_a_set_without_labels_is_read_and_scored_by_its_function(
