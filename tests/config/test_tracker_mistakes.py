@@ -94,6 +94,26 @@ MISTAKES: list[Mistake] = [
         ("recipe.train.global_batch_size=64",),
         "global_batch_size to 64",
     ),
+    Mistake(
+        "a global batch the data-parallel ranks cannot split",
+        "https://github.com/OpenRLHF/OpenRLHF/issues/346",
+        "AssertionError: Check batch related parameters. train_batch_size is not equal to "
+        "micro_batch_per_gpu * gradient_acc_step * world_size 256 != 2 * 18 * 7 (the "
+        "maintainers: 'Try setting the batch size to a multiple of 7. such as 126')",
+        (
+            *QWEN,
+            "layout.colocate=false",
+            "layout.train.num_gpus=7",
+            "layout.train.tp=1",
+            "layout.train.sequence_parallel=false",
+            "layout.rollout.num_gpus=1",
+            "layout.rollout.gpus_per_engine=1",
+        ),
+        "recipe.train.global_batch_size",
+        "over dp=7 data-parallel ranks",
+        ("recipe.train.global_batch_size=280", "recipe.rollout.batch_size=35"),
+        "recipe.train.global_batch_size: 280 with recipe.rollout.batch_size: 35 prompts",
+    ),
     # ---- algorithm ------------------------------------------------------------------------
     Mistake(
         "a group filter that no group of one passes",
