@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check, divisors
 from rlpost.plan.placement import engine_offset, misplaced_engines
+from rlpost.schema.recipe import prompts_filling_steps
 
 
 @check("engine_divides_rollout", scope="engine")
@@ -151,18 +154,47 @@ def check_sglang_expert_parallel(ctx: PlanContext) -> list[Issue]:
 def check_global_batch_over_dp(ctx: PlanContext) -> list[Issue]:
     gbs, dp = ctx.cfg.recipe.train.global_batch_size, ctx.parallel.dp
     if gbs % dp:
-        lower = gbs - gbs % dp  # the nearest multiples below and above; none below dp
-        nearest = " or ".join(str(m) for m in (lower, lower + dp) if m)
         return [
             Issue(
                 "recipe.train.global_batch_size",
                 f"each optimizer step spreads global_batch_size={gbs} samples over dp={dp} "
                 "data-parallel ranks, and they do not divide evenly",
-                f"use a multiple of {dp} (e.g. {nearest}), or change the data-parallel size",
+                _batch_for_dp_fix(ctx, gbs, dp),
                 gbs,
             )
         ]
     return []
+
+
+def _batch_for_dp_fix(ctx: PlanContext, gbs: int, dp: int) -> str:
+    """A global batch that dp splits and that still divides a rollout's samples (validation
+    has made gbs divide them): the nearest such multiples of dp, or, where no multiple of dp
+    divides a rollout's samples, the nearest multiple of dp and of the group size, with a
+    rollout that fills it."""
+    rollout = ctx.cfg.recipe.rollout
+    prompts, n = rollout.batch_size, rollout.n_samples_per_prompt
+    samples = prompts * n
+    fits = [d for d in divisors(samples) if d % dp == 0]
+    if fits:
+        below = [d for d in fits if d < gbs][-1:]
+        above = [d for d in fits if d > gbs][:1]
+        nearest = " or ".join(map(str, below + above))
+        return (
+            f"use a multiple of {dp} that divides the {samples} samples a rollout makes "
+            f"(e.g. {nearest}), or change the data-parallel size"
+        )
+    # a multiple of both dp and n: whole groups fill each step
+    unit = math.lcm(dp, n)
+    batch = max(1, round(gbs / unit)) * unit
+    step_prompts = batch // n
+    filled = max(1, round(prompts / step_prompts)) * step_prompts
+    return (
+        f"no multiple of {dp} divides the {samples} samples a rollout makes (rollout.batch_size "
+        f"x rollout.n_samples_per_prompt = {prompts} x {n}): set "
+        f"recipe.train.global_batch_size: {batch} with recipe.rollout.batch_size: "
+        f"{prompts_filling_steps(filled, n, batch)}, or change the data-parallel size to a "
+        f"divisor of {gbs}"
+    )
 
 
 @check("micro_batch_within_step", scope="train")

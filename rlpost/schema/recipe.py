@@ -39,7 +39,7 @@ __all__ = [
 NONZERO_STD_FILTER = "rlpost.filters.check_reward_nonzero_std"
 
 
-def _prompts_filling_steps(prompts: int, n: int, gbs: int) -> str:
+def prompts_filling_steps(prompts: int, n: int, gbs: int) -> str:
     """A rollout.batch_size for a fix, with the whole optimizer steps its samples fill."""
     steps = prompts * n // gbs
     return f"{prompts} prompts ({prompts} x {n} = {prompts * n} samples: {steps} step" + (
@@ -125,7 +125,7 @@ class RecipeConfig(Section):
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to {samples} (one step per rollout) or a "
                 f"divisor of it, or raise rollout.batch_size to "
-                f"{_prompts_filling_steps(step_prompts, n, gbs)}",
+                f"{prompts_filling_steps(step_prompts, n, gbs)}",
             )
         if samples % gbs:
             divisors = [d for d in range(samples, 0, -1) if samples % d == 0][:3]
@@ -138,7 +138,7 @@ class RecipeConfig(Section):
                 fields=("train.global_batch_size",),
                 fix=f"set train.global_batch_size to a divisor of {samples} "
                 f"(e.g. {', '.join(map(str, divisors))}), or rollout.batch_size to "
-                f"{_prompts_filling_steps(prompts, n, gbs)}",
+                f"{prompts_filling_steps(prompts, n, gbs)}",
             )
         return self
 

@@ -306,7 +306,20 @@ CASES: list[Bad] = [
         "global batch smaller than the data-parallel size",
         ("recipe.train.global_batch_size=1",),
         "recipe.train.global_batch_size = 1",
-        "fix: use a multiple of 2 (e.g. 2), or change the data-parallel size",
+        "fix: use a multiple of 2 that divides the 64 samples a rollout makes (e.g. 2), or "
+        "change the data-parallel size",
+    ),
+    Bad(
+        "a data-parallel size no global batch of a rollout splits",
+        (
+            "layout.colocate=false",
+            "layout.train.num_gpus=3",
+            "layout.rollout.num_gpus=1",
+            "hardware.gpus_per_node=4",
+            "hardware.cpus_per_node=4",
+        ),
+        "recipe.train.global_batch_size = 64",
+        "set recipe.train.global_batch_size: 72 with recipe.rollout.batch_size: 9 prompts",
     ),
     Bad(
         "temperature not a number",

@@ -94,6 +94,26 @@ MISTAKES: list[Mistake] = [
         ("recipe.train.global_batch_size=64",),
         "global_batch_size to 64",
     ),
+    Mistake(
+        "a global batch the data-parallel ranks cannot split",
+        "https://github.com/OpenRLHF/OpenRLHF/issues/346",
+        "AssertionError: Check batch related parameters. train_batch_size is not equal to "
+        "micro_batch_per_gpu * gradient_acc_step * world_size 256 != 2 * 18 * 7 (the "
+        "maintainers: 'Try setting the batch size to a multiple of 7. such as 126')",
+        (
+            *QWEN,
+            "layout.colocate=false",
+            "layout.train.num_gpus=7",
+            "layout.train.tp=1",
+            "layout.train.sequence_parallel=false",
+            "layout.rollout.num_gpus=1",
+            "layout.rollout.gpus_per_engine=1",
+        ),
+        "recipe.train.global_batch_size",
+        "over dp=7 data-parallel ranks",
+        ("recipe.train.global_batch_size=280", "recipe.rollout.batch_size=35"),
+        "recipe.train.global_batch_size: 280 with recipe.rollout.batch_size: 35 prompts",
+    ),
     # ---- algorithm ------------------------------------------------------------------------
     Mistake(
         "a group filter that no group of one passes",
@@ -111,6 +131,29 @@ MISTAKES: list[Mistake] = [
         "every group is dropped",
         ("recipe.rollout.n_samples_per_prompt=8",),
         "n_samples_per_prompt: 8",
+    ),
+    Mistake(
+        "grpo with one response per prompt",
+        "https://github.com/huggingface/trl/pull/3199",
+        "This PR fixes a confusing error message when users try to use `num_generations=1` "
+        "with the GRPO trainer. ... The real issue is that GRPO requires at least 2 "
+        "generations to function properly.",
+        ("recipe.rollout.n_samples_per_prompt=1", "recipe.train.global_batch_size=8"),
+        "recipe.rollout.n_samples_per_prompt",
+        "a group of one sample always gets advantage 0",
+        ("recipe.rollout.n_samples_per_prompt=8",),
+        "sample several responses per prompt",
+    ),
+    Mistake(
+        "a warmup as long as the run",
+        "https://github.com/PrimeIntellect-ai/prime-rl/issues/968",
+        "Error when `warmup_steps == max_steps` ... We crash when all steps are scheduler "
+        "warmup steps",
+        ("recipe.optim.lr_warmup_steps=60",),
+        "recipe.optim.lr_warmup_steps",
+        "not below the run's 60 optimizer steps",
+        ("recipe.optim.lr_warmup_steps=3",),
+        "use fewer warmup steps",
     ),
     Mistake(
         "the clip written as 1 + epsilon",
@@ -347,6 +390,19 @@ MISTAKES: list[Mistake] = [
         value="hardware=h100x16 has 2 nodes x 8 GPUs",
     ),
     Mistake(
+        "online wandb logging without a key",
+        "https://github.com/hiyouga/EasyR1/issues/69",
+        "(main_task pid=55440) wandb: Using wandb-core as the SDK backend. ... "
+        "wandb.errors.errors.UsageError: api_key not configured (no-tty). call "
+        "wandb.login(key=[your_api_key]) (EasyR1, a verl fork: raised in the Ray task that "
+        "drives the run)",
+        ("tracking.wandb.enabled=true", "tracking.wandb.mode=online"),
+        "tracking.wandb.mode",
+        "needs an API key",
+        ("tracking.wandb.mode=offline",),
+        "tracking.wandb.mode=offline",
+    ),
+    Mistake(
         "a request timeout shorter than a long response",
         "https://github.com/THUDM/slime/issues/1562",
         "Rollout generation:  62%| 40/64 ... ray.exceptions.RayTaskError(TimeoutError): "
@@ -405,6 +461,38 @@ MISTAKES: list[Mistake] = [
         "the first optimizer step fails",
         ("layout.train.distributed_optimizer=true",),
         "distributed_optimizer: true",
+    ),
+    Mistake(
+        "expert parallelism beyond the train GPUs",
+        "https://github.com/THUDM/slime/issues/1818",
+        "pipeline-model-parallel-size*expert-model-parallel-size*expert-tensor-parallel-size"
+        "=2*8*1=16, but use 1 actor-num-nodes and actor-num-gpus-per-node 8 ... RuntimeError: "
+        "world_size (8) is not divisible by expert_tensor_model_pipeline_parallel size (16)",
+        (
+            "model=qwen3-30b-a3b",
+            "recipe=grpo_dapo",
+            "hardware=h100x8",
+            "layout.train.pp=2",
+            "layout.train.ep=8",
+            "layout.train.etp=1",
+        ),
+        "layout.train.ep",
+        "1 x 8 x 2 = 16 does not divide 8 train GPUs",
+        ("layout.train.ep=4",),
+        "(here 4)",
+    ),
+    Mistake(
+        "tensor parallelism over more ranks than KV heads",
+        "https://github.com/pytorch/torchtitan/issues/2574",
+        "`Qwen3.5 MOE` ... has `n_kv_heads == 2` ... If TP > n_kv_heads (or n_kv_heads not "
+        "divisible by TP), each rank gets a fractional number of KV heads. The `view(bs, "
+        "seqlen, -1, head_dim)` reshape in the attention `forward` then produces a non-integer "
+        "head count and crashes.",
+        (*GLM9, "layout.train.cp=1", "layout.train.tp=4"),
+        "layout.train.tp",
+        "splits the 2 query groups (KV heads) over tp=4 ranks",
+        ("layout.train.tp=2",),
+        "use a tp that divides 2",
     ),
     # ---- the model against its checkpoint -------------------------------------------------
     Mistake(
@@ -547,6 +635,19 @@ MISTAKES: list[Mistake] = [
         "beyond model.max_position_embeddings=32768",
         (f"{SG}.context_length=32768",),
         "16384..32768",
+    ),
+    Mistake(
+        "a prompt and response longer than the model's positions",
+        "https://github.com/verl-project/verl/issues/1873",
+        "assert model_hf_config.max_position_embeddings >= config.prompt_length + "
+        "config.response_length ... AssertionError: model context length should be greater "
+        "than total sequence length; max_position_embeddings=4096 prompt_length=2048 "
+        "response_length=8192",
+        (*GLM9, "recipe.data.max_prompt_len=2048", "recipe.rollout.max_response_len=32768"),
+        "recipe.rollout.max_response_len",
+        "can reach 34816 tokens (max_prompt_len 2048 + response)",
+        ("recipe.rollout.max_response_len=12288",),
+        "prompt + response <= 32768",
     ),
     Mistake(
         "a KV pool smaller than one request",
