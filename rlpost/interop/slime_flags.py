@@ -252,6 +252,9 @@ FLAGS: tuple[FlagRule, ...] = (
 RULES = {rule.flag: rule for rule in FLAGS}
 
 # Flags read together with others (see the functions that read them), for the README table.
+# slime's --eval-*-key flags hold for every set whose key neither it nor, in an --eval-config
+# file, the defaults name
+EVAL_KEY_SETS = "every dataset without its own (an --eval-config set's, else its defaults')"
 READ_TOGETHER: dict[str, tuple[str, str]] = {
     "--actor-num-nodes": ("layout.train.num_gpus", "x --actor-num-gpus-per-node"),
     "--actor-num-gpus-per-node": ("layout.train.num_gpus", "x --actor-num-nodes"),
@@ -261,9 +264,9 @@ READ_TOGETHER: dict[str, tuple[str, str]] = {
     "--load": ("run.dir", "--load = --save = <run.dir>/slime/ is the run's own; else model.load"),
     "--save": ("run.dir", "<run.dir>/slime/"),
     "--eval-prompt-data": ("recipe.eval.datasets", "NAME PATH pairs"),
-    "--eval-input-key": ("recipe.eval.datasets[].input_key", "every dataset"),
-    "--eval-label-key": ("recipe.eval.datasets[].label_key", "every dataset"),
-    "--eval-tool-key": ("recipe.eval.datasets[].tool_key", "every dataset"),
+    "--eval-input-key": ("recipe.eval.datasets[].input_key", EVAL_KEY_SETS),
+    "--eval-label-key": ("recipe.eval.datasets[].label_key", EVAL_KEY_SETS),
+    "--eval-tool-key": ("recipe.eval.datasets[].tool_key", EVAL_KEY_SETS),
     "--eval-config": (
         "recipe.eval.datasets",
         "the file's sets (keys, rm_type, custom_rm_path, sample counts, response lengths) and "

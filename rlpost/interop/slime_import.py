@@ -532,19 +532,15 @@ def _read_together(
         values["run.dir"] = None if run_dir in ("", ".") else run_dir
     if load and (not save or load[0].rstrip("/") != save[0].rstrip("/")):
         values["model.load"] = load[0]
-    data = together.get("--eval-prompt-data")
-    if data:
+    # each set's keys that a set or an --eval-config default names none of (slime: the
+    # --eval-*-key flag, else training's --input-key, --label-key, --tool-key)
+    set_keys = {key: together[flag][0] for key, flag in EVAL_KEY_FLAGS if flag in together}
+    data, config = together.get("--eval-prompt-data"), together.get("--eval-config")
+    if config:
+        unmapped += read_eval_config(config[0], values, origins, set_keys)
+    elif data:
         pairs = [{"name": data[i], "path": data[i + 1]} for i in range(0, len(data) - 1, 2)]
-        keys = (
-            ("input_key", "--eval-input-key"),
-            ("label_key", "--eval-label-key"),
-            ("tool_key", "--eval-tool-key"),
-        )
-        for key, flag in keys:
-            if flag in together:
-                for pair in pairs:
-                    pair[key] = together[flag][0]
-        values["recipe.eval.datasets"] = pairs
+        values["recipe.eval.datasets"] = [{**pair, **set_keys} for pair in pairs]
     steps = together.get("--num-steps-per-rollout")
     if steps and "recipe.train.global_batch_size" not in values:
         # slime: rollout_batch_size * n_samples_per_prompt // num_steps_per_rollout
@@ -556,9 +552,6 @@ def _read_together(
         rollout = values.get("layout.rollout.num_gpus") or values["layout.train.num_gpus"]
         engines = max(1, rollout // int(values.get("layout.rollout.gpus_per_engine", 1)))
         values["recipe.rollout.max_concurrency"] = int(concurrency[0]) * engines
-    config = together.get("--eval-config")
-    if config:
-        unmapped += read_eval_config(config[0], values, origins)
     unmapped += _read_offload(together, bool(values.get("layout.colocate")))
     unmapped += _read_health_checks(together, values)
     unmapped += _read_save_hf(together, values)
@@ -589,16 +582,26 @@ EVAL_DEFAULT_KEYS = {  # slime's eval config defaults -> recipe.eval
     "custom_rm_path": "recipe.eval.custom_reward_function",
 }
 EVAL_SET_KEY_DEFAULTS = ("input_key", "label_key", "tool_key")  # every set's without its own
+EVAL_KEY_FLAGS = (
+    ("input_key", "--eval-input-key"),
+    ("label_key", "--eval-label-key"),
+    ("tool_key", "--eval-tool-key"),
+)
 
 
 def read_eval_config(
-    path: str, values: dict[str, Any], origins: dict[str, Origin]
+    path: str,
+    values: dict[str, Any],
+    origins: dict[str, Origin],
+    flag_keys: dict[str, str] | None = None,
 ) -> list[Unmapped]:
     """slime's --eval-config file (`eval: {defaults: ..., datasets: [...]}`, or the mapping
     itself; datasets a list or a mapping by name) as recipe.eval: each set's keys, reward type,
     reward function, sample count and response length, and the defaults rlpost keeps for
-    every set (each default's origin recorded in `origins`). What else a set or the defaults
-    give is listed, not imported."""
+    every set (each default's origin recorded in `origins`). A set's key is its own, else the
+    defaults', else the --eval-*-key flag's (`flag_keys`), as slime's eval_config.py resolves
+    it; a label_key null in the file reads no label (false). What else a set or
+    the defaults give is listed, not imported."""
     flag = "--eval-config"
     try:
         loaded = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
@@ -629,7 +632,8 @@ def read_eval_config(
     training = values.get("recipe.rollout.reward.custom_function")
     evaluation = values.get("recipe.eval.custom_reward_function")
     for entry in raw:
-        entry = {**{k: defaults[k] for k in EVAL_SET_KEY_DEFAULTS if k in defaults}, **entry}
+        keys = {k: defaults[k] for k in EVAL_SET_KEY_DEFAULTS if k in defaults}
+        entry = {**(flag_keys or {}), **keys, **entry}
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
         if "label_key" in dataset and dataset["label_key"] is None:
             dataset["label_key"] = False  # slime reads no label; rlpost's null inherits one

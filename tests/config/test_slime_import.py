@@ -798,6 +798,43 @@ def test_an_eval_config_set_without_labels_imports_and_exports_back(
     assert [d["label_key"] for d in yaml.safe_load(exported[1])["eval"]["datasets"]] == [None] * 2
 
 
+def test_the_eval_key_flags_reach_eval_config_sets_that_name_no_key(tmp_path: Path) -> None:
+    """slime takes an --eval-config set's input, label and tool keys from the set, else the
+    file's defaults, else --eval-input-key, --eval-label-key, --eval-tool-key, else training's
+    keys (its eval_config.py): a set the file leaves to the flags reads the flags' keys, and
+    the export writes every set's keys into the file, which imports back to the same sets."""
+    from rlpost.plan.slime_args import eval_config_file
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  defaults: {tool_key: calls}\n"
+        "  datasets:\n"
+        "    - {name: own, path: /data/own.jsonl, input_key: question, label_key: answer}\n"
+        "    - {name: bare, path: /data/bare.jsonl}\n"
+    )
+    keys = "--eval-input-key prompt --eval-label-key solution --eval-tool-key functions"
+    script = write_script(tmp_path, f"--eval-interval 20 {keys} --eval-config {config}")
+    imported = import_slime(script)
+    assert not imported.unmapped
+    own = {"input_key": "question", "label_key": "answer", "tool_key": "calls"}
+    bare = {"input_key": "prompt", "label_key": "solution", "tool_key": "calls"}
+    assert imported.values["recipe.eval.datasets"] == [
+        {"name": "own", "path": "/data/own.jsonl", **own},
+        {"name": "bare", "path": "/data/bare.jsonl", **bare},
+    ]
+    cfg, plan = imported_config(script, tmp_path / "out")
+    exported = eval_config_file(cfg)  # type: ignore[arg-type]
+    assert exported is not None
+    written = yaml.safe_load(exported[1])["eval"]["datasets"]
+    assert written == imported.values["recipe.eval.datasets"]
+    config.write_text(exported[1])
+    tokens = slime_arg_groups(cfg, plan)["EVAL_ARGS"]  # type: ignore[arg-type]
+    flags = " ".join(t for t in tokens if t != "--eval-config" and not t.endswith(".yaml"))
+    again = import_slime(write_script(tmp_path, f"{flags} --eval-config {config}"))
+    assert again.values["recipe.eval.datasets"] == imported.values["recipe.eval.datasets"]
+
+
 @pytest.mark.parametrize("flag", ["", "--eval-top-k 5 "])
 def test_a_refused_eval_config_default_is_named_with_the_flag_it_overrules(
     tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
