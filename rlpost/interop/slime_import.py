@@ -538,6 +538,10 @@ def _read_together(
     data, config = together.get("--eval-prompt-data"), together.get("--eval-config")
     if config:
         unmapped += read_eval_config(config[0], values, origins, set_keys)
+        if data:
+            why = "slime reads the sets from the --eval-config file and ignores this flag"
+            nearest = "recipe.eval.datasets"
+            unmapped.append(Unmapped("--eval-prompt-data", tuple(data), why, nearest))
     elif data:
         pairs = [{"name": data[i], "path": data[i + 1]} for i in range(0, len(data) - 1, 2)]
         values["recipe.eval.datasets"] = [{**pair, **set_keys} for pair in pairs]

@@ -835,6 +835,25 @@ def test_the_eval_key_flags_reach_eval_config_sets_that_name_no_key(tmp_path: Pa
     assert again.values["recipe.eval.datasets"] == imported.values["recipe.eval.datasets"]
 
 
+def test_eval_prompt_data_beside_an_eval_config_is_listed_as_not_imported(
+    tmp_path: Path,
+) -> None:
+    """slime reads the evaluation sets from --eval-config when it is given and ignores
+    --eval-prompt-data; so does the import, which lists the flag with the reason."""
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets:\n    - {name: aime, path: /data/aime.jsonl}\n")
+    pairs = "--eval-prompt-data gsm8k /data/gsm8k.jsonl"
+    imported = import_slime(
+        write_script(tmp_path, f"--eval-interval 20 {pairs} --eval-config {config}")
+    )
+    assert imported.values["recipe.eval.datasets"] == [{"name": "aime", "path": "/data/aime.jsonl"}]
+    [note] = imported.unmapped
+    assert (note.flag, note.values, note.nearest) == (
+        "--eval-prompt-data", ("gsm8k", "/data/gsm8k.jsonl"), "recipe.eval.datasets"
+    )  # fmt: skip
+    assert note.reason == "slime reads the sets from the --eval-config file and ignores this flag"
+
+
 @pytest.mark.parametrize("flag", ["", "--eval-top-k 5 "])
 def test_a_refused_eval_config_default_is_named_with_the_flag_it_overrules(
     tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
