@@ -77,17 +77,17 @@ def prompt_format(
     config: Any,
     input_key: str | None = None,
     label_key: str | Literal[False] | None = None,
-    tool_key: str | None = None,
+    tool_key: str | Literal[False] | None = None,
 ) -> PromptFormat:
     """The data section's keys and template settings, optionally with other keys (label_key
-    False: no label, as an evaluation set's)."""
+    False: no label, tool_key False: no tools, as an evaluation set's)."""
     return PromptFormat(
         input_key=input_key or config.input_key,
         label_key=(
             None if label_key is False else config.label_key if label_key is None else label_key
         ),
         metadata_key=config.metadata_key,
-        tool_key=tool_key if tool_key is not None else config.tool_key,
+        tool_key=(None if tool_key is False else config.tool_key if tool_key is None else tool_key),
         apply_chat_template=config.apply_chat_template,
         chat_template_kwargs=dict(config.apply_chat_template_kwargs),
     )

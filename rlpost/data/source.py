@@ -418,7 +418,7 @@ def load_eval_groups(
     n_samples_per_prompt: int,
     input_key: str | None = None,
     label_key: str | Literal[False] | None = None,
-    tool_key: str | None = None,
+    tool_key: str | Literal[False] | None = None,
 ) -> list[Group]:
     """Every prompt of an eval file, in file order, `n_samples_per_prompt` samples each.
 

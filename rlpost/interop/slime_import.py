@@ -604,7 +604,7 @@ def read_eval_config(
     reward function, sample count and response length, and the defaults rlpost keeps for
     every set (each default's origin recorded in `origins`). A set's key is its own, else the
     defaults', else the --eval-*-key flag's (`flag_keys`), as slime's eval_config.py resolves
-    it; a label_key null in the file reads no label (false). What else a set or
+    it; a key null in the file reads nothing (label_key, tool_key: false). What else a set or
     the defaults give is listed, not imported."""
     flag = "--eval-config"
     try:
@@ -639,8 +639,9 @@ def read_eval_config(
         keys = {k: defaults[k] for k in EVAL_SET_KEY_DEFAULTS if k in defaults}
         entry = {**(flag_keys or {}), **keys, **entry}
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
-        if "label_key" in dataset and dataset["label_key"] is None:
-            dataset["label_key"] = False  # slime reads no label; rlpost's null inherits one
+        for key in ("label_key", "tool_key"):
+            if key in dataset and dataset[key] is None:
+                dataset[key] = False  # slime reads none; rlpost's null inherits the data's
         if dataset.get("custom_reward_function") is not None:
             dataset["custom_reward_function"] = hook_path(str(dataset["custom_reward_function"]))
         reward = dataset.get("reward_type")

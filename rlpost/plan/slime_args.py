@@ -286,7 +286,7 @@ def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
         entry: dict[str, Any] = {"name": dataset.name, "path": dataset.path}
         for ours, theirs in EVAL_SET_FIELDS.items():
             value = getattr(dataset, ours)
-            if value is False:  # label_key: slime reads no label where it is null
+            if value is False:  # label_key, tool_key: slime reads none where it is null
                 entry[theirs] = None
             elif value is not None:
                 entry[theirs] = (
@@ -317,7 +317,7 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
         flag("--eval-config", config[0]) if config else flag("--eval-prompt-data", *datasets),
         *(option(input_keys.pop(), "--eval-input-key") if len(input_keys) == 1 else []),
         *(option(label_keys.pop(), "--eval-label-key", False) if len(label_keys) == 1 else []),
-        *(option(tool_keys.pop(), "--eval-tool-key") if len(tool_keys) == 1 else []),
+        *(option(tool_keys.pop(), "--eval-tool-key", False) if len(tool_keys) == 1 else []),
         flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
         *option(ev.max_response_len, "--eval-max-response-len"),
         *option(ev.max_prompt_len, "--eval-max-prompt-len"),
@@ -632,6 +632,7 @@ def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:
         or d.reward_type is not None
         or d.custom_reward_function is not None
         or d.label_key is False  # slime reads no label only where the file says null
+        or d.tool_key is False  # nor tools
         for d in datasets
     )
     return len(keys) > 1 or own

@@ -48,8 +48,11 @@ class EvalDataset(Section):
         "false: the set's lines have none, for a set scored without one: a custom reward "
         "function, the random type, a reward model; slime's eval config's label_key: null)",
     )
-    tool_key: str | None = Field(
-        None, description="the field holding a line's tools (null: the data section's tool_key)"
+    tool_key: str | Literal[False] | None = Field(
+        None,
+        description="the field holding a line's tools (null: the data section's tool_key; "
+        "false: the set's lines are rendered without tools, whatever field they hold; "
+        "slime's eval config's tool_key: null)",
     )
     n_samples_per_prompt: PositiveInt | None = None
     max_response_len: PositiveInt | None = None

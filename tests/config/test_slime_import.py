@@ -854,6 +854,54 @@ def test_eval_prompt_data_beside_an_eval_config_is_listed_as_not_imported(
     assert note.reason == "slime reads the sets from the --eval-config file and ignores this flag"
 
 
+def test_an_eval_config_set_without_tools_imports_and_exports_back(tmp_path: Path) -> None:
+    """slime reads no tools for a set whose tool_key is null in its eval config (its own, or
+    the defaults' for every set without one): its Dataset reads tools only under a key, and
+    a null in the file is a value, so neither --eval-tool-key nor --tool-key fills it in.
+    rlpost's tool_key: false, which the export writes back as null."""
+    from rlpost.plan.slime_args import eval_config_file
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "eval:\n"
+        "  datasets:\n"
+        "    - {name: plain, path: /data/plain.jsonl, tool_key: null}\n"
+        "    - {name: agent, path: /data/agent.jsonl}\n"
+    )
+    flags = "--tool-key calls --eval-tool-key functions"
+    script = write_script(tmp_path, f"--eval-interval 20 {flags} --eval-config {config}")
+    imported = import_slime(script)
+    assert not imported.unmapped
+    sets = imported.values["recipe.eval.datasets"]
+    assert [d.get("tool_key") for d in sets] == [False, "functions"]
+    cfg, _ = imported_config(script, tmp_path / "out")
+    assert [d.tool_key for d in cfg.recipe.eval.datasets] == [False, "functions"]  # type: ignore[attr-defined]
+    exported = eval_config_file(cfg)  # type: ignore[arg-type]
+    assert exported is not None
+    written = yaml.safe_load(exported[1])["eval"]["datasets"]
+    assert [(d["name"], d["tool_key"]) for d in written] == [
+        ("plain", None), ("agent", "functions")
+    ]  # fmt: skip
+    # sets alike but for reading no tools: slime has no flag for that, so the file says it
+    overrides = [
+        "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8",
+        "recipe.eval.datasets=[{name: a, path: /data/a.jsonl, tool_key: false},"
+        " {name: b, path: /data/b.jsonl, tool_key: false}]",
+    ]  # fmt: skip
+    alike, _ = compose_run_config(overrides)
+    tokens = slime_arg_groups(alike, build_plan(alike))["EVAL_ARGS"]
+    assert "--eval-config" in tokens and "--eval-tool-key" not in tokens
+    exported = eval_config_file(alike)
+    assert exported is not None
+    config.write_text(exported[1])
+    again = import_slime(write_script(tmp_path, f"--eval-interval 20 --eval-config {config}"))
+    assert [d["tool_key"] for d in again.values["recipe.eval.datasets"]] == [False] * 2
+    defaults = "eval:\n  defaults: {tool_key: null}\n  datasets:\n    - {name: a, path: /a}\n"
+    config.write_text(defaults)
+    script = write_script(tmp_path, f"--eval-interval 20 {flags} --eval-config {config}")
+    assert import_slime(script).values["recipe.eval.datasets"][0]["tool_key"] is False
+
+
 @pytest.mark.parametrize("flag", ["", "--eval-top-k 5 "])
 def test_a_refused_eval_config_default_is_named_with_the_flag_it_overrules(
     tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]

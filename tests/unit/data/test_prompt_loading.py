@@ -433,3 +433,37 @@ def test_an_unlabelled_set_scored_without_a_label_is_told_it_may_read_none(
     assert issues("false") == []
     [graded] = issues(function="")  # math, against the label
     assert graded.key == "recipe.data.label_key" and "false" not in graded.fix
+
+
+def test_a_set_that_reads_no_tools_renders_its_lines_without_them(
+    tmp_path: Path, tools_tokenizer
+) -> None:
+    """An evaluation set's tool_key: false (slime's eval config's tool_key: null) reads no
+    tools whatever the data's tool_key, as label_key: false reads no label: its lines' tools
+    are neither refused without the chat template nor rendered into the prompt."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.data.source import load_eval_groups
+    from rlpost.plan import build_plan
+    from rlpost.plan.preflight import check_data
+
+    lines = tmp_path / "agent.jsonl"
+    lines.write_text(json.dumps({"prompt": "Rain in Oslo?", "label": "no", "tools": [WEATHER]}))
+
+    def config(tool_key: str) -> object:
+        own = f", tool_key: {tool_key}" if tool_key else ""
+        return compose_run_config(
+            ["mode=eval", "recipe.data.apply_chat_template=false",
+             f"recipe.eval.datasets=[{{name: agent, path: {lines}{own}}}]"]
+        )[0]  # fmt: skip
+
+    inherited = config("")
+    [refused] = check_data(inherited, build_plan(inherited))  # type: ignore[arg-type]
+    assert "apply_chat_template is false" in refused.message
+    none = config("false")
+    assert check_data(none, build_plan(none)) == []  # type: ignore[arg-type]
+    dataset = none.recipe.eval.datasets[0]  # type: ignore[attr-defined]
+    [group] = load_eval_groups(
+        dataset.path, none.recipe.data, tools_tokenizer, n_samples_per_prompt=1,  # type: ignore[attr-defined]
+        input_key=dataset.input_key, label_key=dataset.label_key, tool_key=dataset.tool_key,
+    )  # fmt: skip
+    assert "tools" not in group[0].metadata and group[0].prompt == "Rain in Oslo?"
