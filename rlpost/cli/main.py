@@ -115,10 +115,22 @@ def build_parser(table: dict[str, Verb]) -> argparse.ArgumentParser:
 FREE_TOKENS = ("items", "changes")
 
 
+def _options(parser: argparse.ArgumentParser, verb: str) -> list[str]:
+    """The option strings `verb`'s own parser takes."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction) and verb in action.choices:
+            return sorted(action.choices[verb]._option_string_actions)
+    return []
+
+
 def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:
     parsed, extra = parser.parse_known_args(args)
     field = next((name for name in FREE_TOKENS if hasattr(parsed, name)), None)
     flags = [token for token in extra if token.startswith("-")]
+    if flags and field is not None:  # a verb of overrides given slime's `--lr 1e-6`
+        from rlpost.config.flags import flag_issues
+
+        raise UserError(flag_issues(args, _options(parser, parsed.verb)), "command-line error")
     if flags or (extra and field is None):
         parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
     if field is not None:

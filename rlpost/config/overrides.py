@@ -44,13 +44,20 @@ class LaunchArgs:
 
 
 def parse_argv(argv: Sequence[str]) -> LaunchArgs:
-    """Split argv with Hydra's own argument parser (the one `@hydra.main` uses)."""
+    """Split argv with Hydra's own argument parser (the one `@hydra.main` uses); UserError for
+    a flag that is not one of its own (slime's `--lr 1e-6`: rlpost.config.flags)."""
     from hydra._internal.utils import get_args_parser  # hydra-core 1.3: the same parser
 
+    parser = get_args_parser()
     try:
-        args, extra = get_args_parser().parse_known_args(list(argv))
+        args, extra = parser.parse_known_args(list(argv))
     except SystemExit:  # --version, or a malformed flag: let Hydra answer it
         return LaunchArgs(overrides=[], informational=True)
+    if any(token.startswith("-") for token in extra):  # slime's --lr 1e-6, a typo of a flag
+        from rlpost.config.flags import flag_issues
+
+        known = sorted(parser._option_string_actions)
+        raise UserError(flag_issues(argv, known), title="command-line error")
     if extra:  # e.g. overrides after -m: Hydra rejects these with its usage line
         return LaunchArgs(overrides=[], informational=True)
     # --cfg and --info compose the config, so their overrides are checked like a run's

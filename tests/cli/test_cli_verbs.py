@@ -116,6 +116,18 @@ def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixtur
     assert "Traceback" not in err
 
 
+def test_a_slime_flag_is_answered_with_its_key_and_a_secret_never_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["validate", *TINY, "--rollout-batch-size", "16", "--wandb-key=s3cr3t", "--use-tis"]
+    status, out, err = run_main(argv, capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "rlpost: 3 command-line errors" in err
+    assert "fix: write recipe.rollout.batch_size=16" in err
+    assert "fix: write recipe.algo.off_policy_correction=tis" in err
+    assert "--wandb-key = '***'" in err and "s3cr3t" not in err
+
+
 def test_validate_refuses_training_settings_given_to_an_evaluation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

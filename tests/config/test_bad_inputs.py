@@ -681,6 +681,31 @@ CASES: list[Bad] = [
     Bad("the model group set to null", ("model=null",), "model", "choose one of: deepseek-v3"),
     Bad("the hardware group set to null", ("hardware=null",), "hardware", "choose one of: cpu"),
     Bad("unknown section", ("recipee.rollout.temperature=1.0",), "recipee", "Did you mean"),
+    Bad(
+        "a slime flag where an override goes",
+        ("--lr", "1e-6"),
+        "recipe.optim.lr",
+        "fix: write recipe.optim.lr=1e-6",
+    ),
+    Bad(
+        "a slime flag of several values",
+        ("--rollout-stop-token-ids", "1", "2"),
+        "recipe.rollout.stop_token_ids",
+        "fix: write recipe.rollout.stop_token_ids='[1, 2]'",
+    ),
+    Bad(
+        "a slime flag whose value rlpost counts in other units",
+        ("--update-weight-buffer-size", "536870912"),
+        "engine.weight_bucket_mb",
+        "fix: write engine.weight_bucket_mb=512",
+    ),
+    Bad(
+        "a key written as a flag",
+        ("--temperature=0.8",),
+        "--temperature",
+        "fix: write recipe.rollout.temperature=0.8 or recipe.eval.temperature=0.8",
+    ),
+    Bad("a misspelt Hydra flag", ("--config_dir", "conf"), "--config_dir", "--config-dir?"),
 ]
 
 
