@@ -332,10 +332,15 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     # a list entry past the list's end, or a key to delete that the config does not hold,
     # fails only when Hydra merges the overrides
     indexed = any(_sets_a_list_entry(token) or token.startswith("~") for token in checked)
+    # '+group=...' for a group the defaults list chooses: Hydra's own entry would exit 1
+    adds_group = any(
+        token.startswith("+") and _is_group(roots, token.lstrip("+").split("=", 1)[0])
+        for token in checked
+    )
     main = main_dir(args.config_path)
-    if (_user_sources(args, searchpath) or indexed) and not args.multirun:
+    if (_user_sources(args, searchpath) or indexed or adds_group) and not args.multirun:
         check_composition(config_name, checked, roots, args.config_dir, main, merge=indexed)
-    elif indexed:  # a sweep: each distinct list the entry or deletion goes through
+    elif indexed or adds_group:  # a sweep: each distinct list the entry or deletion goes through
         for job in _jobs_that_shape_lists(checked):
             check_composition(config_name, job, roots, args.config_dir, main, merge=True)
     rewritten = dict(zip(args.overrides, checked, strict=True))

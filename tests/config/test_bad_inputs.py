@@ -706,6 +706,30 @@ CASES: list[Bad] = [
         "fix: write recipe.rollout.temperature=0.8 or recipe.eval.temperature=0.8",
     ),
     Bad("a misspelt Hydra flag", ("--config_dir", "conf"), "--config_dir", "--config-dir?"),
+    Bad(
+        "a group the defaults list chooses, added with +",
+        ("+model=qwen3-0.6b",),
+        "model = 'qwen3-0.6b'",
+        "fix: write model=qwen3-0.6b (without '+')",
+    ),
+    Bad(
+        "the group the defaults list chooses, added again with +",
+        ("+model=qwen3-tiny",),
+        "model is chosen twice",
+        "fix: write model=NAME (without '+')",
+    ),
+    Bad(
+        "a group force-added with ++",
+        ("++hardware=cpu",),
+        "hardware = 'cpu'",
+        "fix: write hardware=cpu (without '++')",
+    ),
+    Bad(
+        "the optional layout added with +",
+        ("+layout=qwen3-tiny_cpu",),
+        "layout is chosen twice",
+        "fix: write layout=NAME (without '+')",
+    ),
 ]
 
 
