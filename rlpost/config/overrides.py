@@ -29,6 +29,8 @@ NO_RUN_DIR_MODES = frozenset({"plan", "slime_args"})
 CHOICES_SHOWN = 12
 # the groups conf/config.yaml's defaults list marks optional: leaving one out is `~group`
 OPTIONAL_GROUPS = frozenset({"layout"})
+# the groups every run needs (RunConfig's model, recipe and hardware): `~group` is refused
+REQUIRED_GROUPS = frozenset({"model", "recipe", "hardware"})
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,18 @@ def _null_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> 
     )
 
 
+def _deleted_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> Issue:
+    """`~model`: Hydra fails on the layout's `${model}_${hardware}` (or the schema on a
+    missing section), naming neither the override nor what to write."""
+    group = override.key_or_group
+    return Issue(
+        key=group,
+        message=f"{token} leaves the {group} out, and every run needs a {group}",
+        fix=f"choose one instead: {group}=NAME, one of: {_shown(group_options(roots, group))}",
+        location=Location(override=token),
+    )
+
+
 def _check_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> list[Issue]:
     group = override.key_or_group
     if not override.is_sweep_override() and override.value() is None:
@@ -231,6 +245,8 @@ def check_override(
         return token, []
     sweep = [] if multirun or not parsed.is_sweep_override() else [_sweep(parsed, token)]
     if parsed.package is not None or _is_group(roots, parsed.key_or_group):
+        if parsed.is_delete() and parsed.key_or_group in REQUIRED_GROUPS:
+            return token, [_deleted_group(parsed, token, roots)]
         return token, ([] if parsed.is_delete() else _check_group(parsed, token, roots)) + sweep
     issue = _check_key(parsed, token)
     if issue is not None:

@@ -725,6 +725,12 @@ CASES: list[Bad] = [
         "fix: write hardware=cpu (without '++')",
     ),
     Bad(
+        "a group every run needs, deleted",
+        ("~model",),
+        "model   (command line: ~model)",
+        "fix: choose one instead: model=NAME, one of: deepseek-v3",
+    ),
+    Bad(
         "the optional layout added with +",
         ("+layout=qwen3-tiny_cpu",),
         "layout is chosen twice",
