@@ -25,23 +25,23 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 SECRET = re.compile(r"^--wandb-key$|api-key|secret|password|(^|-)token$")
 
 
-def _hydra_item(value: Any) -> str:
+def hydra_value(value: Any) -> str:
     """A value in Hydra's override grammar: strings it would not read bare are quoted."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_hydra_item(v) for v in value) + "]"
+        return "[" + ", ".join(hydra_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_hydra_item(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
     return text if _PLAIN.match(text) else json.dumps(text)
 
 
 def _shell_value(value: Any) -> str:
     """A value as an override's right-hand side, quoted for the shell where it needs it."""
-    text = _hydra_item(value)
+    text = hydra_value(value)
     return text if _PLAIN.match(text) else "'" + text.replace("'", "'\\''") + "'"
 
 

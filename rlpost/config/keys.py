@@ -177,6 +177,21 @@ class UnknownKey:
         return f"unknown key '{self.name}' {where}.{self.suggestion()}"
 
 
+def takes_list(path: str) -> bool:
+    """Whether the schema's key at `path` holds a list (False for an unknown key)."""
+    node = ROOT
+    for part in path.split("."):
+        if node.kind == "section" and node.section is not None:
+            if part not in node.section.model_fields:
+                return False
+            node = node_for(node.section.model_fields[part].annotation)
+        elif node.kind == "list" and part.isdigit():
+            node = node.item or KeyNode("leaf")
+        else:
+            return False
+    return node.kind == "list"
+
+
 def find_unknown(path: str) -> UnknownKey | None:
     """None when `path` is a key the schema accepts, else where it goes wrong."""
     node, done = ROOT, list[str]()

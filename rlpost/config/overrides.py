@@ -112,6 +112,54 @@ def _parser() -> OverridesParser:
     return OverridesParser.create()
 
 
+QUOTING = (
+    "a string with characters other than letters, digits and _-./: goes in double quotes "
+    """inside the shell's single quotes (recipe.rollout.stop='["</answer>", "a b"]')"""
+)
+
+
+def _bare(token: str) -> bool:
+    """A token that is no override at all: no '=', no '~key' deletion."""
+    return "=" not in token and token[:1] not in "+~-"
+
+
+def _continued(tokens: Sequence[str]) -> dict[int, list[str]]:
+    """Values written the slime way (`stop_token_ids=1 2 3`): by the index of the override
+    that has them, the bare tokens after it."""
+    runs: dict[int, list[str]] = {}
+    owner = None
+    for i, token in enumerate(tokens):
+        if not _bare(token):
+            owner = i if "=" in token else None
+        elif owner is not None:
+            runs.setdefault(owner, []).append(token)
+    return runs
+
+
+def _continuation_issue(owner: str, more: Sequence[str]) -> Issue:
+    from rlpost.config.flags import hydra_value
+    from rlpost.config.keys import takes_list
+
+    key, first = owner.split("=", 1)
+    key = key.lstrip("+~")
+    values = [hydra_value(v) for v in [first, *more]]
+    if takes_list(key):
+        fix = f"write the list in brackets, quoted for the shell: {key}='[{', '.join(values)}]'"
+    else:
+        fix = (
+            f"{key} takes one value: give one ({key}={values[0]}), or sweep them, one run "
+            f"each, with commas and -m: -m '{key}={','.join(values)}'"
+        )
+    return Issue(
+        key=key,
+        value=" ".join([first, *more]),
+        message=f"{' '.join(more)}: value(s) after {owner} that are no override (key=value) of "
+        "their own; values written slime's way, one after another, are a token each",
+        fix=fix,
+        location=Location(override=" ".join([owner, *more])),
+    )
+
+
 def _parse(token: str) -> Override | Issue:
     from hydra.errors import HydraException
 
@@ -121,8 +169,8 @@ def _parse(token: str) -> Override | Issue:
         return Issue(
             key=token.split("=", 1)[0].lstrip("+~"),
             message=f"cannot parse this override: {str(exc).splitlines()[0]}",
-            fix="write key=value (quote values with spaces or brackets: key='[1, 2]'), "
-            "group=option, +key=value to add, or ~key to delete",
+            fix="write key=value (a list or mapping in brackets, quoted for the shell: "
+            f"key='[1, 2]'; {QUOTING}), group=option, +key=value to add, or ~key to delete",
             location=Location(override=token),
         )
 
@@ -222,14 +270,21 @@ def _sweep(override: Override, token: str) -> Issue:
         choices = _choices_of(override)
     except HydraException:  # interval(...) has no values to list
         choices = []
+    from rlpost.config.keys import takes_list
+
     one = f" ({key}={choices[0]})" if choices else ""
+    fix = (
+        f"add -m to launch one run per value (python launch.py -m {token}), or give one value{one}"
+    )
+    if takes_list(key):
+        brackets = f"{key}='[{values}]'"
+        fix = f"{key} is a list: write it in brackets, quoted for the shell ({brackets}); {fix}"
     return Issue(
         key=key,
         value=values,
         message=f"{values} is a sweep, one run per value, and a launch without -m is one run: "
         "Hydra refuses it",
-        fix=f"add -m to launch one run per value (python launch.py -m {token}), or give one "
-        f"value{one}",
+        fix=fix,
         location=Location(override=token),
     )
 
@@ -263,7 +318,16 @@ def check_overrides(
     """The overrides to hand Hydra, or a UserError listing every bad one. Sweeps (a,b or
     range(...)) only with `multirun` (-m)."""
     rewritten, issues = [], []
-    for token in tokens:
+    continued = _continued(tokens)
+    taken = {token for more in continued.values() for token in more}
+    for i, token in enumerate(tokens):
+        if i in continued:
+            issues.append(_continuation_issue(token, continued[i]))
+            rewritten.append(token)
+            continue
+        if token in taken and _bare(token):
+            rewritten.append(token)
+            continue
         form, found = check_override(token, roots, multirun)
         rewritten.append(form)
         issues.extend(found)

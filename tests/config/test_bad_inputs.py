@@ -658,6 +658,33 @@ CASES: list[Bad] = [
         "fix: add -m to launch one run per value",
     ),
     Bad(
+        "a list written as a sweep",
+        ("recipe.rollout.stop_token_ids=1,2",),
+        "recipe.rollout.stop_token_ids = '1,2'",
+        "fix: recipe.rollout.stop_token_ids is a list: write it in brackets, quoted for the "
+        "shell (recipe.rollout.stop_token_ids='[1,2]')",
+    ),
+    Bad(
+        "a list written slime's way, one value after another",
+        ("recipe.rollout.stop=</answer>", "<end>"),
+        "recipe.rollout.stop = '</answer> <end>'",
+        "fix: write the list in brackets, quoted for the shell: "
+        """recipe.rollout.stop='["</answer>", "<end>"]'""",
+    ),
+    Bad(
+        "a single value written with a second after it",
+        ("recipe.optim.lr=1e-6", "2e-6"),
+        "recipe.optim.lr = '1e-6 2e-6'",
+        "or sweep them, one run each, with commas and -m: -m 'recipe.optim.lr=1e-6,2e-6'",
+    ),
+    Bad(
+        "a string Hydra reads only quoted",
+        ("recipe.rollout.stop=[</answer>]",),
+        "recipe.rollout.stop",
+        "goes in double quotes inside the shell's single quotes "
+        """(recipe.rollout.stop='["</answer>", "a b"]')""",
+    ),
+    Bad(
         "an eval dataset added by index",
         ("recipe.eval.datasets.1.path=/x.jsonl",),
         "recipe.eval.datasets.1.path = '/x.jsonl'",
