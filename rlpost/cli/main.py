@@ -1,17 +1,19 @@
 """The `rlpost` command: list, check, show and scaffold configs; plan and launch runs.
 
     rlpost ls [GROUP...] [--config-dir DIR]
-    rlpost validate [--config-dir DIR] FILE.yaml | OVERRIDE...
+    rlpost validate [--config-dir DIR] [--no-local-checks] FILE.yaml | OVERRIDE...
     rlpost show [--config-dir DIR] model=... recipe=... hardware=... [--only KEY]
     rlpost plan [--config-dir DIR] model=... recipe=... hardware=...   # launch.py mode=plan
     rlpost new model --from-hf DIR [--name NAME] [--out PATH]
     rlpost new recipe NAME --from BASE [KEY=VALUE...]
     rlpost new hardware NAME [--nodes N]                                 # from this machine
     rlpost run ...                                                       # python launch.py ...
-    rlpost cluster up --hostfile FILE | status | down                    # a Ray cluster over ssh
+    rlpost cluster up --hostfile FILE | status | down | wait             # a Ray cluster over ssh
     rlpost slurm model=... recipe=... hardware=... --run-dir DIR [--out FILE]  # sbatch script
-    rlpost kuberay model=... recipe=... hardware=... --image IMAGE      # a KubeRay RayJob
-    rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR]         # configs from slime
+    rlpost kuberay model=... recipe=... hardware=... --image IMAGE [--pvc PVC]  # a RayJob
+    rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR] [--env NAME=VALUE]
+                                  [--gpus-per-node N] [--name NAME]     # configs from slime
+    rlpost import slime --table                                         # slime flag -> key
 
 Every user error exits 2 with its message and no traceback. None of these commands imports
 torch, ray, transformers, megatron or sglang except `run` when it trains.

@@ -350,6 +350,31 @@ def test_each_commands_usage_line_names_its_required_flags() -> None:
         assert all(flag in line for flag in required), (name, required, line)
 
 
+def test_the_usage_lines_name_every_option_and_subcommand_of_the_config_verbs() -> None:
+    """`rlpost --help`'s lines for the verbs a new user starts with (checking, showing,
+    planning, importing) and `cluster` name every option and subcommand each takes but
+    --config-name (its own help says it)."""
+    from rlpost.cli import main as cli_main
+
+    doc = " ".join((cli_main.__doc__ or "").split())
+    for name in ("ls", "validate", "show", "plan", "import", "cluster"):
+        parser = argparse.ArgumentParser()
+        cli_main.verbs()[name].add_arguments(parser)
+        words = [
+            option
+            for action in parser._actions
+            for option in (
+                list(action.choices)
+                if isinstance(action, argparse._SubParsersAction)
+                else [o for o in action.option_strings if o.startswith("--")][:1]
+            )
+        ]
+        lines = [part for part in doc.split("rlpost ")[1:] if part.startswith(f"{name} ")]
+        missing = [w for w in words if w not in ("--help", "--config-name")]
+        missing = [w for w in missing if not any(w in line for line in lines)]
+        assert not missing, (name, missing)
+
+
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """`parser` and every subcommand's parser under it, nested ones included."""
     found = [parser]
