@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from rlpost.config.sglang_options import SGLANG_KEY, OptionSpec, load_sglang_options
 from rlpost.errors import Issue, Location
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
@@ -56,6 +57,17 @@ def _same_number(text: str, value: Any) -> bool:
 
 def _secret(flag: str) -> bool:
     return SECRET.search(flag.lower()) is not None
+
+
+def _sglang_option(flag: str) -> tuple[str, OptionSpec] | None:
+    """slime's `--sglang-<flag>` as SGLang's option (its name and spec), by any spelling."""
+    if not flag.startswith("--sglang-"):
+        return None
+    wanted = "--" + flag.removeprefix("--sglang-")
+    for name, spec in load_sglang_options().options.items():
+        if wanted in (spec.cli, *spec.flags):
+            return name, spec
+    return None
 
 
 def _slime_issue(flag: str, values: list[str], token: str) -> Issue | None:
@@ -99,6 +111,21 @@ def _slime_issue(flag: str, values: list[str], token: str) -> Issue | None:
             value=given,
             message=f"{head}; rlpost always runs with {' '.join([flag, *FIXED_SETTINGS[flag]])}",
             fix=f"drop {flag}",
+            location=Location(override=token),
+        )
+    sglang = _sglang_option(flag)
+    if sglang is not None and flag not in NOT_IMPORTED:
+        name, spec = sglang
+        key = f"{SGLANG_KEY}.{name}"
+        option: Any = values[0] if len(values) == 1 else (values or None)
+        if not values and "bool" in spec.kinds:
+            option = True
+        return Issue(
+            key=key,
+            value=given,
+            message=f"{head}; slime passes {flag} to SGLang as {spec.cli}, which rlpost's "
+            f"layouts set as {key}",
+            fix=f"write {key}={_shell_value(option)}" if option is not None else f"set {key}",
             location=Location(override=token),
         )
     if flag in NOT_IMPORTED:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import annotated_types
 from pydantic.fields import FieldInfo
 
+from rlpost.config.sglang_options import SGLANG_KEY, load_sglang_options
 from rlpost.errors import did_you_mean
 from rlpost.schema import RunConfig, Section
 
@@ -144,7 +145,10 @@ class UnknownKey:
         close = difflib.get_close_matches(self.name, self.choices, n=1, cutoff=0.6)
         if close:
             return [f"{self.parent}.{close[0]}" if self.parent else close[0]]
-        return [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
+        same = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
+        if not same and self.name in load_sglang_options().options:  # SGLang's, elsewhere
+            return [f"{SGLANG_KEY}.{self.name}"]
+        return same
 
     def suggestion(self) -> str:
         """' Did you mean ...?': the sibling's own name, or the full path of a key elsewhere."""

@@ -732,6 +732,18 @@ CASES: list[Bad] = [
         "--temperature",
         "fix: write recipe.rollout.temperature=0.8 or recipe.eval.temperature=0.8",
     ),
+    Bad(
+        "slime's flag for an SGLang option",
+        ("--sglang-mem-fraction-static", "0.7"),
+        "layout.rollout.sglang.mem_fraction_static",
+        "fix: write layout.rollout.sglang.mem_fraction_static=0.7",
+    ),
+    Bad(
+        "an SGLang option in the engine section",
+        ("engine.mem_fraction_static=0.7",),
+        "engine.mem_fraction_static",
+        "fix: use layout.rollout.sglang.mem_fraction_static instead",
+    ),
     Bad("a misspelt Hydra flag", ("--config_dir", "conf"), "--config_dir", "--config-dir?"),
     Bad(
         "a group the defaults list chooses, added with +",
