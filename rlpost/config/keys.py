@@ -181,19 +181,38 @@ class UnknownKey:
         return f"unknown key '{self.name}' {where}.{self.suggestion()}"
 
 
-def takes_list(path: str) -> bool:
-    """Whether the schema's key at `path` holds a list (False for an unknown key)."""
+def list_example(path: str, given: Any) -> str | None:
+    """How the list at `path` is written on the command line, around the value `given` where
+    it is one entry of it ('[5]', '[{name: ..., path: ...}]'); None when `path` holds no list."""
     node = ROOT
     for part in path.split("."):
-        if node.kind == "section" and node.section is not None:
-            if part not in node.section.model_fields:
-                return False
+        if (
+            node.kind == "section"
+            and node.section is not None
+            and part in node.section.model_fields
+        ):
             node = node_for(node.section.model_fields[part].annotation)
         elif node.kind == "list" and part.isdigit():
             node = node.item or KeyNode("leaf")
         else:
-            return False
-    return node.kind == "list"
+            return None
+    if node.kind != "list":
+        return None
+    item = node.item
+    if item is not None and item.kind == "section" and item.section is not None:
+        fields = item.section.model_fields
+        required = [name for name, info in fields.items() if info.is_required()]
+        entry = "{" + ", ".join(f"{name}: ..." for name in required or list(fields)[:2]) + "}"
+    elif isinstance(given, str | int | float) and not isinstance(given, bool):
+        entry = str(given)
+    else:
+        entry = "..."
+    return f"{path}='[{entry}]'"
+
+
+def takes_list(path: str) -> bool:
+    """Whether the schema's key at `path` holds a list (False for an unknown key)."""
+    return list_example(path, None) is not None
 
 
 def find_unknown(path: str) -> UnknownKey | None:

@@ -658,6 +658,18 @@ CASES: list[Bad] = [
         "fix: add -m to launch one run per value",
     ),
     Bad(
+        "one value for a list",
+        ("recipe.rollout.stop_token_ids=5",),
+        "recipe.rollout.stop_token_ids = 5",
+        "in brackets, quoted for the shell: recipe.rollout.stop_token_ids='[5]'",
+    ),
+    Bad(
+        "a file for the evaluation sets",
+        ("recipe.eval.datasets=/x/aime.jsonl",),
+        "recipe.eval.datasets = '/x/aime.jsonl'",
+        "in brackets, quoted for the shell: recipe.eval.datasets='[{name: ..., path: ...}]'",
+    ),
+    Bad(
         "a list written as a sweep",
         ("recipe.rollout.stop_token_ids=1,2",),
         "recipe.rollout.stop_token_ids = '1,2'",
