@@ -210,6 +210,12 @@ def list_example(path: str, given: Any) -> str | None:
     return f"{path}='[{entry}]'"
 
 
+def takes_text(path: str) -> bool:
+    """Whether the schema's key at `path` takes a string (a path, a URL, a name)."""
+    field = resolve_loc(path.split(".")).field
+    return field is not None and str in _members(field.annotation)
+
+
 def takes_list(path: str) -> bool:
     """Whether the schema's key at `path` holds a list (False for an unknown key)."""
     return list_example(path, None) is not None

@@ -138,13 +138,19 @@ def _continued(tokens: Sequence[str]) -> dict[int, list[str]]:
 
 def _continuation_issue(owner: str, more: Sequence[str]) -> Issue:
     from rlpost.config.flags import hydra_value
-    from rlpost.config.keys import takes_list
+    from rlpost.config.keys import takes_list, takes_text
 
     key, first = owner.split("=", 1)
     key = key.lstrip("+~")
     values = [hydra_value(v) for v in [first, *more]]
     if takes_list(key):
         fix = f"write the list in brackets, quoted for the shell: {key}='[{', '.join(values)}]'"
+    elif takes_text(key):
+        spaced = " ".join([first, *more])
+        fix = (
+            f"a value with spaces is one word for the shell: '{key}={spaced}'; or give one "
+            f"value ({key}={values[0]})"
+        )
     else:
         fix = (
             f"{key} takes one value: give one ({key}={values[0]}), or sweep them, one run "

@@ -690,6 +690,13 @@ CASES: list[Bad] = [
         "or sweep them, one run each, with commas and -m: -m 'recipe.optim.lr=1e-6,2e-6'",
     ),
     Bad(
+        "a path with a space, unquoted",
+        ("recipe.data.prompt_data=/tmp/my", "data.jsonl"),
+        "recipe.data.prompt_data = '/tmp/my data.jsonl'",
+        "fix: a value with spaces is one word for the shell: "
+        "'recipe.data.prompt_data=/tmp/my data.jsonl'",
+    ),
+    Bad(
         "a string Hydra reads only quoted",
         ("recipe.rollout.stop=[</answer>]",),
         "recipe.rollout.stop",
