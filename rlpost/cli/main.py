@@ -1,17 +1,19 @@
 """The `rlpost` command: list, check, show and scaffold configs; plan and launch runs.
 
     rlpost ls [GROUP...] [--config-dir DIR]
-    rlpost validate [--config-dir DIR] FILE.yaml | OVERRIDE...
+    rlpost validate [--config-dir DIR] [--no-local-checks] FILE.yaml | OVERRIDE...
     rlpost show [--config-dir DIR] model=... recipe=... hardware=... [--only KEY]
     rlpost plan [--config-dir DIR] model=... recipe=... hardware=...   # launch.py mode=plan
     rlpost new model --from-hf DIR [--name NAME] [--out PATH]
     rlpost new recipe NAME --from BASE [KEY=VALUE...]
     rlpost new hardware NAME [--nodes N]                                 # from this machine
     rlpost run ...                                                       # python launch.py ...
-    rlpost cluster up --hostfile FILE | status | down                    # a Ray cluster over ssh
+    rlpost cluster up --hostfile FILE | status | down | wait             # a Ray cluster over ssh
     rlpost slurm model=... recipe=... hardware=... --run-dir DIR [--out FILE]  # sbatch script
-    rlpost kuberay model=... recipe=... hardware=... --image IMAGE      # a KubeRay RayJob
-    rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR]         # configs from slime
+    rlpost kuberay model=... recipe=... hardware=... --image IMAGE [--pvc PVC]  # a RayJob
+    rlpost import slime SCRIPT.sh [--out DIR] [--slime-dir DIR] [--env NAME=VALUE]
+                                  [--gpus-per-node N] [--name NAME]     # configs from slime
+    rlpost import slime --table                                         # slime flag -> key
 
 Every user error exits 2 with its message and no traceback. None of these commands imports
 torch, ray, transformers, megatron or sglang except `run` when it trains.
@@ -115,10 +117,22 @@ def build_parser(table: dict[str, Verb]) -> argparse.ArgumentParser:
 FREE_TOKENS = ("items", "changes")
 
 
+def _options(parser: argparse.ArgumentParser, verb: str) -> list[str]:
+    """The option strings `verb`'s own parser takes."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction) and verb in action.choices:
+            return sorted(action.choices[verb]._option_string_actions)
+    return []
+
+
 def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Namespace:
     parsed, extra = parser.parse_known_args(args)
     field = next((name for name in FREE_TOKENS if hasattr(parsed, name)), None)
     flags = [token for token in extra if token.startswith("-")]
+    if flags and field is not None:  # a verb of overrides given slime's `--lr 1e-6`
+        from rlpost.config.flags import flag_issues
+
+        raise UserError(flag_issues(args, _options(parser, parsed.verb)), "command-line error")
     if flags or (extra and field is None):
         parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
     if field is not None:

@@ -17,7 +17,13 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from rlpost.config.keys import ResolvedLoc, describe_field, find_unknown, resolve_loc
+from rlpost.config.keys import (
+    ResolvedLoc,
+    describe_field,
+    find_unknown,
+    list_example,
+    resolve_loc,
+)
 from rlpost.config.sources import SourceMap
 from rlpost.errors import Issue, did_you_mean
 from rlpost.schema import InvariantError
@@ -119,7 +125,11 @@ def _bad_value(err: ErrorDetails, loc: ResolvedLoc, data: Any, sources: SourceMa
         message += f"; got {type(value).__name__} {value!r}"
     message += "." + _literal_hint(err, loc)
     fix = f"set it to {expected}" if expected else "correct the value"
-    return Issue(loc.key, message, fix, value=_shown(value), location=sources.get(loc.key))
+    location = sources.get(loc.key)
+    example = list_example(loc.key, value) if location and location.override else None
+    if example is not None:  # `key=5` for a list: the command line's brackets and quotes
+        fix += f", on the command line in brackets, quoted for the shell: {example}"
+    return Issue(loc.key, message, fix, value=_shown(value), location=location)
 
 
 def _not_finite(err: ErrorDetails, loc: ResolvedLoc, data: Any, sources: SourceMap) -> Issue:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import annotated_types
 from pydantic.fields import FieldInfo
 
+from rlpost.config.sglang_options import SGLANG_KEY, load_sglang_options
 from rlpost.errors import did_you_mean
 from rlpost.schema import RunConfig, Section
 
@@ -144,7 +145,10 @@ class UnknownKey:
         close = difflib.get_close_matches(self.name, self.choices, n=1, cutoff=0.6)
         if close:
             return [f"{self.parent}.{close[0]}" if self.parent else close[0]]
-        return [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
+        same = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
+        if not same and self.name in load_sglang_options().options:  # SGLang's, elsewhere
+            return [f"{SGLANG_KEY}.{self.name}"]
+        return same
 
     def suggestion(self) -> str:
         """' Did you mean ...?': the sibling's own name, or the full path of a key elsewhere."""
@@ -175,6 +179,46 @@ class UnknownKey:
             return f"{self.parent} is a single value, so it has no key '{self.name}'"
         where = f"in {self.parent}" if self.parent else "at the top level"
         return f"unknown key '{self.name}' {where}.{self.suggestion()}"
+
+
+def list_example(path: str, given: Any) -> str | None:
+    """How the list at `path` is written on the command line, around the value `given` where
+    it is one entry of it ('[5]', '[{name: ..., path: ...}]'); None when `path` holds no list."""
+    node = ROOT
+    for part in path.split("."):
+        if (
+            node.kind == "section"
+            and node.section is not None
+            and part in node.section.model_fields
+        ):
+            node = node_for(node.section.model_fields[part].annotation)
+        elif node.kind == "list" and part.isdigit():
+            node = node.item or KeyNode("leaf")
+        else:
+            return None
+    if node.kind != "list":
+        return None
+    item = node.item
+    if item is not None and item.kind == "section" and item.section is not None:
+        fields = item.section.model_fields
+        required = [name for name, info in fields.items() if info.is_required()]
+        entry = "{" + ", ".join(f"{name}: ..." for name in required or list(fields)[:2]) + "}"
+    elif isinstance(given, str | int | float) and not isinstance(given, bool):
+        entry = str(given)
+    else:
+        entry = "..."
+    return f"{path}='[{entry}]'"
+
+
+def takes_text(path: str) -> bool:
+    """Whether the schema's key at `path` takes a string (a path, a URL, a name)."""
+    field = resolve_loc(path.split(".")).field
+    return field is not None and str in _members(field.annotation)
+
+
+def takes_list(path: str) -> bool:
+    """Whether the schema's key at `path` holds a list (False for an unknown key)."""
+    return list_example(path, None) is not None
 
 
 def find_unknown(path: str) -> UnknownKey | None:

@@ -29,6 +29,8 @@ NO_RUN_DIR_MODES = frozenset({"plan", "slime_args"})
 CHOICES_SHOWN = 12
 # the groups conf/config.yaml's defaults list marks optional: leaving one out is `~group`
 OPTIONAL_GROUPS = frozenset({"layout"})
+# the groups every run needs (RunConfig's model, recipe and hardware): `~group` is refused
+REQUIRED_GROUPS = frozenset({"model", "recipe", "hardware"})
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,20 @@ class LaunchArgs:
 
 
 def parse_argv(argv: Sequence[str]) -> LaunchArgs:
-    """Split argv with Hydra's own argument parser (the one `@hydra.main` uses)."""
+    """Split argv with Hydra's own argument parser (the one `@hydra.main` uses); UserError for
+    a flag that is not one of its own (slime's `--lr 1e-6`: rlpost.config.flags)."""
     from hydra._internal.utils import get_args_parser  # hydra-core 1.3: the same parser
 
+    parser = get_args_parser()
     try:
-        args, extra = get_args_parser().parse_known_args(list(argv))
+        args, extra = parser.parse_known_args(list(argv))
     except SystemExit:  # --version, or a malformed flag: let Hydra answer it
         return LaunchArgs(overrides=[], informational=True)
+    if any(token.startswith("-") for token in extra):  # slime's --lr 1e-6, a typo of a flag
+        from rlpost.config.flags import flag_issues
+
+        known = sorted(parser._option_string_actions)
+        raise UserError(flag_issues(argv, known), title="command-line error")
     if extra:  # e.g. overrides after -m: Hydra rejects these with its usage line
         return LaunchArgs(overrides=[], informational=True)
     # --cfg and --info compose the config, so their overrides are checked like a run's
@@ -103,6 +112,60 @@ def _parser() -> OverridesParser:
     return OverridesParser.create()
 
 
+QUOTING = (
+    "a string with characters other than letters, digits and _-./: goes in double quotes "
+    """inside the shell's single quotes (recipe.rollout.stop='["</answer>", "a b"]')"""
+)
+
+
+def _bare(token: str) -> bool:
+    """A token that is no override at all: no '=', no '~key' deletion."""
+    return "=" not in token and token[:1] not in "+~-"
+
+
+def _continued(tokens: Sequence[str]) -> dict[int, list[str]]:
+    """Values written the slime way (`stop_token_ids=1 2 3`): by the index of the override
+    that has them, the bare tokens after it."""
+    runs: dict[int, list[str]] = {}
+    owner = None
+    for i, token in enumerate(tokens):
+        if not _bare(token):
+            owner = i if "=" in token else None
+        elif owner is not None:
+            runs.setdefault(owner, []).append(token)
+    return runs
+
+
+def _continuation_issue(owner: str, more: Sequence[str]) -> Issue:
+    from rlpost.config.flags import hydra_value
+    from rlpost.config.keys import takes_list, takes_text
+
+    key, first = owner.split("=", 1)
+    key = key.lstrip("+~")
+    values = [hydra_value(v) for v in [first, *more]]
+    if takes_list(key):
+        fix = f"write the list in brackets, quoted for the shell: {key}='[{', '.join(values)}]'"
+    elif takes_text(key):
+        spaced = " ".join([first, *more])
+        fix = (
+            f"a value with spaces is one word for the shell: '{key}={spaced}'; or give one "
+            f"value ({key}={values[0]})"
+        )
+    else:
+        fix = (
+            f"{key} takes one value: give one ({key}={values[0]}), or sweep them, one run "
+            f"each, with commas and -m: -m '{key}={','.join(values)}'"
+        )
+    return Issue(
+        key=key,
+        value=" ".join([first, *more]),
+        message=f"{' '.join(more)}: value(s) after {owner} that are no override (key=value) of "
+        "their own; values written slime's way, one after another, are a token each",
+        fix=fix,
+        location=Location(override=" ".join([owner, *more])),
+    )
+
+
 def _parse(token: str) -> Override | Issue:
     from hydra.errors import HydraException
 
@@ -112,8 +175,8 @@ def _parse(token: str) -> Override | Issue:
         return Issue(
             key=token.split("=", 1)[0].lstrip("+~"),
             message=f"cannot parse this override: {str(exc).splitlines()[0]}",
-            fix="write key=value (quote values with spaces or brackets: key='[1, 2]'), "
-            "group=option, +key=value to add, or ~key to delete",
+            fix="write key=value (a list or mapping in brackets, quoted for the shell: "
+            f"key='[1, 2]'; {QUOTING}), group=option, +key=value to add, or ~key to delete",
             location=Location(override=token),
         )
 
@@ -150,6 +213,18 @@ def _null_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> 
         message=f"{group}=null names no config: a config group takes the name of one of its "
         "configs",
         fix=fix,
+        location=Location(override=token),
+    )
+
+
+def _deleted_group(override: Override, token: str, roots: Sequence[ConfigRoot]) -> Issue:
+    """`~model`: Hydra fails on the layout's `${model}_${hardware}` (or the schema on a
+    missing section), naming neither the override nor what to write."""
+    group = override.key_or_group
+    return Issue(
+        key=group,
+        message=f"{token} leaves the {group} out, and every run needs a {group}",
+        fix=f"choose one instead: {group}=NAME, one of: {_shown(group_options(roots, group))}",
         location=Location(override=token),
     )
 
@@ -201,14 +276,21 @@ def _sweep(override: Override, token: str) -> Issue:
         choices = _choices_of(override)
     except HydraException:  # interval(...) has no values to list
         choices = []
+    from rlpost.config.keys import takes_list
+
     one = f" ({key}={choices[0]})" if choices else ""
+    fix = (
+        f"add -m to launch one run per value (python launch.py -m {token}), or give one value{one}"
+    )
+    if takes_list(key):
+        brackets = f"{key}='[{values}]'"
+        fix = f"{key} is a list: write it in brackets, quoted for the shell ({brackets}); {fix}"
     return Issue(
         key=key,
         value=values,
         message=f"{values} is a sweep, one run per value, and a launch without -m is one run: "
         "Hydra refuses it",
-        fix=f"add -m to launch one run per value (python launch.py -m {token}), or give one "
-        f"value{one}",
+        fix=fix,
         location=Location(override=token),
     )
 
@@ -224,6 +306,8 @@ def check_override(
         return token, []
     sweep = [] if multirun or not parsed.is_sweep_override() else [_sweep(parsed, token)]
     if parsed.package is not None or _is_group(roots, parsed.key_or_group):
+        if parsed.is_delete() and parsed.key_or_group in REQUIRED_GROUPS:
+            return token, [_deleted_group(parsed, token, roots)]
         return token, ([] if parsed.is_delete() else _check_group(parsed, token, roots)) + sweep
     issue = _check_key(parsed, token)
     if issue is not None:
@@ -240,7 +324,16 @@ def check_overrides(
     """The overrides to hand Hydra, or a UserError listing every bad one. Sweeps (a,b or
     range(...)) only with `multirun` (-m)."""
     rewritten, issues = [], []
-    for token in tokens:
+    continued = _continued(tokens)
+    taken = {token for more in continued.values() for token in more}
+    for i, token in enumerate(tokens):
+        if i in continued:
+            issues.append(_continuation_issue(token, continued[i]))
+            rewritten.append(token)
+            continue
+        if token in taken and _bare(token):
+            rewritten.append(token)
+            continue
         form, found = check_override(token, roots, multirun)
         rewritten.append(form)
         issues.extend(found)
@@ -325,10 +418,15 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     # a list entry past the list's end, or a key to delete that the config does not hold,
     # fails only when Hydra merges the overrides
     indexed = any(_sets_a_list_entry(token) or token.startswith("~") for token in checked)
+    # '+group=...' for a group the defaults list chooses: Hydra's own entry would exit 1
+    adds_group = any(
+        token.startswith("+") and _is_group(roots, token.lstrip("+").split("=", 1)[0])
+        for token in checked
+    )
     main = main_dir(args.config_path)
-    if (_user_sources(args, searchpath) or indexed) and not args.multirun:
+    if (_user_sources(args, searchpath) or indexed or adds_group) and not args.multirun:
         check_composition(config_name, checked, roots, args.config_dir, main, merge=indexed)
-    elif indexed:  # a sweep: each distinct list the entry or deletion goes through
+    elif indexed or adds_group:  # a sweep: each distinct list the entry or deletion goes through
         for job in _jobs_that_shape_lists(checked):
             check_composition(config_name, job, roots, args.config_dir, main, merge=True)
     rewritten = dict(zip(args.overrides, checked, strict=True))

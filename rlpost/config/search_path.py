@@ -28,6 +28,11 @@ CHOICES_SHOWN = 12
 _IN_PARENT = re.compile(r"In '([^']+)': Could not (?:load|find)")
 _MERGING = re.compile(r"Error merging override \+*(\S+?)=(.*)")
 _NOT_THERE = re.compile(r"Could not delete from config\. '([^']+)' does not exist")
+_SECOND_CHOICE = re.compile(
+    r"Multiple values for (\S+?)\. To override a value use 'override \S+: (.*)'"
+)
+_FORCE_ADDED = re.compile(r"force-add of config groups is not supported: '\+\+(\S+?)=(.*)'")
+_TWICE = re.compile(r"^(\S+) appears more than once in the final defaults list")
 
 
 def _session(elements: Iterable[tuple[str, str]]) -> contextlib.AbstractContextManager[None]:
@@ -283,6 +288,45 @@ def _delete_issue(exc: BaseException) -> Issue | None:
     )
 
 
+def _added_group_issue(exc: BaseException) -> Issue | None:
+    """`+model=x` or `++model=x` for a group the defaults list already chooses: Hydra says
+    'Multiple values for model. To override a value use 'override model: x'' (the defaults
+    list's syntax) or that force-add of groups is not supported, under no key."""
+    text = str(exc).strip()
+    second, forced, twice = (p.search(text) for p in (_SECOND_CHOICE, _FORCE_ADDED, _TWICE))
+    if second is not None or forced is not None:
+        group, choice = (second or forced).groups()  # type: ignore[union-attr]
+        plus = "+" if second is not None else "++"
+        why = (
+            f"+{group}={choice} adds a second {group} beside the one the defaults list "
+            "chooses: '+' adds a config group the config does not choose yet, and a group "
+            "takes one choice"
+            if second is not None
+            else f"++{group}={choice}: Hydra's '++' (add or override) sets config keys, and "
+            f"{group} is a config group"
+        )
+        return Issue(
+            key=group,
+            value=choice,
+            message=why,
+            fix=f"write {group}={choice} (without '{plus}') to choose it; in a defaults list, "
+            f"a later entry that replaces an earlier choice is written '- override {group}: "
+            f"{choice}'",
+            location=Location(override=f"{plus}{group}={choice}") if forced else None,
+        )
+    if twice is not None:
+        group = twice.group(1)
+        return Issue(
+            key=group,
+            message=f"{group} is chosen twice: once by the defaults list and again by a "
+            f"'+{group}=...' on the command line ('+' adds a config group the config does not "
+            "choose yet), or by a second entry in a defaults list",
+            fix=f"write {group}=NAME (without '+') to choose it, or name {group} once in a "
+            "defaults list",
+        )
+    return None
+
+
 def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[Issue]:
     """Hydra's composition failure as Issues located in the file at fault."""
     from hydra.errors import MissingConfigException
@@ -293,7 +337,7 @@ def composition_issues(exc: BaseException, roots: Sequence[ConfigRoot]) -> list[
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
         parent = _IN_PARENT.match(str(exc))
         return [_missing_issue(exc.missing_cfg_file, parent.group(1) if parent else None, roots)]
-    index = _index_issue(exc) or _delete_issue(exc)
+    index = _index_issue(exc) or _delete_issue(exc) or _added_group_issue(exc)
     if index is not None:
         return [index]
     text = str(exc).strip().split("\n\n")[0] or type(exc).__name__

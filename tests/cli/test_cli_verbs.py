@@ -116,6 +116,18 @@ def test_validate_reports_every_problem_and_exits_2(capsys: pytest.CaptureFixtur
     assert "Traceback" not in err
 
 
+def test_a_slime_flag_is_answered_with_its_key_and_a_secret_never_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["validate", *TINY, "--rollout-batch-size", "16", "--wandb-key=s3cr3t", "--use-tis"]
+    status, out, err = run_main(argv, capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "rlpost: 3 command-line errors" in err
+    assert "fix: write recipe.rollout.batch_size=16" in err
+    assert "fix: write recipe.algo.off_policy_correction=tis" in err
+    assert "--wandb-key = '***'" in err and "s3cr3t" not in err
+
+
 def test_validate_refuses_training_settings_given_to_an_evaluation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -336,6 +348,31 @@ def test_each_commands_usage_line_names_its_required_flags() -> None:
         required = [a.option_strings[0] for a in parser._actions if a.required and a.option_strings]
         line = next(line for line in usage if line.startswith(f"rlpost {name} "))
         assert all(flag in line for flag in required), (name, required, line)
+
+
+def test_the_usage_lines_name_every_option_and_subcommand_of_the_config_verbs() -> None:
+    """`rlpost --help`'s lines for the verbs a new user starts with (checking, showing,
+    planning, importing) and `cluster` name every option and subcommand each takes but
+    --config-name (its own help says it)."""
+    from rlpost.cli import main as cli_main
+
+    doc = " ".join((cli_main.__doc__ or "").split())
+    for name in ("ls", "validate", "show", "plan", "import", "cluster"):
+        parser = argparse.ArgumentParser()
+        cli_main.verbs()[name].add_arguments(parser)
+        words = [
+            option
+            for action in parser._actions
+            for option in (
+                list(action.choices)
+                if isinstance(action, argparse._SubParsersAction)
+                else [o for o in action.option_strings if o.startswith("--")][:1]
+            )
+        ]
+        lines = [part for part in doc.split("rlpost ")[1:] if part.startswith(f"{name} ")]
+        missing = [w for w in words if w not in ("--help", "--config-name")]
+        missing = [w for w in missing if not any(w in line for line in lines)]
+        assert not missing, (name, missing)
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

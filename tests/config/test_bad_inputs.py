@@ -671,6 +671,52 @@ CASES: list[Bad] = [
         "fix: add -m to launch one run per value",
     ),
     Bad(
+        "one value for a list",
+        ("recipe.rollout.stop_token_ids=5",),
+        "recipe.rollout.stop_token_ids = 5",
+        "in brackets, quoted for the shell: recipe.rollout.stop_token_ids='[5]'",
+    ),
+    Bad(
+        "a file for the evaluation sets",
+        ("recipe.eval.datasets=/x/aime.jsonl",),
+        "recipe.eval.datasets = '/x/aime.jsonl'",
+        "in brackets, quoted for the shell: recipe.eval.datasets='[{name: ..., path: ...}]'",
+    ),
+    Bad(
+        "a list written as a sweep",
+        ("recipe.rollout.stop_token_ids=1,2",),
+        "recipe.rollout.stop_token_ids = '1,2'",
+        "fix: recipe.rollout.stop_token_ids is a list: write it in brackets, quoted for the "
+        "shell (recipe.rollout.stop_token_ids='[1,2]')",
+    ),
+    Bad(
+        "a list written slime's way, one value after another",
+        ("recipe.rollout.stop=</answer>", "<end>"),
+        "recipe.rollout.stop = '</answer> <end>'",
+        "fix: write the list in brackets, quoted for the shell: "
+        """recipe.rollout.stop='["</answer>", "<end>"]'""",
+    ),
+    Bad(
+        "a single value written with a second after it",
+        ("recipe.optim.lr=1e-6", "2e-6"),
+        "recipe.optim.lr = '1e-6 2e-6'",
+        "or sweep them, one run each, with commas and -m: -m 'recipe.optim.lr=1e-6,2e-6'",
+    ),
+    Bad(
+        "a path with a space, unquoted",
+        ("recipe.data.prompt_data=/tmp/my", "data.jsonl"),
+        "recipe.data.prompt_data = '/tmp/my data.jsonl'",
+        "fix: a value with spaces is one word for the shell: "
+        "'recipe.data.prompt_data=/tmp/my data.jsonl'",
+    ),
+    Bad(
+        "a string Hydra reads only quoted",
+        ("recipe.rollout.stop=[</answer>]",),
+        "recipe.rollout.stop",
+        "goes in double quotes inside the shell's single quotes "
+        """(recipe.rollout.stop='["</answer>", "a b"]')""",
+    ),
+    Bad(
         "an eval dataset added by index",
         ("recipe.eval.datasets.1.path=/x.jsonl",),
         "recipe.eval.datasets.1.path = '/x.jsonl'",
@@ -694,6 +740,73 @@ CASES: list[Bad] = [
     Bad("the model group set to null", ("model=null",), "model", "choose one of: deepseek-v3"),
     Bad("the hardware group set to null", ("hardware=null",), "hardware", "choose one of: cpu"),
     Bad("unknown section", ("recipee.rollout.temperature=1.0",), "recipee", "Did you mean"),
+    Bad(
+        "a slime flag where an override goes",
+        ("--lr", "1e-6"),
+        "recipe.optim.lr",
+        "fix: write recipe.optim.lr=1e-6",
+    ),
+    Bad(
+        "a slime flag of several values",
+        ("--rollout-stop-token-ids", "1", "2"),
+        "recipe.rollout.stop_token_ids",
+        "fix: write recipe.rollout.stop_token_ids='[1, 2]'",
+    ),
+    Bad(
+        "a slime flag whose value rlpost counts in other units",
+        ("--update-weight-buffer-size", "536870912"),
+        "engine.weight_bucket_mb",
+        "fix: write engine.weight_bucket_mb=512",
+    ),
+    Bad(
+        "a key written as a flag",
+        ("--temperature=0.8",),
+        "--temperature",
+        "fix: write recipe.rollout.temperature=0.8 or recipe.eval.temperature=0.8",
+    ),
+    Bad(
+        "slime's flag for an SGLang option",
+        ("--sglang-mem-fraction-static", "0.7"),
+        "layout.rollout.sglang.mem_fraction_static",
+        "fix: write layout.rollout.sglang.mem_fraction_static=0.7",
+    ),
+    Bad(
+        "an SGLang option in the engine section",
+        ("engine.mem_fraction_static=0.7",),
+        "engine.mem_fraction_static",
+        "fix: use layout.rollout.sglang.mem_fraction_static instead",
+    ),
+    Bad("a misspelt Hydra flag", ("--config_dir", "conf"), "--config_dir", "--config-dir?"),
+    Bad(
+        "a group the defaults list chooses, added with +",
+        ("+model=qwen3-0.6b",),
+        "model = 'qwen3-0.6b'",
+        "fix: write model=qwen3-0.6b (without '+')",
+    ),
+    Bad(
+        "the group the defaults list chooses, added again with +",
+        ("+model=qwen3-tiny",),
+        "model is chosen twice",
+        "fix: write model=NAME (without '+')",
+    ),
+    Bad(
+        "a group force-added with ++",
+        ("++hardware=cpu",),
+        "hardware = 'cpu'",
+        "fix: write hardware=cpu (without '++')",
+    ),
+    Bad(
+        "a group every run needs, deleted",
+        ("~model",),
+        "model   (command line: ~model)",
+        "fix: choose one instead: model=NAME, one of: deepseek-v3",
+    ),
+    Bad(
+        "the optional layout added with +",
+        ("+layout=qwen3-tiny_cpu",),
+        "layout is chosen twice",
+        "fix: write layout=NAME (without '+')",
+    ),
 ]
 
 
