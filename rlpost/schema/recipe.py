@@ -312,6 +312,22 @@ class RecipeConfig(Section):
                 found["eval.max_prompt_len"] = prompt + self.rollout.max_response_len
         return list(found.items())
 
+    def eval_set_requests(self) -> list[tuple[str, int]]:
+        """The longest request (prompt + response) of every evaluation set, keyed by what sets
+        its response length (the set's, the eval section's, else the rollout's; one entry a
+        key): all an evaluation (mode=eval) generates. The prompt counts eval.max_prompt_len
+        (0 where unset: the prompts add to it, and are checked once tokenized); training's
+        data.max_prompt_len does not bound the sets' prompts."""
+        prompt = self.eval.max_prompt_len or 0
+        found: dict[str, int] = {}
+        for i in range(len(self.eval.datasets)):
+            key, response = self.eval.response_len(i) or (
+                "rollout.max_response_len",
+                self.rollout.max_response_len,
+            )
+            found[key] = prompt + response
+        return list(found.items())
+
     def rule_graders(self) -> list[tuple[str, str]]:
         """(key, reward type) for each rule-based grader the run uses: the rollout's type,
         unless a custom or group function scores in its place, and each evaluation set's own
