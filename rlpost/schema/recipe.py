@@ -233,7 +233,11 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_reward_has_labels(self) -> RecipeConfig:
+        """Training's samples are graded against data.label_key's field. An evaluation's sets
+        read their own label_key (null: data.label_key's), and check_eval_sets_have_labels
+        holds each set that training's reward grades to one."""
         reward = self.rollout.reward
         if not reward.needs_label:
             return self

@@ -437,6 +437,18 @@ REWARD_MODEL = (
 # base, the file's settings, the command line's (none training-only), and the key a training
 # run is refused on.
 BROKEN_TRAINING_RULES: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...], str]] = {
+    "a labelled reward with no data.label_key, no set graded by it": (
+        TINY,
+        {"data": {"label_key": None}},
+        ("+recipe.eval.datasets.0.reward_type=random",),
+        "recipe.data.label_key",
+    ),
+    "a labelled reward with no data.label_key, the set's own label_key": (
+        TINY,
+        {"data": {"label_key": None}},
+        ("+recipe.eval.datasets.0.label_key=label",),
+        "recipe.data.label_key",
+    ),
     "rollout not a multiple of the step": (
         TINY,
         {"train": {"global_batch_size": 48}},
@@ -601,6 +613,15 @@ def test_trainings_rules_pass_an_evaluation_and_still_refuse_training(
     with pytest.raises(UserError) as caught:
         build_plan(compose_run_config(given, search_path=[tmp_path])[0])
     assert key in [issue.key for issue in caught.value.issues]
+
+
+def test_an_evaluation_set_graded_by_trainings_reward_still_needs_its_labels() -> None:
+    """mode=eval passes training's label rule, not the sets' own: a set graded by training's
+    labelled reward with no label_key of its own and no data.label_key is refused."""
+    error = refusal(*TINY, "mode=eval", "recipe.data.label_key=null")
+    [issue] = error.issues
+    assert issue.key == "recipe.eval.datasets.0.label_key"
+    assert "rollout.reward.type=math grades the set's every response" in issue.message
 
 
 def test_an_evaluations_refusal_names_no_training_setting_as_its_fix() -> None:
