@@ -20,7 +20,7 @@ from typing import Any
 
 from rlpost.backends.fp8_format import Fp8Error, Fp8Format, folder_format
 from rlpost.plan.params import layer_params, mtp_layer_params
-from rlpost.schema import HardwareConfig, ModelConfig, RecipeConfig
+from rlpost.schema import HardwareConfig, ModelConfig, RecipeConfig, RunConfig
 
 GIB = 1024**3
 MIB_PER_GIB = 1024
@@ -227,7 +227,8 @@ class RolloutMemory:
     activation_reserve_gib: float
     trainer_residual_gib: float
     total_gib: float
-    longest_sample_tokens: int
+    longest_sample_tokens: int  # the longest request an engine takes (longest_request)
+    longest_sample_keys: tuple[str, str]  # what bounds it: its response's key, its prompt's
 
     @property
     def holds_one_sample(self) -> bool:
@@ -239,9 +240,37 @@ def longest_sample_tokens(recipe: RecipeConfig) -> int:
     return (recipe.data.max_prompt_len or 0) + recipe.rollout.max_response_len
 
 
+@dataclass(frozen=True)
+class EngineRequest:
+    """The longest request (prompt + response) an engine takes, with the keys that bound it:
+    its response length's and its prompt's (an unset prompt bound counts as 0)."""
+
+    tokens: int
+    response_key: str
+    prompt_key: str
+
+
+def longest_request(cfg: RunConfig) -> EngineRequest:
+    """The longest request the engines must hold: training's sample or an evaluation set's
+    request, whichever is longer; in mode=eval, an evaluation set's alone, since nothing
+    else is generated (training's lengths bound nothing it sends)."""
+    recipe = cfg.recipe
+    trained = EngineRequest(
+        longest_sample_tokens(recipe),
+        "recipe.rollout.max_response_len",
+        "recipe.data.max_prompt_len",
+    )
+    evaluated = [
+        EngineRequest(tokens, f"recipe.{key}", "recipe.eval.max_prompt_len")
+        for key, tokens in recipe.eval_set_requests()
+    ]
+    found = evaluated if cfg.mode == "eval" and evaluated else [trained, *evaluated]
+    return max(found, key=lambda request: request.tokens)  # training's first on a tie
+
+
 def estimate_rollout(
     model: ModelConfig,
-    recipe: RecipeConfig,
+    request: EngineRequest,
     hardware: HardwareConfig,
     gpus_per_engine: int,
     dp_size: int,
@@ -250,8 +279,9 @@ def estimate_rollout(
     colocate: bool,
     fp8: Fp8Format | None = None,
 ) -> RolloutMemory:
-    """Weight shard, KV cache left under the static fraction, and the peak per engine GPU.
-    `fp8`: the engines serve an FP8 checkpoint of that format (engine_weight_bytes)."""
+    """Weight shard, KV cache left under the static fraction, and the peak per engine GPU,
+    which must hold `request` (longest_request) at least. `fp8`: the engines serve an FP8
+    checkpoint of that format (engine_weight_bytes)."""
     on_gpu = hardware.kind == "gpu"
     attention_tp = max(1, gpus_per_engine // dp_size)
     params = engine_params_per_gpu(model, gpus_per_engine, attention_tp, options)
@@ -275,5 +305,6 @@ def estimate_rollout(
         activation_reserve_gib=reserve,
         trainer_residual_gib=residual,
         total_gib=max(static_gib, weights_gib + context_gib) + residual + reserve,
-        longest_sample_tokens=longest_sample_tokens(recipe),
+        longest_sample_tokens=request.tokens,
+        longest_sample_keys=(request.response_key, request.prompt_key),
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
-from rlpost.plan.engine_memory import longest_sample_tokens
+from rlpost.plan.engine_memory import EngineRequest, longest_request
 from rlpost.schema import RunConfig
 from rlpost.schema.run import request_parts
 
@@ -25,11 +25,13 @@ def _options(cfg: RunConfig) -> dict[str, Any]:
     return cfg.layout.rollout.sglang if cfg.engine.backend != "cpu" else {}
 
 
-def longest_request_tokens(cfg: RunConfig) -> int:
-    """Prompt + response of the longest rollout or evaluation request (an unset
-    data.max_prompt_len or eval.max_prompt_len counts as 0: the plan says so)."""
-    recipe = cfg.recipe
-    return max([longest_sample_tokens(recipe)] + [n for _, n in recipe.eval_requests()])
+def _parts(cfg: RunConfig, request: EngineRequest) -> str:
+    """What `request` is made of, for a message: its prompt's bound and its response."""
+    recipe, prompt_key = cfg.recipe, request.prompt_key
+    if prompt_key == "recipe.data.max_prompt_len":  # training's sample
+        return request_parts(recipe.data.max_prompt_len, "max_response_len")
+    response = request.response_key.removeprefix("recipe.")
+    return request_parts(recipe.eval.max_prompt_len, response, bound=prompt_key)
 
 
 @check("sglang_context_length", scope="engine")
@@ -38,9 +40,10 @@ def check_context_length(ctx: PlanContext) -> list[Issue]:
     context = options.get("context_length")
     if not isinstance(context, int) or isinstance(context, bool):
         return []
-    longest, model_max = longest_request_tokens(cfg), cfg.model.max_position_embeddings
+    request, model_max = longest_request(cfg), cfg.model.max_position_embeddings
+    longest = request.tokens
     if context < longest:
-        parts = request_parts(cfg.recipe.data.max_prompt_len, "max_response_len")
+        parts = _parts(cfg, request)
         return [
             Issue(
                 f"{KEY}.context_length",
@@ -67,7 +70,7 @@ def check_context_length(ctx: PlanContext) -> list[Issue]:
 @check("sglang_kv_pool", scope="engine")
 def check_max_total_tokens(ctx: PlanContext) -> list[Issue]:
     total = _options(ctx.cfg).get("max_total_tokens")
-    longest = longest_request_tokens(ctx.cfg)
+    longest = longest_request(ctx.cfg).tokens
     if isinstance(total, int) and not isinstance(total, bool) and 0 < total < longest:
         return [
             Issue(

@@ -111,7 +111,8 @@ def _rollout_fix(plan: Plan) -> str:
             "raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)",
         ]
     if r.kv_cache_gib > 0:
-        fixes.append("shorten recipe.rollout.max_response_len (or recipe.data.max_prompt_len)")
+        response, prompt = r.longest_sample_keys
+        fixes.append(f"shorten {response} (or {prompt})")
     return ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 

@@ -26,7 +26,12 @@ from typing import Any
 from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import Issue
 from rlpost.plan.backends import resolve_trainer_backend
-from rlpost.plan.engine_memory import checkpoint_fp8, default_mem_fraction, estimate_rollout
+from rlpost.plan.engine_memory import (
+    checkpoint_fp8,
+    default_mem_fraction,
+    estimate_rollout,
+    longest_request,
+)
 from rlpost.plan.fsdp import estimate_fsdp_train, estimate_sender, fsdp_fixes, fsdp_trains
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import default_colocate
@@ -277,7 +282,7 @@ def _derive_engine_size(
         )
         need = estimate_rollout(
             cfg.model,
-            cfg.recipe,
+            longest_request(cfg),
             cfg.hardware,
             size,
             dp_size,

@@ -13,7 +13,12 @@ from rlpost.errors import UserError
 from rlpost.plan.backends import as_computed, resolve_trainer_backend
 from rlpost.plan.batch import BatchPlan, plan_batch
 from rlpost.plan.checks import PlanContext, run_checks
-from rlpost.plan.engine_memory import GIB, TRAINER_RESIDUAL_GIB, estimate_rollout
+from rlpost.plan.engine_memory import (
+    GIB,
+    TRAINER_RESIDUAL_GIB,
+    estimate_rollout,
+    longest_request,
+)
 from rlpost.plan.fsdp import (
     FSDP_MOE_NOTE,
     FSDP_NOTE,
@@ -564,7 +569,7 @@ def estimate_memory(
     bucket_bytes = cfg.engine.weight_bucket_mb << 20
     rollout = estimate_rollout(
         model,
-        recipe,
+        longest_request(cfg),
         hw,
         engine.gpus_per_engine,
         engine.dp_size,

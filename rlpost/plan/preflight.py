@@ -50,6 +50,7 @@ from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.reward import (
     GRADER_FLOOR,
     GRADER_MARKERS,
+    LABELLED_REWARD_TYPES,
     UNREGISTERED_REWARD_TYPES,
     RewardConfig,
     RewardType,
@@ -358,6 +359,8 @@ class RowRules:
     key_settings: tuple[tuple[str, str], ...] = ()
     # an evaluation set scored without a label: the key that says its lines have none
     unlabelled_key: str | None = None
+    # the setting that names the label's key (fmt.label_key None: false or unset there)
+    label_setting: str = "recipe.data.label_key"
 
 
 def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
@@ -468,6 +471,16 @@ def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
             "set recipe.rollout.reward.type: remote and its remote_url (the lines' own "
             "rm_type still grade theirs), or give the line a rule-based rm_type",
         )
+    if rm_type in LABELLED_REWARD_TYPES and not rules.forced and fmt.label_key is None:
+        setting = rules.label_setting  # a set's own names no key only as false
+        state = "unset" if setting == "recipe.data.label_key" else "false"
+        return (
+            f"metadata rm_type {rm_type!r} grades the response against the line's label, and "
+            f"{setting} is {state}, so no line's label is read: the line's every sample would "
+            "fail when graded",
+            f"set {setting} to the key that holds the lines' answers, or remove rm_type from "
+            f"the line (reward type {reward_type} grades it then)",
+        )
     graded = reward_type if rules.forced else rm_type or reward_type
     if label_key is not None and graded == "gpqa":
         from rlpost.rewards.answers import choice_label  # the grader's own reading
@@ -526,6 +539,9 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
                 own if dataset.label_key is not None else "recipe.data",
             ),
             unlabelled_key=None if labelled else f"{own}.label_key",
+            label_setting=f"{own}.label_key"
+            if dataset.label_key is False
+            else "recipe.data.label_key",
         )
         issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues

@@ -46,6 +46,7 @@ from rlpost.plan.engine_memory import (
     checkpoint_fp8,
     default_mem_fraction,
     estimate_rollout,
+    longest_request,
 )
 from rlpost.plan.fsdp import (
     FSDP_GROUP_KEY,
@@ -719,7 +720,7 @@ class _Searcher:
                 continue
             memory = estimate_rollout(
                 cfg.model,
-                cfg.recipe,
+                longest_request(cfg),
                 cfg.hardware,
                 engine.gpus_per_engine,
                 engine.dp_size,
@@ -902,9 +903,10 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             )
     engines = [e for s in splits for e, _ in s.rejected_engines]
     if engines and not any(s.engines for s in splits):
+        response = longest_request(cfg).response_key
         found.append(
             "no engine holds one sample: give the rollout more GPUs, raise "
-            "layout.rollout.sglang.mem_fraction_static or shorten recipe.rollout.max_response_len"
+            f"layout.rollout.sglang.mem_fraction_static or shorten {response}"
         )
     return found
 

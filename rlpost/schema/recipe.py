@@ -233,7 +233,11 @@ class RecipeConfig(Section):
         return self
 
     @model_validator(mode="after")
+    @training_rule
     def check_reward_has_labels(self) -> RecipeConfig:
+        """Training's samples are graded against data.label_key's field. An evaluation's sets
+        read their own label_key (null: data.label_key's), and check_eval_sets_have_labels
+        holds each set that training's reward grades to one."""
         reward = self.rollout.reward
         if not reward.needs_label:
             return self
@@ -310,6 +314,22 @@ class RecipeConfig(Section):
                 found["eval.max_response_len"] = prompt + ev.max_response_len
             elif ev.max_prompt_len:
                 found["eval.max_prompt_len"] = prompt + self.rollout.max_response_len
+        return list(found.items())
+
+    def eval_set_requests(self) -> list[tuple[str, int]]:
+        """The longest request (prompt + response) of every evaluation set, keyed by what sets
+        its response length (the set's, the eval section's, else the rollout's; one entry a
+        key): all an evaluation (mode=eval) generates. The prompt counts eval.max_prompt_len
+        (0 where unset: the prompts add to it, and are checked once tokenized); training's
+        data.max_prompt_len does not bound the sets' prompts."""
+        prompt = self.eval.max_prompt_len or 0
+        found: dict[str, int] = {}
+        for i in range(len(self.eval.datasets)):
+            key, response = self.eval.response_len(i) or (
+                "rollout.max_response_len",
+                self.rollout.max_response_len,
+            )
+            found[key] = prompt + response
         return list(found.items())
 
     def rule_graders(self) -> list[tuple[str, str]]:

@@ -353,22 +353,27 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def check_context_fits(self) -> RunConfig:
         """Training's prompts are bounded by data.max_prompt_len and the evaluation sets'
-        by eval.max_prompt_len: each bound + its response must fit the model's positions."""
-        rollout, data, ev = self.recipe.rollout, self.recipe.data, self.recipe.eval
-        longest = (data.max_prompt_len or 0) + rollout.max_response_len
-        context = self.model.max_position_embeddings
-        for key, length in (
-            ("recipe.rollout.max_response_len", longest),
-            *((f"recipe.{key}", length) for key, length in self.recipe.eval_requests()),
-        ):
+        by eval.max_prompt_len: each bound + its response must fit the model's positions
+        (in mode=eval, the evaluation sets' alone: training's lengths bound nothing it
+        generates)."""
+        recipe, context = self.recipe, self.model.max_position_embeddings
+        data, ev = recipe.data, recipe.eval
+        evaluating = self.mode == "eval"
+        eval_parts = request_parts(
+            ev.max_prompt_len, "response", "the response", "recipe.eval.max_prompt_len"
+        )
+        requests = [
+            (f"recipe.{key}", length, eval_parts)
+            for key, length in (
+                recipe.eval_set_requests() if evaluating else recipe.eval_requests()
+            )
+        ]
+        if not evaluating:
+            trained = (data.max_prompt_len or 0) + recipe.rollout.max_response_len
+            parts = request_parts(data.max_prompt_len, "response", "the response")
+            requests.insert(0, ("recipe.rollout.max_response_len", trained, parts))
+        for key, length, parts in requests:
             if length > context:
-                parts = (
-                    request_parts(data.max_prompt_len, "response", "the response")
-                    if key == "recipe.rollout.max_response_len"
-                    else request_parts(
-                        ev.max_prompt_len, "response", "the response", "recipe.eval.max_prompt_len"
-                    )
-                )
                 raise InvariantError(
                     f"prompt + response can reach {length} tokens ({parts}), beyond "
                     f"model.max_position_embeddings={context}",

@@ -14,6 +14,7 @@ from rlpost.plan.engine_memory import (
     estimate_rollout,
     kv_bytes_per_token,
     kv_bytes_per_token_per_gpu,
+    longest_request,
 )
 from rlpost.plan.layout import ParallelLayout
 from rlpost.plan.memory import LOGPROB_CHUNK_BYTES, estimate_train, train_tokens_per_gpu
@@ -174,7 +175,9 @@ def test_sglang_default_fraction_on_h100(run_config: Runs) -> None:
 
 def test_kv_cache_is_what_the_static_pool_leaves(run_config: Runs) -> None:
     run = run_config("qwen3-4b", "h100x8")
-    mem = estimate_rollout(run.model, run.recipe, run.hardware, 2, 1, 0.7, {}, colocate=True)
+    mem = estimate_rollout(
+        run.model, longest_request(run), run.hardware, 2, 1, 0.7, {}, colocate=True
+    )
     kv_gib = 0.7 * 79.6 - mem.weights_gib - mem.context_gib
     assert mem.kv_cache_gib == pytest.approx(kv_gib)
     assert mem.weights_gib == pytest.approx(count_params(run.model).total * 2 / 2 / GIB, rel=1e-3)
@@ -188,7 +191,7 @@ def test_kv_cache_is_what_the_static_pool_leaves(run_config: Runs) -> None:
 def test_dp_attention_engine_holds_a_cache_per_dp_group(run_config: Runs) -> None:
     run = run_config("glm4.7-flash", "h100x8")
     options = {"enable_dp_attention": True, "dp_size": 8}
-    mem = estimate_rollout(run.model, run.recipe, run.hardware, 8, 8, 0.7, options, True)
+    mem = estimate_rollout(run.model, longest_request(run), run.hardware, 8, 8, 0.7, options, True)
     assert mem.kv_cache_tokens_per_engine == 8 * mem.kv_cache_tokens_per_gpu
 
 

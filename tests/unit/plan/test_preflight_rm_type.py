@@ -59,3 +59,42 @@ def test_an_eval_set_its_own_function_scores_is_not_held_to_labels_or_rm_types(
     path.write_text(json.dumps(line) + "\n")
     assert issues() == [f"{path}:1"]  # 'ifbench' picks the grader, and is none of rlpost's
     assert issues(own) == []
+
+
+def test_a_lines_labelled_rm_type_in_a_set_without_labels_is_refused(tmp_path: Path) -> None:
+    """A set whose lines carry no label (label_key: false) is graded by a scorer that reads
+    none; a line whose rm_type picks a labelled grader would fail at every sample. A set's
+    own reward_type grades over the line's rm_type, so there it is no error."""
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import build_plan
+    from rlpost.plan.preflight import check_data
+
+    path = tmp_path / "mixed.jsonl"
+    lines = [{"prompt": "1+1=", "metadata": {"rm_type": "random"}}, {"prompt": "2+2="}]
+    lines.append({"prompt": "3+3=", "metadata": {"rm_type": "math"}})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def issues(dataset: str, *overrides: str) -> list[tuple[str, str, str]]:
+        given = [
+            "mode=eval",
+            "recipe.rollout.reward.type=random",
+            f"recipe.eval.datasets=[{{name: mixed, path: {path}, {dataset}}}]",
+            *overrides,
+        ]
+        cfg = compose_run_config(given)[0]
+        return [(i.key, i.message, i.fix) for i in check_data(cfg, build_plan(cfg))]
+
+    [(key, message, fix)] = issues("label_key: false")
+    assert key == f"{path}:3"
+    assert message == (
+        "metadata rm_type 'math' grades the response against the line's label, and "
+        "recipe.eval.datasets.0.label_key is false, so no line's label is read: the line's "
+        "every sample would fail when graded"
+    )
+    assert fix == (
+        "set recipe.eval.datasets.0.label_key to the key that holds the lines' answers, or "
+        "remove rm_type from the line (reward type random grades it then)"
+    )
+    [(_, message, fix)] = issues("label_key: null", "recipe.data.label_key=null")
+    assert "recipe.data.label_key is unset" in message and "set recipe.data.label_key" in fix
+    assert issues("label_key: false, reward_type: random") == []
