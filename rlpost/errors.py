@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -69,5 +70,22 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 
 def exit_with(error: UserError) -> NoReturn:
-    print(error.render(), file=sys.stderr)
+    """Print the refusal and exit 2. A reader that closed the pipe early (`... 2>&1 | head`)
+    does not change the status: the refusal stands whether or not all of it was read."""
+    try:
+        print(error.render(), file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        _silence_closed_streams()
     raise SystemExit(EXIT_USER_ERROR)
+
+
+def _silence_closed_streams() -> None:
+    """Point stderr, and stdout when its reader has gone too, at /dev/null, so the
+    interpreter's flush at exit writes the unread rest there instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stderr.fileno())
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
