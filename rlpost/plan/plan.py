@@ -239,6 +239,14 @@ def _notes(
             "recipe.data.max_prompt_len is not set: the longest sample counts as "
             f"max_response_len = {batch.longest_sample_tokens} tokens (prompts add to it)"
         )
+    response_key, prompt_key = memory.rollout.longest_sample_keys
+    evaluated = cfg.mode == "eval" and prompt_key == "recipe.eval.max_prompt_len"
+    if evaluated and cfg.recipe.eval.max_prompt_len is None:
+        notes.append(
+            "recipe.eval.max_prompt_len is not set: the longest request counts as "
+            f"{response_key.removeprefix('recipe.')} = "
+            f"{memory.rollout.longest_sample_tokens} tokens (prompts add to it)"
+        )
     if batch.tokens_per_micro_batch and batch.longest_sample_tokens > batch.tokens_per_micro_batch:
         training(
             f"a sample of up to {batch.longest_sample_tokens} tokens exceeds max_tokens_per_gpu "

@@ -724,3 +724,19 @@ def test_an_evaluation_set_at_the_rollouts_length_is_held_without_trainings_prom
     assert build_plan(cfg).memory.rollout.longest_sample_tokens == 8192
     bounded = compose_run(*GPU, "recipe=grpo_dapo", "mode=eval", "recipe.eval.max_prompt_len=1024")
     assert build_plan(bounded).memory.rollout.longest_sample_tokens == 1024 + 16384
+
+
+def test_an_evaluations_plan_notes_its_unset_prompt_bound() -> None:
+    """As training's plan notes an unset data.max_prompt_len, an evaluation's notes an unset
+    eval.max_prompt_len (its sets' prompts add to the requests); set, nothing is noted, and
+    training's note is not an evaluation's."""
+    unset = "recipe.eval.max_prompt_len is not set: the longest request counts as "
+    cfg, _ = compose_run_config([*TINY, "mode=eval"])
+    assert cfg.recipe.eval.max_prompt_len is None
+    notes = build_plan(cfg).notes
+    assert f"{unset}eval.max_response_len = 16 tokens (prompts add to it)" in notes
+    assert not [n for n in notes if n.startswith("recipe.data.max_prompt_len")]
+    bounded, _ = compose_run_config([*TINY, "mode=eval", "recipe.eval.max_prompt_len=256"])
+    assert not [n for n in build_plan(bounded).notes if "max_prompt_len is not set" in n]
+    trained = build_plan(cfg.model_copy(update={"mode": "train"})).notes
+    assert not [n for n in trained if n.startswith(unset)]
