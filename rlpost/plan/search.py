@@ -109,10 +109,14 @@ class TrainOption:
     memory: TrainMemory
     time: TrainTime
     offload_s: float
+    on_gpu: bool = True  # the hardware's kind: on cpu, a rank's device is a device slot
 
     @property
     def seconds(self) -> float:
         return self.time.total_s + self.offload_s
+
+    def describe(self) -> str:
+        return describe_train(self.parallel, self.cpu_offload, self.fsdp, on_gpu=self.on_gpu)
 
     @property
     def reshard(self) -> bool | None:
@@ -165,7 +169,7 @@ class Candidate:
         )
 
     def describe(self) -> str:
-        train = describe_train(self.parallel, self.train.cpu_offload, self.train.fsdp)
+        train = self.train.describe()
         return f"{describe_split(self.sizes)}; {train}; {describe_engine(self.engine)}"
 
     def memory_text(self) -> str:
@@ -286,15 +290,20 @@ def describe_split(sizes: Sizes) -> str:
     return f"decoupled {sizes.train_gpus} train + {sizes.rollout_gpus} rollout"
 
 
-def describe_train(par: ParallelLayout, cpu_offload: bool, fsdp: FsdpOptions | None = None) -> str:
-    """The grid, recompute and where the optimizer runs; `fsdp` for the torch trainer's."""
+def describe_train(
+    par: ParallelLayout, cpu_offload: bool, fsdp: FsdpOptions | None = None, *, on_gpu: bool = True
+) -> str:
+    """The grid, recompute and where the optimizer runs; `fsdp` for the torch trainer's.
+    `on_gpu` false (hardware kind cpu): a rank's device is a device slot, not a GPU, and what
+    is not offloaded sits there."""
     recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
+    device = "the GPU" if on_gpu else "the device slots"
     if fsdp is not None:
-        where = "FSDP2 CPU offload" if fsdp.cpu_offload else "state on the GPU"
+        where = "FSDP2 CPU offload" if fsdp.cpu_offload else f"state on {device}"
         if not fsdp.reshard_after_forward:
             where += ", layers kept gathered"
         return f"{describe_grid(par, fsdp)}, {recompute}, {where}"
-    adam = "CPU Adam" if cpu_offload else "GPU Adam"
+    adam = "CPU Adam" if cpu_offload else ("GPU Adam" if on_gpu else f"Adam on {device}")
     return f"{describe_grid(par)}, {recompute}, {adam}"
 
 
@@ -620,7 +629,10 @@ class _Searcher:
                 issues = run_checks(PlanContext(cfg, sizes, par, engine), "train", skip=self.skip)
                 if issues:
                     out.refused.append(
-                        (describe_train(par, cpu_offload, self.fsdp), _first_reason(issues))
+                        (
+                            describe_train(par, cpu_offload, self.fsdp, on_gpu=hw.kind == "gpu"),
+                            _first_reason(issues),
+                        )
                     )
                     break  # the rules do not depend on where Adam runs, nor on resharding
                 memory = self._train_memory(cfg, par, sizes)
@@ -628,7 +640,7 @@ class _Searcher:
                 work = plan_work(cfg, par, batch)
                 timing = train_time(cfg, par, batch, work, memory, sizes.train_gpus)
                 offload = offload_time(cfg, sizes, memory) if self.trains else 0.0
-                option = TrainOption(par, cpu_offload, memory, timing, offload)
+                option = TrainOption(par, cpu_offload, memory, timing, offload, hw.kind == "gpu")
                 host = estimate_host(cfg.model, cfg.recipe, hw, memory, sizes, self.trains)
                 short = memory.total_gib + self.margin - hw.gpu_memory_gib
                 if self.train_ranks == NO_TRAIN_RANK:  # nothing of it starts: held to nothing
@@ -785,7 +797,7 @@ def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None
             step = None
             if best_engine is not None:
                 step = searcher.cost(s.sizes, t, best_engine).total_s
-            text = f"{describe_split(s.sizes)}; {describe_train(t.parallel, t.cpu_offload, t.fsdp)}"
+            text = f"{describe_split(s.sizes)}; {t.describe()}"
             rejected.append(Rejected(text, reason, step))
         best_train = s.trains[0] if s.trains else None
         for e, reason in s.rejected_engines:
@@ -875,7 +887,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
     elif trains and work == TRAIN:
         least = min(trains, key=lambda t: t.memory.total_gib)
         budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
-        leanest = describe_train(least.parallel, least.cpu_offload, least.fsdp)
+        leanest = least.describe()
         found.append(
             f"the leanest training layout ({leanest}) "
             f"needs {least.memory.total_gib:.1f} GiB per GPU of {budget:.1f} usable"
@@ -1037,7 +1049,14 @@ def rate_reference(
     if isinstance(memory.train, FsdpTrainMemory):  # the torch trainer's state moves with FSDP2
         offload = memory.train.cpu_offload
     timing = train_time(ref, par, batch, plan.work, memory.train, sizes.train_gpus)
-    train = TrainOption(par, offload, memory.train, timing, offload_time(ref, sizes, memory.train))
+    train = TrainOption(
+        par,
+        offload,
+        memory.train,
+        timing,
+        offload_time(ref, sizes, memory.train),
+        ref.hardware.kind == "gpu",
+    )
     engine = EngineOption(
         plan.engine,
         memory.rollout,

@@ -237,3 +237,19 @@ def test_an_evaluation_that_fits_nowhere_is_told_what_it_holds(run_config: MakeR
     assert not [word for word in training if word in weights + engines]
     told = " ".join(search_layout(searching(run_config("glm4.5-355b-a32b", "h100x8"))).suggestions)
     assert "gradients and optimizer state" in told
+
+
+def test_on_cpu_hardware_the_layouts_say_adam_runs_on_the_device_slots(
+    run_config: MakeRun,
+) -> None:
+    """On hardware kind cpu a rank's device is a device slot: no candidate, rejected layout or
+    the shipped one is labelled GPU Adam; on a GPU profile the label stays."""
+    shipped = run_config("qwen3-tiny", "cpu", "grpo_tiny_math")
+    search = search_layout(searching(shipped), reference=("qwen3-tiny_cpu", shipped))
+    assert search.chosen is not None and search.reference is not None
+    described = [c.describe() for c in search.ranked] + [search.reference.description]
+    described += [r.description for r in search.rejected]
+    assert all("Adam on the device slots" in text for text in described[: len(search.ranked)])
+    assert not [text for text in described if "GPU" in text]
+    gpu = search_layout(searching(run_config("qwen3-4b", "h100x8")))
+    assert gpu.chosen is not None and "GPU Adam" in gpu.chosen.describe()
