@@ -304,16 +304,12 @@ class RecipeConfig(Section):
         counts eval.max_prompt_len (0 where unset: the prompts add to it, and are checked
         once tokenized); a set at the rollout's response length is listed under
         eval.max_prompt_len, and only when that is set (else training's bound covers it)."""
-        ev = self.eval
-        prompt = ev.max_prompt_len or 0
         found: dict[str, int] = {}
-        for i, dataset in enumerate(ev.datasets):
-            if dataset.max_response_len:
-                found[f"eval.datasets.{i}.max_response_len"] = prompt + dataset.max_response_len
-            elif ev.max_response_len:
-                found["eval.max_response_len"] = prompt + ev.max_response_len
-            elif ev.max_prompt_len:
-                found["eval.max_prompt_len"] = prompt + self.rollout.max_response_len
+        for key, tokens in self.eval_set_requests():
+            if key != "rollout.max_response_len":
+                found[key] = tokens
+            elif self.eval.max_prompt_len:
+                found["eval.max_prompt_len"] = tokens
         return list(found.items())
 
     def eval_set_requests(self) -> list[tuple[str, int]]:
