@@ -108,17 +108,19 @@ def _eval_sets(run: RunConfig) -> str:
 def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
     """A few lines: what was checked and what the plan comes to."""
     p, par, eng, mem, batch = plan.placement, plan.parallel, plan.engine, plan.memory, plan.batch
+    # on hardware kind cpu a rank's or an engine's device is a device slot, not a GPU
+    unit = "GPU" if run.hardware.kind == "gpu" else "device slot"
     split = (
-        f"colocated on {p.train_gpus} GPUs"
+        f"colocated on {p.train_gpus} {unit}s"
         if p.colocate
-        else f"{p.train_gpus} train + {p.rollout_gpus} rollout GPUs"
+        else f"{p.train_gpus} train + {p.rollout_gpus} rollout {unit}s"
     )
     lines = [
         f"rlpost: OK  model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout}, mode {run.mode})",
         f"  checked  {checked(run, machine)}",
         f"  layout   {split}: train TP{par.tp} PP{par.pp} CP{par.cp} EP{par.ep} DP{par.dp}; "
-        f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} GPU(s)",
+        f"{eng.num_engines} engine(s) of {eng.gpus_per_engine} {unit}(s)",
         (
             f"  batch    {batch.samples_per_rollout} samples per rollout, "
             f"{batch.steps_per_rollout} optimizer step(s) each, {batch.num_rollout} rollouts"
@@ -133,7 +135,7 @@ def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
             if plan.starts_train_ranks
             else "no training"
         )
-        + f", rollout peak {mem.rollout.total_gib:.1f} GiB, of {mem.gpu_gib:.1f} GiB per GPU",
+        + f", rollout peak {mem.rollout.total_gib:.1f} GiB, of {mem.gpu_gib:.1f} GiB per {unit}",
     ]
     lines += [f"  note     {note}" for note in plan.notes]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from rlpost.cli.main import build_parser, main, verbs
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "my_configs"
 TINY = ("model=qwen3-tiny", "recipe=grpo_tiny_math", "hardware=cpu")
+GPU_RUN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "model.hf_checkpoint=/no/4b")
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -77,6 +78,11 @@ def test_validate_prints_a_summary_and_exits_0(capsys: pytest.CaptureFixture[str
     assert status == 0
     assert out.startswith("rlpost: OK  model=qwen3-tiny recipe=grpo_tiny_math hardware=cpu")
     assert "checked" in out and "train TP1" in out
+    # hardware=cpu: the slots are named as such, a GPU profile's as GPUs
+    assert "colocated on 2 device slots" in out and "2 engine(s) of 1 device slot(s)" in out
+    assert "GiB per device slot" in out and "GPU" not in out.split("  note")[0]
+    status, out, _ = run_main(["validate", "--no-local-checks", *GPU_RUN], capsys)
+    assert status == 0 and "colocated on 8 GPUs" in out and "GiB per GPU" in out
 
 
 def test_validate_says_only_what_it_checked(capsys: pytest.CaptureFixture[str]) -> None:
