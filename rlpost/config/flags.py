@@ -40,7 +40,7 @@ def hydra_value(value: Any) -> str:
     return text if _PLAIN.match(text) else json.dumps(text)
 
 
-def _shell_value(value: Any) -> str:
+def shell_value(value: Any) -> str:
     """A value as an override's right-hand side, quoted for the shell where it needs it."""
     text = hydra_value(value)
     return text if _PLAIN.match(text) else "'" + text.replace("'", "'\\''") + "'"
@@ -88,7 +88,7 @@ def _slime_issue(flag: str, values: list[str], token: str) -> Issue | None:
         if value is None:
             fix = f"write {rule.key}=VALUE"
         else:
-            fix = f"write {rule.key}={_shell_value(value)}"
+            fix = f"write {rule.key}={shell_value(value)}"
         return Issue(
             key=rule.key,
             value=given,
@@ -125,7 +125,7 @@ def _slime_issue(flag: str, values: list[str], token: str) -> Issue | None:
             value=given,
             message=f"{head}; slime passes {flag} to SGLang as {spec.cli}, which rlpost's "
             f"layouts set as {key}",
-            fix=f"write {key}={_shell_value(option)}" if option is not None else f"set {key}",
+            fix=f"write {key}={shell_value(option)}" if option is not None else f"set {key}",
             location=Location(override=token),
         )
     if flag in NOT_IMPORTED:
@@ -150,7 +150,7 @@ def _other_issue(flag: str, values: list[str], token: str, known: Sequence[str])
     name = flag.lstrip("-").replace("-", "_")
     keys = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == name][:3]
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
-    value = _shell_value(given) if given is not None else "VALUE"
+    value = shell_value(given) if given is not None else "VALUE"
     if keys:
         fix = "write " + " or ".join(f"{key}={value}" for key in keys)
     elif close:

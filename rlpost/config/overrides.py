@@ -12,7 +12,7 @@ default is absent from the YAML, so such overrides are passed to Hydra as '++key
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -252,11 +252,15 @@ def _check_group(override: Override, token: str, roots: Sequence[ConfigRoot]) ->
     return issues
 
 
-def _check_key(override: Override, token: str) -> Issue | None:
+def _check_key(override: Override, token: str, verl: Mapping[str, Any]) -> Issue | None:
     unknown = find_unknown(override.key_or_group)
     if unknown is None:
         return None
     value = None if override.is_delete() or override.is_sweep_override() else override.value()
+    from rlpost.config.verl_keys import is_verl_key, verl_issue
+
+    if is_verl_key(unknown.path):  # data.train_batch_size=1024: the key to write instead
+        return verl_issue(unknown.path, value, verl, token)
     return Issue(
         key=unknown.path,
         value=value,
@@ -296,9 +300,13 @@ def _sweep(override: Override, token: str) -> Issue:
 
 
 def check_override(
-    token: str, roots: Sequence[ConfigRoot], multirun: bool = False
+    token: str,
+    roots: Sequence[ConfigRoot],
+    multirun: bool = False,
+    verl: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[Issue]]:
-    """One override -> (the form to hand Hydra, issues)."""
+    """One override -> (the form to hand Hydra, issues). `verl`: verl's keys on the same
+    command line, which convert a verl key's value (rollout.n for its prompt counts)."""
     parsed = _parse(token)
     if isinstance(parsed, Issue):
         return token, [parsed]
@@ -309,7 +317,7 @@ def check_override(
         if parsed.is_delete() and parsed.key_or_group in REQUIRED_GROUPS:
             return token, [_deleted_group(parsed, token, roots)]
         return token, ([] if parsed.is_delete() else _check_group(parsed, token, roots)) + sweep
-    issue = _check_key(parsed, token)
+    issue = _check_key(parsed, token, verl or {})
     if issue is not None:
         return token, [issue, *sweep]
     if parsed.is_delete() or parsed.is_force_add() or sweep:
@@ -318,12 +326,28 @@ def check_override(
     return f"++{token.removeprefix('+')}", []
 
 
+def _verl_values(tokens: Sequence[str]) -> dict[str, Any]:
+    """verl's keys among the overrides and their values (`actor_rollout_ref.rollout.n=5`)."""
+    from rlpost.config.verl_keys import is_verl_key
+
+    found: dict[str, Any] = {}
+    for token in tokens:
+        key = token.split("=", 1)[0].lstrip("+~")
+        if "=" not in token or not is_verl_key(key) or find_unknown(key) is None:
+            continue
+        parsed = _parse(token)
+        if not isinstance(parsed, Issue) and not parsed.is_sweep_override():
+            found[parsed.key_or_group] = parsed.value()
+    return found
+
+
 def check_overrides(
     tokens: Sequence[str], roots: Sequence[ConfigRoot], multirun: bool = False
 ) -> list[str]:
     """The overrides to hand Hydra, or a UserError listing every bad one. Sweeps (a,b or
     range(...)) only with `multirun` (-m)."""
     rewritten, issues = [], []
+    verl = _verl_values(tokens)
     continued = _continued(tokens)
     taken = {token for more in continued.values() for token in more}
     for i, token in enumerate(tokens):
@@ -334,7 +358,7 @@ def check_overrides(
         if token in taken and _bare(token):
             rewritten.append(token)
             continue
-        form, found = check_override(token, roots, multirun)
+        form, found = check_override(token, roots, multirun, verl)
         rewritten.append(form)
         issues.extend(found)
     if issues:

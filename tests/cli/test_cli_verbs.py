@@ -134,6 +134,26 @@ def test_a_slime_flag_is_answered_with_its_key_and_a_secret_never_shown(
     assert "--wandb-key = '***'" in err and "s3cr3t" not in err
 
 
+def test_verl_keys_are_answered_with_rlpost_keys_all_at_once_and_a_secret_never_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    verl = [
+        "data.train_batch_size=1024",
+        "actor_rollout_ref.rollout.n=5",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+        "reward_model.sandbox_fusion.api_key=s3cr3t",
+    ]
+    status, out, err = run_main(["validate", *TINY, *verl], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "rlpost: 5 command-line errors" in err
+    assert "fix: write recipe.rollout.batch_size=1024" in err
+    assert "fix: write recipe.rollout.n_samples_per_prompt=5" in err
+    assert "fix: write recipe.algo.advantage_estimator=grpo" in err
+    assert "fix: write recipe.train.global_batch_size=1280" in err
+    assert "api_key = '***'" in err and "s3cr3t" not in err
+
+
 def test_validate_refuses_training_settings_given_to_an_evaluation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -778,6 +778,28 @@ CASES: list[Bad] = [
     ),
     Bad("a misspelt Hydra flag", ("--config_dir", "conf"), "--config_dir", "--config-dir?"),
     Bad(
+        "verl's keys for the batch, the group size and the estimator",
+        (
+            "data.train_batch_size=1024",
+            "actor_rollout_ref.rollout.n=5",
+            "algorithm.adv_estimator=grpo",
+        ),
+        "recipe.rollout.n_samples_per_prompt",
+        "fix: write recipe.rollout.batch_size=1024",
+    ),
+    Bad(
+        "verl's mini-batch, counted in prompts where rlpost counts samples",
+        ("actor_rollout_ref.rollout.n=5", "actor_rollout_ref.actor.ppo_mini_batch_size=256"),
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "fix: write recipe.train.global_batch_size=1280",
+    ),
+    Bad(
+        "verl's overlong buffer, which rlpost has no setting for",
+        ("reward_model.overlong_buffer.enable=True",),
+        "reward_model.overlong_buffer.enable",
+        "rlpost has no overlong penalty",
+    ),
+    Bad(
         "a group the defaults list chooses, added with +",
         ("+model=qwen3-0.6b",),
         "model = 'qwen3-0.6b'",

@@ -1,0 +1,169 @@
+"""How verl's values become rlpost's overrides: one small function per kind of conversion.
+
+Each takes verl's value and the line (verl's keys on the same command line, read where a value
+depends on another: a prompt count times rollout.n) and returns the (key, value) pairs to
+write, () where the key is to be dropped, or None where the line does not say enough. The
+table that uses them is rlpost.config.verl_keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Line = Mapping[str, Any]  # verl's keys on this command line and their values
+Pairs = tuple[tuple[str, Any], ...]
+# (the value, the line) -> the (key, value) pairs to write; () to drop the key; None when the
+# value cannot be converted from what the line says (the row's `how` says how to compute it)
+Convert = Callable[[Any, Line], Pairs | None]
+
+N = "actor_rollout_ref.rollout.n"
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    """One verl key and rlpost's answer: its key (None: rlpost has none), what differs, and
+    `convert`, which turns verl's value into the overrides to write."""
+
+    verl: str
+    key: str | None
+    note: str
+    convert: Convert | None = None
+    how: str = ""  # the fix where `convert` cannot convert the value
+    example: Any = None  # a value from verl's scripts that converts to a valid override
+
+    def pairs(self, value: Any, line: Line) -> Pairs | None:
+        if self.key is None:
+            return ()
+        return ((self.key, value),) if self.convert is None else self.convert(value, line)
+
+
+def choice(key: str, choices: Mapping[Any, Any]) -> Convert:
+    """verl's value through `choices`; a value with no counterpart converts to nothing."""
+    return lambda value, line: ((key, choices[value]),) if value in choices else None
+
+
+def times_n(key: str) -> Convert:
+    """A count of prompts (verl's) as a count of samples: times rollout.n from the line."""
+    return lambda value, line: ((key, value * line[N]),) if N in line else None
+
+
+def static_micro_batch(value: Any, line: Line) -> Pairs:
+    if line.get("actor_rollout_ref.actor.use_dynamic_bsz") is True:
+        return ()  # verl packs by tokens then, and reads no micro-batch count
+    train = "recipe.train"
+    return (
+        (f"{train}.use_dynamic_batch_size", False),
+        (f"{train}.max_tokens_per_gpu", None),
+        (f"{train}.micro_batch_size", value),
+    )
+
+
+def dynamic_batch(value: Any, line: Line) -> Pairs:
+    if not value:
+        return (("recipe.train.use_dynamic_batch_size", False),)
+    cap = line.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)  # verl's default
+    return (("recipe.train.use_dynamic_batch_size", True), ("recipe.train.max_tokens_per_gpu", cap))
+
+
+def token_cap(value: Any, line: Line) -> Pairs:
+    return (
+        ("recipe.train.use_dynamic_batch_size", True),
+        ("recipe.train.max_tokens_per_gpu", value),
+    )
+
+
+def loggers(value: Any, line: Line) -> Pairs:
+    names = value if isinstance(value, list) else [value]
+    return (
+        ("tracking.wandb.enabled", "wandb" in names),
+        ("tracking.tensorboard", "tensorboard" in names),
+    )
+
+
+def wandb(key: str) -> Convert:
+    return lambda value, line: (("tracking.wandb.enabled", True), (key, value))
+
+
+def every(key: str) -> Convert:
+    """verl's frequencies in training steps, -1 for never; rlpost's intervals in rollouts
+    (one verl step is one rollout), null for never."""
+    return lambda value, line: ((key, value if value > 0 else None),)
+
+
+def resume(value: Any, line: Line) -> Pairs | None:
+    if value == "disable":
+        return ()  # rlpost starts afresh unless run.resume is set
+    if value == "auto":  # in the folder verl would have resumed from
+        project = line.get("trainer.project_name", "verl_examples")
+        folder = f"checkpoints/{project}/{line.get('trainer.experiment_name', 'gsm8k')}"
+        return (("run.dir", line.get("trainer.default_local_dir", folder)), ("run.resume", "auto"))
+    return None  # resume_path: verl's checkpoint folder is no rlpost checkpoint
+
+
+KL_REWARD_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def kl_in_reward(value: Any, line: Line) -> Pairs | None:
+    if not value:
+        return ()
+    if line.get("algorithm.adv_estimator") not in KL_REWARD_ESTIMATORS:
+        return None
+    return (("recipe.algo.kl_coef", line.get("algorithm.kl_ctrl.kl_coef", 0.001)),)  # verl's
+
+
+def kl_reward_coef(value: Any, line: Line) -> Pairs | None:
+    if not value or line.get("algorithm.use_kl_in_reward") is not True:
+        return ()  # verl reads it only with use_kl_in_reward=True
+    if line.get("algorithm.adv_estimator") in KL_REWARD_ESTIMATORS:
+        return (("recipe.algo.kl_coef", value),)
+    return None
+
+
+def filter_groups(value: Any, line: Line) -> Pairs:
+    if not value:
+        return ()
+    return (("recipe.rollout.dynamic_sampling_filter", "rlpost.filters.check_reward_nonzero_std"),)
+
+
+def eval_set(value: Any, line: Line) -> Pairs | None:
+    files = value if isinstance(value, list) else [value]
+    if any(str(f).endswith(".parquet") for f in files):
+        return None
+    return (
+        ("recipe.eval.datasets", [{"name": f"val{i}", "path": f} for i, f in enumerate(files)]),
+    )
+
+
+def prompts(value: Any, line: Line) -> Pairs | None:
+    if isinstance(value, list) or str(value).endswith(".parquet"):
+        return None
+    return (("recipe.data.prompt_data", value),)
+
+
+def untruncated(key: str, off: Any) -> Convert:
+    """top_p / top_k for rollouts: rlpost samples them untruncated (the trainer scores the
+    full softmax), so only the no-cut value converts."""
+    return lambda value, line: () if value == off else None
+
+
+def estimator(value: Any, line: Line) -> Pairs | None:
+    same = ("grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+    if value == "grpo_vectorized":
+        value = "grpo"
+    return (("recipe.algo.advantage_estimator", value),) if value in same else None
+
+
+def gspo(value: Any, line: Line) -> Pairs | None:
+    if value == "vanilla":
+        return ()
+    return (("recipe.algo.advantage_estimator", "gspo"),) if value == "gspo" else None
+
+
+def greedy_eval(value: Any, line: Line) -> Pairs:
+    return () if value else (("recipe.eval.temperature", None),)
+
+
+def recompute(value: Any, line: Line) -> Pairs:
+    return (("layout.train.recompute.granularity", "full" if value else "none"),)

@@ -1,0 +1,75 @@
+"""verl's keys on the command line are answered with rlpost's key, and every override the
+table suggests validates on the CPU default (rlpost.config.verl_keys)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlpost.config.keys import find_unknown
+from rlpost.config.loader import compose_run_config
+from rlpost.config.verl_keys import BY_KEY, SECTIONS, TABLE, overrides, verl_issue
+from rlpost.config.verl_values import N, VerlKey
+from rlpost.errors import UserError
+
+ASSETS = Path(__file__).resolve().parents[2] / "rlpost" / "assets"
+# the rest of a verl command line some rows read (its KL in the reward needs both)
+REINFORCE = {"algorithm.adv_estimator": "reinforce_plus_plus"}
+LINES = {
+    "algorithm.use_kl_in_reward": REINFORCE,
+    "algorithm.kl_ctrl.kl_coef": {
+        "algorithm.use_kl_in_reward": True,
+        "algorithm.adv_estimator": "reinforce_plus_plus",
+    },
+}
+# rows whose value names a file: one that exists here
+FILES = {
+    "data.train_files": str(ASSETS / "data" / "arith_train.jsonl"),
+    "data.val_files": str(ASSETS / "data" / "arith_eval.jsonl"),
+}
+EXAMPLES = [row for row in TABLE if row.example is not None or row.verl in FILES]
+
+
+def _suggestion(row: VerlKey) -> list[str]:
+    value = FILES.get(row.verl, row.example)
+    line = {N: 8, row.verl: value, **LINES.get(row.verl, {})}
+    written = []
+    for verl, given in line.items():
+        pairs = BY_KEY[verl].pairs(given, line) if verl in BY_KEY else None
+        assert pairs is not None, f"{verl}={given!r} converts to no override"
+        written += overrides(pairs)
+    return written
+
+
+def test_every_rlpost_key_in_the_table_is_one_and_no_verl_key_is() -> None:
+    for row in TABLE:
+        assert row.key is None or find_unknown(row.key) is None, row.key
+        assert find_unknown(row.verl) is not None, row.verl
+        assert row.key is not None or row.note, f"{row.verl}: say what rlpost does instead"
+    assert len(BY_KEY) == len(TABLE) and {r.verl.split(".")[0] for r in TABLE} - SECTIONS == {
+        "trainer"
+    }
+
+
+@pytest.mark.parametrize("row", EXAMPLES, ids=[row.verl for row in EXAMPLES])
+def test_every_suggested_override_validates_on_the_cpu_default(row: VerlKey) -> None:
+    written = _suggestion(row)
+    try:
+        compose_run_config(written)
+    except UserError as exc:
+        pytest.fail(f"{row.verl} suggests {written}, which is refused:\n{exc.render()}")
+
+
+def test_a_prompt_count_without_the_group_size_says_how_to_convert_it() -> None:
+    key = "actor_rollout_ref.actor.ppo_mini_batch_size"
+    issue = verl_issue(key, 256, {}, f"{key}=256")
+    assert issue.fix.startswith("write recipe.train.global_batch_size=<this value x ")
+    issue = verl_issue(key, 256, {N: 5}, f"{key}=256")
+    assert issue.fix == "write recipe.train.global_batch_size=1280"
+
+
+def test_a_key_of_no_counterpart_says_what_rlpost_does_instead_and_to_drop_it() -> None:
+    issue = verl_issue("trainer.critic_warmup", 0, {}, "trainer.critic_warmup=0")
+    assert "rlpost has no setting for it: rlpost has no critic" in issue.message
+    assert issue.fix == "drop it"
