@@ -527,7 +527,9 @@ TABLE: tuple[VerlKey, ...] = (
     VerlKey(
         "trainer.log_val_generations",
         None,
-        "rlpost writes every evaluation's samples to the run directory",
+        "rlpost logs each evaluation set's scores (eval/* in metrics.jsonl and the "
+        "trackers) and writes no evaluation samples; run.dump_rollouts writes the training "
+        "rollouts' samples",
     ),
     VerlKey("trainer.device", None, "the hardware profile's kind says it (hardware=cpu)"),
 )
