@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
 QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
 FLASH = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+FLASH16 = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x16")
 # The peers' repositories (verl and AReaL moved; both names hold their issues).
 PEERS = frozenset(
     {
@@ -975,6 +976,15 @@ NOTED: list[Noted] = [
         "the MTP module's weights were frozen - it was not updated during post-training",
         (*FLASH, f"{SG}.speculative_algorithm=EAGLE", f"{SG}.speculative_num_steps=2"),
         ("fewer and fewer drafted tokens are accepted", "recipe.train.mtp_training: true"),
+    ),
+    Noted(
+        "a pipeline stage count kept from another pp",
+        "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5884",
+        "After adding the uneven default, the runner also needed to account for VP "
+        "divisibility when users override the recipe topology; otherwise a valid PP=4/VP=3 "
+        "override retained 4/8 stage counts that MCore rejects.",
+        (*FLASH16, "layout.train.pp=4", "layout.train.tp=2", "layout.train.ep=4"),
+        ("hold 8, 8, 8, 23", "layout.train.num_layers_in_last_pipeline_stage: 11"),
     ),
     Noted(
         "a sample longer than a micro-batch's token budget",
