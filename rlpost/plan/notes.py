@@ -12,6 +12,7 @@ from __future__ import annotations
 from rlpost.plan.engine_options import KEY, MTP_DRAFT_ALGORITHMS
 from rlpost.plan.layout import ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
+from rlpost.plan.stages import FIRST, LAST, lopsided, most_balanced_split, split_change
 from rlpost.schema import RunConfig
 
 MTP_DRAFT_OPTIONS = (
@@ -57,50 +58,27 @@ def idle_gpu_notes(cfg: RunConfig, sizes: Sizes, par: ParallelLayout) -> list[st
     ]
 
 
-# a stage this many times the balanced split's largest is noted (megatron-core's own uneven
-# splits, one or two layers off the even share for the embedding or the loss, stay below it)
-LOPSIDED_STAGE = 1.5
-FIRST, LAST = "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"
-
-
 def pipeline_balance_notes(cfg: RunConfig, par: ParallelLayout) -> list[str]:
-    """An uneven split (first or last stage set) whose largest stage holds LOPSIDED_STAGE
-    times the layers of the most balanced split pp allows. Each micro-batch passes every stage
-    in turn, so the largest one sets the pipeline's pace and its memory the run's peak. A stage
-    count kept from a layout written for another pp is the usual source (Megatron-Bridge#5884)."""
+    """An uneven split (first or last stage set) whose largest stage holds 1.5 times the
+    layers of the most balanced split pp allows, or more (rlpost.plan.stages.lopsided). Each
+    micro-batch passes every stage in turn, so the largest one sets the pipeline's pace and its
+    memory the run's peak. A stage count kept from a layout written for another pp is the usual
+    source (Megatron-Bridge#5884)."""
     first, last = par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage
     layers, pp = cfg.model.num_layers, par.pp
     stages = stage_layers(layers, pp, first, last) if pp > 1 and (first or last) else None
-    if stages is None:
-        return []
-    # the most balanced split: an even one (the stage keys removed), else one stage set,
-    # the key already set first where both balance alike
-    kept = LAST if last is not None else FIRST
-    set_keys = [f"layout.train.{k}" for k, v in ((FIRST, first), (LAST, last)) if v is not None]
-    splits: list[tuple[int, str, tuple[int, ...]]] = []
-    even = stage_layers(layers, pp)
-    if even is not None:
-        splits.append((0, f"removing {' and '.join(set_keys)}", even))
-    for count in range(1, layers):
-        for key, pair in ((LAST, (None, count)), (FIRST, (count, None))):
-            split = stage_layers(layers, pp, *pair)
-            if split is not None:
-                others = [k for k in set_keys if k != f"layout.train.{key}"]
-                alone = f" without {others[0]}" if others else ""
-                fix = f"layout.train.{key}: {count}{alone}"
-                splits.append((1 if key == kept else 2, fix, split))
-    _, fix, best = min(splits, key=lambda s: (max(s[2]), s[0]))
-    if max(stages) < LOPSIDED_STAGE * max(best):
+    best = most_balanced_split(layers, pp)
+    if stages is None or best is None or not lopsided(stages, best[2]):
         return []
     given = ", ".join(
-        f"layout.train.{k}={v}" for k, v in ((FIRST, first), (LAST, last)) if v is not None
+        f"{key}={value}" for key, value in ((FIRST, first), (LAST, last)) if value is not None
     )
     return [
         f"the {pp} pipeline stages hold {', '.join(map(str, stages))} of the model's {layers} "
         f"layers ({given} with pp={pp}): every micro-batch passes each stage in turn, so the "
         f"one of {max(stages)} layers sets the pace and the memory peak where the most even "
-        f"split pp={pp} allows holds at most {max(best)} a stage; {fix} splits them "
-        f"{', '.join(map(str, best))}"
+        f"split pp={pp} allows holds at most {max(best[2])} a stage; "
+        + split_change(first, last, best)
     ]
 
 

@@ -543,6 +543,36 @@ MISTAKES: list[Mistake] = [
         ("layout.train.tp=2",),
         "use a tp that divides 2",
     ),
+    Mistake(
+        "a pipeline size that does not divide the layers",
+        "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5551",
+        "With no uneven-stage configuration, Megatron-Core requires divisibility and aborts "
+        "model construction before training begins. (GLM-4.5 355B: 92 layers at PP=8)",
+        (
+            "model=glm4.5-355b-a32b",
+            "recipe=grpo_dapo",
+            "hardware=h100x64",
+            "layout.train.pp=8",
+            "layout.train.cp=1",
+            "layout.train.ep=8",
+        ),
+        "layout.train.pp",
+        "92 layers do not split evenly over pp=8",
+        ("++layout.train.num_layers_in_last_pipeline_stage=8",),
+        "layout.train.num_layers_in_last_pipeline_stage: 8",
+    ),
+    Mistake(
+        "a last pipeline stage count without a pipeline",
+        "https://github.com/NVIDIA/Megatron-LM/issues/1778",
+        "When using `--pipeline-model-parallel-size 1` and `--decoder_last_pipeline_num_layers "
+        "k`, Megatron does not detect when `k` does not match `num-layers` and does not raise "
+        "an error.",
+        (*QWEN, "++layout.train.num_layers_in_last_pipeline_stage=1"),
+        "layout.train.num_layers_in_last_pipeline_stage",
+        "uneven pipeline stages need more than one stage, and pp=1",
+        ("~layout.train.num_layers_in_last_pipeline_stage",),
+        "remove it",
+    ),
     # ---- the model against its checkpoint -------------------------------------------------
     Mistake(
         "a rotary base copied from another model's script",
@@ -984,7 +1014,7 @@ NOTED: list[Noted] = [
         "divisibility when users override the recipe topology; otherwise a valid PP=4/VP=3 "
         "override retained 4/8 stage counts that MCore rejects.",
         (*FLASH16, "layout.train.pp=4", "layout.train.tp=2", "layout.train.ep=4"),
-        ("hold 8, 8, 8, 23", "layout.train.num_layers_in_last_pipeline_stage: 11"),
+        ("hold 8, 8, 8, 23", "set layout.train.num_layers_in_last_pipeline_stage: 11"),
     ),
     Noted(
         "a sample longer than a micro-batch's token budget",

@@ -147,7 +147,7 @@ def test_a_stage_count_kept_from_another_pp_is_noted_with_a_balanced_one(run_con
     assert "(layout.train.num_layers_in_last_pipeline_stage=23 with pp=4)" in note
     assert "holds at most 12 a stage" in note
     assert note.endswith(
-        "layout.train.num_layers_in_last_pipeline_stage: 11 splits them 12, 12, 12, 11"
+        "set layout.train.num_layers_in_last_pipeline_stage: 11 for 12, 12, 12, 11"
     )
     # the split it names plans, and without the note
     fixed = run_config(
@@ -168,8 +168,8 @@ def test_uneven_stages_where_pp_splits_the_layers_evenly_name_their_removal(
     note = said(build_plan(run_config("qwen3-4b", "h100x8", **stages)), LOPSIDED)
     assert note is not None and "hold 3, 15, 15, 3 of the model's 36 layers" in note
     assert note.endswith(
-        "removing layout.train.num_layers_in_first_pipeline_stage and "
-        "layout.train.num_layers_in_last_pipeline_stage splits them 9, 9, 9, 9"
+        "remove layout.train.num_layers_in_first_pipeline_stage and "
+        "layout.train.num_layers_in_last_pipeline_stage for 9, 9, 9, 9"
     )
     # a stage a few layers off the even share (the embedding's or the loss's room) is meant
     near = {**stages, "layout__train__num_layers_in_first_pipeline_stage": 7,
