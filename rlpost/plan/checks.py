@@ -21,6 +21,7 @@ from rlpost.plan.backends import (
 )
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
+from rlpost.plan.stages import FIRST, LAST, lopsided, most_balanced_split, split_change
 from rlpost.schema import GENERIC_FAMILY, ModelConfig, RunConfig
 
 
@@ -292,25 +293,53 @@ def check_pipeline(ctx: PlanContext) -> list[Issue]:
     if stage_layers(layers, p.pp, first, last) is not None:
         return []
     if first or last:
-        message = (
-            f"{layers} layers do not split over pp={p.pp} stages with first stage {first} and "
-            f"last stage {last}: the remaining layers must divide evenly over the middle stages"
-        )
-    else:
-        message = (
-            f"{layers} layers do not split evenly over pp={p.pp} pipeline stages "
-            "(megatron-core would silently build only pp x floor(layers/pp) of them)"
-        )
+        return [_uneven_split_issue(layers, p.pp, first, last)]
     uneven = (layers + p.pp - 1) // p.pp
     return [
         Issue(
             "layout.train.pp",
-            message,
+            f"{layers} layers do not split evenly over pp={p.pp} pipeline stages "
+            "(megatron-core would silently build only pp x floor(layers/pp) of them)",
             f"use a pp that divides {layers} ({_examples(divisors(layers))}), or an uneven split: "
             f"layout.train.num_layers_in_last_pipeline_stage: {layers - uneven * (p.pp - 1)}",
             p.pp,
         )
     ]
+
+
+def _uneven_split_issue(layers: int, pp: int, first: int | None, last: int | None) -> Issue:
+    """First and/or last stage counts that leave the stages between them no even share: the
+    stage count refused (the first where both are set), what it leaves, and the most balanced
+    split that keeps it (where that one is not lopsided), besides the most balanced of all."""
+    key, value = (FIRST, first) if first is not None else (LAST, last)
+    ends = [v for v in (first, last) if v is not None]
+    taken, between, rest = sum(ends), pp - len(ends), layers - sum(ends)
+    if len(ends) == 2:
+        what = f"the first and last stages are set to {ends[0]} + {ends[1]} = {taken} layers"
+    else:
+        what = f"the {'first' if first is not None else 'last'} stage is set to {taken} layers"
+    if between == 0:
+        why = "and with no stage between them the two must hold them all"
+    elif rest <= 0:
+        others = "the other stage" if between == 1 else f"the other {between} stages"
+        why = f"which leaves none for {others}"
+    else:
+        why = (
+            f"which leaves {rest} for the {between} stages between, and {rest} does not split "
+            f"evenly over {between} (megatron-core builds the same count on each)"
+        )
+    best = most_balanced_split(layers, pp)
+    kept = most_balanced_split(layers, pp, first, None) if first is not None else None
+    if kept is None and last is not None:
+        kept = most_balanced_split(layers, pp, None, last)
+    splits = [best] if best is None or kept is None or lopsided(kept[2], best[2]) else [kept, best]
+    fixes = [split_change(first, last, split) for split in splits if split is not None]
+    return Issue(
+        key,
+        f"with pp={pp}, {what} of the model's {layers}, {why}",
+        "; or ".join(dict.fromkeys(fixes)),
+        value,
+    )
 
 
 @check("uniform_recompute_groups", scope="train")

@@ -1,6 +1,7 @@
-"""Plan notes on what a valid layout leaves unused: GPUs no rank or engine is placed on, and
-multi-token-prediction (MTP) layers that are trained with no engine drafting with them, or
-drafted with while they stay as the checkpoint has them.
+"""Plan notes on what a valid layout leaves unused or unbalanced: GPUs no rank or engine is
+placed on, multi-token-prediction (MTP) layers that are trained with no engine drafting with
+them, or drafted with while they stay as the checkpoint has them, and an uneven pipeline split
+whose largest stage holds far more layers than a balanced split would.
 
 Each is valid and may be meant (a smaller run beside another job, MTP layers trained for a
 later deployment), so the plan says it and refuses nothing.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from rlpost.plan.engine_options import KEY, MTP_DRAFT_ALGORITHMS
 from rlpost.plan.layout import ParallelLayout, Sizes
+from rlpost.plan.params import stage_layers
+from rlpost.plan.stages import FIRST, LAST, lopsided, most_balanced_split, split_change
 from rlpost.schema import RunConfig
 
 MTP_DRAFT_OPTIONS = (
@@ -52,6 +55,30 @@ def idle_gpu_notes(cfg: RunConfig, sizes: Sizes, par: ParallelLayout) -> list[st
         f"{idle} of the {sizes.total_gpus} {unit} sit idle for the whole run: colocated, "
         f"the trainer and the engines share layout.train.num_gpus={sizes.train_gpus}, and "
         f"{where}; " + ", or ".join(fixes)
+    ]
+
+
+def pipeline_balance_notes(cfg: RunConfig, par: ParallelLayout) -> list[str]:
+    """An uneven split (first or last stage set) whose largest stage holds 1.5 times the
+    layers of the most balanced split pp allows, or more (rlpost.plan.stages.lopsided). Each
+    micro-batch passes every stage in turn, so the largest one sets the pipeline's pace and its
+    memory the run's peak. A stage count kept from a layout written for another pp is the usual
+    source (Megatron-Bridge#5884)."""
+    first, last = par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage
+    layers, pp = cfg.model.num_layers, par.pp
+    stages = stage_layers(layers, pp, first, last) if pp > 1 and (first or last) else None
+    best = most_balanced_split(layers, pp)
+    if stages is None or best is None or not lopsided(stages, best[2]):
+        return []
+    given = ", ".join(
+        f"{key}={value}" for key, value in ((FIRST, first), (LAST, last)) if value is not None
+    )
+    return [
+        f"the {pp} pipeline stages hold {', '.join(map(str, stages))} of the model's {layers} "
+        f"layers ({given} with pp={pp}): every micro-batch passes each stage in turn, so the "
+        f"one of {max(stages)} layers sets the pace and the memory peak where the most even "
+        f"split pp={pp} allows holds at most {max(best[2])} a stage; "
+        + split_change(first, last, best)
     ]
 
 

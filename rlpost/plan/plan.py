@@ -36,7 +36,7 @@ from rlpost.plan.memory import (
     fp8_update_buffer_bytes,
     pipeline_stages,
 )
-from rlpost.plan.notes import idle_gpu_notes, mtp_notes
+from rlpost.plan.notes import idle_gpu_notes, mtp_notes, pipeline_balance_notes
 from rlpost.plan.parallel import Resolution, resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
@@ -525,6 +525,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         derived=res.derived,
         notes=_notes(cfg, (par, batch, engine, memory), runtime.loop)
         + tuple(idle_gpu_notes(cfg, sizes, par) + mtp_notes(cfg))
+        + tuple(pipeline_balance_notes(cfg, par))
         + _train_rank_notes(cfg, train_ranks, sizes.colocate),
         train_ranks=train_ranks,
     )

@@ -360,6 +360,58 @@ def test_a_train_grid_fix_names_what_the_hardware_holds(
     build_plan(compose_run(*on_h100x8, f"layout.train.{fixed}"))  # the fix it names plans
 
 
+FIRST = "layout.train.num_layers_in_first_pipeline_stage"
+LAST = "layout.train.num_layers_in_last_pipeline_stage"
+PP4 = (*QWEN, "layout.train.pp=4", "layout.train.tp=2")  # 36 layers, 8 GPUs
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says", "fixes"),
+    [
+        (
+            (*PP4, f"++{FIRST}=10"),
+            FIRST,
+            "the first stage is set to 10 layers of the model's 36, which leaves 26 for the 3 "
+            "stages between, and 26 does not split evenly over 3",
+            [((f"{LAST}=6",), (10, 10, 10, 6)), ((f"{FIRST}=null",), (9, 9, 9, 9))],
+        ),
+        (
+            (*QWEN, "layout.train.pp=2", f"++{FIRST}=40"),
+            FIRST,
+            "the first stage is set to 40 layers of the model's 36, which leaves none for the "
+            "other stage",
+            [((f"{FIRST}=null",), (18, 18))],
+        ),
+        (
+            (*PP4, f"++{FIRST}=8", f"++{LAST}=9"),
+            FIRST,
+            "the first and last stages are set to 8 + 9 = 17 layers of the model's 36, which "
+            "leaves 19 for the 2 stages between",
+            [((f"{LAST}=8",), (8, 10, 10, 8)), ((f"{FIRST}=null", f"{LAST}=null"), (9, 9, 9, 9))],
+        ),
+    ],
+    ids=["first stage leaves an odd rest", "first stage past the layers", "both set, odd rest"],
+)
+def test_an_uneven_split_that_does_not_split_names_its_stage_count_and_splits_that_do(
+    overrides: tuple[str, ...],
+    key: str,
+    says: str,
+    fixes: list[tuple[tuple[str, ...], tuple[int, ...]]],
+    compose_run: Callable[..., RunConfig],
+) -> None:
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*overrides))
+    (issue,) = [i for i in info.value.issues if i.key == key]
+    assert says in issue.message and "None" not in issue.message, issue.message
+    # each split the fix names, applied, plans with the stages it says
+    for settings, stages in fixes:
+        words = " and ".join(
+            f"{s.split('=')[0]}: {s.split('=')[1]}" for s in settings if not s.endswith("null")
+        )
+        assert words in issue.fix and f"for {', '.join(map(str, stages))}" in issue.fix, issue.fix
+        assert build_plan(compose_run(*overrides, *settings)).pipeline_stages == stages
+
+
 def test_the_memory_a_refused_tp_still_needs_adds_up(compose_run: Callable[..., RunConfig]) -> None:
     cfg = compose_run("model=deepseek-v3", "recipe=grpo_dapo", "hardware=h100x64")
     with pytest.raises(UserError) as info:

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 GLM9 = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x8")
 QWEN = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
 FLASH = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8")
+FLASH16 = ("model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x16")
 # The peers' repositories (verl and AReaL moved; both names hold their issues).
 PEERS = frozenset(
     {
@@ -258,6 +259,17 @@ MISTAKES: list[Mistake] = [
         ("recipe.optim.lr_decay_steps=60",),
         "lr_decay_steps: 60",
     ),
+    Mistake(
+        "a dual clip below 1",
+        "https://github.com/opendilab/PPOxFamily/issues/95",
+        "I might be wrong, but I believe the dual clipping parameter is intended to be > 1 (the "
+        "maintainers: 'here the `dual_clip` value should be greater than 1.0')",
+        ("recipe.algo.eps_clip_c=0.5",),
+        "recipe.algo.eps_clip_c",
+        "must be > 1",
+        ("recipe.algo.eps_clip_c=3.0",),
+        "use 3.0",
+    ),
     # ---- evaluation -----------------------------------------------------------------------
     Mistake(
         "two eval datasets under one name",
@@ -324,6 +336,18 @@ MISTAKES: list[Mistake] = [
         ("recipe.rollout.top_k=-1",),
         "top_k: -1",
     ),
+    Mistake(
+        "evaluation asked for with no evaluation set",
+        "https://github.com/huggingface/trl/pull/2152",
+        "ValueError: You have set `args.eval_strategy` to steps but you didn't pass an "
+        "`eval_dataset` to `Trainer`.",
+        ("recipe.eval.datasets=[]",),
+        "recipe.eval.datasets",
+        "asks for evaluation but no datasets are named",
+        ("recipe.eval.interval=null",),
+        "interval: null",
+        value="interval=20",
+    ),
     # ---- data -----------------------------------------------------------------------------
     Mistake(
         "chat-template arguments without the chat template",
@@ -339,6 +363,19 @@ MISTAKES: list[Mistake] = [
         ("recipe.data.apply_chat_template=true",),
         "set apply_chat_template: true",
         value="{'enable_thinking': False}",
+    ),
+    Mistake(
+        "a chat template asked of a base model's tokenizer",
+        "https://github.com/OpenRLHF/OpenRLHF/issues/613",
+        "ValueError: Cannot use chat template functions because tokenizer.chat_template is not "
+        "set and no template argument was passed! (--apply_chat_template with --pretrain "
+        "Meta-Llama-3.1-8B, a base model)",
+        ("model.hf_checkpoint={tmp}/base_model",),
+        "recipe.data.apply_chat_template",
+        "has no chat template",
+        ("~model.hf_checkpoint",),
+        "use a checkpoint whose tokenizer has a chat template",
+        value="recipe.data.apply_chat_template = True",
     ),
     # ---- the loop and the run -------------------------------------------------------------
     Mistake(
@@ -413,6 +450,18 @@ MISTAKES: list[Mistake] = [
         "long responses would time out mid-rollout",
         ("engine.request_timeout_s=3600",),
         "well above 33",
+    ),
+    Mistake(
+        "a resume from a checkpoint that is not there",
+        "https://github.com/radixark/miles/pull/2688",
+        "Once the user selects resume semantics with `--ckpt-step` or "
+        "`--exit-on-missing-checkpoint`, however, Miles must not silently start from initial "
+        "weights.",
+        ("run.resume={tmp}/runs/before/ckpt/rollout_40",),
+        "run.resume",
+        "no such checkpoint or run directory on this machine",
+        ("~run.resume",),
+        "point run.resume at <run.dir>/ckpt/rollout_<n>",
     ),
     # ---- trainer --------------------------------------------------------------------------
     Mistake(
@@ -493,6 +542,36 @@ MISTAKES: list[Mistake] = [
         "splits the 2 query groups (KV heads) over tp=4 ranks",
         ("layout.train.tp=2",),
         "use a tp that divides 2",
+    ),
+    Mistake(
+        "a pipeline size that does not divide the layers",
+        "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5551",
+        "With no uneven-stage configuration, Megatron-Core requires divisibility and aborts "
+        "model construction before training begins. (GLM-4.5 355B: 92 layers at PP=8)",
+        (
+            "model=glm4.5-355b-a32b",
+            "recipe=grpo_dapo",
+            "hardware=h100x64",
+            "layout.train.pp=8",
+            "layout.train.cp=1",
+            "layout.train.ep=8",
+        ),
+        "layout.train.pp",
+        "92 layers do not split evenly over pp=8",
+        ("++layout.train.num_layers_in_last_pipeline_stage=8",),
+        "layout.train.num_layers_in_last_pipeline_stage: 8",
+    ),
+    Mistake(
+        "a last pipeline stage count without a pipeline",
+        "https://github.com/NVIDIA/Megatron-LM/issues/1778",
+        "When using `--pipeline-model-parallel-size 1` and `--decoder_last_pipeline_num_layers "
+        "k`, Megatron does not detect when `k` does not match `num-layers` and does not raise "
+        "an error.",
+        (*QWEN, "++layout.train.num_layers_in_last_pipeline_stage=1"),
+        "layout.train.num_layers_in_last_pipeline_stage",
+        "uneven pipeline stages need more than one stage, and pp=1",
+        ("~layout.train.num_layers_in_last_pipeline_stage",),
+        "remove it",
     ),
     # ---- the model against its checkpoint -------------------------------------------------
     Mistake(
@@ -611,6 +690,43 @@ MISTAKES: list[Mistake] = [
         "token-identical",
         ("run.deterministic=true",),
         "run.deterministic=true",
+    ),
+    Mistake(
+        "engines larger than the rollout GPUs",
+        "https://github.com/verl-project/verl/issues/1191",
+        "I run the GRPO when meet AssertionError: rollout world_size: 1 is not divisible by "
+        "infer_tp: 2. I just use one GPU",
+        (
+            *QWEN,
+            "layout.colocate=false",
+            "layout.train.num_gpus=4",
+            "layout.rollout.num_gpus=1",
+            "layout.rollout.gpus_per_engine=2",
+        ),
+        "layout.rollout.gpus_per_engine",
+        "1 rollout GPUs do not split into engines of 2 GPUs",
+        ("layout.rollout.gpus_per_engine=1",),
+        "use an engine size that divides 1: 1",
+    ),
+    Mistake(
+        "an engine's tensor parallelism over a count that splits no heads",
+        "https://github.com/THU-KEG/AdaptThink/issues/1",
+        "I am using DeepSeek-R1-Distill-Qwen-7B and have set tensor_parallel_size to 8, but I "
+        "encountered the following error: ValueError: Total number of attention heads (28) "
+        "must be divisible by tensor parallel size (8)",
+        (
+            *QWEN,
+            "layout.colocate=false",
+            "layout.train.num_gpus=4",
+            "layout.train.tp=1",
+            "layout.train.sequence_parallel=false",
+            "layout.rollout.num_gpus=3",
+            "layout.rollout.gpus_per_engine=3",
+        ),
+        "layout.rollout.gpus_per_engine",
+        "SGLang splits the 32 attention heads over the engine TP of 3 GPUs",
+        ("layout.rollout.gpus_per_engine=1",),
+        "use an attention TP that divides 32",
     ),
     # ---- engines: lengths -----------------------------------------------------------------
     Mistake(
@@ -891,6 +1007,23 @@ NOTED: list[Noted] = [
         (*FLASH, f"{SG}.speculative_algorithm=EAGLE", f"{SG}.speculative_num_steps=2"),
         ("fewer and fewer drafted tokens are accepted", "recipe.train.mtp_training: true"),
     ),
+    Noted(
+        "a pipeline stage count kept from another pp",
+        "https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/5884",
+        "After adding the uneven default, the runner also needed to account for VP "
+        "divisibility when users override the recipe topology; otherwise a valid PP=4/VP=3 "
+        "override retained 4/8 stage counts that MCore rejects.",
+        (*FLASH16, "layout.train.pp=4", "layout.train.tp=2", "layout.train.ep=4"),
+        ("hold 8, 8, 8, 23", "set layout.train.num_layers_in_last_pipeline_stage: 11"),
+    ),
+    Noted(
+        "a sample longer than a micro-batch's token budget",
+        "https://github.com/OpenRLHF/OpenRLHF/pull/1280",
+        "That configuration cannot satisfy the token limit and can defer the failure to model "
+        "execution as a GPU OOM.",
+        (*QWEN, "recipe.train.max_tokens_per_gpu=4096"),
+        ("exceeds max_tokens_per_gpu x cp = 4096", "a micro-batch of its own (never truncated)"),
+    ),
 ]
 
 
@@ -942,7 +1075,7 @@ print(json.dumps(results))
 def write_checkpoints(work: Path) -> None:
     """The checkpoint folders cases name as {tmp}/...: the tiny model with a token added to
     its tokenizer past the model's 320 embedding rows (add_tokens, then save_pretrained,
-    without resizing the embeddings)."""
+    without resizing the embeddings), and the tiny model without its chat template."""
     tiny = REPO / "rlpost" / "assets" / "qwen3-tiny"
     folder = work / "extended_tokenizer"
     folder.mkdir()
@@ -952,6 +1085,12 @@ def write_checkpoints(work: Path) -> None:
     tokenizer = json.loads((tiny / "tokenizer.json").read_text())
     tokenizer["added_tokens"].append({"id": 320, "content": "<tool_call>", "special": True})
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    # a base model's tokenizer: the same files without a chat template
+    base = work / "base_model"
+    base.mkdir()
+    for item in tiny.iterdir():
+        if item.name != "chat_template.jinja":
+            (base / item.name).symlink_to(item)
 
 
 def run_mistakes(cases: list[Mistake], work: Path) -> dict[str, dict]:

@@ -131,3 +131,47 @@ def test_an_mtp_draft_that_is_not_trained_is_noted(run_config: Runs) -> None:
         layout__rollout__sglang__speculative_draft_model_path="/ckpt/draft",
     )  # fmt: skip
     assert not [n for n in build_plan(own).notes if "MTP" in n]
+
+
+LOPSIDED = "sets the pace and the memory peak"
+
+
+def test_a_stage_count_kept_from_another_pp_is_noted_with_a_balanced_one(run_config: Runs) -> None:
+    # glm4.7-flash_h100x16 splits 47 layers 24 + 23 over pp=2 (last stage 23); at pp=4 the
+    # kept last stage leaves 8, 8, 8 for the others
+    shipped = run_config("glm4.7-flash", "h100x16")
+    assert said(build_plan(shipped), LOPSIDED) is None
+    repiped = {"layout__train__pp": 4, "layout__train__tp": 2, "layout__train__ep": 4}
+    note = said(build_plan(run_config("glm4.7-flash", "h100x16", **repiped)), LOPSIDED)
+    assert note is not None and note.startswith("the 4 pipeline stages hold 8, 8, 8, 23 of")
+    assert "(layout.train.num_layers_in_last_pipeline_stage=23 with pp=4)" in note
+    assert "holds at most 12 a stage" in note
+    assert note.endswith(
+        "set layout.train.num_layers_in_last_pipeline_stage: 11 for 12, 12, 12, 11"
+    )
+    # the split it names plans, and without the note
+    fixed = run_config(
+        "glm4.7-flash", "h100x16", **repiped, layout__train__num_layers_in_last_pipeline_stage=11
+    )
+    assert build_plan(fixed).pipeline_stages == (12, 12, 12, 11)
+    assert said(build_plan(fixed), LOPSIDED) is None
+
+
+def test_uneven_stages_where_pp_splits_the_layers_evenly_name_their_removal(
+    run_config: Runs,
+) -> None:
+    stages = {
+        "layout__train__pp": 4, "layout__train__tp": 2,
+        "layout__train__num_layers_in_first_pipeline_stage": 3,
+        "layout__train__num_layers_in_last_pipeline_stage": 3,
+    }  # fmt: skip
+    note = said(build_plan(run_config("qwen3-4b", "h100x8", **stages)), LOPSIDED)
+    assert note is not None and "hold 3, 15, 15, 3 of the model's 36 layers" in note
+    assert note.endswith(
+        "remove layout.train.num_layers_in_first_pipeline_stage and "
+        "layout.train.num_layers_in_last_pipeline_stage for 9, 9, 9, 9"
+    )
+    # a stage a few layers off the even share (the embedding's or the loss's room) is meant
+    near = {**stages, "layout__train__num_layers_in_first_pipeline_stage": 7,
+            "layout__train__num_layers_in_last_pipeline_stage": 9}  # fmt: skip
+    assert said(build_plan(run_config("qwen3-4b", "h100x8", **near)), LOPSIDED) is None
