@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
+
+from rlpost.streams import guard_std_streams
 
 EXIT_USER_ERROR = 2
 
@@ -71,21 +72,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def exit_with(error: UserError) -> NoReturn:
     """Print the refusal and exit 2. A reader that closed the pipe early (`... 2>&1 | head`)
-    does not change the status: the refusal stands whether or not all of it was read."""
-    try:
-        print(error.render(), file=sys.stderr, flush=True)
-    except BrokenPipeError:
-        _silence_closed_streams()
+    does not change the status: the refusal stands whether or not all of it was read
+    (rlpost.streams)."""
+    guard_std_streams()
+    print(error.render(), file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USER_ERROR)
-
-
-def _silence_closed_streams() -> None:
-    """Point stderr, and stdout when its reader has gone too, at /dev/null, so the
-    interpreter's flush at exit writes the unread rest there instead of raising again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stderr.fileno())
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)

@@ -14,7 +14,6 @@ directory, the checkpoint to resume from); 143 when SIGTERM stopped it
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
 from rlpost.errors import Issue, UserError, exit_with
 from rlpost.schema import RunConfig
 from rlpost.schema.run import LAUNCH_MODES
+from rlpost.streams import guard_std_streams
 
 if TYPE_CHECKING:
     from rlpost.plan import Plan
@@ -254,9 +254,13 @@ def _print_once(args: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Check argv's overrides, then hand them to Hydra. SIGTERM before a training launch's
-    own handling (rlpost.runtime.stop) ends it with a line and status 143."""
+    own handling (rlpost.runtime.stop) ends it with a line and status 143. A reader of the
+    output that leaves (`| head`, a killed `tee`) ends nothing: the launch goes on printing
+    to /dev/null and exits with its own status (rlpost.streams); a sweep goes on with its
+    next job."""
     from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
 
+    guard_std_streams()
     with sigterm_raises():
         try:
             _main(argv)
@@ -267,23 +271,19 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _main(argv: Sequence[str] | None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
+    if _printing_mode(args):
+        _print_once(args)
+        return
+    import hydra
+
+    from rlpost.cli.sweep_check import check_sweep
+
     try:
-        if _printing_mode(args):
-            _print_once(args)
-            return
-        import hydra
-
-        from rlpost.cli.sweep_check import check_sweep
-
-        try:
-            checked = prepare_argv(args)
-            check_sweep(checked)
-        except UserError as exc:
-            exit_with(exc)
-        sys.argv = [sys.argv[0], *checked]
-        register_resolvers()
-        entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
-        entry(run_job)()
-    except BrokenPipeError:
-        # `launch.py mode=plan | head`: the reader left; that is not an error of the run.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        checked = prepare_argv(args)
+        check_sweep(checked)
+    except UserError as exc:
+        exit_with(exc)
+    sys.argv = [sys.argv[0], *checked]
+    register_resolvers()
+    entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
+    entry(run_job)()

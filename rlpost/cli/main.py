@@ -22,13 +22,13 @@ torch, ray, transformers, megatron or sglang except `run` when it trains.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
 from rlpost.errors import Issue, UserError, did_you_mean, exit_with
+from rlpost.streams import guard_std_streams
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,11 @@ def _unknown_verb(word: str, table: dict[str, Verb]) -> UserError:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run one verb; exits with its status (2 on a user error, without a traceback)."""
+    """Run one verb; exits with its status (2 on a user error, without a traceback). A
+    reader that leaves early (`rlpost show | head`) stops nothing: the verb finishes,
+    printing to /dev/null, and keeps its status (rlpost.streams)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    guard_std_streams()
     if args and _launches(args):
         from rlpost.cli import launch
 
@@ -176,9 +179,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         status = table[parsed.verb].run(parsed)
     except UserError as exc:
         exit_with(exc)
-    except BrokenPipeError:  # `rlpost show | head`: the reader left; that is not an error
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-        return
     if status:
         raise SystemExit(status)
 
