@@ -23,7 +23,10 @@ from rlpost.errors import Issue, Location
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 # flags whose value is a credential, never shown (slime's --wandb-key; --tool-key is no secret)
-SECRET = re.compile(r"^--wandb-key$|api-key|secret|password|(^|-)token$")
+# (OpenRLHF's --use_wandb and --logger.wandb.key are its wandb key, TRL's --hub_token a token)
+SECRET = re.compile(
+    r"^--wandb-key$|^--use_wandb$|wandb\.key$|api[-_]key|secret|password|(^|[-_])token$"
+)
 
 
 def hydra_value(value: Any) -> str:
@@ -173,8 +176,25 @@ def _other_issue(flag: str, values: list[str], token: str, known: Sequence[str])
 def flag_issues(argv: Sequence[str], known: Sequence[str]) -> list[Issue]:
     """An Issue for each flag in `argv` that is not in `known` (the parser's own option
     strings), with the values that follow it up to the next flag or override."""
+    from rlpost.config.peer_flags import flag_line, peer_flag_issue
+
     issues: list[Issue] = []
     tokens = list(argv)
+    found = list(_flags(tokens, known))
+    line = flag_line([(flag, values) for flag, values, _ in found])
+    for flag, values, shown in found:
+        if _secret(flag) and values:
+            values, shown = ["***"], f"{flag} ***"
+        hyphens = "--" + flag.lstrip("-").replace("_", "-") if "." not in flag else flag
+        slime = _slime_issue(hyphens, values, shown)
+        peer = peer_flag_issue(flag, values, shown, line, slime)
+        issues.append(peer or slime or _other_issue(flag, values, shown, known))
+    return issues
+
+
+def _flags(tokens: list[str], known: Sequence[str]) -> list[tuple[str, list[str], str]]:
+    """Each flag not in `known`, its values and the token(s) as written."""
+    found = []
     for i, token in enumerate(tokens):
         if not token.startswith("-") or token in ("-", "--"):
             continue
@@ -187,8 +207,6 @@ def flag_issues(argv: Sequence[str], known: Sequence[str]) -> list[Issue]:
                 if follower.startswith("--") or follower in known or "=" in follower:
                     break
                 values.append(follower)
-        if _secret(flag) and values:
-            values = ["***"]
         shown = " ".join([flag, *values]) if not eq else f"{flag}={values[0]}"
-        issues.append(_slime_issue(flag, values, shown) or _other_issue(flag, values, shown, known))
-    return issues
+        found.append((flag, values, shown))
+    return found

@@ -257,10 +257,10 @@ def _check_key(override: Override, token: str, verl: Mapping[str, Any]) -> Issue
     if unknown is None:
         return None
     value = None if override.is_delete() or override.is_sweep_override() else override.value()
-    from rlpost.config.verl_keys import is_verl_key, verl_issue
+    from rlpost.config.peer_keys import is_peer_key, peer_key_issue
 
-    if is_verl_key(unknown.path):  # data.train_batch_size=1024: the key to write instead
-        return verl_issue(unknown.path, value, verl, token)
+    if is_peer_key(unknown.path):  # data.train_batch_size=1024: the key to write instead
+        return peer_key_issue(unknown.path, value, verl, token)
     return Issue(
         key=unknown.path,
         value=value,
@@ -305,8 +305,9 @@ def check_override(
     multirun: bool = False,
     verl: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[Issue]]:
-    """One override -> (the form to hand Hydra, issues). `verl`: verl's keys on the same
-    command line, which convert a verl key's value (rollout.n for its prompt counts)."""
+    """One override -> (the form to hand Hydra, issues). `verl`: the peers' keys (verl's,
+    NeMo-RL's) on the same command line, which convert a peer key's value (rollout.n for
+    verl's prompt counts)."""
     parsed = _parse(token)
     if isinstance(parsed, Issue):
         return token, [parsed]
@@ -327,13 +328,14 @@ def check_override(
 
 
 def _verl_values(tokens: Sequence[str]) -> dict[str, Any]:
-    """verl's keys among the overrides and their values (`actor_rollout_ref.rollout.n=5`)."""
-    from rlpost.config.verl_keys import is_verl_key
+    """The peers' keys among the overrides (verl's, NeMo-RL's) and their values
+    (`actor_rollout_ref.rollout.n=5`)."""
+    from rlpost.config.peer_keys import is_peer_key
 
     found: dict[str, Any] = {}
     for token in tokens:
         key = token.split("=", 1)[0].lstrip("+~")
-        if "=" not in token or not is_verl_key(key) or find_unknown(key) is None:
+        if "=" not in token or not is_peer_key(key) or find_unknown(key) is None:
             continue
         parsed = _parse(token)
         if not isinstance(parsed, Issue) and not parsed.is_sweep_override():

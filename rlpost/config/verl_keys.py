@@ -19,9 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlpost.config.peer_rows import HIDDEN, read_row, readings_issue
+from rlpost.config.peer_rows import overrides as overrides
 from rlpost.config.verl_values import (
     Line,
-    Pairs,
     VerlKey,
     choice,
     dynamic_batch,
@@ -546,49 +547,38 @@ def _secret(path: str) -> bool:
     return SECRET.search(path.lower()) is not None
 
 
-def _write(pairs: Pairs) -> str:
-    from rlpost.config.flags import shell_value
+def section_issue(path: str, shown: Any, token: str, peers: str = "verl") -> Issue:
+    """A key under one of verl's sections (`peers`: whose sections) that no table holds."""
+    section = path.split(".", 1)[0]
+    what = (
+        "rlpost has no critic (no value model): its estimators use group baselines"
+        if section == "critic"
+        else f"{peers}'s section '{section}' has no counterpart of that name in rlpost"
+    )
+    fix = (
+        "drop it"
+        if section == "critic"
+        else "find rlpost's setting with `rlpost show` (every key, with its value) and "
+        "write it as key=value, or drop it"
+    )
+    head = f"{path} is {peers}'s key, not rlpost's"
+    return Issue(
+        key=path, value=shown, message=f"{head}: {what}", fix=fix, location=Location(override=token)
+    )
 
-    return " ".join(f"{key}={shell_value(value)}" for key, value in pairs)
 
-
-def overrides(pairs: Pairs) -> list[str]:
-    """The pairs as the launcher's overrides (unquoted for the shell)."""
-    from rlpost.config.flags import hydra_value
-
-    return [f"{key}={hydra_value(value)}" for key, value in pairs]
+def shown_value(path: str, value: Any, token: str, secret: bool = False) -> tuple[Any, str]:
+    """The value and the token as an Issue shows them: a credential's as ***."""
+    if (secret or _secret(path)) and value is not None:
+        return HIDDEN, f"{path}={HIDDEN}"
+    return value, token
 
 
 def verl_issue(path: str, value: Any, line: Line, token: str) -> Issue:
     """The Issue for verl's key `path` given `value` (`line`: verl's keys on the command line)."""
-    shown = "***" if _secret(path) and value is not None else value
-    where = Location(override=f"{path}=***" if shown == "***" else token)
-    head = f"{path} is verl's key, not rlpost's"
+    shown, token = shown_value(path, value, token)
     row = BY_KEY.get(path)
     if row is None:
-        section = path.split(".", 1)[0]
-        what = (
-            "rlpost has no critic (no value model): its estimators use group baselines"
-            if section == "critic"
-            else f"verl's section '{section}' has no counterpart of that name in rlpost"
-        )
-        fix = (
-            "drop it"
-            if section == "critic"
-            else "find rlpost's setting with `rlpost show` (every key, with its value) and "
-            "write it as key=value, or drop it"
-        )
-        return Issue(key=path, value=shown, message=f"{head}: {what}", fix=fix, location=where)
-    note = f" ({row.note})" if row.note else ""
-    if row.key is None:
-        message, fix = f"{head}, and rlpost has no setting for it: {row.note}", "drop it"
-        return Issue(key=path, value=shown, message=message, fix=fix, location=where)
-    pairs = None if shown == "***" else row.pairs(value, line)
-    message = f"{head}; rlpost's key for it is {row.key}{note}"
-    if pairs is None:
-        fix = row.how or f"write {row.key}=VALUE"
-    elif not pairs:
-        fix = "drop it: with this value (and the rest of this command line) it changes nothing"
-    else:
-        fix = f"write {_write(pairs)}"
-    return Issue(key=path, value=shown, message=message, fix=fix, location=where)
+        return section_issue(path, shown, token)
+    reading = read_row("verl", row, shown, line)
+    return readings_issue(path, "key", [reading], shown, token, tail=", not rlpost's")

@@ -8,40 +8,22 @@ table that uses them is rlpost.config.verl_keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-Line = Mapping[str, Any]  # verl's keys on this command line and their values
-Pairs = tuple[tuple[str, Any], ...]
-# (the value, the line) -> the (key, value) pairs to write; () to drop the key; None when the
-# value cannot be converted from what the line says (the row's `how` says how to compute it)
-Convert = Callable[[Any, Line], Pairs | None]
+from rlpost.config.peer_rows import Convert, Line, Pairs, PeerRow, choice
+
+__all__ = ["Convert", "Line", "Pairs", "VerlKey", "choice"]
 
 N = "actor_rollout_ref.rollout.n"
 
 
-@dataclass(frozen=True)
-class VerlKey:
+class VerlKey(PeerRow):
     """One verl key and rlpost's answer: its key (None: rlpost has none), what differs, and
     `convert`, which turns verl's value into the overrides to write."""
 
-    verl: str
-    key: str | None
-    note: str
-    convert: Convert | None = None
-    how: str = ""  # the fix where `convert` cannot convert the value
-    example: Any = None  # a value from verl's scripts that converts to a valid override
-
-    def pairs(self, value: Any, line: Line) -> Pairs | None:
-        if self.key is None:
-            return ()
-        return ((self.key, value),) if self.convert is None else self.convert(value, line)
-
-
-def choice(key: str, choices: Mapping[Any, Any]) -> Convert:
-    """verl's value through `choices`; a value with no counterpart converts to nothing."""
-    return lambda value, line: ((key, choices[value]),) if value in choices else None
+    @property
+    def verl(self) -> str:
+        return self.name
 
 
 def times_n(key: str) -> Convert:
