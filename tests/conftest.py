@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 REAL_LOOP = "tests/integration/"
 # real-loop tests that share a module-scoped launch (or cluster) run as one unit, so it starts
 # once; every other real-loop test is a unit of its own. A test missing here only costs time:
-# its module's fixture then starts again on whichever worker runs it.
+# its module's fixture then starts again on whichever worker runs it (tests/test_scheduler.py
+# checks that every test taking a listed fixture is listed).
 SHARED_LAUNCH = {
     "tests/integration/test_megatron_loop.py": "runs",
     "tests/integration/test_multi_turn.py": "launches",
@@ -36,6 +37,9 @@ SHARED_LAUNCH = {
     "tests/integration/test_resume.py::test_a_run_started_from_other_weights": "reference",
     "tests/integration/test_resume.py::test_an_evaluation_of_a_checkpoint": "reference",
     "tests/integration/test_resume.py::test_an_evaluation_of_the_starting_weights": "reference",
+    "tests/integration/test_resume.py::test_a_run_saved_on_one_train_rank": "reference",
+    "tests/integration/test_resume.py::test_a_hung_then_a_dead_train_rank": "reference",
+    "tests/integration/test_resume.py::test_a_killed_engine_server_is_a_fault": "reference",
 }
 # real-loop units run at once at most: a launch takes both cores of a 2-core machine while it
 # starts, and more at once would only slow each other into their timeouts

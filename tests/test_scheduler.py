@@ -116,3 +116,26 @@ def test_a_choice_reads_the_queue_only_up_to_its_first_match(conftest: ModuleTyp
         sched.workqueue = CountingQueue(sched.workqueue)
         assert sched._next_scope(sched.nodes[asking]) == chosen
         assert sched.workqueue.read == reads
+
+
+def test_every_test_that_takes_a_shared_launch_is_in_its_unit(conftest: ModuleType) -> None:
+    """A test that takes a module's shared launch (test_resume's `reference`) but is not
+    listed with it runs as a unit of its own, and its worker starts that launch again (the
+    fixture is torn down when the worker moves to another module): each is listed."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    shared: dict[str, str] = conftest.SHARED_LAUNCH
+    by_test = {p: f for p, f in shared.items() if "::" in p}
+    for module in sorted({p.split("::")[0] for p in by_test}):
+        tree = ast.parse((root / module).read_text())
+        fixtures = {f for p, f in by_test.items() if p.startswith(module)}
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            takes = fixtures & {a.arg for a in node.args.args}
+            for fixture in takes:
+                listed = [p for p, f in by_test.items() if f == fixture]
+                assert any(f"{module}::{node.name}".startswith(p) for p in listed), (
+                    f"{module}::{node.name} takes `{fixture}`: list it in SHARED_LAUNCH"
+                )
