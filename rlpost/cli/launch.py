@@ -32,6 +32,7 @@ from rlpost.schema.run import LAUNCH_MODES
 from rlpost.streams import guard_std_streams
 
 if TYPE_CHECKING:
+    from rlpost.cli.sweep import JobOutcome
     from rlpost.plan import Plan
 
 
@@ -82,9 +83,10 @@ def _end_leftovers(run_dir: Path) -> None:
 
 
 def _train(cfg: RunConfig, plan: Plan) -> None:
-    """The preflight and the resume point (both light), then the run itself."""
+    """The preflight and the resume point (both light), then the run itself. Raises RunFailed
+    when the run could not finish (RunStopped: SIGTERM)."""
     from rlpost.plan.preflight import preflight
-    from rlpost.runtime.failures import RunFailed, stopped
+    from rlpost.runtime.failures import stopped
     from rlpost.runtime.resume import find_resume_point
     from rlpost.runtime.rundir import run_dir_of
     from rlpost.runtime.stop import Terminated, sigterm_raises
@@ -102,12 +104,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
 
             run(cfg, plan, resume)
         except Terminated:
-            failure = stopped(None, run_dir, 0, evaluation=cfg.mode == "eval")
-            print(failure.render(), file=sys.stderr, flush=True)
-            raise SystemExit(failure.exit_status) from None
-        except RunFailed as failure:
-            print(failure.render(), file=sys.stderr, flush=True)
-            raise SystemExit(failure.exit_status) from None
+            raise stopped(None, run_dir, 0, evaluation=cfg.mode == "eval") from None
 
 
 PRINTING_MODES = {"plan", "slime_args"}
@@ -171,8 +168,13 @@ def located(sources: SourceMap) -> Iterator[None]:
         raise UserError(issues, title=exc.title, note=exc.note) from None
 
 
-def run_job(cfg: DictConfig) -> None:
-    """The Hydra task: validate, plan, then do what `mode` asks."""
+def run_job(cfg: DictConfig) -> JobOutcome | None:
+    """The Hydra task: validate, plan, then do what `mode` asks. A refusal or a run that
+    could not finish ends a single launch with its status; a sweep's job prints the same and
+    returns how it ended, for the sweep summary: raising would end the sweep (SystemExit), or
+    have Hydra raise it again once the jobs have run, before the summary is written."""
+    from rlpost.runtime.failures import RunFailed
+
     refused = False
     try:
         sources = _sources_of_current_job()
@@ -182,9 +184,29 @@ def run_job(cfg: DictConfig) -> None:
             MODES[run.mode](run, plan)
     except UserError as exc:
         refused = True
-        exit_with(exc)
+        if not _in_sweep():
+            exit_with(exc)
+        print(exc.render(), file=sys.stderr, flush=True)
+        from rlpost.cli.sweep import JobOutcome
+
+        return JobOutcome.of_refusal(exc)
+    except RunFailed as failure:
+        print(failure.render(), file=sys.stderr, flush=True)
+        if not _in_sweep():
+            raise SystemExit(failure.exit_status) from None
+        from rlpost.cli.sweep import JobOutcome
+
+        return JobOutcome.of_failure(failure)
     finally:
         _discard_output_dir(refused)
+    return None
+
+
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _discard_output_dir(refused: bool) -> None:
@@ -194,8 +216,8 @@ def _discard_output_dir(refused: bool) -> None:
     runs/<date>/<time>, which a training launch with run.dir unset has claimed): one named
     otherwise (`hydra.run.dir=.`, a folder of the user's) may have been there before. The
     folders above it that the start time names (runs/<date>) go too when that leaves them
-    empty, and a refused sweep's multirun.yaml when it is all its folder holds; `runs/`
-    itself stays."""
+    empty; `runs/` itself stays. A refused sweep job's own folder goes, and nothing above
+    it: the sweep goes on, and its summary is written there."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -212,18 +234,10 @@ def _discard_output_dir(refused: bool) -> None:
     container = cast(dict[str, Any], OmegaConf.to_container(named, resolve=False))
     pattern = str(container.get("dir", ""))
     output = Path(hc.runtime.output_dir)
-    if "${now:" not in pattern or not discard_unused(output):
+    if "${now:" not in pattern or not discard_unused(output) or sweep:
         return
-    # the folders above the job's: a single job's is the pattern's last part, a sweep's job
-    # folder (its number) sits below the pattern's whole path
-    parts = Path(pattern).parts if sweep else Path(pattern).parts[:-1]
-    folder = output.parent
-    if sweep:  # refused: Hydra's record of the sweep, written before its first job, goes too
-        record = folder / "multirun.yaml"
-        with contextlib.suppress(OSError):
-            if [p.name for p in folder.iterdir()] == [record.name]:
-                record.unlink()
-    for part in reversed(parts):
+    folder = output.parent  # the folders above it that the start time names
+    for part in reversed(Path(pattern).parts[:-1]):
         if "${now:" not in part:
             break
         try:

@@ -1,8 +1,15 @@
 """The sweep summary: after `launch.py -m a=1,2 b=x,y`, one row per job.
 
-A Hydra callback (registered in conf/config.yaml) notes each job's overrides and directory
-as it ends; when the sweep ends it reads every job's metrics.jsonl and writes
-summary.txt and summary.json into the sweep directory, and prints the table. Imports
+A Hydra callback (registered in conf/config.yaml) notes each job's overrides, directory and
+how it ended, and rewrites summary.txt and summary.json in the sweep directory as each job
+ends (the jobs still to come show as "not run"), so a sweep that is killed leaves the jobs so
+far; when the sweep ends it prints the table.
+
+A job whose run could not finish returns a JobOutcome (its Hydra task's return value, so
+Hydra neither stops the sweep nor raises it again after the batch): it shows as failed, with
+the reason and its logs, and the next job starts. A job that was stopped (SIGTERM, Ctrl-C)
+ends the sweep there. The sweep's exit status: the stopped job's (143 for SIGTERM), or else
+3 when a job's run failed, 2 when a job was refused, 0 when every job finished. Imports
 nothing heavy: it runs in the launcher process.
 """
 
@@ -15,11 +22,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from rlpost.cli.sweep_check import sweep_jobs
+from rlpost.errors import EXIT_USER_ERROR, UserError
 from rlpost.plan.table import render_table
+from rlpost.runtime.failures import FAILURES_LOG, RunFailed, RunInterrupted, RunStopped
 from rlpost.runtime.metrics import read_metrics
 
 SUMMARY_TEXT = "summary.txt"
@@ -27,6 +38,41 @@ SUMMARY_JSON = "summary.json"
 REWARD_KEY = "rollout/reward_mean"
 STEP_TIME_KEY = "perf/step_time_s"
 PRINTING_MODES = frozenset({"plan", "slime_args"})
+NOT_RUN = "not run"
+ENDS_SWEEP = frozenset({"stopped", "interrupted"})
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A sweep job that did not finish: failed (its run), stopped (SIGTERM), interrupted
+    (Ctrl-C) or refused (its config, at its start); the exit status a single launch would
+    have had, the reason in one line and where its logs are."""
+
+    status: str
+    exit_status: int
+    reason: str
+    logs: str | None = None
+
+    @classmethod
+    def of_failure(cls, failure: RunFailed) -> JobOutcome:
+        status = (
+            "stopped"
+            if isinstance(failure, RunStopped)
+            else "interrupted"
+            if isinstance(failure, RunInterrupted)
+            else "failed"
+        )
+        logs = failure.run_dir / "logs"
+        if (logs / FAILURES_LOG).is_file():
+            logs = logs / FAILURES_LOG
+        reason = failure.what.splitlines()[0] if failure.what else failure.headline
+        return cls(status, failure.exit_status, reason, str(logs))
+
+    @classmethod
+    def of_refusal(cls, error: UserError) -> JobOutcome:
+        first = error.issues[0] if error.issues else None
+        reason = f"{error.title}: {first.key}: {first.message}" if first else error.title
+        return cls("refused", EXIT_USER_ERROR, reason.splitlines()[0])
 
 
 @dataclass(frozen=True)
@@ -39,6 +85,9 @@ class JobSummary:
     final_reward: float | None
     best_eval_accuracy: float | None
     step_time_s: float | None
+    exit_status: int | None = 0  # None: not run
+    reason: str | None = None  # a job that did not finish: why, in one line
+    logs: str | None = None  # and where to look
 
 
 def eval_accuracy(record: dict[str, Any]) -> float | None:
@@ -52,14 +101,23 @@ def eval_accuracy(record: dict[str, Any]) -> float | None:
 
 
 def summarize_job(
-    job: int, overrides: str, run_dir: Path, status: str, mode: str = "train"
+    job: int,
+    overrides: str,
+    run_dir: Path,
+    status: str,
+    mode: str = "train",
+    outcome: JobOutcome | None = None,
 ) -> JobSummary:
     """A job of mode=plan or slime_args trained nothing: its status says what it did, and
-    it has no rollouts to count."""
+    it has no rollouts to count. `outcome`: how a job that did not finish ended."""
+    ended: dict[str, Any] = {"exit_status": 1 if status == "failed" else 0}
+    if outcome is not None:
+        status = outcome.status
+        ended = {"exit_status": outcome.exit_status, "reason": outcome.reason, "logs": outcome.logs}
     if mode in PRINTING_MODES:
         printed = "plan printed" if mode == "plan" else "slime args printed"
         status = printed if status == "completed" else status
-        return JobSummary(job, overrides, str(run_dir), status, None, None, None, None)
+        return JobSummary(job, overrides, str(run_dir), status, None, None, None, None, **ended)
     records = read_metrics(run_dir)
     rewards = [r[REWARD_KEY] for r in records if isinstance(r.get(REWARD_KEY), int | float)]
     accuracies = [a for a in map(eval_accuracy, records) if a is not None]
@@ -70,11 +128,26 @@ def summarize_job(
         overrides=overrides,
         run_dir=str(run_dir),
         status=status,
-        rollouts=len(records),
+        # an evaluation before the first rollout has a record of its own: no rollout
+        rollouts=sum(any(k.startswith("rollout/") for k in r) for r in records),
         final_reward=rewards[-1] if rewards else None,
         best_eval_accuracy=max(accuracies) if accuracies else None,
         step_time_s=statistics.median(times) if times else None,
+        **ended,
     )
+
+
+def not_run(job: int, overrides: str) -> JobSummary:
+    return JobSummary(job, overrides, "", NOT_RUN, None, None, None, None, exit_status=None)
+
+
+def sweep_exit_status(jobs: Sequence[JobSummary]) -> int:
+    """The sweep's exit status: a stopped job's (it ended the sweep), else the highest of the
+    others' (3, a failed run, over 2, a refused job); 0 when every job that ran finished."""
+    for job in jobs:
+        if job.status in ENDS_SWEEP and job.exit_status:
+            return job.exit_status
+    return max((job.exit_status or 0 for job in jobs), default=0)
 
 
 def render_summary(jobs: Sequence[JobSummary]) -> str:
@@ -91,7 +164,13 @@ def render_summary(jobs: Sequence[JobSummary]) -> str:
         for j in jobs
     ]
     headers = ["job", "overrides", "status", "rollouts", "final reward", "best eval acc", "step s"]
-    return render_table(headers, rows, title="sweep summary")
+    table = render_table(headers, rows, title="sweep summary")
+    notes = [
+        f"job {j.job} {j.status}: {j.reason}" + (f"\n  logs: {j.logs}" if j.logs else "")
+        for j in jobs
+        if j.reason
+    ]
+    return "\n".join([table, *notes])
 
 
 def write_summary(sweep_dir: Path, jobs: Sequence[JobSummary]) -> str:
@@ -103,34 +182,80 @@ def write_summary(sweep_dir: Path, jobs: Sequence[JobSummary]) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class EndedJob:
+    overrides: list[str]
+    run_dir: Path
+    status: str  # Hydra's: completed, or failed when the job raised
+    mode: str
+    outcome: JobOutcome | None
+
+
 class SweepSummary(Callback):
-    """Collects the jobs of a multirun and summarizes them when it ends."""
+    """Collects the jobs of a multirun, rewrites the summary as each ends, prints it when the
+    sweep ends and exits with the sweep's status (0: nothing to say)."""
 
     def __init__(self) -> None:
-        self.jobs: list[tuple[int, list[str], Path, str, str]] = []
+        self.planned: dict[int, list[str]] = {}
+        self.ended: dict[int, EndedJob] = {}
+        self.sweep_dir: Path | None = None
 
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+        overrides = [str(o) for o in task] if isinstance(task, list) else []
+        self.planned = {
+            job.num: [o.lstrip("+") for o in job.overrides] for job in sweep_jobs(overrides)
+        }
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         hydra_cfg = job_return.hydra_cfg.hydra if job_return.hydra_cfg is not None else None
-        if hydra_cfg is None or hydra_cfg.mode != RunMode.MULTIRUN:
-            return
         task = job_return.cfg
+        if hydra_cfg is None or hydra_cfg.mode != RunMode.MULTIRUN or task is None:
+            return
         run_dir = OmegaConf.select(task, "run.dir", default=None) or hydra_cfg.runtime.output_dir
         overrides = [o.lstrip("+") for o in job_return.overrides or []]
         status = job_return.status.name.lower() if job_return.status is not None else "?"
+        outcome = None
+        if job_return.status == JobStatus.COMPLETED:
+            value = job_return.return_value
+            outcome = value if isinstance(value, JobOutcome) else None
         mode = str(OmegaConf.select(task, "mode", default="train"))
-        self.jobs.append((int(hydra_cfg.job.num), overrides, Path(run_dir), status, mode))
+        num = int(hydra_cfg.job.num)
+        self.ended[num] = EndedJob(overrides, Path(run_dir), status, mode, outcome)
+        if self.sweep_dir is None:
+            self.sweep_dir = Path(str(hydra_cfg.sweep.dir))
+        jobs = self.summaries()
+        write_summary(self.sweep_dir, jobs)
+        if outcome is not None and outcome.status in ENDS_SWEEP:
+            self._finish(jobs)  # the jobs after this one do not start
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if not self.jobs:
+        if not self.ended:
             return
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._finish(self.summaries())
+
+    def summaries(self) -> list[JobSummary]:
+        """Every job of the sweep: those that ended as they ended, the others not run."""
+        overrides = {**self.planned, **{n: job.overrides for n, job in self.ended.items()}}
         # the overrides every job shares say nothing about the difference between jobs
-        shared = set.intersection(*(set(job[1]) for job in self.jobs))
-        jobs = [
-            summarize_job(
-                num, " ".join(o for o in overrides if o not in shared), path, status, mode
-            )
-            for num, overrides, path, status, mode in sorted(self.jobs, key=lambda j: j[0])
-        ]
-        text = write_summary(sweep_dir, jobs)
-        print(f"\n{text}\nsweep summary: {sweep_dir / SUMMARY_TEXT}", flush=True)
+        shared = set.intersection(*(set(o) for o in overrides.values()))
+        jobs = []
+        for num in sorted(overrides):
+            differ = " ".join(o for o in overrides[num] if o not in shared)
+            job = self.ended.get(num)
+            if job is None:
+                jobs.append(not_run(num, differ))
+            else:
+                jobs.append(
+                    summarize_job(num, differ, job.run_dir, job.status, job.mode, job.outcome)
+                )
+        return jobs
+
+    def _finish(self, jobs: list[JobSummary]) -> None:
+        assert self.sweep_dir is not None  # set by on_multirun_start or the first job's end
+        text = write_summary(self.sweep_dir, jobs)
+        print(f"\n{text}\nsweep summary: {self.sweep_dir / SUMMARY_TEXT}", flush=True)
+        status = sweep_exit_status(jobs)
+        if status:
+            raise SystemExit(status)

@@ -123,6 +123,11 @@ class RunFailed(Exception):
         return f"  logs: {logs} (the traceback: {logs / FAILURES_LOG})"
 
 
+class RunInterrupted(RunFailed):
+    """A run that Ctrl-C ended (KeyboardInterrupt): a failure to a single launch, and the end
+    of a sweep (its next job does not start)."""
+
+
 class RunStopped(RunFailed):
     """A run that stopped when asked to (SIGTERM: rlpost.runtime.stop)."""
 
@@ -144,6 +149,12 @@ def failed(what: str, run_dir: Path, restarts: int, evaluation: bool = False) ->
     evaluation, mode=eval, resumes nothing)."""
     checkpoint = None if evaluation else _newest_checkpoint(run_dir)
     return RunFailed(what, run_dir, checkpoint, restarts, evaluation)
+
+
+def interrupted(run_dir: Path, restarts: int, evaluation: bool = False) -> RunInterrupted:
+    """What the launch says when Ctrl-C ended the run."""
+    checkpoint = None if evaluation else _newest_checkpoint(run_dir)
+    return RunInterrupted("interrupted (Ctrl-C)", run_dir, checkpoint, restarts, evaluation)
 
 
 def stopped(

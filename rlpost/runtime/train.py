@@ -31,7 +31,14 @@ from rlpost.runtime.evaluation import (
     format_eval_table,
     load_eval_sets,
 )
-from rlpost.runtime.failures import FAILURES_LOG, describe, failed, is_fault, stopped
+from rlpost.runtime.failures import (
+    FAILURES_LOG,
+    describe,
+    failed,
+    interrupted,
+    is_fault,
+    stopped,
+)
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
@@ -83,7 +90,7 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
             except UserError:
                 raise
             except KeyboardInterrupt:
-                raise failed("interrupted (Ctrl-C)", run_dir, restarts, evaluation) from None
+                raise interrupted(run_dir, restarts, evaluation) from None
             except Stopped as halted:
                 raise stopped(halted, run_dir, restarts, evaluation=evaluation) from None
             except asyncio.CancelledError:

@@ -7,7 +7,27 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlpost.cli.sweep import JobSummary, summarize_job, write_summary
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from rlpost.cli.sweep import (
+    JobOutcome,
+    JobSummary,
+    SweepSummary,
+    summarize_job,
+    sweep_exit_status,
+    write_summary,
+)
+from rlpost.runtime.failures import (
+    EXIT_RUN_FAILED,
+    FAILURES_LOG,
+    RunFailed,
+    RunInterrupted,
+    RunStopped,
+)
+from rlpost.runtime.stop import EXIT_STOPPED
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,3 +87,106 @@ def test_multirun_writes_and_prints_the_summary(tmp_path: Path) -> None:
     ]
     saved = json.loads((sweep_dir / "summary.json").read_text())
     assert [(j["status"], j["rollouts"]) for j in saved] == [("plan printed", None)] * 2
+
+
+SWEEP = ["recipe.optim.lr=1e-6,1e-5,1e-4", "run.seed=3"]
+
+
+def started(sweep_dir: Path) -> SweepSummary:
+    summary = SweepSummary()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    config.hydra.overrides = {"task": SWEEP}
+    summary.on_multirun_start(config)
+    return summary
+
+
+def ended(summary: SweepSummary, num: int, run_dir: Path, value: object) -> None:
+    """Job `num` of the sweep ends, returning `value` (Hydra's JobReturn, as its launcher
+    fills it in)."""
+    job = JobReturn()
+    job.overrides = summary.planned[num]
+    job.cfg = OmegaConf.create({"mode": "train", "run": {"dir": str(run_dir)}})
+    job.hydra_cfg = OmegaConf.create(
+        {"hydra": {"mode": RunMode.MULTIRUN, "job": {"num": num}, "runtime": {"output_dir": ""}}}
+    )
+    job.status = JobStatus.COMPLETED
+    job.return_value = value
+    summary.on_job_end(OmegaConf.create(), job)
+
+
+def saved(sweep_dir: Path) -> list[tuple[str, str, int | None]]:
+    jobs = json.loads((sweep_dir / "summary.json").read_text())
+    return [(j["overrides"], j["status"], j["exit_status"]) for j in jobs]
+
+
+def test_a_failed_job_is_summarized_as_it_ends_and_the_sweep_exits_with_its_status(
+    tmp_path: Path,
+) -> None:
+    summary = started(tmp_path)
+    run_dir = tmp_path / "0"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / FAILURES_LOG).write_text("Traceback ...\n")
+    failure = RunFailed("ValueError: bad reward\n    caused by KeyError: 'x'", run_dir, None)
+    ended(summary, 0, run_dir, JobOutcome.of_failure(failure))
+    # written at once: a sweep killed now still says what ran, and what did not
+    lrs = [
+        "recipe.optim.lr=1e-06",
+        "recipe.optim.lr=1e-05",
+        "recipe.optim.lr=0.0001",
+    ]  # as Hydra writes them
+    assert saved(tmp_path) == [
+        (lrs[0], "failed", 3), (lrs[1], "not run", None), (lrs[2], "not run", None)
+    ]  # fmt: skip
+    write_metrics(tmp_path / "1", [{"rollout/reward_mean": 0.5}])
+    ended(summary, 1, tmp_path / "1", None)
+    write_metrics(tmp_path / "2", [{"rollout/reward_mean": 0.5}])
+    ended(summary, 2, tmp_path / "2", None)
+    with pytest.raises(SystemExit) as exited:
+        summary.on_multirun_end(OmegaConf.create())
+    assert exited.value.code == EXIT_RUN_FAILED
+    assert saved(tmp_path) == [
+        (lrs[0], "failed", 3),
+        (lrs[1], "completed", 0),
+        (lrs[2], "completed", 0),
+    ]
+    job = json.loads((tmp_path / "summary.json").read_text())[0]
+    assert job["reason"] == "ValueError: bad reward"
+    assert job["logs"] == str(run_dir / "logs" / FAILURES_LOG)
+    text = (tmp_path / "summary.txt").read_text()
+    assert (
+        f"job 0 failed: ValueError: bad reward\n  logs: {run_dir / 'logs' / FAILURES_LOG}" in text
+    )
+
+
+def test_a_stopped_job_ends_the_sweep_with_the_jobs_after_it_not_run(tmp_path: Path) -> None:
+    summary = started(tmp_path)
+    write_metrics(tmp_path / "0", [{"rollout/reward_mean": 0.5}])
+    ended(summary, 0, tmp_path / "0", None)
+    stop = RunStopped("SIGTERM; every finished rollout (1) is in x", tmp_path / "1", None)
+    with pytest.raises(SystemExit) as exited:
+        ended(summary, 1, tmp_path / "1", JobOutcome.of_failure(stop))
+    assert exited.value.code == EXIT_STOPPED
+    assert [status for _, status, _ in saved(tmp_path)] == ["completed", "stopped", "not run"]
+    interrupted = RunInterrupted("interrupted (Ctrl-C)", tmp_path / "0", None)
+    assert JobOutcome.of_failure(interrupted).status == "interrupted"
+
+
+def test_the_sweep_exit_status() -> None:
+    def job(status: str, exit_status: int | None) -> JobSummary:
+        return JobSummary(0, "", "", status, None, None, None, None, exit_status)
+
+    done, failed, refused = job("completed", 0), job("failed", 3), job("refused", 2)
+    assert sweep_exit_status([done, job("plan printed", 0)]) == 0
+    assert sweep_exit_status([refused, failed, done]) == 3
+    assert sweep_exit_status([refused, done]) == 2
+    assert sweep_exit_status([failed, job("stopped", 143), job("not run", None)]) == 143
+    assert sweep_exit_status([done, job("interrupted", 3)]) == 3
+
+
+def test_an_evaluation_before_the_first_rollout_is_no_rollout(tmp_path: Path) -> None:
+    write_metrics(
+        tmp_path / "0",
+        [{"eval/a/accuracy": 0.25}, {"rollout/reward_mean": 0.5, "eval/a/accuracy": 0.5}],
+    )
+    job = summarize_job(0, "", tmp_path / "0", "completed")
+    assert (job.rollouts, job.best_eval_accuracy) == (1, 0.5)
