@@ -20,13 +20,18 @@ class Location:
     file: str | None = None
     line: int | None = None
     override: str | None = None
+    unit: str = "line"  # what `line` counts: a parquet file's are rows
 
     def __str__(self) -> str:
         if self.override is not None:
             return f"command line: {self.override}"
         if self.file is None:
             return "default"
-        return f"{self.file}:{self.line}" if self.line else self.file
+        if not self.line:
+            return self.file
+        return (
+            f"{self.file}:{self.line}" if self.unit == "line" else f"{self.file}, row {self.line}"
+        )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FORBIDDEN = ("torch", "ray", "transformers", "megatron", "sglang", "numpy")
+FORBIDDEN = ("torch", "ray", "transformers", "megatron", "sglang", "numpy", "pyarrow")
 PLAN_ARGS = ("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x64")
 
 PLAN_SCRIPT = f"""
@@ -98,3 +98,11 @@ def test_an_engine_server_imports_neither_the_plan_nor_the_schema() -> None:
     modules = _imports_of("-c", "import rlpost.backends.cpu_engine.server")
     assert {"torch", "transformers", "rlpost.backends.sglang.launch"} <= modules
     assert sorted(m for m in modules if m.startswith(("rlpost.plan", "rlpost.schema"))) == []
+
+
+def test_the_preflight_imports_no_framework() -> None:
+    """`rlpost validate` reads every prompt file with the preflight: pyarrow is imported
+    only where a parquet file is read, never for planning or for a jsonl file."""
+    modules = _imports_of("-c", "import rlpost.plan.preflight, rlpost.data.prompts")
+    assert "rlpost.data.files" in modules
+    assert sorted(m for m in modules if m.split(".")[0] in FORBIDDEN) == []

@@ -12,6 +12,7 @@ default is absent from the YAML, so such overrides are passed to Hydra as '++key
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,6 +309,7 @@ def check_override(
     """One override -> (the form to hand Hydra, issues). `verl`: the peers' keys (verl's,
     NeMo-RL's) on the same command line, which convert a peer key's value (rollout.n for
     verl's prompt counts)."""
+    token = _quote_row_slice(token)
     parsed = _parse(token)
     if isinstance(parsed, Issue):
         return token, [parsed]
@@ -325,6 +327,17 @@ def check_override(
         return token, sweep
     # '+key' fails in Hydra when a file already sets the key; every schema key may be set
     return f"++{token.removeprefix('+')}", []
+
+
+_ROW_SLICE = re.compile(r"^(?P<key>[+~]*[\w.]+)=(?P<value>[^'\"\\\s]*@\[[^\[\]\s]*\])$")
+
+
+def _quote_row_slice(token: str) -> str:
+    """`key=train.jsonl@[0:1000]`, a prompt path with slime's row slice, in the double quotes
+    Hydra's grammar needs around brackets that hold no list (so slime's form is written as
+    slime writes it); any other token as it is."""
+    match = _ROW_SLICE.match(token)
+    return token if match is None else f'{match["key"]}="{match["value"]}"'
 
 
 def _verl_values(tokens: Sequence[str]) -> dict[str, Any]:

@@ -78,19 +78,19 @@ TABLE: tuple[VerlKey, ...] = (
     VerlKey(
         "data.train_files",
         "recipe.data.prompt_data",
-        "a jsonl file, one prompt a line",
+        "one jsonl or parquet file; verl's preprocessed files keep the prompt in 'prompt' "
+        "and the answer in reward_model.ground_truth: recipe.data.input_key=prompt "
+        "recipe.data.label_key=reward_model.ground_truth",
         prompts,
-        "convert verl's parquet to jsonl (pandas.read_parquet(p).to_json(out, "
-        "orient='records', lines=True)) and write recipe.data.prompt_data=/path/train.jsonl; "
-        "recipe.data.input_key names the prompt's field",
+        "merge the files into one (rlpost reads one training file) and write "
+        "recipe.data.prompt_data=/path/train.parquet",
     ),
     VerlKey(
         "data.val_files",
         "recipe.eval.datasets",
-        "a list of named jsonl sets",
+        "a list of named jsonl or parquet sets",
         eval_set,
-        "convert the parquet files to jsonl and write "
-        "recipe.eval.datasets='[{name: val, path: /path/val.jsonl}]'",
+        "write recipe.eval.datasets='[{name: val, path: /path/val.parquet}]'",
     ),
     VerlKey("data.prompt_key", "recipe.data.input_key", "", example="prompt"),
     VerlKey(

@@ -111,15 +111,13 @@ def filter_groups(value: Any, line: Line) -> Pairs:
 
 def eval_set(value: Any, line: Line) -> Pairs | None:
     files = value if isinstance(value, list) else [value]
-    if any(str(f).endswith(".parquet") for f in files):
-        return None
     return (
         ("recipe.eval.datasets", [{"name": f"val{i}", "path": f} for i, f in enumerate(files)]),
     )
 
 
 def prompts(value: Any, line: Line) -> Pairs | None:
-    if isinstance(value, list) or str(value).endswith(".parquet"):
+    if isinstance(value, list):
         return None
     return (("recipe.data.prompt_data", value),)
 

@@ -1,11 +1,16 @@
-"""Prompts from a jsonl file: checked line by line, rendered with the chat template, tokenized.
+"""Prompts from a jsonl or parquet file: checked row by row, rendered with the chat template,
+tokenized.
 
-Each line is a JSON object. The input key holds a string or a chat message list
-(`[{"role": "user", "content": "..."}]`, as in dapo-math-17k); the label key a string or a
-number; the metadata key, when present, an object; the tool key, when present, the line's
-tools: a list of tool schemas, or a JSON string of one, which the chat template renders into
-the prompt and the line's metadata keeps as "tools" (slime's `--tool-key`). Bad lines are all
-reported at once, with file and line number.
+Each row is a JSON object (a jsonl line) or a parquet row; the path may select rows with a
+slice, `train.parquet@[0:1000]` (rlpost.data.files). The input key holds a string or a chat
+message list (`[{"role": "user", "content": "..."}]`, as in dapo-math-17k); the label key a
+string or a number; the metadata key, when present, an object; the tool key, when present,
+the row's tools: a list of tool schemas, or a JSON string of one, which the chat template
+renders into the prompt and the row's metadata keeps as "tools" (slime's `--tool-key`). The
+input key and the label key may be dotted paths into nested objects
+(`reward_model.ground_truth`, where verl's parquet files keep the answer); a key a row has at
+its top level, dots and all, is read first. Bad rows are all reported at once, with file and
+line number (a parquet file: row number).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from rlpost.data.files import RawRow, UnreadableFile, prompt_rows
 from rlpost.errors import Issue, Location, UserError
+from rlpost.schema.prompt_file import split_prompt_path
 from rlpost.types import Prompt
 
 logger = logging.getLogger(__name__)
@@ -52,7 +59,7 @@ class PromptDataError(UserError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One usable prompt; `line` is its 1-based line in the file."""
+    """One usable prompt; `line` is its 1-based line in the file (a parquet file: its row)."""
 
     line: int
     prompt: Prompt
@@ -99,41 +106,42 @@ def load_prompts(
     tokenizer: ChatTokenizer,
     max_prompt_len: int | None = None,
 ) -> tuple[list[PromptRecord], int]:
-    """The file's prompts and how many `max_prompt_len` dropped; PromptDataError if bad."""
-    path = Path(path)
+    """The prompts the path selects (a jsonl or parquet file, with its row slice if any) and
+    how many `max_prompt_len` dropped; PromptDataError if bad."""
+    prompt_file = split_prompt_path(str(path))
+    unit = prompt_file.unit
+    rows: list[Row] = []
+    texts: list[str] = []
+    issues: list[Issue] = []
+    bad_lines = 0
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+        for number, raw in prompt_rows(prompt_file):
+            where = Location(file=prompt_file.path, line=number, unit=unit)
+            try:
+                row = read_row(number, raw, fmt, unit=unit)
+                texts.append(_render(row.prompt, fmt, tokenizer, row.tools))
+            except LineError as exc:
+                bad_lines += 1
+                if len(issues) < MAX_REPORTED_LINES:
+                    issue = Issue(exc.key, exc.message, exc.fix, value=exc.value, location=where)
+                    issues.append(issue)
+                continue
+            rows.append(row)
+    except UnreadableFile as exc:
         raise PromptDataError(
             [
                 Issue(
                     "prompt file",
-                    f"cannot be read: {exc.strerror or exc}",
+                    str(exc),
                     "check the path (data.prompt_data, or the eval dataset's path)",
                     value=str(path),
                 )
             ]
         ) from None
-    rows: list[Row] = []
-    texts: list[str] = []
-    issues: list[Issue] = []
-    bad_lines = 0
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = Location(file=str(path), line=number)
-        try:
-            row = read_line(number, line, fmt)
-            texts.append(_render(row.prompt, fmt, tokenizer, row.tools))
-        except LineError as exc:
-            bad_lines += 1
-            if len(issues) < MAX_REPORTED_LINES:
-                issues.append(Issue(exc.key, exc.message, exc.fix, value=exc.value, location=where))
-            continue
-        rows.append(row)
-    ignored = _ignored_tools(rows, fmt, tokenizer, path)
+    ignored = _ignored_tools(rows, fmt, tokenizer, prompt_file.path, unit)
     if bad_lines or ignored:
-        raise PromptDataError(issues + _more_lines(bad_lines - len(issues), path) + ignored)
+        more = _more_lines(bad_lines - len(issues), prompt_file.path, unit)
+        raise PromptDataError(issues + more + ignored)
     records = _tokenize(rows, texts, tokenizer)
     kept = [r for r in records if max_prompt_len is None or len(r.prompt_ids) <= max_prompt_len]
     dropped = len(records) - len(kept)
@@ -147,6 +155,8 @@ def load_prompts(
         )
     if not kept:
         why = f"all {len(records)} prompts exceed max_prompt_len" if records else "no prompts"
+        if not records and prompt_file.rows is not None:
+            why += f" in the rows {prompt_file.slice_text} selects"
         fix = "use another file, or raise max_prompt_len"
         raise PromptDataError([Issue("prompt file", f"has {why}", fix, value=str(path))])
     return kept, dropped
@@ -177,11 +187,18 @@ class Row:
     tools: Tools | None
 
 
-def read_line(number: int, line: str, fmt: PromptFormat, markers: Sequence[str] = ()) -> Row:
-    """One line read and checked as far as no tokenizer is needed (`rlpost validate` runs
-    the same reading; `markers`: the chat template's, where known); LineError names what is
-    wrong and the fix."""
-    row = _parse_line(number, line, fmt)
+def read_row(
+    number: int,
+    raw: RawRow,
+    fmt: PromptFormat,
+    markers: Sequence[str] = (),
+    unit: str = "line",
+) -> Row:
+    """One row (a jsonl line's text, or a parquet row) read and checked as far as no
+    tokenizer is needed (`rlpost validate` runs the same reading; `markers`: the chat
+    template's, where known); LineError names what is wrong and the fix, `unit` says what a
+    row is called there (a jsonl line, a parquet row)."""
+    row = _parse_line(number, raw, fmt, unit)
     if not fmt.apply_chat_template:
         _check_untemplated(row.prompt, fmt, row.tools)
     else:
@@ -189,24 +206,27 @@ def read_line(number: int, line: str, fmt: PromptFormat, markers: Sequence[str] 
     return row
 
 
-def _parse_line(number: int, line: str, fmt: PromptFormat) -> Row:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise LineError(
-            "line",
-            f"is not valid JSON ({exc.msg}, column {exc.colno})",
-            ONE_OBJECT,
-            _short(line),
-        ) from None
+def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line") -> Row:
+    if isinstance(line, dict):
+        row = line
+    else:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LineError(
+                "line",
+                f"is not valid JSON ({exc.msg}, column {exc.colno})",
+                ONE_OBJECT,
+                _short(line),
+            ) from None
     if not isinstance(row, dict):
         kind = type(row).__name__
         raise LineError("line", f"is a JSON {kind}, not an object", ONE_OBJECT, _short(row))
-    prompt = _field(row, fmt.input_key, "data.input_key")
-    _check_prompt(fmt.input_key, prompt)
+    prompt = _field(row, fmt.input_key, "data.input_key", unit)
+    _check_prompt(fmt.input_key, prompt, unit)
     label = None
     if fmt.label_key is not None:
-        raw = _field(row, fmt.label_key, "data.label_key")
+        raw = _field(row, fmt.label_key, "data.label_key", unit)
         if isinstance(raw, bool) or not isinstance(raw, str | int | float):
             raise LineError(
                 fmt.label_key,
@@ -278,22 +298,45 @@ def _check_metadata_tools(
         )
 
 
-def _field(row: dict[str, Any], key: str, config_key: str) -> Any:
-    if key not in row:
-        present = ", ".join(sorted(row)) or "none"
-        raise LineError(
-            key,
-            f"is missing (this line's keys: {present})",
-            f"add '{key}' to every line, or set {config_key} to the field that holds it",
-            missing_from=row,
-        )
-    return row[key]
+def _field(row: dict[str, Any], key: str, config_key: str, unit: str = "line") -> Any:
+    """The row's value at `key`: its top-level key of that name, else (a dotted key) the
+    value at that path through nested objects."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split(".") if "." in key else (key,):
+        if not isinstance(value, dict) or part not in value:
+            break
+        value = value[part]
+    else:
+        return value
+    keys = row_keys(row)
+    present = ", ".join(keys) or "none"
+    nested = [k for k in keys if "." in k]
+    how = f" (a dotted key reads a nested one, e.g. {nested[0]})" if nested else ""
+    raise LineError(
+        key,
+        f"is missing (this {unit}'s keys: {present})",
+        f"add '{key}' to every {unit}, or set {config_key} to the field that holds it{how}",
+        missing_from=keys,
+    )
 
 
-def _check_prompt(key: str, prompt: Any) -> None:
+def row_keys(row: dict[str, Any]) -> list[str]:
+    """A row's keys, sorted, each object-valued one followed by its own keys as dotted paths
+    (`reward_model.ground_truth`): what a data key may name."""
+    keys: list[str] = []
+    for name in sorted(row):
+        keys.append(name)
+        if isinstance(row[name], dict):
+            keys += [f"{name}.{inner}" for inner in sorted(row[name])]
+    return keys
+
+
+def _check_prompt(key: str, prompt: Any, unit: str = "line") -> None:
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise LineError(key, "is an empty string", "give every line a prompt", prompt)
+            raise LineError(key, "is an empty string", f"give every {unit} a prompt", prompt)
         return
     fix = 'use a string or a message list [{"role": "user", "content": "..."}]'
     if not isinstance(prompt, list) or not prompt:
@@ -440,7 +483,7 @@ def _template_ignores_tools(tokenizer: ChatTokenizer, kwargs: dict[str, Any]) ->
 
 
 def _ignored_tools(
-    rows: Sequence[Row], fmt: PromptFormat, tokenizer: ChatTokenizer, path: Path
+    rows: Sequence[Row], fmt: PromptFormat, tokenizer: ChatTokenizer, path: str, unit: str
 ) -> list[Issue]:
     """One issue when lines have tools and the chat template would drop them, else none."""
     first = next((row for row in rows if row.tools), None)
@@ -450,13 +493,13 @@ def _ignored_tools(
         Issue(
             "model.hf_checkpoint",
             "the chat template does not render tools (it renders a conversation the same "
-            f"with a tool as without), and this line's '{fmt.tool_key}' holds some (others "
+            f"with a tool as without), and this {unit}'s '{fmt.tool_key}' holds some (others "
             "may too): no prompt would describe them",
             "use a tokenizer whose chat template renders tools, pass one as "
             "data.apply_chat_template_kwargs.chat_template, or set data.tool_key: null to "
             "keep the tools out of the prompt",
             value=getattr(tokenizer, "name_or_path", None) or None,
-            location=Location(file=str(path), line=first.line),
+            location=Location(file=path, line=first.line, unit=unit),
         )
     ]
 
@@ -472,16 +515,17 @@ def _tokenize(rows: list[Row], texts: list[str], tokenizer: ChatTokenizer) -> li
     ]
 
 
-def _more_lines(count: int, path: Path) -> list[Issue]:
+def _more_lines(count: int, path: str, unit: str) -> list[Issue]:
     if count <= 0:
         return []
-    fix = "fix the lines above, then run again to see the rest"
-    where = Location(file=str(path))
-    return [Issue("more lines", f"{count} more bad lines not shown", fix, location=where)]
+    fix = f"fix the {unit}s above, then run again to see the rest"
+    where = Location(file=path)
+    return [Issue(f"more {unit}s", f"{count} more bad {unit}s not shown", fix, location=where)]
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    # default=str: a parquet row's values may be bytes, dates, decimals
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

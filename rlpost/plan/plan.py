@@ -53,6 +53,7 @@ from rlpost.plan.work import (
 )
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
 from rlpost.schema.evaluation import EvalConfig
+from rlpost.schema.prompt_file import split_prompt_path
 from rlpost.schema.training_only import set_training_only
 
 if TYPE_CHECKING:
@@ -334,11 +335,8 @@ def _notes(
             + (" (a SIGTERM still saves: run.on_sigterm)" if cfg.run.on_sigterm == "save" else "")
         )
     ev, data = cfg.recipe.eval, cfg.recipe.data
-    trained_on = (
-        os.path.realpath(os.path.expanduser(data.prompt_data)) if data.prompt_data else None
-    )
     for i, dataset in enumerate(ev.datasets):
-        if trained_on and os.path.realpath(os.path.expanduser(dataset.path)) == trained_on:
+        if data.prompt_data and _rows_overlap(data.prompt_data, dataset.path):
             training(
                 f"recipe.eval.datasets.{i} ({dataset.name}) is the training prompt file: its "
                 "accuracy is measured on prompts the policy trains on, not held out"
@@ -385,6 +383,15 @@ def _notes(
         gathered = "two layers" if memory.train.reshard_after_forward else "every layer"
         training(FSDP_NOTE.format(shards=memory.train.shards, gathered=gathered) + moe)
     return tuple(notes)
+
+
+def _rows_overlap(trained: str, evaluated: str) -> bool:
+    """Whether an evaluation set's path may select prompts the training path does: the same
+    file, where at most one of them slices it or both slice it alike (two other slices may
+    or may not meet: that needs the file's row count, which planning does not read)."""
+    a, b = split_prompt_path(trained), split_prompt_path(evaluated)
+    same_file = os.path.realpath(a.path) == os.path.realpath(b.path)
+    return same_file and (a.rows is None or b.rows is None or a.rows == b.rows)
 
 
 def _drop(note: str) -> None:

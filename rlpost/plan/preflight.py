@@ -41,12 +41,14 @@ from rlpost.config.chat_templates import (
     template_variables,
 )
 from rlpost.config.hf_check import check_weights_config
-from rlpost.data.prompts import LineError, PromptFormat, Row, prompt_format, read_line
+from rlpost.data.files import RawRow, UnreadableFile, prompt_rows, row_count
+from rlpost.data.prompts import LineError, PromptFormat, Row, prompt_format, read_row
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.cluster import check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import ModelConfig, RunConfig
+from rlpost.schema.prompt_file import split_prompt_path
 from rlpost.schema.reward import (
     GRADER_FLOOR,
     GRADER_MARKERS,
@@ -363,48 +365,52 @@ class RowRules:
     label_setting: str = "recipe.data.label_key"
 
 
-def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
-    """Every line of a prompt file reads as the prompt loader reads it (`read_line`: JSON,
-    keys, label, metadata, tools, message lists without a template), with a label its grader
-    can read (`rules`); the checks that need the tokenizer wait for the run."""
-    path = Path(path_text).expanduser()
-    fix_path = f"point {key} at an existing jsonl file (one JSON object per line)"
+def check_prompt_file(key: str, path_text: str, rules: RowRules) -> list[Issue]:
+    """Every row a prompt file's path selects (a jsonl or parquet file, its row slice applied)
+    reads as the prompt loader reads it (`read_row`: JSON, keys, label, metadata, tools,
+    message lists without a template), with a label its grader can read (`rules`); the checks
+    that need the tokenizer wait for the run."""
+    prompt_file = split_prompt_path(path_text)
+    path = Path(prompt_file.path).expanduser()
+    kind, unit = prompt_file.kind, prompt_file.unit
+    fix_path = f"point {key} at an existing {kind} file" + (
+        " (one JSON object per line)" if kind == "jsonl" else ""
+    )
     if not path.is_file():
-        what = "is a folder, not a jsonl file" if path.is_dir() else "no such file"
+        what = f"is a folder, not a {kind} file" if path.is_dir() else "no such file"
         return [Issue(key, f"{what} on this machine", fix_path, value=path_text)]
     issues: list[Issue] = []
     bad = rows = 0
-    lacking: dict[str, int] = {}  # a line key -> how many lines lack it
+    lacking: dict[str, int] = {}  # a row key -> how many rows lack it
     keys_there: set[str] = set()
     try:
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                rows += 1
-                problem = _row_problem(number, line, rules)
-                if problem is None:
-                    continue
-                bad += 1
-                what, fix, missing = problem
-                if missing is not None:
-                    lacking[missing[0]] = lacking.get(missing[0], 0) + 1
-                    keys_there.update(missing[1])
-                if len(issues) < MAX_BAD_LINES:
-                    issues.append(Issue(f"{path}:{number}", what, fix, value=None))
-    except (OSError, UnicodeDecodeError) as exc:
-        return [Issue(key, f"cannot be read: {exc}", fix_path, value=path_text)]
+        for number, raw in prompt_rows(prompt_file):
+            rows += 1
+            problem = _row_problem(number, raw, rules, unit)
+            if problem is None:
+                continue
+            bad += 1
+            what, fix, missing = problem
+            if missing is not None:
+                lacking[missing[0]] = lacking.get(missing[0], 0) + 1
+                keys_there.update(missing[1])
+            if len(issues) < MAX_BAD_LINES:
+                where = f"{path}:{number}" if unit == "line" else f"{path}, row {number}"
+                issues.append(Issue(where, what, fix, value=None))
+        total = row_count(prompt_file) if not rows and prompt_file.rows is not None else 0
+    except UnreadableFile as exc:
+        return [Issue(key, str(exc), fix_path, value=path_text)]
     for field, setting in rules.key_settings:
-        if rows and lacking.get(field) == rows:  # the setting names a key no line has
+        if rows and lacking.get(field) == rows:  # the setting names a key no row has
             there = ", ".join(sorted(keys_there)) or "none"
             label = not setting.endswith("input_key")
-            fix_key = f"point {key} at a file whose lines have '{field}'"
+            fix_key = f"point {key} at a file whose {unit}s have '{field}'"
             if label and rules.unlabelled_key:
                 fix_key += f", or set {rules.unlabelled_key}: false (its scorer reads no label)"
             return [
                 Issue(
                     setting,
-                    f"no line of {path} has the key '{field}' (keys there: {there})",
+                    f"no {unit} of {path} has the key '{field}' (keys there: {there})",
                     f"set {setting} to the key that holds the "
                     f"{'label' if label else 'prompt'} (one of: {there}), or {fix_key}",
                     value=field,
@@ -414,23 +420,34 @@ def check_jsonl(key: str, path_text: str, rules: RowRules) -> list[Issue]:
         issues.append(
             Issue(
                 str(path),
-                f"{bad - len(issues)} more bad line(s) ({bad} of {rows})",
-                "fix every line listed by the same rule",
+                f"{bad - len(issues)} more bad {unit}(s) ({bad} of {rows})",
+                f"fix every {unit} listed by the same rule",
             )
         )
-    if not rows:
+    if not rows and total:
+        issues.append(
+            Issue(
+                key,
+                f"the row slice {prompt_file.slice_text} selects none of the file's {total} "
+                f"{unit}s",
+                f"write a slice within its rows (@[0:{total}] is every one, @[-{min(total, 100)}"
+                ":] the last ones), or remove the slice",
+                value=path_text,
+            )
+        )
+    elif not rows:
         issues.append(Issue(key, "the file holds no prompts", fix_path, value=path_text))
     return issues
 
 
 Problem = tuple[str, str, tuple[str, tuple[str, ...]] | None]
-"""What is wrong with a line, the fix, and (the key, the line's keys) when it lacks a key."""
+"""What is wrong with a row, the fix, and (the key, the row's keys) when it lacks a key."""
 
 
-def _row_problem(number: int, line: str, rules: RowRules) -> Problem | None:
-    """(what is wrong, the fix, the key it lacks) for one jsonl line, or None."""
+def _row_problem(number: int, raw: RawRow, rules: RowRules, unit: str) -> Problem | None:
+    """(what is wrong, the fix, the key it lacks) for one jsonl line or parquet row, or None."""
     try:
-        row = read_line(number, line, rules.fmt, rules.markers)
+        row = read_row(number, raw, rules.fmt, rules.markers, unit)
     except LineError as exc:
         what = f"the line {exc.message}" if exc.key == "line" else f"'{exc.key}' {exc.message}"
         lacks = None if exc.missing_from is None else (exc.key, exc.missing_from)
@@ -517,7 +534,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             markers=markers,
             key_settings=_key_settings(fmt, "recipe.data", "recipe.data"),
         )
-        issues += check_jsonl("recipe.data.prompt_data", data.prompt_data, rules)
+        issues += check_prompt_file("recipe.data.prompt_data", data.prompt_data, rules)
     for i, dataset in enumerate(recipe.eval.datasets):
         # the set's own custom function (or the evaluation's) scores it before any type
         function = recipe.eval.reward_function(i) is not None
@@ -543,7 +560,7 @@ def check_data(cfg: RunConfig, plan: Plan) -> list[Issue]:
             if dataset.label_key is False
             else "recipe.data.label_key",
         )
-        issues += check_jsonl(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
+        issues += check_prompt_file(f"recipe.eval.datasets.{i}.path", dataset.path, rules)
     return issues
 
 

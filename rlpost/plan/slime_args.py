@@ -598,6 +598,15 @@ NOT_IN_SLIME: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] = (
         "export with recipe.data.prompt_data, or port the class to slime's RolloutDataSource",
     ),
     (
+        "recipe.data.label_key",
+        lambda cfg: any("." in key for key in _data_keys(cfg)),
+        "a dotted input or label key (the data section's or an evaluation set's) reads a "
+        "nested field here (reward_model.ground_truth), and slime reads a row's top-level keys "
+        "only: it would look for one key of that name",
+        "flatten the field into a top-level column and name that column, or export without "
+        "the dotted key (a top-level column whose name holds a dot: rename it)",
+    ),
+    (
         "recipe.data.tool_key",
         lambda cfg: cfg.recipe.data.tool_key is None,
         "slime passes a row's 'tools' field to the chat template whenever the row has one "
@@ -620,6 +629,15 @@ MEGATRON_REFUSES: tuple[tuple[str, Callable[[RunConfig], bool], str, str], ...] 
         "or recipe.optim.cpu_offload: false",
     ),
 )
+
+
+def _data_keys(cfg: RunConfig) -> list[str]:
+    """The row keys the prompt files are read by: the data section's and every set's."""
+    data = cfg.recipe.data
+    keys = [data.input_key, data.label_key or ""]
+    for dataset in cfg.recipe.eval.datasets:
+        keys += [dataset.input_key or "", dataset.label_key or ""]
+    return keys
 
 
 def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:

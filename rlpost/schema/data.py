@@ -6,7 +6,8 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, model_validator
 
-from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
+from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.prompt_file import PromptPath
 from rlpost.schema.training_only import training_rule
 
 # The arguments rlpost passes to tokenizer.apply_chat_template itself (rlpost.data.prompts).
@@ -16,8 +17,11 @@ TEMPLATE_CALL_ARGUMENTS = frozenset(
 
 
 class DataConfig(Section):
-    prompt_data: LocalPath | None = Field(
-        None, description="a jsonl file of prompts (required unless `source` is set)"
+    prompt_data: PromptPath | None = Field(
+        None,
+        description="a jsonl or parquet file of prompts, optionally with a row slice as "
+        "slime's --prompt-data takes it: /data/train.parquet@[0:1000] (Python's slice of the "
+        "rows; @[-100:] the last 100); required unless `source` is set",
     )
     source: str | None = Field(
         None,
@@ -28,8 +32,19 @@ class DataConfig(Section):
     source_settings: dict[str, Any] = Field(
         default_factory=dict, description="the data source class's own settings (ctx.settings)"
     )
-    input_key: str = "input"
-    label_key: str | None = None
+    input_key: str = Field(
+        "input",
+        description="the field of a prompt row that holds the prompt; a dotted path reads a "
+        "nested object's field, where the row has no top-level key of that name (dots and "
+        "all), which is read first",
+    )
+    label_key: str | None = Field(
+        None,
+        description="the field of a prompt row that holds the label (the reference answer); "
+        "a dotted path reads a nested object's field (reward_model.ground_truth in verl's "
+        "parquet files), where the row has no top-level key of that name (dots and all), "
+        "which is read first; slime reads top-level keys only",
+    )
     metadata_key: str = "metadata"
     tool_key: str | None = Field(
         "tools",
@@ -48,10 +63,11 @@ class DataConfig(Section):
     def check_prompts_have_a_source(self) -> DataConfig:
         if self.prompt_data is None and self.source is None:
             raise InvariantError(
-                "no prompts: neither prompt_data (a jsonl file) nor source (a data source "
-                "class) is set",
+                "no prompts: neither prompt_data (a jsonl or parquet file) nor source (a data "
+                "source class) is set",
                 fields=("prompt_data",),
-                fix="set prompt_data: /path/train.jsonl, or source: my_pkg.data.MySource",
+                fix="set prompt_data: /path/train.jsonl (or .parquet), or source: "
+                "my_pkg.data.MySource",
             )
         if self.source is None:
             refuse_unused(

@@ -11,7 +11,8 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, LocalPath, Section, refuse_unused
+from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.prompt_file import PromptPath
 from rlpost.schema.reward import check_reward_type_known
 from rlpost.schema.rollout import GREEDY_BELOW, check_top_k
 from rlpost.schema.training_only import training_rule
@@ -28,7 +29,10 @@ EvalRewardType = Annotated[
 
 class EvalDataset(Section):
     name: str
-    path: LocalPath
+    path: PromptPath = Field(
+        description="a jsonl or parquet file, optionally with a row slice: "
+        "/data/test.parquet@[0:500] (as slime's --eval-prompt-data and eval config take it)"
+    )
     reward_type: EvalRewardType | None = Field(
         None,
         description="grade this set's every line with this reward type, whatever "

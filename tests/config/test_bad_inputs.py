@@ -1091,7 +1091,7 @@ def file_cases(root: Path) -> list[Bad]:
             "prompt file is a folder",
             (f"recipe.data.prompt_data={data}",),
             "recipe.data.prompt_data",
-            "is a folder",
+            "has no suffix (a folder, or a file named without one)",
         ),
         _case(
             "prompt line that is not JSON",

@@ -408,6 +408,8 @@ def test_slimes_random_reward_type_imports_and_exports_back(tmp_path: Path) -> N
         ("recipe.save.save_hf_interval=10", "recipe.save.save_hf_interval"),
         ("trainer.backend=torch", "trainer.backend"),
         ("recipe.eval.interval=null", "recipe.eval.interval"),
+        ("recipe.data.label_key=reward_model.ground_truth", "recipe.data.label_key"),
+        ("recipe.eval.datasets.0.input_key=extra.question", "recipe.data.label_key"),
     ],
 )
 def test_what_slime_cannot_run_is_not_exported(override: str, key: str) -> None:
@@ -470,6 +472,36 @@ def test_the_tool_key_imports_and_exports_back(tmp_path: Path) -> None:
     assert again.recipe.data.tool_key == "mytools"
     assert again.recipe.eval.datasets[0].tool_key == "evaltools"
     assert slime_arg_groups(again, build_plan(again)) == slime_arg_groups(cfg, plan)
+
+
+def test_parquet_paths_and_row_slices_import_and_export_as_written(tmp_path: Path) -> None:
+    """slime's reader takes a .jsonl or .parquet path with an optional `@[start:end]` row
+    slice, for training and for every evaluation set: the import carries each path as it is,
+    and the export writes it back (quoted for bash) so that slime, and the import, read the
+    same path again."""
+    script = write_script(
+        tmp_path,
+        "--eval-interval 5 --eval-prompt-data gsm8k /data/test.parquet@[-100:] "
+        "aime /data/aime.jsonl@[:30]",
+    )
+    text = script.read_text().replace("/data/math.jsonl", "/data/train.parquet@[0:1000]")
+    script.write_text(text)
+    cfg, plan = imported_config(script, tmp_path / "out")
+    assert cfg.recipe.data.prompt_data == "/data/train.parquet@[0:1000]"
+    paths = [d.path for d in cfg.recipe.eval.datasets]
+    assert paths == ["/data/test.parquet@[-100:]", "/data/aime.jsonl@[:30]"]
+    groups = slime_arg_groups(cfg, plan)
+    rollout, evaluation = groups["ROLLOUT_ARGS"], groups["EVAL_ARGS"]
+    assert rollout[rollout.index("--prompt-data") + 1] == "/data/train.parquet@[0:1000]"
+    assert evaluation[evaluation.index("--eval-prompt-data") + 1 :][:4] == [
+        "gsm8k", "/data/test.parquet@[-100:]", "aime", "/data/aime.jsonl@[:30]"
+    ]  # fmt: skip
+    exported = tmp_path / "run-exported.sh"
+    exported.write_text(render_slime_args(cfg, plan))
+    assert "'/data/train.parquet@[0:1000]'" in exported.read_text()  # no glob for bash
+    again = assembled(import_slime(exported), cfg)
+    assert again.recipe.data.prompt_data == cfg.recipe.data.prompt_data
+    assert [d.path for d in again.recipe.eval.datasets] == paths
 
 
 def test_evaluation_sets_of_their_own_export_as_slimes_eval_config(tmp_path: Path) -> None:

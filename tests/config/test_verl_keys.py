@@ -73,3 +73,17 @@ def test_a_key_of_no_counterpart_says_what_rlpost_does_instead_and_to_drop_it() 
     issue = verl_issue("trainer.critic_warmup", 0, {}, "trainer.critic_warmup=0")
     assert "rlpost has no setting for it: rlpost has no critic" in issue.message
     assert issue.fix == "drop it"
+
+
+def test_verls_parquet_files_are_written_as_rlposts_prompt_files() -> None:
+    """rlpost reads parquet as verl writes it: a file converts to the key with the same
+    path, and the note names the keys verl's preprocessed layout needs."""
+    key = "data.train_files"
+    issue = verl_issue(key, "/d/train.parquet", {}, f"{key}=/d/train.parquet")
+    assert issue.fix == "write recipe.data.prompt_data=/d/train.parquet"
+    assert "recipe.data.label_key=reward_model.ground_truth" in issue.message
+    key = "data.val_files"
+    issue = verl_issue(key, "/d/test.parquet", {}, f"{key}=/d/test.parquet")
+    assert issue.fix == "write recipe.eval.datasets='[{name: val0, path: /d/test.parquet}]'"
+    issue = verl_issue("data.train_files", ["/d/a.parquet", "/d/b.parquet"], {}, "...")
+    assert issue.fix.startswith("merge the files into one")

@@ -311,10 +311,10 @@ BAD_LINES = {
 def test_validation_refuses_every_line_the_loader_refuses(
     template: bool, write_jsonl, chat_tokenizer, tmp_path: Path
 ) -> None:
-    """`rlpost validate` reads a prompt file as the loader does (one `read_line`), so no line
+    """`rlpost validate` reads a prompt file as the loader does (one `read_row`), so no line
     the run would refuse passes validation; without a template, message lists and tools too."""
     from rlpost.config.chat_templates import template_markers
-    from rlpost.plan.preflight import RowRules, check_jsonl
+    from rlpost.plan.preflight import RowRules, check_prompt_file
 
     lines = dict(BAD_LINES)
     if not template:
@@ -336,7 +336,7 @@ def test_validation_refuses_every_line_the_loader_refuses(
         rows = [json.dumps(good), line if isinstance(line, str) else json.dumps(line)]
         path.write_text("\n".join(rows) + "\n")
         rules = RowRules(form, labelled=True, markers=markers)
-        issues = check_jsonl("recipe.data.prompt_data", str(path), rules)
+        issues = check_prompt_file("recipe.data.prompt_data", str(path), rules)
         assert [issue.key for issue in issues] == [f"{path}:2"], (name, [str(i) for i in issues])
         with pytest.raises(PromptDataError) as raised:
             load_prompts(path, form, chat_tokenizer)

@@ -351,6 +351,12 @@ def test_an_evaluation_on_the_training_prompts_or_shorter_than_training_is_noted
     cfg = run_config("qwen3-tiny", "cpu", "grpo_tiny_math")
     (same,) = notes(recipe__eval__datasets=[{"name": "train", "path": cfg.recipe.data.prompt_data}])
     assert "recipe.eval.datasets.0 (train) is the training prompt file" in same
+    train = cfg.recipe.data.prompt_data
+    held_out = {"recipe__data__prompt_data": f"{train}@[:-100]"}
+    last = [{"name": "train", "path": f"{train}@[-100:]"}]
+    assert notes(**held_out, recipe__eval__datasets=last) == []  # rows apart: may be held out
+    (within,) = notes(recipe__eval__datasets=last)  # rows of the whole file trained on
+    assert "is the training prompt file" in within
     (short,) = notes(recipe__eval__max_response_len=8)
     assert short.startswith("recipe.eval.max_response_len=8 is below")
     assert "recipe.rollout.max_response_len=16" in short

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.data.prompts import PromptFormat
-from rlpost.plan.preflight import RowRules, check_jsonl
+from rlpost.plan.preflight import RowRules, check_prompt_file
 
 FMT = PromptFormat("prompt", "label", "metadata", None, apply_chat_template=False)
 
@@ -24,9 +24,9 @@ def test_a_lines_rm_type_beside_a_custom_function_is_the_functions_to_read(
     line = {"prompt": "Write two lines.", "label": "2", "metadata": {"rm_type": "ifbench"}}
     path.write_text(json.dumps(line) + "\n")
     read_by_function = RowRules(FMT, labelled=False, reward_type="math", rm_type_grades=False)
-    assert check_jsonl("recipe.data.prompt_data", str(path), read_by_function) == []
+    assert check_prompt_file("recipe.data.prompt_data", str(path), read_by_function) == []
     graded = RowRules(FMT, labelled=True, reward_type="math")
-    (issue,) = check_jsonl("recipe.data.prompt_data", str(path), graded)
+    (issue,) = check_prompt_file("recipe.data.prompt_data", str(path), graded)
     assert "metadata rm_type 'ifbench' is not available" in issue.message
 
 
