@@ -91,13 +91,13 @@ def _kl_loss(value: Any, line: Line) -> Pairs | None:
 def _steps_per_rollout(line: Line) -> int | None:
     """Optimizer steps per GRPO step from the line: NeMo-RL steps its learning-rate schedule
     once a GRPO step (a rollout), rlpost once an optimizer step."""
-    prompts = line.get("grpo.num_prompts_per_step")
-    n = line.get("grpo.num_generations_per_prompt")
-    batch = line.get("policy.train_global_batch_size")
-    if not all(isinstance(v, int) and v > 0 for v in (prompts, n, batch)):
+    keys = ("grpo.num_prompts_per_step", "grpo.num_generations_per_prompt")
+    counts = [line.get(key) for key in (*keys, "policy.train_global_batch_size")]
+    ints = [v for v in counts if isinstance(v, int) and v > 0]
+    if len(ints) != len(counts):
         return None
-    samples = prompts * n
-    return samples // batch if samples % batch == 0 else None
+    prompts, n, batch = ints
+    return prompts * n // batch if prompts * n % batch == 0 else None
 
 
 def _in_steps(key: str) -> Convert:
