@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlpost.config.peer_rows import (
+    Convert,
     Line,
     Pairs,
     PeerRow,
@@ -87,6 +88,71 @@ def _kl_loss(value: Any, line: Line) -> Pairs | None:
     )
 
 
+def _steps_per_rollout(line: Line) -> int | None:
+    """Optimizer steps per GRPO step from the line: NeMo-RL steps its learning-rate schedule
+    once a GRPO step (a rollout), rlpost once an optimizer step."""
+    keys = ("grpo.num_prompts_per_step", "grpo.num_generations_per_prompt")
+    counts = [line.get(key) for key in (*keys, "policy.train_global_batch_size")]
+    ints = [v for v in counts if isinstance(v, int) and v > 0]
+    if len(ints) != len(counts):
+        return None
+    prompts, n, batch = ints
+    return prompts * n // batch if prompts * n % batch == 0 else None
+
+
+def _in_steps(key: str) -> Convert:
+    """A count of NeMo-RL's GRPO steps (its scheduler's ticks) as rlpost's optimizer steps."""
+
+    def convert(value: Any, line: Line) -> Pairs | None:
+        steps = _steps_per_rollout(line)
+        return None if steps is None else ((key, value * steps),)
+
+    return convert
+
+
+STEPS_HOW = (
+    "x grpo.num_prompts_per_step x grpo.num_generations_per_prompt / "
+    "policy.train_global_batch_size> (add the three to this command line to have it computed)"
+)
+
+
+def _estimator(value: Any, line: Line) -> Pairs | None:
+    """NeMo-RL's reinforce_plus_plus subtracts the group's mean unless minus_baseline=false:
+    rlpost's reinforce_plus_plus_baseline."""
+    if value == "grpo":
+        return (("recipe.algo.advantage_estimator", "grpo"),)
+    if value != "reinforce_plus_plus":
+        return None
+    centred = line.get("grpo.adv_estimator.minus_baseline", True)
+    name = "reinforce_plus_plus_baseline" if centred else "reinforce_plus_plus"
+    return (("recipe.algo.advantage_estimator", name),)
+
+
+def _is_correction(value: Any, line: Line) -> Pairs | None:
+    """NeMo-RL's weights are unbounded unless truncated_importance_sampling_type tis with a
+    ratio bounds them; rlpost's tis always clamps (to [0, 2] unless set)."""
+    if not value:
+        return ()
+    kind = line.get("loss_fn.truncated_importance_sampling_type")
+    high = line.get("loss_fn.truncated_importance_sampling_ratio")
+    if kind != "tis" or high is None:
+        return None
+    low = line.get("loss_fn.truncated_importance_sampling_ratio_min") or 0.0
+    return (
+        ("recipe.algo.off_policy_correction", "tis"),
+        ("recipe.algo.tis_clip_low", low),
+        ("recipe.algo.tis_clip_high", high),
+    )
+
+
+def _low_clip(value: Any, line: Line) -> Pairs:
+    """NeMo-RL's high epsilon stays ratio_clip_max (0.2 unless set), where rlpost's follows
+    eps_clip unless eps_clip_high is set."""
+    high = line.get("loss_fn.ratio_clip_max", 0.2)
+    pairs: Pairs = (("recipe.algo.eps_clip", value),)
+    return pairs if high == value else (*pairs, ("recipe.algo.eps_clip_high", high))
+
+
 def _min_lr(value: Any, line: Line) -> Pairs:
     if line.get(f"{M}.scheduler.lr_decay_style", "constant") == "constant":  # NeMo-RL's default
         return ()  # a constant rate never decays to it
@@ -98,14 +164,17 @@ def _decay_style(value: Any, line: Line) -> Pairs | None:
         return None
     if value == "constant":
         return (("recipe.optim.lr_decay_style", value),)
-    steps = line.get(f"{M}.scheduler.lr_decay_iters", 1000)  # grpo_math_1B.yaml's
-    return (("recipe.optim.lr_decay_style", value), ("recipe.optim.lr_decay_steps", steps))
+    iters = line.get(f"{M}.scheduler.lr_decay_iters", 1000)  # grpo_math_1B.yaml's
+    steps = _steps_per_rollout(line)
+    if steps is None:
+        return None
+    return (("recipe.optim.lr_decay_style", value), ("recipe.optim.lr_decay_steps", iters * steps))
 
 
-def _decay_steps(value: Any, line: Line) -> Pairs:
+def _decay_steps(value: Any, line: Line) -> Pairs | None:
     if line.get(f"{M}.scheduler.lr_decay_style", "constant") == "constant":
         return ()  # a constant rate reads no decay steps
-    return (("recipe.optim.lr_decay_steps", value),)
+    return _in_steps("recipe.optim.lr_decay_steps")(value, line)
 
 
 _filter = switch(
@@ -204,23 +273,31 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         f"{M}.scheduler.lr_warmup_iters",
         "recipe.optim.lr_warmup_steps",
-        "optimizer steps in both",
+        "NeMo-RL steps its schedule once a GRPO step (a rollout), rlpost once an optimizer "
+        "step: times the optimizer steps of a rollout; NeMo-RL warms up from "
+        "scheduler.lr_warmup_init, rlpost from 0",
+        _in_steps("recipe.optim.lr_warmup_steps"),
+        f"write recipe.optim.lr_warmup_steps=<this value {STEPS_HOW}",
         example=10,
     ),
     PeerRow(
         f"{M}.scheduler.lr_decay_style",
         "recipe.optim.lr_decay_style",
         "constant, linear or cosine in both, decaying over scheduler.lr_decay_iters (1000 in "
-        "grpo_math_1B.yaml)",
+        "grpo_math_1B.yaml), which NeMo-RL counts in GRPO steps (rollouts) and rlpost's "
+        "lr_decay_steps in optimizer steps",
         _decay_style,
-        "write recipe.optim.lr_decay_style= one of constant, linear, cosine",
+        "write recipe.optim.lr_decay_style= one of constant, linear, cosine, with "
+        f"recipe.optim.lr_decay_steps=<scheduler.lr_decay_iters {STEPS_HOW}",
         example="cosine",
     ),
     PeerRow(
         f"{M}.scheduler.lr_decay_iters",
         "recipe.optim.lr_decay_steps",
-        "optimizer steps in both, read with a decaying rate",
+        "read with a decaying rate; NeMo-RL counts GRPO steps (rollouts), rlpost optimizer "
+        "steps: times the optimizer steps of a rollout",
         _decay_steps,
+        f"write recipe.optim.lr_decay_steps=<this value {STEPS_HOW}",
         example=1000,
     ),
     # the trainer's layout
@@ -305,11 +382,13 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "grpo.adv_estimator.name",
         "recipe.algo.advantage_estimator",
-        "grpo and reinforce_plus_plus in both",
-        choice(
-            "recipe.algo.advantage_estimator",
-            {"grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus"},
-        ),
+        "grpo in both (NeMo-RL's with a leave-one-out baseline unless "
+        "grpo.use_leave_one_out_baseline=false, which rlpost has not); NeMo-RL's "
+        "reinforce_plus_plus subtracts the group's mean unless "
+        "grpo.adv_estimator.minus_baseline=false: rlpost's reinforce_plus_plus_baseline "
+        "(without it, reinforce_plus_plus, whose KL in the reward is summed to the end "
+        "where NeMo-RL's is each token's)",
+        _estimator,
         "write recipe.algo.advantage_estimator= one of grpo, gspo, reinforce_plus_plus, "
         "reinforce_plus_plus_baseline",
         example="grpo",
@@ -324,7 +403,8 @@ TABLE: tuple[PeerRow, ...] = (
         "grpo.use_leave_one_out_baseline",
         "recipe.algo.advantage_estimator",
         "rlpost has no leave-one-out baseline: its grpo subtracts the mean of the whole group, "
-        "the sample included",
+        "the sample included (without std normalization, a leave-one-out advantage is "
+        "n/(n-1) times that; with it, NeMo-RL divides by the std of the other samples)",
         lambda value, line: () if not value else None,
         "drop it: the nearest is rlpost's grpo (recipe.algo.advantage_estimator=grpo), whose "
         "baseline is the whole group's mean",
@@ -348,7 +428,8 @@ TABLE: tuple[PeerRow, ...] = (
         "the KL to the reference in the loss, NeMo-RL's k3 unless reference_policy_kl_type says",
         _kl_loss,
         "with loss_fn.use_kl_in_reward, the KL goes in the reward: write "
-        "recipe.algo.advantage_estimator=reinforce_plus_plus recipe.algo.kl_coef=<the value>",
+        "recipe.algo.advantage_estimator=reinforce_plus_plus_baseline (NeMo-RL's "
+        "reinforce_plus_plus with its minus_baseline) recipe.algo.kl_coef=<the value>",
         example=0.01,
     ),
     PeerRow(
@@ -359,7 +440,14 @@ TABLE: tuple[PeerRow, ...] = (
         "write recipe.algo.kl_loss_type= one of k1, k2, k3, low_var_kl",
         example="k3",
     ),
-    PeerRow("loss_fn.ratio_clip_min", "recipe.algo.eps_clip", "an epsilon in both", example=0.2),
+    PeerRow(
+        "loss_fn.ratio_clip_min",
+        "recipe.algo.eps_clip",
+        "the low epsilon; NeMo-RL's high one stays ratio_clip_max (0.2 unless set), rlpost's "
+        "follows eps_clip unless recipe.algo.eps_clip_high is set",
+        _low_clip,
+        example=0.2,
+    ),
     PeerRow(
         "loss_fn.ratio_clip_max", "recipe.algo.eps_clip_high", "an epsilon in both", example=0.28
     ),
@@ -377,9 +465,37 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "loss_fn.use_importance_sampling_correction",
         "recipe.algo.off_policy_correction",
-        "tis weighs each token by pi_old/pi_rollout, clamped to [tis_clip_low, tis_clip_high]",
-        switch("recipe.algo.off_policy_correction", "tis"),
+        "tis weighs each token by pi_old/pi_rollout, clamped to [tis_clip_low, tis_clip_high] "
+        "(0 and 2 unless set); NeMo-RL's weights are unbounded unless "
+        "loss_fn.truncated_importance_sampling_type=tis with _ratio (and _ratio_min) bounds "
+        "them, and rlpost has no icepop or seq-mask-tis (they zero tokens or samples out of "
+        "range)",
+        _is_correction,
+        "write recipe.algo.off_policy_correction=tis recipe.algo.tis_clip_high=<a bound> (the "
+        "nearest to unbounded weights: a high one), or for icepop "
+        "recipe.algo.off_policy_correction=decoupled_ppo recipe.algo.behaviour_weight_cap="
+        "<truncated_importance_sampling_ratio> (drops tokens above it)",
         example=True,
+    ),
+    *(
+        PeerRow(
+            f"loss_fn.truncated_importance_sampling_{name}",
+            key,
+            "NeMo-RL's tis bounds the weights to [_ratio_min (0 unless set), _ratio] as "
+            "rlpost's tis does to [tis_clip_low, tis_clip_high]; rlpost has no icepop or "
+            "seq-mask-tis (they zero tokens or samples out of range)",
+            lambda value, line: _is_correction(True, line),
+            "write recipe.algo.off_policy_correction=tis recipe.algo.tis_clip_low="
+            "<_ratio_min> recipe.algo.tis_clip_high=<_ratio>, or for icepop "
+            "recipe.algo.off_policy_correction=decoupled_ppo recipe.algo.behaviour_weight_cap="
+            "<_ratio> (drops tokens above it)",
+            example=example,
+        )
+        for name, key, example in (
+            ("type", "recipe.algo.off_policy_correction", "tis"),
+            ("ratio", "recipe.algo.tis_clip_high", 5.0),
+            ("ratio_min", "recipe.algo.tis_clip_low", 0.5),
+        )
     ),
     PeerRow(
         "loss_fn.sequence_level_importance_ratios",

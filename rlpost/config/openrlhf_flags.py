@@ -47,20 +47,43 @@ def _estimator(value: Any, line: Line) -> Pairs | None:
     return ESTIMATORS.get(value)
 
 
+def _kl_in_loss(coef: Any, line: Line) -> Pairs:
+    kind = line.get("kl_estimator", "k1")  # OpenRLHF's default k1 has no gradient as a loss
+    return (
+        ("recipe.algo.use_kl_loss", True),
+        ("recipe.algo.kl_loss_coef", coef),
+        ("recipe.algo.kl_loss_type", "k3" if kind == "k1" else kind),
+    )
+
+
 def _kl(value: Any, line: Line) -> Pairs | None:
     """--init_kl_coef weighs the KL in the loss with --use_kl_loss, in the reward without."""
     if not value:
         return (("recipe.algo.use_kl_loss", False),)
     if line.get("use_kl_loss") is True:
-        kind = line.get("kl_estimator", "k1")  # OpenRLHF's default k1 has no gradient as a loss
-        return (
-            ("recipe.algo.use_kl_loss", True),
-            ("recipe.algo.kl_loss_coef", value),
-            ("recipe.algo.kl_loss_type", "k3" if kind == "k1" else kind),
-        )
+        return _kl_in_loss(value, line)
     if line.get("advantage_estimator") in ("reinforce", "reinforce_baseline"):
         return (("recipe.algo.kl_coef", value),)
     return None
+
+
+def _use_kl_loss(value: Any, line: Line) -> Pairs:
+    """--use_kl_loss with OpenRLHF's --init_kl_coef (0.01 unless on the line): rlpost's
+    kl_loss_coef defaults to 0, which weighs nothing."""
+    if not value:
+        return ()
+    coef = line.get("init_kl_coef", 0.01)
+    return _kl_in_loss(coef, line) if coef else (("recipe.algo.use_kl_loss", False),)
+
+
+def _is_correction(value: Any, line: Line) -> Pairs | None:
+    """--enable_vllm_is_correction: OpenRLHF's tis clamps to [0.5, 5.0] unless
+    --vllm_is_truncated_threshold says; icepop and seq-mask-tis mask, which rlpost does not."""
+    if not value:
+        return ()
+    if line.get("vllm_is_correction_type", "tis") != "tis":
+        return None
+    return _is_range(line.get("vllm_is_truncated_threshold", [0.5, 5.0]), line)
 
 
 def _clip_pair(value: Any, line: Line) -> Pairs | None:
@@ -72,6 +95,10 @@ def _clip_pair(value: Any, line: Line) -> Pairs | None:
 def _is_range(value: Any, line: Line) -> Pairs | None:
     if not isinstance(value, list) or len(value) != 2:
         return None
+    if line.get("vllm_is_correction_type", "tis") != "tis":
+        return None
+    if line.get("enable_vllm_is_correction") is not True:
+        return ()  # OpenRLHF reads it with --enable_vllm_is_correction only
     return (
         ("recipe.algo.off_policy_correction", "tis"),
         ("recipe.algo.tis_clip_low", value[0]),
@@ -199,7 +226,15 @@ TABLE: tuple[PeerRow, ...] = (
         example=1.0,
         aliases=("rollout.temperature",),
     ),
-    PeerRow("actor_learning_rate", "recipe.optim.lr", "", example=1e-6, aliases=("actor.adam.lr",)),
+    PeerRow(
+        "actor_learning_rate",
+        "recipe.optim.lr",
+        "OpenRLHF decays it by default (--lr_scheduler cosine_with_min_lr, to a tenth of it "
+        "by the run's end), rlpost holds it constant unless recipe.optim.lr_decay_style "
+        "(cosine, with lr_decay_steps and min_lr) says",
+        example=1e-6,
+        aliases=("actor.adam.lr",),
+    ),
     PeerRow(
         "l2", "recipe.optim.weight_decay", "", example=0.01, aliases=("actor.adam.weight_decay",)
     ),
@@ -218,7 +253,9 @@ TABLE: tuple[PeerRow, ...] = (
         "recipe.algo.advantage_estimator",
         "group_norm is grpo, reinforce reinforce_plus_plus, reinforce_baseline "
         "reinforce_plus_plus_baseline, dr_grpo grpo without std normalization; rlpost has no "
-        "rloo (nearest: reinforce_plus_plus_baseline) and, with no critic, no gae",
+        "rloo: its leave-one-out advantage is n/(n-1) times the group-centred reward, so the "
+        "nearest is grpo with recipe.algo.grpo_std_normalization=false, whose advantages are "
+        "(n-1)/n of rloo's; with no critic, no gae",
         _estimator,
         "write recipe.algo.advantage_estimator= one of grpo, gspo, reinforce_plus_plus, "
         "reinforce_plus_plus_baseline",
@@ -240,8 +277,9 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "use_kl_loss",
         "recipe.algo.use_kl_loss",
-        "",
-        switch("recipe.algo.use_kl_loss"),
+        "with OpenRLHF's weight where --init_kl_coef is not on this command line (0.01; k3 "
+        "where --kl_estimator is k1): rlpost's kl_loss_coef defaults to 0, which weighs nothing",
+        _use_kl_loss,
         example=True,
         aliases=("algo.kl.use_loss",),
     ),
@@ -256,7 +294,10 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "eps_clip",
         "recipe.algo.eps_clip",
-        "an epsilon in both",
+        "an epsilon in both; OpenRLHF reads it only without --eps_clip_low_high",
+        lambda value, line: (
+            () if "eps_clip_low_high" in line else (("recipe.algo.eps_clip", value),)
+        ),
         example=0.2,
         aliases=("actor.eps_clip",),
     ),
@@ -267,6 +308,21 @@ TABLE: tuple[PeerRow, ...] = (
         _clip_pair,
         example=[0.2, 0.27],
         aliases=("actor.eps_clip_low_high",),
+    ),
+    PeerRow(
+        "dual_clip",
+        "recipe.algo.eps_clip_c",
+        "dual-clip's bound, > 1 in both",
+        example=3.0,
+        aliases=("actor.dual_clip",),
+    ),
+    PeerRow(
+        "no_advantage_std_norm",
+        None,
+        "rlpost's reinforce_plus_plus estimators always divide by the batch's std (OpenRLHF "
+        "reads it with reinforce, reinforce_baseline and gae only); grpo without std "
+        "normalization is recipe.algo.grpo_std_normalization=false",
+        aliases=("algo.advantage.no_std_norm",),
     ),
     PeerRow(
         "entropy_loss_coef",
@@ -300,11 +356,28 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "enable_vllm_is_correction",
         "recipe.algo.off_policy_correction",
-        "tis weighs each token by pi_old/pi_rollout clamped to [tis_clip_low, tis_clip_high]; "
-        "rlpost has no icepop or seq-mask-tis (their masks), tis is the nearest",
-        switch("recipe.algo.off_policy_correction", "tis"),
+        "tis weighs each token by pi_old/pi_rollout clamped to [tis_clip_low, tis_clip_high], "
+        "OpenRLHF's [0.5, 5.0] unless --vllm_is_truncated_threshold says; rlpost has no "
+        "icepop or seq-mask-tis (they zero tokens or samples out of range, tis clamps them)",
+        _is_correction,
+        "for icepop, the nearest is recipe.algo.off_policy_correction=decoupled_ppo "
+        "recipe.algo.behaviour_weight_cap=<the high threshold> (drops tokens above the cap, "
+        "keeps those below the low one); else tis with the thresholds: "
+        "recipe.algo.off_policy_correction=tis recipe.algo.tis_clip_low=0.5 "
+        "recipe.algo.tis_clip_high=5.0",
         example=True,
         aliases=("algo.advantage.is_correction_enable",),
+    ),
+    PeerRow(
+        "vllm_is_correction_type",
+        "recipe.algo.off_policy_correction",
+        "tis in both; rlpost has no icepop or seq-mask-tis (they zero tokens or samples out of "
+        "range, tis clamps them)",
+        lambda value, line: () if value == "tis" else None,
+        "for icepop, the nearest is recipe.algo.off_policy_correction=decoupled_ppo "
+        "recipe.algo.behaviour_weight_cap=<the high threshold>; else drop it and take tis",
+        example="tis",
+        aliases=("algo.advantage.is_correction_type",),
     ),
     PeerRow(
         "vllm_is_truncated_threshold",

@@ -87,10 +87,28 @@ TABLE: tuple[PeerRow, ...] = (
         "write the dataset's prompts to jsonl and write recipe.data.prompt_data=/path/train.jsonl; "
         "recipe.data.input_key names the prompt's field (TRL's: prompt)",
     ),
-    PeerRow("learning_rate", "recipe.optim.lr", "", example=1e-6),
+    PeerRow(
+        "learning_rate",
+        "recipe.optim.lr",
+        "TRL decays it linearly to 0 by the run's end by default (--lr_scheduler_type "
+        "linear), rlpost holds it constant unless recipe.optim.lr_decay_style (linear, with "
+        "lr_decay_steps) says",
+        example=1e-6,
+    ),
     PeerRow("weight_decay", "recipe.optim.weight_decay", "", example=0.01),
     PeerRow("max_grad_norm", "recipe.optim.clip_grad", "", example=1.0),
-    PeerRow("warmup_steps", "recipe.optim.lr_warmup_steps", "optimizer steps in both", example=10),
+    PeerRow(
+        "warmup_steps",
+        "recipe.optim.lr_warmup_steps",
+        "optimizer steps in both; a value below 1 is TRL's share of the run, which rlpost "
+        "does not take",
+        lambda value, line: (
+            (("recipe.optim.lr_warmup_steps", int(value)),) if value >= 1 or value == 0 else None
+        ),
+        "write recipe.optim.lr_warmup_steps=<the share x the run's optimizer steps> "
+        "(`launch.py mode=plan` prints the steps)",
+        example=10,
+    ),
     PeerRow(
         "warmup_ratio",
         "recipe.optim.lr_warmup_steps",
@@ -220,7 +238,8 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "max_steps",
         "recipe.rollout.num_rollout",
-        "one optimizer step is one generation batch, one rollout, with num_iterations 1",
+        "one optimizer step is one generation batch, one rollout, with num_iterations 1 and "
+        "steps_per_generation unset (TRL's defaults)",
         example=5,
     ),
     PeerRow(
@@ -232,7 +251,8 @@ TABLE: tuple[PeerRow, ...] = (
     PeerRow(
         "save_steps",
         "recipe.save.interval",
-        "in optimizer steps, one a rollout",
+        "in optimizer steps, one a rollout with num_iterations 1 and steps_per_generation "
+        "unset (TRL's defaults)",
         lambda value, line: (("recipe.save.interval", int(value)),) if value >= 1 else None,
         "write recipe.save.interval=<rollouts between checkpoints> (a ratio of the run is no "
         "interval of rlpost's)",

@@ -22,9 +22,11 @@ from typing import Any
 from rlpost.config.peer_rows import HIDDEN, read_row, readings_issue
 from rlpost.config.peer_rows import overrides as overrides
 from rlpost.config.verl_values import (
+    KL_TYPES,
     Line,
     VerlKey,
     choice,
+    clip_fallback,
     dynamic_batch,
     estimator,
     eval_set,
@@ -33,8 +35,11 @@ from rlpost.config.verl_values import (
     greedy_eval,
     gspo,
     kl_in_reward,
+    kl_loss,
     kl_reward_coef,
     loggers,
+    low_clip,
+    per_rollout,
     prompts,
     recompute,
     resume,
@@ -261,8 +266,13 @@ TABLE: tuple[VerlKey, ...] = (
     VerlKey(
         f"{A}.optim.lr_warmup_steps",
         "recipe.optim.lr_warmup_steps",
-        "optimizer steps in both; verl's -1 defers to lr_warmup_steps_ratio",
-        lambda value, line: (("recipe.optim.lr_warmup_steps", value),) if value >= 0 else (),
+        "verl steps its learning-rate schedule once a training step (a rollout), rlpost once "
+        "an optimizer step: times the mini-batches of a rollout (data.train_batch_size / "
+        "ppo_mini_batch_size); verl's -1 defers to lr_warmup_steps_ratio",
+        per_rollout("recipe.optim.lr_warmup_steps"),
+        "write recipe.optim.lr_warmup_steps=<this value x data.train_batch_size / "
+        "actor_rollout_ref.actor.ppo_mini_batch_size> (add both to this command line to have "
+        "it computed)",
         example=10,
     ),
     VerlKey(
@@ -301,17 +311,35 @@ TABLE: tuple[VerlKey, ...] = (
     VerlKey(f"{A}.megatron.expert_tensor_parallel_size", "layout.train.etp", "", example=1),
     VerlKey(f"{A}.use_torch_compile", None, "rlpost has no switch for torch.compile"),
     # the actor: the loss
-    VerlKey(f"{A}.clip_ratio", "recipe.algo.eps_clip", "", example=0.2),
-    VerlKey(f"{A}.clip_ratio_low", "recipe.algo.eps_clip", "", example=0.2),
+    VerlKey(
+        f"{A}.clip_ratio",
+        "recipe.algo.eps_clip",
+        "verl's PPO loss reads it only where clip_ratio_low or clip_ratio_high is null (both "
+        "are 0.2 unless set)",
+        clip_fallback,
+        example=0.2,
+    ),
+    VerlKey(
+        f"{A}.clip_ratio_low",
+        "recipe.algo.eps_clip",
+        "the low epsilon; verl's high one stays clip_ratio_high (0.2 unless set), rlpost's "
+        "follows eps_clip unless recipe.algo.eps_clip_high is set",
+        low_clip,
+        example=0.2,
+    ),
     VerlKey(f"{A}.clip_ratio_high", "recipe.algo.eps_clip_high", "", example=0.28),
     VerlKey(
-        f"{A}.clip_ratio_c", "recipe.algo.eps_clip_c", "dual-clip's bound, > 1 in both", example=3.0
+        f"{A}.clip_ratio_c",
+        "recipe.algo.eps_clip_c",
+        "dual-clip's bound, > 1 in both; verl's PPO loss always dual-clips (3.0 unless set), "
+        "rlpost's only with eps_clip_c set",
+        example=3.0,
     ),
     VerlKey(
         f"{A}.loss_agg_mode",
         "recipe.algo.loss_reduction",
         "token-mean is token_mean, seq-mean-token-mean is sample_mean; rlpost has no "
-        "seq-mean-token-sum",
+        "seq-mean-token-sum or seq-mean-token-sum-norm (a constant divisor)",
         choice(
             "recipe.algo.loss_reduction",
             {"token-mean": "token_mean", "seq-mean-token-mean": "sample_mean"},
@@ -320,23 +348,21 @@ TABLE: tuple[VerlKey, ...] = (
         example="token-mean",
     ),
     VerlKey(f"{A}.entropy_coeff", "recipe.algo.entropy_coef", "", example=0.0),
-    VerlKey(f"{A}.use_kl_loss", "recipe.algo.use_kl_loss", "", example=True),
+    VerlKey(
+        f"{A}.use_kl_loss",
+        "recipe.algo.use_kl_loss",
+        "with verl's weight and estimator where kl_loss_coef and kl_loss_type are not on this "
+        "command line (0.001 and low_var_kl): rlpost's kl_loss_coef defaults to 0, which "
+        "weighs nothing",
+        kl_loss,
+        example=True,
+    ),
     VerlKey(f"{A}.kl_loss_coef", "recipe.algo.kl_loss_coef", "", example=0.001),
     VerlKey(
         f"{A}.kl_loss_type",
         "recipe.algo.kl_loss_type",
         "verl's kl is k1, mse is k2; rlpost has no abs, full or straight-through (+) form",
-        choice(
-            "recipe.algo.kl_loss_type",
-            {
-                "kl": "k1",
-                "k1": "k1",
-                "mse": "k2",
-                "k2": "k2",
-                "k3": "k3",
-                "low_var_kl": "low_var_kl",
-            },
-        ),
+        choice("recipe.algo.kl_loss_type", KL_TYPES),
         "write recipe.algo.kl_loss_type= one of k1, k2, k3, low_var_kl",
         example="low_var_kl",
     ),

@@ -15,6 +15,10 @@ from rlpost.config.peer_rows import Convert, Line, Pairs, PeerRow, choice
 __all__ = ["Convert", "Line", "Pairs", "VerlKey", "choice"]
 
 N = "actor_rollout_ref.rollout.n"
+A = "actor_rollout_ref.actor"
+CLIP = 0.2  # verl's clip_ratio, clip_ratio_low and clip_ratio_high alike
+# verl's kl_loss_type -> rlpost's (abs, full and the straight-through "+" forms have none)
+KL_TYPES = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "k3": "k3", "low_var_kl": "low_var_kl"}
 
 
 class VerlKey(PeerRow):
@@ -29,6 +33,56 @@ class VerlKey(PeerRow):
 def times_n(key: str) -> Convert:
     """A count of prompts (verl's) as a count of samples: times rollout.n from the line."""
     return lambda value, line: ((key, value * line[N]),) if N in line else None
+
+
+def per_rollout(key: str) -> Convert:
+    """A count of verl's training steps (rollouts: its lr scheduler steps once a rollout) as a
+    count of rlpost's optimizer steps: times the mini-batches of a rollout, from the line."""
+
+    def convert(value: Any, line: Line) -> Pairs | None:
+        if value < 0:
+            return ()  # verl's -1: the ratio decides (lr_warmup_steps_ratio)
+        prompts, mini = line.get("data.train_batch_size"), line.get(f"{A}.ppo_mini_batch_size")
+        if value == 0:
+            return ((key, 0),)
+        if not isinstance(prompts, int) or not isinstance(mini, int) or prompts % mini:
+            return None
+        return ((key, value * (prompts // mini)),)
+
+    return convert
+
+
+def low_clip(value: Any, line: Line) -> Pairs:
+    """verl's low epsilon; its high one stays clip_ratio_high (0.2 unless set; clip_ratio where
+    that is null), where rlpost's follows eps_clip unless eps_clip_high is set."""
+    high = line.get(f"{A}.clip_ratio_high", CLIP)
+    high = line.get(f"{A}.clip_ratio", CLIP) if high is None else high
+    pairs: Pairs = (("recipe.algo.eps_clip", value),)
+    return pairs if high == value else (*pairs, ("recipe.algo.eps_clip_high", high))
+
+
+def clip_fallback(value: Any, line: Line) -> Pairs:
+    """clip_ratio: verl's vanilla loss reads it only for a clip_ratio_low / clip_ratio_high
+    set to null (both default to 0.2)."""
+    low, high = line.get(f"{A}.clip_ratio_low", CLIP), line.get(f"{A}.clip_ratio_high", CLIP)
+    if low is not None and high is not None:
+        return ()
+    low, high = value if low is None else low, value if high is None else high
+    pairs: Pairs = (("recipe.algo.eps_clip", low),)
+    return pairs if high == low else (*pairs, ("recipe.algo.eps_clip_high", high))
+
+
+def kl_loss(value: Any, line: Line) -> Pairs:
+    """use_kl_loss with verl's coefficient (0.001 unless kl_loss_coef says) and estimator
+    (low_var_kl unless kl_loss_type says): rlpost's kl_loss_coef defaults to 0, no KL."""
+    if not value:
+        return (("recipe.algo.use_kl_loss", False),)
+    kind = KL_TYPES.get(line.get(f"{A}.kl_loss_type", "low_var_kl"), "low_var_kl")
+    return (
+        ("recipe.algo.use_kl_loss", True),
+        ("recipe.algo.kl_loss_coef", line.get(f"{A}.kl_loss_coef", 0.001)),
+        ("recipe.algo.kl_loss_type", kind),
+    )
 
 
 def static_micro_batch(value: Any, line: Line) -> Pairs:

@@ -15,14 +15,29 @@ from rlpost.errors import UserError
 S = "policy.megatron_cfg.scheduler"
 # the rest of a NeMo-RL command line some rows read: the prompt's cap beside the total, a
 # decaying rate beside its floor
+# one optimizer step a GRPO step: 8 prompts x 8 samples in one batch of 64
+BATCH = {
+    "grpo.num_prompts_per_step": 8,
+    "grpo.num_generations_per_prompt": 8,
+    "policy.train_global_batch_size": 64,
+}
+TIS = {
+    "loss_fn.use_importance_sampling_correction": True,
+    "loss_fn.truncated_importance_sampling_type": "tis",
+    "loss_fn.truncated_importance_sampling_ratio": 5.0,
+    "loss_fn.truncated_importance_sampling_ratio_min": 0.5,
+}
 LINES = {
     TOTAL: {"data.max_input_seq_length": 256},
-    f"{S}.lr_decay_style": {f"{S}.lr_decay_iters": 60},
+    f"{S}.lr_decay_style": {f"{S}.lr_decay_iters": 60, **BATCH},
     "policy.megatron_cfg.optimizer.min_lr": {
         f"{S}.lr_decay_style": "cosine",
         f"{S}.lr_decay_iters": 60,
+        **BATCH,
     },
-    f"{S}.lr_decay_iters": {f"{S}.lr_decay_style": "linear"},
+    f"{S}.lr_decay_iters": {f"{S}.lr_decay_style": "linear", **BATCH},
+    f"{S}.lr_warmup_iters": BATCH,
+    **{key: TIS for key in TIS},
 }
 VALUES = {TOTAL: 288, f"{S}.lr_decay_iters": 60}
 EXAMPLES = [row for row in TABLE if row.example is not None or row.name in VALUES]
@@ -87,3 +102,56 @@ def test_a_leave_one_out_baseline_names_the_nearest_and_says_drop_it() -> None:
     issue = peer_key_issue(key, True, {}, f"{key}=true")
     assert "rlpost has no leave-one-out baseline" in issue.message
     assert issue.fix.startswith("drop it: the nearest is rlpost's grpo")
+
+
+def test_scheduler_iterations_count_grpo_steps_and_are_written_in_optimizer_steps() -> None:
+    # NeMo-RL steps its schedule once a GRPO step: 32 x 16 samples in batches of 128 = 4
+    key = f"{S}.lr_warmup_iters"
+    batch = {
+        "grpo.num_prompts_per_step": 32,
+        "grpo.num_generations_per_prompt": 16,
+        "policy.train_global_batch_size": 128,
+    }
+    issue = peer_key_issue(key, 13, {key: 13, **batch}, f"{key}=13")
+    assert issue.fix == "write recipe.optim.lr_warmup_steps=52"
+    issue = peer_key_issue(key, 13, {key: 13}, f"{key}=13")
+    assert issue.fix.startswith("write recipe.optim.lr_warmup_steps=<this value x ")
+    decay = f"{S}.lr_decay_iters"
+    line = {decay: 100, f"{S}.lr_decay_style": "cosine", **batch}
+    assert peer_key_issue(decay, 100, line, f"{decay}=100").fix == (
+        "write recipe.optim.lr_decay_steps=400"
+    )
+
+
+def test_nemo_rl_s_reinforce_plus_plus_subtracts_the_group_mean_unless_told_not_to() -> None:
+    key = "grpo.adv_estimator.name"
+    issue = peer_key_issue(key, "reinforce_plus_plus", {}, f"{key}=reinforce_plus_plus")
+    assert issue.fix == "write recipe.algo.advantage_estimator=reinforce_plus_plus_baseline"
+    line = {"grpo.adv_estimator.minus_baseline": False}
+    issue = peer_key_issue(key, "reinforce_plus_plus", line, f"{key}=reinforce_plus_plus")
+    assert issue.fix == "write recipe.algo.advantage_estimator=reinforce_plus_plus"
+
+
+def test_an_unbounded_importance_weight_is_not_answered_with_rlpost_s_clamped_tis() -> None:
+    key = "loss_fn.use_importance_sampling_correction"
+    issue = peer_key_issue(key, True, {key: True}, f"{key}=true")
+    assert "NeMo-RL's weights are unbounded" in issue.message
+    assert issue.fix.startswith(
+        "write recipe.algo.off_policy_correction=tis recipe.algo.tis_clip_high=<"
+    )
+    line = {
+        key: True,
+        "loss_fn.truncated_importance_sampling_type": "tis",
+        "loss_fn.truncated_importance_sampling_ratio": 5.0,
+    }
+    assert peer_key_issue(key, True, line, f"{key}=true").fix == (
+        "write recipe.algo.off_policy_correction=tis recipe.algo.tis_clip_low=0.0 "
+        "recipe.algo.tis_clip_high=5.0"
+    )
+
+
+def test_the_low_clip_keeps_nemo_rl_s_high_epsilon() -> None:
+    key = "loss_fn.ratio_clip_min"
+    assert peer_key_issue(key, 0.1, {key: 0.1}, f"{key}=0.1").fix == (
+        "write recipe.algo.eps_clip=0.1 recipe.algo.eps_clip_high=0.2"
+    )

@@ -15,7 +15,7 @@ from rlpost.errors import UserError
 # the rest of a command line some rows read
 LINES: dict[str, dict[str, object]] = {
     "init_kl_coef": {"use_kl_loss": True},
-    "vllm_is_truncated_threshold": {},
+    "vllm_is_truncated_threshold": {"enable_vllm_is_correction": True},
 }
 EXAMPLES = [row for row in TABLE if row.example is not None]
 
@@ -59,3 +59,35 @@ def test_the_kl_coefficient_goes_in_the_loss_with_use_kl_loss_and_the_key_is_nev
         "recipe.algo.kl_loss_type=k3"
     )
     assert all("k3y" not in f"{i.message} {i.fix} {i.value} {i.location}" for i in issues)
+
+
+def test_use_kl_loss_alone_weighs_the_kl_at_openrlhf_s_default_coefficient() -> None:
+    (issue,) = flag_issues(["--use_kl_loss"], [])  # slime's --use-kl-loss as well
+    assert issue.fix.startswith(
+        "as OpenRLHF's: write recipe.algo.use_kl_loss=true recipe.algo.kl_loss_coef=0.01 "
+        "recipe.algo.kl_loss_type=k3; as slime's: "
+    )
+    issues = flag_issues(["--use_kl_loss", "--init_kl_coef", "0.001", "--kl_estimator", "k2"], [])
+    assert issues[0].fix.startswith(
+        "as OpenRLHF's: write recipe.algo.use_kl_loss=true recipe.algo.kl_loss_coef=0.001 "
+        "recipe.algo.kl_loss_type=k2; "
+    )
+
+
+def test_rloo_names_grpo_without_std_normalization_as_the_nearest() -> None:
+    (issue,) = flag_issues(["--advantage_estimator", "rloo"], ["--help"])
+    assert "nearest is grpo with recipe.algo.grpo_std_normalization=false" in issue.message
+    assert "(n-1)/n of rloo's" in issue.message
+
+
+def test_the_is_correction_takes_openrlhf_s_thresholds_and_refuses_its_masks() -> None:
+    (issue,) = flag_issues(["--enable_vllm_is_correction"], [])
+    assert issue.fix == (
+        "write recipe.algo.off_policy_correction=tis recipe.algo.tis_clip_low=0.5 "
+        "recipe.algo.tis_clip_high=5.0"
+    )
+    issues = flag_issues(["--enable_vllm_is_correction", "--vllm_is_correction_type", "icepop"], [])
+    assert all(i.fix.startswith("for icepop, the nearest is ") for i in issues)
+    assert "rlpost has no icepop" in issues[0].message
+    (issue,) = flag_issues(["--vllm_is_truncated_threshold", "0.8", "2"], [])
+    assert issue.fix.startswith("drop it")  # OpenRLHF reads it with the correction only

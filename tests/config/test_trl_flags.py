@@ -54,3 +54,15 @@ def test_a_hub_token_is_never_shown() -> None:
     (issue,) = flag_issues(["--hub_token", "hf_s3cr3t"], [])
     assert "hf_s3cr3t" not in f"{issue.message} {issue.fix} {issue.value} {issue.location}"
     assert issue.fix == "drop it"
+
+
+def test_a_warmup_below_one_step_is_a_share_of_the_run_not_a_step_count() -> None:
+    (issue,) = flag_issues(["--warmup_steps", "0.1"], [])
+    assert issue.fix.startswith("write recipe.optim.lr_warmup_steps=<the share x ")
+    (issue,) = flag_issues(["--warmup_steps", "10"], [])
+    assert issue.fix == "write recipe.optim.lr_warmup_steps=10"
+
+
+def test_the_learning_rate_says_trl_decays_it_by_default() -> None:
+    (issue,) = flag_issues(["--learning_rate", "1e-6"], [])
+    assert "TRL decays it linearly to 0" in issue.message

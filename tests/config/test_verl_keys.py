@@ -16,7 +16,9 @@ from rlpost.errors import UserError
 ASSETS = Path(__file__).resolve().parents[2] / "rlpost" / "assets"
 # the rest of a verl command line some rows read (its KL in the reward needs both)
 REINFORCE = {"algorithm.adv_estimator": "reinforce_plus_plus"}
+A = "actor_rollout_ref.actor"
 LINES = {
+    f"{A}.optim.lr_warmup_steps": {"data.train_batch_size": 8, f"{A}.ppo_mini_batch_size": 8},
     "algorithm.use_kl_in_reward": REINFORCE,
     "algorithm.kl_ctrl.kl_coef": {
         "algorithm.use_kl_in_reward": True,
@@ -87,3 +89,39 @@ def test_verls_parquet_files_are_written_as_rlposts_prompt_files() -> None:
     assert issue.fix == "write recipe.eval.datasets='[{name: val0, path: /d/test.parquet}]'"
     issue = verl_issue("data.train_files", ["/d/a.parquet", "/d/b.parquet"], {}, "...")
     assert issue.fix.startswith("merge the files into one")
+
+
+def test_warmup_in_verl_s_training_steps_is_counted_in_optimizer_steps() -> None:
+    # verl steps its schedule once a rollout; 1024 / 256 prompts: four optimizer steps each
+    key = f"{A}.optim.lr_warmup_steps"
+    line = {key: 10, "data.train_batch_size": 1024, f"{A}.ppo_mini_batch_size": 256}
+    assert verl_issue(key, 10, line, f"{key}=10").fix == "write recipe.optim.lr_warmup_steps=40"
+    issue = verl_issue(key, 10, {key: 10}, f"{key}=10")
+    assert issue.fix.startswith("write recipe.optim.lr_warmup_steps=<this value x ")
+
+
+def test_clip_ratio_alone_changes_nothing_as_verl_s_low_and_high_are_set() -> None:
+    key = f"{A}.clip_ratio"
+    issue = verl_issue(key, 0.3, {key: 0.3}, f"{key}=0.3")
+    assert issue.fix.startswith("drop it: with this value")
+    line = {key: 0.3, f"{A}.clip_ratio_high": None}
+    assert verl_issue(key, 0.3, line, f"{key}=0.3").fix == (
+        "write recipe.algo.eps_clip=0.2 recipe.algo.eps_clip_high=0.3"
+    )
+    low = f"{A}.clip_ratio_low"  # verl's high epsilon stays 0.2; rlpost's would follow
+    assert verl_issue(low, 0.1, {low: 0.1}, f"{low}=0.1").fix == (
+        "write recipe.algo.eps_clip=0.1 recipe.algo.eps_clip_high=0.2"
+    )
+
+
+def test_use_kl_loss_alone_weighs_the_kl_as_verl_does() -> None:
+    key = f"{A}.use_kl_loss"
+    assert verl_issue(key, True, {key: True}, f"{key}=true").fix == (
+        "write recipe.algo.use_kl_loss=true recipe.algo.kl_loss_coef=0.001 "
+        "recipe.algo.kl_loss_type=low_var_kl"
+    )
+    line = {key: True, f"{A}.kl_loss_coef": 0.01, f"{A}.kl_loss_type": "mse"}
+    assert verl_issue(key, True, line, f"{key}=true").fix == (
+        "write recipe.algo.use_kl_loss=true recipe.algo.kl_loss_coef=0.01 "
+        "recipe.algo.kl_loss_type=k2"
+    )
