@@ -20,8 +20,54 @@ from rlpost.errors import Issue, Location
 
 
 @dataclass(frozen=True)
+class KeywordShape:
+    """A second shape a hook may have, recognised by its parameter names and called by
+    keyword: `required` are always passed, each of `optional` where the function takes it
+    (by name, or through **kwargs). A function of this shape has no other required
+    parameter."""
+
+    origin: str  # whose shape it is, for messages
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        params = [*self.required, *(f"{name}=None" for name in self.optional)]
+        return f"{self.origin}'s [async] def fn({', '.join(params)})"
+
+    def fits(self, hook: Callable[..., Any]) -> bool:
+        """Whether `hook` names every required parameter and requires nothing else."""
+        params = _parameters(hook)
+        if params is None:
+            return False
+        kinds = inspect.Parameter
+        by_name = {
+            p.name: p for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        }
+        known = {*self.required, *self.optional}
+        others_required = any(
+            p.default is p.empty and p.name not in known
+            for p in params
+            if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        )
+        return all(name in by_name for name in self.required) and not others_required
+
+    def arguments(self, hook: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments to call a fitting `hook` with: `values` less the optional
+        ones it does not take."""
+        params = _parameters(hook) or []
+        taken = {p.name for p in params}
+        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        return {
+            name: value
+            for name, value in values.items()
+            if name in self.required or open_ended or name in taken
+        }
+
+
+@dataclass(frozen=True)
 class HookSignature:
-    """What a hook must look like: its role (for messages), positional parameters, kind.
+    """What a hook must look like: its role (for messages), positional parameters, kind;
+    or, where `keywords` is set, that other shape.
 
     `is_async` None accepts both plain and `async def` functions.
     """
@@ -29,13 +75,24 @@ class HookSignature:
     role: str
     params: tuple[str, ...]
     is_async: bool | None = None
+    keywords: KeywordShape | None = None
 
     def describe(self) -> str:
         prefix = {True: "async def", False: "def", None: "[async] def"}[self.is_async]
         return f"{prefix} fn({', '.join(self.params)})"
 
+    def shapes(self) -> str:
+        """Every shape the hook may have, for messages."""
+        own = self.describe()
+        return f"{own}, or {self.keywords.describe()}" if self.keywords else own
 
-REWARD_FUNCTION = HookSignature("reward function", ("sample",))
+
+# verl's custom_reward_function (verl.utils.reward_score.default_compute_score's shape),
+# which verl calls by keyword; a dict it returns holds the reward as "score"
+VERL_COMPUTE_SCORE = KeywordShape(
+    "verl", ("data_source", "solution_str", "ground_truth"), ("extra_info",)
+)
+REWARD_FUNCTION = HookSignature("reward function", ("sample",), keywords=VERL_COMPUTE_SCORE)
 GROUP_REWARD_FUNCTION = HookSignature("group reward function", ("samples",))
 DYNAMIC_SAMPLING_FILTER = HookSignature("dynamic sampling filter", ("samples",), is_async=False)
 GENERATE_FUNCTION = HookSignature("generate function", ("sample", "ctx"), is_async=True)
@@ -111,8 +168,10 @@ def check_signature(hook: Any, path: str, signature: HookSignature) -> None:
             HookErrorKind.NOT_CALLABLE,
             path,
             f"{signature.role} '{path}' is a {type(hook).__name__}, not a function",
-            f"point it at a function: {signature.describe()}",
+            f"point it at a function: {signature.shapes()}",
         )
+    if signature.keywords is not None and signature.keywords.fits(hook):
+        return
     problem = _arity_problem(hook, len(signature.params))
     wants_async = signature.is_async
     if problem is None and wants_async is not None and _is_async(hook) != wants_async:
@@ -121,8 +180,8 @@ def check_signature(hook: Any, path: str, signature: HookSignature) -> None:
         raise HookError(
             HookErrorKind.WRONG_SIGNATURE,
             path,
-            f"{signature.role} '{path}' {problem}; expected {signature.describe()}",
-            f"change it to {signature.describe()}",
+            f"{signature.role} '{path}' {problem}; expected {signature.shapes()}",
+            f"change it to {signature.shapes()}",
         )
 
 
@@ -177,11 +236,17 @@ def _module_not_found(
     )
 
 
-def _arity_problem(hook: Callable[..., Any], count: int) -> str | None:
+def _parameters(hook: Callable[..., Any]) -> list[inspect.Parameter] | None:
     try:
-        params = inspect.signature(hook).parameters.values()
+        return list(inspect.signature(hook).parameters.values())
     except (TypeError, ValueError):
-        return None  # builtins without a signature: nothing to check
+        return None  # builtins without a signature
+
+
+def _arity_problem(hook: Callable[..., Any], count: int) -> str | None:
+    params = _parameters(hook)
+    if params is None:
+        return None  # nothing to check
     kinds = inspect.Parameter
     positional = [
         p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)

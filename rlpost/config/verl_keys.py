@@ -43,6 +43,7 @@ from rlpost.config.verl_values import (
     prompts,
     recompute,
     resume,
+    reward_function,
     static_micro_batch,
     times_n,
     token_cap,
@@ -76,6 +77,12 @@ LOG_PROB = (
     "recipe.train.max_tokens_per_gpu with use_dynamic_batch_size"
 )
 REF = "the reference model follows the policy's layout (layout.train); it has no setting of its own"
+REWARD_SHAPE = (
+    "verl's compute_score(data_source, solution_str, ground_truth, extra_info=None) works as "
+    "it is: rlpost calls it as verl does, with the row's data_source column, the response, "
+    "the label (recipe.data.label_key=reward_model.ground_truth) and the row's extra_info "
+    "(recipe.data.metadata_key=extra_info), and a dict it returns gives its 'score'"
+)
 NO_VLLM = "rlpost's engines are SGLang servers on GPUs and its CPU engine on hardware kind cpu"
 
 TABLE: tuple[VerlKey, ...] = (
@@ -449,19 +456,21 @@ TABLE: tuple[VerlKey, ...] = (
     VerlKey(
         "custom_reward_function.path",
         "recipe.rollout.reward.custom_function",
-        "rlpost takes a dotted path (module.function), imported and checked at validation",
-        lambda value, line: None,
+        f"{REWARD_SHAPE}; rlpost names it by dotted path (module.function), with the file's "
+        "folder on PYTHONPATH, and imports and checks it at validation",
+        reward_function,
         "put the file's folder on PYTHONPATH and write "
         "recipe.rollout.reward.custom_function=module.function (my_reward.py's "
-        "compute_score: my_reward.compute_score)",
+        "compute_score: my_reward.compute_score; a file's name that is no Python identifier "
+        "cannot be imported: rename it)",
     ),
     VerlKey(
         "custom_reward_function.name",
         "recipe.rollout.reward.custom_function",
-        "the function's name ends rlpost's dotted path (module.function)",
-        lambda value, line: None,
-        "write recipe.rollout.reward.custom_function=module.function (see "
-        "custom_reward_function.path)",
+        f"the function's name ends rlpost's dotted path (module.function); {REWARD_SHAPE}",
+        reward_function,
+        "write recipe.rollout.reward.custom_function=module.function, the module being the "
+        "file's name (my_reward.py's compute_score: my_reward.compute_score)",
     ),
     # the trainer: schedule, checkpoints, logging, cluster
     VerlKey(

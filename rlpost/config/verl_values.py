@@ -201,3 +201,20 @@ def greedy_eval(value: Any, line: Line) -> Pairs:
 
 def recompute(value: Any, line: Line) -> Pairs:
     return (("layout.train.recompute.granularity", "full" if value else "none"),)
+
+
+REWARD_PATH, REWARD_NAME = "custom_reward_function.path", "custom_reward_function.name"
+
+
+def reward_function(value: Any, line: Line) -> Pairs | None:
+    """verl's reward function file and name (compute_score unless the line names another) as
+    the dotted path module.function, the module being the file's name; rlpost calls verl's
+    shape as it is (rlpost.hooks.VERL_COMPUTE_SCORE)."""
+    path = line.get(REWARD_PATH)
+    name = line.get(REWARD_NAME, "compute_score")
+    if not isinstance(path, str) or not path.endswith(".py") or not isinstance(name, str):
+        return None
+    module = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    if not (module.isidentifier() and name.isidentifier()):
+        return None
+    return (("recipe.rollout.reward.custom_function", f"{module}.{name}"),)

@@ -6,11 +6,13 @@ slice, `train.parquet@[0:1000]` (rlpost.data.files). The input key holds a strin
 message list (`[{"role": "user", "content": "..."}]`, as in dapo-math-17k); the label key a
 string or a number; the metadata key, when present, an object; the tool key, when present,
 the row's tools: a list of tool schemas, or a JSON string of one, which the chat template
-renders into the prompt and the row's metadata keeps as "tools" (slime's `--tool-key`). The
-input key and the label key may be dotted paths into nested objects
-(`reward_model.ground_truth`, where verl's parquet files keep the answer); a key a row has at
-its top level, dots and all, is read first. Bad rows are all reported at once, with file and
-line number (a parquet file: row number).
+renders into the prompt and the row's metadata keeps as "tools" (slime's `--tool-key`). A
+top-level `data_source` field (the data set's name in verl's parquet files, which a reward
+function of verl's shape is given) is kept in the metadata as "data_source", unless the
+metadata holds one of its own. The input key and the label key may be dotted paths into
+nested objects (`reward_model.ground_truth`, where verl's parquet files keep the answer); a key
+a row has at its top level, dots and all, is read first. Bad rows are all reported at once,
+with file and line number (a parquet file: row number).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from rlpost.schema.prompt_file import split_prompt_path
 from rlpost.types import Prompt
 
 logger = logging.getLogger(__name__)
+
+# the field of verl's rows that names their data set, kept in the metadata under its name
+DATA_SOURCE = "data_source"
 
 MAX_REPORTED_LINES = 10
 ONE_OBJECT = "make every line one JSON object"
@@ -245,6 +250,9 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
             "store metadata as an object, or point data.metadata_key at another field",
             _short(metadata),
         )
+    source = row.get(DATA_SOURCE)
+    if source is not None and DATA_SOURCE not in metadata and fmt.metadata_key != DATA_SOURCE:
+        metadata = {**metadata, DATA_SOURCE: source}
     if fmt.tool_key is None or row.get(fmt.tool_key) is None:
         return Row(number, prompt, label, metadata, tools=None)
     tools = _tools(fmt.tool_key, row[fmt.tool_key])

@@ -5,7 +5,10 @@ before any --rm-type, a line's or the run's):
 1. `reward.group` set: `reward.custom_function(samples) -> list[float]`, called once per
    group (samples sharing a group_index); per-sample types are not consulted.
 2. `reward.custom_function(sample) -> float`, for every sample (it may read
-   `sample.metadata["rm_type"]` itself).
+   `sample.metadata["rm_type"]` itself); or a function of verl's shape,
+   `compute_score(data_source, solution_str, ground_truth, extra_info=None)`, recognised by
+   those parameter names and called by keyword (`verl_arguments`): it returns a number or a
+   dict whose "score" is the reward.
 3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
 An evaluation set scored otherwise than training is gets a config of its own
@@ -26,6 +29,7 @@ past it scores as a wrong answer. Custom functions, plain or async, get the same
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import logging
@@ -41,6 +45,7 @@ from rlpost.errors import did_you_mean
 from rlpost.hooks import (
     GROUP_REWARD_FUNCTION,
     REWARD_FUNCTION,
+    VERL_COMPUTE_SCORE,
     HookError,
     HookSignature,
     is_async_hook,
@@ -115,8 +120,13 @@ async def _sample_reward(sample: Sample, ctx: RewardContext) -> float:
     path = ctx.config.custom_function
     if path:
         hook = _load_cached(path, REWARD_FUNCTION)
-        value = await _call_hook(hook, sample, ctx.config.timeout_s, path)
-        return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
+        keywords = None
+        if VERL_COMPUTE_SCORE.fits(hook):
+            keywords = VERL_COMPUTE_SCORE.arguments(hook, verl_arguments(sample))
+        value = await _call_hook(hook, sample, ctx.config.timeout_s, path, keywords)
+        if value is _TIMED_OUT:
+            return 0.0
+        return _as_reward(_verl_score(value, path) if keywords is not None else value, path)
     rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
     if rm_type:
         return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
@@ -180,16 +190,28 @@ def _load_cached(path: str, signature: HookSignature) -> Callable[..., Any]:
     return _HOOK_CACHE[key]
 
 
-async def _call_hook(hook: Callable[..., Any], arg: Any, timeout_s: float, path: str) -> Any:
-    """`hook(arg)` under `timeout_s`: awaited when async, in a thread when plain."""
+async def _call_hook(
+    hook: Callable[..., Any],
+    arg: Any,
+    timeout_s: float,
+    path: str,
+    keywords: dict[str, Any] | None = None,
+) -> Any:
+    """`hook(arg)`, or `hook(**keywords)` where given, under `timeout_s`: awaited when async,
+    in a thread when plain."""
     global _HOOK_THREADS
+    call = (
+        functools.partial(hook, **keywords)
+        if keywords is not None
+        else functools.partial(hook, arg)
+    )
     if is_async_hook(hook):
-        pending: Awaitable[Any] = hook(arg)
+        pending: Awaitable[Any] = call()
     else:
         with _LOCK:
             if _HOOK_THREADS is None:
                 _HOOK_THREADS = ThreadPoolExecutor(16, thread_name_prefix="rlpost-reward")
-        pending = asyncio.get_running_loop().run_in_executor(_HOOK_THREADS, hook, arg)
+        pending = asyncio.get_running_loop().run_in_executor(_HOOK_THREADS, call)
     try:
         value = await asyncio.wait_for(pending, timeout_s)
         if inspect.isawaitable(value):  # a plain function that returned a coroutine
@@ -200,6 +222,33 @@ async def _call_hook(hook: Callable[..., Any], arg: Any, timeout_s: float, path:
         return _TIMED_OUT
     except Exception as exc:
         raise RewardError(f"reward function '{path}' raised {type(exc).__name__}: {exc}") from exc
+
+
+def verl_arguments(sample: Sample) -> dict[str, Any]:
+    """What a reward function of verl's shape is called with for `sample`, as verl's reward
+    managers call it: the data set's name (the row's data_source column, kept in the
+    metadata; None where there is none), the response's text alone (no prompt, no ending
+    special token: verl decodes it with skip_special_tokens), the label, and a copy of the
+    metadata (verl's extra_info column: data.metadata_key=extra_info reads it there)."""
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    return {
+        "data_source": metadata.get("data_source"),
+        "solution_str": sample.answer_text,
+        "ground_truth": sample.label,
+        "extra_info": dict(metadata),
+    }
+
+
+def _verl_score(value: Any, path: str) -> Any:
+    """The reward in what a verl-shaped function returned: a number, or a dict's "score"."""
+    if not isinstance(value, dict):
+        return value
+    if "score" not in value:
+        raise RewardError(
+            f"reward function '{path}' returned a dict without a 'score' ({sorted(value)}); "
+            "a dict returned by a function of verl's shape holds the reward as 'score'"
+        )
+    return value["score"]
 
 
 def _as_reward(value: Any, source: str) -> float:

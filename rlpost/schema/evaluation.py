@@ -42,7 +42,8 @@ class EvalDataset(Section):
     custom_reward_function: str | None = Field(
         None,
         description="score this set's every sample with this function, 'module.fn' with "
-        "def fn(sample) -> float (async too), before eval.custom_reward_function and any "
+        "def fn(sample) -> float (async too) or verl's compute_score(data_source, solution_str, "
+        "ground_truth, extra_info=None), before eval.custom_reward_function and any "
         "other scorer (slime's eval config's custom_rm_path)",
     )
     input_key: str | None = None
@@ -81,7 +82,8 @@ class EvalConfig(Section):
     custom_reward_function: str | None = Field(
         None,
         description="score the evaluation sets' samples with this function, 'module.fn' "
-        "with def fn(sample) -> float (async too), in place of rollout.reward's (a set's own "
+        "with def fn(sample) -> float (async too) or verl's compute_score(data_source, "
+        "solution_str, ground_truth, extra_info=None), in place of rollout.reward's (a set's own "
         "custom_reward_function first; slime's eval config's defaults.custom_rm_path)",
     )
 

@@ -97,7 +97,13 @@ def check_reward_type_known(value: Any) -> Any:
 
 class RewardConfig(Section):
     type: Annotated[RewardType, BeforeValidator(check_reward_type_known)] = "math"
-    custom_function: str | None = None
+    custom_function: str | None = Field(
+        None,
+        description="score every sample with this function, 'module.fn' with def fn(sample) "
+        "-> float (async too) or verl's compute_score(data_source, solution_str, "
+        "ground_truth, extra_info=None) (rlpost.rewards.hub); with group, def fn(samples) "
+        "-> list[float]",
+    )
     group: bool = False
     remote_url: str | None = None
     timeout_s: PositiveFloat = 30.0

@@ -398,6 +398,27 @@ CASES = [
         "expected def fn(samples)",
     ),
     Case(
+        "reward_function_of_neither_shape",
+        (*QWEN, "recipe.rollout.reward.custom_function=rlpost_test_hooks.verl_and_sample"),
+        "recipe.rollout.reward.custom_function",
+        CMD,
+        "requires 4 positional parameters (sample, data_source, solution_str, ground_truth); "
+        "expected [async] def fn(sample), or verl's [async] def fn(data_source, solution_str, "
+        "ground_truth, extra_info=None)",
+    ),
+    Case(
+        "eval_reward_function_of_neither_shape",
+        (
+            *QWEN,
+            "recipe.eval.interval=10",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl,"
+            " custom_reward_function: rlpost_test_hooks.two_args}]",
+        ),
+        "recipe.eval.datasets.0.custom_reward_function",
+        CMD,
+        "or verl's [async] def fn(data_source, solution_str, ground_truth, extra_info=None)",
+    ),
+    Case(
         "hook_import_fails",
         (*QWEN, "recipe.rollout.reward.custom_function=rlpost_broken_hooks.reward"),
         "recipe.rollout.reward.custom_function",
@@ -711,6 +732,30 @@ def test_an_evaluation_set_scored_without_a_label_may_read_none(
         assert cfg.recipe.eval_label_grader(0) is None
 
 
+def test_reward_functions_of_verl_s_shape_validate_for_training_and_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verl's compute_score(data_source, solution_str, ground_truth, extra_info=None), with
+    or without extra_info, plain or async, wherever a reward function is named."""
+    monkeypatch.syspath_prepend(str(HOOK_FIXTURES))
+    run, _ = compose_run_config(
+        [
+            *QWEN,
+            "recipe.rollout.reward.custom_function=rlpost_test_hooks.verl_exact_match",
+            "recipe.eval.interval=10",
+            "recipe.eval.custom_reward_function=rlpost_test_hooks.verl_scored_dict",
+            "recipe.eval.datasets=[{name: a, path: /d/a.jsonl,"
+            " custom_reward_function: rlpost_test_hooks.async_verl_score}, "
+            "{name: b, path: /d/b.jsonl}]",
+        ]
+    )
+    assert run.recipe.rollout.reward.custom_function == "rlpost_test_hooks.verl_exact_match"
+    assert run.recipe.eval.reward_function(0) == (
+        "eval.datasets.0.custom_reward_function",
+        "rlpost_test_hooks.async_verl_score",
+    )
+
+
 def test_evaluation_prompts_are_bounded_by_their_own_max_prompt_len() -> None:
     """data.max_prompt_len leaves out training prompts only: evaluation sets are bounded by
     eval.max_prompt_len, so a training bound that leaves no room for the evaluation's
@@ -784,6 +829,15 @@ def test_every_problem_is_reported_at_once() -> None:
 # --- the launcher as a user runs it ----------------------------------------------------------
 
 LAUNCH_CASES = {
+    "reward_function_of_neither_shape": (
+        (*QWEN, "recipe.rollout.reward.custom_function=rlpost.filters.pop_first", "mode=plan"),
+        [
+            "recipe.rollout.reward.custom_function = 'rlpost.filters.pop_first'",
+            "requires 3 positional parameters (rollout_id, buffer, num_groups); expected "
+            "[async] def fn(sample), or verl's [async] def fn(data_source, solution_str, "
+            "ground_truth, extra_info=None)",
+        ],
+    ),
     "unknown_model": (("model=glm4-9", "mode=plan"), ["command line: model=glm4-9", "'glm4-9b'?"]),
     "unknown_key": (("recipe.rollout.temprature=0.8", "mode=plan"), ["'temperature'?"]),
     "temperature_zero": (

@@ -25,10 +25,18 @@ LINES = {
         "algorithm.adv_estimator": "reinforce_plus_plus",
     },
 }
-# rows whose value names a file: one that exists here
+HOOKS = Path(__file__).resolve().parents[1] / "hooks_fixtures"
+# a reward function of verl's shape, as verl names it (its file, and its name in the file)
+VERL_REWARD = {
+    "custom_reward_function.path": str(HOOKS / "rlpost_test_hooks.py"),
+    "custom_reward_function.name": "verl_exact_match",
+}
+LINES.update({key: VERL_REWARD for key in VERL_REWARD})
+# rows whose value names a file (or a function in one): one that exists here
 FILES = {
     "data.train_files": str(ASSETS / "data" / "arith_train.jsonl"),
     "data.val_files": str(ASSETS / "data" / "arith_eval.jsonl"),
+    **VERL_REWARD,
 }
 EXAMPLES = [row for row in TABLE if row.example is not None or row.verl in FILES]
 
@@ -41,7 +49,7 @@ def _suggestion(row: VerlKey) -> list[str]:
         pairs = BY_KEY[verl].pairs(given, line) if verl in BY_KEY else None
         assert pairs is not None, f"{verl}={given!r} converts to no override"
         written += overrides(pairs)
-    return written
+    return list(dict.fromkeys(written))  # a path and a name on one line: the same override
 
 
 def test_every_rlpost_key_in_the_table_is_one_and_no_verl_key_is() -> None:
@@ -55,7 +63,10 @@ def test_every_rlpost_key_in_the_table_is_one_and_no_verl_key_is() -> None:
 
 
 @pytest.mark.parametrize("row", EXAMPLES, ids=[row.verl for row in EXAMPLES])
-def test_every_suggested_override_validates_on_the_cpu_default(row: VerlKey) -> None:
+def test_every_suggested_override_validates_on_the_cpu_default(
+    row: VerlKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(HOOKS))  # the reward function's folder on PYTHONPATH
     written = _suggestion(row)
     try:
         compose_run_config(written)
@@ -125,3 +136,20 @@ def test_use_kl_loss_alone_weighs_the_kl_as_verl_does() -> None:
         "write recipe.algo.use_kl_loss=true recipe.algo.kl_loss_coef=0.01 "
         "recipe.algo.kl_loss_type=k2"
     )
+
+
+def test_verl_s_reward_function_is_named_as_it_is_and_not_rewritten() -> None:
+    """custom_reward_function.path and .name: verl's compute_score is named by its module
+    and called as verl calls it; the answer says so, and does not ask for a rewrite."""
+    path = "/home/me/rewards/my_reward.py"
+    for key, value in (("custom_reward_function.path", path), ("custom_reward_function.name", "f")):
+        line = {"custom_reward_function.path": path, key: value}
+        issue = verl_issue(key, value, line, f"{key}={value}")
+        assert (
+            "compute_score(data_source, solution_str, ground_truth, extra_info=None) works "
+            "as it is" in issue.message
+        ), issue.render()
+        name = "compute_score" if key.endswith("path") else "f"
+        assert issue.fix == f"write recipe.rollout.reward.custom_function=my_reward.{name}"
+    alone = verl_issue("custom_reward_function.name", "f", {}, "custom_reward_function.name=f")
+    assert "my_reward.py's compute_score: my_reward.compute_score" in alone.fix

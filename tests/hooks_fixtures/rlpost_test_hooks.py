@@ -92,6 +92,52 @@ def two_args(sample: Sample, extra: int) -> float:
     return 0.0
 
 
+# verl's shape (verl.utils.reward_score's compute_score), called by keyword; each call's
+# arguments are recorded here
+VERL_CALLS: list[dict[str, Any]] = []
+
+
+def verl_exact_match(data_source, solution_str, ground_truth, extra_info=None):  # type: ignore[no-untyped-def]
+    """verl's shape as verl's users write it, untyped: 1.0 when the response is the label."""
+    VERL_CALLS.append(
+        {"data_source": data_source, "solution_str": solution_str,
+         "ground_truth": ground_truth, "extra_info": extra_info}
+    )  # fmt: skip
+    return 1.0 if solution_str.strip() == ground_truth else 0.0
+
+
+def verl_scored_dict(data_source: str, solution_str: str, ground_truth: str) -> dict[str, Any]:
+    """Without extra_info, returning a dict: "score" is the reward, the rest is logged."""
+    VERL_CALLS.append({"data_source": data_source, "solution_str": solution_str})
+    correct = ground_truth in solution_str
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": solution_str[-8:]}
+
+
+async def async_verl_score(
+    data_source: str, solution_str: str, ground_truth: str, **kwargs: Any
+) -> float:
+    """Async, taking extra_info through **kwargs."""
+    await asyncio.sleep(0)
+    VERL_CALLS.append({"data_source": data_source, **kwargs})
+    return float(len(solution_str))
+
+
+def verl_dict_without_score(data_source: str, solution_str: str, ground_truth: str) -> dict:
+    return {"acc": 1.0}
+
+
+def verl_sleepy_score(data_source: str, solution_str: str, ground_truth: str) -> float:
+    time.sleep(2.0)
+    return 1.0
+
+
+def verl_and_sample(
+    sample: Sample, data_source: str, solution_str: str, ground_truth: str
+) -> float:
+    """Neither shape: verl's names and a required sample besides."""
+    return 0.0
+
+
 def keep_everything(rollout_id: int, buffer: list[list[Sample]], num_groups: int) -> list:
     """A buffer filter that forgets to remove what it returns."""
     return buffer[:num_groups]

@@ -199,3 +199,22 @@ def test_a_path_slime_would_refuse_is_refused(path: str, says: str) -> None:
 )
 def test_a_path_slime_reads_is_taken(path: str) -> None:
     assert check_prompt_path(path) == path
+
+
+def test_a_rows_data_source_is_kept_in_its_metadata(
+    tmp_path: Path, write_jsonl, chat_tokenizer
+) -> None:
+    """verl's data_source column (the name a verl-shaped reward function is given) is kept
+    in the metadata, beside verl's extra_info read as it (data.metadata_key=extra_info); a
+    metadata of the row's own data_source keeps it, and a row without the column has none."""
+    path = write_parquet(tmp_path / "verl.parquet", [VERL_ROW])
+    verl = fmt(label_key="reward_model.ground_truth", metadata_key="extra_info")
+    (record,) = load_prompts(path, verl, chat_tokenizer)[0]
+    assert record.metadata == {"index": 0, "split": "train", "data_source": "openai/gsm8k"}
+    own = {**VERL_ROW, "extra_info": {"data_source": "mine"}}
+    (record,) = load_prompts(write_parquet(tmp_path / "own.parquet", [own]), verl, chat_tokenizer)[
+        0
+    ]
+    assert record.metadata == {"data_source": "mine"}
+    (record,) = load_prompts(write_jsonl(ROWS[:1]), fmt(), chat_tokenizer)[0]
+    assert record.metadata == {}

@@ -143,3 +143,44 @@ def test_a_set_without_labels_is_read_and_scored_by_its_function(
     with pytest.raises(PromptDataError) as caught:
         load_eval_sets(graded, tokenizer, stop_token_ids=[])
     assert "'label'" in str(caught.value)
+
+
+def test_a_sets_verl_shaped_function_reads_the_rows_data_source(
+    tiny_lm_dir: Path, tmp_path: Path, hook_modules: Path
+) -> None:
+    """An evaluation set of verl's layout (data_source, prompt, reward_model.ground_truth,
+    extra_info) scored by verl's compute_score as it is: the row's data_source reaches it,
+    and its extra_info (data.metadata_key=extra_info)."""
+    import rlpost_test_hooks
+
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": f"What is {i}+{i}?",
+            "reward_model": {"ground_truth": str(2 * i), "style": "rule"},
+            "extra_info": {"index": i, "split": "test"},
+        }
+        for i in range(2)
+    ]
+    verl = tmp_path / "verl.jsonl"
+    verl.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    dataset = {
+        "name": "gsm8k",
+        "path": str(verl),
+        "input_key": "prompt",
+        "label_key": "reward_model.ground_truth",
+        "custom_reward_function": "rlpost_test_hooks.verl_exact_match",
+    }
+    cfg = recipe(tmp_path, {"datasets": [dataset]}, {})
+    data = cfg.data.model_copy(update={"metadata_key": "extra_info"})
+    cfg = cfg.model_copy(update={"data": data})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir, local_files_only=True)
+    [eval_set] = load_eval_sets(cfg, tokenizer, stop_token_ids=[])
+    samples = [s for group in eval_set.groups for s in group]
+    samples[0].response_text, samples[1].response_text = "0", "5"
+    rlpost_test_hooks.VERL_CALLS.clear()
+    assert eval_set.reward is not None
+    assert asyncio.run(compute_rewards(samples, eval_set.reward)) == [1.0, 0.0]
+    [call] = [c for c in rlpost_test_hooks.VERL_CALLS if c["ground_truth"] == "2"]
+    assert call["data_source"] == "openai/gsm8k"
+    assert call["extra_info"] == {"index": 1, "split": "test", "data_source": "openai/gsm8k"}

@@ -106,3 +106,25 @@ def test_hook_loader_and_reward_hub_import_nothing_heavy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
     )
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "name", ["verl_exact_match", "verl_scored_dict", "async_verl_score", "verl_sleepy_score"]
+)
+def test_a_reward_function_of_verl_s_shape_loads(hook_modules: Path, name: str) -> None:
+    """verl's compute_score(data_source, solution_str, ground_truth, extra_info=None), with
+    or without extra_info, plain or async, is a reward function as it is."""
+    assert load_hook(f"rlpost_test_hooks.{name}", REWARD_FUNCTION).__name__ == name
+
+
+def test_a_reward_function_of_neither_shape_is_refused_naming_both(hook_modules: Path) -> None:
+    for name in ("two_args", "verl_and_sample"):
+        error = load_error(f"rlpost_test_hooks.{name}")
+        assert error.kind is HookErrorKind.WRONG_SIGNATURE
+        assert (
+            "expected [async] def fn(sample), or verl's [async] def fn(data_source, "
+            "solution_str, ground_truth, extra_info=None)" in error.message
+        )
+    # a group function takes no verl shape
+    error = load_error("rlpost_test_hooks.verl_exact_match", GROUP_REWARD_FUNCTION)
+    assert "requires 3 positional parameters" in error.message

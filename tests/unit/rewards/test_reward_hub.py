@@ -326,3 +326,60 @@ def test_stop_strings_are_judged_against_the_graders_the_run_uses(hook_modules: 
         compose_run_config([stop, "recipe.eval.datasets.0.reward_type=dapo"])
     assert [i.key for i in refused.value.issues] == ["recipe.rollout.stop"]
     assert "eval.datasets.0.reward_type=dapo grades the answer" in str(refused.value)
+
+
+def test_a_verl_shaped_function_scores_samples_as_verl_calls_it(hook_modules: Path) -> None:
+    """verl's compute_score(data_source, solution_str, ground_truth, extra_info=None) is
+    called by keyword with the row's data_source, the response alone (without the special
+    token that ended it: verl decodes with skip_special_tokens), the label and the
+    metadata; a number it returns is the reward."""
+    import rlpost_test_hooks
+
+    rlpost_test_hooks.VERL_CALLS.clear()
+    right = sample("34<|im_end|>", data_source="openai/gsm8k", split="train")
+    right.end_text = "<|im_end|>"
+    batch = [right, sample("35"), sample("34", label=None)]
+    out = rewards(batch, custom_function="rlpost_test_hooks.verl_exact_match")
+    assert out == [1.0, 0.0, 0.0]
+    calls = {(c["solution_str"], c["ground_truth"]): c for c in rlpost_test_hooks.VERL_CALLS}
+    assert calls["34", "34"] == {
+        "data_source": "openai/gsm8k",
+        "solution_str": "34",
+        "ground_truth": "34",
+        "extra_info": {"data_source": "openai/gsm8k", "split": "train"},
+    }
+    assert calls["35", "34"]["data_source"] is None and calls["35", "34"]["extra_info"] == {}
+    assert ("34", None) in calls
+    assert right.metadata == {"data_source": "openai/gsm8k", "split": "train"}  # a copy
+
+
+def test_a_verl_shaped_dict_is_scored_by_its_score(hook_modules: Path) -> None:
+    """Without extra_info in its parameters it is called without one; a dict's "score" is
+    the reward, and a dict without one is refused naming the function."""
+    import rlpost_test_hooks
+
+    rlpost_test_hooks.VERL_CALLS.clear()
+    batch = [sample("so \\boxed{34}", data_source="math"), sample("33")]
+    assert rewards(batch, custom_function="rlpost_test_hooks.verl_scored_dict") == [1.0, -1.0]
+    assert {"data_source": "math", "solution_str": "so \\boxed{34}"} in rlpost_test_hooks.VERL_CALLS
+    with pytest.raises(RewardError, match="returned a dict without a 'score'") as info:
+        rewards([sample("x")], custom_function="rlpost_test_hooks.verl_dict_without_score")
+    assert "rlpost_test_hooks.verl_dict_without_score" in str(info.value)
+
+
+def test_a_verl_shaped_function_async_or_past_the_timeout(hook_modules: Path) -> None:
+    import rlpost_test_hooks
+
+    rlpost_test_hooks.VERL_CALLS.clear()
+    out = rewards(
+        [sample("abc", data_source="d")], custom_function="rlpost_test_hooks.async_verl_score"
+    )
+    assert out == [3.0]
+    assert rlpost_test_hooks.VERL_CALLS == [
+        {"data_source": "d", "extra_info": {"data_source": "d"}}
+    ]
+    start = time.perf_counter()
+    slow = rewards(
+        [sample("x")], custom_function="rlpost_test_hooks.verl_sleepy_score", timeout_s=0.3
+    )
+    assert slow == [0.0] and time.perf_counter() - start < 1.5
