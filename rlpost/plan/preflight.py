@@ -449,15 +449,16 @@ def _row_problem(number: int, raw: RawRow, rules: RowRules, unit: str) -> Proble
     try:
         row = read_row(number, raw, rules.fmt, rules.markers, unit)
     except LineError as exc:
-        what = f"the line {exc.message}" if exc.key == "line" else f"'{exc.key}' {exc.message}"
+        what = f"the {unit} {exc.message}" if exc.key == "line" else f"'{exc.key}' {exc.message}"
         lacks = None if exc.missing_from is None else (exc.key, exc.missing_from)
         return what, exc.fix, lacks
-    problem = _content_problem(row, rules)
+    problem = _content_problem(row, rules, unit)
     return None if problem is None else (*problem, None)
 
 
-def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
-    """(what is wrong, the fix) for a line read whole: its label and rm_type."""
+def _content_problem(row: Row, rules: RowRules, unit: str = "line") -> tuple[str, str] | None:
+    """(what is wrong, the fix) for a row read whole (`unit`: a jsonl line, a parquet row):
+    its label and rm_type."""
     fmt, reward_type, scorer = rules.fmt, rules.reward_type, rules.scorer
     label_key = fmt.label_key if rules.labelled else None
     if label_key is not None and row.label is not None and not row.label.strip():
@@ -479,24 +480,24 @@ def _content_problem(row: Row, rules: RowRules) -> tuple[str, str] | None:
         return (
             f"metadata rm_type {rm_type!r} names a reward type, and {scorer} scores every "
             "sample without reading it",
-            "remove rm_type from the lines, or grade with a rule-based reward.type",
+            f"remove rm_type from the {unit}s, or grade with a rule-based reward.type",
         )
     if rm_type == "remote" and not rules.forced and not rules.has_server:
         return (
             "metadata rm_type 'remote' posts the sample to a reward server, and "
             "recipe.rollout.reward.remote_url is not set: its every sample would fail",
-            "set recipe.rollout.reward.type: remote and its remote_url (the lines' own "
-            "rm_type still grade theirs), or give the line a rule-based rm_type",
+            f"set recipe.rollout.reward.type: remote and its remote_url (the {unit}s' own "
+            f"rm_type still grade theirs), or give the {unit} a rule-based rm_type",
         )
     if rm_type in LABELLED_REWARD_TYPES and not rules.forced and fmt.label_key is None:
         setting = rules.label_setting  # a set's own names no key only as false
         state = "unset" if setting == "recipe.data.label_key" else "false"
         return (
-            f"metadata rm_type {rm_type!r} grades the response against the line's label, and "
-            f"{setting} is {state}, so no line's label is read: the line's every sample would "
-            "fail when graded",
-            f"set {setting} to the key that holds the lines' answers, or remove rm_type from "
-            f"the line (reward type {reward_type} grades it then)",
+            f"metadata rm_type {rm_type!r} grades the response against the {unit}'s label, and "
+            f"{setting} is {state}, so no {unit}'s label is read: the {unit}'s every sample "
+            "would fail when graded",
+            f"set {setting} to the key that holds the {unit}s' answers, or remove rm_type from "
+            f"the {unit} (reward type {reward_type} grades it then)",
         )
     graded = reward_type if rules.forced else rm_type or reward_type
     if label_key is not None and graded == "gpqa":

@@ -106,3 +106,21 @@ def test_a_parquet_row_without_the_input_key_is_named_by_its_row(
     assert "Traceback" not in printed
     assert f"{path}, row 3" in printed
     assert "'prompt' is of type NoneType, not a prompt" in printed
+
+
+def test_a_parquet_row_whose_content_is_refused_is_called_a_row(
+    parquet: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The checks of a row read whole (its rm_type, its label) speak of rows in a parquet
+    file, as its location does, where jsonl's speak of lines."""
+    rows = pq.read_table(parquet["arith_train"]).to_pylist()[:4]
+    # (pyarrow takes the columns from the first row: every row names its rm_type)
+    rows = [{**row, "metadata": {"rm_type": "math"}} for row in rows]
+    rows[1]["metadata"] = {"rm_type": "remote"}
+    path = tmp_path / "remote.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    code, printed = validate(capsys, f"recipe.data.prompt_data={path}")
+    assert code == 2 and "Traceback" not in printed, printed
+    assert f"{path}, row 2" in printed
+    assert "the rows' own rm_type still grade theirs), or give the row a rule-based" in printed
+    assert "line" not in printed.split(f"{path}, row 2", 1)[1]
