@@ -64,3 +64,20 @@ def compose_run_fixture() -> ComposeRun:
 def combination_fixture() -> Callable[[str, str, str], Any]:
     """`combination(model, recipe, hardware)`: composed_combination, shared by the files."""
     return composed_combination
+
+
+def _validates(name: str, written: list[str]) -> None:
+    """Fail the test unless the overrides `written` (what a peer's setting `name` is answered
+    with) compose and validate on the CPU default."""
+    from rlpost.errors import UserError
+
+    try:
+        compose_run_config(written)
+    except UserError as exc:
+        pytest.fail(f"{name} suggests {written}, which is refused:\n{exc.render()}")
+
+
+@pytest.fixture(name="validates", scope="session")
+def validates_fixture() -> Callable[[str, list[str]], None]:
+    """`validates(name, overrides)`: a peer table's suggestion composes and validates."""
+    return _validates
