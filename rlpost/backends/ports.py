@@ -76,6 +76,12 @@ def release_held_port(host: str, port: int) -> None:
         sock.close()
 
 
+def is_listened_on(port: int) -> bool | None:
+    """Whether any process here listens on `port` (None: cannot tell)."""
+    inodes = _listening_inodes(port)
+    return None if inodes is None else bool(inodes)
+
+
 def _listening_inodes(port: int) -> set[str] | None:
     """Socket inodes listening on `port` here (Linux /proc), or None where unknown."""
     inodes: set[str] = set()

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from rlpost.backends.child_process import start_child
 from rlpost.backends.engine_key import ENGINE_KEY_ENV, auth_headers
-from rlpost.backends.ports import free_port, is_port_free, listens_on, says_port_taken
+from rlpost.backends.ports import (
+    free_port,
+    is_listened_on,
+    is_port_free,
+    listens_on,
+    says_port_taken,
+)
 from rlpost.backends.sglang.launch import EngineSpec, engine_backend
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -152,6 +158,16 @@ class EngineProcess:
                     f"see {self.spec.log_path}",
                     returncode=code,
                 )
+            if not self._owns_port():
+                # unbound while the server loads, or another process's: that one gets
+                # neither a request (it may accept and never answer) nor the engine's key
+                last = (
+                    f"port {self.port} is listened on by another process"
+                    if is_listened_on(self.port)
+                    else "not listening yet"
+                )
+                time.sleep(0.2)
+                continue
             try:
                 url = self.url + self.backend.health_path
                 request = urllib.request.Request(url, headers=auth_headers(self.key))

@@ -14,10 +14,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import rlpost
+from rlpost.backends.engine_key import ENGINE_KEY_ENV
 from rlpost.backends.ports import free_port
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import (
@@ -31,7 +33,10 @@ REPO_ROOT = Path(rlpost.__file__).resolve().parent.parent
 
 
 class Ok(http.server.BaseHTTPRequestHandler):
+    asked: ClassVar[list[dict[str, str]]] = []  # the headers of each request, in order
+
     def do_GET(self) -> None:
+        Ok.asked.append(dict(self.headers))
         self.send_response(200)
         self.end_headers()
 
@@ -41,7 +46,8 @@ class Ok(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def squatter() -> Iterator[int]:
-    """Another run's server, already answering 200 on the port."""
+    """Another run's server, already answering 200 on the port (what it is asked: Ok.asked)."""
+    Ok.asked.clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -66,15 +72,42 @@ def test_a_foreign_server_on_the_port_is_not_taken_for_the_engine(
         index=3, backend="cpu", model_path="/unused", host="127.0.0.1", port=squatter, seed=0,
         log_path=f"{tmp_path}/e.log", startup_timeout_s=1,
     )  # fmt: skip
-    process = EngineProcess(spec)
+    process = EngineProcess(spec, {ENGINE_KEY_ENV: "k" * 32})  # an engine with a key
     # stands in for an engine still importing its libraries, not yet bound
     process.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        with pytest.raises(EngineStartError, match="from another process"):
+        with pytest.raises(EngineStartError, match="listened on by another process"):
             process.wait_healthy(timeout_s=1.0)
     finally:
         process.proc.kill()
         process.proc.wait()
+    # the other process was not asked at all, so it never saw the engine's key
+    assert Ok.asked == []
+
+
+def test_a_port_whose_holder_never_answers_is_not_waited_on(tmp_path: object) -> None:
+    """A process that accepts connections on the port and never answers (a connection of
+    another process may hold it for a moment): the health check asks it nothing, so the
+    start is not held for a request's timeout before the server's own failure is seen."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        holder.setblocking(False)
+        spec = EngineSpec(
+            index=0, backend="cpu", model_path="/unused", host="127.0.0.1",
+            port=holder.getsockname()[1], seed=0, log_path=f"{tmp_path}/e.log",
+            startup_timeout_s=1,
+        )  # fmt: skip
+        process = EngineProcess(spec)
+        process.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            with pytest.raises(EngineStartError, match="listened on by another process"):
+                process.wait_healthy(timeout_s=1.0)
+        finally:
+            process.proc.kill()
+            process.proc.wait()
+        with pytest.raises(BlockingIOError):  # no connection came
+            holder.accept()
 
 
 # The launcher (or a Ray actor): starts a CPU engine from a thread that then ends, as
