@@ -5,9 +5,10 @@ how it ended, and rewrites summary.txt and summary.json in the sweep directory a
 ends (the jobs still to come show as "not run"), so a sweep that is killed leaves the jobs so
 far; when the sweep ends it prints the table.
 
-A job whose run could not finish returns a JobOutcome (its Hydra task's return value, so
-Hydra neither stops the sweep nor raises it again after the batch): it shows as failed, with
-the reason and its logs, and the next job starts. A job that was stopped (SIGTERM, Ctrl-C)
+A job whose run could not finish, or that raised an exception nothing expected (a bug),
+returns a JobOutcome (its Hydra task's return value, so Hydra neither stops the sweep nor
+raises it again after the batch): it shows as failed, with the reason and its logs, and the
+next job starts. A job that was stopped (SIGTERM, Ctrl-C)
 ends the sweep there. The sweep's exit status: the stopped job's (143 for SIGTERM), or else
 3 when a job's run failed, 2 when a job was refused, 0 when every job finished. Imports
 nothing heavy: it runs in the launcher process.

@@ -11,7 +11,9 @@ stopped by SIGTERM (`RunStopped`) says the same and exits with EXIT_STOPPED.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rlpost.runtime.stop import EXIT_STOPPED, Stopped
@@ -86,6 +88,16 @@ def describe(exc: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text += f"\n    caused by {type(cause).__name__}: {cause}"
     return text
+
+
+def record_failure(run_dir: Path, exc: BaseException) -> None:
+    """The whole traceback, for whoever debugs it: appended to logs/failures.log (the
+    message on the terminal stays one failure, no traceback)."""
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(traceback.format_exception(exc))
+    with (log_dir / FAILURES_LOG).open("a", encoding="utf-8") as f:
+        f.write(f"--- {datetime.now(UTC).isoformat(timespec='seconds')}\n{text}\n")
 
 
 @dataclass

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from rlpost.cli import launch
 from rlpost.cli.sweep import (
     JobOutcome,
     JobSummary,
@@ -190,3 +192,51 @@ def test_an_evaluation_before_the_first_rollout_is_no_rollout(tmp_path: Path) ->
     )
     job = summarize_job(0, "", tmp_path / "0", "completed")
     assert (job.rollouts, job.best_eval_accuracy) == (1, 0.5)
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
+    """launch.main on a sweep of three mode=plan jobs, composed, checked and summarized as
+    any sweep is, each job doing what `job` does; its exit status."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setattr(sys, "argv", ["launch.py"])
+    argv = ["-m", "mode=plan", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+
+    def run(job: Callable[[DictConfig], None]) -> int:
+        try:
+            launch.main(argv, job)
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        return 0
+
+    yield run
+    HydraConfig.instance().cfg = None  # type: ignore[assignment]
+    GlobalHydra.instance().clear()
+
+
+def test_a_job_that_raises_what_nothing_expected_fails_and_the_next_job_starts(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[str] = []
+
+    def job(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        ran.append(str(cfg.run.dir))
+        if len(ran) == 2:
+            raise RuntimeError("a bug in the driver")
+
+    assert sweep(job) == EXIT_RUN_FAILED
+    sweep_dir = tmp_path / "sweep"
+    assert ran == [str(sweep_dir / str(n)) for n in range(3)]  # the sweep went on
+    assert [status for _, status, _ in saved(sweep_dir)] == [
+        "plan printed", "failed", "plan printed"
+    ]  # fmt: skip
+    log = sweep_dir / "1" / "logs" / FAILURES_LOG
+    assert "Traceback" in log.read_text() and "RuntimeError: a bug in the driver" in log.read_text()
+    err = capsys.readouterr().err
+    assert "rlpost: the run failed: RuntimeError: a bug in the driver" in err
+    assert "Traceback" not in err
+    job_1 = json.loads((sweep_dir / "summary.json").read_text())[1]
+    assert (job_1["reason"], job_1["logs"]) == ("RuntimeError: a bug in the driver", str(log))
