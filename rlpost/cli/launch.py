@@ -8,7 +8,7 @@ evaluation, no training) hand the run to `rlpost.runtime.train`. Exit status: 0 
 run is done; 2 for a configuration error (any UserError: its message, no traceback, before
 anything starts); 3 when a run that started could not finish (what failed, the run
 directory, the checkpoint to resume from); 143 when SIGTERM stopped it
-(rlpost.runtime.stop).
+(rlpost.runtime.stop), 130 when Ctrl-C did.
 """
 
 from __future__ import annotations
@@ -299,10 +299,12 @@ def _print_once(args: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = launch_job) -> None:
     """Check argv's overrides, then hand them to Hydra. SIGTERM before a training launch's
-    own handling (rlpost.runtime.stop) ends it with a line and status 143. A reader of the
+    own handling (rlpost.runtime.stop) ends it with a line and status 143, Ctrl-C with a
+    line and 130, as one during the run does (RunInterrupted). A reader of the
     output that leaves (`| head`, a killed `tee`) ends nothing: the launch goes on printing
     to /dev/null and exits with its own status (rlpost.streams); a sweep goes on with its
     next job. `job`: what each Hydra job does (run_job says how its ending is reported)."""
+    from rlpost.runtime.failures import EXIT_INTERRUPTED
     from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
 
     guard_std_streams()
@@ -312,6 +314,9 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
         except Terminated:
             print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
             raise SystemExit(EXIT_STOPPED) from None
+        except KeyboardInterrupt:
+            print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:

@@ -23,11 +23,13 @@ from rlpost.cli.sweep import (
     write_summary,
 )
 from rlpost.runtime.failures import (
+    EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
     FAILURES_LOG,
     RunFailed,
     RunInterrupted,
     RunStopped,
+    interrupted,
 )
 from rlpost.runtime.stop import EXIT_STOPPED
 
@@ -169,8 +171,8 @@ def test_a_stopped_job_ends_the_sweep_with_the_jobs_after_it_not_run(tmp_path: P
         ended(summary, 1, tmp_path / "1", JobOutcome.of_failure(stop))
     assert exited.value.code == EXIT_STOPPED
     assert [status for _, status, _ in saved(tmp_path)] == ["completed", "stopped", "not run"]
-    interrupted = RunInterrupted("interrupted (Ctrl-C)", tmp_path / "0", None)
-    assert JobOutcome.of_failure(interrupted).status == "interrupted"
+    ctrl_c = RunInterrupted("interrupted (Ctrl-C)", tmp_path / "0", None)
+    assert JobOutcome.of_failure(ctrl_c).status == "interrupted"
 
 
 def test_the_sweep_exit_status() -> None:
@@ -182,7 +184,7 @@ def test_the_sweep_exit_status() -> None:
     assert sweep_exit_status([refused, failed, done]) == 3
     assert sweep_exit_status([refused, done]) == 2
     assert sweep_exit_status([failed, job("stopped", 143), job("not run", None)]) == 143
-    assert sweep_exit_status([done, job("interrupted", 3)]) == 3
+    assert sweep_exit_status([failed, job("interrupted", 130)]) == 130
 
 
 def test_an_evaluation_before_the_first_rollout_is_no_rollout(tmp_path: Path) -> None:
@@ -195,25 +197,33 @@ def test_an_evaluation_before_the_first_rollout_is_no_rollout(tmp_path: Path) ->
 
 
 @pytest.fixture
-def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
-    """launch.main on a sweep of three mode=plan jobs, composed, checked and summarized as
-    any sweep is, each job doing what `job` does; its exit status."""
+def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
+    """launch.main on `argv`, each Hydra job doing what `job` does; its exit status."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
     monkeypatch.setattr(sys, "argv", ["launch.py"])
-    argv = ["-m", "mode=plan", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
 
-    def run(job: Callable[[DictConfig], None]) -> int:
+    def run(argv: list[str], job: Callable[[DictConfig], None]) -> int:
         try:
             launch.main(argv, job)
         except SystemExit as exc:
             return int(exc.code or 0)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C went past the launch, to end it with a traceback")
         return 0
 
     yield run
     HydraConfig.instance().cfg = None  # type: ignore[assignment]
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, launched: Callable[..., int]) -> Callable[..., int]:
+    """A sweep of three mode=plan jobs, composed, checked and summarized as any sweep is,
+    each job doing what `job` does; its exit status."""
+    argv = ["-m", "mode=plan", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    return lambda job: launched(argv, job)
 
 
 def test_a_job_that_raises_what_nothing_expected_fails_and_the_next_job_starts(
@@ -240,3 +250,21 @@ def test_a_job_that_raises_what_nothing_expected_fails_and_the_next_job_starts(
     assert "Traceback" not in err
     job_1 = json.loads((sweep_dir / "summary.json").read_text())[1]
     assert (job_1["reason"], job_1["logs"]) == ("RuntimeError: a bug in the driver", str(log))
+
+
+def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
+    tmp_path: Path, launched: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run.seed=3", f"hydra.run.dir={tmp_path / 'run'}"]
+
+    def starting(cfg: DictConfig) -> None:
+        raise KeyboardInterrupt  # while the launch plans, checks or starts its run
+
+    assert launched(argv, starting) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "rlpost: interrupted (Ctrl-C) before the run started\n"
+
+    def training(cfg: DictConfig) -> None:
+        raise interrupted(tmp_path / "run", 0)  # what the run raises on KeyboardInterrupt
+
+    assert launched(argv, training) == EXIT_INTERRUPTED
+    assert "rlpost: the run failed: interrupted (Ctrl-C)" in capsys.readouterr().err
