@@ -315,8 +315,21 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
             print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
             raise SystemExit(EXIT_STOPPED) from None
         except KeyboardInterrupt:
-            print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+            _interrupted()
             raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _interrupted() -> None:
+    """Ctrl-C outside a run's own handling: a sweep prints what it did and did not do."""
+    running = None
+    if "rlpost.cli.sweep" in sys.modules:  # Hydra's callback imported it: a sweep may run
+        from rlpost.cli.sweep import SweepSummary
+
+        running = SweepSummary.running
+    if running is None:
+        print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+    else:
+        running.interrupt()
 
 
 def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -216,6 +218,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
     yield run
     HydraConfig.instance().cfg = None  # type: ignore[assignment]
     GlobalHydra.instance().clear()
+    SweepSummary.running = None
 
 
 @pytest.fixture
@@ -268,3 +271,83 @@ def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
 
     assert launched(argv, training) == EXIT_INTERRUPTED
     assert "rlpost: the run failed: interrupted (Ctrl-C)" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def job(cfg: DictConfig) -> None:
+        if cfg.recipe.optim.lr == 1e-5:
+            raise KeyboardInterrupt  # while job 1 plans, checks or starts its run
+        launch.launch_job(cfg)
+
+    assert sweep(job) == EXIT_INTERRUPTED
+    sweep_dir = tmp_path / "sweep"
+    assert [status for _, status, _ in saved(sweep_dir)] == [
+        "plan printed", "interrupted", "not run"
+    ]  # fmt: skip
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.endswith("rlpost: sweep interrupted (Ctrl-C)\n")
+    assert out.endswith(
+        f"sweep summary: {sweep_dir / 'summary.txt'}\n"
+        "the sweep ended before its last job\n"
+        "finished, in their run directories:\n"
+        f"  job 0: {sweep_dir / '0'}\n"
+        "to run the rest, one launch each:\n"
+        "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3\n"
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3\n"
+    )
+
+
+def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def job(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        if cfg.recipe.optim.lr == 1e-6:
+            checkpoint = Path(cfg.run.dir) / "checkpoints" / "iter_0000002"
+            raise RunInterrupted("interrupted (Ctrl-C)", Path(cfg.run.dir), checkpoint)
+
+    assert sweep(job) == EXIT_INTERRUPTED
+    sweep_dir = tmp_path / "sweep"
+    assert [status for _, status, _ in saved(sweep_dir)] == ["interrupted", "not run", "not run"]
+    out, err = capsys.readouterr()
+    assert "rlpost: the run failed: interrupted (Ctrl-C)" in err
+    assert "finished, in their run directories" not in out
+    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
+    resume = f"run.dir={sweep_dir / '0'} run.resume=auto"
+    assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
+
+
+def test_ctrl_c_between_the_jobs_of_a_launched_sweep(tmp_path: Path) -> None:
+    # jobs that only print their plan follow each other quickly: the signal comes once the
+    # first has ended, while a later one starts or runs
+    sweep_dir = tmp_path / "sweep"
+    lrs = ",".join(f"{n}e-6" for n in range(1, 13))
+    argv = ["-m", "mode=plan", f"recipe.optim.lr={lrs}", f"hydra.sweep.dir={sweep_dir}"]
+    launched = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), *argv],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (sweep_dir / "summary.json").is_file() and launched.poll() is None:
+        assert time.monotonic() < deadline, "the sweep's first job did not end"
+        time.sleep(0.01)
+    launched.send_signal(signal.SIGINT)
+    out, err = launched.communicate(timeout=60)
+    assert launched.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in out + err
+    assert "rlpost: sweep interrupted (Ctrl-C)" in err
+    statuses = [status for _, status, _ in saved(sweep_dir)]
+    done = statuses.count("plan printed")
+    interrupted = statuses.count("interrupted")
+    assert done >= 1 and interrupted <= 1 and statuses[-1] == "not run"
+    assert statuses == ["plan printed"] * done + ["interrupted"] * interrupted + ["not run"] * (
+        12 - done - interrupted
+    )
+    assert f"  job 0: {sweep_dir / '0'}\n" in out
+    assert "to run the rest, one launch each:\n" in out
