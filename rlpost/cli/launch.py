@@ -8,7 +8,7 @@ evaluation, no training) hand the run to `rlpost.runtime.train`. Exit status: 0 
 run is done; 2 for a configuration error (any UserError: its message, no traceback, before
 anything starts); 3 when a run that started could not finish (what failed, the run
 directory, the checkpoint to resume from); 143 when SIGTERM stopped it
-(rlpost.runtime.stop).
+(rlpost.runtime.stop), 130 when Ctrl-C did.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from rlpost.streams import guard_std_streams
 if TYPE_CHECKING:
     from rlpost.cli.sweep import JobOutcome
     from rlpost.plan import Plan
+    from rlpost.runtime.failures import RunFailed
 
 
 def _print_plan(cfg: RunConfig, plan: Plan) -> None:
@@ -168,20 +169,27 @@ def located(sources: SourceMap) -> Iterator[None]:
         raise UserError(issues, title=exc.title, note=exc.note) from None
 
 
-def run_job(cfg: DictConfig) -> JobOutcome | None:
-    """The Hydra task: validate, plan, then do what `mode` asks. A refusal or a run that
-    could not finish ends a single launch with its status; a sweep's job prints the same and
-    returns how it ended, for the sweep summary: raising would end the sweep (SystemExit), or
-    have Hydra raise it again once the jobs have run, before the summary is written."""
+def launch_job(cfg: DictConfig) -> None:
+    """Validate, plan, then do what `mode` asks."""
+    sources = _sources_of_current_job()
+    _default_run_dir(cfg)
+    run, plan = plan_run(load_run_config(cfg, sources), sources)
+    with located(sources):
+        MODES[run.mode](run, plan)
+
+
+def run_job(cfg: DictConfig, job: Callable[[DictConfig], None] = launch_job) -> JobOutcome | None:
+    """The Hydra task: `job` (launch_job). A refusal or a run that could not finish ends a
+    single launch with its status; a sweep's job prints the same and returns how it ended,
+    for the sweep summary: raising would end the sweep (SystemExit), or have Hydra raise it
+    again once the jobs have run, before the summary is written. In a sweep, an exception
+    nothing expected (a bug) is that job's failure too: its traceback in the run directory's
+    logs/failures.log, as a run's, and the next job starts."""
     from rlpost.runtime.failures import RunFailed
 
     refused = False
     try:
-        sources = _sources_of_current_job()
-        _default_run_dir(cfg)
-        run, plan = plan_run(load_run_config(cfg, sources), sources)
-        with located(sources):
-            MODES[run.mode](run, plan)
+        job(cfg)
     except UserError as exc:
         refused = True
         if not _in_sweep():
@@ -191,15 +199,38 @@ def run_job(cfg: DictConfig) -> JobOutcome | None:
 
         return JobOutcome.of_refusal(exc)
     except RunFailed as failure:
-        print(failure.render(), file=sys.stderr, flush=True)
+        return _ended(failure)
+    except Exception as exc:
         if not _in_sweep():
-            raise SystemExit(failure.exit_status) from None
-        from rlpost.cli.sweep import JobOutcome
-
-        return JobOutcome.of_failure(failure)
+            raise
+        return _ended(_failed_job(cfg, exc))
     finally:
         _discard_output_dir(refused)
     return None
+
+
+def _ended(failure: RunFailed) -> JobOutcome:
+    """A run that could not finish: its message; a single launch exits with its status."""
+    print(failure.render(), file=sys.stderr, flush=True)
+    if not _in_sweep():
+        raise SystemExit(failure.exit_status) from None
+    from rlpost.cli.sweep import JobOutcome
+
+    return JobOutcome.of_failure(failure)
+
+
+def _failed_job(cfg: DictConfig, exc: Exception) -> RunFailed:
+    """A sweep job that raised what nothing expected, recorded as a run's failure is."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlpost.runtime.failures import describe, failed, record_failure
+
+    run_dir = Path(
+        OmegaConf.select(cfg, "run.dir", default=None) or HydraConfig.get().runtime.output_dir
+    )
+    record_failure(run_dir, exc)
+    evaluation = OmegaConf.select(cfg, "mode", default="train") == "eval"
+    return failed(describe(exc), run_dir, 0, evaluation)
 
 
 def _in_sweep() -> bool:
@@ -266,24 +297,42 @@ def _print_once(args: Sequence[str]) -> None:
         exit_with(exc)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = launch_job) -> None:
     """Check argv's overrides, then hand them to Hydra. SIGTERM before a training launch's
-    own handling (rlpost.runtime.stop) ends it with a line and status 143. A reader of the
+    own handling (rlpost.runtime.stop) ends it with a line and status 143, Ctrl-C with a
+    line and 130, as one during the run does (RunInterrupted). A reader of the
     output that leaves (`| head`, a killed `tee`) ends nothing: the launch goes on printing
     to /dev/null and exits with its own status (rlpost.streams); a sweep goes on with its
-    next job."""
+    next job. `job`: what each Hydra job does (run_job says how its ending is reported)."""
+    from rlpost.runtime.failures import EXIT_INTERRUPTED
     from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
 
     guard_std_streams()
     with sigterm_raises():
         try:
-            _main(argv)
+            _main(argv, job)
         except Terminated:
             print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
             raise SystemExit(EXIT_STOPPED) from None
+        except KeyboardInterrupt:
+            _interrupted()
+            raise SystemExit(EXIT_INTERRUPTED) from None
 
 
-def _main(argv: Sequence[str] | None) -> None:
+def _interrupted() -> None:
+    """Ctrl-C outside a run's own handling: a sweep prints what it did and did not do."""
+    running = None
+    if "rlpost.cli.sweep" in sys.modules:  # Hydra's callback imported it: a sweep may run
+        from rlpost.cli.sweep import SweepSummary
+
+        running = SweepSummary.running
+    if running is None:
+        print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+    else:
+        running.interrupt()
+
+
+def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if _printing_mode(args):
         _print_once(args)
@@ -300,4 +349,8 @@ def _main(argv: Sequence[str] | None) -> None:
     sys.argv = [sys.argv[0], *checked]
     register_resolvers()
     entry = hydra.main(config_path=str(CONF_DIR), config_name=PRIMARY_CONFIG, version_base=None)
-    entry(run_job)()
+
+    def task(cfg: DictConfig) -> JobOutcome | None:
+        return run_job(cfg, job)
+
+    entry(task)()

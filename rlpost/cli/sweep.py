@@ -5,22 +5,27 @@ how it ended, and rewrites summary.txt and summary.json in the sweep directory a
 ends (the jobs still to come show as "not run"), so a sweep that is killed leaves the jobs so
 far; when the sweep ends it prints the table.
 
-A job whose run could not finish returns a JobOutcome (its Hydra task's return value, so
-Hydra neither stops the sweep nor raises it again after the batch): it shows as failed, with
-the reason and its logs, and the next job starts. A job that was stopped (SIGTERM, Ctrl-C)
-ends the sweep there. The sweep's exit status: the stopped job's (143 for SIGTERM), or else
-3 when a job's run failed, 2 when a job was refused, 0 when every job finished. Imports
-nothing heavy: it runs in the launcher process.
+A job whose run could not finish, or that raised an exception nothing expected (a bug),
+returns a JobOutcome (its Hydra task's return value, so Hydra neither stops the sweep nor
+raises it again after the batch): it shows as failed, with the reason and its logs, and the
+next job starts. A job that was stopped (SIGTERM, Ctrl-C) ends the sweep there, and so does
+a Ctrl-C between jobs (the launcher calls SweepSummary.interrupt); a sweep that ended early
+says where the jobs that finished are and how to run the others. The sweep's exit status:
+the stopped job's (143 for SIGTERM, 130 for Ctrl-C), or else 3 when a job's run failed, 2
+when a job was refused, 0 when every job finished. Imports nothing heavy: it runs in the
+launcher process.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
@@ -30,7 +35,13 @@ from omegaconf import DictConfig, OmegaConf
 from rlpost.cli.sweep_check import sweep_jobs
 from rlpost.errors import EXIT_USER_ERROR, UserError
 from rlpost.plan.table import render_table
-from rlpost.runtime.failures import FAILURES_LOG, RunFailed, RunInterrupted, RunStopped
+from rlpost.runtime.failures import (
+    EXIT_INTERRUPTED,
+    FAILURES_LOG,
+    RunFailed,
+    RunInterrupted,
+    RunStopped,
+)
 from rlpost.runtime.metrics import read_metrics
 
 SUMMARY_TEXT = "summary.txt"
@@ -40,6 +51,7 @@ STEP_TIME_KEY = "perf/step_time_s"
 PRINTING_MODES = frozenset({"plan", "slime_args"})
 NOT_RUN = "not run"
 ENDS_SWEEP = frozenset({"stopped", "interrupted"})
+CTRL_C = "Ctrl-C before its run started"
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class JobOutcome:
     exit_status: int
     reason: str
     logs: str | None = None
+    checkpoint: str | None = None  # the newest a stopped or interrupted run saved
 
     @classmethod
     def of_failure(cls, failure: RunFailed) -> JobOutcome:
@@ -66,7 +79,8 @@ class JobOutcome:
         if (logs / FAILURES_LOG).is_file():
             logs = logs / FAILURES_LOG
         reason = failure.what.splitlines()[0] if failure.what else failure.headline
-        return cls(status, failure.exit_status, reason, str(logs))
+        checkpoint = str(failure.checkpoint) if failure.checkpoint is not None else None
+        return cls(status, failure.exit_status, reason, str(logs), checkpoint)
 
     @classmethod
     def of_refusal(cls, error: UserError) -> JobOutcome:
@@ -173,6 +187,25 @@ def render_summary(jobs: Sequence[JobSummary]) -> str:
     return "\n".join([table, *notes])
 
 
+def render_rest(jobs: Sequence[JobSummary], commands: Mapping[int, Sequence[str]]) -> str:
+    """For a sweep that ended before its last job (SIGTERM, Ctrl-C): where the jobs that
+    finished are, and the launches that run the others (`commands`: each job's overrides);
+    '' when every job ran."""
+    left = [j for j in jobs if j.status in ENDS_SWEEP or j.status == NOT_RUN]
+    if not left:
+        return ""
+    done = [j for j in jobs if j.exit_status == 0]
+    lines = ["", "the sweep ended before its last job"]
+    if done:
+        lines.append("finished, in their run directories:")
+        lines += [f"  job {j.job}: {j.run_dir}" for j in done]
+    lines.append("to run the rest, one launch each:")
+    for j in left:
+        launch = shlex.join(["python", "launch.py", *commands.get(j.job, [])])
+        lines.append(f"  job {j.job} ({j.status}): {launch}")
+    return "\n".join(lines)
+
+
 def write_summary(sweep_dir: Path, jobs: Sequence[JobSummary]) -> str:
     text = render_summary(jobs)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -195,10 +228,14 @@ class SweepSummary(Callback):
     """Collects the jobs of a multirun, rewrites the summary as each ends, prints it when the
     sweep ends and exits with the sweep's status (0: nothing to say)."""
 
+    running: ClassVar[SweepSummary | None] = None  # this process's sweep, for a Ctrl-C
+
     def __init__(self) -> None:
         self.planned: dict[int, list[str]] = {}
         self.ended: dict[int, EndedJob] = {}
         self.sweep_dir: Path | None = None
+        self.starting: int | None = None  # the job that started last
+        self.finished = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -207,6 +244,11 @@ class SweepSummary(Callback):
         self.planned = {
             job.num: [o.lstrip("+") for o in job.overrides] for job in sweep_jobs(overrides)
         }
+        SweepSummary.running = self
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN:
+            self.starting = int(config.hydra.job.num)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         hydra_cfg = job_return.hydra_cfg.hydra if job_return.hydra_cfg is not None else None
@@ -235,6 +277,22 @@ class SweepSummary(Callback):
             return
         self._finish(self.summaries())
 
+    def interrupt(self) -> None:
+        """Ctrl-C outside a job's run (between two jobs, or while one plans, checks or starts
+        its run): the job that was starting shows as interrupted and the jobs after it as not
+        run, the summary is written and printed, with how to run the rest. The caller exits."""
+        if self.finished or self.sweep_dir is None:
+            return
+        print("rlpost: sweep interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        cut = self.starting if self.starting not in self.ended else None
+        jobs = [
+            replace(j, status="interrupted", exit_status=EXIT_INTERRUPTED, reason=CTRL_C)
+            if j.job == cut
+            else j
+            for j in self.summaries()
+        ]
+        self._report(jobs)
+
     def summaries(self) -> list[JobSummary]:
         """Every job of the sweep: those that ended as they ended, the others not run."""
         overrides = {**self.planned, **{n: job.overrides for n, job in self.ended.items()}}
@@ -253,9 +311,26 @@ class SweepSummary(Callback):
         return jobs
 
     def _finish(self, jobs: list[JobSummary]) -> None:
-        assert self.sweep_dir is not None  # set by on_multirun_start or the first job's end
-        text = write_summary(self.sweep_dir, jobs)
-        print(f"\n{text}\nsweep summary: {self.sweep_dir / SUMMARY_TEXT}", flush=True)
+        self._report(jobs)
         status = sweep_exit_status(jobs)
         if status:
             raise SystemExit(status)
+
+    def _report(self, jobs: list[JobSummary]) -> None:
+        assert self.sweep_dir is not None  # set by on_multirun_start or the first job's end
+        self.finished = True
+        text = write_summary(self.sweep_dir, jobs)
+        rest = render_rest(jobs, {j.job: self._command(j) for j in jobs})
+        print(f"\n{text}\nsweep summary: {self.sweep_dir / SUMMARY_TEXT}{rest}", flush=True)
+
+    def _command(self, job: JobSummary) -> list[str]:
+        """The overrides that run `job` as a single launch; a stopped or interrupted run that
+        saved a checkpoint continues from it."""
+        overrides = [
+            o.replace("${hydra:job.num}", str(job.job)) for o in self.planned.get(job.job, [])
+        ]
+        ended = self.ended.get(job.job)
+        if ended is not None and ended.outcome is not None and ended.outcome.checkpoint:
+            overrides = [o for o in overrides if not o.startswith(("run.dir=", "run.resume="))]
+            overrides += [f"run.dir={job.run_dir}", "run.resume=auto"]
+        return overrides

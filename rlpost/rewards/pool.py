@@ -42,6 +42,10 @@ class GraderProcess:
             env=env,
             text=True,
             bufsize=1,
+            # out of the terminal's process group: Ctrl-C is the launch's to handle (it ends
+            # the pool), not the worker's to die of with a traceback, while it imports or
+            # waits between a sweep's jobs; its stdin's end still ends it
+            start_new_session=True,
         )
         try:
             self._read()  # {"ready": true}: the imports are done

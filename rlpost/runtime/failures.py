@@ -6,17 +6,22 @@ newest complete checkpoint mends it, and `run.max_restarts` does so. Anything el
 hook that raises, a generate hook that returns garbage, a bug) would fail the same way again:
 the run ends. Either way the launcher prints one message (`RunFailed.render`): what failed, the run
 directory and the newest checkpoint to resume from, and exits with EXIT_RUN_FAILED. A run
-stopped by SIGTERM (`RunStopped`) says the same and exits with EXIT_STOPPED.
+stopped by SIGTERM (`RunStopped`) says the same and exits with EXIT_STOPPED, one Ctrl-C
+ended (`RunInterrupted`) with EXIT_INTERRUPTED.
 """
 
 from __future__ import annotations
 
+import signal
+import traceback
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rlpost.runtime.stop import EXIT_STOPPED, Stopped
 
 EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a process Ctrl-C ended
 FAILURES_LOG = "failures.log"  # in <run.dir>/logs: each failure's whole traceback
 
 
@@ -88,6 +93,16 @@ def describe(exc: BaseException) -> str:
     return text
 
 
+def record_failure(run_dir: Path, exc: BaseException) -> None:
+    """The whole traceback, for whoever debugs it: appended to logs/failures.log (the
+    message on the terminal stays one failure, no traceback)."""
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(traceback.format_exception(exc))
+    with (log_dir / FAILURES_LOG).open("a", encoding="utf-8") as f:
+        f.write(f"--- {datetime.now(UTC).isoformat(timespec='seconds')}\n{text}\n")
+
+
 @dataclass
 class RunFailed(Exception):
     """A run that started and could not finish."""
@@ -124,8 +139,10 @@ class RunFailed(Exception):
 
 
 class RunInterrupted(RunFailed):
-    """A run that Ctrl-C ended (KeyboardInterrupt): a failure to a single launch, and the end
-    of a sweep (its next job does not start)."""
+    """A run that Ctrl-C ended (KeyboardInterrupt): the launch exits with 130, and a sweep
+    ends (its next job does not start)."""
+
+    exit_status = EXIT_INTERRUPTED
 
 
 class RunStopped(RunFailed):

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +30,11 @@ from rlpost.runtime.evaluation import (
     load_eval_sets,
 )
 from rlpost.runtime.failures import (
-    FAILURES_LOG,
     describe,
     failed,
     interrupted,
     is_fault,
+    record_failure,
     stopped,
 )
 from rlpost.runtime.loop import Inputs, TrainLoop
@@ -151,16 +149,6 @@ def _resuming(cfg: RunConfig) -> RunConfig:
     if cfg.mode == "eval":
         return cfg
     return cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "auto"})})
-
-
-def record_failure(run_dir: Path, exc: BaseException) -> None:
-    """The whole traceback, for whoever debugs it: appended to logs/failures.log (the
-    message on the terminal stays one failure, no traceback)."""
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    text = "".join(traceback.format_exception(exc))
-    with (log_dir / FAILURES_LOG).open("a", encoding="utf-8") as f:
-        f.write(f"--- {datetime.now(UTC).isoformat(timespec='seconds')}\n{text}\n")
 
 
 def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:

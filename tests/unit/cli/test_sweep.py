@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from rlpost.cli import launch
 from rlpost.cli.sweep import (
     JobOutcome,
     JobSummary,
@@ -21,11 +25,13 @@ from rlpost.cli.sweep import (
     write_summary,
 )
 from rlpost.runtime.failures import (
+    EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
     FAILURES_LOG,
     RunFailed,
     RunInterrupted,
     RunStopped,
+    interrupted,
 )
 from rlpost.runtime.stop import EXIT_STOPPED
 
@@ -167,8 +173,8 @@ def test_a_stopped_job_ends_the_sweep_with_the_jobs_after_it_not_run(tmp_path: P
         ended(summary, 1, tmp_path / "1", JobOutcome.of_failure(stop))
     assert exited.value.code == EXIT_STOPPED
     assert [status for _, status, _ in saved(tmp_path)] == ["completed", "stopped", "not run"]
-    interrupted = RunInterrupted("interrupted (Ctrl-C)", tmp_path / "0", None)
-    assert JobOutcome.of_failure(interrupted).status == "interrupted"
+    ctrl_c = RunInterrupted("interrupted (Ctrl-C)", tmp_path / "0", None)
+    assert JobOutcome.of_failure(ctrl_c).status == "interrupted"
 
 
 def test_the_sweep_exit_status() -> None:
@@ -180,7 +186,7 @@ def test_the_sweep_exit_status() -> None:
     assert sweep_exit_status([refused, failed, done]) == 3
     assert sweep_exit_status([refused, done]) == 2
     assert sweep_exit_status([failed, job("stopped", 143), job("not run", None)]) == 143
-    assert sweep_exit_status([done, job("interrupted", 3)]) == 3
+    assert sweep_exit_status([failed, job("interrupted", 130)]) == 130
 
 
 def test_an_evaluation_before_the_first_rollout_is_no_rollout(tmp_path: Path) -> None:
@@ -190,3 +196,158 @@ def test_an_evaluation_before_the_first_rollout_is_no_rollout(tmp_path: Path) ->
     )
     job = summarize_job(0, "", tmp_path / "0", "completed")
     assert (job.rollouts, job.best_eval_accuracy) == (1, 0.5)
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
+    """launch.main on `argv`, each Hydra job doing what `job` does; its exit status."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setattr(sys, "argv", ["launch.py"])
+
+    def run(argv: list[str], job: Callable[[DictConfig], None]) -> int:
+        try:
+            launch.main(argv, job)
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C went past the launch, to end it with a traceback")
+        return 0
+
+    yield run
+    HydraConfig.instance().cfg = None  # type: ignore[assignment]
+    GlobalHydra.instance().clear()
+    SweepSummary.running = None
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, launched: Callable[..., int]) -> Callable[..., int]:
+    """A sweep of three mode=plan jobs, composed, checked and summarized as any sweep is,
+    each job doing what `job` does; its exit status."""
+    argv = ["-m", "mode=plan", *SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    return lambda job: launched(argv, job)
+
+
+def test_a_job_that_raises_what_nothing_expected_fails_and_the_next_job_starts(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[str] = []
+
+    def job(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        ran.append(str(cfg.run.dir))
+        if len(ran) == 2:
+            raise RuntimeError("a bug in the driver")
+
+    assert sweep(job) == EXIT_RUN_FAILED
+    sweep_dir = tmp_path / "sweep"
+    assert ran == [str(sweep_dir / str(n)) for n in range(3)]  # the sweep went on
+    assert [status for _, status, _ in saved(sweep_dir)] == [
+        "plan printed", "failed", "plan printed"
+    ]  # fmt: skip
+    log = sweep_dir / "1" / "logs" / FAILURES_LOG
+    assert "Traceback" in log.read_text() and "RuntimeError: a bug in the driver" in log.read_text()
+    err = capsys.readouterr().err
+    assert "rlpost: the run failed: RuntimeError: a bug in the driver" in err
+    assert "Traceback" not in err
+    job_1 = json.loads((sweep_dir / "summary.json").read_text())[1]
+    assert (job_1["reason"], job_1["logs"]) == ("RuntimeError: a bug in the driver", str(log))
+
+
+def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
+    tmp_path: Path, launched: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run.seed=3", f"hydra.run.dir={tmp_path / 'run'}"]
+
+    def starting(cfg: DictConfig) -> None:
+        raise KeyboardInterrupt  # while the launch plans, checks or starts its run
+
+    assert launched(argv, starting) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "rlpost: interrupted (Ctrl-C) before the run started\n"
+
+    def training(cfg: DictConfig) -> None:
+        raise interrupted(tmp_path / "run", 0)  # what the run raises on KeyboardInterrupt
+
+    assert launched(argv, training) == EXIT_INTERRUPTED
+    assert "rlpost: the run failed: interrupted (Ctrl-C)" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def job(cfg: DictConfig) -> None:
+        if cfg.recipe.optim.lr == 1e-5:
+            raise KeyboardInterrupt  # while job 1 plans, checks or starts its run
+        launch.launch_job(cfg)
+
+    assert sweep(job) == EXIT_INTERRUPTED
+    sweep_dir = tmp_path / "sweep"
+    assert [status for _, status, _ in saved(sweep_dir)] == [
+        "plan printed", "interrupted", "not run"
+    ]  # fmt: skip
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.endswith("rlpost: sweep interrupted (Ctrl-C)\n")
+    assert out.endswith(
+        f"sweep summary: {sweep_dir / 'summary.txt'}\n"
+        "the sweep ended before its last job\n"
+        "finished, in their run directories:\n"
+        f"  job 0: {sweep_dir / '0'}\n"
+        "to run the rest, one launch each:\n"
+        "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3\n"
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3\n"
+    )
+
+
+def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def job(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        if cfg.recipe.optim.lr == 1e-6:
+            checkpoint = Path(cfg.run.dir) / "checkpoints" / "iter_0000002"
+            raise RunInterrupted("interrupted (Ctrl-C)", Path(cfg.run.dir), checkpoint)
+
+    assert sweep(job) == EXIT_INTERRUPTED
+    sweep_dir = tmp_path / "sweep"
+    assert [status for _, status, _ in saved(sweep_dir)] == ["interrupted", "not run", "not run"]
+    out, err = capsys.readouterr()
+    assert "rlpost: the run failed: interrupted (Ctrl-C)" in err
+    assert "finished, in their run directories" not in out
+    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
+    resume = f"run.dir={sweep_dir / '0'} run.resume=auto"
+    assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
+
+
+def test_ctrl_c_between_the_jobs_of_a_launched_sweep(tmp_path: Path) -> None:
+    # jobs that only print their plan follow each other quickly: the signal comes once the
+    # first has ended, while a later one starts or runs
+    sweep_dir = tmp_path / "sweep"
+    lrs = ",".join(f"{n}e-6" for n in range(1, 13))
+    argv = ["-m", "mode=plan", f"recipe.optim.lr={lrs}", f"hydra.sweep.dir={sweep_dir}"]
+    launched = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), *argv],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (sweep_dir / "summary.json").is_file() and launched.poll() is None:
+        assert time.monotonic() < deadline, "the sweep's first job did not end"
+        time.sleep(0.01)
+    launched.send_signal(signal.SIGINT)
+    out, err = launched.communicate(timeout=60)
+    assert launched.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in out + err
+    assert "rlpost: sweep interrupted (Ctrl-C)" in err
+    statuses = [status for _, status, _ in saved(sweep_dir)]
+    done = statuses.count("plan printed")
+    interrupted = statuses.count("interrupted")
+    assert done >= 1 and interrupted <= 1 and statuses[-1] == "not run"
+    assert statuses == ["plan printed"] * done + ["interrupted"] * interrupted + ["not run"] * (
+        12 - done - interrupted
+    )
+    assert f"  job 0: {sweep_dir / '0'}\n" in out
+    assert "to run the rest, one launch each:\n" in out

@@ -238,6 +238,43 @@ def test_a_grading_worker_killed_while_it_starts_is_replaced(
         fresh.shutdown()
 
 
+CTRL_C_DRIVER = """
+import signal
+from rlpost.rewards.pool import GraderProcess
+
+worker = GraderProcess()
+print("ready", flush=True)
+try:
+    signal.pause()
+except KeyboardInterrupt:
+    worker.close()
+    print("worker exit status", worker.process.returncode, flush=True)
+"""
+
+
+def test_ctrl_c_reaches_the_launch_not_its_grading_workers(tmp_path: Path) -> None:
+    """The terminal sends Ctrl-C to the whole foreground process group: the launch handles it
+    (and ends its pool), where a worker printed a traceback of its own and died."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    launch = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's command has
+    )
+    assert launch.stdout is not None
+    assert launch.stdout.readline() == "ready\n"
+    os.killpg(launch.pid, signal.SIGINT)
+    out, err = launch.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert out == "worker exit status 0\n"
+
+
 def test_rewards_from_a_loop_in_another_thread() -> None:
     results: list[list[float]] = []
     worker = threading.Thread(target=lambda: results.append(rewards([sample("\\boxed{34}")])))
