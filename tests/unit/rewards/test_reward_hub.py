@@ -243,8 +243,8 @@ import signal
 from rlpost.rewards.pool import GraderProcess
 
 worker = GraderProcess()
-print("ready", flush=True)
-try:
+try:  # a Ctrl-C as soon as "ready" is read lands inside the try
+    print("ready", flush=True)
     signal.pause()
 except KeyboardInterrupt:
     worker.close()
