@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/chaos.py [--seed 0] [--per-kind 2] [--kinds ...]
         [--mode sync|async|fully_async] [--no-engine-fault-tolerance]
-        [--collective-timeout-s 60] [overrides ...]
+        [--collective-timeout-s 60] [--reference DIR] [overrides ...]
 
 Kinds of fault, each delivered `--per-kind` times in one run, in an order the seed draws:
 
@@ -29,7 +29,9 @@ a ballast file once a step's record is written (its save follows), and empties i
 when the run reports the save it refused or the next record is written.
 
 The oracle. Sync mode runs deterministic (`run.deterministic=true`) and an unfaulted run of
-the same config first: every per-rollout record must equal the unfaulted one, except the
+the same config first (or is given one made before: `--reference DIR`, the run directory
+of an unfaulted launch with the same settings; its records are the oracle, so a run of other
+settings fails it): every per-rollout record must equal the unfaulted one, except the
 wall-clock figures (`perf/*`, `train/*time_s`, `train/*_per_s`); the engines' logprob
 numerics (`train/rollout_logprob_abs_diff`) too, exactly: a deterministic run's CPU engines
 compute one row per forward, so a row's numerics never depend on what else is running. Both
@@ -133,11 +135,12 @@ class Report:
     run_restarts: int
     engine_restarts: int
     wall_s: float
-    reference_wall_s: float | None
+    reference_wall_s: float | None  # None: no unfaulted run launched here
     verdict: list[str] = field(default_factory=list)  # what the oracle found wrong
     orphans: list[str] = field(default_factory=list)
     lingered: list[tuple[float, str]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    reference: Path | None = None  # the unfaulted run given, launched before
 
     @property
     def ok(self) -> bool:
@@ -158,12 +161,15 @@ class Report:
             f"launches: {self.launches} (driver kills and SIGTERMs resumed), run restarts in "
             f"place: {self.run_restarts}, engine restarts: {self.engine_restarts}"
         )
-        lost = (
-            f"{self.wall_s - self.reference_wall_s:.1f} s lost against the unfaulted run "
-            f"({self.reference_wall_s:.1f} s)"
-            if self.reference_wall_s is not None
-            else "no unfaulted run to compare"
-        )
+        if self.reference_wall_s is not None:
+            lost = (
+                f"{self.wall_s - self.reference_wall_s:.1f} s lost against the unfaulted run "
+                f"({self.reference_wall_s:.1f} s)"
+            )
+        elif self.reference is not None:
+            lost = f"its records compared with {self.reference} (launched before, not timed)"
+        else:
+            lost = "no unfaulted run to compare"
         lines.append(f"wall: {self.wall_s:.1f} s, {lost}")
         for line in self.skipped:
             lines.append(f"left out: {line}")
@@ -546,6 +552,9 @@ class Settings:
     collective_timeout_s: float = 60.0
     workdir: Path | None = None
     keep: bool = False  # keep the runs' folders (and say where)
+    # the run directory of an unfaulted sync run with these settings, made before: compared
+    # with, and none launched (its num_rollout is the run's unless `rollouts` says it)
+    reference: Path | None = None
 
 
 def launch_args(settings: Settings, run_dir: Path, faults: int, rollouts: int) -> list[str]:
@@ -575,7 +584,26 @@ def run_config(run_dir: Path) -> dict[str, object]:
     return loaded
 
 
+def given_rollouts(reference: Path) -> int:
+    """The num_rollout of a run made before (its config.yaml); a ValueError where `reference`
+    is no finished run's directory."""
+    if not (reference / "metrics.jsonl").is_file() or not (reference / "config.yaml").is_file():
+        raise ValueError(
+            f"reference {reference}: not the run directory of a finished launch (no "
+            "metrics.jsonl or config.yaml there); give the run.dir of an unfaulted sync run"
+        )
+    run = RunConfig.model_validate(run_config(reference))
+    return run.recipe.rollout.num_rollout
+
+
 def bench(settings: Settings) -> Report:
+    if settings.reference is not None and settings.mode != "sync":
+        raise ValueError(
+            f"reference {settings.reference}: only a sync run is compared with an unfaulted "
+            f"one; --mode {settings.mode} checks its sample accounting instead (leave "
+            "--reference out)"
+        )
+    given = None if settings.reference is None else given_rollouts(settings.reference)
     kinds = list(settings.kinds)
     skipped = []
     with contextlib.ExitStack() as stack:
@@ -594,10 +622,10 @@ def bench(settings: Settings) -> Report:
                 disk = None
         try:
             faults = schedule(settings.seed, kinds, settings.per_kind)
-            rollouts = settings.rollouts or 2 * len(faults) + 4
-            reference_wall = None
-            reference = work / "reference" / "run"
-            if settings.mode == "sync":
+            rollouts = settings.rollouts or given or 2 * len(faults) + 4
+            reference_wall, reference = None, settings.reference
+            if settings.mode == "sync" and reference is None:
+                reference = work / "reference" / "run"
                 args = launch_args(settings, reference, len(faults), rollouts)
                 started = time.monotonic()
                 subprocess.run(
@@ -624,13 +652,14 @@ def bench(settings: Settings) -> Report:
                 engine_restarts=text.count("serves again at") + text.count("died while starting"),
                 wall_s=wall,
                 reference_wall_s=reference_wall,
+                reference=settings.reference,
                 orphans=chaos.orphans,
                 lingered=chaos.lingered,
                 skipped=skipped,
             )
             if code != 0:
                 report.verdict.append(f"the run ended with exit status {code}:\n{text[-2000:]}")
-            elif settings.mode == "sync":
+            elif reference is not None:  # sync
                 report.verdict += same_records(run_dir, reference)
             else:
                 # the staleness bound the run ran under: the plan's (fully_async's default is
@@ -670,6 +699,11 @@ def main() -> None:
         help="trainer.collective_timeout_s: how long a hung rank holds the run",
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders and logs")
+    parser.add_argument(
+        "--reference", type=Path, default=None, metavar="DIR",
+        help="the run.dir of an unfaulted sync run with the same settings, made before: "
+        "compared with, and no unfaulted run launched",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="config overrides for both runs")
     ns = parser.parse_args()
     settings = Settings(
@@ -683,11 +717,15 @@ def main() -> None:
         disk_mb=ns.disk_mb,
         collective_timeout_s=ns.collective_timeout_s,
         keep=ns.keep,
+        reference=ns.reference,
     )
     faults = schedule(settings.seed, settings.kinds, settings.per_kind)
     print(f"schedule (seed {settings.seed}): " + ", ".join(
         f"{f.kind}@+{f.after_records}" for f in faults))  # fmt: skip
-    report = bench(settings)
+    try:
+        report = bench(settings)
+    except ValueError as exc:
+        parser.error(str(exc))
     for o in report.outcomes:
         state = "survived" if o.survived else ("delivered" if o.delivered else "not delivered")
         rec = f" after {o.recovery_s:.1f} s" if o.recovery_s is not None else ""

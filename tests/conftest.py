@@ -40,6 +40,7 @@ SHARED_LAUNCH = {
     "tests/integration/test_resume.py::test_a_run_saved_on_one_train_rank": "reference",
     "tests/integration/test_resume.py::test_a_hung_then_a_dead_train_rank": "reference",
     "tests/integration/test_resume.py::test_a_killed_engine_server_is_a_fault": "reference",
+    "tests/integration/test_resume.py::test_a_short_chaos_run_survives": "reference",
 }
 # real-loop units run at once at most: a launch takes both cores of a 2-core machine while it
 # starts, and more at once would only slow each other into their timeouts

@@ -1,5 +1,5 @@
-"""A short chaos run (benchmarks/chaos.py): a few faults on a seeded, event-tied schedule,
-and the oracle: the per-rollout records of a deterministic run equal an unfaulted run's."""
+"""benchmarks/chaos.py's schedule: a few faults on a seeded, event-tied schedule. The short
+chaos run itself is tests/integration/test_resume.py's, compared with its reference run."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-# one train rank and one engine: half the start-up of the default's two of each
-SMALL = ("layout.train.num_gpus=1", "hardware.gpus_per_node=1")
 
 
 def load_chaos() -> ModuleType:
@@ -34,28 +32,18 @@ def test_the_schedule_replays_from_its_seed() -> None:
     assert all(f.after_records >= 1 for f in first if f.kind == "disk_full")
 
 
-def test_a_short_chaos_run_survives_every_fault_with_the_unfaulted_metrics(
-    tmp_path: Path,
-) -> None:
-    """An engine server, a grading worker and the driver killed, and the disk filled during
-    a save where a tmpfs can be mounted; the run (resumed after the driver's kill) finishes
-    with the same records as a run that never faulted and leaves no process behind."""
+def test_a_reference_made_before_is_compared_with_and_named(tmp_path: Path) -> None:
+    """Given an unfaulted run's directory, the report names it where it would give the time
+    lost against one it launched; a folder that holds no run, or a mode whose oracle is not
+    a comparison, is refused before anything starts."""
     chaos = load_chaos()
-    # seed 25: the full disk comes last, after the driver's kill and its resume (a refused save
-    # followed by a resume: tests/integration/test_resume.py's engine-server test)
-    settings = chaos.Settings(
-        seed=25,
-        per_kind=1,
-        kinds=("engine_server", "reward_worker", "driver", "disk_full"),
-        rollouts=6,
-        overrides=SMALL,
-        workdir=tmp_path,
-    )
-    report = chaos.bench(settings)
-    print(report.render())
-    assert report.ok, report.render()
-    delivered = [o for o in report.outcomes if o.delivered]
-    assert delivered and all(o.survived for o in delivered), report.render()
-    kinds = {o.fault.kind for o in delivered}
-    assert {"engine_server", "reward_worker", "driver"} <= kinds, report.render()
-    assert report.launches == 2 and report.run_restarts == 0, report.render()
+    with pytest.raises(ValueError, match="not the run directory of a finished launch"):
+        chaos.bench(chaos.Settings(reference=tmp_path, workdir=tmp_path))
+    with pytest.raises(ValueError, match="--mode async checks its sample accounting"):
+        chaos.bench(chaos.Settings(mode="async", reference=tmp_path, workdir=tmp_path))
+    report = chaos.Report(
+        outcomes=[], exit_code=0, launches=1, run_restarts=0, engine_restarts=0, wall_s=9.0,
+        reference_wall_s=None, reference=tmp_path,
+    )  # fmt: skip
+    assert f"wall: 9.0 s, its records compared with {tmp_path} (launched before" in report.render()
+    assert not list(tmp_path.iterdir())  # nothing mounted, nothing launched

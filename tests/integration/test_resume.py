@@ -43,10 +43,9 @@ MEASURED = "perf/"
 ENGINE_NUMERICS = ("train/rollout_logprob_abs_diff",)
 
 
-def load_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "build_tiny_assets", ROOT / "tools" / "build_tiny_assets.py"
-    )
+def load_script(name: str, path: Path) -> ModuleType:
+    """A script of the repository's (tools/, benchmarks/), imported as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -59,7 +58,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random (not warm-started) model of conf/model/qwen3-tiny.yaml's shape, and data:
     built once by each worker that runs this file's tests, whichever others run between."""
     out = tmp_path_factory.mktemp("assets")
-    builder = load_builder()
+    builder = load_script("build_tiny_assets", ROOT / "tools" / "build_tiny_assets.py")
     train, evaluation = builder.split_problems(7)
     builder.write_jsonl(out / "train.jsonl", train[:64])
     builder.write_jsonl(out / "eval.jsonl", evaluation[:8])
@@ -759,6 +758,44 @@ def test_a_killed_engine_server_is_a_fault_the_run_survives_with_identical_metri
         assert [x["start_rollout"] for x in launches] == [0, 0, 2]
         assert "restarting from rollout 0 (no checkpoint yet)" in out, out[-3000:]
         assert "server process is gone" in out, out[-3000:]
+
+
+# benchmarks/chaos.py's schedule for seed 17: an engine server killed after the first record,
+# the driver after the next (then resumed), and the disk filled after the resumed launch's
+# first, while a refused save is not yet the run's last. A grading worker's kill is not among
+# them: the reference is scored by a custom function on threads (training and evaluation), so
+# no grading worker ever starts (tests/unit/rewards/test_reward_hub.py kills them instead).
+CHAOS_SEED = 17
+CHAOS_KINDS = ("engine_server", "driver", "disk_full")
+
+
+def test_a_short_chaos_run_survives_every_fault_with_the_references_metrics(
+    assets: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/chaos.py on the reference's configuration, with engine fault tolerance on:
+    an engine server and the driver killed and, where a tmpfs can be mounted, the disk filled
+    during a save; the run (resumed after the driver's kill) finishes with every record equal
+    to the reference's and leaves no process behind."""
+    chaos = load_script("chaos", ROOT / "benchmarks" / "chaos.py")
+    for key, value in env().items():  # its launches inherit this process's environment
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    own = ("run.dir=", "hydra.run.dir=")  # chaos places its run itself
+    given = tuple(a for a in overrides(assets, tmp_path / "run") if not a.startswith(own))
+    settings = chaos.Settings(
+        seed=CHAOS_SEED, per_kind=1, kinds=CHAOS_KINDS, overrides=given, workdir=tmp_path,
+        reference=reference,
+    )  # fmt: skip
+    assert [f.kind for f in chaos.schedule(CHAOS_SEED, CHAOS_KINDS, 1)][-1] == "disk_full"
+    report = chaos.bench(settings)
+    print(report.render())
+    assert report.ok, report.render()
+    assert report.reference_wall_s is None  # compared with the reference, none launched
+    delivered = [o for o in report.outcomes if o.delivered]
+    assert delivered and all(o.survived for o in delivered), report.render()
+    kinds = {o.fault.kind for o in delivered}
+    assert {"engine_server", "driver"} <= kinds, report.render()
+    assert report.launches == 2 and report.run_restarts == 0, report.render()
 
 
 def test_a_fully_async_run_survives_a_dead_engine_and_a_dead_rank_and_accounts_for_every_group(

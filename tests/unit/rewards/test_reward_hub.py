@@ -275,6 +275,38 @@ def test_ctrl_c_reaches_the_launch_not_its_grading_workers(tmp_path: Path) -> No
     assert out == "worker exit status 0\n"
 
 
+def test_a_grading_worker_killed_in_its_job_or_idle_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGKILLed from outside (the OOM killer, a chaos run) as a job is handed to it, then
+    while it waits between jobs: each sample is graded by a new worker, not failed."""
+    import os
+    import signal
+
+    from rlpost.rewards import pool
+
+    class KilledInItsJob(pool.GraderProcess):
+        def call(self, request: dict[str, Any]) -> dict[str, Any]:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            monkeypatch.setattr(pool, "GraderProcess", original)  # the next one lives
+            return super().call(request)
+
+    original = pool.GraderProcess
+    fresh = pool.GradingPool(max_workers=1)
+    monkeypatch.setattr(pool, "GraderProcess", KilledInItsJob)
+    try:
+        assert asyncio.run(fresh.run("math", "\\boxed{34}", "34", timeout_s=30)) == 1.0
+        assert fresh.restarts == 1
+        (idle,) = fresh._idle
+        os.kill(idle.process.pid, signal.SIGKILL)
+        idle.process.wait()
+        assert asyncio.run(fresh.run("math", "\\boxed{35}", "34", timeout_s=30)) == 0.0
+        assert fresh._idle and fresh._idle[0] is not idle and fresh._idle[0].alive()
+    finally:
+        fresh.shutdown()
+
+
 def test_rewards_from_a_loop_in_another_thread() -> None:
     results: list[list[float]] = []
     worker = threading.Thread(target=lambda: results.append(rewards([sample("\\boxed{34}")])))
