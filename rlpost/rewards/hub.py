@@ -141,6 +141,13 @@ async def _custom_reward(sample: Sample, ctx: RewardContext, path: str) -> float
         sample.reward_extra = reward_extra(value) or None
         return 0.0 if value is _TIMED_OUT else _as_reward(_verl_score(value, path), path)
     value = await _call_hook(hook, sample, timeout_s, path)
+    if isinstance(value, dict):
+        raise RewardError(
+            f"reward function '{path}' returned a dict ({sorted(map(str, value))}); a "
+            "function fn(sample) returns its reward as a number. One of verl's shape, "
+            f"{VERL_COMPUTE_SCORE.describe()}, may return a dict: its 'score' is the "
+            "reward and its other numbers are logged (rollout/reward_extra/<key>)"
+        )
     return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
 
 

@@ -395,6 +395,18 @@ def test_what_a_verl_shaped_dict_holds_beside_its_score_goes_with_the_sample(
     assert plain[0].reward_extra is slow[0].reward_extra is own[0].reward_extra is None
 
 
+def test_a_dict_from_a_function_of_rlposts_shape_stops_the_run_naming_verls(
+    hook_modules: Path,
+) -> None:
+    """fn(sample) returns a number; a dict it returns is refused naming the function, and
+    verl's shape, whose dict's "score" is read."""
+    with pytest.raises(RewardError) as info:
+        rewards([sample("x")], custom_function="rlpost_test_hooks.slime_shape_dict")
+    message = str(info.value)
+    assert "'rlpost_test_hooks.slime_shape_dict' returned a dict (['acc', 'score'])" in message
+    assert "def fn(data_source, solution_str, ground_truth, extra_info=None)" in message
+
+
 def test_a_verl_shaped_function_async_or_past_the_timeout(hook_modules: Path) -> None:
     import rlpost_test_hooks
 
