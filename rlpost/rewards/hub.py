@@ -8,7 +8,9 @@ before any --rm-type, a line's or the run's):
    `sample.metadata["rm_type"]` itself); or a function of verl's shape,
    `compute_score(data_source, solution_str, ground_truth, extra_info=None)`, recognised by
    those parameter names and called by keyword (`verl_arguments`): it returns a number or a
-   dict whose "score" is the reward.
+   dict whose "score" is the reward; the dict's other keys are kept in
+   `sample.reward_extra` (`reward_extra`), which the rollout's metrics average and
+   `run.dump_rollouts` writes.
 3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
 An evaluation set scored otherwise than training is gets a config of its own
@@ -29,9 +31,11 @@ past it scores as a wrong answer. Custom functions, plain or async, get the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
+import json
 import logging
 import math
 import random
@@ -105,7 +109,8 @@ class RewardContext:
 async def compute_rewards(
     samples: Sequence[Sample], config: RewardConfig, seed: int | None = None
 ) -> list[float]:
-    """One reward per sample, in order. Does not write `sample.reward`. `seed` (the run's,
+    """One reward per sample, in order. Does not write `sample.reward`; writes
+    `sample.reward_extra` where a function of verl's shape scores it. `seed` (the run's,
     in deterministic mode) fixes what a random reward draws for each sample."""
     if config.group:
         return await _group_rewards(samples, config)
@@ -117,20 +122,33 @@ async def compute_rewards(
 
 
 async def _sample_reward(sample: Sample, ctx: RewardContext) -> float:
-    path = ctx.config.custom_function
-    if path:
-        hook = _load_cached(path, REWARD_FUNCTION)
-        keywords = None
-        if VERL_COMPUTE_SCORE.fits(hook):
-            keywords = VERL_COMPUTE_SCORE.arguments(hook, verl_arguments(sample))
-        value = await _call_hook(hook, sample, ctx.config.timeout_s, path, keywords)
-        if value is _TIMED_OUT:
-            return 0.0
-        return _as_reward(_verl_score(value, path) if keywords is not None else value, path)
+    if ctx.config.custom_function:
+        return await _custom_reward(sample, ctx, ctx.config.custom_function)
     rm_type = sample.metadata.get("rm_type") if isinstance(sample.metadata, dict) else None
     if rm_type:
         return await _typed_reward(str(rm_type), sample, ctx, source="metadata['rm_type']")
     return await _typed_reward(ctx.config.type, sample, ctx, source="reward.type")
+
+
+async def _custom_reward(sample: Sample, ctx: RewardContext, path: str) -> float:
+    """The number `path`'s fn(sample) returns; or, for a function of verl's shape, the number
+    or the dict's "score" it returns, the dict's other keys kept in `sample.reward_extra`."""
+    hook = _load_cached(path, REWARD_FUNCTION)
+    timeout_s = ctx.config.timeout_s
+    if VERL_COMPUTE_SCORE.fits(hook):
+        keywords = VERL_COMPUTE_SCORE.arguments(hook, verl_arguments(sample))
+        value = await _call_hook(hook, sample, timeout_s, path, keywords)
+        sample.reward_extra = reward_extra(value) or None
+        return 0.0 if value is _TIMED_OUT else _as_reward(_verl_score(value, path), path)
+    value = await _call_hook(hook, sample, timeout_s, path)
+    if isinstance(value, dict):
+        raise RewardError(
+            f"reward function '{path}' returned a dict ({sorted(map(str, value))}); a "
+            "function fn(sample) returns its reward as a number. One of verl's shape, "
+            f"{VERL_COMPUTE_SCORE.describe()}, may return a dict: its 'score' is the "
+            "reward and its other numbers are logged (rollout/reward_extra/<key>)"
+        )
+    return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
 
 
 async def _typed_reward(name: str, sample: Sample, ctx: RewardContext, source: str) -> float:
@@ -249,6 +267,37 @@ def _verl_score(value: Any, path: str) -> Any:
             "a dict returned by a function of verl's shape holds the reward as 'score'"
         )
     return value["score"]
+
+
+def reward_extra(value: Any) -> dict[str, Any]:
+    """What a dict returned by a function of verl's shape holds beside its "score", by key
+    (as text), each value as JSON can hold it and the same for the same value: a number
+    as Python's (bool, int or float; one that is not finite as None), a string, a JSON
+    value (a list of numbers), anything else as its str(). Nothing for a number."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): _extra_value(v) for k, v in value.items() if k != "score"}
+
+
+def _extra_value(value: Any) -> Any:
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        # a NumPy or torch scalar; an array of more than one value is written as its str()
+        with contextlib.suppress(Exception):
+            value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:  # no float holds it: not averaged
+            return str(value)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
 
 
 def _as_reward(value: Any, source: str) -> float:

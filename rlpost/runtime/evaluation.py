@@ -19,7 +19,7 @@ from rlpost.data.source import Group, load_eval_groups
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.table import render_table
 from rlpost.rewards import compute_rewards
-from rlpost.runtime.metrics import AFTER_ROLLOUT
+from rlpost.runtime.metrics import AFTER_ROLLOUT, reward_extra_means
 from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
 from rlpost.schema import RecipeConfig
 from rlpost.schema.evaluation import EvalConfig
@@ -168,6 +168,7 @@ async def evaluate(
         metrics[f"eval/{eval_set.name}/accuracy"] = accuracy[eval_set.name]
         metrics[f"eval/{eval_set.name}/response_len_mean"] = statistics.fmean(lengths)
         metrics[f"eval/{eval_set.name}/num_samples"] = float(len(rewards))
+        metrics.update(reward_extra_means(samples, f"eval/{eval_set.name}"))
     return EvalReport(rollout_id, accuracy, metrics)
 
 

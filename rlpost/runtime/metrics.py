@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlpost.schema import TrackingConfig
+from rlpost.types import Sample
 
 METRICS_FILE = "metrics.jsonl"
 # an evaluation's record: the rollouts trained before it (its step's rollout_id + 1, or the
@@ -120,6 +123,26 @@ def truncate_metrics(path: Path, start_rollout: int) -> int:
             os.fsync(f.fileno())
         os.replace(staging, path)
     return dropped
+
+
+def reward_extra_means(samples: Sequence[Sample], prefix: str) -> dict[str, float]:
+    """`<prefix>/reward_extra/<key>`: the mean of each number a reward function of verl's
+    shape returned beside the score (`Sample.reward_extra`; a bool counts 1 or 0) over the
+    samples whose dict had it as a finite number. Under a prefix of their own, no key
+    replaces another metric; strings are not averaged (`run.dump_rollouts` writes them)."""
+    found: dict[str, list[float]] = {}
+    for sample in samples:
+        for key, value in (sample.reward_extra or {}).items():
+            if isinstance(value, bool | int | float) and math.isfinite(value):
+                found.setdefault(key, []).append(float(value))
+    return {f"{prefix}/reward_extra/{key}": _mean(found[key]) for key in sorted(found)}
+
+
+def _mean(values: list[float]) -> float:
+    try:
+        return statistics.fmean(values)
+    except OverflowError:  # finite values whose sum is not
+        return math.fsum(v / len(values) for v in values)
 
 
 def jsonable(value: Any) -> Any:

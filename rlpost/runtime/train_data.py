@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from rlpost.runtime.metrics import reward_extra_means
 from rlpost.runtime.pipeline import Batch
 from rlpost.runtime.rollout.manager import Group
 from rlpost.schema import AlgoConfig
@@ -53,7 +54,8 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     Response lengths count the tokens the policy generated (not those a tool inserted,
     counted apart with the policy turns of multi-turn samples); staleness is the trained
     version minus the oldest policy version of each sample's tokens generated since it was
-    drawn.
+    drawn. What a reward function of verl's shape returned beside the score is averaged per
+    key as `rollout/reward_extra/<key>` (`reward_extra_means`).
     """
     samples = [s for g in batch.groups for s in g]
     rewards = [float(s.reward or 0.0) for s in samples]
@@ -79,6 +81,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "rollout/inserted_tokens": float(sum(len(s.loss_mask) for s in samples) - tokens),
         "rollout/turns_mean": statistics.fmean(s.turns for s in samples) if samples else 0.0,
         "perf/rollout_time_s": batch.wait_s,
+        **reward_extra_means(samples, "rollout"),
     }
 
 

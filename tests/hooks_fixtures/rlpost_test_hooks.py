@@ -122,6 +122,45 @@ async def async_verl_score(
     return float(len(solution_str))
 
 
+def verl_with_extras(data_source, solution_str, ground_truth, extra_info=None):  # type: ignore[no-untyped-def]
+    """verl's dict with more beside the score, as verl's users return it: a bool, an int,
+    a NumPy number, the answer read; a key only some samples have (the row's difficulty),
+    a key named as a rollout metric is, and a ratio that is not finite where it is wrong."""
+    import numpy as np
+
+    pred = solution_str.strip()
+    correct = pred == ground_truth
+    extra: dict[str, Any] = {
+        "score": 1.0 if correct else -1.0,
+        "acc": correct,
+        "pred": pred,
+        "format_ok": 1,
+        "length": np.int64(len(pred)),
+        "reward_mean": 5.0,
+        "margin": 0.5 if correct else float("nan"),
+    }
+    if extra_info and "difficulty" in extra_info:
+        extra["difficulty"] = extra_info["difficulty"]
+    return extra
+
+
+def verl_extras_or_length(data_source, solution_str, ground_truth, extra_info=None):  # type: ignore[no-untyped-def]
+    """verl's shape for a run: the prompt's own `score` when its line has one (in
+    extra_info, the metadata), else the response's length; beside it whether it scored
+    above zero, the length, and the response's first character."""
+    if extra_info and "score" in extra_info:
+        score = float(extra_info["score"])
+    else:
+        score = float(len(solution_str))
+    return {"score": score, "scored": score > 0, "length": len(solution_str),
+            "first": solution_str[:1]}  # fmt: skip
+
+
+def slime_shape_dict(sample: Sample) -> dict[str, Any]:
+    """rlpost's shape returning what only verl's shape may: a dict."""
+    return {"score": 1.0, "acc": True}
+
+
 def verl_dict_without_score(data_source: str, solution_str: str, ground_truth: str) -> dict:
     return {"acc": 1.0}
 

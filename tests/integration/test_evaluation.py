@@ -2,7 +2,9 @@
 
 Every eval group is generated and scored once: a dynamic-sampling filter that drops groups
 whose rewards are all equal (and so would drop every group of this eval set) must neither
-touch evaluation nor keep it from returning.
+touch evaluation nor keep it from returning. The reward function has verl's shape and
+returns more than the score: its numbers are the records' `reward_extra` metrics, its strings
+are in the dumped rollouts.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def test_evaluation_with_a_filter_on_groups_of_equal_rewards_returns_the_exact_a
         "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
         # training prompts score their response's length (groups differ, the filter keeps
         # them); the eval prompts' score is in their line (every group's rewards are equal)
-        "recipe.rollout.reward.custom_function=rlpost_test_hooks.score_in_metadata_or_length",
+        "recipe.rollout.reward.custom_function=rlpost_test_hooks.verl_extras_or_length",
+        "run.dump_rollouts=true",
         "recipe.eval.interval=1",
         f"recipe.eval.datasets=[{{name: scored, path: {eval_file}, "
         f"n_samples_per_prompt: {N_SAMPLES}}}]",
@@ -68,7 +71,16 @@ def test_evaluation_with_a_filter_on_groups_of_equal_rewards_returns_the_exact_a
     for record in evals:
         assert record["eval/scored/accuracy"] == exact
         assert record["eval/scored/num_samples"] == len(SCORES) * N_SAMPLES
+        assert record["eval/scored/reward_extra/scored"] == exact  # True where it scored 1
     trained = records[1:]
     assert [r["rollout_id"] for r in trained] == [0, 1, 2]
     assert all(r["rollout/num_samples"] == 64 for r in trained)  # training went on
+    for record in trained:
+        extras = sorted(k for k in record if k.startswith("rollout/reward_extra/"))
+        assert extras == ["rollout/reward_extra/length", "rollout/reward_extra/scored"]
+        # the score is the length here: their means are one
+        assert record["rollout/reward_extra/length"] == record["rollout/reward_mean"]
+    dumped = [json.loads(line) for line in (run_dir / "rollouts" / "rollout_2.jsonl").open()]
+    assert len(dumped) == 64
+    assert {"scored", "length", "first"} == set(dumped[0]["reward_extra"])
     assert "0.571" in done.stdout  # the eval table

@@ -184,3 +184,36 @@ def test_a_sets_verl_shaped_function_reads_the_rows_data_source(
     [call] = [c for c in rlpost_test_hooks.VERL_CALLS if c["ground_truth"] == "2"]
     assert call["data_source"] == "openai/gsm8k"
     assert call["extra_info"] == {"index": 1, "split": "test", "data_source": "openai/gsm8k"}
+
+
+def test_numbers_a_sets_verl_shaped_function_returns_beside_the_score_are_its_metrics(
+    url: str, tiny_lm_dir: Path, tmp_path: Path, hook_modules: Path
+) -> None:
+    """eval/<set>/reward_extra/<key>: each number the set's verl-shaped function returned
+    beside the score, averaged over the set's samples; strings are no metric."""
+    datasets = [
+        {"name": "verl", "path": write_set(tmp_path / "verl.jsonl"),
+         "custom_reward_function": "rlpost_test_hooks.verl_with_extras"},
+        {"name": "plain", "path": write_set(tmp_path / "plain.jsonl")},
+    ]  # fmt: skip
+    cfg = recipe(tmp_path, {"datasets": datasets}, {"custom_function": TRAINING})
+    report, samples = run_evaluation(url, tiny_lm_dir, cfg, None)
+    scored = [s for s in samples if s.metadata["set"] == "verl"]
+    assert len(scored) == 3 and all(s.reward_extra for s in scored)
+    extras = {k: v for k, v in report.metrics.items() if "/reward_extra/" in k}
+    assert extras == {
+        "eval/verl/reward_extra/acc": statistics.fmean(
+            float(s.reward_extra["acc"]) for s in scored if s.reward_extra
+        ),
+        "eval/verl/reward_extra/format_ok": 1.0,
+        "eval/verl/reward_extra/length": statistics.fmean(
+            len(s.response_text.strip()) for s in scored
+        ),
+        "eval/verl/reward_extra/reward_mean": 5.0,
+        **(
+            {"eval/verl/reward_extra/margin": 0.5}
+            if any(s.reward_extra and s.reward_extra["acc"] for s in scored)
+            else {}
+        ),
+    }
+    assert report.accuracy["plain"] == 0.5  # training's function: no extras

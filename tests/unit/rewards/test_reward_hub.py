@@ -436,6 +436,46 @@ def test_a_verl_shaped_dict_is_scored_by_its_score(hook_modules: Path) -> None:
     assert "rlpost_test_hooks.verl_dict_without_score" in str(info.value)
 
 
+def test_what_a_verl_shaped_dict_holds_beside_its_score_goes_with_the_sample(
+    hook_modules: Path,
+) -> None:
+    """The dict's other keys are kept in sample.reward_extra, as JSON holds them and the same
+    for the same value: a NumPy number as Python's, a number that is not finite as None; a
+    number or a timeout keeps nothing, and neither does a function of rlpost's shape."""
+    batch = [sample("34", difficulty=2), sample("35")]
+    out = rewards(batch, custom_function="rlpost_test_hooks.verl_with_extras")
+    assert out == [1.0, -1.0]
+    assert batch[0].reward_extra == {
+        "acc": True, "pred": "34", "format_ok": 1, "length": 2, "reward_mean": 5.0,
+        "margin": 0.5, "difficulty": 2,
+    }  # fmt: skip
+    assert batch[1].reward_extra == {
+        "acc": False, "pred": "35", "format_ok": 1, "length": 2, "reward_mean": 5.0,
+        "margin": None,
+    }  # fmt: skip
+    assert type(batch[0].reward_extra["length"]) is int
+    assert "score" not in batch[0].reward_extra
+    plain = [sample("34")]
+    rewards(plain, custom_function="rlpost_test_hooks.verl_exact_match")
+    slow = [sample("x")]
+    rewards(slow, custom_function="rlpost_test_hooks.verl_sleepy_score", timeout_s=0.2)
+    own = [sample("34")]
+    rewards(own, custom_function="rlpost_test_hooks.quarter_reward")
+    assert plain[0].reward_extra is slow[0].reward_extra is own[0].reward_extra is None
+
+
+def test_a_dict_from_a_function_of_rlposts_shape_stops_the_run_naming_verls(
+    hook_modules: Path,
+) -> None:
+    """fn(sample) returns a number; a dict it returns is refused naming the function, and
+    verl's shape, whose dict's "score" is read."""
+    with pytest.raises(RewardError) as info:
+        rewards([sample("x")], custom_function="rlpost_test_hooks.slime_shape_dict")
+    message = str(info.value)
+    assert "'rlpost_test_hooks.slime_shape_dict' returned a dict (['acc', 'score'])" in message
+    assert "def fn(data_source, solution_str, ground_truth, extra_info=None)" in message
+
+
 def test_a_verl_shaped_function_async_or_past_the_timeout(hook_modules: Path) -> None:
     import rlpost_test_hooks
 

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 import wandb
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlpost.runtime.metrics import MetricsLogger, read_metrics, truncate_metrics
-from rlpost.schema import TrackingConfig, WandbConfig
+from rlpost.rewards import compute_rewards
+from rlpost.runtime.metrics import (
+    MetricsLogger,
+    read_metrics,
+    reward_extra_means,
+    truncate_metrics,
+)
+from rlpost.runtime.pipeline import Batch, Tally
+from rlpost.runtime.train_data import rollout_metrics
+from rlpost.schema import RewardConfig, TrackingConfig, WandbConfig
+from rlpost.types import Sample
+
+HOOKS = Path(__file__).resolve().parents[2] / "hooks_fixtures"
 
 
 def test_truncate_drops_resumed_rollouts_and_a_torn_last_line(tmp_path: Path) -> None:
@@ -58,3 +72,56 @@ def test_wandb_offline_run_keeps_its_id_across_a_resume(tmp_path: Path) -> None:
     assert len(runs) == 2
     assert all((folder / f"run-{run_id}.wandb").is_file() for folder in runs)
     wandb.teardown()  # stop this process's wandb service (and unset WANDB_SERVICE)
+
+
+def _scored(text: str, group: int, **metadata: Any) -> Sample:
+    return Sample(group, 0, "What is 30+4?", [1, 2, 3], "34", dict(metadata), response_text=text)
+
+
+def test_numbers_a_verl_shaped_function_returns_beside_the_score_are_rollout_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each number of the dict (a bool as 1 or 0, a NumPy one as Python's) is averaged over
+    the rollout's samples whose dict had it as a finite number: keys may differ between
+    samples, one that is not finite is left out, one named as a rollout metric is
+    (`reward_mean`) replaces nothing; strings are no metric. The record is strict JSON."""
+    monkeypatch.syspath_prepend(str(HOOKS))
+    groups = [
+        [_scored("34", 0, difficulty=2), _scored("35", 0)],
+        [_scored("34", 1, difficulty=4), _scored("7", 1)],
+    ]
+    samples = [s for g in groups for s in g]
+    config = RewardConfig(custom_function="rlpost_test_hooks.verl_with_extras")
+    for sample, reward in zip(samples, asyncio.run(compute_rewards(samples, config)), strict=True):
+        sample.reward = reward
+    metrics = rollout_metrics(Batch(groups, [0, 0, 0, 0], Tally(), 0.0))
+    extras = {k: v for k, v in metrics.items() if k.startswith("rollout/reward_extra/")}
+    assert extras == {
+        "rollout/reward_extra/acc": 0.5,
+        "rollout/reward_extra/difficulty": 3.0,  # the two samples whose row has one
+        "rollout/reward_extra/format_ok": 1.0,
+        "rollout/reward_extra/length": 1.75,
+        "rollout/reward_extra/margin": 0.5,  # the wrong answers' NaN left out
+        "rollout/reward_extra/reward_mean": 5.0,
+    }
+    assert metrics["rollout/reward_mean"] == 0.0  # the scores', 1 and -1 twice
+    assert list(extras) == sorted(extras)  # the same order whichever sample came first
+
+    logger = MetricsLogger(tmp_path, TrackingConfig(), "run")
+    logger.log(0, metrics)
+    logger.close()
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in metrics.jsonl")
+
+    [line] = logger.path.read_text().splitlines()
+    record = json.loads(line, parse_constant=refuse)
+    assert {k: record[k] for k in extras} == extras
+
+
+def test_reward_extra_means_of_numbers_whose_sum_overflows_and_of_none() -> None:
+    big = [_scored("", 0), _scored("", 1), _scored("", 2)]
+    for sample, extra in zip(big, [{"x": 1e308}, {"x": 1e308}, {"x": "text"}], strict=True):
+        sample.reward_extra = extra
+    assert reward_extra_means(big, "rollout") == {"rollout/reward_extra/x": 1e308}
+    assert reward_extra_means([_scored("", 0)], "eval/aime") == {}

@@ -64,6 +64,7 @@ def test_a_dump_reads_back_bit_for_bit_and_a_rerun_replaces_it(tmp_path: Path) -
             "from token 2 (by at most 1e-07)",
         ),
         ({"reward": 0.0}, "sample 3 (group 1): reward differ"),
+        ({"reward_extra": {"pred": "7"}}, "sample 3 (group 1): reward_extra differ"),
         ({"status": SampleStatus.TRUNCATED}, "sample 3 (group 1): status differ"),
     ],
 )
@@ -73,6 +74,16 @@ def test_first_difference_says_where_two_dumps_part(
     ours = dump_rollout(tmp_path / "ours", 0, groups(**change))
     theirs = dump_rollout(tmp_path / "theirs", 0, groups())
     assert first_difference(ours, theirs).startswith(says)
+
+
+def test_what_a_verl_shaped_reward_function_returned_beside_the_score_is_dumped(
+    tmp_path: Path,
+) -> None:
+    """Strings included, which no metric holds; null where the reward came alone."""
+    extra = {"acc": True, "pred": "42", "margin": None, "steps": [1, 2]}
+    records = read_rollout(dump_rollout(tmp_path, 0, groups(reward_extra=extra)))
+    assert records[3]["reward_extra"] == extra
+    assert records[0]["reward_extra"] is None
 
 
 def test_first_difference_names_a_missing_dump_and_other_samples(tmp_path: Path) -> None:
