@@ -172,7 +172,7 @@ def test_custom_function_past_the_timeout_scores_zero(hook_modules: Path, hook: 
     start = time.perf_counter()
     out = rewards([sample("x")], custom_function=f"rlpost_test_hooks.{hook}", timeout_s=0.3)
     assert out == [0.0]
-    assert time.perf_counter() - start < 1.5
+    assert time.perf_counter() - start < 4.0  # the function sleeps 6 s
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_a_runaway_grader_is_killed_without_freezing_the_event_loop() -> None:
     out, worst_gap_s = asyncio.run(main())
     assert out == [0.0, 1.0, 0.0]
     assert grading_pool().restarts == restarts + 1
-    assert worst_gap_s < 0.5
+    assert worst_gap_s < 0.9  # a loop the grader held would wait its whole 1.0-s timeout
 
 
 def test_a_grading_worker_killed_while_it_starts_is_replaced(
@@ -491,4 +491,4 @@ def test_a_verl_shaped_function_async_or_past_the_timeout(hook_modules: Path) ->
     slow = rewards(
         [sample("x")], custom_function="rlpost_test_hooks.verl_sleepy_score", timeout_s=0.3
     )
-    assert slow == [0.0] and time.perf_counter() - start < 1.5
+    assert slow == [0.0] and time.perf_counter() - start < 4.0  # it sleeps 6 s
