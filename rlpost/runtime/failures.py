@@ -140,9 +140,13 @@ class RunFailed(Exception):
 
 class RunInterrupted(RunFailed):
     """A run that Ctrl-C ended (KeyboardInterrupt): the launch exits with 130, and a sweep
-    ends (its next job does not start)."""
+    ends (its next job does not start). Nothing failed, so no traceback is recorded."""
 
     exit_status = EXIT_INTERRUPTED
+    headline = "the run stopped"
+
+    def _logs(self) -> str:
+        return f"  logs: {self.run_dir / 'logs'}"
 
 
 class RunStopped(RunFailed):

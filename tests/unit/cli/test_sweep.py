@@ -270,7 +270,9 @@ def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
         raise interrupted(tmp_path / "run", 0)  # what the run raises on KeyboardInterrupt
 
     assert launched(argv, training) == EXIT_INTERRUPTED
-    assert "rlpost: the run failed: interrupted (Ctrl-C)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "rlpost: the run stopped: interrupted (Ctrl-C)" in err
+    assert FAILURES_LOG not in err  # nothing failed: no traceback was written to point at
 
 
 def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
@@ -313,7 +315,7 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     sweep_dir = tmp_path / "sweep"
     assert [status for _, status, _ in saved(sweep_dir)] == ["interrupted", "not run", "not run"]
     out, err = capsys.readouterr()
-    assert "rlpost: the run failed: interrupted (Ctrl-C)" in err
+    assert "rlpost: the run stopped: interrupted (Ctrl-C)" in err
     assert "finished, in their run directories" not in out
     launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
     resume = f"run.dir={sweep_dir / '0'} run.resume=auto"
