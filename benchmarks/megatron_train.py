@@ -16,6 +16,12 @@ trainer is built as a run builds it on its train rank (rlpost.runtime.trainers: 
 build_trainer), so it gets what the plan decides (layout, reference model, old-policy
 logprobs, CUDA on a GPU profile) and its prediction.
 
+The run is composed and planned first, with torch alone imported (whether CUDA is here decides
+the dtype and the default profile): a run the plan refuses, or the torch trainer on a GPU
+profile without CUDA, stops with its reason before megatron-core, transformers or the trainers
+load (benchmarks/trainer_timing.py, imported once the plan accepts the run) and before any
+measurement.
+
 Which trainer: megatron-core, or with the override `trainer.backend=torch` the torch trainer,
 which shards its model with FSDP2 over the one rank (bf16 compute over float32 shards on
 CUDA, float32 on CPU). Its layout row names it with layout.train.fsdp's settings, and on a GPU
@@ -57,35 +63,19 @@ tensors.
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import os
 import random
-import resource
-import socket
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from torch.distributed.tensor import DTensor
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from plain_loop import PlainResult, run_plain_loop  # noqa: E402
-from step_profile import profile_report  # noqa: E402
-
 from rlpost import switches  # noqa: E402
-from rlpost.algo.advantages import needs_reference_kl  # noqa: E402
-from rlpost.algo.packing import padded_rows  # noqa: E402
-from rlpost.algo.steps import micro_batches  # noqa: E402
-from rlpost.backends import sdpa  # noqa: E402
-from rlpost.backends.megatron import kernels  # noqa: E402
-from rlpost.backends.megatron.trainer import MegatronTrainer  # noqa: E402
-from rlpost.backends.torch_trainer import TorchTrainer  # noqa: E402
 from rlpost.config.loader import compose_run_config  # noqa: E402
 from rlpost.errors import UserError  # noqa: E402
 from rlpost.plan import Plan, build_plan  # noqa: E402
@@ -95,16 +85,15 @@ from rlpost.plan.layout import PADDED_ROWS_LIMIT  # noqa: E402
 from rlpost.plan.memory import TrainMemory  # noqa: E402
 from rlpost.plan.params import count_params  # noqa: E402
 from rlpost.runtime.progress import trainer_notes_to_stderr  # noqa: E402
-from rlpost.runtime.trainers import build_trainer, trainer_spec  # noqa: E402
-from rlpost.schema import ModelConfig, RunConfig  # noqa: E402
-from rlpost.types import TrainSample  # noqa: E402
+from rlpost.runtime.trainers import trainer_spec  # noqa: E402
+from rlpost.schema import RunConfig  # noqa: E402
+
+if TYPE_CHECKING:
+    from plain_loop import PlainResult
+    from trainer_timing import Measured
 
 GIB = 1024**3
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-MATMUL = {"cuda": (8192, 20, "bf16"), "cpu": (1024, 4, "fp32")}  # size, repeats, dtype
-PEAK_TRIALS = 5
 H100_GIB = 96  # a card with more memory plans as the H200 profile (141 GB), else the H100's
-Trainer = MegatronTrainer | TorchTrainer
 
 
 @dataclass(frozen=True)
@@ -143,29 +132,6 @@ def compose_run(args: argparse.Namespace, hf_dir: Path, dtype: str) -> RunConfig
     return compose_run_config(overrides)[0]
 
 
-def write_checkpoint(model: ModelConfig, path: Path, device: torch.device) -> None:
-    """A random-weight HF Qwen3 with exactly the model YAML's shape."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_hidden_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_key_value_heads=model.num_query_groups,
-        head_dim=model.head_dim,
-        max_position_embeddings=model.max_position_embeddings,
-        rope_theta=model.rotary_base,
-        rms_norm_eps=model.norm_epsilon,
-        tie_word_embeddings=model.tie_word_embeddings,
-    )
-    torch.manual_seed(0)
-    with device:  # random init on the device: on two host cores 0.6B took 27 s to write
-        hf = Qwen3ForCausalLM(config)
-    hf.to(DTYPES[model.params_dtype]).save_pretrained(path)
-
-
 def sample_lengths(args: argparse.Namespace) -> list[int]:
     """Every sample --seq-len tokens, or with --ragged between a quarter of it and all of it
     (the same lengths in every rollout)."""
@@ -175,142 +141,33 @@ def sample_lengths(args: argparse.Namespace) -> list[int]:
     return [rng.randint(args.seq_len // 4, args.seq_len) for _ in range(args.samples)]
 
 
-def rollout(lengths: list[int], vocab_size: int, seed: int) -> list[TrainSample]:
-    """Random tokens, a quarter prompt, rewards of either sign."""
-    rng = random.Random(seed)
-    return [
-        TrainSample(rng.choices(range(vocab_size), k=n), n - n // 4, rng.choice((-1.0, 1.0)))
-        for n in lengths
-    ]
-
-
-def synchronize(on_gpu: bool) -> None:
-    if on_gpu:
-        torch.cuda.synchronize()
-
-
-def measure_peak_flops(device: torch.device) -> tuple[float, str]:
-    size, repeats, dtype = MATMUL[device.type]
-    a, b = (torch.randn(size, size, device=device, dtype=DTYPES[dtype]) for _ in range(2))
-    out = torch.empty_like(a)
-    for _ in range(3):
-        torch.mm(a, b, out=out)
-    best_s = math.inf
-    for _ in range(PEAK_TRIALS):  # the best trial: a shared host slows some
-        synchronize(device.type == "cuda")
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, b, out=out)
-        synchronize(device.type == "cuda")
-        best_s = min(best_s, time.perf_counter() - start)
-    return 2 * size**3 * repeats / best_s, f"{dtype} {size}^3 matmul, best of {PEAK_TRIALS}"
-
-
-def extra_forwards(trainer: Trainer, optimizer_steps: float) -> list[str]:
-    """The no-grad forwards train_step runs besides the training forward (see the docstring)."""
-    extra = ["reference model"] if trainer.ref_model is not None else []
-    reuse = trainer.reuse_logprobs_single_step and optimizer_steps == 1
-    if not (reuse and not needs_reference_kl(trainer.algo)):
-        extra.append("old-policy logprobs")
-    return extra
-
-
-def local_gib(params: list[torch.Tensor]) -> float:
-    """What this process holds of `params`: a DTensor's local shard, a plain tensor whole."""
-    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
-    return sum(t.numel() * t.element_size() for t in local) / GIB
-
-
-def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class Measured:
-    steps: list[dict[str, float]]  # train_step metrics of the timed rollouts
-    elapsed_s: float
-    extra_forwards: list[str]
-    reference_gib: float
-    memory_label: str
-    memory_gib: float
-    reserved_gib: float  # the CUDA caching allocator's peak reservation (0.0 on CPU)
-    profile: str = ""
-
-
 def default_hardware() -> str:
     """The conf/hardware profile of this machine: one H100 (80 GB) or one H200 (141 GB) by the
     first GPU's memory, or the CPU profile without CUDA. The plan then judges memory against
     the card the benchmark runs on."""
+    import torch
+
     if not torch.cuda.is_available():
         return "cpu"
     total_gib = torch.cuda.get_device_properties(0).total_memory / GIB
     return "h200x1" if total_gib > H100_GIB else "h100x1"
 
 
-def build_run_trainer(run: RunConfig, plan: Plan) -> Trainer:
-    """The plan's trainer, built as a run's rank 0 builds it (one rank, this process)."""
-    spec = trainer_spec(
-        run, plan, master_addr="127.0.0.1", master_port=free_port(),
-        num_threads=torch.get_num_threads(),
-    )  # fmt: skip
-    if spec.backend == "torch" and (spec.device == "cuda") != torch.cuda.is_available():
-        where = "has a" if torch.cuda.is_available() else "has no"
+def check_trainer_device(run: RunConfig, plan: Plan, on_gpu: bool) -> None:
+    """The torch trainer computes where its spec says (CUDA on a GPU profile): a profile this
+    machine cannot compute on stops here, before anything is built or measured."""
+    # only the device is read: the rendezvous and threads are the trainer's own, later
+    spec = trainer_spec(run, plan, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    if spec.backend == "torch" and (spec.device == "cuda") != on_gpu:
+        where = "has a" if on_gpu else "has no"
         raise SystemExit(
             f"--hardware {run.hardware.name}: the torch trainer would compute on "
             f"{spec.device}, but this machine {where} CUDA GPU; pass --hardware "
             f"{default_hardware()} (or leave it out)"
         )
-    trainer: Trainer = build_trainer(spec, 0)
-    return trainer
 
 
-def time_trainer(
-    run: RunConfig, plan: Plan, rollouts: list[list[TrainSample]], profile: bool
-) -> Measured:
-    on_gpu = torch.cuda.is_available()
-    free_memory(on_gpu)
-    rss_before_gib = peak_rss_gib()
-    trainer = build_run_trainer(run, plan)
-    try:
-        trainer.train_step(rollouts[0])
-        synchronize(on_gpu)
-        start = time.perf_counter()
-        steps = [trainer.train_step(batch) for batch in rollouts[1:]]
-        synchronize(on_gpu)
-        elapsed_s = time.perf_counter() - start
-        extra = extra_forwards(trainer, steps[0]["train/optimizer_steps"])
-        ref = [] if trainer.ref_model is None else list(trainer.ref_model.parameters())
-        reference_gib = local_gib(ref)
-        memory = measured_memory(on_gpu, rss_before_gib)
-        # after the timing and the memory peak: it changes neither
-        profiled = profile_report(lambda: trainer.train_step(rollouts[1])) if profile else ""
-    finally:
-        trainer.close()
-    return Measured(steps, elapsed_s, extra, reference_gib, *memory, profiled)
-
-
-def free_memory(on_gpu: bool) -> None:
-    gc.collect()
-    if on_gpu:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def measured_memory(on_gpu: bool, rss_before_gib: float) -> tuple[str, float, float]:
-    if on_gpu:
-        allocated = torch.cuda.max_memory_allocated() / GIB
-        return "max_memory_allocated GiB", allocated, torch.cuda.max_memory_reserved() / GIB
-    rss_gib = peak_rss_gib()
-    return f"peak RSS growth GiB (peak RSS {rss_gib:.3f})", rss_gib - rss_before_gib, 0.0
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(PRESETS), default="0.6b")
     parser.add_argument("--steps", type=int, default=5, help="timed rollouts after one warm-up")
@@ -334,23 +191,25 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, applied last")
     args = parser.parse_args()
-    trainer_notes_to_stderr()  # the trainers' notes (attention path, kernels) in the log, as a rank
     preset = PRESETS[args.size]
     args.seq_len = args.seq_len or preset.seq_len
     args.samples = args.samples or preset.samples
     args.max_tokens_per_gpu = args.max_tokens_per_gpu or preset.max_tokens_per_gpu
     if args.ragged and args.baseline:
         parser.error("--baseline needs equal samples (the plain loop batches them unpadded)")
-    if args.attention == "padded":
-        kernels.VARLEN_ATTN = None  # packed_attention then takes the padded path everywhere
+    args.lengths = sample_lengths(args)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    trainer_notes_to_stderr()  # the trainers' notes (attention path, kernels) in the log, as a rank
     if args.attention == "varlen":
         os.environ[switches.PACKED_ATTENTION.name] = "varlen"
-    args.lengths = sample_lengths(args)
+    import torch  # alone: whether CUDA is here decides the checkpoint's dtype and the profile
+
     on_gpu = torch.cuda.is_available()
     args.hardware = args.hardware or default_hardware()
-    device = torch.device("cuda" if on_gpu else "cpu")
-
-    peak = measure_peak_flops(device)
     plain = None
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(tmp) / "hf"
@@ -360,23 +219,27 @@ def main() -> None:
         except UserError as error:  # a run the plan refuses (one that would not fit) stops here
             print(error, file=sys.stderr)
             raise SystemExit(2) from None
-        write_checkpoint(run.model, hf_dir, device)
+        check_trainer_device(run, plan, on_gpu)
+        # the plan accepts the run: megatron-core, the trainers and the plain loop load now
+        import trainer_timing as timing
+
+        from rlpost.backends.megatron import kernels
+
+        if args.attention == "padded":
+            kernels.VARLEN_ATTN = None  # packed_attention then takes the padded path everywhere
+        device = torch.device("cuda" if on_gpu else "cpu")
+        peak = timing.measure_peak_flops(device)
+        timing.write_checkpoint(run.model, hf_dir, device)
         vocab = run.model.vocab_size
-        rollouts = [rollout(args.lengths, vocab, s) for s in range(args.steps + 1)]
-        measured = time_trainer(run, plan, rollouts, args.profile)
+        rollouts = [timing.rollout(args.lengths, vocab, s) for s in range(args.steps + 1)]
+        measured = timing.time_trainer(run, plan, rollouts, args.profile)
         report(args, plan, run, peak, measured)  # before the plain loop, which may not fit
         if args.baseline:
-            free_memory(on_gpu)
             recompute = plan.parallel.recompute == "full"
             lr = run.recipe.optim.lr
-            try:
-                plain = run_plain_loop(hf_dir, rollouts, lr, recompute, args.max_tokens_per_gpu)
-            except torch.OutOfMemoryError as error:
-                print(f"\nplain loop  out of memory at {args.max_tokens_per_gpu} tokens a "
-                      f"micro-batch ({str(error).splitlines()[0]})")  # fmt: skip
-                plain = None
+            plain = timing.time_plain_loop(hf_dir, rollouts, lr, recompute, args.max_tokens_per_gpu)
     if plain is not None:
-        report_baseline(args, plan, measured, plain)
+        report_baseline(args, plan, measured, plain, on_gpu)
     if measured.profile:
         print(f"\nrlpost train step, profiled\n{measured.profile}")
 
@@ -390,6 +253,9 @@ def print_rows(rows: list[tuple[str, str]]) -> None:
 def padded_rows_per_token(lengths: list[int], run: RunConfig) -> float:
     """The rows the padded attention takes per token over the rollout's micro-batches (each
     group of samples of similar lengths padded to its longest, rlpost.algo.packing)."""
+    from rlpost.algo.packing import padded_rows
+    from rlpost.algo.steps import micro_batches
+
     rows = 0
     for micro_batch in micro_batches(lengths, run.recipe.train):
         rows += padded_rows([lengths[i] for i in micro_batch])
@@ -407,6 +273,9 @@ def report(
     peak: tuple[float, str],
     measured: Measured,
 ) -> None:
+    from rlpost.backends import sdpa
+    from rlpost.backends.megatron import kernels
+
     model = run.model
     steps = measured.steps
     rate = tokens_per_s(args, len(steps), measured.elapsed_s)
@@ -472,6 +341,8 @@ def report(
 def layout_row(run: RunConfig, plan: Plan, attention: str = "auto") -> str:
     par = plan.parallel
     if plan.trainer_backend != "torch":
+        from rlpost.backends.megatron import kernels
+
         measured = ", ".join(f"{v:.2f}x" for v in kernels._padded_speedups.values())
         sdpa = {
             "padded": "padded SDPA (--attention padded)",
@@ -536,12 +407,11 @@ def reference_row(plan: Plan, reference_gib: float) -> tuple[str, str]:
 
 
 def report_baseline(
-    args: argparse.Namespace, plan: Plan, measured: Measured, plain: PlainResult
+    args: argparse.Namespace, plan: Plan, measured: Measured, plain: PlainResult, on_gpu: bool
 ) -> None:
     steps = len(measured.steps)
     ours = tokens_per_s(args, steps, measured.elapsed_s)
     theirs = tokens_per_s(args, steps, plain.elapsed_s)
-    on_gpu = torch.cuda.is_available()
     compute = "bf16 autocast over float32 weights" if on_gpu else "float32"
     memory = "max_memory_allocated" if on_gpu else "peak RSS of this process"
     recompute = ", every layer checkpointed" if plan.parallel.recompute == "full" else ""

@@ -1,7 +1,8 @@
 """benchmarks/megatron_train.py runs on CPU: each trainer (megatron-core, and the torch trainer
 with trainer.backend=torch) and the plain loop beside it (--baseline) on the tiny Qwen3 shape,
 one timed rollout each; the rows it prints for the torch trainer on a GPU profile (planning
-only); benchmarks/gpu_checks.sh parses."""
+only); the runs it refuses stop before megatron-core is imported or anything is measured;
+benchmarks/gpu_checks.sh parses."""
 
 from __future__ import annotations
 
@@ -59,15 +60,44 @@ def test_ragged_samples_with_padded_attention_count_their_own_tokens() -> None:
     assert done.returncode == 2 and "--baseline needs equal samples" in done.stderr
 
 
+def refused_before_anything_heavy(returncode: int, *args: str) -> str:
+    """The benchmark's stderr for a run it refuses: refused before anything heavy, so neither
+    megatron-core, transformers nor the trainers' timing module (where the matmul peak is
+    measured) was imported (`python -X importtime`), and nothing printed on stdout."""
+    command = [sys.executable, "-X", "importtime", str(BENCHMARKS / "megatron_train.py"), *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == returncode, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    imported = {s.rsplit("|", 1)[1].strip().split(".")[0] for s in lines if "import time:" in s}
+    assert "rlpost" in imported
+    heavy = {"megatron", "transformers", "trainer_timing", "plain_loop", "step_profile"}
+    assert sorted(imported & heavy) == []
+    return "\n".join(line for line in lines if "import time:" not in line)
+
+
 def test_a_run_the_plan_refuses_stops_with_its_reason_before_any_model_is_built() -> None:
     # qwen3-4b without recompute on the one-H100 profile: ~140 GiB of float32 state and
     # activations on an 80 GB card (gpu_checks.sh's train_4b_megatron_none on an H100)
-    command = [sys.executable, str(BENCHMARKS / "megatron_train.py"), "--size", "4b",
-               "--hardware", "h100x1", "layout.train.recompute.granularity=none"]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "no tensor-parallel size fits qwen3-4b on 1 x 79.6 GiB" in done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    stderr = refused_before_anything_heavy(
+        2, "--size", "4b", "--hardware", "h100x1", "layout.train.recompute.granularity=none"
+    )
+    assert "no tensor-parallel size fits qwen3-4b on 1 x 79.6 GiB" in stderr
+
+
+def test_the_torch_trainer_on_a_gpu_profile_without_cuda_stops_before_any_model_is_built() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the torch trainer runs on the GPU profile")
+    stderr = refused_before_anything_heavy(
+        1, "--size", "tiny", "--hardware", "h100x1", "trainer.backend=torch"
+    )
+    assert (
+        "--hardware h100x1: the torch trainer would compute on cuda, but this machine has no "
+        "CUDA GPU; pass --hardware cpu (or leave it out)"
+    ) in stderr
 
 
 def test_the_default_hardware_is_this_machines(bench: ModuleType) -> None:
