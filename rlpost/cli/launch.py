@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from rlpost.cli.sweep import JobOutcome
     from rlpost.plan import Plan
     from rlpost.runtime.failures import RunFailed
+    from rlpost.runtime.stop import HeldSignals
 
 
 def _print_plan(cfg: RunConfig, plan: Plan) -> None:
@@ -184,7 +185,29 @@ def run_job(cfg: DictConfig, job: Callable[[DictConfig], None] = launch_job) -> 
     for the sweep summary: raising would end the sweep (SystemExit), or have Hydra raise it
     again once the jobs have run, before the summary is written. In a sweep, an exception
     nothing expected (a bug) is that job's failure too: its traceback in the run directory's
-    logs/failures.log, as a run's, and the next job starts."""
+    logs/failures.log, as a run's, and the next job starts. Between a sweep's jobs Ctrl-C and
+    SIGTERM are held (the sweep's HeldSignals) and raised as the next job starts."""
+    held = _sweep_signals()
+    if held is not None:
+        held.release()  # a Ctrl-C or SIGTERM since the last job ends the sweep here
+    try:
+        return _run_job(cfg, job)
+    finally:
+        if held is not None:
+            held.hold()  # until the next job: Hydra's own steps, the summary
+
+
+def _sweep_signals() -> HeldSignals | None:
+    """The running sweep's held signals; None outside a sweep."""
+    if not _in_sweep():
+        return None
+    from rlpost.cli.sweep import SweepSummary
+
+    running = SweepSummary.running
+    return running.signals if running is not None else None
+
+
+def _run_job(cfg: DictConfig, job: Callable[[DictConfig], None]) -> JobOutcome | None:
     from rlpost.runtime.failures import RunFailed
 
     refused = False
@@ -312,24 +335,27 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
         try:
             _main(argv, job)
         except Terminated:
-            print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
+            _ended_early(sigterm=True)
             raise SystemExit(EXIT_STOPPED) from None
         except KeyboardInterrupt:
-            _interrupted()
+            _ended_early(sigterm=False)
             raise SystemExit(EXIT_INTERRUPTED) from None
 
 
-def _interrupted() -> None:
-    """Ctrl-C outside a run's own handling: a sweep prints what it did and did not do."""
+def _ended_early(sigterm: bool) -> None:
+    """Ctrl-C or SIGTERM outside a run's own handling: a sweep prints what it did and did
+    not do."""
     running = None
     if "rlpost.cli.sweep" in sys.modules:  # Hydra's callback imported it: a sweep may run
         from rlpost.cli.sweep import SweepSummary
 
         running = SweepSummary.running
-    if running is None:
-        print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+    if running is not None:
+        running.interrupt(sigterm)
+    elif sigterm:
+        print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
     else:
-        running.interrupt()
+        print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
 
 
 def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:

@@ -43,6 +43,7 @@ from rlpost.runtime.failures import (
     RunStopped,
 )
 from rlpost.runtime.metrics import read_metrics
+from rlpost.runtime.stop import EXIT_STOPPED, HeldSignals
 
 SUMMARY_TEXT = "summary.txt"
 SUMMARY_JSON = "summary.json"
@@ -52,6 +53,7 @@ PRINTING_MODES = frozenset({"plan", "slime_args"})
 NOT_RUN = "not run"
 ENDS_SWEEP = frozenset({"stopped", "interrupted"})
 CTRL_C = "Ctrl-C before its run started"
+SIGTERM_EARLY = "SIGTERM before its run started"
 
 
 @dataclass(frozen=True)
@@ -236,6 +238,9 @@ class SweepSummary(Callback):
         self.sweep_dir: Path | None = None
         self.starting: int | None = None  # the job that started last
         self.finished = False
+        # Ctrl-C and SIGTERM land in a job (rlpost.cli.launch.run_job), not in Hydra's steps
+        # between jobs
+        self.signals = HeldSignals()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -245,6 +250,7 @@ class SweepSummary(Callback):
             job.num: [o.lstrip("+") for o in job.overrides] for job in sweep_jobs(overrides)
         }
         SweepSummary.running = self
+        self.signals.hold()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:
@@ -273,22 +279,27 @@ class SweepSummary(Callback):
             self._finish(jobs)  # the jobs after this one do not start
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.signals.release()  # one held since the last job: the sweep ends as interrupted
         if not self.ended:
             return
         self._finish(self.summaries())
 
-    def interrupt(self) -> None:
-        """Ctrl-C outside a job's run (between two jobs, or while one plans, checks or starts
-        its run): the job that was starting shows as interrupted and the jobs after it as not
-        run, the summary is written and printed, with how to run the rest. The caller exits."""
+    def interrupt(self, sigterm: bool = False) -> None:
+        """Ctrl-C (or, `sigterm`, a SIGTERM: a scheduler's time limit) outside a job's run,
+        between two jobs or while one plans, checks or starts its run: the job that was
+        starting shows as interrupted (stopped) and the jobs after it as not run, the summary
+        is written and printed, with how to run the rest. The caller exits."""
         if self.finished or self.sweep_dir is None:
             return
-        print("rlpost: sweep interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        said, status, exit_status, reason = (
+            ("stopped by SIGTERM", "stopped", EXIT_STOPPED, SIGTERM_EARLY)
+            if sigterm
+            else ("interrupted (Ctrl-C)", "interrupted", EXIT_INTERRUPTED, CTRL_C)
+        )
+        print(f"rlpost: sweep {said}", file=sys.stderr, flush=True)
         cut = self.starting if self.starting not in self.ended else None
         jobs = [
-            replace(j, status="interrupted", exit_status=EXIT_INTERRUPTED, reason=CTRL_C)
-            if j.job == cut
-            else j
+            replace(j, status=status, exit_status=exit_status, reason=reason) if j.job == cut else j
             for j in self.summaries()
         ]
         self._report(jobs)

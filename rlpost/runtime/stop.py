@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -54,6 +55,47 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+class HeldSignals:
+    """Ctrl-C and SIGTERM held while code that must not be cut short runs (a sweep's own
+    steps between its jobs: Hydra composing the next job's config, the summary written after
+    one; a KeyboardInterrupt in the middle of composing a config left it broken, which Hydra
+    reported as its own error and exit 1), and raised once the launch's own code runs again
+    (`release`): KeyboardInterrupt, or Terminated for SIGTERM. A signal the process ignores
+    (SIG_IGN, as for a command started in the background) stays ignored."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None  # the first signal held
+        self._before: dict[int, Any] = {}
+
+    def hold(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            before = signal.getsignal(sig)
+            if before == self._record:  # already held
+                continue
+            self._before[sig] = before
+            if before is not signal.SIG_IGN:
+                signal.signal(sig, self._record)
+
+    def release(self) -> None:
+        """The handlers from before `hold` again; a signal held meanwhile is raised now."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, before in self._before.items():
+            signal.signal(sig, before)
+        self._before.clear()
+        pending, self.pending = self.pending, None
+        if pending == signal.SIGINT:
+            raise KeyboardInterrupt
+        if pending == signal.SIGTERM:
+            raise Terminated
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if self.pending is None:
+            self.pending = signum
 
 
 class StopRequested(Exception):

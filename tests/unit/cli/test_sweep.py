@@ -33,7 +33,7 @@ from rlpost.runtime.failures import (
     RunStopped,
     interrupted,
 )
-from rlpost.runtime.stop import EXIT_STOPPED
+from rlpost.runtime.stop import EXIT_STOPPED, Terminated
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -298,6 +298,32 @@ def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run
         f"  job 0: {sweep_dir / '0'}\n"
         "to run the rest, one launch each:\n"
         "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3\n"
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3\n"
+    )
+
+
+def test_a_sigterm_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scheduler's time limit (SIGTERM) between jobs: the sweep says what it did and did
+    not do, as after a Ctrl-C, and exits 143."""
+
+    def job(cfg: DictConfig) -> None:
+        if cfg.recipe.optim.lr == 1e-5:
+            raise Terminated  # what SIGTERM raises while job 1 plans, checks or starts its run
+        launch.launch_job(cfg)
+
+    assert sweep(job) == EXIT_STOPPED
+    sweep_dir = tmp_path / "sweep"
+    assert [status for _, status, _ in saved(sweep_dir)] == [
+        "plan printed", "stopped", "not run"
+    ]  # fmt: skip
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.endswith("rlpost: sweep stopped by SIGTERM\n")
+    assert out.endswith(
+        "to run the rest, one launch each:\n"
+        "  job 1 (stopped): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3\n"
         "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3\n"
     )
 

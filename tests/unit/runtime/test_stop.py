@@ -118,3 +118,35 @@ def test_around_the_loop_a_sigterm_raises_terminated_and_the_handler_is_given_ba
         assert stop.requested.is_set()
         assert signal.getsignal(signal.SIGTERM) is not before  # raising Terminated again
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_held_signals_are_raised_when_released_and_an_ignored_one_stays_ignored() -> None:
+    """Between a sweep's jobs Ctrl-C and SIGTERM wait for the launch's own code: held, they
+    interrupt nothing (Hydra composing a config, the summary being written); released, the
+    first is raised as the launch would have raised it."""
+    from rlpost.runtime.stop import HeldSignals, Terminated
+
+    before = signal.getsignal(signal.SIGTERM)
+    held = HeldSignals()
+    held.hold()
+    os.kill(os.getpid(), signal.SIGINT)  # interrupts nothing while held
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        held.release()  # the first one held
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) == before
+    held.release()  # nothing held any more
+
+    held.hold()
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(Terminated):
+        held.release()
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a command started in the background
+    try:
+        held.hold()
+        os.kill(os.getpid(), signal.SIGINT)
+        held.release()  # ignored, as before the hold
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
