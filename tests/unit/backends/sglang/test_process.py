@@ -68,12 +68,19 @@ def test_listens_on_tells_whose_socket_it_is() -> None:
 def test_a_foreign_server_on_the_port_is_not_taken_for_the_engine(
     squatter: int, tmp_path: object
 ) -> None:
+    refused_while_loading(squatter, tmp_path, {ENGINE_KEY_ENV: "k" * 32})  # an engine's key
+    # the other process was not asked at all, so it never saw the engine's key
+    assert Ok.asked == []
+
+
+def refused_while_loading(port: int, tmp_path: object, env: dict[str, str] | None = None) -> None:
+    """An engine on `port`, still importing its libraries (not yet bound), while another
+    process listens there: its start is refused, naming that process."""
     spec = EngineSpec(
-        index=3, backend="cpu", model_path="/unused", host="127.0.0.1", port=squatter, seed=0,
+        index=3, backend="cpu", model_path="/unused", host="127.0.0.1", port=port, seed=0,
         log_path=f"{tmp_path}/e.log", startup_timeout_s=1,
     )  # fmt: skip
-    process = EngineProcess(spec, {ENGINE_KEY_ENV: "k" * 32})  # an engine with a key
-    # stands in for an engine still importing its libraries, not yet bound
+    process = EngineProcess(spec, env)
     process.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         with pytest.raises(EngineStartError, match="listened on by another process"):
@@ -81,8 +88,6 @@ def test_a_foreign_server_on_the_port_is_not_taken_for_the_engine(
     finally:
         process.proc.kill()
         process.proc.wait()
-    # the other process was not asked at all, so it never saw the engine's key
-    assert Ok.asked == []
 
 
 def test_a_port_whose_holder_never_answers_is_not_waited_on(tmp_path: object) -> None:
@@ -93,19 +98,7 @@ def test_a_port_whose_holder_never_answers_is_not_waited_on(tmp_path: object) ->
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         holder.setblocking(False)
-        spec = EngineSpec(
-            index=0, backend="cpu", model_path="/unused", host="127.0.0.1",
-            port=holder.getsockname()[1], seed=0, log_path=f"{tmp_path}/e.log",
-            startup_timeout_s=1,
-        )  # fmt: skip
-        process = EngineProcess(spec)
-        process.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-        try:
-            with pytest.raises(EngineStartError, match="listened on by another process"):
-                process.wait_healthy(timeout_s=1.0)
-        finally:
-            process.proc.kill()
-            process.proc.wait()
+        refused_while_loading(holder.getsockname()[1], tmp_path)
         with pytest.raises(BlockingIOError):  # no connection came
             holder.accept()
 
