@@ -340,6 +340,21 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
         except KeyboardInterrupt:
             _ended_early(sigterm=False)
             raise SystemExit(EXIT_INTERRUPTED) from None
+        finally:
+            _sweep_over()
+
+
+def _sweep_over() -> None:
+    """However a sweep ended (its last job's end holds Ctrl-C and SIGTERM, and a job that
+    ended the sweep leaves Hydra's loop with them held), this process's handlers are the
+    ones from before it again, and no sweep is running."""
+    if "rlpost.cli.sweep" not in sys.modules:
+        return
+    from rlpost.cli.sweep import SweepSummary
+
+    running, SweepSummary.running = SweepSummary.running, None
+    if running is not None:
+        running.signals.restore()
 
 
 def _ended_early(sigterm: bool) -> None:

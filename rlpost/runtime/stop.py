@@ -82,16 +82,22 @@ class HeldSignals:
 
     def release(self) -> None:
         """The handlers from before `hold` again; a signal held meanwhile is raised now."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig, before in self._before.items():
-            signal.signal(sig, before)
-        self._before.clear()
-        pending, self.pending = self.pending, None
+        pending = self.restore()
         if pending == signal.SIGINT:
             raise KeyboardInterrupt
         if pending == signal.SIGTERM:
             raise Terminated
+
+    def restore(self) -> int | None:
+        """The handlers from before `hold` again, raising nothing: the signal held meanwhile,
+        if any (the launch is ending: it has said how)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        for sig, before in self._before.items():
+            signal.signal(sig, before)
+        self._before.clear()
+        pending, self.pending = self.pending, None
+        return pending
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if self.pending is None:

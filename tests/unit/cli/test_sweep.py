@@ -98,12 +98,25 @@ def test_multirun_writes_and_prints_the_summary(tmp_path: Path) -> None:
 SWEEP = ["recipe.optim.lr=1e-6,1e-5,1e-4", "run.seed=3"]
 
 
-def started(sweep_dir: Path) -> SweepSummary:
-    summary = SweepSummary()
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
-    config.hydra.overrides = {"task": SWEEP}
-    summary.on_multirun_start(config)
-    return summary
+@pytest.fixture
+def started() -> Iterator[Callable[[Path], SweepSummary]]:
+    """A sweep started in `sweep_dir`, as Hydra starts one (its callback holds Ctrl-C and
+    SIGTERM between jobs): whatever the test leaves, this process's handlers are restored
+    and no sweep runs afterwards, as the launcher's own end does (launch._sweep_over)."""
+    made: list[SweepSummary] = []
+
+    def start(sweep_dir: Path) -> SweepSummary:
+        summary = SweepSummary()
+        config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+        config.hydra.overrides = {"task": SWEEP}
+        summary.on_multirun_start(config)
+        made.append(summary)
+        return summary
+
+    yield start
+    for summary in made:
+        summary.signals.restore()
+    SweepSummary.running = None
 
 
 def ended(summary: SweepSummary, num: int, run_dir: Path, value: object) -> None:
@@ -126,7 +139,7 @@ def saved(sweep_dir: Path) -> list[tuple[str, str, int | None]]:
 
 
 def test_a_failed_job_is_summarized_as_it_ends_and_the_sweep_exits_with_its_status(
-    tmp_path: Path,
+    tmp_path: Path, started: Callable[[Path], SweepSummary]
 ) -> None:
     summary = started(tmp_path)
     run_dir = tmp_path / "0"
@@ -164,7 +177,9 @@ def test_a_failed_job_is_summarized_as_it_ends_and_the_sweep_exits_with_its_stat
     )
 
 
-def test_a_stopped_job_ends_the_sweep_with_the_jobs_after_it_not_run(tmp_path: Path) -> None:
+def test_a_stopped_job_ends_the_sweep_with_the_jobs_after_it_not_run(
+    tmp_path: Path, started: Callable[[Path], SweepSummary]
+) -> None:
     summary = started(tmp_path)
     write_metrics(tmp_path / "0", [{"rollout/reward_mean": 0.5}])
     ended(summary, 0, tmp_path / "0", None)
@@ -337,7 +352,10 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
             checkpoint = Path(cfg.run.dir) / "checkpoints" / "iter_0000002"
             raise RunInterrupted("interrupted (Ctrl-C)", Path(cfg.run.dir), checkpoint)
 
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert sweep(job) == EXIT_INTERRUPTED
+    # the job ended the sweep with Ctrl-C and SIGTERM held between jobs: they are not left so
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     sweep_dir = tmp_path / "sweep"
     assert [status for _, status, _ in saved(sweep_dir)] == ["interrupted", "not run", "not run"]
     out, err = capsys.readouterr()

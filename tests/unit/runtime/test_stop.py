@@ -126,14 +126,14 @@ def test_held_signals_are_raised_when_released_and_an_ignored_one_stays_ignored(
     first is raised as the launch would have raised it."""
     from rlpost.runtime.stop import HeldSignals, Terminated
 
-    before = signal.getsignal(signal.SIGTERM)
+    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     held = HeldSignals()
     held.hold()
     os.kill(os.getpid(), signal.SIGINT)  # interrupts nothing while held
     os.kill(os.getpid(), signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         held.release()  # the first one held
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) == before_int
     assert signal.getsignal(signal.SIGTERM) == before
     held.release()  # nothing held any more
 
@@ -149,4 +149,4 @@ def test_held_signals_are_raised_when_released_and_an_ignored_one_stays_ignored(
         held.release()  # ignored, as before the hold
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, before_int)
