@@ -366,6 +366,15 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
 
 
+def ctrl_c_at_its_default() -> None:
+    """In a child before it starts: Ctrl-C at its default, as a terminal's command has it,
+    whether or not these tests were started with it ignored (in the background, under
+    nohup), which the child would inherit."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_between_the_jobs_of_a_launched_sweep(tmp_path: Path) -> None:
     # jobs that only print their plan follow each other quickly: the signal comes once the
     # first has ended, while a later one starts or runs
@@ -375,6 +384,7 @@ def test_ctrl_c_between_the_jobs_of_a_launched_sweep(tmp_path: Path) -> None:
     launched = subprocess.Popen(
         [sys.executable, str(REPO / "launch.py"), *argv],
         cwd=tmp_path,
+        preexec_fn=ctrl_c_at_its_default,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -252,6 +252,15 @@ except KeyboardInterrupt:
 """
 
 
+def ctrl_c_at_its_default() -> None:
+    """In a child before it starts: Ctrl-C at its default, as a terminal's command has it,
+    whether or not these tests were started with it ignored (in the background, under
+    nohup), which the child would inherit."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_reaches_the_launch_not_its_grading_workers(tmp_path: Path) -> None:
     """The terminal sends Ctrl-C to the whole foreground process group: the launch handles it
     (and ends its pool), where a worker printed a traceback of its own and died."""
@@ -265,6 +274,7 @@ def test_ctrl_c_reaches_the_launch_not_its_grading_workers(tmp_path: Path) -> No
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_at_its_default,
         start_new_session=True,  # a process group of its own, as a terminal's command has
     )
     assert launch.stdout is not None

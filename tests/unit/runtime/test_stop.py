@@ -124,16 +124,26 @@ def test_held_signals_are_raised_when_released_and_an_ignored_one_stays_ignored(
     """Between a sweep's jobs Ctrl-C and SIGTERM wait for the launch's own code: held, they
     interrupt nothing (Hydra composing a config, the summary being written); released, the
     first is raised as the launch would have raised it."""
+    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    # Ctrl-C as a terminal's command has it, whether or not these tests were started with it
+    # ignored (in the background, under nohup)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        held_signals_are_raised_when_released(before)
+    finally:
+        signal.signal(signal.SIGINT, before_int)
+
+
+def held_signals_are_raised_when_released(before: object) -> None:
     from rlpost.runtime.stop import HeldSignals, Terminated
 
-    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     held = HeldSignals()
     held.hold()
     os.kill(os.getpid(), signal.SIGINT)  # interrupts nothing while held
     os.kill(os.getpid(), signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         held.release()  # the first one held
-    assert signal.getsignal(signal.SIGINT) == before_int
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) == before
     held.release()  # nothing held any more
 
@@ -143,10 +153,7 @@ def test_held_signals_are_raised_when_released_and_an_ignored_one_stays_ignored(
         held.release()
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a command started in the background
-    try:
-        held.hold()
-        os.kill(os.getpid(), signal.SIGINT)
-        held.release()  # ignored, as before the hold
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before_int)
+    held.hold()
+    os.kill(os.getpid(), signal.SIGINT)
+    held.release()  # ignored, as before the hold
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
