@@ -19,6 +19,7 @@ launcher process.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -236,6 +237,8 @@ class SweepSummary(Callback):
         self.planned: dict[int, list[str]] = {}
         self.ended: dict[int, EndedJob] = {}
         self.sweep_dir: Path | None = None
+        # hydra.sweep.subdir as written (conf/config.yaml: ${hydra.job.num}): each job's folder
+        self.subdir: str | None = None
         self.starting: int | None = None  # the job that started last
         self.finished = False
         # Ctrl-C and SIGTERM land in a job (rlpost.cli.launch.run_job), not in Hydra's steps
@@ -244,6 +247,9 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        written = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+        subdir = written.get("subdir") if isinstance(written, dict) else None
+        self.subdir = str(subdir) if subdir is not None else None
         task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
         overrides = [str(o) for o in task] if isinstance(task, list) else []
         self.planned = {
@@ -344,4 +350,27 @@ class SweepSummary(Callback):
         if ended is not None and ended.outcome is not None and ended.outcome.checkpoint:
             overrides = [o for o in overrides if not o.startswith(("run.dir=", "run.resume="))]
             overrides += [f"run.dir={job.run_dir}", "run.resume=auto"]
+        folder = self._job_folder(job.job)
+        if folder is not None:  # in the sweep's folder, where the sweep would have run it
+            overrides.append(f"hydra.run.dir={hydra_quoted(str(folder))}")
         return overrides
+
+    def _job_folder(self, num: int) -> Path | None:
+        """Job `num`'s folder in the sweep (Hydra's output directory for it); None when
+        hydra.sweep.subdir depends on more than the job's number."""
+        if self.sweep_dir is None or self.subdir is None:
+            return None
+        subdir = self.subdir
+        for ref in ("${hydra.job.num}", "${hydra:job.num}"):
+            subdir = subdir.replace(ref, str(num))
+        return None if "${" in subdir else self.sweep_dir / subdir
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as a Hydra override's value: quoted where Hydra's grammar would read it as
+    more than a string (spaces, commas, brackets, quotes, ...). In a quoted value a
+    backslash is literal except before a quote (or the closing one), where it is doubled."""
+    if value and all(c.isalnum() or c in "/._-" for c in value):
+        return value
+    escaped = re.sub(r"(\\\\*)(?='|$)", r"\1\1", value).replace("'", "\\'")
+    return f"'{escaped}'"

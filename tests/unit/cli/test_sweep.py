@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from rlpost.cli.sweep import (
     JobOutcome,
     JobSummary,
     SweepSummary,
+    not_run,
     summarize_job,
     sweep_exit_status,
     write_summary,
@@ -291,7 +293,10 @@ def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
 
 
 def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
-    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    sweep: Callable[..., int],
+    launched: Callable[..., int],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     def job(cfg: DictConfig) -> None:
         if cfg.recipe.optim.lr == 1e-5:
@@ -312,9 +317,17 @@ def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run
         "finished, in their run directories:\n"
         f"  job 0: {sweep_dir / '0'}\n"
         "to run the rest, one launch each:\n"
-        "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3\n"
-        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3\n"
+        "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3 "
+        f"hydra.run.dir={sweep_dir / '1'}\n"
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3 "
+        f"hydra.run.dir={sweep_dir / '2'}\n"
     )
+    # the launch printed for a job runs it where the sweep would have: in the sweep's folder
+    printed = shlex.split(out.splitlines()[-1].split(": ", 1)[1])
+    assert printed[:2] == ["python", "launch.py"]
+    ran: list[str] = []
+    assert launched(printed[2:], lambda cfg: (launch.launch_job(cfg), ran.append(cfg.run.dir))) == 0
+    assert ran == [str(sweep_dir / "2")]
 
 
 def test_a_sigterm_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
@@ -338,8 +351,10 @@ def test_a_sigterm_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_
     assert err.endswith("rlpost: sweep stopped by SIGTERM\n")
     assert out.endswith(
         "to run the rest, one launch each:\n"
-        "  job 1 (stopped): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3\n"
-        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3\n"
+        "  job 1 (stopped): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3 "
+        f"hydra.run.dir={sweep_dir / '1'}\n"
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3 "
+        f"hydra.run.dir={sweep_dir / '2'}\n"
     )
 
 
@@ -362,7 +377,7 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     assert "rlpost: the run stopped: interrupted (Ctrl-C)" in err
     assert "finished, in their run directories" not in out
     launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
-    resume = f"run.dir={sweep_dir / '0'} run.resume=auto"
+    resume = f"run.dir={sweep_dir / '0'} run.resume=auto hydra.run.dir={sweep_dir / '0'}"
     assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
 
 
@@ -407,3 +422,36 @@ def test_ctrl_c_between_the_jobs_of_a_launched_sweep(tmp_path: Path) -> None:
     )
     assert f"  job 0: {sweep_dir / '0'}\n" in out
     assert "to run the rest, one launch each:\n" in out
+
+
+@pytest.mark.parametrize(
+    ("subdir", "folder"),
+    [
+        ("${hydra.job.num}", "a sweep, it's here/2"),
+        ("job_${hydra.job.num}", "a sweep, it's here/job_2"),
+        ("${hydra.job.override_dirname}", None),  # more than the job's number: not guessed
+    ],
+)
+def test_the_launch_printed_for_a_job_not_run_lands_in_its_folder_of_the_sweep(
+    tmp_path: Path, subdir: str, folder: str | None
+) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    summary = SweepSummary()
+    sweep_dir = tmp_path / "a sweep, it's here"
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir), "subdir": subdir}}})
+    config.hydra.overrides = {"task": SWEEP}
+    summary.on_multirun_start(config)
+    try:
+        summary.finished = True  # nothing printed when the test ends
+        command = summary._command(not_run(2, ""))
+    finally:
+        summary.signals.restore()
+        SweepSummary.running = None
+    placed = [o for o in command if o.startswith("hydra.run.dir=")]
+    if folder is None:
+        assert placed == []
+        return
+    # Hydra reads the quoted folder back as it is, spaces, comma and quote included
+    (override,) = OverridesParser.create().parse_overrides(placed)
+    assert override.value() == str(tmp_path / folder)
