@@ -18,9 +18,9 @@ custom_reward_function, else recipe.eval's; slime's per-set custom_rm_path, whic
 before any rm_type there too), else with the set's reward_type and no custom function, so
 that type grades its every line.
 
-A dict's other keys (a function of verl's shape's, a group function's) are kept in
-`sample.reward_extra`, which the rollout's metrics average and `run.dump_rollouts` writes
-(rlpost.rewards.scored).
+A dict's other keys (a function of verl's shape's, a group function's; a reward model's,
+rlpost.rewards.model) are kept in `sample.reward_extra`, which the rollout's metrics average
+and `run.dump_rollouts` writes (rlpost.rewards.scored).
 
 A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
 the response with the grader it names, and pays that grader's floor where there is none.
