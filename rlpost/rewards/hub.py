@@ -18,9 +18,9 @@ custom_reward_function, else recipe.eval's; slime's per-set custom_rm_path, whic
 before any rm_type there too), else with the set's reward_type and no custom function, so
 that type grades its every line.
 
-A dict's other keys (a function of verl's shape's, a group function's; a reward model's,
-rlpost.rewards.model) are kept in `sample.reward_extra`, which the rollout's metrics average
-and `run.dump_rollouts` writes (rlpost.rewards.scored).
+A dict's other keys (a function of verl's shape's, a group function's, a reward server's;
+a reward model's, rlpost.rewards.model) are kept in `sample.reward_extra`, which the
+rollout's metrics average and `run.dump_rollouts` writes (rlpost.rewards.scored).
 
 A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
 the response with the grader it names, and pays that grader's floor where there is none.
@@ -58,7 +58,7 @@ from rlpost.hooks import (
 from rlpost.rewards.answers import choice_label, last_boxed
 from rlpost.rewards.errors import RewardError
 from rlpost.rewards.pool import grading_pool
-from rlpost.rewards.remote import post_reward, reward_payload
+from rlpost.rewards.remote import post_reward
 from rlpost.rewards.scored import Scored, as_reward, read_score, read_scores, sample_name
 from rlpost.types import Sample
 
@@ -381,10 +381,12 @@ async def remote_reward(sample: Sample, ctx: RewardContext) -> float:
     url = ctx.config.remote_url
     if not url:
         raise RewardError("reward type 'remote' needs reward.remote_url")
-    return await post_reward(
+    scored = await post_reward(
         await ctx.http_session(),
         url,
-        reward_payload(sample),
+        sample,
         timeout_s=ctx.config.timeout_s,
         max_retries=ctx.config.max_retries,
     )
+    sample.reward_extra = scored.extra
+    return scored.reward
