@@ -52,9 +52,9 @@ class Sample:
     turn_start: int = 0
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
-    # what a reward function of verl's shape returned beside the reward ("score" of its
-    # dict), by key: numbers (finite, else None), strings, JSON values, others as str();
-    # None where the reward came alone (rlpost.rewards.hub.reward_extra)
+    # what the scorer's dict held beside the reward (its "score"; a reward server's
+    # "reward"), by key: numbers (finite, else None), strings, JSON values, others as str();
+    # None where the reward came alone (rlpost.rewards.scored.reward_extra)
     reward_extra: dict[str, Any] | None = None
     weight_version: str | None = None
     # the special token's text that ended the response (its eos or end-of-turn token, as

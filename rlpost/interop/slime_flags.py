@@ -538,13 +538,13 @@ NOT_IMPORTED = {
         "recipe.algo.advantage_estimator",
     ),
     "--reward-key": (
-        "rlpost's reward functions return a number, or (verl's compute_score) a dict whose "
-        "'score' is the reward: no key to pick",
+        "rlpost reads the reward of a dict from a fixed key ('score'; a reward server's "
+        "'reward', else 'score'), the others logged: no key to pick",
         "recipe.rollout.reward.custom_function",
     ),
     "--eval-reward-key": (
-        "rlpost's reward functions return a number, or (verl's compute_score) a dict whose "
-        "'score' is the reward: no key to pick",
+        "rlpost reads the reward of a dict from a fixed key ('score'; a reward server's "
+        "'reward', else 'score'), the others logged: no key to pick",
         "recipe.rollout.reward.custom_function",
     ),
     "--rollout-data-transport": (

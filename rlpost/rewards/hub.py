@@ -2,15 +2,14 @@
 
 Which function scores a sample, first match wins (slime's order: its --custom-rm-path runs
 before any --rm-type, a line's or the run's):
-1. `reward.group` set: `reward.custom_function(samples) -> list[float]`, called once per
-   group (samples sharing a group_index); per-sample types are not consulted.
+1. `reward.group` set: `reward.custom_function(samples) -> list`, called once per group
+   (samples sharing a group_index): a number per sample, or a dict per sample whose "score"
+   is the reward, as verl's; per-sample types are not consulted.
 2. `reward.custom_function(sample) -> float`, for every sample (it may read
    `sample.metadata["rm_type"]` itself); or a function of verl's shape,
    `compute_score(data_source, solution_str, ground_truth, extra_info=None)`, recognised by
    those parameter names and called by keyword (`verl_arguments`): it returns a number or a
-   dict whose "score" is the reward; the dict's other keys are kept in
-   `sample.reward_extra` (`reward_extra`), which the rollout's metrics average and
-   `run.dump_rollouts` writes.
+   dict whose "score" is the reward.
 3. `sample.metadata["rm_type"]`: a registered type, for datasets that mix tasks.
 4. `reward.type`: a registered type.
 An evaluation set scored otherwise than training is gets a config of its own
@@ -18,6 +17,10 @@ An evaluation set scored otherwise than training is gets a config of its own
 custom_reward_function, else recipe.eval's; slime's per-set custom_rm_path, which scores
 before any rm_type there too), else with the set's reward_type and no custom function, so
 that type grades its every line.
+
+A dict's other keys (a function of verl's shape's, a group function's, a reward server's;
+a reward model's, rlpost.rewards.model) are kept in `sample.reward_extra`, which the
+rollout's metrics average and `run.dump_rollouts` writes (rlpost.rewards.scored).
 
 A `boxed_` type (slime's `boxed_f1`, `boxed_gpqa`) grades only the last `\\boxed{}` answer of
 the response with the grader it names, and pays that grader's floor where there is none.
@@ -31,16 +34,13 @@ past it scores as a wrong answer. Custom functions, plain or async, get the same
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import inspect
-import json
 import logging
-import math
 import random
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -58,7 +58,8 @@ from rlpost.hooks import (
 from rlpost.rewards.answers import choice_label, last_boxed
 from rlpost.rewards.errors import RewardError
 from rlpost.rewards.pool import grading_pool
-from rlpost.rewards.remote import post_reward, reward_payload
+from rlpost.rewards.remote import post_reward
+from rlpost.rewards.scored import Scored, as_reward, read_score, read_scores, sample_name
 from rlpost.types import Sample
 
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ async def compute_rewards(
     samples: Sequence[Sample], config: RewardConfig, seed: int | None = None
 ) -> list[float]:
     """One reward per sample, in order. Does not write `sample.reward`; writes
-    `sample.reward_extra` where a function of verl's shape scores it. `seed` (the run's,
+    `sample.reward_extra`: what a dict returned beside the reward, None where a number came
+    (rlpost.rewards.scored). `seed` (the run's,
     in deterministic mode) fixes what a random reward draws for each sample."""
     if config.group:
         return await _group_rewards(samples, config)
@@ -138,8 +140,9 @@ async def _custom_reward(sample: Sample, ctx: RewardContext, path: str) -> float
     if VERL_COMPUTE_SCORE.fits(hook):
         keywords = VERL_COMPUTE_SCORE.arguments(hook, verl_arguments(sample))
         value = await _call_hook(hook, sample, timeout_s, path, keywords)
-        sample.reward_extra = reward_extra(value) or None
-        return 0.0 if value is _TIMED_OUT else _as_reward(_verl_score(value, path), path)
+        scored = Scored(0.0) if value is _TIMED_OUT else read_score(value, _who(path), sample)
+        sample.reward_extra = scored.extra
+        return scored.reward
     value = await _call_hook(hook, sample, timeout_s, path)
     if isinstance(value, dict):
         raise RewardError(
@@ -148,7 +151,11 @@ async def _custom_reward(sample: Sample, ctx: RewardContext, path: str) -> float
             f"{VERL_COMPUTE_SCORE.describe()}, may return a dict: its 'score' is the "
             "reward and its other numbers are logged (rollout/reward_extra/<key>)"
         )
-    return 0.0 if value is _TIMED_OUT else _as_reward(value, path)
+    return 0.0 if value is _TIMED_OUT else as_reward(value, _who(path), sample)
+
+
+def _who(path: str) -> str:
+    return f"reward function '{path}'"
 
 
 async def _typed_reward(name: str, sample: Sample, ctx: RewardContext, source: str) -> float:
@@ -159,7 +166,16 @@ async def _typed_reward(name: str, sample: Sample, ctx: RewardContext, source: s
             f"{sample.group_index}, index={sample.index}).{did_you_mean(name, REWARD_TYPES)} "
             f"Known types: {sorted(REWARD_TYPES)}"
         )
-    return float(await fn(sample, ctx))
+    value = await fn(sample, ctx)
+    if isinstance(value, Mapping):
+        raise RewardError(
+            f"reward type {name!r} returned a dict ({sorted(map(str, value))}) for "
+            f"{sample_name(sample)}; a registered type returns its reward as a number "
+            "(async def fn(sample, ctx) -> float) and carries nothing beside it. To log more "
+            f"beside a reward, score with a custom function of verl's shape, "
+            f"{VERL_COMPUTE_SCORE.describe()}, whose dict's 'score' is the reward"
+        )
+    return as_reward(value, f"reward type {name!r}", sample)
 
 
 async def _group_rewards(samples: Sequence[Sample], config: RewardConfig) -> list[float]:
@@ -175,14 +191,12 @@ async def _group_rewards(samples: Sequence[Sample], config: RewardConfig) -> lis
         group = [samples[p] for p in positions]
         values = await _call_hook(hook, group, config.timeout_s, path)
         if values is _TIMED_OUT:
-            return [0.0] * len(group)
-        sized = hasattr(values, "__len__") and not isinstance(values, str | bytes)
-        if not sized or len(values) != len(group):
-            raise RewardError(
-                f"group reward function '{path}' returned {str(values)[:100]!r} for a group "
-                f"of {len(group)} samples; it must return a list of {len(group)} floats"
-            )
-        return [_as_reward(v, path) for v in values]
+            scored = [Scored(0.0)] * len(group)
+        else:
+            scored = read_scores(values, f"group reward function '{path}'", group)
+        for sample, one in zip(group, scored, strict=True):
+            sample.reward_extra = one.extra
+        return [one.reward for one in scored]
 
     rewards = [0.0] * len(samples)
     scored = await asyncio.gather(*(score(positions) for positions in groups.values()))
@@ -255,58 +269,6 @@ def verl_arguments(sample: Sample) -> dict[str, Any]:
         "ground_truth": sample.label,
         "extra_info": dict(metadata),
     }
-
-
-def _verl_score(value: Any, path: str) -> Any:
-    """The reward in what a verl-shaped function returned: a number, or a dict's "score"."""
-    if not isinstance(value, dict):
-        return value
-    if "score" not in value:
-        raise RewardError(
-            f"reward function '{path}' returned a dict without a 'score' ({sorted(value)}); "
-            "a dict returned by a function of verl's shape holds the reward as 'score'"
-        )
-    return value["score"]
-
-
-def reward_extra(value: Any) -> dict[str, Any]:
-    """What a dict returned by a function of verl's shape holds beside its "score", by key
-    (as text), each value as JSON can hold it and the same for the same value: a number
-    as Python's (bool, int or float; one that is not finite as None), a string, a JSON
-    value (a list of numbers), anything else as its str(). Nothing for a number."""
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): _extra_value(v) for k, v in value.items() if k != "score"}
-
-
-def _extra_value(value: Any) -> Any:
-    if hasattr(value, "item") and not isinstance(value, str | bytes):
-        # a NumPy or torch scalar; an array of more than one value is written as its str()
-        with contextlib.suppress(Exception):
-            value = value.item()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            float(value)
-        except OverflowError:  # no float holds it: not averaged
-            return str(value)
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return str(value)
-    return value
-
-
-def _as_reward(value: Any, source: str) -> float:
-    if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
-        raise RewardError(f"reward function '{source}' returned {value!r}; expected a number")
-    reward = float(value)
-    if not math.isfinite(reward):
-        raise RewardError(f"reward function '{source}' returned {reward}; rewards must be finite")
-    return reward
 
 
 def _label_of(sample: Sample, reward_type: str) -> str:
@@ -419,10 +381,12 @@ async def remote_reward(sample: Sample, ctx: RewardContext) -> float:
     url = ctx.config.remote_url
     if not url:
         raise RewardError("reward type 'remote' needs reward.remote_url")
-    return await post_reward(
+    scored = await post_reward(
         await ctx.http_session(),
         url,
-        reward_payload(sample),
+        sample,
         timeout_s=ctx.config.timeout_s,
         max_retries=ctx.config.max_retries,
     )
+    sample.reward_extra = scored.extra
+    return scored.reward

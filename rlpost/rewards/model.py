@@ -13,7 +13,9 @@
 the driver; in an actor, the device slot the plan gave it ("cuda" on GPU hardware, where Ray
 has made its GPU the only one visible). Groups that finish around the same time are gathered
 into one call of up to `model_batch_size` samples (a GPU model wants batches, not single
-groups), and each group gets its own rewards back.
+groups), and each group gets its own rewards back. It returns a number per sample, or a dict
+per sample whose "score" is the reward and whose other keys are kept in the sample's
+`reward_extra`, as a function of verl's shape's are (rlpost.rewards.scored).
 
 With `model_placement: actor` the model lives in a Ray actor on a device slot of its own:
 the plan takes that slot from the hardware (the last one), so training and the engines
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlpost.rewards.errors import RewardError
+from rlpost.rewards.scored import Scored, read_scores
 from rlpost.types import Sample
 
 
@@ -42,7 +44,8 @@ class RewardModelContext:
 
 
 class RewardModel(Protocol):
-    def __call__(self, samples: list[Sample]) -> Awaitable[list[float]]: ...
+    # a number per sample, or a dict per sample holding it as "score" (rlpost.rewards.scored)
+    def __call__(self, samples: list[Sample]) -> Awaitable[list[float] | list[dict[str, Any]]]: ...
 
 
 def build_reward_model(path: str, settings: Mapping[str, Any], device: str) -> Any:
@@ -53,36 +56,27 @@ def build_reward_model(path: str, settings: Mapping[str, Any], device: str) -> A
     return cls(RewardModelContext(settings=dict(settings), device=device))
 
 
-async def score(model: Any, samples: list[Sample], name: str) -> list[float]:
-    """The model's rewards for `samples`, checked: one finite number per sample."""
+async def score(model: Any, samples: list[Sample], name: str) -> list[Scored]:
+    """The model's rewards for `samples`, checked: one per sample, each a finite number or a
+    dict holding it as "score" and other keys beside it (`Scored.extra`), all of one kind.
+    What it returns beside the reward travels back from an actor in the `Scored`."""
     try:
         values = model(samples)
         if inspect.isawaitable(values):
             values = await values
     except Exception as exc:
         raise RewardError(f"reward model '{name}' raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(values, Sequence) or isinstance(values, str | bytes):
-        raise RewardError(f"reward model '{name}' returned {type(values).__name__}, not a list")
-    if len(values) != len(samples):
-        raise RewardError(
-            f"reward model '{name}' returned {len(values)} rewards for {len(samples)} samples"
-        )
-    rewards = []
-    for value in values:
-        reward = float(value)
-        if not math.isfinite(reward):
-            raise RewardError(f"reward model '{name}' returned {reward}; rewards must be finite")
-        rewards.append(reward)
-    return rewards
+    return read_scores(values, f"reward model '{name}'", samples)
 
 
-Scorer = Callable[[list[Sample]], Awaitable[list[float]]]
+Scorer = Callable[[list[Sample]], Awaitable[list[Scored]]]
 
 
 class RewardBatcher:
     """Gathers the samples of groups that ask at about the same time into calls of at most
     `batch_size` samples; a call starts once `batch_size` samples wait, or `max_wait_s` after
-    the first of them arrived. Each caller gets the rewards of its own samples back."""
+    the first of them arrived. Each caller gets the rewards of its own samples back, and what
+    the model returned beside each reward in that sample's `reward_extra`."""
 
     def __init__(self, scorer: Scorer, batch_size: int, max_wait_s: float = 0.02) -> None:
         self.scorer = scorer
@@ -130,6 +124,9 @@ class RewardBatcher:
             return
         at = 0
         for group, future in batch:
+            scored = rewards[at : at + len(group)]
+            for sample, one in zip(group, scored, strict=True):
+                sample.reward_extra = one.extra
             if not future.done():
-                future.set_result(rewards[at : at + len(group)])
+                future.set_result([one.reward for one in scored])
             at += len(group)

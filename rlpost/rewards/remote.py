@@ -1,14 +1,19 @@
-"""A reward model behind HTTP: POST one sample as JSON, read back a number."""
+"""A reward model behind HTTP: POST one sample as JSON, read back its reward.
+
+The server answers a JSON number, or an object holding the reward as "reward" (else
+"score") and anything else beside it: the object's other keys are the sample's
+`reward_extra` (rlpost.rewards.scored), their numbers logged as rollout/reward_extra/<key>.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from typing import TYPE_CHECKING, Any
 
-from rlpost.rewards.errors import RemoteRewardError
+from rlpost.rewards.errors import RemoteRewardError, RewardError
+from rlpost.rewards.scored import Scored, as_reward, read_score, sample_name, shown
 
 if TYPE_CHECKING:
     import aiohttp
@@ -20,6 +25,8 @@ logger = logging.getLogger(__name__)
 BACKOFF_BASE_S = 0.25
 BACKOFF_MAX_S = 8.0
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# where a server's JSON object holds the reward, the first found
+REMOTE_KEYS = ("reward", "score")
 
 
 def reward_payload(sample: Sample) -> dict[str, Any]:
@@ -35,20 +42,19 @@ def reward_payload(sample: Sample) -> dict[str, Any]:
 async def post_reward(
     session: aiohttp.ClientSession,
     url: str,
-    payload: dict[str, Any],
+    sample: Sample,
     *,
     timeout_s: float,
     max_retries: int,
-) -> float:
-    """POST `payload` to `url`; retry timeouts, connection errors, 429 and 5xx.
-
-    The server answers a JSON number, or an object with a numeric `reward` or `score`.
-    Other 4xx answers are not retried: the request itself is wrong.
+) -> Scored:
+    """POST `sample` (`reward_payload`) to `url`; retry timeouts, connection errors, 429 and
+    5xx. Other 4xx answers are not retried: the request itself is wrong.
     """
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     last_problem = ""
+    payload = reward_payload(sample)
     for attempt in range(max_retries + 1):
         if attempt:
             delay_s = min(BACKOFF_BASE_S * 2 ** (attempt - 1), BACKOFF_MAX_S)
@@ -63,7 +69,7 @@ async def post_reward(
                     raise RemoteRewardError(
                         f"reward server {url} answered HTTP {response.status}: {body!r}"
                     )
-                return parse_reward(await response.json(content_type=None), url)
+                return parse_reward(await response.json(content_type=None), url, sample)
         except (aiohttp.ClientError, TimeoutError) as exc:
             last_problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         logger.info("reward server %s: %s (attempt %d)", url, last_problem, attempt + 1)
@@ -74,14 +80,18 @@ async def post_reward(
     )
 
 
-def parse_reward(body: Any, url: str) -> float:
-    """A float from a reward server's JSON answer, or RemoteRewardError naming what came."""
-    value = body
-    if isinstance(body, dict):
-        value = body.get("reward", body.get("score"))
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        raise RemoteRewardError(
-            f"reward server {url} answered {str(body)[:200]!r}; expected a finite number or "
-            '{"reward": <number>}'
-        )
-    return float(value)
+def parse_reward(body: Any, url: str, sample: Sample) -> Scored:
+    """The reward in a reward server's JSON answer for `sample` (a number, or an object
+    holding it under REMOTE_KEYS, the rest kept), or RemoteRewardError naming what came."""
+    who = f"reward server {url}"
+    try:
+        if isinstance(body, dict):
+            return read_score(body, who, sample, REMOTE_KEYS)
+        if isinstance(body, int | float):
+            return Scored(as_reward(body, who, sample))
+    except RewardError as exc:
+        raise RemoteRewardError(str(exc)) from None
+    raise RemoteRewardError(
+        f"{who} returned {shown(body)} for {sample_name(sample)}; expected a finite number "
+        'or {"reward": <number>, ...}'
+    )

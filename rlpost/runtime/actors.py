@@ -12,6 +12,7 @@ import ray
 from rlpost.backends.ports import hold_port
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess
+from rlpost.rewards.scored import Scored
 from rlpost.runtime.progress import trainer_notes_to_stderr
 from rlpost.runtime.rank_io import ReadMeter
 from rlpost.runtime.trainers import TrainerSpec, build_trainer
@@ -137,7 +138,7 @@ class RewardModelActor:
     def where(self) -> dict[str, object]:
         return _where()
 
-    async def score(self, samples: list[object]) -> list[float]:
+    async def score(self, samples: list[object]) -> list[Scored]:
         from rlpost.rewards.model import score
 
         return await score(self.model, samples, self.path)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from rlpost.plan import Plan
 from rlpost.plan.work import starts_elsewhere
 from rlpost.rewards import RewardError, compute_rewards
 from rlpost.rewards.model import RewardBatcher, build_reward_model, score
+from rlpost.rewards.scored import Scored
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import Seeding
 from rlpost.runtime.evaluation import EvalReport, EvalSet, evaluate
@@ -180,10 +181,10 @@ class TrainLoop:
         else:
             model = build_reward_model(name, reward.model_settings, "cpu")
 
-            async def remote(samples: list[Sample]) -> list[float]:
+            async def remote(samples: list[Sample]) -> list[Scored]:
                 return await score(model, samples, name)
 
-        async def scorer(samples: list[Sample]) -> list[float]:
+        async def scorer(samples: list[Sample]) -> list[Scored]:
             try:
                 return await asyncio.wait_for(remote(samples), timeout_s)
             except TimeoutError:

@@ -126,8 +126,8 @@ def truncate_metrics(path: Path, start_rollout: int) -> int:
 
 
 def reward_extra_means(samples: Sequence[Sample], prefix: str) -> dict[str, float]:
-    """`<prefix>/reward_extra/<key>`: the mean of each number a reward function of verl's
-    shape returned beside the score (`Sample.reward_extra`; a bool counts 1 or 0) over the
+    """`<prefix>/reward_extra/<key>`: the mean of each number a scorer's dict held beside
+    the reward (`Sample.reward_extra`; a bool counts 1 or 0) over the
     samples whose dict had it as a finite number. Under a prefix of their own, no key
     replaces another metric; strings are not averaged (`run.dump_rollouts` writes them)."""
     found: dict[str, list[float]] = {}

@@ -2,13 +2,12 @@
 sample in `<run.dir>/rollouts/rollout_<id>.jsonl` (groups in prompt order).
 
 A line holds the sample's prompt and response tokens, the engines' logprobs, the loss mask,
-the policy version of each token, its reward, status and label, and `reward_extra`: what a
-reward function of verl's shape returned beside the score, strings included (null where it
-returned a number): what is needed to tell two runs apart sample by sample
-(`first_difference`), or to see what a step trained on. Floats are written as Python's
-shortest repr, so they read back bit for bit. A rollout that is run again (a resume, a
-restart in place) writes its file again; the file is replaced whole, so a crash mid-write
-leaves the previous one.
+the policy version of each token, its reward, status and label, and `reward_extra`: what its
+scorer's dict held beside the reward, strings included (null where it returned a number):
+what is needed to tell two runs apart sample by sample (`first_difference`), or to see what
+a step trained on. Floats are written as Python's shortest repr, so they read back bit for
+bit. A rollout that is run again (a resume, a restart in place) writes its file again; the
+file is replaced whole, so a crash mid-write leaves the previous one.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.plan.work import evaluates_served_weights
+from rlpost.rewards.scored import Scored
 from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
@@ -359,10 +360,10 @@ class Session:
             reward.model, dict(reward.model_settings), self.cluster.on_gpu, self._thread_env(index)
         )
 
-    async def score_rewards(self, samples: list[Sample]) -> list[float]:
-        """Rewards from the reward model's actor."""
+    async def score_rewards(self, samples: list[Sample]) -> list[Scored]:
+        """Rewards from the reward model's actor, with what it returned beside each."""
         assert self.reward_actor is not None
-        rewards: list[float] = await self.reward_actor.score.remote(samples)
+        rewards: list[Scored] = await self.reward_actor.score.remote(samples)
         return rewards
 
     async def _start_engines(self) -> None:

@@ -54,7 +54,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     Response lengths count the tokens the policy generated (not those a tool inserted,
     counted apart with the policy turns of multi-turn samples); staleness is the trained
     version minus the oldest policy version of each sample's tokens generated since it was
-    drawn. What a reward function of verl's shape returned beside the score is averaged per
+    drawn. What a scorer's dict held beside the reward is averaged per
     key as `rollout/reward_extra/<key>` (`reward_extra_means`).
     """
     samples = [s for g in batch.groups for s in g]

@@ -102,7 +102,8 @@ class RewardConfig(Section):
         description="score every sample with this function, 'module.fn' with def fn(sample) "
         "-> float (async too) or verl's compute_score(data_source, solution_str, "
         "ground_truth, extra_info=None) (rlpost.rewards.hub); with group, def fn(samples) "
-        "-> list[float]",
+        "-> list: a number per sample, or a dict per sample whose 'score' is the reward "
+        "(its other keys logged as rollout/reward_extra/<key>)",
     )
     group: bool = False
     remote_url: str | None = None
@@ -112,7 +113,9 @@ class RewardConfig(Section):
         None,
         description="a reward model class by dotted path, built once per run as cls(ctx) "
         "(rlpost.rewards.model.RewardModelContext) and called as `async __call__(samples) "
-        "-> list[float]` on batches of samples; it scores every sample",
+        "-> list` on batches of samples: a number per sample, or a dict per sample whose "
+        "'score' is the reward (its other keys logged as rollout/reward_extra/<key>); it "
+        "scores every sample",
     )
     model_settings: dict[str, Any] = Field(
         default_factory=dict, description="the reward model's own settings (ctx.settings)"
@@ -148,7 +151,8 @@ class RewardConfig(Section):
                     "reward type 'model' scores with a reward model class, and model is not set",
                     fields=("model",),
                     fix="set model: my_pkg.rm.MyRewardModel (a class built as cls(ctx) with "
-                    "async def __call__(self, samples) -> list[float])",
+                    "async def __call__(self, samples) returning a number, or a dict whose "
+                    "'score' is the reward, per sample)",
                 )
             why = "reward type 'model' scores every sample with reward.model"
             fix = "remove it, or choose another reward type"

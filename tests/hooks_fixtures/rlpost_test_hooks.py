@@ -70,6 +70,34 @@ def wrong_length_group(samples: list[Sample]) -> list[float]:
     return [1.0]
 
 
+def ranked_group_with_extras(samples: list[Sample]) -> list[dict[str, Any]]:
+    """Group reward as verl's batch reward functions return it: a dict per sample, the
+    reward as "score", beside it whether it is the longest, its length and its text."""
+    longest = max(len(s.response_text) for s in samples)
+    return [
+        {
+            "score": 1.0 if len(s.response_text) == longest else 0.0,
+            "acc": len(s.response_text) == longest,
+            "length": len(s.response_text),
+            "pred": s.response_text,
+        }
+        for s in samples
+    ]
+
+
+def group_dicts_with_reward_key(samples: list[Sample]) -> list[dict[str, Any]]:
+    """A reward server's key, "reward", where a group function's dict holds "score"."""
+    return [{"reward": 1.0, "acc": 1} for _ in samples]
+
+
+def group_numbers_and_dicts(samples: list[Sample]) -> list[Any]:
+    return [1.0] + [{"score": 0.0, "acc": 0} for _ in samples[1:]]
+
+
+def group_dict_with_text_score(samples: list[Sample]) -> list[dict[str, Any]]:
+    return [{"score": "high"} for _ in samples]
+
+
 def sleepy_reward(sample: Sample) -> float:
     time.sleep(6.0)  # far past the tests' timeouts, whatever the machine's load
     return 1.0
@@ -268,6 +296,21 @@ class BoxedAnswerModel:
         return [
             self.scale if s.label is not None and last_boxed(s.response_text) == s.label else 0.0
             for s in samples
+        ]
+
+
+class BoxedAnswerModelWithExtras(BoxedAnswerModel):
+    """`BoxedAnswerModel`'s reward as a dict's "score", as reward servers and verl's batch
+    managers answer, with whether a box was found and the answer read beside it."""
+
+    async def __call__(self, samples: list[Sample]) -> list[dict[str, Any]]:  # type: ignore[override]
+        from rlpost.rewards.answers import last_boxed
+
+        rewards = await super().__call__(samples)
+        boxes = [last_boxed(s.response_text) for s in samples]
+        return [
+            {"score": r, "boxed": box is not None, "answer": box}
+            for r, box in zip(rewards, boxes, strict=True)
         ]
 
 

@@ -6,6 +6,7 @@ import pytest
 from aiohttp import web
 
 from rlpost.rewards import RemoteRewardError, compute_rewards
+from rlpost.runtime.metrics import reward_extra_means
 from rlpost.schema import RewardConfig
 from rlpost.types import Sample
 
@@ -106,9 +107,58 @@ def test_client_errors_are_not_retried() -> None:
     assert calls == 1
 
 
-def test_a_non_numeric_answer_is_an_error() -> None:
-    async def odd(request: web.Request) -> web.Response:
-        return web.json_response({"verdict": "good"})
+def test_what_an_answers_object_holds_beside_the_reward_goes_with_the_sample() -> None:
+    """The object's "reward" (else its "score") is the reward; its other keys are the
+    sample's reward_extra, averaged as a verl-shaped function's are. A number keeps none."""
 
-    with pytest.raises(RemoteRewardError, match="expected a finite number"):
+    async def handler(request: web.Request) -> web.Response:
+        text = (await request.json())["response"]
+        if text == "plain":
+            return web.json_response(0.5)
+        right = "34" in text
+        if text.startswith("scored"):
+            return web.json_response({"score": 0.25, "acc": right, "pred": text})
+        return web.json_response(
+            {"reward": float(right), "score": 0.9, "acc": right, "format": 1, "pred": text}
+        )
+
+    batch = [sample("it is 34"), sample("it is 35"), sample("scored 34"), sample("plain")]
+    assert asyncio.run(score_with_server(handler, batch)) == [1.0, 0.0, 0.25, 0.5]
+    assert [s.reward_extra for s in batch] == [
+        {"score": 0.9, "acc": True, "format": 1, "pred": "it is 34"},
+        {"score": 0.9, "acc": False, "format": 1, "pred": "it is 35"},
+        {"acc": True, "pred": "scored 34"},
+        None,
+    ]
+    assert reward_extra_means(batch, "rollout") == {
+        "rollout/reward_extra/acc": 2 / 3,
+        "rollout/reward_extra/format": 1.0,
+        "rollout/reward_extra/score": 0.9,
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        ({"verdict": "good"}, "returned a dict without a 'reward' or 'score' for sample "
+         "group_index=0, index=0: {'verdict': 'good'}; a dict holds the reward as a 'reward' "
+         "or 'score' and other numbers beside it, logged as rollout/reward_extra/<key>: "
+         "return {'reward': <number>, ...}, or the reward alone as a number"),
+        ({"reward": "high", "acc": 1}, "returned {'reward': 'high', 'acc': 1} for sample "
+         "group_index=0, index=0: its 'reward' ('high') is not a number"),
+        ("high", "returned 'high' for sample group_index=0, index=0; expected a finite "
+         'number or {"reward": <number>, ...}'),
+        ([1.0], "returned [1.0] for sample group_index=0, index=0; expected a finite number"),
+    ],
+)  # fmt: skip
+def test_a_malformed_answer_is_refused_naming_the_server_and_the_sample(
+    answer: object, said: str
+) -> None:
+    async def odd(request: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    with pytest.raises(RemoteRewardError) as info:
         asyncio.run(score_with_server(odd, [sample("x")]))
+    message = str(info.value)
+    assert message.startswith("reward server http://127.0.0.1:")
+    assert f"/score {said}" in message

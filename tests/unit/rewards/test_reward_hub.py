@@ -13,6 +13,7 @@ from rlpost.rewards import (
     compute_rewards,
     grading_pool,
 )
+from rlpost.runtime.metrics import reward_extra_means
 from rlpost.schema import RewardConfig
 from rlpost.types import Sample
 
@@ -114,6 +115,26 @@ def test_unknown_type_names_the_source_and_a_close_match() -> None:
         rewards([sample("\\boxed{34}", rm_type="deepscalr")], type="math")
 
 
+def test_a_registered_type_returning_a_dict_is_refused_naming_verls_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registered type returns a number: a dict it returns stops the run, where float()
+    failed on it, and says how to log more beside a reward."""
+
+    async def graded(sample: Sample, ctx: Any) -> Any:
+        return {"score": 1.0, "acc": 1}
+
+    monkeypatch.setitem(REWARD_TYPES, "graded_with_extras", graded)
+    with pytest.raises(RewardError) as info:
+        rewards([sample("34", rm_type="graded_with_extras")])
+    message = str(info.value)
+    assert (
+        "reward type 'graded_with_extras' returned a dict (['acc', 'score']) for sample "
+        "group_index=0, index=0; a registered type returns its reward as a number" in message
+    )
+    assert "def fn(data_source, solution_str, ground_truth, extra_info=None)" in message
+
+
 def test_a_missing_label_is_a_clear_error() -> None:
     with pytest.raises(RewardError, match=r"data\.label_key"):
         rewards([sample("\\boxed{34}", label=None)], type="math")
@@ -158,13 +179,65 @@ def test_group_function_scores_each_group_and_keeps_order(hook_modules: Path) ->
     assert out == [0.0, 1.0, 1.0, 0.0]
 
 
-def test_group_function_returning_the_wrong_count_is_an_error(hook_modules: Path) -> None:
-    with pytest.raises(RewardError, match="must return a list of 2 floats"):
-        rewards(
-            [sample("a"), sample("b")],
-            custom_function="rlpost_test_hooks.wrong_length_group",
-            group=True,
-        )
+def test_a_group_functions_dicts_are_scored_by_their_score_and_the_rest_logged(
+    hook_modules: Path,
+) -> None:
+    """A dict per sample, as verl's batch reward functions return: its "score" is the
+    reward, its other keys the sample's reward_extra, averaged as the verl path's are."""
+    batch = [sample("a", group=0), sample("bbb", group=1), sample("cc", group=0)]
+    out = rewards(batch, custom_function="rlpost_test_hooks.ranked_group_with_extras", group=True)
+    assert out == [0.0, 1.0, 1.0]
+    assert [s.reward_extra for s in batch] == [
+        {"acc": False, "length": 1, "pred": "a"},
+        {"acc": True, "length": 3, "pred": "bbb"},
+        {"acc": True, "length": 2, "pred": "cc"},
+    ]
+    assert reward_extra_means(batch, "rollout") == {
+        "rollout/reward_extra/acc": 2 / 3,
+        "rollout/reward_extra/length": 2.0,
+    }
+    numbers = [sample("a"), sample("bb")]
+    rewards(numbers, custom_function="rlpost_test_hooks.rank_in_group", group=True)
+    assert [s.reward_extra for s in numbers] == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("hook", "said"),
+    [
+        (
+            "wrong_length_group",
+            ["returned 1 rewards for 2 samples ([1.0]; the first is sample group_index=0, "
+             "index=0)", "one reward per sample, in the samples' order"],
+        ),
+        (
+            "group_dicts_with_reward_key",
+            ["returned a dict without a 'score' for sample group_index=0, index=0: "
+             "{'reward': 1.0, 'acc': 1}", "return {'score': <number>, ...}"],
+        ),
+        (
+            "group_numbers_and_dicts",
+            ["returned numbers for some samples and dicts for others ([1.0, {'score': 0.0, "
+             "'acc': 0}]: a number for sample group_index=0, index=0, a dict for sample "
+             "group_index=0, index=1)", "a dict with a 'score' for every sample, or a number"],
+        ),
+        (
+            "group_dict_with_text_score",
+            ["returned {'score': 'high'} for sample group_index=0, index=0: its 'score' "
+             "('high') is not a number"],
+        ),
+    ],
+)  # fmt: skip
+def test_a_group_functions_malformed_answer_is_refused_naming_it_and_the_fix(
+    hook_modules: Path, hook: str, said: list[str]
+) -> None:
+    batch = [sample("a"), sample("b")]
+    batch[1].index = 1
+    with pytest.raises(RewardError) as info:
+        rewards(batch, custom_function=f"rlpost_test_hooks.{hook}", group=True)
+    message = str(info.value)
+    assert f"group reward function 'rlpost_test_hooks.{hook}' returned" in message
+    for part in said:
+        assert part in message
 
 
 @pytest.mark.parametrize("hook", ["sleepy_reward", "async_sleepy_reward"])

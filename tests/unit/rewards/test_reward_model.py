@@ -11,6 +11,8 @@ import pytest
 
 from rlpost.rewards.errors import RewardError
 from rlpost.rewards.model import RewardBatcher, build_reward_model, score
+from rlpost.rewards.scored import Scored
+from rlpost.runtime.metrics import reward_extra_means
 from rlpost.types import Sample
 
 
@@ -36,7 +38,7 @@ def test_groups_that_finish_together_are_scored_in_one_call(
     )
     calls: list[int] = []
 
-    async def scorer(samples: list[Sample]) -> list[float]:
+    async def scorer(samples: list[Sample]) -> list[Scored]:
         calls.append(len(samples))
         return await score(model, samples, "BoxedAnswerModel")
 
@@ -54,24 +56,64 @@ def test_groups_that_finish_together_are_scored_in_one_call(
     }  # one model, built once, in this process
 
 
+def test_a_models_dicts_are_scored_by_their_score_and_the_rest_logged(
+    hook_modules: Path,
+) -> None:
+    """A dict per sample: its "score" is the reward, its other keys the sample's
+    reward_extra, set in this process by the batcher (from an actor, they travel back in
+    the Scored), averaged as a verl-shaped function's are."""
+    model = build_reward_model("rlpost_test_hooks.BoxedAnswerModelWithExtras", {}, "cpu")
+
+    async def scorer(samples: list[Sample]) -> list[Scored]:
+        return await score(model, samples, "BoxedAnswerModelWithExtras")
+
+    groups = [group(0, 2, ["7", "8"]), group(1, 2, ["7"])]
+    groups[1][1].response_text = "no box"
+
+    async def scenario() -> list[list[float]]:
+        batcher = RewardBatcher(scorer, batch_size=4, max_wait_s=0.05)
+        return list(await asyncio.gather(*(batcher(g) for g in groups)))
+
+    assert asyncio.run(scenario()) == [[1.0, 0.0], [1.0, 0.0]]
+    samples = [s for g in groups for s in g]
+    assert [s.reward_extra for s in samples] == [
+        {"boxed": True, "answer": "7"},
+        {"boxed": True, "answer": "8"},
+        {"boxed": True, "answer": "7"},
+        {"boxed": False, "answer": None},
+    ]
+    assert reward_extra_means(samples, "rollout") == {"rollout/reward_extra/boxed": 0.75}
+
+
 @pytest.mark.parametrize(
     ("answer", "message"),
     [
-        ([1.0], "returned 1 rewards for 2 samples"),
-        ("high", "returned str, not a list"),
-        ([1.0, float("nan")], "rewards must be finite"),
+        ([1.0], "returned 1 rewards for 2 samples \\(\\[1.0\\]; the first is sample "
+         "group_index=0, index=0\\); it returns one reward per sample"),
+        ("high", "returned str 'high' for 2 samples \\(the first is sample group_index=0, "
+         "index=0\\); it returns a list of 2, in the samples' order: a number per sample, "
+         "or a dict per sample holding the reward as 'score'$"),
+        ([1.0, float("nan")], "returned nan for sample group_index=0, index=1; rewards must "
+         "be finite"),
+        ([{"reward": 1.0}, {"reward": 0.0}], "returned a dict without a 'score' for sample "
+         "group_index=0, index=0: {'reward': 1.0}; .* return {'score': <number>, ...}"),
+        ([{"score": 1.0}, 0.0], "returned numbers for some samples and dicts for others "
+         ".*a number for sample group_index=0, index=1, a dict for sample group_index=0, "
+         "index=0\\); return a dict with a 'score' for every sample, or a number"),
+        ([{"score": None, "acc": 1}, {"score": 1.0}], "returned {'score': None, 'acc': 1} "
+         "for sample group_index=0, index=0: its 'score' \\(None\\) is not a number"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_answer_from_the_model_is_refused(answer: object, message: str) -> None:
     async def model(samples: list[Sample]) -> object:
         return answer
 
-    with pytest.raises(RewardError, match=message):
+    with pytest.raises(RewardError, match=f"^reward model 'm' {message}"):
         asyncio.run(score(model, group(0, 2, ["7"]), "m"))
 
 
 def test_a_failing_call_fails_every_group_it_carried() -> None:
-    async def broken(samples: list[Sample]) -> list[float]:
+    async def broken(samples: list[Sample]) -> list[Scored]:
         raise RewardError("model down")
 
     async def scenario() -> list[object]:
