@@ -491,11 +491,12 @@ def render_search(plan: Plan) -> str:
     search = plan.search
     assert search is not None and search.chosen is not None
     chosen = search.chosen
+    per = "rollout" if plan.trains else "evaluation"  # mode=eval: the whole evaluation
     lines = [
         f"Layout search (layout=auto): {search.enumerated} candidates, {search.feasible} pass "
         f"every check and fit, searched in {search.seconds:.2f} s",
         f"  chosen: {chosen.describe()}",
-        f"          {chosen.step_s:.2f} s per rollout predicted (rollout "
+        f"          {chosen.step_s:.2f} s per {per} predicted (rollout "
         f"{chosen.cost.rollout.total_s:.2f}, train {chosen.cost.train.total_s:.2f}, weight sync "
         f"{chosen.cost.sync_s:.2f}, offload {chosen.cost.offload_s:.2f}); {chosen.memory_text()}",
     ]
@@ -504,7 +505,7 @@ def render_search(plan: Plan) -> str:
         for i, c in enumerate(search.ranked[1:])
     ]
     if rows:
-        header = ["rank", "s/rollout", "train GiB", "layout"]
+        header = ["rank", f"s/{per}", "train GiB", "layout"]
         lines.append(render_table(header, rows, "  runners-up"))
     if search.rejected:
         lines.append("  rejected:")
@@ -513,7 +514,7 @@ def render_search(plan: Plan) -> str:
             lines.append(f"    - {r.description}{timing}: {r.reason}")
     ref = search.reference
     if ref is not None:
-        rated = f"{ref.step_s:.2f} s per rollout" if ref.step_s is not None else "not rated"
+        rated = f"{ref.step_s:.2f} s per {per}" if ref.step_s is not None else "not rated"
         rank = f", rank {ref.rank} of {search.feasible}" if ref.rank else ""
         lines.append(f"  shipped layout {ref.name}: {ref.description}; {rated}{rank}")
         lines.append(f"    {ref.reason}")

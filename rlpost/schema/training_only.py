@@ -10,10 +10,10 @@ which is the eval sets' too (the training prompts themselves are neither checked
 loaded: rlpost.plan.preflight.check_data, rlpost.runtime.train.load_inputs); and what
 shapes the engines and train ranks: rollout.max_concurrency, loop.mode (an overlapping
 loop's default placement), train.mtp_training (the MTP layers built, loaded and sent), and
-rollout.batch_size and n_samples_per_prompt, with data.max_prompt_len and
-rollout.max_response_len, which stand for the evaluation sets when layout=auto searches
-(rlpost.plan.plan.EVAL_SEARCH_NOTE). The engines' context and KV cache hold the evaluation
-sets' own longest request (rlpost.plan.engine_memory.longest_request), not training's.
+rollout.max_response_len (the response length of a set that names none, nor eval does). The
+engines' context and KV cache hold the evaluation sets' own longest request
+(rlpost.plan.engine_memory.longest_request), and layout=auto times the sets' own generation
+(rlpost.plan.generation), not training's.
 
 A mode=eval launch refuses these keys on its command line (rlpost.config.eval_mode); set in a
 file (a training recipe reused for evaluation), they are kept, and the plan notes them as
