@@ -86,13 +86,15 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
         "bounds",
     ),
     TrainingOnly(
-        # sampling, stop tokens, generate function, turns, reward and max_concurrency are read
-        # by the evaluation; batch_size and n_samples_per_prompt stand for its sets in a search
+        # sampling, stop tokens, generate function, turns, reward, max_concurrency and
+        # max_response_len (a set's fallback) are read by the evaluation
         "recipe.rollout",
-        "training rollouts: the evaluation generates every group of its sets once, with no "
-        "filter, over-sampling or partial rollout",
+        "training rollouts: the evaluation generates every group of its sets once, each set "
+        "at its own samples per prompt, with no filter, over-sampling or partial rollout",
         (
             "num_rollout",
+            "batch_size",
+            "n_samples_per_prompt",
             "over_sampling_batch_size",
             "dynamic_sampling_filter",
             "partial_rollout",
@@ -104,10 +106,11 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
     TrainingOnly(
         # the prompt format (keys, chat template) is read: the evaluation sets take it
         "recipe.data",
-        "where and in which order training draws its prompts: an evaluation neither reads "
-        "nor draws them, only its sets' prompts",
-        ("prompt_data", "source", "source_settings", "shuffle", "seed"),
-        "prompt source",
+        "where and in which order training draws its prompts, and how long they may be: an "
+        "evaluation neither reads nor draws them, only its sets' prompts (bounded by "
+        "recipe.eval.max_prompt_len)",
+        ("prompt_data", "source", "source_settings", "shuffle", "seed", "max_prompt_len"),
+        "training prompts",
     ),
     TrainingOnly(
         "recipe.eval",
