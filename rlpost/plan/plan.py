@@ -26,7 +26,7 @@ from rlpost.plan.fsdp import (
     estimate_sender,
     estimate_trainer,
 )
-from rlpost.plan.generation import eval_generations
+from rlpost.plan.generation import Generation, eval_generations
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import LoopPlan
 from rlpost.plan.memory import (
@@ -93,6 +93,9 @@ class Plan:
     # (model.hf_checkpoint's own weights: the training side is shown, neither checked nor
     # held to the hardware)
     train_ranks: str = TRAIN
+    # mode=eval: the evaluation sets as the engines generate them (rlpost.plan.generation),
+    # shown in place of training's batch arithmetic; empty in training
+    generations: tuple[Generation, ...] = ()
 
     @property
     def trains(self) -> bool:
@@ -129,6 +132,8 @@ class Plan:
                 "notes": list(self.notes),
             }
         )
+        if self.generations:
+            data["evaluation"] = [asdict(g) for g in self.generations]
         if self.search is not None:
             data["search"] = self.search.to_dict()
         return data
@@ -542,6 +547,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         + tuple(pipeline_balance_notes(cfg, par))
         + _train_rank_notes(cfg, train_ranks, sizes.colocate),
         train_ranks=train_ranks,
+        generations=eval_generations(cfg.recipe) if cfg.mode == "eval" else (),
     )
 
 

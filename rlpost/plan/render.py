@@ -136,6 +136,10 @@ def _micro_batch_tokens(plan: Plan) -> Cell:
 
 
 def render_batch(plan: Plan) -> str:
+    """Training's batch arithmetic; in mode=eval, the evaluation sets in its place (no
+    training rollout or optimizer step runs)."""
+    if plan.generations:
+        return render_eval_sets(plan)
     b = plan.batch
     rows: list[list[Cell]] = [
         ["prompts per rollout", b.rollout_batch_size],
@@ -154,6 +158,24 @@ def render_batch(plan: Plan) -> str:
     if b.over_sampling_batch_size != b.rollout_batch_size:
         rows.insert(1, ["over-sampling batch (prompts)", b.over_sampling_batch_size])
     return render_table(["batch", "value"], rows, "Batch arithmetic")
+
+
+def render_eval_sets(plan: Plan) -> str:
+    """What each evaluation set makes the engines generate, one set after another: a set's
+    prompts as its row slice counts them, else as assumed (rlpost.plan.generation)."""
+    rows: list[list[Cell]] = [
+        [
+            g.name,
+            f"{g.prompts} ({g.prompts_from.split(':')[0]})",
+            g.samples // max(1, g.prompts),
+            g.samples,
+            g.prompt_tokens or "unset (counted 0)",
+            g.response_tokens,
+        ]
+        for g in plan.generations
+    ]
+    header = ["evaluation set", "prompts", "samples per prompt", "samples", "prompt", "response"]
+    return render_table(header, rows, "Evaluation sets (generated in turn; tokens at most)")
 
 
 ENGINE_NAMES = {"sglang": "SGLang", "cpu": "rlpost CPU engine"}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rlpost.plan import build_plan, plan_config
+from rlpost.plan import build_plan, plan_config, render_plan
 from rlpost.plan.cost import rollout_time
 from rlpost.plan.generation import EVAL_PROMPTS_PER_SET, eval_generations, sliced_rows
 from rlpost.plan.params import count_params
@@ -106,3 +106,21 @@ def test_a_sets_prompts_are_counted_by_its_row_slice_or_assumed_and_said(
     assert "aime: 30 prompts (its row slice's, at most) x 16 samples" in note
     assert f"math500: {EVAL_PROMPTS_PER_SET} prompts (assumed: its file is not read" in note
     assert "responses up to 4096" in note and "rollout batch" not in note
+
+
+def test_an_evaluations_plan_shows_its_sets_in_place_of_trainings_batch(
+    run_config: MakeRun,
+) -> None:
+    """mode=eval runs no training rollout or optimizer step: its plan shows what each set
+    generates (prompts and how they were counted, samples, token bounds), not training's
+    batch arithmetic; a training plan shows the batch and no evaluation."""
+    whole = {"name": "math500", "path": "/data/math-500.jsonl", "max_response_len": 4096}
+    plan = build_plan(evaluating(run_config, AIME, whole))
+    text = render_plan(plan)
+    assert "Evaluation sets" in text and "Batch arithmetic" not in text
+    rows = {w[0]: " ".join(w[1:]) for w in map(str.split, text.splitlines()) if w}
+    assert rows["aime"] == "30 (its row slice's, at most) 16 480 unset (counted 0) 16,384"
+    assert rows["math500"].startswith(f"{EVAL_PROMPTS_PER_SET} (assumed) 16 ")
+    assert [g["prompts"] for g in plan.to_dict()["evaluation"]] == [30, EVAL_PROMPTS_PER_SET]
+    training = build_plan(run_config("qwen3-4b", "h100x8"))
+    assert "Batch arithmetic" in render_plan(training) and "evaluation" not in training.to_dict()
