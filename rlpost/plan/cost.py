@@ -48,7 +48,9 @@ the experts the batch routes to) and the KV cache of the sequences in flight, at
 `DECODE_EFFICIENCY` of `hardware.memory_bandwidth_gbps`, or is bound by compute when the batch
 is large; tensor-parallel engines add two all-reduces per layer and step, at a latency of
 `ALLREDUCE_LATENCY_S`. An engine holds as many sequences as its KV cache fits, and a rollout
-takes as many waves of max_response_len decode steps as its samples need.
+takes as many waves of max_response_len decode steps as its samples need. In mode=eval the
+generation is the evaluation sets', each at its own lengths and samples, one set after another
+(rlpost.plan.generation: a set's prompts are counted by its row slice, else assumed).
 
 Weight sync: the bf16 (FP8: 1 byte) weights once per `update_weights_interval` rollouts, over
 the node's links when colocated (CUDA IPC) or when the engines share the trainer's node, else
@@ -68,6 +70,7 @@ from rlpost.plan.batch import BatchPlan
 from rlpost.plan.engine_memory import GIB, RolloutMemory
 from rlpost.plan.flops import TRAIN_FORWARDS
 from rlpost.plan.fsdp import GRAD_REDUCE_BYTES, MASTER_BYTES, FsdpTrainMemory, trained_params
+from rlpost.plan.generation import Generation, planned_generations
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import TrainMemory, pipeline_stages
 from rlpost.plan.params import ParamCount, params_per_stage
@@ -334,10 +337,37 @@ def rollout_time(
     batch: BatchPlan,
     params: ParamCount,
 ) -> RolloutTime:
-    model, hw, recipe = cfg.model, cfg.hardware, cfg.recipe
+    """The engines' generation in one iteration: training's rollout, or in mode=eval every
+    evaluation set in turn at its own lengths and samples (rlpost.plan.generation)."""
+    parts = [
+        generation_time(cfg, engine, memory, work, params)
+        for work in planned_generations(cfg, batch)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    # one after another: the times add; the busiest round's concurrency and step are shown
+    return RolloutTime(
+        max(p.concurrent_per_engine for p in parts),
+        sum(p.waves for p in parts),
+        max(p.decode_step_s for p in parts),
+        sum(p.decode_s for p in parts),
+        sum(p.prefill_s for p in parts),
+    )
+
+
+def generation_time(
+    cfg: RunConfig,
+    engine: EngineLayout,
+    memory: RolloutMemory,
+    work: Generation,
+    params: ParamCount,
+) -> RolloutTime:
+    """One round of generation: `work`'s samples spread over the engines, each engine decoding
+    as many at once as its KV cache holds at `work`'s longest sample."""
+    model, hw = cfg.model, cfg.hardware
     engines = max(1, engine.num_engines)
-    per_engine = math.ceil(batch.samples_per_rollout / engines)
-    longest = batch.longest_sample_tokens
+    per_engine = math.ceil(work.samples / engines)
+    longest = work.longest_tokens
     capacity = max(1, memory.kv_cache_tokens_per_engine // max(1, longest))
     limit = engine.option("max_running_requests") or per_engine
     concurrent = max(1, min(per_engine, capacity, int(limit)))
@@ -366,8 +396,7 @@ def rollout_time(
         moved = 2 * _ring_s(hidden, engine.gpus_per_engine, _link_gbps(cfg, engine.gpus_per_engine))
         reduce = 2 * model.num_layers * (per_call + moved)
     step = max(read, compute) + reduce
-    response = recipe.rollout.max_response_len
-    prompt = recipe.data.max_prompt_len or 0
+    response, prompt = work.response_tokens, work.prompt_tokens
     prefill_flops = 2 * params.active * per_engine * prompt
     prefill = prefill_flops / (engine.gpus_per_engine * compute_tflops(cfg) * 1e12 * PREFILL_MFU)
     return RolloutTime(concurrent, waves, step, waves * response * step, prefill)

@@ -26,6 +26,7 @@ from rlpost.plan.fsdp import (
     estimate_sender,
     estimate_trainer,
 )
+from rlpost.plan.generation import Generation, eval_generations
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import LoopPlan
 from rlpost.plan.memory import (
@@ -92,6 +93,9 @@ class Plan:
     # (model.hf_checkpoint's own weights: the training side is shown, neither checked nor
     # held to the hardware)
     train_ranks: str = TRAIN
+    # mode=eval: the evaluation sets as the engines generate them (rlpost.plan.generation),
+    # shown in place of training's batch arithmetic; empty in training
+    generations: tuple[Generation, ...] = ()
 
     @property
     def trains(self) -> bool:
@@ -128,6 +132,8 @@ class Plan:
                 "notes": list(self.notes),
             }
         )
+        if self.generations:
+            data["evaluation"] = [asdict(g) for g in self.generations]
         if self.search is not None:
             data["search"] = self.search.to_dict()
         return data
@@ -444,11 +450,17 @@ SEND_WEIGHTS_NOTE = (
 )
 EVAL_SEARCH_NOTE = (
     "layout=auto in mode=eval ranks the layouts by the evaluation's work, not training's: "
-    "the engines' generation time (the recipe's rollout batch stands for the evaluation "
-    "sets, which are not read when planning) plus the one weight push; the train side only "
-    "has to hold the weights, so a split that takes GPUs from the engines for training "
-    "gains nothing"
+    "the engines' generation of each evaluation set in turn, at the set's own lengths and "
+    "samples ({sets}), plus the one weight push; the train side only has to hold the "
+    "weights, so a split that takes GPUs from the engines for training gains nothing"
 )
+
+
+def eval_search_note(cfg: RunConfig) -> str:
+    """EVAL_SEARCH_NOTE with what each evaluation set was timed at (rlpost.plan.generation)."""
+    sets = "; ".join(g.describe() for g in eval_generations(cfg.recipe))
+    return EVAL_SEARCH_NOTE.format(sets=sets)
+
 
 TRAINING_SETTINGS_NOTE = (
     "mode=eval trains nothing: the training settings the files give in {given} are not read"
@@ -464,7 +476,7 @@ def _evaluated_weights(cfg: RunConfig) -> str:
 def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple[str, ...]:
     if train_ranks == TRAIN:
         return ()
-    notes = [EVAL_SEARCH_NOTE] if cfg.layout.search else []
+    notes = [eval_search_note(cfg)] if cfg.layout.search else []
     given = set_training_only(cfg)  # the command line may give none (rlpost.config.eval_mode)
     if given:
         notes.append(TRAINING_SETTINGS_NOTE.format(given=", ".join(given)))
@@ -535,6 +547,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         + tuple(pipeline_balance_notes(cfg, par))
         + _train_rank_notes(cfg, train_ranks, sizes.colocate),
         train_ranks=train_ranks,
+        generations=eval_generations(cfg.recipe) if cfg.mode == "eval" else (),
     )
 
 

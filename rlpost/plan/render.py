@@ -136,6 +136,10 @@ def _micro_batch_tokens(plan: Plan) -> Cell:
 
 
 def render_batch(plan: Plan) -> str:
+    """Training's batch arithmetic; in mode=eval, the evaluation sets in its place (no
+    training rollout or optimizer step runs)."""
+    if plan.generations:
+        return render_eval_sets(plan)
     b = plan.batch
     rows: list[list[Cell]] = [
         ["prompts per rollout", b.rollout_batch_size],
@@ -154,6 +158,24 @@ def render_batch(plan: Plan) -> str:
     if b.over_sampling_batch_size != b.rollout_batch_size:
         rows.insert(1, ["over-sampling batch (prompts)", b.over_sampling_batch_size])
     return render_table(["batch", "value"], rows, "Batch arithmetic")
+
+
+def render_eval_sets(plan: Plan) -> str:
+    """What each evaluation set makes the engines generate, one set after another: a set's
+    prompts as its row slice counts them, else as assumed (rlpost.plan.generation)."""
+    rows: list[list[Cell]] = [
+        [
+            g.name,
+            f"{g.prompts} ({g.prompts_from.split(':')[0]})",
+            g.samples // max(1, g.prompts),
+            g.samples,
+            g.prompt_tokens or "unset (counted 0)",
+            g.response_tokens,
+        ]
+        for g in plan.generations
+    ]
+    header = ["evaluation set", "prompts", "samples per prompt", "samples", "prompt", "response"]
+    return render_table(header, rows, "Evaluation sets (generated in turn; tokens at most)")
 
 
 ENGINE_NAMES = {"sglang": "SGLang", "cpu": "rlpost CPU engine"}
@@ -491,11 +513,12 @@ def render_search(plan: Plan) -> str:
     search = plan.search
     assert search is not None and search.chosen is not None
     chosen = search.chosen
+    per = "rollout" if plan.trains else "evaluation"  # mode=eval: the whole evaluation
     lines = [
         f"Layout search (layout=auto): {search.enumerated} candidates, {search.feasible} pass "
         f"every check and fit, searched in {search.seconds:.2f} s",
         f"  chosen: {chosen.describe()}",
-        f"          {chosen.step_s:.2f} s per rollout predicted (rollout "
+        f"          {chosen.step_s:.2f} s per {per} predicted (rollout "
         f"{chosen.cost.rollout.total_s:.2f}, train {chosen.cost.train.total_s:.2f}, weight sync "
         f"{chosen.cost.sync_s:.2f}, offload {chosen.cost.offload_s:.2f}); {chosen.memory_text()}",
     ]
@@ -504,7 +527,7 @@ def render_search(plan: Plan) -> str:
         for i, c in enumerate(search.ranked[1:])
     ]
     if rows:
-        header = ["rank", "s/rollout", "train GiB", "layout"]
+        header = ["rank", f"s/{per}", "train GiB", "layout"]
         lines.append(render_table(header, rows, "  runners-up"))
     if search.rejected:
         lines.append("  rejected:")
@@ -513,7 +536,7 @@ def render_search(plan: Plan) -> str:
             lines.append(f"    - {r.description}{timing}: {r.reason}")
     ref = search.reference
     if ref is not None:
-        rated = f"{ref.step_s:.2f} s per rollout" if ref.step_s is not None else "not rated"
+        rated = f"{ref.step_s:.2f} s per {per}" if ref.step_s is not None else "not rated"
         rank = f", rank {ref.rank} of {search.feasible}" if ref.rank else ""
         lines.append(f"  shipped layout {ref.name}: {ref.description}; {rated}{rank}")
         lines.append(f"    {ref.reason}")

@@ -1076,14 +1076,17 @@ def rate_reference(
     elif chosen.key == key:
         reason = "the search chose this layout"
     else:
-        reason = why_faster(chosen, ref_candidate)
+        reason = why_faster(
+            chosen, ref_candidate, "evaluation" if ref.mode == "eval" else "rollout"
+        )
         if rank is None:
             reason += "; and it is not among the candidates that fit with the search's margin"
     return Reference(name, ref_candidate.describe(), cost.total_s, rank, reason)
 
 
-def why_faster(chosen: Candidate, other: Candidate) -> str:
-    """One line: where the chosen layout's predicted time beats the other's."""
+def why_faster(chosen: Candidate, other: Candidate, per: str = "rollout") -> str:
+    """One line: where the chosen layout's predicted time beats the other's, `per` the work
+    timed (a rollout; in mode=eval the evaluation)."""
     a, b = chosen.cost, other.cost
     parts = {
         "rollout": (a.rollout.total_s, b.rollout.total_s),
@@ -1107,7 +1110,7 @@ def why_faster(chosen: Candidate, other: Candidate) -> str:
         other.sizes.train_gpus,
     ):
         split = f" ({describe_split(chosen.sizes)} instead of {describe_split(other.sizes)})"
-    return f"the choice is {total:.2f} s per rollout faster{split}: {what}"
+    return f"the choice is {total:.2f} s per {per} faster{split}: {what}"
 
 
 # ----------------------------------------------------------------------------- the entry

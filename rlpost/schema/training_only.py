@@ -10,10 +10,10 @@ which is the eval sets' too (the training prompts themselves are neither checked
 loaded: rlpost.plan.preflight.check_data, rlpost.runtime.train.load_inputs); and what
 shapes the engines and train ranks: rollout.max_concurrency, loop.mode (an overlapping
 loop's default placement), train.mtp_training (the MTP layers built, loaded and sent), and
-rollout.batch_size and n_samples_per_prompt, with data.max_prompt_len and
-rollout.max_response_len, which stand for the evaluation sets when layout=auto searches
-(rlpost.plan.plan.EVAL_SEARCH_NOTE). The engines' context and KV cache hold the evaluation
-sets' own longest request (rlpost.plan.engine_memory.longest_request), not training's.
+rollout.max_response_len (the response length of a set that names none, nor eval does). The
+engines' context and KV cache hold the evaluation sets' own longest request
+(rlpost.plan.engine_memory.longest_request), and layout=auto times the sets' own generation
+(rlpost.plan.generation), not training's.
 
 A mode=eval launch refuses these keys on its command line (rlpost.config.eval_mode); set in a
 file (a training recipe reused for evaluation), they are kept, and the plan notes them as
@@ -86,13 +86,15 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
         "bounds",
     ),
     TrainingOnly(
-        # sampling, stop tokens, generate function, turns, reward and max_concurrency are read
-        # by the evaluation; batch_size and n_samples_per_prompt stand for its sets in a search
+        # sampling, stop tokens, generate function, turns, reward, max_concurrency and
+        # max_response_len (a set's fallback) are read by the evaluation
         "recipe.rollout",
-        "training rollouts: the evaluation generates every group of its sets once, with no "
-        "filter, over-sampling or partial rollout",
+        "training rollouts: the evaluation generates every group of its sets once, each set "
+        "at its own samples per prompt, with no filter, over-sampling or partial rollout",
         (
             "num_rollout",
+            "batch_size",
+            "n_samples_per_prompt",
             "over_sampling_batch_size",
             "dynamic_sampling_filter",
             "partial_rollout",
@@ -104,10 +106,11 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
     TrainingOnly(
         # the prompt format (keys, chat template) is read: the evaluation sets take it
         "recipe.data",
-        "where and in which order training draws its prompts: an evaluation neither reads "
-        "nor draws them, only its sets' prompts",
-        ("prompt_data", "source", "source_settings", "shuffle", "seed"),
-        "prompt source",
+        "where and in which order training draws its prompts, and how long they may be: an "
+        "evaluation neither reads nor draws them, only its sets' prompts (bounded by "
+        "recipe.eval.max_prompt_len)",
+        ("prompt_data", "source", "source_settings", "shuffle", "seed", "max_prompt_len"),
+        "training prompts",
     ),
     TrainingOnly(
         "recipe.eval",

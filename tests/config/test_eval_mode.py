@@ -126,6 +126,8 @@ CHANGED: dict[str, tuple[str, ...]] = {
     "recipe.loop.max_buffered_groups": ("recipe.loop.max_buffered_groups=96",),
     "recipe.loop.stale_groups": ("recipe.loop.stale_groups=drop",),
     "recipe.rollout.num_rollout": ("recipe.rollout.num_rollout=7",),
+    "recipe.rollout.batch_size": ("recipe.rollout.batch_size=64",),
+    "recipe.rollout.n_samples_per_prompt": ("recipe.rollout.n_samples_per_prompt=16",),
     "recipe.rollout.over_sampling_batch_size": (
         "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
         "recipe.rollout.over_sampling_batch_size=48",
@@ -158,6 +160,7 @@ CHANGED: dict[str, tuple[str, ...]] = {
     ),
     "recipe.data.shuffle": ("recipe.data.shuffle=true",),
     "recipe.data.seed": ("recipe.data.shuffle=true", "recipe.data.seed=7"),
+    "recipe.data.max_prompt_len": ("recipe.data.max_prompt_len=64",),
     "recipe.eval.interval": ("recipe.eval.interval=5",),
     "recipe.eval.skip_before_train": ("recipe.eval.skip_before_train=true",),
 }
@@ -268,6 +271,23 @@ def refusal(*argv: str) -> UserError:
     return caught.value
 
 
+def test_trainings_batch_and_prompt_bound_on_an_evaluations_command_line_are_refused() -> None:
+    """An evaluation generates each set's prompts, its own n_samples_per_prompt each, bounded
+    by recipe.eval.max_prompt_len: training's rollout batch and prompt bound shape none of it
+    (not its engines, nor layout=auto's timing, rlpost.plan.generation)."""
+    given = (
+        "recipe.rollout.batch_size=16",
+        "recipe.rollout.n_samples_per_prompt=4",
+        "recipe.data.max_prompt_len=64",
+    )
+    error = refusal(*TINY, "mode=eval", *given)
+    assert {issue.key for issue in error.issues} == {c.split("=")[0] for c in given}
+    samples = next(i for i in error.issues if i.key == "recipe.rollout.n_samples_per_prompt")
+    assert "each set at its own samples per prompt" in samples.message
+    bound = next(i for i in error.issues if i.key == "recipe.data.max_prompt_len")
+    assert "recipe.eval.max_prompt_len" in bound.message
+
+
 def test_a_training_setting_on_an_evaluations_command_line_is_refused() -> None:
     error = refusal(*TINY, "mode=eval", "recipe.optim.lr=3e-5", "recipe.rollout.num_rollout=7")
     keys = {issue.key: issue for issue in error.issues}
@@ -287,13 +307,11 @@ def test_a_whole_training_section_on_the_command_line_is_one_refusal() -> None:
 
 
 def test_what_an_evaluation_reads_may_be_given_on_its_command_line() -> None:
-    """Sampling (the eval sets' fallbacks), the MTP layers it sends, the default placement,
-    and the rollout batch that stands for the eval sets in a layout search are read."""
+    """Sampling and the response length (the eval sets' fallbacks), the MTP layers it sends
+    and the default placement are read."""
     read = (
         "recipe.rollout.temperature=0.7",
         "recipe.rollout.max_response_len=12",
-        "recipe.rollout.batch_size=16",
-        "recipe.rollout.n_samples_per_prompt=4",
         "recipe.rollout.max_concurrency=8",
         "recipe.train.mtp_training=false",
         "recipe.eval.temperature=0.5",
@@ -346,8 +364,8 @@ def test_the_note_names_sections_whole_and_single_keys_as_keys(compose_run: Comp
         "recipe.algo",
         "recipe.train's batch settings",
         "recipe.save",
-        "recipe.rollout.num_rollout",
-        "recipe.data's prompt source",
+        "recipe.rollout's training-rollout settings",
+        "recipe.data's training prompts",
         "recipe.eval.interval",
     ]
     changed = compose_run(*TINY, "mode=eval", "recipe.loop.update_weights_interval=2")

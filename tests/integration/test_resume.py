@@ -73,9 +73,9 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
     """The reference run's command line, with `extra`. For an evaluation (mode=eval), less
-    the training settings, which it refuses on its command line, and the rollout batch: the
-    evaluation reads none of them, and the recipe's own global_batch_size fits the recipe's
-    own batch (the figures it repeats are the reference run's all the same)."""
+    the training settings (the rollout batch among them), which it refuses on its command
+    line: the evaluation reads none of them (the figures it repeats are the reference run's
+    all the same)."""
     vocab_size = json.loads((assets / "model" / "config.json").read_text())["vocab_size"]
     given = [
         f"model.hf_checkpoint={assets / 'model'}",
@@ -108,9 +108,7 @@ def overrides(assets: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
     if "mode=eval" not in extra:
         return given
-    batch = {"recipe.rollout.batch_size", "recipe.rollout.n_samples_per_prompt"}
-    keys = [token.split("=", 1)[0] for token in given]
-    return [t for t, k in zip(given, keys, strict=True) if not training_only(k) and k not in batch]
+    return [t for t in given if not training_only(t.split("=", 1)[0])]
 
 
 def command(args: Sequence[str]) -> list[str]:

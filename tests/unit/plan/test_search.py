@@ -201,7 +201,7 @@ def test_an_evaluation_searches_by_its_own_work(run_config: MakeRun) -> None:
     training time, and every GPU serves the engines (a decoupled split would take one from
     them for nothing)."""
     from rlpost.plan import plan_config
-    from rlpost.plan.plan import EVAL_SEARCH_NOTE
+    from rlpost.plan.plan import eval_search_note
 
     fraction = {"rollout": {"sglang": {"mem_fraction_static": 0.6}}}
     training = search_layout(searching(run_config("qwen3-8b", "h100x1"), **fraction)).chosen
@@ -213,7 +213,9 @@ def test_an_evaluation_searches_by_its_own_work(run_config: MakeRun) -> None:
     assert all(c.cost.train.total_s == 0 and c.cost.offload_s == 0 for c in search.ranked)
     assert all(c.cost.sync_s > 0 for c in search.ranked)
     _, plan = plan_config(searching(evaluation, **fraction))
-    assert EVAL_SEARCH_NOTE in plan.notes and plan.memory.train.optimizer_gib == 0
+    assert eval_search_note(evaluation) in plan.notes and plan.memory.train.optimizer_gib == 0
+    shown = render_plan(plan)  # the whole evaluation is what is timed, not a rollout
+    assert " s per evaluation predicted (rollout " in shown and "s per rollout pre" not in shown
     eight = run_config("qwen3-4b", "h100x8", mode="eval", model__load="/ckpt/step100")
     chosen = search_layout(searching(eight)).chosen
     assert chosen is not None and chosen.sizes.colocate
