@@ -1117,7 +1117,10 @@ def checkpoint_disk(cfg: RunConfig, plan: Plan) -> CheckpointDisk:
     """The bytes of the run's checkpoints and HF exports: per parameter, the trainer's weights
     (megatron: the compute dtype; the torch trainer: its float32 shards) and, with
     save_optimizer, two float32 Adam moments and, where the weights are not float32 already,
-    float32 master weights; an HF export in the compute dtype."""
+    float32 master weights; an HF export in the compute dtype. An evaluation (mode=eval)
+    saves nothing: no checkpoint, no export, none when it is stopped."""
+    if cfg.mode == "eval":
+        return CheckpointDisk(0.0, 0, 0.0, 0)
     save, total = cfg.recipe.save, cfg.recipe.rollout.num_rollout
     params = plan.memory.params_total
     compute = 4 if cfg.model.params_dtype == "fp32" or cfg.hardware.kind == "cpu" else 2

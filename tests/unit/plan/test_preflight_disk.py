@@ -128,3 +128,16 @@ def test_with_no_save_due_the_checkpoint_a_sigterm_saves_still_needs_room() -> N
     cfg, plan = planned(*no_saves, "run.on_sigterm=stop")
     assert checkpoint_disk(cfg, plan).total == 0
     assert checkpoint_disk_issues(cfg, plan, 0) == []
+
+
+def test_an_evaluation_saves_nothing_and_needs_no_room_for_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mode=eval writes no checkpoint and no HF export, stopped or not: the training recipe's
+    save settings, which it never reads, are not counted against run.dir's disk."""
+    cfg, plan = planned(*QWEN4B, "mode=eval", f"run.dir={tmp_path / 'eval'}")
+    assert checkpoint_disk(cfg, plan).total == 0
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: SimpleNamespace(total=10 * GIB, used=9 * GIB, free=GIB)
+    )
+    assert preflight_module.check_run_dir(cfg, plan) == []
