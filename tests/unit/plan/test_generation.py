@@ -124,3 +124,28 @@ def test_an_evaluations_plan_shows_its_sets_in_place_of_trainings_batch(
     assert [g["prompts"] for g in plan.to_dict()["evaluation"]] == [30, EVAL_PROMPTS_PER_SET]
     training = build_plan(run_config("qwen3-4b", "h100x8"))
     assert "Batch arithmetic" in render_plan(training) and "evaluation" not in training.to_dict()
+
+
+def test_the_clients_bound_on_requests_in_flight_slows_generation_as_it_shrinks(
+    run_config: MakeRun,
+) -> None:
+    """The rollout client sends at most recipe.rollout.max_concurrency samples at once over
+    all the engines (a group sent whole holding a slot per sample, or all of them): below the
+    rollout's samples, each halving of the bound makes generation slower, in training and in
+    an evaluation alike; at or above them, it is what the engines alone allow."""
+    cfg = run_config("qwen3-4b", "h100x8")
+    assert build_plan(cfg).batch.samples_per_rollout == 256
+    unbound = generation_s(cfg)
+    capped = [
+        generation_s(run_config("qwen3-4b", "h100x8", recipe__rollout__max_concurrency=cap))
+        for cap in (4096, 256, 128, 64, 16)
+    ]
+    assert capped[:2] == [pytest.approx(unbound)] * 2
+    assert unbound < capped[2] < capped[3] < capped[4]
+    tiny = run_config("qwen3-4b", "h100x8", recipe__rollout__max_concurrency=4)
+    group = run_config("qwen3-4b", "h100x8", recipe__rollout__max_concurrency=8)
+    assert generation_s(tiny) == pytest.approx(generation_s(group))  # a group of 8 goes whole
+    sets = [evaluating(run_config, AIME, recipe__rollout__max_concurrency=cap) for cap in (480, 64)]
+    assert generation_s(sets[0]) == pytest.approx(generation_s(evaluating(run_config, AIME)))
+    assert generation_s(sets[1]) > 1.2 * generation_s(sets[0])
+
