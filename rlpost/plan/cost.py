@@ -47,8 +47,11 @@ Transformer Inference", section 2): each step reads the engine GPU's weight shar
 the experts the batch routes to) and the KV cache of the sequences in flight, at
 `DECODE_EFFICIENCY` of `hardware.memory_bandwidth_gbps`, or is bound by compute when the batch
 is large; tensor-parallel engines add two all-reduces per layer and step, at a latency of
-`ALLREDUCE_LATENCY_S`. An engine holds as many sequences as its KV cache fits, and a rollout
-takes as many waves of max_response_len decode steps as its samples need. In mode=eval the
+`ALLREDUCE_LATENCY_S`. An engine holds as many sequences as its KV cache fits (and its
+max_running_requests allow), all the engines together as many as the rollout client sends at
+once (recipe.rollout.max_concurrency, one bound for all of them, a group sent whole counted
+whole: rlpost.plan.runtime.samples_in_flight), and a rollout takes as many waves of
+max_response_len decode steps as its samples need. In mode=eval the
 generation is the evaluation sets', each at its own lengths and samples, one set after another
 (rlpost.plan.generation: a set's prompts are counted by its row slice, else assumed).
 
@@ -74,6 +77,7 @@ from rlpost.plan.generation import Generation, planned_generations
 from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.memory import TrainMemory, pipeline_stages
 from rlpost.plan.params import ParamCount, params_per_stage
+from rlpost.plan.runtime import samples_in_flight
 from rlpost.plan.work import TrainWork
 from rlpost.schema import RunConfig
 
@@ -363,15 +367,20 @@ def generation_time(
     params: ParamCount,
 ) -> RolloutTime:
     """One round of generation: `work`'s samples spread over the engines, each engine decoding
-    as many at once as its KV cache holds at `work`'s longest sample."""
+    as many at once as its KV cache holds at `work`'s longest sample and its
+    max_running_requests allow, and all of them together no more than the rollout client
+    keeps in flight (rlpost.plan.runtime.samples_in_flight)."""
     model, hw = cfg.model, cfg.hardware
     engines = max(1, engine.num_engines)
     per_engine = math.ceil(work.samples / engines)
     longest = work.longest_tokens
     capacity = max(1, memory.kv_cache_tokens_per_engine // max(1, longest))
     limit = engine.option("max_running_requests") or per_engine
-    concurrent = max(1, min(per_engine, capacity, int(limit)))
-    waves = math.ceil(per_engine / concurrent)
+    held = min(per_engine, capacity, int(limit))  # what one engine holds, by itself
+    sent = samples_in_flight(cfg, engines, work.samples_per_prompt)
+    in_flight = max(1, min(work.samples, engines * held, sent))
+    concurrent = math.ceil(in_flight / engines)  # the busiest engine's
+    waves = math.ceil(work.samples / in_flight)
     per_group = concurrent / engine.dp_size  # sequences per attention group
     expert_share = 1.0
     if model.moe is not None:

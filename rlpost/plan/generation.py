@@ -41,8 +41,13 @@ class Generation:
     def longest_tokens(self) -> int:
         return self.prompt_tokens + self.response_tokens
 
+    @property
+    def samples_per_prompt(self) -> int:
+        """A group's samples: what one request carries when a group's go out together."""
+        return self.samples // max(1, self.prompts)
+
     def describe(self) -> str:
-        n = self.samples // max(1, self.prompts)
+        n = self.samples_per_prompt
         prompt = self.prompt_tokens or "0 (unbounded: counted as 0)"
         return (
             f"{self.name}: {self.prompts} prompts ({self.prompts_from}) x {n} samples, prompts "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from rlpost.backends.fp8_format import Fp8Format
 from rlpost.plan.engine_memory import RolloutMemory
 from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
@@ -203,15 +204,21 @@ def _ray_cluster(address: str | None, num_nodes: int) -> str:
     return "joins RAY_ADDRESS when set, else a new one on this machine"
 
 
+def _fp8(fp8: Fp8Format) -> str:
+    blocks = (
+        "one scale per row" if fp8.block_size is None else "blocks {}x{}".format(*fp8.block_size)
+    )
+    return f"FP8 e4m3 ({blocks})"
+
+
 def _engine_weights(rt: RuntimePlan) -> str:
     if rt.fp8 is None:
         return "as trained (the checkpoint is not quantised)"
-    blocks = (
-        "one scale per row"
-        if rt.fp8.block_size is None
-        else "blocks {}x{}".format(*rt.fp8.block_size)
-    )
-    return f"FP8 e4m3 ({blocks}): each update quantised on the trainer"
+    return f"{_fp8(rt.fp8)}: each update quantised on the trainer"
+
+
+def _rendezvous(rt: RuntimePlan) -> str:
+    return "a file in the run directory" if rt.rendezvous == "file" else "TCP on rank 0's node"
 
 
 def _requests(plan: Plan) -> str:
@@ -222,6 +229,8 @@ def _requests(plan: Plan) -> str:
 
 
 def render_runtime(plan: Plan) -> str:
+    if not plan.trains:
+        return render_eval_runtime(plan)
     rt, loop = plan.runtime, plan.runtime.loop
     ahead = "unbounded" if loop.lookahead_steps is None else f"{loop.lookahead_steps} step(s)"
     rows: list[list[Cell]] = [
@@ -229,10 +238,7 @@ def render_runtime(plan: Plan) -> str:
         ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
         ["engine weights", _engine_weights(rt)],
         ["release memory around training", "yes" if rt.offload else "no"],
-        [
-            "train ranks meet through",
-            "a file in the run directory" if rt.rendezvous == "file" else "TCP on rank 0's node",
-        ],
+        ["train ranks meet through", _rendezvous(rt)],
         ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
         ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
         ["generate requests", _requests(plan)],
@@ -261,6 +267,66 @@ def render_runtime(plan: Plan) -> str:
     if rt.engine_backend == "cpu":
         rows.append(["engine CPU priority", _engine_priority(rt.engine_nice)])
     return render_table(["runtime", "value"], rows, "Runtime")
+
+
+def _eval_requests(plan: Plan) -> str:
+    rt = plan.runtime
+    if rt.requests != "group":
+        return f"one per sample ({rt.requests_why})"
+    sizes = ", ".join(f"{g.name} {g.samples_per_prompt}" for g in plan.generations)
+    return f"one per group (a set's samples per prompt together: {sizes})"
+
+
+def _eval_weights(plan: Plan) -> str:
+    """What reaches the engines before an evaluation (rlpost.plan.work.train_rank_work)."""
+    rt = plan.runtime
+    if plan.train_ranks == SEND_WEIGHTS:
+        sync = SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)
+        return (
+            "once, before the evaluation: the train ranks load them (run.resume's checkpoint "
+            f"or model.load) and send them by {sync}"
+        )
+    return "none sent: the engines load model.hf_checkpoint's as they start"
+
+
+def _eval_engine_weights(plan: Plan) -> str:
+    fp8 = plan.runtime.fp8
+    if fp8 is None:
+        return "as loaded (the checkpoint is not quantised)"
+    if plan.train_ranks == SEND_WEIGHTS:
+        return f"{_fp8(fp8)}: quantised on the train ranks before they are sent"
+    return f"{_fp8(fp8)}: model.hf_checkpoint's, as it holds them"
+
+
+def render_eval_runtime(plan: Plan) -> str:
+    """mode=eval: the sets generated once, no loop; weights sent once or not at all; a
+    SIGTERM or Ctrl-C ends it at once, with nothing to save (rlpost.runtime.loop,
+    rlpost.runtime.train)."""
+    rt = plan.runtime
+    rows: list[list[Cell]] = [
+        ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
+        ["weights to the engines", _eval_weights(plan)],
+        ["engine weights", _eval_engine_weights(plan)],
+    ]
+    if plan.train_ranks == SEND_WEIGHTS:
+        rows.append(["train ranks meet through", _rendezvous(rt)])
+    rows += [
+        ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
+        ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
+        ["generate requests", _eval_requests(plan)],
+        [
+            "evaluation",
+            f"once: each set in turn, its groups sent together, {rt.max_concurrency} samples "
+            "in flight at most over all engines (recipe.rollout.max_concurrency); each "
+            "generated and scored once (no filter, over-sampling or partial rollout)",
+        ],
+        [
+            "on SIGTERM (exit status 143) or Ctrl-C (130)",
+            "stop at once: nothing is saved or logged (the sets' metrics are logged when all "
+            "are done); launch it again to evaluate anew",
+        ],
+    ]
+    return render_table(["runtime", "value"], rows, "Runtime (mode=eval)")
 
 
 SIGTERM_NAMES: dict[OnSigterm, str] = {

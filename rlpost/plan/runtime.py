@@ -94,6 +94,25 @@ def resolve_offload(cfg: RunConfig, colocate: bool) -> bool:
 DEFAULT_CONCURRENCY_PER_ENGINE = 512
 
 
+def client_concurrency(cfg: RunConfig, num_engines: int) -> int:
+    """The rollout client's bound on generate requests in flight, one bound shared by all
+    the engines behind the router (rlpost.runtime.rollout.client.EngineClient's
+    max_concurrency): recipe.rollout.max_concurrency, else DEFAULT_CONCURRENCY_PER_ENGINE
+    per engine."""
+    return cfg.recipe.rollout.max_concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines
+
+
+def samples_in_flight(cfg: RunConfig, num_engines: int, group: int) -> int:
+    """The samples the rollout client has in flight over all engines at most, its groups of
+    `group` samples each: a sample's request holds one of client_concurrency's slots; a
+    group sent as one request (plan_requests) holds one per sample, or every slot when it
+    is larger than the bound, and is sent whole all the same."""
+    bound = client_concurrency(cfg, num_engines)
+    if group > 1 and plan_requests(cfg)["requests"] == "group":
+        return group * max(1, bound // group)
+    return bound
+
+
 def plan_runtime(
     cfg: RunConfig,
     colocate: bool,
@@ -101,7 +120,6 @@ def plan_runtime(
     num_engines: int,
     fp8: Fp8Format | None = None,
 ) -> RuntimePlan:
-    concurrency = cfg.recipe.rollout.max_concurrency
     backend = resolve_engine_backend(cfg)
     loop = plan_loop(cfg, longest_sample_tokens)
     # CPU engines on cores of their own, generating ahead of the trainers they share them with
@@ -114,7 +132,7 @@ def plan_runtime(
         rendezvous="file" if cfg.hardware.num_nodes == 1 else "tcp",
         loopback_only=cfg.hardware.num_nodes == 1,
         ray_address=cfg.run.ray_address,
-        max_concurrency=concurrency or DEFAULT_CONCURRENCY_PER_ENGINE * num_engines,
+        max_concurrency=client_concurrency(cfg, num_engines),
         fp8=fp8,
         **plan_requests(cfg),
         engine_nice=ENGINE_NICE if yields else 0,

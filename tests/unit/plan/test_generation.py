@@ -124,3 +124,55 @@ def test_an_evaluations_plan_shows_its_sets_in_place_of_trainings_batch(
     assert [g["prompts"] for g in plan.to_dict()["evaluation"]] == [30, EVAL_PROMPTS_PER_SET]
     training = build_plan(run_config("qwen3-4b", "h100x8"))
     assert "Batch arithmetic" in render_plan(training) and "evaluation" not in training.to_dict()
+
+
+def test_the_clients_bound_on_requests_in_flight_slows_generation_as_it_shrinks(
+    run_config: MakeRun,
+) -> None:
+    """The rollout client sends at most recipe.rollout.max_concurrency samples at once over
+    all the engines (a group sent whole holding a slot per sample, or all of them): below the
+    rollout's samples, each halving of the bound makes generation slower, in training and in
+    an evaluation alike; at or above them, it is what the engines alone allow."""
+    cfg = run_config("qwen3-4b", "h100x8")
+    assert build_plan(cfg).batch.samples_per_rollout == 256
+    unbound = generation_s(cfg)
+    capped = [
+        generation_s(run_config("qwen3-4b", "h100x8", recipe__rollout__max_concurrency=cap))
+        for cap in (4096, 256, 128, 64, 16)
+    ]
+    assert capped[:2] == [pytest.approx(unbound)] * 2
+    assert unbound < capped[2] < capped[3] < capped[4]
+    tiny = run_config("qwen3-4b", "h100x8", recipe__rollout__max_concurrency=4)
+    group = run_config("qwen3-4b", "h100x8", recipe__rollout__max_concurrency=8)
+    assert generation_s(tiny) == pytest.approx(generation_s(group))  # a group of 8 goes whole
+    sets = [evaluating(run_config, AIME, recipe__rollout__max_concurrency=cap) for cap in (480, 64)]
+    assert generation_s(sets[0]) == pytest.approx(generation_s(evaluating(run_config, AIME)))
+    assert generation_s(sets[1]) > 1.2 * generation_s(sets[0])
+
+
+def test_an_evaluations_runtime_says_what_an_evaluation_does(run_config: MakeRun) -> None:
+    """mode=eval's runtime section speaks of the evaluation: each set's own samples per
+    prompt in a request, the weights sent once (by the train ranks) or not at all, a SIGTERM
+    that stops it with nothing to save; none of training's loop, weight interval, buffer or
+    save on SIGTERM. A training plan keeps them."""
+    fewer = {**MATH, "n_samples_per_prompt": 4}
+
+    def runtime(cfg: RunConfig) -> str:
+        text = render_plan(build_plan(cfg))
+        start = text.index("Runtime")
+        return text[start : text.index("\n\n", start)]
+
+    served = runtime(evaluating(run_config, AIME, fewer, recipe__rollout__n_samples_per_prompt=3))
+    assert "aime 16, math500 4" in served and "3 samples" not in served
+    assert "none sent: the engines load model.hf_checkpoint's" in served
+    assert "train ranks meet" not in served
+    assert "nothing is saved" in served
+    rows = ("  loop ", "engines every", "staleness", "buffered", "release memory", "save every")
+    for training_row in rows:
+        assert training_row not in served, training_row
+    loaded = runtime(evaluating(run_config, AIME, model__load="/other"))
+    assert "once, before the evaluation: the train ranks load them" in loaded
+    assert "train ranks meet through" in loaded
+    training = runtime(run_config("qwen3-4b", "h100x8"))
+    assert "one per group (its 8 samples together)" in training
+    assert "weights to the engines every" in training and "save every finished rollout" in training
