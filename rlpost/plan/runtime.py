@@ -123,7 +123,9 @@ def plan_runtime(
     backend = resolve_engine_backend(cfg)
     loop = plan_loop(cfg, longest_sample_tokens)
     # CPU engines on cores of their own, generating ahead of the trainers they share them with
-    yields = backend == "cpu" and not colocate and loop.mode != "sync"
+    # (an evaluation trains nothing: its engines are the critical path)
+    evaluating = cfg.mode == "eval"
+    yields = backend == "cpu" and not colocate and loop.mode != "sync" and not evaluating
     return RuntimePlan(
         engine_backend=backend,
         weight_sync=resolve_weight_sync(cfg, colocate),
@@ -136,7 +138,8 @@ def plan_runtime(
         fp8=fp8,
         **plan_requests(cfg),
         engine_nice=ENGINE_NICE if yields else 0,
-        on_sigterm=cfg.run.on_sigterm,
+        # an evaluation stops at once whatever run.on_sigterm says (it saves nothing)
+        on_sigterm="stop" if evaluating else cfg.run.on_sigterm,
     )
 
 

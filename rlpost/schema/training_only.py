@@ -118,6 +118,13 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
         ("interval", "skip_before_train"),
         "schedule",
     ),
+    TrainingOnly(
+        "run",
+        "what a SIGTERM saves: an evaluation has no rollout to save and stops at once, its "
+        "metrics unlogged (rlpost.runtime.evaluation)",
+        ("on_sigterm",),
+        "SIGTERM setting",
+    ),
 )
 """Every config key mode=eval never reads, by section, with the reason."""
 

@@ -242,6 +242,8 @@ def test_backend_registry_starts_the_cpu_engine_or_sglang() -> None:
         (("recipe.loop.mode=fully_async",), 10),
         (("recipe.loop.mode=async",), 10),
         (("recipe.loop.mode=sync",), 0),  # decoupled, but generation waits for training
+        # an evaluation trains nothing: its engines are the critical path
+        (("recipe.loop.mode=async", "mode=eval"), 0),
     ],
 )
 def test_cpu_engines_yield_to_the_trainers_when_generation_runs_ahead(
