@@ -296,7 +296,7 @@ class Chaos:
         since = 0.0  # when the previous fault was delivered
         for outcome in self.outcomes:
             fault, start = outcome.fault, self.records
-            if not self._wait(lambda f=fault, s=start: self.records - s >= f.after_records):
+            if not self._wait(self._records_past(start, fault.after_records)):
                 break
             target = None
             if fault.kind in TARGETS:
@@ -320,10 +320,15 @@ class Chaos:
         self._orphans()
         return code
 
+    def _records_past(self, start: int, count: int) -> Callable[[], bool]:
+        """Whether `count` records came after the `start`-th."""
+        return lambda: self.records - start >= count
+
     def _target(self, fault: Fault, since: float) -> psutil.Process | None:
         """The process to hit, once there is one. After 0 records: one started since the
         previous fault (a start-up), or whichever there is once the next record comes."""
-        records, found = self.records, []
+        records = self.records
+        found: list[psutil.Process] = []
 
         def there() -> bool:
             fresh = fault.after_records == 0 and self.records == records
@@ -475,7 +480,8 @@ class Chaos:
 
 def _running(process: psutil.Process) -> bool:
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        running: bool = process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return running
     except psutil.Error:
         return False
 

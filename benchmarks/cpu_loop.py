@@ -130,7 +130,8 @@ def batched_generate_s(prompts: int = 8, samples: int = 8, new_tokens: int = 16)
 
     folder = ROOT / "rlpost" / "assets" / "qwen3-tiny"
     tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.train(False)
     data = ROOT / "rlpost" / "assets" / "data" / "arith_train.jsonl"
     rows = [json.loads(line) for line in data.open()][:prompts]
     texts = [

@@ -114,7 +114,7 @@ def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> 
         out = fn(*leaves)
         if not upstream:
             upstream.append(torch.randn_like(out))
-        out.backward(upstream[0])
+        torch.autograd.backward(out, upstream[0])
         for leaf in leaves:
             leaf.grad = None
 
@@ -254,7 +254,7 @@ def main() -> None:
         print(f"{name:32} {calls:>10} {eager_ms:>9.3f} {fast_ms:>9.3f} "
               f"{eager_ms * calls:>14.1f} {fast_ms * calls:>9.1f}")  # fmt: skip
     modules = (rope, swiglu, rms_norm_module, logprobs_module)
-    failed = [f.__qualname__ for m in modules for f in compiled.compiled_functions(m)
+    failed = [f.fn.__qualname__ for m in modules for f in compiled.compiled_functions(m)
               if f.failed is not None]  # fmt: skip
     print(f"{'total (rms_norm unfused)':32} {'':>10} {'':>9} {'':>9} {totals[0]:>14.1f} "
           f"{totals[1]:>9.1f}")  # fmt: skip

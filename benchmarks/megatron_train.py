@@ -263,7 +263,8 @@ def padded_rows_per_token(lengths: list[int], run: RunConfig) -> float:
 
 
 def tokens_per_s(args: argparse.Namespace, rollouts: int, elapsed_s: float) -> float:
-    return sum(args.lengths) * rollouts / elapsed_s
+    lengths: list[int] = args.lengths  # sample_lengths(args)
+    return sum(lengths) * rollouts / elapsed_s
 
 
 def report(

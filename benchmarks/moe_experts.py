@@ -51,19 +51,27 @@ def routed_counts(tokens: int, experts: int, top_k: int, device: torch.device) -
     return torch.bincount(picks, minlength=experts).to(device)
 
 
-def grouped(x: torch.Tensor, counts: torch.Tensor, fc1: list, fc2: list) -> torch.Tensor:
+def grouped(
+    x: torch.Tensor, counts: torch.Tensor, fc1: list[torch.Tensor], fc2: list[torch.Tensor]
+) -> torch.Tensor:
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
     return grouped_linear(swiglu(grouped_linear(x, ends, fc1)), ends, fc2)
 
 
-def one_by_one(x: torch.Tensor, counts: torch.Tensor, fc1: list, fc2: list) -> torch.Tensor:
+def one_by_one(
+    x: torch.Tensor, counts: torch.Tensor, fc1: list[torch.Tensor], fc2: list[torch.Tensor]
+) -> torch.Tensor:
     parts = torch.split(x, counts.tolist())
     return torch.cat([swiglu(p @ w1.T) @ w2.T for p, w1, w2 in zip(parts, fc1, fc2, strict=True)])
 
 
 def timed(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
     """Milliseconds per call: the median of `repeats` after one warm-up call."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     fn()
     sync()
     times = []
@@ -89,17 +97,18 @@ def main() -> None:
     tokens = 64 if args.tiny else args.tokens
     torch.manual_seed(0)
     counts = routed_counts(tokens, experts, top_k, device)
-    kw = {"device": device, "dtype": dtype}
-    x = torch.randn(int(counts.sum()), hidden, **kw, requires_grad=True)
-    fc1 = [
-        (torch.randn(2 * ffn, hidden, **kw) * hidden**-0.5).requires_grad_() for _ in range(experts)
-    ]
-    fc2 = [(torch.randn(hidden, ffn, **kw) * ffn**-0.5).requires_grad_() for _ in range(experts)]
-    grad = torch.randn(x.shape[0], hidden, **kw)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, device=device, dtype=dtype)
+
+    x = randn(int(counts.sum()), hidden).requires_grad_()
+    fc1 = [(randn(2 * ffn, hidden) * hidden**-0.5).requires_grad_() for _ in range(experts)]
+    fc2 = [(randn(hidden, ffn) * ffn**-0.5).requires_grad_() for _ in range(experts)]
+    grad = randn(x.shape[0], hidden)
 
     def step(forward: Callable[..., torch.Tensor]) -> Callable[[], None]:
         def run() -> None:
-            forward(x, counts, fc1, fc2).backward(grad)
+            torch.autograd.backward(forward(x, counts, fc1, fc2), grad)
             for t in (x, *fc1, *fc2):
                 t.grad = None
 

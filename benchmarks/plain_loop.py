@@ -47,9 +47,10 @@ class PlainLoop:
         from transformers import AutoModelForCausalLM
 
         self.device, self.max_tokens = device, max_tokens
+        # PreTrainedModel.to is functools.wraps(nn.Module.to), typed as the unbound function
         self.model = AutoModelForCausalLM.from_pretrained(
             hf_dir, dtype=torch.float32, attn_implementation="sdpa"
-        ).to(device)
+        ).to(device)  # type: ignore[arg-type]
         if recompute:
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
         self.model.config.use_cache = False
@@ -76,7 +77,7 @@ class PlainLoop:
                 logits = self.model(input_ids=ids).logits[:, prompt - 1 : -1]
             logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, prompt:, None])
             loss = -(adv[:, None] * logp.squeeze(-1)).sum() / response_tokens
-            loss.backward()
+            torch.autograd.backward(loss)
             del logits, logp, loss
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

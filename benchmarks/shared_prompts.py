@@ -21,8 +21,14 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from rlpost.backends.cpu_engine.row import Row
+    from rlpost.backends.torch_trainer import TorchTrainer
+    from rlpost.types import TrainSample
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "rlpost" / "assets" / "qwen3-tiny"
@@ -30,7 +36,7 @@ PROMPT_TOKENS = 17
 VOCAB = range(10, 300)
 
 
-def train_samples(rng: random.Random, groups: int, per_group: int) -> list:
+def train_samples(rng: random.Random, groups: int, per_group: int) -> list[TrainSample]:
     from rlpost.types import TrainSample
 
     prompts = [[rng.choice(VOCAB) for _ in range(PROMPT_TOKENS)] for _ in range(groups)]
@@ -43,7 +49,7 @@ def train_samples(rng: random.Random, groups: int, per_group: int) -> list:
     return samples
 
 
-def trainer(batch_size: int, share_prompts: bool):
+def trainer(batch_size: int, share_prompts: bool) -> TorchTrainer:
     from rlpost.backends.torch_trainer import TorchTrainer
     from rlpost.schema import AlgoConfig, OptimConfig, TrainConfig
 
@@ -60,7 +66,7 @@ def trainer(batch_size: int, share_prompts: bool):
     )
 
 
-def engine_rows(rng: random.Random) -> list:
+def engine_rows(rng: random.Random) -> list[Row]:
     from rlpost.backends.cpu_engine.row import Row
     from rlpost.backends.cpu_engine.sampling import SamplingParams
 
@@ -74,12 +80,13 @@ def engine_rows(rng: random.Random) -> list:
     return rows
 
 
-def generators() -> dict[str, Callable[[list], None]]:
+def generators() -> dict[str, Callable[[list[Row]], None]]:
     from transformers import AutoModelForCausalLM
 
     from rlpost.backends.cpu_engine.generator import BatchGenerator
 
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    model.train(False)
     return {
         name: BatchGenerator(model, [], lambda ids, skip: "", share_prefill=share).run
         for name, share in (("prefill per row", False), ("prefill once", True))
@@ -90,6 +97,18 @@ def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def train_steps(
+    trainer: TorchTrainer, rng: random.Random, groups: int, per_group: int
+) -> Callable[[], float]:
+    """Seconds of one of `trainer`'s train steps, on new samples each call."""
+    return lambda: timed(lambda: trainer.train_step(train_samples(rng, groups, per_group)))
+
+
+def generations(run: Callable[[list[Row]], None], rng: random.Random) -> Callable[[], float]:
+    """Seconds of one of `run`'s generations, on new rows each call."""
+    return lambda: timed(lambda: run(engine_rows(rng)))
 
 
 def compare(title: str, ways: dict[str, Callable[[], float]], rounds: int) -> None:
@@ -114,9 +133,7 @@ def main() -> None:
     compare(
         "train step, 64 samples of 8 prompts",
         {
-            f"prompt per {'micro-batch' if share else 'sample'}": (
-                lambda t=t: timed(lambda: t.train_step(train_samples(rng, 8, 8)))
-            )
+            f"prompt per {'micro-batch' if share else 'sample'}": train_steps(t, rng, 8, 8)
             for share, t in step.items()
         },
         args.rounds,
@@ -125,19 +142,14 @@ def main() -> None:
     compare(
         "one data-parallel rank, 32 samples",
         {
-            "8 groups of 4 (split over ranks)": lambda: timed(
-                lambda: rank.train_step(train_samples(rng, 8, 4))
-            ),
-            "4 whole groups of 8": lambda: timed(lambda: rank.train_step(train_samples(rng, 4, 8))),
+            "8 groups of 4 (split over ranks)": train_steps(rank, rng, 8, 4),
+            "4 whole groups of 8": train_steps(rank, rng, 4, 8),
         },
         args.rounds,
     )
     compare(
         "CPU engine, 32 rows of 4 prompts, 16 new tokens",
-        {
-            name: (lambda run=run: timed(lambda: run(engine_rows(rng))))
-            for name, run in generators().items()
-        },
+        {name: generations(run, rng) for name, run in generators().items()},
         args.rounds,
     )
 

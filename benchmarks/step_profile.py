@@ -21,9 +21,10 @@ from rlpost.backends.host_reads import HostReads
 
 
 def count_host_reads(step: Callable[[], object]) -> Counter[str]:
-    with HostReads() as mode:
+    reads = HostReads()
+    with reads:
         step()
-    return mode.counts
+    return reads.counts
 
 
 KINDS: list[tuple[str, str]] = [
@@ -53,7 +54,7 @@ def kernel_kind(name: str) -> str:
 def device_time_by_kind(averages: Iterable[Any]) -> Counter[str]:
     """Milliseconds of device time by `kernel_kind`, over the profiler's averages of the CUDA
     kernels (an entry whose device_type is CUDA is a kernel, not the op that launched it)."""
-    from torch.autograd import DeviceType
+    from torch.profiler import DeviceType
 
     kinds: Counter[str] = Counter()
     for entry in averages:

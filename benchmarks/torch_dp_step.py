@@ -21,9 +21,12 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.multiprocessing as mp
+
+if TYPE_CHECKING:
+    from rlpost.types import TrainSample
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "rlpost" / "assets" / "qwen3-tiny"
@@ -31,7 +34,7 @@ WARM_UP = 3
 WAYS = {"one unit (CPU)": False, "a unit per layer (CUDA)": True}
 
 
-def rollout(seed: int) -> list:
+def rollout(seed: int) -> list[TrainSample]:
     from rlpost.types import TrainSample
 
     rng = random.Random(seed)
@@ -120,7 +123,7 @@ def main() -> None:
         for name, per_layer in WAYS.items():
             rounds[name].append(one_round(per_layer, args.steps))
     print(f"two ranks over gloo, 64 samples a step, {args.rounds} rounds of {args.steps} steps")
-    medians = {}
+    medians: dict[str, float] = {}
     for name, results in rounds.items():
         wall, process, thread = (statistics.median(r[i] for r in results) for i in range(3))
         medians[name] = wall
@@ -128,8 +131,8 @@ def main() -> None:
             f"  {name}: {wall * 1e3:.1f} ms a step; CPU a rank {process * 1e3:.1f} ms "
             f"({thread * 1e3:.1f} ms main thread)"
         )
-    (one, one_s), (per_layer, per_layer_s) = medians.items()
-    print(f"  {per_layer} / {one}: {per_layer_s / one_s:.2f}x")
+    (one, one_s), (each, each_s) = medians.items()
+    print(f"  {each} / {one}: {each_s / one_s:.2f}x")
 
 
 if __name__ == "__main__":

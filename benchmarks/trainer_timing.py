@@ -12,6 +12,7 @@ import random
 import resource
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,14 +49,15 @@ def write_checkpoint(model: ModelConfig, path: Path, device: torch.device) -> No
         num_key_value_heads=model.num_query_groups,
         head_dim=model.head_dim,
         max_position_embeddings=model.max_position_embeddings,
-        rope_theta=model.rotary_base,
+        rope_parameters={"rope_type": "default", "rope_theta": model.rotary_base},
         rms_norm_eps=model.norm_epsilon,
         tie_word_embeddings=model.tie_word_embeddings,
     )
     torch.manual_seed(0)
     with device:  # random init on the device: on two host cores 0.6B took 27 s to write
         hf = Qwen3ForCausalLM(config)
-    hf.to(DTYPES[model.params_dtype]).save_pretrained(path)
+    # PreTrainedModel.to is functools.wraps(nn.Module.to), typed as the unbound function
+    hf.to(DTYPES[model.params_dtype]).save_pretrained(path)  # type: ignore[arg-type]
 
 
 def rollout(lengths: list[int], vocab_size: int, seed: int) -> list[TrainSample]:
@@ -98,7 +100,7 @@ def extra_forwards(trainer: Trainer, optimizer_steps: float) -> list[str]:
     return extra
 
 
-def local_gib(params: list[torch.Tensor]) -> float:
+def local_gib(params: Sequence[torch.Tensor]) -> float:
     """What this process holds of `params`: a DTensor's local shard, a plain tensor whole."""
     local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
     return sum(t.numel() * t.element_size() for t in local) / GIB

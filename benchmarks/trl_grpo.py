@@ -36,7 +36,14 @@ def main() -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
     from trl import GRPOConfig, GRPOTrainer
 
     from rlpost.rewards.answers import grade_math
@@ -61,7 +68,14 @@ def main() -> None:
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.steps.append(time.perf_counter() - self._start)
 
-        def on_log(self, _a: Any, _s: Any, _c: Any, logs: dict[str, Any] | None = None, **__: Any):
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **__: Any,
+        ) -> None:
             if logs and "reward" in logs:
                 self.rewards.append(float(logs["reward"]))
 

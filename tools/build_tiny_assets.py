@@ -81,8 +81,11 @@ class Problem:
     def label(self) -> str:
         return str(self.a + self.b)
 
+    def prompt(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self.question}]
+
     def to_record(self) -> dict[str, object]:
-        return {"prompt": [{"role": "user", "content": self.question}], "label": self.label}
+        return {"prompt": self.prompt(), "label": self.label}
 
 
 @dataclass(frozen=True)
@@ -163,8 +166,7 @@ def render_prompt(question: str) -> str:
 
 
 def apply_template(tokenizer: PreTrainedTokenizerFast, problem: Problem) -> str:
-    messages = problem.to_record()["prompt"]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return apply_template_messages(tokenizer, problem.prompt())
 
 
 def render_completion(label: str) -> str:
@@ -189,7 +191,8 @@ def train_tokenizer(problems: list[Problem]) -> PreTrainedTokenizerFast:
     )
     texts = [render_prompt(p.question) + render_completion(p.label) for p in problems]
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
+    # transformers leaves its __init__ (TokenizersBackend's) unannotated
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
@@ -269,7 +272,9 @@ def calc_segments(
 def apply_template_messages(
     tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, str]]
 ) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert isinstance(text, str)  # tokenize=False: the rendered text
+    return text
 
 
 def encode_calc_examples(
@@ -333,13 +338,13 @@ def warm_start(
             index = torch.cat([index, calc + len(problems)])
         logits = model(input_ids=input_ids[index], attention_mask=mask[index]).logits
         loss = smoothed_loss(logits[:, :-1], labels[index][:, 1:], smoothing[index])
-        loss.backward()
+        torch.autograd.backward(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    model.eval()
+    model.train(False)
     return losses
 
 
@@ -410,11 +415,13 @@ def _continue(
         eos_token_id=tokenizer.eos_token_id,
     )
     new = out[:, batch["input_ids"].shape[1] :]
-    turns = []
+    turns: list[str] = []
     for row in new.tolist():
         if tokenizer.eos_token_id in row:
             row = row[: row.index(tokenizer.eos_token_id) + 1]
-        turns.append(tokenizer.decode([t for t in row if t != tokenizer.pad_token_id]))
+        text = tokenizer.decode([t for t in row if t != tokenizer.pad_token_id])
+        assert isinstance(text, str)  # one sequence's ids: one text
+        turns.append(text)
     return turns
 
 

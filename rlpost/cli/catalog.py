@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.cli.target import GROUPS, add_config_dir_argument
 from rlpost.config.overrides import search_roots

@@ -120,7 +120,7 @@ def parse_changes(tokens: Sequence[str]) -> list[Change]:
 
 def _compose_base(base: str, config_dir: str | None) -> Any:
     """The composed run config with `recipe=base` (other groups at their defaults)."""
-    import yaml  # type: ignore[import-untyped]
+    import yaml
     from hydra import compose
     from hydra.errors import HydraException
 

@@ -541,7 +541,7 @@ def _check_scratch(args: argparse.Namespace) -> None:
 
 
 def kuberay(args: argparse.Namespace) -> int:
-    import yaml  # type: ignore[import-untyped]
+    import yaml
 
     _check_scratch(args)
     target, cfg, plan = _planned(args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 INDENT = "  "
 

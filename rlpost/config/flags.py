@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.config.sglang_options import SGLANG_KEY, OptionSpec, load_sglang_options
 from rlpost.errors import Issue, Location

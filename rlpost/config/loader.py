@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from pydantic import ValidationError
 

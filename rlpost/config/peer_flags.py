@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.config import openrlhf_flags, trl_flags
 from rlpost.config.peer_rows import HIDDEN, PeerRow, Reading, read_row, readings_issue

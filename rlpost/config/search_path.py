@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.config.sources import CONF_DIR, PRIMARY_CONFIG, ConfigRoot, display_path, find_config
 from rlpost.errors import Issue, Location, UserError, did_you_mean

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.errors import Location
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.plan.slime_args import SLIME_HOOKS, SLIME_REWARD_TYPES
 

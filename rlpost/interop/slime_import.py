@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.config.sglang_options import load_sglang_options
 from rlpost.config.sources import CONF_DIR

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from rlpost.config.sources import CONF_DIR
 from rlpost.errors import Issue, UserError

@@ -1119,7 +1119,7 @@ def why_faster(chosen: Candidate, other: Candidate, per: str = "rollout") -> str
 def shipped_reference(cfg: RunConfig) -> tuple[str, RunConfig] | None:
     """The layout that ships for this model and hardware (conf/layout/<model>_<hardware>.yaml),
     applied to this run's config, to rate beside the search's choice."""
-    import yaml  # type: ignore[import-untyped]
+    import yaml
 
     from rlpost.config.sources import CONF_DIR
 

@@ -293,7 +293,7 @@ def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
                     SLIME_REWARD_TYPES.get(value, value) if ours == "reward_type" else value
                 )
         sets.append(entry)
-    import yaml  # type: ignore[import-untyped]
+    import yaml
 
     section: dict[str, Any] = {"datasets": sets}
     if ev.custom_reward_function:  # every set's that names none of its own

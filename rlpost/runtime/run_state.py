@@ -189,7 +189,7 @@ def use_deterministic_algorithms(actor: Any) -> None:
 
 
 def _saved_config(checkpoint: Path) -> dict[str, Any]:
-    import yaml  # type: ignore[import-untyped]
+    import yaml
 
     config: dict[str, Any] = yaml.safe_load((checkpoint / CONFIG_FILE).read_text(encoding="utf-8"))
     return config

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 from pydantic import ValidationError
 
 from rlpost.runtime.checkpoint import CKPT_DIR
