@@ -217,25 +217,24 @@ def _engine_weights(rt: RuntimePlan) -> str:
 def _requests(plan: Plan) -> str:
     rt = plan.runtime
     if rt.requests == "group":
+        if plan.generations:  # mode=eval: each set at its own samples per prompt
+            return "one per group (its set's samples per prompt together)"
         return f"one per group (its {plan.batch.n_samples_per_prompt} samples together)"
     return f"one per sample ({rt.requests_why})"
 
 
 def render_runtime(plan: Plan) -> str:
+    """The runtime's decisions; mode=eval leaves out the training loop's, which nothing of an
+    evaluation runs, and says what its SIGTERM does (it saves nothing)."""
+    if plan.generations:
+        return _render_eval_runtime(plan)
     rt, loop = plan.runtime, plan.runtime.loop
     ahead = "unbounded" if loop.lookahead_steps is None else f"{loop.lookahead_steps} step(s)"
     rows: list[list[Cell]] = [
-        ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
-        ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
-        ["engine weights", _engine_weights(rt)],
+        *_head_rows(plan),
         ["release memory around training", "yes" if rt.offload else "no"],
-        [
-            "train ranks meet through",
-            "a file in the run directory" if rt.rendezvous == "file" else "TCP on rank 0's node",
-        ],
-        ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
-        ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
-        ["generate requests", _requests(plan)],
+        _rendezvous_row(rt),
+        *_server_rows(plan),
         [
             "loop",
             LOOP_NAMES.get(loop.mode, loop.mode)
@@ -258,6 +257,47 @@ def render_runtime(plan: Plan) -> str:
     if loop.mode == "fully_async":
         rows.append(["a group past the bound is", f"{loop.stale_groups}d"])
     rows.append(["on SIGTERM (exit status 143)", SIGTERM_NAMES[rt.on_sigterm]])
+    return _with_priority(rt, rows)
+
+
+def _render_eval_runtime(plan: Plan) -> str:
+    rt = plan.runtime
+    rows: list[list[Cell]] = _head_rows(plan)
+    if plan.train_ranks == SEND_WEIGHTS:
+        rows.append(_rendezvous_row(rt))
+    else:  # no train rank: the engines load model.hf_checkpoint as they start
+        rows[1] = ["weight sync", "none (the engines load model.hf_checkpoint themselves)"]
+    rows += [
+        *_server_rows(plan),
+        ["on SIGTERM (exit status 143)", "stop (an evaluation saves nothing)"],
+    ]
+    return _with_priority(rt, rows)
+
+
+def _head_rows(plan: Plan) -> list[list[Cell]]:
+    rt = plan.runtime
+    return [
+        ["engine backend", ENGINE_NAMES.get(rt.engine_backend, rt.engine_backend)],
+        ["weight sync", SYNC_NAMES.get(rt.weight_sync, rt.weight_sync)],
+        ["engine weights", _engine_weights(rt)],
+    ]
+
+
+def _rendezvous_row(rt: RuntimePlan) -> list[Cell]:
+    meet = "a file in the run directory" if rt.rendezvous == "file" else "TCP on rank 0's node"
+    return ["train ranks meet through", meet]
+
+
+def _server_rows(plan: Plan) -> list[list[Cell]]:
+    rt = plan.runtime
+    return [
+        ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
+        ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
+        ["generate requests", _requests(plan)],
+    ]
+
+
+def _with_priority(rt: RuntimePlan, rows: list[list[Cell]]) -> str:
     if rt.engine_backend == "cpu":
         rows.append(["engine CPU priority", _engine_priority(rt.engine_nice)])
     return render_table(["runtime", "value"], rows, "Runtime")

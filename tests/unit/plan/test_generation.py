@@ -124,3 +124,27 @@ def test_an_evaluations_plan_shows_its_sets_in_place_of_trainings_batch(
     assert [g["prompts"] for g in plan.to_dict()["evaluation"]] == [30, EVAL_PROMPTS_PER_SET]
     training = build_plan(run_config("qwen3-4b", "h100x8"))
     assert "Batch arithmetic" in render_plan(training) and "evaluation" not in training.to_dict()
+
+
+def test_an_evaluations_runtime_leaves_out_the_training_loop(run_config: MakeRun) -> None:
+    """mode=eval runs no training loop and saves nothing: its Runtime table has no loop,
+    buffer or staleness rows, a SIGTERM that stops, requests at the sets' own samples per
+    prompt, and, with no train rank, no weight sync; training's table keeps them all."""
+    from rlpost.plan.render import render_runtime
+
+    def rows(plan: Any) -> dict[str, str]:
+        lines = render_runtime(plan).splitlines()[3:]
+        return {line[2:38].strip(): line[38:].strip() for line in lines}
+
+    training = rows(build_plan(run_config("qwen3-4b", "h100x8")))
+    assert "save every finished rollout" in training["on SIGTERM (exit status 143)"]
+    assert "groups buffered ahead of the trainer" in training
+    served = build_plan(evaluating(run_config, AIME))
+    shown = render_runtime(served)
+    for row in ("loop ", "groups buffered", "staleness", "release memory", "train ranks meet"):
+        assert f"  {row}" not in shown
+    assert "on SIGTERM (exit status 143)  stop (an evaluation saves nothing)" in shown
+    assert "weight sync                   none (the engines load model.hf_checkpoint" in shown
+    assert "8 samples" not in shown and "its set's samples per prompt together" in shown
+    sent = render_runtime(build_plan(evaluating(run_config, AIME, model__load="/ckpt/s")))
+    assert "train ranks meet through" in sent and "  loop " not in sent
