@@ -474,12 +474,25 @@ def test_an_evaluation_that_starts_no_train_rank_counts_no_trainer_beside_the_en
     assert trained.memory.rollout.trainer_residual_gib > 4
     assert plan.memory.rollout.trainer_residual_gib == 0
     assert plan.engine.mem_fraction_static == pytest.approx(
-        alone.engine.mem_fraction_static, abs=2e-3  # each rounded to 0.001
+        alone.engine.mem_fraction_static,
+        abs=2e-3,  # each rounded to 0.001
     )
     assert plan.engine.options["mem_fraction_static"] == plan.engine.mem_fraction_static
     told = {"layout__rollout__sglang__mem_fraction_static": 0.7}
     four_b = build_plan(run_config("qwen3-4b", "h100x8", mode="eval", **told)).memory.rollout
     assert four_b.trainer_residual_gib == 0 and four_b.mem_fraction_static == 0.7
+
+
+def test_an_evaluation_counts_no_offloaded_optimizer_on_the_host(run_config: Runs) -> None:
+    """mode=eval builds no optimizer: glm4.5-355b-a32b's layout offloads Adam to the host
+    (710 GiB a node in training), and its evaluation's host table counts none of it, with
+    or without train ranks."""
+    trained = build_plan(run_config("glm4.5-355b-a32b", "h100x64")).memory.host
+    assert trained.optimizer_gib > 700
+    for weights in ({}, {"model__load": "/ckpt/s"}):
+        plan = build_plan(run_config("glm4.5-355b-a32b", "h100x64", mode="eval", **weights))
+        host = plan.memory.host
+        assert host.optimizer_gib == 0 and host.total_gib == host.processes_gib
 
 
 def test_a_kl_measured_only_at_the_first_rollout_is_noted_not_refused() -> None:
