@@ -51,10 +51,24 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    """launch.py mode=plan; given mode=eval, the plan of that evaluation (its sets, its
+    memory and time), which a mode=plan appended after it would replace by training's."""
     from rlpost.cli import launch
     from rlpost.cli.target import target_from_args
 
-    launch.main([*target_from_args(args).launcher_argv(), "mode=plan"])
+    target = target_from_args(args)
+    modes = [a.partition("=")[2] for a in target.overrides if a.startswith("mode=")]
+    if modes[-1:] != ["eval"]:
+        launch.main([*target.launcher_argv(), "mode=plan"])
+        return 0
+    from rlpost.config.loader import compose_run_config
+    from rlpost.plan import render_plan
+
+    cfg, sources = compose_run_config(
+        target.overrides, config_dir=target.config_dir, config_name=target.config_name
+    )
+    cfg, plan = launch.plan_run(cfg, sources)
+    print(render_plan(plan, cfg.plan.format))
     return 0
 
 

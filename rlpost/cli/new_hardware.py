@@ -27,7 +27,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlpost.cli.new_model import add_output_arguments, check_name, output_path, write_text
+from rlpost.cli.new_model import (
+    add_output_arguments,
+    check_name,
+    output_path,
+    use_line,
+    write_text,
+)
 from rlpost.cli.yaml_text import block_lines
 from rlpost.errors import Issue, UserError
 from rlpost.plan.preflight import LocalGpu, host_memory_gib, local_gpus
@@ -232,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     path = output_path(args.out, args.config_dir, "hardware", name)
     write_text(path, text, args.force)
     if path is not None:
-        where = f"--config-dir {args.config_dir} " if args.config_dir else ""
         print(f"wrote {path}: {fields['description']}")
-        print(f"plan a run on it: rlpost plan {where}model=... recipe=... hardware={name}")
+        use = use_line(path, "hardware", "rlpost plan model=... recipe=...")
+        print(f"plan a run on it: {use}")
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 from rlpost.cli.target import add_config_dir_argument
 from rlpost.cli.yaml_text import block_lines
 from rlpost.config.hf_model import HFConfig, model_fields
+from rlpost.config.sources import CONF_DIR, display_path
 from rlpost.errors import Issue, UserError
 
 HELP = "write a model YAML from a Hugging Face config.json"
@@ -89,12 +90,53 @@ def render_model_yaml(fields: Mapping[str, Any], source: str) -> str:
 
 
 def output_path(out: str | None, config_dir: str | None, group: str, name: str) -> Path | None:
-    """--out, else <config dir, or ./conf>/<group>/<name>.yaml; None for stdout."""
+    """--out, else <config dir, or ./conf>/<group>/<name>.yaml; None for stdout. A path in
+    another config dir under a shipped config's name is refused: never loaded."""
     if out == "-":
         return None
-    if out:
-        return Path(out)
-    return Path(config_dir or "conf") / group / f"{name}.yaml"
+    path = Path(out) if out else Path(config_dir or "conf") / group / f"{name}.yaml"
+    _check_not_shadowed(path, group, by_out=bool(out))
+    return path
+
+
+def _check_not_shadowed(path: Path, group: str, by_out: bool) -> None:
+    """Hydra searches rlpost's conf/ before a config dir: a file of another config dir named
+    like a shipped one would never be loaded, and `group=<name>` would run the shipped one."""
+    shipped = CONF_DIR / group / f"{path.stem}.yaml"
+    if path.parent.name != group or not shipped.is_file():
+        return
+    if shipped.resolve() == path.resolve():
+        return  # the shipped file itself (write_text refuses it without --force)
+    other = f"my_{path.stem}"
+    name_key, name_fix = ("--name", f"--name {other}") if group == "model" else ("NAME", other)
+    raise UserError(
+        [
+            Issue(
+                key="--out" if by_out else name_key,
+                value=str(path) if by_out else path.stem,
+                message=f"rlpost ships {display_path(shipped)} under the same name, and Hydra "
+                f"searches the shipped configs before {path.parent.parent}, so {group}="
+                f"{path.stem} would load the shipped file and never {path}",
+                fix=f"choose another name: --out {path.with_stem(other)}"
+                if by_out
+                else f"choose another name: {name_fix}",
+            )
+        ],
+        title="command-line error",
+    )
+
+
+def use_line(path: Path, group: str, command: str) -> str:
+    """How to use the written file: `<command> [--config-dir DIR ]group=name`, where DIR is
+    its config dir (none for the shipped conf/); a file outside a group folder moves first."""
+    if path.parent.name != group:
+        return (
+            f"to use it, move it into a config dir as <dir>/{group}/{path.stem}.yaml: "
+            f"{command} --config-dir <dir> {group}={path.stem}"
+        )
+    folder = path.parent.parent
+    where = "" if folder.resolve() == CONF_DIR.resolve() else f"--config-dir {folder} "
+    return f"{command} {where}{group}={path.stem}"
 
 
 def write_text(path: Path | None, text: str, force: bool) -> None:
@@ -142,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     path = output_path(args.out, args.config_dir, "model", name)
     write_text(path, text, args.force)
     if path is not None:
-        where = f"--config-dir {args.config_dir} " if args.config_dir else ""
         print(f"wrote {path}: {fields['description']}")
-        print(f"check it in a run: rlpost validate {where}model={name} recipe=... hardware=...")
+        use = use_line(path, "model", "rlpost validate")
+        print(f"check it in a run: {use} recipe=... hardware=...")
     return 0

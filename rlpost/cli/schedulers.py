@@ -56,13 +56,19 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
 
 
 def job_name(cfg: RunConfig) -> str:
-    """rlpost-<model>-<recipe>, as a DNS-1123 label (Kubernetes names, Slurm job names)."""
-    raw = f"rlpost-{cfg.model.name}-{cfg.recipe.name}".lower()
+    """rlpost-<model>-<recipe>, and -eval for mode=eval, as a DNS-1123 label (Kubernetes
+    names, Slurm job names). An evaluation's name is its own: a RayJob's run directory is
+    named for its job, and mode=eval refuses a training run's directory."""
+    evaluation = "-eval" if cfg.mode == "eval" else ""
+    raw = f"rlpost-{cfg.model.name}-{cfg.recipe.name}{evaluation}".lower()
     return re.sub(r"[^a-z0-9-]+", "-", raw).strip("-")[:63].rstrip("-")
 
 
-def _launch_argv(target: Target) -> list[str]:
-    return [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+def _launch_argv(target: Target, cfg: RunConfig) -> list[str]:
+    """The launch's arguments: the target's, less run.dir (the job's) and mode=, with
+    mode=eval where the config evaluates; dropped, it would make an evaluation's job train."""
+    argv = [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+    return [*argv, "mode=eval"] if cfg.mode == "eval" else argv
 
 
 def _resources(cfg: RunConfig) -> str:
@@ -242,7 +248,7 @@ def render_sbatch(
     for flag in ("partition", "account", "time"):
         if getattr(args, flag):
             directives.append(f"--{flag}={getattr(args, flag)}")
-    launch = shlex.join(_launch_argv(target))
+    launch = shlex.join(_launch_argv(target, cfg))
     fills = {
         "RUN_DIR": shlex.quote(str(run_dir)),
         "RLPOST_DIR": shlex.quote(str(args.rlpost_dir or ROOT)),
@@ -435,7 +441,7 @@ def render_rayjob(
     size = pod_size(cfg, plan, args)
     name = job_name(cfg)
     run_dir = f"{args.runs_mount.rstrip('/')}/{name}"
-    launch = shlex.join(["python", "launch.py", *_launch_argv(target)])
+    launch = shlex.join(["python", "launch.py", *_launch_argv(target, cfg)])
     entrypoint = (
         f"cd {shlex.quote(args.workdir)} && {launch} run.dir={shlex.quote(run_dir)} "
         "run.ray_address=auto"
@@ -482,7 +488,7 @@ def render_rayjob(
         "metadata": {
             "name": name,
             "labels": {"app.kubernetes.io/managed-by": "rlpost"},
-            "annotations": {"rlpost/launch": shlex.join(_launch_argv(target))},
+            "annotations": {"rlpost/launch": shlex.join(_launch_argv(target, cfg))},
         },
         "spec": {
             "entrypoint": entrypoint,

@@ -429,9 +429,10 @@ def estimate_host(
 ) -> HostMemory:
     """Ranks on the fullest node x (offloaded optimizer + reference weights kept on the host
     between uses when the reference runs at all, 2 bytes/param) + per-process overhead.
-    `trains` false (mode=eval's train ranks): no reference is loaded."""
+    `trains` false (mode=eval's train ranks): no optimizer is built and no reference loaded,
+    whatever the layout's training side (shown unchecked where no train rank starts) holds."""
     ranks = min(sizes.train_gpus, hardware.gpus_per_node)
-    optimizer = ranks * train.host_optimizer_gib
+    optimizer = ranks * train.host_optimizer_gib if trains else 0.0
     reference = 0.0
     if trains and recipe.algo.reference_interval > 0:
         reference = ranks * train.host_reference_gib(model)

@@ -569,19 +569,30 @@ def _room_for_sent_weights(
 ) -> Resolution:
     """mode=eval's train ranks keep the weights they sent on each colocated GPU through the
     evaluation (nothing offloads them): a derived mem_fraction_static leaves room for them,
-    as in training it leaves room for the offloaded trainer's residue. A fraction the user
-    set stays as set, and the plan's memory check holds it to the weights. `train` is the
-    train ranks' memory (train_rank_memory)."""
+    as in training it leaves room for the offloaded trainer's residue; where no train rank
+    starts, nothing shares the GPU and it leaves room for none (SGLang's own default). A
+    fraction the user set stays as set, and the plan's memory check holds it to the weights.
+    `train` is the train ranks' memory (train_rank_memory)."""
     engine, hw = res.engine, cfg.hardware
     derived = MEM_FRACTION_KEY in res.derived
-    if not (derived and train_ranks == SEND_WEIGHTS and res.sizes.colocate and hw.kind == "gpu"):
+    if not (derived and train_ranks != TRAIN and res.sizes.colocate and hw.kind == "gpu"):
         return res
-    kept = train.weights_gib
-    extra = max(0.0, kept - TRAINER_RESIDUAL_GIB)
+    kept = _kept_beside_engines(train_ranks, train)
+    extra = (
+        kept - TRAINER_RESIDUAL_GIB
+        if train_ranks == NO_TRAIN_RANK
+        else max(0.0, kept - TRAINER_RESIDUAL_GIB)
+    )
     fraction = round(engine.mem_fraction_static - extra / hw.gpu_memory_gib, 3)
     options = dict(engine.sglang) | {"mem_fraction_static": fraction}
     engine = replace(engine, mem_fraction_static=fraction, sglang=tuple(options.items()))
     return replace(res, engine=engine)
+
+
+def _kept_beside_engines(train_ranks: str, train: TrainMemory) -> float:
+    """mode=eval, colocated: what the train ranks keep on an engine's GPU (GiB) in place of a
+    trainer's offload residue: the weights they sent, or nothing where none starts."""
+    return train.weights_gib if train_ranks == SEND_WEIGHTS else 0.0
 
 
 def estimate_memory(
@@ -607,10 +618,11 @@ def estimate_memory(
         colocate,
         engine.fp8,
     )
-    if train_ranks == SEND_WEIGHTS and colocate and hw.kind == "gpu":
+    if train_ranks != TRAIN and colocate and hw.kind == "gpu":
         # nothing offloads them after the push: the train ranks' weights stay on the GPU
         # beside the engine through the evaluation, in place of a trainer's offload residue
-        kept = train.weights_gib
+        # (and where no train rank starts, nothing does)
+        kept = _kept_beside_engines(train_ranks, train)
         total = rollout.total_gib - rollout.trainer_residual_gib + kept
         rollout = replace(rollout, trainer_residual_gib=kept, total_gib=total)
     params = count_params(model)

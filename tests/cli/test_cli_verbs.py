@@ -220,6 +220,17 @@ def test_plan_is_the_launchers_plan_mode(capsys: pytest.CaptureFixture[str]) -> 
     assert yaml.safe_load(out)["run"]["model"] == "qwen3-tiny"
 
 
+def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlpost plan mode=eval` shows the evaluation's sets and no training batch, where the
+    mode=plan it appends made it the training run's plan."""
+    status, out, err = run_main(["plan", *GPU_RUN, "mode=eval"], capsys)
+    assert status == 0, err
+    assert "Evaluation sets" in out and "Batch arithmetic" not in out
+    assert "  aime  " in out and "mode=eval trains nothing" in out
+    status, out, _ = run_main(["plan", *GPU_RUN], capsys)
+    assert status == 0 and "Batch arithmetic" in out and "Evaluation sets" not in out
+
+
 def test_new_recipe_writes_only_the_differences(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

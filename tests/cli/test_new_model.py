@@ -472,3 +472,31 @@ def test_the_written_reference_exists_and_a_kl_validates(
     ]
     status, _, err = run_main(check, capsys)
     assert status == 0, err  # the local checks read the reference the KL needs
+
+
+def test_a_file_named_like_a_shipped_one_is_refused_and_the_hint_names_the_written_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hydra searches conf/ before a config dir: model/qwen3-tiny.yaml there would never be
+    loaded and `model=qwen3-tiny` would check the shipped model, so nothing is written; the
+    hint that follows a write names the file written (--out's stem, its config dir)."""
+    tiny = str(REPO / "rlpost" / "assets" / "qwen3-tiny")
+    user = tmp_path / "my_configs"
+    status, _, err = run_main(
+        ["new", "model", "--from-hf", tiny, "--config-dir", str(user)], capsys
+    )
+    assert status == 2 and "--name = 'qwen3-tiny'" in err and "--name my_qwen3-tiny" in err
+    recipes = user / "recipe"
+    recipes.mkdir(parents=True)
+    argv = ["new", "recipe", "grpo_dapo", "--from", "grpo_tiny_math", "--config-dir", str(user)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "conf/recipe/grpo_dapo.yaml under the same name" in err
+    assert not (user / "model" / "qwen3-tiny.yaml").exists()
+    assert not (recipes / "grpo_dapo.yaml").exists()
+    out = user / "model" / "tiny_copy.yaml"
+    status, text, err = run_main(["new", "model", "--from-hf", tiny, "--out", str(out)], capsys)
+    assert status == 0, err
+    assert f"rlpost validate --config-dir {user} model=tiny_copy recipe=" in text
+    check = ["validate", "--config-dir", str(user), "model=tiny_copy", "recipe=grpo_tiny_math"]
+    status, _, err = run_main(check, capsys)
+    assert status == 0, err

@@ -417,3 +417,33 @@ def test_a_worker_pods_pre_stop_waits_while_the_heads_ray_answers(tmp_path: Path
     env.pop("FQ_RAY_IP")  # outside KubeRay: nothing to wait for
     done = subprocess.run(["bash", "-c", pre_stop_script("ray-worker", 30, "/r")], env=env)
     assert done.returncode == 0
+
+
+def test_an_evaluations_job_evaluates_in_a_run_directory_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mode=eval reaches the job's launch, which would otherwise train; a RayJob's run
+    directory is named for its job, so an evaluation's is not its training run's (which
+    mode=eval refuses)."""
+    script = tmp_path / "job.sbatch"
+    status, _, err = run_main(
+        ["slurm", *SEED_002, "mode=eval", "--run-dir", str(tmp_path / "run"), "--out", str(script)],
+        capsys,
+    )
+    assert status == 0, err
+    assert "hardware=h100x64 mode=eval" in script.read_text()
+    manifests = {}
+    for mode in ("train", "eval"):
+        out = tmp_path / f"{mode}.yaml"
+        argv = ["kuberay", *SEED_002, f"mode={mode}", "--image", "i:1", "--pvc", "runs"]
+        status, _, err = run_main([*argv, "--out", str(out)], capsys)
+        assert status == 0, err
+        manifests[mode] = yaml.safe_load(out.read_text())
+    entrypoints = {mode: job["spec"]["entrypoint"] for mode, job in manifests.items()}
+    assert "mode=eval" in entrypoints["eval"] and "mode=" not in entrypoints["train"]
+    names = {mode: job["metadata"]["name"] for mode, job in manifests.items()}
+    assert names == {
+        "train": "rlpost-glm4-5-355b-a32b-grpo-dapo",
+        "eval": "rlpost-glm4-5-355b-a32b-grpo-dapo-eval",
+    }
+    assert f"/{names['eval']} " in entrypoints["eval"]

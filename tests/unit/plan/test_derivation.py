@@ -459,6 +459,42 @@ def test_an_evaluation_whose_train_ranks_send_weights_counts_only_that(run_confi
     assert t.grads_gib == t.optimizer_gib == 0 and t.weights_gib > 30
 
 
+def test_an_evaluation_that_starts_no_train_rank_counts_no_trainer_beside_the_engines(
+    run_config: Runs,
+) -> None:
+    """mode=eval of model.hf_checkpoint's own weights starts no train rank: nothing shares a
+    colocated engine's GPU, so the rollout table counts no trainer residue and a derived
+    mem_fraction_static is SGLang's own, the one a GPU of the engines' alone gets."""
+    from rlpost.plan.work import NO_TRAIN_RANK
+
+    alone = build_plan(run_config("qwen3-8b", "h100x8", layout__colocate=False))
+    trained = build_plan(run_config("qwen3-8b", "h100x8"))
+    plan = build_plan(run_config("qwen3-8b", "h100x8", mode="eval"))
+    assert plan.train_ranks == NO_TRAIN_RANK and plan.placement.colocate
+    assert trained.memory.rollout.trainer_residual_gib > 4
+    assert plan.memory.rollout.trainer_residual_gib == 0
+    assert plan.engine.mem_fraction_static == pytest.approx(
+        alone.engine.mem_fraction_static,
+        abs=2e-3,  # each rounded to 0.001
+    )
+    assert plan.engine.options["mem_fraction_static"] == plan.engine.mem_fraction_static
+    told = {"layout__rollout__sglang__mem_fraction_static": 0.7}
+    four_b = build_plan(run_config("qwen3-4b", "h100x8", mode="eval", **told)).memory.rollout
+    assert four_b.trainer_residual_gib == 0 and four_b.mem_fraction_static == 0.7
+
+
+def test_an_evaluation_counts_no_offloaded_optimizer_on_the_host(run_config: Runs) -> None:
+    """mode=eval builds no optimizer: glm4.5-355b-a32b's layout offloads Adam to the host
+    (710 GiB a node in training), and its evaluation's host table counts none of it, with
+    or without train ranks."""
+    trained = build_plan(run_config("glm4.5-355b-a32b", "h100x64")).memory.host
+    assert trained.optimizer_gib > 700
+    for weights in ({}, {"model__load": "/ckpt/s"}):
+        plan = build_plan(run_config("glm4.5-355b-a32b", "h100x64", mode="eval", **weights))
+        host = plan.memory.host
+        assert host.optimizer_gib == 0 and host.total_gib == host.processes_gib
+
+
 def test_a_kl_measured_only_at_the_first_rollout_is_noted_not_refused() -> None:
     """An interval at or past the run's length measures the KL at rollout 0 alone, before the
     first update: the plan says so; not refused, since against a reference other than the
