@@ -284,6 +284,27 @@ def test_a_rayjob_keeps_its_checkpoints_on_a_volume_unless_told_they_may_go(
     assert volume == {"name": "runs", "emptyDir": {}}
 
 
+def test_an_evaluation_without_a_claim_is_refused_for_what_it_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An evaluation writes no checkpoint or export: without --pvc its metrics and logs go
+    with the pods, which --scratch may accept on one node or several (no rank of it shares
+    a checkpoint)."""
+    for target in (["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"], list(SEED_002)):
+        argv = ["kuberay", *target, "mode=eval", "--image", "registry/rlpost:1"]
+        status, _, err = run_main(argv, capsys)
+        assert status == 2 and "--pvc" in err and "--scratch" in err, err
+        assert "metrics (metrics.jsonl) and logs" in err and "no checkpoint or export" in err
+        assert "checkpoints, metrics and exports" not in err
+        assert "write checkpoints" not in err
+        out = tmp_path / "eval.yaml"
+        status, _, err = run_main([*argv, "--scratch", "--out", str(out)], capsys)
+        assert status == 0, err
+        manifest = yaml.safe_load(out.read_text().split("\n", 2)[2])
+        head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+        assert head["volumes"] == [{"name": "runs", "emptyDir": {}}]
+
+
 def test_scratch_with_a_claim_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
