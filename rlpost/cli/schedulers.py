@@ -9,7 +9,8 @@ the plan's nodes and GPUs, starts the Ray head on the first node and one worker 
 node through srun (each `ray start --block`, its log in the run directory), waits until every
 node has registered, and launches the run on the head with the same overrides; it asks for
 SIGTERM ahead of the time limit for itself alone and hands it to the launch, which saves and
-stops while Ray still runs (at the limit Slurm signals every step at once). The RayJob
+stops while Ray still runs (at the limit Slurm signals every step at once); an evaluation
+saves nothing, and its lead is a minute to stop. The RayJob
 has a head group and a worker group sized from the hardware profile, the launch as its
 entrypoint, the run directory on a volume every pod mounts, and preStop hooks that let the
 launch save before a deletion stops Ray.
@@ -127,10 +128,10 @@ done
     --node-address "$HEAD_IP" --nodes @NODES@ --timeout 600
 
 # The run, on the head, with the same overrides. At the time limit Slurm signals every step
-# at once, Ray's with the run's, and the run could not save; so this script asks for SIGTERM
-# @LEAD@ s ahead, for itself alone (--signal=B:TERM), and hands it to the launch (srun passes
-# a SIGTERM on to its task), which saves every finished rollout while Ray still runs and
-# stops; the job ends with it.
+# at once, Ray's with the run's, and the run could not @STOP_HOW@; so this script asks for
+# SIGTERM @LEAD@ s ahead, for itself alone (--signal=B:TERM), and hands it to the launch (srun
+# passes a SIGTERM on to its task), which
+# @STOPS@ while Ray still runs; the job ends with it.
 cd "$RLPOST_DIR"
 LAUNCH_PID="" STOP=""
 trap 'STOP=1; [ -z "$LAUNCH_PID" ] || kill -TERM "$LAUNCH_PID" 2> /dev/null || true' TERM
@@ -151,14 +152,20 @@ exit "$status"
 MIN_STOP_LEAD_S = 300
 MAX_SIGNAL_S = 65535  # sbatch --signal's sig_time: 0 to 65535 s
 SAVE_ALLOWANCE_S = 300
+# An evaluation stops at once on SIGTERM and saves nothing: its lead is the time to end its
+# engines and actors while Ray still runs, not a rollout's training and a save.
+EVAL_STOP_LEAD_S = 60
 
 
-def stop_lead_s(train_s: float, asked: int | None) -> int:
-    """Seconds before the time limit the launch is told to stop: `--stop-lead` when given,
-    else the plan's training time per rollout (the rollout a stop lets finish) and 5 minutes
-    for the save, in whole minutes, 5 at least."""
+def stop_lead_s(train_s: float, asked: int | None, evaluation: bool = False) -> int:
+    """Seconds before the time limit the launch is told to stop: `--stop-lead` when given;
+    for an evaluation (mode=eval) one minute to stop; else the plan's training time per
+    rollout (the rollout a stop lets finish) and 5 minutes for the save, in whole minutes,
+    5 at least."""
     if asked is not None:
         return asked
+    if evaluation:
+        return EVAL_STOP_LEAD_S
     return max(MIN_STOP_LEAD_S, 60 * math.ceil((train_s + SAVE_ALLOWANCE_S) / 60))
 
 
@@ -180,17 +187,26 @@ def slurm_time_s(text: str) -> int | None:
     return first * 60 + (second or 0)  # minutes[:seconds]
 
 
-def _check_stop_lead(lead: int, time: str | None) -> None:
+def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> None:
+    stop = "stop" if evaluation else "stop and save"
+    needs = (
+        "it must cover stopping" if evaluation else "it must cover a rollout's training and a save"
+    )
+    default = (
+        f"{EVAL_STOP_LEAD_S} s to stop an evaluation"
+        if evaluation
+        else "the plan's training time per rollout plus 5 minutes"
+    )
     if not 0 < lead <= MAX_SIGNAL_S:
         raise UserError(
             [
                 Issue(
                     "--stop-lead",
-                    f"is when, in seconds before the time limit, the launch is told to stop and "
-                    f"save; Slurm's --signal=B:TERM@<seconds> takes 0 to {MAX_SIGNAL_S}, and at "
-                    "0 the signal comes with the kill, too late to save",
+                    f"is when, in seconds before the time limit, the launch is told to {stop}; "
+                    f"Slurm's --signal=B:TERM@<seconds> takes 0 to {MAX_SIGNAL_S}, and at 0 the "
+                    f"signal comes with the kill, too late to {'stop' if evaluation else 'save'}",
                     f"give 1 to {MAX_SIGNAL_S} seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), or "
-                    "leave it out for the plan's training time per rollout plus 5 minutes",
+                    f"leave it out for {default}",
                     value=lead,
                 )
             ],
@@ -216,9 +232,9 @@ def _check_stop_lead(lead: int, time: str | None) -> None:
                 Issue(
                     "--stop-lead",
                     f"the launch would be told to stop {lead} s before the time limit, and the "
-                    f"job has {limit} s in all: it would stop before it trained anything",
-                    "ask for a longer --time, or a shorter --stop-lead (it must cover a "
-                    "rollout's training and a save)",
+                    f"job has {limit} s in all: it would stop before it "
+                    f"{'evaluated' if evaluation else 'trained'} anything",
+                    f"ask for a longer --time, or a shorter --stop-lead ({needs})",
                     value=lead,
                 )
             ],
@@ -232,8 +248,9 @@ def render_sbatch(
     """The script; `train_s`: the plan's training seconds per rollout (the stop's lead)."""
     hw = cfg.hardware
     run_dir = Path(args.run_dir).resolve()
-    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None))
-    _check_stop_lead(lead, args.time)
+    evaluation = cfg.mode == "eval"
+    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None), evaluation)
+    _check_stop_lead(lead, args.time, evaluation)
     directives = [
         f"--job-name={job_name(cfg)}",
         f"--nodes={hw.num_nodes}",
@@ -259,6 +276,10 @@ def render_sbatch(
         "NODES": str(hw.num_nodes),
         "LAUNCH": launch,
         "LEAD": str(lead),
+        "STOP_HOW": "stop cleanly" if evaluation else "save",
+        "STOPS": "stops the evaluation at once (it saves nothing)"
+        if evaluation
+        else "saves every finished rollout and stops",
     }
     body = SBATCH_BODY
     for name, value in fills.items():
@@ -447,16 +468,20 @@ def render_rayjob(
         "run.ray_address=auto"
     )
     workers = hw.num_nodes - 1
-    lead = stop_lead_s(plan.prediction.train_s, getattr(args, "stop_lead", None))
+    lead = stop_lead_s(
+        plan.prediction.train_s, getattr(args, "stop_lead", None), cfg.mode == "eval"
+    )
     if lead <= 0:
         raise UserError(
             [
                 Issue(
                     "--stop-lead",
                     "is how long a deleted or preempted head pod gives the launch to save "
-                    "before Kubernetes stops it: at 0 or below nothing is saved",
+                    "(an evaluation: to stop) before Kubernetes stops it: at 0 or below it "
+                    "has no time",
                     f"give a positive number of seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), "
-                    "or leave it out for the plan's training time per rollout plus 5 minutes",
+                    "or leave it out for the plan's training time per rollout plus 5 minutes "
+                    f"({EVAL_STOP_LEAD_S} s for an evaluation)",
                     value=lead,
                 )
             ],
@@ -612,7 +637,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="SECONDS",
         help="SIGTERM to the launch this long before the time limit, so that it saves and "
-        "stops (default: the plan's training time per rollout plus 5 minutes, 5 at least)",
+        "stops (default: the plan's training time per rollout plus 5 minutes, 5 at least; "
+        f"{EVAL_STOP_LEAD_S} s for an evaluation, which saves nothing)",
     )
     parser.add_argument("--python", help="the Python of rlpost's environment on the nodes")
     parser.add_argument("--rlpost-dir", help="where launch.py is on the nodes")
@@ -648,7 +674,8 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a deleted or preempted head pod gives the launch to save and stop "
         "before Kubernetes stops Ray (its terminationGracePeriodSeconds, with Ray's stop); "
-        "default: the plan's training time per rollout plus 5 minutes, 5 at least",
+        "default: the plan's training time per rollout plus 5 minutes, 5 at least; "
+        f"{EVAL_STOP_LEAD_S} s for an evaluation, which saves nothing",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

@@ -468,3 +468,33 @@ def test_an_evaluations_job_evaluates_in_a_run_directory_of_its_own(
         "eval": "rlpost-glm4-5-355b-a32b-grpo-dapo-eval",
     }
     assert f"/{names['eval']} " in entrypoints["eval"]
+
+
+def test_an_evaluations_job_is_told_to_stop_a_minute_ahead_not_a_saves_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An evaluation stops at once on SIGTERM and saves nothing: its lead is the minute to
+    stop, where a training run's covers a rollout's training and a save (420 s for seed 002,
+    and the 5 minutes of a save for its evaluation before); the script says what the launch
+    does with the signal."""
+    script = tmp_path / "eval.sbatch"
+    argv = ["slurm", *SEED_002, "mode=eval", "--run-dir", str(tmp_path / "run")]
+    status, _, err = run_main([*argv, "--out", str(script)], capsys)
+    assert status == 0, err
+    text = script.read_text()
+    assert "#SBATCH --signal=B:TERM@60" in text.splitlines()
+    assert "stops the evaluation at once (it saves nothing)" in text
+    assert "saves every finished rollout" not in text
+    training = tmp_path / "train.sbatch"
+    status, _, err = run_main(["slurm", *SEED_002, "--run-dir", str(tmp_path / "t"),
+                               "--out", str(training)], capsys)  # fmt: skip
+    assert status == 0 and "saves every finished rollout and stops" in training.read_text()
+    status, _, err = run_main([*argv, "--time", "1", "--out", str(script)], capsys)
+    assert status == 2 and "stop before it evaluated anything" in err, err
+    rayjob = tmp_path / "eval.yaml"
+    argv = ["kuberay", *SEED_002, "mode=eval", "--image", "i", "--pvc", "runs"]
+    status, _, err = run_main([*argv, "--out", str(rayjob)], capsys)
+    assert status == 0, err
+    cluster = yaml.safe_load(rayjob.read_text())["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert head["terminationGracePeriodSeconds"] == 60 + 30
