@@ -462,7 +462,11 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def check_auto_resume_has_a_dir(self) -> RunConfig:
-        if self.mode == "train" and self.run.resume == "auto" and self.run.dir is None:
+        # mode=plan plans this training launch and is refused as the launch would be;
+        # mode=slime_args writes slime's launch, which saves and resumes in ./slime/ when
+        # run.dir is unset (rlpost.plan.slime_args)
+        planned = self.mode in ("train", "plan")
+        if planned and self.run.resume == "auto" and self.run.dir is None:
             raise InvariantError(
                 "run.resume=auto continues the newest checkpoint in run.dir, and run.dir is "
                 "not set: each launch then writes to a new dated directory "

@@ -1390,6 +1390,29 @@ def test_a_bad_launch_is_refused_from_the_command_line(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_mode_plan_refuses_auto_resume_without_a_run_dir_as_its_launch_would(
+    tmp_path: Path,
+) -> None:
+    """mode=plan plans the training launch of its config, and a config error of that launch
+    is its own (as rlpost validate says): run.resume=auto without run.dir would start every
+    launch at rollout 0. With run.dir the same plan prints."""
+    target = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "mode=plan"]
+    command = [sys.executable, str(REPO / "launch.py"), *target, "run.resume=auto"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:]
+    assert "run.resume = 'auto'" in done.stderr and "starts again at rollout 0" in done.stderr
+    assert "fix: set run.dir" in done.stderr and "Traceback" not in done.stderr
+    assert "rlpost plan:" not in done.stdout
+    done = subprocess.run(
+        [*command, f"run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "rlpost plan:" in done.stdout, done.stderr[-2000:]
+
+
 def test_a_refused_launch_leaves_no_run_directory(tmp_path: Path) -> None:
     """Hydra makes the job's folder (runs/<date>/<time>, the default run.dir, which a
     training launch claims) before validation runs; a refusal takes it away again, and the
