@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlpost.cli.new_model import add_output_arguments, check_name, output_path, write_text
@@ -214,10 +215,13 @@ def run(args: argparse.Namespace) -> int:
     from rlpost.config.search_path import check_config_dir
 
     name = check_name(args.name, "recipe")
-    check_config_dir(args.config_dir)
-    _check_base(args.base, args.config_dir)
+    # A config dir not there yet holds no base to read: it is made for the file written, as
+    # `rlpost new model` and `rlpost new hardware` make theirs (a file there is refused).
+    reads = args.config_dir if args.config_dir and Path(args.config_dir).exists() else None
+    check_config_dir(reads)
+    _check_base(args.base, reads)
     changes = parse_changes(args.changes)
-    cfg = _compose_base(args.base, args.config_dir)
+    cfg = _compose_base(args.base, reads)
     kept = _differences(cfg, changes)
     description = args.description or default_description(args.base, kept)
     validate_merged(cfg, name, description, kept)

@@ -282,6 +282,25 @@ def test_new_recipe_checks_keys_values_and_the_base(
     assert not (tmp_path / "recipe").exists()
 
 
+def test_new_recipe_makes_a_config_dir_not_there_yet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rlpost new` writes into --config-dir, and makes it when it is not there, as `rlpost
+    new model` does; a file given as the folder is refused."""
+    user = tmp_path / "mine"
+    argv = ["new", "recipe", "r1", "--from", "grpo_tiny_math", "--config-dir", str(user)]
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    assert (user / "recipe" / "r1.yaml").is_file() and f"wrote {user}" in out
+    check = ["validate", "--no-local-checks", "--config-dir", str(user), "recipe=r1"]
+    status, out, err = run_main([*check, "model=qwen3-tiny", "hardware=cpu"], capsys)
+    assert status == 0, err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    status, _, err = run_main([*argv[:-1], str(a_file)], capsys)
+    assert status == 2 and "is not a directory" in err
+
+
 def test_new_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["new", "recipe", "copy", "--from", "grpo_dapo", "--config-dir", str(tmp_path)]
     assert run_main(argv, capsys)[0] == 0
