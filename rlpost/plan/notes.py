@@ -1,7 +1,8 @@
 """Plan notes on what a valid layout leaves unused or unbalanced: GPUs no rank or engine is
-placed on, multi-token-prediction (MTP) layers that are trained with no engine drafting with
-them, or drafted with while they stay as the checkpoint has them, and an uneven pipeline split
-whose largest stage holds far more layers than a balanced split would.
+placed on (or, in an evaluation that starts no train rank, layout.train's), multi-token-
+prediction (MTP) layers that are trained with no engine drafting with them, or drafted with
+while they stay as the checkpoint has them, and an uneven pipeline split whose largest stage
+holds far more layers than a balanced split would.
 
 Each is valid and may be meant (a smaller run beside another job, MTP layers trained for a
 later deployment), so the plan says it and refuses nothing.
@@ -55,6 +56,22 @@ def idle_gpu_notes(cfg: RunConfig, sizes: Sizes, par: ParallelLayout) -> list[st
         f"{idle} of the {sizes.total_gpus} {unit} sit idle for the whole run: colocated, "
         f"the trainer and the engines share layout.train.num_gpus={sizes.train_gpus}, and "
         f"{where}; " + ", or ".join(fixes)
+    ]
+
+
+def idle_train_gpu_notes(cfg: RunConfig, sizes: Sizes) -> list[str]:
+    """An evaluation that starts no train rank (mode=eval of model.hf_checkpoint's weights),
+    decoupled: the GPUs layout.train sets apart run nothing while the engines generate."""
+    if sizes.colocate:
+        return []
+    n = sizes.train_gpus
+    unit = ("device slot" if cfg.hardware.kind == "cpu" else "GPU") + ("s" if n > 1 else "")
+    return [
+        f"layout.train's {n} {unit} {'sit' if n > 1 else 'sits'} idle for the whole evaluation: it "
+        f"starts no train rank (the engines load model.hf_checkpoint's weights), and "
+        f"decoupled, the {sizes.rollout_gpus} of layout.rollout.num_gpus generate alone; "
+        "layout.colocate: true with layout.train.num_gpus: null and layout.rollout.num_gpus: "
+        f"null runs engines on all {sizes.total_gpus} of {cfg.hardware.name}"
     ]
 
 

@@ -37,7 +37,12 @@ from rlpost.plan.memory import (
     fp8_update_buffer_bytes,
     pipeline_stages,
 )
-from rlpost.plan.notes import idle_gpu_notes, mtp_notes, pipeline_balance_notes
+from rlpost.plan.notes import (
+    idle_gpu_notes,
+    idle_train_gpu_notes,
+    mtp_notes,
+    pipeline_balance_notes,
+)
 from rlpost.plan.parallel import Resolution, resolve_layout
 from rlpost.plan.params import count_params
 from rlpost.plan.placement import Placement, plan_placement
@@ -473,7 +478,8 @@ def _evaluated_weights(cfg: RunConfig) -> str:
     return f"model.load={cfg.model.load}"
 
 
-def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple[str, ...]:
+def _train_rank_notes(cfg: RunConfig, train_ranks: str, sizes: Sizes) -> tuple[str, ...]:
+    colocate = sizes.colocate
     if train_ranks == TRAIN:
         return ()
     notes = [eval_search_note(cfg)] if cfg.layout.search else []
@@ -481,7 +487,7 @@ def _train_rank_notes(cfg: RunConfig, train_ranks: str, colocate: bool) -> tuple
     if given:
         notes.append(TRAINING_SETTINGS_NOTE.format(given=", ".join(given)))
     if train_ranks == NO_TRAIN_RANK:
-        return (*notes, NO_TRAINING_NOTE)
+        return (*notes, NO_TRAINING_NOTE, *idle_train_gpu_notes(cfg, sizes))
     note = SEND_WEIGHTS_NOTE.format(weights=_evaluated_weights(cfg))
     if colocate and cfg.hardware.kind == "gpu":
         note += (
@@ -545,7 +551,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         notes=_notes(cfg, (par, batch, engine, memory), runtime.loop)
         + tuple(idle_gpu_notes(cfg, sizes, par) + mtp_notes(cfg))
         + tuple(pipeline_balance_notes(cfg, par))
-        + _train_rank_notes(cfg, train_ranks, sizes.colocate),
+        + _train_rank_notes(cfg, train_ranks, sizes),
         train_ranks=train_ranks,
         generations=eval_generations(cfg.recipe) if cfg.mode == "eval" else (),
     )

@@ -321,6 +321,34 @@ def test_an_evaluation_that_starts_no_trainer_is_not_held_to_training(run_config
     assert build_plan(run_config("qwen3-4b", "h100x8")).trains is True
 
 
+def test_an_evaluation_that_starts_no_train_rank_notes_the_train_gpus_it_leaves_idle(
+    run_config: Runs,
+) -> None:
+    """Decoupled, an evaluation of model.hf_checkpoint's weights leaves layout.train's GPUs
+    idle, and the plan says so with the layout that gives them to engines (which plans);
+    one whose train ranks send model.load's weights, or training, is not noted."""
+    decoupled = {
+        "layout__colocate": False,
+        "layout__train__num_gpus": 2,
+        "layout__train__tp": 2,
+        "layout__rollout__num_gpus": 6,
+        "layout__rollout__gpus_per_engine": 2,
+    }
+
+    def idle(**overrides: object) -> list[str]:
+        plan = build_plan(run_config("qwen3-4b", "h100x8", **{**decoupled, **overrides}))
+        return [n for n in plan.notes if "layout.train's" in n]
+
+    (note,) = idle(mode="eval")
+    assert note.startswith("layout.train's 2 GPUs sit idle for the whole evaluation")
+    assert "layout.rollout.num_gpus: null runs engines on all 8 of h100x8" in note
+    assert idle(mode="eval", model__load="/ckpt/mcore") == [] and idle() == []
+    fixed = {"layout__colocate": True, "layout__train__num_gpus": None}
+    fixed["layout__rollout__num_gpus"] = None
+    plan = build_plan(run_config("qwen3-4b", "h100x8", mode="eval", **{**decoupled, **fixed}))
+    assert plan.placement.num_engines == 4 and not [n for n in plan.notes if "idle" in n]
+
+
 def test_checkpoints_without_optimizer_state_are_noted(run_config: Runs) -> None:
     """Weights-only checkpoints (slime's --no-save-optim) resume with Adam's moments at zero:
     the plan says so, naming the restarts that would meet it."""
