@@ -374,8 +374,8 @@ def render_work(plan: Plan) -> str:
             if plan.starts_train_ranks
             else "none start (the engines load model.hf_checkpoint's weights themselves)"
         )
-        rows: list[list[Cell]] = [["mode=eval: the train ranks", what]]
-        return render_table(["trainer work", "value"], rows, "Trainer work per rollout")
+        rows: list[list[Cell]] = [["the train ranks", what]]
+        return render_table(["train ranks", "value"], rows, "Train ranks (mode=eval)")
     old = (
         "from the training forward (one optimizer step per rollout)"
         if w.reuse_old_logprobs

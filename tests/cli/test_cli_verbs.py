@@ -227,8 +227,10 @@ def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[
     assert status == 0, err
     assert "Evaluation sets" in out and "Batch arithmetic" not in out
     assert "  aime  " in out and "mode=eval trains nothing" in out
+    assert "Train ranks (mode=eval)" in out and "Trainer work per rollout" not in out
     status, out, _ = run_main(["plan", *GPU_RUN], capsys)
     assert status == 0 and "Batch arithmetic" in out and "Evaluation sets" not in out
+    assert "Trainer work per rollout" in out and "Train ranks (mode=eval)" not in out
 
 
 def test_new_recipe_writes_only_the_differences(
