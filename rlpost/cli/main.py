@@ -50,9 +50,14 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
 
 
+EVAL_PLAN_FORMATS = ("table", "json")
+
+
 def _plan(args: argparse.Namespace) -> int:
     """launch.py mode=plan; given mode=eval, the plan of that evaluation (its sets, its
-    memory and time), which a mode=plan appended after it would replace by training's."""
+    memory and time), which a mode=plan appended after it would replace by training's, as
+    plan.format says (table or json: the evaluation itself reads no plan.format, so the
+    verb takes it off the overrides)."""
     from rlpost.cli import launch
     from rlpost.cli.target import target_from_args
 
@@ -64,11 +69,27 @@ def _plan(args: argparse.Namespace) -> int:
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import render_plan
 
+    asked = [a for a in target.overrides if a.startswith("plan.format=")]
+    form = asked[-1].partition("=")[2] if asked else "table"
+    if form not in EVAL_PLAN_FORMATS:
+        raise UserError(
+            [
+                Issue(
+                    "plan.format",
+                    f"an evaluation's plan prints as {' or '.join(EVAL_PLAN_FORMATS)}",
+                    f"plan.format={EVAL_PLAN_FORMATS[0]} or plan.format={EVAL_PLAN_FORMATS[1]}"
+                    + (" (slime's arguments are a training run's)" if form == "script" else ""),
+                    value=form,
+                )
+            ],
+            title="command-line error",
+        )
+    overrides = [a for a in target.overrides if not a.startswith("plan.format=")]
     cfg, sources = compose_run_config(
-        target.overrides, config_dir=target.config_dir, config_name=target.config_name
+        overrides, config_dir=target.config_dir, config_name=target.config_name
     )
     cfg, plan = launch.plan_run(cfg, sources)
-    print(render_plan(plan, cfg.plan.format))
+    print(render_plan(plan, form))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -231,6 +232,16 @@ def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[
     status, out, _ = run_main(["plan", *GPU_RUN], capsys)
     assert status == 0 and "Batch arithmetic" in out and "Evaluation sets" not in out
     assert "Trainer work per rollout" in out and "Train ranks (mode=eval)" not in out
+
+
+def test_plan_of_an_evaluation_prints_as_json_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """plan.format=json, which the evaluation's launch itself refuses as unread, is the
+    plan verb's to read: the evaluation's plan as JSON, its sets under "evaluation"."""
+    status, out, err = run_main(["plan", *GPU_RUN, "mode=eval", "plan.format=json"], capsys)
+    assert status == 0, err
+    assert [s["name"] for s in json.loads(out)["evaluation"]] == ["aime"]
+    status, out, err = run_main(["plan", *GPU_RUN, "mode=eval", "plan.format=script"], capsys)
+    assert status == 2 and "plan.format" in err and "'script'" in err and "fix:" in err
 
 
 def test_new_recipe_writes_only_the_differences(
