@@ -11,13 +11,14 @@
 
 Values are the validated ones (interpolations resolved, schema defaults filled in); the
 comment is the YAML file and line that set each, `command line: ...` for an override, or
-`default` for the schema's own value.
+`default` for the schema's own value. In a mode=eval config, a value only training reads
+(rlpost.schema.training_only) says so: `# conf/recipe/grpo_dapo.yaml:40; unread by mode=eval`.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlpost.cli.target import add_target_arguments, target_from_args
@@ -26,6 +27,7 @@ from rlpost.config.loader import compose_run_config
 from rlpost.config.sources import SourceMap
 from rlpost.errors import Issue, UserError
 from rlpost.schema import RunConfig
+from rlpost.schema.training_only import training_only
 
 HELP = "print the resolved config, each value with the file and line (or override) that set it"
 COMMENT_COLUMN_MAX = 56
@@ -55,24 +57,40 @@ def _subtree(data: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def annotate(data: Mapping[str, Any], sources: SourceMap, base: str = "") -> list[str]:
-    """Block YAML lines of `data`, with `# source` on every line that holds a value."""
+UNREAD_BY_EVAL = "unread by mode=eval"
+
+
+def annotate(
+    data: Mapping[str, Any],
+    sources: SourceMap,
+    base: str = "",
+    unread: Callable[[str], bool] = lambda path: False,
+) -> list[str]:
+    """Block YAML lines of `data`, with `# source` on every line that holds a value, and
+    `; unread by mode=eval` where `unread` says so of the value's dotted path."""
+
+    def comment(path: str) -> str:
+        where = str(sources.get(path))
+        return f"{where}; {UNREAD_BY_EVAL}" if unread(path) else where
+
     lines = keyed_block_lines(data, base)
     width = min(max((len(text) for text, _ in lines), default=0), COMMENT_COLUMN_MAX) + 2
     return [
-        f"{text.ljust(max(width, len(text) + 2))}# {sources.get(path)}"
-        if path is not None
-        else text
+        f"{text.ljust(max(width, len(text) + 2))}# {comment(path)}" if path is not None else text
         for text, path in lines
     ]
 
 
 def render(run: RunConfig, sources: SourceMap, only: str | None = None) -> str:
     data = run.model_dump(mode="json")
+
+    def unread(path: str) -> bool:
+        return run.mode == "eval" and training_only(path) is not None
+
     if only:
         base, _, leaf = only.rpartition(".")
-        return "\n".join(annotate({leaf: _subtree(data, only)}, sources, base))
-    return "\n".join(annotate(data, sources))
+        return "\n".join(annotate({leaf: _subtree(data, only)}, sources, base, unread))
+    return "\n".join(annotate(data, sources, unread=unread))
 
 
 def run(args: argparse.Namespace) -> int:

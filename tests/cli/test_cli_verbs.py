@@ -215,6 +215,19 @@ def test_show_only_one_section(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 2 and "no section 'recipe.rollot'" in err
 
 
+def test_show_of_an_evaluation_marks_what_only_training_reads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = run_main(["show", *TINY, "mode=eval", "--only", "recipe.eval"], capsys)
+    assert status == 0
+    lines = [line.split("#", 1) for line in out.splitlines() if "#" in line]
+    comments = {value.strip(): comment for value, comment in lines}
+    assert comments["interval: 20"].endswith("; unread by mode=eval")  # training's schedule
+    assert "unread" not in comments["n_samples_per_prompt: 1"]  # the evaluation's own
+    status, out, _ = run_main(["show", *TINY, "--only", "recipe.eval"], capsys)
+    assert status == 0 and "unread" not in out  # training reads it all
+
+
 def test_plan_is_the_launchers_plan_mode(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run_main(["plan", *TINY, "plan.format=json"], capsys)
     assert status == 0
