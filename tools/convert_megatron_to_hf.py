@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlpost.backends.hf_folder import check_replaceable
 from rlpost.errors import UserError, exit_with
 
 
@@ -30,6 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        check_replaceable(args.out, "--out")
         from rlpost.backends.megatron.model_yaml import check_model_matches_hf, resolve_model
 
         model, yaml_file = resolve_model(args.overrides, args.model_yaml)

@@ -14,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlpost.errors import EXIT_USER_ERROR
+from rlpost.backends.hf_folder import check_replaceable
+from rlpost.errors import EXIT_USER_ERROR, UserError
 from rlpost.runtime import checkpoint
 
 
@@ -44,8 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.runtime.run_state import export_checkpoint_hf
 
     try:
+        check_replaceable(args.out_dir, "out_dir")
         source = resolve_checkpoint(args.checkpoint.resolve())
         out = export_checkpoint_hf(source, args.out_dir, args.base_model)
+    except UserError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_USER_ERROR
     except checkpoint.CheckpointError as exc:
         print(f"export_hf: cannot export: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -136,3 +136,22 @@ def test_export_of_a_run_directory_that_is_not_there_says_so(
     err = capsys.readouterr().err
     assert "nope: does not exist" in err and "ckpt/" not in err.split("give")[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_to_replace_a_folder_that_is_not_an_export(
+    trained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, run_dir = trained
+    kept = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    # the run directory itself as the output: replacing it would delete every checkpoint
+    assert load_tool("export_hf").main([str(run_dir), str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"out_dir = '{run_dir}'" in err and "no config.json" in err and "ckpt" in err
+    assert "fix: give a new folder" in err and "Traceback" not in err
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == kept
+    # an earlier export is replaced, and so is an empty folder
+    out = tmp_path / "policy"
+    out.mkdir()
+    assert load_tool("export_hf").main([str(run_dir), str(out)]) == 0
+    assert load_tool("export_hf").main([str(run_dir), str(out)]) == 0
+    assert (out / "config.json").is_file()
