@@ -32,10 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         check_replaceable(args.out, "--out")
-        from rlpost.backends.megatron.model_yaml import check_model_matches_hf, resolve_model
+        from rlpost.backends.megatron.model_yaml import (
+            check_model_matches_hf,
+            check_torch_dist_folder,
+            resolve_model,
+        )
 
         model, yaml_file = resolve_model(args.overrides, args.model_yaml)
-        check_model_matches_hf(model, yaml_file)  # before importing megatron-core
+        check_torch_dist_folder(args.load, "--load")  # before importing megatron-core
+        check_model_matches_hf(model, yaml_file)
         from rlpost.backends.megatron.conversion import torch_dist_to_hf
 
         out = torch_dist_to_hf(model, Path(args.load), Path(args.out), yaml_file)
