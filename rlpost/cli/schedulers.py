@@ -51,6 +51,19 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
+    if cfg.mode not in ("train", "eval"):
+        raise UserError(
+            [
+                Issue(
+                    "mode",
+                    "a scheduler's job runs a launch that trains or evaluates, and "
+                    f"mode={cfg.mode} prints on this machine and runs nothing",
+                    f"run `python launch.py mode={cfg.mode} ...` here, or drop mode= (or give "
+                    "mode=eval) to schedule a run",
+                    value=cfg.mode,
+                )
+            ]
+        )
     cfg, plan = plan_run(cfg, sources)
     return target, cfg, plan
 
@@ -61,8 +74,18 @@ def job_name(cfg: RunConfig) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", raw).strip("-")[:63].rstrip("-")
 
 
-def _launch_argv(target: Target) -> list[str]:
-    return [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+def _launch_argv(target: Target, cfg: RunConfig) -> list[str]:
+    """The launch's arguments. The job sets run.dir; an evaluation keeps its mode=eval; a
+    training run continues its run directory's newest checkpoint (run.resume=auto, which
+    starts at rollout 0 in a directory that holds none) unless it names what to resume, so
+    that the same job submitted again after a stop at the time limit, a preemption or a
+    deleted RayJob continues the run, where a fresh start there is refused."""
+    argv = [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+    if cfg.mode == "eval":
+        return [*argv, "mode=eval"]
+    if cfg.run.resume is None and not any(a.startswith("run.resume=") for a in argv):
+        argv.append("run.resume=auto")
+    return argv
 
 
 def _resources(cfg: RunConfig) -> str:
@@ -242,7 +265,7 @@ def render_sbatch(
     for flag in ("partition", "account", "time"):
         if getattr(args, flag):
             directives.append(f"--{flag}={getattr(args, flag)}")
-    launch = shlex.join(_launch_argv(target))
+    launch = shlex.join(_launch_argv(target, cfg))
     fills = {
         "RUN_DIR": shlex.quote(str(run_dir)),
         "RLPOST_DIR": shlex.quote(str(args.rlpost_dir or ROOT)),
@@ -435,7 +458,7 @@ def render_rayjob(
     size = pod_size(cfg, plan, args)
     name = job_name(cfg)
     run_dir = f"{args.runs_mount.rstrip('/')}/{name}"
-    launch = shlex.join(["python", "launch.py", *_launch_argv(target)])
+    launch = shlex.join(["python", "launch.py", *_launch_argv(target, cfg)])
     entrypoint = (
         f"cd {shlex.quote(args.workdir)} && {launch} run.dir={shlex.quote(run_dir)} "
         "run.ray_address=auto"
@@ -482,7 +505,7 @@ def render_rayjob(
         "metadata": {
             "name": name,
             "labels": {"app.kubernetes.io/managed-by": "rlpost"},
-            "annotations": {"rlpost/launch": shlex.join(_launch_argv(target))},
+            "annotations": {"rlpost/launch": shlex.join(_launch_argv(target, cfg))},
         },
         "spec": {
             "entrypoint": entrypoint,
