@@ -33,6 +33,12 @@ def read_config(path: Path) -> dict[str, Any]:
     data = yaml.safe_load(file.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{file} does not hold a config mapping")
+    if "defaults" in data:  # Hydra composes it: its keys are not the run's resolved values
+        raise ValueError(
+            f"{file} is a config to compose (it has a defaults list), not a resolved config; "
+            "give a run directory or checkpoint, or save the resolved config with "
+            f"`rlpost show {file} > resolved.yaml` and compare that"
+        )
     return data
 
 

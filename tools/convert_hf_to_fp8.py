@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from rlpost.backends.fp8 import Fp8Error, Fp8Format
 from rlpost.backends.fp8_convert import convert_folder, return_freed_memory
-from rlpost.backends.hf_folder import shard_files
+from rlpost.backends.hf_folder import check_replaceable, shard_files
+from rlpost.errors import EXIT_USER_ERROR, UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.block_size) < 1 or args.max_workers < 1:
         print("error: --block-size and --max-workers must be positive", file=sys.stderr)
         return 2
+    try:
+        check_replaceable(args.save_dir, "--save-dir")
+    except UserError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_USER_ERROR
     fmt = Fp8Format(None if args.strategy == "channel" else tuple(args.block_size))
     return_freed_memory()  # this process converts too (--max-workers 1)
     try:

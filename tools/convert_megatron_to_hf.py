@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlpost.backends.hf_folder import check_replaceable
 from rlpost.errors import UserError, exit_with
 
 
@@ -30,10 +31,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        from rlpost.backends.megatron.model_yaml import check_model_matches_hf, resolve_model
+        check_replaceable(args.out, "--out")
+        from rlpost.backends.megatron.model_yaml import (
+            check_model_matches_hf,
+            check_torch_dist_folder,
+            resolve_model,
+        )
 
         model, yaml_file = resolve_model(args.overrides, args.model_yaml)
-        check_model_matches_hf(model, yaml_file)  # before importing megatron-core
+        check_torch_dist_folder(args.load, "--load")  # before importing megatron-core
+        check_model_matches_hf(model, yaml_file)
         from rlpost.backends.megatron.conversion import torch_dist_to_hf
 
         out = torch_dist_to_hf(model, Path(args.load), Path(args.out), yaml_file)

@@ -11,10 +11,12 @@ that folder has moved. The checkpoint is verified against its manifest first.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from rlpost.errors import EXIT_USER_ERROR
+from rlpost.backends.hf_folder import check_replaceable
+from rlpost.errors import EXIT_USER_ERROR, Issue, UserError
 from rlpost.runtime import checkpoint
 
 
@@ -35,6 +37,42 @@ def resolve_checkpoint(path: Path) -> Path:
     return found.latest
 
 
+def check_base_model(source: Path, base_model: Path | None) -> None:
+    """Refuse a base folder whose config.json describes another model than the checkpoint's
+    run trained: its weights would not load into it."""
+    from pydantic import ValidationError
+
+    from rlpost.config.hf_check import mismatches
+    from rlpost.runtime.run_state import base_model_dir, saved_model_config
+
+    base = base_model or base_model_dir(source)
+    config_file = base / "config.json"
+    if not config_file.is_file():
+        return  # the export reports it, with the fix
+    try:
+        model = saved_model_config(source, base)
+    except (ValidationError, KeyError, TypeError):
+        return  # a config.yaml of another version: the load itself is the check
+    found = mismatches(model, json.loads(config_file.read_text(encoding="utf-8")))
+    if not found:
+        return
+    differ = ", ".join(f"{m.field}={m.ours!r} there, {m.stated()} here" for m in found)
+    key = "--base-model" if base_model else "model.hf_checkpoint (the checkpoint's config.yaml)"
+    raise UserError(
+        [
+            Issue(
+                key,
+                f"{config_file} describes another model than the one {source} holds "
+                f"({differ}): its weights would not load",
+                "pass --base-model with the HF folder the run trained from (its config.json "
+                "and tokenizer files)",
+                value=str(base),
+            )
+        ],
+        title="export error",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="ckpt/rollout_<n>, or a run directory")
@@ -44,8 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.runtime.run_state import export_checkpoint_hf
 
     try:
+        check_replaceable(args.out_dir, "out_dir")
         source = resolve_checkpoint(args.checkpoint.resolve())
+        checkpoint.verify(source)
+        check_base_model(source, args.base_model)
         out = export_checkpoint_hf(source, args.out_dir, args.base_model)
+    except UserError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_USER_ERROR
     except checkpoint.CheckpointError as exc:
         print(f"export_hf: cannot export: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from rlpost.errors import Issue, UserError
+
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # Files an export writes itself; everything else in the base folder (tokenizer files, chat
@@ -34,6 +36,39 @@ def staging_folders(out_dir: str | Path) -> list[Path]:
     runs; more only when a killed export left its own behind)."""
     out = Path(out_dir)
     return sorted(out.parent.glob(f".{glob.escape(out.name)}.*"))
+
+
+def check_replaceable(out_dir: str | Path, key: str) -> None:
+    """Refuse an output folder that writing an HF folder there would destroy.
+
+    `publish_folder` replaces `out_dir` whole, which is right for an earlier export (an HF
+    folder: it has a config.json) and harmless for an empty folder; any other folder (a run
+    directory, a checkpoint, a home folder given by mistake) would be deleted with all it
+    holds. `key` names the argument that gave the folder.
+    """
+    out = Path(out_dir)
+    if not out.exists() or (out.is_dir() and (out / "config.json").is_file()):
+        return
+    if out.is_dir() and not any(out.iterdir()):
+        return
+    if out.is_dir():
+        held = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
+        what = f"is a folder that is not an HF model folder (no config.json; it holds {shown})"
+    else:
+        what = "is a file, not a folder"
+    raise UserError(
+        [
+            Issue(
+                key,
+                f"{what}: the export replaces the folder it writes whole, so everything in "
+                "it would be deleted",
+                "give a new folder (or an empty one, or an earlier export to replace)",
+                value=str(out_dir),
+            )
+        ],
+        title="output folder error",
+    )
 
 
 def publish_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:

@@ -52,6 +52,19 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
+    if cfg.mode not in ("train", "eval"):
+        raise UserError(
+            [
+                Issue(
+                    "mode",
+                    "a scheduler's job runs a launch that trains or evaluates, and "
+                    f"mode={cfg.mode} prints on this machine and runs nothing",
+                    f"run `python launch.py mode={cfg.mode} ...` here, or drop mode= (or give "
+                    "mode=eval) to schedule a run",
+                    value=cfg.mode,
+                )
+            ]
+        )
     cfg, plan = plan_run(cfg, sources)
     return target, cfg, plan
 
@@ -66,10 +79,17 @@ def job_name(cfg: RunConfig) -> str:
 
 
 def _launch_argv(target: Target, cfg: RunConfig) -> list[str]:
-    """The launch's arguments: the target's, less run.dir (the job's) and mode=, with
-    mode=eval where the config evaluates; dropped, it would make an evaluation's job train."""
+    """The launch's arguments. The job sets run.dir; an evaluation keeps its mode=eval; a
+    training run continues its run directory's newest checkpoint (run.resume=auto, which
+    starts at rollout 0 in a directory that holds none) unless it names what to resume, so
+    that the same job submitted again after a stop at the time limit, a preemption or a
+    deleted RayJob continues the run, where a fresh start there is refused."""
     argv = [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
-    return [*argv, "mode=eval"] if cfg.mode == "eval" else argv
+    if cfg.mode == "eval":
+        return [*argv, "mode=eval"]
+    if cfg.run.resume is None and not any(a.startswith("run.resume=") for a in argv):
+        argv.append("run.resume=auto")
+    return argv
 
 
 def _resources(cfg: RunConfig) -> str:

@@ -100,7 +100,22 @@ def _from_file(file: Path, config_dir: str | None, rest: Sequence[str]) -> Targe
     if group in GROUPS:
         _shadowing(group, file, folder)
         return Target((f"{group}={file.stem}", *rest), config_dir=folder)
+    _primary_shadowing(file)
     return Target(tuple(rest), config_dir=folder, config_name=file.stem)
+
+
+def _primary_shadowing(file: Path) -> None:
+    """A primary config named like a shipped one (a run's own config.yaml is) would be read
+    from conf/ instead, and the command would report on the shipped config."""
+    shipped = find_config(search_roots()[:1], file.stem)
+    if shipped is not None and Path(str(shipped)).resolve() != file.resolve():
+        copy = f"{file.resolve().parent.name or 'my'}_{file.stem}.yaml"
+        raise _file_error(
+            str(file),
+            f"rlpost ships {display_path(shipped)} under the same name, and Hydra searches "
+            "the shipped configs first, so that file would be read in place of this one",
+            f"copy it under another name and pass the copy (cp {file} {copy})",
+        )
 
 
 def resolve_target(

@@ -151,20 +151,28 @@ def check_resume_changes(
     grid: Sequence[ParallelChange],
     checkpoint: str,
     backends: tuple[str, str] = ("torch", "torch"),
+    mode: str = "train",
 ) -> list[Change]:
     """The reportable changes; UserError (exit 2) for any that would break the run.
 
     `backends` are the resolved trainer backends (saved, now): each writes its own format.
+    `mode`: an evaluation reads the checkpoint's weights only, and its fixes say so.
     """
     reported = [c for c in changes if not _matches(c.key, IGNORED_ON_RESUME)]
+    shape_fix = (
+        "to evaluate the checkpoint's weights (they are that model's), or remove run.resume "
+        "to evaluate this model's own (model.load, else model.hf_checkpoint)"
+        if mode == "eval"
+        else "to resume, or start a new run in another run.dir (run.resume=null), loading "
+        "the exported HF weights as model.hf_checkpoint"
+    )
     issues = [
         Issue(
             key=c.key,
             value=c.after,
             message=f"is {_show(c.before)} in checkpoint {checkpoint}: the saved weights "
             "have another shape (or another backend's format) and cannot be loaded",
-            fix=f"set {c.key}={_show(c.before)} to resume, or start a new run in another "
-            "run.dir (run.resume=null), loading the exported HF weights as model.hf_checkpoint",
+            fix=f"set {c.key}={_show(c.before)} {shape_fix}",
         )
         for c in reported
         if _matches(c.key, SHAPE_FIELDS)
@@ -209,7 +217,8 @@ def check_resume_changes(
             )
         )
     if issues:
-        raise UserError(issues, title="change that prevents resuming")
+        what = "evaluating the checkpoint" if mode == "eval" else "resuming"
+        raise UserError(issues, title=f"change that prevents {what}")
     return reported
 
 

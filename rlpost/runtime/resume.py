@@ -76,7 +76,7 @@ def find_resume_point(cfg: RunConfig, plan: Plan, run_dir: Path) -> ResumePoint 
         changes = [c for c in changes if c.key != DATA_SEED]
     grid = parallel_changes(state.parallel, plan_grid(plan), _reshards(path, state, saved))
     backends = (state.trainer_backend, trainer_backend(cfg, plan))
-    reported = check_resume_changes(changes, grid, str(path), backends)
+    reported = check_resume_changes(changes, grid, str(path), backends, cfg.mode)
     if cfg.mode == "eval":  # what else differs is the evaluation's own business
         status(f"evaluating {path} ({state.rollouts_done} rollouts done)")
         return ResumePoint(path, state, [])

@@ -26,10 +26,13 @@ import pickle
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.data.source import Group
 from rlpost.runtime.checkpoint import write_synced
+
+if TYPE_CHECKING:
+    from rlpost.schema import ModelConfig
 
 LOOP_FILE = "loop.json"
 BUFFER_FILE = "buffer.pkl"
@@ -195,6 +198,13 @@ def _saved_config(checkpoint: Path) -> dict[str, Any]:
     return config
 
 
+def saved_model_config(checkpoint: Path, base: Path) -> ModelConfig:
+    """The model the checkpoint's run trained, with `base` as its HF folder."""
+    from rlpost.schema import ModelConfig
+
+    return ModelConfig(**(_saved_config(checkpoint)["model"] | {"hf_checkpoint": str(base)}))
+
+
 def base_model_dir(checkpoint: Path) -> Path:
     """The HF folder the run's trainer started from (its config and tokenizer files)."""
     model = _saved_config(checkpoint)["model"]
@@ -216,13 +226,12 @@ def export_checkpoint_hf(checkpoint: Path, out_dir: Path, base_model: Path | Non
     base = base_model or base_model_dir(checkpoint)
     if read_loop_state(checkpoint).trainer_backend == "megatron":
         from rlpost.backends.megatron import silence_known_warnings
-        from rlpost.schema import ModelConfig
 
         silence_known_warnings()
         from rlpost.backends.megatron.conversion import torch_dist_to_hf
 
-        fields = _saved_config(checkpoint)["model"] | {"hf_checkpoint": str(base)}
-        return torch_dist_to_hf(ModelConfig(**fields), checkpoint / TRAINER_DIR, out_dir)
+        config = saved_model_config(checkpoint, base)
+        return torch_dist_to_hf(config, checkpoint / TRAINER_DIR, out_dir)
     from rlpost.backends.torch_trainer.checkpoint import read_full_model_state
     from rlpost.backends.torch_trainer.model_io import export_hf, load_causal_lm
 

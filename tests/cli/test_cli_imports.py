@@ -23,9 +23,9 @@ commands = [
     ["validate", "model=glm4.7-flash", "recipe=grpo_dapo", "hardware=h100x8",
      "mode=slime_args"],
     ["show", "--config-dir", examples, "model=qwen3-8b", "recipe=my_grpo", "hardware=a100x4"],
-    ["new", "model", "--from-hf", fixture, "--config-dir", out],
+    ["new", "model", "--from-hf", fixture, "--name", "my_deepseek", "--config-dir", out],
     ["new", "recipe", "mine", "--from", "grpo_dapo", "optim.lr=3e-6", "--config-dir", out],
-    ["validate", "--no-local-checks", "--config-dir", out, "model=deepseek-v3", "recipe=mine",
+    ["validate", "--no-local-checks", "--config-dir", out, "model=my_deepseek", "recipe=mine",
      "hardware=cpu", "plan.memory_check=warn"],
 ]
 for argv in commands:

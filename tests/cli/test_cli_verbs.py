@@ -477,3 +477,21 @@ def test_every_command_prints_its_help() -> None:
     assert "90% of the profile's node" in " ".join(
         next(p for p in parsers if p.prog == "rlpost kuberay").format_help().split()
     )
+
+
+def test_a_run_directorys_config_yaml_is_refused_rather_than_read_as_the_shipped_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a run's config.yaml has the shipped primary config's name: Hydra would read conf/'s
+    run = tmp_path / "exp1"
+    run.mkdir()
+    (run / "config.yaml").write_text("defaults:\n  - config\n  - _self_\nrun:\n  seed: 7\n")
+    for verb in ("validate", "show"):
+        status, out, err = run_main([verb, str(run / "config.yaml")], capsys)
+        assert status == 2 and not out, out
+        assert f"FILE = '{run / 'config.yaml'}'" in err and "conf/config.yaml" in err
+        assert f"cp {run / 'config.yaml'} exp1_config.yaml" in err
+    copy = tmp_path / "exp1_config.yaml"
+    copy.write_text((run / "config.yaml").read_text())
+    status, out, err = run_main(["show", str(copy), "--only", "run.seed"], capsys)
+    assert status == 0 and "7" in out and str(copy) in out, err

@@ -134,3 +134,15 @@ def test_config_diff_reports_an_unreadable_argument(
 ) -> None:
     assert load_tool("config_diff").main([str(runs[0]), str(tmp_path / "nothing")]) == 2
     assert "has no config.yaml" in capsys.readouterr().err
+
+
+def test_config_diff_refuses_a_config_to_compose(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a defaults list is composed by Hydra: diffing its text against a resolved config would
+    # list every key the defaults fill in as absent
+    composed = tmp_path / "my_run.yaml"
+    composed.write_text("defaults:\n  - config\n  - _self_\nrecipe:\n  optim:\n    lr: 1e-4\n")
+    assert load_tool("config_diff").main([str(runs[0]), str(composed)]) == 2
+    err = capsys.readouterr().err
+    assert f"{composed} is a config to compose" in err and f"rlpost show {composed}" in err

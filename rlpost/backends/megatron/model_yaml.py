@@ -102,3 +102,27 @@ def check_model_matches_hf(model: ModelConfig, yaml_file: str | None = None) -> 
     issues = compare(model, hf, str(config_path), lambda key: Location(file=yaml_file))
     if issues:
         raise UserError(issues, title="model YAML / HF config mismatch")
+
+
+def check_torch_dist_folder(folder: str, key: str) -> None:
+    """UserError unless `folder` is a torch_dist checkpoint (megatron-core's metadata.json),
+    checked before megatron-core is imported: it would raise its own traceback."""
+    path = Path(folder).expanduser()
+    what = "is not a torch_dist checkpoint (no metadata.json)"
+    fix = (
+        "give a torch_dist checkpoint folder: the one tools/convert_hf_to_megatron.py --save "
+        "wrote, or a Megatron iter_<step> folder"
+    )
+    if not path.exists():
+        what = "no such folder on this machine"
+    elif not path.is_dir():
+        what = "is a file, not a checkpoint folder"
+    elif (path / "metadata.json").is_file():
+        return
+    elif (path / "manifest.json").is_file() or (path / "ckpt").is_dir():
+        what = "is an rlpost run's checkpoint (or run directory), not a torch_dist folder"
+        fix = f"export it with tools/export_hf.py {folder} <out_dir> (either trainer's format)"
+    elif (path / "config.json").is_file():
+        what = "is an HF folder already (config.json, no metadata.json)"
+        fix = "use it as it is, or give the torch_dist checkpoint to convert"
+    raise UserError([Issue(key, what, fix, value=folder)], title="command-line error")

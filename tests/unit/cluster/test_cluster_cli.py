@@ -498,3 +498,54 @@ def test_an_evaluations_job_is_told_to_stop_a_minute_ahead_not_a_saves_time(
     cluster = yaml.safe_load(rayjob.read_text())["spec"]["rayClusterSpec"]
     head = cluster["headGroupSpec"]["template"]["spec"]
     assert head["terminationGracePeriodSeconds"] == 60 + 30
+
+
+def launch_line(
+    verb: str, overrides: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> str:
+    """The launch a generated job runs, for the CPU default and these overrides."""
+    out = tmp_path / f"job.{verb}"
+    where = (
+        ["--run-dir", str(tmp_path / "run")]
+        if verb == "slurm"
+        else ["--image", "i", "--scratch", "--pod-cpus", "2"]
+    )
+    status, _, err = run_main([verb, *overrides, *where, "--out", str(out)], capsys)
+    assert status == 0, err
+    if verb == "kuberay":
+        return str(yaml.safe_load(out.read_text())["spec"]["entrypoint"])
+    (line,) = [line for line in out.read_text().splitlines() if "launch.py" in line]
+    return line
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_scheduled_training_run_continues_its_run_directory_when_submitted_again(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a job stopped at its time limit saves; the same job submitted again must continue, and a
+    # fresh start in a run directory that holds checkpoints is refused
+    assert "launch.py run.resume=auto " in launch_line(verb, [], tmp_path, capsys)
+    fork = launch_line(verb, ["run.resume=/runs/a/ckpt/rollout_4"], tmp_path, capsys)
+    assert "run.resume=/runs/a/ckpt/rollout_4" in fork and "run.resume=auto" not in fork
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_scheduled_evaluation_evaluates(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = launch_line(verb, ["mode=eval"], tmp_path, capsys)
+    assert "mode=eval" in line and "run.resume" not in line
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_mode_that_runs_nothing_is_not_scheduled(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run_main(
+        [verb, "mode=plan", "--run-dir", str(tmp_path), "--out", str(tmp_path / "job")]
+        if verb == "slurm"
+        else [verb, "mode=plan", "--image", "i", "--scratch", "--out", str(tmp_path / "job")],
+        capsys,
+    )
+    assert status == 2 and "mode = 'plan'" in err and "python launch.py mode=plan" in err
+    assert "Traceback" not in err and not (tmp_path / "job").exists()

@@ -336,6 +336,23 @@ def test_resume_with_another_model_shape_is_refused(tmp_path: Path) -> None:
         find_resume_point(changed, plan, tmp_path)  # type: ignore[arg-type]
 
 
+def test_an_evaluation_of_a_checkpoint_of_another_shape_is_refused_with_an_evaluations_fix(
+    tmp_path: Path,
+) -> None:
+    cfg, plan = compose(tmp_path / "run")
+    path = save(tmp_path / "run", 2, cfg=cfg)
+    evaluation, plan = compose(tmp_path / "eval", "mode=eval", f"run.resume={path}")
+    changed = evaluation.model_copy(
+        update={"model": evaluation.model.model_copy(update={"num_layers": 6})}
+    )
+    with pytest.raises(UserError) as caught:
+        find_resume_point(changed, plan, tmp_path / "eval")  # type: ignore[arg-type]
+    text = caught.value.render()
+    assert "change that prevents evaluating the checkpoint" in text
+    assert "set model.num_layers=4 to evaluate the checkpoint's weights" in text
+    assert "remove run.resume" in text and "to resume" not in text
+
+
 def test_plan_grid_names_every_parallel_axis(tmp_path: Path) -> None:
     _, plan = compose(tmp_path)
     assert set(plan_grid(plan)) == {"tp", "pp", "cp", "ep", "etp", "dp"}  # type: ignore[arg-type]

@@ -136,3 +136,47 @@ def test_export_of_a_run_directory_that_is_not_there_says_so(
     err = capsys.readouterr().err
     assert "nope: does not exist" in err and "ckpt/" not in err.split("give")[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_to_replace_a_folder_that_is_not_an_export(
+    trained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, run_dir = trained
+    kept = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    # the run directory itself as the output: replacing it would delete every checkpoint
+    assert load_tool("export_hf").main([str(run_dir), str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"out_dir = '{run_dir}'" in err and "no config.json" in err and "ckpt" in err
+    assert "fix: give a new folder" in err and "Traceback" not in err
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == kept
+    # an earlier export is replaced, and so is an empty folder
+    out = tmp_path / "policy"
+    out.mkdir()
+    assert load_tool("export_hf").main([str(run_dir), str(out)]) == 0
+    assert load_tool("export_hf").main([str(run_dir), str(out)]) == 0
+    assert (out / "config.json").is_file()
+
+
+def test_export_refuses_a_base_model_of_another_architecture(
+    tiny_lm_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from rlpost.config.loader import compose_run_config
+
+    run, _ = compose_run_config(["model=qwen3-tiny"])
+    fields = run.model.model_dump(mode="json") | {"num_layers": 2, "hidden_size": 64}
+    trainer = make_trainer(tiny_lm_dir)
+    staging = checkpoint.start_save(tmp_path / "run", 1)
+    save_rank_state(trainer, str(staging), 0, with_optimizer=False)
+    config = yaml.safe_dump({"model": fields | {"hf_checkpoint": str(tiny_lm_dir)}})
+    state = LoopState(1, {"epoch": 0, "offset": 4, "seed": 1})
+    write_driver_state(staging, state, SavedGroups(), config, "{}\n")
+    saved = checkpoint.commit_save(staging, keep_last=2)
+    other = REPO / "rlpost" / "assets" / "qwen3-tiny"  # 4 layers of 256
+    out = tmp_path / "policy"
+    assert load_tool("export_hf").main([str(saved), str(out), "--base-model", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"--base-model = '{other}'" in err and "num_layers=2 there" in err
+    assert "num_hidden_layers=4 here" in err and "fix: pass --base-model" in err
+    assert not out.exists()

@@ -252,3 +252,20 @@ def test_converter_memory_is_bounded_by_a_shard_not_the_model(tmp_path: Path) ->
     # (96 MiB more model) cost less than one more shard
     assert large < 4 * SHARD_BYTES and large - small < SHARD_BYTES, (small, large)
     assert len(list((tmp_path / "eight_fp8").glob("*.safetensors"))) == 8
+
+
+def test_the_tool_refuses_to_replace_a_folder_that_is_not_a_model(
+    sharded_lm: Path, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "results.md").write_text("kept")
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--model-dir", str(sharded_lm), "--save-dir", str(notes)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"--save-dir = '{notes}'" in done.stderr and "results.md" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert [p.name for p in notes.iterdir()] == ["results.md"]
