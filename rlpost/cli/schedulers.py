@@ -344,7 +344,9 @@ def pod_size(cfg: RunConfig, plan: Plan, args: argparse.Namespace) -> PodSize:
             )
         )
     slots = hw.gpus_per_node
-    if cpus < slots:
+    # on a GPU profile Ray counts the pod's CPUs and each slot's bundle takes one; a CPU
+    # profile's Ray is started with one logical CPU per slot (_start_params), whatever the pod has
+    if hw.kind == "gpu" and cpus < slots:
         issues.append(
             Issue(
                 "--pod-cpus",

@@ -355,6 +355,19 @@ def test_each_ray_pod_asks_for_what_a_node_can_give_and_the_run_needs(
         assert not (tmp_path / "no.yaml").exists()
 
 
+def test_the_cpu_profiles_pod_takes_its_default_size_however_few_its_cpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CPU profile's Ray starts with one logical CPU per device slot, whatever the pod asks
+    for: its default pod (90% of the node's 2 CPUs: 1) is not refused for holding fewer CPUs
+    than slots, a refusal of a value the user never gave."""
+    out = tmp_path / "job.yaml"
+    status, _, err = run_main(["kuberay", "--image", "i:1", "--scratch", "--out", str(out)], capsys)
+    assert status == 0, err
+    head = yaml.safe_load(out.read_text())["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "2"  # the CPU profile's two slots
+
+
 def test_a_deleted_rayjobs_pods_stop_the_launch_first_and_wait_for_its_save(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
