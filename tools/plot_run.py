@@ -138,7 +138,13 @@ def run_dirs(paths: Sequence[Path]) -> list[Path] | None:
     runs = [p for p in paths if (p / METRICS_FILE).is_file()]
     others = [str(p) for p in paths if p not in runs]
     if not runs:
-        print(f"plot_run: no {METRICS_FILE} in {', '.join(others)}", file=sys.stderr)
+        print(
+            f"plot_run: no {METRICS_FILE} in {', '.join(others)}\n"
+            f"  fix: give a run directory (run.dir: the folder holding {METRICS_FILE}, "
+            "e.g. runs/<date>/<time>, or a sweep's runs/multirun/<date>/<time>/<job>); a run "
+            "that has logged no rollout yet has none",
+            file=sys.stderr,
+        )
         return None
     if others:
         print(f"plot_run: skipping {', '.join(others)}: no {METRICS_FILE}", file=sys.stderr)

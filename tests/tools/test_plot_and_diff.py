@@ -94,7 +94,8 @@ def test_plot_of_a_sweeps_folder_skips_its_own_files(
     assert out.is_file() and "skipping" in capsys.readouterr().err
     files = [str(sweep / "multirun.yaml"), str(sweep / "summary.txt")]
     assert load_tool("plot_run").main([*files, "-o", str(out)]) == 2  # no run among them
-    assert "no metrics.jsonl in" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no metrics.jsonl in" in err and "fix: give a run directory" in err
     assert load_tool("plot_run").main([str(runs[0]), str(sweep / "2"), "-o", str(out)]) == 2
     assert "no such run directory" in capsys.readouterr().err
 
