@@ -159,6 +159,12 @@ def check_resume_changes(
     `mode`: an evaluation reads the checkpoint's weights only, and its fixes say so.
     """
     reported = [c for c in changes if not _matches(c.key, IGNORED_ON_RESUME)]
+    # an evaluation loads the weights only: its way out of a change is another evaluation
+    verb, instead = (
+        ("evaluate", "evaluate that folder as model.hf_checkpoint (run.resume=null)")
+        if mode == "eval"
+        else ("resume", "start a new run from it")
+    )
     shape_fix = (
         "to evaluate the checkpoint's weights (they are that model's), or remove run.resume "
         "to evaluate this model's own (model.load, else model.hf_checkpoint)"
@@ -185,8 +191,8 @@ def check_resume_changes(
             f"cannot be resharded to {g.key}={g.after} (the torch trainer's state is data "
             "parallel only; a megatron checkpoint written before rlpost saved Adam's state "
             "per parameter keeps its TP/PP/EP; a replicated optimizer keeps its EP/ETP)",
-            fix=f"resume with {g.key}={g.before} (set layout.train.{g.key}), or export the "
-            "checkpoint to HF (tools/export_hf.py) and start a new run from it",
+            fix=f"{verb} with {g.key}={g.before} (set layout.train.{g.key}), or export the "
+            f"checkpoint to HF (tools/export_hf.py) and {instead}",
         )
         for g in grid
         if not g.resharded
@@ -212,8 +218,8 @@ def check_resume_changes(
                 value=now,
                 message=f"the checkpoint {checkpoint} holds the {saved} trainer's state, in "
                 f"that trainer's own format; the {now} trainer cannot load it",
-                fix=f"resume with trainer.backend={saved}, or export the checkpoint to HF "
-                "(tools/export_hf.py) and start a new run from it",
+                fix=f"{verb} with trainer.backend={saved}, or export the checkpoint to HF "
+                f"(tools/export_hf.py) and {instead}",
             )
         )
     if issues:

@@ -21,6 +21,7 @@ from rlpost.plan import build_plan
 from rlpost.runtime import checkpoint
 from rlpost.runtime.checkpoint import CheckpointError
 from rlpost.runtime.config_changes import (
+    ParallelChange,
     check_resume_changes,
     diff_configs,
     parallel_changes,
@@ -351,6 +352,24 @@ def test_an_evaluation_of_a_checkpoint_of_another_shape_is_refused_with_an_evalu
     assert "change that prevents evaluating the checkpoint" in text
     assert "set model.num_layers=4 to evaluate the checkpoint's weights" in text
     assert "remove run.resume" in text and "to resume" not in text
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_layout_or_trainer_a_checkpoint_cannot_be_read_in_gets_the_modes_own_fix(
+    mode: str,
+) -> None:
+    """A saved grid that cannot be resharded, or another trainer's format: a resumed run is
+    told to resume as it was saved, an evaluation to evaluate so (or its HF export)."""
+    grid = [ParallelChange("tp", 2, 4, resharded=False)]
+    with pytest.raises(UserError) as caught:
+        check_resume_changes([], grid, "/ckpt/rollout_2", ("megatron", "torch"), mode)
+    text = caught.value.render()
+    verb = "evaluate" if mode == "eval" else "resume"
+    assert f"{verb} with tp=2 (set layout.train.tp)" in text
+    assert f"{verb} with trainer.backend=megatron" in text
+    if mode == "eval":
+        assert "resume with" not in text and "start a new run" not in text
+        assert "evaluate that folder as model.hf_checkpoint" in text
 
 
 def test_plan_grid_names_every_parallel_axis(tmp_path: Path) -> None:
