@@ -131,12 +131,17 @@ def _sources_of_current_job() -> SourceMap:
 def _default_run_dir(cfg: DictConfig) -> None:
     """run.dir: null means the job's Hydra output directory (a sweep job's own subdir). A
     training launch claims it; when another launch that started in the same second holds
-    it, this one takes <dir>-2 (-3, ...)."""
+    it, this one takes <dir>-2 (-3, ...). An export (mode=slime_args) keeps run.dir null,
+    as it is without Hydra's job (`_print_once`): the script is the same with --config-dir
+    or without, and saves to ./slime/ where slime runs, not to the folder it was exported in."""
     from hydra.core.hydra_config import HydraConfig
 
     if OmegaConf.select(cfg, "run.dir", default=None) is not None:
         return
-    training = OmegaConf.select(cfg, "mode", default="train") in LAUNCH_MODES
+    mode = OmegaConf.select(cfg, "mode", default="train")
+    if mode == "slime_args":
+        return
+    training = mode in LAUNCH_MODES
     if training and OmegaConf.select(cfg, "run.resume", default=None) == "auto":
         return  # a fresh dated directory holds nothing to resume: validation says so
     base = Path(HydraConfig.get().runtime.output_dir)

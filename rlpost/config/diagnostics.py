@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, Node, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -216,13 +216,46 @@ def interpolation_issues(
 
 
 def resolve_config(cfg: DictConfig, sources: SourceMap) -> tuple[dict[str, Any], list[Issue]]:
-    """The resolved plain dict, or ({}, the Issues of every value that cannot resolve)."""
+    """The resolved plain dict and the Issues of every value that cannot resolve. Where
+    values fail, the dict is the rest of the config resolved without them (a list's item as
+    null), so that the schema's and the other checks' problems are reported beside them; ({},
+    the issue) when the failure is tied to no key."""
     try:
         data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (OmegaConfBaseException, ValueError, TypeError) as exc:
         issues = interpolation_issues(cfg, sources)
         if not issues:  # not tied to one key: report it as a whole
-            issues = [_interpolation_issue("(run config)", None, exc, sources)]
-        return {}, issues
+            return {}, [_interpolation_issue("(run config)", None, exc, sources)]
+        return _resolved_without(cfg, [issue.key for issue in issues]), issues
     assert isinstance(data, dict)
     return {str(k): v for k, v in data.items()}, []
+
+
+def _resolved_without(cfg: DictConfig, paths: Sequence[str]) -> dict[str, Any]:
+    """`cfg` resolved with the values at `paths` left out; {} if it still fails."""
+    rest = cfg.copy()
+    for path in paths:
+        parent_path, _, key = path.rpartition(".")
+        parent = OmegaConf.select(rest, parent_path) if parent_path else rest
+        if isinstance(parent, DictConfig) and key in parent:
+            with open_dict(parent):
+                del parent[key]
+        elif isinstance(parent, ListConfig) and key.isdigit() and int(key) < len(parent):
+            parent[int(key)] = None
+    try:
+        data = OmegaConf.to_container(rest, resolve=True, throw_on_missing=True)
+    except (OmegaConfBaseException, ValueError, TypeError):
+        return {}
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
+def issues_beside(failed: Sequence[Issue], issues: Sequence[Issue]) -> list[Issue]:
+    """`issues` less those at or below a key of `failed` (values left out as unresolvable,
+    which the schema would call missing or null)."""
+    keys = [issue.key for issue in failed]
+    return [
+        issue
+        for issue in issues
+        if not any(issue.key == key or issue.key.startswith(f"{key}.") for key in keys)
+    ]

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from rlpost.config.diagnostics import (
     attach_locations,
+    issues_beside,
     issues_from_validation_error,
     resolve_config,
     value_at,
@@ -61,9 +62,10 @@ POST_CHECKS: tuple[PostCheck, ...] = (
 
 def load_run_config(cfg: DictConfig, sources: SourceMap) -> RunConfig:
     """Resolve interpolations, validate, run the post checks; UserError lists every problem."""
-    data, issues = resolve_config(cfg, sources)
-    if issues:
-        raise UserError(issues)
+    data, unresolved = resolve_config(cfg, sources)
+    if unresolved and not data:
+        raise UserError(unresolved)
+    issues: list[Issue] = []
     run: RunConfig | None = None
     try:
         run = RunConfig.model_validate(data)
@@ -71,6 +73,7 @@ def load_run_config(cfg: DictConfig, sources: SourceMap) -> RunConfig:
         issues.extend(issues_from_validation_error(exc, data, sources))
     for check in POST_CHECKS:
         issues.extend(check(data, sources))
+    issues = [*unresolved, *issues_beside(unresolved, issues)]
     if issues or run is None:
         raise UserError(attach_locations(issues, sources))
     return run

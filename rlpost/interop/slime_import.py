@@ -350,6 +350,7 @@ def _map(
         if config and isinstance(dataset, dict):
             where = f"--eval-config {config[0]}, its set {dataset.get('name')!r}"
             got.origins[f"recipe.eval.datasets.{i}"] = Origin(where)
+    unmapped += _sets_never_evaluated(got.together, values)
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -368,6 +369,19 @@ def _map(
         cluster_notes=_cluster_notes(launch),
         origins=got.origins,
     )
+
+
+def _sets_never_evaluated(together: dict[str, list[str]], values: dict[str, Any]) -> list[Unmapped]:
+    """slime's train.py evaluates, before training too, only with --eval-interval: without
+    it the sets a script names are never evaluated, and rlpost would evaluate them once
+    before training. They are not imported, so the run evaluates nothing, as slime's."""
+    if "recipe.eval.interval" in values or values.get("mode") == "eval":
+        return []
+    if not values.pop("recipe.eval.datasets", None):
+        return []
+    flag = "--eval-config" if "--eval-config" in together else "--eval-prompt-data"
+    why = "slime evaluates only with --eval-interval, which the script leaves unset"
+    return [Unmapped(flag, tuple(together[flag]), why, "recipe.eval.interval")]
 
 
 def _evaluation_only(values: dict[str, Any], load: list[str] | None) -> Unmapped:

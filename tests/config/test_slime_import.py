@@ -454,7 +454,7 @@ def test_the_tool_key_imports_and_exports_back(tmp_path: Path) -> None:
     script.write_text(
         "source scripts/models/glm4-9B.sh\npython3 train.py ${MODEL_ARGS[@]} --colocate "
         "--rollout-batch-size 8 --global-batch-size 8 --tool-key mytools "
-        "--eval-prompt-data aime /data/aime.jsonl --eval-tool-key evaltools\n"
+        "--eval-interval 5 --eval-prompt-data aime /data/aime.jsonl --eval-tool-key evaltools\n"
     )
     values = import_slime(script).values
     assert values["recipe.data.tool_key"] == "mytools"
@@ -884,6 +884,35 @@ def test_eval_prompt_data_beside_an_eval_config_is_listed_as_not_imported(
         "--eval-prompt-data", ("gsm8k", "/data/gsm8k.jsonl"), "recipe.eval.datasets"
     )  # fmt: skip
     assert note.reason == "slime reads the sets from the --eval-config file and ignores this flag"
+
+
+def test_evaluation_sets_without_an_eval_interval_are_not_imported(tmp_path: Path) -> None:
+    """slime's train.py evaluates, before training too, only with --eval-interval; rlpost
+    evaluates a recipe's sets once before training even without recipe.eval.interval. A
+    script's sets without the interval (run-qwen3-235B-A22B.sh comments it out) are listed,
+    not imported: the run evaluates nothing, as slime's, and it exports."""
+    config = tmp_path / "eval.yaml"
+    config.write_text("eval:\n  datasets:\n    - {name: aime, path: /data/aime.jsonl}\n")
+    for given, flag in (
+        ("--eval-prompt-data aime /data/aime.jsonl", "--eval-prompt-data"),
+        (f"--eval-config {config}", "--eval-config"),
+    ):
+        imported = import_slime(write_script(tmp_path, f"{given} --n-samples-per-eval-prompt 4"))
+        assert "recipe.eval.datasets" not in imported.values
+        [note] = [note for note in imported.unmapped if note.flag == flag]
+        assert note.values == tuple(given.split()[1:]) and note.nearest == "recipe.eval.interval"
+        assert (
+            note.reason
+            == "slime evaluates only with --eval-interval, which the script leaves unset"
+        )
+        cfg, plan = imported_config(tmp_path / "run.sh", tmp_path / "out")
+        assert cfg.recipe.eval.datasets == [] and "--eval-prompt-data" not in render_slime_args(
+            cfg, plan
+        )
+    with_interval = import_slime(
+        write_script(tmp_path, "--eval-interval 5 --eval-prompt-data a /a")
+    )
+    assert with_interval.values["recipe.eval.datasets"] == [{"name": "a", "path": "/a"}]
 
 
 def test_an_eval_config_set_without_tools_imports_and_exports_back(tmp_path: Path) -> None:

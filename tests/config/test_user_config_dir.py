@@ -154,6 +154,20 @@ def test_launch_py_plans_a_user_config_dir(user_dir: Path) -> None:
     assert "recipe=my_grpo hardware=a100x4" in result.stdout
 
 
+def test_an_export_with_a_config_dir_is_the_export_without(user_dir: Path, tmp_path: Path) -> None:
+    """An export keeps run.dir null under Hydra's job too: the slime script of an imported
+    config (which needs --config-dir) saves to ./slime/ as any other export, not to the
+    folder it was exported in (which a second import made the run's run.dir)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(REPO / "launch.py"), "--config-dir", str(user_dir)]
+    command += [*CHOICES[:2], "hardware=h100x8", "mode=slime_args"]
+    export = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert "--save ./slime/" in export.stdout and str(tmp_path) not in export.stdout
+
+
 def test_validate_refuses_a_user_file_shadowed_by_a_shipped_one(
     user_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -112,6 +112,22 @@ def test_every_broken_interpolation_is_reported() -> None:
     assert str(error.issues[0].location) == "command line: model.ref_load=${model.nope}"
 
 
+def test_a_broken_interpolation_hides_no_other_problem() -> None:
+    """The values that resolve are validated and checked beside the broken one: one run
+    lists every problem, and the broken key is not reported again as missing."""
+    data = run_dict(model__ref_load="${model.nope}", recipe__rollout__batch_size="many")
+    data["recipe"]["rollout"]["temperture"] = 0.7
+    data["recipe"]["eval"]["datasets"][0]["path"] = "${recipe.data.nowhere}"
+    data["layout"] = {"rollout": {"sglang": {"port": 30000}}}
+    keys = [i.key for i in errors_of(data).issues]
+    assert keys[:2] == ["model.ref_load", "recipe.eval.datasets.0.path"]
+    assert sorted(keys[2:]) == [
+        "layout.rollout.sglang.port",
+        "recipe.rollout.batch_size",
+        "recipe.rollout.temperture",
+    ]
+
+
 def test_mandatory_missing_value_is_reported() -> None:
     data = run_dict(model__hf_checkpoint="???")
     issue = errors_of(data).issues[0]
