@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlpost.config.diagnostics import attach_locations
 from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
-from rlpost.config.overrides import prepare_argv
+from rlpost.config.overrides import flags_first, prepare_argv
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
 from rlpost.errors import Issue, UserError, exit_with
@@ -379,7 +379,7 @@ def _ended_early(sigterm: bool) -> None:
 
 
 def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:
-    args = sys.argv[1:] if argv is None else list(argv)
+    args = flags_first(sys.argv[1:] if argv is None else list(argv))
     if _printing_mode(args):
         _print_once(args)
         return

@@ -75,6 +75,42 @@ def parse_argv(argv: Sequence[str]) -> LaunchArgs:
     )
 
 
+def flags_first(argv: Sequence[str]) -> list[str]:
+    """argv with Hydra's own flags (and their values) ahead of the overrides, each group in
+    its order: Hydra's parser takes overrides only after its flags, so `model=x --config-dir
+    d recipe=y` would end in its usage line where `rlpost validate` reads it. A flag Hydra does
+    not know (slime's `--lr 1e-6`) leaves argv as it is, for parse_argv to answer."""
+    from hydra._internal.utils import get_args_parser  # hydra-core 1.3: the same parser
+
+    actions = get_args_parser()._option_string_actions
+    flags: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("-"):
+            overrides.append(token)
+            continue
+        name, given, _ = token.partition("=")
+        action = actions.get(name)
+        if action is None:
+            return list(argv)
+        flags.append(token)
+        if given:  # --config-dir=d
+            continue
+        nargs = action.nargs
+        if nargs is None:
+            take = 1
+        elif nargs == "?":  # --info [choice]
+            take = int(i < len(argv) and argv[i] in (action.choices or ()))
+        else:
+            take = nargs if isinstance(nargs, int) else 0
+        flags += argv[i : i + take]
+        i += take
+    return [*flags, *overrides]
+
+
 def main_dir(config_path: str | None = None, base_dir: Path = CONF_DIR) -> Path:
     """The launcher's main config dir: conf/, or `--config-path` (relative to rlpost/cli)."""
     if not config_path:

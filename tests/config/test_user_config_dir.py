@@ -140,10 +140,14 @@ def test_the_launcher_reports_a_user_file_typo_before_hydra_runs(user_dir: Path)
     assert "Did you mean 'grpo_dapo'?" in caught.value.issues[0].message
 
 
-def test_launch_py_plans_a_user_config_dir(user_dir: Path) -> None:
+@pytest.mark.parametrize("flag_at", [0, 1], ids=["first", "among the overrides"])
+def test_launch_py_plans_a_user_config_dir(user_dir: Path, flag_at: int) -> None:
+    """--config-dir before the overrides or among them, as rlpost validate takes it."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [*CHOICES, "mode=plan"]
+    argv[flag_at:flag_at] = ["--config-dir", str(user_dir)]
     result = subprocess.run(
-        [sys.executable, "launch.py", "--config-dir", str(user_dir), *CHOICES, "mode=plan"],
+        [sys.executable, "launch.py", *argv],
         cwd=REPO,
         env=env,
         capture_output=True,

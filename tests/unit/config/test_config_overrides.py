@@ -13,6 +13,7 @@ import pytest
 from rlpost.config.overrides import (
     check_override,
     check_overrides,
+    flags_first,
     group_options,
     parse_argv,
     prepare_argv,
@@ -235,3 +236,24 @@ def test_deleting_a_key_the_composed_config_does_not_hold_names_it() -> None:
         assert "there is no layout.rollout.sglang to delete" in issue.message
         assert issue.fix.startswith("remove ~layout.rollout.sglang")
     prepare_argv(["~recipe.eval.interval"])  # a key the config holds
+
+
+@pytest.mark.parametrize(
+    ("argv", "ordered"),
+    [
+        (
+            ["model=x", "--config-dir", "d", "recipe=y"],
+            ["--config-dir", "d", "model=x", "recipe=y"],
+        ),
+        (["a=1,2", "-m", "b=3"], ["-m", "a=1,2", "b=3"]),
+        (
+            ["a=1", "--config-dir=d", "--info", "config", "b=2"],
+            ["--config-dir=d", "--info", "config", "a=1", "b=2"],
+        ),
+        (["a=1", "--info", "b=2"], ["--info", "a=1", "b=2"]),  # --info's value is optional
+        (["--lr", "1e-6", "a=1"], ["--lr", "1e-6", "a=1"]),  # not Hydra's: parse_argv answers it
+        (["-cd", "d", "a=1"], ["-cd", "d", "a=1"]),
+    ],
+)
+def test_hydras_flags_go_ahead_of_the_overrides(argv: list[str], ordered: list[str]) -> None:
+    assert flags_first(argv) == ordered
