@@ -133,13 +133,19 @@ def _default_run_dir(cfg: DictConfig) -> None:
     training launch claims it; when another launch that started in the same second holds
     it, this one takes <dir>-2 (-3, ...). An export (mode=slime_args) keeps run.dir null,
     as it is without Hydra's job (`_print_once`): the script is the same with --config-dir
-    or without, and saves to ./slime/ where slime runs, not to the folder it was exported in."""
+    or without, and saves to ./slime/ where slime runs, not to the folder it was exported in.
+    A single mode=plan job keeps it null too, as without Hydra's job: its plan is the plan of
+    the launch it shows (whose refusals, run.resume=auto without run.dir among them, it
+    repeats), with --config-dir or without; a sweep's plan jobs get their subdirs."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     if OmegaConf.select(cfg, "run.dir", default=None) is not None:
         return
     mode = OmegaConf.select(cfg, "mode", default="train")
     if mode == "slime_args":
+        return
+    if mode == "plan" and HydraConfig.get().mode != RunMode.MULTIRUN:
         return
     training = mode in LAUNCH_MODES
     if training and OmegaConf.select(cfg, "run.resume", default=None) == "auto":

@@ -1398,11 +1398,14 @@ def test_mode_plan_refuses_auto_resume_without_a_run_dir_as_its_launch_would(
     launch at rollout 0. With run.dir the same plan prints."""
     target = ["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "mode=plan"]
     command = [sys.executable, str(REPO / "launch.py"), *target, "run.resume=auto"]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stdout[-2000:]
-    assert "run.resume = 'auto'" in done.stderr and "starts again at rollout 0" in done.stderr
-    assert "fix: set run.dir" in done.stderr and "Traceback" not in done.stderr
-    assert "rlpost plan:" not in done.stdout
+    # with --config-dir too, which makes the plan a Hydra job's (it gave run.dir its folder)
+    user = ["--config-dir", str(REPO / "examples" / "my_configs")]
+    for given in (command, [*command[:2], *user, *command[2:]]):
+        done = subprocess.run(given, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout[-2000:]
+        assert "run.resume = 'auto'" in done.stderr and "starts again at rollout 0" in done.stderr
+        assert "fix: set run.dir" in done.stderr and "Traceback" not in done.stderr
+        assert "rlpost plan:" not in done.stdout
     done = subprocess.run(
         [*command, f"run.dir={tmp_path / 'run'}"],
         cwd=tmp_path,

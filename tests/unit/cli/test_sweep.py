@@ -323,10 +323,18 @@ def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run
         f"hydra.run.dir={sweep_dir / '2'}\n"
     )
     # the launch printed for a job runs it where the sweep would have: in the sweep's folder
+    # (the job's Hydra folder, which is a training job's run.dir)
+    from hydra.core.hydra_config import HydraConfig
+
     printed = shlex.split(out.splitlines()[-1].split(": ", 1)[1])
     assert printed[:2] == ["python", "launch.py"]
     ran: list[str] = []
-    assert launched(printed[2:], lambda cfg: (launch.launch_job(cfg), ran.append(cfg.run.dir))) == 0
+
+    def where(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        ran.append(HydraConfig.get().runtime.output_dir)
+
+    assert launched(printed[2:], where) == 0
     assert ran == [str(sweep_dir / "2")]
 
 
