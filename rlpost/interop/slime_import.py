@@ -335,7 +335,7 @@ def _map(
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
     unmapped += _read_rollout_function(got.together, launch, values)
-    match = _match(launch, got.model, name)
+    match = _match(launch, got.model, name, values.get("model.hf_checkpoint"))
     mtp = got.model.get("--mtp-num-layers")
     if mtp is not None and not values.get("recipe.train.mtp_training"):
         why = "rlpost builds MTP layers only to train them"
@@ -426,11 +426,16 @@ def _read_rollout_function(
     return [Unmapped(flag, given, why, "recipe.rollout.generate_function")]
 
 
-def _match(launch: Launch, model_flags: dict[str, list[str]], name: str) -> ModelMatch:
-    """The model MODEL_ARGS describe; the sourced model script names a drawn one."""
+def _match(
+    launch: Launch, model_flags: dict[str, list[str]], name: str, checkpoint: Any = None
+) -> ModelMatch:
+    """The model MODEL_ARGS describe; the sourced model script names a drawn one, else the
+    --hf-checkpoint folder (/root/Qwen3-32B: qwen3-32b, as an exported script, whose
+    MODEL_ARGS are written out, says it), else the script."""
     sourced = [Path(s).stem for s in launch.sourced]
     hint = next((SLIME_MODEL_SCRIPTS[s] for s in sourced if s in SLIME_MODEL_SCRIPTS), None)
-    drawn_name = next((s.lower() for s in sourced), f"{name}-model")
+    folder = _config_name(Path(checkpoint).name) if isinstance(checkpoint, str) else ""
+    drawn_name = next((s.lower() for s in sourced), folder or f"{name}-model")
     if drawn_name in shipped_models():  # a network of its own: never a shipped model's name
         drawn_name = f"{drawn_name}-{name}"
     if not model_flags:
@@ -449,6 +454,12 @@ def _match(launch: Launch, model_flags: dict[str, list[str]], name: str) -> Mode
             title="import error",
         )
     return match_model(model_flags, hint, drawn_name, str(launch.script))
+
+
+def _config_name(text: str) -> str:
+    """`text` as a config file's name: lower case, letters, digits, '.', '_' and '-' ('' for
+    nothing left)."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")
 
 
 def _other(flag: str, vals: list[str], sglang: dict[str, Any]) -> list[Unmapped]:

@@ -449,6 +449,25 @@ def test_model_flags_that_differ_draw_a_model(tmp_path: Path) -> None:
     assert imported.model_file is not None and imported.model_file["rotary_base"] == 500000
 
 
+def test_model_flags_written_out_draw_a_model_named_by_its_checkpoint_folder(
+    tmp_path: Path,
+) -> None:
+    """MODEL_ARGS written out (an exported script's: no model script sourced) draw a model
+    named by --hf-checkpoint's folder, as the first import named it by its sourced script;
+    without a checkpoint, by the script."""
+    flags = (
+        "--swiglu --num-layers 3 --hidden-size 256 --ffn-hidden-size 688 "
+        "--num-attention-heads 4 --group-query-attention --num-query-groups 2 "
+        "--kv-channels 64 --vocab-size 320 --normalization RMSNorm --qk-layernorm"
+    )
+    script = tmp_path / "run.sh"
+    train = "python3 train.py --colocate --rollout-batch-size 8 --global-batch-size 8"
+    script.write_text(f"{train} {flags} --hf-checkpoint '/root/My Qwen3-32B'\n")
+    assert import_slime(script).model == "my-qwen3-32b"
+    script.write_text(f"{train} {flags}\n")
+    assert import_slime(script).model == "run-model"
+
+
 def test_the_tool_key_imports_and_exports_back(tmp_path: Path) -> None:
     script = tmp_path / "run.sh"
     script.write_text(
