@@ -60,17 +60,16 @@ def _plan(args: argparse.Namespace) -> int:
     verb takes it off the overrides)."""
     from rlpost.cli import launch
     from rlpost.cli.target import target_from_args
+    from rlpost.config.overrides import last_value
 
     target = target_from_args(args)
-    modes = [a.partition("=")[2] for a in target.overrides if a.startswith("mode=")]
-    if modes[-1:] != ["eval"]:
+    if last_value(target.overrides, "mode") != "eval":
         launch.main([*target.launcher_argv(), "mode=plan"])
         return 0
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import render_plan
 
-    asked = [a for a in target.overrides if a.startswith("plan.format=")]
-    form = asked[-1].partition("=")[2] if asked else "table"
+    form = last_value(target.overrides, "plan.format") or "table"
     if form not in EVAL_PLAN_FORMATS:
         raise UserError(
             [
@@ -84,7 +83,7 @@ def _plan(args: argparse.Namespace) -> int:
             ],
             title="command-line error",
         )
-    overrides = [a for a in target.overrides if not a.startswith("plan.format=")]
+    overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
     cfg, sources = compose_run_config(
         overrides, config_dir=target.config_dir, config_name=target.config_name
     )

@@ -426,7 +426,9 @@ def _searchpath(tokens: Sequence[str]) -> list[str]:
     return []
 
 
-def _last_value(tokens: Sequence[str], key: str) -> str | None:
+def last_value(tokens: Sequence[str], key: str) -> str | None:
+    """The value the last override of `key` in `tokens` gives it (`+key=` too); None when
+    none does, or when the last is a sweep."""
     found = None
     for token in tokens:
         parsed = _parse(token)
@@ -506,8 +508,8 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
             check_composition(config_name, job, roots, args.config_dir, main, merge=True)
     rewritten = dict(zip(args.overrides, checked, strict=True))
     out = [rewritten.get(token, token) for token in argv]
-    mode = _last_value(args.overrides, "mode")
-    run_dir_given = _last_value(args.overrides, "hydra.run.dir") is not None
+    mode = last_value(args.overrides, "mode")
+    run_dir_given = last_value(args.overrides, "hydra.run.dir") is not None
     if mode in NO_RUN_DIR_MODES and not args.multirun and not run_dir_given:
         out.append("hydra.run.dir=.")
     return out

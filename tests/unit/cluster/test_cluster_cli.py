@@ -513,16 +513,17 @@ def test_an_evaluations_job_is_told_to_stop_a_minute_ahead_not_a_saves_time(
     assert head["terminationGracePeriodSeconds"] == 60 + 30
 
 
+def job_flags(verb: str, run_dir: Path) -> list[str]:
+    """What `verb` needs beside the config to write a job of the CPU default."""
+    return ["--run-dir", str(run_dir)] if verb == "slurm" else ["--image", "i", "--scratch"]
+
+
 def launch_line(
     verb: str, overrides: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> str:
     """The launch a generated job runs, for the CPU default and these overrides."""
     out = tmp_path / f"job.{verb}"
-    where = (
-        ["--run-dir", str(tmp_path / "run")]
-        if verb == "slurm"
-        else ["--image", "i", "--scratch", "--pod-cpus", "2"]
-    )
+    where = job_flags(verb, tmp_path / "run")
     status, _, err = run_main([verb, *overrides, *where, "--out", str(out)], capsys)
     assert status == 0, err
     if verb == "kuberay":
@@ -554,11 +555,7 @@ def test_a_scheduled_evaluation_evaluates(
 def test_a_mode_that_runs_nothing_is_not_scheduled(
     verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, _, err = run_main(
-        [verb, "mode=plan", "--run-dir", str(tmp_path), "--out", str(tmp_path / "job")]
-        if verb == "slurm"
-        else [verb, "mode=plan", "--image", "i", "--scratch", "--out", str(tmp_path / "job")],
-        capsys,
-    )
+    argv = [verb, "mode=plan", *job_flags(verb, tmp_path), "--out", str(tmp_path / "job")]
+    status, _, err = run_main(argv, capsys)
     assert status == 2 and "mode = 'plan'" in err and "python launch.py mode=plan" in err
     assert "Traceback" not in err and not (tmp_path / "job").exists()
