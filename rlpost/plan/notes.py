@@ -1,8 +1,9 @@
 """Plan notes on what a valid layout leaves unused or unbalanced: GPUs no rank or engine is
 placed on (or, in an evaluation that starts no train rank, layout.train's), multi-token-
 prediction (MTP) layers that are trained with no engine drafting with them, or drafted with
-while they stay as the checkpoint has them, and an uneven pipeline split whose largest stage
-holds far more layers than a balanced split would.
+while they stay as the checkpoint has them, an uneven pipeline split whose largest stage
+holds far more layers than a balanced split would, clip bounds that one optimizer step a
+rollout never reaches, and save intervals beyond the run (one save, at its end).
 
 Each is valid and may be meant (a smaller run beside another job, MTP layers trained for a
 later deployment), so the plan says it and refuses nothing.
@@ -141,3 +142,65 @@ def mtp_notes(cfg: RunConfig) -> list[str]:
             "policy and sends them to the engines with its weights"
         ]
     return []
+
+
+def clip_notes(cfg: RunConfig, steps_per_rollout: int, dp: int) -> list[str]:
+    """Clip bounds set where no token's ratio can reach them. With one optimizer step a
+    rollout every token is trained by the weights that sampled it (the training forward's own
+    logprobs are the old policy's, rlpost.plan.work), so pi / pi_old is 1 on every trained
+    token: eps_clip_high (clip-higher) and eps_clip_c (dual clip) never bind, whatever their
+    values. A training note."""
+    algo, recipe = cfg.recipe.algo, cfg.recipe
+    bounds = [
+        f"recipe.algo.{name}={value:g}"
+        for name, value in (("eps_clip_high", algo.eps_clip_high), ("eps_clip_c", algo.eps_clip_c))
+        if value is not None
+    ]
+    if cfg.mode == "eval" or steps_per_rollout != 1 or not bounds:
+        return []
+    rollout = recipe.rollout
+    samples = rollout.batch_size * rollout.n_samples_per_prompt
+    # the fewest steps a rollout above one whose step still splits over the DP ranks
+    halves = [n for n in range(2, samples + 1) if samples % n == 0 and samples // n % dp == 0]
+    fix = (
+        f"recipe.train.global_batch_size: {samples // halves[0]} gives {halves[0]} steps a "
+        "rollout, from the second of which the ratio moves"
+        if halves
+        else "a rollout of more than one sample allows more steps a rollout"
+    )
+    return [
+        f"{' and '.join(bounds)} never bind{'s' if len(bounds) == 1 else ''}: a rollout "
+        f"(rollout.batch_size {rollout.batch_size} x n_samples_per_prompt "
+        f"{rollout.n_samples_per_prompt} = {samples} samples) is one "
+        f"optimizer step (train.global_batch_size {recipe.train.global_batch_size}), so each "
+        "token is trained by the weights that sampled it and its ratio pi/pi_old is 1 (no "
+        "update has moved the policy yet), inside every clip range; the clip acts only on a "
+        "rollout's later steps: " + fix
+    ]
+
+
+def save_notes(cfg: RunConfig) -> list[str]:
+    """Save intervals beyond the run's rollouts: the loop saves every interval and after
+    the last rollout (rlpost.runtime.loop), so such an interval writes one checkpoint (or
+    export), at the end. A training note."""
+    save, rollouts = cfg.recipe.save, cfg.recipe.rollout.num_rollout
+    if cfg.mode == "eval":
+        return []
+    notes = []
+    if save.interval is not None and save.interval > rollouts:
+        state = " with the optimizer's state" if save.save_optimizer else ""
+        notes.append(
+            f"recipe.save.interval={save.interval} is beyond the run's {rollouts} rollouts: "
+            f"the one checkpoint is written after the last rollout{state} (a run saves at "
+            "its end whatever the interval), and a crash before then leaves none; "
+            "recipe.save.interval: null writes no checkpoint, one below "
+            f"{rollouts} writes some along the way"
+        )
+    if save.save_hf_interval is not None and save.save_hf_interval > rollouts:
+        notes.append(
+            f"recipe.save.save_hf_interval={save.save_hf_interval} is beyond the run's "
+            f"{rollouts} rollouts: the one HF export is written after the last rollout (a run "
+            "exports at its end whatever the interval); recipe.save.save_hf_interval: null "
+            "writes none"
+        )
+    return notes

@@ -38,10 +38,12 @@ from rlpost.plan.memory import (
     pipeline_stages,
 )
 from rlpost.plan.notes import (
+    clip_notes,
     idle_gpu_notes,
     idle_train_gpu_notes,
     mtp_notes,
     pipeline_balance_notes,
+    save_notes,
 )
 from rlpost.plan.parallel import Resolution, resolve_layout
 from rlpost.plan.params import count_params
@@ -551,6 +553,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         notes=_notes(cfg, (par, batch, engine, memory), runtime.loop)
         + tuple(idle_gpu_notes(cfg, sizes, par) + mtp_notes(cfg))
         + tuple(pipeline_balance_notes(cfg, par))
+        + tuple(clip_notes(cfg, batch.steps_per_rollout, par.dp) + save_notes(cfg))
         + _train_rank_notes(cfg, train_ranks, sizes),
         train_ranks=train_ranks,
         generations=eval_generations(cfg.recipe) if cfg.mode == "eval" else (),

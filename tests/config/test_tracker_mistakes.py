@@ -1024,6 +1024,30 @@ NOTED: list[Noted] = [
         (*QWEN, "recipe.train.max_tokens_per_gpu=4096"),
         ("exceeds max_tokens_per_gpu x cp = 4096", "a micro-batch of its own (never truncated)"),
     ),
+    Noted(
+        "a clip-higher bound on one optimizer step a rollout",
+        "https://github.com/verl-project/verl/issues/791",
+        "clip_ratio_low is set to 0.2 and clip_ratio_high is set to 0.2, but ppo_epochs is not "
+        "set. The default value is 1. In this case, clip_ratio does not take effect. ... if "
+        "ppo_epochs is 1, log_prob is equal to old_log_prob, and ratio is 1",
+        (*QWEN, "recipe.algo.eps_clip_high=0.28"),
+        (
+            "recipe.algo.eps_clip_high=0.28 never binds",
+            "recipe.train.global_batch_size: 128 gives 2 steps a rollout",
+        ),
+    ),
+    Noted(
+        "a save interval beyond the run meant as no saves",
+        "https://github.com/THUDM/slime/issues/2370",
+        "Users who set `--save-interval` larger than the total number of rollout steps "
+        '(intending "no checkpointing") still get a full optimizer-state checkpoint written at '
+        "the end - and on our setups this final write killed the training job",
+        ("recipe.rollout.num_rollout=50", "recipe.save.interval=200"),
+        (
+            "recipe.save.interval=200 is beyond the run's 50 rollouts",
+            "recipe.save.interval: null writes no checkpoint",
+        ),
+    ),
 ]
 
 

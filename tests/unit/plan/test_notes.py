@@ -175,3 +175,39 @@ def test_uneven_stages_where_pp_splits_the_layers_evenly_name_their_removal(
     near = {**stages, "layout__train__num_layers_in_first_pipeline_stage": 7,
             "layout__train__num_layers_in_last_pipeline_stage": 9}  # fmt: skip
     assert said(build_plan(run_config("qwen3-4b", "h100x8", **near)), LOPSIDED) is None
+
+
+CLIP_INERT = "never bind"
+
+
+def test_clip_bounds_on_one_step_a_rollout_are_noted_as_never_binding(run_config: Runs) -> None:
+    # grpo_dapo: 32 prompts x 8 samples = 256 = global_batch_size, one step a rollout
+    note = said(build_plan(run_config("qwen3-4b", "h100x8")), CLIP_INERT)
+    assert note is not None and note.startswith("recipe.algo.eps_clip_high=0.28 never binds")
+    assert "its ratio pi/pi_old is 1 (no update has moved the policy yet)" in note
+    assert note.endswith("recipe.train.global_batch_size: 128 gives 2 steps a rollout, from the "
+                         "second of which the ratio moves")  # fmt: skip
+    dual = run_config("qwen3-4b", "h100x8", recipe__algo__eps_clip_c=3.0)
+    assert said(build_plan(dual), "eps_clip_high=0.28 and recipe.algo.eps_clip_c=3 never bind")
+    # the fix it names plans, and without the note; eps_clip alone (a default) is not noted
+    halved = run_config("qwen3-4b", "h100x8", recipe__train__global_batch_size=128)
+    assert said(build_plan(halved), CLIP_INERT) is None
+    symmetric = run_config("qwen3-4b", "h100x8", recipe__algo__eps_clip_high=None)
+    assert said(build_plan(symmetric), CLIP_INERT) is None
+
+
+def test_a_save_interval_beyond_the_run_is_noted_as_one_save_at_the_end(run_config: Runs) -> None:
+    long = run_config(
+        "qwen3-4b", "h100x8", recipe__save__interval=5000, recipe__save__save_hf_interval=4000
+    )
+    notes = [n for n in build_plan(long).notes if "is beyond the run's 3000 rollouts" in n]
+    assert len(notes) == 2, build_plan(long).notes
+    assert notes[0].startswith("recipe.save.interval=5000 is beyond the run's 3000 rollouts: the "
+                               "one checkpoint is written after the last rollout with the "
+                               "optimizer's state")  # fmt: skip
+    assert "recipe.save.interval: null writes no checkpoint" in notes[0]
+    assert notes[1].startswith("recipe.save.save_hf_interval=4000")
+    # an interval within the run, and the run's own length, are not noted
+    for interval in (20, 3000):
+        within = run_config("qwen3-4b", "h100x8", recipe__save__interval=interval)
+        assert said(build_plan(within), "is beyond the run's") is None
