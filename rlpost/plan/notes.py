@@ -3,7 +3,8 @@ placed on (or, in an evaluation that starts no train rank, layout.train's), mult
 prediction (MTP) layers that are trained with no engine drafting with them, or drafted with
 while they stay as the checkpoint has them, an uneven pipeline split whose largest stage
 holds far more layers than a balanced split would, clip bounds that one optimizer step a
-rollout never reaches, and save intervals beyond the run (one save, at its end).
+rollout never reaches, and save and evaluation intervals beyond the run (one save or
+evaluation, at its end).
 
 Each is valid and may be meant (a smaller run beside another job, MTP layers trained for a
 later deployment), so the plan says it and refuses nothing.
@@ -180,9 +181,10 @@ def clip_notes(cfg: RunConfig, steps_per_rollout: int, dp: int) -> list[str]:
 
 
 def save_notes(cfg: RunConfig) -> list[str]:
-    """Save intervals beyond the run's rollouts: the loop saves every interval and after
-    the last rollout (rlpost.runtime.loop), so such an interval writes one checkpoint (or
-    export), at the end. A training note."""
+    """Save and evaluation intervals beyond the run's rollouts: the loop saves and
+    evaluates every interval and after the last rollout (rlpost.runtime.loop), so such an
+    interval writes one checkpoint (or export), or evaluates once, at the end (and before
+    training). A training note."""
     save, rollouts = cfg.recipe.save, cfg.recipe.rollout.num_rollout
     if cfg.mode == "eval":
         return []
@@ -202,5 +204,19 @@ def save_notes(cfg: RunConfig) -> list[str]:
             f"{rollouts} rollouts: the one HF export is written after the last rollout (a run "
             "exports at its end whatever the interval); recipe.save.save_hf_interval: null "
             "writes none"
+        )
+    ev = cfg.recipe.eval
+    if ev.datasets and ev.interval is not None and ev.interval > rollouts:
+        when = (
+            "after the last rollout"
+            if ev.skip_before_train
+            else ("before training and after the last rollout")
+        )
+        notes.append(
+            f"recipe.eval.interval={ev.interval} is beyond the run's {rollouts} rollouts: "
+            f"the evaluation sets are evaluated {when} only (a run evaluates at its end "
+            "whatever the interval); recipe.eval.datasets: [] with recipe.eval.interval: null "
+            "evaluates none, an interval "
+            f"below {rollouts} evaluates along the way"
         )
     return notes

@@ -1048,6 +1048,18 @@ NOTED: list[Noted] = [
             "recipe.save.interval: null writes no checkpoint",
         ),
     ),
+    Noted(
+        "an evaluation interval beyond the run meant as no evaluation",
+        "https://github.com/verl-project/verl/issues/1676",
+        "I want to train a model without any validation. But I found that 'must validation' "
+        "is hard-coding in verl. (the maintainers: 'You can set the `test_freq` to a huge "
+        "value')",
+        ("recipe.eval.interval=100000",),
+        (
+            "recipe.eval.interval=100000 is beyond the run's 60 rollouts",
+            "recipe.eval.datasets: [] with recipe.eval.interval: null evaluates none",
+        ),
+    ),
 ]
 
 

@@ -211,3 +211,21 @@ def test_a_save_interval_beyond_the_run_is_noted_as_one_save_at_the_end(run_conf
     for interval in (20, 3000):
         within = run_config("qwen3-4b", "h100x8", recipe__save__interval=interval)
         assert said(build_plan(within), "is beyond the run's") is None
+
+
+def test_an_eval_interval_beyond_the_run_is_noted_as_evaluating_at_the_ends(
+    run_config: Runs,
+) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8", recipe__eval__interval=5000))
+    note = said(plan, "recipe.eval.interval=5000 is beyond the run's 3000 rollouts")
+    assert note is not None
+    assert "evaluated before training and after the last rollout only" in note
+    assert "recipe.eval.datasets: [] with recipe.eval.interval: null evaluates none" in note
+    skipped = run_config(
+        "qwen3-4b", "h100x8", recipe__eval__interval=5000, recipe__eval__skip_before_train=True
+    )
+    assert "evaluated after the last rollout only" in (said(build_plan(skipped), "5000") or "")
+    # the shipped interval (20), and no evaluation sets, are not noted
+    assert said(build_plan(run_config("qwen3-4b", "h100x8")), "recipe.eval.interval") is None
+    none = run_config("qwen3-4b", "h100x8", recipe__eval__interval=None, recipe__eval__datasets=[])
+    assert said(build_plan(none), "recipe.eval.interval") is None
