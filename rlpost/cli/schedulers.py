@@ -10,7 +10,8 @@ node through srun (each `ray start --block`, its log in the run directory), wait
 node has registered, and launches the run on the head with the same overrides; it asks for
 SIGTERM ahead of the time limit for itself alone and hands it to the launch, which saves and
 stops while Ray still runs (at the limit Slurm signals every step at once); an evaluation
-saves nothing, and its lead is a minute to stop. The RayJob
+saves nothing, and neither does a training run with `run.on_sigterm: stop`: their lead is a
+minute to stop. The RayJob
 has a head group and a worker group sized from the hardware profile, the launch as its
 entrypoint, the run directory on a volume every pod mounts, and preStop hooks that let the
 launch save before a deletion stops Ray.
@@ -172,20 +173,47 @@ exit "$status"
 MIN_STOP_LEAD_S = 300
 MAX_SIGNAL_S = 65535  # sbatch --signal's sig_time: 0 to 65535 s
 SAVE_ALLOWANCE_S = 300
-# An evaluation stops at once on SIGTERM and saves nothing: its lead is the time to end its
-# engines and actors while Ray still runs, not a rollout's training and a save.
-EVAL_STOP_LEAD_S = 60
+# A run that stops at once on SIGTERM saves nothing (an evaluation, or a training run with
+# run.on_sigterm: stop): its lead is the time to end its engines and actors while Ray still
+# runs, not a rollout's training and a save.
+STOP_AT_ONCE_LEAD_S = 60
 
 
-def stop_lead_s(train_s: float, asked: int | None, evaluation: bool = False) -> int:
+@dataclass(frozen=True)
+class SigtermStop:
+    """What the planned launch does with the job's SIGTERM (the plan's runtime.on_sigterm)."""
+
+    saves: bool
+    evaluation: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig, plan: Plan) -> SigtermStop:
+        return cls(plan.runtime.on_sigterm == "save", cfg.mode == "eval")
+
+    def stops(self) -> str:
+        """What the launch does, for the job file's comment."""
+        if self.evaluation:
+            return "stops the evaluation at once (it saves nothing)"
+        if self.saves:
+            return "saves every finished rollout and stops"
+        return (
+            "stops at once (run.on_sigterm: stop: it saves nothing and keeps the checkpoints "
+            "it has)"
+        )
+
+
+SAVES = SigtermStop(saves=True, evaluation=False)
+
+
+def stop_lead_s(train_s: float, asked: int | None, on_sigterm: SigtermStop = SAVES) -> int:
     """Seconds before the time limit the launch is told to stop: `--stop-lead` when given;
-    for an evaluation (mode=eval) one minute to stop; else the plan's training time per
-    rollout (the rollout a stop lets finish) and 5 minutes for the save, in whole minutes,
-    5 at least."""
+    for a launch that stops at once (mode=eval, run.on_sigterm: stop) one minute to stop;
+    else the plan's training time per rollout (the rollout a stop lets finish) and 5 minutes
+    for the save, in whole minutes, 5 at least."""
     if asked is not None:
         return asked
-    if evaluation:
-        return EVAL_STOP_LEAD_S
+    if not on_sigterm.saves:
+        return STOP_AT_ONCE_LEAD_S
     return max(MIN_STOP_LEAD_S, 60 * math.ceil((train_s + SAVE_ALLOWANCE_S) / 60))
 
 
@@ -207,15 +235,15 @@ def slurm_time_s(text: str) -> int | None:
     return first * 60 + (second or 0)  # minutes[:seconds]
 
 
-def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> None:
-    stop = "stop" if evaluation else "stop and save"
-    needs = (
-        "it must cover stopping" if evaluation else "it must cover a rollout's training and a save"
-    )
+def _check_stop_lead(lead: int, time: str | None, on_sigterm: SigtermStop = SAVES) -> None:
+    saves, evaluation = on_sigterm.saves, on_sigterm.evaluation
+    stop = "stop and save" if saves else "stop"
+    needs = "it must cover a rollout's training and a save" if saves else "it must cover stopping"
     default = (
-        f"{EVAL_STOP_LEAD_S} s to stop an evaluation"
-        if evaluation
-        else "the plan's training time per rollout plus 5 minutes"
+        "the plan's training time per rollout plus 5 minutes"
+        if saves
+        else f"{STOP_AT_ONCE_LEAD_S} s to stop "
+        + ("an evaluation" if evaluation else "a run that saves nothing on SIGTERM")
     )
     if not 0 < lead <= MAX_SIGNAL_S:
         raise UserError(
@@ -224,7 +252,7 @@ def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> N
                     "--stop-lead",
                     f"is when, in seconds before the time limit, the launch is told to {stop}; "
                     f"Slurm's --signal=B:TERM@<seconds> takes 0 to {MAX_SIGNAL_S}, and at 0 the "
-                    f"signal comes with the kill, too late to {'stop' if evaluation else 'save'}",
+                    f"signal comes with the kill, too late to {'save' if saves else 'stop'}",
                     f"give 1 to {MAX_SIGNAL_S} seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), or "
                     f"leave it out for {default}",
                     value=lead,
@@ -263,14 +291,17 @@ def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> N
 
 
 def render_sbatch(
-    cfg: RunConfig, target: Target, args: argparse.Namespace, train_s: float = 0.0
+    cfg: RunConfig,
+    target: Target,
+    args: argparse.Namespace,
+    train_s: float = 0.0,
+    on_sigterm: SigtermStop = SAVES,
 ) -> str:
     """The script; `train_s`: the plan's training seconds per rollout (the stop's lead)."""
     hw = cfg.hardware
     run_dir = Path(args.run_dir).resolve()
-    evaluation = cfg.mode == "eval"
-    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None), evaluation)
-    _check_stop_lead(lead, args.time, evaluation)
+    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None), on_sigterm)
+    _check_stop_lead(lead, args.time, on_sigterm)
     directives = [
         f"--job-name={job_name(cfg)}",
         f"--nodes={hw.num_nodes}",
@@ -296,10 +327,8 @@ def render_sbatch(
         "NODES": str(hw.num_nodes),
         "LAUNCH": launch,
         "LEAD": str(lead),
-        "STOP_HOW": "stop cleanly" if evaluation else "save",
-        "STOPS": "stops the evaluation at once (it saves nothing)"
-        if evaluation
-        else "saves every finished rollout and stops",
+        "STOP_HOW": "save" if on_sigterm.saves else "stop cleanly",
+        "STOPS": on_sigterm.stops(),
     }
     body = SBATCH_BODY
     for name, value in fills.items():
@@ -477,6 +506,30 @@ def _start_params(cfg: RunConfig, size: PodSize) -> dict[str, str]:
     return {"num-cpus": str(hw.gpus_per_node), "num-gpus": "0"}
 
 
+def pod_stop_lead_s(cfg: RunConfig, plan: Plan, args: argparse.Namespace) -> int:
+    """How long a deleted or preempted head pod gives the launch before Ray stops."""
+    lead = stop_lead_s(
+        plan.prediction.train_s, getattr(args, "stop_lead", None), SigtermStop.of(cfg, plan)
+    )
+    if lead <= 0:
+        raise UserError(
+            [
+                Issue(
+                    "--stop-lead",
+                    "is how long a deleted or preempted head pod gives the launch to save "
+                    "(an evaluation or run.on_sigterm: stop: to stop) before Kubernetes stops "
+                    "it: at 0 or below it has no time",
+                    f"give a positive number of seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), "
+                    "or leave it out for the plan's training time per rollout plus 5 minutes "
+                    f"({STOP_AT_ONCE_LEAD_S} s for an evaluation or run.on_sigterm: stop)",
+                    value=lead,
+                )
+            ],
+            title="command-line error",
+        )
+    return lead
+
+
 def render_rayjob(
     cfg: RunConfig, plan: Plan, target: Target, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -490,25 +543,7 @@ def render_rayjob(
         "run.ray_address=auto"
     )
     workers = hw.num_nodes - 1
-    lead = stop_lead_s(
-        plan.prediction.train_s, getattr(args, "stop_lead", None), cfg.mode == "eval"
-    )
-    if lead <= 0:
-        raise UserError(
-            [
-                Issue(
-                    "--stop-lead",
-                    "is how long a deleted or preempted head pod gives the launch to save "
-                    "(an evaluation: to stop) before Kubernetes stops it: at 0 or below it "
-                    "has no time",
-                    f"give a positive number of seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), "
-                    "or leave it out for the plan's training time per rollout plus 5 minutes "
-                    f"({EVAL_STOP_LEAD_S} s for an evaluation)",
-                    value=lead,
-                )
-            ],
-            title="command-line error",
-        )
+    lead = pod_stop_lead_s(cfg, plan, args)
     cluster: dict[str, Any] = {
         "rayVersion": version("ray"),
         "headGroupSpec": {
@@ -571,7 +606,7 @@ def _write(text: str, out: str | None, what: str) -> None:
 
 def slurm(args: argparse.Namespace) -> int:
     target, cfg, plan = _planned(args)
-    text = render_sbatch(cfg, target, args, plan.prediction.train_s)
+    text = render_sbatch(cfg, target, args, plan.prediction.train_s, SigtermStop.of(cfg, plan))
     Path(args.run_dir, "logs").mkdir(parents=True, exist_ok=True)  # sbatch opens --output there
     _write(text, args.out, "the sbatch script")
     return 0
@@ -638,6 +673,8 @@ def kuberay(args: argparse.Namespace) -> int:
         "# Generated by `rlpost kuberay` from the plan; regenerate it after a change, do not "
         "edit.\n# Needs a Secret with the Ray token: kubectl create secret generic "
         f"{args.token_secret} --from-literal={TOKEN_SECRET_KEY}=$(openssl rand -hex 32)\n"
+        f"# A deleted or preempted RayJob gives the launch {pod_stop_lead_s(cfg, plan, args)} s "
+        f"(preStop hooks) before Ray stops: on SIGTERM it {SigtermStop.of(cfg, plan).stops()}.\n"
     )
     _write(header + yaml.safe_dump(manifest, sort_keys=False), args.out, "the RayJob")
     return 0
@@ -660,7 +697,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="SIGTERM to the launch this long before the time limit, so that it saves and "
         "stops (default: the plan's training time per rollout plus 5 minutes, 5 at least; "
-        f"{EVAL_STOP_LEAD_S} s for an evaluation, which saves nothing)",
+        f"{STOP_AT_ONCE_LEAD_S} s for an evaluation or a run with run.on_sigterm: stop, "
+        "which save nothing)",
     )
     parser.add_argument("--python", help="the Python of rlpost's environment on the nodes")
     parser.add_argument("--rlpost-dir", help="where launch.py is on the nodes")
@@ -697,7 +735,8 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a deleted or preempted head pod gives the launch to save and stop "
         "before Kubernetes stops Ray (its terminationGracePeriodSeconds, with Ray's stop); "
         "default: the plan's training time per rollout plus 5 minutes, 5 at least; "
-        f"{EVAL_STOP_LEAD_S} s for an evaluation, which saves nothing",
+        f"{STOP_AT_ONCE_LEAD_S} s for an evaluation or a run with run.on_sigterm: stop, "
+        "which save nothing",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

@@ -559,3 +559,28 @@ def test_a_mode_that_runs_nothing_is_not_scheduled(
     status, _, err = run_main(argv, capsys)
     assert status == 2 and "mode = 'plan'" in err and "python launch.py mode=plan" in err
     assert "Traceback" not in err and not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_run_that_saves_nothing_on_sigterm_is_told_to_stop_a_minute_ahead(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run.on_sigterm: stop ends the launch at once on SIGTERM and saves nothing (the plan's
+    runtime.on_sigterm): its job gives it the minute to stop, where one that saves gives it a
+    rollout's training and a save; the job file says which."""
+    out = tmp_path / f"job.{verb}"
+    where = ["--run-dir", str(tmp_path / "run")] if verb == "slurm" else ["--image", "i"]
+    where += [] if verb == "slurm" else ["--pvc", "runs"]
+    argv = [verb, *SEED_002, "run.on_sigterm=stop", *where, "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 0, err
+    text = out.read_text()
+    assert "saves every finished rollout" not in text
+    assert "stops at once (run.on_sigterm: stop: it saves nothing" in text
+    if verb == "slurm":
+        assert "#SBATCH --signal=B:TERM@60" in text.splitlines()
+    else:
+        cluster = yaml.safe_load(text)["spec"]["rayClusterSpec"]
+        head = cluster["headGroupSpec"]["template"]["spec"]
+        assert head["terminationGracePeriodSeconds"] == 60 + 30
+        assert "gives the launch 60 s" in text
