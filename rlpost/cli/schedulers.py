@@ -45,8 +45,12 @@ TOKEN_SECRET_KEY = "auth_token"
 
 
 def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
-    """The run's config, checked and planned (a config or planning error stops here)."""
-    from rlpost.cli.launch import plan_run
+    """The run's config, checked and planned, and the launch's own checks of it that do not
+    depend on this machine (the memory verdict, timeouts): a job the launch would refuse is
+    not written. Its files, packages and GPUs are the cluster's, never checked here: what
+    --no-local-checks asks of `rlpost validate` is what a job's command always does."""
+    from rlpost.cli.launch import located, plan_run
+    from rlpost.cli.validate import MODE_CHECKS
     from rlpost.config.loader import compose_run_config
 
     target = target_from_args(args)
@@ -67,6 +71,8 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
             ]
         )
     cfg, plan = plan_run(cfg, sources)
+    with located(sources):
+        MODE_CHECKS[cfg.mode](cfg, plan, False)
     return target, cfg, plan
 
 
@@ -682,6 +688,12 @@ def kuberay(args: argparse.Namespace) -> int:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
+    parser.add_argument(
+        "--no-local-checks",
+        action="store_true",
+        help="as for `rlpost validate`; a job file is written for the cluster's machines, so "
+        "its checks never include this one's files, packages or GPUs, with or without it",
+    )
     parser.add_argument("--out", "-o", metavar="FILE", help="write here (default: stdout)")
 
 

@@ -584,3 +584,34 @@ def test_a_run_that_saves_nothing_on_sigterm_is_told_to_stop_a_minute_ahead(
         head = cluster["headGroupSpec"]["template"]["spec"]
         assert head["terminationGracePeriodSeconds"] == 60 + 30
         assert "gives the launch 60 s" in text
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_job_its_launch_would_refuse_is_not_written(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The launch's checks that do not depend on this machine run before the job is written:
+    qwen3-8b does not fit the CPU default's memory, which its launch refuses (exit 2)."""
+    out = tmp_path / f"job.{verb}"
+    argv = [verb, "model=qwen3-8b", *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "memory problem" in err and "Traceback" not in err, err
+    assert not out.exists()
+    status, _, err = run_main([*argv, "plan.memory_check=warn"], capsys)
+    assert status == 0 and out.exists(), err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_job_file_takes_no_local_checks_as_rlpost_validate_does(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job written on one machine for a cluster: `--no-local-checks` from the validate line
+    is taken (a job's command checks nothing of this machine), and the file is the same."""
+    files = []
+    for extra in ([], ["--no-local-checks"]):
+        out = tmp_path / f"job{len(extra)}.{verb}"
+        argv = [verb, *extra, *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+        status, _, err = run_main(argv, capsys)
+        assert status == 0, err
+        files.append(out.read_text())
+    assert files[0] == files[1]
