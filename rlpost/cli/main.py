@@ -26,9 +26,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from rlpost.errors import Issue, UserError, did_you_mean, exit_with
 from rlpost.streams import guard_std_streams
+
+if TYPE_CHECKING:
+    from rlpost.cli.target import Target
+    from rlpost.config.sources import SourceMap
+    from rlpost.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,19 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 EVAL_PLAN_FORMATS = ("table", "json")
 
 
+def _composed(target: Target, overrides: list[str]) -> tuple[RunConfig, SourceMap] | None:
+    """The config the command line composes to, or None where it does not compose (the
+    launch then reports why, as for any plan)."""
+    from rlpost.config.loader import compose_run_config
+
+    try:
+        return compose_run_config(
+            overrides, config_dir=target.config_dir, config_name=target.config_name
+        )
+    except UserError:
+        return None
+
+
 def _plan(args: argparse.Namespace) -> int:
     """launch.py mode=plan; given mode=eval, the plan of that evaluation (its sets, its
     memory and time), which a mode=plan appended after it would replace by training's, as
@@ -63,7 +82,14 @@ def _plan(args: argparse.Namespace) -> int:
     from rlpost.config.overrides import last_value
 
     target = target_from_args(args)
-    if last_value(target.overrides, "mode") != "eval":
+    # plan.format is the verb's: the evaluation reads none
+    overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
+    composed = None
+    mode = last_value(target.overrides, "mode")
+    if mode is None:  # an experiment file or a group file may set it
+        composed = _composed(target, overrides)
+        mode = composed[0].mode if composed else None
+    if mode != "eval":
         launch.main([*target.launcher_argv(), "mode=plan"])
         return 0
     from rlpost.config.loader import compose_run_config
@@ -83,8 +109,7 @@ def _plan(args: argparse.Namespace) -> int:
             ],
             title="command-line error",
         )
-    overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
-    cfg, sources = compose_run_config(
+    cfg, sources = composed or compose_run_config(
         overrides, config_dir=target.config_dir, config_name=target.config_name
     )
     cfg, plan = launch.plan_run(cfg, sources)

@@ -257,6 +257,25 @@ def test_plan_of_an_evaluation_prints_as_json_too(capsys: pytest.CaptureFixture[
     assert status == 2 and "plan.format" in err and "'script'" in err and "fix:" in err
 
 
+def test_plan_of_an_experiment_file_that_sets_mode_eval_is_the_evaluations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An experiment file's `mode: eval` makes `rlpost plan` print the evaluation's plan, as
+    mode=eval on the command line does (FILE.yaml and --config-dir/--config-name alike), and
+    plan.format=json with it; mode=train after it is training's plan."""
+    exp = tmp_path / "my_eval.yaml"
+    exp.write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    by_name = ["--config-dir", str(tmp_path), "--config-name", "my_eval"]
+    for target in ([str(exp)], by_name):
+        status, out, err = run_main(["plan", *target], capsys)
+        assert status == 0, err
+        assert "Evaluation sets" in out and "Batch arithmetic" not in out
+    status, out, err = run_main(["plan", str(exp), "plan.format=json"], capsys)
+    assert status == 0 and [s["name"] for s in json.loads(out)["evaluation"]] == ["arith"], err
+    status, out, err = run_main(["plan", str(exp), "mode=train"], capsys)
+    assert status == 0 and "Batch arithmetic" in out and "Evaluation sets" not in out, err
+
+
 def test_new_recipe_writes_only_the_differences(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
