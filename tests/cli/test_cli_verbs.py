@@ -247,6 +247,42 @@ def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[
     assert "Trainer work per rollout" in out and "Train ranks (mode=eval)" not in out
 
 
+TRAINING_ONLY_WORDS = (
+    "shared by training and rollout",
+    "trainer: ",
+    "trainer residue",
+    "trainer rendezvous",
+    "offloaded optimizer",
+    "reference weights",
+    "rollout GPUs",
+    "rollout: fits",
+    "training, per GPU",
+    "time per rollout",
+    "the rollout table",
+)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [TINY, GPU_RUN, (*GPU_RUN, "model.load=/ckpt/4b")],
+    ids=["cpu", "h100x8", "h100x8 of a checkpoint"],
+)
+def test_an_evaluations_plan_speaks_of_no_training(
+    run: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An evaluation does not train: its plan's header, placement, engines and memory speak
+    of the engines and of train ranks that send the weights or do not start, never of
+    training and rollout sharing GPUs, a trainer's residue or an optimizer; a training
+    plan's wording is as it was."""
+    status, out, err = run_main(["plan", *run, "mode=eval"], capsys)
+    assert status == 0, err
+    assert [w for w in TRAINING_ONLY_WORDS if w in out] == []
+    assert "colocated (mode=eval): " in out and "engines: fits" in out
+    status, out, err = run_main(["plan", *run], capsys)
+    assert status == 0, err
+    assert "shared by training and rollout" in out and "trainer residue" in out
+
+
 def test_plan_of_an_evaluation_prints_as_json_too(capsys: pytest.CaptureFixture[str]) -> None:
     """plan.format=json, which the evaluation's launch itself refuses as unread, is the
     plan verb's to read: the evaluation's plan as JSON, its sets under "evaluation"."""
