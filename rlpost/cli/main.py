@@ -189,9 +189,11 @@ def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Name
     field = next((name for name in FREE_TOKENS if hasattr(parsed, name)), None)
     flags = [token for token in extra if token.startswith("-")]
     if flags and field is not None:  # a verb of overrides given slime's `--lr 1e-6`
-        from rlpost.config.flags import flag_issues
+        from rlpost.config.flags import FlagOwner, flag_issues
 
-        raise UserError(flag_issues(args, _options(parser, parsed.verb)), "command-line error")
+        owner = FlagOwner.verb(parsed.verb)
+        issues = flag_issues(args, _options(parser, parsed.verb), owner)
+        raise UserError(issues, "command-line error")
     if flags or (extra and field is None):
         parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
     if field is not None:

@@ -135,6 +135,19 @@ def test_a_slime_flag_is_answered_with_its_key_and_a_secret_never_shown(
     assert "--wandb-key = '***'" in err and "s3cr3t" not in err
 
 
+def test_a_flag_a_verb_does_not_take_is_answered_with_the_verbs_own_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verb's refusal of a flag names the verb and lists its flags as its own, where it
+    called them Hydra's flags and the verb the launcher (`rlpost kuberay --dry-run` listed
+    --image and --pvc as Hydra's)."""
+    status, out, err = run_main(["kuberay", "--image", "i", "--scratch", "--dry-run"], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "--dry-run is not a flag of rlpost kuberay: it takes its own flags" in err
+    assert "rlpost kuberay's flags: " in err and "--image" in err
+    assert "Hydra" not in err and "launcher" not in err
+
+
 def test_verl_keys_are_answered_with_rlpost_keys_all_at_once_and_a_secret_never_shown(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
