@@ -24,7 +24,7 @@ import math
 import re
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -322,6 +322,8 @@ def render_sbatch(
     for flag in ("partition", "account", "time"):
         if getattr(args, flag):
             directives.append(f"--{flag}={getattr(args, flag)}")
+    if target.config_dir:  # the script runs launch.py from --rlpost-dir, not from here
+        target = replace(target, config_dir=str(Path(target.config_dir).resolve()))
     launch = shlex.join(_launch_argv(target, cfg))
     fills = {
         "RUN_DIR": shlex.quote(str(run_dir)),

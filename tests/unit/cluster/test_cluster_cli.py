@@ -615,3 +615,20 @@ def test_a_job_file_takes_no_local_checks_as_rlpost_validate_does(
         assert status == 0, err
         files.append(out.read_text())
     assert files[0] == files[1]
+
+
+def test_the_sbatch_script_names_a_config_dir_given_relative_by_its_full_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script runs launch.py in --rlpost-dir: an experiment file named from its own folder
+    (`rlpost slurm my_eval.yaml`, config dir `.`) would be looked for in rlpost's checkout."""
+    exp = tmp_path / "exps"
+    exp.mkdir()
+    (exp / "my_eval.yaml").write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    monkeypatch.chdir(exp)
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", "my_eval.yaml", "--run-dir", str(tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 0, err
+    (line,) = [line for line in out.read_text().splitlines() if "launch.py" in line]
+    assert f"launch.py --config-dir {exp} --config-name my_eval mode=eval" in line
