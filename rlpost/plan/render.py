@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 from rlpost.backends.fp8_format import Fp8Format
+from rlpost.plan.cost import StepCost
 from rlpost.plan.engine_memory import RolloutMemory
 from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
@@ -603,6 +604,17 @@ SECTIONS: tuple[Callable[[Plan], str], ...] = (
 )
 
 
+def _parts(plan: Plan, cost: StepCost) -> str:
+    """A candidate's predicted time by part; in mode=eval generation and the weight push (no
+    train step or offload)."""
+    if not plan.trains:
+        return f"generation {cost.rollout.total_s:.2f}, weight sync {cost.sync_s:.2f}"
+    return (
+        f"rollout {cost.rollout.total_s:.2f}, train {cost.train.total_s:.2f}, weight sync "
+        f"{cost.sync_s:.2f}, offload {cost.offload_s:.2f}"
+    )
+
+
 def render_search(plan: Plan) -> str:
     """layout=auto: the choice, the runners-up, what lost and why, the shipped layout."""
     search = plan.search
@@ -613,9 +625,8 @@ def render_search(plan: Plan) -> str:
         f"Layout search (layout=auto): {search.enumerated} candidates, {search.feasible} pass "
         f"every check and fit, searched in {search.seconds:.2f} s",
         f"  chosen: {chosen.describe()}",
-        f"          {chosen.step_s:.2f} s per {per} predicted (rollout "
-        f"{chosen.cost.rollout.total_s:.2f}, train {chosen.cost.train.total_s:.2f}, weight sync "
-        f"{chosen.cost.sync_s:.2f}, offload {chosen.cost.offload_s:.2f}); {chosen.memory_text()}",
+        f"          {chosen.step_s:.2f} s per {per} predicted ({_parts(plan, chosen.cost)}); "
+        f"{chosen.memory_text()}",
     ]
     rows: list[list[Cell]] = [
         [i + 2, f"{c.step_s:.2f}", f"{c.train.memory.total_gib:.1f}", c.describe()]
