@@ -90,9 +90,9 @@ def render_placement(plan: Plan) -> str:
             )
     if p.reward_slot is not None:
         rows.append(["reward model", "1 actor", p.reward_slot.node, p.reward_slot.gpu, "-"])
-    ranks = "trainer" if plan.trains else "train ranks'"  # mode=eval: they send weights
+    whose = "trainer" if plan.trains else "train ranks'"  # mode=eval: they send weights
     title = f"Placement (router on node 0 port {p.router_port}" + (
-        f", {ranks} rendezvous {p.train_master_port}, weight updates {p.weight_update_port})"
+        f", {whose} rendezvous {p.train_master_port}, weight updates {p.weight_update_port})"
         if plan.starts_train_ranks
         else ")"
     )
