@@ -79,9 +79,17 @@ def _plan(args: argparse.Namespace) -> int:
     verb takes it off the overrides)."""
     from rlpost.cli import launch
     from rlpost.cli.target import target_from_args
-    from rlpost.config.overrides import last_value
+    from rlpost.config.overrides import last_value, sweep_issues
 
     target = target_from_args(args)
+    sweeps = sweep_issues(
+        target.overrides,
+        "rlpost plan prints one run's plan",
+        "python launch.py -m mode=plan {token} prints each job's plan (it runs nothing), or "
+        "give one value",
+    )
+    if sweeps:
+        raise UserError(sweeps, title="command-line error")
     # plan.format is the verb's: the evaluation reads none
     overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
     composed = None

@@ -632,3 +632,19 @@ def test_the_sbatch_script_names_a_config_dir_given_relative_by_its_full_path(
     assert status == 0, err
     (line,) = [line for line in out.read_text().splitlines() if "launch.py" in line]
     assert f"launch.py --config-dir {exp} --config-name my_eval mode=eval" in line
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_sweep_is_refused_with_a_job_per_value_as_the_fix(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job runs one launch: a sweep is told to be written as a job per value, where the fix
+    was `python launch.py -m ...`, a launch on this machine."""
+    out = tmp_path / f"job.{verb}"
+    sweep = "recipe.optim.lr=1e-6,2e-6"
+    argv = [verb, sweep, *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "Traceback" not in err and not out.exists()
+    assert "is a sweep, one run per value, and a scheduler's job runs one launch" in err
+    assert f"write a job per value (rlpost {verb} ... recipe.optim.lr=1e-06 for the first)" in err
+    assert "launch.py -m" not in err
