@@ -96,14 +96,18 @@ def job_name(cfg: RunConfig) -> str:
 
 
 def _launch_argv(target: Target, cfg: RunConfig) -> list[str]:
-    """The launch's arguments. The job sets run.dir; an evaluation keeps its mode=eval; a
-    training run continues its run directory's newest checkpoint (run.resume=auto, which
-    starts at rollout 0 in a directory that holds none) unless it names what to resume, so
-    that the same job submitted again after a stop at the time limit, a preemption or a
-    deleted RayJob continues the run, where a fresh start there is refused."""
-    argv = [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+    """The launch's arguments. The job sets run.dir; an evaluation keeps its mode=eval, and a
+    mode=train given keeps its place over a config file's mode: eval; a training run
+    continues its run directory's newest checkpoint (run.resume=auto, which starts at rollout
+    0 in a directory that holds none) unless it names what to resume, so that the same job
+    submitted again after a stop at the time limit, a preemption or a deleted RayJob
+    continues the run, where a fresh start there is refused."""
+    given = target.launcher_argv()
+    argv = [a for a in given if not a.startswith(("run.dir=", "mode="))]
     if cfg.mode == "eval":
         return [*argv, "mode=eval"]
+    if any(a.startswith("mode=") for a in given):  # over a config file's mode: eval
+        argv.append(f"mode={cfg.mode}")
     if cfg.run.resume is None and not any(a.startswith("run.resume=") for a in argv):
         argv.append("run.resume=auto")
     return argv

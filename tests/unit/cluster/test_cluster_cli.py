@@ -474,7 +474,7 @@ def test_an_evaluations_job_evaluates_in_a_run_directory_of_its_own(
         assert status == 0, err
         manifests[mode] = yaml.safe_load(out.read_text())
     entrypoints = {mode: job["spec"]["entrypoint"] for mode, job in manifests.items()}
-    assert "mode=eval" in entrypoints["eval"] and "mode=" not in entrypoints["train"]
+    assert "mode=eval" in entrypoints["eval"] and "mode=eval" not in entrypoints["train"]
     names = {mode: job["metadata"]["name"] for mode, job in manifests.items()}
     assert names == {
         "train": "rlpost-glm4-5-355b-a32b-grpo-dapo",
@@ -648,3 +648,17 @@ def test_a_sweep_is_refused_with_a_job_per_value_as_the_fix(
     assert "is a sweep, one run per value, and a scheduler's job runs one launch" in err
     assert f"write a job per value (rlpost {verb} ... recipe.optim.lr=1e-06 for the first)" in err
     assert "launch.py -m" not in err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_mode_train_over_an_evaluations_file_reaches_the_launch(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mode=train on the command line over an experiment file's `mode: eval` makes a training
+    job; its launch must get mode=train too, or it composes the file's mode and evaluates."""
+    exp = tmp_path / "my_eval.yaml"
+    exp.write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    line = launch_line(verb, [str(exp), "mode=train"], tmp_path, capsys)
+    assert "--config-name my_eval mode=train run.resume=auto" in line
+    assert "mode=eval" not in launch_line(verb, [str(exp), "mode=train"], tmp_path, capsys)
+    assert "--config-name my_eval mode=eval" in launch_line(verb, [str(exp)], tmp_path, capsys)
