@@ -79,17 +79,15 @@ def _plan(args: argparse.Namespace) -> int:
     verb takes it off the overrides)."""
     from rlpost.cli import launch
     from rlpost.cli.target import target_from_args
-    from rlpost.config.overrides import last_value, sweep_issues
+    from rlpost.config.overrides import last_value, refuse_sweeps
 
     target = target_from_args(args)
-    sweeps = sweep_issues(
+    refuse_sweeps(
         target.overrides,
         "rlpost plan prints one run's plan",
         "python launch.py -m mode=plan {token} prints each job's plan (it runs nothing), or "
         "give one value",
     )
-    if sweeps:
-        raise UserError(sweeps, title="command-line error")
     # plan.format is the verb's: the evaluation reads none
     overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
     composed = None

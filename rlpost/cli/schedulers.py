@@ -52,18 +52,16 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     from rlpost.cli.launch import located, plan_run
     from rlpost.cli.validate import MODE_CHECKS
     from rlpost.config.loader import compose_run_config
-    from rlpost.config.overrides import sweep_issues
+    from rlpost.config.overrides import refuse_sweeps
 
     target = target_from_args(args)
     verb = f"rlpost {args.verb}" if getattr(args, "verb", None) else "this command"
-    sweeps = sweep_issues(
+    refuse_sweeps(
         target.overrides,
         "a scheduler's job runs one launch",
         f"write a job per value ({verb} ... {{first}} for the first)"
         + (", each with a --run-dir of its own" if verb == "rlpost slurm" else ""),
     )
-    if sweeps:
-        raise UserError(sweeps, title="command-line error")
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )

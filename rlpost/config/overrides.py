@@ -307,6 +307,13 @@ def _check_key(override: Override, token: str, verl: Mapping[str, Any]) -> Issue
     )
 
 
+def refuse_sweeps(tokens: Sequence[str], why: str, fix: str) -> None:
+    """Raise the sweep_issues of `tokens`, if any, as a command-line error."""
+    issues = sweep_issues(tokens, why, fix)
+    if issues:
+        raise UserError(issues, title="command-line error")
+
+
 def sweep_issues(tokens: Sequence[str], why: str, fix: str) -> list[Issue]:
     """An Issue for each sweep (a,b or range(...)) among `tokens` on a command that runs or
     writes one launch: `why` it cannot take one, and the `fix` ({token} filled in). A list

@@ -325,15 +325,25 @@ def test_plan_of_an_experiment_file_that_sets_mode_eval_is_the_evaluations(
     assert status == 0 and "Batch arithmetic" in out and "Evaluation sets" not in out, err
 
 
-def test_plan_of_a_sweep_names_the_launch_that_plans_each_job(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(
+    ("verb", "why", "fix"),
+    [
+        ("plan", "rlpost plan prints one run's plan", "prints each job's plan"),
+        ("validate", "rlpost validate checks one run", "checks and plans every job"),
+        ("show", "rlpost show prints one run's config", "checks and plans every job"),
+    ],
+)
+def test_a_verb_of_one_run_given_a_sweep_names_the_launch_that_plans_each_job(
+    verb: str, why: str, fix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """rlpost plan prints one run's plan: a sweep is told to plan its jobs with
-    `launch.py -m mode=plan`, where the fix was `launch.py -m` alone, which runs them."""
-    status, out, err = run_main(["plan", *TINY, "recipe.optim.lr=1e-6,2e-6"], capsys)
+    """rlpost plan, validate and show read one run: a sweep is told to plan and check its
+    jobs with `launch.py -m mode=plan`, where the fix was `launch.py -m` alone, which runs
+    them."""
+    status, out, err = run_main([verb, *TINY, "recipe.optim.lr=1e-6,2e-6"], capsys)
     assert status == 2 and out == "" and "Traceback" not in err
-    assert "and rlpost plan prints one run's plan" in err
-    assert "python launch.py -m mode=plan recipe.optim.lr=1e-6,2e-6 prints each job's plan" in err
+    assert f"is a sweep, one run per value, and {why}" in err
+    assert f"python launch.py -m mode=plan recipe.optim.lr=1e-6,2e-6 {fix}" in err
+    assert "add -m to launch" not in err
 
 
 def test_new_recipe_writes_only_the_differences(
