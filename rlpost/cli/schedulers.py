@@ -26,7 +26,7 @@ import shlex
 import sys
 from dataclasses import dataclass, replace
 from importlib.metadata import version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from rlpost.cli.target import Target, add_target_arguments, target_from_args
@@ -696,6 +696,12 @@ def kuberay(args: argparse.Namespace) -> int:
         f"# A deleted or preempted RayJob gives the launch {pod_stop_lead_s(cfg, plan, args)} s "
         f"(preStop hooks) before Ray stops: on SIGTERM it {SigtermStop.of(cfg, plan).stops()}.\n"
     )
+    if target.config_dir:  # the launch reads it in the pod, not here
+        where = PurePosixPath(args.workdir, target.config_dir)
+        header += (
+            f"# The launch reads --config-dir {target.config_dir} in the pod ({where}): the "
+            "image, or a volume mounted there, must hold it.\n"
+        )
     _write(header + yaml.safe_dump(manifest, sort_keys=False), args.out, "the RayJob")
     return 0
 

@@ -662,3 +662,20 @@ def test_mode_train_over_an_evaluations_file_reaches_the_launch(
     assert "--config-name my_eval mode=train run.resume=auto" in line
     assert "mode=eval" not in launch_line(verb, [str(exp), "mode=train"], tmp_path, capsys)
     assert "--config-name my_eval mode=eval" in launch_line(verb, [str(exp)], tmp_path, capsys)
+
+
+def test_a_rayjob_says_where_its_pods_read_the_config_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The RayJob's launch reads --config-dir in the pod, from --workdir: an experiment file
+    named from its own folder is read from the image's rlpost folder, which the header says;
+    a job of rlpost's own configs says nothing of it."""
+    (tmp_path / "my_eval.yaml").write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "job.yaml"
+    argv = ["kuberay", "--image", "i", "--scratch", "--workdir", "/app", "--out", str(out)]
+    status, _, err = run_main([*argv[:1], "my_eval.yaml", *argv[1:]], capsys)
+    assert status == 0, err
+    assert "# The launch reads --config-dir . in the pod (/app): the image" in out.read_text()
+    status, _, err = run_main(argv, capsys)
+    assert status == 0 and "--config-dir" not in out.read_text(), err
