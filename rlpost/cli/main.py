@@ -26,9 +26,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from rlpost.errors import Issue, UserError, did_you_mean, exit_with
 from rlpost.streams import guard_std_streams
+
+if TYPE_CHECKING:
+    from rlpost.cli.target import Target
+    from rlpost.config.sources import SourceMap
+    from rlpost.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,19 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 EVAL_PLAN_FORMATS = ("table", "json")
 
 
+def _composed(target: Target, overrides: list[str]) -> tuple[RunConfig, SourceMap] | None:
+    """The config the command line composes to, or None where it does not compose (the
+    launch then reports why, as for any plan)."""
+    from rlpost.config.loader import compose_run_config
+
+    try:
+        return compose_run_config(
+            overrides, config_dir=target.config_dir, config_name=target.config_name
+        )
+    except UserError:
+        return None
+
+
 def _plan(args: argparse.Namespace) -> int:
     """launch.py mode=plan; given mode=eval, the plan of that evaluation (its sets, its
     memory and time), which a mode=plan appended after it would replace by training's, as
@@ -60,10 +79,23 @@ def _plan(args: argparse.Namespace) -> int:
     verb takes it off the overrides)."""
     from rlpost.cli import launch
     from rlpost.cli.target import target_from_args
-    from rlpost.config.overrides import last_value
+    from rlpost.config.overrides import last_value, refuse_sweeps
 
     target = target_from_args(args)
-    if last_value(target.overrides, "mode") != "eval":
+    refuse_sweeps(
+        target.overrides,
+        "rlpost plan prints one run's plan",
+        "python launch.py -m mode=plan {token} prints each job's plan (it runs nothing), or "
+        "give one value",
+    )
+    # plan.format is the verb's: the evaluation reads none
+    overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
+    composed = None
+    mode = last_value(target.overrides, "mode")
+    if mode is None:  # an experiment file or a group file may set it
+        composed = _composed(target, overrides)
+        mode = composed[0].mode if composed else None
+    if mode != "eval":
         launch.main([*target.launcher_argv(), "mode=plan"])
         return 0
     from rlpost.config.loader import compose_run_config
@@ -83,8 +115,7 @@ def _plan(args: argparse.Namespace) -> int:
             ],
             title="command-line error",
         )
-    overrides = [a for a in target.overrides if a.lstrip("+").partition("=")[0] != "plan.format"]
-    cfg, sources = compose_run_config(
+    cfg, sources = composed or compose_run_config(
         overrides, config_dir=target.config_dir, config_name=target.config_name
     )
     cfg, plan = launch.plan_run(cfg, sources)
@@ -164,9 +195,11 @@ def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Name
     field = next((name for name in FREE_TOKENS if hasattr(parsed, name)), None)
     flags = [token for token in extra if token.startswith("-")]
     if flags and field is not None:  # a verb of overrides given slime's `--lr 1e-6`
-        from rlpost.config.flags import flag_issues
+        from rlpost.config.flags import FlagOwner, flag_issues
 
-        raise UserError(flag_issues(args, _options(parser, parsed.verb)), "command-line error")
+        owner = FlagOwner.verb(parsed.verb)
+        issues = flag_issues(args, _options(parser, parsed.verb), owner)
+        raise UserError(issues, "command-line error")
     if flags or (extra and field is None):
         parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
     if field is not None:

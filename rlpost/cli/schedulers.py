@@ -10,7 +10,8 @@ node through srun (each `ray start --block`, its log in the run directory), wait
 node has registered, and launches the run on the head with the same overrides; it asks for
 SIGTERM ahead of the time limit for itself alone and hands it to the launch, which saves and
 stops while Ray still runs (at the limit Slurm signals every step at once); an evaluation
-saves nothing, and its lead is a minute to stop. The RayJob
+saves nothing, and neither does a training run with `run.on_sigterm: stop`: their lead is a
+minute to stop. The RayJob
 has a head group and a worker group sized from the hardware profile, the launch as its
 entrypoint, the run directory on a volume every pod mounts, and preStop hooks that let the
 launch save before a deletion stops Ray.
@@ -23,9 +24,9 @@ import math
 import re
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from rlpost.cli.target import Target, add_target_arguments, target_from_args
@@ -44,11 +45,23 @@ TOKEN_SECRET_KEY = "auth_token"
 
 
 def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
-    """The run's config, checked and planned (a config or planning error stops here)."""
-    from rlpost.cli.launch import plan_run
+    """The run's config, checked and planned, and the launch's own checks of it that do not
+    depend on this machine (the memory verdict, timeouts): a job the launch would refuse is
+    not written. Its files, packages and GPUs are the cluster's, never checked here: what
+    --no-local-checks asks of `rlpost validate` is what a job's command always does."""
+    from rlpost.cli.launch import located, plan_run
+    from rlpost.cli.validate import MODE_CHECKS
     from rlpost.config.loader import compose_run_config
+    from rlpost.config.overrides import refuse_sweeps
 
     target = target_from_args(args)
+    verb = f"rlpost {args.verb}" if getattr(args, "verb", None) else "this command"
+    refuse_sweeps(
+        target.overrides,
+        "a scheduler's job runs one launch",
+        f"write a job per value ({verb} ... {{first}} for the first)"
+        + (", each with a --run-dir of its own" if verb == "rlpost slurm" else ""),
+    )
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
@@ -66,6 +79,8 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
             ]
         )
     cfg, plan = plan_run(cfg, sources)
+    with located(sources):
+        MODE_CHECKS[cfg.mode](cfg, plan, False)
     return target, cfg, plan
 
 
@@ -79,14 +94,18 @@ def job_name(cfg: RunConfig) -> str:
 
 
 def _launch_argv(target: Target, cfg: RunConfig) -> list[str]:
-    """The launch's arguments. The job sets run.dir; an evaluation keeps its mode=eval; a
-    training run continues its run directory's newest checkpoint (run.resume=auto, which
-    starts at rollout 0 in a directory that holds none) unless it names what to resume, so
-    that the same job submitted again after a stop at the time limit, a preemption or a
-    deleted RayJob continues the run, where a fresh start there is refused."""
-    argv = [a for a in target.launcher_argv() if not a.startswith(("run.dir=", "mode="))]
+    """The launch's arguments. The job sets run.dir; an evaluation keeps its mode=eval, and a
+    mode=train given keeps its place over a config file's mode: eval; a training run
+    continues its run directory's newest checkpoint (run.resume=auto, which starts at rollout
+    0 in a directory that holds none) unless it names what to resume, so that the same job
+    submitted again after a stop at the time limit, a preemption or a deleted RayJob
+    continues the run, where a fresh start there is refused."""
+    given = target.launcher_argv()
+    argv = [a for a in given if not a.startswith(("run.dir=", "mode="))]
     if cfg.mode == "eval":
         return [*argv, "mode=eval"]
+    if any(a.startswith("mode=") for a in given):  # over a config file's mode: eval
+        argv.append(f"mode={cfg.mode}")
     if cfg.run.resume is None and not any(a.startswith("run.resume=") for a in argv):
         argv.append("run.resume=auto")
     return argv
@@ -172,20 +191,47 @@ exit "$status"
 MIN_STOP_LEAD_S = 300
 MAX_SIGNAL_S = 65535  # sbatch --signal's sig_time: 0 to 65535 s
 SAVE_ALLOWANCE_S = 300
-# An evaluation stops at once on SIGTERM and saves nothing: its lead is the time to end its
-# engines and actors while Ray still runs, not a rollout's training and a save.
-EVAL_STOP_LEAD_S = 60
+# A run that stops at once on SIGTERM saves nothing (an evaluation, or a training run with
+# run.on_sigterm: stop): its lead is the time to end its engines and actors while Ray still
+# runs, not a rollout's training and a save.
+STOP_AT_ONCE_LEAD_S = 60
 
 
-def stop_lead_s(train_s: float, asked: int | None, evaluation: bool = False) -> int:
+@dataclass(frozen=True)
+class SigtermStop:
+    """What the planned launch does with the job's SIGTERM (the plan's runtime.on_sigterm)."""
+
+    saves: bool
+    evaluation: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig, plan: Plan) -> SigtermStop:
+        return cls(plan.runtime.on_sigterm == "save", cfg.mode == "eval")
+
+    def stops(self) -> str:
+        """What the launch does, for the job file's comment."""
+        if self.evaluation:
+            return "stops the evaluation at once (it saves nothing)"
+        if self.saves:
+            return "saves every finished rollout and stops"
+        return (
+            "stops at once (run.on_sigterm: stop: it saves nothing and keeps the checkpoints "
+            "it has)"
+        )
+
+
+SAVES = SigtermStop(saves=True, evaluation=False)
+
+
+def stop_lead_s(train_s: float, asked: int | None, on_sigterm: SigtermStop = SAVES) -> int:
     """Seconds before the time limit the launch is told to stop: `--stop-lead` when given;
-    for an evaluation (mode=eval) one minute to stop; else the plan's training time per
-    rollout (the rollout a stop lets finish) and 5 minutes for the save, in whole minutes,
-    5 at least."""
+    for a launch that stops at once (mode=eval, run.on_sigterm: stop) one minute to stop;
+    else the plan's training time per rollout (the rollout a stop lets finish) and 5 minutes
+    for the save, in whole minutes, 5 at least."""
     if asked is not None:
         return asked
-    if evaluation:
-        return EVAL_STOP_LEAD_S
+    if not on_sigterm.saves:
+        return STOP_AT_ONCE_LEAD_S
     return max(MIN_STOP_LEAD_S, 60 * math.ceil((train_s + SAVE_ALLOWANCE_S) / 60))
 
 
@@ -207,15 +253,15 @@ def slurm_time_s(text: str) -> int | None:
     return first * 60 + (second or 0)  # minutes[:seconds]
 
 
-def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> None:
-    stop = "stop" if evaluation else "stop and save"
-    needs = (
-        "it must cover stopping" if evaluation else "it must cover a rollout's training and a save"
-    )
+def _check_stop_lead(lead: int, time: str | None, on_sigterm: SigtermStop = SAVES) -> None:
+    saves, evaluation = on_sigterm.saves, on_sigterm.evaluation
+    stop = "stop and save" if saves else "stop"
+    needs = "it must cover a rollout's training and a save" if saves else "it must cover stopping"
     default = (
-        f"{EVAL_STOP_LEAD_S} s to stop an evaluation"
-        if evaluation
-        else "the plan's training time per rollout plus 5 minutes"
+        "the plan's training time per rollout plus 5 minutes"
+        if saves
+        else f"{STOP_AT_ONCE_LEAD_S} s to stop "
+        + ("an evaluation" if evaluation else "a run that saves nothing on SIGTERM")
     )
     if not 0 < lead <= MAX_SIGNAL_S:
         raise UserError(
@@ -224,7 +270,7 @@ def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> N
                     "--stop-lead",
                     f"is when, in seconds before the time limit, the launch is told to {stop}; "
                     f"Slurm's --signal=B:TERM@<seconds> takes 0 to {MAX_SIGNAL_S}, and at 0 the "
-                    f"signal comes with the kill, too late to {'stop' if evaluation else 'save'}",
+                    f"signal comes with the kill, too late to {'save' if saves else 'stop'}",
                     f"give 1 to {MAX_SIGNAL_S} seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), or "
                     f"leave it out for {default}",
                     value=lead,
@@ -263,14 +309,17 @@ def _check_stop_lead(lead: int, time: str | None, evaluation: bool = False) -> N
 
 
 def render_sbatch(
-    cfg: RunConfig, target: Target, args: argparse.Namespace, train_s: float = 0.0
+    cfg: RunConfig,
+    target: Target,
+    args: argparse.Namespace,
+    train_s: float = 0.0,
+    on_sigterm: SigtermStop = SAVES,
 ) -> str:
     """The script; `train_s`: the plan's training seconds per rollout (the stop's lead)."""
     hw = cfg.hardware
     run_dir = Path(args.run_dir).resolve()
-    evaluation = cfg.mode == "eval"
-    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None), evaluation)
-    _check_stop_lead(lead, args.time, evaluation)
+    lead = stop_lead_s(train_s, getattr(args, "stop_lead", None), on_sigterm)
+    _check_stop_lead(lead, args.time, on_sigterm)
     directives = [
         f"--job-name={job_name(cfg)}",
         f"--nodes={hw.num_nodes}",
@@ -285,6 +334,8 @@ def render_sbatch(
     for flag in ("partition", "account", "time"):
         if getattr(args, flag):
             directives.append(f"--{flag}={getattr(args, flag)}")
+    if target.config_dir:  # the script runs launch.py from --rlpost-dir, not from here
+        target = replace(target, config_dir=str(Path(target.config_dir).resolve()))
     launch = shlex.join(_launch_argv(target, cfg))
     fills = {
         "RUN_DIR": shlex.quote(str(run_dir)),
@@ -296,10 +347,8 @@ def render_sbatch(
         "NODES": str(hw.num_nodes),
         "LAUNCH": launch,
         "LEAD": str(lead),
-        "STOP_HOW": "stop cleanly" if evaluation else "save",
-        "STOPS": "stops the evaluation at once (it saves nothing)"
-        if evaluation
-        else "saves every finished rollout and stops",
+        "STOP_HOW": "save" if on_sigterm.saves else "stop cleanly",
+        "STOPS": on_sigterm.stops(),
     }
     body = SBATCH_BODY
     for name, value in fills.items():
@@ -477,6 +526,30 @@ def _start_params(cfg: RunConfig, size: PodSize) -> dict[str, str]:
     return {"num-cpus": str(hw.gpus_per_node), "num-gpus": "0"}
 
 
+def pod_stop_lead_s(cfg: RunConfig, plan: Plan, args: argparse.Namespace) -> int:
+    """How long a deleted or preempted head pod gives the launch before Ray stops."""
+    lead = stop_lead_s(
+        plan.prediction.train_s, getattr(args, "stop_lead", None), SigtermStop.of(cfg, plan)
+    )
+    if lead <= 0:
+        raise UserError(
+            [
+                Issue(
+                    "--stop-lead",
+                    "is how long a deleted or preempted head pod gives the launch to save "
+                    "(an evaluation or run.on_sigterm: stop: to stop) before Kubernetes stops "
+                    "it: at 0 or below it has no time",
+                    f"give a positive number of seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), "
+                    "or leave it out for the plan's training time per rollout plus 5 minutes "
+                    f"({STOP_AT_ONCE_LEAD_S} s for an evaluation or run.on_sigterm: stop)",
+                    value=lead,
+                )
+            ],
+            title="command-line error",
+        )
+    return lead
+
+
 def render_rayjob(
     cfg: RunConfig, plan: Plan, target: Target, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -490,25 +563,7 @@ def render_rayjob(
         "run.ray_address=auto"
     )
     workers = hw.num_nodes - 1
-    lead = stop_lead_s(
-        plan.prediction.train_s, getattr(args, "stop_lead", None), cfg.mode == "eval"
-    )
-    if lead <= 0:
-        raise UserError(
-            [
-                Issue(
-                    "--stop-lead",
-                    "is how long a deleted or preempted head pod gives the launch to save "
-                    "(an evaluation: to stop) before Kubernetes stops it: at 0 or below it "
-                    "has no time",
-                    f"give a positive number of seconds (e.g. --stop-lead {MIN_STOP_LEAD_S}), "
-                    "or leave it out for the plan's training time per rollout plus 5 minutes "
-                    f"({EVAL_STOP_LEAD_S} s for an evaluation)",
-                    value=lead,
-                )
-            ],
-            title="command-line error",
-        )
+    lead = pod_stop_lead_s(cfg, plan, args)
     cluster: dict[str, Any] = {
         "rayVersion": version("ray"),
         "headGroupSpec": {
@@ -571,7 +626,7 @@ def _write(text: str, out: str | None, what: str) -> None:
 
 def slurm(args: argparse.Namespace) -> int:
     target, cfg, plan = _planned(args)
-    text = render_sbatch(cfg, target, args, plan.prediction.train_s)
+    text = render_sbatch(cfg, target, args, plan.prediction.train_s, SigtermStop.of(cfg, plan))
     Path(args.run_dir, "logs").mkdir(parents=True, exist_ok=True)  # sbatch opens --output there
     _write(text, args.out, "the sbatch script")
     return 0
@@ -638,13 +693,27 @@ def kuberay(args: argparse.Namespace) -> int:
         "# Generated by `rlpost kuberay` from the plan; regenerate it after a change, do not "
         "edit.\n# Needs a Secret with the Ray token: kubectl create secret generic "
         f"{args.token_secret} --from-literal={TOKEN_SECRET_KEY}=$(openssl rand -hex 32)\n"
+        f"# A deleted or preempted RayJob gives the launch {pod_stop_lead_s(cfg, plan, args)} s "
+        f"(preStop hooks) before Ray stops: on SIGTERM it {SigtermStop.of(cfg, plan).stops()}.\n"
     )
+    if target.config_dir:  # the launch reads it in the pod, not here
+        where = PurePosixPath(args.workdir, target.config_dir)
+        header += (
+            f"# The launch reads --config-dir {target.config_dir} in the pod ({where}): the "
+            "image, or a volume mounted there, must hold it.\n"
+        )
     _write(header + yaml.safe_dump(manifest, sort_keys=False), args.out, "the RayJob")
     return 0
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
+    parser.add_argument(
+        "--no-local-checks",
+        action="store_true",
+        help="as for `rlpost validate`; a job file is written for the cluster's machines, so "
+        "its checks never include this one's files, packages or GPUs, with or without it",
+    )
     parser.add_argument("--out", "-o", metavar="FILE", help="write here (default: stdout)")
 
 
@@ -660,7 +729,8 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="SIGTERM to the launch this long before the time limit, so that it saves and "
         "stops (default: the plan's training time per rollout plus 5 minutes, 5 at least; "
-        f"{EVAL_STOP_LEAD_S} s for an evaluation, which saves nothing)",
+        f"{STOP_AT_ONCE_LEAD_S} s for an evaluation or a run with run.on_sigterm: stop, "
+        "which save nothing)",
     )
     parser.add_argument("--python", help="the Python of rlpost's environment on the nodes")
     parser.add_argument("--rlpost-dir", help="where launch.py is on the nodes")
@@ -697,7 +767,8 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a deleted or preempted head pod gives the launch to save and stop "
         "before Kubernetes stops Ray (its terminationGracePeriodSeconds, with Ray's stop); "
         "default: the plan's training time per rollout plus 5 minutes, 5 at least; "
-        f"{EVAL_STOP_LEAD_S} s for an evaluation, which saves nothing",
+        f"{STOP_AT_ONCE_LEAD_S} s for an evaluation or a run with run.on_sigterm: stop, "
+        "which save nothing",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

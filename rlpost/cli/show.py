@@ -24,6 +24,7 @@ from typing import Any
 from rlpost.cli.target import add_target_arguments, target_from_args
 from rlpost.cli.yaml_text import keyed_block_lines
 from rlpost.config.loader import compose_run_config
+from rlpost.config.overrides import refuse_sweeps
 from rlpost.config.sources import SourceMap
 from rlpost.errors import Issue, UserError
 from rlpost.schema import RunConfig
@@ -95,6 +96,12 @@ def render(run: RunConfig, sources: SourceMap, only: str | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     target = target_from_args(args)
+    refuse_sweeps(
+        target.overrides,
+        "rlpost show prints one run's config",
+        "show one value at a time ({first}); python launch.py -m mode=plan {token} checks "
+        "and plans every job",
+    )
     config, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlpost.cli.target import Target, add_target_arguments, target_from_args
 from rlpost.config.loader import compose_run_config
+from rlpost.config.overrides import refuse_sweeps
 from rlpost.config.sources import SourceMap
 from rlpost.plan import Plan
 from rlpost.schema import RunConfig
@@ -143,6 +144,13 @@ def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
 
 def run(args: argparse.Namespace) -> int:
     machine = not args.no_local_checks
-    config, _, plan = check(target_from_args(args), machine=machine)
+    target = target_from_args(args)
+    refuse_sweeps(
+        target.overrides,
+        "rlpost validate checks one run",
+        "python launch.py -m mode=plan {token} checks and plans every job (it runs nothing), "
+        "or give one value ({first})",
+    )
+    config, _, plan = check(target, machine=machine)
     print(summary(config, plan, machine))
     return 0

@@ -14,6 +14,7 @@ import difflib
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -144,9 +145,27 @@ def _slime_issue(flag: str, values: list[str], token: str) -> Issue | None:
     return None
 
 
-def _other_issue(flag: str, values: list[str], token: str, known: Sequence[str]) -> Issue:
-    """A flag neither Hydra's nor slime's: a key of rlpost's written as a flag, or a typo of
-    one of Hydra's own flags."""
+@dataclass(frozen=True)
+class FlagOwner:
+    """Whose flags a command line takes: the launcher's (Hydra's) or an rlpost verb's."""
+
+    name: str = "the launcher"
+    flags: str = "Hydra's flags"
+    takes: str = "Hydra's own flags"
+
+    @classmethod
+    def verb(cls, verb: str) -> FlagOwner:
+        return cls(f"rlpost {verb}", f"rlpost {verb}'s flags", "its own flags")
+
+
+LAUNCHER = FlagOwner()
+
+
+def _other_issue(
+    flag: str, values: list[str], token: str, known: Sequence[str], owner: FlagOwner = LAUNCHER
+) -> Issue:
+    """A flag neither the owner's nor slime's: a key of rlpost's written as a flag, or a typo
+    of one of the owner's own flags."""
     from rlpost.config.keys import all_key_paths
 
     given = " ".join(values) if values else None
@@ -157,25 +176,27 @@ def _other_issue(flag: str, values: list[str], token: str, known: Sequence[str])
     if keys:
         fix = "write " + " or ".join(f"{key}={value}" for key in keys)
     elif close:
-        fix = f"did you mean {close[0]}? Hydra's flags: {', '.join(known)}"
+        fix = f"did you mean {close[0]}? {owner.flags}: {', '.join(known)}"
     else:
         fix = (
-            "write the setting as key=value (e.g. recipe.optim.lr=1e-6); Hydra's flags: "
+            f"write the setting as key=value (e.g. recipe.optim.lr=1e-6); {owner.flags}: "
             + ", ".join(known)
         )
     return Issue(
         key=flag,
         value=given,
-        message=f"{flag} is not a flag of the launcher: it takes Hydra's own flags and "
+        message=f"{flag} is not a flag of {owner.name}: it takes {owner.takes} and "
         "overrides key=value",
         fix=fix,
         location=Location(override=token),
     )
 
 
-def flag_issues(argv: Sequence[str], known: Sequence[str]) -> list[Issue]:
+def flag_issues(
+    argv: Sequence[str], known: Sequence[str], owner: FlagOwner = LAUNCHER
+) -> list[Issue]:
     """An Issue for each flag in `argv` that is not in `known` (the parser's own option
-    strings), with the values that follow it up to the next flag or override."""
+    strings, `owner`'s), with the values that follow it up to the next flag or override."""
     from rlpost.config.peer_flags import flag_line, peer_flag_issue
 
     issues: list[Issue] = []
@@ -188,7 +209,7 @@ def flag_issues(argv: Sequence[str], known: Sequence[str]) -> list[Issue]:
         hyphens = "--" + flag.lstrip("-").replace("_", "-") if "." not in flag else flag
         slime = _slime_issue(hyphens, values, shown)
         peer = peer_flag_issue(flag, values, shown, line, slime)
-        issues.append(peer or slime or _other_issue(flag, values, shown, known))
+        issues.append(peer or slime or _other_issue(flag, values, shown, known, owner))
     return issues
 
 

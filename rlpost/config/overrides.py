@@ -307,6 +307,46 @@ def _check_key(override: Override, token: str, verl: Mapping[str, Any]) -> Issue
     )
 
 
+def refuse_sweeps(tokens: Sequence[str], why: str, fix: str) -> None:
+    """Raise the sweep_issues of `tokens`, if any, as a command-line error."""
+    issues = sweep_issues(tokens, why, fix)
+    if issues:
+        raise UserError(issues, title="command-line error")
+
+
+def sweep_issues(tokens: Sequence[str], why: str, fix: str) -> list[Issue]:
+    """An Issue for each sweep (a,b or range(...)) among `tokens` on a command that runs or
+    writes one launch: `why` it cannot take one, and the `fix` ({token} filled in). A list
+    key's comma is left to the launcher's own answer (it may mean the list)."""
+    from hydra.errors import HydraException
+
+    from rlpost.config.keys import takes_list
+
+    issues = []
+    for token in tokens:
+        parsed = _parse(token)
+        if isinstance(parsed, Issue) or not parsed.is_sweep_override():
+            continue
+        if takes_list(parsed.key_or_group):
+            continue
+        key, values = parsed.key_or_group, token.split("=", 1)[1]
+        try:
+            choices = _choices_of(parsed)
+        except HydraException:  # interval(...) has no values to list
+            choices = []
+        first = f"{key}={choices[0]}" if choices else f"{key}=VALUE"
+        issues.append(
+            Issue(
+                key=key,
+                value=values,
+                message=f"{values} is a sweep, one run per value, and {why}",
+                fix=fix.format(token=token, first=first),
+                location=Location(override=token),
+            )
+        )
+    return issues
+
+
 def _sweep(override: Override, token: str) -> Issue:
     """A sweep (a,b or range(...)) on a launch without -m: Hydra says only 'Ambiguous value',
     under no key."""

@@ -453,7 +453,7 @@ SEND_WEIGHTS_NOTE = (
     "mode=eval of {weights}: the train ranks only load these weights and send them to the "
     "engines, once, before the evaluation; they build no optimizer and no reference model "
     "and run no train step, so their memory counts the weights, a weight bucket and the CUDA "
-    "context (no gradients, optimizer state or activations), and their time per rollout is 0"
+    "context (no gradients, optimizer state or activations), and they take no time after it"
 )
 EVAL_SEARCH_NOTE = (
     "layout=auto in mode=eval ranks the layouts by the evaluation's work, not training's: "
@@ -494,7 +494,7 @@ def _train_rank_notes(cfg: RunConfig, train_ranks: str, sizes: Sizes) -> tuple[s
     if colocate and cfg.hardware.kind == "gpu":
         note += (
             "; colocated, those weights stay on each GPU beside its engine through the "
-            "evaluation (the rollout table counts them, and a derived "
+            "evaluation (the engines' memory table counts them, and a derived "
             "layout.rollout.sglang.mem_fraction_static leaves room for them)"
         )
     return (*notes, note)

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 from rlpost.backends.fp8_format import Fp8Format
+from rlpost.plan.cost import StepCost
 from rlpost.plan.engine_memory import RolloutMemory
 from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
@@ -34,19 +35,37 @@ def _trainer_name(plan: Plan) -> str:
     return TRAINER_NAMES.get(plan.trainer_backend, plan.trainer_backend)
 
 
+def _split(plan: Plan) -> tuple[str, str]:
+    """Who has the GPUs, and what follows them: the trainer, or in mode=eval the train ranks
+    (they load the weights and send them to the engines) or that none starts."""
+    p = plan.placement
+    trainer = _trainer_name(plan)
+    if plan.trains:
+        if p.colocate:
+            return f"{p.train_gpus} GPUs shared by training and rollout", f"trainer: {trainer}"
+        return f"{p.train_gpus} train + {p.rollout_gpus} rollout GPUs", f"trainer: {trainer}"
+    if plan.starts_train_ranks:
+        ranks = f"train ranks: {trainer}, to load the weights and send them to the engines once"
+        if p.colocate:
+            return f"{p.train_gpus} GPUs shared by the engines and the train ranks", ranks
+        return f"{p.rollout_gpus} engine + {p.train_gpus} train-rank GPUs", ranks
+    none = "no train rank starts (the engines load model.hf_checkpoint's weights)"
+    if p.colocate:
+        return f"{p.rollout_gpus} GPUs for the engines", none
+    return f"{p.rollout_gpus} engine GPUs", f"{none}; layout.train's {p.train_gpus} GPUs idle"
+
+
 def render_header(plan: Plan) -> str:
     p = plan.placement
     mode = "colocated" if p.colocate else "decoupled"
-    split = (
-        f"{p.train_gpus} GPUs shared by training and rollout"
-        if p.colocate
-        else f"{p.train_gpus} train + {p.rollout_gpus} rollout GPUs"
-    )
+    if not plan.trains:
+        mode += " (mode=eval)"
+    split, after = _split(plan)
     return (
         f"rlpost plan: model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "
         f"(layout {plan.layout})\n"
         f"{mode}: {split} of {p.total_gpus} ({p.num_nodes} node(s) x {p.gpus_per_node}); "
-        f"trainer: {_trainer_name(plan)}\n"
+        f"{after}\n"
         f"values marked {DERIVED_MARK} were derived by the planner (the layout left them null)"
     )
 
@@ -58,7 +77,8 @@ def render_placement(plan: Plan) -> str:
         ranks = [i for i, slot in enumerate(p.train_slots) if slot.node == node]
         gpus = [slot.gpu for slot in p.train_slots if slot.node == node]
         if ranks:
-            rows.append(["train", f"ranks {ranges(ranks)}", node, ranges(gpus), "-"])
+            role = "train" if plan.starts_train_ranks else "train (not started)"
+            rows.append([role, f"ranks {ranges(ranks)}", node, ranges(gpus), "-"])
     for e in p.engines:
         for node in sorted({slot.node for slot in e.slots}):
             gpus = [slot.gpu for slot in e.slots if slot.node == node]
@@ -70,9 +90,11 @@ def render_placement(plan: Plan) -> str:
             )
     if p.reward_slot is not None:
         rows.append(["reward model", "1 actor", p.reward_slot.node, p.reward_slot.gpu, "-"])
-    title = (
-        f"Placement (router on node 0 port {p.router_port}, trainer rendezvous "
-        f"{p.train_master_port}, weight updates {p.weight_update_port})"
+    whose = "trainer" if plan.trains else "train ranks'"  # mode=eval: they send weights
+    title = f"Placement (router on node 0 port {p.router_port}" + (
+        f", {whose} rendezvous {p.train_master_port}, weight updates {p.weight_update_port})"
+        if plan.starts_train_ranks
+        else ")"
     )
     return render_table(["role", "ranks", "node", "GPUs", "ports"], rows, title)
 
@@ -109,13 +131,15 @@ def render_parallel(plan: Plan) -> str:
         deepep = ", DeepEP" if par.moe_enable_deepep else ""
         dispatcher = _mark(plan, par.moe_token_dispatcher_type, k + "moe_token_dispatcher_type")
         rows.append(["MoE dispatcher", dispatcher + deepep, ""])
-    return render_table(["training", "value", "note"], rows, "Parallel layout")
+    title = "Parallel layout" + ("" if plan.starts_train_ranks else " (no train rank starts)")
+    return render_table(["training", "value", "note"], rows, title)
 
 
 def render_engines(plan: Plan) -> str:
     eng, k = plan.engine, "layout.rollout."
+    side = "rollout" if plan.trains else "engine"  # mode=eval: the engines evaluate
     rows: list[list[Cell]] = [
-        ["rollout GPUs", _mark(plan, plan.placement.rollout_gpus, k + "num_gpus")],
+        [f"{side} GPUs", _mark(plan, plan.placement.rollout_gpus, k + "num_gpus")],
         ["GPUs per engine (tp_size)", _mark(plan, eng.gpus_per_engine, k + "gpus_per_engine")],
         ["engines", eng.num_engines],
         ["attention TP x DP", f"{eng.attention_tp} x {eng.dp_size}"],
@@ -123,7 +147,7 @@ def render_engines(plan: Plan) -> str:
     ]
     for name, value in eng.sglang:
         rows.append([f"sglang.{name}", _mark(plan, value, f"{k}sglang.{name}")])
-    return render_table(["rollout", "value"], rows, "Engines")
+    return render_table([f"{side}s" if side == "engine" else side, "value"], rows, "Engines")
 
 
 def _micro_batch_tokens(plan: Plan) -> Cell:
@@ -500,7 +524,16 @@ def render_memory(plan: Plan) -> str:
         [context, t.overhead_gib],
         ["total", t.total_gib],
     ]
-    return _memory_tables(plan, train_rows, "training")
+    return _memory_tables(plan, train_rows, "training" if plan.trains else "train ranks")
+
+
+def _residue(plan: Plan) -> str:
+    """What the train ranks leave on a colocated engine's GPU."""
+    if plan.train_ranks == SEND_WEIGHTS:
+        return "train ranks' weights (colocated, mode=eval)"
+    if not plan.starts_train_ranks:
+        return "train ranks (none start, mode=eval)"
+    return "trainer residue (colocated)"
 
 
 def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
@@ -519,21 +552,18 @@ def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
             r.mem_fraction_static * m.gpu_gib,
         ],
         ["prefill activations, CUDA graphs", r.activation_reserve_gib],
-        [
-            "train ranks' weights (colocated, mode=eval)"
-            if plan.train_ranks == SEND_WEIGHTS
-            else "trainer residue (colocated)",
-            r.trainer_residual_gib,
-        ],
+        [_residue(plan), r.trainer_residual_gib],
         ["peak", r.total_gib],
     ]
     offloaded = "FSDP2 shards and reference" if isinstance(t, FsdpTrainMemory) else "optimizer"
     host_rows: list[list[Cell]] = [
         [f"offloaded {offloaded} ({h.ranks_per_node} ranks)", h.optimizer_gib],
         ["reference weights", h.reference_weights_gib],
-        ["processes", h.processes_gib],
-        ["total", h.total_gib],
     ]
+    if not plan.trains:  # mode=eval keeps no optimizer or reference (0.00 in its plan)
+        host_rows = [row for row in host_rows if row[1]]
+    host_rows += [["processes", h.processes_gib], ["total", h.total_gib]]
+    engines = "rollout" if plan.trains else "engines"
     parts = [
         render_table(
             [f"{side}, per GPU", "GiB"],
@@ -547,9 +577,9 @@ def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
             ),
         ),
         render_table(
-            ["rollout, per engine GPU", "GiB"],
+            [f"{engines}, per GPU" if not plan.trains else "rollout, per engine GPU", "GiB"],
             rollout_rows,
-            f"rollout: {_verdict(m.rollout_fits, m.rollout_margin_gib)}",
+            f"{engines}: {_verdict(m.rollout_fits, m.rollout_margin_gib)}",
         ),
         render_table(
             ["host, per node", "GiB"],
@@ -574,6 +604,17 @@ SECTIONS: tuple[Callable[[Plan], str], ...] = (
 )
 
 
+def _parts(plan: Plan, cost: StepCost) -> str:
+    """A candidate's predicted time by part; in mode=eval generation and the weight push (no
+    train step or offload)."""
+    if not plan.trains:
+        return f"generation {cost.rollout.total_s:.2f}, weight sync {cost.sync_s:.2f}"
+    return (
+        f"rollout {cost.rollout.total_s:.2f}, train {cost.train.total_s:.2f}, weight sync "
+        f"{cost.sync_s:.2f}, offload {cost.offload_s:.2f}"
+    )
+
+
 def render_search(plan: Plan) -> str:
     """layout=auto: the choice, the runners-up, what lost and why, the shipped layout."""
     search = plan.search
@@ -584,9 +625,8 @@ def render_search(plan: Plan) -> str:
         f"Layout search (layout=auto): {search.enumerated} candidates, {search.feasible} pass "
         f"every check and fit, searched in {search.seconds:.2f} s",
         f"  chosen: {chosen.describe()}",
-        f"          {chosen.step_s:.2f} s per {per} predicted (rollout "
-        f"{chosen.cost.rollout.total_s:.2f}, train {chosen.cost.train.total_s:.2f}, weight sync "
-        f"{chosen.cost.sync_s:.2f}, offload {chosen.cost.offload_s:.2f}); {chosen.memory_text()}",
+        f"          {chosen.step_s:.2f} s per {per} predicted ({_parts(plan, chosen.cost)}); "
+        f"{chosen.memory_text()}",
     ]
     rows: list[list[Cell]] = [
         [i + 2, f"{c.step_s:.2f}", f"{c.train.memory.total_gib:.1f}", c.describe()]

@@ -1054,7 +1054,8 @@ def rate_reference(
         offload,
         memory.train,
         timing,
-        offload_time(ref, sizes, memory.train),
+        # mode=eval: nothing trains, so nothing leaves the GPU for generation (as candidates)
+        offload_time(ref, sizes, memory.train) if searcher.trains else 0.0,
         ref.hardware.kind == "gpu",
     )
     engine = EngineOption(
@@ -1089,7 +1090,8 @@ def why_faster(chosen: Candidate, other: Candidate, per: str = "rollout") -> str
     timed (a rollout; in mode=eval the evaluation)."""
     a, b = chosen.cost, other.cost
     parts = {
-        "rollout": (a.rollout.total_s, b.rollout.total_s),
+        # mode=eval: the engines generate the evaluation sets, no rollout
+        "rollout" if per == "rollout" else "generation": (a.rollout.total_s, b.rollout.total_s),
         "training compute": (a.train.compute_s, b.train.compute_s),
         "pipeline bubble": (a.train.pipeline_s, b.train.pipeline_s),
         "tensor-parallel traffic": (a.train.tp_s, b.train.tp_s),

@@ -135,6 +135,19 @@ def test_a_slime_flag_is_answered_with_its_key_and_a_secret_never_shown(
     assert "--wandb-key = '***'" in err and "s3cr3t" not in err
 
 
+def test_a_flag_a_verb_does_not_take_is_answered_with_the_verbs_own_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verb's refusal of a flag names the verb and lists its flags as its own, where it
+    called them Hydra's flags and the verb the launcher (`rlpost kuberay --dry-run` listed
+    --image and --pvc as Hydra's)."""
+    status, out, err = run_main(["kuberay", "--image", "i", "--scratch", "--dry-run"], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert "--dry-run is not a flag of rlpost kuberay: it takes its own flags" in err
+    assert "rlpost kuberay's flags: " in err and "--image" in err
+    assert "Hydra" not in err and "launcher" not in err
+
+
 def test_verl_keys_are_answered_with_rlpost_keys_all_at_once_and_a_secret_never_shown(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -247,6 +260,42 @@ def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[
     assert "Trainer work per rollout" in out and "Train ranks (mode=eval)" not in out
 
 
+TRAINING_ONLY_WORDS = (
+    "shared by training and rollout",
+    "trainer: ",
+    "trainer residue",
+    "trainer rendezvous",
+    "offloaded optimizer",
+    "reference weights",
+    "rollout GPUs",
+    "rollout: fits",
+    "training, per GPU",
+    "time per rollout",
+    "the rollout table",
+)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [TINY, GPU_RUN, (*GPU_RUN, "model.load=/ckpt/4b")],
+    ids=["cpu", "h100x8", "h100x8 of a checkpoint"],
+)
+def test_an_evaluations_plan_speaks_of_no_training(
+    run: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An evaluation does not train: its plan's header, placement, engines and memory speak
+    of the engines and of train ranks that send the weights or do not start, never of
+    training and rollout sharing GPUs, a trainer's residue or an optimizer; a training
+    plan's wording is as it was."""
+    status, out, err = run_main(["plan", *run, "mode=eval"], capsys)
+    assert status == 0, err
+    assert [w for w in TRAINING_ONLY_WORDS if w in out] == []
+    assert "colocated (mode=eval): " in out and "engines: fits" in out
+    status, out, err = run_main(["plan", *run], capsys)
+    assert status == 0, err
+    assert "shared by training and rollout" in out and "trainer residue" in out
+
+
 def test_plan_of_an_evaluation_prints_as_json_too(capsys: pytest.CaptureFixture[str]) -> None:
     """plan.format=json, which the evaluation's launch itself refuses as unread, is the
     plan verb's to read: the evaluation's plan as JSON, its sets under "evaluation"."""
@@ -255,6 +304,46 @@ def test_plan_of_an_evaluation_prints_as_json_too(capsys: pytest.CaptureFixture[
     assert [s["name"] for s in json.loads(out)["evaluation"]] == ["aime"]
     status, out, err = run_main(["plan", *GPU_RUN, "mode=eval", "plan.format=script"], capsys)
     assert status == 2 and "plan.format" in err and "'script'" in err and "fix:" in err
+
+
+def test_plan_of_an_experiment_file_that_sets_mode_eval_is_the_evaluations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An experiment file's `mode: eval` makes `rlpost plan` print the evaluation's plan, as
+    mode=eval on the command line does (FILE.yaml and --config-dir/--config-name alike), and
+    plan.format=json with it; mode=train after it is training's plan."""
+    exp = tmp_path / "my_eval.yaml"
+    exp.write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    by_name = ["--config-dir", str(tmp_path), "--config-name", "my_eval"]
+    for target in ([str(exp)], by_name):
+        status, out, err = run_main(["plan", *target], capsys)
+        assert status == 0, err
+        assert "Evaluation sets" in out and "Batch arithmetic" not in out
+    status, out, err = run_main(["plan", str(exp), "plan.format=json"], capsys)
+    assert status == 0 and [s["name"] for s in json.loads(out)["evaluation"]] == ["arith"], err
+    status, out, err = run_main(["plan", str(exp), "mode=train"], capsys)
+    assert status == 0 and "Batch arithmetic" in out and "Evaluation sets" not in out, err
+
+
+@pytest.mark.parametrize(
+    ("verb", "why", "fix"),
+    [
+        ("plan", "rlpost plan prints one run's plan", "prints each job's plan"),
+        ("validate", "rlpost validate checks one run", "checks and plans every job"),
+        ("show", "rlpost show prints one run's config", "checks and plans every job"),
+    ],
+)
+def test_a_verb_of_one_run_given_a_sweep_names_the_launch_that_plans_each_job(
+    verb: str, why: str, fix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rlpost plan, validate and show read one run: a sweep is told to plan and check its
+    jobs with `launch.py -m mode=plan`, where the fix was `launch.py -m` alone, which runs
+    them."""
+    status, out, err = run_main([verb, *TINY, "recipe.optim.lr=1e-6,2e-6"], capsys)
+    assert status == 2 and out == "" and "Traceback" not in err
+    assert f"is a sweep, one run per value, and {why}" in err
+    assert f"python launch.py -m mode=plan recipe.optim.lr=1e-6,2e-6 {fix}" in err
+    assert "add -m to launch" not in err
 
 
 def test_new_recipe_writes_only_the_differences(

@@ -474,7 +474,7 @@ def test_an_evaluations_job_evaluates_in_a_run_directory_of_its_own(
         assert status == 0, err
         manifests[mode] = yaml.safe_load(out.read_text())
     entrypoints = {mode: job["spec"]["entrypoint"] for mode, job in manifests.items()}
-    assert "mode=eval" in entrypoints["eval"] and "mode=" not in entrypoints["train"]
+    assert "mode=eval" in entrypoints["eval"] and "mode=eval" not in entrypoints["train"]
     names = {mode: job["metadata"]["name"] for mode, job in manifests.items()}
     assert names == {
         "train": "rlpost-glm4-5-355b-a32b-grpo-dapo",
@@ -559,3 +559,123 @@ def test_a_mode_that_runs_nothing_is_not_scheduled(
     status, _, err = run_main(argv, capsys)
     assert status == 2 and "mode = 'plan'" in err and "python launch.py mode=plan" in err
     assert "Traceback" not in err and not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_run_that_saves_nothing_on_sigterm_is_told_to_stop_a_minute_ahead(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run.on_sigterm: stop ends the launch at once on SIGTERM and saves nothing (the plan's
+    runtime.on_sigterm): its job gives it the minute to stop, where one that saves gives it a
+    rollout's training and a save; the job file says which."""
+    out = tmp_path / f"job.{verb}"
+    where = ["--run-dir", str(tmp_path / "run")] if verb == "slurm" else ["--image", "i"]
+    where += [] if verb == "slurm" else ["--pvc", "runs"]
+    argv = [verb, *SEED_002, "run.on_sigterm=stop", *where, "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 0, err
+    text = out.read_text()
+    assert "saves every finished rollout" not in text
+    assert "stops at once (run.on_sigterm: stop: it saves nothing" in text
+    if verb == "slurm":
+        assert "#SBATCH --signal=B:TERM@60" in text.splitlines()
+    else:
+        cluster = yaml.safe_load(text)["spec"]["rayClusterSpec"]
+        head = cluster["headGroupSpec"]["template"]["spec"]
+        assert head["terminationGracePeriodSeconds"] == 60 + 30
+        assert "gives the launch 60 s" in text
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_job_its_launch_would_refuse_is_not_written(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The launch's checks that do not depend on this machine run before the job is written:
+    qwen3-8b does not fit the CPU default's memory, which its launch refuses (exit 2)."""
+    out = tmp_path / f"job.{verb}"
+    argv = [verb, "model=qwen3-8b", *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "memory problem" in err and "Traceback" not in err, err
+    assert not out.exists()
+    status, _, err = run_main([*argv, "plan.memory_check=warn"], capsys)
+    assert status == 0 and out.exists(), err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_job_file_takes_no_local_checks_as_rlpost_validate_does(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job written on one machine for a cluster: `--no-local-checks` from the validate line
+    is taken (a job's command checks nothing of this machine), and the file is the same."""
+    files = []
+    for extra in ([], ["--no-local-checks"]):
+        out = tmp_path / f"job{len(extra)}.{verb}"
+        argv = [verb, *extra, *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+        status, _, err = run_main(argv, capsys)
+        assert status == 0, err
+        files.append(out.read_text())
+    assert files[0] == files[1]
+
+
+def test_the_sbatch_script_names_a_config_dir_given_relative_by_its_full_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script runs launch.py in --rlpost-dir: an experiment file named from its own folder
+    (`rlpost slurm my_eval.yaml`, config dir `.`) would be looked for in rlpost's checkout."""
+    exp = tmp_path / "exps"
+    exp.mkdir()
+    (exp / "my_eval.yaml").write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    monkeypatch.chdir(exp)
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", "my_eval.yaml", "--run-dir", str(tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 0, err
+    (line,) = [line for line in out.read_text().splitlines() if "launch.py" in line]
+    assert f"launch.py --config-dir {exp} --config-name my_eval mode=eval" in line
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_a_sweep_is_refused_with_a_job_per_value_as_the_fix(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job runs one launch: a sweep is told to be written as a job per value, where the fix
+    was `python launch.py -m ...`, a launch on this machine."""
+    out = tmp_path / f"job.{verb}"
+    sweep = "recipe.optim.lr=1e-6,2e-6"
+    argv = [verb, sweep, *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "Traceback" not in err and not out.exists()
+    assert "is a sweep, one run per value, and a scheduler's job runs one launch" in err
+    assert f"write a job per value (rlpost {verb} ... recipe.optim.lr=1e-06 for the first)" in err
+    assert "launch.py -m" not in err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_mode_train_over_an_evaluations_file_reaches_the_launch(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mode=train on the command line over an experiment file's `mode: eval` makes a training
+    job; its launch must get mode=train too, or it composes the file's mode and evaluates."""
+    exp = tmp_path / "my_eval.yaml"
+    exp.write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    line = launch_line(verb, [str(exp), "mode=train"], tmp_path, capsys)
+    assert "--config-name my_eval mode=train run.resume=auto" in line
+    assert "mode=eval" not in launch_line(verb, [str(exp), "mode=train"], tmp_path, capsys)
+    assert "--config-name my_eval mode=eval" in launch_line(verb, [str(exp)], tmp_path, capsys)
+
+
+def test_a_rayjob_says_where_its_pods_read_the_config_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The RayJob's launch reads --config-dir in the pod, from --workdir: an experiment file
+    named from its own folder is read from the image's rlpost folder, which the header says;
+    a job of rlpost's own configs says nothing of it."""
+    (tmp_path / "my_eval.yaml").write_text("defaults:\n  - config\n  - _self_\nmode: eval\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "job.yaml"
+    argv = ["kuberay", "--image", "i", "--scratch", "--workdir", "/app", "--out", str(out)]
+    status, _, err = run_main([*argv[:1], "my_eval.yaml", *argv[1:]], capsys)
+    assert status == 0, err
+    assert "# The launch reads --config-dir . in the pod (/app): the image" in out.read_text()
+    status, _, err = run_main(argv, capsys)
+    assert status == 0 and "--config-dir" not in out.read_text(), err

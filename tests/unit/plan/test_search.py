@@ -215,13 +215,20 @@ def test_an_evaluation_searches_by_its_own_work(run_config: MakeRun) -> None:
     _, plan = plan_config(searching(evaluation, **fraction))
     assert eval_search_note(evaluation) in plan.notes and plan.memory.train.optimizer_gib == 0
     shown = render_plan(plan)  # the whole evaluation is what is timed, not a rollout
-    assert " s per evaluation predicted (rollout " in shown and "s per rollout pre" not in shown
+    assert " s per evaluation predicted (generation " in shown and "s per rollout pre" not in shown
+    assert "offload" not in shown.split("Placement")[0]
     eight = run_config("qwen3-4b", "h100x8", mode="eval", model__load="/ckpt/step100")
     chosen = search_layout(searching(eight)).chosen
     assert chosen is not None and chosen.sizes.colocate
     assert chosen.engine.gpus_per_engine * chosen.engine.num_engines == 8
-    served = search_layout(searching(run_config("qwen3-4b", "h100x8", mode="eval")))
+    shipped = run_config("qwen3-4b", "h100x8", mode="eval")
+    served = search_layout(searching(shipped), reference=("qwen3-4b_h100x8", shipped))
     assert served.ranked and all(c.cost.sync_s == 0 for c in served.ranked)
+    # the shipped layout is rated as the candidates are: no offload around a rollout it never
+    # runs (it cost the colocated layout 0.72 s it does not pay, and a worse rank)
+    assert served.reference is not None
+    reason = served.reference.reason
+    assert "generation" in reason and "offload" not in reason and "rollout" not in reason
 
 
 def test_an_evaluation_that_fits_nowhere_is_told_what_it_holds(run_config: MakeRun) -> None:
