@@ -7,8 +7,9 @@ megatron or sglang) and create no run directory; `mode=train` and `mode=eval` (o
 evaluation, no training) hand the run to `rlpost.runtime.train`. Exit status: 0 when the
 run is done; 2 for a configuration error (any UserError: its message, no traceback, before
 anything starts); 3 when a run that started could not finish (what failed, the run
-directory, the checkpoint to resume from); 143 when SIGTERM stopped it
-(rlpost.runtime.stop), 130 when Ctrl-C did.
+directory, the checkpoint to resume from); 4 for an exception nothing expected before the
+run started (a bug of rlpost's: its traceback once and a line that says so); 143 when
+SIGTERM stopped it (rlpost.runtime.stop), 130 when Ctrl-C did.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
 from rlpost.config.overrides import flags_first, prepare_argv
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
-from rlpost.errors import Issue, UserError, exit_with
+from rlpost.errors import Issue, UserError, exit_with, exit_with_internal_error
 from rlpost.schema import RunConfig
 from rlpost.schema.run import LAUNCH_MODES
 from rlpost.streams import guard_std_streams
@@ -194,9 +195,11 @@ def run_job(cfg: DictConfig, job: Callable[[DictConfig], None] = launch_job) -> 
     """The Hydra task: `job` (launch_job). A refusal or a run that could not finish ends a
     single launch with its status; a sweep's job prints the same and returns how it ended,
     for the sweep summary: raising would end the sweep (SystemExit), or have Hydra raise it
-    again once the jobs have run, before the summary is written. In a sweep, an exception
-    nothing expected (a bug) is that job's failure too: its traceback in the run directory's
-    logs/failures.log, as a run's, and the next job starts. Between a sweep's jobs Ctrl-C and
+    again once the jobs have run, before the summary is written. An exception nothing
+    expected (a bug) ends a single launch as an internal error (its traceback once, exit
+    status 4: errors.exit_with_internal_error); in a sweep it is that job's failure: its
+    traceback in the run directory's logs/failures.log, as a run's, and the next job starts.
+    Between a sweep's jobs Ctrl-C and
     SIGTERM are held (the sweep's HeldSignals) and raised as the next job starts."""
     held = _sweep_signals()
     if held is not None:
@@ -236,7 +239,7 @@ def _run_job(cfg: DictConfig, job: Callable[[DictConfig], None]) -> JobOutcome |
         return _ended(failure)
     except Exception as exc:
         if not _in_sweep():
-            raise
+            exit_with_internal_error(exc)
         return _ended(_failed_job(cfg, exc))
     finally:
         _discard_output_dir(refused)
@@ -329,6 +332,8 @@ def _print_once(args: Sequence[str]) -> None:
         MODES[run.mode](*plan_run(run, sources))
     except UserError as exc:
         exit_with(exc)
+    except Exception as exc:
+        exit_with_internal_error(exc)
 
 
 def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = launch_job) -> None:
