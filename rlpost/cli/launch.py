@@ -347,14 +347,15 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
     from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
 
     guard_std_streams()
+    args = flags_first(sys.argv[1:] if argv is None else list(argv))
     with sigterm_raises():
         try:
-            _main(argv, job)
+            _main(args, job)
         except Terminated:
-            _ended_early(sigterm=True)
+            _ended_early(args, sigterm=True)
             raise SystemExit(EXIT_STOPPED) from None
         except KeyboardInterrupt:
-            _ended_early(sigterm=False)
+            _ended_early(args, sigterm=False)
             raise SystemExit(EXIT_INTERRUPTED) from None
         finally:
             _sweep_over()
@@ -373,9 +374,11 @@ def _sweep_over() -> None:
         running.signals.restore()
 
 
-def _ended_early(sigterm: bool) -> None:
+def _ended_early(args: Sequence[str], sigterm: bool) -> None:
     """Ctrl-C or SIGTERM outside a run's own handling: a sweep prints what it did and did
-    not do."""
+    not do. One that has not begun (its jobs being checked, Hydra setting it up: the signal
+    ends it there, as it ends a single launch's checks) ran no job and wrote nothing, not
+    even its folder: the same command runs it whole."""
     running = None
     if "rlpost.cli.sweep" in sys.modules:  # Hydra's callback imported it: a sweep may run
         from rlpost.cli.sweep import SweepSummary
@@ -383,14 +386,28 @@ def _ended_early(sigterm: bool) -> None:
         running = SweepSummary.running
     if running is not None:
         running.interrupt(sigterm)
-    elif sigterm:
-        print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
+        return
+    said = "stopped by SIGTERM" if sigterm else "interrupted (Ctrl-C)"
+    if _is_sweep(args):
+        print(
+            f"rlpost: sweep {said} before its first job started: no job ran and nothing was "
+            "written; the same command runs the whole sweep",
+            file=sys.stderr,
+        )
     else:
-        print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+        print(f"rlpost: {said} before the run started", file=sys.stderr)
 
 
-def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:
-    args = flags_first(sys.argv[1:] if argv is None else list(argv))
+def _is_sweep(args: Sequence[str]) -> bool:
+    from rlpost.config.overrides import parse_argv
+
+    try:
+        return parse_argv(args).multirun
+    except UserError:  # a flag of another tool's: refused as the launch started
+        return False
+
+
+def _main(args: list[str], job: Callable[[DictConfig], None]) -> None:
     if _printing_mode(args):
         _print_once(args)
         return

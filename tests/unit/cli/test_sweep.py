@@ -366,6 +366,60 @@ def test_a_sigterm_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_
     )
 
 
+SIGNAL_ON_IMPORT = """\
+import os
+import signal
+
+os.kill(os.getpid(), signal.{name})
+
+
+def reward(sample):
+    return 0.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "said"),
+    [
+        ("SIGTERM", EXIT_STOPPED, "stopped by SIGTERM"),
+        ("SIGINT", EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    ],
+)
+def test_a_signal_while_the_sweep_checks_its_jobs_ends_it_saying_that_no_job_ran(
+    tmp_path: Path,
+    launched: Callable[..., int],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    status: int,
+    said: str,
+) -> None:
+    """SIGTERM or Ctrl-C before a sweep's first job begins (here while its jobs are checked:
+    the reward hook, imported by the check, signals this process) ends it there with the
+    stopped launch's status, and says that it is the sweep that stopped, that no job ran and
+    that the same command runs it, where it said "before the run started"."""
+    module = f"signal_on_import_{name.lower()}"
+    (tmp_path / f"{module}.py").write_text(SIGNAL_ON_IMPORT.format(name=name))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    sweep_dir = tmp_path / "sweep"
+    argv = [
+        "-m",
+        "mode=plan",
+        *SWEEP,
+        f"recipe.rollout.reward.custom_function={module}.reward",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    assert launched(argv, launch.launch_job) == status
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err == (
+        f"rlpost: sweep {said} before its first job started: no job ran and nothing was "
+        "written; the same command runs the whole sweep\n"
+    )
+    assert not sweep_dir.exists()
+
+
 def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
 ) -> None:
