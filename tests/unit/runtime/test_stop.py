@@ -48,13 +48,25 @@ def test_save_asks_the_loop_first_and_a_second_sigterm_ends_the_task() -> None:
 
 
 @pytest.mark.parametrize(
-    ("on_sigterm", "accepted"),
-    [("save", False), ("stop", False), ("stop", True)],
+    ("on_sigterm", "accepted", "said"),
+    [
+        (
+            "save",
+            False,
+            "SIGTERM while the run starts: nothing new to save; stopping at once",
+        ),
+        ("stop", False, "SIGTERM: stopping at once"),
+        ("stop", True, "SIGTERM: stopping at once"),
+    ],
     ids=["save, before the loop runs", "stop, before", "stop, while the loop runs"],
 )
 def test_the_task_ends_at_once_before_the_loop_runs_or_with_stop(
-    on_sigterm: str, accepted: bool
+    on_sigterm: str, accepted: bool, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """At once, and saying why: with `save`, a stop before the loop runs has trained nothing
+    since the launch began, so the checkpoint it started from holds everything (a resumed
+    run loading it, finishing what a stop left of its last rollout)."""
+
     async def launch(stop: StopSignal) -> None:
         stop.install()
         try:
@@ -69,6 +81,7 @@ def test_the_task_ends_at_once_before_the_loop_runs_or_with_stop(
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(launch(stop))
     assert stop.received == 1 and not stop.requested.is_set()
+    assert said in capsys.readouterr().out
 
 
 def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
