@@ -95,6 +95,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     from rlpost.runtime.stop import Terminated, sigterm_raises
 
     run_dir = run_dir_of(cfg)
+    resume = None
     with sigterm_raises():
         try:
             warnings = preflight(cfg, plan)
@@ -107,7 +108,8 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
 
             run(cfg, plan, resume)
         except Terminated:
-            raise stopped(None, run_dir, 0, evaluation=cfg.mode == "eval") from None
+            resumed = resume.path if resume else None
+            raise stopped(None, run_dir, 0, "", cfg.mode == "eval", resumed) from None
 
 
 PRINTING_MODES = {"plan", "slime_args"}

@@ -34,6 +34,7 @@ from rlpost.runtime.failures import (
     RunInterrupted,
     RunStopped,
     interrupted,
+    stopped,
 )
 from rlpost.runtime.stop import EXIT_STOPPED, Terminated
 
@@ -441,6 +442,27 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
     resume = f"run.dir={sweep_dir / '0'} run.resume=auto hydra.run.dir={sweep_dir / '0'}"
     assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
+
+
+def test_a_forked_job_stopped_before_its_first_save_continues_from_the_checkpoint_it_forked(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job resumed from another run's checkpoint and stopped before it saved one of its own:
+    its launch continues from that checkpoint (run.resume=<it>), where run.resume=auto in the
+    job's run.dir would find none and start at rollout 0."""
+    forked = tmp_path / "exp1" / "ckpt" / "rollout_40"
+
+    def job(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        if cfg.recipe.optim.lr == 1e-6:
+            raise stopped(None, Path(cfg.run.dir), 0, resumed=forked)
+
+    assert sweep(job) == EXIT_STOPPED
+    sweep_dir = tmp_path / "sweep"
+    out = capsys.readouterr().out
+    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
+    resume = f"run.dir={sweep_dir / '0'} run.resume={forked} hydra.run.dir={sweep_dir / '0'}"
+    assert f"  job 0 (stopped): {launch_0} {resume}\n" in out, out
 
 
 def ctrl_c_at_its_default() -> None:

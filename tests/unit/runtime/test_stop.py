@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed, RunStopped, failed, stopped
+from rlpost.runtime import checkpoint
+from rlpost.runtime.failures import (
+    EXIT_RUN_FAILED,
+    RunFailed,
+    RunStopped,
+    failed,
+    interrupted,
+    stopped,
+)
+from rlpost.runtime.run_state import LoopState, SavedGroups, write_driver_state
 from rlpost.runtime.stop import EXIT_STOPPED, StopSignal, Terminated, sigterm_raises
 
 
@@ -94,6 +103,34 @@ def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
     assert (stopped.exit_status, EXIT_STOPPED) == (143, 128 + signal.SIGTERM)
     failure = RunFailed("a train rank died", tmp_path, None)
     assert failure.exit_status == EXIT_RUN_FAILED and "traceback" in failure.render()
+
+
+def test_a_fork_that_ends_before_its_first_save_continues_from_the_checkpoint_it_forked(
+    tmp_path: Path,
+) -> None:
+    """A launch that resumed another run's checkpoint (run.resume=<path>, a run.dir of its own)
+    and ended before it saved one names that checkpoint, and run.resume=<it>, to continue: it
+    said that no checkpoint was saved yet, and run.resume=auto there starts at rollout 0. The
+    run's own checkpoint, once it has one, comes first, with run.resume=auto."""
+    forked = tmp_path / "exp1" / "ckpt" / "rollout_40"
+    fork = tmp_path / "exp1b"
+    for ended in (
+        stopped(None, fork, 0, resumed=forked),
+        failed("a train rank died", fork, 0, resumed=forked),
+        interrupted(fork, 0, resumed=forked),
+    ):
+        text = ended.render()
+        assert f"newest usable checkpoint: {forked}\n" in text
+        assert f"to continue: add run.dir={fork} run.resume={forked}\n" in text
+        assert "saved yet" not in text
+    staging = checkpoint.start_save(fork, 42)
+    state = LoopState(rollouts_done=42, data={})
+    write_driver_state(staging, state, SavedGroups([], [], []), "model: {}\n", "{}\n")
+    checkpoint.write_synced(staging / "trainer" / "rank_0.pt", b"weights")
+    own = checkpoint.commit_save(staging, keep_last=1)
+    text = stopped(None, fork, 0, resumed=forked).render()
+    assert f"newest usable checkpoint: {own}\n" in text
+    assert f"to continue: add run.dir={fork} run.resume=auto\n" in text
 
 
 def test_a_failed_or_stopped_evaluation_names_no_checkpoint_to_resume(tmp_path: Path) -> None:
