@@ -81,6 +81,24 @@ def test_a_fork_restarts_from_the_checkpoint_it_forked_until_it_has_saved_one(
     assert _resuming(cfg, fork).run.resume == "auto"
 
 
+def test_restarts_with_no_save_before_the_end_are_refused_saying_where_they_would_begin(
+    tmp_path: Path,
+) -> None:
+    """run.max_restarts with no checkpoint written before the end: every restart begins again
+    where the launch began, at rollout 0, or for a resumed launch (a fork of another run's
+    checkpoint) at the checkpoint run.resume names, not at rollout 0 as it said."""
+    forked = str(tmp_path / "exp1" / "ckpt" / "rollout_40")
+    unsaved = ["run.max_restarts=2", "recipe.save.interval=null", f"run.dir={tmp_path / 'b'}"]
+    for given, said in (
+        ([], "begins again at rollout 0"),
+        ([f"run.resume={forked}"], f"begins again where the launch began (run.resume={forked})"),
+    ):
+        with pytest.raises(UserError) as refused:
+            compose_run_config([*unsaved, *given])
+        (issue,) = refused.value.issues
+        assert issue.key == "recipe.save.interval" and said in issue.message, issue.message
+
+
 def save_checkpoint(run_dir: Path, done: int) -> None:
     """A checkpoint through the real writer (the trainer's file a stand-in)."""
     staging = checkpoint.start_save(run_dir, done)
