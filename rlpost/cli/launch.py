@@ -8,8 +8,8 @@ evaluation, no training) hand the run to `rlpost.runtime.train`. Exit status: 0 
 run is done; 2 for a configuration error (any UserError: its message, no traceback, before
 anything starts); 3 when a run that started could not finish (what failed, the run
 directory, the checkpoint to resume from); 4 for an exception nothing expected before the
-run started (a bug of rlpost's: its traceback once and a line that says so); 143 when
-SIGTERM stopped it (rlpost.runtime.stop), 130 when Ctrl-C did.
+run started (most likely a bug of rlpost's: its traceback once and a line that says so);
+143 when SIGTERM stopped it (rlpost.runtime.stop), 130 when Ctrl-C did.
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ def run_job(cfg: DictConfig, job: Callable[[DictConfig], None] = launch_job) -> 
     expected (a bug) ends a single launch as an internal error (its traceback once, exit
     status 4: errors.exit_with_internal_error); in a sweep it is that job's failure: its
     traceback in the run directory's logs/failures.log, as a run's, and the next job starts.
-    Between a sweep's jobs Ctrl-C and
-    SIGTERM are held (the sweep's HeldSignals) and raised as the next job starts."""
+    Between a sweep's jobs Ctrl-C and SIGTERM are held (the sweep's HeldSignals) and raised
+    as the next job starts."""
     held = _sweep_signals()
     if held is not None:
         held.release()  # a Ctrl-C or SIGTERM since the last job ends the sweep here

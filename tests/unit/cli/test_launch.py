@@ -59,9 +59,9 @@ def test_a_defect_while_planning_is_an_internal_error_with_its_traceback_once(
     assert "HYDRA_FULL_ERROR" not in err and "Error executing job" not in err
     assert err.endswith(
         "rlpost: internal error before the run started: ZeroDivisionError: division by zero "
-        "in the memory estimate\n  this is a bug in rlpost, not a problem with the config; "
-        "nothing was started. The traceback above says where: please report it with the "
-        "command line.\n"
+        "in the memory estimate\n  rlpost did not expect it: most likely a bug in rlpost, "
+        "not a problem with the config; nothing was started. The traceback above says where: "
+        "please report it with the command line.\n"
     ), err
 
 
