@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 from rlpost.streams import guard_std_streams
 
 EXIT_USER_ERROR = 2
+# an exception nothing in rlpost expected before a run started: most likely a bug of rlpost's
+EXIT_INTERNAL_ERROR = 4
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,25 @@ def exit_with(error: UserError) -> NoReturn:
     guard_std_streams()
     print(error.render(), file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USER_ERROR)
+
+
+def exit_with_internal_error(exc: Exception) -> NoReturn:
+    """An exception nothing expected before the run started (composing, validating, planning,
+    the preflight): most likely a defect of rlpost's, not the user's. Its traceback once, from the
+    launcher's frames down (Hydra's report wraps it in its own frames and a note about
+    HYDRA_FULL_ERROR, and exits 1, the status of any Python crash), then one line saying what
+    it is, and exit status EXIT_INTERNAL_ERROR: distinct from a refusal (2) and from a run
+    that failed (3)."""
+    import traceback
+
+    guard_std_streams()
+    traceback.print_exception(exc, file=sys.stderr)
+    print(
+        f"rlpost: internal error before the run started: {type(exc).__name__}: {exc}\n"
+        "  rlpost did not expect it: most likely a bug in rlpost, not a problem with the "
+        "config; nothing was started. The traceback above says where: please report it "
+        "with the command line.",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(EXIT_INTERNAL_ERROR)

@@ -7,8 +7,9 @@ megatron or sglang) and create no run directory; `mode=train` and `mode=eval` (o
 evaluation, no training) hand the run to `rlpost.runtime.train`. Exit status: 0 when the
 run is done; 2 for a configuration error (any UserError: its message, no traceback, before
 anything starts); 3 when a run that started could not finish (what failed, the run
-directory, the checkpoint to resume from); 143 when SIGTERM stopped it
-(rlpost.runtime.stop), 130 when Ctrl-C did.
+directory, the checkpoint to resume from); 4 for an exception nothing expected before the
+run started (most likely a bug of rlpost's: its traceback once and a line that says so);
+143 when SIGTERM stopped it (rlpost.runtime.stop), 130 when Ctrl-C did.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
 from rlpost.config.overrides import flags_first, prepare_argv
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
-from rlpost.errors import Issue, UserError, exit_with
+from rlpost.errors import Issue, UserError, exit_with, exit_with_internal_error
 from rlpost.schema import RunConfig
 from rlpost.schema.run import LAUNCH_MODES
 from rlpost.streams import guard_std_streams
@@ -94,6 +95,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     from rlpost.runtime.stop import Terminated, sigterm_raises
 
     run_dir = run_dir_of(cfg)
+    resume = None
     with sigterm_raises():
         try:
             warnings = preflight(cfg, plan)
@@ -106,7 +108,8 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
 
             run(cfg, plan, resume)
         except Terminated:
-            raise stopped(None, run_dir, 0, evaluation=cfg.mode == "eval") from None
+            resumed = resume.path if resume else None
+            raise stopped(None, run_dir, 0, "", cfg.mode == "eval", resumed) from None
 
 
 PRINTING_MODES = {"plan", "slime_args"}
@@ -194,10 +197,12 @@ def run_job(cfg: DictConfig, job: Callable[[DictConfig], None] = launch_job) -> 
     """The Hydra task: `job` (launch_job). A refusal or a run that could not finish ends a
     single launch with its status; a sweep's job prints the same and returns how it ended,
     for the sweep summary: raising would end the sweep (SystemExit), or have Hydra raise it
-    again once the jobs have run, before the summary is written. In a sweep, an exception
-    nothing expected (a bug) is that job's failure too: its traceback in the run directory's
-    logs/failures.log, as a run's, and the next job starts. Between a sweep's jobs Ctrl-C and
-    SIGTERM are held (the sweep's HeldSignals) and raised as the next job starts."""
+    again once the jobs have run, before the summary is written. An exception nothing
+    expected (a bug) ends a single launch as an internal error (its traceback once, exit
+    status 4: errors.exit_with_internal_error); in a sweep it is that job's failure: its
+    traceback in the run directory's logs/failures.log, as a run's, and the next job starts.
+    Between a sweep's jobs Ctrl-C and SIGTERM are held (the sweep's HeldSignals) and raised
+    as the next job starts."""
     held = _sweep_signals()
     if held is not None:
         held.release()  # a Ctrl-C or SIGTERM since the last job ends the sweep here
@@ -236,7 +241,7 @@ def _run_job(cfg: DictConfig, job: Callable[[DictConfig], None]) -> JobOutcome |
         return _ended(failure)
     except Exception as exc:
         if not _in_sweep():
-            raise
+            exit_with_internal_error(exc)
         return _ended(_failed_job(cfg, exc))
     finally:
         _discard_output_dir(refused)
@@ -329,6 +334,8 @@ def _print_once(args: Sequence[str]) -> None:
         MODES[run.mode](*plan_run(run, sources))
     except UserError as exc:
         exit_with(exc)
+    except Exception as exc:
+        exit_with_internal_error(exc)
 
 
 def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = launch_job) -> None:
@@ -342,14 +349,15 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
     from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
 
     guard_std_streams()
+    args = flags_first(sys.argv[1:] if argv is None else list(argv))
     with sigterm_raises():
         try:
-            _main(argv, job)
+            _main(args, job)
         except Terminated:
-            _ended_early(sigterm=True)
+            _ended_early(args, sigterm=True)
             raise SystemExit(EXIT_STOPPED) from None
         except KeyboardInterrupt:
-            _ended_early(sigterm=False)
+            _ended_early(args, sigterm=False)
             raise SystemExit(EXIT_INTERRUPTED) from None
         finally:
             _sweep_over()
@@ -368,9 +376,11 @@ def _sweep_over() -> None:
         running.signals.restore()
 
 
-def _ended_early(sigterm: bool) -> None:
+def _ended_early(args: Sequence[str], sigterm: bool) -> None:
     """Ctrl-C or SIGTERM outside a run's own handling: a sweep prints what it did and did
-    not do."""
+    not do. One that has not begun (its jobs being checked, Hydra setting it up: the signal
+    ends it there, as it ends a single launch's checks) ran no job and wrote nothing, not
+    even its folder: the same command runs it whole."""
     running = None
     if "rlpost.cli.sweep" in sys.modules:  # Hydra's callback imported it: a sweep may run
         from rlpost.cli.sweep import SweepSummary
@@ -378,14 +388,28 @@ def _ended_early(sigterm: bool) -> None:
         running = SweepSummary.running
     if running is not None:
         running.interrupt(sigterm)
-    elif sigterm:
-        print("rlpost: stopped by SIGTERM before the run started", file=sys.stderr)
+        return
+    said = "stopped by SIGTERM" if sigterm else "interrupted (Ctrl-C)"
+    if _is_sweep(args):
+        print(
+            f"rlpost: sweep {said} before its first job started: no job ran and nothing was "
+            "written; the same command runs the whole sweep",
+            file=sys.stderr,
+        )
     else:
-        print("rlpost: interrupted (Ctrl-C) before the run started", file=sys.stderr)
+        print(f"rlpost: {said} before the run started", file=sys.stderr)
 
 
-def _main(argv: Sequence[str] | None, job: Callable[[DictConfig], None]) -> None:
-    args = flags_first(sys.argv[1:] if argv is None else list(argv))
+def _is_sweep(args: Sequence[str]) -> bool:
+    from rlpost.config.overrides import parse_argv
+
+    try:
+        return parse_argv(args).multirun
+    except UserError:  # a flag of another tool's: refused as the launch started
+        return False
+
+
+def _main(args: list[str], job: Callable[[DictConfig], None]) -> None:
     if _printing_mode(args):
         _print_once(args)
         return

@@ -42,6 +42,7 @@ from rlpost.runtime.failures import (
     RunFailed,
     RunInterrupted,
     RunStopped,
+    resume_value,
 )
 from rlpost.runtime.metrics import read_metrics
 from rlpost.runtime.stop import EXIT_STOPPED, HeldSignals
@@ -349,7 +350,8 @@ class SweepSummary(Callback):
         ended = self.ended.get(job.job)
         if ended is not None and ended.outcome is not None and ended.outcome.checkpoint:
             overrides = [o for o in overrides if not o.startswith(("run.dir=", "run.resume="))]
-            overrides += [f"run.dir={job.run_dir}", "run.resume=auto"]
+            resume = resume_value(Path(ended.outcome.checkpoint), Path(job.run_dir))
+            overrides += [f"run.dir={job.run_dir}", f"run.resume={resume}"]
         folder = self._job_folder(job.job)
         if folder is not None:  # in the sweep's folder, where the sweep would have run it
             overrides.append(f"hydra.run.dir={hydra_quoted(str(folder))}")

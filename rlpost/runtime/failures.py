@@ -127,7 +127,8 @@ class RunFailed(Exception):
             lines.append("  an evaluation saves no checkpoint: launch it again to evaluate anew")
         elif self.checkpoint is not None:
             lines.append(f"  newest usable checkpoint: {self.checkpoint}")
-            lines.append(f"  to continue: add run.dir={self.run_dir} run.resume=auto")
+            resume = resume_value(self.checkpoint, self.run_dir)
+            lines.append(f"  to continue: add run.dir={self.run_dir} run.resume={resume}")
         else:
             lines.append("  no checkpoint was saved yet")
         lines.append(self._logs())
@@ -159,22 +160,42 @@ class RunStopped(RunFailed):
         return f"  logs: {self.run_dir / 'logs'}"
 
 
-def _newest_checkpoint(run_dir: Path) -> Path | None:
+def resume_value(checkpoint: Path, run_dir: Path) -> str:
+    """run.resume for continuing in `run_dir` from `checkpoint`: `auto` for one of the run's
+    own (the newest), its path for another run's (a fork that has saved none of its own yet,
+    where `auto` would find nothing and start at rollout 0)."""
+    if checkpoint.resolve().is_relative_to(run_dir.resolve()):
+        return "auto"
+    return str(checkpoint)
+
+
+def _newest_checkpoint(run_dir: Path, resumed: Path | None = None) -> Path | None:
+    """The run's newest checkpoint; before it has one, `resumed`: the checkpoint the launch
+    started from (another run's, for a fork), which is still where it continues from."""
     from rlpost.runtime import checkpoint
 
-    return checkpoint.scan(run_dir, check_hashes=False).latest
+    return checkpoint.scan(run_dir, check_hashes=False).latest or resumed
 
 
-def failed(what: str, run_dir: Path, restarts: int, evaluation: bool = False) -> RunFailed:
+def failed(
+    what: str,
+    run_dir: Path,
+    restarts: int,
+    evaluation: bool = False,
+    resumed: Path | None = None,
+) -> RunFailed:
     """What the launch says when the run could not finish: `what`, and where to resume (an
-    evaluation, mode=eval, resumes nothing)."""
-    checkpoint = None if evaluation else _newest_checkpoint(run_dir)
+    evaluation, mode=eval, resumes nothing; `resumed`: the checkpoint the launch started
+    from)."""
+    checkpoint = None if evaluation else _newest_checkpoint(run_dir, resumed)
     return RunFailed(what, run_dir, checkpoint, restarts, evaluation)
 
 
-def interrupted(run_dir: Path, restarts: int, evaluation: bool = False) -> RunInterrupted:
+def interrupted(
+    run_dir: Path, restarts: int, evaluation: bool = False, resumed: Path | None = None
+) -> RunInterrupted:
     """What the launch says when Ctrl-C ended the run."""
-    checkpoint = None if evaluation else _newest_checkpoint(run_dir)
+    checkpoint = None if evaluation else _newest_checkpoint(run_dir, resumed)
     return RunInterrupted("interrupted (Ctrl-C)", run_dir, checkpoint, restarts, evaluation)
 
 
@@ -184,9 +205,11 @@ def stopped(
     restarts: int,
     save_error: str = "",
     evaluation: bool = False,
+    resumed: Path | None = None,
 ) -> RunStopped:
     """What the launch says when SIGTERM stopped it: `halted`, the loop's Stopped (None: it
-    stopped elsewhere, or its save failed with `save_error`); an evaluation resumes nothing."""
+    stopped elsewhere, or its save failed with `save_error`); an evaluation resumes nothing;
+    `resumed`: the checkpoint the launch started from."""
     if halted is None:
         what = "SIGTERM" + (f"; the save it asked for failed: {save_error}" if save_error else "")
     elif halted.saved is not None:
@@ -199,5 +222,5 @@ def stopped(
             )
     else:
         what = f"SIGTERM after rollout {halted.done}"
-    checkpoint = None if evaluation else _newest_checkpoint(run_dir)
+    checkpoint = None if evaluation else _newest_checkpoint(run_dir, resumed)
     return RunStopped(what, run_dir, checkpoint, restarts, evaluation)

@@ -174,6 +174,10 @@ class StopSignal:
             for wake in self._wake:
                 wake()
             return
-        status("SIGTERM: stopping at once")
+        if self.received == 1 and self.on_sigterm == "save":
+            # nothing trained since this attempt began: its checkpoint holds all there is
+            status("SIGTERM while the run starts: nothing new to save; stopping at once")
+        else:
+            status("SIGTERM: stopping at once")
         if self._task is not None:
             self._task.cancel()

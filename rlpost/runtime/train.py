@@ -21,6 +21,7 @@ from rlpost.data.source import DataSource
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan import Plan
 from rlpost.plan.runtime import resolve_engine_backend
+from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import seed_driver
 from rlpost.runtime.evaluation import (
     EvalReport,
@@ -80,6 +81,7 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
         # The inputs (tokenizer, data) load while Ray starts; the session waits for them
         # before it starts any actor, so a data problem still stops the run before then.
         stop = StopSignal(cfg.run.on_sigterm)
+        resumed = resume.path if resume else None  # where this attempt continues from
         with ThreadPoolExecutor(1, thread_name_prefix="rlpost-inputs") as loading:
             inputs = loading.submit(load_inputs, cfg, resume)
             try:
@@ -88,22 +90,23 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
             except UserError:
                 raise
             except KeyboardInterrupt:
-                raise interrupted(run_dir, restarts, evaluation) from None
+                raise interrupted(run_dir, restarts, evaluation, resumed) from None
             except Stopped as halted:
-                raise stopped(halted, run_dir, restarts, evaluation=evaluation) from None
+                raise stopped(halted, run_dir, restarts, "", evaluation, resumed) from None
             except asyncio.CancelledError:
                 if not stop.signalled:
                     raise
-                raise stopped(None, run_dir, restarts, evaluation=evaluation) from None
+                raise stopped(None, run_dir, restarts, "", evaluation, resumed) from None
             except Exception as exc:
                 record_failure(run_dir, exc)
                 if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
-                    raise stopped(None, run_dir, restarts, describe(exc), evaluation) from exc
+                    what = describe(exc)
+                    raise stopped(None, run_dir, restarts, what, evaluation, resumed) from exc
                 if not is_fault(exc) or restarts >= cfg.run.max_restarts:
-                    raise failed(describe(exc), run_dir, restarts, evaluation) from exc
+                    raise failed(describe(exc), run_dir, restarts, evaluation, resumed) from exc
                 fault = describe(exc)
         restarts += 1
-        resume = find_resume_point(_resuming(cfg), plan, run_dir)
+        resume = find_resume_point(_resuming(cfg, run_dir), plan, run_dir)
         where = resume.path if resume else "rollout 0 (no checkpoint yet)"
         status(
             f"{fault}\n[rlpost] restarting from {where} "
@@ -143,10 +146,13 @@ async def _train(
         stop.uninstall()
 
 
-def _resuming(cfg: RunConfig) -> RunConfig:
-    """The same run, continuing from its newest checkpoint (a restart); an evaluation, which
-    saves none, evaluates the weights it was given again."""
-    if cfg.mode == "eval":
+def _resuming(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """The same run, continuing from its newest checkpoint (a restart); before it has saved
+    one, from where the launch started: the checkpoint it was given (a fork of another run's:
+    run.resume=auto would find none in run_dir and start at rollout 0), or rollout 0. An
+    evaluation, which saves none, evaluates the weights it was given again."""
+    found = checkpoint.scan(run_dir, check_hashes=False)
+    if cfg.mode == "eval" or not (found.complete or found.broken):
         return cfg
     return cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "auto"})})
 

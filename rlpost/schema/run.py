@@ -505,10 +505,16 @@ class RunConfig(Section):
             return self
         if self.run.max_restarts and (interval is None or interval >= rollouts):
             said = "is null" if interval is None else f"is {interval}, of {rollouts} rollouts"
+            # a resumed launch (a fork of another run's checkpoint too) restarts where it began
+            again = (
+                "at rollout 0"
+                if self.run.resume is None
+                else f"where the launch began (run.resume={self.run.resume})"
+            )
             raise InvariantError(
                 f"run.max_restarts={self.run.max_restarts} restarts a failed run from its "
                 f"newest checkpoint, and recipe.save.interval {said}: no checkpoint is written "
-                "before the end, so every restart begins again at rollout 0",
+                f"before the end, so every restart begins again {again}",
                 fields=("recipe.save.interval",),
                 fix=f"set recipe.save.interval below {rollouts} (e.g. "
                 f"{20 if rollouts > 20 else max(1, rollouts // 2)}: a checkpoint every so many "

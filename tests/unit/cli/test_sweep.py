@@ -34,6 +34,7 @@ from rlpost.runtime.failures import (
     RunInterrupted,
     RunStopped,
     interrupted,
+    stopped,
 )
 from rlpost.runtime.stop import EXIT_STOPPED, Terminated
 
@@ -366,6 +367,60 @@ def test_a_sigterm_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_
     )
 
 
+SIGNAL_ON_IMPORT = """\
+import os
+import signal
+
+os.kill(os.getpid(), signal.{name})
+
+
+def reward(sample):
+    return 0.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "said"),
+    [
+        ("SIGTERM", EXIT_STOPPED, "stopped by SIGTERM"),
+        ("SIGINT", EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    ],
+)
+def test_a_signal_while_the_sweep_checks_its_jobs_ends_it_saying_that_no_job_ran(
+    tmp_path: Path,
+    launched: Callable[..., int],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    status: int,
+    said: str,
+) -> None:
+    """SIGTERM or Ctrl-C before a sweep's first job begins (here while its jobs are checked:
+    the reward hook, imported by the check, signals this process) ends it there with the
+    stopped launch's status, and says that it is the sweep that stopped, that no job ran and
+    that the same command runs it, where it said "before the run started"."""
+    module = f"signal_on_import_{name.lower()}"
+    (tmp_path / f"{module}.py").write_text(SIGNAL_ON_IMPORT.format(name=name))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    sweep_dir = tmp_path / "sweep"
+    argv = [
+        "-m",
+        "mode=plan",
+        *SWEEP,
+        f"recipe.rollout.reward.custom_function={module}.reward",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    assert launched(argv, launch.launch_job) == status
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err == (
+        f"rlpost: sweep {said} before its first job started: no job ran and nothing was "
+        "written; the same command runs the whole sweep\n"
+    )
+    assert not sweep_dir.exists()
+
+
 def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -387,6 +442,27 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
     resume = f"run.dir={sweep_dir / '0'} run.resume=auto hydra.run.dir={sweep_dir / '0'}"
     assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
+
+
+def test_a_forked_job_stopped_before_its_first_save_continues_from_the_checkpoint_it_forked(
+    tmp_path: Path, sweep: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job resumed from another run's checkpoint and stopped before it saved one of its own:
+    its launch continues from that checkpoint (run.resume=<it>), where run.resume=auto in the
+    job's run.dir would find none and start at rollout 0."""
+    forked = tmp_path / "exp1" / "ckpt" / "rollout_40"
+
+    def job(cfg: DictConfig) -> None:
+        launch.launch_job(cfg)
+        if cfg.recipe.optim.lr == 1e-6:
+            raise stopped(None, Path(cfg.run.dir), 0, resumed=forked)
+
+    assert sweep(job) == EXIT_STOPPED
+    sweep_dir = tmp_path / "sweep"
+    out = capsys.readouterr().out
+    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
+    resume = f"run.dir={sweep_dir / '0'} run.resume={forked} hydra.run.dir={sweep_dir / '0'}"
+    assert f"  job 0 (stopped): {launch_0} {resume}\n" in out, out
 
 
 def ctrl_c_at_its_default() -> None:

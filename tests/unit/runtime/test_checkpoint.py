@@ -468,3 +468,34 @@ def test_fields_an_older_version_did_not_write_are_not_changes_on_resume(
     save(tmp_path, 2, config_text=yaml.safe_dump(older, sort_keys=False))
     point = find_resume_point(cfg, plan, tmp_path)  # type: ignore[arg-type]
     assert point is not None and [c.key for c in point.changes] == ["recipe.optim.lr"]
+
+
+def test_a_fork_stopped_while_it_starts_says_to_continue_from_the_checkpoint_it_forked(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to a launch that forks another run's checkpoint (run.dir of its own), once it has
+    found the checkpoint and before anything trained: it stops (143) and names that
+    checkpoint as the one to continue from, with run.resume=<it>; it said that no checkpoint
+    was saved yet, and run.resume=auto in its run.dir starts at rollout 0."""
+    exp1, fork = tmp_path / "exp1", tmp_path / "exp1b"
+    cfg, _ = compose(exp1)
+    forked = save(exp1, 2, cfg=cfg)
+    log = tmp_path / "launch.log"
+    args = [f"run.dir={fork}", f"run.resume={forked}", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    with log.open("w") as out:
+        launch = subprocess.Popen(
+            [sys.executable, str(REPO / "launch.py"), *args], cwd=REPO, stdout=out, stderr=out
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while f"resuming from {forked}" not in log.read_text():
+                assert launch.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            launch.send_signal(signal.SIGTERM)
+            assert launch.wait(timeout=60) == 143, log.read_text()
+        finally:
+            launch.kill()
+    text = log.read_text()
+    assert f"newest usable checkpoint: {forked}\n" in text, text
+    assert f"to continue: add run.dir={fork} run.resume={forked}\n" in text, text
+    assert "no checkpoint was saved yet" not in text

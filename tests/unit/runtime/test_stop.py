@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.runtime.failures import EXIT_RUN_FAILED, RunFailed, RunStopped, failed, stopped
+from rlpost.runtime import checkpoint
+from rlpost.runtime.failures import (
+    EXIT_RUN_FAILED,
+    RunFailed,
+    RunStopped,
+    failed,
+    interrupted,
+    stopped,
+)
+from rlpost.runtime.run_state import LoopState, SavedGroups, write_driver_state
 from rlpost.runtime.stop import EXIT_STOPPED, StopSignal, Terminated, sigterm_raises
 
 
@@ -48,13 +57,25 @@ def test_save_asks_the_loop_first_and_a_second_sigterm_ends_the_task() -> None:
 
 
 @pytest.mark.parametrize(
-    ("on_sigterm", "accepted"),
-    [("save", False), ("stop", False), ("stop", True)],
+    ("on_sigterm", "accepted", "said"),
+    [
+        (
+            "save",
+            False,
+            "SIGTERM while the run starts: nothing new to save; stopping at once",
+        ),
+        ("stop", False, "SIGTERM: stopping at once"),
+        ("stop", True, "SIGTERM: stopping at once"),
+    ],
     ids=["save, before the loop runs", "stop, before", "stop, while the loop runs"],
 )
 def test_the_task_ends_at_once_before_the_loop_runs_or_with_stop(
-    on_sigterm: str, accepted: bool
+    on_sigterm: str, accepted: bool, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """At once, and saying why: with `save`, a stop before the loop runs has trained nothing
+    since the launch began, so the checkpoint it started from holds everything (a resumed
+    run loading it, finishing what a stop left of its last rollout)."""
+
     async def launch(stop: StopSignal) -> None:
         stop.install()
         try:
@@ -69,6 +90,7 @@ def test_the_task_ends_at_once_before_the_loop_runs_or_with_stop(
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(launch(stop))
     assert stop.received == 1 and not stop.requested.is_set()
+    assert said in capsys.readouterr().out
 
 
 def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
@@ -81,6 +103,34 @@ def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
     assert (stopped.exit_status, EXIT_STOPPED) == (143, 128 + signal.SIGTERM)
     failure = RunFailed("a train rank died", tmp_path, None)
     assert failure.exit_status == EXIT_RUN_FAILED and "traceback" in failure.render()
+
+
+def test_a_fork_that_ends_before_its_first_save_continues_from_the_checkpoint_it_forked(
+    tmp_path: Path,
+) -> None:
+    """A launch that resumed another run's checkpoint (run.resume=<path>, a run.dir of its own)
+    and ended before it saved one names that checkpoint, and run.resume=<it>, to continue: it
+    said that no checkpoint was saved yet, and run.resume=auto there starts at rollout 0. The
+    run's own checkpoint, once it has one, comes first, with run.resume=auto."""
+    forked = tmp_path / "exp1" / "ckpt" / "rollout_40"
+    fork = tmp_path / "exp1b"
+    for ended in (
+        stopped(None, fork, 0, resumed=forked),
+        failed("a train rank died", fork, 0, resumed=forked),
+        interrupted(fork, 0, resumed=forked),
+    ):
+        text = ended.render()
+        assert f"newest usable checkpoint: {forked}\n" in text
+        assert f"to continue: add run.dir={fork} run.resume={forked}\n" in text
+        assert "saved yet" not in text
+    staging = checkpoint.start_save(fork, 42)
+    state = LoopState(rollouts_done=42, data={})
+    write_driver_state(staging, state, SavedGroups([], [], []), "model: {}\n", "{}\n")
+    checkpoint.write_synced(staging / "trainer" / "rank_0.pt", b"weights")
+    own = checkpoint.commit_save(staging, keep_last=1)
+    text = stopped(None, fork, 0, resumed=forked).render()
+    assert f"newest usable checkpoint: {own}\n" in text
+    assert f"to continue: add run.dir={fork} run.resume=auto\n" in text
 
 
 def test_a_failed_or_stopped_evaluation_names_no_checkpoint_to_resume(tmp_path: Path) -> None:

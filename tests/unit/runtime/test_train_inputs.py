@@ -8,6 +8,8 @@ import pytest
 
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import UserError
+from rlpost.runtime import checkpoint
+from rlpost.runtime.run_state import LoopState, SavedGroups, write_driver_state
 from rlpost.runtime.train import load_inputs
 
 
@@ -53,9 +55,57 @@ def test_an_evaluation_restarts_on_the_weights_it_was_given(tmp_path: Path) -> N
         search_path=[tmp_path],
     )
     assert evaluation.recipe.save.interval is None
-    assert _resuming(evaluation).run.resume == checkpoint
-    training, _ = compose_run_config(["run.max_restarts=2", "run.dir=runs/x"])
-    assert _resuming(training).run.resume == "auto"
+    assert _resuming(evaluation, tmp_path / "eval").run.resume == checkpoint
+    run_dir = tmp_path / "run"
+    training, _ = compose_run_config(["run.max_restarts=2", f"run.dir={run_dir}"])
+    save_checkpoint(run_dir, 2)
+    assert _resuming(training, run_dir).run.resume == "auto"
+
+
+def test_a_fork_restarts_from_the_checkpoint_it_forked_until_it_has_saved_one(
+    tmp_path: Path,
+) -> None:
+    """A fault in a launch that resumed another run's checkpoint (a fork: run.dir of its own),
+    before it saved one, restarts from that checkpoint: run.resume=auto found no checkpoint in
+    its run.dir and restarted it at rollout 0, from model.hf_checkpoint's weights. Once the
+    fork has saved, it restarts from its own newest; a fresh run before its first save, from
+    rollout 0 as before."""
+    from rlpost.runtime.train import _resuming
+
+    forked, fork = str(tmp_path / "exp1" / "ckpt" / "rollout_40"), tmp_path / "exp1b"
+    cfg, _ = compose_run_config(["run.max_restarts=2", f"run.dir={fork}", f"run.resume={forked}"])
+    assert _resuming(cfg, fork).run.resume == forked
+    fresh, _ = compose_run_config(["run.max_restarts=2", f"run.dir={fork}"])
+    assert _resuming(fresh, fork).run.resume is None
+    save_checkpoint(fork, 42)
+    assert _resuming(cfg, fork).run.resume == "auto"
+
+
+def test_restarts_with_no_save_before_the_end_are_refused_saying_where_they_would_begin(
+    tmp_path: Path,
+) -> None:
+    """run.max_restarts with no checkpoint written before the end: every restart begins again
+    where the launch began, at rollout 0, or for a resumed launch (a fork of another run's
+    checkpoint) at the checkpoint run.resume names, not at rollout 0 as it said."""
+    forked = str(tmp_path / "exp1" / "ckpt" / "rollout_40")
+    unsaved = ["run.max_restarts=2", "recipe.save.interval=null", f"run.dir={tmp_path / 'b'}"]
+    for given, said in (
+        ([], "begins again at rollout 0"),
+        ([f"run.resume={forked}"], f"begins again where the launch began (run.resume={forked})"),
+    ):
+        with pytest.raises(UserError) as refused:
+            compose_run_config([*unsaved, *given])
+        (issue,) = refused.value.issues
+        assert issue.key == "recipe.save.interval" and said in issue.message, issue.message
+
+
+def save_checkpoint(run_dir: Path, done: int) -> None:
+    """A checkpoint through the real writer (the trainer's file a stand-in)."""
+    staging = checkpoint.start_save(run_dir, done)
+    state = LoopState(rollouts_done=done, data={})
+    write_driver_state(staging, state, SavedGroups([], [], []), "model: {}\n", "{}\n")
+    checkpoint.write_synced(staging / "trainer" / "rank_0.pt", b"weights")
+    checkpoint.commit_save(staging, keep_last=1)
 
 
 def test_a_turn_end_the_engines_would_not_stop_at_is_refused_before_any_actor(
