@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from rlpost.config.sglang_options import load_sglang_options
 from rlpost.config.sources import CONF_DIR
@@ -56,8 +57,13 @@ from rlpost.interop.slime_model import (
     model_scripts,
     shipped_models,
 )
-from rlpost.plan.slime_args import SGLANG_VERSION, SLIME_CKPT_DIR, slime_sglang_flags
-from rlpost.schema import ModelConfig
+from rlpost.plan.slime_args import (
+    RUNTIME_ENV,
+    SGLANG_VERSION,
+    SLIME_CKPT_DIR,
+    slime_sglang_flags,
+)
+from rlpost.schema import ModelConfig, RunConfig
 
 
 @dataclass(frozen=True)
@@ -129,11 +135,13 @@ class Imported:
 
     def extra_overrides(self) -> list[str]:
         """Run-level values (run.dir, run.seed, tracking, the engines' and the trainer's
-        settings) given on the command line."""
+        settings) given on the command line: those that change something, not the defaults
+        (an exported run's --use-tensorboard, or --save ./slime/, which is run.dir: null)."""
         return [
             f"{key}={_override_text(value)}"
             for key, value in self.values.items()
-            if key == "mode" or key.startswith(("run.", "tracking.", "engine.", "trainer."))
+            if (key == "mode" or key.startswith(("run.", "tracking.", "engine.", "trainer.")))
+            and not _is_default(key, value)
         ]
 
     def write(self, out: Path) -> list[Path]:
@@ -148,6 +156,21 @@ class Imported:
         if self.hardware_file is not None:
             written.append(_write(out / "hardware" / f"{self.hardware}.yaml", self.hardware_file))
         return written
+
+
+def _is_default(key: str, value: Any) -> bool:
+    """Whether a run-level key's value is the one RunConfig gives it when no override does
+    (these sections have no config group: their defaults are the schema's)."""
+    first, *rest = key.split(".")
+    info = RunConfig.model_fields.get(first)
+    if info is None or info.is_required():
+        return False
+    node = info.get_default(call_default_factory=True)
+    for part in rest:
+        if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+            return False
+        node = getattr(node, part)
+    return node == value and isinstance(node, bool) == isinstance(value, bool)
 
 
 def _override_text(value: Any) -> str:
@@ -364,7 +387,10 @@ def _map(
         list(launch.not_run),
         model_file,
         hardware_file,
-        environment=[(k, v, environment_note(k)) for k, v in launch.env.items()],
+        # what the export writes into every job itself comes back out: not dropped
+        environment=[
+            (k, v, environment_note(k)) for k, v in launch.env.items() if RUNTIME_ENV.get(k) != v
+        ],
         model_notes=list(match.differences),
         cluster_notes=_cluster_notes(launch),
         origins=got.origins,

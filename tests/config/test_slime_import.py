@@ -601,6 +601,47 @@ def test_the_launch_script_export_imports_too(tmp_path: Path) -> None:
     assert slime_arg_groups(cfg, again) == slime_arg_groups(shipped, plan)  # type: ignore[arg-type]
 
 
+def test_a_launch_script_export_imports_to_no_override_that_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """An export imported back names only its files on the launch line: --use-tensorboard and
+    --save ./slime/ are rlpost's defaults (tracking.tensorboard: true, run.dir: null), and the
+    environment the export writes into every job (PYTHONPATH, CUDA_DEVICE_MAX_CONNECTIONS)
+    comes back out of the next export, so none of it is listed as dropped."""
+    shipped, _ = compose_run_config(["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"])
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(render_slime_args(shipped, build_plan(shipped), "script"))
+    imported = import_slime(script)
+    assert imported.extra_overrides() == []
+    assert imported.environment == []
+    seeded = write_script(tmp_path, "--use-tensorboard --seed 7 --save /ckpt/slime/")
+    assert import_slime(seeded).extra_overrides() == ["run.seed=7", "run.dir=/ckpt"]
+
+
+def test_a_job_environment_rlpost_has_no_key_for_is_said_to_be_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """slime's scripts give the job NCCL_NVLS_ENABLE in --runtime-env-json; rlpost has no key
+    for a job's environment, so the import lists it as not imported, and why."""
+    from rlpost.cli.main import main
+
+    script = write_script(tmp_path, "")
+    runtime = json.dumps({"env_vars": {"PYTHONPATH": "/root/Megatron-LM/",
+                                       "NCCL_NVLS_ENABLE": "1"}})  # fmt: skip
+    text = script.read_text().replace(
+        "python3 train.py",
+        f"ray job submit --address=http://127.0.0.1:8265 --runtime-env-json='{runtime}' "
+        "-- python3 train.py",
+    )
+    script.write_text(text)
+    assert [name for name, _, _ in import_slime(script).environment] == ["NCCL_NVLS_ENABLE"]
+    main(["import", "slime", str(script), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "1 variable(s) of the job's environment not imported" in out
+    assert "rlpost has no config key for environment variables" in out
+    assert "NCCL_NVLS_ENABLE=1" in out and "PYTHONPATH" not in out
+
+
 SLIME_GROUPS = (
     "CLUSTER_ARGS", "CKPT_ARGS", "ROLLOUT_ARGS", "EVAL_ARGS", "GRPO_ARGS", "SPEC_ARGS",
     "TRACKING_ARGS",
