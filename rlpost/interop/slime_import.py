@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from rlpost.config.sglang_options import load_sglang_options
 from rlpost.config.sources import CONF_DIR
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE, evaluate_script
 from rlpost.interop.slime_flags import (
     CLUSTER_FLAGS,
@@ -688,8 +688,12 @@ def read_eval_config(
     evaluation = values.get("recipe.eval.custom_reward_function")
     for entry in raw:
         keys = {k: defaults[k] for k in EVAL_SET_KEY_DEFAULTS if k in defaults}
+        in_set = set(entry)
         entry = {**(flag_keys or {}), **keys, **entry}
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
+        if "input_key" in dataset and dataset["input_key"] is None:
+            name = entry.get("name", "?")
+            raise UserError([_no_prompt_key(path, name, in_set)], title="import error")
         for key in ("label_key", "tool_key"):
             if key in dataset and dataset[key] is None:
                 dataset[key] = False  # slime reads none; rlpost's null inherits the data's
@@ -725,6 +729,24 @@ def read_eval_config(
         datasets.append(dataset)
     values["recipe.eval.datasets"] = datasets
     return unmapped
+
+
+def _no_prompt_key(path: str, name: str, in_set: set[str]) -> Issue:
+    """A set whose input_key is null in slime's eval config: a null there is a value (the
+    set's own, else the defaults'), so neither --eval-input-key nor --input-key fills it in,
+    and slime reads every prompt of the set as the row's None field (data.get(None) in its
+    Dataset), which its chat template or tokenizer then stops on at the first evaluation."""
+    given = "the set's input_key" if "input_key" in in_set else "the file's defaults.input_key"
+    return Issue(
+        f"--eval-config {path} datasets.{name}.input_key",
+        f"{given} is null, which slime reads as a value: the set's prompts are the rows' "
+        "None field (data.get(None)), so slime's evaluation of the set stops on prompts with "
+        "no text; rlpost's null would read training's field instead, which slime never does",
+        "name the field holding the set's prompts (input_key: prompt), or remove the key so "
+        "that the set reads --eval-input-key, else --input-key",
+        "null",
+        Location(file=path),
+    )
 
 
 def _default_origin(source: str, value: Any, flag: Origin | None) -> Origin:

@@ -1054,6 +1054,41 @@ def test_a_refused_eval_config_default_is_named_with_the_flag_it_overrules(
     assert origin is not None and (origin.source, origin.value) == (default, "0")
 
 
+@pytest.mark.parametrize(
+    ("defaults", "entry", "given"),
+    [
+        ("", ", input_key: null", "the set's input_key is null"),
+        ("  defaults: {input_key: null}\n", "", "the file's defaults.input_key is null"),
+    ],
+)
+def test_an_eval_config_sets_null_input_key_is_refused_as_slime_reads_no_prompt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], defaults: str, entry: str, given: str
+) -> None:
+    """A null in slime's eval config is a value: slime gives the set's Dataset prompt_key None
+    (neither --eval-input-key nor --input-key fills it in) and reads data.get(None) as every
+    prompt, so its evaluation stops; the import refuses it rather than read training's key."""
+    from rlpost.cli.main import main
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"eval:\n{defaults}  datasets:\n    - {{name: aime, path: /data/aime.jsonl{entry}}}\n"
+    )
+    script = write_script(
+        tmp_path, f"--input-key prompt --eval-input-key question --eval-interval 20 "
+        f"--eval-config {config}"
+    )  # fmt: skip
+    with pytest.raises(UserError) as refused:
+        import_slime(script)
+    (issue,) = refused.value.issues
+    assert issue.key == f"--eval-config {config} datasets.aime.input_key"
+    assert given in issue.message and "data.get(None)" in issue.message
+    assert "input_key: prompt" in issue.fix
+    with pytest.raises(SystemExit) as exited:
+        main(["import", "slime", str(script), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err and given in err
+
+
 def test_eval_custom_rm_path_on_the_command_line_is_not_imported(tmp_path: Path) -> None:
     """slime's eval config falls back to args.eval_custom_rm_path, which no flag of slime's
     sets: its parser drops --eval-custom-rm-path, so slime scores evaluation without it."""
