@@ -355,6 +355,8 @@ def _map(
 ) -> Imported:
     got = _sort(flags)
     values, unmapped = got.values, got.unmapped
+    # slime writes TensorBoard logs only when told (--use-tensorboard); rlpost by default
+    values.setdefault("tracking.tensorboard", False)
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
     unmapped += _read_rollout_function(got.together, launch, values)

@@ -618,6 +618,18 @@ def test_a_launch_script_export_imports_to_no_override_that_changes_nothing(
     assert import_slime(seeded).extra_overrides() == ["run.seed=7", "run.dir=/ckpt"]
 
 
+def test_a_script_without_use_tensorboard_logs_no_tensorboard(tmp_path: Path) -> None:
+    """slime writes TensorBoard logs only with --use-tensorboard (its parser's default is
+    off), so a script without it imports as tracking.tensorboard: false, rlpost's default
+    being on, and its export gives no --use-tensorboard back."""
+    imported = import_slime(write_script(tmp_path, ""))
+    assert imported.values["tracking.tensorboard"] is False
+    assert imported.extra_overrides() == ["tracking.tensorboard=false"]
+    cfg, plan = imported_config(write_script(tmp_path, ""), tmp_path / "out")
+    groups = slime_arg_groups(cfg, plan)  # type: ignore[arg-type]
+    assert "--use-tensorboard" not in [t for tokens in groups.values() for t in tokens]
+
+
 def test_a_job_environment_rlpost_has_no_key_for_is_said_to_be_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
