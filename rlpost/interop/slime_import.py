@@ -31,6 +31,7 @@ from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE, evaluate_script
 from rlpost.interop.slime_flags import (
     CLUSTER_FLAGS,
     FIXED_SETTINGS,
+    FIXED_WHEN_ABSENT,
     HEALTH_CHECK_FLAGS,
     NOT_IMPORTED,
     OFFLOAD_FLAGS,
@@ -360,6 +361,12 @@ def _map(
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
     unmapped += _read_rollout_function(got.together, launch, values)
+    given = {flag for flag, _ in flags}
+    for flag, runs in FIXED_WHEN_ABSENT.items():
+        if flag not in given:
+            fixed = " ".join([flag, *FIXED_SETTINGS[flag]])
+            why = f"not in the script, so slime runs with {runs}; rlpost always runs with {fixed}"
+            unmapped.append(Unmapped(flag, (), why, "(fixed)"))
     match = _match(launch, got.model, name, values.get("model.hf_checkpoint"))
     mtp = got.model.get("--mtp-num-layers")
     if mtp is not None and not values.get("recipe.train.mtp_training"):

@@ -31,6 +31,7 @@ from rlpost.plan.slime_args import (
 from rlpost.schema import RunConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+SLIME_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slime"
 SLIME_NAMES = {ours: slime for slime, ours in SLIME_MODEL_SCRIPTS.items()}
 OWN_FN, WIDE_FN = "rlpost_test_hooks.length_reward", "rlpost_test_hooks.quarter_reward"
 SEEDS = [
@@ -258,9 +259,35 @@ def write_script(tmp_path: Path, flags: str, cluster: str = "--colocate") -> Pat
         "--label-key label "
         "--num-rollout 10 --rollout-batch-size 8 --n-samples-per-prompt 8 "
         "--global-batch-size 64 "
-        f"--rollout-max-response-len 1024 {flags}\n"
+        f"--rollout-max-response-len 1024 {MEGATRON_AS_RLPOST} {flags}\n"
     )
     return script
+
+
+MEGATRON_AS_RLPOST = (
+    "--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 "
+    "--attention-softmax-in-fp32 --attention-backend flash"
+)
+"""What slime's scripts always pass to Megatron-LM, and rlpost always runs."""
+
+
+def test_a_fixed_setting_the_script_leaves_to_megatron_is_listed(tmp_path: Path) -> None:
+    """Without --attention-dropout 0.0 (or --attention-backend flash, ...) slime runs
+    Megatron-LM's default (dropout 0.1, the auto backend), where rlpost always runs its fixed
+    value: the import lists each one the script leaves out, as slime's moonlight script leaves
+    out --attention-backend flash."""
+    script = write_script(tmp_path, "")
+    script.write_text(script.read_text().replace("--attention-dropout 0.0 ", ""))
+    imported = import_slime(script)
+    (dropout,) = imported.unmapped
+    assert (dropout.flag, dropout.values, dropout.nearest) == ("--attention-dropout", (), "(fixed)")
+    assert "slime runs with Megatron-LM's dropout of 0.1" in dropout.reason
+    assert "rlpost always runs with --attention-dropout 0.0" in dropout.reason
+    moonlight = import_slime(
+        SLIME_FIXTURES / "scripts" / "run-moonlight-16B-A3B.sh", SLIME_FIXTURES,
+        env={"BASE_DIR": "/root"},
+    )  # fmt: skip
+    assert "--attention-backend" in {u.flag for u in moonlight.unmapped}
 
 
 def test_engine_and_trainer_flags_import_to_their_keys(tmp_path: Path) -> None:
