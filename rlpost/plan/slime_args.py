@@ -342,7 +342,11 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
 def grpo_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     a = cfg.recipe.algo
     kl = [flag("--kl-loss-coef", a.kl_loss_coef), flag("--kl-loss-type", a.kl_loss_type)]
-    tis = [flag("--tis-clip", a.tis_clip_high), flag("--tis-clip-low", a.tis_clip_low)]
+    # slime's own defaults (2.0, 0) are left to it
+    tis = [
+        *option(a.tis_clip_high, "--tis-clip", 2.0),
+        *option(a.tis_clip_low, "--tis-clip-low", 0.0),
+    ]
     return [
         flag("--advantage-estimator", a.advantage_estimator),
         *switch(a.use_kl_loss, "--use-kl-loss"),

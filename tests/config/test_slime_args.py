@@ -347,6 +347,16 @@ def test_eval_key_flags_are_exported_only_where_they_change_slimes_keys(
     assert "--eval-input-key question --eval-label-key answer" in " ".join(flags["EVAL_ARGS"])
 
 
+def test_tis_clips_are_exported_only_where_they_differ_from_slimes(groups_for: GroupsFor) -> None:
+    """slime's --tis-clip and --tis-clip-low default to 2.0 and 0, rlpost's tis_clip_high and
+    tis_clip_low too: an export with them writes --use-tis alone, as slime's kimi-k2 script."""
+    tis = "recipe.algo.off_policy_correction=tis"
+    default = " ".join(groups_for("qwen3-4b", "h100x8", tis)["GRPO_ARGS"])
+    assert "--use-tis" in default and "--tis-clip" not in default
+    own = groups_for("qwen3-4b", "h100x8", tis, "recipe.algo.tis_clip_low=0.5")["GRPO_ARGS"]
+    assert "--tis-clip-low 0.5" in " ".join(own) and "--tis-clip" not in own
+
+
 def test_reading_no_tools_is_refused_by_the_export(compose_run: ComposeRun) -> None:
     cfg = compose_run(
         "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.data.tool_key=null"
