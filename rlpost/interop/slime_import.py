@@ -358,6 +358,12 @@ def _map(
     values, unmapped = got.values, got.unmapped
     # slime writes TensorBoard logs only when told (--use-tensorboard); rlpost by default
     values.setdefault("tracking.tensorboard", False)
+    if values.get("tracking.wandb.enabled") and "tracking.wandb.mode" not in values:
+        # slime's unset --wandb-mode leaves wandb its own: WANDB_MODE, else online (rlpost's
+        # default is offline)
+        mode = launch.env.get("WANDB_MODE", "online")
+        if mode in ("online", "offline"):
+            values["tracking.wandb.mode"] = mode
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
     unmapped += _read_rollout_function(got.together, launch, values)

@@ -657,6 +657,20 @@ def test_a_script_without_use_tensorboard_logs_no_tensorboard(tmp_path: Path) ->
     assert "--use-tensorboard" not in [t for tokens in groups.values() for t in tokens]
 
 
+@pytest.mark.parametrize(("flags", "mode"), [("", "online"), ("--wandb-mode offline", "offline")])
+def test_wandb_without_a_mode_logs_online_as_in_slime(
+    tmp_path: Path, flags: str, mode: str
+) -> None:
+    """slime's --wandb-mode defaults to None, which leaves wandb its own mode (online), where
+    rlpost's default is offline: slime's train_infer_mismatch_helper example gives
+    --use-wandb alone, and its export wrote --wandb-mode offline back."""
+    script = write_script(tmp_path, f"--use-wandb --wandb-project p {flags}")
+    assert import_slime(script).values["tracking.wandb.mode"] == mode
+    cfg, plan = imported_config(script, tmp_path / "out")
+    tokens = " ".join(slime_arg_groups(cfg, plan)["TRACKING_ARGS"])  # type: ignore[arg-type]
+    assert f"--wandb-mode {mode}" in tokens
+
+
 def test_a_job_environment_rlpost_has_no_key_for_is_said_to_be_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
