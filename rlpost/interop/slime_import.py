@@ -389,6 +389,7 @@ def _map(
             where = f"--eval-config {config[0]}, its set {dataset.get('name')!r}"
             got.origins[f"recipe.eval.datasets.{i}"] = Origin(where)
     unmapped += _sets_never_evaluated(got.together, values)
+    unmapped += _read_reward_url(values, got.origins)
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -410,6 +411,31 @@ def _map(
         cluster_notes=_cluster_notes(launch),
         origins=got.origins,
     )
+
+
+def _read_reward_url(values: dict[str, Any], origins: dict[str, Origin]) -> list[Unmapped]:
+    """slime posts to --rm-url only for --rm-type remote_rm (and evaluation sets of that type);
+    its custom reward functions get it in `args` to use as they like. rlpost's reward server
+    serves type remote alone, and its functions take the sample alone: otherwise the URL is
+    listed, not imported (rlpost refuses a URL nothing reads)."""
+    key = "recipe.rollout.reward.remote_url"
+    url = values.get(key)
+    if url is None:
+        return []
+    function = values.get("recipe.rollout.reward.custom_function")
+    remote = values.get("recipe.rollout.reward.type") == "remote" and not function
+    sets = values.get("recipe.eval.datasets") or []
+    if remote or any(isinstance(d, dict) and d.get("reward_type") == "remote" for d in sets):
+        return []
+    del values[key]
+    origins.pop(key, None)
+    why = (
+        f"slime hands it to --custom-rm-path's function ({function}) in args; rlpost's reward "
+        "functions take the sample alone: give the function its URL itself"
+        if function
+        else "slime posts to it only for --rm-type remote_rm, which the script does not give"
+    )
+    return [Unmapped("--rm-url", (str(url),), why, key)]
 
 
 def _sets_never_evaluated(together: dict[str, list[str]], values: dict[str, Any]) -> list[Unmapped]:

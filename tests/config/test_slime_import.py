@@ -671,6 +671,31 @@ def test_wandb_without_a_mode_logs_online_as_in_slime(
     assert f"--wandb-mode {mode}" in tokens
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (f"--custom-rm-path {OWN_FN}", "slime hands it to --custom-rm-path's function"),
+        ("--rm-type math", "slime posts to it only for --rm-type remote_rm"),
+    ],
+)
+def test_a_reward_url_slime_posts_nothing_to_is_listed_not_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str, said: str
+) -> None:
+    """slime's on_policy_distillation example gives --rm-url beside --custom-rm-path, for its
+    function to read from args: slime runs it, so the import lists the URL rather than import
+    one that rlpost refuses as read by nothing; with --rm-type remote_rm it is imported."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    url = "--rm-url http://teacher:13141/generate"
+    script = write_script(tmp_path, f"{flags} {url}")
+    imported = import_slime(script)
+    (listed,) = imported.unmapped
+    assert listed.flag == "--rm-url" and said in listed.reason
+    assert "recipe.rollout.reward.remote_url" not in imported.values
+    imported_config(script, tmp_path / "out")  # plans
+    remote = import_slime(write_script(tmp_path, f"--rm-type remote_rm {url}"))
+    assert remote.values["recipe.rollout.reward.remote_url"] == "http://teacher:13141/generate"
+
+
 def test_a_job_environment_rlpost_has_no_key_for_is_said_to_be_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
