@@ -119,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
     for note in imported.cluster_notes:
         print(note)
     if imported.environment:
-        print("\nthe job's environment (rlpost does not copy it; export what you need):")
+        print(
+            f"\n{len(imported.environment)} variable(s) of the job's environment not imported: "
+            "rlpost has no config key for environment variables, so neither the configs "
+            "written nor their export (mode=slime_args) carry them; export what you need "
+            "where rlpost's Ray cluster starts:"
+        )
         for name, value, note in imported.environment:
             print(f"  {name}={value}: {note}")
     if imported.skipped:

@@ -364,6 +364,20 @@ FIXED_SETTINGS = {
     "--get-mismatch-metrics": [],
 }
 
+FIXED_WHEN_ABSENT = {
+    "--attention-dropout": "Megatron-LM's dropout of 0.1 after attention",
+    "--hidden-dropout": "Megatron-LM's dropout of 0.1 on the hidden states",
+    "--accumulate-allreduce-grads-in-fp32": "gradients accumulated and reduced in bf16",
+    "--attention-softmax-in-fp32": "the attention softmax in bf16 where the kernel computes "
+    "it unfused",
+    "--attention-backend": "Megatron-LM's auto attention backend (TransformerEngine picks "
+    "the kernel)",
+}
+"""The fixed settings whose absence from a script changes what slime runs: Megatron-LM's
+defaults (training/arguments.py: dropouts 0.1, the fp32 switches off, backend auto). The
+others are slime's defaults, or change no result (--recompute-loss-function, memory;
+--get-mismatch-metrics, a log)."""
+
 # Flags rlpost has no key for: (reason, nearest rlpost key)
 # what slime's code looks up in its arguments without defining a flag for it: slime's parser
 # (Megatron's, told to ignore what it does not know) drops such a flag without a word

@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from rlpost.config.sglang_options import load_sglang_options
 from rlpost.config.sources import CONF_DIR
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.interop.shell import DEFAULT_GPUS_PER_NODE, evaluate_script
 from rlpost.interop.slime_flags import (
     CLUSTER_FLAGS,
     FIXED_SETTINGS,
+    FIXED_WHEN_ABSENT,
     HEALTH_CHECK_FLAGS,
     NOT_IMPORTED,
     OFFLOAD_FLAGS,
@@ -56,8 +58,13 @@ from rlpost.interop.slime_model import (
     model_scripts,
     shipped_models,
 )
-from rlpost.plan.slime_args import SGLANG_VERSION, SLIME_CKPT_DIR, slime_sglang_flags
-from rlpost.schema import ModelConfig
+from rlpost.plan.slime_args import (
+    RUNTIME_ENV,
+    SGLANG_VERSION,
+    SLIME_CKPT_DIR,
+    slime_sglang_flags,
+)
+from rlpost.schema import ModelConfig, RunConfig
 
 
 @dataclass(frozen=True)
@@ -129,11 +136,13 @@ class Imported:
 
     def extra_overrides(self) -> list[str]:
         """Run-level values (run.dir, run.seed, tracking, the engines' and the trainer's
-        settings) given on the command line."""
+        settings) given on the command line: those that change something, not the defaults
+        (an exported run's --use-tensorboard, or --save ./slime/, which is run.dir: null)."""
         return [
             f"{key}={_override_text(value)}"
             for key, value in self.values.items()
-            if key == "mode" or key.startswith(("run.", "tracking.", "engine.", "trainer."))
+            if (key == "mode" or key.startswith(("run.", "tracking.", "engine.", "trainer.")))
+            and not _is_default(key, value)
         ]
 
     def write(self, out: Path) -> list[Path]:
@@ -148,6 +157,21 @@ class Imported:
         if self.hardware_file is not None:
             written.append(_write(out / "hardware" / f"{self.hardware}.yaml", self.hardware_file))
         return written
+
+
+def _is_default(key: str, value: Any) -> bool:
+    """Whether a run-level key's value is the one RunConfig gives it when no override does
+    (these sections have no config group: their defaults are the schema's)."""
+    first, *rest = key.split(".")
+    info = RunConfig.model_fields.get(first)
+    if info is None or info.is_required():
+        return False
+    node = info.get_default(call_default_factory=True)
+    for part in rest:
+        if not isinstance(node, BaseModel) or part not in type(node).model_fields:
+            return False
+        node = getattr(node, part)
+    return node == value and isinstance(node, bool) == isinstance(value, bool)
 
 
 def _override_text(value: Any) -> str:
@@ -332,9 +356,23 @@ def _map(
 ) -> Imported:
     got = _sort(flags)
     values, unmapped = got.values, got.unmapped
+    # slime writes TensorBoard logs only when told (--use-tensorboard); rlpost by default
+    values.setdefault("tracking.tensorboard", False)
+    if values.get("tracking.wandb.enabled") and "tracking.wandb.mode" not in values:
+        # slime's unset --wandb-mode leaves wandb its own: WANDB_MODE, else online (rlpost's
+        # default is offline)
+        mode = launch.env.get("WANDB_MODE", "online")
+        if mode in ("online", "offline"):
+            values["tracking.wandb.mode"] = mode
     if launch.entry == "train_async.py":
         values["recipe.loop.mode"] = "async"
     unmapped += _read_rollout_function(got.together, launch, values)
+    given = {flag for flag, _ in flags}
+    for flag, runs in FIXED_WHEN_ABSENT.items():
+        if flag not in given:
+            fixed = " ".join([flag, *FIXED_SETTINGS[flag]])
+            why = f"not in the script, so slime runs with {runs}; rlpost always runs with {fixed}"
+            unmapped.append(Unmapped(flag, (), why, "(fixed)"))
     match = _match(launch, got.model, name, values.get("model.hf_checkpoint"))
     mtp = got.model.get("--mtp-num-layers")
     if mtp is not None and not values.get("recipe.train.mtp_training"):
@@ -351,6 +389,7 @@ def _map(
             where = f"--eval-config {config[0]}, its set {dataset.get('name')!r}"
             got.origins[f"recipe.eval.datasets.{i}"] = Origin(where)
     unmapped += _sets_never_evaluated(got.together, values)
+    unmapped += _read_reward_url(values, got.origins)
     if got.sglang:
         values["layout.rollout.sglang"] = got.sglang
     _layout_defaults(values, match.model)
@@ -364,11 +403,39 @@ def _map(
         list(launch.not_run),
         model_file,
         hardware_file,
-        environment=[(k, v, environment_note(k)) for k, v in launch.env.items()],
+        # what the export writes into every job itself comes back out: not dropped
+        environment=[
+            (k, v, environment_note(k)) for k, v in launch.env.items() if RUNTIME_ENV.get(k) != v
+        ],
         model_notes=list(match.differences),
         cluster_notes=_cluster_notes(launch),
         origins=got.origins,
     )
+
+
+def _read_reward_url(values: dict[str, Any], origins: dict[str, Origin]) -> list[Unmapped]:
+    """slime posts to --rm-url only for --rm-type remote_rm (and evaluation sets of that type);
+    its custom reward functions get it in `args` to use as they like. rlpost's reward server
+    serves type remote alone, and its functions take the sample alone: otherwise the URL is
+    listed, not imported (rlpost refuses a URL nothing reads)."""
+    key = "recipe.rollout.reward.remote_url"
+    url = values.get(key)
+    if url is None:
+        return []
+    function = values.get("recipe.rollout.reward.custom_function")
+    remote = values.get("recipe.rollout.reward.type") == "remote" and not function
+    sets = values.get("recipe.eval.datasets") or []
+    if remote or any(isinstance(d, dict) and d.get("reward_type") == "remote" for d in sets):
+        return []
+    del values[key]
+    origins.pop(key, None)
+    why = (
+        f"slime hands it to --custom-rm-path's function ({function}) in args; rlpost's reward "
+        "functions take the sample alone: give the function its URL itself"
+        if function
+        else "slime posts to it only for --rm-type remote_rm, which the script does not give"
+    )
+    return [Unmapped("--rm-url", (str(url),), why, key)]
 
 
 def _sets_never_evaluated(together: dict[str, list[str]], values: dict[str, Any]) -> list[Unmapped]:
@@ -662,8 +729,12 @@ def read_eval_config(
     evaluation = values.get("recipe.eval.custom_reward_function")
     for entry in raw:
         keys = {k: defaults[k] for k in EVAL_SET_KEY_DEFAULTS if k in defaults}
+        in_set = set(entry)
         entry = {**(flag_keys or {}), **keys, **entry}
         dataset = {ours: entry[theirs] for theirs, ours in EVAL_SET_KEYS.items() if theirs in entry}
+        if "input_key" in dataset and dataset["input_key"] is None:
+            name = entry.get("name", "?")
+            raise UserError([_no_prompt_key(path, name, in_set)], title="import error")
         for key in ("label_key", "tool_key"):
             if key in dataset and dataset[key] is None:
                 dataset[key] = False  # slime reads none; rlpost's null inherits the data's
@@ -699,6 +770,24 @@ def read_eval_config(
         datasets.append(dataset)
     values["recipe.eval.datasets"] = datasets
     return unmapped
+
+
+def _no_prompt_key(path: str, name: str, in_set: set[str]) -> Issue:
+    """A set whose input_key is null in slime's eval config: a null there is a value (the
+    set's own, else the defaults'), so neither --eval-input-key nor --input-key fills it in,
+    and slime reads every prompt of the set as the row's None field (data.get(None) in its
+    Dataset), which its chat template or tokenizer then stops on at the first evaluation."""
+    given = "the set's input_key" if "input_key" in in_set else "the file's defaults.input_key"
+    return Issue(
+        f"--eval-config {path} datasets.{name}.input_key",
+        f"{given} is null, which slime reads as a value: the set's prompts are the rows' "
+        "None field (data.get(None)), so slime's evaluation of the set stops on prompts with "
+        "no text; rlpost's null would read training's field instead, which slime never does",
+        "name the field holding the set's prompts (input_key: prompt), or remove the key so "
+        "that the set reads --eval-input-key, else --input-key",
+        "null",
+        Location(file=path),
+    )
 
 
 def _default_origin(source: str, value: Any, flag: Origin | None) -> Origin:

@@ -302,22 +302,33 @@ def eval_config_file(cfg: RunConfig) -> tuple[str, str] | None:
     return f"{_ckpt_dir(cfg)}{EVAL_CONFIG_FILE}", text
 
 
+def _eval_key(keys: set[str | bool | None], name: str, training: str | None) -> list[Flag]:
+    """--eval-*-key when every set reads one field that is not the one slime falls back to:
+    slime takes an unset --eval-*-key from --input-key, --label-key, --tool-key, which the
+    export writes as training's keys (eval_config.py, pick_from_args), so the flag with
+    training's field, or with none, changes nothing (false, reading none, is the file's)."""
+    if len(keys) != 1:
+        return []
+    key = next(iter(keys))
+    return [flag(name, key)] if isinstance(key, str) and key != training else []
+
+
 def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     ev = cfg.recipe.eval
     if ev.interval is None:
         return []
     config = eval_config_file(cfg)
     datasets = [item for d in ev.datasets for item in (d.name, d.path)]
-    input_keys = {d.input_key for d in ev.datasets}
-    label_keys = {d.label_key for d in ev.datasets}
-    tool_keys = {d.tool_key for d in ev.datasets}
+    data = cfg.recipe.data
+    # the file names each set's keys that are not training's; the flags, for every set alike
+    sets = [] if config else ev.datasets
     return [
         flag("--eval-interval", ev.interval),
         # slime reads the sets from the file when given one, else from the name/path pairs
         flag("--eval-config", config[0]) if config else flag("--eval-prompt-data", *datasets),
-        *(option(input_keys.pop(), "--eval-input-key") if len(input_keys) == 1 else []),
-        *(option(label_keys.pop(), "--eval-label-key", False) if len(label_keys) == 1 else []),
-        *(option(tool_keys.pop(), "--eval-tool-key", False) if len(tool_keys) == 1 else []),
+        *_eval_key({d.input_key for d in sets}, "--eval-input-key", data.input_key),
+        *_eval_key({d.label_key for d in sets}, "--eval-label-key", data.label_key),
+        *_eval_key({d.tool_key for d in sets}, "--eval-tool-key", data.tool_key),
         flag("--n-samples-per-eval-prompt", ev.n_samples_per_prompt),
         *option(ev.max_response_len, "--eval-max-response-len"),
         *option(ev.max_prompt_len, "--eval-max-prompt-len"),
@@ -331,7 +342,11 @@ def eval_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
 def grpo_args(cfg: RunConfig, plan: Plan) -> list[Flag]:
     a = cfg.recipe.algo
     kl = [flag("--kl-loss-coef", a.kl_loss_coef), flag("--kl-loss-type", a.kl_loss_type)]
-    tis = [flag("--tis-clip", a.tis_clip_high), flag("--tis-clip-low", a.tis_clip_low)]
+    # slime's own defaults (2.0, 0) are left to it
+    tis = [
+        *option(a.tis_clip_high, "--tis-clip", 2.0),
+        *option(a.tis_clip_low, "--tis-clip-low", 0.0),
+    ]
     return [
         flag("--advantage-estimator", a.advantage_estimator),
         *switch(a.use_kl_loss, "--use-kl-loss"),

@@ -323,6 +323,40 @@ def test_tool_keys_are_exported_where_they_differ_from_slimes(groups_for: Groups
     assert "--eval-tool-key functions" in " ".join(groups["EVAL_ARGS"])
 
 
+def test_eval_key_flags_are_exported_only_where_they_change_slimes_keys(
+    groups_for: GroupsFor,
+) -> None:
+    """slime takes an unset --eval-input-key, --eval-label-key, --eval-tool-key from
+    --input-key, --label-key, --tool-key (its eval_config.py, pick_from_args): sets that read
+    training's fields, or slime's default "tools", get no flag, and an --eval-config file names
+    each set's own keys, so beside one the flags change nothing either."""
+    same = (
+        "recipe.eval.datasets=[{name: aime, path: /root/aime-2024/aime-2024.jsonl, "
+        "input_key: prompt, label_key: label, tool_key: tools}]"
+    )
+    args = " ".join(groups_for("qwen3-4b", "h100x8", same)["EVAL_ARGS"])
+    assert "-key" not in args
+    sets = (
+        "{name: a, path: /a.jsonl, input_key: q, reward_type: math}, "
+        "{name: b, path: /b.jsonl, input_key: q}"
+    )
+    in_file = groups_for("qwen3-4b", "h100x8", f"recipe.eval.datasets=[{sets}]")["EVAL_ARGS"]
+    assert "--eval-config" in in_file and "--eval-input-key" not in in_file
+    flags = groups_for("qwen3-4b", "h100x8", "recipe.eval.datasets=[{name: a, path: /a.jsonl, "
+                       "input_key: question, label_key: answer}]")  # fmt: skip
+    assert "--eval-input-key question --eval-label-key answer" in " ".join(flags["EVAL_ARGS"])
+
+
+def test_tis_clips_are_exported_only_where_they_differ_from_slimes(groups_for: GroupsFor) -> None:
+    """slime's --tis-clip and --tis-clip-low default to 2.0 and 0, rlpost's tis_clip_high and
+    tis_clip_low too: an export with them writes --use-tis alone, as slime's kimi-k2 script."""
+    tis = "recipe.algo.off_policy_correction=tis"
+    default = " ".join(groups_for("qwen3-4b", "h100x8", tis)["GRPO_ARGS"])
+    assert "--use-tis" in default and "--tis-clip" not in default
+    own = groups_for("qwen3-4b", "h100x8", tis, "recipe.algo.tis_clip_low=0.5")["GRPO_ARGS"]
+    assert "--tis-clip-low 0.5" in " ".join(own) and "--tis-clip" not in own
+
+
 def test_reading_no_tools_is_refused_by_the_export(compose_run: ComposeRun) -> None:
     cfg = compose_run(
         "model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "recipe.data.tool_key=null"

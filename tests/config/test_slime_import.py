@@ -31,6 +31,7 @@ from rlpost.plan.slime_args import (
 from rlpost.schema import RunConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
+SLIME_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slime"
 SLIME_NAMES = {ours: slime for slime, ours in SLIME_MODEL_SCRIPTS.items()}
 OWN_FN, WIDE_FN = "rlpost_test_hooks.length_reward", "rlpost_test_hooks.quarter_reward"
 SEEDS = [
@@ -258,9 +259,35 @@ def write_script(tmp_path: Path, flags: str, cluster: str = "--colocate") -> Pat
         "--label-key label "
         "--num-rollout 10 --rollout-batch-size 8 --n-samples-per-prompt 8 "
         "--global-batch-size 64 "
-        f"--rollout-max-response-len 1024 {flags}\n"
+        f"--rollout-max-response-len 1024 {MEGATRON_AS_RLPOST} {flags}\n"
     )
     return script
+
+
+MEGATRON_AS_RLPOST = (
+    "--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 "
+    "--attention-softmax-in-fp32 --attention-backend flash"
+)
+"""What slime's scripts always pass to Megatron-LM, and rlpost always runs."""
+
+
+def test_a_fixed_setting_the_script_leaves_to_megatron_is_listed(tmp_path: Path) -> None:
+    """Without --attention-dropout 0.0 (or --attention-backend flash, ...) slime runs
+    Megatron-LM's default (dropout 0.1, the auto backend), where rlpost always runs its fixed
+    value: the import lists each one the script leaves out, as slime's moonlight script leaves
+    out --attention-backend flash."""
+    script = write_script(tmp_path, "")
+    script.write_text(script.read_text().replace("--attention-dropout 0.0 ", ""))
+    imported = import_slime(script)
+    (dropout,) = imported.unmapped
+    assert (dropout.flag, dropout.values, dropout.nearest) == ("--attention-dropout", (), "(fixed)")
+    assert "slime runs with Megatron-LM's dropout of 0.1" in dropout.reason
+    assert "rlpost always runs with --attention-dropout 0.0" in dropout.reason
+    moonlight = import_slime(
+        SLIME_FIXTURES / "scripts" / "run-moonlight-16B-A3B.sh", SLIME_FIXTURES,
+        env={"BASE_DIR": "/root"},
+    )  # fmt: skip
+    assert "--attention-backend" in {u.flag for u in moonlight.unmapped}
 
 
 def test_engine_and_trainer_flags_import_to_their_keys(tmp_path: Path) -> None:
@@ -599,6 +626,98 @@ def test_the_launch_script_export_imports_too(tmp_path: Path) -> None:
     cfg, again = imported_config(script, tmp_path / "out")
     assert cfg.recipe.loop.mode == "async"
     assert slime_arg_groups(cfg, again) == slime_arg_groups(shipped, plan)  # type: ignore[arg-type]
+
+
+def test_a_launch_script_export_imports_to_no_override_that_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """An export imported back names only its files on the launch line: --use-tensorboard and
+    --save ./slime/ are rlpost's defaults (tracking.tensorboard: true, run.dir: null), and the
+    environment the export writes into every job (PYTHONPATH, CUDA_DEVICE_MAX_CONNECTIONS)
+    comes back out of the next export, so none of it is listed as dropped."""
+    shipped, _ = compose_run_config(["model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8"])
+    script = tmp_path / "run-qwen3-4B.sh"
+    script.write_text(render_slime_args(shipped, build_plan(shipped), "script"))
+    imported = import_slime(script)
+    assert imported.extra_overrides() == []
+    assert imported.environment == []
+    seeded = write_script(tmp_path, "--use-tensorboard --seed 7 --save /ckpt/slime/")
+    assert import_slime(seeded).extra_overrides() == ["run.seed=7", "run.dir=/ckpt"]
+
+
+def test_a_script_without_use_tensorboard_logs_no_tensorboard(tmp_path: Path) -> None:
+    """slime writes TensorBoard logs only with --use-tensorboard (its parser's default is
+    off), so a script without it imports as tracking.tensorboard: false, rlpost's default
+    being on, and its export gives no --use-tensorboard back."""
+    imported = import_slime(write_script(tmp_path, ""))
+    assert imported.values["tracking.tensorboard"] is False
+    assert imported.extra_overrides() == ["tracking.tensorboard=false"]
+    cfg, plan = imported_config(write_script(tmp_path, ""), tmp_path / "out")
+    groups = slime_arg_groups(cfg, plan)  # type: ignore[arg-type]
+    assert "--use-tensorboard" not in [t for tokens in groups.values() for t in tokens]
+
+
+@pytest.mark.parametrize(("flags", "mode"), [("", "online"), ("--wandb-mode offline", "offline")])
+def test_wandb_without_a_mode_logs_online_as_in_slime(
+    tmp_path: Path, flags: str, mode: str
+) -> None:
+    """slime's --wandb-mode defaults to None, which leaves wandb its own mode (online), where
+    rlpost's default is offline: slime's train_infer_mismatch_helper example gives
+    --use-wandb alone, and its export wrote --wandb-mode offline back."""
+    script = write_script(tmp_path, f"--use-wandb --wandb-project p {flags}")
+    assert import_slime(script).values["tracking.wandb.mode"] == mode
+    cfg, plan = imported_config(script, tmp_path / "out")
+    tokens = " ".join(slime_arg_groups(cfg, plan)["TRACKING_ARGS"])  # type: ignore[arg-type]
+    assert f"--wandb-mode {mode}" in tokens
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (f"--custom-rm-path {OWN_FN}", "slime hands it to --custom-rm-path's function"),
+        ("--rm-type math", "slime posts to it only for --rm-type remote_rm"),
+    ],
+)
+def test_a_reward_url_slime_posts_nothing_to_is_listed_not_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str, said: str
+) -> None:
+    """slime's on_policy_distillation example gives --rm-url beside --custom-rm-path, for its
+    function to read from args: slime runs it, so the import lists the URL rather than import
+    one that rlpost refuses as read by nothing; with --rm-type remote_rm it is imported."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "hooks_fixtures"))
+    url = "--rm-url http://teacher:13141/generate"
+    script = write_script(tmp_path, f"{flags} {url}")
+    imported = import_slime(script)
+    (listed,) = imported.unmapped
+    assert listed.flag == "--rm-url" and said in listed.reason
+    assert "recipe.rollout.reward.remote_url" not in imported.values
+    imported_config(script, tmp_path / "out")  # plans
+    remote = import_slime(write_script(tmp_path, f"--rm-type remote_rm {url}"))
+    assert remote.values["recipe.rollout.reward.remote_url"] == "http://teacher:13141/generate"
+
+
+def test_a_job_environment_rlpost_has_no_key_for_is_said_to_be_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """slime's scripts give the job NCCL_NVLS_ENABLE in --runtime-env-json; rlpost has no key
+    for a job's environment, so the import lists it as not imported, and why."""
+    from rlpost.cli.main import main
+
+    script = write_script(tmp_path, "")
+    runtime = json.dumps({"env_vars": {"PYTHONPATH": "/root/Megatron-LM/",
+                                       "NCCL_NVLS_ENABLE": "1"}})  # fmt: skip
+    text = script.read_text().replace(
+        "python3 train.py",
+        f"ray job submit --address=http://127.0.0.1:8265 --runtime-env-json='{runtime}' "
+        "-- python3 train.py",
+    )
+    script.write_text(text)
+    assert [name for name, _, _ in import_slime(script).environment] == ["NCCL_NVLS_ENABLE"]
+    main(["import", "slime", str(script), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "1 variable(s) of the job's environment not imported" in out
+    assert "rlpost has no config key for environment variables" in out
+    assert "NCCL_NVLS_ENABLE=1" in out and "PYTHONPATH" not in out
 
 
 SLIME_GROUPS = (
@@ -1011,6 +1130,41 @@ def test_a_refused_eval_config_default_is_named_with_the_flag_it_overrules(
     assert imported.values["recipe.eval.top_k"] == 0
     origin = imported.origin("recipe.eval.top_k")
     assert origin is not None and (origin.source, origin.value) == (default, "0")
+
+
+@pytest.mark.parametrize(
+    ("defaults", "entry", "given"),
+    [
+        ("", ", input_key: null", "the set's input_key is null"),
+        ("  defaults: {input_key: null}\n", "", "the file's defaults.input_key is null"),
+    ],
+)
+def test_an_eval_config_sets_null_input_key_is_refused_as_slime_reads_no_prompt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], defaults: str, entry: str, given: str
+) -> None:
+    """A null in slime's eval config is a value: slime gives the set's Dataset prompt_key None
+    (neither --eval-input-key nor --input-key fills it in) and reads data.get(None) as every
+    prompt, so its evaluation stops; the import refuses it rather than read training's key."""
+    from rlpost.cli.main import main
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"eval:\n{defaults}  datasets:\n    - {{name: aime, path: /data/aime.jsonl{entry}}}\n"
+    )
+    script = write_script(
+        tmp_path, f"--input-key prompt --eval-input-key question --eval-interval 20 "
+        f"--eval-config {config}"
+    )  # fmt: skip
+    with pytest.raises(UserError) as refused:
+        import_slime(script)
+    (issue,) = refused.value.issues
+    assert issue.key == f"--eval-config {config} datasets.aime.input_key"
+    assert given in issue.message and "data.get(None)" in issue.message
+    assert "input_key: prompt" in issue.fix
+    with pytest.raises(SystemExit) as exited:
+        main(["import", "slime", str(script), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err and given in err
 
 
 def test_eval_custom_rm_path_on_the_command_line_is_not_imported(tmp_path: Path) -> None:
