@@ -451,6 +451,18 @@ CASES = [
         "is not an http(s) URL",
     ),
     Case(
+        "generate_settings_the_calculator_never_reads",
+        (
+            *QWEN,
+            "recipe.rollout.generate_function=rlpost.envs.calculator.generate",
+            "recipe.rollout.max_turns=2",
+            "+recipe.rollout.generate_settings.timeout_s=5",
+        ),
+        "recipe.rollout.generate_settings.timeout_s",
+        CMD,
+        "rlpost.envs.calculator.generate reads no settings",
+    ),
+    Case(
         "source_settings_without_a_source",
         (*QWEN, "recipe.data.source_settings={level: 2}"),
         "recipe.data.source_settings",
