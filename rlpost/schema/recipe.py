@@ -230,6 +230,18 @@ class RecipeConfig(Section):
                 fix=f"set loop.max_buffered_groups >= {batch} (e.g. {2 * batch}, two rollouts' "
                 "worth), or remove it",
             )
+        draw = self.rollout.over_sampling_batch_size
+        if self.loop.mode == "fully_async" and buffered is not None and draw and buffered < draw:
+            raise InvariantError(
+                f"loop.max_buffered_groups={buffered} is below "
+                f"rollout.over_sampling_batch_size={draw}: the producer starts a draw's "
+                f"{draw} groups at once, so a single draw puts more groups ahead of the "
+                f"trainer than the {buffered} the bound (and the plan's queue memory) allows",
+                fields=("loop.max_buffered_groups",),
+                fix=f"set loop.max_buffered_groups >= {draw} (its default is {batch + draw}, a "
+                "batch and a draw), lower over_sampling_batch_size, or remove "
+                "max_buffered_groups",
+            )
         return self
 
     @model_validator(mode="after")

@@ -451,6 +451,19 @@ CASES = [
         "is not an http(s) URL",
     ),
     Case(
+        "fully_async_buffer_smaller_than_a_draw",
+        (
+            "model=qwen3-4b",
+            "recipe=grpo_dapo_dynamic_sampling",
+            "hardware=h100x8",
+            "recipe.loop.mode=fully_async",
+            "recipe.loop.max_buffered_groups=48",
+        ),
+        "recipe.loop.max_buffered_groups",
+        CMD,
+        "a single draw puts more groups ahead of the trainer than the 48 the bound",
+    ),
+    Case(
         "generate_settings_the_calculator_never_reads",
         (
             *QWEN,
