@@ -138,17 +138,34 @@ class UnknownKey:
 
     def candidates(self) -> list[str]:
         """Full key paths the user probably meant: the key another framework's name stands
-        for, a close sibling, else same-named keys."""
+        for, same-named keys elsewhere, a close sibling, else keys of a close spelling
+        elsewhere."""
         peers = peer_names()
         if self.name in peers:
             return [peers[self.name][0]]
+        same = self.same_named()
+        if same:
+            return same
         close = difflib.get_close_matches(self.name, self.choices, n=1, cutoff=0.6)
         if close:
             return [f"{self.parent}.{close[0]}" if self.parent else close[0]]
-        same = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
-        if not same and self.name in load_sglang_options().options:  # SGLang's, elsewhere
+        if self.name in load_sglang_options().options:  # SGLang's, elsewhere
             return [f"{SGLANG_KEY}.{self.name}"]
-        return same
+        return self.close_elsewhere()
+
+    def same_named(self) -> list[str]:
+        """Keys of this very name in other sections (recipe.train.lr: recipe.optim.lr)."""
+        return [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == self.name][:3]
+
+    def close_elsewhere(self) -> list[str]:
+        """Keys of a close spelling in other sections (recipe.loop.num_rollouts:
+        recipe.rollout.num_rollout), those under the same top-level section first."""
+        leaves = {p.rsplit(".", 1)[-1] for p in all_key_paths()}
+        close = difflib.get_close_matches(self.name, leaves, n=1, cutoff=0.85)
+        found = [p for p in all_key_paths() if close and p.rsplit(".", 1)[-1] == close[0]]
+        top = self.path.split(".", 1)[0]
+        found.sort(key=lambda p: p.split(".", 1)[0] != top)  # stable
+        return found[:3]
 
     def suggestion(self) -> str:
         """' Did you mean ...?': the sibling's own name, or the full path of a key elsewhere."""
@@ -158,7 +175,7 @@ class UnknownKey:
             owner, _, differs = whose.partition("; ")
             tail = f"; {differs}" if differs else ""
             return f" Did you mean '{key}'? ('{self.name}' is {owner} name for it{tail})"
-        close = did_you_mean(self.name, self.choices)
+        close = "" if self.same_named() else did_you_mean(self.name, self.choices)
         if close:
             return close
         found = self.candidates()

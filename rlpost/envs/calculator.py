@@ -15,8 +15,8 @@ through the context (rlpost.runtime.rollout.context.GenerateContext).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rlpost.types import Sample, SampleStatus
 
@@ -88,4 +88,20 @@ async def generate(sample: Sample, ctx: GenerateContext) -> Sample:
     return await run_tool_loop(sample, ctx, local_calculator)
 
 
+def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The calculator reads no settings: each one given would be ignored, so each is refused
+    (config validation calls this before anything starts)."""
+    return [
+        (
+            name,
+            f"{name}={value!r} has no effect: rlpost.envs.calculator.generate reads no "
+            "settings (its tool is the local calculator, its tags <calc></calc>)",
+            "remove it from generate_settings; a tool behind HTTP with its own url, tags "
+            "and timeouts is rlpost.envs.http_tool.generate",
+        )
+        for name, value in settings.items()
+    ]
+
+
 generate.min_turns = 2  # type: ignore[attr-defined]  # the call, then the answer
+generate.check_settings = check_settings  # type: ignore[attr-defined]

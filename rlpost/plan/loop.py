@@ -25,8 +25,8 @@ from rlpost.config.sources import CONF_DIR
 from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
 from rlpost.schema import RunConfig
+from rlpost.schema.loop import DEFAULT_MAX_STALENESS
 
-DEFAULT_MAX_STALENESS = 4
 # Host bytes per queued token: token id, rollout logprob, weight version and loss mask in
 # Python lists (8-byte pointers to small ints / 24-byte floats), rounded up.
 QUEUE_BYTES_PER_TOKEN = 96

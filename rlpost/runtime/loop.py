@@ -31,7 +31,7 @@ from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import Seeding
 from rlpost.runtime.evaluation import EvalReport, EvalSet, evaluate
 from rlpost.runtime.metrics import MetricsLogger, jsonable
-from rlpost.runtime.pipeline import PipelineState, RolloutPipeline
+from rlpost.runtime.pipeline import PipelineError, PipelineState, RolloutPipeline
 from rlpost.runtime.progress import Progress, status
 from rlpost.runtime.resume import ResumePoint, plan_grid
 from rlpost.runtime.rollout.context import ContextFactory
@@ -236,6 +236,10 @@ class TrainLoop:
                     metrics, groups, eval_waits = await self.step(step)
                 except StopRequested:
                     await self._stop(step)
+                except PipelineError as exc:
+                    if exc.groups_kept:
+                        await self._save_before_failing(step)
+                    raise
                 if eval_waits:  # stopping: saved first, evaluated and logged when resumed
                     await self._stop(step + 1, Unfinished(step, metrics, pending_eval, groups))
                 # Logged before the save: a checkpoint never runs ahead of metrics.jsonl
@@ -317,6 +321,19 @@ class TrainLoop:
             self._log_step(kept.rollout_id, kept.before_training, kept.metrics, kept.groups)
             waiting = ()
         raise Stopped(done, saved, waiting)
+
+    async def _save_before_failing(self, done: int) -> None:
+        """A group's generation failed (a hook raised, the engines went away) while the
+        trainers hold `done` finished rollouts: those since the newest checkpoint are saved
+        before the run fails, as a SIGTERM's stop saves them, with the failed group among
+        those generated again after a resume. A save that fails too leaves the newest
+        checkpoint as it was, and the generation's failure is the one reported."""
+        if done <= self.saved_at:
+            return
+        try:
+            await self.save(done)
+        except Exception as exc:  # the trainers are gone too: the generation's error stands
+            status(f"the rollouts finished since the newest checkpoint were not saved: {exc}")
 
     async def _finish(self, unfinished: Unfinished) -> None:
         """What a SIGTERM left of the rollout before the resumed one: its evaluation (its

@@ -82,7 +82,13 @@ class PipelineState:
 
 
 class PipelineError(RuntimeError):
-    """Generating or rewarding a group failed (the cause is chained)."""
+    """Generating or rewarding a group failed (the cause is chained). `groups_kept`: every
+    group drawn is still the pipeline's (the failed one among those generating again after
+    a resume), so a checkpoint taken now loses no prompt."""
+
+    def __init__(self, message: str, groups_kept: bool = False) -> None:
+        super().__init__(message)
+        self.groups_kept = groups_kept
 
 
 def oldest_version(group: Group) -> int | None:
@@ -123,6 +129,7 @@ class RolloutPipeline:
         self._changed = asyncio.Event()
         self._error: BaseException | None = None
         self._failed_at = ""
+        self._groups_kept = False
         # Groups whose generation failed: until the failure reaches the trainer (at its next
         # take) a checkpoint may still be written, and it must keep them to generate again.
         self.failed: list[Group] = []
@@ -268,7 +275,9 @@ class RolloutPipeline:
         if error is not None:
             self.failed.append(flight.group)
             self._fail(
-                error, f"generating group {index} (prompt of sample {flight.group[0].index})"
+                error,
+                f"generating group {index} (prompt of sample {flight.group[0].index})",
+                groups_kept=True,
             )
             return
         group = flight.task.result()
@@ -326,13 +335,15 @@ class RolloutPipeline:
         else:
             self.tally.dropped_stale.append(index)
 
-    def _fail(self, error: BaseException, what: str) -> None:
+    def _fail(self, error: BaseException, what: str, groups_kept: bool = False) -> None:
         if self._error is None:
             self._error = error
             self._failed_at = what
+            self._groups_kept = groups_kept
         self._changed.set()
 
     def _raise_failure(self) -> None:
         if self._error is not None:
             error = self._error
-            raise PipelineError(f"{self._failed_at}: {type(error).__name__}: {error}") from error
+            message = f"{self._failed_at}: {type(error).__name__}: {error}"
+            raise PipelineError(message, self._groups_kept) from error

@@ -11,10 +11,12 @@ from pydantic import (
     model_validator,
 )
 
-from rlpost.schema.base import InvariantError, Section, refuse_unused
+from rlpost.schema.base import Section, refuse_unused
 from rlpost.schema.training_only import training_rule
 
 LoopMode = Literal["sync", "async", "fully_async"]
+DEFAULT_MAX_STALENESS = 4
+"""fully_async's max_staleness when it is unset."""
 
 
 class LoopConfig(Section):
@@ -66,16 +68,6 @@ class LoopConfig(Section):
                     "update_weights_interval versions old)",
                     fix=f"set mode: fully_async, or remove {name}",
                 )
-        elif self.max_staleness is not None and self.max_staleness + 1 < (
-            self.update_weights_interval
-        ):
-            raise InvariantError(
-                f"max_staleness={self.max_staleness} is below update_weights_interval - 1 = "
-                f"{self.update_weights_interval - 1}: with weights pushed every "
-                f"{self.update_weights_interval} steps, groups generated right after a push "
-                "would already be too old to train",
-                fields=("max_staleness",),
-                fix=f"use max_staleness >= {self.update_weights_interval - 1}, or push weights "
-                "more often",
-            )
+        # that the bound spans the steps between two weight pushes:
+        # RecipeConfig.check_staleness_spans_the_pushes (an evaluation pushes too)
         return self

@@ -12,7 +12,7 @@ from rlpost.schema.algo import GROUP_BASELINE_ESTIMATORS, AdvantageEstimatorName
 from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.data import DataConfig
 from rlpost.schema.evaluation import EvalConfig, EvalDataset
-from rlpost.schema.loop import LoopConfig
+from rlpost.schema.loop import DEFAULT_MAX_STALENESS, LoopConfig
 from rlpost.schema.optim import OptimConfig
 from rlpost.schema.reward import GRADER_FLOOR, GRADER_MARKERS, LABELLED_REWARD_TYPES, RewardConfig
 from rlpost.schema.rollout import RolloutConfig
@@ -219,6 +219,36 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     @training_rule
+    def check_staleness_spans_the_pushes(self) -> RecipeConfig:
+        loop = self.loop
+        if loop.mode != "fully_async":
+            return self
+        interval, given = loop.update_weights_interval, loop.max_staleness
+        bound = DEFAULT_MAX_STALENESS if given is None else given
+        # an evaluation pushes the weights too, so the longest stretch without a push is
+        # the shorter of the two intervals
+        evaluations = self.eval.interval if self.eval.datasets else None
+        gap = min(interval, evaluations) if evaluations else interval
+        if bound + 1 >= gap:
+            return self
+        named = f"max_staleness={given}"
+        if given is None:
+            named = f"max_staleness (unset: {DEFAULT_MAX_STALENESS})"
+        pushes = f"loop.update_weights_interval={interval}" + (
+            f", eval.interval={evaluations}" if evaluations else ""
+        )
+        raise InvariantError(
+            f"loop.{named} is below {gap - 1}: with the weights pushed every {gap} steps "
+            f"({pushes}), a group for the step {bound + 1} after a push is more than {bound} "
+            "versions old whenever it is generated, so none can be trained there and the run "
+            "waits at that step for good",
+            fields=("loop.max_staleness" if given is not None else "loop.update_weights_interval",),
+            fix=f"use loop.max_staleness >= {gap - 1}, or push weights more often "
+            f"(loop.update_weights_interval <= {bound + 1})",
+        )
+
+    @model_validator(mode="after")
+    @training_rule
     def check_buffer_holds_a_batch(self) -> RecipeConfig:
         buffered, batch = self.loop.max_buffered_groups, self.rollout.batch_size
         if self.loop.mode == "fully_async" and buffered is not None and buffered < batch:
@@ -229,6 +259,18 @@ class RecipeConfig(Section):
                 fields=("loop.max_buffered_groups",),
                 fix=f"set loop.max_buffered_groups >= {batch} (e.g. {2 * batch}, two rollouts' "
                 "worth), or remove it",
+            )
+        draw = self.rollout.over_sampling_batch_size
+        if self.loop.mode == "fully_async" and buffered is not None and draw and buffered < draw:
+            raise InvariantError(
+                f"loop.max_buffered_groups={buffered} is below "
+                f"rollout.over_sampling_batch_size={draw}: the producer starts a draw's "
+                f"{draw} groups at once, so a single draw puts more groups ahead of the "
+                f"trainer than the {buffered} the bound (and the plan's queue memory) allows",
+                fields=("loop.max_buffered_groups",),
+                fix=f"set loop.max_buffered_groups >= {draw} (its default is {batch + draw}, a "
+                "batch and a draw), lower over_sampling_batch_size, or remove "
+                "max_buffered_groups",
             )
         return self
 

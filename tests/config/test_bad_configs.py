@@ -451,6 +451,50 @@ CASES = [
         "is not an http(s) URL",
     ),
     Case(
+        "fully_async_staleness_below_the_push_interval",
+        (
+            *QWEN,
+            "recipe.loop.mode=fully_async",
+            "recipe.loop.max_staleness=1",
+            "recipe.loop.update_weights_interval=3",
+        ),
+        "recipe.loop.max_staleness",
+        CMD,
+        "max_staleness=1 is below 2: with the weights pushed every 3 steps",
+    ),
+    Case(
+        "fully_async_default_staleness_below_the_push_interval",
+        (*QWEN, "recipe.loop.mode=fully_async", "recipe.loop.update_weights_interval=6"),
+        "recipe.loop.update_weights_interval",
+        CMD,
+        "max_staleness (unset: 4) is below 5: with the weights pushed every 6 steps",
+    ),
+    Case(
+        "fully_async_buffer_smaller_than_a_draw",
+        (
+            "model=qwen3-4b",
+            "recipe=grpo_dapo_dynamic_sampling",
+            "hardware=h100x8",
+            "recipe.loop.mode=fully_async",
+            "recipe.loop.max_buffered_groups=48",
+        ),
+        "recipe.loop.max_buffered_groups",
+        CMD,
+        "a single draw puts more groups ahead of the trainer than the 48 the bound",
+    ),
+    Case(
+        "generate_settings_the_calculator_never_reads",
+        (
+            *QWEN,
+            "recipe.rollout.generate_function=rlpost.envs.calculator.generate",
+            "recipe.rollout.max_turns=2",
+            "+recipe.rollout.generate_settings.timeout_s=5",
+        ),
+        "recipe.rollout.generate_settings.timeout_s",
+        CMD,
+        "rlpost.envs.calculator.generate reads no settings",
+    ),
+    Case(
         "source_settings_without_a_source",
         (*QWEN, "recipe.data.source_settings={level: 2}"),
         "recipe.data.source_settings",
@@ -708,6 +752,20 @@ def test_bad_config(case: Case, user_conf: Path, monkeypatch: pytest.MonkeyPatch
     assert case.fragment in issue.message, issue.render()
     assert issue.fix, issue.render()
     check_where(issue, case.where)
+
+
+def test_fully_async_pushes_of_the_evaluation_count_toward_the_staleness_bound() -> None:
+    """An evaluation pushes the weights too: with one every 5 rollouts, weights pushed every 6
+    rollouts stay within the default bound of 4 (the run never waits past it)."""
+    cfg, _ = compose_run_config(
+        [
+            *QWEN,
+            "recipe.loop.mode=fully_async",
+            "recipe.loop.update_weights_interval=6",
+            "recipe.eval.interval=5",
+        ]
+    )
+    assert cfg.recipe.loop.update_weights_interval == 6
 
 
 def test_an_evaluation_set_scored_without_a_label_may_read_none(

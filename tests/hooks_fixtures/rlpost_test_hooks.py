@@ -25,6 +25,14 @@ def length_reward(sample: Sample) -> float:
     return float(len(sample.response_text))
 
 
+def length_reward_failing_from_group_12(sample: Sample) -> float:
+    """`length_reward` until the groups of the fourth rollout of 4 prompts (group 12 on),
+    whose rewarding raises; an evaluation's samples (`"split": "eval"`) are scored."""
+    if sample.metadata.get("split") != "eval" and sample.group_index >= 12:
+        raise RuntimeError("the grader broke")
+    return length_reward(sample)
+
+
 def length_reward_marking_evaluations(sample: Sample) -> float:
     """`length_reward`; an evaluation's sample (its prompt's metadata has `"split": "eval"`)
     first appends a line to the file $RLPOST_TEST_EVAL_MARK names, when set, and takes a

@@ -451,6 +451,34 @@ def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
     assert "nothing to train" in finished.stdout
 
 
+def test_a_run_whose_generation_fails_saves_the_rollouts_it_finished_first(
+    assets: Path, tmp_path: Path
+) -> None:
+    """A reward function that raises on the fourth rollout's groups ends the run (exit 3)
+    after the three rollouts before it were saved, though save.interval=2 had saved two."""
+    run_dir = tmp_path / "run"
+    failing = "rlpost_test_hooks.length_reward_failing_from_group_12"
+    done = launch(
+        overrides(
+            assets,
+            run_dir,
+            f"recipe.rollout.reward.custom_function={failing}",
+            "recipe.save.interval=2",
+        )
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert f"reward function '{failing}' raised RuntimeError: the grader broke" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(_records(run_dir)) == 3
+    assert f"newest usable checkpoint: {run_dir / 'ckpt' / 'rollout_3'}" in done.stderr
+    # resumed with the grader mended, the fourth rollout trains the groups that failed
+    resumed = launch(overrides(assets, run_dir, "recipe.save.interval=2", "run.resume=auto"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = [json.loads(line) for line in _records(run_dir)]
+    assert [r["rollout_id"] for r in records] == list(range(NUM_ROLLOUT))
+    assert sorted(records[3]["groups"]["trained"]) == [12, 13, 14, 15]
+
+
 # Two train ranks beside the reference's one engine, which keeps its two threads: the rollout
 # side is the reference's, only the trainer's data-parallel size changes.
 ONE_RANK = ("layout.train.num_gpus=1", "hardware.gpus_per_node=1")

@@ -43,6 +43,22 @@ def test_a_name_used_in_two_sections_suggests_both() -> None:
     assert unknown.candidates() == ["recipe.rollout.temperature", "recipe.eval.temperature"]
 
 
+def test_a_key_named_in_another_section_points_there() -> None:
+    """A key of another section's name, or of a close spelling of one, is pointed at that
+    key: a loose likeness to a sibling (run.dump_rollouts for run.num_rollout) does not hide
+    it, and a typo of a sibling still names the sibling."""
+    exact = find_unknown("run.num_rollout")
+    assert exact is not None and exact.candidates() == ["recipe.rollout.num_rollout"]
+    assert exact.suggestion() == " Did you mean 'recipe.rollout.num_rollout'?"
+    near = find_unknown("recipe.loop.num_rollouts")
+    assert near is not None and near.candidates() == ["recipe.rollout.num_rollout"]
+    assert near.fix() == "use recipe.rollout.num_rollout instead, or remove the key"
+    sibling = find_unknown("recipe.loop.max_stalenes")
+    assert sibling is not None and sibling.suggestion() == " Did you mean 'max_staleness'?"
+    far = find_unknown("recipe.loop.warmup")
+    assert far is not None and far.candidates() == []
+
+
 def test_every_listed_path_is_known() -> None:
     paths = all_key_paths()
     assert "recipe.rollout.temperature" in paths and "layout.train.recompute.granularity" in paths
