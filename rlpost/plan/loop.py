@@ -11,7 +11,10 @@ numbers bound the producer (rlpost.runtime.pipeline enforces them):
   being trained. sync: update_weights_interval - 1; async: update_weights_interval; fully_async:
   loop.max_staleness (default 4). Tokens a partial rollout carried over from an earlier
   rollout are outside it: a group cut short again is carried again.
-- max_buffered_groups C: groups generating or finished ahead of the trainer.
+- max_buffered_groups C: a draw starts only while fewer than C groups are generating or
+  finished ahead of the trainer. A draw starts whole, so where filters drop groups (or the
+  trainer takes batches that are not whole draws) up to C - 1 + draw groups are buffered at
+  once; the queue's host memory is sized for that.
 
 The policy version is the number of train steps whose weights the engines serve; a sample
 records the version of each of its tokens.
@@ -41,6 +44,8 @@ class LoopPlan:
     max_staleness: int
     max_buffered_groups: int
     draw_groups: int
+    # the most groups buffered at once: the bound, or one draw past it (`most_buffered`)
+    most_buffered_groups: int
     stale_groups: str
     queue_host_gib: float
     # rollout.partial_rollout: groups cut short continue in a later rollout, their tokens so
@@ -62,7 +67,14 @@ def plan_loop(cfg: RunConfig, longest_sample_tokens: int) -> LoopPlan:
         lookahead = None
         staleness = DEFAULT_MAX_STALENESS if loop.max_staleness is None else loop.max_staleness
         buffered = loop.max_buffered_groups or rollout.batch_size + draw
-    samples = buffered * rollout.n_samples_per_prompt
+    most = most_buffered(
+        buffered,
+        draw,
+        rollout.batch_size,
+        lookahead,
+        whole_draws=not rollout.dynamic_sampling_filter and loop.mode != "fully_async",
+    )
+    samples = most * rollout.n_samples_per_prompt
     return LoopPlan(
         mode=loop.mode,
         update_weights_interval=interval,
@@ -70,10 +82,27 @@ def plan_loop(cfg: RunConfig, longest_sample_tokens: int) -> LoopPlan:
         max_staleness=staleness,
         max_buffered_groups=buffered,
         draw_groups=draw,
+        most_buffered_groups=most,
         stale_groups=loop.stale_groups,
         queue_host_gib=samples * longest_sample_tokens * QUEUE_BYTES_PER_TOKEN / GIB,
         partial_rollout=rollout.partial_rollout,
     )
+
+
+def most_buffered(
+    bound: int, draw: int, batch: int, lookahead: int | None, whole_draws: bool
+) -> int:
+    """The most groups generating or queued at once under the pipeline's draw rule
+    (rlpost.runtime.pipeline): a draw of `draw` groups starts while fewer than `bound` are
+    buffered and, with a bounded lookahead L, while fewer than (L + 1) batches are (the
+    trainer's step is the last one a new group may land in). So the count before a draw is at
+    most the threshold less one, and after it one draw more. Where every count is a whole
+    number of draws (no filter drops a group, no group is dropped stale, and each train step
+    takes whole draws), the most is the threshold rounded up to whole draws."""
+    threshold = bound if lookahead is None else min(bound, batch * (lookahead + 1))
+    if whole_draws and batch % draw == 0:
+        return -(-threshold // draw) * draw
+    return threshold - 1 + draw
 
 
 def asynchronous(cfg: RunConfig) -> bool:

@@ -9,6 +9,7 @@ from rlpost.backends.fp8_format import Fp8Format
 from rlpost.plan.cost import StepCost
 from rlpost.plan.engine_memory import RolloutMemory
 from rlpost.plan.fsdp import FsdpTrainMemory
+from rlpost.plan.loop import LoopPlan
 from rlpost.plan.memory import gib_text
 from rlpost.plan.model_args import format_value
 from rlpost.plan.plan import Plan
@@ -281,8 +282,7 @@ def render_runtime(plan: Plan) -> str:
         ],
         [
             "groups buffered ahead of the trainer",
-            f"{loop.max_buffered_groups} (drawn {loop.draw_groups} at a time; "
-            f"{loop.queue_host_gib:.3f} GiB host memory at most)",
+            _buffered(loop),
         ],
     ]
     if loop.mode == "fully_async":
@@ -291,6 +291,15 @@ def render_runtime(plan: Plan) -> str:
     if rt.engine_backend == "cpu":
         rows.append(["engine CPU priority", _engine_priority(rt.engine_nice)])
     return render_table(["runtime", "value"], rows, "Runtime")
+
+
+def _buffered(loop: LoopPlan) -> str:
+    """The queue's bound and, where a whole draw can pass it, the most it holds."""
+    most = loop.most_buffered_groups
+    text = f"{loop.max_buffered_groups} (drawn {loop.draw_groups} at a time"
+    if most != loop.max_buffered_groups:
+        text += f", whole: {most} at most"
+    return text + f"; {loop.queue_host_gib:.3f} GiB host memory at most)"
 
 
 def _eval_requests(plan: Plan) -> str:

@@ -46,8 +46,10 @@ class LoopConfig(Section):
     )
     max_buffered_groups: PositiveInt | None = Field(
         None,
-        description="fully_async: groups generated or generating ahead of the trainer (slime's "
-        "--async-buffer-size; null: two rollouts' worth); async derives it",
+        description="fully_async: a draw of prompts starts while fewer groups than this are "
+        "generated or generating ahead of the trainer, and starts whole, so filtered or stale "
+        "groups let up to one draw less one more wait (the plan sizes the queue's memory for "
+        "that); slime's --async-buffer-size; null: two rollouts' worth; async derives it",
     )
     stale_groups: Literal["drop", "regenerate"] = Field(
         "regenerate",

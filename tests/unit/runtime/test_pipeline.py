@@ -18,7 +18,7 @@ import pytest
 
 from rlpost.data.prompts import PromptRecord
 from rlpost.data.source import DataSource
-from rlpost.plan.loop import LoopPlan
+from rlpost.plan.loop import LoopPlan, most_buffered
 from rlpost.runtime.pipeline import Batch, PipelineError, RolloutPipeline
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.rollout.context import GenerateContext
@@ -43,7 +43,7 @@ async def length_reward(samples: list[Sample]) -> list[float]:
 
 
 def bounds(mode: str, staleness: int, lookahead: int | None, buffered: int) -> LoopPlan:
-    return LoopPlan(mode, 1, lookahead, staleness, buffered, BATCH, "regenerate", 0.0)
+    return LoopPlan(mode, 1, lookahead, staleness, buffered, BATCH, buffered, "regenerate", 0.0)
 
 
 async def push(client: EngineClient, url: str, version: int) -> None:
@@ -137,6 +137,46 @@ def test_async_runs_one_step_ahead_at_most_one_version_old(url: str) -> None:
     check_versions(trained, max_staleness=1)
     check_accounting(trained)
     assert max(max(b.staleness) for b in trained.batches[1:]) == 1  # it did run ahead
+
+
+def test_a_filter_that_drops_groups_lets_a_whole_draw_pass_the_bound_by_what_the_plan_sizes(
+    url: str,
+) -> None:
+    """Sync with over-sampling (draws of two batches) and a filter dropping every third group:
+    a draw starts while fewer than a batch wait and starts whole, so the groups buffered pass
+    the bound (one draw) and stay within the plan's most (rlpost.plan.loop.most_buffered)."""
+    draw = 2 * BATCH
+    plan = LoopPlan("sync", 1, 0, 0, draw, draw, 0, "regenerate", 0.0)
+    most = most_buffered(draw, draw, BATCH, 0, whole_draws=False)
+    counts: list[int] = []
+
+    class Counted(RolloutPipeline):
+        def _draw(self) -> None:
+            super()._draw()
+            counts.append(len(self.queue) + len(self.in_flight))
+
+    async def scenario() -> None:
+        params = {"max_new_tokens": 8, "temperature": 1.0}
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            runner = GroupRunner(client, length_reward, generate_sample)
+            pipeline = Counted(
+                runner, data_source(), params, plan, BATCH,
+                group_filter=lambda group: group[0].group_index % 3 != 0,
+            )  # fmt: skip
+            pipeline.start()
+            try:
+                for step in range(3):
+                    await asyncio.wait_for(pipeline.take(step), 60)
+                    await push(client, url, step + 1)
+                    pipeline.weights_pushed(step + 1)
+                    pipeline.step_done(step)
+            finally:
+                await pipeline.close()
+
+    asyncio.run(scenario())
+    assert max(counts) > draw  # the bound alone would size the queue too small
+    assert max(counts) <= most == BATCH - 1 + draw
 
 
 def test_a_slow_trainer_never_trains_groups_past_the_bound(url: str) -> None:
