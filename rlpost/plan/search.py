@@ -75,6 +75,7 @@ from rlpost.plan.work import (
     train_rank_work,
 )
 from rlpost.schema import RunConfig
+from rlpost.schema.hardware import device_word
 
 MARGIN_FRACTION = 0.05
 """Training memory kept free on every GPU beyond the estimate (allocator fragmentation)."""
@@ -175,7 +176,8 @@ class Candidate:
     def memory_text(self) -> str:
         return (
             f"train {self.train.memory.total_gib:.1f} GiB, "
-            f"engine {self.rollout.memory.total_gib:.1f} GiB per GPU"
+            f"engine {self.rollout.memory.total_gib:.1f} GiB per "
+            + device_word("gpu" if self.train.on_gpu else "cpu")
         )
 
 
@@ -297,7 +299,7 @@ def describe_train(
     `on_gpu` false (hardware kind cpu): a rank's device is a device slot, not a GPU, and what
     is not offloaded sits there."""
     recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
-    device = "the GPU" if on_gpu else "the device slots"
+    device = "the GPU" if on_gpu else f"the {device_word('cpu', 2)}"
     if fsdp is not None:
         where = "FSDP2 CPU offload" if fsdp.cpu_offload else f"state on {device}"
         if not fsdp.reshard_after_forward:
@@ -622,6 +624,7 @@ class _Searcher:
     def _trains(self, out: _Split) -> None:
         sizes, hw = out.sizes, self.cfg.hardware
         engine = self._dummy_engine(sizes)
+        device = device_word(hw.kind)
         for par in train_layouts(self.cfg, sizes.train_gpus):
             batch = None
             for cpu_offload, cfg in self._with_shard_groups(par):
@@ -649,7 +652,7 @@ class _Searcher:
                     out.rejected_trains.append(
                         (
                             option,
-                            f"needs {memory.total_gib:.1f} GiB per GPU for training, "
+                            f"needs {memory.total_gib:.1f} GiB per {device} for training, "
                             f"{short:.1f} more than {hw.gpu_memory_gib:g} less a "
                             f"{self.margin:.1f} GiB margin",
                         )
@@ -715,7 +718,8 @@ class _Searcher:
                         (
                             t,
                             f"trains {gain:.1%} faster than the same layout {what}, for "
-                            f"{more:.1f} GiB more per GPU (taken from a {LEANER_WITHIN:.0%} gain)",
+                            f"{more:.1f} GiB more per {device_word(self.cfg.hardware.kind)} "
+                            f"(taken from a {LEANER_WITHIN:.0%} gain)",
                         )
                     )
                     break
@@ -723,6 +727,7 @@ class _Searcher:
     def _engines(self, out: _Split) -> None:
         sizes, cfg = out.sizes, self.cfg
         probe = out.trains[0].parallel
+        device = device_word(cfg.hardware.kind)
         batch = self._batch(probe)
         for engine in engine_layouts(cfg, sizes):
             out.enumerated_engines += 1
@@ -747,13 +752,13 @@ class _Searcher:
                 out.rejected_engines.append(
                     (
                         option,
-                        f"its KV cache holds {memory.kv_cache_tokens_per_gpu} tokens per GPU, "
+                        f"its KV cache holds {memory.kv_cache_tokens_per_gpu} tokens per {device}, "
                         f"less than one {memory.longest_sample_tokens}-token sample",
                     )
                 )
             elif memory.total_gib > cfg.hardware.gpu_memory_gib:
                 out.rejected_engines.append(
-                    (option, f"needs {memory.total_gib:.1f} GiB per engine GPU")
+                    (option, f"needs {memory.total_gib:.1f} GiB per engine {device}")
                 )
             else:
                 out.engines.append(option)
