@@ -650,12 +650,19 @@ def render_search(plan: Plan) -> str:
         f"          {chosen.step_s:.2f} s per {per} predicted ({_parts(plan, chosen.cost)}); "
         f"{chosen.memory_text()}",
     ]
+    # an evaluation that starts no train rank depends on its engines alone
+    side = "train" if plan.starts_train_ranks else "engine"
     rows: list[list[Cell]] = [
-        [i + 2, f"{c.step_s:.2f}", f"{c.train.memory.total_gib:.1f}", c.describe()]
+        [
+            i + 2,
+            f"{c.step_s:.2f}",
+            f"{(c.train if side == 'train' else c.rollout).memory.total_gib:.1f}",
+            c.describe(),
+        ]
         for i, c in enumerate(search.ranked[1:])
     ]
     if rows:
-        header = ["rank", f"s/{per}", "train GiB", "layout"]
+        header = ["rank", f"s/{per}", f"{side} GiB", "layout"]
         lines.append(render_table(header, rows, "  runners-up"))
     if search.rejected:
         lines.append("  rejected:")
