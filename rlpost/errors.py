@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -86,23 +86,44 @@ def exit_with(error: UserError) -> NoReturn:
     raise SystemExit(EXIT_USER_ERROR)
 
 
-def exit_with_internal_error(exc: Exception) -> NoReturn:
-    """An exception nothing expected before the run started (composing, validating, planning,
-    the preflight): most likely a defect of rlpost's, not the user's. Its traceback once, from the
-    launcher's frames down (Hydra's report wraps it in its own frames and a note about
-    HYDRA_FULL_ERROR, and exits 1, the status of any Python crash), then one line saying what
-    it is, and exit status EXIT_INTERNAL_ERROR: distinct from a refusal (2) and from a run
-    that failed (3)."""
+def exit_with_internal_error(exc: Exception, command: str | None = None) -> NoReturn:
+    """An exception nothing expected: most likely a defect of rlpost's, not the user's. Its
+    traceback once, then one line saying what it is, and exit status EXIT_INTERNAL_ERROR:
+    distinct from a refusal (2), from a run that failed (3) and from the status 1 of any
+    Python crash. Without `command` it is the launcher's, before the run started (composing,
+    validating, planning, the preflight; Hydra's report would wrap it in its own frames and a
+    note about HYDRA_FULL_ERROR); with it, that command's (`rlpost show`, `export_hf`)."""
     import traceback
 
     guard_std_streams()
     traceback.print_exception(exc, file=sys.stderr)
+    if command is None:
+        head = "rlpost: internal error before the run started"
+        tail = "not a problem with the config; nothing was started"
+    else:
+        head = f"{command}: internal error"
+        tail = "not a problem with the config or the command line"
     print(
-        f"rlpost: internal error before the run started: {type(exc).__name__}: {exc}\n"
-        "  rlpost did not expect it: most likely a bug in rlpost, not a problem with the "
-        "config; nothing was started. The traceback above says where: please report it "
-        "with the command line.",
+        f"{head}: {type(exc).__name__}: {exc}\n"
+        f"  rlpost did not expect it: most likely a bug in rlpost, {tail}. The traceback "
+        "above says where: please report it with the command line.",
         file=sys.stderr,
         flush=True,
     )
     raise SystemExit(EXIT_INTERNAL_ERROR)
+
+
+def run_command(command: str, main: Callable[[], int | None]) -> None:
+    """Run a command's `main` and exit with its status where it is not 0: the way every
+    rlpost command and tool ends. A refusal that reaches here exits 2 (exit_with); any
+    other exception is a defect of rlpost's (exit_with_internal_error, 4), never Python's
+    raw traceback and status 1. SystemExit (argparse, a refusal already printed) and Ctrl-C
+    pass through as they are."""
+    try:
+        status = main()
+    except UserError as exc:
+        exit_with(exc)
+    except Exception as exc:
+        exit_with_internal_error(exc, command)
+    if status:
+        raise SystemExit(status)

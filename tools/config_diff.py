@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from rlpost.errors import run_command
 from rlpost.plan.table import render_table
 from rlpost.runtime.config_changes import Change, diff_configs
 from rlpost.runtime.rundir import config_as_today
@@ -72,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("config_diff", main)

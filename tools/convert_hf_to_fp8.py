@@ -22,7 +22,7 @@ from tqdm import tqdm
 from rlpost.backends.fp8 import Fp8Error, Fp8Format
 from rlpost.backends.fp8_convert import convert_folder, return_freed_memory
 from rlpost.backends.hf_folder import check_replaceable, shard_files
-from rlpost.errors import EXIT_USER_ERROR, UserError
+from rlpost.errors import EXIT_USER_ERROR, UserError, run_command
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("convert_hf_to_fp8", main)

@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlpost.errors import UserError, exit_with
+from rlpost.errors import UserError, exit_with, run_command
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,4 +48,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_command("convert_hf_to_megatron", main)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from rlpost.backends.hf_folder import check_replaceable
-from rlpost.errors import UserError, exit_with
+from rlpost.errors import UserError, exit_with, run_command
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -51,4 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_command("convert_megatron_to_hf", main)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from rlpost.backends.hf_folder import check_replaceable
-from rlpost.errors import EXIT_USER_ERROR, Issue, UserError
+from rlpost.errors import EXIT_USER_ERROR, Issue, UserError, run_command
 from rlpost.runtime import checkpoint
 
 
@@ -101,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("export_hf", main)

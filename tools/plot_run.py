@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlpost.errors import run_command
 from rlpost.runtime.metrics import AFTER_ROLLOUT, METRICS_FILE, read_metrics
 
 DEFAULT_NAME = "curves.png"
@@ -152,4 +153,4 @@ def run_dirs(paths: Sequence[Path]) -> list[Path] | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("plot_run", main)

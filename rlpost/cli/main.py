@@ -15,8 +15,10 @@
                                   [--gpus-per-node N] [--name NAME]     # configs from slime
     rlpost import slime --table                                         # slime flag -> key
 
-Every user error exits 2 with its message and no traceback. None of these commands imports
-torch, ray, transformers, megatron or sglang except `run` when it trains.
+Every user error exits 2 with its message and no traceback; an exception rlpost did not
+expect (a bug of rlpost's) exits 4 with its traceback once and a line saying so. None of
+these commands imports torch, ray, transformers, megatron or sglang except `run` when it
+trains.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from rlpost.errors import Issue, UserError, did_you_mean, exit_with
+from rlpost.errors import Issue, UserError, did_you_mean, run_command
 from rlpost.streams import guard_std_streams
 
 if TYPE_CHECKING:
@@ -228,7 +230,8 @@ def _unknown_verb(word: str, table: dict[str, Verb]) -> UserError:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run one verb; exits with its status (2 on a user error, without a traceback). A
+    """Run one verb; exits with its status (2 on a user error, without a traceback; 4 on an
+    exception nothing expected, a defect of rlpost's: errors.run_command). A
     reader that leaves early (`rlpost show | head`) stops nothing: the verb finishes,
     printing to /dev/null, and keeps its status (rlpost.streams)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -239,15 +242,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         launch.main(args[1:] if args[0] == "run" else args)
         return
     table = verbs()
-    try:
+
+    def run_verb() -> int:
         if args and not args[0].startswith("-") and args[0] not in table:
             raise _unknown_verb(args[0], table)
         parsed = parse(build_parser(table), args)
-        status = table[parsed.verb].run(parsed)
-    except UserError as exc:
-        exit_with(exc)
-    if status:
-        raise SystemExit(status)
+        return table[parsed.verb].run(parsed)
+
+    run_command(f"rlpost {args[0]}" if args and args[0] in table else "rlpost", run_verb)
 
 
 if __name__ == "__main__":

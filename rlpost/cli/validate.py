@@ -18,6 +18,7 @@ from rlpost.config.overrides import refuse_sweeps
 from rlpost.config.sources import SourceMap
 from rlpost.plan import Plan
 from rlpost.schema import RunConfig
+from rlpost.schema.hardware import device_word
 from rlpost.schema.run import LAUNCH_MODES
 
 HELP = "check a config (every launcher check, plan included) without running anything"
@@ -109,12 +110,11 @@ def _eval_sets(run: RunConfig) -> str:
 def summary(run: RunConfig, plan: Plan, machine: bool = True) -> str:
     """A few lines: what was checked and what the plan comes to."""
     p, par, eng, mem, batch = plan.placement, plan.parallel, plan.engine, plan.memory, plan.batch
-    # on hardware kind cpu a rank's or an engine's device is a device slot, not a GPU
-    unit = "GPU" if run.hardware.kind == "gpu" else "device slot"
+    unit = device_word(run.hardware.kind)
     split = (
-        f"colocated on {p.train_gpus} {unit}s"
+        f"colocated on {p.train_gpus} {device_word(run.hardware.kind, p.train_gpus)}"
         if p.colocate
-        else f"{p.train_gpus} train + {p.rollout_gpus} rollout {unit}s"
+        else f"{p.train_gpus} train + {p.rollout_gpus} rollout {device_word(run.hardware.kind, 2)}"
     )
     lines = [
         f"rlpost: OK  model={plan.model} recipe={plan.recipe} hardware={plan.hardware} "

@@ -17,6 +17,7 @@ from rlpost.plan.layout import ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
 from rlpost.plan.stages import FIRST, LAST, lopsided, most_balanced_split, split_change
 from rlpost.schema import RunConfig
+from rlpost.schema.hardware import device_word
 
 MTP_DRAFT_OPTIONS = (
     "speculative_algorithm: EAGLE, speculative_num_steps: 2, speculative_eagle_topk: 1, "
@@ -31,7 +32,7 @@ def idle_gpu_notes(cfg: RunConfig, sizes: Sizes, par: ParallelLayout) -> list[st
     idle = sizes.total_gpus - used
     if idle <= 0:
         return []
-    unit = "device slots" if cfg.hardware.kind == "cpu" else "GPUs"
+    unit = device_word(cfg.hardware.kind, sizes.total_gpus)
     where = f"{cfg.hardware.name} has {sizes.total_gpus} {unit}"
     if not sizes.colocate:
         return [
@@ -67,7 +68,7 @@ def idle_train_gpu_notes(cfg: RunConfig, sizes: Sizes) -> list[str]:
     if sizes.colocate:
         return []
     n = sizes.train_gpus
-    unit = ("device slot" if cfg.hardware.kind == "cpu" else "GPU") + ("s" if n > 1 else "")
+    unit = device_word(cfg.hardware.kind, n)
     return [
         f"layout.train's {n} {unit} {'sit' if n > 1 else 'sits'} idle for the whole evaluation: it "
         f"starts no train rank (the engines load model.hf_checkpoint's weights), and "

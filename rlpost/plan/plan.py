@@ -61,6 +61,7 @@ from rlpost.plan.work import (
 )
 from rlpost.schema import GENERIC_FAMILY, RewardConfig, RunConfig
 from rlpost.schema.evaluation import EvalConfig
+from rlpost.schema.hardware import device_word
 from rlpost.schema.prompt_file import split_prompt_path
 from rlpost.schema.training_only import set_training_only
 
@@ -459,14 +460,14 @@ EVAL_SEARCH_NOTE = (
     "layout=auto in mode=eval ranks the layouts by the evaluation's work, not training's: "
     "the engines' generation of each evaluation set in turn, at the set's own lengths and "
     "samples ({sets}), plus the one weight push; the train side only has to hold the "
-    "weights, so a split that takes GPUs from the engines for training gains nothing"
+    "weights, so a split that takes {devices} from the engines for training gains nothing"
 )
 
 
 def eval_search_note(cfg: RunConfig) -> str:
     """EVAL_SEARCH_NOTE with what each evaluation set was timed at (rlpost.plan.generation)."""
     sets = "; ".join(g.describe() for g in eval_generations(cfg.recipe))
-    return EVAL_SEARCH_NOTE.format(sets=sets)
+    return EVAL_SEARCH_NOTE.format(sets=sets, devices=device_word(cfg.hardware.kind, 2))
 
 
 TRAINING_SETTINGS_NOTE = (

@@ -16,6 +16,7 @@ from rlpost.plan.plan import Plan
 from rlpost.plan.runtime import RuntimePlan
 from rlpost.plan.table import Cell, format_cell, ranges, render_table
 from rlpost.plan.work import SEND_WEIGHTS
+from rlpost.schema.hardware import device_word
 from rlpost.schema.run import OnSigterm
 
 DERIVED_MARK = "*"
@@ -30,6 +31,11 @@ TRAINER_NAMES = {"megatron": "megatron-core", "torch": "torch (data parallel)"}
 FSDP_TRAINER_NAME = "torch (FSDP2 over the data-parallel ranks)"
 
 
+def _device(plan: Plan, count: int = 1) -> str:
+    """What the plan's hardware calls a device (a GPU, or a device slot on kind cpu)."""
+    return device_word(plan.hardware_kind, count)
+
+
 def _trainer_name(plan: Plan) -> str:
     if isinstance(plan.memory.train, FsdpTrainMemory):
         return FSDP_TRAINER_NAME
@@ -37,23 +43,30 @@ def _trainer_name(plan: Plan) -> str:
 
 
 def _split(plan: Plan) -> tuple[str, str]:
-    """Who has the GPUs, and what follows them: the trainer, or in mode=eval the train ranks
+    """Who has the devices, and what follows them: the trainer, or in mode=eval the train ranks
     (they load the weights and send them to the engines) or that none starts."""
     p = plan.placement
     trainer = _trainer_name(plan)
+    train, rollout = _device(plan, p.train_gpus), _device(plan, p.rollout_gpus)
     if plan.trains:
         if p.colocate:
-            return f"{p.train_gpus} GPUs shared by training and rollout", f"trainer: {trainer}"
-        return f"{p.train_gpus} train + {p.rollout_gpus} rollout GPUs", f"trainer: {trainer}"
+            return f"{p.train_gpus} {train} shared by training and rollout", f"trainer: {trainer}"
+        return (
+            f"{p.train_gpus} train + {p.rollout_gpus} rollout {_device(plan, 2)}",
+            f"trainer: {trainer}",
+        )
     if plan.starts_train_ranks:
         ranks = f"train ranks: {trainer}, to load the weights and send them to the engines once"
         if p.colocate:
-            return f"{p.train_gpus} GPUs shared by the engines and the train ranks", ranks
-        return f"{p.rollout_gpus} engine + {p.train_gpus} train-rank GPUs", ranks
+            return f"{p.train_gpus} {train} shared by the engines and the train ranks", ranks
+        return f"{p.rollout_gpus} engine + {p.train_gpus} train-rank {_device(plan, 2)}", ranks
     none = "no train rank starts (the engines load model.hf_checkpoint's weights)"
     if p.colocate:
-        return f"{p.rollout_gpus} GPUs for the engines", none
-    return f"{p.rollout_gpus} engine GPUs", f"{none}; layout.train's {p.train_gpus} GPUs idle"
+        return f"{p.rollout_gpus} {rollout} for the engines", none
+    return (
+        f"{p.rollout_gpus} engine {rollout}",
+        f"{none}; layout.train's {p.train_gpus} {train} idle",
+    )
 
 
 def render_header(plan: Plan) -> str:
@@ -97,7 +110,7 @@ def render_placement(plan: Plan) -> str:
         if plan.starts_train_ranks
         else ")"
     )
-    return render_table(["role", "ranks", "node", "GPUs", "ports"], rows, title)
+    return render_table(["role", "ranks", "node", _device(plan, 2), "ports"], rows, title)
 
 
 def render_parallel(plan: Plan) -> str:
@@ -108,12 +121,14 @@ def render_parallel(plan: Plan) -> str:
         optimizer = "replicated on every DP rank"
     train = plan.memory.train
     if isinstance(train, FsdpTrainMemory):
-        where = "on the host (FSDP2 CPU offload)" if train.cpu_offload else "on the GPU"
+        where = (
+            "on the host (FSDP2 CPU offload)" if train.cpu_offload else f"on the {_device(plan)}"
+        )
         optimizer = f"FSDP2: weights, gradients, Adam sharded over {train.shards} ranks, {where}"
         if not train.reshard_after_forward:
             optimizer += "; layers kept gathered from forward to backward"
     rows: list[list[Cell]] = [
-        ["train GPUs", _mark(plan, plan.placement.train_gpus, k + "num_gpus"), ""],
+        [f"train {_device(plan, 2)}", _mark(plan, plan.placement.train_gpus, k + "num_gpus"), ""],
         ["TP (tensor)", _mark(plan, par.tp, k + "tp"), ""],
         ["SP (sequence)", _mark(plan, par.sequence_parallel, k + "sequence_parallel"), ""],
         ["PP (pipeline)", _mark(plan, par.pp, k + "pp"), f"layers per stage {list(stages)}"],
@@ -140,8 +155,11 @@ def render_engines(plan: Plan) -> str:
     eng, k = plan.engine, "layout.rollout."
     side = "rollout" if plan.trains else "engine"  # mode=eval: the engines evaluate
     rows: list[list[Cell]] = [
-        [f"{side} GPUs", _mark(plan, plan.placement.rollout_gpus, k + "num_gpus")],
-        ["GPUs per engine (tp_size)", _mark(plan, eng.gpus_per_engine, k + "gpus_per_engine")],
+        [f"{side} {_device(plan, 2)}", _mark(plan, plan.placement.rollout_gpus, k + "num_gpus")],
+        [
+            f"{_device(plan, 2)} per engine (tp_size)",
+            _mark(plan, eng.gpus_per_engine, k + "gpus_per_engine"),
+        ],
         ["engines", eng.num_engines],
         ["attention TP x DP", f"{eng.attention_tp} x {eng.dp_size}"],
         ["SGLang EP", eng.ep_size],
@@ -177,7 +195,7 @@ def render_batch(plan: Plan) -> str:
         ["samples per step per DP rank", b.samples_per_step_per_dp_rank],
         ["prompts per engine", format_value(b.prompts_per_engine)],
         ["samples per engine", format_value(b.samples_per_engine)],
-        ["max tokens per GPU", b.max_tokens_per_gpu],
+        [f"max tokens per {_device(plan)}", b.max_tokens_per_gpu],
         ["tokens per micro-batch (x CP)", _micro_batch_tokens(plan)],
         ["longest sample (tokens)", b.longest_sample_tokens],
     ]
@@ -431,7 +449,7 @@ def render_work(plan: Plan) -> str:
         [
             "predicted, logged beside the measured",
             f"{plan.prediction.train_s:.3g} s per rollout (perf/train_time_vs_plan), "
-            f"{plan.prediction.memory_gib:.2f} GiB per GPU (perf/memory_vs_plan)"
+            f"{plan.prediction.memory_gib:.2f} GiB per {_device(plan)} (perf/memory_vs_plan)"
             + _unseen_overhead(plan),
         ],
     ]
@@ -465,11 +483,11 @@ def _verdict(fits: bool, margin: float) -> str:
     return f"DOES NOT FIT, short by {gib_text(-margin)}"
 
 
-def _kv_cache_row(r: RolloutMemory) -> list[Cell]:
+def _kv_cache_row(r: RolloutMemory, device: str) -> list[Cell]:
     if r.kv_cache_gib < 0:  # the weights alone overfill what the engine may hold
         return [f"KV cache (none: the weights exceed the pool by {gib_text(-r.kv_cache_gib)})", 0.0]
     return [
-        f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/GPU, "
+        f"KV cache ({r.kv_cache_tokens_per_gpu:,} tokens/{device}, "
         f"{r.kv_cache_tokens_per_engine:,}/engine)",
         r.kv_cache_gib,
     ]
@@ -537,7 +555,7 @@ def render_memory(plan: Plan) -> str:
 
 
 def _residue(plan: Plan) -> str:
-    """What the train ranks leave on a colocated engine's GPU."""
+    """What the train ranks leave on a colocated engine's device."""
     if plan.train_ranks == SEND_WEIGHTS:
         return "train ranks' weights (colocated, mode=eval)"
     if not plan.starts_train_ranks:
@@ -554,7 +572,7 @@ def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
         )
     rollout_rows: list[list[Cell]] = [
         ["weight shard", r.weights_gib],
-        _kv_cache_row(r),
+        _kv_cache_row(r, _device(plan)),
         ["CUDA context", r.context_gib],
         [
             f"{_pool(plan)} ({r.mem_fraction_static} x {m.gpu_gib})",
@@ -573,11 +591,12 @@ def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
         host_rows = [row for row in host_rows if row[1]]
     host_rows += [["processes", h.processes_gib], ["total", h.total_gib]]
     engines = "rollout" if plan.trains else "engines"
+    device = _device(plan)
     parts = [
         render_table(
-            [f"{side}, per GPU", "GiB"],
+            [f"{side}, per {device}", "GiB"],
             train_rows,
-            f"Memory (GPU {m.gpu_gib} GiB; {param_count(m.params_total)} parameters, "
+            f"Memory ({device} {m.gpu_gib} GiB; {param_count(m.params_total)} parameters, "
             f"{param_count(m.params_active)} active)\n{side}, stage {t.stage}: "
             + (
                 _verdict(m.train_fits, m.train_margin_gib)
@@ -586,7 +605,10 @@ def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
             ),
         ),
         render_table(
-            [f"{engines}, per GPU" if not plan.trains else "rollout, per engine GPU", "GiB"],
+            [
+                f"{engines}, per {device}" if not plan.trains else f"rollout, per engine {device}",
+                "GiB",
+            ],
             rollout_rows,
             f"{engines}: {_verdict(m.rollout_fits, m.rollout_margin_gib)}",
         ),
@@ -637,12 +659,19 @@ def render_search(plan: Plan) -> str:
         f"          {chosen.step_s:.2f} s per {per} predicted ({_parts(plan, chosen.cost)}); "
         f"{chosen.memory_text()}",
     ]
+    # an evaluation that starts no train rank depends on its engines alone
+    side = "train" if plan.starts_train_ranks else "engine"
     rows: list[list[Cell]] = [
-        [i + 2, f"{c.step_s:.2f}", f"{c.train.memory.total_gib:.1f}", c.describe()]
+        [
+            i + 2,
+            f"{c.step_s:.2f}",
+            f"{(c.train if side == 'train' else c.rollout).memory.total_gib:.1f}",
+            c.describe(),
+        ]
         for i, c in enumerate(search.ranked[1:])
     ]
     if rows:
-        header = ["rank", f"s/{per}", "train GiB", "layout"]
+        header = ["rank", f"s/{per}", f"{side} GiB", "layout"]
         lines.append(render_table(header, rows, "  runners-up"))
     if search.rejected:
         lines.append("  rejected:")

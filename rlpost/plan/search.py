@@ -9,6 +9,10 @@ null ones are searched. Where the torch trainer trains (trainer.backend=torch, o
 generic model) the grid is data parallel only, sized as FSDP2 (rlpost.plan.fsdp), with
 FSDP2's CPU offload on and off and, where the config leaves them null, the layers resharded
 after their forward or kept gathered, and shard groups of all DP ranks or (HSDP) of each node's.
+In mode=eval the train ranks train nothing, so what only training reads is not searched:
+with no train rank (model.hf_checkpoint's weights) a split has one train side, and a
+candidate is the split and its engines; where they send other weights, the grid that sends
+them, without recompute, CP or where Adam runs (sending_grid).
 
 The training side and the rollout side of a split are checked and sized on their own (each
 rule names what it reads: rlpost.plan.checks SCOPES) and combined cheapest first; the best
@@ -75,6 +79,7 @@ from rlpost.plan.work import (
     train_rank_work,
 )
 from rlpost.schema import RunConfig
+from rlpost.schema.hardware import device_word
 
 MARGIN_FRACTION = 0.05
 """Training memory kept free on every GPU beyond the estimate (allocator fragmentation)."""
@@ -110,12 +115,23 @@ class TrainOption:
     time: TrainTime
     offload_s: float
     on_gpu: bool = True  # the hardware's kind: on cpu, a rank's device is a device slot
+    # what the train ranks do (rlpost.plan.work): in mode=eval they train nothing, and the
+    # choices only training reads (recompute, where Adam runs) are none of the layout's
+    work: str = TRAIN
 
     @property
     def seconds(self) -> float:
         return self.time.total_s + self.offload_s
 
     def describe(self) -> str:
+        """What the layout's train side is, as far as the train ranks' work reads it: all of
+        it in training; the grid that loads and sends the weights in an evaluation of other
+        weights; nothing where no train rank starts."""
+        if self.work == NO_TRAIN_RANK:
+            return ""
+        if self.work == SEND_WEIGHTS:
+            offload = ", FSDP2 CPU offload" if self.fsdp and self.fsdp.cpu_offload else ""
+            return describe_grid(self.parallel, self.fsdp) + offload
         return describe_train(self.parallel, self.cpu_offload, self.fsdp, on_gpu=self.on_gpu)
 
     @property
@@ -164,19 +180,21 @@ class Candidate:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return candidate_key(
-            self.sizes, self.parallel, self.train.cpu_offload, self.engine, self.train.fsdp
-        )
+        t = self.train
+        return candidate_key(self.sizes, t.parallel, t.cpu_offload, self.engine, t.fsdp, t.work)
 
     def describe(self) -> str:
         train = self.train.describe()
-        return f"{describe_split(self.sizes)}; {train}; {describe_engine(self.engine)}"
+        train_part = f"{train}; " if train else ""
+        return f"{describe_split(self.sizes)}; {train_part}{describe_engine(self.engine)}"
 
     def memory_text(self) -> str:
-        return (
-            f"train {self.train.memory.total_gib:.1f} GiB, "
-            f"engine {self.rollout.memory.total_gib:.1f} GiB per GPU"
+        engine = f"engine {self.rollout.memory.total_gib:.1f} GiB per " + device_word(
+            "gpu" if self.train.on_gpu else "cpu"
         )
+        if self.train.work == NO_TRAIN_RANK:  # nothing of the train side starts
+            return engine
+        return f"train {self.train.memory.total_gib:.1f} GiB, {engine}"
 
 
 @dataclass(frozen=True)
@@ -260,9 +278,16 @@ def candidate_key(
     cpu_offload: bool,
     engine: EngineLayout,
     fsdp: FsdpOptions | None = None,
+    work: str = TRAIN,
 ) -> tuple[Any, ...]:
     """What identifies a layout: the split, the grid with its stage split, Adam's place (and
-    the torch trainer's FSDP2 options), the engines."""
+    the torch trainer's FSDP2 options), the engines; of the train side, only what the train
+    ranks' `work` reads: in mode=eval no recompute or Adam (the grid that sends the weights,
+    with the torch trainer's shards), and nothing where no train rank starts."""
+    if work == NO_TRAIN_RANK:
+        return (sizes.colocate, sizes.train_gpus, sizes.rollout_gpus, *engine_key(engine))
+    if work == SEND_WEIGHTS:
+        par, cpu_offload = sending_grid(par), fsdp is not None and cpu_offload
     stages = (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage)
     return (
         sizes.colocate,
@@ -279,9 +304,20 @@ def candidate_key(
         par.recompute,
         cpu_offload,
         fsdp,
-        engine.gpus_per_engine,
-        engine.dp_size,
+        *engine_key(engine),
     )
+
+
+def sending_grid(par: ParallelLayout) -> ParallelLayout:
+    """The grid as train ranks that only load and send the weights read it: no recompute
+    (they run no forward), no context parallelism (it splits a training sequence; the
+    weights are whole on each CP rank, as on each DP rank)."""
+    return replace(par, recompute=RECOMPUTE_NONE, cp=1, dp=par.dp * par.cp)
+
+
+def engine_key(engine: EngineLayout) -> tuple[int, int]:
+    """What identifies the engines of a layout: their size and dp-attention."""
+    return engine.gpus_per_engine, engine.dp_size
 
 
 def describe_split(sizes: Sizes) -> str:
@@ -297,7 +333,7 @@ def describe_train(
     `on_gpu` false (hardware kind cpu): a rank's device is a device slot, not a GPU, and what
     is not offloaded sits there."""
     recompute = "no recompute" if par.recompute == RECOMPUTE_NONE else f"{par.recompute} recompute"
-    device = "the GPU" if on_gpu else "the device slots"
+    device = "the GPU" if on_gpu else f"the {device_word('cpu', 2)}"
     if fsdp is not None:
         where = "FSDP2 CPU offload" if fsdp.cpu_offload else f"state on {device}"
         if not fsdp.reshard_after_forward:
@@ -622,9 +658,14 @@ class _Searcher:
     def _trains(self, out: _Split) -> None:
         sizes, hw = out.sizes, self.cfg.hardware
         engine = self._dummy_engine(sizes)
+        device = device_word(hw.kind)
+        seen: set[tuple[Any, ...]] = set()
         for par in train_layouts(self.cfg, sizes.train_gpus):
             batch = None
             for cpu_offload, cfg in self._with_shard_groups(par):
+                side = self._train_side(par, cpu_offload, cfg)
+                if side is not None and side in seen:
+                    continue  # mode=eval: differs from one already enumerated in training only
                 out.enumerated_trains += 1
                 issues = run_checks(PlanContext(cfg, sizes, par, engine), "train", skip=self.skip)
                 if issues:
@@ -640,7 +681,9 @@ class _Searcher:
                 work = plan_work(cfg, par, batch)
                 timing = train_time(cfg, par, batch, work, memory, sizes.train_gpus)
                 offload = offload_time(cfg, sizes, memory) if self.trains else 0.0
-                option = TrainOption(par, cpu_offload, memory, timing, offload, hw.kind == "gpu")
+                option = TrainOption(
+                    par, cpu_offload, memory, timing, offload, hw.kind == "gpu", self.train_ranks
+                )
                 host = estimate_host(cfg.model, cfg.recipe, hw, memory, sizes, self.trains)
                 short = memory.total_gib + self.margin - hw.gpu_memory_gib
                 if self.train_ranks == NO_TRAIN_RANK:  # nothing of it starts: held to nothing
@@ -649,7 +692,7 @@ class _Searcher:
                     out.rejected_trains.append(
                         (
                             option,
-                            f"needs {memory.total_gib:.1f} GiB per GPU for training, "
+                            f"needs {memory.total_gib:.1f} GiB per {device} for training, "
                             f"{short:.1f} more than {hw.gpu_memory_gib:g} less a "
                             f"{self.margin:.1f} GiB margin",
                         )
@@ -664,8 +707,25 @@ class _Searcher:
                     )
                 else:
                     out.trains.append(option)
+                if side is not None:
+                    seen.add(side)
         self._more_memory_only_where_it_pays(out)
         out.trains.sort(key=lambda o: o.seconds)
+
+    def _train_side(
+        self, par: ParallelLayout, cpu_offload: bool, cfg: RunConfig
+    ) -> tuple[Any, ...] | None:
+        """What an evaluation's train side depends on, one train option enumerated for each:
+        nothing where no train rank starts (one for the split), the grid and the torch
+        trainer's FSDP2 options where they send the weights (rlpost.plan.search.sending_grid:
+        neither recompute, context parallelism nor where Adam runs: they build no optimizer
+        and run no forward); None in training, where every choice is its own option."""
+        if self.train_ranks == NO_TRAIN_RANK:
+            return ()
+        if self.train_ranks == SEND_WEIGHTS:
+            fsdp = fsdp_options(cfg) if self.fsdp is not None else None
+            return sending_grid(par), fsdp
+        return None
 
     def _with_shard_groups(self, par: ParallelLayout) -> list[tuple[bool, RunConfig]]:
         """The variants, each with the torch trainer's shard group searched where the config
@@ -715,7 +775,8 @@ class _Searcher:
                         (
                             t,
                             f"trains {gain:.1%} faster than the same layout {what}, for "
-                            f"{more:.1f} GiB more per GPU (taken from a {LEANER_WITHIN:.0%} gain)",
+                            f"{more:.1f} GiB more per {device_word(self.cfg.hardware.kind)} "
+                            f"(taken from a {LEANER_WITHIN:.0%} gain)",
                         )
                     )
                     break
@@ -723,6 +784,7 @@ class _Searcher:
     def _engines(self, out: _Split) -> None:
         sizes, cfg = out.sizes, self.cfg
         probe = out.trains[0].parallel
+        device = device_word(cfg.hardware.kind)
         batch = self._batch(probe)
         for engine in engine_layouts(cfg, sizes):
             out.enumerated_engines += 1
@@ -747,13 +809,13 @@ class _Searcher:
                 out.rejected_engines.append(
                     (
                         option,
-                        f"its KV cache holds {memory.kv_cache_tokens_per_gpu} tokens per GPU, "
+                        f"its KV cache holds {memory.kv_cache_tokens_per_gpu} tokens per {device}, "
                         f"less than one {memory.longest_sample_tokens}-token sample",
                     )
                 )
             elif memory.total_gib > cfg.hardware.gpu_memory_gib:
                 out.rejected_engines.append(
-                    (option, f"needs {memory.total_gib:.1f} GiB per engine GPU")
+                    (option, f"needs {memory.total_gib:.1f} GiB per engine {device}")
                 )
             else:
                 out.engines.append(option)
@@ -787,7 +849,7 @@ def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None
         for t in s.trains:
             for e in s.engines:
                 feasible_keys.add(
-                    candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine, t.fsdp)
+                    candidate_key(s.sizes, t.parallel, t.cpu_offload, e.engine, t.fsdp, t.work)
                 )
         for t in s.trains[:COMBINED]:
             for e in s.engines[:COMBINED]:
@@ -1057,6 +1119,7 @@ def rate_reference(
         # mode=eval: nothing trains, so nothing leaves the GPU for generation (as candidates)
         offload_time(ref, sizes, memory.train) if searcher.trains else 0.0,
         ref.hardware.kind == "gpu",
+        searcher.train_ranks,
     )
     engine = EngineOption(
         plan.engine,

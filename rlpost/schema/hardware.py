@@ -8,6 +8,16 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, Section
 
+HardwareKind = Literal["gpu", "cpu"]
+
+
+def device_word(kind: str, count: int = 1) -> str:
+    """What a profile of hardware kind `kind` calls one of its devices in all that rlpost
+    prints: a GPU, or on kind cpu a device slot (a placement-group bundle of CPU cores and a
+    nominal share of host memory, which is no GPU); the plural for a `count` other than 1."""
+    word = "GPU" if kind == "gpu" else "device slot"
+    return word if count == 1 else f"{word}s"
+
 
 class HardwareConfig(Section):
     """A homogeneous cluster: `num_nodes` nodes of `gpus_per_node` accelerators each.
@@ -18,7 +28,7 @@ class HardwareConfig(Section):
 
     name: str
     description: str = ""
-    kind: Literal["gpu", "cpu"] = "gpu"
+    kind: HardwareKind = "gpu"
     gpu_name: str = ""
     num_nodes: PositiveInt = 1
     gpus_per_node: PositiveInt = 8

@@ -86,6 +86,36 @@ def test_validate_prints_a_summary_and_exits_0(capsys: pytest.CaptureFixture[str
     assert status == 0 and "colocated on 8 GPUs" in out and "GiB per GPU" in out
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["validate", *TINY], ["plan", *TINY, "mode=eval"]],
+    ids=["validate", "plan of an evaluation"],
+)
+def test_a_defect_in_a_verb_is_an_internal_error_with_its_traceback_once(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exception of rlpost's own (not a refusal) in a verb exits 4 with its traceback once
+    and a line naming the verb and calling it a bug, as python launch.py does, where it
+    ended in Python's raw traceback and exit status 1; a refusal stays exit 2, no traceback."""
+    import rlpost.plan
+
+    def a_defect(*args: object) -> None:
+        raise ZeroDivisionError("division by zero in the memory estimate")
+
+    monkeypatch.setattr(rlpost.plan, "plan_config", a_defect)
+    status, _, err = run_main(argv, capsys)
+    assert status == 4
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert err.endswith(
+        f"rlpost {argv[0]}: internal error: ZeroDivisionError: division by zero in the memory "
+        "estimate\n  rlpost did not expect it: most likely a bug in rlpost, not a problem with "
+        "the config or the command line. The traceback above says where: please report it "
+        "with the command line.\n"
+    ), err
+    status, _, err = run_main([*argv, "recipe.optim.lr=-1"], capsys)
+    assert status == 2 and "Traceback" not in err and "recipe.optim.lr" in err
+
+
 def test_validate_says_only_what_it_checked(capsys: pytest.CaptureFixture[str]) -> None:
     def checked_line(*argv: str) -> str:
         status, out, _ = run_main(["validate", *argv], capsys)

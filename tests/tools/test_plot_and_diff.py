@@ -147,3 +147,35 @@ def test_config_diff_refuses_a_config_to_compose(
     assert load_tool("config_diff").main([str(runs[0]), str(composed)]) == 2
     err = capsys.readouterr().err
     assert f"{composed} is a config to compose" in err and f"rlpost show {composed}" in err
+
+
+def test_a_defect_in_a_tool_is_an_internal_error_with_its_traceback_once(
+    runs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tool run as a script ends an exception of rlpost's own as every rlpost command does
+    (rlpost.errors.run_command): its traceback once, a line that calls it a bug, exit 4, not
+    Python's raw traceback and exit 1; what it refuses still exits 2 with no traceback."""
+    import runpy
+
+    import rlpost.runtime.config_changes
+
+    def a_defect(*args: object) -> None:
+        raise KeyError("recipe")
+
+    tool = str(REPO / "tools" / "config_diff.py")
+    monkeypatch.setattr(rlpost.runtime.config_changes, "diff_configs", a_defect)
+    monkeypatch.setattr(sys, "argv", [tool, str(runs[0]), str(runs[1])])
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(tool, run_name="__main__")
+    err = capsys.readouterr().err
+    assert ended.value.code == 4
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert err.endswith(
+        "config_diff: internal error: KeyError: 'recipe'\n  rlpost did not expect it: most "
+        "likely a bug in rlpost, not a problem with the config or the command line. The "
+        "traceback above says where: please report it with the command line.\n"
+    ), err
+    monkeypatch.setattr(sys, "argv", [tool, str(runs[0]), str(runs[0].parent / "nothing")])
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(tool, run_name="__main__")
+    assert ended.value.code == 2 and "Traceback" not in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 import pytest
@@ -173,3 +174,53 @@ def test_a_cap_below_the_longest_sample_says_such_a_sample_trains_alone(run_conf
     ]
     roomy = render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
     assert "a longer sample alone" not in roomy
+
+
+TINY = ("qwen3-tiny", "cpu", "grpo_tiny_math")
+DECOUPLED = {
+    "layout__colocate": False,
+    "layout__train__num_gpus": 1,
+    "layout__rollout__num_gpus": 1,
+}
+SEARCHED = {"layout": False, "layout__name": "auto", "layout__search": True}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        DECOUPLED,
+        {"mode": "eval"},
+        {"mode": "eval", **DECOUPLED},
+        {"mode": "eval", "model__load": "/ckpt/step100"},
+        SEARCHED,
+        {"mode": "eval", **SEARCHED},
+    ],
+    ids=[
+        "colocated",
+        "decoupled",
+        "eval",
+        "eval decoupled",
+        "eval of weights",
+        "auto",
+        "auto eval",
+    ],
+)
+def test_a_cpu_plan_names_its_devices_device_slots(
+    run_config: Runs, overrides: dict[str, object]
+) -> None:
+    """On hardware kind cpu a rank's or an engine's device is a device slot (a bundle of CPU
+    cores and a share of host memory), as rlpost validate says: the header, placement,
+    layout, batch, memory and search sections and the notes call it so, not a GPU, through
+    rlpost.schema.hardware.device_word; a GPU profile's plans are the seed goldens."""
+    from rlpost.plan import plan_config
+
+    _, plan = plan_config(run_config(*TINY, **overrides))
+    shown = render_plan(plan)
+    assert "GPU" not in shown, [line for line in shown.splitlines() if "GPU" in line]
+    lines = shown.splitlines()
+    [split] = [line for line in lines if line.startswith(("colocated", "decoupled"))]
+    [placement] = [line for line in lines if line.startswith("  role ")]
+    assert "device slot" in split and "device slots  ports" in placement
+    assert re.search(r"^Memory \(device slot 8\.0 GiB", shown, re.M)
+    assert ", per device slot" in shown or ", per engine device slot" in shown

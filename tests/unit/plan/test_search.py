@@ -262,3 +262,39 @@ def test_on_cpu_hardware_the_layouts_say_adam_runs_on_the_device_slots(
     assert not [text for text in described if "GPU" in text]
     gpu = search_layout(searching(run_config("qwen3-4b", "h100x8")))
     assert gpu.chosen is not None and "GPU Adam" in gpu.chosen.describe()
+
+
+def test_an_evaluation_that_starts_no_train_rank_searches_its_engines_alone(
+    run_config: MakeRun,
+) -> None:
+    """mode=eval of model.hf_checkpoint starts no train rank: layouts that differ only in
+    training's choices (the grid, recompute, where Adam runs) are one candidate, so the search
+    enumerates each split's engines once (15 for qwen3-4b on h100x8, where it counted 1,312),
+    and its table shows what the evaluation reads, each engine's memory, and no train side;
+    one that sends other weights keeps the grid that sends them (neither recompute, CP nor
+    Adam), and training is searched as before (the seed goldens)."""
+    shipped = run_config("qwen3-4b", "h100x8", mode="eval")
+    search = search_layout(searching(shipped), reference=("qwen3-4b_h100x8", shipped))
+    assert search.enumerated == search.feasible == 15
+    keys = [c.key for c in search.ranked]
+    assert len(set(keys)) == len(keys)
+    described = [c.describe() for c in search.ranked]
+    assert described[0] == "colocated on 8; 1 engine(s) of 8"
+    assert not [d for d in described if "TP" in d or "Adam" in d or "recompute" in d]
+    assert search.reference is not None and search.reference.rank == 4
+    assert search.reference.description == "colocated on 8; 4 engine(s) of 2"
+    _, plan = plan_config(searching(shipped))
+    shown = render_plan(plan).split("\n\n")[0].splitlines()
+    assert shown[2].endswith("(generation 2237.04, weight sync 0.00); engine 78.6 GiB per GPU")
+    assert shown[4] == "  rank  s/evaluation  engine GiB  layout"
+
+    sends = run_config("qwen3-4b", "h100x8", mode="eval", model__load="/ckpt/step100")
+    sent = search_layout(searching(sends))
+    assert sent.chosen is not None and sent.chosen.describe().count(";") == 2
+    sent_described = [c.describe() for c in sent.ranked]
+    assert not [d for d in sent_described if "CP" in d or "Adam" in d or "recompute" in d]
+    shown = render_plan(plan_config(searching(sends))[1]).splitlines()
+    assert shown[4] == "  rank  s/evaluation  train GiB  layout"
+
+    training = search_layout(searching(run_config("qwen3-4b", "h100x8")))
+    assert training.enumerated == 1282 and "recompute" in training.ranked[0].describe()
