@@ -192,6 +192,16 @@ def test_preflight_refuses_a_slice_past_the_file_naming_its_rows(files: dict[str
     assert missing.message == "no such file on this machine"
 
 
+def test_preflight_tells_an_empty_files_owner_to_fill_it_not_to_find_it(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n")
+    rules = RowRules(fmt(), labelled=True)
+    (issue,) = check_prompt_file("recipe.data.prompt_data", str(tmp_path / "empty.jsonl"), rules)
+    assert issue.message == "the file holds no prompts"
+    assert issue.fix == (
+        "write one JSON object per line into it, or point recipe.data.prompt_data at another file"
+    )
+
+
 def test_a_file_that_is_not_parquet_is_refused_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "fake.parquet"
     path.write_text('{"prompt": "1+1?"}\n')
