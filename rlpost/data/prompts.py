@@ -265,6 +265,12 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
     label = None
     if fmt.label_key is not None:
         raw = _field(row, fmt.label_key, "data.label_key", unit)
+        if raw is None:  # a JSON null, or a parquet row's empty cell
+            raise LineError(
+                fmt.label_key,
+                f"is null: the {unit} has no reference answer to grade against",
+                f"store this {unit}'s reference answer under that key, or leave the {unit} out",
+            )
         if isinstance(raw, bool) or not isinstance(raw, str | int | float):
             raise LineError(
                 fmt.label_key,

@@ -97,6 +97,16 @@ def test_every_bad_line_is_reported_with_file_and_line(write_jsonl, chat_tokeniz
     assert text.startswith("rlpost: 6 data errors")
 
 
+def test_a_null_label_is_refused_as_a_missing_answer(write_jsonl, chat_tokenizer) -> None:
+    rows = [DAPO_ROW, {**DAPO_ROW, "label": None}]
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(write_jsonl(rows), fmt(), chat_tokenizer)
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.location.line) == ("label", 2)
+    assert issue.message == "is null: the line has no reference answer to grade against"
+    assert issue.fix == "store this line's reference answer under that key, or leave the line out"
+
+
 def test_many_bad_lines_are_summarised(write_jsonl, chat_tokenizer) -> None:
     path = write_jsonl(["not json"] * 25)
     with pytest.raises(PromptDataError) as info:
