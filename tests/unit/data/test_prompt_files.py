@@ -231,6 +231,16 @@ def test_a_path_slime_would_refuse_is_refused(path: str, says: str) -> None:
     assert says in raised.value.message
 
 
+def test_a_folder_is_refused_saying_how_hf_datasets_saved_one_converts() -> None:
+    with pytest.raises(InvariantError) as raised:
+        check_prompt_path("/d/gsm8k_train")
+    assert "has no suffix (a folder, or a file named without one)" in raised.value.message
+    assert "datasets.load_from_disk(FOLDER).to_parquet('train.parquet')" in raised.value.fix
+    with pytest.raises(InvariantError) as csv:
+        check_prompt_path("/d/train.csv")
+    assert "load_from_disk" not in csv.value.fix
+
+
 @pytest.mark.parametrize(
     "path", ["/d/a.jsonl", "/d/a.parquet@[0:1000]", "/d/a.jsonl@[-100:]", "/d/a.parquet@[-5:3]"]
 )
