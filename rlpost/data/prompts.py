@@ -180,9 +180,7 @@ def _too_few_left(
     cannot fill one rollout, naming the limit that keeps enough."""
     lengths = sorted(len(r.prompt_ids) for r in records)
     needed = lengths[min(min_prompts, len(lengths)) - 1]  # keeps min_prompts (or every one)
-    spread = (
-        f"(they run from {lengths[0]} to {lengths[-1]} tokens, the chat template's included)"
-    )
+    spread = f"(they run from {lengths[0]} to {lengths[-1]} tokens, the chat template's included)"
     what = (
         f"leaves out all {len(records)} prompts of the file {spread}"
         if not kept

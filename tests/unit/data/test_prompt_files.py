@@ -135,7 +135,7 @@ def test_a_parquet_map_with_a_key_twice_is_unreadable_naming_the_key(tmp_path: P
     maps = pa.map_(pa.string(), pa.string())
     table = pa.table({"extra": pa.array([[("question", "a"), ("question", "b")]], type=maps)})
     pq.write_table(table, tmp_path / "twice.parquet")
-    with pytest.raises(UnreadableFile, match="a map column holds a key twice.*'question'"):
+    with pytest.raises(UnreadableFile, match=r"a map column holds a key twice.*'question'"):
         list(prompt_rows(str(tmp_path / "twice.parquet")))
 
 
