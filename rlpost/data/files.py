@@ -1,6 +1,7 @@
 """A prompt file's rows, read as slime reads them: a jsonl file line by line (blank lines
-skipped), a parquet file batch by batch with each row a dict, then the path's row slice
-(`train.parquet@[0:1000]`, rlpost.schema.prompt_file) applied to the rows in file order.
+skipped), a parquet file batch by batch with each row a dict (its struct and map columns dicts
+too), then the path's row slice (`train.parquet@[0:1000]`, rlpost.schema.prompt_file) applied
+to the rows in file order.
 
 The training data and the evaluation sets, the loader and the preflight all read through
 `prompt_rows`. pyarrow is imported only where a parquet file is read: planning never needs it.
@@ -79,8 +80,14 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, RawRow]]:
     number = 0
     try:
         for batch in _parquet_file(path).iter_batches():
-            for row in batch.to_pylist():
+            # a map column (Spark writes dicts as maps) reads as an object, as a struct column
+            # does: a dotted key reads into both, as into a jsonl line's nested object
+            for row in batch.to_pylist(maps_as_pydicts="strict"):
                 number += 1
                 yield number, row
     except pa.ArrowException as exc:
         raise UnreadableFile(f"cannot be read past row {number} ({exc})") from None
+    except KeyError as exc:  # a map value that holds one key twice: no object holds it
+        raise UnreadableFile(
+            f"cannot be read past row {number}: a map column holds a key twice ({exc.args[0]})"
+        ) from None

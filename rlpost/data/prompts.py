@@ -110,9 +110,11 @@ def load_prompts(
     fmt: PromptFormat,
     tokenizer: ChatTokenizer,
     max_prompt_len: int | None = None,
+    min_prompts: int = 1,
 ) -> tuple[list[PromptRecord], int]:
     """The prompts the path selects (a jsonl or parquet file, with its row slice if any) and
-    how many `max_prompt_len` dropped; PromptDataError if bad."""
+    how many `max_prompt_len` (recipe.data's) dropped; PromptDataError if bad, or if the drop
+    leaves fewer than `min_prompts` (one rollout's)."""
     prompt_file = split_prompt_path(str(path))
     unit = prompt_file.unit
     rows: list[Row] = []
@@ -148,23 +150,52 @@ def load_prompts(
         more = _more_lines(bad_lines - len(issues), prompt_file.path, unit)
         raise PromptDataError(issues + more + ignored)
     records = _tokenize(rows, texts, tokenizer)
+    if not records:
+        why = "has no prompts"
+        if prompt_file.rows is not None:
+            why += f" in the rows {prompt_file.slice_text} selects"
+        fix = f"write one JSON object per {unit} into it, or use another file"
+        raise PromptDataError([Issue("prompt file", why, fix, value=str(path))])
     kept = [r for r in records if max_prompt_len is None or len(r.prompt_ids) <= max_prompt_len]
     dropped = len(records) - len(kept)
-    if dropped:
-        logger.info(
-            "%s: dropped %d of %d prompts over max_prompt_len=%s tokens",
-            path,
-            dropped,
-            len(records),
-            max_prompt_len,
-        )
-    if not kept:
-        why = f"all {len(records)} prompts exceed max_prompt_len" if records else "no prompts"
-        if not records and prompt_file.rows is not None:
-            why += f" in the rows {prompt_file.slice_text} selects"
-        fix = "use another file, or raise max_prompt_len"
-        raise PromptDataError([Issue("prompt file", f"has {why}", fix, value=str(path))])
+    if dropped and len(kept) < min_prompts:
+        too_few = _too_few_left(prompt_file.path, records, len(kept), max_prompt_len, min_prompts)
+        raise PromptDataError([too_few])
+    if dropped:  # said where the person launching sees it, not only in a log
+        logger.warning(
+            "%s: left out %d of %d prompts longer than recipe.data.max_prompt_len=%s tokens",
+            path, dropped, len(records), max_prompt_len,
+        )  # fmt: skip
     return kept, dropped
+
+
+def _too_few_left(
+    path: str,
+    records: Sequence[PromptRecord],
+    kept: int,
+    max_prompt_len: int | None,
+    min_prompts: int,
+) -> Issue:
+    """The refusal of a max_prompt_len that leaves out all prompts, or so many that those left
+    cannot fill one rollout, naming the limit that keeps enough."""
+    lengths = sorted(len(r.prompt_ids) for r in records)
+    needed = lengths[min(min_prompts, len(lengths)) - 1]  # keeps min_prompts (or every one)
+    spread = f"(they run from {lengths[0]} to {lengths[-1]} tokens, the chat template's included)"
+    what = (
+        f"leaves out all {len(records)} prompts of the file {spread}"
+        if not kept
+        else f"leaves out {len(records) - kept} of the file's {len(records)} prompts {spread}, "
+        f"and the {kept} left cannot fill one rollout of recipe.rollout.batch_size="
+        f"{min_prompts} prompts: every rollout would draw the same few again"
+    )
+    return Issue(
+        "recipe.data.max_prompt_len",
+        what,
+        f"raise recipe.data.max_prompt_len to at least {needed} (within the engines' context), "
+        "or use a file of shorter prompts",
+        value=max_prompt_len,
+        location=Location(file=path),
+    )
 
 
 class LineError(Exception):
@@ -232,6 +263,12 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
     label = None
     if fmt.label_key is not None:
         raw = _field(row, fmt.label_key, "data.label_key", unit)
+        if raw is None:  # a JSON null, or a parquet row's empty cell
+            raise LineError(
+                fmt.label_key,
+                f"is null: the {unit} has no reference answer to grade against",
+                f"store this {unit}'s reference answer under that key, or leave the {unit} out",
+            )
         if isinstance(raw, bool) or not isinstance(raw, str | int | float):
             raise LineError(
                 fmt.label_key,

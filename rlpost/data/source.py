@@ -245,6 +245,7 @@ class DataSource:
         *,
         n_samples_per_prompt: int,
         buffer_filter: str | None = None,
+        prompts_per_rollout: int = 1,
     ) -> DataSource:
         if config.source:
             ctx = SourceContext(
@@ -263,7 +264,11 @@ class DataSource:
             )
         assert config.prompt_data is not None  # the schema requires one of the two
         prompts, dropped = load_prompts(
-            config.prompt_data, prompt_format(config), tokenizer, config.max_prompt_len
+            config.prompt_data,
+            prompt_format(config),
+            tokenizer,
+            config.max_prompt_len,
+            min_prompts=prompts_per_rollout,
         )
         return cls.of_prompts(
             prompts,

@@ -436,7 +436,8 @@ def check_prompt_file(key: str, path_text: str, rules: RowRules) -> list[Issue]:
             )
         )
     elif not rows:
-        issues.append(Issue(key, "the file holds no prompts", fix_path, value=path_text))
+        fix_empty = f"write one JSON object per {unit} into it, or point {key} at another file"
+        issues.append(Issue(key, "the file holds no prompts", fix_empty, value=path_text))
     return issues
 
 

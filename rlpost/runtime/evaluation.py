@@ -78,8 +78,8 @@ def load_eval_sets(
         )
         groups = [g for g in everything if fits(g, ev.max_prompt_len)]
         dropped = len(everything) - len(groups)
-        if dropped and groups:
-            logger.info(
+        if dropped and groups:  # said where the person launching sees it, not only in a log
+            logger.warning(
                 "eval set %s (%s): left out %d of %d prompts over recipe.eval.max_prompt_len="
                 "%s tokens",
                 dataset.name, dataset.path, dropped, len(everything), ev.max_prompt_len,

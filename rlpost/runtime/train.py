@@ -169,6 +169,7 @@ def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
             tokenizer,
             n_samples_per_prompt=rollout.n_samples_per_prompt,
             buffer_filter=rollout.buffer_filter,
+            prompts_per_rollout=rollout.batch_size,
         )
         if resume:
             data.load_state(resume.state.data)

@@ -94,7 +94,13 @@ def check_prompt_path(text: str) -> str:
             f"{prompt.path} has {what}; prompt files are read as jsonl (.jsonl) or parquet "
             "(.parquet), by the suffix",
             fields=(),
-            fix=f"give {FORMS}",
+            fix=f"give {FORMS}"
+            + (
+                ""
+                if suffix
+                else "; a folder written by HF datasets' save_to_disk converts with "
+                "datasets.load_from_disk(FOLDER).to_parquet('train.parquet')"
+            ),
         )
     if prompt.rows is not None and selects_none(prompt.rows):
         raise InvariantError(

@@ -112,6 +112,33 @@ def test_a_dotted_label_key_reads_verl_nested_answer(tmp_path: Path, chat_tokeni
     assert record.prompt == VERL_ROW["prompt"]
 
 
+def test_a_dotted_key_reads_into_a_parquet_map_column_as_into_a_struct(
+    tmp_path: Path, chat_tokenizer
+) -> None:
+    # Spark and pandas-on-Spark write a dict column as a parquet map, not a struct
+    maps = pa.map_(pa.string(), pa.string())
+    table = pa.table(
+        {
+            "extra": pa.array([[("question", "what is 2 times 3?")]], type=maps),
+            "reward_model": pa.array([[("ground_truth", "6")]], type=maps),
+        }
+    )
+    pq.write_table(table, tmp_path / "map.parquet")
+    keys = fmt(input_key="extra.question", label_key="reward_model.ground_truth")
+    (record,) = load_prompts(tmp_path / "map.parquet", keys, chat_tokenizer)[0]
+    assert (record.prompt, record.label) == ("what is 2 times 3?", "6")
+    rules = RowRules(keys, labelled=True)
+    assert check_prompt_file("recipe.data.prompt_data", str(tmp_path / "map.parquet"), rules) == []
+
+
+def test_a_parquet_map_with_a_key_twice_is_unreadable_naming_the_key(tmp_path: Path) -> None:
+    maps = pa.map_(pa.string(), pa.string())
+    table = pa.table({"extra": pa.array([[("question", "a"), ("question", "b")]], type=maps)})
+    pq.write_table(table, tmp_path / "twice.parquet")
+    with pytest.raises(UnreadableFile, match=r"a map column holds a key twice.*'question'"):
+        list(prompt_rows(str(tmp_path / "twice.parquet")))
+
+
 def test_a_top_level_key_with_dots_wins_over_the_nested_path(write_jsonl, chat_tokenizer) -> None:
     row = {"prompt": "1+1?", "a.b": "top", "a": {"b": "nested"}}
     (record,) = load_prompts(write_jsonl([row]), fmt(label_key="a.b"), chat_tokenizer)[0]
@@ -165,6 +192,16 @@ def test_preflight_refuses_a_slice_past_the_file_naming_its_rows(files: dict[str
     assert missing.message == "no such file on this machine"
 
 
+def test_preflight_tells_an_empty_files_owner_to_fill_it_not_to_find_it(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n")
+    rules = RowRules(fmt(), labelled=True)
+    (issue,) = check_prompt_file("recipe.data.prompt_data", str(tmp_path / "empty.jsonl"), rules)
+    assert issue.message == "the file holds no prompts"
+    assert issue.fix == (
+        "write one JSON object per line into it, or point recipe.data.prompt_data at another file"
+    )
+
+
 def test_a_file_that_is_not_parquet_is_refused_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "fake.parquet"
     path.write_text('{"prompt": "1+1?"}\n')
@@ -192,6 +229,16 @@ def test_a_path_slime_would_refuse_is_refused(path: str, says: str) -> None:
     with pytest.raises(InvariantError) as raised:
         check_prompt_path(path)
     assert says in raised.value.message
+
+
+def test_a_folder_is_refused_saying_how_hf_datasets_saved_one_converts() -> None:
+    with pytest.raises(InvariantError) as raised:
+        check_prompt_path("/d/gsm8k_train")
+    assert "has no suffix (a folder, or a file named without one)" in raised.value.message
+    assert "datasets.load_from_disk(FOLDER).to_parquet('train.parquet')" in raised.value.fix
+    with pytest.raises(InvariantError) as csv:
+        check_prompt_path("/d/train.csv")
+    assert "load_from_disk" not in csv.value.fix
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,6 +97,16 @@ def test_every_bad_line_is_reported_with_file_and_line(write_jsonl, chat_tokeniz
     assert text.startswith("rlpost: 6 data errors")
 
 
+def test_a_null_label_is_refused_as_a_missing_answer(write_jsonl, chat_tokenizer) -> None:
+    rows = [DAPO_ROW, {**DAPO_ROW, "label": None}]
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(write_jsonl(rows), fmt(), chat_tokenizer)
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.location.line) == ("label", 2)
+    assert issue.message == "is null: the line has no reference answer to grade against"
+    assert issue.fix == "store this line's reference answer under that key, or leave the line out"
+
+
 def test_many_bad_lines_are_summarised(write_jsonl, chat_tokenizer) -> None:
     path = write_jsonl(["not json"] * 25)
     with pytest.raises(PromptDataError) as info:
@@ -116,8 +127,52 @@ def test_max_prompt_len_drops_long_prompts_and_counts_them(
     records, dropped = load_prompts(write_jsonl(rows), fmt(), chat_tokenizer, max_prompt_len=30)
     assert [r.label for r in records] == ["1"]
     assert dropped == 1
-    with pytest.raises(PromptDataError, match="all 2 prompts exceed max_prompt_len"):
+    with pytest.raises(PromptDataError) as refused:
         load_prompts(write_jsonl(rows), fmt(), chat_tokenizer, max_prompt_len=2)
+    (issue,) = refused.value.issues
+    shortest = len(records[0].prompt_ids)
+    assert (issue.key, issue.value) == ("recipe.data.max_prompt_len", 2)
+    assert issue.message.startswith("leaves out all 2 prompts of the file (they run from ")
+    assert f"raise recipe.data.max_prompt_len to at least {shortest} " in issue.fix
+
+
+def test_a_drop_is_said_loudly_and_one_that_cannot_fill_a_rollout_is_refused(
+    write_jsonl: Callable[..., Path], chat_tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = [{"prompt": "short", "label": "1"}]
+    rows += [{"prompt": "long " * (20 + i), "label": "2"} for i in range(9)]
+    path = write_jsonl(rows)
+    everything, _ = load_prompts(path, fmt(), chat_tokenizer)
+    lengths = sorted(len(r.prompt_ids) for r in everything)  # the template's tokens included
+    with caplog.at_level(logging.WARNING, logger="rlpost"):
+        kept, dropped = load_prompts(path, fmt(), chat_tokenizer, max_prompt_len=lengths[0])
+    assert (len(kept), dropped) == (1, 9)
+    assert (
+        f"left out 9 of 10 prompts longer than recipe.data.max_prompt_len={lengths[0]} tokens"
+        in caplog.text
+    )
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(path, fmt(), chat_tokenizer, max_prompt_len=lengths[0], min_prompts=4)
+    (issue,) = refused.value.issues
+    assert issue.message.startswith(
+        f"leaves out 9 of the file's 10 prompts (they run from {lengths[0]} to {lengths[-1]} "
+    )
+    assert "the 1 left cannot fill one rollout of recipe.rollout.batch_size=4 prompts" in (
+        issue.message
+    )
+    assert f"at least {lengths[3]} " in issue.fix
+    assert str(issue.location) == str(path)
+    kept, _ = load_prompts(path, fmt(), chat_tokenizer, max_prompt_len=lengths[3], min_prompts=4)
+    assert len(kept) == 4
+
+
+def test_an_empty_file_is_refused_saying_what_to_write(tmp_path: Path, chat_tokenizer) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(PromptDataError) as refused:
+        load_prompts(tmp_path / "empty.jsonl", fmt(), chat_tokenizer)
+    (issue,) = refused.value.issues
+    assert issue.message == "has no prompts"
+    assert issue.fix == "write one JSON object per line into it, or use another file"
 
 
 def test_missing_file_names_the_path(tmp_path: Path, chat_tokenizer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -175,7 +176,7 @@ def _eval_file(tmp_path: Path, words: list[int]) -> Path:
 
 
 def test_eval_max_prompt_len_leaves_long_evaluation_prompts_out_before_any_actor(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An evaluation prompt longer than the engines' context would be refused at the first
     evaluation, after the run started: it is refused as the inputs load, naming the set and
@@ -192,8 +193,10 @@ def test_eval_max_prompt_len_leaves_long_evaluation_prompts_out_before_any_actor
     assert str(issue.location) == str(path)
     assert "recipe.eval.max_prompt_len: 496" in issue.fix  # 512 positions, 16 response tokens
     bounded, _ = compose_run_config([*sets, "recipe.eval.max_prompt_len=496"])
-    (evaluation,) = load_inputs(bounded, None).eval_sets
+    with caplog.at_level(logging.WARNING, logger="rlpost"):
+        (evaluation,) = load_inputs(bounded, None).eval_sets
     assert (len(evaluation.groups), evaluation.dropped) == (1, 1)
+    assert "left out 1 of 2 prompts over recipe.eval.max_prompt_len=496" in caplog.text
     assert len(evaluation.groups[0][0].prompt_ids) <= 496
 
 
@@ -219,3 +222,29 @@ def test_an_evaluation_set_whose_every_prompt_is_too_long_is_refused_before_any_
         "its 2 prompts run from "
     )
     assert issue.fix.startswith("raise recipe.eval.max_prompt_len to at least ")
+
+
+def test_a_max_prompt_len_that_leaves_too_few_training_prompts_for_a_rollout_is_refused(
+    tmp_path: Path,
+) -> None:
+    """recipe.data.max_prompt_len leaving fewer prompts than one rollout draws
+    (recipe.rollout.batch_size, 8 on the CPU default) would have every rollout draw the same
+    few again: refused as the inputs load, before any actor, naming the limit."""
+    path = _eval_file(tmp_path, [1] * 7 + [60] * 9)
+    base = [f"recipe.data.prompt_data={path}"]
+    cfg, _ = compose_run_config([*base, "recipe.data.max_prompt_len=32"])
+    with pytest.raises(UserError) as refused:
+        load_inputs(cfg, None)
+    (issue,) = refused.value.issues
+    assert (issue.key, issue.value) == ("recipe.data.max_prompt_len", 32)
+    assert "recipe.rollout.batch_size=8" in issue.message
+    fewer, _ = compose_run_config(
+        [
+            *base,
+            "recipe.data.max_prompt_len=32",
+            "recipe.rollout.batch_size=7",
+            "recipe.train.global_batch_size=56",
+        ]
+    )
+    data = load_inputs(fewer, None).data
+    assert data is not None and (len(data), data.num_dropped) == (7, 9)
