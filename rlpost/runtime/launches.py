@@ -103,7 +103,7 @@ def record_end(run_dir: Path, launch: int, end: LaunchEnd) -> None:
         "exit_status": end.exit_status,
         "last_rollout": last_rollout(run_dir, newest),
         "checkpoint": saved,
-        "what": end.what,
+        "what": end.what.splitlines()[0] if end.what else "",  # the rest: failures.log
     }
     try:
         with (run_dir / ENDS_FILE).open("a", encoding="utf-8") as f:

@@ -178,7 +178,7 @@ def test_every_way_a_launch_ends_is_an_outcome_with_the_launchers_exit_status(
         (KeyboardInterrupt, [], [("interrupted", EXIT_INTERRUPTED)]),
         (Stopped(0, None), ["run.on_sigterm=stop"], [("stopped", EXIT_STOPPED)]),
         (
-            RunFault("train rank 0 died"),
+            RunFault("train rank 0 died\nits last words: ..."),
             ["run.max_restarts=1"],
             [("restarted", None), ("failed", EXIT_RUN_FAILED)],
         ),
