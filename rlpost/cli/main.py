@@ -8,6 +8,7 @@
     rlpost new recipe NAME --from BASE [KEY=VALUE...]
     rlpost new hardware NAME [--nodes N]                                 # from this machine
     rlpost run ...                                                       # python launch.py ...
+    rlpost status RUN_DIR                  # how each launch ended; what run.resume=auto does
     rlpost cluster up --hostfile FILE | status | down | wait             # a Ray cluster over ssh
     rlpost slurm model=... recipe=... hardware=... --run-dir DIR [--out FILE]  # sbatch script
     rlpost kuberay model=... recipe=... hardware=... --image IMAGE [--pvc PVC]  # a RayJob
@@ -146,7 +147,7 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def verbs() -> dict[str, Verb]:
-    from rlpost.cli import catalog, cluster, import_slime, schedulers, show, validate
+    from rlpost.cli import catalog, cluster, import_slime, run_status, schedulers, show, validate
 
     return {
         "ls": _verb(catalog),
@@ -160,6 +161,7 @@ def verbs() -> dict[str, Verb]:
             _new,
         ),
         "run": Verb("launch: exactly `python launch.py ARGS`", lambda p: None, lambda a: 0),
+        "status": _verb(run_status),
         "cluster": _verb(cluster),
         "slurm": Verb(schedulers.SLURM_HELP, schedulers.add_slurm_arguments, schedulers.slurm),
         "kuberay": Verb(

@@ -3,7 +3,8 @@
 <run.dir>/
   config.yaml        the resolved config of the latest launch
   provenance.json    that launch: command line, overrides, git revision, package versions
-  launches.jsonl     one line per launch (first start and every resume)
+  launches.jsonl     one line per launch (first start, every resume and restart) as it starts
+  launch_ends.jsonl  one line as each ends: how, its exit status (rlpost.runtime.launches)
   metrics.jsonl      one record per rollout        (rlpost.runtime.metrics)
   tensorboard/       the same metrics for TensorBoard
   ckpt/rollout_<n>/  checkpoints after n rollouts  (rlpost.runtime.checkpoint)

@@ -6,7 +6,8 @@ the newest checkpoint to resume from) and exit status 3. A fault (a train rank, 
 the router or an actor of the driver died, a collective hung) restarts the launch from the
 newest complete checkpoint, up to `run.max_restarts` times, each restart recorded in
 launches.jsonl. SIGTERM stops it as `run.on_sigterm` says (rlpost.runtime.stop), with exit
-status 143 and no restart.
+status 143 and no restart. However a launch (or restart) that wrote its start line ends, it
+says how in launch_ends.jsonl (rlpost.runtime.launches).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from rlpost.runtime.failures import (
     record_failure,
     stopped,
 )
+from rlpost.runtime.launches import LaunchEnd, ending, launch_count, record_end
 from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
@@ -58,7 +60,6 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
     run_dir = run_dir_of(cfg)
     total = cfg.recipe.rollout.num_rollout
     restarts = 0
-    evaluation = cfg.mode == "eval"  # saves no checkpoint: a failure names none to resume
     while True:
         start = resume.start_rollout if resume else 0
         if start >= total and cfg.mode == "train":
@@ -74,37 +75,20 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
                 f"rollout to train; finishing what the stop left of rollout {start - 1}"
             )
         prepare_run_dir(cfg, start, restart=restarts)
-        if resume:
-            set_aside_newer(run_dir, start)
-        if cfg.run.deterministic:
-            seed_driver(cfg.run.seed)
-        # The inputs (tokenizer, data) load while Ray starts; the session waits for them
-        # before it starts any actor, so a data problem still stops the run before then.
-        stop = StopSignal(cfg.run.on_sigterm)
-        resumed = resume.path if resume else None  # where this attempt continues from
-        with ThreadPoolExecutor(1, thread_name_prefix="rlpost-inputs") as loading:
-            inputs = loading.submit(load_inputs, cfg, resume)
-            try:
-                reports = asyncio.run(_train(cfg, plan, run_dir, inputs, resume, stop))
-                break
-            except UserError:
-                raise
-            except KeyboardInterrupt:
-                raise interrupted(run_dir, restarts, evaluation, resumed) from None
-            except Stopped as halted:
-                raise stopped(halted, run_dir, restarts, "", evaluation, resumed) from None
-            except asyncio.CancelledError:
-                if not stop.signalled:
-                    raise
-                raise stopped(None, run_dir, restarts, "", evaluation, resumed) from None
-            except Exception as exc:
-                record_failure(run_dir, exc)
-                if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
-                    what = describe(exc)
-                    raise stopped(None, run_dir, restarts, what, evaluation, resumed) from exc
-                if not is_fault(exc) or restarts >= cfg.run.max_restarts:
-                    raise failed(describe(exc), run_dir, restarts, evaluation, resumed) from exc
-                fault = describe(exc)
+        launch = launch_count(run_dir) - 1
+        try:
+            reports = _launch(cfg, plan, run_dir, resume, restarts)
+        except Restart as restart:
+            record_end(run_dir, launch, LaunchEnd("restarted", None, restart.fault))
+            fault = restart.fault
+        except BaseException as exc:
+            end = ending(exc)
+            if end is not None:
+                record_end(run_dir, launch, end)
+            raise
+        else:
+            record_end(run_dir, launch, LaunchEnd("finished", 0))
+            break
         restarts += 1
         resume = find_resume_point(_resuming(cfg, run_dir), plan, run_dir)
         where = resume.path if resume else "rollout 0 (no checkpoint yet)"
@@ -116,6 +100,52 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
         print(format_eval_table(reports))
     print(f"run directory: {run_dir}")
     return run_dir
+
+
+class Restart(Exception):
+    """A fault that a restart in place mends (run.max_restarts): `fault`, in a line or two."""
+
+    def __init__(self, fault: str) -> None:
+        super().__init__(fault)
+        self.fault = fault
+
+
+def _launch(
+    cfg: RunConfig, plan: Plan, run_dir: Path, resume: ResumePoint | None, restarts: int
+) -> list[EvalReport]:
+    """One launch (or restart) after its start line: its reports when it finishes; RunFailed
+    (stopped, interrupted, failed), a UserError, or Restart when it ends otherwise."""
+    evaluation = cfg.mode == "eval"  # saves no checkpoint: a failure names none to resume
+    if resume:
+        set_aside_newer(run_dir, resume.start_rollout)
+    if cfg.run.deterministic:
+        seed_driver(cfg.run.seed)
+    # The inputs (tokenizer, data) load while Ray starts; the session waits for them
+    # before it starts any actor, so a data problem still stops the run before then.
+    stop = StopSignal(cfg.run.on_sigterm)
+    resumed = resume.path if resume else None  # where this attempt continues from
+    with ThreadPoolExecutor(1, thread_name_prefix="rlpost-inputs") as loading:
+        inputs = loading.submit(load_inputs, cfg, resume)
+        try:
+            return asyncio.run(_train(cfg, plan, run_dir, inputs, resume, stop))
+        except UserError:
+            raise
+        except KeyboardInterrupt:
+            raise interrupted(run_dir, restarts, evaluation, resumed) from None
+        except Stopped as halted:
+            raise stopped(halted, run_dir, restarts, "", evaluation, resumed) from None
+        except asyncio.CancelledError:
+            if not stop.signalled:
+                raise
+            raise stopped(None, run_dir, restarts, "", evaluation, resumed) from None
+        except Exception as exc:
+            record_failure(run_dir, exc)
+            if stop.signalled:  # a save on SIGTERM that failed: the run stops all the same
+                what = describe(exc)
+                raise stopped(None, run_dir, restarts, what, evaluation, resumed) from exc
+            if not is_fault(exc) or restarts >= cfg.run.max_restarts:
+                raise failed(describe(exc), run_dir, restarts, evaluation, resumed) from exc
+            raise Restart(describe(exc)) from exc
 
 
 async def _train(

@@ -28,6 +28,10 @@ commands = [
     ["validate", "--no-local-checks", "--config-dir", out, "model=my_deepseek", "recipe=mine",
      "hardware=cpu", "plan.memory_check=warn"],
 ]
+run = out + "/run"  # a run directory, as a launch that was killed leaves it
+__import__("os").makedirs(run)
+open(run + "/launches.jsonl", "w").write('{"start_rollout": 0}\\n')
+commands.append(["status", run])
 for argv in commands:
     with contextlib.redirect_stdout(io.StringIO()):
         main(argv)

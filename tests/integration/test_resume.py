@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rlpost.runtime.launches import read_launches, render_status
 from rlpost.runtime.rollout_dump import dump_path, first_difference
 from rlpost.schema.training_only import training_only
 
@@ -313,6 +314,15 @@ def test_a_run_killed_at_a_random_moment_then_during_a_save_resumes_with_identic
     restart = launches[1]["start_rollout"]
     assert [x["start_rollout"] for x in launches] == [0, restart, NUM_ROLLOUT - 1]
     assert 1 <= restart <= killed_at
+    # the killed drivers wrote no end; the last launch says it finished
+    assert [x.end["outcome"] if x.end else None for x in read_launches(run_dir)] == [
+        None, None, "finished"
+    ]  # fmt: skip
+    status = render_status(run_dir)
+    assert status.count("ended without a word: its driver was killed") == 2, status
+    assert status.endswith(f"nothing to continue: finished ({NUM_ROLLOUT} of "
+                           f"recipe.rollout.num_rollout={NUM_ROLLOUT} rollouts done); "
+                           "raise num_rollout to train on")  # fmt: skip
     # one wandb run, continued; TensorBoard keeps one value per step, the resumed one
     wandb_runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 3 and len({name.rsplit("-", 1)[1] for name in wandb_runs}) == 1
@@ -347,6 +357,9 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert early.wait(timeout=120) == 143, early_log.read_text()[-3000:]
     assert "the run stopped: SIGTERM" in early_log.read_text()
     assert "SIGTERM received" not in early_log.read_text()
+    (early_launch,) = read_launches(tmp_path / "early")
+    assert early_launch.end is not None and early_launch.end["outcome"] == "stopped", early_launch
+    assert (early_launch.end["exit_status"], early_launch.end["checkpoint"]) == (143, None)
     _ends(early)
 
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
@@ -372,6 +385,14 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert "SIGTERM received" not in text, text[-3000:]  # no stack dump from Ray's handler
     assert [p.name for p in ckpt.iterdir()] == ["rollout_2"]
     assert not (run_dir / "hf").exists()
+    (first,) = read_launches(run_dir)
+    assert first.end is not None and first.end["outcome"] == "stopped", first
+    assert first.end["what"].startswith("SIGTERM; every finished rollout (2) is in")
+    assert (first.end["exit_status"], first.end["last_rollout"]) == (143, 1)
+    assert first.end["checkpoint"] == {"path": str(ckpt / "rollout_2"), "rollouts_done": 2}
+    assert render_status(run_dir).endswith(
+        f"next, with run.resume=auto: continue from rollout 2 ({ckpt / 'rollout_2'})"
+    )
     _ends(proc)
 
     # resumed: rollout 1's evaluation, record and export first; then the signal arrives while
@@ -406,6 +427,9 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert [p.name for p in (ended / "hf").iterdir()] == ["rollout_4"]
     saved = json.loads((ended / "ckpt" / "rollout_4" / "loop.json").read_text())
     assert saved["unfinished"] is None
+    assert render_status(ended).endswith("nothing to continue: finished (4 of "
+                                         "recipe.rollout.num_rollout=4 rollouts done); "
+                                         "raise num_rollout to train on")  # fmt: skip
     finished = launch([*cut, "run.resume=auto"])
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "nothing to train" in finished.stdout
@@ -414,6 +438,9 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {ckpt / 'rollout_4'}" in resumed.stdout
     same_run(run_dir, reference)
+    assert [(x.end or {}).get("outcome") for x in read_launches(run_dir)] == [
+        "stopped", "stopped", "finished"
+    ]  # fmt: skip
     assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [
         "rollout_2", "rollout_4", "rollout_5"
     ]  # fmt: skip
@@ -701,6 +728,11 @@ def test_a_hung_then_a_dead_train_rank_restart_the_run_in_place(
     launches = [json.loads(line) for line in (run_dir / "launches.jsonl").read_text().splitlines()]
     assert [x.get("restart", 0) for x in launches] == [0, 1, 2]
     assert launches[1]["start_rollout"] >= 1 and launches[2]["start_rollout"] >= 3
+    ends = [x.end or {} for x in read_launches(run_dir)]
+    assert [(end.get("outcome"), end.get("exit_status")) for end in ends] == [
+        ("restarted", None), ("restarted", None), ("finished", 0)
+    ]  # fmt: skip
+    assert "did not arrive" in ends[0]["what"], ends
     failures = (run_dir / "logs" / "failures.log").read_text().splitlines()
     assert sum(line.startswith("--- ") for line in failures) == 2  # one entry per fault
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.runtime.launches import read_launches
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,4 +44,9 @@ def test_a_failed_job_does_not_end_the_sweep(tmp_path: Path) -> None:
     assert jobs[0]["reason"].startswith("JSONDecodeError")
     assert jobs[0]["logs"] == str(sweep_dir / "0" / "logs" / "failures.log")
     assert (sweep_dir / "1" / "metrics.jsonl").is_file()
+    # the failure while the run started is the first job's launch's end
+    (failure,) = read_launches(sweep_dir / "0")
+    assert failure.end is not None and failure.end["what"].startswith("JSONDecodeError")
+    assert (failure.end["outcome"], failure.end["exit_status"]) == ("failed", 3)
+    assert [x.end["outcome"] for x in read_launches(sweep_dir / "1") if x.end] == ["finished"]
     assert "job 0 failed: JSONDecodeError" in done.stdout
