@@ -45,8 +45,8 @@ def _no_check(run: RunConfig, plan: Plan, machine: bool) -> None:
 
 
 LOCAL_NOTE = (
-    "(the checks above include this machine's files, packages and GPUs; for a config meant "
-    "to run on another machine, add --no-local-checks)"
+    "(the checks above include this machine's {checked}; for a config meant to run on another "
+    "machine, add --no-local-checks)"
 )
 
 
@@ -59,7 +59,10 @@ def _preflight(run: RunConfig, plan: Plan, machine: bool) -> None:
     except UserError as exc:
         if not machine:
             raise
-        raise UserError(exc.issues, title=exc.title, note=LOCAL_NOTE) from None
+        checked = "files, packages and GPUs" if run.hardware.kind == "gpu" else "files and packages"
+        raise UserError(
+            exc.issues, title=exc.title, note=LOCAL_NOTE.format(checked=checked)
+        ) from None
 
 
 # Checks a mode adds after planning (the launcher's MODES, minus their side effects).
@@ -96,7 +99,8 @@ def checked(run: RunConfig, machine: bool = True) -> str:
     )
     text += ", plan" + (", files and this machine" if local else "")
     if run.mode in LAUNCH_MODES and not machine:
-        text += " (not this machine's files, packages or GPUs: --no-local-checks)"
+        unread = "files, packages or GPUs" if run.hardware.kind == "gpu" else "files or packages"
+        text += f" (not this machine's {unread}: --no-local-checks)"
     elif not config_json:
         text += f" (no config.json at model.hf_checkpoint={run.model.hf_checkpoint} here)"
     return text

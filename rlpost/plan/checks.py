@@ -23,6 +23,7 @@ from rlpost.plan.layout import EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
 from rlpost.plan.stages import FIRST, LAST, lopsided, most_balanced_split, split_change
 from rlpost.schema import GENERIC_FAMILY, ModelConfig, RunConfig
+from rlpost.schema.hardware import device_word
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,15 @@ class PlanContext:
     sizes: Sizes
     parallel: ParallelLayout
     engine: EngineLayout
+
+    def devices(self, count: int) -> str:
+        """What `count` of the profile's devices are called: GPUs, or device slots on CPU."""
+        return device_word(self.cfg.hardware.kind, count)
+
+    def replicas(self, size: int) -> str:
+        """Model replicas of `size` devices each: '2-GPU model replicas', or on CPU
+        '2-device-slot model replicas'."""
+        return f"{size}-{self.devices(1).replace(' ', '-')} model replicas"
 
 
 Check = Callable[[PlanContext], list[Issue]]
@@ -75,14 +85,18 @@ def _examples(values: list[int], limit: int = 6) -> str:
 @check("gpu_budget")
 def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
     s, hw = ctx.sizes, ctx.cfg.hardware
-    where = f"{hw.name} has {s.total_gpus} GPUs ({hw.num_nodes} x {hw.gpus_per_node}"
+    where = (
+        f"{hw.name} has {s.total_gpus} {ctx.devices(s.total_gpus)} "
+        f"({hw.num_nodes} x {hw.gpus_per_node}"
+    )
     kept = hw.total_gpus - s.total_gpus
     where += f", less {kept} for the reward model)" if kept else ")"
     if s.colocate and s.train_gpus > s.total_gpus:
         return [
             Issue(
                 "layout.train.num_gpus",
-                f"colocated training and rollout share {s.train_gpus} GPUs, but {where}",
+                f"colocated training and rollout share {s.train_gpus} {ctx.devices(s.train_gpus)}, "
+                f"but {where}",
                 f"set layout.train.num_gpus <= {s.total_gpus}, or pick a larger hardware profile",
                 s.train_gpus,
             )
@@ -93,8 +107,8 @@ def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
         return [
             Issue(
                 "layout.rollout.num_gpus",
-                f"decoupled (colocate: false) leaves no GPUs for the engines: "
-                f"{s.train_gpus} train GPUs take all of them",
+                f"decoupled (colocate: false) leaves no {ctx.devices(0)} for the engines: "
+                f"{s.train_gpus} train {ctx.devices(2)} take all of them",
                 f"set layout.train.num_gpus below {s.total_gpus} and layout.rollout.num_gpus "
                 "to the rest, or layout.colocate: true",
                 0,
@@ -105,7 +119,7 @@ def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "layout.rollout.num_gpus",
                 f"decoupled placement asks for {s.train_gpus} train + {s.rollout_gpus} rollout = "
-                f"{s.train_gpus + s.rollout_gpus} GPUs, but {where}",
+                f"{s.train_gpus + s.rollout_gpus} {ctx.devices(2)}, but {where}",
                 f"make layout.train.num_gpus + layout.rollout.num_gpus <= {s.total_gpus} "
                 f"(e.g. rollout {max(0, s.total_gpus - s.train_gpus)}), or pick larger hardware",
                 s.rollout_gpus,
@@ -122,8 +136,9 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
         return [
             Issue(
                 "layout.train.num_gpus",
-                f"{world} train GPUs do not split into tp x pp x cp = {p.tp} x {p.pp} x {p.cp} "
-                f"= {model_parallel}-GPU model replicas (data parallelism needs whole replicas)",
+                f"{world} train {ctx.devices(2)} do not split into tp x pp x cp = "
+                f"{p.tp} x {p.pp} x {p.cp} = {ctx.replicas(model_parallel)} (data parallelism "
+                "needs whole replicas)",
                 _train_grid_fix(ctx),
                 world,
             )
@@ -133,7 +148,7 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "layout.train.dp",
                 f"tp x pp x cp x dp = {p.tp} x {p.pp} x {p.cp} x {p.dp} = {p.world}, but there "
-                f"are {world} train GPUs",
+                f"are {world} train {ctx.devices(2)}",
                 f"set layout.train.dp: {world // model_parallel}, or remove it to derive it",
                 p.dp,
             )
@@ -156,11 +171,12 @@ def _train_grid_fix(ctx: PlanContext) -> str:
     more = list(range(model_parallel, room + 1, model_parallel))
     if more and _tp_splits(model, p.tp):
         fixes.append(
-            f"use a multiple of {model_parallel} train GPUs that {ctx.cfg.hardware.name} has "
+            f"use a multiple of {model_parallel} train {ctx.devices(2)} that "
+            f"{ctx.cfg.hardware.name} has "
             f"(layout.train.num_gpus: {_examples(more)})"
         )
     elif _tp_splits(model, p.tp):
-        fixes.append(f"use a hardware profile of {model_parallel} GPUs or more")
+        fixes.append(f"use a hardware profile of {model_parallel} {ctx.devices(2)} or more")
     if s.train_gpus % others != 0:
         fixes.append("change layout.train.pp/cp")
     return "; or ".join(fixes)
@@ -246,8 +262,8 @@ def check_experts(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "layout.train.ep",
                 f"megatron-core lays experts on an etp x ep x pp grid that must divide the world: "
-                f"{p.etp} x {p.ep} x {p.pp} = {grid} does not divide {ctx.sizes.train_gpus} "
-                "train GPUs (equivalently, ep x etp must divide tp x cp x dp)",
+                f"{p.etp} x {p.ep} x {p.pp} = {grid} does not divide {world} train "
+                f"{ctx.devices(world)} (equivalently, ep x etp must divide tp x cp x dp)",
                 f"pick ep and etp whose product divides world / pp (here {grid_room})",
                 p.ep,
             )
@@ -456,8 +472,9 @@ def check_trainer_backend(ctx: PlanContext) -> list[Issue]:
                 f"the {backend} trainer is data parallel only (FSDP2 shards the model over the "
                 f"data-parallel ranks; it has no tensor, pipeline, context or expert "
                 f"parallelism), and the layout has {sizes}",
-                f"remove {keys} (every train GPU then holds 1/DP of the model); if it does not "
-                "fit, layout.train.fsdp.cpu_offload: true or more GPUs; or layout=auto, which "
+                f"remove {keys} (every train {ctx.devices(1)} then holds 1/DP of the model); "
+                f"if it does not fit, layout.train.fsdp.cpu_offload: true or more "
+                f"{ctx.devices(2)}; or layout=auto, which "
                 "searches this trainer's layouts" + megatron,
                 value=configured,
             )

@@ -17,7 +17,8 @@ def check_engine_divides_rollout(ctx: PlanContext) -> list[Issue]:
         return [
             Issue(
                 "layout.rollout.gpus_per_engine",
-                f"{gpus} rollout GPUs do not split into engines of {size} GPUs",
+                f"{gpus} rollout {ctx.devices(2)} do not split into engines of {size} "
+                f"{ctx.devices(2)}",
                 f"use an engine size that divides {gpus}: {', '.join(map(str, divisors(gpus)))}",
                 size,
             )
@@ -37,14 +38,19 @@ def check_engine_nodes(ctx: PlanContext) -> list[Issue]:
     first = offset + bad[0] * size
     if size > hw.gpus_per_node:
         why = (
-            f"an engine of {size} GPUs spans nodes of {hw.gpus_per_node}, so it must cover "
-            f"whole nodes from a node boundary; engine {bad[0]} starts at GPU "
+            f"an engine of {size} {ctx.devices(size)} spans nodes of {hw.gpus_per_node}, so it "
+            f"must cover whole nodes from a node boundary; engine {bad[0]} starts at "
+            f"{ctx.devices(1)} "
             f"{first % hw.gpus_per_node} of node {first // hw.gpus_per_node}"
         )
-        fix = f"use a multiple of {hw.gpus_per_node} GPUs per engine, and whole train nodes"
+        fix = (
+            f"use a multiple of {hw.gpus_per_node} {ctx.devices(2)} per engine, and whole "
+            "train nodes"
+        )
     else:
         why = (
-            f"engine {bad[0]} would take GPUs {first}..{first + size - 1}, crossing from node "
+            f"engine {bad[0]} would take {ctx.devices(2)} {first}..{first + size - 1}, crossing "
+            "from node "
             f"{first // hw.gpus_per_node} to node {(first + size - 1) // hw.gpus_per_node}; "
             "an engine that fits in a node keeps its TP group inside one"
         )
@@ -65,7 +71,7 @@ def check_engine_heads(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "layout.rollout.gpus_per_engine",
                 f"SGLang splits the {heads} attention heads over the {split} of {attention_tp} "
-                "GPUs, which does not divide them",
+                f"{ctx.devices(attention_tp)}, which does not divide them",
                 f"use an attention TP that divides {heads}: {', '.join(map(str, divisors(heads)))}",
                 ctx.engine.gpus_per_engine,
             )

@@ -10,6 +10,7 @@ from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
 from rlpost.plan.plan import Plan
 from rlpost.schema import RunConfig
+from rlpost.schema.hardware import device_word
 
 ANYWAY = "; or set plan.memory_check=warn to launch anyway"
 
@@ -17,6 +18,7 @@ ANYWAY = "; or set plan.memory_check=warn to launch anyway"
 def memory_issues(plan: Plan) -> list[Issue]:
     """One Issue per part of the run (training, rollout, host) that does not fit."""
     m = plan.memory
+    device, devices = device_word(plan.hardware_kind), device_word(plan.hardware_kind, 2)
     issues = []
     if not m.train_fits and plan.starts_train_ranks:
         fix = (
@@ -37,19 +39,19 @@ def memory_issues(plan: Plan) -> list[Issue]:
                     if m.train.reshard_after_forward
                     else " or layout.train.fsdp.reshard_after_forward: true"
                 )
-                + ", lower recipe.train.max_tokens_per_gpu, or use more GPUs (the torch "
+                + f", lower recipe.train.max_tokens_per_gpu, or use more {devices} (the torch "
                 "trainer's shards shrink as 1/DP)"
             )
         if not plan.trains:  # mode=eval: the train ranks hold the weights, nothing else
             fix = (
-                "split the model further over the train GPUs (layout.train.tp, pp, ep; the "
-                "torch trainer's shards shrink as 1/DP), or give training more GPUs"
+                f"split the model further over the train {devices} (layout.train.tp, pp, ep; "
+                f"the torch trainer's shards shrink as 1/DP), or give training more {devices}"
             )
         need = "training needs" if plan.trains else "sending the weights to the engines needs"
         issues.append(
             Issue(
                 "layout.train",
-                f"{need} {m.train.total_gib:.2f} GiB per GPU and {plan.hardware} has "
+                f"{need} {m.train.total_gib:.2f} GiB per {device} and {plan.hardware} has "
                 f"{m.gpu_gib:.2f} (short by {gib_text(-m.train_margin_gib)}; see mode=plan)",
                 fix + ANYWAY,
             )
@@ -75,7 +77,8 @@ def _rollout_shortfall(plan: Plan) -> str:
     r = m.rollout
     short = f"short by {gib_text(-m.rollout_margin_gib)}; see mode=plan"
     if r.holds_one_sample:
-        return f"an engine GPU needs {r.total_gib:.2f} GiB and has {m.gpu_gib:.2f} ({short})"
+        device = device_word(plan.hardware_kind)
+        return f"an engine {device} needs {r.total_gib:.2f} GiB and has {m.gpu_gib:.2f} ({short})"
     pool = f"{r.mem_fraction_static} x {m.gpu_gib} GiB"
     where = "the static pool" if plan.hardware_kind == "gpu" else "the CPU engine's share"
     held = (

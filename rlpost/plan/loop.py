@@ -136,7 +136,8 @@ def check_async_loop(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "recipe.loop.mode",
                 f"the {mode} loop generates while the trainer trains, which needs separate "
-                f"train and rollout GPUs, and the layout ({cfg.layout.name}) is colocated",
+                f"train and rollout {ctx.devices(2)}, and the layout ({cfg.layout.name}) is "
+                "colocated",
                 f"decouple it, e.g. {split}, or layout=auto (it searches decoupled layouts "
                 "only), or use recipe.loop.mode: sync",
                 mode,

@@ -44,12 +44,15 @@ def idle_gpu_notes(cfg: RunConfig, sizes: Sizes, par: ParallelLayout) -> list[st
     replica = par.tp * par.pp * par.cp
     whole = sizes.total_gpus // replica * replica
     fixes = []
-    if whole > sizes.train_gpus:
+    if whole > sizes.train_gpus and replica > 1:
+        device = device_word(cfg.hardware.kind).replace(" ", "-")
         fixes.append(
-            f"layout.train.num_gpus: {whole} (whole tp x pp x cp = {replica}-GPU replicas; "
+            f"layout.train.num_gpus: {whole} (whole tp x pp x cp = {replica}-{device} replicas; "
             "null takes every one) trains and generates on them"
-            if replica > 1
-            else f"layout.train.num_gpus: {whole} (or null, every one) trains and generates on them"
+        )
+    elif whole > sizes.train_gpus:
+        fixes.append(
+            f"layout.train.num_gpus: {whole} (or null, every one) trains and generates on them"
         )
     fixes.append(
         f"layout.colocate: false with layout.rollout.num_gpus: {idle} gives them to "

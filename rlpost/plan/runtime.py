@@ -298,11 +298,13 @@ def check_weight_sync(ctx: PlanContext) -> list[Issue]:
 @check("offload")
 def check_offload(ctx: PlanContext) -> list[Issue]:
     if ctx.cfg.engine.offload and not ctx.sizes.colocate:
+        devices = ctx.devices(2)
         return [
             Issue(
                 "engine.offload",
                 "offload releases the engines' memory so that training fits beside them on "
-                "the same GPUs, and this layout is decoupled (engines on their own GPUs)",
+                f"the same {devices}, and this layout is decoupled (engines on their own "
+                f"{devices})",
                 "remove engine.offload, or set layout.colocate: true",
                 value=True,
             )

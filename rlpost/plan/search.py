@@ -934,6 +934,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
     mode=eval, what the evaluation holds alone: the weights its train ranks send, if any
     start, and the engines'."""
     found = []
+    device, devices = device_word(cfg.hardware.kind), device_word(cfg.hardware.kind, 2)
     trains = [t for s in splits for t, _ in s.rejected_trains]
     work = train_rank_work(cfg)
     if trains and work == SEND_WEIGHTS:
@@ -941,7 +942,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
         budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
         found.append(
             f"the train ranks that load the evaluated weights and send them to the engines "
-            f"need {least.memory.total_gib:.1f} GiB per GPU of {budget:.1f} usable at the "
+            f"need {least.memory.total_gib:.1f} GiB per {device} of {budget:.1f} usable at the "
             f"least ({describe_grid(least.parallel, least.fsdp)}): use a larger hardware "
             "profile, or evaluate a Hugging Face folder of the weights (model.hf_checkpoint, "
             "without model.load or run.resume), which the engines load themselves"
@@ -952,7 +953,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
         leanest = least.describe()
         found.append(
             f"the leanest training layout ({leanest}) "
-            f"needs {least.memory.total_gib:.1f} GiB per GPU of {budget:.1f} usable"
+            f"needs {least.memory.total_gib:.1f} GiB per {device} of {budget:.1f} usable"
         )
         if least.fsdp is not None:  # each remedy tried on the torch trainer's estimate
             colocate = any(
@@ -971,7 +972,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             more = max(1, math.ceil(static / budget * hw.total_gpus))
             nodes = -(-more // hw.gpus_per_node)
             found.append(
-                f"weights, gradients and optimizer state alone need about {more} GPUs of "
+                f"weights, gradients and optimizer state alone need about {more} {devices} of "
                 f"{hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node}): use a larger "
                 "hardware profile"
             )

@@ -135,14 +135,3 @@ class LayoutConfig(Section):
     colocate: bool | None = None
     train: TrainLayout = Field(default_factory=TrainLayout)
     rollout: RolloutLayout = Field(default_factory=RolloutLayout)
-
-    @model_validator(mode="after")
-    def check_colocated_has_no_rollout_gpus(self) -> LayoutConfig:
-        if self.colocate and self.rollout.num_gpus:
-            raise InvariantError(
-                f"colocate: true shares the train GPUs with the engines, but "
-                f"rollout.num_gpus={self.rollout.num_gpus} asks for separate ones",
-                fields=("rollout.num_gpus",),
-                fix="remove rollout.num_gpus (colocated), or set colocate: false (decoupled)",
-            )
-        return self

@@ -23,7 +23,7 @@ from rlpost.schema.base import (
     check_ip,
     refuse_unused,
 )
-from rlpost.schema.hardware import HardwareConfig
+from rlpost.schema.hardware import HardwareConfig, device_word
 from rlpost.schema.layout import LayoutConfig
 from rlpost.schema.model import GENERIC_FAMILY, ModelConfig
 from rlpost.schema.recipe import RecipeConfig
@@ -334,6 +334,21 @@ class RunConfig(Section):
                 "does not print",
                 fields=("plan.format",),
                 fix="use mode=slime_args with it, or plan.format=table or json",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_colocated_has_no_rollout_gpus(self) -> RunConfig:
+        """Judged here, not in LayoutConfig, to name the hardware's devices as it does."""
+        layout = self.layout
+        if layout.colocate and layout.rollout.num_gpus:
+            devices = device_word(self.hardware.kind, 2)
+            raise InvariantError(
+                f"colocate: true shares the train {devices} with the engines, but "
+                f"rollout.num_gpus={layout.rollout.num_gpus} asks for separate ones",
+                fields=("layout.rollout.num_gpus",),
+                fix="remove layout.rollout.num_gpus (colocated), or set layout.colocate: false "
+                "(decoupled)",
             )
         return self
 

@@ -127,7 +127,13 @@ def test_validate_says_only_what_it_checked(capsys: pytest.CaptureFixture[str]) 
     remote = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8", "model.hf_checkpoint=/no/4b")
     skipped = checked_line("--no-local-checks", *remote)
     assert "config.json" not in skipped and "files and this machine" not in skipped
-    assert "--no-local-checks" in skipped
+    assert "--no-local-checks" in skipped and "packages or GPUs" in skipped
+    # a CPU profile's local checks look at no GPU, and say so
+    assert checked_line("--no-local-checks", *TINY).endswith(
+        "(not this machine's files or packages: --no-local-checks)"
+    )
+    status, _, err = run_main(["validate", *TINY, "model.hf_checkpoint=/no/such"], capsys)
+    assert status == 2 and "include this machine's files and packages; for a config" in err
     plan_only = checked_line(*remote, "mode=plan")
     assert "files and this machine" not in plan_only
     assert "no config.json at model.hf_checkpoint=/no/4b here" in plan_only
@@ -614,3 +620,4 @@ def test_a_run_directorys_config_yaml_is_refused_rather_than_read_as_the_shipped
     copy.write_text((run / "config.yaml").read_text())
     status, out, err = run_main(["show", str(copy), "--only", "run.seed"], capsys)
     assert status == 0 and "7" in out and str(copy) in out, err
+

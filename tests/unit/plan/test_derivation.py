@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rlpost.backends.fp8_format import Fp8Format
 from rlpost.errors import UserError
@@ -135,6 +136,84 @@ def test_a_reward_model_actor_is_counted_in_the_gpu_budget(run_config: Runs) -> 
     cfg = run_config("qwen3-4b", "h100x8", layout__train__num_gpus=4, **REWARD_ACTOR)
     p = build_plan(cfg).placement
     assert p.train_gpus == 4 and p.reward_slot is not None and p.reward_slot.gpu == 4
+
+
+CPU_REFUSALS = {
+    "reward model actor": ({"layout__train__num_gpus": 2, **REWARD_ACTOR}, "layout.train.num_gpus"),
+    "colocated beyond the slots": ({"layout__train__num_gpus": 4}, "layout.train.num_gpus"),
+    "decoupled without rollout": (
+        {"layout__colocate": False, "layout__train__num_gpus": 2, "layout__rollout__num_gpus": 0},
+        "layout.rollout.num_gpus",
+    ),
+    "decoupled beyond the slots": (
+        {"layout__colocate": False, "layout__train__num_gpus": 2, "layout__rollout__num_gpus": 1},
+        "layout.rollout.num_gpus",
+    ),
+    "offload decoupled": (
+        {
+            "layout__colocate": False,
+            "layout__train__num_gpus": 1,
+            "layout__rollout__num_gpus": 1,
+            "engine__offload": True,
+        },
+        "engine.offload",
+    ),
+    "async colocated": (
+        {"recipe__loop__mode": "async", "layout__colocate": True},
+        "recipe.loop.mode",
+    ),
+    "replicas that do not divide": (
+        {"layout__train__pp": 2, "layout__train__num_gpus": 1},
+        "layout.train.num_gpus",
+    ),
+    "dp off the count": ({"layout__train__dp": 2, "layout__train__num_gpus": 1}, "layout.train.dp"),
+    "engines that do not divide": (
+        {
+            "layout__colocate": False,
+            "layout__train__num_gpus": 1,
+            "layout__rollout__num_gpus": 1,
+            "layout__rollout__gpus_per_engine": 2,
+        },
+        "layout.rollout.gpus_per_engine",
+    ),
+}
+
+
+@pytest.mark.parametrize("overrides, key", CPU_REFUSALS.values(), ids=CPU_REFUSALS)
+def test_a_cpu_profiles_refusals_name_device_slots_not_gpus(
+    run_config: Runs, overrides: dict[str, object], key: str
+) -> None:
+    """hardware=cpu's devices are device slots (a bundle of CPU cores), so a refusal over how
+    many there are counts device slots, as the plan does (rlpost.schema.hardware.device_word)."""
+    with pytest.raises(UserError) as info:
+        build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math", **overrides))
+    issues = [i for i in info.value.issues if i.key == key]
+    assert issues, info.value.render()
+    shown = info.value.render()
+    assert "device slot" in issues[0].message and "GPU" not in shown, shown
+
+
+def test_a_cpu_profiles_memory_refusal_counts_per_device_slot(run_config: Runs) -> None:
+    from rlpost.plan.fit import memory_issues
+
+    cfg = run_config("qwen3-tiny", "cpu", "grpo_tiny_math", hardware__gpu_memory_gib=0.001)
+    issues = memory_issues(build_plan(cfg))
+    [train] = [i for i in issues if i.key == "layout.train"]
+    assert "GiB per device slot and cpu has" in train.message
+    assert not [i for i in issues if "GPU" in i.message + i.fix]
+
+
+def test_a_cpu_profiles_colocated_layout_with_rollout_slots_is_refused_in_device_slots(
+    run_config: Runs,
+) -> None:
+    overrides = {"layout__colocate": True, "layout__rollout__num_gpus": 1}
+    with pytest.raises(ValidationError) as info:
+        run_config("qwen3-tiny", "cpu", "grpo_tiny_math", **overrides)
+    assert "colocate: true shares the train device slots" in str(info.value)
+    assert "GPU" not in str(info.value)
+    with pytest.raises(ValidationError) as info:
+        run_config("qwen3-4b", "h100x8", **overrides)
+    assert "colocate: true shares the train GPUs" in str(info.value)
 
 
 def test_engines_serving_an_fp8_checkpoint_hold_a_byte_a_weight_plus_scales(

@@ -73,6 +73,15 @@ def test_the_cpu_profile_counts_device_slots(run_config: Runs) -> None:
     plan = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math", layout__train__num_gpus=1))
     note = said(plan, IDLE)
     assert note is not None and note.startswith("1 of the 2 device slots sit idle")
+    replicated = build_plan(
+        run_config(
+            "qwen3-tiny", "cpu", "grpo_tiny_math", hardware__gpus_per_node=4,
+            trainer__backend="megatron", layout__train__num_gpus=2, layout__train__tp=2,
+        )
+    )  # fmt: skip
+    note = said(replicated, IDLE)
+    assert note is not None and "whole tp x pp x cp = 2-device-slot replicas" in note
+    assert "GPU" not in note
 
 
 @pytest.mark.parametrize(

@@ -264,6 +264,17 @@ def test_on_cpu_hardware_the_layouts_say_adam_runs_on_the_device_slots(
     assert gpu.chosen is not None and "GPU Adam" in gpu.chosen.describe()
 
 
+def test_on_cpu_hardware_what_would_fit_counts_device_slots(run_config: MakeRun) -> None:
+    """Nothing fits a CPU profile's device slots: the suggestions count device slots, not
+    GPUs."""
+    tight = run_config("qwen3-tiny", "cpu", "grpo_tiny_math", hardware__gpu_memory_gib=0.001)
+    search = search_layout(searching(tight))
+    assert search.chosen is None and search.suggestions
+    told = " ".join(search.suggestions)
+    assert "per device slot" in told and "device slots of 0.001 GiB" in told
+    assert "GPU" not in told, told
+
+
 def test_an_evaluation_that_starts_no_train_rank_searches_its_engines_alone(
     run_config: MakeRun,
 ) -> None:
