@@ -110,18 +110,46 @@ def _primary_shadowing(file: Path) -> None:
     shipped = find_config(search_roots()[:1], file.stem)
     if shipped is not None and Path(str(shipped)).resolve() != file.resolve():
         copy = f"{file.resolve().parent.name or 'my'}_{file.stem}.yaml"
+        fix = f"copy it under another name and pass the copy (cp {file} {copy})"
+        if _is_run_dir(file.parent):
+            fix += f"; for how the run's launches ended, rlpost status {file.parent}"
         raise _file_error(
             str(file),
             f"rlpost ships {display_path(shipped)} under the same name, and Hydra searches "
             "the shipped configs first, so that file would be read in place of this one",
-            f"copy it under another name and pass the copy (cp {file} {copy})",
+            fix,
         )
+
+
+def _is_run_dir(folder: Path) -> bool:
+    """A folder a launch wrote its launches.jsonl in, as `rlpost status` asks of its RUN_DIR."""
+    from rlpost.runtime.rundir import LAUNCHES_FILE
+
+    return (folder / LAUNCHES_FILE).is_file()
+
+
+def _run_dir_error(folder: str) -> UserError:
+    """A run directory where a config or override was expected: compose what it ran with, or
+    ask `rlpost status` how its launches went."""
+    config = Path(folder) / "config.yaml"
+    copy = f"{Path(folder).resolve().name or 'my'}_config.yaml"
+    return _file_error(
+        folder,
+        "this is a run directory, and the command composes a config from a YAML file "
+        "and overrides, not from a run's folder",
+        f"for how the run's launches ended and what run.resume=auto would do next, rlpost "
+        f"status {folder}; for the config it ran with, copy it under another name and pass "
+        f"the copy (cp {config} {copy})",
+    )
 
 
 def resolve_target(
     items: Sequence[str], config_dir: str | None = None, config_name: str | None = None
 ) -> Target:
     """Split `items` into at most one YAML file and overrides; see the module docstring."""
+    for item in items:
+        if "=" not in item and _is_run_dir(Path(item).expanduser()):
+            raise _run_dir_error(item)
     files = [item for item in items if item.endswith(YAML_SUFFIXES) and "=" not in item]
     rest = [item for item in items if item not in files]
     if len(files) > 1:

@@ -621,3 +621,22 @@ def test_a_run_directorys_config_yaml_is_refused_rather_than_read_as_the_shipped
     status, out, err = run_main(["show", str(copy), "--only", "run.seed"], capsys)
     assert status == 0 and "7" in out and str(copy) in out, err
 
+
+@pytest.mark.parametrize("verb", ["show", "validate"])
+def test_a_run_directory_given_for_a_config_is_refused_with_rlpost_status_in_the_fix(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's folder, or the config.yaml a launch wrote there, where a config is composed:
+    refused as before, and the fix names `rlpost status RUN_DIR`, what answers a question
+    about a run; a config.yaml outside a run directory is refused without it."""
+    run_dir = tmp_path / "exp1"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("mode: train\n")
+    (run_dir / "launches.jsonl").write_text("")
+    for target in (str(run_dir), str(run_dir / "config.yaml")):
+        status, _, err = run_main([verb, target], capsys)
+        assert status == 2 and "Traceback" not in err, err
+        assert f"rlpost status {run_dir}" in err and "cp " in err, err
+    (run_dir / "launches.jsonl").unlink()
+    status, _, err = run_main([verb, str(run_dir / "config.yaml")], capsys)
+    assert status == 2 and "read in place of this one" in err and "rlpost status" not in err
