@@ -16,6 +16,7 @@ from rlpost.plan.cluster import (
     check_cluster_source,
     choose_nodes,
     nodes_from_ray,
+    paths_for_the_cluster,
 )
 from rlpost.plan.preflight import check_cluster
 from rlpost.runtime.netif import interface_for
@@ -138,6 +139,28 @@ def test_a_multi_node_profile_with_no_cluster_to_join_is_refused_before_ray() ->
     assert check_cluster_source(cfg, environ={"RAY_ADDRESS": "10.0.0.1:6379"}) == []
     joined = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
     assert check_cluster_source(joined, environ={}) == []
+
+
+def test_relative_paths_reach_a_joined_clusters_workers_from_the_launchs_folder() -> None:
+    """A Ray worker runs in the folder its node's `ray start` ran in, not the launch's: a
+    relative path the preflight found here is made absolute before any actor gets it."""
+    paths = (
+        "model.hf_checkpoint=models/qwen3-4b",
+        "model.ref_load=/data/ref",
+        "recipe.data.prompt_data=data/train.jsonl",
+        "run.dir=runs/../runs/exp1",
+        "run.resume=auto",
+    )
+    joined = paths_for_the_cluster(compose(*paths, "run.ray_address=auto"), "/home/me/work")
+    assert joined.model.hf_checkpoint == "/home/me/work/models/qwen3-4b"
+    assert joined.model.ref_load == "/data/ref"
+    assert joined.recipe.data.prompt_data == "/home/me/work/data/train.jsonl"
+    assert (joined.run.dir, joined.run.resume) == ("/home/me/work/runs/exp1", "auto")
+    assert joined.model.load is None
+    by_env = paths_for_the_cluster(compose(*paths), "/w", environ={"RAY_ADDRESS": "h:6379"})
+    assert by_env.model.hf_checkpoint == "/w/models/qwen3-4b"
+    alone = compose(*paths)  # a Ray the launch starts runs its workers in the launch's folder
+    assert paths_for_the_cluster(alone, "/w", environ={}) is alone
 
 
 def test_a_head_that_does_not_answer_is_refused_in_seconds() -> None:
