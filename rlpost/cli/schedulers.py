@@ -24,6 +24,7 @@ import math
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path, PurePosixPath
@@ -62,6 +63,7 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
         f"write a job per value ({verb} ... {{first}} for the first)"
         + (", each with a --run-dir of its own" if verb == "rlpost slurm" else ""),
     )
+    refuse_job_keys(target.overrides, verb)
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
@@ -82,6 +84,42 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     with located(sources):
         MODE_CHECKS[cfg.mode](cfg, plan, False)
     return target, cfg, plan
+
+
+# What a job's launch is given by the job itself, after the overrides (the last value of a key
+# is the one Hydra keeps): an override of one of them would be dropped without a word.
+JOB_KEYS = ("run.dir", "run.ray_address", "run.node_address")
+
+
+def refuse_job_keys(overrides: Sequence[str], verb: str) -> None:
+    """Refuse an override of a key the job sets: the run directory (--run-dir, or the RayJob's
+    volume) and the cluster the launch joins (the head the job starts)."""
+    issues = []
+    for token in overrides:
+        key, _, value = token.partition("=")
+        key = key.lstrip("+~")
+        if key not in JOB_KEYS:
+            continue
+        if key == "run.dir":
+            why, fix = (
+                ("the job's run directory is --run-dir", f"give it as --run-dir {value}")
+                if verb == "rlpost slurm"
+                else (
+                    "the RayJob's run directory is <--runs-mount>/<job name> on the --pvc volume",
+                    "drop it, and name the volume with --pvc (--runs-mount: where it mounts)",
+                )
+            )
+        else:
+            why = (
+                "the job starts its own Ray cluster and its launch joins that cluster's head "
+                "(the job sets run.ray_address and run.node_address after the overrides)"
+            )
+            fix = "drop it: the job's launch always runs on the head of the cluster it starts"
+        issues.append(
+            Issue(key, f"{why}, so this override would be dropped without a word", fix, value)
+        )
+    if issues:
+        raise UserError(issues, title="command-line error")
 
 
 def job_name(cfg: RunConfig) -> str:

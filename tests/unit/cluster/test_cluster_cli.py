@@ -651,6 +651,33 @@ def test_a_sweep_is_refused_with_a_job_per_value_as_the_fix(
 
 
 @pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("run.dir=/shared/runs/x", {"slurm": "give it as --run-dir /shared/runs/x"}),
+        ("run.ray_address=auto", {}),
+        ("+run.node_address=10.0.0.9", {}),
+    ],
+)
+def test_an_override_of_what_the_job_sets_is_refused_not_dropped(
+    verb: str,
+    override: str,
+    fix: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The job's script gives its launch the run directory and the head of the cluster it
+    starts after the overrides: the user's value would be dropped without a word."""
+    out = tmp_path / f"job.{verb}"
+    argv = [verb, override, *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "Traceback" not in err and not out.exists()
+    key, value = override.lstrip("+").split("=")
+    assert f"{key} = {value!r}" in err and "would be dropped without a word" in err
+    assert fix.get(verb, "fix: ") in err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
 def test_mode_train_over_an_evaluations_file_reaches_the_launch(
     verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
