@@ -1230,8 +1230,25 @@ def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
 
 def _cluster_capacity(cfg: RunConfig, plan: Plan, address: str) -> list[Issue]:
     from rlpost.plan.cluster import NodeInfo, check_capacity
-    from rlpost.runtime.gcs import read_gcs_nodes
+    from rlpost.runtime.gcs import gcs_address, read_gcs_nodes
 
+    if address == "auto":
+        try:
+            gcs_address(address)
+        except ConnectionError as exc:  # none runs here, or several: joining would fail
+            key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+            found = str(exc).strip().split(". ")[0].rstrip(".")
+            return [
+                Issue(
+                    key,
+                    "auto joins the Ray cluster this machine is a node of, and Ray finds no "
+                    f"single one here ({found})",
+                    "bring the cluster up first (rlpost cluster up --hostfile FILE, or ray "
+                    "start on this machine) and launch on one of its nodes, or give the "
+                    "head's host:port",
+                    value=address,
+                )
+            ]
     try:
         found = read_gcs_nodes(address)
     except (ConnectionError, RuntimeError, ValueError):

@@ -182,6 +182,7 @@ def test_the_preflight_compares_the_clusters_nodes_before_joining_it(
     cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
     plan = build_plan(cfg)
     one_node = [gcs.GcsNode("10.0.0.1", True, 8, 224), gcs.GcsNode("10.0.0.2", False, 8, 224)]
+    monkeypatch.setattr(gcs, "gcs_address", lambda address: "10.0.0.1:6379")  # auto finds it
     monkeypatch.setattr(gcs, "read_gcs_nodes", lambda address: one_node)
     issues = check_cluster(cfg, plan)
     assert [i.key for i in issues] == ["hardware"]
@@ -197,6 +198,31 @@ def test_the_preflight_compares_the_clusters_nodes_before_joining_it(
 
     monkeypatch.setattr(gcs, "read_gcs_nodes", unreachable)
     assert check_cluster(cfg, plan) == []  # joining reports it, in Ray's words
+
+
+@pytest.mark.parametrize(
+    "ray_says",
+    [
+        "Could not find any running Ray instance. Please specify the one to connect to",
+        "Found multiple active Ray instances: {'a:1', 'b:2'}. Please specify the one",
+    ],
+)
+def test_auto_with_no_single_cluster_on_this_machine_is_refused_before_joining(
+    monkeypatch: pytest.MonkeyPatch, ray_says: str
+) -> None:
+    """`auto` finds the cluster from this machine (ray start's address file, a running GCS):
+    with none, or several, the join would fail once torch and Ray are loaded."""
+    from rlpost.runtime import gcs
+
+    def no_single_cluster(address: str) -> str:
+        raise ConnectionError(ray_says)
+
+    monkeypatch.setattr(gcs, "gcs_address", no_single_cluster)
+    cfg = compose("run.ray_address=auto")
+    issues = check_cluster(cfg, build_plan(cfg))
+    assert [(i.key, i.value) for i in issues] == [("run.ray_address", "auto")]
+    assert f"Ray finds no single one here ({ray_says.split('. ')[0]})" in issues[0].message
+    assert "rlpost cluster up --hostfile FILE" in issues[0].fix
 
 
 @pytest.mark.parametrize(
