@@ -64,9 +64,7 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
         try:
             ipaddress.ip_address(words[0])
         except ValueError:
-            issues.append(
-                Issue(where, f"{words[0]!r} is not an IP address", "write the node's IP", raw)
-            )
+            issues.append(_name_issue(where, words, raw))
             continue
         if len(slots) != 1 or not slots[0].isdigit() or int(slots[0]) < 1:
             issues.append(
@@ -87,6 +85,27 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
     if issues:
         raise UserError(issues, title="hostfile error")
     return hosts
+
+
+def _name_issue(where: str, words: Sequence[str], raw: str) -> Issue:
+    """A host name where the node's IP goes, with the IP it resolves to here, if any."""
+    name, rest = words[0], " ".join(words[1:]) or "slots=N"
+    try:
+        found = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        found = []
+    fix = (
+        f"write its IP: `{found[0][4][0]} {rest}` ({name} resolves to it here)"
+        if found
+        else f"write its IP: `IP {rest}` (`getent hosts {name}` prints it where the name resolves)"
+    )
+    return Issue(
+        where,
+        f"{name!r} is not an IP address: each node's Ray is started with --node-ip-address "
+        "(an IP) and the nodes that register with the head are matched to the hostfile by it",
+        fix,
+        raw,
+    )
 
 
 @dataclass(frozen=True)

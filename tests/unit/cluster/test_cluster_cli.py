@@ -42,6 +42,17 @@ def test_hostfile_errors_name_the_line() -> None:
     assert "hosts:4" in text and "listed twice" in text
 
 
+def test_a_host_name_is_refused_with_why_and_the_ip_it_resolves_to() -> None:
+    """MPI hostfiles often name hosts; each node's Ray takes an IP (--node-ip-address) and
+    is matched to its line by it: the refusal says so and gives the line to write."""
+    with pytest.raises(UserError) as exc:
+        parse_hostfile("localhost slots=4\nnode-b.invalid slots=8\n", "hosts")
+    text = exc.value.render()
+    assert "--node-ip-address (an IP)" in text
+    assert "fix: write its IP: `127.0.0.1 slots=4` (localhost resolves to it here)" in text
+    assert "fix: write its IP: `IP slots=8` (`getent hosts node-b.invalid` prints it" in text
+
+
 def test_the_worker_gets_the_token_on_stdin_never_on_its_command_line() -> None:
     state = ClusterState(
         head="10.0.0.1",
