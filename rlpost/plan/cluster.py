@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from rlpost.errors import Issue, UserError
+from rlpost.errors import Issue, Location, UserError
 from rlpost.schema import HardwareConfig, RunConfig
 from rlpost.schema.base import local_path_keys
 
@@ -29,6 +29,14 @@ def ray_address(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str
     """The cluster to join (auto, or host:port), or None to start Ray on this machine."""
     env = os.environ if environ is None else environ
     return cfg.run.ray_address or env.get(RAY_ADDRESS_ENV) or None
+
+
+def address_key(cfg: RunConfig) -> tuple[str, Location | None]:
+    """Where the address of the cluster to join was given: run.ray_address (its location is
+    the config's), else RAY_ADDRESS in the environment (no config file or override set it)."""
+    if cfg.run.ray_address:
+        return "run.ray_address", None
+    return RAY_ADDRESS_ENV, Location(file="the environment")
 
 
 def paths_for_the_cluster(

@@ -19,7 +19,13 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlpost.errors import Issue, Location, UserError
-from rlpost.plan.cluster import NodeInfo, choose_nodes, nodes_from_ray, ray_address
+from rlpost.plan.cluster import (
+    NodeInfo,
+    address_key,
+    choose_nodes,
+    nodes_from_ray,
+    ray_address,
+)
 from rlpost.plan.placement import Placement
 from rlpost.runtime.stop import Terminated
 from rlpost.schema import HardwareConfig, RunConfig
@@ -374,7 +380,7 @@ class Cluster:
 
 
 def _cannot_join(address: str, cfg: RunConfig, exc: BaseException) -> UserError:
-    key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+    key, where = address_key(cfg)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return UserError(
         [
@@ -386,6 +392,7 @@ def _cannot_join(address: str, cfg: RunConfig, exc: BaseException) -> UserError:
                 "addresses; a cluster with token authentication needs its token here "
                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)",
                 value=address,
+                location=where,
             )
         ],
         title="cannot join the cluster",

@@ -163,6 +163,26 @@ def test_relative_paths_reach_a_joined_clusters_workers_from_the_launchs_folder(
     assert paths_for_the_cluster(alone, "/w", environ={}) is alone
 
 
+def test_a_ray_address_from_the_environment_is_located_there_and_may_be_unset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A RAY_ADDRESS left exported from a cluster's shell: the refusal says it came from the
+    environment (not '(default)'), and on a one-node profile that unsetting it starts Ray
+    here."""
+    from rlpost.cli.main import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "hardware=cpu"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS = '127.0.0.1:9'   (the environment)" in err
+    assert "or unset RAY_ADDRESS: hardware=cpu is one node" in err
+    cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64")  # several nodes: it must join
+    (issue,) = check_cluster(cfg, build_plan(cfg))
+    assert issue.key == "RAY_ADDRESS" and "unset" not in issue.fix
+
+
 def test_a_head_that_does_not_answer_is_refused_in_seconds() -> None:
     cfg = compose("run.ray_address=127.0.0.1:9")  # the discard port: nothing listens
     started = time.monotonic()
