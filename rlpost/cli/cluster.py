@@ -11,8 +11,9 @@ count, the head's address), all at once, and waits until every node has register
 authentication stays on: the head's token (~/.ray/auth_token, made if missing) reaches each
 worker through ssh's standard input into a file only its owner reads, never a command line.
 The ssh command is `--ssh` (default `ssh -o BatchMode=yes`); rlpost appends the host and the
-remote command, as ssh takes them. What `up` started is kept in a state file for `status`
-and `down`.
+remote command, as ssh takes them. `--env NAME=VALUE` gives every node's Ray (and so the
+run's actors there) a variable: a worker inherits nothing from the shell `up` ran in. What
+`up` started is kept in a state file for `status` and `down`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import argparse
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rlpost.errors import Issue, UserError
@@ -119,10 +121,42 @@ class ClusterState:
     ray: str
     slots: dict[str, int]
     kind: str
+    env: dict[str, str] = field(default_factory=dict)  # --env: every node's Ray and actors
 
     @property
     def address(self) -> str:
         return f"{self.head}:{self.port}"
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def parse_env(given: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """`--env NAME=VALUE` (or `--env NAME`: this shell's value) -> the variables every node's
+    Ray starts with. A worker's actors inherit its `ray start`'s environment, never the
+    launch's: NCCL_*, HF_HOME and their kin exported here reach the head's node alone."""
+    env: dict[str, str] = {}
+    issues = []
+    for item in given:
+        name, has_value, value = item.partition("=")
+        if not ENV_NAME.fullmatch(name):
+            why, fix = "is not NAME=VALUE with a variable's name", "write e.g. NCCL_IB_HCA=mlx5"
+        elif any(word in name.upper() for word in SECRET_WORDS):
+            why = (
+                "looks like a secret, and a worker's variables are on its `ray start` command "
+                "line, which every user of the node can read"
+            )
+            fix = "set it in the nodes' own environment (or a file only you read)"
+        elif not has_value and name not in environ:
+            why, fix = "takes this shell's value, and it is not set here", f"give {name}=VALUE"
+        else:
+            env[name] = value if has_value else environ[name]
+            continue
+        issues.append(Issue("--env", why, fix, item))
+    if issues:
+        raise UserError(issues, title="command-line error")
+    return env
 
 
 def _ray_bin() -> str:
@@ -199,7 +233,11 @@ def start_head(state: ClusterState, dashboard: bool) -> None:
     ]
     cmd += ["--dashboard-host=127.0.0.1"] if dashboard else ["--include-dashboard=false"]
     done = subprocess.run(
-        cmd, env=_token_env(), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        cmd,
+        env={**_token_env(), **state.env},
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
     )
     if done.returncode != 0:
         raise _failed(
@@ -221,9 +259,10 @@ def worker_command(state: ClusterState, address: str) -> str:
         *_resources(state.kind, state.slots[address]),
         "--disable-usage-stats",
     ]
+    env = "".join(f"{name}={shlex.quote(value)} " for name, value in state.env.items())
     return (
         f'umask 077 && mkdir -p "$HOME/.ray" && cat > "{token_file}" && '
-        f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token_file}" {shlex.join(start)}'
+        f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token_file}" {env}{shlex.join(start)}'
     )
 
 
@@ -381,6 +420,7 @@ def up(args: argparse.Namespace) -> int:
         ray=args.ray or _ray_bin(),
         slots={h.address: h.slots for h in hosts},
         kind=args.kind,
+        env=parse_env(args.env, os.environ),
     )
     token = ensure_token()
     print(f"rlpost: starting the head at {state.address}", flush=True)
@@ -465,6 +505,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ssh", default=DEFAULT_SSH, help=f"the ssh command (default: {DEFAULT_SSH})")
     p.add_argument("--ray", help="the ray command on every node (default: this environment's)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a variable every node's Ray and the run's actors there start with (NCCL_IB_HCA, "
+        "HF_HOME, ...; NAME alone: this shell's value); repeat for each",
+    )
     p.add_argument("--timeout", type=float, default=COMMAND_TIMEOUT_S, help="seconds to wait")
     p.add_argument(
         "--dashboard",

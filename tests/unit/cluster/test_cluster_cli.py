@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost.cli.cluster import ClusterState, parse_hostfile, worker_command
+from rlpost.cli.cluster import ClusterState, parse_env, parse_hostfile, worker_command
 from rlpost.cli.main import main
 from rlpost.cli.schedulers import slurm_time_s, stop_lead_s
 from rlpost.errors import UserError
@@ -68,6 +68,42 @@ def test_the_worker_gets_the_token_on_stdin_never_on_its_command_line() -> None:
     assert "umask 077" in command
     assert "RAY_AUTH_MODE=token" in command
     assert "--address=10.0.0.1:6379 --node-ip-address=10.0.0.2 --num-gpus=8" in command
+
+
+def test_the_variables_env_names_reach_each_workers_ray(tmp_path: Path) -> None:
+    """A worker's actors inherit its `ray start`'s environment, not the launch's: --env's
+    variables are in it (the worker's command run by bash, a stand-in `ray` recording them)."""
+    ray = tmp_path / "ray"
+    ray.write_text('#!/bin/bash\nprintf "%s|%s|%s" "$NCCL_IB_HCA" "$HF_HOME" "$1"\n')
+    ray.chmod(0o755)
+    env = parse_env(["NCCL_IB_HCA=mlx5_0,mlx5_1", "HF_HOME"], {"HF_HOME": "/shared/hf cache"})
+    state = ClusterState(
+        "10.0.0.1", 6379, ["10.0.0.2"], "ssh", str(ray), {"10.0.0.2": 8}, "gpu", env
+    )
+    done = subprocess.run(
+        ["bash", "-c", worker_command(state, "10.0.0.2")],
+        input="token",
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == "mlx5_0,mlx5_1|/shared/hf cache|start"
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("WANDB_API_KEY=abc", "looks like a secret"),
+        ("NOT_SET_HERE", "not set here"),
+        ("1BAD=x", "is not NAME=VALUE"),
+    ],
+)
+def test_env_refuses_secrets_unset_names_and_bad_names(given: str, says: str) -> None:
+    with pytest.raises(UserError) as exc:
+        parse_env([given], {})
+    text = exc.value.render()
+    assert f"--env = {given!r}" in text and says in text
 
 
 def test_cluster_up_refuses_a_head_that_is_not_this_machine(
