@@ -1249,12 +1249,12 @@ def _cluster_capacity(cfg: RunConfig, plan: Plan, address: str) -> list[Issue]:
             gcs_address(address)
         except ConnectionError as exc:  # none runs here, or several: joining would fail
             key, where = address_key(cfg)
-            found = str(exc).strip().split(". ")[0].rstrip(".")
+            ray_says = str(exc).strip().split(". ")[0].rstrip(".")
             return [
                 Issue(
                     key,
                     "auto joins the Ray cluster this machine is a node of, and Ray finds no "
-                    f"single one here ({found})",
+                    f"single one here ({ray_says})",
                     "bring the cluster up first (rlpost cluster up --hostfile FILE, or ray "
                     "start on this machine) and launch on one of its nodes, or give the "
                     "head's host:port" + _or_start_here(cfg),
