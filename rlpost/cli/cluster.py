@@ -132,7 +132,12 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 
-def parse_env(given: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+def parse_env(
+    given: Sequence[str],
+    environ: Mapping[str, str],
+    shown: str = "a worker's variables are on its `ray start` command line, which every user "
+    "of the node can read",
+) -> dict[str, str]:
     """`--env NAME=VALUE` (or `--env NAME`: this shell's value) -> the variables every node's
     Ray starts with. A worker's actors inherit its `ray start`'s environment, never the
     launch's: NCCL_*, HF_HOME and their kin exported here reach the head's node alone."""
@@ -143,10 +148,7 @@ def parse_env(given: Sequence[str], environ: Mapping[str, str]) -> dict[str, str
         if not ENV_NAME.fullmatch(name):
             why, fix = "is not NAME=VALUE with a variable's name", "write e.g. NCCL_IB_HCA=mlx5"
         elif any(word in name.upper() for word in SECRET_WORDS):
-            why = (
-                "looks like a secret, and a worker's variables are on its `ray start` command "
-                "line, which every user of the node can read"
-            )
+            why = f"looks like a secret, and {shown}"
             fix = "set it in the nodes' own environment (or a file only you read)"
         elif not has_value and name not in environ:
             why, fix = "takes this shell's value, and it is not set here", f"give {name}=VALUE"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 import sys
@@ -481,6 +482,7 @@ def _container(
     if hw.kind == "gpu" and size is not None:
         limits["nvidia.com/gpu"] = hw.gpus_per_node
     env = [
+        *({"name": k, "value": v} for k, v in getattr(args, "env_vars", {}).items()),
         {"name": "RAY_AUTH_MODE", "value": "token"},
         {
             "name": "RAY_AUTH_TOKEN",
@@ -720,6 +722,11 @@ def _check_no_claim(cfg: RunConfig, args: argparse.Namespace) -> None:
 
 
 def kuberay(args: argparse.Namespace) -> int:
+    from rlpost.cli.cluster import parse_env
+
+    args.env_vars = parse_env(
+        args.env, os.environ, "the manifest holds its pods' variables in plain text"
+    )
     import yaml
 
     _check_scratch(args)
@@ -807,6 +814,14 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the plan's training time per rollout plus 5 minutes, 5 at least; "
         f"{STOP_AT_ONCE_LEAD_S} s for an evaluation or a run with run.on_sigterm: stop, "
         "which save nothing",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a variable of every Ray pod, and so of the run's actors (NCCL_IB_HCA, HF_HOME, "
+        "...; NAME alone: this shell's value); repeat for each",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

@@ -306,6 +306,23 @@ def test_the_rayjob_carries_the_v1_fields_sized_from_the_profile(
         assert volume["persistentVolumeClaim"]["claimName"] == "runs"
 
 
+def test_the_variables_env_names_are_every_ray_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", "/runs/hf")
+    out = tmp_path / "job.yaml"
+    flags = ["--image", "i", "--pvc", "runs", "--env", "NCCL_IB_HCA=mlx5", "--env", "HF_HOME"]
+    status, _, err = run_main(["kuberay", *SEED_002, *flags, "--out", str(out)], capsys)
+    assert status == 0, err
+    cluster = yaml.safe_load(out.read_text())["spec"]["rayClusterSpec"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NCCL_IB_HCA"] == "mlx5" and env["HF_HOME"] == "/runs/hf"
+    status, _, err = run_main(["kuberay", *SEED_002, "--env", "HF_TOKEN=x", *flags[:4]], capsys)
+    assert status == 2 and "the manifest holds its pods' variables in plain text" in err
+
+
 def test_a_multi_node_rayjob_needs_a_shared_volume(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_main(["kuberay", *SEED_002, "--image", "registry/rlpost:1"], capsys)
     assert status == 2 and "--pvc" in err
