@@ -249,6 +249,48 @@ def start_head(state: ClusterState, dashboard: bool) -> None:
         )
 
 
+GPU_SHORT_EXIT = 3  # a node with fewer GPUs than its hostfile line's slots
+
+
+def gpu_check(state: ClusterState, address: str) -> str:
+    """Shell that ends with GPU_SHORT_EXIT, saying why, where nvidia-smi lists fewer GPUs
+    than the node's slots: `ray start --num-gpus=N` takes N as given, and Ray would place
+    ranks and engines on GPUs the node does not have (CUDA fails on them mid-start)."""
+    if state.kind != "gpu":
+        return ""
+    slots = state.slots[address]
+    return (
+        'n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU "); '
+        f'[ "$n" -ge {slots} ] || {{ echo "{address}: nvidia-smi lists $n GPU(s) there, and '
+        f'the hostfile gives it slots={slots}"; exit {GPU_SHORT_EXIT}; }}; '
+    )
+
+
+def _gpu_issues(lines: Sequence[str]) -> UserError:
+    return UserError(
+        [
+            Issue(
+                "--hostfile",
+                line,
+                "give each node its GPU count as slots (fewer leaves the others unused), or "
+                "--kind cpu for a CPU profile's slots; `rlpost cluster down` stops what did start",
+            )
+            for line in lines
+        ],
+        title="hostfile error",
+    )
+
+
+def check_head_gpus(state: ClusterState) -> None:
+    """The head's GPUs against its slots, before its Ray starts (gpu_check, run here)."""
+    check = gpu_check(state, state.head)
+    if not check:
+        return
+    done = subprocess.run(["sh", "-c", check], capture_output=True, text=True, check=False)
+    if done.returncode == GPU_SHORT_EXIT:
+        raise _gpu_issues([done.stdout.strip()])
+
+
 def worker_command(state: ClusterState, address: str) -> str:
     """The remote command of one worker: the token from standard input into a file only the
     user reads, then `ray start` against the head with that token."""
@@ -263,6 +305,7 @@ def worker_command(state: ClusterState, address: str) -> str:
     ]
     env = "".join(f"{name}={shlex.quote(value)} " for name, value in state.env.items())
     return (
+        f"{gpu_check(state, address)}"
         f'umask 077 && mkdir -p "$HOME/.ray" && cat > "{token_file}" && '
         f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token_file}" {env}{shlex.join(start)}'
     )
@@ -283,15 +326,20 @@ def start_workers(state: ClusterState, token: str) -> None:
         host: _over_ssh(state.ssh, host, worker_command(state, host), token)
         for host in state.workers
     }
-    failed = []
+    failed, short = [], []
     for host, proc in running.items():
         try:
             output, _ = proc.communicate(token, timeout=COMMAND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             output = f"no answer within {COMMAND_TIMEOUT_S:.0f} s"
-        if proc.returncode != 0:
-            failed.append(f"{host}: {output.strip().splitlines()[-1] if output.strip() else ''}")
+        last = output.strip().splitlines()[-1] if output.strip() else ""
+        if proc.returncode == GPU_SHORT_EXIT and last.startswith(f"{host}: nvidia-smi lists"):
+            short.append(last)
+        elif proc.returncode != 0:
+            failed.append(f"{host}: {last}")
+    if short:
+        raise _gpu_issues(short)
     if failed:
         raise _failed(
             f"{len(failed)} worker(s) did not start",
@@ -424,6 +472,7 @@ def up(args: argparse.Namespace) -> int:
         kind=args.kind,
         env=parse_env(args.env, os.environ),
     )
+    check_head_gpus(state)
     token = ensure_token()
     print(f"rlpost: starting the head at {state.address}", flush=True)
     start_head(state, args.dashboard)

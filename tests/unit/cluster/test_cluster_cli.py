@@ -3,6 +3,7 @@ plan: the sbatch script passes `bash -n`, the RayJob carries the fields of ray.i
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost.cli.cluster import ClusterState, parse_env, parse_hostfile, worker_command
+from rlpost.cli.cluster import (
+    GPU_SHORT_EXIT,
+    ClusterState,
+    check_head_gpus,
+    parse_env,
+    parse_hostfile,
+    worker_command,
+)
 from rlpost.cli.main import main
 from rlpost.cli.schedulers import slurm_time_s, stop_lead_s
 from rlpost.errors import UserError
@@ -78,7 +86,7 @@ def test_the_variables_env_names_reach_each_workers_ray(tmp_path: Path) -> None:
     ray.chmod(0o755)
     env = parse_env(["NCCL_IB_HCA=mlx5_0,mlx5_1", "HF_HOME"], {"HF_HOME": "/shared/hf cache"})
     state = ClusterState(
-        "10.0.0.1", 6379, ["10.0.0.2"], "ssh", str(ray), {"10.0.0.2": 8}, "gpu", env
+        "10.0.0.1", 6379, ["10.0.0.2"], "ssh", str(ray), {"10.0.0.2": 8}, "cpu", env
     )
     done = subprocess.run(
         ["bash", "-c", worker_command(state, "10.0.0.2")],
@@ -89,6 +97,52 @@ def test_the_variables_env_names_reach_each_workers_ray(tmp_path: Path) -> None:
         check=True,
     )
     assert done.stdout == "mlx5_0,mlx5_1|/shared/hf cache|start"
+
+
+@pytest.mark.parametrize(("slots", "starts"), [(4, True), (2, True), (8, False)])
+def test_a_node_with_fewer_gpus_than_its_slots_is_refused_before_its_ray_starts(
+    slots: int, starts: bool, tmp_path: Path
+) -> None:
+    """`ray start --num-gpus=8` on a node with 4 GPUs advertises 8, and ranks would be placed
+    on GPUs that are not there: the worker's command counts them first (a stand-in
+    nvidia-smi listing 4), as `up` does for the head."""
+    for name, text in (
+        ("nvidia-smi", 'for i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done'),
+        ("ray", 'echo "ray $*"'),
+    ):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{text}\n")
+        (tmp_path / name).chmod(0o755)
+    state = ClusterState(
+        "10.0.0.1", 6379, ["10.0.0.2"], "ssh", str(tmp_path / "ray"), {"10.0.0.2": slots}, "gpu"
+    )
+    done = subprocess.run(
+        ["sh", "-c", worker_command(state, "10.0.0.2")],
+        input="token",
+        env={"HOME": str(tmp_path), "PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    if starts:
+        assert done.returncode == 0 and f"--num-gpus={slots}" in done.stdout
+    else:
+        assert done.returncode == GPU_SHORT_EXIT and "ray start" not in done.stdout
+        line = "10.0.0.2: nvidia-smi lists 4 GPU(s) there, and the hostfile gives it slots=8"
+        assert done.stdout.strip() == line
+
+
+def test_a_head_with_fewer_gpus_than_its_slots_is_refused_before_its_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 (UUID: GPU-0)"\n')
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    state = ClusterState("10.0.0.1", 6379, [], "ssh", "ray", {"10.0.0.1": 8}, "gpu")
+    with pytest.raises(UserError) as exc:
+        check_head_gpus(state)
+    text = exc.value.render()
+    assert "10.0.0.1: nvidia-smi lists 1 GPU(s) there, and the hostfile gives it slots=8" in text
+    assert "give each node its GPU count as slots" in text
+    check_head_gpus(dataclasses.replace(state, slots={"10.0.0.1": 1}))
 
 
 @pytest.mark.parametrize(
