@@ -655,7 +655,7 @@ def render_rayjob(
 
 
 def _write(text: str, out: str | None, what: str) -> None:
-    if not out:
+    if not out or out == "-":  # `-`: standard output, as for `rlpost new ... --out -`
         print(text, end="" if text.endswith("\n") else "\n")
         return
     path = Path(out)
@@ -759,7 +759,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="as for `rlpost validate`; a job file is written for the cluster's machines, so "
         "its checks never include this one's files, packages or GPUs, with or without it",
     )
-    parser.add_argument("--out", "-o", metavar="FILE", help="write here (default: stdout)")
+    parser.add_argument(
+        "--out", "-o", metavar="FILE", help="write here (default, or -: standard output)"
+    )
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:

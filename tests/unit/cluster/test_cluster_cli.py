@@ -796,6 +796,18 @@ def test_an_override_of_what_the_job_sets_is_refused_not_dropped(
 
 
 @pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_out_dash_prints_the_job_as_rlpost_new_does(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [verb, *job_flags(verb, tmp_path / "run"), "--out", "-"]
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    assert ("#!/bin/bash" if verb == "slurm" else "kind: RayJob") in out
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
 def test_mode_train_over_an_evaluations_file_reaches_the_launch(
     verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
