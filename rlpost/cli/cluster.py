@@ -11,8 +11,9 @@ count, the head's address), all at once, and waits until every node has register
 authentication stays on: the head's token (~/.ray/auth_token, made if missing) reaches each
 worker through ssh's standard input into a file only its owner reads, never a command line.
 The ssh command is `--ssh` (default `ssh -o BatchMode=yes`); rlpost appends the host and the
-remote command, as ssh takes them. What `up` started is kept in a state file for `status`
-and `down`.
+remote command, as ssh takes them. `--env NAME=VALUE` gives every node's Ray (and so the
+run's actors there) a variable: a worker inherits nothing from the shell `up` ran in. What
+`up` started is kept in a state file for `status` and `down`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import argparse
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rlpost.errors import Issue, UserError
@@ -64,9 +66,7 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
         try:
             ipaddress.ip_address(words[0])
         except ValueError:
-            issues.append(
-                Issue(where, f"{words[0]!r} is not an IP address", "write the node's IP", raw)
-            )
+            issues.append(_name_issue(where, words, raw))
             continue
         if len(slots) != 1 or not slots[0].isdigit() or int(slots[0]) < 1:
             issues.append(
@@ -89,6 +89,27 @@ def parse_hostfile(text: str, path: str) -> list[Host]:
     return hosts
 
 
+def _name_issue(where: str, words: Sequence[str], raw: str) -> Issue:
+    """A host name where the node's IP goes, with the IP it resolves to here, if any."""
+    name, rest = words[0], " ".join(words[1:]) or "slots=N"
+    try:
+        found = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        found = []
+    fix = (
+        f"write its IP: `{found[0][4][0]} {rest}` ({name} resolves to it here)"
+        if found
+        else f"write its IP: `IP {rest}` (`getent hosts {name}` prints it where the name resolves)"
+    )
+    return Issue(
+        where,
+        f"{name!r} is not an IP address: each node's Ray is started with --node-ip-address "
+        "(an IP) and the nodes that register with the head are matched to the hostfile by it",
+        fix,
+        raw,
+    )
+
+
 @dataclass(frozen=True)
 class ClusterState:
     """What `up` started, for `status` and `down`."""
@@ -100,10 +121,44 @@ class ClusterState:
     ray: str
     slots: dict[str, int]
     kind: str
+    env: dict[str, str] = field(default_factory=dict)  # --env: every node's Ray and actors
 
     @property
     def address(self) -> str:
         return f"{self.head}:{self.port}"
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def parse_env(
+    given: Sequence[str],
+    environ: Mapping[str, str],
+    shown: str = "a worker's variables are on its `ray start` command line, which every user "
+    "of the node can read",
+) -> dict[str, str]:
+    """`--env NAME=VALUE` (or `--env NAME`: this shell's value) -> the variables every node's
+    Ray starts with. A worker's actors inherit its `ray start`'s environment, never the
+    launch's: NCCL_*, HF_HOME and their kin exported here reach the head's node alone."""
+    env: dict[str, str] = {}
+    issues = []
+    for item in given:
+        name, has_value, value = item.partition("=")
+        if not ENV_NAME.fullmatch(name):
+            why, fix = "is not NAME=VALUE with a variable's name", "write e.g. NCCL_IB_HCA=mlx5"
+        elif any(word in name.upper() for word in SECRET_WORDS):
+            why = f"looks like a secret, and {shown}"
+            fix = "set it in the nodes' own environment (or a file only you read)"
+        elif not has_value and name not in environ:
+            why, fix = "takes this shell's value, and it is not set here", f"give {name}=VALUE"
+        else:
+            env[name] = value if has_value else environ[name]
+            continue
+        issues.append(Issue("--env", why, fix, item))
+    if issues:
+        raise UserError(issues, title="command-line error")
+    return env
 
 
 def _ray_bin() -> str:
@@ -180,7 +235,11 @@ def start_head(state: ClusterState, dashboard: bool) -> None:
     ]
     cmd += ["--dashboard-host=127.0.0.1"] if dashboard else ["--include-dashboard=false"]
     done = subprocess.run(
-        cmd, env=_token_env(), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+        cmd,
+        env={**_token_env(), **state.env},
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
     )
     if done.returncode != 0:
         raise _failed(
@@ -188,6 +247,48 @@ def start_head(state: ClusterState, dashboard: bool) -> None:
             done.stdout + done.stderr,
             "read Ray's message above; `ray stop` ends a Ray left running on this machine",
         )
+
+
+GPU_SHORT_EXIT = 3  # a node with fewer GPUs than its hostfile line's slots
+
+
+def gpu_check(state: ClusterState, address: str) -> str:
+    """Shell that ends with GPU_SHORT_EXIT, saying why, where nvidia-smi lists fewer GPUs
+    than the node's slots: `ray start --num-gpus=N` takes N as given, and Ray would place
+    ranks and engines on GPUs the node does not have (CUDA fails on them mid-start)."""
+    if state.kind != "gpu":
+        return ""
+    slots = state.slots[address]
+    return (
+        'n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU "); '
+        f'[ "$n" -ge {slots} ] || {{ echo "{address}: nvidia-smi lists $n GPU(s) there, and '
+        f'the hostfile gives it slots={slots}"; exit {GPU_SHORT_EXIT}; }}; '
+    )
+
+
+def _gpu_issues(lines: Sequence[str]) -> UserError:
+    return UserError(
+        [
+            Issue(
+                "--hostfile",
+                line,
+                "give each node its GPU count as slots (fewer leaves the others unused), or "
+                "--kind cpu for a CPU profile's slots; `rlpost cluster down` stops what did start",
+            )
+            for line in lines
+        ],
+        title="hostfile error",
+    )
+
+
+def check_head_gpus(state: ClusterState) -> None:
+    """The head's GPUs against its slots, before its Ray starts (gpu_check, run here)."""
+    check = gpu_check(state, state.head)
+    if not check:
+        return
+    done = subprocess.run(["sh", "-c", check], capture_output=True, text=True, check=False)
+    if done.returncode == GPU_SHORT_EXIT:
+        raise _gpu_issues([done.stdout.strip()])
 
 
 def worker_command(state: ClusterState, address: str) -> str:
@@ -202,9 +303,11 @@ def worker_command(state: ClusterState, address: str) -> str:
         *_resources(state.kind, state.slots[address]),
         "--disable-usage-stats",
     ]
+    env = "".join(f"{name}={shlex.quote(value)} " for name, value in state.env.items())
     return (
+        f"{gpu_check(state, address)}"
         f'umask 077 && mkdir -p "$HOME/.ray" && cat > "{token_file}" && '
-        f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token_file}" {shlex.join(start)}'
+        f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="{token_file}" {env}{shlex.join(start)}'
     )
 
 
@@ -223,15 +326,20 @@ def start_workers(state: ClusterState, token: str) -> None:
         host: _over_ssh(state.ssh, host, worker_command(state, host), token)
         for host in state.workers
     }
-    failed = []
+    failed, short = [], []
     for host, proc in running.items():
         try:
             output, _ = proc.communicate(token, timeout=COMMAND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             output = f"no answer within {COMMAND_TIMEOUT_S:.0f} s"
-        if proc.returncode != 0:
-            failed.append(f"{host}: {output.strip().splitlines()[-1] if output.strip() else ''}")
+        last = output.strip().splitlines()[-1] if output.strip() else ""
+        if proc.returncode == GPU_SHORT_EXIT and last.startswith(f"{host}: nvidia-smi lists"):
+            short.append(last)
+        elif proc.returncode != 0:
+            failed.append(f"{host}: {last}")
+    if short:
+        raise _gpu_issues(short)
     if failed:
         raise _failed(
             f"{len(failed)} worker(s) did not start",
@@ -362,7 +470,9 @@ def up(args: argparse.Namespace) -> int:
         ray=args.ray or _ray_bin(),
         slots={h.address: h.slots for h in hosts},
         kind=args.kind,
+        env=parse_env(args.env, os.environ),
     )
+    check_head_gpus(state)
     token = ensure_token()
     print(f"rlpost: starting the head at {state.address}", flush=True)
     start_head(state, args.dashboard)
@@ -446,6 +556,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ssh", default=DEFAULT_SSH, help=f"the ssh command (default: {DEFAULT_SSH})")
     p.add_argument("--ray", help="the ray command on every node (default: this environment's)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a variable every node's Ray and the run's actors there start with (NCCL_IB_HCA, "
+        "HF_HOME, ...; NAME alone: this shell's value); repeat for each",
+    )
     p.add_argument("--timeout", type=float, default=COMMAND_TIMEOUT_S, help="seconds to wait")
     p.add_argument(
         "--dashboard",

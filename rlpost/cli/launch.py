@@ -15,6 +15,7 @@ run started (most likely a bug of rlpost's: its traceback once and a line that s
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -88,6 +89,7 @@ def _end_leftovers(run_dir: Path) -> None:
 def _train(cfg: RunConfig, plan: Plan) -> None:
     """The preflight and the resume point (both light), then the run itself. Raises RunFailed
     when the run could not finish (RunStopped: SIGTERM)."""
+    from rlpost.plan.cluster import paths_for_the_cluster
     from rlpost.plan.preflight import preflight
     from rlpost.runtime.failures import stopped
     from rlpost.runtime.resume import find_resume_point
@@ -99,6 +101,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     with sigterm_raises():
         try:
             warnings = preflight(cfg, plan)
+            cfg = paths_for_the_cluster(cfg, os.getcwd())
             resume = find_resume_point(cfg, plan, run_dir)
             _claim(run_dir)
             _end_leftovers(run_dir)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path, PurePosixPath
@@ -62,6 +64,7 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
         f"write a job per value ({verb} ... {{first}} for the first)"
         + (", each with a --run-dir of its own" if verb == "rlpost slurm" else ""),
     )
+    refuse_job_keys(target.overrides, verb)
     cfg, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name
     )
@@ -82,6 +85,42 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     with located(sources):
         MODE_CHECKS[cfg.mode](cfg, plan, False)
     return target, cfg, plan
+
+
+# What a job's launch is given by the job itself, after the overrides (the last value of a key
+# is the one Hydra keeps): an override of one of them would be dropped without a word.
+JOB_KEYS = ("run.dir", "run.ray_address", "run.node_address")
+
+
+def refuse_job_keys(overrides: Sequence[str], verb: str) -> None:
+    """Refuse an override of a key the job sets: the run directory (--run-dir, or the RayJob's
+    volume) and the cluster the launch joins (the head the job starts)."""
+    issues = []
+    for token in overrides:
+        key, _, value = token.partition("=")
+        key = key.lstrip("+~")
+        if key not in JOB_KEYS:
+            continue
+        if key == "run.dir":
+            why, fix = (
+                ("the job's run directory is --run-dir", f"give it as --run-dir {value}")
+                if verb == "rlpost slurm"
+                else (
+                    "the RayJob's run directory is <--runs-mount>/<job name> on the --pvc volume",
+                    "drop it, and name the volume with --pvc (--runs-mount: where it mounts)",
+                )
+            )
+        else:
+            why = (
+                "the job starts its own Ray cluster and its launch joins that cluster's head "
+                "(the job sets run.ray_address and run.node_address after the overrides)"
+            )
+            fix = "drop it: the job's launch always runs on the head of the cluster it starts"
+        issues.append(
+            Issue(key, f"{why}, so this override would be dropped without a word", fix, value)
+        )
+    if issues:
+        raise UserError(issues, title="command-line error")
 
 
 def job_name(cfg: RunConfig) -> str:
@@ -443,6 +482,7 @@ def _container(
     if hw.kind == "gpu" and size is not None:
         limits["nvidia.com/gpu"] = hw.gpus_per_node
     env = [
+        *({"name": k, "value": v} for k, v in getattr(args, "env_vars", {}).items()),
         {"name": "RAY_AUTH_MODE", "value": "token"},
         {
             "name": "RAY_AUTH_TOKEN",
@@ -615,7 +655,7 @@ def render_rayjob(
 
 
 def _write(text: str, out: str | None, what: str) -> None:
-    if not out:
+    if not out or out == "-":  # `-`: standard output, as for `rlpost new ... --out -`
         print(text, end="" if text.endswith("\n") else "\n")
         return
     path = Path(out)
@@ -682,6 +722,11 @@ def _check_no_claim(cfg: RunConfig, args: argparse.Namespace) -> None:
 
 
 def kuberay(args: argparse.Namespace) -> int:
+    from rlpost.cli.cluster import parse_env
+
+    args.env_vars = parse_env(
+        args.env, os.environ, "the manifest holds its pods' variables in plain text"
+    )
     import yaml
 
     _check_scratch(args)
@@ -714,7 +759,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="as for `rlpost validate`; a job file is written for the cluster's machines, so "
         "its checks never include this one's files, packages or GPUs, with or without it",
     )
-    parser.add_argument("--out", "-o", metavar="FILE", help="write here (default: stdout)")
+    parser.add_argument(
+        "--out", "-o", metavar="FILE", help="write here (default, or -: standard output)"
+    )
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -769,6 +816,14 @@ def add_kuberay_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the plan's training time per rollout plus 5 minutes, 5 at least; "
         f"{STOP_AT_ONCE_LEAD_S} s for an evaluation or a run with run.on_sigterm: stop, "
         "which save nothing",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a variable of every Ray pod, and so of the run's actors (NCCL_IB_HCA, HF_HOME, "
+        "...; NAME alone: this shell's value); repeat for each",
     )
     parser.add_argument("--workdir", default="/workspace/rlpost", help="launch.py's folder")
     parser.add_argument(

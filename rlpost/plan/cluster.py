@@ -13,17 +13,63 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from rlpost.errors import Issue, UserError
+from pydantic import BaseModel
+
+from rlpost.errors import Issue, Location, UserError
 from rlpost.schema import HardwareConfig, RunConfig
+from rlpost.schema.base import local_path_keys
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
+M = TypeVar("M", bound=BaseModel)
 
 
 def ray_address(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> str | None:
     """The cluster to join (auto, or host:port), or None to start Ray on this machine."""
     env = os.environ if environ is None else environ
     return cfg.run.ray_address or env.get(RAY_ADDRESS_ENV) or None
+
+
+def address_key(cfg: RunConfig) -> tuple[str, Location | None]:
+    """Where the address of the cluster to join was given: run.ray_address (its location is
+    the config's), else RAY_ADDRESS in the environment (no config file or override set it)."""
+    if cfg.run.ray_address:
+        return "run.ray_address", None
+    return RAY_ADDRESS_ENV, Location(file="the environment")
+
+
+def paths_for_the_cluster(
+    cfg: RunConfig, cwd: str, environ: Mapping[str, str] | None = None
+) -> RunConfig:
+    """`cfg` with its relative file and folder paths (model.hf_checkpoint, run.resume, ...)
+    made absolute from `cwd`, the folder the launch runs in, when the launch joins a
+    cluster. Train ranks and engines read those paths in Ray workers, and a worker runs in
+    the folder its node's `ray start` ran in (ssh's home, the scheduler's submit folder), not
+    the launch's: `model.hf_checkpoint=models/qwen3-4b`, which the preflight found here,
+    would name another folder, or none, on every node but a Ray started by the launch."""
+    if ray_address(cfg, environ) is None:
+        return cfg
+    absolute: RunConfig = cfg
+    for key in local_path_keys(RunConfig):
+        value = _get(cfg, key)
+        if isinstance(value, str) and value != "auto" and not os.path.isabs(value):
+            absolute = _with(absolute, key.split("."), os.path.normpath(os.path.join(cwd, value)))
+    return absolute
+
+
+def _get(model: BaseModel, key: str) -> object:
+    value: object = model
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _with(model: M, parts: Sequence[str], value: str) -> M:
+    """A copy of the frozen `model` with the field at `parts` set to `value`."""
+    head, *rest = parts
+    new = value if not rest else _with(getattr(model, head), rest, value)
+    return model.model_copy(update={head: new})
 
 
 def check_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[Issue]:

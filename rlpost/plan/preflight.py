@@ -44,7 +44,7 @@ from rlpost.config.hf_check import check_weights_config
 from rlpost.data.files import RawRow, UnreadableFile, prompt_rows, row_count
 from rlpost.data.prompts import LineError, PromptFormat, Row, prompt_format, read_row
 from rlpost.errors import Issue, Location, UserError
-from rlpost.plan.cluster import check_cluster_source, ray_address
+from rlpost.plan.cluster import address_key, check_cluster_source, ray_address
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.plan.plan import Plan
 from rlpost.schema import ModelConfig, RunConfig
@@ -1208,7 +1208,7 @@ def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
     address = ray_address(cfg)
     if not address or "://" in address:
         return issues
-    key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+    key, where = address_key(cfg)
     if address != "auto" and ":" in address:
         host, _, port = address.rpartition(":")
         try:
@@ -1219,8 +1219,9 @@ def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
                     key,
                     f"no Ray head answers at {address} ({exc})",
                     "start the cluster first (rlpost cluster up --hostfile FILE, or ray start "
-                    "--head on the head node) or correct the address",
+                    "--head on the head node) or correct the address" + _or_start_here(cfg),
                     value=address,
+                    location=where,
                 )
             )
             return issues
@@ -1228,10 +1229,39 @@ def check_cluster(cfg: RunConfig, plan: Plan) -> list[Issue]:
     return issues
 
 
+def _or_start_here(cfg: RunConfig) -> str:
+    """For an address from the environment on a one-node profile: the launch can start
+    its own Ray (a RAY_ADDRESS left exported from a cluster's shell joins that cluster)."""
+    if cfg.run.ray_address or cfg.hardware.num_nodes > 1:
+        return ""
+    return (
+        f"; or unset RAY_ADDRESS: hardware={cfg.hardware.name} is one node, and without it "
+        "the launch starts Ray on this machine"
+    )
+
+
 def _cluster_capacity(cfg: RunConfig, plan: Plan, address: str) -> list[Issue]:
     from rlpost.plan.cluster import NodeInfo, check_capacity
-    from rlpost.runtime.gcs import read_gcs_nodes
+    from rlpost.runtime.gcs import gcs_address, read_gcs_nodes
 
+    if address == "auto":
+        try:
+            gcs_address(address)
+        except ConnectionError as exc:  # none runs here, or several: joining would fail
+            key, where = address_key(cfg)
+            ray_says = str(exc).strip().split(". ")[0].rstrip(".")
+            return [
+                Issue(
+                    key,
+                    "auto joins the Ray cluster this machine is a node of, and Ray finds no "
+                    f"single one here ({ray_says})",
+                    "bring the cluster up first (rlpost cluster up --hostfile FILE, or ray "
+                    "start on this machine) and launch on one of its nodes, or give the "
+                    "head's host:port" + _or_start_here(cfg),
+                    value=address,
+                    location=where,
+                )
+            ]
     try:
         found = read_gcs_nodes(address)
     except (ConnectionError, RuntimeError, ValueError):

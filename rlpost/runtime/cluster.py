@@ -9,7 +9,7 @@ import os
 import signal
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,13 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlpost.errors import Issue, Location, UserError
-from rlpost.plan.cluster import NodeInfo, choose_nodes, nodes_from_ray, ray_address
+from rlpost.plan.cluster import (
+    NodeInfo,
+    address_key,
+    choose_nodes,
+    nodes_from_ray,
+    ray_address,
+)
 from rlpost.plan.placement import Placement
 from rlpost.runtime.stop import Terminated
 from rlpost.schema import HardwareConfig, RunConfig
@@ -129,6 +135,28 @@ def gpu_index(node_ip: str, ray_gpu_id: str) -> int:
         ],
         title="cluster problem",
     )
+
+
+@ray.remote(num_cpus=0)
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+def unseen_issues(folders: Mapping[str, str], blind: Mapping[str, Sequence[str]]) -> list[Issue]:
+    """An Issue for each folder (config key -> path) that some nodes (`blind[key]`, their
+    addresses) cannot see."""
+    return [
+        Issue(
+            key,
+            f"node(s) {', '.join(nodes)} cannot see it, and the train ranks and engines there "
+            "read it (it is found on the node the launch runs on)",
+            "put it on storage every node mounts at the same path (NFS, Lustre, a shared "
+            "volume), or copy it to that path on every node",
+            value=folders[key],
+        )
+        for key, nodes in blind.items()
+        if nodes
+    ]
 
 
 @ray.remote(num_cpus=0)
@@ -332,10 +360,7 @@ class Cluster:
         marker = folder / f".shared-{token}"
         marker.write_text(token, encoding="utf-8")
         try:
-            per_node = self.hardware.gpus_per_node
-            firsts = [
-                n * per_node for n in range(len(self.nodes)) if n * per_node < len(self.slots)
-            ]
+            firsts = self._first_slots()
             seen = ray.get(
                 [
                     _reads.options(scheduling_strategy=self.strategy(i)).remote(str(marker), token)
@@ -360,6 +385,34 @@ class Cluster:
                 title="run directory not shared",
             )
 
+    def _first_slots(self) -> list[int]:
+        """The first slot of each node the run uses."""
+        per_node = self.hardware.gpus_per_node
+        return [n * per_node for n in range(len(self.nodes)) if n * per_node < len(self.slots)]
+
+    def check_seen(self, folders: Mapping[str, str]) -> None:
+        """Every node sees each folder (config key -> path) its ranks and engines read (the
+        model's, the checkpoint a run resumes from), or a UserError naming the nodes that
+        do not, before anything is loaded from them."""
+        if len(self.nodes) < 2 or not folders:
+            return
+        firsts = self._first_slots()
+        found = {
+            key: [
+                _is_dir.options(scheduling_strategy=self.strategy(i)).remote(path) for i in firsts
+            ]
+            for key, path in folders.items()
+        }
+        blind = {
+            key: [
+                self.slots[i].node_ip for i, ok in zip(firsts, ray.get(refs), strict=True) if not ok
+            ]
+            for key, refs in found.items()
+        }
+        issues = unseen_issues(folders, blind)
+        if issues:
+            raise UserError(issues, title="folders not on every node")
+
     def strategy(self, slot_index: int) -> PlacementGroupSchedulingStrategy:
         """Scheduling strategy for the plan's `slot_index`-th device."""
         return self.strategy_for_bundle(self.slots[slot_index].bundle_index)
@@ -374,7 +427,7 @@ class Cluster:
 
 
 def _cannot_join(address: str, cfg: RunConfig, exc: BaseException) -> UserError:
-    key = "run.ray_address" if cfg.run.ray_address else "RAY_ADDRESS"
+    key, where = address_key(cfg)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return UserError(
         [
@@ -386,6 +439,7 @@ def _cannot_join(address: str, cfg: RunConfig, exc: BaseException) -> UserError:
                 "addresses; a cluster with token authentication needs its token here "
                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)",
                 value=address,
+                location=where,
             )
         ],
         title="cannot join the cluster",

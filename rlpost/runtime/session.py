@@ -89,12 +89,14 @@ class Session:
         run_dir: Path,
         before_actors: Awaitable[object] | None = None,
         after_ray: Callable[[], None] | None = None,
+        resume_from: Path | None = None,
     ) -> None:
         """`before_actors`: awaited once Ray is up and before any actor starts (the run's
         inputs, loading meanwhile: a problem with them stops the run there). `after_ray`:
         called once Ray has started in this process (it installs signal handlers of its own,
-        which the caller may replace)."""
+        which the caller may replace). `resume_from`: the checkpoint the ranks load."""
         self.cfg = cfg
+        self.resume_from = resume_from
         self.before_actors = before_actors
         self.after_ray = after_ray
         self.plan = plan
@@ -135,6 +137,7 @@ class Session:
             # what a killed launch would leave running, for the next launch to end
             record_processes(self.run_dir)
             self.cluster.check_shared(self.run_dir)
+            self.cluster.check_seen(self._read_on_every_node())
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             if self.before_actors is not None:
                 await self.before_actors
@@ -479,6 +482,28 @@ class Session:
     async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
         """`fn(trainer, *args)` in train rank `rank`'s process."""
         return await self.trainers[rank].__ray_call__.remote(on_trainer, fn, *args)
+
+    def _read_on_every_node(self) -> dict[str, str]:
+        """The folders the ranks and engines on each node read, by config key: the model's
+        and a checkpoint to resume from outside the run directory (which is checked itself)."""
+        model = self.cfg.model
+        # as the preflight checks them: the reference only where the recipe reads it
+        reference = model.ref_load if self.cfg.recipe.algo.reference_interval > 0 else None
+        folders = {
+            key: os.path.abspath(path)
+            for key, path in (
+                ("model.hf_checkpoint", model.hf_checkpoint),
+                ("model.ref_load", reference),
+                ("model.load", model.load),
+            )
+            if path
+        }
+        outside = self.resume_from and not self.resume_from.resolve().is_relative_to(
+            self.run_dir.resolve()
+        )
+        if self.resume_from is not None and outside:
+            folders["run.resume"] = str(self.resume_from.resolve())
+        return folders
 
     def _rank_reads(self) -> int:
         """A figure that changes while the train ranks read the folders they start or resume

@@ -160,7 +160,14 @@ async def _train(
     stop.install()
     try:
         # installed again once Ray has started: its driver puts a handler of its own in place
-        session = Session(cfg, plan, run_dir, before_actors=loaded, after_ray=stop.install)
+        session = Session(
+            cfg,
+            plan,
+            run_dir,
+            before_actors=loaded,
+            after_ray=stop.install,
+            resume_from=resume.path if resume else None,
+        )
         async with session:
             loop = TrainLoop(cfg, plan, session, inputs.result(), resume, stop)
             try:

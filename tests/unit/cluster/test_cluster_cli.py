@@ -3,6 +3,7 @@ plan: the sbatch script passes `bash -n`, the RayJob carries the fields of ray.i
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost.cli.cluster import ClusterState, parse_hostfile, worker_command
+from rlpost.cli.cluster import (
+    GPU_SHORT_EXIT,
+    ClusterState,
+    check_head_gpus,
+    parse_env,
+    parse_hostfile,
+    worker_command,
+)
 from rlpost.cli.main import main
 from rlpost.cli.schedulers import slurm_time_s, stop_lead_s
 from rlpost.errors import UserError
@@ -42,6 +50,17 @@ def test_hostfile_errors_name_the_line() -> None:
     assert "hosts:4" in text and "listed twice" in text
 
 
+def test_a_host_name_is_refused_with_why_and_the_ip_it_resolves_to() -> None:
+    """MPI hostfiles often name hosts; each node's Ray takes an IP (--node-ip-address) and
+    is matched to its line by it: the refusal says so and gives the line to write."""
+    with pytest.raises(UserError) as exc:
+        parse_hostfile("localhost slots=4\nnode-b.invalid slots=8\n", "hosts")
+    text = exc.value.render()
+    assert "--node-ip-address (an IP)" in text
+    assert "fix: write its IP: `127.0.0.1 slots=4` (localhost resolves to it here)" in text
+    assert "fix: write its IP: `IP slots=8` (`getent hosts node-b.invalid` prints it" in text
+
+
 def test_the_worker_gets_the_token_on_stdin_never_on_its_command_line() -> None:
     state = ClusterState(
         head="10.0.0.1",
@@ -57,6 +76,88 @@ def test_the_worker_gets_the_token_on_stdin_never_on_its_command_line() -> None:
     assert "umask 077" in command
     assert "RAY_AUTH_MODE=token" in command
     assert "--address=10.0.0.1:6379 --node-ip-address=10.0.0.2 --num-gpus=8" in command
+
+
+def test_the_variables_env_names_reach_each_workers_ray(tmp_path: Path) -> None:
+    """A worker's actors inherit its `ray start`'s environment, not the launch's: --env's
+    variables are in it (the worker's command run by bash, a stand-in `ray` recording them)."""
+    ray = tmp_path / "ray"
+    ray.write_text('#!/bin/bash\nprintf "%s|%s|%s" "$NCCL_IB_HCA" "$HF_HOME" "$1"\n')
+    ray.chmod(0o755)
+    env = parse_env(["NCCL_IB_HCA=mlx5_0,mlx5_1", "HF_HOME"], {"HF_HOME": "/shared/hf cache"})
+    state = ClusterState(
+        "10.0.0.1", 6379, ["10.0.0.2"], "ssh", str(ray), {"10.0.0.2": 8}, "cpu", env
+    )
+    done = subprocess.run(
+        ["bash", "-c", worker_command(state, "10.0.0.2")],
+        input="token",
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == "mlx5_0,mlx5_1|/shared/hf cache|start"
+
+
+@pytest.mark.parametrize(("slots", "starts"), [(4, True), (2, True), (8, False)])
+def test_a_node_with_fewer_gpus_than_its_slots_is_refused_before_its_ray_starts(
+    slots: int, starts: bool, tmp_path: Path
+) -> None:
+    """`ray start --num-gpus=8` on a node with 4 GPUs advertises 8, and ranks would be placed
+    on GPUs that are not there: the worker's command counts them first (a stand-in
+    nvidia-smi listing 4), as `up` does for the head."""
+    for name, text in (
+        ("nvidia-smi", 'for i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done'),
+        ("ray", 'echo "ray $*"'),
+    ):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{text}\n")
+        (tmp_path / name).chmod(0o755)
+    state = ClusterState(
+        "10.0.0.1", 6379, ["10.0.0.2"], "ssh", str(tmp_path / "ray"), {"10.0.0.2": slots}, "gpu"
+    )
+    done = subprocess.run(
+        ["sh", "-c", worker_command(state, "10.0.0.2")],
+        input="token",
+        env={"HOME": str(tmp_path), "PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    if starts:
+        assert done.returncode == 0 and f"--num-gpus={slots}" in done.stdout
+    else:
+        assert done.returncode == GPU_SHORT_EXIT and "ray start" not in done.stdout
+        line = "10.0.0.2: nvidia-smi lists 4 GPU(s) there, and the hostfile gives it slots=8"
+        assert done.stdout.strip() == line
+
+
+def test_a_head_with_fewer_gpus_than_its_slots_is_refused_before_its_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 (UUID: GPU-0)"\n')
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    state = ClusterState("10.0.0.1", 6379, [], "ssh", "ray", {"10.0.0.1": 8}, "gpu")
+    with pytest.raises(UserError) as exc:
+        check_head_gpus(state)
+    text = exc.value.render()
+    assert "10.0.0.1: nvidia-smi lists 1 GPU(s) there, and the hostfile gives it slots=8" in text
+    assert "give each node its GPU count as slots" in text
+    check_head_gpus(dataclasses.replace(state, slots={"10.0.0.1": 1}))
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("WANDB_API_KEY=abc", "looks like a secret"),
+        ("NOT_SET_HERE", "not set here"),
+        ("1BAD=x", "is not NAME=VALUE"),
+    ],
+)
+def test_env_refuses_secrets_unset_names_and_bad_names(given: str, says: str) -> None:
+    with pytest.raises(UserError) as exc:
+        parse_env([given], {})
+    text = exc.value.render()
+    assert f"--env = {given!r}" in text and says in text
 
 
 def test_cluster_up_refuses_a_head_that_is_not_this_machine(
@@ -257,6 +358,23 @@ def test_the_rayjob_carries_the_v1_fields_sized_from_the_profile(
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "rlpost-ray-token"
         (volume,) = group["template"]["spec"]["volumes"]
         assert volume["persistentVolumeClaim"]["claimName"] == "runs"
+
+
+def test_the_variables_env_names_are_every_ray_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", "/runs/hf")
+    out = tmp_path / "job.yaml"
+    flags = ["--image", "i", "--pvc", "runs", "--env", "NCCL_IB_HCA=mlx5", "--env", "HF_HOME"]
+    status, _, err = run_main(["kuberay", *SEED_002, *flags, "--out", str(out)], capsys)
+    assert status == 0, err
+    cluster = yaml.safe_load(out.read_text())["spec"]["rayClusterSpec"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["NCCL_IB_HCA"] == "mlx5" and env["HF_HOME"] == "/runs/hf"
+    status, _, err = run_main(["kuberay", *SEED_002, "--env", "HF_TOKEN=x", *flags[:4]], capsys)
+    assert status == 2 and "the manifest holds its pods' variables in plain text" in err
 
 
 def test_a_multi_node_rayjob_needs_a_shared_volume(capsys: pytest.CaptureFixture[str]) -> None:
@@ -648,6 +766,45 @@ def test_a_sweep_is_refused_with_a_job_per_value_as_the_fix(
     assert "is a sweep, one run per value, and a scheduler's job runs one launch" in err
     assert f"write a job per value (rlpost {verb} ... recipe.optim.lr=1e-06 for the first)" in err
     assert "launch.py -m" not in err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("run.dir=/shared/runs/x", {"slurm": "give it as --run-dir /shared/runs/x"}),
+        ("run.ray_address=auto", {}),
+        ("+run.node_address=10.0.0.9", {}),
+    ],
+)
+def test_an_override_of_what_the_job_sets_is_refused_not_dropped(
+    verb: str,
+    override: str,
+    fix: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The job's script gives its launch the run directory and the head of the cluster it
+    starts after the overrides: the user's value would be dropped without a word."""
+    out = tmp_path / f"job.{verb}"
+    argv = [verb, override, *job_flags(verb, tmp_path / "run"), "--out", str(out)]
+    status, _, err = run_main(argv, capsys)
+    assert status == 2 and "Traceback" not in err and not out.exists()
+    key, value = override.lstrip("+").split("=")
+    assert f"{key} = {value!r}" in err and "would be dropped without a word" in err
+    assert fix.get(verb, "fix: ") in err
+
+
+@pytest.mark.parametrize("verb", ["slurm", "kuberay"])
+def test_out_dash_prints_the_job_as_rlpost_new_does(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [verb, *job_flags(verb, tmp_path / "run"), "--out", "-"]
+    status, out, err = run_main(argv, capsys)
+    assert status == 0, err
+    assert ("#!/bin/bash" if verb == "slurm" else "kind: RayJob") in out
+    assert not (tmp_path / "-").exists()
 
 
 @pytest.mark.parametrize("verb", ["slurm", "kuberay"])

@@ -16,6 +16,7 @@ from rlpost.plan.cluster import (
     check_cluster_source,
     choose_nodes,
     nodes_from_ray,
+    paths_for_the_cluster,
 )
 from rlpost.plan.preflight import check_cluster
 from rlpost.runtime.netif import interface_for
@@ -140,6 +141,48 @@ def test_a_multi_node_profile_with_no_cluster_to_join_is_refused_before_ray() ->
     assert check_cluster_source(joined, environ={}) == []
 
 
+def test_relative_paths_reach_a_joined_clusters_workers_from_the_launchs_folder() -> None:
+    """A Ray worker runs in the folder its node's `ray start` ran in, not the launch's: a
+    relative path the preflight found here is made absolute before any actor gets it."""
+    paths = (
+        "model.hf_checkpoint=models/qwen3-4b",
+        "model.ref_load=/data/ref",
+        "recipe.data.prompt_data=data/train.jsonl",
+        "run.dir=runs/../runs/exp1",
+        "run.resume=auto",
+    )
+    joined = paths_for_the_cluster(compose(*paths, "run.ray_address=auto"), "/home/me/work")
+    assert joined.model.hf_checkpoint == "/home/me/work/models/qwen3-4b"
+    assert joined.model.ref_load == "/data/ref"
+    assert joined.recipe.data.prompt_data == "/home/me/work/data/train.jsonl"
+    assert (joined.run.dir, joined.run.resume) == ("/home/me/work/runs/exp1", "auto")
+    assert joined.model.load is None
+    by_env = paths_for_the_cluster(compose(*paths), "/w", environ={"RAY_ADDRESS": "h:6379"})
+    assert by_env.model.hf_checkpoint == "/w/models/qwen3-4b"
+    alone = compose(*paths)  # a Ray the launch starts runs its workers in the launch's folder
+    assert paths_for_the_cluster(alone, "/w", environ={}) is alone
+
+
+def test_a_ray_address_from_the_environment_is_located_there_and_may_be_unset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A RAY_ADDRESS left exported from a cluster's shell: the refusal says it came from the
+    environment (not '(default)'), and on a one-node profile that unsetting it starts Ray
+    here."""
+    from rlpost.cli.main import main
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "hardware=cpu"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS = '127.0.0.1:9'   (the environment)" in err
+    assert "or unset RAY_ADDRESS: hardware=cpu is one node" in err
+    cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64")  # several nodes: it must join
+    (issue,) = check_cluster(cfg, build_plan(cfg))
+    assert issue.key == "RAY_ADDRESS" and "unset" not in issue.fix
+
+
 def test_a_head_that_does_not_answer_is_refused_in_seconds() -> None:
     cfg = compose("run.ray_address=127.0.0.1:9")  # the discard port: nothing listens
     started = time.monotonic()
@@ -159,6 +202,7 @@ def test_the_preflight_compares_the_clusters_nodes_before_joining_it(
     cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
     plan = build_plan(cfg)
     one_node = [gcs.GcsNode("10.0.0.1", True, 8, 224), gcs.GcsNode("10.0.0.2", False, 8, 224)]
+    monkeypatch.setattr(gcs, "gcs_address", lambda address: "10.0.0.1:6379")  # auto finds it
     monkeypatch.setattr(gcs, "read_gcs_nodes", lambda address: one_node)
     issues = check_cluster(cfg, plan)
     assert [i.key for i in issues] == ["hardware"]
@@ -174,6 +218,31 @@ def test_the_preflight_compares_the_clusters_nodes_before_joining_it(
 
     monkeypatch.setattr(gcs, "read_gcs_nodes", unreachable)
     assert check_cluster(cfg, plan) == []  # joining reports it, in Ray's words
+
+
+@pytest.mark.parametrize(
+    "ray_says",
+    [
+        "Could not find any running Ray instance. Please specify the one to connect to",
+        "Found multiple active Ray instances: {'a:1', 'b:2'}. Please specify the one",
+    ],
+)
+def test_auto_with_no_single_cluster_on_this_machine_is_refused_before_joining(
+    monkeypatch: pytest.MonkeyPatch, ray_says: str
+) -> None:
+    """`auto` finds the cluster from this machine (ray start's address file, a running GCS):
+    with none, or several, the join would fail once torch and Ray are loaded."""
+    from rlpost.runtime import gcs
+
+    def no_single_cluster(address: str) -> str:
+        raise ConnectionError(ray_says)
+
+    monkeypatch.setattr(gcs, "gcs_address", no_single_cluster)
+    cfg = compose("run.ray_address=auto")
+    issues = check_cluster(cfg, build_plan(cfg))
+    assert [(i.key, i.value) for i in issues] == [("run.ray_address", "auto")]
+    assert f"Ray finds no single one here ({ray_says.split('. ')[0]})" in issues[0].message
+    assert "rlpost cluster up --hostfile FILE" in issues[0].fix
 
 
 @pytest.mark.parametrize(
