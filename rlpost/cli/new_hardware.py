@@ -175,7 +175,9 @@ def profile_fields(
         "intra_node_gbps": float(sheet.nvlink_gbps if nvlink and sheet else pcie),
         "pcie_gbps": pcie,
     }
-    if nodes > 1:
+    if nodes > 1 or inter_node_gbps is not None:
+        # a one-node profile keeps a bandwidth given for it: `hardware.num_nodes=N` on a
+        # command line spreads the same machine over N nodes
         fields["inter_node_gbps"] = float(inter_node_gbps or 50.0)
     return fields
 

@@ -44,6 +44,9 @@ def test_pcie_cards_without_nvlink_talk_over_pcie() -> None:
     assert fields["gpu_memory_gib"] == 80.0 and "inter_node_gbps" not in fields
     two = profile_fields("a100x8", gpus(A100_PCIE, 4), Host(512.0, 64, False), nodes=2)
     assert (two["num_nodes"], two["inter_node_gbps"]) == (2, 50.0)
+    # given for one node, the bandwidth is kept, not dropped
+    one = profile_fields("a100x4", gpus(A100_PCIE, 4), Host(512.0, 64, False), inter_node_gbps=25)
+    assert one["inter_node_gbps"] == 25.0
 
 
 @pytest.mark.parametrize(
