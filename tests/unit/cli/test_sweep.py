@@ -411,7 +411,13 @@ def test_a_signal_while_the_sweep_checks_its_jobs_ends_it_saying_that_no_job_ran
         f"recipe.rollout.reward.custom_function={module}.reward",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    assert launched(argv, launch.launch_job) == status
+    # Ctrl-C as a terminal's command has it, whether or not these tests were started with it
+    # ignored (in the background, under nohup)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert launched(argv, launch.launch_job) == status
+    finally:
+        signal.signal(signal.SIGINT, before)
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     assert err == (
