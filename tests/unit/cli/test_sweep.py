@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -387,43 +388,39 @@ def reward(sample):
     ],
 )
 def test_a_signal_while_the_sweep_checks_its_jobs_ends_it_saying_that_no_job_ran(
-    tmp_path: Path,
-    launched: Callable[..., int],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    name: str,
-    status: int,
-    said: str,
+    tmp_path: Path, name: str, status: int, said: str
 ) -> None:
     """SIGTERM or Ctrl-C before a sweep's first job begins (here while its jobs are checked:
-    the reward hook, imported by the check, signals this process) ends it there with the
+    the reward hook, imported by the check, signals its own process) ends it there with the
     stopped launch's status, and says that it is the sweep that stopped, that no job ran and
-    that the same command runs it, where it said "before the run started"."""
+    that the same command runs it, where it said "before the run started". The launch runs
+    as a user's does, in a process of its own: Ctrl-C with a terminal's handler (a test
+    process may hold SIGINT ignored, started in the background, or another's handler)."""
     module = f"signal_on_import_{name.lower()}"
     (tmp_path / f"{module}.py").write_text(SIGNAL_ON_IMPORT.format(name=name))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, module, raising=False)
     sweep_dir = tmp_path / "sweep"
-    argv = [
-        "-m",
-        "mode=plan",
-        *SWEEP,
+    command = [
+        sys.executable, "-c",
+        "import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = sys.argv[1:]; runpy.run_path({str(REPO / 'launch.py')!r}, "
+        "run_name='__main__')",
+        "launch.py", "-m", "mode=plan", *SWEEP,
         f"recipe.rollout.reward.custom_function={module}.reward",
         f"hydra.sweep.dir={sweep_dir}",
-    ]
-    # Ctrl-C as a terminal's command has it, whether or not these tests were started with it
-    # ignored (in the background, under nohup)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        assert launched(argv, launch.launch_job) == status
-    finally:
-        signal.signal(signal.SIGINT, before)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    assert err == (
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == status, done.stderr[-2000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stderr.endswith(
         f"rlpost: sweep {said} before its first job started: no job ran and nothing was "
         "written; the same command runs the whole sweep\n"
-    )
+    ), done.stderr[-2000:]
     assert not sweep_dir.exists()
 
 
