@@ -205,6 +205,15 @@ def test_clip_bounds_on_one_step_a_rollout_are_noted_as_never_binding(run_config
     assert said(build_plan(symmetric), CLIP_INERT) is None
 
 
+@pytest.mark.parametrize("recipe", ["grpo_tiny_math", "grpo_tiny_calculator"])
+def test_the_shipped_cpu_recipes_set_no_clip_bound_that_never_binds(
+    run_config: Runs, recipe: str
+) -> None:
+    # one optimizer step a rollout: the CPU default's own plan says nothing of its clip
+    plan = build_plan(run_config("qwen3-tiny", "cpu", recipe))
+    assert said(plan, CLIP_INERT) is None, plan.notes
+
+
 def test_a_save_interval_beyond_the_run_is_noted_as_one_save_at_the_end(run_config: Runs) -> None:
     long = run_config(
         "qwen3-4b", "h100x8", recipe__save__interval=5000, recipe__save__save_hf_interval=4000
