@@ -237,13 +237,12 @@ def _config(run_dir: Path) -> dict[str, Any]:
 
 
 def _unfinished(path: Path) -> bool:
-    from rlpost.runtime.run_state import LOOP_FILE
+    from rlpost.runtime.run_state import read_loop_state
 
     try:
-        state = json.loads((path / LOOP_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return read_loop_state(path).unfinished is not None
+    except (OSError, ValueError, TypeError):  # no loop state, or not one this reads
         return False
-    return isinstance(state, dict) and state.get("unfinished") is not None
 
 
 def render_status(run_dir: Path) -> str:
