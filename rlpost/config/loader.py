@@ -25,6 +25,7 @@ from rlpost.config.diagnostics import (
     value_at,
 )
 from rlpost.config.eval_mode import check_eval_training_overrides
+from rlpost.config.eval_sets import check_eval_set_overrides
 from rlpost.config.hf_check import check_hf_config
 from rlpost.config.hook_checks import check_hooks
 from rlpost.config.overrides import check_overrides, search_roots
@@ -57,6 +58,7 @@ POST_CHECKS: tuple[PostCheck, ...] = (
     _hooks,
     _hf_config,
     check_eval_training_overrides,
+    check_eval_set_overrides,
 )
 
 

@@ -389,7 +389,7 @@ def _notes(
                 "another token)"
             )
     notes += _reward_notes(cfg.recipe.rollout.reward)
-    notes += _eval_reward_notes(cfg.recipe.eval)
+    notes += _eval_reward_notes(cfg.recipe.eval) + _unread_eval_notes(cfg.recipe.eval)
     if cfg.model.family == GENERIC_FAMILY:
         notes.append(GENERIC_MEMORY_NOTE.format(architecture=cfg.model.hf_architecture))
     if isinstance(memory.train, FsdpTrainMemory):
@@ -430,6 +430,21 @@ def _reward_notes(reward: RewardConfig) -> list[str]:
         f"recipe.rollout.reward.type={reward.type}: the type is passed on only as slime's "
         f"--rm-type (mode=slime_args)"
     ]
+
+
+UNREAD_EVAL_SETTINGS_NOTE = (
+    "recipe.eval.datasets names no evaluation set, so no evaluation runs: what the files give "
+    "of how the sets are evaluated ({given}) is not read"
+)
+
+
+def _unread_eval_notes(ev: EvalConfig) -> list[str]:
+    """The set settings a file gives while no set is named (a command line's are refused:
+    rlpost.config.eval_sets)."""
+    given = ev.unread_set_settings()
+    if not given:
+        return []
+    return [UNREAD_EVAL_SETTINGS_NOTE.format(given=", ".join(f"recipe.eval.{n}" for n in given))]
 
 
 def _eval_reward_notes(ev: EvalConfig) -> list[str]:

@@ -63,6 +63,19 @@ class EvalDataset(Section):
     max_response_len: PositiveInt | None = None
 
 
+# What only an evaluation set reads of this section: how each set is sampled, and whether
+# one evaluation runs before training. With no set named, nothing reads them
+# (EvalConfig.unread_set_settings).
+SET_SETTINGS = (
+    "n_samples_per_prompt",
+    "max_response_len",
+    "temperature",
+    "top_p",
+    "top_k",
+    "skip_before_train",
+)
+
+
 class EvalConfig(Section):
     interval: PositiveInt | None = None
     datasets: list[EvalDataset] = Field(default_factory=list)
@@ -97,6 +110,17 @@ class EvalConfig(Section):
         if self.custom_reward_function:
             return "eval.custom_reward_function", self.custom_reward_function
         return None
+
+    def unread_set_settings(self) -> list[str]:
+        """SET_SETTINGS this section gives other than their defaults while it names no
+        evaluation set, so that nothing reads them. Not refused here: a recipe's own values
+        stay when a run turns its evaluation off (datasets: [] with interval: null); a
+        command line that gives one is refused (rlpost.config.eval_sets) and the plan notes
+        a file's."""
+        if self.datasets:
+            return []
+        fields = type(self).model_fields
+        return [name for name in SET_SETTINGS if getattr(self, name) != fields[name].get_default()]
 
     def response_len(self, index: int) -> tuple[str, int] | None:
         """datasets[index]'s response length, with the key (below recipe) that sets it: the

@@ -70,6 +70,12 @@ CASES: list[Bad] = [
         "scores every sample, whatever its set, and never reads it",
     ),
     Bad(
+        "evaluation sampling on the command line of a run that names no evaluation set",
+        ("recipe.eval.datasets=[]", "recipe.eval.interval=null", "recipe.eval.temperature=0.6"),
+        "recipe.eval.temperature",
+        "no evaluation runs, so nothing reads it",
+    ),
+    Bad(
         "an evaluation with nothing to evaluate",
         ("mode=eval", "recipe.eval.datasets=[]", "~recipe.eval.interval"),
         "recipe.eval.datasets",
