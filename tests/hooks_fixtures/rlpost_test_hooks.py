@@ -346,3 +346,20 @@ async def drops_a_logprob(sample: Sample, ctx: Any) -> Sample:
     if sample.rollout_logprobs:
         sample.rollout_logprobs.pop()
     return sample
+
+
+class ModelWhoseCheckReturnsNothing(BoxedAnswerModel):
+    """A settings check that ends without a return when the settings are fine."""
+
+    @staticmethod
+    def check_settings(settings: dict[str, Any]) -> Any:
+        if settings.get("scale", 1.0) <= 0:
+            return [("scale", "must be positive", "e.g. 1.0")]
+
+
+class ModelWhoseCheckReturnsMessages(BoxedAnswerModel):
+    """A settings check that returns its problems as plain messages."""
+
+    @staticmethod
+    def check_settings(settings: dict[str, Any]) -> Any:
+        return [f"scale {settings.get('scale')} must be positive"]
