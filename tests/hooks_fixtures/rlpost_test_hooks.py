@@ -124,6 +124,19 @@ def failing_reward(sample: Sample) -> float:
     raise KeyError("score")
 
 
+def tensor_reward(sample: Sample) -> Any:
+    """A reward model's logits for the sample, one per class, where one number was due."""
+    import torch
+
+    return torch.tensor([0.25, 0.75])
+
+
+def numpy_reward(sample: Sample) -> Any:
+    import numpy
+
+    return numpy.float32(0.5)
+
+
 def two_args(sample: Sample, extra: int) -> float:
     return 0.0
 
