@@ -254,8 +254,7 @@ async def _call_hook(
         return _TIMED_OUT
     except Exception as exc:
         raise RewardError(
-            f"reward function '{path}' raised {type(exc).__name__}: {exc} (scoring "
-            f"{_scored(arg)})"
+            f"reward function '{path}' raised {type(exc).__name__}: {exc} (scoring {_scored(arg)})"
         ) from exc
 
 

@@ -376,3 +376,22 @@ class ModelWhoseCheckReturnsMessages(BoxedAnswerModel):
     @staticmethod
     def check_settings(settings: dict[str, Any]) -> Any:
         return [f"scale {settings.get('scale')} must be positive"]
+
+
+def keeps_without_a_return(samples: list[Sample]) -> Any:
+    """A dynamic sampling filter that ends without a return when the rewards are equal."""
+    rewards = [s.reward for s in samples]
+    if min(rewards) != max(rewards):  # type: ignore[type-var]
+        return True
+
+
+def keeps_as_numpy(samples: list[Sample]) -> Any:
+    import numpy
+
+    return numpy.std([s.reward for s in samples]) > 0
+
+
+def filter_failing_from_group_4(samples: list[Sample]) -> bool:
+    if samples[0].group_index >= 4:
+        raise KeyError("acc")
+    return True
