@@ -395,3 +395,13 @@ def filter_failing_from_group_4(samples: list[Sample]) -> bool:
     if samples[0].group_index >= 4:
         raise KeyError("acc")
     return True
+
+
+class ModelWithoutWeights(BoxedAnswerModel):
+    """A reward model whose weights are not where its settings say."""
+
+    def __init__(self, ctx: Any) -> None:
+        path = Path(ctx.settings["path"])
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} holds no config.json")
+        super().__init__(ctx)
