@@ -405,3 +405,10 @@ class ModelWithoutWeights(BoxedAnswerModel):
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} holds no config.json")
         super().__init__(ctx)
+
+
+def takes_samples(rollout_id: int, buffer: list[list[Sample]], num_groups: int) -> list:
+    """A buffer filter that hands out the samples of the groups it takes, not the groups."""
+    taken = buffer[:num_groups]
+    del buffer[:num_groups]
+    return [sample for group in taken for sample in group]

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.data import DataSource, PromptRecord, load_eval_groups
+from rlpost.data.source import DataSourceError
 from rlpost.runtime.evaluation import load_eval_sets
 from rlpost.schema import DataConfig, RecipeConfig
 from rlpost.types import Sample
@@ -107,6 +108,21 @@ def test_a_filter_that_keeps_what_it_returns_cannot_hand_groups_out_twice(
     data.add_to_buffer(data.next_groups(2))
     assert labels(data.next_groups(1)) == ["0"]
     assert labels(data.buffer) == ["1"]
+
+
+def test_a_buffer_filter_that_hands_out_samples_instead_of_groups_is_named(
+    hook_modules: Path,
+) -> None:
+    data = source(5, shuffle=False, buffer_filter="rlpost_test_hooks.takes_samples")
+    data.add_to_buffer(data.next_groups(2))
+    with pytest.raises(DataSourceError) as info:
+        data.next_groups(1)
+    message = str(info.value)
+    assert message.startswith("buffer filter 'rlpost_test_hooks.takes_samples' returned [Sample(")
+    assert message.endswith(
+        "; it returns a list of at most 1 of the groups in the buffer it is given (each a list "
+        "of Samples, as the buffer holds them), removing them from it"
+    )
 
 
 def test_from_config_and_eval_groups(write_jsonl, chat_tokenizer) -> None:
