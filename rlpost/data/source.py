@@ -259,9 +259,16 @@ class DataSource:
                 max_prompt_len=config.max_prompt_len,
             )
             source_class = load_object(config.source, DATA_SOURCE)
-            return cls(
-                source_class(ctx), buffer_filter=buffer_filter, max_prompt_len=config.max_prompt_len
-            )
+            try:
+                source = source_class(ctx)
+            except Exception as exc:  # the user's class: name it, and what it was given
+                raise DataSourceError(
+                    f"data source '{config.source}' could not be built: "
+                    f"{config.source.rpartition('.')[2]}(ctx) raised {type(exc).__name__}: "
+                    f"{exc} (ctx.settings, recipe.data.source_settings: "
+                    f"{dict(config.source_settings)!r}; ctx.prompt_data: {config.prompt_data!r})"
+                ) from exc
+            return cls(source, buffer_filter=buffer_filter, max_prompt_len=config.max_prompt_len)
         assert config.prompt_data is not None  # the schema requires one of the two
         prompts, dropped = load_prompts(
             config.prompt_data,

@@ -264,6 +264,24 @@ def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
         ctx.make_group(1, [{"role": "user", "content": "q"}])
 
 
+def test_a_source_class_whose_constructor_raises_is_named_with_what_it_was_given(
+    hook_modules: Path, chat_tokenizer, tmp_path: Path
+) -> None:
+    missing = tmp_path / "feedback.jsonl"
+    with pytest.raises(DataSourceError) as info:
+        DataSource.from_config(
+            feedback_config(missing, max_repeats=3), chat_tokenizer, n_samples_per_prompt=2
+        )
+    assert str(info.value).startswith(
+        "data source 'rlpost_test_hooks.FeedbackSource' could not be built: "
+        "FeedbackSource(ctx) raised FileNotFoundError: "
+    )
+    assert str(info.value).endswith(
+        f"(ctx.settings, recipe.data.source_settings: {{'max_repeats': 3}}; "
+        f"ctx.prompt_data: '{missing}')"
+    )
+
+
 def test_an_eval_sets_reward_type_grades_every_line_of_it(write_jsonl, chat_tokenizer) -> None:
     path = write_jsonl(
         [
