@@ -167,7 +167,7 @@ def check_signature(hook: Any, path: str, signature: HookSignature) -> None:
         raise HookError(
             HookErrorKind.NOT_CALLABLE,
             path,
-            f"{signature.role} '{path}' is a {type(hook).__name__}, not a function",
+            f"{signature.role} '{path}' is {_a(type(hook).__name__)}, not a function",
             f"point it at a function: {signature.shapes()}",
         )
     if signature.keywords is not None and signature.keywords.fits(hook):
@@ -271,6 +271,16 @@ def _is_async(hook: Callable[..., Any]) -> bool:
         return True
     call = getattr(hook, "__call__", None)  # noqa: B004 - an async __call__ on an instance
     return not inspect.isfunction(hook) and inspect.iscoroutinefunction(call)
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """`value`'s repr, cut to `limit` characters, for messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:

@@ -89,7 +89,7 @@ def check_settings(
     if not callable(checker):
         return []
     try:
-        problems = list(checker(dict(settings)))
+        problems = checker(dict(settings))
     except Exception as exc:  # a user's check can fail in any way: say which
         return [
             Issue(
@@ -98,10 +98,32 @@ def check_settings(
                 f"fix the check in {path}'s module",
             )
         ]
+    malformed = _malformed_problems(problems)
+    if malformed is not None:
+        return [
+            Issue(
+                settings_key,
+                f"{path}.check_settings returned {malformed}; it returns a list of "
+                "(setting name, problem, fix) tuples of strings, [] when the settings are fine",
+                f"return [] or [(name, problem, fix), ...] from {path}.check_settings",
+            )
+        ]
     return [
         Issue(f"{settings_key}.{name}", message, fix, value=settings.get(name))
         for name, message, fix in problems
     ]
+
+
+def _malformed_problems(problems: Any) -> str | None:
+    """What is wrong with what a check_settings returned, shown; None when it is a list (or
+    tuple) of (name, problem, fix) string triples."""
+    if not isinstance(problems, list | tuple):
+        return f"{type(problems).__name__} {hooks.shown(problems)}"
+    for entry in problems:
+        triple = isinstance(entry, list | tuple) and len(entry) == 3
+        if not triple or not all(isinstance(part, str) for part in entry):
+            return f"{hooks.shown(problems)}, whose entry {hooks.shown(entry)} is no such tuple"
+    return None
 
 
 def check_hooks(data: Mapping[str, Any]) -> list[Issue]:

@@ -26,7 +26,7 @@ from rlpost.data.prompts import (
     prompt_format,
     render_prompt_ids,
 )
-from rlpost.hooks import BUFFER_FILTER, DATA_SOURCE, load_hook, load_object
+from rlpost.hooks import BUFFER_FILTER, DATA_SOURCE, load_hook, load_object, shown
 from rlpost.types import Prompt, Sample
 
 if TYPE_CHECKING:
@@ -259,9 +259,16 @@ class DataSource:
                 max_prompt_len=config.max_prompt_len,
             )
             source_class = load_object(config.source, DATA_SOURCE)
-            return cls(
-                source_class(ctx), buffer_filter=buffer_filter, max_prompt_len=config.max_prompt_len
-            )
+            try:
+                source = source_class(ctx)
+            except Exception as exc:  # the user's class: name it, and what it was given
+                raise DataSourceError(
+                    f"data source '{config.source}' could not be built: "
+                    f"{config.source.rpartition('.')[2]}(ctx) raised {type(exc).__name__}: "
+                    f"{exc} (ctx.settings, recipe.data.source_settings: "
+                    f"{dict(config.source_settings)!r}; ctx.prompt_data: {config.prompt_data!r})"
+                ) from exc
+            return cls(source, buffer_filter=buffer_filter, max_prompt_len=config.max_prompt_len)
         assert config.prompt_data is not None  # the schema requires one of the two
         prompts, dropped = load_prompts(
             config.prompt_data,
@@ -384,11 +391,21 @@ class DataSource:
         return groups
 
     def _take_from_buffer(self, rollout_id: int, num_groups: int) -> list[Group]:
-        taken = self._buffer_filter(rollout_id, self._buffer, num_groups)
+        where = f"buffer filter '{self._buffer_filter_path}'"
+        buffered = {id(group) for group in self._buffer}
+        try:
+            taken = self._buffer_filter(rollout_id, self._buffer, num_groups)
+        except Exception as exc:
+            raise DataSourceError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(taken, list | tuple) or any(id(g) not in buffered for g in taken):
+            raise DataSourceError(
+                f"{where} returned {shown(taken)}; it returns a list of at most {num_groups} "
+                "of the groups in the buffer it is given (each a list of Samples, as the "
+                "buffer holds them), removing them from it"
+            )
         if len(taken) > num_groups:
-            raise RuntimeError(
-                f"buffer filter '{self._buffer_filter_path}' returned {len(taken)} groups "
-                f"when asked for at most {num_groups}"
+            raise DataSourceError(
+                f"{where} returned {len(taken)} groups when asked for at most {num_groups}"
             )
         # A filter should remove what it returns; make sure nothing is handed out twice.
         taken_ids = {id(group) for group in taken}

@@ -253,7 +253,18 @@ async def _call_hook(
         logger.warning("reward function %s ran past %.1f s; scoring 0", path, timeout_s)
         return _TIMED_OUT
     except Exception as exc:
-        raise RewardError(f"reward function '{path}' raised {type(exc).__name__}: {exc}") from exc
+        raise RewardError(
+            f"reward function '{path}' raised {type(exc).__name__}: {exc} (scoring {_scored(arg)})"
+        ) from exc
+
+
+def _scored(arg: Any) -> str:
+    """The sample, or the group, a hook was called for, for messages."""
+    if isinstance(arg, Sample):
+        return sample_name(arg)
+    if isinstance(arg, list) and arg and isinstance(arg[0], Sample):
+        return f"the group of {len(arg)} samples of group_index={arg[0].group_index}"
+    return "a sample"
 
 
 def verl_arguments(sample: Sample) -> dict[str, Any]:

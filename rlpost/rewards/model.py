@@ -49,11 +49,20 @@ class RewardModel(Protocol):
 
 
 def build_reward_model(path: str, settings: Mapping[str, Any], device: str) -> Any:
-    """The class at `path` built as cls(ctx) (validation has checked that it exists)."""
+    """The class at `path` built as cls(ctx) (validation has checked that it exists); a
+    constructor that raises (weights not found, a device it cannot use) is a RewardError
+    naming the class."""
     from rlpost.hooks import REWARD_MODEL, load_object
 
     cls = load_object(path, REWARD_MODEL)
-    return cls(RewardModelContext(settings=dict(settings), device=device))
+    try:
+        return cls(RewardModelContext(settings=dict(settings), device=device))
+    except Exception as exc:
+        raise RewardError(
+            f"reward model '{path}' could not be built: {path.rpartition('.')[2]}(ctx) "
+            f"raised {type(exc).__name__}: {exc} (its settings, "
+            f"recipe.rollout.reward.model_settings: {dict(settings)!r}; device {device!r})"
+        ) from exc
 
 
 async def score(model: Any, samples: list[Sample], name: str) -> list[Scored]:

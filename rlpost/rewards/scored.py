@@ -121,8 +121,14 @@ def as_reward(value: Any, who: str, sample: Sample | None = None) -> float:
     """`value` as a reward: a finite number, else RewardError naming `who` and the sample."""
     where = f" for {sample_name(sample)}" if sample is not None else ""
     if not _is_number(value):
-        raise RewardError(f"{who} returned {value!r}; expected a number{where}")
-    reward = float(value)
+        raise RewardError(f"{who} returned {shown(value)}; expected a number{where}")
+    try:
+        reward = float(value)
+    except (TypeError, ValueError) as exc:  # an array or tensor of more than one value
+        raise RewardError(
+            f"{who} returned {type(value).__name__} {shown(value)}{where}, which is not one "
+            f"number ({exc}); return one number per sample (a tensor's .item())"
+        ) from None
     if not math.isfinite(reward):
         raise RewardError(f"{who} returned {reward}{where}; rewards must be finite")
     return reward

@@ -127,13 +127,21 @@ class RewardModelActor:
         self, path: str, settings: dict[str, object], on_gpu: bool, env: dict[str, str]
     ) -> None:
         os.environ.update(env)  # before torch loads here: its thread pool reads it
+        from rlpost.rewards.errors import RewardError
         from rlpost.rewards.model import build_reward_model
 
         self.path = path
-        self.model = build_reward_model(path, settings, "cuda" if on_gpu else "cpu")
+        # A class that cannot be built is the user's to fix, which `ready` says: an actor
+        # whose constructor raised would die, a fault that restarts the run to no avail.
+        self.failure: str | None = None
+        try:
+            self.model = build_reward_model(path, settings, "cuda" if on_gpu else "cpu")
+        except RewardError as exc:
+            self.failure = str(exc)
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> str | None:
+        """None once the model is built; else why it could not be."""
+        return self.failure
 
     def where(self) -> dict[str, object]:
         return _where()

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import rlpost
 from rlpost.data.source import DataSource
-from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, GENERATE_FUNCTION, load_hook
+from rlpost.hooks import GENERATE_FUNCTION, load_hook
 from rlpost.plan import Plan
 from rlpost.plan.work import starts_elsewhere
 from rlpost.rewards import RewardError, compute_rewards
@@ -31,7 +31,12 @@ from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import Seeding
 from rlpost.runtime.evaluation import EvalReport, EvalSet, evaluate
 from rlpost.runtime.metrics import MetricsLogger, jsonable
-from rlpost.runtime.pipeline import PipelineError, PipelineState, RolloutPipeline
+from rlpost.runtime.pipeline import (
+    PipelineError,
+    PipelineState,
+    RolloutPipeline,
+    load_group_filter,
+)
 from rlpost.runtime.progress import Progress, status
 from rlpost.runtime.resume import ResumePoint, plan_grid
 from rlpost.runtime.rollout.context import ContextFactory
@@ -134,7 +139,7 @@ class TrainLoop:
         self._pipeline: RolloutPipeline | None = None
         if inputs.data is not None:  # training: its rollouts' pipeline (mode=eval has none)
             group_filter = (
-                load_hook(rollout.dynamic_sampling_filter, DYNAMIC_SAMPLING_FILTER)
+                load_group_filter(rollout.dynamic_sampling_filter)
                 if rollout.dynamic_sampling_filter
                 else None
             )

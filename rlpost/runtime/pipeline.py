@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlpost.data.source import DataSource
+from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, load_hook, shown
 from rlpost.plan.loop import LoopPlan
 from rlpost.runtime.rollout.manager import Group, GroupClient, GroupFilter, GroupRunner
 from rlpost.runtime.stop import StopRequested
@@ -89,6 +90,38 @@ class PipelineError(RuntimeError):
     def __init__(self, message: str, groups_kept: bool = False) -> None:
         super().__init__(message)
         self.groups_kept = groups_kept
+
+
+class FilterError(RuntimeError):
+    """A dynamic sampling filter raised, or returned something other than True or False."""
+
+
+def load_group_filter(path: str) -> GroupFilter:
+    """The dynamic sampling filter at `path`, each verdict checked: True or False (a NumPy or
+    torch bool too), else FilterError naming the filter and the group. Unchecked, a filter
+    that ends without a return (None) would drop every group, and the run draw on forever."""
+    hook = load_hook(path, DYNAMIC_SAMPLING_FILTER)
+
+    def keep(group: Group) -> bool:
+        where = f"group {group[0].group_index}"
+        try:
+            verdict = hook(group)
+        except Exception as exc:
+            raise FilterError(
+                f"dynamic sampling filter '{path}' raised {type(exc).__name__}: {exc} (on {where})"
+            ) from exc
+        if isinstance(verdict, bool):
+            return verdict
+        with contextlib.suppress(Exception):  # a NumPy or torch bool holds a bool
+            if isinstance(verdict.item(), bool):
+                return bool(verdict.item())
+        hint = " (a function that ends without a return returns None)" if verdict is None else ""
+        raise FilterError(
+            f"dynamic sampling filter '{path}' returned {shown(verdict)} for {where}{hint}; "
+            "it returns True to keep the group, False to drop it"
+        )
+
+    return keep
 
 
 def oldest_version(group: Group) -> int | None:
@@ -288,8 +321,9 @@ class RolloutPipeline:
                 self.queue.append(group)
             else:
                 self.tally.filtered.append(index)
-        except Exception as exc:  # a filter hook that raised
-            self._fail(exc, f"filtering group {index}")
+        except Exception as exc:  # a filter hook that raised: the group is generated again
+            self.failed.append(group)  # after a resume, as a group whose generation failed
+            self._fail(exc, f"filtering group {index}", groups_kept=True)
 
     # ---- bounds ------------------------------------------------------------------------
 

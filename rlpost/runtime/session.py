@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 
 from rlpost.backends.engine_key import ENGINE_KEY_ENV, new_engine_key
 from rlpost.backends.sglang.launch import engine_backend, engine_specs
@@ -33,6 +34,7 @@ from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.plan import Plan
 from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.plan.work import evaluates_served_weights
+from rlpost.rewards.errors import RewardError
 from rlpost.rewards.scored import Scored
 from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.checkpoint import bytes_under
@@ -159,7 +161,10 @@ class Session:
             await self._start_router()
             await self.on_ranks("start", self.train_starts, progress=self._rank_reads)
             if self.reward_actor is not None:
-                await self.on_ranks("the reward model's start", [self.reward_actor.ready.remote()])
+                ready = [self.reward_actor.ready.remote()]
+                (failure,) = await self.on_ranks("the reward model's start", ready)
+                if failure is not None:
+                    raise RewardError(failure)
             if self.with_trainers:
                 await self._start_weight_sync()
                 status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
@@ -366,7 +371,14 @@ class Session:
     async def score_rewards(self, samples: list[Sample]) -> list[Scored]:
         """Rewards from the reward model's actor, with what it returned beside each."""
         assert self.reward_actor is not None
-        rewards: list[Scored] = await self.reward_actor.score.remote(samples)
+        try:
+            rewards: list[Scored] = await self.reward_actor.score.remote(samples)
+        except RayTaskError as exc:
+            if not isinstance(exc.cause, RewardError):
+                raise
+            # what the model did wrong, as in the driver: Ray's text of it holds the
+            # actor's traceback, which logs/failures.log keeps
+            raise RewardError(str(exc.cause)) from exc.cause
         return rewards
 
     async def _start_engines(self) -> None:

@@ -520,6 +520,32 @@ CASES = [
         "must be an integer >= 0",
     ),
     Case(
+        "reward_model_settings_check_that_returns_none_when_content",
+        (
+            *QWEN,
+            "recipe.rollout.reward.type=model",
+            "recipe.rollout.reward.model=rlpost_test_hooks.ModelWhoseCheckReturnsNothing",
+            "+recipe.rollout.reward.model_settings.scale=2",
+        ),
+        "recipe.rollout.reward.model_settings",
+        CMD,
+        "ModelWhoseCheckReturnsNothing.check_settings returned NoneType None; it returns a "
+        "list of (setting name, problem, fix) tuples of strings, [] when the settings are fine",
+    ),
+    Case(
+        "reward_model_settings_check_that_returns_plain_messages",
+        (
+            *QWEN,
+            "recipe.rollout.reward.type=model",
+            "recipe.rollout.reward.model=rlpost_test_hooks.ModelWhoseCheckReturnsMessages",
+            "+recipe.rollout.reward.model_settings.scale=-1",
+        ),
+        "recipe.rollout.reward.model_settings",
+        CMD,
+        "returned ['scale -1 must be positive'], whose entry 'scale -1 must be positive' is no "
+        "such tuple",
+    ),
+    Case(
         "reward_model_call_not_async",
         (
             *QWEN,

@@ -124,6 +124,19 @@ def failing_reward(sample: Sample) -> float:
     raise KeyError("score")
 
 
+def tensor_reward(sample: Sample) -> Any:
+    """A reward model's logits for the sample, one per class, where one number was due."""
+    import torch
+
+    return torch.tensor([0.25, 0.75])
+
+
+def numpy_reward(sample: Sample) -> Any:
+    import numpy
+
+    return numpy.float32(0.5)
+
+
 def two_args(sample: Sample, extra: int) -> float:
     return 0.0
 
@@ -346,3 +359,56 @@ async def drops_a_logprob(sample: Sample, ctx: Any) -> Sample:
     if sample.rollout_logprobs:
         sample.rollout_logprobs.pop()
     return sample
+
+
+class ModelWhoseCheckReturnsNothing(BoxedAnswerModel):
+    """A settings check that ends without a return when the settings are fine."""
+
+    @staticmethod
+    def check_settings(settings: dict[str, Any]) -> Any:
+        if settings.get("scale", 1.0) <= 0:
+            return [("scale", "must be positive", "e.g. 1.0")]
+
+
+class ModelWhoseCheckReturnsMessages(BoxedAnswerModel):
+    """A settings check that returns its problems as plain messages."""
+
+    @staticmethod
+    def check_settings(settings: dict[str, Any]) -> Any:
+        return [f"scale {settings.get('scale')} must be positive"]
+
+
+def keeps_without_a_return(samples: list[Sample]) -> Any:
+    """A dynamic sampling filter that ends without a return when the rewards are equal."""
+    rewards = [s.reward for s in samples]
+    if min(rewards) != max(rewards):  # type: ignore[type-var]
+        return True
+
+
+def keeps_as_numpy(samples: list[Sample]) -> Any:
+    import numpy
+
+    return numpy.std([s.reward for s in samples]) > 0
+
+
+def filter_failing_from_group_4(samples: list[Sample]) -> bool:
+    if samples[0].group_index >= 4:
+        raise KeyError("acc")
+    return True
+
+
+class ModelWithoutWeights(BoxedAnswerModel):
+    """A reward model whose weights are not where its settings say."""
+
+    def __init__(self, ctx: Any) -> None:
+        path = Path(ctx.settings["path"])
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} holds no config.json")
+        super().__init__(ctx)
+
+
+def takes_samples(rollout_id: int, buffer: list[list[Sample]], num_groups: int) -> list:
+    """A buffer filter that hands out the samples of the groups it takes, not the groups."""
+    taken = buffer[:num_groups]
+    del buffer[:num_groups]
+    return [sample for group in taken for sample in group]

@@ -1,6 +1,7 @@
 """Multi-turn tool use through the real loop: the shipped calculator recipe learns, its tool
-tokens are masked, a reward model class scores in an actor of its own, and a generate
-function that returns something the loop cannot train stops the run with a clear error."""
+tokens are masked, a reward model class scores in an actor of its own (its dicts' extras
+logged), and a generate function that returns something the loop cannot train stops the run
+with a clear error."""
 
 from __future__ import annotations
 
@@ -57,9 +58,10 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "recipe.save.interval=null",
             # the episode through a function of the user's that returns a new Sample object
             "recipe.rollout.generate_function=rlpost_test_hooks.calculator_on_a_copy",
-            # rewards from a reward model class, in a Ray actor on a device slot of its own
+            # rewards from a reward model class, in a Ray actor on a device slot of its own,
+            # as dicts whose other keys come back from the actor as the samples' extras
             "recipe.rollout.reward.type=model",
-            "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModel",
+            "recipe.rollout.reward.model=rlpost_test_hooks.BoxedAnswerModelWithExtras",
             f"recipe.rollout.reward.model_settings={{log_dir: '{calls}'}}",
             "recipe.rollout.reward.model_placement=actor",
             "hardware.gpus_per_node=3",
@@ -120,6 +122,12 @@ def test_the_calculator_recipe_learns_with_masked_tool_turns_and_a_reward_model_
     scored = sum(int(n) for _, n in logged)
     trained = sum(int(r["rollout/num_samples"]) for r in records)
     assert scored >= trained + 2 * 128
+    # what the actor's model returned beside each reward reached the driver's metrics: the
+    # share of responses with a box, which the reward (1 for a right boxed answer) never tops
+    for r in records:
+        assert r["rollout/reward_mean"] <= r["rollout/reward_extra/boxed"] <= 1.0, r
+    evaluated = [r for r in records if "eval/calc/accuracy" in r]
+    assert all(r["eval/calc/reward_extra/boxed"] >= r["eval/calc/accuracy"] for r in evaluated)
 
 
 def test_a_generate_function_returning_a_malformed_sample_stops_the_run_naming_it(

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.data import DataSource, PromptRecord, load_eval_groups
+from rlpost.data.source import DataSourceError
 from rlpost.runtime.evaluation import load_eval_sets
 from rlpost.schema import DataConfig, RecipeConfig
 from rlpost.types import Sample
@@ -107,6 +108,21 @@ def test_a_filter_that_keeps_what_it_returns_cannot_hand_groups_out_twice(
     data.add_to_buffer(data.next_groups(2))
     assert labels(data.next_groups(1)) == ["0"]
     assert labels(data.buffer) == ["1"]
+
+
+def test_a_buffer_filter_that_hands_out_samples_instead_of_groups_is_named(
+    hook_modules: Path,
+) -> None:
+    data = source(5, shuffle=False, buffer_filter="rlpost_test_hooks.takes_samples")
+    data.add_to_buffer(data.next_groups(2))
+    with pytest.raises(DataSourceError) as info:
+        data.next_groups(1)
+    message = str(info.value)
+    assert message.startswith("buffer filter 'rlpost_test_hooks.takes_samples' returned [Sample(")
+    assert message.endswith(
+        "; it returns a list of at most 1 of the groups in the buffer it is given (each a list "
+        "of Samples, as the buffer holds them), removing them from it"
+    )
 
 
 def test_from_config_and_eval_groups(write_jsonl, chat_tokenizer) -> None:
@@ -246,6 +262,24 @@ def test_what_a_source_returns_is_checked(chat_tokenizer) -> None:
         data.next_groups(1)
     with pytest.raises(ValueError, match="message list, which needs the chat template"):
         ctx.make_group(1, [{"role": "user", "content": "q"}])
+
+
+def test_a_source_class_whose_constructor_raises_is_named_with_what_it_was_given(
+    hook_modules: Path, chat_tokenizer, tmp_path: Path
+) -> None:
+    missing = tmp_path / "feedback.jsonl"
+    with pytest.raises(DataSourceError) as info:
+        DataSource.from_config(
+            feedback_config(missing, max_repeats=3), chat_tokenizer, n_samples_per_prompt=2
+        )
+    assert str(info.value).startswith(
+        "data source 'rlpost_test_hooks.FeedbackSource' could not be built: "
+        "FeedbackSource(ctx) raised FileNotFoundError: "
+    )
+    assert str(info.value).endswith(
+        f"(ctx.settings, recipe.data.source_settings: {{'max_repeats': 3}}; "
+        f"ctx.prompt_data: '{missing}')"
+    )
 
 
 def test_an_eval_sets_reward_type_grades_every_line_of_it(write_jsonl, chat_tokenizer) -> None:

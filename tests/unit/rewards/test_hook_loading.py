@@ -80,7 +80,9 @@ def test_a_module_that_fails_to_import_is_not_reported_as_missing(hook_modules: 
 
 
 def test_not_callable_and_bad_paths(hook_modules: Path) -> None:
-    assert load_error("rlpost_test_hooks.NOT_A_FUNCTION").kind is HookErrorKind.NOT_CALLABLE
+    error = load_error("rlpost_test_hooks.NOT_A_FUNCTION")
+    assert error.kind is HookErrorKind.NOT_CALLABLE
+    assert "'rlpost_test_hooks.NOT_A_FUNCTION' is an int, not a function" in error.message
     assert load_error("length_reward").kind is HookErrorKind.BAD_PATH
     assert load_error("rlpost_test_hooks.").kind is HookErrorKind.BAD_PATH
 

@@ -250,14 +250,23 @@ def test_custom_function_past_the_timeout_scores_zero(hook_modules: Path, hook: 
 
 @pytest.mark.parametrize(
     ("hook", "message"),
-    [("text_reward", "returned 'high'; expected a number"), ("failing_reward", "KeyError")],
+    [
+        ("text_reward", "returned 'high'; expected a number"),
+        ("failing_reward", "raised KeyError: 'score'"),
+        ("tensor_reward", r"returned Tensor tensor\(\[0.2500, 0.7500\]\) for sample group_index=3"),
+    ],
 )
-def test_bad_custom_function_results_name_the_hook(
+def test_bad_custom_function_results_name_the_hook_and_the_sample(
     hook_modules: Path, hook: str, message: str
 ) -> None:
     with pytest.raises(RewardError, match=message) as info:
-        rewards([sample("x")], custom_function=f"rlpost_test_hooks.{hook}")
+        rewards([sample("x", group=3)], custom_function=f"rlpost_test_hooks.{hook}")
     assert f"rlpost_test_hooks.{hook}" in str(info.value)
+    assert "sample group_index=3, index=0" in str(info.value)
+
+
+def test_a_numpy_number_is_a_reward(hook_modules: Path) -> None:
+    assert rewards([sample("x")], custom_function="rlpost_test_hooks.numpy_reward") == [0.5]
 
 
 def test_a_runaway_grader_is_killed_without_freezing_the_event_loop() -> None:

@@ -123,3 +123,18 @@ def test_a_failing_call_fails_every_group_it_carried() -> None:
 
     outcomes = asyncio.run(scenario())
     assert all(isinstance(o, RewardError) for o in outcomes)
+
+
+def test_a_model_whose_constructor_raises_is_named_with_its_settings(
+    hook_modules: Path, tmp_path: Path
+) -> None:
+    """The run stops naming the class, what it raised and what it was built with; in an
+    actor (model_placement: actor) the same message comes back from the actor's start."""
+    path = "rlpost_test_hooks.ModelWithoutWeights"
+    with pytest.raises(RewardError) as info:
+        build_reward_model(path, {"path": str(tmp_path / "rm")}, "cpu")
+    assert str(info.value) == (
+        f"reward model '{path}' could not be built: ModelWithoutWeights(ctx) raised "
+        f"FileNotFoundError: {tmp_path / 'rm'} holds no config.json (its settings, "
+        f"recipe.rollout.reward.model_settings: {{'path': '{tmp_path / 'rm'}'}}; device 'cpu')"
+    )

@@ -12,6 +12,7 @@ import asyncio
 import pickle
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,13 @@ import pytest
 from rlpost.data.prompts import PromptRecord
 from rlpost.data.source import DataSource
 from rlpost.plan.loop import LoopPlan, most_buffered
-from rlpost.runtime.pipeline import Batch, PipelineError, RolloutPipeline
+from rlpost.runtime.pipeline import (
+    Batch,
+    FilterError,
+    PipelineError,
+    RolloutPipeline,
+    load_group_filter,
+)
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.rollout.context import GenerateContext
 from rlpost.runtime.rollout.manager import GenerateHook, Group, GroupRunner, generate_sample
@@ -27,6 +34,7 @@ from rlpost.runtime.stop import StopRequested
 from rlpost.types import Sample, SampleStatus
 
 BATCH, PER_GROUP = 4, 2
+HOOKS = Path(__file__).resolve().parents[2] / "hooks_fixtures"
 
 
 def data_source(num_prompts: int = 64) -> DataSource:
@@ -306,6 +314,83 @@ def test_groups_whose_generation_failed_stay_in_a_checkpoint_taken_before_the_fa
     assert sorted(g[0].group_index for g in batch.groups) == list(range(BATCH))
     assert not queued
     assert sorted(g[0].group_index for g in generating) == list(range(BATCH, 2 * BATCH))
+    assert all(not s.response_ids and s.reward is None for g in generating for s in g)
+
+
+def rewarded(group_index: int, *rewards: float) -> Group:
+    return [
+        Sample(group_index=group_index, index=i, prompt="p", prompt_ids=[1], reward=r)
+        for i, r in enumerate(rewards)
+    ]
+
+
+def test_a_filters_verdict_is_true_or_false_else_it_names_the_filter_and_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A filter that ends without a return (None) would drop every group it answers so,
+    and the run would draw on forever with nothing to train."""
+    monkeypatch.syspath_prepend(str(HOOKS))
+    forgetful = load_group_filter("rlpost_test_hooks.keeps_without_a_return")
+    assert forgetful(rewarded(0, 0.0, 1.0)) is True
+    with pytest.raises(FilterError) as info:
+        forgetful(rewarded(7, 1.0, 1.0))
+    assert str(info.value) == (
+        "dynamic sampling filter 'rlpost_test_hooks.keeps_without_a_return' returned None for "
+        "group 7 (a function that ends without a return returns None); it returns True to "
+        "keep the group, False to drop it"
+    )
+    numpy_bool = load_group_filter("rlpost_test_hooks.keeps_as_numpy")
+    assert numpy_bool(rewarded(0, 0.0, 1.0)) is True
+    assert numpy_bool(rewarded(1, 1.0, 1.0)) is False
+    failing = load_group_filter("rlpost_test_hooks.filter_failing_from_group_4")
+    with pytest.raises(FilterError, match="filter_failing_from_group_4' raised KeyError: 'acc' "
+                       r"\(on group 5\)"):  # fmt: skip
+        failing(rewarded(5, 1.0, 0.0))
+
+
+def test_a_group_whose_filter_failed_stays_in_a_checkpoint_taken_before_the_failure_surfaces(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One step ahead, the filter raises on the next step's groups while the trainer trains
+    the current step: the loop saves the finished rollouts before it fails, and that save
+    must keep the groups the filter failed on, to generate them again after a resume."""
+    monkeypatch.syspath_prepend(str(HOOKS))
+    taken = asyncio.Event()
+
+    async def reward_after_the_take(samples: list[Sample]) -> list[float]:
+        if samples[0].group_index >= BATCH:
+            await taken.wait()
+        return await length_reward(samples)
+
+    async def scenario() -> tuple[Batch, list[Group], list[Group], PipelineError]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            params = {"max_new_tokens": 8, "temperature": 1.0}
+            pipeline = RolloutPipeline(
+                GroupRunner(client, reward_after_the_take), data_source(), params,
+                bounds("async", 1, 1, 2 * BATCH), BATCH,
+                group_filter=load_group_filter("rlpost_test_hooks.filter_failing_from_group_4"),
+            )  # fmt: skip
+            pipeline.start()
+            try:
+                batch = await pipeline.take(0)
+                taken.set()
+                async with asyncio.timeout(60):
+                    while not pipeline.failed:
+                        await asyncio.sleep(0.01)
+                saved = pipeline.snapshot()
+                with pytest.raises(PipelineError, match="raised KeyError: 'acc'") as info:
+                    await pipeline.take(1)
+            finally:
+                await pipeline.close()
+        return batch, saved.queued, saved.generating, info.value
+
+    batch, queued, generating, error = asyncio.run(scenario())
+    assert sorted(g[0].group_index for g in batch.groups) == list(range(BATCH))
+    assert error.groups_kept  # the loop saves the finished rollouts before it fails
+    assert "filter_failing_from_group_4" in str(error)
+    failed = [g[0].group_index for g in generating]
+    assert failed and set(failed) <= set(range(BATCH, 2 * BATCH)) and not queued
     assert all(not s.response_ids and s.reward is None for g in generating for s in g)
 
 
