@@ -108,6 +108,34 @@ def test_broken_yaml_in_a_user_file_is_a_located_error(user_dir: Path) -> None:
     assert "not valid YAML" in issue.message
 
 
+@pytest.mark.parametrize(
+    ("written_twice", "key", "lines", "fix"),
+    [
+        ("\nrollout:\n  top_p: 0.9\n", "rollout", (9, 13), "write rollout: once"),
+        ("  temperature: 0.7\n", "rollout.temperature", (11, 12), "keep one of the two"),
+    ],
+    ids=["a section", "a value"],
+)
+def test_a_key_written_twice_in_a_user_file_names_both_lines(
+    user_dir: Path, written_twice: str, key: str, lines: tuple[int, int], fix: str
+) -> None:
+    """Plain YAML keeps the last of the two without a word; the refusal names the file, the
+    key and both lines, before Hydra runs (the launcher) and when composing (validate)."""
+    recipe = user_dir / "recipe" / "my_grpo.yaml"
+    recipe.write_text(RECIPE + written_twice)
+    for refusal in (
+        lambda: prepare_argv(["--config-dir", str(user_dir), *CHOICES, "mode=plan"]),
+        lambda: compose_run_config(CHOICES, config_dir=user_dir),
+    ):
+        with pytest.raises(UserError) as caught:
+            refusal()
+        (issue,) = caught.value.issues
+        assert issue.key == key and issue.location is not None
+        assert (issue.location.file, issue.location.line) == (str(recipe), lines[1])
+        assert f"written twice in {recipe}, at lines {lines[0]} and {lines[1]}" in issue.message
+        assert issue.fix.startswith(fix)
+
+
 def test_a_plan_error_points_into_the_user_file_after_hydra_has_closed(user_dir: Path) -> None:
     run, sources = compose_run_config(
         ("model=glm4.5-355b-a32b", "recipe=my_grpo", "hardware=a100x4"), config_dir=user_dir
