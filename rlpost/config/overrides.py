@@ -502,7 +502,7 @@ def repeated_keys(tokens: Sequence[str]) -> list[Issue]:
     return issues
 
 
-def _searchpath(tokens: Sequence[str]) -> list[str]:
+def command_line_searchpath(tokens: Sequence[str]) -> list[str]:
     for token in tokens:
         parsed = _parse(token)
         if not isinstance(parsed, Issue) and parsed.key_or_group == "hydra.searchpath":
@@ -572,7 +572,7 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
         return list(argv)
     check_config_dir(args.config_dir)
     config_name = args.config_name or PRIMARY_CONFIG
-    searchpath = _searchpath(args.overrides) or primary_searchpath(
+    searchpath = command_line_searchpath(args.overrides) or primary_searchpath(
         search_roots(args.config_dir, args.config_path), config_name
     )
     roots = search_roots(args.config_dir, args.config_path, searchpath)

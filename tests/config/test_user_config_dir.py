@@ -161,6 +161,20 @@ def test_a_user_primary_config_with_a_search_path_composes(user_dir: Path, tmp_p
     assert prepare_argv(argv)[:5] == argv[:5]
 
 
+def test_a_command_line_search_path_is_read_by_rlpost_commands_as_by_the_launcher(
+    user_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hydra.searchpath=[file://...]` on the command line, as Hydra users write it: the
+    launcher composed it, and `rlpost validate` with the same words said no such recipe."""
+    overrides = [*CHOICES, f"hydra.searchpath=[file://{user_dir}]"]
+    assert prepare_argv([*overrides, "mode=plan"])[: len(overrides)] == overrides
+    run, sources = compose_run_config(overrides)
+    assert (run.recipe.name, run.hardware.name) == ("my_grpo", "a100x4")
+    assert sources.get("recipe.rollout.temperature").file == str(user_dir / "recipe/my_grpo.yaml")
+    main(["validate", "--no-local-checks", *overrides])  # a refusal exits 2
+    assert capsys.readouterr().out.startswith("rlpost: OK  model=qwen3-4b recipe=my_grpo")
+
+
 def test_the_launcher_reports_a_user_file_typo_before_hydra_runs(user_dir: Path) -> None:
     (user_dir / "recipe" / "my_grpo.yaml").write_text(RECIPE.replace("- grpo_dapo", "- grpo_dap"))
     with pytest.raises(UserError) as caught:
