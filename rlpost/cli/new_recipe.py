@@ -113,6 +113,20 @@ def parse_changes(tokens: Sequence[str]) -> list[Change]:
                 )
             )
             continue
+        earlier = next((c for c in changes if c.key == key), None)
+        if earlier is not None:  # the same value twice is one change
+            if earlier.value == parsed.value():
+                continue
+            issues.append(
+                Issue(
+                    key,
+                    f"set twice, by {earlier.token} and then by {token}; the file would hold "
+                    "only the last",
+                    f"give {key} once (a recipe each: one `rlpost new recipe` per value)",
+                    location=where,
+                )
+            )
+            continue
         changes.append(Change(key, parsed.value(), token))
     if issues:
         raise _command_line_error(issues)
