@@ -75,7 +75,8 @@ def parse_changes(tokens: Sequence[str]) -> list[Change]:
 
     from rlpost.config.keys import find_unknown
 
-    parser, changes, issues = OverridesParser.create(), [], []
+    parser, issues = OverridesParser.create(), []
+    changes: list[Change] = []
     for token in tokens:
         where = Location(override=token)
         try:
