@@ -281,6 +281,10 @@ def test_plan_is_the_launchers_plan_mode(capsys: pytest.CaptureFixture[str]) -> 
     status, out, _ = run_main(["plan", *TINY, "plan.format=json"], capsys)
     assert status == 0
     assert yaml.safe_load(out)["run"]["model"] == "qwen3-tiny"
+    # a training's command line, mode=train in it, is planned: the verb's mode=plan stands
+    # for it, not a second value of the key
+    status, out, _ = run_main(["plan", *TINY, "mode=train", "plan.format=json"], capsys)
+    assert status == 0 and yaml.safe_load(out)["run"]["model"] == "qwen3-tiny"
 
 
 def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[str]) -> None:
