@@ -1,10 +1,14 @@
-"""Two runs' resolved configs side by side, only the keys that differ.
+"""Runs' resolved configs side by side, only the keys that differ.
 
     python tools/config_diff.py runs/a runs/b
     python tools/config_diff.py runs/a/ckpt/rollout_20 runs/a     # what changed on resume
+    python tools/config_diff.py runs/multirun/2026-11-21/10-00-00/*   # a sweep's jobs
 
-Each argument is a run directory or checkpoint (their config.yaml) or a YAML file. Exits 0
-when the configs are the same, 1 when they differ (like diff), 2 when one cannot be read.
+Each argument is a run directory or checkpoint (their config.yaml) or a YAML file; a key is
+shown when any two of them differ in it. Of more than two paths (a glob over a sweep's
+folder), the sweep's own files (multirun.yaml, the summaries) and folders without a
+config.yaml are skipped with a note. Exits 0 when the configs are the same, 1 when they
+differ (like diff), 2 when one cannot be read.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import yaml
 
 from rlpost.errors import run_command
 from rlpost.plan.table import render_table
-from rlpost.runtime.config_changes import Change, diff_configs
+from rlpost.runtime.config_changes import MISSING, diff_configs, flatten
 from rlpost.runtime.rundir import config_as_today
 from rlpost.schema import RunConfig
 from rlpost.schema.base import local_path_keys
 
 CONFIG_FILE = "config.yaml"
+SWEEP_FILES = ("multirun.yaml", "summary.json", "summary.txt")  # beside a sweep's job folders
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -47,28 +52,59 @@ def _cell(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def render_diff(changes: list[Change], name_a: str, name_b: str) -> str:
-    rows = [[c.key, _cell(c.before), _cell(c.after)] for c in changes]
-    return render_table(["key", name_a, name_b], rows)
+def render_diff(configs: list[dict[str, Any]], names: list[str]) -> tuple[str, int]:
+    """The keys in which any config differs from the first, a column per config; and how
+    many keys that is."""
+    paths = frozenset(local_path_keys(RunConfig))
+    keys = sorted({c.key for other in configs[1:] for c in diff_configs(configs[0], other, paths)})
+    if not keys:
+        return "", 0
+    flat = [flatten(config) for config in configs]
+    rows = [[key, *(_cell(f.get(key, MISSING)) for f in flat)] for key in keys]
+    return render_table(["key", *names], rows), len(keys)
+
+
+def the_runs(paths: list[Path]) -> list[Path]:
+    """`paths`, less a sweep's own files and folders without a config when more than two are
+    given (a glob over a sweep's folder), said on stderr."""
+    if len(paths) <= 2:
+        return paths
+    skipped = [
+        p
+        for p in paths
+        if p.name in SWEEP_FILES or (p.is_dir() and not (p / CONFIG_FILE).is_file())
+    ]
+    if skipped:
+        names = ", ".join(map(str, skipped))
+        print(f"config_diff: skipping {names}: no run's config", file=sys.stderr)
+    return [p for p in paths if p not in skipped]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_a", type=Path)
-    parser.add_argument("run_b", type=Path)
+    parser.add_argument("runs", type=Path, nargs="+", metavar="run")
     args = parser.parse_args(argv)
+    runs = the_runs(args.runs)
+    if len(runs) < 2:
+        given = ", ".join(map(str, args.runs))
+        print(
+            f"config_diff: {given}: fewer than two configs to compare\n"
+            "  fix: give two or more run directories, checkpoints or YAML files",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        a, b = read_config(args.run_a), read_config(args.run_b)
+        configs = [read_config(run) for run in runs]
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"config_diff: {exc}", file=sys.stderr)
         return 2
-    a, b = config_as_today(a), config_as_today(b)  # written by other versions: alike
-    changes = diff_configs(a, b, frozenset(local_path_keys(RunConfig)))
-    if not changes:
+    configs = [config_as_today(c) for c in configs]  # written by other versions: alike
+    table, count = render_diff(configs, [str(run) for run in runs])
+    if not count:
         print("the resolved configs are the same")
         return 0
-    print(render_diff(changes, str(args.run_a), str(args.run_b)))
-    print(f"{len(changes)} key(s) differ")
+    print(table)
+    print(f"{count} key(s) differ")
     return 1
 
 

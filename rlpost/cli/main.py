@@ -98,8 +98,9 @@ def _plan(args: argparse.Namespace) -> int:
     if mode is None:  # an experiment file or a group file may set it
         composed = _composed(target, overrides)
         mode = composed[0].mode if composed else None
-    if mode != "eval":
-        launch.main([*target.launcher_argv(), "mode=plan"])
+    if mode != "eval":  # the verb's mode=plan stands for the command line's (mode=train)
+        argv = [a for a in target.launcher_argv() if a.lstrip("+").partition("=")[0] != "mode"]
+        launch.main([*argv, "mode=plan"])
         return 0
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import render_plan

@@ -75,7 +75,8 @@ def parse_changes(tokens: Sequence[str]) -> list[Change]:
 
     from rlpost.config.keys import find_unknown
 
-    parser, changes, issues = OverridesParser.create(), [], []
+    parser, issues = OverridesParser.create(), []
+    changes: list[Change] = []
     for token in tokens:
         where = Location(override=token)
         try:
@@ -109,6 +110,20 @@ def parse_changes(tokens: Sequence[str]) -> list[Change]:
                     unknown.describe(),
                     unknown.fix(),
                     value=parsed.value(),
+                    location=where,
+                )
+            )
+            continue
+        earlier = next((c for c in changes if c.key == key), None)
+        if earlier is not None:  # the same value twice is one change
+            if earlier.value == parsed.value():
+                continue
+            issues.append(
+                Issue(
+                    key,
+                    f"set twice, by {earlier.token} and then by {token}; the file would hold "
+                    "only the last",
+                    f"give {key} once (a recipe each: one `rlpost new recipe` per value)",
                     location=where,
                 )
             )

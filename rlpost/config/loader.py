@@ -28,7 +28,7 @@ from rlpost.config.eval_mode import check_eval_training_overrides
 from rlpost.config.eval_sets import check_eval_set_overrides
 from rlpost.config.hf_check import check_hf_config
 from rlpost.config.hook_checks import check_hooks
-from rlpost.config.overrides import check_overrides, search_roots
+from rlpost.config.overrides import check_overrides, command_line_searchpath, search_roots
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sglang_options import check_sglang_options
 from rlpost.config.sources import PRIMARY_CONFIG as PRIMARY_CONFIG
@@ -101,7 +101,12 @@ def compose_run_config(
 
     urls = [str(Path(p).resolve()) for p in search_path]
     dir_text = None if config_dir is None else str(config_dir)
-    searchpath = urls or primary_searchpath(search_roots(dir_text), config_name)
+    # as the launcher reads them: a command-line hydra.searchpath, else the primary config's
+    searchpath = (
+        urls
+        or command_line_searchpath(overrides)
+        or primary_searchpath(search_roots(dir_text), config_name)
+    )
     roots = search_roots(dir_text, searchpath=searchpath)
     final = check_overrides(list(overrides), roots)
     if urls:

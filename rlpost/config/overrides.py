@@ -452,12 +452,57 @@ def check_overrides(
         form, found = check_override(token, roots, multirun, verl)
         rewritten.append(form)
         issues.extend(found)
+    issues.extend(repeated_keys(tokens))
     if issues:
         raise UserError(issues, title="command-line error")
     return rewritten
 
 
-def _searchpath(tokens: Sequence[str]) -> list[str]:
+def _target(override: Override) -> str:
+    return override.key_or_group + (f"@{override.package}" if override.package else "")
+
+
+def repeated_keys(tokens: Sequence[str]) -> list[Issue]:
+    """A key (or group) given two different values on one command line: Hydra keeps the
+    last without a word, so the run would not be the one the first asked for. The same value
+    twice (a resume's `run.dir=...` added to the command that started the run) changes
+    nothing and passes."""
+    first: dict[str, tuple[str, str, bool]] = {}  # target -> token, its value, a sweep
+    issues: list[Issue] = []
+    for token in tokens:
+        parsed = _parse(token) if "=" in token else None
+        if parsed is None or isinstance(parsed, Issue) or parsed.is_delete():
+            continue
+        target, value = _target(parsed), token.split("=", 1)[1]
+        if not parsed.is_sweep_override():  # 1e-6 and 1.0e-6 are one value
+            value = parsed.get_value_element_as_str()
+        if target not in first:
+            first[target] = (token, value, parsed.is_sweep_override())
+            continue
+        earlier, earlier_value, earlier_sweeps = first[target]
+        if value == earlier_value:
+            continue
+        before, after = earlier.split("=", 1)[1], token.split("=", 1)[1]
+        sweep = parsed.is_sweep_override() or earlier_sweeps
+        issues.append(
+            Issue(
+                key=target,
+                message=f"set twice on the command line, to {before} ({earlier}) and then to "
+                f"{after} ({token}); Hydra would keep only the last, silently",
+                fix=f"give {target} once: {token}, or {earlier}"
+                + (
+                    ""
+                    if sweep
+                    else f"; for a run of each, sweep them: -m {target}={before},{after}"
+                ),
+                location=Location(override=token),
+            )
+        )
+        first[target] = (token, value, parsed.is_sweep_override())
+    return issues
+
+
+def command_line_searchpath(tokens: Sequence[str]) -> list[str]:
     for token in tokens:
         parsed = _parse(token)
         if not isinstance(parsed, Issue) and parsed.key_or_group == "hydra.searchpath":
@@ -527,7 +572,7 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
         return list(argv)
     check_config_dir(args.config_dir)
     config_name = args.config_name or PRIMARY_CONFIG
-    searchpath = _searchpath(args.overrides) or primary_searchpath(
+    searchpath = command_line_searchpath(args.overrides) or primary_searchpath(
         search_roots(args.config_dir, args.config_path), config_name
     )
     roots = search_roots(args.config_dir, args.config_path, searchpath)

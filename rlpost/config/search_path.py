@@ -150,7 +150,63 @@ def _yaml_error(exc: BaseException) -> yaml.YAMLError | None:
     return None
 
 
+def _repeated_in(node: yaml.Node, line: int, path: str = "") -> tuple[str, int, bool] | None:
+    """The key written again at `line` (0-based) in a mapping below `node`: (its dotted path
+    in the file, the line it was first written at, whether it holds a mapping)."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _repeated_in(item, line, f"{path}{i}.")
+            if found is not None:
+                return found
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    first: dict[str, yaml.Node] = {}
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        if key.value in first and key.start_mark.line == line:
+            block = isinstance(value, yaml.MappingNode)
+            return f"{path}{key.value}", first[key.value].start_mark.line, block
+        first.setdefault(key.value, key)
+        found = _repeated_in(value, line, f"{path}{key.value}.")
+        if found is not None:
+            return found
+    return None
+
+
+def _repeated_key_issue(error: yaml.YAMLError) -> Issue | None:
+    """A key written twice in one mapping of a file: OmegaConf refuses to pick one (plain
+    YAML would keep the last), so the issue names both lines and how to join them."""
+    mark = getattr(error, "problem_mark", None)
+    problem = str(getattr(error, "problem", None) or "")
+    if mark is None or not problem.startswith("found duplicate key"):
+        return None
+    try:
+        root = yaml.compose(Path(mark.name).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return None
+    found = _repeated_in(root, mark.line) if root is not None else None
+    if found is None:
+        return None
+    key, first_line, block = found
+    file, lines = display_path(mark.name), f"lines {first_line + 1} and {mark.line + 1}"
+    return Issue(
+        key=key,
+        message=f"{key} is written twice in {file}, at {lines}: plain YAML keeps only the "
+        "second and drops what the first sets without a word; rlpost refuses the file instead",
+        fix=(
+            f"write {key}: once, holding the keys of both blocks ({lines})"
+            if block
+            else f"keep one of the two ({lines}) and delete the other"
+        ),
+        location=Location(file=file, line=mark.line + 1),
+    )
+
+
 def _yaml_issue(error: yaml.YAMLError) -> Issue:
+    repeated = _repeated_key_issue(error)
+    if repeated is not None:
+        return repeated
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     file = display_path(mark.name) if mark is not None else None
     line = mark.line + 1 if mark is not None else None

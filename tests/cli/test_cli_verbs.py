@@ -281,6 +281,10 @@ def test_plan_is_the_launchers_plan_mode(capsys: pytest.CaptureFixture[str]) -> 
     status, out, _ = run_main(["plan", *TINY, "plan.format=json"], capsys)
     assert status == 0
     assert yaml.safe_load(out)["run"]["model"] == "qwen3-tiny"
+    # a training's command line, mode=train in it, is planned: the verb's mode=plan stands
+    # for it, not a second value of the key
+    status, out, _ = run_main(["plan", *TINY, "mode=train", "plan.format=json"], capsys)
+    assert status == 0 and yaml.safe_load(out)["run"]["model"] == "qwen3-tiny"
 
 
 def test_plan_of_an_evaluation_is_the_evaluations(capsys: pytest.CaptureFixture[str]) -> None:
@@ -431,6 +435,21 @@ def test_new_recipe_checks_keys_values_and_the_base(
     status, _, err = run_main([*base, "--from", "grpo_dap"], capsys)
     assert status == 2 and "Did you mean 'grpo_dapo'?" in err
     assert not (tmp_path / "recipe").exists()
+
+
+def test_new_recipe_refuses_a_key_given_two_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file held the last of the two without a word; the same value twice is one."""
+    base = ["new", "recipe", "x", "--config-dir", str(tmp_path), "--from", "grpo_dapo"]
+    twice = ["rollout.temperature=0.7", "recipe.rollout.temperature=0.8"]
+    status, _, err = run_main([*base, *twice], capsys)
+    assert status == 2 and "rollout.temperature" in err
+    assert "set twice, by rollout.temperature=0.7 and then by recipe.rollout.temperature" in err
+    assert not (tmp_path / "recipe").exists()
+    status, _, _ = run_main([*base, "rollout.temperature=0.7", "rollout.temperature=0.7"], capsys)
+    assert status == 0
+    assert (tmp_path / "recipe" / "x.yaml").read_text().count("temperature: 0.7") == 1
 
 
 def test_new_recipe_makes_a_config_dir_not_there_yet(

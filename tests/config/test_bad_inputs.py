@@ -54,6 +54,18 @@ CASES: list[Bad] = [
     ),
     Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
     Bad(
+        "a key set twice on the command line",
+        ("recipe.optim.lr=1e-6", "recipe.optim.lr=2e-6"),
+        "recipe.optim.lr",
+        "set twice on the command line",
+    ),
+    Bad(
+        "a group chosen twice on the command line",
+        ("recipe=grpo_tiny_math", "recipe=grpo_tiny_calculator"),
+        "recipe",
+        "set twice on the command line",
+    ),
+    Bad(
         "importance weights clipped below 1",
         ("recipe.algo.off_policy_correction=tis", "recipe.algo.tis_clip_high=0.5"),
         "recipe.algo.tis_clip_high",
@@ -938,6 +950,10 @@ def write_fixtures(root: Path) -> Path:
     )
     (conf / "bad_base.yaml").write_text("defaults:\n  - grpo_tiny_mth\n  - _self_\nname: b\n")
     (conf / "broken.yaml").write_text("name: broken\nrollout: [unclosed\n")
+    (conf / "twice.yaml").write_text(
+        "defaults:\n  - grpo_tiny_math\n  - _self_\n\nname: twice\noptim:\n  lr: 1.0e-5\n"
+        "rollout:\n  temperature: 0.9\noptim:\n  weight_decay: 0.1\n"
+    )
     (conf / "cold.yaml").write_text(
         "defaults:\n  - grpo_tiny_math\n  - _self_\n\nname: cold\nrollout:\n  temperature: -1\n"
     )
@@ -1285,6 +1301,12 @@ def file_cases(root: Path) -> list[Bad]:
             ("--config-dir", str(conf), "recipe=broken"),
             "broken.yaml",
             "fix:",
+        ),
+        _case(
+            "user recipe with a key written twice",
+            ("--config-dir", str(conf), "recipe=twice"),
+            "twice.yaml",
+            "optim is written twice in",
         ),
         _case(
             "user recipe with a bad value",

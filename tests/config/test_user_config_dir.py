@@ -108,6 +108,34 @@ def test_broken_yaml_in_a_user_file_is_a_located_error(user_dir: Path) -> None:
     assert "not valid YAML" in issue.message
 
 
+@pytest.mark.parametrize(
+    ("written_twice", "key", "lines", "fix"),
+    [
+        ("\nrollout:\n  top_p: 0.9\n", "rollout", (9, 13), "write rollout: once"),
+        ("  temperature: 0.7\n", "rollout.temperature", (11, 12), "keep one of the two"),
+    ],
+    ids=["a section", "a value"],
+)
+def test_a_key_written_twice_in_a_user_file_names_both_lines(
+    user_dir: Path, written_twice: str, key: str, lines: tuple[int, int], fix: str
+) -> None:
+    """Plain YAML keeps the last of the two without a word; the refusal names the file, the
+    key and both lines, before Hydra runs (the launcher) and when composing (validate)."""
+    recipe = user_dir / "recipe" / "my_grpo.yaml"
+    recipe.write_text(RECIPE + written_twice)
+    for refusal in (
+        lambda: prepare_argv(["--config-dir", str(user_dir), *CHOICES, "mode=plan"]),
+        lambda: compose_run_config(CHOICES, config_dir=user_dir),
+    ):
+        with pytest.raises(UserError) as caught:
+            refusal()
+        (issue,) = caught.value.issues
+        assert issue.key == key and issue.location is not None
+        assert (issue.location.file, issue.location.line) == (str(recipe), lines[1])
+        assert f"written twice in {recipe}, at lines {lines[0]} and {lines[1]}" in issue.message
+        assert issue.fix.startswith(fix)
+
+
 def test_a_plan_error_points_into_the_user_file_after_hydra_has_closed(user_dir: Path) -> None:
     run, sources = compose_run_config(
         ("model=glm4.5-355b-a32b", "recipe=my_grpo", "hardware=a100x4"), config_dir=user_dir
@@ -131,6 +159,20 @@ def test_a_user_primary_config_with_a_search_path_composes(user_dir: Path, tmp_p
     # the launcher's pre-check reads the same search path, so user groups are known to it
     argv = ["--config-dir", str(runs), "--config-name", "my_run", "recipe=my_grpo", "mode=plan"]
     assert prepare_argv(argv)[:5] == argv[:5]
+
+
+def test_a_command_line_search_path_is_read_by_rlpost_commands_as_by_the_launcher(
+    user_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hydra.searchpath=[file://...]` on the command line, as Hydra users write it: the
+    launcher composed it, and `rlpost validate` with the same words said no such recipe."""
+    overrides = [*CHOICES, f"hydra.searchpath=[file://{user_dir}]"]
+    assert prepare_argv([*overrides, "mode=plan"])[: len(overrides)] == overrides
+    run, sources = compose_run_config(overrides)
+    assert (run.recipe.name, run.hardware.name) == ("my_grpo", "a100x4")
+    assert sources.get("recipe.rollout.temperature").file == str(user_dir / "recipe/my_grpo.yaml")
+    main(["validate", "--no-local-checks", *overrides])  # a refusal exits 2
+    assert capsys.readouterr().out.startswith("rlpost: OK  model=qwen3-4b recipe=my_grpo")
 
 
 def test_the_launcher_reports_a_user_file_typo_before_hydra_runs(user_dir: Path) -> None:

@@ -179,3 +179,26 @@ def test_a_defect_in_a_tool_is_an_internal_error_with_its_traceback_once(
     with pytest.raises(SystemExit) as ended:
         runpy.run_path(tool, run_name="__main__")
     assert ended.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+def test_config_diff_of_a_sweeps_folder_compares_every_job(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`config_diff.py runs/multirun/<date>/<time>/*`, as plot_run takes a sweep: a column per
+    job, the sweep's own files skipped."""
+    sweep = runs[0].parent
+    third = {**CONFIG, "run": {"seed": 2}}
+    write_run(sweep / "2", 0.1, third)
+    for name in ("multirun.yaml", "summary.json", "summary.txt"):
+        (sweep / name).write_text("{}\n")
+    (sweep / "3").mkdir()  # a job that had not written its config
+    assert load_tool("config_diff").main(sorted(map(str, sweep.iterdir()))) == 1
+    captured = capsys.readouterr()
+    lines = [line.split() for line in captured.out.splitlines()]
+    assert lines[0] == ["key", *(str(sweep / job) for job in ("0", "1", "2"))]
+    assert lines[2:-1] == [
+        ["recipe.optim.lr", "0.0001", "0.0003", "0.0001"],
+        ["run.seed", "1", "1", "2"],
+        ["tracking.wandb", "<absent>", "true", "<absent>"],
+    ]
+    assert "skipping" in captured.err and "multirun.yaml" in captured.err
