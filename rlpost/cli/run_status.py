@@ -8,7 +8,8 @@ run.resume=auto in that folder would do next.
     next, with run.resume=auto: continue from rollout 40 (/runs/exp1/ckpt/rollout_40)
 
 It reads the folder only (launches.jsonl, launch_ends.jsonl, ckpt/, config.yaml); it starts
-nothing and takes no lock.
+nothing and takes no lock. The checkpoints are checked as run.resume=auto checks them (sizes,
+and the sha256 of every file of the one it would load), each broken one named with why.
 """
 
 from __future__ import annotations

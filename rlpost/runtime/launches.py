@@ -193,19 +193,19 @@ def describe_end(launch: Launch, running: str | None) -> str:
     return text
 
 
-def next_with_auto(run_dir: Path, launches: list[Launch]) -> str:
-    """What a launch with run.resume=auto in `run_dir` would do (without reading every file's
-    sha256, which that launch does)."""
+def next_with_auto(run_dir: Path, launches: list[Launch], usable: Usable | None = None) -> str:
+    """What a launch with run.resume=auto in `run_dir` would do, from the checkpoint it
+    would take (`usable`: read here when not given)."""
     config = _config(run_dir)
     if config.get("mode") == "eval":
         return (
             "nothing to continue: an evaluation saves no checkpoint (launch it again to "
             "evaluate anew)"
         )
-    scan = checkpoint.scan(run_dir, check_hashes=False)
-    newest = scan.latest
+    usable = usable if usable is not None else usable_checkpoint(run_dir)
+    newest = usable.newest
     if newest is None:
-        if scan.broken:
+        if usable.broken:
             return f"refused: every checkpoint in {checkpoint.checkpoint_root(run_dir)} is broken"
         text = "start from scratch (rollout 0): the run has no checkpoint"
         forked = launches[-1].start.get("resume") if launches else None
@@ -226,6 +226,51 @@ def next_with_auto(run_dir: Path, launches: list[Launch]) -> str:
             "rollouts done); raise num_rollout to train on"
         )
     return f"continue from rollout {done} ({newest})"
+
+
+@dataclass(frozen=True)
+class Usable:
+    """The checkpoint run.resume=auto would load (None: none is whole), the broken ones
+    with why, and saves that never finished (`tmp-` folders)."""
+
+    newest: Path | None
+    broken: list[checkpoint.CheckpointError]
+    interrupted: list[Path]
+
+
+def usable_checkpoint(run_dir: Path) -> Usable:
+    """Check the checkpoints as a launch with run.resume=auto does: every file's size
+    against the manifest, and the sha256 of each, newest first, until one is whole (the
+    one it would load; older ones are read no further than their sizes)."""
+    scan = checkpoint.scan(run_dir, check_hashes=False)
+    broken = list(scan.broken)
+    newest = None
+    for path in scan.complete:
+        try:
+            checkpoint.verify(path)
+        except checkpoint.CheckpointError as exc:
+            broken.append(exc)
+        else:
+            newest = path
+            break
+    broken.sort(key=lambda b: checkpoint.rollouts_done_of(b.path) or 0, reverse=True)
+    return Usable(newest, broken, scan.interrupted)
+
+
+def describe_problems(usable: Usable) -> list[str]:
+    """A line for each checkpoint run.resume=auto would not load, and each unfinished save."""
+    lines = []
+    newest_done = checkpoint.rollouts_done_of(usable.newest) if usable.newest else None
+    for bad in usable.broken:
+        done = checkpoint.rollouts_done_of(bad.path)
+        later = newest_done is not None and done is not None and done > newest_done
+        what = f"  checkpoint {bad.path} is broken and will not be loaded: {bad.problem}"
+        if later:
+            what += f" (a resume moves it to {bad.path.parent / checkpoint.ABANDONED_DIR}/)"
+        lines.append(what)
+    for staging in usable.interrupted:
+        lines.append(f"  {staging} is a save that did not finish; ignored")
+    return lines
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -263,5 +308,7 @@ def render_status(run_dir: Path) -> str:
         lines.append(f"    ended: {describe_end(launch, running if last else None)}")
     if not launches:
         lines.append("  no launch recorded")
-    lines.append(f"next, with run.resume=auto: {next_with_auto(run_dir, launches)}")
+    usable = usable_checkpoint(run_dir)
+    lines.extend(describe_problems(usable))
+    lines.append(f"next, with run.resume=auto: {next_with_auto(run_dir, launches, usable)}")
     return "\n".join(lines)

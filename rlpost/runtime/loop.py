@@ -174,6 +174,9 @@ class TrainLoop:
         self.stop = stop
         # the newest rollout a checkpoint of this run holds: a stop saves only what is newer
         self.saved_at = self.start
+        # what a stop left of the resumed checkpoint's last rollout, done by this launch: the
+        # checkpoint still marks it, so a stop before the next save saves again
+        self.finished_left_work = False
 
     def _reward_model(self) -> RewardBatcher | None:
         """The reward model class, when the recipe names one: in its actor, or built here."""
@@ -224,6 +227,7 @@ class TrainLoop:
             restore_driver_rng(self.resume.path)  # as it was when the checkpoint was taken
         if self.unfinished is not None:
             await self._finish(self.unfinished)
+            self.finished_left_work = True
             if start >= total:  # no rollout follows: saved again, with nothing waiting
                 try:
                     await self.save(start)
@@ -320,7 +324,10 @@ class TrainLoop:
         (when due) the resumed run does first."""
         waiting = self._waiting(unfinished) if unfinished is not None else ()
         kept = unfinished if waiting or (unfinished and unfinished.metrics is not None) else None
-        saved = await self.save(done, kept) if done > self.saved_at else None
+        # the checkpoint resumed from marks as waiting what this launch did: saved again,
+        # so that the next launch does not evaluate, log and export that rollout once more
+        redone = self.finished_left_work and done == self.start
+        saved = await self.save(done, kept) if done > self.saved_at or redone else None
         if saved is None and kept is not None and kept.metrics is not None:
             # nothing to resume it from: its record is logged as it is, without the evaluation
             self._log_step(kept.rollout_id, kept.before_training, kept.metrics, kept.groups)

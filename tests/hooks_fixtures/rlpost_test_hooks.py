@@ -36,9 +36,11 @@ def length_reward_failing_from_group_12(sample: Sample) -> float:
 def length_reward_marking_evaluations(sample: Sample) -> float:
     """`length_reward`; an evaluation's sample (its prompt's metadata has `"split": "eval"`)
     first appends a line to the file $RLPOST_TEST_EVAL_MARK names, when set, and takes a
-    second: a test sees an evaluation running and has time to signal it."""
-    mark = os.environ.get("RLPOST_TEST_EVAL_MARK")
-    if mark and sample.metadata.get("split") == "eval":
+    second: a test sees an evaluation running and has time to signal it. A training sample
+    does the same with $RLPOST_TEST_TRAIN_MARK: a test sees a rollout being generated."""
+    split = "eval" if sample.metadata.get("split") == "eval" else "train"
+    mark = os.environ.get(f"RLPOST_TEST_{split.upper()}_MARK")
+    if mark:
         with open(mark, "a", encoding="utf-8") as out:
             out.write(f"{sample.group_index}\n")
         time.sleep(1.0)

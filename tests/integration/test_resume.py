@@ -434,12 +434,27 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "nothing to train" in finished.stdout
 
+    # resumed, rollout 3's evaluation, record and export done, and stopped again while
+    # rollout 4 is generated, before any save: the stop saves, so that the next launch does
+    # not do rollout 3's work a second time
+    log, mark = tmp_path / "third.log", tmp_path / "generating"
+    proc = start([*args, "run.resume=auto"], log, RLPOST_TEST_TRAIN_MARK=str(mark))
+    wait_for(mark.exists, proc, log, 240)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+    assert f"every finished rollout (4) is in {ckpt / 'rollout_4'}" in log.read_text()
+    assert json.loads((ckpt / "rollout_4" / "loop.json").read_text())["unfinished"] is None
+    exported = (run_dir / "hf" / "rollout_4" / "config.json").stat().st_mtime_ns
+    assert len(_records(run_dir)) == 4
+    _ends(proc)
+
     resumed = launch([*args, "run.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {ckpt / 'rollout_4'}" in resumed.stdout
     same_run(run_dir, reference)
+    assert (run_dir / "hf" / "rollout_4" / "config.json").stat().st_mtime_ns == exported
     assert [(x.end or {}).get("outcome") for x in read_launches(run_dir)] == [
-        "stopped", "stopped", "finished"
+        "stopped", "stopped", "stopped", "finished"
     ]  # fmt: skip
     assert sorted(p.name for p in (run_dir / "hf").iterdir()) == [
         "rollout_2", "rollout_4", "rollout_5"

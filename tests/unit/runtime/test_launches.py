@@ -242,3 +242,31 @@ def test_rlpost_status_reads_a_run_dir_and_refuses_a_folder_that_is_none(
     err = capsys.readouterr().err
     assert f"{tmp_path} holds no launches.jsonl: it is not a run directory" in err
     assert "Traceback" not in err
+
+
+def test_status_names_a_broken_newest_checkpoint_and_resumes_from_the_one_auto_would(
+    tmp_path: Path,
+) -> None:
+    """A shard truncated, altered in place (same size) or gone: status says which checkpoint
+    is broken and why, and names the older one run.resume=auto would load, as the launch
+    would, instead of the broken one or nothing."""
+    run_dir = tmp_path / "run"
+    cfg, _ = compose_run_config([f"run.dir={run_dir}", "recipe.rollout.num_rollout=8"])
+    prepare_run_dir(cfg, 0)
+    older = save_checkpoint(run_dir, 2)
+    newest = save_checkpoint(run_dir, 4)
+    shard = newest / "trainer" / "rank_0.pt"
+    for damage, problem in [
+        (lambda: shard.write_bytes(b"weig"), "trainer/rank_0.pt has 4 bytes, the manifest says 7"),
+        (lambda: shard.write_bytes(b"WEIGHTS"), "trainer/rank_0.pt does not match its sha256"),
+        (shard.unlink, "trainer/rank_0.pt is listed in the manifest but missing"),
+    ]:
+        damage()
+        text = render_status(run_dir)
+        assert f"checkpoint {newest} is broken and will not be loaded: {problem}" in text
+        assert f"a resume moves it to {run_dir / 'ckpt' / 'abandoned'}/" in text
+        assert text.endswith(f"next, with run.resume=auto: continue from rollout 2 ({older})")
+    (older / "manifest.json").unlink()
+    text = render_status(run_dir)
+    assert f"checkpoint {older} is broken and will not be loaded: no manifest.json" in text
+    assert text.endswith(f"refused: every checkpoint in {run_dir / 'ckpt'} is broken")
