@@ -474,9 +474,9 @@ def _records(run_dir: Path) -> list[str]:
     return metrics.read_text().splitlines() if metrics.exists() else []
 
 
-def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
-    assets: Path, reference: Path, tmp_path: Path
-) -> None:
+def test_corrupted_checkpoint_is_refused(assets: Path, reference: Path, tmp_path: Path) -> None:
+    """A checkpoint whose weights fail their sha256 is refused before anything starts. (A
+    finished run resumed has nothing to train: the SIGTERM test's last launch but one.)"""
     broken = tmp_path / "rollout_5"
     shutil.copytree(reference / "ckpt" / "rollout_5", broken)
     weights = broken / "trainer" / "__0_0.distcp"  # rank 0's shards
@@ -487,10 +487,6 @@ def test_corrupted_checkpoint_is_refused_and_a_finished_run_has_nothing_to_do(
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "does not match its sha256" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "fork").exists()
-
-    finished = launch(overrides(assets, reference, "run.resume=auto"))
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    assert "nothing to train" in finished.stdout
 
 
 def test_a_run_whose_generation_fails_saves_the_rollouts_it_finished_first(

@@ -30,6 +30,9 @@ def test_a_failed_job_does_not_end_the_sweep(tmp_path: Path) -> None:
         [
             sys.executable, str(REPO / "launch.py"), "-m",
             f"model.hf_checkpoint={damaged},{TINY}", "recipe.rollout.num_rollout=1",
+            # the second job's one rollout is all it needs: no evaluations (two of 128
+            # prompts, before and after it) and no TensorBoard
+            "recipe.eval.interval=null", "recipe.eval.datasets=[]", "tracking.tensorboard=false",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
