@@ -228,6 +228,8 @@ class GroupRunner:
             if self.group_requests:
                 await ctx.policy_turns([group[i] for i in pending])
             else:
+                for i in pending:
+                    group[i].begin_generation()
                 results = await asyncio.gather(*(self.generate_fn(group[i], ctx) for i in pending))
                 for i, result in zip(pending, results, strict=True):
                     group[i] = check_generated(
