@@ -192,6 +192,36 @@ def test_a_sample_generated_again_starts_from_its_prompts_metadata(
         assert not again.response_ids and again.status is SampleStatus.PENDING
 
 
+def test_a_generate_function_that_raises_stops_its_groups_other_episodes(
+    url: str, tokenizer: Any
+) -> None:
+    """One episode's tool raises: the run fails with that error, and the group's other
+    episodes stop with it instead of sending requests to engines the run is shutting down."""
+    stopped: list[int] = []
+
+    async def one_tool_fails(sample: Sample, ctx: GenerateContext) -> Sample:
+        if sample.index == 0:
+            raise RuntimeError("sandbox down")
+        try:
+            await asyncio.sleep(30)  # a slow tool
+        except asyncio.CancelledError:
+            stopped.append(sample.index)
+            raise
+        return sample
+
+    async def scenario() -> list[int]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            contexts = ContextFactory(tokenizer)
+            runner = GroupRunner(client, zero_reward, one_tool_fails, HOOK, contexts)
+            group = group_of(tokenizer)
+            params = SamplingSettings(max_new_tokens=16, temperature=1.0).to_sglang()
+            with pytest.raises(RuntimeError, match="sandbox down"):
+                await runner.run(group, params, runner.client_for(group))
+            return sorted(stopped)  # as the error leaves the runner, before any cleanup
+
+    assert asyncio.run(scenario()) == [1, 2, 3]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
