@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -50,6 +51,9 @@ class Sample:
     resumed_at: int = 0
     turns: int = 0
     turn_start: int = 0
+    # `metadata` as it was when generation began (before a generate function kept its
+    # episode's state there): what the sample's prompt says, which `fresh()` starts from
+    prompt_metadata: dict[str, Any] | None = None
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
     # what the scorer's dict held beside the reward (its "score"; a reward server's
@@ -109,15 +113,24 @@ class Sample:
             if m and v != UNVERSIONED
         ]
 
+    def begin_generation(self) -> None:
+        """Keep the prompt's metadata before a generate function first sees the sample, so
+        generating it again starts from the prompt, not from a discarded episode's state."""
+        if self.prompt_metadata is None:
+            self.prompt_metadata = copy.deepcopy(self.metadata)
+
     def fresh(self) -> Sample:
-        """The same prompt with nothing generated (to generate again)."""
+        """The same prompt with nothing generated (to generate again): its metadata as the
+        prompt had it, without what an earlier generation wrote there."""
+        kept = self.prompt_metadata
+        metadata = dict(self.metadata) if kept is None else copy.deepcopy(kept)
         return Sample(
             group_index=self.group_index,
             index=self.index,
             prompt=self.prompt,
             prompt_ids=list(self.prompt_ids),
             label=self.label,
-            metadata=dict(self.metadata),
+            metadata=metadata,
         )
 
 

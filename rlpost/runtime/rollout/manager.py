@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -188,6 +188,20 @@ def check_generated(
     return sample
 
 
+async def _all_or_none(calls: Iterable[Awaitable[Sample]]) -> list[Any]:
+    """Every call's result; when one raises, the others are cancelled before its error goes
+    on (asyncio.gather leaves them running: requests to a router the failing run is shutting
+    down, retried and logged until the process ends)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class GroupRunner:
     """Generates every sample of a group (continuing across weight updates), then rewards
     the group. A stopped group comes back unrewarded, its samples ABORTED.
@@ -228,7 +242,9 @@ class GroupRunner:
             if self.group_requests:
                 await ctx.policy_turns([group[i] for i in pending])
             else:
-                results = await asyncio.gather(*(self.generate_fn(group[i], ctx) for i in pending))
+                for i in pending:
+                    group[i].begin_generation()
+                results = await _all_or_none(self.generate_fn(group[i], ctx) for i in pending)
                 for i, result in zip(pending, results, strict=True):
                     group[i] = check_generated(
                         result, group[i], self.hook_name, ctx.max_response_len

@@ -165,6 +165,63 @@ def test_the_sample_a_hook_returns_is_the_one_trained(url: str, tokenizer: Any) 
         assert sample.metadata["copied"] and sample.finished and sample.response_ids
 
 
+def test_a_sample_generated_again_starts_from_its_prompts_metadata(
+    url: str, tokenizer: Any
+) -> None:
+    """A generate function keeps its episode's state on `sample.metadata`; a sample
+    generated again (a stale group regenerated, a resume after a kill) starts from what its
+    prompt line said, not from the discarded episode's state."""
+    tools = [{"name": "calc"}]
+
+    async def keeps_state(sample: Sample, ctx: GenerateContext) -> Sample:
+        sample.metadata["calls"] = sample.metadata.get("calls", 0) + 1
+        sample.metadata["tools"].append({"name": "added by the episode"})
+        return await two_turns(sample, ctx)
+
+    async def scenario() -> list[Sample]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            runner = GroupRunner(client, zero_reward, keeps_state, HOOK, ContextFactory(tokenizer))
+            group = [dataclasses.replace(s, metadata={"tools": tools}) for s in group_of(tokenizer)]
+            params = SamplingSettings(max_new_tokens=40, temperature=1.0).to_sglang()
+            return await runner.run(group, params, runner.client_for(group))
+
+    for sample in asyncio.run(scenario()):
+        assert sample.metadata["calls"] == 1
+        again = sample.fresh()
+        assert again.metadata == {"tools": [{"name": "calc"}]}
+        assert not again.response_ids and again.status is SampleStatus.PENDING
+
+
+def test_a_generate_function_that_raises_stops_its_groups_other_episodes(
+    url: str, tokenizer: Any
+) -> None:
+    """One episode's tool raises: the run fails with that error, and the group's other
+    episodes stop with it instead of sending requests to engines the run is shutting down."""
+    stopped: list[int] = []
+
+    async def one_tool_fails(sample: Sample, ctx: GenerateContext) -> Sample:
+        if sample.index == 0:
+            raise RuntimeError("sandbox down")
+        try:
+            await asyncio.sleep(30)  # a slow tool
+        except asyncio.CancelledError:
+            stopped.append(sample.index)
+            raise
+        return sample
+
+    async def scenario() -> list[int]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            contexts = ContextFactory(tokenizer)
+            runner = GroupRunner(client, zero_reward, one_tool_fails, HOOK, contexts)
+            group = group_of(tokenizer)
+            params = SamplingSettings(max_new_tokens=16, temperature=1.0).to_sglang()
+            with pytest.raises(RuntimeError, match="sandbox down"):
+                await runner.run(group, params, runner.client_for(group))
+            return sorted(stopped)  # as the error leaves the runner, before any cleanup
+
+    assert asyncio.run(scenario()) == [1, 2, 3]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
