@@ -224,3 +224,15 @@ def test_a_cpu_plan_names_its_devices_device_slots(
     assert "device slot" in split and "device slots  ports" in placement
     assert re.search(r"^Memory \(device slot 8\.0 GiB", shown, re.M)
     assert ", per device slot" in shown or ", per engine device slot" in shown
+
+
+def test_counts_of_one_read_in_the_singular(run_config: Runs) -> None:
+    """A decoupled CPU plan has engines of one TP rank, one train rank and an unsharded
+    optimizer: '1 TP rank', '(1 rank)', 'not sharded', never '1 TP ranks' or '/1 shards'."""
+    shown = render_plan(build_plan(run_config(*TINY, **DECOUPLED)))
+    assert re.search(r"^  engine 0  1 TP rank  ", shown, re.M), shown
+    assert "optimizer (master + Adam, not sharded)" in shown
+    assert "offloaded optimizer (1 rank)" in shown
+    assert not re.search(r"\b1 (TP )?ranks\b|/1 shards", shown), shown
+    two = render_plan(build_plan(run_config(*TINY)))
+    assert "optimizer (master + Adam, /2 shards)" in two and "(2 ranks)" in two
