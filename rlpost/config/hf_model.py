@@ -45,6 +45,7 @@ class FamilyTraits:
     norm_topk_prob: bool = True  # the family's default when config.json omits it
     qkv_bias: bool = False  # the class adds QKV biases without an `attention_bias` key
     gated_gelu: bool = False  # the class gates its MLP with GELU (GeGLU)
+    tied_embeddings: bool = False  # the class ties them when config.json omits the key
 
 
 FAMILIES: dict[str, FamilyTraits] = {
@@ -80,7 +81,10 @@ FAMILIES: dict[str, FamilyTraits] = {
 # model types outside the seven whose modelling code has facts their config.json omits
 GENERIC_TRAITS: dict[str, FamilyTraits] = {
     "qwen2": FamilyTraits(GENERIC_FAMILY, "Qwen2ForCausalLM", qkv_bias=True),
-    "gemma": FamilyTraits(GENERIC_FAMILY, "GemmaForCausalLM", gated_gelu=True),
+    # Gemma's published config.json states no tie_word_embeddings: GemmaConfig ties them
+    "gemma": FamilyTraits(
+        GENERIC_FAMILY, "GemmaForCausalLM", gated_gelu=True, tied_embeddings=True
+    ),
 }
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu"}  # gated MLPs: SwiGLU
@@ -336,7 +340,7 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
         "add_bias_linear": False,
         "post_self_attn_layernorm": traits.sandwich_norms,
         "post_mlp_layernorm": traits.sandwich_norms,
-        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=traits.tied_embeddings)),
         "activation": _activation(hf, traits),
         "mtp_num_layers": hf.get("num_nextn_predict_layers", default=0),
         "params_dtype": DTYPES.get(str(hf.get("torch_dtype", "dtype", default="")), "bf16"),
