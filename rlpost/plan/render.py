@@ -682,6 +682,7 @@ def render_search(plan: Plan) -> str:
     if rows:
         header = ["rank", f"s/{per}", f"{side} GiB", "layout"]
         lines.append(render_table(header, rows, "  runners-up"))
+        lines += _ties(plan)
     if search.rejected:
         lines.append("  rejected:")
         for r in search.rejected:
@@ -698,6 +699,34 @@ def render_search(plan: Plan) -> str:
         "not promise wall-clock time"
     )
     return "\n".join(lines)
+
+
+def _ties(plan: Plan) -> list[str]:
+    """Runners-up the cost model cannot tell from the choice (equal to 10 ms, the search's
+    resolution): it charges a collective the bytes it moves, not the call, so a split that
+    moves little costs nothing; say so rather than let their rank read as a measurement."""
+    search = plan.search
+    assert search is not None and search.chosen is not None
+    chosen = round(search.chosen.step_s, 2)
+    tied = [i + 2 for i, c in enumerate(search.ranked[1:]) if round(c.step_s, 2) == chosen]
+    if not tied:
+        return []
+    ranks = f"rank {tied[0]}" if len(tied) == 1 else f"ranks {tied[0]}-{tied[-1]}"
+    lines = [
+        f"  {ranks} {'ties' if len(tied) == 1 else 'tie'} with the choice to 10 ms: the cost "
+        "model charges collectives by the bytes they move, not per call, so it cannot tell "
+        "them apart; the choice has the fewest model-parallel splits"
+    ]
+    split = any(
+        search.ranked[r - 1].parallel.tp * search.ranked[r - 1].parallel.cp > 1 for r in tied
+    )
+    if plan.hardware_kind == "cpu" and split:
+        lines.append(
+            "  on device slots a layout that splits the model trains with megatron-core over "
+            "gloo (trainer.backend=auto), which the figures rate as the torch trainer: the CPU "
+            "default's 60 rollouts took 94 s with megatron-core, 30 s with the torch trainer"
+        )
+    return lines
 
 
 def render_tables(plan: Plan) -> str:
