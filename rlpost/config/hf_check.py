@@ -297,12 +297,19 @@ writes it."""
 def derived_issues(
     model: ModelConfig, hf: Mapping[str, Any], config_file: str, locate: Locate
 ) -> list[Issue]:
-    """A checkpoint no model YAML can describe (sliding windows, softcapping, ...: both
-    trainers attend over whole samples) as one Issue on model.hf_checkpoint; else, for the
+    """A checkpoint no model YAML can describe (mixed windowed layers, softcapping, ...: both
+    trainers attend over whole samples) as one Issue on model.hf_checkpoint; then
+    model.sliding_window where the window config.json gives differs; else, for the
     named families, one Issue per `DERIVED` field where `model` and what its checkpoint
     implies disagree (a generic model is built by transformers from config.json itself, and
     its YAML feeds the plan's counts only)."""
-    from rlpost.config.hf_model import FAMILIES, HFConfig, architecture, check_expressible
+    from rlpost.config.hf_model import (
+        FAMILIES,
+        HFConfig,
+        architecture,
+        check_expressible,
+        sliding_window,
+    )
     from rlpost.errors import UserError  # (hf_model reads this module's maps)
 
     checkpoint = HFConfig(hf, config_file)
@@ -318,6 +325,19 @@ def derived_issues(
                 location=locate("model.hf_checkpoint"),
             )
             for issue in exc.issues
+        ]
+    window = sliding_window(checkpoint)
+    if model.sliding_window != window:
+        return [
+            Issue(
+                key="model.sliding_window",
+                value=model.sliding_window,
+                message=f"model.sliding_window={model.sliding_window}, but {config_file} "
+                f"gives an attention window of {window} (sliding_window, narrower than "
+                "max_position_embeddings; None: attention over the whole context)",
+                fix=f"set sliding_window: {'null' if window is None else window} in the model YAML",
+                location=locate("model.sliding_window"),
+            )
         ]
     model_type = checkpoint.get("model_type", "text_config.model_type", default=None)
     if model.family == GENERIC_FAMILY or model_type not in FAMILIES:

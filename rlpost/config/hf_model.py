@@ -5,7 +5,8 @@ config.json by construction; facts a config.json does not state (GLM-4's sandwic
 Qwen3's QK-norm, a family's router) come from the family's traits, keyed by `model_type`.
 A `model_type` outside the seven families is drawn as the `generic` family (trained by the
 torch trainer through transformers), from what its config.json states; what the schema cannot
-describe (sliding windows, attention softcapping, ...) is refused, naming the key.
+describe (windowed and full layers mixed, attention softcapping, ...) is refused, naming
+the key.
 Published configs (rope_theta, rope_scaling) and transformers 5 ones (rope_parameters) both
 read. Reads JSON only: transformers is not imported.
 """
@@ -45,6 +46,7 @@ class FamilyTraits:
     norm_topk_prob: bool = True  # the family's default when config.json omits it
     qkv_bias: bool = False  # the class adds QKV biases without an `attention_bias` key
     gated_gelu: bool = False  # the class gates its MLP with GELU (GeGLU)
+    tied_embeddings: bool = False  # the class ties them when config.json omits the key
 
 
 FAMILIES: dict[str, FamilyTraits] = {
@@ -80,7 +82,10 @@ FAMILIES: dict[str, FamilyTraits] = {
 # model types outside the seven whose modelling code has facts their config.json omits
 GENERIC_TRAITS: dict[str, FamilyTraits] = {
     "qwen2": FamilyTraits(GENERIC_FAMILY, "Qwen2ForCausalLM", qkv_bias=True),
-    "gemma": FamilyTraits(GENERIC_FAMILY, "GemmaForCausalLM", gated_gelu=True),
+    # Gemma's published config.json states no tie_word_embeddings: GemmaConfig ties them
+    "gemma": FamilyTraits(
+        GENERIC_FAMILY, "GemmaForCausalLM", gated_gelu=True, tied_embeddings=True
+    ),
 }
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu"}  # gated MLPs: SwiGLU
@@ -168,25 +173,46 @@ def _unsupported(hf: HFConfig, key: str, value: Any, why: str) -> UserError:
     )
 
 
+def sliding_window(hf: HFConfig) -> int | None:
+    """The attention window config.json sets, where it is narrower than the context; None
+    where every token attends to the whole sample. Qwen-style configs switch it with
+    use_sliding_window (refused when on: their window covers some layers only)."""
+    if hf.get("use_sliding_window") is not MISSING:
+        return None
+    window = hf.get("sliding_window", default=None)
+    context = hf.get("max_position_embeddings", default=None)
+    if isinstance(window, int) and (context is None or window < context):
+        return window
+    return None
+
+
 def _check_sliding_window(hf: HFConfig) -> None:
-    """A window narrower than the context changes what a token attends to; both trainers
-    attend over the whole sample. Qwen-style configs switch it with use_sliding_window."""
+    """A window narrower than the context changes what a token attends to, and both
+    trainers attend over the whole sample. A generic model states it as model.sliding_window,
+    which bounds its samples (a sample within the window attends as with full attention);
+    megatron-core's specs for the named families have no window."""
     if hf.get("use_sliding_window", default=False):
         raise _unsupported(hf, "use_sliding_window", True, "sliding-window attention")
-    if hf.get("use_sliding_window") is MISSING:
-        window = hf.get("sliding_window", default=None)
+    window = sliding_window(hf)
+    model_type = hf.get("model_type", "text_config.model_type", default=None)
+    if window is not None and model_type in FAMILIES:
         context = hf.get("max_position_embeddings", default=None)
-        if isinstance(window, int) and (context is None or window < context):
-            raise _unsupported(
-                hf,
-                "sliding_window",
-                window,
-                f"sliding-window attention narrower than the context ({context} positions)",
-            )
+        raise _unsupported(
+            hf,
+            "sliding_window",
+            window,
+            f"sliding-window attention narrower than the context ({context} positions), "
+            f"which megatron-core's {model_type} spec does not build",
+        )
     kinds = hf.get("layer_types", default=[])
     windowed = [k for k in kinds if k != "full_attention"] if isinstance(kinds, list) else []
     if windowed:
         raise _unsupported(hf, "layer_types", sorted(set(windowed)), "attention other than full")
+    pattern = hf.get("sliding_window_pattern", default=None)  # Gemma 3 before layer_types
+    if window is not None and pattern is not None:
+        raise _unsupported(
+            hf, "sliding_window_pattern", pattern, "windowed and full attention layers mixed"
+        )
 
 
 def check_expressible(hf: HFConfig) -> None:
@@ -336,7 +362,8 @@ def architecture(hf: HFConfig) -> dict[str, Any]:
         "add_bias_linear": False,
         "post_self_attn_layernorm": traits.sandwich_norms,
         "post_mlp_layernorm": traits.sandwich_norms,
-        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=False)),
+        "sliding_window": sliding_window(hf),
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", default=traits.tied_embeddings)),
         "activation": _activation(hf, traits),
         "mtp_num_layers": hf.get("num_nextn_predict_layers", default=0),
         "params_dtype": DTYPES.get(str(hf.get("torch_dtype", "dtype", default="")), "bf16"),

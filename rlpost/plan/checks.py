@@ -108,7 +108,7 @@ def check_gpu_budget(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "layout.rollout.num_gpus",
                 f"decoupled (colocate: false) leaves no {ctx.devices(0)} for the engines: "
-                f"{s.train_gpus} train {ctx.devices(2)} take all of them",
+                f"{s.train_gpus} train {ctx.devices(s.train_gpus)} take all of them",
                 f"set layout.train.num_gpus below {s.total_gpus} and layout.rollout.num_gpus "
                 "to the rest, or layout.colocate: true",
                 0,
@@ -136,7 +136,8 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
         return [
             Issue(
                 "layout.train.num_gpus",
-                f"{world} train {ctx.devices(2)} do not split into tp x pp x cp = "
+                f"{world} train {ctx.devices(world)} "
+                f"{'does' if world == 1 else 'do'} not split into tp x pp x cp = "
                 f"{p.tp} x {p.pp} x {p.cp} = {ctx.replicas(model_parallel)} (data parallelism "
                 "needs whole replicas)",
                 _train_grid_fix(ctx),
@@ -148,7 +149,7 @@ def check_train_grid(ctx: PlanContext) -> list[Issue]:
             Issue(
                 "layout.train.dp",
                 f"tp x pp x cp x dp = {p.tp} x {p.pp} x {p.cp} x {p.dp} = {p.world}, but there "
-                f"are {world} train {ctx.devices(2)}",
+                f"{'is' if world == 1 else 'are'} {world} train {ctx.devices(world)}",
                 f"set layout.train.dp: {world // model_parallel}, or remove it to derive it",
                 p.dp,
             )
@@ -175,11 +176,28 @@ def _train_grid_fix(ctx: PlanContext) -> str:
             f"{ctx.cfg.hardware.name} has "
             f"(layout.train.num_gpus: {_examples(more)})"
         )
+    elif _tp_splits(model, p.tp) and model_parallel <= s.total_gpus:
+        fixes.append(_room_for_training(ctx, model_parallel))
     elif _tp_splits(model, p.tp):
         fixes.append(f"use a hardware profile of {model_parallel} {ctx.devices(2)} or more")
     if s.train_gpus % others != 0:
         fixes.append("change layout.train.pp/cp")
     return "; or ".join(fixes)
+
+
+def _room_for_training(ctx: PlanContext, model_parallel: int) -> str:
+    """Decoupled, the rollout's devices leave training too few for one replica, though the
+    profile holds one: colocate, or hand training more of them."""
+    s, name = ctx.sizes, ctx.cfg.hardware.name
+    fix = (
+        f"{name} has {s.total_gpus} {ctx.devices(s.total_gpus)} and the rollout takes "
+        f"{s.rollout_gpus}: set layout.colocate: true and remove layout.train.num_gpus and "
+        f"layout.rollout.num_gpus (training and rollout then share all {s.total_gpus})"
+    )
+    rest = s.total_gpus - model_parallel
+    if rest > 0:
+        fix += f", or layout.train.num_gpus: {model_parallel} with layout.rollout.num_gpus: {rest}"
+    return fix
 
 
 def _tp_splits(model: ModelConfig, tp: int) -> bool:

@@ -17,8 +17,8 @@ def check_engine_divides_rollout(ctx: PlanContext) -> list[Issue]:
         return [
             Issue(
                 "layout.rollout.gpus_per_engine",
-                f"{gpus} rollout {ctx.devices(2)} do not split into engines of {size} "
-                f"{ctx.devices(2)}",
+                f"{gpus} rollout {ctx.devices(gpus)} {'does' if gpus == 1 else 'do'} not split "
+                f"into engines of {size} {ctx.devices(size)}",
                 f"use an engine size that divides {gpus}: {', '.join(map(str, divisors(gpus)))}",
                 size,
             )

@@ -36,6 +36,15 @@ def _device(plan: Plan, count: int = 1) -> str:
     return device_word(plan.hardware_kind, count)
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 TP rank', '2 TP ranks'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _shards(n: int) -> str:
+    return "not sharded" if n == 1 else f"/{n} shards"
+
+
 def _trainer_name(plan: Plan) -> str:
     if isinstance(plan.memory.train, FsdpTrainMemory):
         return FSDP_TRAINER_NAME
@@ -100,7 +109,7 @@ def render_placement(plan: Plan) -> str:
             if e.dist_init_port is not None:
                 ports += f", dist-init {e.dist_init_port}" if node == e.head_node else ""
             rows.append(
-                [f"engine {e.index}", f"{len(e.slots)} TP ranks", node, ranges(gpus), ports]
+                [f"engine {e.index}", _count(len(e.slots), "TP rank"), node, ranges(gpus), ports]
             )
     if p.reward_slot is not None:
         rows.append(["reward model", "1 actor", p.reward_slot.node, p.reward_slot.gpu, "-"])
@@ -529,7 +538,7 @@ def render_memory(plan: Plan) -> str:
     state_rows: list[list[Cell]] = [
         ["weights", t.weights_gib],
         ["gradients (fp32 main grads)", t.grads_gib],
-        [f"optimizer (master + Adam, /{par.optimizer_shards} shards){offload}", t.optimizer_gib],
+        [f"optimizer (master + Adam, {_shards(par.optimizer_shards)}){offload}", t.optimizer_gib],
     ]
     if isinstance(t, FsdpTrainMemory):
         state_rows = _fsdp_state_rows(t)
@@ -584,7 +593,7 @@ def _memory_tables(plan: Plan, train_rows: list[list[Cell]], side: str) -> str:
     ]
     offloaded = "FSDP2 shards and reference" if isinstance(t, FsdpTrainMemory) else "optimizer"
     host_rows: list[list[Cell]] = [
-        [f"offloaded {offloaded} ({h.ranks_per_node} ranks)", h.optimizer_gib],
+        [f"offloaded {offloaded} ({_count(h.ranks_per_node, 'rank')})", h.optimizer_gib],
         ["reference weights", h.reference_weights_gib],
     ]
     if not plan.trains:  # mode=eval keeps no optimizer or reference (0.00 in its plan)
@@ -673,6 +682,7 @@ def render_search(plan: Plan) -> str:
     if rows:
         header = ["rank", f"s/{per}", f"{side} GiB", "layout"]
         lines.append(render_table(header, rows, "  runners-up"))
+        lines += _ties(plan)
     if search.rejected:
         lines.append("  rejected:")
         for r in search.rejected:
@@ -689,6 +699,34 @@ def render_search(plan: Plan) -> str:
         "not promise wall-clock time"
     )
     return "\n".join(lines)
+
+
+def _ties(plan: Plan) -> list[str]:
+    """Runners-up the cost model cannot tell from the choice (equal to 10 ms, the search's
+    resolution): it charges a collective the bytes it moves, not the call, so a split that
+    moves little costs nothing; say so rather than let their rank read as a measurement."""
+    search = plan.search
+    assert search is not None and search.chosen is not None
+    chosen = round(search.chosen.step_s, 2)
+    tied = [i + 2 for i, c in enumerate(search.ranked[1:]) if round(c.step_s, 2) == chosen]
+    if not tied:
+        return []
+    ranks = f"rank {tied[0]}" if len(tied) == 1 else f"ranks {tied[0]}-{tied[-1]}"
+    lines = [
+        f"  {ranks} {'ties' if len(tied) == 1 else 'tie'} with the choice to 10 ms: the cost "
+        "model charges collectives by the bytes they move, not per call, so it cannot tell "
+        "them apart; the choice has the fewest model-parallel splits"
+    ]
+    split = any(
+        search.ranked[r - 1].parallel.tp * search.ranked[r - 1].parallel.cp > 1 for r in tied
+    )
+    if plan.hardware_kind == "cpu" and split:
+        lines.append(
+            "  on device slots a layout that splits the model trains with megatron-core over "
+            "gloo (trainer.backend=auto), which the figures rate as the torch trainer: the CPU "
+            "default's 60 rollouts took 94 s with megatron-core, 30 s with the torch trainer"
+        )
+    return lines
 
 
 def render_tables(plan: Plan) -> str:

@@ -145,6 +145,12 @@ class ModelConfig(Section):
     add_bias_linear: bool = False
     post_self_attn_layernorm: bool = False
     post_mlp_layernorm: bool = False
+    sliding_window: PositiveInt | None = Field(
+        None,
+        description="a generic model's attention window where narrower than the context "
+        "(Mistral 7B v0.1, Phi-3): the trainers attend over the whole sample, so every "
+        "sample must fit in the window, where windowed attention is full attention",
+    )
     tie_word_embeddings: bool = False
     activation: Literal["swiglu", "geglu", "gelu"] = Field(
         "swiglu",
@@ -201,6 +207,18 @@ class ModelConfig(Section):
         if self.kv_channels:
             return self.kv_channels
         return self.mla.v_head_dim if self.mla is not None else None
+
+    @model_validator(mode="after")
+    def check_sliding_window_is_generic(self) -> ModelConfig:
+        if self.sliding_window is not None and self.family != GENERIC_FAMILY:
+            raise InvariantError(
+                f"sliding_window={self.sliding_window} with family {self.family}: "
+                "megatron-core's specs for the named families attend over the whole sample",
+                fields=("sliding_window",),
+                fix="remove sliding_window, or set family: generic (the torch trainer builds "
+                "the model with transformers)",
+            )
+        return self
 
     @model_validator(mode="after")
     def check_gated_gelu_is_generic(self) -> ModelConfig:

@@ -387,6 +387,7 @@ class RunConfig(Section):
             trained = (data.max_prompt_len or 0) + recipe.rollout.max_response_len
             parts = request_parts(data.max_prompt_len, "response", "the response")
             requests.insert(0, ("recipe.rollout.max_response_len", trained, parts))
+        window = self.model.sliding_window
         for key, length, parts in requests:
             if length > context:
                 raise InvariantError(
@@ -394,6 +395,15 @@ class RunConfig(Section):
                     f"model.max_position_embeddings={context}",
                     fields=(key,),
                     fix=f"lower it so prompt + response <= {context}",
+                )
+            if window is not None and length > window:
+                raise InvariantError(
+                    f"prompt + response can reach {length} tokens ({parts}), beyond "
+                    f"model.sliding_window={window}: the trainers attend over the whole "
+                    "sample, where the checkpoint's attention would see only its window",
+                    fields=(key,),
+                    fix=f"lower it so prompt + response <= {window} (within the window, "
+                    "windowed attention is full attention)",
                 )
         return self
 

@@ -427,7 +427,10 @@ def test_rope_scaling_keeps_only_the_fields_its_type_reads(
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
-        ({"sliding_window": 4096}, "sets sliding_window=4096: sliding-window attention narrower"),
+        (
+            {"sliding_window": 4096, "sliding_window_pattern": 6},  # Gemma 3
+            "sets sliding_window_pattern=6: windowed and full attention layers mixed",
+        ),
         ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
         ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0: softcapped attention"),
         ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act='gelu_pytorch_tanh'"),
@@ -500,3 +503,48 @@ def test_a_file_named_like_a_shipped_one_is_refused_and_the_hint_names_the_writt
     check = ["validate", "--config-dir", str(user), "model=tiny_copy", "recipe=grpo_tiny_math"]
     status, _, err = run_main(check, capsys)
     assert status == 0, err
+
+
+def test_a_window_narrower_than_the_context_bounds_the_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mistral 7B v0.1 and Phi-3-mini-4k attend within a window (4096, 2047) narrower than
+    their context: drawn as model.sliding_window, held to config.json by validate, and a
+    recipe whose samples could pass the window is refused naming its length; within the
+    window, windowed attention is full attention, as the trainers compute it."""
+    ckpt = tmp_path / "mistral-7b-v0.1"
+    ckpt.mkdir()
+    small = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, head_dim=64)
+    small |= dict(num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
+    hf = mistral_config(sliding_window=4096, **small)
+    (ckpt / "config.json").write_text(json.dumps(hf))
+    user = tmp_path / "my_configs"
+    status, _, err = run_main(
+        ["new", "model", "--from-hf", str(ckpt), "--config-dir", str(user)], capsys
+    )
+    assert status == 0, err
+    written = user / "model" / "mistral-7b-v0.1.yaml"
+    assert yaml.safe_load(written.read_text())["sliding_window"] == 4096
+    check = ["validate", "--no-local-checks", "--config-dir", str(user), "model=mistral-7b-v0.1"]
+    status, _, err = run_main([*check, "recipe=grpo_tiny_math", "hardware=cpu"], capsys)
+    assert status == 0, err  # samples of at most 16 tokens
+    status, _, err = run_main([*check, "recipe=grpo_dapo", "hardware=h100x8"], capsys)
+    assert status == 2 and "Traceback" not in err
+    assert "recipe.rollout.max_response_len = 8192" in err, err
+    assert "beyond model.sliding_window=4096" in err and "<= 4096" in err, err
+    data = yaml.safe_load(written.read_text()) | {"sliding_window": None}
+    written.write_text(yaml.safe_dump(data, sort_keys=False))
+    status, _, err = run_main([*check, "recipe=grpo_tiny_math", "hardware=cpu"], capsys)
+    assert status == 2 and "model.sliding_window" in err and "window of 4096" in err, err
+
+
+def test_a_named_family_with_a_window_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """megatron-core's specs have no window: a llama config.json with one is refused."""
+    hf = json.loads((FIXTURES / "llama3.1-8b" / "config.json").read_text()) | {
+        "sliding_window": 4096
+    }
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
+    assert status == 2 and "megatron-core's llama spec does not build" in err, err

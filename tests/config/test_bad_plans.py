@@ -450,3 +450,77 @@ def test_what_those_checks_leave_alone_plans(
     overrides: tuple[str, ...], compose_run: Callable[..., RunConfig]
 ) -> None:
     build_plan(compose_run(*overrides))
+
+
+DECOUPLED_ONE = ("layout.colocate=false", "layout.train.num_gpus=1", "layout.rollout.num_gpus=1")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (
+            ("layout.train.tp=2",),
+            "layout.train.num_gpus",
+            "1 train device slot does not split into tp x pp x cp",
+        ),
+        (("++layout.train.dp=2",), "layout.train.dp", "but there is 1 train device slot"),
+        (
+            ("layout.rollout.gpus_per_engine=2",),
+            "layout.rollout.gpus_per_engine",
+            "1 rollout device slot does not split into engines of 2 device slots",
+        ),
+    ],
+    ids=["train grid", "dp", "engine size"],
+)
+def test_a_count_of_one_device_reads_in_the_singular(
+    overrides: tuple[str, ...], key: str, says: str, compose_run: Callable[..., RunConfig]
+) -> None:
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*TINY, *DECOUPLED_ONE, *overrides))
+    assert any(says in i.message for i in info.value.issues if i.key == key), info.value.render()
+
+
+COLOCATED = ("layout.colocate=true", "layout.train.num_gpus=null", "layout.rollout.num_gpus=null")
+
+
+@pytest.mark.parametrize(
+    ("run", "overrides", "tp", "says", "fixes"),
+    [
+        (
+            TINY,
+            DECOUPLED_ONE,
+            "layout.train.tp=2",
+            "cpu has 2 device slots and the rollout takes 1: set layout.colocate: true and "
+            "remove layout.train.num_gpus and layout.rollout.num_gpus",
+            [COLOCATED],
+        ),
+        (
+            QWEN,
+            ("layout.colocate=false", "layout.train.num_gpus=3", "layout.rollout.num_gpus=5"),
+            "layout.train.tp=4",
+            "h100x8 has 8 GPUs and the rollout takes 5: set layout.colocate: true and remove "
+            "layout.train.num_gpus and layout.rollout.num_gpus (training and rollout then share "
+            "all 8), or layout.train.num_gpus: 4 with layout.rollout.num_gpus: 4",
+            [COLOCATED, ("layout.train.num_gpus=4", "layout.rollout.num_gpus=4")],
+        ),
+    ],
+    ids=["cpu", "h100x8"],
+)
+def test_a_replica_the_rollout_crowds_out_is_fixed_by_giving_training_room(
+    run: tuple[str, ...],
+    overrides: tuple[str, ...],
+    tp: str,
+    says: str,
+    fixes: list[tuple[str, ...]],
+    compose_run: Callable[..., RunConfig],
+) -> None:
+    """Decoupled, the rollout's devices leave training fewer than one model replica, on
+    hardware that holds one: the fix is to colocate or move devices to training, not the
+    larger hardware profile it named before."""
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*run, *overrides, tp))
+    (issue,) = [i for i in info.value.issues if i.key == "layout.train.num_gpus"]
+    assert says in issue.fix, issue.fix
+    assert "hardware profile" not in issue.fix, issue.fix
+    for fix in fixes:
+        build_plan(compose_run(*run, *overrides, tp, *fix))  # each fix it names plans

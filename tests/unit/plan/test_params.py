@@ -147,9 +147,13 @@ GENERIC_SMALL = dict(
     ],
     ids=["mistral", "mistral-tied", "phi3", "gemma", "qwen2", "mixtral"],
 )
-def test_a_generic_models_count_is_the_hf_models(config_class: str, extra: dict) -> None:
+@pytest.mark.parametrize("states_tying", [True, False], ids=["tying stated", "tying omitted"])
+def test_a_generic_models_count_is_the_hf_models(
+    config_class: str, extra: dict, states_tying: bool
+) -> None:
     """The facts `new model --from-hf` draws from a config.json count exactly what the
-    transformers model built from it holds."""
+    transformers model built from it holds, also from a config.json that leaves
+    tie_word_embeddings to its class, as Gemma's published ones do (GemmaConfig ties them)."""
     import torch
     import transformers
 
@@ -160,6 +164,8 @@ def test_a_generic_models_count_is_the_hf_models(config_class: str, extra: dict)
     with torch.device("meta"):
         hf_model = transformers.AutoModelForCausalLM.from_config(config)
     data = config.to_dict() | {"architectures": [type(hf_model).__name__]}
+    if not states_tying and "tie_word_embeddings" not in extra:
+        del data["tie_word_embeddings"]
     facts = architecture(HFConfig(data, "config.json"))
     assert facts["family"] == "generic"
     model = ModelConfig(name="m", hf_checkpoint="/m", **facts)

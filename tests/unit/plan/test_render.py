@@ -224,3 +224,34 @@ def test_a_cpu_plan_names_its_devices_device_slots(
     assert "device slot" in split and "device slots  ports" in placement
     assert re.search(r"^Memory \(device slot 8\.0 GiB", shown, re.M)
     assert ", per device slot" in shown or ", per engine device slot" in shown
+
+
+def test_counts_of_one_read_in_the_singular(run_config: Runs) -> None:
+    """A decoupled CPU plan has engines of one TP rank, one train rank and an unsharded
+    optimizer: '1 TP rank', '(1 rank)', 'not sharded', never '1 TP ranks' or '/1 shards'."""
+    shown = render_plan(build_plan(run_config(*TINY, **DECOUPLED)))
+    assert re.search(r"^  engine 0  1 TP rank  ", shown, re.M), shown
+    assert "optimizer (master + Adam, not sharded)" in shown
+    assert "offloaded optimizer (1 rank)" in shown
+    assert not re.search(r"\b1 (TP )?ranks\b|/1 shards", shown), shown
+    two = render_plan(build_plan(run_config(*TINY)))
+    assert "optimizer (master + Adam, /2 shards)" in two and "(2 ranks)" in two
+
+
+def test_runners_up_the_cost_model_cannot_tell_from_the_choice_are_called_ties(
+    run_config: Runs,
+) -> None:
+    """On the CPU default TP2 and CP2 predict the choice's (DP2) time to the millisecond:
+    the cost model charges their collectives by bytes, which a tiny model hardly moves. The
+    plan says they tie and that such a split would train with megatron-core, not that they
+    rank second and third on merit; a GPU search whose runners-up are slower says nothing."""
+    from rlpost.plan import plan_config
+
+    _, plan = plan_config(run_config(*TINY, **SEARCHED))
+    assert plan.search is not None and plan.search.chosen is not None
+    assert plan.search.chosen.parallel.dp == 2
+    shown = render_plan(plan)
+    assert "ranks 2-3 tie with the choice to 10 ms" in shown, shown
+    assert "trains with megatron-core over gloo (trainer.backend=auto)" in shown
+    gpu = render_plan(plan_config(run_config("llama3.1-8b", "h200x1", "grpo_dapo", **SEARCHED))[1])
+    assert "with the choice to 10 ms" not in gpu and "over gloo" not in gpu
