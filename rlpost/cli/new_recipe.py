@@ -11,6 +11,7 @@ equal to BASE's are dropped, and the merged recipe is validated before anything 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,19 +116,14 @@ def parse_changes(tokens: Sequence[str]) -> list[Change]:
             )
             continue
         earlier = next((c for c in changes if c.key == key), None)
-        if earlier is not None:  # the same value twice is one change
-            if earlier.value == parsed.value():
-                continue
-            issues.append(
-                Issue(
-                    key,
-                    f"set twice, by {earlier.token} and then by {token}; the file would hold "
-                    "only the last",
-                    f"give {key} once (a recipe each: one `rlpost new recipe` per value)",
-                    location=where,
+        if earlier is not None:  # the last wins, as on the launcher's command line
+            changes.remove(earlier)
+            if earlier.value != parsed.value():
+                print(
+                    f"rlpost: note: {key} is given twice, {earlier.token} and then {token}: "
+                    "the recipe holds the last",
+                    file=sys.stderr,
                 )
-            )
-            continue
         changes.append(Change(key, parsed.value(), token))
     if issues:
         raise _command_line_error(issues)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -452,9 +453,9 @@ def check_overrides(
         form, found = check_override(token, roots, multirun, verl)
         rewritten.append(form)
         issues.extend(found)
-    issues.extend(repeated_keys(tokens))
     if issues:
         raise UserError(issues, title="command-line error")
+    say_repeated_keys(tokens)
     return rewritten
 
 
@@ -462,13 +463,15 @@ def _target(override: Override) -> str:
     return override.key_or_group + (f"@{override.package}" if override.package else "")
 
 
-def repeated_keys(tokens: Sequence[str]) -> list[Issue]:
-    """A key (or group) given two different values on one command line: Hydra keeps the
-    last without a word, so the run would not be the one the first asked for. The same value
-    twice (a resume's `run.dir=...` added to the command that started the run) changes
-    nothing and passes."""
-    first: dict[str, tuple[str, str, bool]] = {}  # target -> token, its value, a sweep
-    issues: list[Issue] = []
+def repeated_keys(tokens: Sequence[str]) -> list[str]:
+    """A line for each key (or group) given two different values on one command line. As in
+    Hydra (and every command line), the last wins: a script's base arguments followed by an
+    experiment's own is a common way to write a command. The line says which value the run
+    takes, so nothing is changed without a word. The same value twice (a resume's
+    `run.dir=...` added to the command that started the run) changes nothing and is not
+    named."""
+    first: dict[str, tuple[str, str]] = {}  # target -> token, its value
+    lines: list[str] = []
     for token in tokens:
         parsed = _parse(token) if "=" in token else None
         if parsed is None or isinstance(parsed, Issue) or parsed.is_delete():
@@ -476,39 +479,39 @@ def repeated_keys(tokens: Sequence[str]) -> list[Issue]:
         target, value = _target(parsed), token.split("=", 1)[1]
         if not parsed.is_sweep_override():  # 1e-6 and 1.0e-6 are one value
             value = parsed.get_value_element_as_str()
-        if target not in first:
-            first[target] = (token, value, parsed.is_sweep_override())
+        earlier = first.get(target)
+        first[target] = (token, value)
+        if earlier is None or earlier[1] == value:
             continue
-        earlier, earlier_value, earlier_sweeps = first[target]
-        if value == earlier_value:
-            continue
-        before, after = earlier.split("=", 1)[1], token.split("=", 1)[1]
-        sweep = parsed.is_sweep_override() or earlier_sweeps
-        issues.append(
-            Issue(
-                key=target,
-                message=f"set twice on the command line, to {before} ({earlier}) and then to "
-                f"{after} ({token}); Hydra would keep only the last, silently",
-                fix=f"give {target} once: {token}, or {earlier}"
-                + (
-                    ""
-                    if sweep
-                    else f"; for a run of each, sweep them: -m {target}={before},{after}"
-                ),
-                location=Location(override=token),
-            )
+        after = token.split("=", 1)[1]
+        lines.append(
+            f"{target} is given twice on the command line, {earlier[0]} and then {token}: "
+            f"the last is taken ({target}={after})"
         )
-        first[target] = (token, value, parsed.is_sweep_override())
-    return issues
+    return lines
+
+
+_SAID: set[str] = set()
+
+
+def say_repeated_keys(tokens: Sequence[str]) -> None:
+    """Print `repeated_keys`' lines on stderr, each once a process (a sweep checks every job's
+    command line, and a launch composes its own more than once)."""
+    for line in repeated_keys(tokens):
+        if line not in _SAID:
+            _SAID.add(line)
+            print(f"rlpost: note: {line}", file=sys.stderr)
 
 
 def command_line_searchpath(tokens: Sequence[str]) -> list[str]:
+    """The last `hydra.searchpath=[...]` among `tokens` (the one Hydra takes)."""
+    found: list[str] = []
     for token in tokens:
         parsed = _parse(token)
         if not isinstance(parsed, Issue) and parsed.key_or_group == "hydra.searchpath":
             value: Any = parsed.value()
-            return [str(v) for v in value] if isinstance(value, list) else []
-    return []
+            found = [str(v) for v in value] if isinstance(value, list) else []
+    return found
 
 
 def last_value(tokens: Sequence[str], key: str) -> str | None:

@@ -437,18 +437,24 @@ def test_new_recipe_checks_keys_values_and_the_base(
     assert not (tmp_path / "recipe").exists()
 
 
-def test_new_recipe_refuses_a_key_given_two_values(
+def test_new_recipe_takes_the_last_of_a_key_given_two_values_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The file held the last of the two without a word; the same value twice is one."""
+    """As on the launcher's command line; the file held the last without a word."""
     base = ["new", "recipe", "x", "--config-dir", str(tmp_path), "--from", "grpo_dapo"]
     twice = ["rollout.temperature=0.7", "recipe.rollout.temperature=0.8"]
     status, _, err = run_main([*base, *twice], capsys)
-    assert status == 2 and "rollout.temperature" in err
-    assert "set twice, by rollout.temperature=0.7 and then by recipe.rollout.temperature" in err
-    assert not (tmp_path / "recipe").exists()
-    status, _, _ = run_main([*base, "rollout.temperature=0.7", "rollout.temperature=0.7"], capsys)
     assert status == 0
+    assert (
+        "rollout.temperature is given twice, rollout.temperature=0.7 and then "
+        "recipe.rollout.temperature=0.8: the recipe holds the last" in err
+    )
+    text = (tmp_path / "recipe" / "x.yaml").read_text()
+    assert "temperature: 0.8" in text and "temperature: 0.7" not in text
+    status, _, err = run_main(
+        [*base, "--force", "rollout.temperature=0.7", "rollout.temperature=0.7"], capsys
+    )
+    assert status == 0 and "given twice" not in err
     assert (tmp_path / "recipe" / "x.yaml").read_text().count("temperature: 0.7") == 1
 
 

@@ -54,18 +54,6 @@ CASES: list[Bad] = [
     ),
     Bad("top_k zero", ("recipe.rollout.top_k=0",), "recipe.rollout.top_k", "keeps no token"),
     Bad(
-        "a key set twice on the command line",
-        ("recipe.optim.lr=1e-6", "recipe.optim.lr=2e-6"),
-        "recipe.optim.lr",
-        "set twice on the command line",
-    ),
-    Bad(
-        "a group chosen twice on the command line",
-        ("recipe=grpo_tiny_math", "recipe=grpo_tiny_calculator"),
-        "recipe",
-        "set twice on the command line",
-    ),
-    Bad(
         "importance weights clipped below 1",
         ("recipe.algo.off_policy_correction=tis", "recipe.algo.tis_clip_high=0.5"),
         "recipe.algo.tis_clip_high",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost.config.loader import compose_run_config
 from rlpost.config.overrides import (
     check_override,
     check_overrides,
@@ -17,6 +18,7 @@ from rlpost.config.overrides import (
     group_options,
     parse_argv,
     prepare_argv,
+    repeated_keys,
     search_roots,
 )
 from rlpost.errors import Issue, UserError
@@ -136,34 +138,43 @@ def test_all_bad_overrides_are_reported_at_once() -> None:
     assert "Did you mean 'grpo_dapo'?" in caught.value.issues[1].message
 
 
-def test_a_key_given_two_values_on_one_command_line_is_refused_naming_both() -> None:
-    """Hydra keeps the last of the two without a word; a group chosen twice alike."""
-    with pytest.raises(UserError) as caught:
-        check_overrides(
-            [
-                "recipe.optim.lr=1e-6",
-                "recipe=grpo_tiny_math",
-                "recipe.optim.lr=2e-6",
-                "recipe=grpo_tiny_calculator",
-            ],
-            ROOTS,
-        )
-    lr, recipe = caught.value.issues
-    assert lr.key == "recipe.optim.lr" and lr.location is not None
-    assert lr.location.override == "recipe.optim.lr=2e-6"
-    assert "to 1e-6 (recipe.optim.lr=1e-6) and then to 2e-6" in lr.message
-    assert "-m recipe.optim.lr=1e-6,2e-6" in lr.fix
-    assert recipe.key == "recipe" and "grpo_tiny_math" in recipe.message
+def test_a_key_given_two_values_on_one_command_line_takes_the_last_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Hydra keeps the last of the two without a word (a script's base arguments, then an
+    experiment's own): the run takes the last, as Hydra does, and a note says which."""
+    tokens = [
+        "recipe.optim.lr=1e-6",
+        "recipe=grpo_tiny_math",
+        "recipe.optim.lr=2e-6",
+        "recipe=grpo_tiny_calculator",
+    ]
+    assert len(check_overrides(tokens, ROOTS)) == 4  # nothing refused
+    err = capsys.readouterr().err
+    assert (
+        "rlpost: note: recipe.optim.lr is given twice on the command line, recipe.optim.lr=1e-6 "
+        "and then recipe.optim.lr=2e-6: the last is taken (recipe.optim.lr=2e-6)" in err
+    )
+    assert "recipe is given twice on the command line, recipe=grpo_tiny_math" in err
+    check_overrides(tokens, ROOTS)  # said once a process
+    assert capsys.readouterr().err == ""
     # a sweep given a value again, in any of Hydra's spellings of the key
-    with pytest.raises(UserError) as caught:
-        prepare_argv(["-m", "recipe.optim.lr=1e-6,1e-5", "++recipe.optim.lr=2e-6"])
-    assert [i.key for i in caught.value.issues] == ["recipe.optim.lr"]
+    assert repeated_keys(["-m", "recipe.optim.lr=1e-6,1e-5", "++recipe.optim.lr=2e-6"]) == [
+        "recipe.optim.lr is given twice on the command line, recipe.optim.lr=1e-6,1e-5 and "
+        "then ++recipe.optim.lr=2e-6: the last is taken (recipe.optim.lr=2e-6)"
+    ]
+
+
+def test_the_composed_run_takes_the_last_of_a_key_given_twice() -> None:
+    run, _ = compose_run_config(["recipe.optim.lr=1e-6", "recipe.optim.lr=2e-6"])
+    assert run.recipe.optim.lr == 2e-6
 
 
 def test_the_same_value_given_twice_changes_nothing_and_passes() -> None:
     """As when a resume's `run.dir=...` is added to the command that started the run."""
     tokens = ["run.dir=runs/a", "recipe.optim.lr=1e-6", "run.dir=runs/a", "recipe.optim.lr=1.0e-6"]
     assert len(check_overrides(tokens, ROOTS)) == 4
+    assert repeated_keys(tokens) == []
 
 
 def test_plan_mode_runs_in_place_unless_told_otherwise() -> None:
