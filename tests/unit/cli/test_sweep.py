@@ -316,6 +316,34 @@ def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
     assert FAILURES_LOG not in err  # nothing failed: no traceback was written to point at
 
 
+def test_a_failed_fork_that_saved_its_own_checkpoint_says_a_command_that_continues_it(
+    tmp_path: Path, launched: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fork (run.resume=<another run's checkpoint>) fails after its own first save: it
+    continues with run.resume=auto, and adding that to its command would be refused as
+    run.resume given two values. The message gives the whole command with run.resume
+    replaced, and that command launches as printed."""
+    forked = tmp_path / "exp1" / "ckpt" / "rollout_40"
+    fork = tmp_path / "fork"
+    argv = ["run.seed=3", f"run.dir={fork}", f"run.resume={forked}", "recipe.optim.lr=1e-5"]
+    argv.append(f"hydra.run.dir={tmp_path / 'hydra'}")
+
+    def failing(cfg: DictConfig) -> None:
+        raise RunFailed("a train rank died", fork, fork / "ckpt" / "rollout_42")
+
+    assert launched(argv, failing) == EXIT_RUN_FAILED
+    err = capsys.readouterr().err
+    (hint,) = [line for line in err.splitlines() if "to continue:" in line]
+    printed = shlex.split(hint.split("to continue: ", 1)[1])
+    assert printed == [
+        "python", "launch.py", "run.seed=3", "recipe.optim.lr=1e-5",
+        f"hydra.run.dir={tmp_path / 'hydra'}", f"run.dir={fork}", "run.resume=auto",
+    ]  # fmt: skip
+    resumed: list[str] = []
+    assert launched(printed[2:], lambda cfg: resumed.append(cfg.run.resume)) == 0
+    assert resumed == ["auto"]
+
+
 def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
     tmp_path: Path,
     sweep: Callable[..., int],
