@@ -178,6 +178,20 @@ def test_config_diff_refuses_a_config_to_compose(
     assert f"{composed} is a config to compose" in err and f"rlpost show {composed}" in err
 
 
+def test_config_diff_refuses_a_key_written_twice_naming_both_lines(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-made YAML with a key twice: plain YAML keeps the second and drops the first,
+    so the diff would show a value the file also contradicts; refused as rlpost refuses it."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("recipe:\n  optim:\n    lr: 1e-4\n    lr: 3e-4\nrun:\n  seed: 1\n")
+    assert load_tool("config_diff").main([str(runs[0]), str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert "recipe.optim.lr is written twice in" in err and "at lines 3 and 4" in err, err
+    assert "fix: keep one of the two (lines 3 and 4) and delete the other" in err
+    assert "Traceback" not in err
+
+
 def test_a_defect_in_a_tool_is_an_internal_error_with_its_traceback_once(
     runs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
