@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rlpost.errors import run_command
+from rlpost.config.search_path import load_yaml_file
+from rlpost.errors import UserError, run_command
 from rlpost.plan.table import render_table
 from rlpost.runtime.config_changes import MISSING, diff_configs, flatten
 from rlpost.runtime.rundir import config_as_today
@@ -36,7 +35,7 @@ def read_config(path: Path) -> dict[str, Any]:
     file = path / CONFIG_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path} has no {CONFIG_FILE} (give a run directory or a YAML)")
-    data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    data = load_yaml_file(file)  # a key written twice is refused, as rlpost refuses it
     if not isinstance(data, dict):
         raise ValueError(f"{file} does not hold a config mapping")
     if "defaults" in data:  # Hydra composes it: its keys are not the run's resolved values
@@ -95,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         configs = [read_config(run) for run in runs]
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except UserError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
         print(f"config_diff: {exc}", file=sys.stderr)
         return 2
     configs = [config_as_today(c) for c in configs]  # written by other versions: alike

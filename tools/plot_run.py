@@ -7,13 +7,16 @@ Panels: rollout reward, eval accuracy (one line per eval set), KL, entropy and s
 read from each run's metrics.jsonl: a rollout's metrics at its rollout id, an evaluation at
 the rollouts trained before it (eval/after_rollout; "after rollout N" is drawn at N). Of
 several paths (a glob over a sweep's folder), those that are no run directory (the sweep's
-multirun.yaml and summary files, a job that logged nothing) are skipped with a note. Without
--o the PNG is written as curves.png in the first run's directory.
+multirun.yaml and summary files, a job that logged nothing) are skipped with a note. Each
+run's lines are labelled by the overrides that tell it from the other runs, as typed on its
+command line (`recipe.optim.lr=1e-5`; its provenance.json), else by its folder. Without -o
+the PNG is written as curves.png in the first run's directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -21,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlpost.config.typed_overrides import own_overrides, typed_forms
 from rlpost.errors import run_command
+from rlpost.runtime.failures import RESUME_KEYS
 from rlpost.runtime.metrics import AFTER_ROLLOUT, METRICS_FILE, read_metrics
+from rlpost.runtime.rundir import PROVENANCE_FILE
 
 DEFAULT_NAME = "curves.png"
 
@@ -74,12 +80,38 @@ def series(records: Sequence[dict[str, Any]], key: str) -> dict[str, tuple[list[
     return out
 
 
+def launch_overrides(run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The overrides of the run's latest launch (a sweep's job: its own values, as Hydra
+    spells them, `lr=1e-05`) and how its command line typed them (`lr=1e-5`, typed_forms),
+    from its provenance.json; none when it has none."""
+    try:
+        record = json.loads((run_dir / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [], {}
+    if not isinstance(record, dict):
+        return [], {}
+    # where the launch ran, not what it trained: a resume's run.dir and run.resume, Hydra's own
+    overrides = [
+        str(o)
+        for o in record.get("overrides") or []
+        if not str(o).startswith("hydra.")
+        and str(o).split("=", 1)[0].lstrip("+~") not in RESUME_KEYS
+    ]
+    argv = [str(a) for a in record.get("argv") or []]
+    return overrides, typed_forms(argv[1:])
+
+
 def run_labels(run_dirs: Sequence[Path]) -> list[str]:
-    """Short names that tell the runs apart: paths relative to their common parent."""
+    """Names that tell the runs apart: the overrides in which each differs from the others
+    (as typed), else its path relative to the runs' common parent."""
     if len(run_dirs) == 1:
         return [run_dirs[0].name]
     common = Path(os.path.commonpath([str(p) for p in run_dirs]))
-    return [str(p.relative_to(common)) or p.name for p in run_dirs]
+    folders = [str(p.relative_to(common)) or p.name for p in run_dirs]
+    launches = [launch_overrides(p) for p in run_dirs]
+    typed = {hydra: as_typed for _, forms in launches for hydra, as_typed in forms.items()}
+    own = own_overrides([overrides for overrides, _ in launches], typed)
+    return [" ".join(differ) or folder for differ, folder in zip(own, folders, strict=True)]
 
 
 def plot_runs(run_dirs: Sequence[Path], out: Path) -> Path:

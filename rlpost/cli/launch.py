@@ -253,12 +253,40 @@ def _run_job(cfg: DictConfig, job: Callable[[DictConfig], None]) -> JobOutcome |
 
 def _ended(failure: RunFailed) -> JobOutcome:
     """A run that could not finish: its message; a single launch exits with its status."""
-    print(failure.render(), file=sys.stderr, flush=True)
+    print(failure.render(_job_command()), file=sys.stderr, flush=True)
     if not _in_sweep():
         raise SystemExit(failure.exit_status) from None
     from rlpost.cli.sweep import JobOutcome
 
     return JobOutcome.of_failure(failure)
+
+
+def _job_command() -> list[str] | None:
+    """The flags and overrides that launch this job again (a sweep's job: its own values, as
+    typed, without -m); None outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlpost.config.overrides import parse_argv
+    from rlpost.config.typed_overrides import typed_forms
+
+    if not HydraConfig.initialized():
+        return None
+    args = parse_argv(sys.argv[1:])
+    flags = [
+        f"{flag}={value}"
+        for flag, value in (
+            ("--config-dir", args.config_dir),
+            ("--config-path", args.config_path),
+            ("--config-name", args.config_name),
+        )
+        if value is not None
+    ]
+    typed = typed_forms(args.overrides)
+    # Hydra's own (hydra.searchpath, hydra.run.dir) as given; the job's from its config,
+    # without the '++' the launcher gives schema keys (it adds it again)
+    hydra = [o for o in args.overrides if o.lstrip("+").startswith("hydra.")]
+    task = [typed.get(o, o).removeprefix("++") for o in HydraConfig.get().overrides.task]
+    return [*flags, *task, *hydra]
 
 
 def _failed_job(cfg: DictConfig, exc: Exception) -> RunFailed:

@@ -34,6 +34,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from rlpost.cli.sweep_check import sweep_jobs
+from rlpost.config.typed_overrides import own_overrides, typed_forms
 from rlpost.errors import EXIT_USER_ERROR, UserError
 from rlpost.plan.table import render_table
 from rlpost.runtime.failures import (
@@ -236,6 +237,7 @@ class SweepSummary(Callback):
 
     def __init__(self) -> None:
         self.planned: dict[int, list[str]] = {}
+        self.typed: dict[str, str] = {}  # a job's override as Hydra wrote it -> as typed
         self.ended: dict[int, EndedJob] = {}
         self.sweep_dir: Path | None = None
         # hydra.sweep.subdir as written (conf/config.yaml: ${hydra.job.num}): each job's folder
@@ -253,9 +255,8 @@ class SweepSummary(Callback):
         self.subdir = str(subdir) if subdir is not None else None
         task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
         overrides = [str(o) for o in task] if isinstance(task, list) else []
-        self.planned = {
-            job.num: [o.lstrip("+") for o in job.overrides] for job in sweep_jobs(overrides)
-        }
+        self.planned = {job.num: job.overrides for job in sweep_jobs(overrides)}
+        self.typed = typed_forms(overrides)
         SweepSummary.running = self
         self.signals.hold()
 
@@ -269,7 +270,7 @@ class SweepSummary(Callback):
         if hydra_cfg is None or hydra_cfg.mode != RunMode.MULTIRUN or task is None:
             return
         run_dir = OmegaConf.select(task, "run.dir", default=None) or hydra_cfg.runtime.output_dir
-        overrides = [o.lstrip("+") for o in job_return.overrides or []]
+        overrides = list(job_return.overrides or [])
         status = job_return.status.name.lower() if job_return.status is not None else "?"
         outcome = None
         if job_return.status == JobStatus.COMPLETED:
@@ -314,11 +315,11 @@ class SweepSummary(Callback):
     def summaries(self) -> list[JobSummary]:
         """Every job of the sweep: those that ended as they ended, the others not run."""
         overrides = {**self.planned, **{n: job.overrides for n, job in self.ended.items()}}
-        # the overrides every job shares say nothing about the difference between jobs
-        shared = set.intersection(*(set(o) for o in overrides.values()))
+        nums = sorted(overrides)
+        own = own_overrides([overrides[num] for num in nums], self.typed)
         jobs = []
-        for num in sorted(overrides):
-            differ = " ".join(o for o in overrides[num] if o not in shared)
+        for num, own_of_job in zip(nums, own, strict=True):
+            differ = " ".join(own_of_job)
             job = self.ended.get(num)
             if job is None:
                 jobs.append(not_run(num, differ))
@@ -345,7 +346,9 @@ class SweepSummary(Callback):
         """The overrides that run `job` as a single launch; a stopped or interrupted run that
         saved a checkpoint continues from it."""
         overrides = [
-            o.replace("${hydra:job.num}", str(job.job)) for o in self.planned.get(job.job, [])
+            # without the '++' the launcher gives schema keys (it adds it again)
+            self.typed.get(o, o).removeprefix("++").replace("${hydra:job.num}", str(job.job))
+            for o in self.planned.get(job.job, [])
         ]
         ended = self.ended.get(job.job)
         if ended is not None and ended.outcome is not None and ended.outcome.checkpoint:

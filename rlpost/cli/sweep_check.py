@@ -22,6 +22,7 @@ from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
 from rlpost.config.overrides import LaunchArgs, main_dir, parse_argv, search_roots
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import ConfigRoot, SourceMap, defer_source_map
+from rlpost.config.typed_overrides import typed_forms
 from rlpost.errors import Issue, UserError
 from rlpost.schema.run import LAUNCH_MODES
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SweepJob:
     num: int
-    overrides: list[str]
+    overrides: list[str]  # as Hydra's sweeper gives them to the job (`lr=1e-05`)
+    typed: list[str]  # the same, as the user typed them (`lr=1e-5`), to name the job by
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,10 @@ def sweep_jobs(overrides: Sequence[str]) -> list[SweepJob]:
     except HydraException:
         return []
     jobs = (job for batch in batches for job in batch)
-    return [SweepJob(num, list(job)) for num, job in enumerate(jobs)]
+    typed = typed_forms(overrides)
+    return [
+        SweepJob(num, list(job), [typed.get(o, o) for o in job]) for num, job in enumerate(jobs)
+    ]
 
 
 def _job_config(
@@ -175,7 +180,11 @@ def shared_by_jobs(jobs: Sequence[tuple[SweepJob, Checked]], shared: set[str]) -
 
 
 def _label(job: SweepJob, shared: set[str]) -> str:
-    own = [o.lstrip("+") for o in job.overrides if o not in shared and not o.startswith("hydra.")]
+    own = [
+        typed.lstrip("+")
+        for o, typed in zip(job.overrides, job.typed, strict=True)
+        if o not in shared and not o.startswith("hydra.")
+    ]
     return " ".join(own) or "(no overrides of its own)"
 
 

@@ -222,6 +222,18 @@ def _yaml_issue(error: yaml.YAMLError) -> Issue:
     )
 
 
+def load_yaml_file(file: Path) -> Any:
+    """A YAML file's data as rlpost reads a config file (OmegaConf's loader: a key written
+    twice in one mapping is refused, not kept last); UserError naming the file, the line
+    and, for a repeated key, both lines."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+    except yaml.YAMLError as error:
+        raise UserError([_yaml_issue(error)], title="YAML error") from None
+
+
 def _defaults_line(text: str, name: str) -> int | None:
     """The line of the defaults entry that names `name` (or ends in '/name')."""
     try:

@@ -12,8 +12,10 @@ ended (`RunInterrupted`) with EXIT_INTERRUPTED.
 
 from __future__ import annotations
 
+import shlex
 import signal
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +25,7 @@ from rlpost.runtime.stop import EXIT_STOPPED, Stopped
 EXIT_RUN_FAILED = 3
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a process Ctrl-C ended
 FAILURES_LOG = "failures.log"  # in <run.dir>/logs: each failure's whole traceback
+RESUME_KEYS = frozenset({"run.dir", "run.resume"})  # what continuing a run sets anew
 
 
 class RunFault(RuntimeError):
@@ -119,7 +122,9 @@ class RunFailed(Exception):
     def __str__(self) -> str:
         return self.render()
 
-    def render(self) -> str:
+    def render(self, command: Sequence[str] | None = None) -> str:
+        """The message; `command`: the launch's flags and overrides, when known, for the
+        whole command that continues the run."""
         lines = [f"rlpost: {self.headline}: {self.what}", f"  run directory: {self.run_dir}"]
         if self.restarts:
             lines.append(f"  restarted {self.restarts} time(s) before giving up")
@@ -127,12 +132,28 @@ class RunFailed(Exception):
             lines.append("  an evaluation saves no checkpoint: launch it again to evaluate anew")
         elif self.checkpoint is not None:
             lines.append(f"  newest usable checkpoint: {self.checkpoint}")
-            resume = resume_value(self.checkpoint, self.run_dir)
-            lines.append(f"  to continue: add run.dir={self.run_dir} run.resume={resume}")
+            lines.append(f"  to continue: {self.continue_command(command)}")
         else:
             lines.append("  no checkpoint was saved yet")
         lines.append(self._logs())
         return "\n".join(lines)
+
+    def continue_command(self, command: Sequence[str] | None = None) -> str:
+        """What continues the run from its newest checkpoint: `command` (the launch's flags
+        and overrides) with its run.dir and run.resume replaced, as a whole command line; the
+        two overrides alone when the command is not known. Adding them to a command that
+        already gives another run.resume (a fork's run.resume=<path>) would be refused as a
+        key given two values."""
+        assert self.checkpoint is not None  # only a run that has one is continued
+        value = resume_value(self.checkpoint, self.run_dir)
+        resume = [f"run.dir={self.run_dir}", f"run.resume={value}"]
+        if command is None:
+            return (
+                f"launch again with {' '.join(resume)} (replacing any run.dir= or run.resume= "
+                "the launch was given)"
+            )
+        kept = [t for t in command if t.split("=", 1)[0].lstrip("+~") not in RESUME_KEYS]
+        return shlex.join(["python", "launch.py", *kept, *resume])
 
     def _logs(self) -> str:
         logs = self.run_dir / "logs"

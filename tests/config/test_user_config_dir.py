@@ -251,3 +251,31 @@ def test_validate_refuses_a_user_file_shadowed_by_a_shipped_one(
 def test_the_worked_example_validates(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     main(argv)
     assert "rlpost: OK" in capsys.readouterr().out
+
+
+def worked_example_commands() -> list[str]:
+    """The `rlpost` lines of README's worked example ("Keeping recipes in your repo")."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Keeping recipes in your repo", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line.startswith("rlpost ")]
+
+
+def test_the_readmes_worked_example_runs_as_written_on_any_machine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every `rlpost` line of the worked example does what it says here, where the example's
+    checkpoints, data and GPUs are not: its validate lines say --no-local-checks."""
+    import shlex
+
+    monkeypatch.chdir(REPO)
+    commands = worked_example_commands()
+    assert sum(c.startswith("rlpost validate ") for c in commands) == 3, commands
+    for command in commands:
+        try:
+            main(shlex.split(command)[1:])
+        except SystemExit as exc:
+            assert not exc.code, (command, capsys.readouterr().err[-2000:])
+        if command.startswith("rlpost validate "):
+            assert "rlpost: OK" in capsys.readouterr().out, command

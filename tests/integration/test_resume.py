@@ -381,7 +381,8 @@ def test_a_sigterm_saves_every_finished_rollout_and_the_resumed_run_is_the_same(
         f"the run stopped: SIGTERM; every finished rollout (2) is in {ckpt / 'rollout_2'} (the "
         "evaluation and the HF export due after rollout 2 are done first when the run continues)"
     ) in text, text[-3000:]
-    assert f"to continue: add run.dir={run_dir} run.resume=auto" in text
+    assert f" run.dir={run_dir} run.resume=auto\n" in text  # the launch's, with these
+    assert "to continue: python launch.py model.hf_checkpoint=" in text
     assert "SIGTERM received" not in text, text[-3000:]  # no stack dump from Ray's handler
     assert [p.name for p in ckpt.iterdir()] == ["rollout_2"]
     assert not (run_dir / "hf").exists()

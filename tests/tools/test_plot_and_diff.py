@@ -73,6 +73,35 @@ def test_plot_overlays_runs_in_every_panel(runs: list[Path], tmp_path: Path) -> 
     assert tool.run_labels(runs) == ["0", "1"]
 
 
+def test_a_sweeps_runs_are_labelled_by_the_overrides_that_differ_as_typed(
+    runs: list[Path], tmp_path: Path
+) -> None:
+    """`plot_run.py runs/multirun/<date>/<time>/*`: the lines are named by what tells the
+    jobs apart (their provenance.json: the launch's argv as typed, the job's overrides as
+    Hydra gives them), not by the folders 0, 1, 2; a run without that record keeps its
+    folder's name. A resumed job's run.dir and run.resume say where, not what: no label."""
+    # as the launcher records them: its argv after its checks, which mark schema keys '++'
+    argv = ["launch.py", "-m", "++recipe.optim.lr=1e-5,1e-4", "++run.seed=3"]
+    for run, lr in zip(runs, ("1e-05", "0.0001"), strict=True):
+        overrides = [f"++recipe.optim.lr={lr}", "++run.seed=3", "hydra.sweep.dir=runs/s"]
+        (run / "provenance.json").write_text(json.dumps({"argv": argv, "overrides": overrides}))
+    resumed = [
+        "++recipe.optim.lr=1e-4",
+        "++run.seed=3",
+        f"++run.dir={runs[1]}",
+        "++run.resume=auto",
+    ]
+    provenance = {"argv": ["launch.py", *resumed], "overrides": resumed}
+    (runs[1] / "provenance.json").write_text(json.dumps(provenance))
+    tool = load_tool("plot_run")
+    assert tool.run_labels(runs) == ["recipe.optim.lr=1e-5", "recipe.optim.lr=1e-4"]
+    single = write_run(tmp_path / "single", 0.3, CONFIG)  # no provenance.json
+    assert tool.run_labels([*runs, single]) == [
+        "recipe.optim.lr=1e-5 run.seed=3", "recipe.optim.lr=1e-4 run.seed=3", "single"
+    ]  # fmt: skip
+    assert tool.main([*map(str, runs), "-o", str(tmp_path / "sweep.png")]) == 0
+
+
 def test_plot_defaults_to_the_first_run_and_refuses_a_non_run(
     runs: list[Path], tmp_path: Path
 ) -> None:
@@ -147,6 +176,20 @@ def test_config_diff_refuses_a_config_to_compose(
     assert load_tool("config_diff").main([str(runs[0]), str(composed)]) == 2
     err = capsys.readouterr().err
     assert f"{composed} is a config to compose" in err and f"rlpost show {composed}" in err
+
+
+def test_config_diff_refuses_a_key_written_twice_naming_both_lines(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-made YAML with a key twice: plain YAML keeps the second and drops the first,
+    so the diff would show a value the file also contradicts; refused as rlpost refuses it."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("recipe:\n  optim:\n    lr: 1e-4\n    lr: 3e-4\nrun:\n  seed: 1\n")
+    assert load_tool("config_diff").main([str(runs[0]), str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert "recipe.optim.lr is written twice in" in err and "at lines 3 and 4" in err, err
+    assert "fix: keep one of the two (lines 3 and 4) and delete the other" in err
+    assert "Traceback" not in err
 
 
 def test_a_defect_in_a_tool_is_an_internal_error_with_its_traceback_once(

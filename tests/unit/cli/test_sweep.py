@@ -90,10 +90,11 @@ def test_multirun_writes_and_prints_the_summary(tmp_path: Path) -> None:
     assert "sweep summary" in done.stdout
     table = (sweep_dir / "summary.txt").read_text()
     rows = [line.split() for line in table.splitlines()[3:]]
-    # only what differs between jobs is shown; plan jobs trained nothing and say so
+    # only what differs between jobs is shown, as typed (Hydra gives the jobs 0.0001 and
+    # 0.0002); plan jobs trained nothing and say so
     assert [row[:5] for row in rows] == [
-        ["0", "recipe.optim.lr=0.0001", "plan", "printed", "-"],
-        ["1", "recipe.optim.lr=0.0002", "plan", "printed", "-"],
+        ["0", "recipe.optim.lr=1e-4", "plan", "printed", "-"],
+        ["1", "recipe.optim.lr=2e-4", "plan", "printed", "-"],
     ]
     saved = json.loads((sweep_dir / "summary.json").read_text())
     assert [(j["status"], j["rollouts"]) for j in saved] == [("plan printed", None)] * 2
@@ -152,11 +153,8 @@ def test_a_failed_job_is_summarized_as_it_ends_and_the_sweep_exits_with_its_stat
     failure = RunFailed("ValueError: bad reward\n    caused by KeyError: 'x'", run_dir, None)
     ended(summary, 0, run_dir, JobOutcome.of_failure(failure))
     # written at once: a sweep killed now still says what ran, and what did not
-    lrs = [
-        "recipe.optim.lr=1e-06",
-        "recipe.optim.lr=1e-05",
-        "recipe.optim.lr=0.0001",
-    ]  # as Hydra writes them
+    # as typed, not as Hydra hands them to the jobs (1e-06, 1e-05, 0.0001)
+    lrs = ["recipe.optim.lr=1e-6", "recipe.optim.lr=1e-5", "recipe.optim.lr=1e-4"]
     assert saved(tmp_path) == [
         (lrs[0], "failed", 3), (lrs[1], "not run", None), (lrs[2], "not run", None)
     ]  # fmt: skip
@@ -194,6 +192,30 @@ def test_a_stopped_job_ends_the_sweep_with_the_jobs_after_it_not_run(
     assert [status for _, status, _ in saved(tmp_path)] == ["completed", "stopped", "not run"]
     ctrl_c = RunInterrupted("interrupted (Ctrl-C)", tmp_path / "0", None)
     assert JobOutcome.of_failure(ctrl_c).status == "interrupted"
+
+
+def test_jobs_are_shown_and_relaunched_by_their_overrides_as_typed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hydra hands the jobs `+recipe.note=0.001` for `+recipe.note=1e-3`: the summary and
+    the launches printed for the jobs not run say what was typed, the latter with its '+'
+    (without it, Hydra refuses a key the config does not have)."""
+    summary = SweepSummary()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    config.hydra.sweep.subdir = "${hydra.job.num}"
+    config.hydra.overrides = {"task": ["+recipe.note=1e-3,2e-3", "recipe.optim.lr=1e-5"]}
+    summary.on_multirun_start(config)
+    try:
+        summary.interrupt()
+    finally:
+        summary.signals.restore()
+        SweepSummary.running = None
+    assert [o for o, _, _ in saved(tmp_path)] == ["recipe.note=1e-3", "recipe.note=2e-3"]
+    out = capsys.readouterr().out
+    assert (
+        "  job 1 (not run): python launch.py +recipe.note=2e-3 recipe.optim.lr=1e-5 "
+        f"hydra.run.dir={tmp_path / '1'}\n"
+    ) in out, out
 
 
 def test_the_sweep_exit_status() -> None:
@@ -294,6 +316,34 @@ def test_ctrl_c_ends_a_single_launch_with_130_and_no_traceback(
     assert FAILURES_LOG not in err  # nothing failed: no traceback was written to point at
 
 
+def test_a_failed_fork_that_saved_its_own_checkpoint_says_a_command_that_continues_it(
+    tmp_path: Path, launched: Callable[..., int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fork (run.resume=<another run's checkpoint>) fails after its own first save: it
+    continues with run.resume=auto, and adding that to its command would be refused as
+    run.resume given two values. The message gives the whole command with run.resume
+    replaced, and that command launches as printed."""
+    forked = tmp_path / "exp1" / "ckpt" / "rollout_40"
+    fork = tmp_path / "fork"
+    argv = ["run.seed=3", f"run.dir={fork}", f"run.resume={forked}", "recipe.optim.lr=1e-5"]
+    argv.append(f"hydra.run.dir={tmp_path / 'hydra'}")
+
+    def failing(cfg: DictConfig) -> None:
+        raise RunFailed("a train rank died", fork, fork / "ckpt" / "rollout_42")
+
+    assert launched(argv, failing) == EXIT_RUN_FAILED
+    err = capsys.readouterr().err
+    (hint,) = [line for line in err.splitlines() if "to continue:" in line]
+    printed = shlex.split(hint.split("to continue: ", 1)[1])
+    assert printed == [
+        "python", "launch.py", "run.seed=3", "recipe.optim.lr=1e-5",
+        f"hydra.run.dir={tmp_path / 'hydra'}", f"run.dir={fork}", "run.resume=auto",
+    ]  # fmt: skip
+    resumed: list[str] = []
+    assert launched(printed[2:], lambda cfg: resumed.append(cfg.run.resume)) == 0
+    assert resumed == ["auto"]
+
+
 def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run_the_rest(
     tmp_path: Path,
     sweep: Callable[..., int],
@@ -319,9 +369,9 @@ def test_ctrl_c_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_run
         "finished, in their run directories:\n"
         f"  job 0: {sweep_dir / '0'}\n"
         "to run the rest, one launch each:\n"
-        "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3 "
+        "  job 1 (interrupted): python launch.py mode=plan recipe.optim.lr=1e-5 run.seed=3 "
         f"hydra.run.dir={sweep_dir / '1'}\n"
-        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3 "
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=1e-4 run.seed=3 "
         f"hydra.run.dir={sweep_dir / '2'}\n"
     )
     # the launch printed for a job runs it where the sweep would have: in the sweep's folder
@@ -361,9 +411,9 @@ def test_a_sigterm_while_a_job_starts_ends_the_sweep_saying_what_ran_and_how_to_
     assert err.endswith("rlpost: sweep stopped by SIGTERM\n")
     assert out.endswith(
         "to run the rest, one launch each:\n"
-        "  job 1 (stopped): python launch.py mode=plan recipe.optim.lr=1e-05 run.seed=3 "
+        "  job 1 (stopped): python launch.py mode=plan recipe.optim.lr=1e-5 run.seed=3 "
         f"hydra.run.dir={sweep_dir / '1'}\n"
-        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=0.0001 run.seed=3 "
+        "  job 2 (not run): python launch.py mode=plan recipe.optim.lr=1e-4 run.seed=3 "
         f"hydra.run.dir={sweep_dir / '2'}\n"
     )
 
@@ -442,7 +492,7 @@ def test_ctrl_c_during_a_job_s_run_ends_the_sweep_and_the_rest_continues_it(
     out, err = capsys.readouterr()
     assert "rlpost: the run stopped: interrupted (Ctrl-C)" in err
     assert "finished, in their run directories" not in out
-    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
+    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-6 run.seed=3"
     resume = f"run.dir={sweep_dir / '0'} run.resume=auto hydra.run.dir={sweep_dir / '0'}"
     assert f"  job 0 (interrupted): {launch_0} {resume}\n" in out
 
@@ -463,7 +513,7 @@ def test_a_forked_job_stopped_before_its_first_save_continues_from_the_checkpoin
     assert sweep(job) == EXIT_STOPPED
     sweep_dir = tmp_path / "sweep"
     out = capsys.readouterr().out
-    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-06 run.seed=3"
+    launch_0 = "python launch.py mode=plan recipe.optim.lr=1e-6 run.seed=3"
     resume = f"run.dir={sweep_dir / '0'} run.resume={forked} hydra.run.dir={sweep_dir / '0'}"
     assert f"  job 0 (stopped): {launch_0} {resume}\n" in out, out
 

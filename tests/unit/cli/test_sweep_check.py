@@ -90,7 +90,7 @@ def test_jobs_that_share_a_run_dir_from_the_command_line_are_refused_before_the_
     assert (issue.key, issue.value) == ("run.dir", str(shared))
     assert str(issue.location) == "command line: run.dir=runs/exp"
     assert issue.message.startswith(
-        "job 0 (recipe.optim.lr=1e-06), job 1 (recipe.optim.lr=2e-06) share this value: each "
+        "job 0 (recipe.optim.lr=1e-6), job 1 (recipe.optim.lr=2e-6) share this value: each "
         "job would run in this one directory"
     )
     assert f"run.dir='{shared}/${{hydra:job.num}}'" in issue.fix
@@ -115,7 +115,7 @@ def test_a_swept_run_dir_crossed_with_another_sweep_is_shared_by_jobs(
         ("run.dir", str(tmp_path / "runs" / "a")),
         ("run.dir", str(tmp_path / "runs" / "b")),
     ]
-    assert issues[0].message.startswith("job 0 (recipe.optim.lr=1e-06 run.dir=runs/a), job 2")
+    assert issues[0].message.startswith("job 0 (recipe.optim.lr=1e-6 run.dir=runs/a), job 2")
 
 
 def test_jobs_that_share_a_wandb_run_id_from_the_command_line_are_refused_before_the_first(
@@ -186,7 +186,7 @@ def test_jobs_that_share_a_run_dir_or_wandb_run_set_in_a_file_are_refused(
     assert issues["tracking.wandb.run_id"].value == "fixed-run"
     for issue in issues.values():
         assert issue.message.startswith(
-            "job 0 (recipe.optim.lr=1e-05), job 1 (recipe.optim.lr=2e-05) share this value:"
+            "job 0 (recipe.optim.lr=1e-5), job 1 (recipe.optim.lr=2e-5) share this value:"
         )
         assert "${hydra:job.num}" in issue.fix
         assert "fixed.yaml" in issue.render()

@@ -497,5 +497,7 @@ def test_a_fork_stopped_while_it_starts_says_to_continue_from_the_checkpoint_it_
             launch.kill()
     text = log.read_text()
     assert f"newest usable checkpoint: {forked}\n" in text, text
-    assert f"to continue: add run.dir={fork} run.resume={forked}\n" in text, text
+    resumes = f"run.dir={fork} run.resume={forked}"
+    hydra_dir = f"hydra.run.dir={tmp_path / 'hydra'}"
+    assert f"to continue: python launch.py {hydra_dir} {resumes}\n" in text, text
     assert "no checkpoint was saved yet" not in text

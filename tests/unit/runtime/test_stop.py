@@ -98,7 +98,7 @@ def test_a_stopped_run_says_so_with_its_own_exit_status(tmp_path: Path) -> None:
     stopped = RunStopped("SIGTERM; every finished rollout (3) is in " + str(ckpt), tmp_path, ckpt)
     text = stopped.render()
     assert text.startswith("rlpost: the run stopped: SIGTERM")
-    assert f"to continue: add run.dir={tmp_path} run.resume=auto" in text
+    assert f"to continue: launch again with run.dir={tmp_path} run.resume=auto (replacing" in text
     assert "traceback" not in text
     assert (stopped.exit_status, EXIT_STOPPED) == (143, 128 + signal.SIGTERM)
     failure = RunFailed("a train rank died", tmp_path, None)
@@ -121,7 +121,8 @@ def test_a_fork_that_ends_before_its_first_save_continues_from_the_checkpoint_it
     ):
         text = ended.render()
         assert f"newest usable checkpoint: {forked}\n" in text
-        assert f"to continue: add run.dir={fork} run.resume={forked}\n" in text
+        hint = f"to continue: launch again with run.dir={fork} run.resume={forked} (replacing"
+        assert hint in text
         assert "saved yet" not in text
     staging = checkpoint.start_save(fork, 42)
     state = LoopState(rollouts_done=42, data={})
@@ -130,7 +131,7 @@ def test_a_fork_that_ends_before_its_first_save_continues_from_the_checkpoint_it
     own = checkpoint.commit_save(staging, keep_last=1)
     text = stopped(None, fork, 0, resumed=forked).render()
     assert f"newest usable checkpoint: {own}\n" in text
-    assert f"to continue: add run.dir={fork} run.resume=auto\n" in text
+    assert f"to continue: launch again with run.dir={fork} run.resume=auto (replacing" in text
 
 
 def test_a_failed_or_stopped_evaluation_names_no_checkpoint_to_resume(tmp_path: Path) -> None:
