@@ -3,14 +3,18 @@ placed on (or, in an evaluation that starts no train rank, layout.train's), mult
 prediction (MTP) layers that are trained with no engine drafting with them, or drafted with
 while they stay as the checkpoint has them, an uneven pipeline split whose largest stage
 holds far more layers than a balanced split would, clip bounds that one optimizer step a
-rollout never reaches, and save and evaluation intervals beyond the run (one save or
-evaluation, at its end).
+rollout never reaches, save and evaluation intervals beyond the run (one save or
+evaluation, at its end), and settings that act on nothing in the run as planned (a KL
+estimator where no KL is computed, data balancing over one data-parallel rank, a router
+policy with one engine).
 
 Each is valid and may be meant (a smaller run beside another job, MTP layers trained for a
 later deployment), so the plan says it and refuses nothing.
 """
 
 from __future__ import annotations
+
+from pydantic import BaseModel
 
 from rlpost.plan.engine_options import KEY, MTP_DRAFT_ALGORITHMS
 from rlpost.plan.layout import ParallelLayout, Sizes
@@ -224,3 +228,76 @@ def save_notes(cfg: RunConfig) -> list[str]:
             f"below {rollouts} evaluates along the way"
         )
     return notes
+
+
+def inert_setting_notes(cfg: RunConfig, dp: int, num_engines: int) -> list[str]:
+    """Settings, changed from their defaults, that act on nothing in the run as planned: a
+    KL estimator where no KL is computed, data balancing over one data-parallel rank, a
+    router policy with one engine to route to. Shipped recipes set the first two (slime's
+    seed scripts do), so the plan says it and refuses nothing."""
+    notes: list[str] = []
+    if cfg.mode != "eval":
+        notes += _kl_estimator_notes(cfg) + _balance_notes(cfg, dp)
+    policy = cfg.engine.router_policy
+    if num_engines == 1 and not _at_default(cfg.engine, "router_policy"):
+        notes.append(
+            f"engine.router_policy={policy} has one engine to choose: the plan starts one, and "
+            "the router sends it every request; the policy acts once there are more "
+            "(layout.rollout.gpus_per_engine below the rollout's GPUs, or more rollout GPUs)"
+        )
+    return notes
+
+
+def _at_default(section: BaseModel, field: str) -> bool:
+    """A field at its default is never noted (as rlpost.schema.base.refuse_unused)."""
+    info = type(section).model_fields[field]
+    return bool(getattr(section, field) == info.get_default(call_default_factory=True))
+
+
+def _kl_estimator_notes(cfg: RunConfig) -> list[str]:
+    """A KL to the reference that nothing computes: use_kl_loss with kl_loss_coef 0 (as the
+    seeds' recipes), or a kl_loss_type set (the estimator of that KL: rlpost.algo.losses, and
+    the KL in the reward, rlpost.algo.steps), where the reference never runs
+    (AlgoConfig.reference_interval 0)."""
+    algo = cfg.recipe.algo
+    if algo.reference_interval:
+        return []
+    if _at_default(algo, "kl_loss_type"):
+        if not algo.use_kl_loss:
+            return []
+        return [
+            "recipe.algo.use_kl_loss with kl_loss_coef 0: the KL weighs nothing in the loss, "
+            "so the reference model is neither loaded nor run (recipe.algo.kl_metric_interval: "
+            "N logs the KL every N rollouts)"
+        ]
+    loss = (
+        "use_kl_loss with kl_loss_coef 0 weighs it nothing in the loss"
+        if algo.use_kl_loss
+        else "use_kl_loss is false"
+    )
+    slime = (
+        " (slime, given --use-kl-loss, loads the reference model and computes this estimate "
+        "every step all the same, weighted 0)"
+        if algo.use_kl_loss
+        else ""
+    )
+    weigh = "kl_loss_coef above 0" if algo.use_kl_loss else "use_kl_loss with kl_loss_coef above 0"
+    return [
+        f"recipe.algo.kl_loss_type={algo.kl_loss_type} estimates a KL that is never "
+        f"computed: {loss}, the reward carries none (kl_coef 0), and "
+        "recipe.algo.kl_metric_interval is 0, so the reference model is neither loaded nor "
+        f"run{slime}; recipe.algo.kl_metric_interval: N logs the KL with this estimator every "
+        f"N rollouts, {weigh} puts it in the loss"
+    ]
+
+
+def _balance_notes(cfg: RunConfig, dp: int) -> list[str]:
+    """balance_data spreads a step's samples over the data-parallel ranks by their tokens
+    (rlpost.algo.steps); one rank takes them all either way."""
+    if not cfg.recipe.train.balance_data or dp != 1:
+        return []
+    return [
+        "recipe.train.balance_data=true partitions nothing: the layout has one data-parallel "
+        "rank (dp=1), which trains every sample of a step whatever the balance; it evens the "
+        "ranks' tokens once dp is above 1 (more train GPUs, or a smaller tp x pp x cp)"
+    ]

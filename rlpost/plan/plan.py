@@ -41,6 +41,7 @@ from rlpost.plan.notes import (
     clip_notes,
     idle_gpu_notes,
     idle_train_gpu_notes,
+    inert_setting_notes,
     mtp_notes,
     pipeline_balance_notes,
     save_notes,
@@ -271,12 +272,6 @@ def _notes(
     if par.tp > cfg.hardware.gpus_per_node:
         notes.append(f"tp={par.tp} spans nodes: its all-reduces leave the node's fast links")
     algo = cfg.recipe.algo
-    if algo.use_kl_loss and not algo.kl_in_loss and not algo.reference_interval:
-        training(
-            "algo.use_kl_loss with kl_loss_coef 0: the KL weighs nothing in the loss, so the "
-            "reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
-            "logs the KL every N rollouts)"
-        )
     interval, rollouts = algo.kl_metric_interval, cfg.recipe.rollout.num_rollout
     if algo.reference_interval == interval > 0 and interval >= rollouts > 1:
         training(
@@ -570,6 +565,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         + tuple(idle_gpu_notes(cfg, sizes, par) + mtp_notes(cfg))
         + tuple(pipeline_balance_notes(cfg, par))
         + tuple(clip_notes(cfg, batch.steps_per_rollout, par.dp) + save_notes(cfg))
+        + tuple(inert_setting_notes(cfg, par.dp, placement.num_engines))
         + _train_rank_notes(cfg, train_ranks, sizes),
         train_ranks=train_ranks,
         generations=eval_generations(cfg.recipe) if cfg.mode == "eval" else (),

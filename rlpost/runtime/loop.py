@@ -25,7 +25,7 @@ from rlpost.hooks import GENERATE_FUNCTION, load_hook
 from rlpost.plan import Plan
 from rlpost.plan.work import starts_elsewhere
 from rlpost.rewards import RewardError, compute_rewards
-from rlpost.rewards.model import RewardBatcher, build_reward_model, score
+from rlpost.rewards.model import RewardBatcher, score
 from rlpost.rewards.scored import Scored
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import Seeding
@@ -94,6 +94,7 @@ class Inputs:
     eval_sets: list[EvalSet]
     sampling: SamplingSettings
     tokenizer: Any = None
+    reward_model: Any = None  # the reward model class built in the driver, when it runs here
 
 
 class SaveFailedError(RuntimeError):
@@ -179,7 +180,8 @@ class TrainLoop:
         self.finished_left_work = False
 
     def _reward_model(self) -> RewardBatcher | None:
-        """The reward model class, when the recipe names one: in its actor, or built here."""
+        """The reward model class, when the recipe names one: in its actor, or in the
+        driver (built with the inputs)."""
         reward = self.cfg.recipe.rollout.reward
         if reward.type != "model" or reward.model is None:
             return None
@@ -187,7 +189,8 @@ class TrainLoop:
         if self.session.reward_actor is not None:
             remote = self.session.score_rewards
         else:
-            model = build_reward_model(name, reward.model_settings, "cpu")
+            model = self.inputs.reward_model
+            assert model is not None, "load_inputs builds the driver's reward model"
 
             async def remote(samples: list[Sample]) -> list[Scored]:
                 return await score(model, samples, name)

@@ -143,9 +143,13 @@ class Session:
             status(f"ray: {len(self.cluster.slots)} device slot(s) reserved ({_since(start)})")
             if self.before_actors is not None:
                 await self.before_actors
+            # The reward model's actor first, and built before the engines start: a class
+            # that cannot be built stops the run in seconds, not once everything else is up.
+            # The train ranks load meanwhile.
+            self._start_reward_model()
             if self.with_trainers:
                 await self._start_trainers()
-            self._start_reward_model()
+            await self._reward_model_ready()
             # The router starts while the engines load (it needs none of them to start).
             started = await asyncio.gather(
                 self._start_engines(),
@@ -160,11 +164,6 @@ class Session:
             status(f"engines: {len(self.engine_urls)} serving ({_since(start)})")
             await self._start_router()
             await self.on_ranks("start", self.train_starts, progress=self._rank_reads)
-            if self.reward_actor is not None:
-                ready = [self.reward_actor.ready.remote()]
-                (failure,) = await self.on_ranks("the reward model's start", ready)
-                if failure is not None:
-                    raise RewardError(failure)
             if self.with_trainers:
                 await self._start_weight_sync()
                 status(f"trainers: {len(self.trainers)} rank(s) ready ({_since(start)})")
@@ -367,6 +366,16 @@ class Session:
         ).remote(
             reward.model, dict(reward.model_settings), self.cluster.on_gpu, self._thread_env(index)
         )
+
+    async def _reward_model_ready(self) -> None:
+        """Waits for the reward model's actor to build the class; a RewardError naming it
+        when it could not."""
+        if self.reward_actor is None:
+            return
+        ready = [self.reward_actor.ready.remote()]
+        (failure,) = await self.on_ranks("the reward model's start", ready)
+        if failure is not None:
+            raise RewardError(failure)
 
     async def score_rewards(self, samples: list[Sample]) -> list[Scored]:
         """Rewards from the reward model's actor, with what it returned beside each."""

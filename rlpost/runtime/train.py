@@ -22,6 +22,7 @@ from rlpost.data.source import DataSource
 from rlpost.errors import Issue, Location, UserError
 from rlpost.plan import Plan
 from rlpost.plan.runtime import resolve_engine_backend
+from rlpost.rewards.model import build_reward_model
 from rlpost.runtime import checkpoint
 from rlpost.runtime.determinism import seed_driver
 from rlpost.runtime.evaluation import (
@@ -224,7 +225,16 @@ def load_inputs(cfg: RunConfig, resume: ResumePoint | None) -> Inputs:
     too_long = context_issues(cfg, data, eval_sets) + turn_end_issues(cfg, tokenizer)
     if too_long:
         raise UserError(too_long, title="data error")
-    return Inputs(data, eval_sets, sampling, tokenizer)
+    return Inputs(data, eval_sets, sampling, tokenizer, _driver_reward_model(cfg))
+
+
+def _driver_reward_model(cfg: RunConfig) -> Any:
+    """The reward model class built in this process (reward.model_placement: driver), with
+    the inputs: one that cannot be built stops the run before any actor starts."""
+    reward = cfg.recipe.rollout.reward
+    if reward.type != "model" or reward.model is None or reward.model_placement != "driver":
+        return None
+    return build_reward_model(reward.model, reward.model_settings, "cpu")
 
 
 TURN_PROBE = "rlpost-turn-probe"

@@ -247,3 +247,79 @@ def test_an_eval_interval_beyond_the_run_is_noted_as_evaluating_at_the_ends(
     assert said(build_plan(run_config("qwen3-4b", "h100x8")), "recipe.eval.interval") is None
     none = run_config("qwen3-4b", "h100x8", recipe__eval__interval=None, recipe__eval__datasets=[])
     assert said(build_plan(none), "recipe.eval.interval") is None
+
+
+KL_UNREAD = "estimates a KL that is never computed"
+
+
+def test_a_kl_estimator_with_no_kl_computed_is_noted_with_what_computes_one(
+    run_config: Runs,
+) -> None:
+    # grpo_dapo, as slime's seed scripts: use_kl_loss, kl_loss_coef 0, low_var_kl
+    note = said(build_plan(run_config("qwen3-4b", "h100x8")), KL_UNREAD)
+    assert note is not None and note.startswith(
+        f"recipe.algo.kl_loss_type=low_var_kl {KL_UNREAD}: use_kl_loss with kl_loss_coef 0 "
+        "weighs it nothing in the loss, the reward carries none (kl_coef 0)"
+    )
+    assert "neither loaded nor run (slime, given --use-kl-loss, loads the reference" in note
+    assert note.endswith("recipe.algo.kl_metric_interval: N logs the KL with this estimator "
+                         "every N rollouts, kl_loss_coef above 0 puts it in the loss")  # fmt: skip
+    # each fix it names computes a KL, with this estimator, and the note goes
+    for fix in ({"recipe__algo__kl_metric_interval": 5}, {"recipe__algo__kl_loss_coef": 0.01}):
+        assert said(build_plan(run_config("qwen3-4b", "h100x8", **fix)), KL_UNREAD) is None
+    off = build_plan(run_config("qwen3-4b", "h100x8", recipe__algo__use_kl_loss=False))
+    assert (said(off, KL_UNREAD) or "").startswith(
+        f"recipe.algo.kl_loss_type=low_var_kl {KL_UNREAD}: use_kl_loss is false, the reward"
+    )
+    # one note on the unread KL: the estimator's says what use_kl_loss's alone would
+    plan = build_plan(run_config("qwen3-4b", "h100x8"))
+    assert [n for n in plan.notes if "kl_loss_coef 0" in n] == [note]
+    # the default estimator (k1) is not named; an evaluation, which trains nothing, notes none
+    k1 = build_plan(run_config("qwen3-4b", "h100x8", recipe__algo__kl_loss_type="k1"))
+    assert said(k1, KL_UNREAD) is None
+    assert [n for n in k1.notes if "kl_loss_coef 0" in n] == [
+        "recipe.algo.use_kl_loss with kl_loss_coef 0: the KL weighs nothing in the loss, so "
+        "the reference model is neither loaded nor run (recipe.algo.kl_metric_interval: N "
+        "logs the KL every N rollouts)"
+    ]
+    assert said(build_plan(run_config("qwen3-4b", "h100x8", mode="eval")), KL_UNREAD) is None
+
+
+BALANCE_INERT = "recipe.train.balance_data=true partitions nothing"
+
+
+def test_balancing_data_over_one_data_parallel_rank_is_noted(run_config: Runs) -> None:
+    # seed 000: TP2 x CP2 on 4 train GPUs, dp=1; seed 001: dp=4
+    glm = build_plan(run_config("glm4-9b", "h100x8"))
+    assert glm.parallel.dp == 1
+    note = said(glm, BALANCE_INERT)
+    assert note is not None
+    assert "the layout has one data-parallel rank (dp=1), which trains every sample" in note
+    assert note.endswith("it evens the ranks' tokens once dp is above 1 (more train GPUs, or a "
+                         "smaller tp x pp x cp)")  # fmt: skip
+    assert said(build_plan(run_config("qwen3-4b", "h100x8")), BALANCE_INERT) is None
+    unbalanced = run_config("glm4-9b", "h100x8", recipe__train__balance_data=False)
+    assert said(build_plan(unbalanced), BALANCE_INERT) is None
+
+
+ONE_ENGINE = "has one engine to choose"
+
+
+def test_a_router_policy_with_one_engine_is_noted(run_config: Runs) -> None:
+    # seed 003: one engine on all 8 GPUs; seed 001: four engines
+    one = build_plan(run_config("glm4.7-flash", "h100x8", engine__router_policy="cache_aware"))
+    assert one.placement.num_engines == 1
+    note = said(one, ONE_ENGINE)
+    assert note is not None and note.startswith(
+        f"engine.router_policy=cache_aware {ONE_ENGINE}: the plan starts one, and the router "
+        "sends it every request"
+    )
+    # an evaluation routes its requests too
+    evaluated = run_config(
+        "glm4.7-flash", "h100x8", engine__router_policy="cache_aware", mode="eval"
+    )
+    assert said(build_plan(evaluated), ONE_ENGINE) is not None
+    # more engines, or the default policy, are not noted
+    four = run_config("qwen3-4b", "h100x8", engine__router_policy="cache_aware")
+    assert said(build_plan(four), ONE_ENGINE) is None
+    assert said(build_plan(run_config("glm4.7-flash", "h100x8")), ONE_ENGINE) is None
