@@ -240,10 +240,12 @@ def inert_setting_notes(cfg: RunConfig, dp: int, num_engines: int) -> list[str]:
         notes += _kl_estimator_notes(cfg) + _balance_notes(cfg, dp)
     policy = cfg.engine.router_policy
     if num_engines == 1 and not _at_default(cfg.engine, "router_policy"):
+        devices = device_word(cfg.hardware.kind, 2)
         notes.append(
             f"engine.router_policy={policy} has one engine to choose: the plan starts one, and "
             "the router sends it every request; the policy acts once there are more "
-            "(layout.rollout.gpus_per_engine below the rollout's GPUs, or more rollout GPUs)"
+            f"(layout.rollout.gpus_per_engine below the rollout's {devices}, or more rollout "
+            f"{devices})"
         )
     return notes
 
@@ -299,5 +301,6 @@ def _balance_notes(cfg: RunConfig, dp: int) -> list[str]:
     return [
         "recipe.train.balance_data=true partitions nothing: the layout has one data-parallel "
         "rank (dp=1), which trains every sample of a step whatever the balance; it evens the "
-        "ranks' tokens once dp is above 1 (more train GPUs, or a smaller tp x pp x cp)"
+        f"ranks' tokens once dp is above 1 (more train {device_word(cfg.hardware.kind, 2)}, "
+        "or a smaller tp x pp x cp)"
     ]

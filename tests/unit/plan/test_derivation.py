@@ -261,7 +261,7 @@ def test_the_plan_says_which_reward_scores(run_config: Runs) -> None:
 
     def notes(**overrides: object) -> list[str]:
         plan = build_plan(run_config("qwen3-4b", "h200x1", **overrides))
-        return [note for note in plan.notes if "reward" in note]
+        return [note for note in plan.notes if note.startswith("recipe.rollout.reward")]
 
     fn = "recipe__rollout__reward__custom_function"
     assert notes() == []
