@@ -7,7 +7,6 @@ recipe.eval.max_prompt_len, where set, leaves prompts out (as slime's --eval-max
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import statistics
@@ -20,7 +19,7 @@ from rlpost.errors import Issue, Location, UserError
 from rlpost.plan.table import render_table
 from rlpost.rewards import compute_rewards
 from rlpost.runtime.metrics import AFTER_ROLLOUT, reward_extra_means
-from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings
+from rlpost.runtime.rollout.manager import GroupRunner, SamplingSettings, all_or_none
 from rlpost.schema import RecipeConfig
 from rlpost.schema.evaluation import EvalConfig
 from rlpost.schema.reward import RewardConfig
@@ -158,8 +157,10 @@ async def evaluate(
             if own is None
             else functools.partial(compute_rewards, config=own, seed=reward_seed)
         )
-        done = await asyncio.gather(
-            *(runner.run(g, params, runner.client_for(g), scored) for g in groups)
+        # one group that fails stops the others (they would go on sending requests to the
+        # engines of a run that is ending)
+        done = await all_or_none(
+            runner.run(g, params, runner.client_for(g), scored) for g in groups
         )
         samples = [s for g in done for s in g]
         rewards = [float(s.reward or 0.0) for s in samples]

@@ -7,6 +7,8 @@ only the pipeline's bounds differ. Asked to stop (SIGTERM, rlpost.runtime.stop),
 saves every finished rollout and raises Stopped; a rollout it trained meanwhile is saved
 without the evaluation and HF export due after it (`Unfinished`), which the resumed run does
 first, so the stop's lead time covers a rollout's training and a save, nothing longer.
+A failure to generate a group, or of the evaluation after a rollout, saves the same way
+before the run fails: the failed groups are generated, the evaluation done, when resumed.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ EVALUATION, HF_EXPORT = "the evaluation", "the HF export"  # what may wait (`Unf
 
 @dataclass(frozen=True)
 class Unfinished:
-    """A rollout trained after a SIGTERM, saved before its evaluation and HF export (when
-    due): the resumed run evaluates and exports it first (as its config has them due), then
-    logs its record. `metrics`: the record, when it waits for the evaluation (None: logged);
-    `before_training`: rollout 0's evaluation before training, logged with it."""
+    """A rollout trained after a SIGTERM (or whose evaluation failed), saved before its
+    evaluation and HF export (when due): the resumed run evaluates and exports it first (as
+    its config has them due), then logs its record. `metrics`: the record, when it waits
+    for the evaluation (None: logged); `before_training`: rollout 0's evaluation before
+    training, logged with it."""
 
     rollout_id: int
     metrics: dict[str, float] | None = None
@@ -99,6 +102,16 @@ class Inputs:
 
 class SaveFailedError(RuntimeError):
     """The run's last checkpoint could not be written."""
+
+
+class EvaluationError(RuntimeError):
+    """An evaluation failed: a hook raised, an engine server is gone (the cause is chained).
+    `record`: when it was the evaluation due after a train step, that step's metrics and
+    groups, whose record waits for it."""
+
+    def __init__(self, done: int, cause: Exception) -> None:
+        super().__init__(f"the evaluation after rollout {done}: {type(cause).__name__}: {cause}")
+        self.record: tuple[dict[str, float], dict[str, list[int]]] | None = None
 
 
 class TrainLoop:
@@ -252,6 +265,11 @@ class TrainLoop:
                     if exc.groups_kept:
                         await self._save_before_failing(step)
                     raise
+                except EvaluationError as exc:  # saved first, evaluated first when resumed
+                    if exc.record is not None:
+                        left = Unfinished(step, exc.record[0], pending_eval, exc.record[1])
+                        await self._save_before_failing(step + 1, left)
+                    raise
                 if eval_waits:  # stopping: saved first, evaluated and logged when resumed
                     await self._stop(step + 1, Unfinished(step, metrics, pending_eval, groups))
                 # Logged before the save: a checkpoint never runs ahead of metrics.jsonl
@@ -337,22 +355,25 @@ class TrainLoop:
             waiting = ()
         raise Stopped(done, saved, waiting)
 
-    async def _save_before_failing(self, done: int) -> None:
-        """A group's generation failed (a hook raised, the engines went away) while the
-        trainers hold `done` finished rollouts: those since the newest checkpoint are saved
-        before the run fails, as a SIGTERM's stop saves them, with the failed group among
-        those generated again after a resume. A save that fails too leaves the newest
-        checkpoint as it was, and the generation's failure is the one reported."""
+    async def _save_before_failing(self, done: int, unfinished: Unfinished | None = None) -> None:
+        """A group's generation or an evaluation failed (a hook raised, the engines went
+        away) while the trainers hold `done` finished rollouts: those since the newest
+        checkpoint are saved before the run fails, as a SIGTERM's stop saves them, with the
+        failed group among those generated again after a resume; `unfinished`: the rollout
+        whose evaluation failed, which the resumed run evaluates (and logs) first. A save
+        that fails too leaves the newest checkpoint as it was, and the first failure is the
+        one reported."""
         if done <= self.saved_at:
             return
         try:
-            await self.save(done)
-        except Exception as exc:  # the trainers are gone too: the generation's error stands
+            await self.save(done, unfinished)
+        except Exception as exc:  # the trainers are gone too: the first error stands
             status(f"the rollouts finished since the newest checkpoint were not saved: {exc}")
 
     async def _finish(self, unfinished: Unfinished) -> None:
-        """What a SIGTERM left of the rollout before the resumed one: its evaluation (its
-        record waited for it) and its HF export, as this run's config has them due."""
+        """What a SIGTERM (or a failed evaluation) left of the rollout before the resumed
+        one: its evaluation (its record waited for it) and its HF export, as this run's
+        config has them due."""
         step = unfinished.rollout_id
         done = step + 1
         waiting = self._waiting(unfinished)
@@ -367,7 +388,8 @@ class TrainLoop:
 
     async def step(self, step: int) -> tuple[dict[str, float], dict[str, list[int]], bool]:
         """Take the step's groups, train, push weights and evaluate when due. The flag: an
-        evaluation was due and waits, since the loop stops after this rollout (SIGTERM)."""
+        evaluation was due and waits, since the loop stops after this rollout (SIGTERM).
+        An evaluation that fails raises EvaluationError with the step's record."""
         cfg, rollout = self.cfg, self.cfg.recipe.rollout
         started = time.perf_counter()
         first = step == self.start
@@ -397,8 +419,12 @@ class TrainLoop:
         if push_due or eval_now:
             metrics["perf/weight_sync_time_s"] = await self.session.push_weights(version=done)
             self.pipeline.weights_pushed(done)
+        failed: EvaluationError | None = None
         if eval_now:
-            evaluated = await self._evaluate_unless_stopped(done)
+            try:
+                evaluated = await self._evaluate_unless_stopped(done)
+            except EvaluationError as exc:  # the record waits for it, as for a stop
+                evaluated, failed = None, exc
             if evaluated is None:
                 eval_waits = True
             else:
@@ -409,7 +435,11 @@ class TrainLoop:
         metrics["perf/weight_version"] = float(self.session.weight_version)
         if first:
             metrics["perf/startup_time_s"] = startup
-        return metrics, accounting(batch, self.outstanding()), eval_waits
+        groups = accounting(batch, self.outstanding())
+        if failed is not None:
+            failed.record = (metrics, groups)
+            raise failed
+        return metrics, groups, eval_waits
 
     def outstanding(self) -> list[int]:
         """Groups drawn but not yet trained, filtered or dropped: queued, generating, or
@@ -448,9 +478,12 @@ class TrainLoop:
         if self.eval_seeding is not None:
             self.eval_seeding.at(done)
         version = self.session.weight_version
-        report = await evaluate(
-            self.eval_runner, self.inputs.eval_sets, done, version, self.reward_seed
-        )
+        try:
+            report = await evaluate(
+                self.eval_runner, self.inputs.eval_sets, done, version, self.reward_seed
+            )
+        except Exception as exc:
+            raise EvaluationError(done, exc) from exc
         self.reports.append(report)
         return report.metrics
 

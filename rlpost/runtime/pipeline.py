@@ -166,6 +166,7 @@ class RolloutPipeline:
         # Groups whose generation failed: until the failure reaches the trainer (at its next
         # take) a checkpoint may still be written, and it must keep them to generate again.
         self.failed: list[Group] = []
+        self._given_up: list[asyncio.Task[Group]] = []  # their tasks, cancelled
         self._producer: asyncio.Task[None] | None = None
         self._stopping = False
         # a checkpoint's groups that were generating: generated again before any new draw
@@ -243,13 +244,14 @@ class RolloutPipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._producer
             self._producer = None
-        flights = list(self.in_flight)
-        for flight in flights:
-            flight.task.cancel()
-        for flight in flights:
+        tasks = [f.task for f in self.in_flight] + self._given_up
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(BaseException):
-                await flight.task
+                await task
         self.in_flight.clear()
+        self._given_up.clear()
 
     # ---- the producer ------------------------------------------------------------------
 
@@ -298,8 +300,9 @@ class RolloutPipeline:
             task.add_done_callback(functools.partial(self._finished, flight))
 
     def _finished(self, flight: InFlight, _: asyncio.Task[Group]) -> None:
-        if flight in self.in_flight:
-            self.in_flight.remove(flight)
+        if flight not in self.in_flight:  # given up for another group's failure: kept failed
+            return
+        self.in_flight.remove(flight)
         self._changed.set()
         if flight.task.cancelled():
             return
@@ -374,7 +377,19 @@ class RolloutPipeline:
             self._error = error
             self._failed_at = what
             self._groups_kept = groups_kept
+            self._give_up_in_flight()
         self._changed.set()
+
+    def _give_up_in_flight(self) -> None:
+        """The run fails at the trainer's next take: the groups still generating stop now,
+        rather than go on sending requests to engines that the failing run shuts down (each
+        request retried and logged). They stay the pipeline's, generated again after a
+        resume, as the failed group is."""
+        flights, self.in_flight = self.in_flight, []
+        for flight in flights:
+            self.failed.append(flight.group)
+            flight.task.cancel()
+            self._given_up.append(flight.task)
 
     def _raise_failure(self) -> None:
         if self._error is not None:

@@ -490,12 +490,35 @@ def test_corrupted_checkpoint_is_refused(assets: Path, reference: Path, tmp_path
     assert not (tmp_path / "fork").exists()
 
 
-def test_a_run_whose_generation_fails_saves_the_rollouts_it_finished_first(
+def test_a_run_whose_evaluation_or_generation_fails_saves_the_rollouts_it_finished_first(
     assets: Path, tmp_path: Path
 ) -> None:
-    """A reward function that raises on the fourth rollout's groups ends the run (exit 3)
-    after the three rollouts before it were saved, though save.interval=2 had saved two."""
-    run_dir = tmp_path / "run"
+    """A grader that raises on the evaluation after rollout 2 ends the run (exit 3) after the
+    two rollouts before it were saved, the evaluation (and the HF export) due after them
+    left for the resumed run to do first. Resumed, with a grader that raises on the fourth
+    rollout's groups, it does them, then ends after the three rollouts before the fourth
+    were saved, though save.interval=2 had saved two."""
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
+    evaluation = "rlpost_test_hooks.length_reward_failing_evaluations_after_rollout_2"
+    done = launch(
+        overrides(
+            assets,
+            run_dir,
+            f"recipe.rollout.reward.custom_function={evaluation}",
+            "recipe.save.interval=2",
+        )
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert (
+        f"the evaluation after rollout 2: RewardError: reward function '{evaluation}' raised "
+        "RuntimeError: the evaluation's grader broke"
+    ) in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert len(_records(run_dir)) == 1  # rollout 1's waits for its evaluation
+    assert f"newest usable checkpoint: {ckpt / 'rollout_2'}" in done.stderr
+    assert json.loads((ckpt / "rollout_2" / "loop.json").read_text())["unfinished"] is not None
+    assert not (run_dir / "hf").exists()
+
     failing = "rlpost_test_hooks.length_reward_failing_from_group_12"
     done = launch(
         overrides(
@@ -503,13 +526,17 @@ def test_a_run_whose_generation_fails_saves_the_rollouts_it_finished_first(
             run_dir,
             f"recipe.rollout.reward.custom_function={failing}",
             "recipe.save.interval=2",
+            "run.resume=auto",
         )
     )
     assert done.returncode == 3, done.stderr[-3000:]
     assert f"reward function '{failing}' raised RuntimeError: the grader broke" in done.stderr
     assert "Traceback" not in done.stderr
-    assert len(_records(run_dir)) == 3
-    assert f"newest usable checkpoint: {run_dir / 'ckpt' / 'rollout_3'}" in done.stderr
+    records = [json.loads(line) for line in _records(run_dir)]
+    assert [r["rollout_id"] for r in records] == [0, 1, 2]
+    assert records[1]["eval/after_rollout"] == 2 and "eval/arith/accuracy" in records[1]
+    assert [p.name for p in (run_dir / "hf").iterdir()] == ["rollout_2"]
+    assert f"newest usable checkpoint: {ckpt / 'rollout_3'}" in done.stderr
     # resumed with the grader mended, the fourth rollout trains the groups that failed
     resumed = launch(overrides(assets, run_dir, "recipe.save.interval=2", "run.resume=auto"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -13,12 +13,13 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rlpost.runtime.rollout.context import ContextFactory, GenerateContext
 from rlpost.types import Sample, SampleStatus
 
 Group = list[Sample]
+T = TypeVar("T")
 
 
 class GenerateResult(Protocol):
@@ -140,6 +141,11 @@ class MalformedSampleError(RuntimeError):
     """A generate hook returned something the loop cannot train on."""
 
 
+class GenerateError(RuntimeError):
+    """A generate hook raised (the cause is chained, so a dead engine behind it is still a
+    fault: rlpost.runtime.failures.is_fault)."""
+
+
 def check_generated(
     sample: Any, original: Sample, hook_name: str, max_response_len: int | None = None
 ) -> Sample:
@@ -188,7 +194,7 @@ def check_generated(
     return sample
 
 
-async def _all_or_none(calls: Iterable[Awaitable[Sample]]) -> list[Any]:
+async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
     """Every call's result; when one raises, the others are cancelled before its error goes
     on (asyncio.gather leaves them running: requests to a router the failing run is shutting
     down, retried and logged until the process ends)."""
@@ -244,7 +250,7 @@ class GroupRunner:
             else:
                 for i in pending:
                     group[i].begin_generation()
-                results = await _all_or_none(self.generate_fn(group[i], ctx) for i in pending)
+                results = await all_or_none(self._generate(group[i], ctx) for i in pending)
                 for i, result in zip(pending, results, strict=True):
                     group[i] = check_generated(
                         result, group[i], self.hook_name, ctx.max_response_len
@@ -258,6 +264,19 @@ class GroupRunner:
         for sample, reward in zip(group, rewards, strict=True):
             sample.reward = float(reward)
         return group
+
+    async def _generate(self, sample: Sample, ctx: GenerateContext) -> Any:
+        """The generate function's answer for `sample`; a user's function that raises is
+        named in the error, with the sample it was generating."""
+        try:
+            return await self.generate_fn(sample, ctx)
+        except Exception as exc:
+            if self.generate_fn is generate_sample:  # rlpost's own: its error says enough
+                raise
+            raise GenerateError(
+                f"generate function '{self.hook_name}' raised {type(exc).__name__}: {exc} "
+                f"(generating sample {sample.index} of group {sample.group_index})"
+            ) from exc
 
     def client_for(self, group: Group) -> GroupClient:
         return GroupClient(self.client, f"g{group[0].group_index}")

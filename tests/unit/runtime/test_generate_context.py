@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from rlpost.backends.cpu_engine.engine import EngineSettings
 from rlpost.backends.cpu_engine.server import BackgroundServer
 from rlpost.envs.calculator import calculate, find_call
+from rlpost.runtime.failures import RunFault, is_fault
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.rollout.context import (
     ContextFactory,
@@ -25,6 +26,7 @@ from rlpost.runtime.rollout.context import (
     render_environment_turn,
 )
 from rlpost.runtime.rollout.manager import (
+    GenerateError,
     GenerateHook,
     GroupRunner,
     MalformedSampleError,
@@ -220,6 +222,34 @@ def test_a_generate_function_that_raises_stops_its_groups_other_episodes(
             return sorted(stopped)  # as the error leaves the runner, before any cleanup
 
     assert asyncio.run(scenario()) == [1, 2, 3]
+
+
+def test_a_generate_function_that_raises_is_named_with_the_sample_it_was_generating(
+    url: str, tokenizer: Any
+) -> None:
+    """A user's generate function that raises: the error names it, its exception and the
+    sample, and keeps the exception as its cause, so that one a dead part of the run is
+    behind is still a fault (a restart mends it)."""
+
+    async def misreads_the_tool(sample: Sample, ctx: GenerateContext) -> Sample:
+        await ctx.policy_turn(sample)
+        if sample.index == 2:
+            raise KeyError("answer")
+        return sample
+
+    with pytest.raises(GenerateError) as raised:
+        run_group(url, tokenizer, misreads_the_tool, max_new_tokens=8)
+    assert str(raised.value) == (
+        f"generate function '{HOOK}' raised KeyError: 'answer' (generating sample 2 of group 0)"
+    )
+    assert isinstance(raised.value.__cause__, KeyError)
+
+    async def router_gone(sample: Sample, ctx: GenerateContext) -> Sample:
+        raise RunFault("the sglang-router process exited", component="router")
+
+    with pytest.raises(GenerateError, match="raised RunFault") as raised:
+        run_group(url, tokenizer, router_gone, max_new_tokens=8)
+    assert is_fault(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -317,6 +317,58 @@ def test_groups_whose_generation_failed_stay_in_a_checkpoint_taken_before_the_fa
     assert all(not s.response_ids and s.reward is None for g in generating for s in g)
 
 
+def test_a_group_that_fails_stops_the_groups_in_flight_which_the_checkpoint_keeps(
+    url: str,
+) -> None:
+    """One of the next step's groups fails while the others are still being generated (a
+    slow tool): those stop at once instead of sending requests to engines the failing run
+    is about to shut down, and the checkpoint saved before the failure surfaces keeps them
+    all, to generate them again after a resume."""
+    taken = asyncio.Event()
+    stopped: set[int] = set()
+
+    async def one_group_fails(sample: Sample, ctx: GenerateContext) -> Sample:
+        if sample.group_index < BATCH:
+            return await generate_sample(sample, ctx)
+        if sample.group_index == BATCH:
+            await taken.wait()
+            raise RuntimeError("sandbox down")
+        try:
+            await generate_sample(sample, ctx)
+            await asyncio.sleep(60)  # a slow tool
+        except asyncio.CancelledError:
+            stopped.add(sample.group_index)
+            raise
+        return sample
+
+    async def scenario() -> tuple[list[Group], set[int]]:
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            params = {"max_new_tokens": 8, "temperature": 1.0}
+            pipeline = RolloutPipeline(
+                GroupRunner(client, length_reward, one_group_fails), data_source(), params,
+                bounds("async", 1, 1, 2 * BATCH), BATCH,
+            )  # fmt: skip
+            pipeline.start()
+            try:
+                await pipeline.take(0)
+                taken.set()
+                async with asyncio.timeout(30):
+                    while len(stopped) < BATCH - 1:
+                        await asyncio.sleep(0.01)
+                saved = pipeline.snapshot()
+                with pytest.raises(PipelineError, match="sandbox down"):
+                    await pipeline.take(1)
+                return saved.generating, set(stopped)  # before close() stops anything
+            finally:
+                await pipeline.close()
+
+    generating, stopped_before_close = asyncio.run(scenario())
+    assert stopped_before_close == set(range(BATCH + 1, 2 * BATCH))
+    assert sorted(g[0].group_index for g in generating) == list(range(BATCH, 2 * BATCH))
+    assert all(not s.response_ids and s.reward is None for g in generating for s in g)
+
+
 def rewarded(group_index: int, *rewards: float) -> Group:
     return [
         Sample(group_index=group_index, index=i, prompt="p", prompt_ids=[1], reward=r)
