@@ -393,6 +393,11 @@ def keeps_as_numpy(samples: list[Sample]) -> Any:
     return numpy.std([s.reward for s in samples]) > 0
 
 
+def keeps_groups_before_12(samples: list[Sample]) -> bool:
+    """A filter that drops every group from the fourth rollout of four prompts on."""
+    return samples[0].group_index < 12
+
+
 def filter_failing_from_group_4(samples: list[Sample]) -> bool:
     if samples[0].group_index >= 4:
         raise KeyError("acc")

@@ -517,6 +517,32 @@ def test_a_run_whose_generation_fails_saves_the_rollouts_it_finished_first(
     assert sorted(records[3]["groups"]["trained"]) == [12, 13, 14, 15]
 
 
+def test_a_filter_that_keeps_no_group_stops_the_run_after_saving_what_it_trained(
+    assets: Path, tmp_path: Path
+) -> None:
+    """The fourth rollout's filter keeps no group: past rollout.max_draws_per_rollout draws
+    the run ends (exit 3), naming the filter, what it kept and the key, after the three
+    rollouts before it were saved, though save.interval=2 had saved two."""
+    run_dir = tmp_path / "run"
+    keeps = "rlpost_test_hooks.keeps_groups_before_12"
+    given = overrides(
+        assets,
+        run_dir,
+        f"recipe.rollout.dynamic_sampling_filter={keeps}",
+        "recipe.rollout.max_draws_per_rollout=2",
+    )
+    done = launch([*(a for a in given if a != "recipe.save.interval=1"), "recipe.save.interval=2"])
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert (
+        "DrawLimitError: rollout 3: 8 groups finished in rollout.max_draws_per_rollout=2 draws "
+        f"of 4 prompts, and the dynamic sampling filter '{keeps}' kept 0 of the 4 its batch "
+        "needs (8 dropped)"
+    ) in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(_records(run_dir)) == 3
+    assert f"newest usable checkpoint: {run_dir / 'ckpt' / 'rollout_3'}" in done.stderr
+
+
 # Two train ranks beside the reference's one engine, which keeps its two threads: the rollout
 # side is the reference's, only the trainer's data-parallel size changes.
 ONE_RANK = ("layout.train.num_gpus=1", "hardware.gpus_per_node=1")

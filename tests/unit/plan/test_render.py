@@ -224,3 +224,22 @@ def test_a_cpu_plan_names_its_devices_device_slots(
     assert "device slot" in split and "device slots  ports" in placement
     assert re.search(r"^Memory \(device slot 8\.0 GiB", shown, re.M)
     assert ", per device slot" in shown or ", per engine device slot" in shown
+
+
+@pytest.mark.parametrize(
+    ("overrides", "row"),
+    [
+        ({}, "32 (2048 prompts), then the run stops"),
+        ({"recipe__rollout__max_draws_per_rollout": None}, "unlimited"),
+    ],
+    ids=["default", "unlimited"],
+)
+def test_the_plan_says_how_many_draws_a_filtered_rollout_may_take(
+    run_config: Runs, overrides: dict[str, object], row: str
+) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8", "grpo_dapo_dynamic_sampling", **overrides))
+    assert plan.runtime.loop.dynamic_sampling
+    assert "a rollout's draws through the filter" in render_plan(plan)
+    assert row in render_plan(plan)
+    unfiltered = render_plan(build_plan(run_config("qwen3-4b", "h100x8")))
+    assert "a rollout's draws through the filter" not in unfiltered
