@@ -32,6 +32,7 @@ from rlpost.config.verl_values import (
     eval_set,
     every,
     filter_groups,
+    gen_batch_limit,
     greedy_eval,
     gspo,
     kl_in_reward,
@@ -436,8 +437,11 @@ TABLE: tuple[VerlKey, ...] = (
     ),
     VerlKey(
         "algorithm.filter_groups.max_num_gen_batches",
-        None,
-        "rlpost draws over-sampling batches until recipe.rollout.batch_size groups pass",
+        "recipe.rollout.max_draws_per_rollout",
+        "draws of recipe.rollout.over_sampling_batch_size prompts (verl's gen_batch_size); "
+        "verl's 0 (no limit) is null, and verl reads it only with filter_groups.enable",
+        gen_batch_limit,
+        example=10,
     ),
     # rewards
     VerlKey(

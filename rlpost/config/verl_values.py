@@ -163,6 +163,15 @@ def filter_groups(value: Any, line: Line) -> Pairs:
     return (("recipe.rollout.dynamic_sampling_filter", "rlpost.filters.check_reward_nonzero_std"),)
 
 
+def gen_batch_limit(value: Any, line: Line) -> Pairs | None:
+    """max_num_gen_batches: read with filter_groups.enable only; 0 (or less) is no limit."""
+    if line.get("algorithm.filter_groups.enable") is not True:
+        return ()
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return (("recipe.rollout.max_draws_per_rollout", value if value > 0 else None),)
+
+
 def eval_set(value: Any, line: Line) -> Pairs | None:
     files = value if isinstance(value, list) else [value]
     return (

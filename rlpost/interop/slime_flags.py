@@ -120,7 +120,13 @@ FLAGS: tuple[FlagRule, ...] = (
     FlagRule("--rollout-stop-token-ids", "recipe.rollout.stop_token_ids", many),
     FlagRule("--rollout-skip-special-tokens", "recipe.rollout.skip_special_tokens", _on),
     FlagRule("--over-sampling-batch-size", "recipe.rollout.over_sampling_batch_size", one),
-    FlagRule("--dynamic-sampling-filter-path", "recipe.rollout.dynamic_sampling_filter", _hook),
+    FlagRule(
+        "--dynamic-sampling-filter-path",
+        "recipe.rollout.dynamic_sampling_filter",
+        _hook,
+        "slime draws until the batch fills; rlpost stops the run past "
+        "`recipe.rollout.max_draws_per_rollout` draws (32; null: no limit)",
+    ),
     FlagRule("--partial-rollout", "recipe.rollout.partial_rollout", _on),
     FlagRule(
         "--mask-offpolicy-in-partial-rollout",

@@ -16,6 +16,10 @@ numbers bound the producer (rlpost.runtime.pipeline enforces them):
   trainer takes batches that are not whole draws) up to C - 1 + draw groups are buffered at
   once; the queue's host memory is sized for that.
 
+With a dynamic-sampling filter, a rollout whose batch is not full after
+`max_draws_per_rollout` draws' worth of finished groups stops the run (verl's
+max_num_gen_batches): a filter that keeps no group would draw forever.
+
 The policy version is the number of train steps whose weights the engines serve; a sample
 records the version of each of its tokens.
 """
@@ -52,6 +56,11 @@ class LoopPlan:
     # far carried over from older policies, outside max_staleness (which counts the tokens
     # since a group last started)
     partial_rollout: bool = False
+    # rollout.dynamic_sampling_filter: finished groups may be dropped, and a rollout stops the
+    # run once `max_draws_per_rollout` draws' worth of groups finished without filling its
+    # batch (None: no limit)
+    dynamic_sampling: bool = False
+    max_draws_per_rollout: int | None = None
 
 
 def plan_loop(cfg: RunConfig, longest_sample_tokens: int) -> LoopPlan:
@@ -86,6 +95,10 @@ def plan_loop(cfg: RunConfig, longest_sample_tokens: int) -> LoopPlan:
         stale_groups=loop.stale_groups,
         queue_host_gib=samples * longest_sample_tokens * QUEUE_BYTES_PER_TOKEN / GIB,
         partial_rollout=rollout.partial_rollout,
+        dynamic_sampling=bool(rollout.dynamic_sampling_filter),
+        max_draws_per_rollout=rollout.max_draws_per_rollout
+        if rollout.dynamic_sampling_filter
+        else None,
     )
 
 

@@ -314,6 +314,8 @@ def render_runtime(plan: Plan) -> str:
     ]
     if loop.mode == "fully_async":
         rows.append(["a group past the bound is", f"{loop.stale_groups}d"])
+    if loop.dynamic_sampling:
+        rows.append(["a rollout's draws through the filter", _draw_limit(loop)])
     rows.append(["on SIGTERM (exit status 143)", SIGTERM_NAMES[rt.on_sigterm]])
     if rt.engine_backend == "cpu":
         rows.append(["engine CPU priority", _engine_priority(rt.engine_nice)])
@@ -327,6 +329,15 @@ def _buffered(loop: LoopPlan) -> str:
     if most != loop.max_buffered_groups:
         text += f", whole: {most} at most"
     return text + f"; {loop.queue_host_gib:.3f} GiB host memory at most)"
+
+
+def _draw_limit(loop: LoopPlan) -> str:
+    """How many draws a rollout may take to fill its batch through the dynamic sampling
+    filter (rlpost.runtime.pipeline stops the run past them)."""
+    if loop.max_draws_per_rollout is None:
+        return "unlimited (rollout.max_draws_per_rollout: null)"
+    prompts = loop.max_draws_per_rollout * loop.draw_groups
+    return f"{loop.max_draws_per_rollout} ({prompts} prompts), then the run stops"
 
 
 def _eval_requests(plan: Plan) -> str:

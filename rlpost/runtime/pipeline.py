@@ -6,7 +6,8 @@ its LoopPlan (rlpost.plan.loop):
   queued or generating, and the step they would land in, s, satisfies s <= steps_done +
   lookahead (when bounded) and s - engine_version <= max_staleness;
 - finish: a finished group passes the dynamic-sampling filter into the queue, or is counted
-  as filtered;
+  as filtered; once max_draws_per_rollout draws' worth of groups finished without filling
+  the batch the queue fills, the run stops (DrawLimitError);
 - take: the trainer takes `batch_size` queued groups in queue order; a group whose oldest
   policy token is more than max_staleness versions behind the trained step is dropped or
   regenerated; groups still generating that could no longer land within the bounds (sync:
@@ -30,6 +31,7 @@ from typing import Any
 from rlpost.data.source import DataSource
 from rlpost.hooks import DYNAMIC_SAMPLING_FILTER, load_hook, shown
 from rlpost.plan.loop import LoopPlan
+from rlpost.runtime.progress import status
 from rlpost.runtime.rollout.manager import Group, GroupClient, GroupFilter, GroupRunner
 from rlpost.runtime.stop import StopRequested
 from rlpost.types import Sample
@@ -96,16 +98,24 @@ class FilterError(RuntimeError):
     """A dynamic sampling filter raised, or returned something other than True or False."""
 
 
-def load_group_filter(path: str) -> GroupFilter:
+class DrawLimitError(RuntimeError):
+    """The dynamic sampling filter kept too few groups to fill a rollout's batch within
+    recipe.rollout.max_draws_per_rollout draws."""
+
+
+@dataclass(frozen=True)
+class NamedFilter:
     """The dynamic sampling filter at `path`, each verdict checked: True or False (a NumPy or
     torch bool too), else FilterError naming the filter and the group. Unchecked, a filter
     that ends without a return (None) would drop every group, and the run draw on forever."""
-    hook = load_hook(path, DYNAMIC_SAMPLING_FILTER)
 
-    def keep(group: Group) -> bool:
-        where = f"group {group[0].group_index}"
+    path: str
+    hook: GroupFilter
+
+    def __call__(self, group: Group) -> bool:
+        path, where = self.path, f"group {group[0].group_index}"
         try:
-            verdict = hook(group)
+            verdict: Any = self.hook(group)
         except Exception as exc:
             raise FilterError(
                 f"dynamic sampling filter '{path}' raised {type(exc).__name__}: {exc} (on {where})"
@@ -121,7 +131,21 @@ def load_group_filter(path: str) -> GroupFilter:
             "it returns True to keep the group, False to drop it"
         )
 
-    return keep
+
+def load_group_filter(path: str) -> NamedFilter:
+    """The dynamic sampling filter at `path`, its verdicts checked (NamedFilter)."""
+    return NamedFilter(path, load_hook(path, DYNAMIC_SAMPLING_FILTER))
+
+
+@dataclass
+class Filling:
+    """The groups finished since the queue last completed a batch: kept by the filter, and
+    all of them (kept or dropped). `warned`: the run was told that this batch is slow to
+    fill."""
+
+    finished: int = 0
+    kept: int = 0
+    warned: bool = False
 
 
 def oldest_version(group: Group) -> int | None:
@@ -159,6 +183,7 @@ class RolloutPipeline:
         self.queue: list[Group] = []
         self.in_flight: list[InFlight] = []
         self.tally = Tally()
+        self.filling = Filling()
         self._changed = asyncio.Event()
         self._error: BaseException | None = None
         self._failed_at = ""
@@ -322,11 +347,66 @@ class RolloutPipeline:
                 self._settle_stopped(group, flight.stop_reason)
             elif self.group_filter is None or self.group_filter(group):
                 self.queue.append(group)
+                self._count_finished(kept=True)
             else:
                 self.tally.filtered.append(index)
+                self._count_finished(kept=False)
         except Exception as exc:  # a filter hook that raised: the group is generated again
             self.failed.append(group)  # after a resume, as a group whose generation failed
             self._fail(exc, f"filtering group {index}", groups_kept=True)
+
+    def _count_finished(self, kept: bool) -> None:
+        """Count a group the filter judged toward the batch the queue is filling; past
+        max_draws_per_rollout draws' worth of them with the batch not full, the run stops
+        (verl's filter_groups.max_num_gen_batches). Counted by finished groups rather than
+        draws started, so that how far generation runs ahead (the loop mode, a slow trainer)
+        does not count."""
+        filling, limit = self.filling, self.bounds.max_draws_per_rollout
+        filling.finished += 1
+        filling.kept += kept
+        if filling.kept >= self.batch_size:
+            self.filling = Filling()
+            return
+        if limit is None:
+            return
+        draws = filling.finished / self.bounds.draw_groups
+        if draws >= limit:
+            error = DrawLimitError(self._draw_limit_message())
+            self._fail(error, "dynamic sampling", groups_kept=True)
+        elif draws >= max(limit / 2, 2) and not filling.warned:
+            filling.warned = True
+            status(self._slow_filling_message(limit))
+
+    def _filling_rollout(self) -> int:
+        return self.steps_taken + len(self.queue) // self.batch_size
+
+    def _filter_name(self) -> str:
+        f = self.group_filter
+        named = f" '{f.path}'" if isinstance(f, NamedFilter) else ""
+        return f"the dynamic sampling filter{named}"
+
+    def _slow_filling_message(self, limit: int) -> str:
+        f, draw = self.filling, self.bounds.draw_groups
+        return (
+            f"rollout {self._filling_rollout()}: {f.finished} groups finished "
+            f"({f.finished / draw:g} draws of {draw} prompts), and {self._filter_name()} "
+            f"kept {f.kept} of the {self.batch_size} its batch needs; the run stops at "
+            f"rollout.max_draws_per_rollout={limit} draws"
+        )
+
+    def _draw_limit_message(self) -> str:
+        f, b = self.filling, self.bounds
+        return (
+            f"rollout {self._filling_rollout()}: {f.finished} groups finished in "
+            f"rollout.max_draws_per_rollout={b.max_draws_per_rollout} draws of "
+            f"{b.draw_groups} prompts, and {self._filter_name()} kept "
+            f"{f.kept} of the {self.batch_size} its batch needs ({f.finished - f.kept} "
+            "dropped). Check what the filter drops (rlpost.filters.check_reward_nonzero_std "
+            "drops groups whose rewards are all equal: a model that answers every prompt "
+            "wrong, or every one right, gets no signal from them: easier prompts, more "
+            "samples per prompt, or a reward with partial credit), or raise "
+            "rollout.max_draws_per_rollout (null: no limit)"
+        )
 
     # ---- bounds ------------------------------------------------------------------------
 

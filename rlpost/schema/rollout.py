@@ -10,6 +10,12 @@ from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.reward import RewardConfig
 from rlpost.schema.training_only import training_rule
 
+DEFAULT_MAX_DRAWS = 32
+"""Draws a rollout may take to fill its batch through the dynamic sampling filter. verl's DAPO
+scripts allow 10 draws of three batches' prompts (30 batches' worth); 32 allow as much without
+over-sampling. A filter that keeps no group (rewards all equal, a filter's bug) would draw
+forever."""
+
 GREEDY_BELOW = 1e-6
 """SGLang decodes greedily at any temperature below this (its _SAMPLING_EPS), as the CPU engine
 does."""
@@ -38,6 +44,13 @@ class RolloutConfig(Section):
     skip_special_tokens: bool = False
     over_sampling_batch_size: PositiveInt | None = None
     dynamic_sampling_filter: str | None = None
+    max_draws_per_rollout: PositiveInt | None = Field(
+        DEFAULT_MAX_DRAWS,
+        description="the most draws (over_sampling_batch_size prompts each, else "
+        "batch_size) a rollout may take to fill its batch through the dynamic_sampling_filter; "
+        "past them the run stops, naming the filter (verl's "
+        "algorithm.filter_groups.max_num_gen_batches; null: no limit)",
+    )
     partial_rollout: bool = False
     mask_offpolicy_in_partial_rollout: bool = False
     buffer_filter: str | None = None
@@ -168,6 +181,19 @@ class RolloutConfig(Section):
                 fields=("over_sampling_batch_size",),
                 fix=f"set over_sampling_batch_size >= {self.batch_size} "
                 f"(e.g. {2 * self.batch_size})",
+            )
+        return self
+
+    @model_validator(mode="after")
+    @training_rule
+    def check_draw_limit_has_a_filter(self) -> RolloutConfig:
+        if not self.dynamic_sampling_filter:
+            refuse_unused(
+                self,
+                "max_draws_per_rollout",
+                why="it bounds the draws a dynamic_sampling_filter may drop, and none is set: "
+                "every group drawn is kept",
+                fix="set dynamic_sampling_filter, or remove max_draws_per_rollout",
             )
         return self
 

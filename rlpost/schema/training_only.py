@@ -97,6 +97,7 @@ TRAINING_ONLY: tuple[TrainingOnly, ...] = (
             "n_samples_per_prompt",
             "over_sampling_batch_size",
             "dynamic_sampling_filter",
+            "max_draws_per_rollout",
             "partial_rollout",
             "mask_offpolicy_in_partial_rollout",
             "buffer_filter",

@@ -145,6 +145,21 @@ CASES: list[Bad] = [
         "no dynamic_sampling_filter",
     ),
     Bad(
+        "a draw limit of zero",
+        (
+            "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+            "recipe.rollout.max_draws_per_rollout=0",
+        ),
+        "recipe.rollout.max_draws_per_rollout",
+        "greater than 0",
+    ),
+    Bad(
+        "a draw limit without a filter",
+        ("recipe.rollout.max_draws_per_rollout=10",),
+        "recipe.rollout.max_draws_per_rollout",
+        "none is set: every group drawn is kept",
+    ),
+    Bad(
         "partial rollout that keeps nothing",
         ("recipe.rollout.partial_rollout=true",),
         "recipe.rollout.partial_rollout",

@@ -135,6 +135,10 @@ CHANGED: dict[str, tuple[str, ...]] = {
     "recipe.rollout.dynamic_sampling_filter": (
         "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
     ),
+    "recipe.rollout.max_draws_per_rollout": (
+        "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
+        "recipe.rollout.max_draws_per_rollout=8",
+    ),
     "recipe.rollout.partial_rollout": (
         "recipe.rollout.dynamic_sampling_filter=rlpost.filters.check_reward_nonzero_std",
         "recipe.rollout.over_sampling_batch_size=48",

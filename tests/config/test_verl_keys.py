@@ -19,6 +19,7 @@ A = "actor_rollout_ref.actor"
 LINES = {
     f"{A}.optim.lr_warmup_steps": {"data.train_batch_size": 8, f"{A}.ppo_mini_batch_size": 8},
     "algorithm.use_kl_in_reward": REINFORCE,
+    "algorithm.filter_groups.max_num_gen_batches": {"algorithm.filter_groups.enable": True},
     "algorithm.kl_ctrl.kl_coef": {
         "algorithm.use_kl_in_reward": True,
         "algorithm.adv_estimator": "reinforce_plus_plus",
@@ -82,6 +83,19 @@ def test_a_key_of_no_counterpart_says_what_rlpost_does_instead_and_to_drop_it() 
     issue = verl_issue("trainer.critic_warmup", 0, {}, "trainer.critic_warmup=0")
     assert "rlpost has no setting for it: rlpost has no critic" in issue.message
     assert issue.fix == "drop it"
+
+
+def test_verl_s_generation_batch_limit_is_rlpost_s_draw_limit_and_its_0_no_limit() -> None:
+    key = "algorithm.filter_groups.max_num_gen_batches"
+    on = {"algorithm.filter_groups.enable": True}
+    assert verl_issue(key, 10, {key: 10, **on}, f"{key}=10").fix == (
+        "write recipe.rollout.max_draws_per_rollout=10"
+    )
+    assert verl_issue(key, 0, {key: 0, **on}, f"{key}=0").fix == (
+        "write recipe.rollout.max_draws_per_rollout=null"
+    )
+    # verl reads it only with its filter on
+    assert verl_issue(key, 10, {key: 10}, f"{key}=10").fix.startswith("drop it: with this value")
 
 
 def test_verls_parquet_files_are_written_as_rlposts_prompt_files() -> None:

@@ -103,7 +103,8 @@ async def generate_sample(sample: Sample, ctx: GenerateContext) -> Sample:
 class GroupClient:
     """The engine client as one group sees it: its requests carry the group's rid prefix,
     so `stop()` aborts exactly them (on every engine) and they come back with what they
-    generated so far."""
+    generated so far. `interrupted` counts the answers that came back aborted (a weight
+    update, or the stop)."""
 
     _serial = itertools.count()
 
@@ -112,18 +113,26 @@ class GroupClient:
         self.prefix = f"{key}-{next(self._serial)}-"
         self._count = itertools.count()
         self.stopping = False
+        self.interrupted = 0
 
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> Any:
-        return await self.client.generate(input_ids, sampling_params, rid=self._rid(rid))
+        result = await self.client.generate(input_ids, sampling_params, rid=self._rid(rid))
+        self._count_interrupted([result])
+        return result
 
     async def generate_batch(
         self, input_ids: list[list[int]], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> list[Any]:
-        return list(
+        results = list(
             await self.client.generate_batch(input_ids, sampling_params, rid=self._rid(rid))
         )
+        self._count_interrupted(results)
+        return results
+
+    def _count_interrupted(self, results: list[Any]) -> None:
+        self.interrupted += sum(str(r.finish_reason) == "abort" for r in results)
 
     def _rid(self, rid: str | None) -> str:
         """The caller's rid, else the group's next (the engine adds `_i` per batch item)."""
@@ -245,6 +254,7 @@ class GroupRunner:
         ctx = self.contexts.context(gclient, params)
         while True:
             pending = [i for i, s in enumerate(group) if not s.finished]
+            interrupted = gclient.interrupted
             if self.group_requests:
                 await ctx.policy_turns([group[i] for i in pending])
             else:
@@ -257,6 +267,8 @@ class GroupRunner:
                     )
             if gclient.stopping or all(s.finished for s in group):
                 break
+            if gclient.interrupted == interrupted:
+                raise self._aborted_uninterrupted(group)
             # Aborted by a weight update: the rest is generated under the new weights.
         if gclient.stopping:
             return group
@@ -277,6 +289,19 @@ class GroupRunner:
                 f"generate function '{self.hook_name}' raised {type(exc).__name__}: {exc} "
                 f"(generating sample {sample.index} of group {sample.group_index})"
             ) from exc
+
+    def _aborted_uninterrupted(self, group: Group) -> MalformedSampleError:
+        """A sample came back ABORTED though no request of its group was: the generate
+        function says "aborted" on its own, and calling it again would go on forever."""
+        aborted = [s.index for s in group if s.status is SampleStatus.ABORTED]
+        return MalformedSampleError(
+            f"generate function '{self.hook_name}' returned sample(s) {aborted} aborted, and "
+            "no request of the group came back aborted (no weight update or stop "
+            "interrupted it): ABORTED means an interrupted episode that the loop continues "
+            "by calling the function again, so it would be called forever. Return the "
+            "sample completed or truncated; to leave it out of training, mark it (in "
+            "sample.metadata) and drop its group with rollout.dynamic_sampling_filter"
+        )
 
     def client_for(self, group: Group) -> GroupClient:
         return GroupClient(self.client, f"g{group[0].group_index}")

@@ -255,3 +255,22 @@ def test_runners_up_the_cost_model_cannot_tell_from_the_choice_are_called_ties(
     assert "trains with megatron-core over gloo (trainer.backend=auto)" in shown
     gpu = render_plan(plan_config(run_config("llama3.1-8b", "h200x1", "grpo_dapo", **SEARCHED))[1])
     assert "with the choice to 10 ms" not in gpu and "over gloo" not in gpu
+
+
+@pytest.mark.parametrize(
+    ("overrides", "row"),
+    [
+        ({}, "32 (2048 prompts), then the run stops"),
+        ({"recipe__rollout__max_draws_per_rollout": None}, "unlimited"),
+    ],
+    ids=["default", "unlimited"],
+)
+def test_the_plan_says_how_many_draws_a_filtered_rollout_may_take(
+    run_config: Runs, overrides: dict[str, object], row: str
+) -> None:
+    plan = build_plan(run_config("qwen3-4b", "h100x8", "grpo_dapo_dynamic_sampling", **overrides))
+    assert plan.runtime.loop.dynamic_sampling
+    assert "a rollout's draws through the filter" in render_plan(plan)
+    assert row in render_plan(plan)
+    unfiltered = render_plan(build_plan(run_config("qwen3-4b", "h100x8")))
+    assert "a rollout's draws through the filter" not in unfiltered

@@ -276,6 +276,33 @@ def test_a_malformed_sample_is_refused_naming_the_hook(
     assert HOOK in str(raised.value)
 
 
+def test_a_sample_returned_aborted_with_nothing_interrupted_stops_the_run_naming_the_hook(
+    url: str, tokenizer: Any
+) -> None:
+    """A generate function that returns ABORTED to mean "drop this sample": ABORTED is an
+    episode a weight update (or a stop) interrupted, which the loop continues by calling the
+    function again, so with no interruption it would be called forever. It is called once,
+    and the run stops naming it and what to return instead."""
+    calls: list[int] = []
+
+    async def drops_one(sample: Sample, ctx: GenerateContext) -> Sample:
+        if sample.index in calls:
+            raise AssertionError(f"sample {sample.index} generated again, nothing interrupted")
+        calls.append(sample.index)
+        await ctx.policy_turn(sample)
+        if sample.index == 2:
+            sample.status = SampleStatus.ABORTED
+        return sample
+
+    with pytest.raises(MalformedSampleError) as raised:
+        run_group(url, tokenizer, drops_one, max_new_tokens=16)
+    message = str(raised.value)
+    assert f"generate function '{HOOK}' returned sample(s) [2] aborted" in message
+    assert "Return the sample completed or truncated" in message
+    assert "rollout.dynamic_sampling_filter" in message
+    assert sorted(calls) == [0, 1, 2, 3]
+
+
 def test_graders_read_the_answer_without_the_special_token_that_ended_it(tokenizer: Any) -> None:
     """The engines keep special tokens in the text (skip_special_tokens false, as slime), so
     a response that stopped at its end-of-turn token reads `42<|im_end|>`: a token F1 of 0

@@ -9,6 +9,7 @@ aborted with what they have), the version switched, generation continued.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 import random
 from dataclasses import dataclass, field
@@ -185,6 +186,95 @@ def test_a_filter_that_drops_groups_lets_a_whole_draw_pass_the_bound_by_what_the
     asyncio.run(scenario())
     assert max(counts) > draw  # the bound alone would size the queue too small
     assert max(counts) <= most == BATCH - 1 + draw
+
+
+async def equal_rewards(samples: list[Sample]) -> list[float]:
+    return [0.0] * len(samples)  # a model that answers every prompt wrong
+
+
+DRAW_LIMITS = {
+    "sync": bounds("sync", 0, 0, BATCH),
+    "async": bounds("async", 1, 1, 2 * BATCH),
+    "fully_async": bounds("fully_async", 4, None, 2 * BATCH),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(DRAW_LIMITS))
+def test_a_filter_that_keeps_no_group_stops_the_run_at_max_draws_per_rollout(
+    url: str, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DAPO's filter with rewards that are all equal drops every group: instead of drawing
+    forever, the pipeline stops once max_draws_per_rollout draws' worth of groups finished
+    without filling the batch (a line says so at half of it), naming the filter, the groups
+    finished and kept, and the key; the groups still queued or generating stay the
+    pipeline's, for the save before the run fails."""
+    plan = dataclasses.replace(DRAW_LIMITS[mode], dynamic_sampling=True, max_draws_per_rollout=4)
+    data = data_source()
+
+    async def scenario() -> tuple[PipelineError, list[int]]:
+        params = {"max_new_tokens": 4, "temperature": 1.0}
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            pipeline = RolloutPipeline(
+                GroupRunner(client, equal_rewards), data, params, plan, BATCH,
+                group_filter=load_group_filter("rlpost.filters.check_reward_nonzero_std"),
+            )  # fmt: skip
+            pipeline.start()
+            try:
+                with pytest.raises(PipelineError) as info:
+                    await asyncio.wait_for(pipeline.take(0), 60)
+                return info.value, pipeline.tally.filtered
+            finally:
+                await pipeline.close()
+
+    error, filtered = asyncio.run(scenario())
+    assert str(error) == (
+        "dynamic sampling: DrawLimitError: rollout 0: 16 groups finished in "
+        f"rollout.max_draws_per_rollout=4 draws of {BATCH} prompts, and the dynamic sampling "
+        f"filter 'rlpost.filters.check_reward_nonzero_std' kept 0 of the {BATCH} its batch "
+        "needs (16 dropped). Check what the filter drops (rlpost.filters."
+        "check_reward_nonzero_std drops groups whose rewards are all equal: a model that "
+        "answers every prompt wrong, or every one right, gets no signal from them: easier "
+        "prompts, more samples per prompt, or a reward with partial credit), or raise "
+        "rollout.max_draws_per_rollout (null: no limit)"
+    )
+    assert error.groups_kept
+    # the groups generating when it failed may finish; no draw starts after it
+    assert 16 <= len(filtered) < 16 + plan.max_buffered_groups + plan.draw_groups
+    assert "rollout 0: 8 groups finished (2 draws of 4 prompts)" in capsys.readouterr().out
+
+
+def test_a_filter_that_fills_each_rollout_within_the_limit_never_stops_the_run(
+    url: str,
+) -> None:
+    """The limit counts one rollout's groups: a filter dropping a third of them fills each
+    batch within 3 draws, over more rollouts than 3 draws' worth of groups in all."""
+    plan = dataclasses.replace(
+        bounds("sync", 0, 0, BATCH), dynamic_sampling=True, max_draws_per_rollout=3
+    )
+
+    async def scenario() -> list[Batch]:
+        params = {"max_new_tokens": 4, "temperature": 1.0}
+        async with EngineClient(url, worker_urls=[url]) as client:
+            await client.post(url, "/update_weight_version", {"new_version": "0"})
+            pipeline = RolloutPipeline(
+                GroupRunner(client, length_reward), data_source(), params, plan, BATCH,
+                group_filter=lambda group: group[0].group_index % 3 != 0,
+            )  # fmt: skip
+            pipeline.start()
+            batches = []
+            try:
+                for step in range(4):
+                    batches.append(await asyncio.wait_for(pipeline.take(step), 60))
+                    await push(client, url, step + 1)
+                    pipeline.weights_pushed(step + 1)
+                    pipeline.step_done(step)
+            finally:
+                await pipeline.close()
+            return batches
+
+    batches = asyncio.run(scenario())
+    assert sum(len(b.tally.filtered) for b in batches) + 4 * BATCH > 3 * BATCH
 
 
 def test_a_slow_trainer_never_trains_groups_past_the_bound(url: str) -> None:
