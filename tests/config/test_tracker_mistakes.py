@@ -704,7 +704,7 @@ MISTAKES: list[Mistake] = [
             "layout.rollout.gpus_per_engine=2",
         ),
         "layout.rollout.gpus_per_engine",
-        "1 rollout GPUs do not split into engines of 2 GPUs",
+        "1 rollout GPU does not split into engines of 2 GPUs",
         ("layout.rollout.gpus_per_engine=1",),
         "use an engine size that divides 1: 1",
     ),
