@@ -14,13 +14,12 @@ later deployment), so the plan says it and refuses nothing.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from rlpost.plan.engine_options import KEY, MTP_DRAFT_ALGORITHMS
 from rlpost.plan.layout import ParallelLayout, Sizes
 from rlpost.plan.params import stage_layers
 from rlpost.plan.stages import FIRST, LAST, lopsided, most_balanced_split, split_change
 from rlpost.schema import RunConfig
+from rlpost.schema.base import changed
 from rlpost.schema.hardware import device_word
 
 MTP_DRAFT_OPTIONS = (
@@ -239,7 +238,7 @@ def inert_setting_notes(cfg: RunConfig, dp: int, num_engines: int) -> list[str]:
     if cfg.mode != "eval":
         notes += _kl_estimator_notes(cfg) + _balance_notes(cfg, dp)
     policy = cfg.engine.router_policy
-    if num_engines == 1 and not _at_default(cfg.engine, "router_policy"):
+    if num_engines == 1 and changed(cfg.engine, "router_policy"):
         devices = device_word(cfg.hardware.kind, 2)
         notes.append(
             f"engine.router_policy={policy} has one engine to choose: the plan starts one, and "
@@ -250,12 +249,6 @@ def inert_setting_notes(cfg: RunConfig, dp: int, num_engines: int) -> list[str]:
     return notes
 
 
-def _at_default(section: BaseModel, field: str) -> bool:
-    """A field at its default is never noted (as rlpost.schema.base.refuse_unused)."""
-    info = type(section).model_fields[field]
-    return bool(getattr(section, field) == info.get_default(call_default_factory=True))
-
-
 def _kl_estimator_notes(cfg: RunConfig) -> list[str]:
     """A KL to the reference that nothing computes: use_kl_loss with kl_loss_coef 0 (as the
     seeds' recipes), or a kl_loss_type set (the estimator of that KL: rlpost.algo.losses, and
@@ -264,7 +257,7 @@ def _kl_estimator_notes(cfg: RunConfig) -> list[str]:
     algo = cfg.recipe.algo
     if algo.reference_interval:
         return []
-    if _at_default(algo, "kl_loss_type"):
+    if not changed(algo, "kl_loss_type"):
         if not algo.use_kl_loss:
             return []
         return [

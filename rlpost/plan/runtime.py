@@ -14,14 +14,8 @@ from rlpost.errors import Issue
 from rlpost.plan.checks import PlanContext, check
 from rlpost.plan.loop import LoopPlan, plan_loop
 from rlpost.schema import RunConfig
-from rlpost.schema.base import Section
+from rlpost.schema.base import changed
 from rlpost.schema.run import OnSigterm
-
-
-def _changed(section: Section, field: str) -> bool:
-    default = type(section).model_fields[field].get_default(call_default_factory=True)
-    return bool(getattr(section, field) != default)
-
 
 # engine backend -> does it run on GPUs only
 ENGINE_BACKENDS = {"sglang": True, "cpu": False}
@@ -208,7 +202,7 @@ def check_engine_backend(ctx: PlanContext) -> list[Issue]:
                 "remove them; engine.max_batch_size sets the CPU engine's batch",
             )
         )
-    if backend == "cpu" and cfg.run.deterministic and _changed(cfg.engine, "max_batch_size"):
+    if backend == "cpu" and cfg.run.deterministic and changed(cfg.engine, "max_batch_size"):
         issues.append(
             Issue(
                 "engine.max_batch_size",
@@ -219,7 +213,7 @@ def check_engine_backend(ctx: PlanContext) -> list[Issue]:
                 value=cfg.engine.max_batch_size,
             )
         )
-    if backend == "sglang" and _changed(cfg.engine, "max_batch_size"):
+    if backend == "sglang" and changed(cfg.engine, "max_batch_size"):
         issues.append(
             Issue(
                 "engine.max_batch_size",
@@ -282,7 +276,7 @@ def check_weight_sync(ctx: PlanContext) -> list[Issue]:
                 value=kind,
             )
         )
-    if kind == "disk" and _changed(cfg.engine, "weight_bucket_mb"):
+    if kind == "disk" and changed(cfg.engine, "weight_bucket_mb"):
         issues.append(
             Issue(
                 "engine.weight_bucket_mb",

@@ -44,6 +44,15 @@ class CheckpointError(Exception):
         self.path = path
         self.problem = problem
 
+    def unloaded(self) -> str:
+        """What a resume (and `rlpost status`) says of this checkpoint, which it skips."""
+        return f"checkpoint {self.path} is broken and will not be loaded: {self.problem}"
+
+
+def unfinished_save(staging: Path) -> str:
+    """What a resume (and `rlpost status`) says of a staging folder a save left."""
+    return f"{staging} is a save that did not finish; ignored"
+
 
 @dataclass(frozen=True)
 class Scan:

@@ -264,12 +264,12 @@ def describe_problems(usable: Usable) -> list[str]:
     for bad in usable.broken:
         done = checkpoint.rollouts_done_of(bad.path)
         later = newest_done is not None and done is not None and done > newest_done
-        what = f"  checkpoint {bad.path} is broken and will not be loaded: {bad.problem}"
+        what = f"  {bad.unloaded()}"
         if later:
             what += f" (a resume moves it to {bad.path.parent / checkpoint.ABANDONED_DIR}/)"
         lines.append(what)
     for staging in usable.interrupted:
-        lines.append(f"  {staging} is a save that did not finish; ignored")
+        lines.append(f"  {checkpoint.unfinished_save(staging)}")
     return lines
 
 

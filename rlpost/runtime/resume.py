@@ -103,9 +103,9 @@ def _reshards(path: Path, state: LoopState, saved: dict[str, Any]) -> frozenset[
 
 def _report(scan: checkpoint.Scan) -> None:
     for broken in scan.broken:
-        status(f"checkpoint {broken.path} is broken and will not be loaded: {broken.problem}")
+        status(broken.unloaded())
     for staging in scan.interrupted:
-        status(f"{staging} is a save that did not finish; ignored")
+        status(checkpoint.unfinished_save(staging))
 
 
 def _auto(run_dir: Path) -> Path | None:

@@ -72,6 +72,14 @@ class InvariantError(ValueError):
         self.fix = fix
 
 
+def changed(section: BaseModel, field: str) -> bool:
+    """Whether `field` of `section` differs from its default: a field at its default is never
+    reported as unused or inert (a shipped file may spell out a default that a derived recipe
+    then makes moot)."""
+    info = type(section).model_fields[field]
+    return bool(getattr(section, field) != info.get_default(call_default_factory=True))
+
+
 def refuse_unused(section: BaseModel, field: str, *, why: str, fix: str, prefix: str = "") -> None:
     """An InvariantError when `field` differs from its default although nothing reads it.
 
@@ -80,9 +88,8 @@ def refuse_unused(section: BaseModel, field: str, *, why: str, fix: str, prefix:
     spell out a default that a derived recipe then makes moot). `prefix` is the path from
     the validating section to `section` ('optim.'), so the error points at the right key.
     """
-    info = type(section).model_fields[field]
     value = getattr(section, field)
-    if value != info.get_default(call_default_factory=True):
+    if changed(section, field):
         raise InvariantError(
             f"{field}={value!r} has no effect: {why}", fields=(prefix + field,), fix=fix
         )
