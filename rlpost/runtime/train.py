@@ -324,20 +324,30 @@ def context_issues(
         if isinstance(limit, int) and not isinstance(limit, bool) and limit < context:
             context, where = limit, "layout.rollout.sglang.context_length"
     issues = []
+    # training's samples stay within a generic model's window (the trainers attend over the
+    # whole sample); the schema bounds them only as far as data.max_prompt_len is set
+    trained, trained_where, why = context, where, "the engines would refuse those requests mid-run"
+    window = cfg.model.sliding_window
+    if window is not None and window < trained:
+        trained, trained_where = window, "model.sliding_window"
+        why = (
+            "the trainers would attend over the whole sample, where the checkpoint's "
+            "attention sees only its window"
+        )
     # the jsonl source's (a class's: unknown; mode=eval's: none)
     prompts = getattr(data.source, "prompts", None) if data is not None else None
     if prompts:
         prompt = max(len(p.prompt_ids) for p in prompts)
         response = rollout.max_response_len
-        if prompt + response > context:
+        if prompt + response > trained:
             issues.append(
                 Issue(
                     "recipe.rollout.max_response_len",
                     f"the longest prompt is {prompt} tokens, and {prompt} + {response} "
-                    f"response tokens = {prompt + response} is beyond {where}={context}: the "
-                    "engines would refuse those requests mid-run",
-                    f"at most {context - prompt} response tokens, or recipe.data."
-                    f"max_prompt_len: {context - response} to leave out the longest prompts",
+                    f"response tokens = {prompt + response} is beyond {trained_where}="
+                    f"{trained}: {why}",
+                    f"at most {trained - prompt} response tokens, or recipe.data."
+                    f"max_prompt_len: {trained - response} to leave out the longest prompts",
                     value=response,
                 )
             )

@@ -12,6 +12,7 @@ from rlpost.errors import UserError
 from rlpost.runtime import checkpoint
 from rlpost.runtime.run_state import LoopState, SavedGroups, write_driver_state
 from rlpost.runtime.train import load_inputs
+from rlpost.schema import RunConfig
 
 
 def test_a_prompt_whose_request_outgrows_the_context_is_refused_before_any_actor() -> None:
@@ -38,6 +39,30 @@ def test_a_prompt_whose_request_outgrows_the_context_is_refused_before_any_actor
     assert "recipe.eval.max_prompt_len: 12 to leave out the longest prompts" in issue.fix
     fits, _ = compose_run_config([f"recipe.rollout.max_response_len={512 - longest}"])
     assert load_inputs(fits, None).eval_sets
+
+
+def test_a_training_prompt_whose_sample_outgrows_a_generic_models_window_is_refused() -> None:
+    """With data.max_prompt_len unset the schema bounds a sample by its response alone; a
+    generic model's window (Mistral 7B v0.1's, below its context) then bounds the tokenized
+    prompts + response, since the trainers attend over the whole sample. The window is set on
+    the default model's section (the check reads only the field)."""
+    cfg, _ = compose_run_config([])
+    inputs = load_inputs(cfg, None)
+    assert inputs.data is not None
+    longest = max(len(p.prompt_ids) for p in inputs.data.source.prompts)
+    sample = longest + cfg.recipe.rollout.max_response_len
+
+    def windowed(window: int) -> RunConfig:
+        model = cfg.model.model_copy(update={"sliding_window": window})
+        return cfg.model_copy(update={"model": model})
+
+    with pytest.raises(UserError) as refused:
+        load_inputs(windowed(sample - 1), None)
+    (issue,) = refused.value.issues
+    assert issue.key == "recipe.rollout.max_response_len"
+    assert f"= {sample} is beyond model.sliding_window={sample - 1}: the trainers" in issue.message
+    assert issue.fix.startswith(f"at most {sample - 1 - longest} response tokens")
+    assert load_inputs(windowed(sample), None).data is not None
 
 
 def test_an_evaluation_restarts_on_the_weights_it_was_given(tmp_path: Path) -> None:
