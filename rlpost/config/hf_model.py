@@ -164,12 +164,12 @@ def _traits(hf: HFConfig) -> FamilyTraits:
     return FamilyTraits(GENERIC_FAMILY, str(architectures[0]))
 
 
-def _unsupported(hf: HFConfig, key: str, value: Any, why: str) -> UserError:
-    return _error(
-        key,
-        value,
-        f"{hf.path} sets {key}={value!r}: {why}",
-        "no model YAML can describe this checkpoint yet; it needs a schema field",
+def _unsupported(hf: HFConfig, key: str, value: Any, why: str) -> Issue:
+    return Issue(
+        key=key,
+        value=value,
+        message=f"{hf.path} sets {key}={value!r}: {why}",
+        fix="no model YAML can describe this checkpoint yet; it needs a schema field",
     )
 
 
@@ -186,74 +186,90 @@ def sliding_window(hf: HFConfig) -> int | None:
     return None
 
 
-def _check_sliding_window(hf: HFConfig) -> None:
+def _sliding_window_issues(hf: HFConfig) -> list[Issue]:
     """A window narrower than the context changes what a token attends to, and both
     trainers attend over the whole sample. A generic model states it as model.sliding_window,
     which bounds its samples (a sample within the window attends as with full attention);
     megatron-core's specs for the named families have no window."""
+    issues = []
     if hf.get("use_sliding_window", default=False):
-        raise _unsupported(hf, "use_sliding_window", True, "sliding-window attention")
+        issues.append(_unsupported(hf, "use_sliding_window", True, "sliding-window attention"))
     window = sliding_window(hf)
     model_type = hf.get("model_type", "text_config.model_type", default=None)
     if window is not None and model_type in FAMILIES:
         context = hf.get("max_position_embeddings", default=None)
-        raise _unsupported(
-            hf,
-            "sliding_window",
-            window,
+        why = (
             f"sliding-window attention narrower than the context ({context} positions), "
-            f"which megatron-core's {model_type} spec does not build",
+            f"which megatron-core's {model_type} spec does not build"
         )
+        issues.append(_unsupported(hf, "sliding_window", window, why))
     kinds = hf.get("layer_types", default=[])
     windowed = [k for k in kinds if k != "full_attention"] if isinstance(kinds, list) else []
     if windowed:
-        raise _unsupported(hf, "layer_types", sorted(set(windowed)), "attention other than full")
+        why = "attention other than full"
+        issues.append(_unsupported(hf, "layer_types", sorted(set(windowed)), why))
     pattern = hf.get("sliding_window_pattern", default=None)  # Gemma 3 before layer_types
     if window is not None and pattern is not None:
-        raise _unsupported(
-            hf, "sliding_window_pattern", pattern, "windowed and full attention layers mixed"
-        )
+        why = "windowed and full attention layers mixed"
+        issues.append(_unsupported(hf, "sliding_window_pattern", pattern, why))
+    return issues
+
+
+def expressible_issues(hf: HFConfig) -> list[Issue]:
+    """Each setting of `hf` the schema cannot describe, all of them: a user fixing one should
+    not rerun to meet the next."""
+    issues = _sliding_window_issues(hf)
+    softcap = hf.get("attn_logit_softcapping", default=None)
+    if softcap is not None:
+        why = "softcapped attention scores (the trainers' SDPA attention has no softcap)"
+        issues.append(_unsupported(hf, "attn_logit_softcapping", softcap, why))
+    if hf.get("mlp_bias", default=False):
+        issues.append(_unsupported(hf, "mlp_bias", True, "biases on the MLP projections"))
+    if hf.get("mlp_only_layers", default=[]):
+        why = "dense layers scattered among MoE layers (only a dense prefix is expressible)"
+        issues.append(_unsupported(hf, "mlp_only_layers", hf.get("mlp_only_layers"), why))
+    step = hf.get("decoder_sparse_step", default=1)
+    if step != 1:
+        issues.append(_unsupported(hf, "decoder_sparse_step", step, "MoE on every n-th layer only"))
+    return issues
 
 
 def check_expressible(hf: HFConfig) -> None:
-    """Refuse architectures the schema cannot describe rather than describe them wrongly."""
-    _check_sliding_window(hf)
-    if hf.get("attn_logit_softcapping", default=None) is not None:
-        raise _unsupported(
-            hf,
-            "attn_logit_softcapping",
-            hf.get("attn_logit_softcapping"),
-            "softcapped attention scores (the trainers' SDPA attention has no softcap)",
-        )
-    if hf.get("mlp_bias", default=False):
-        raise _unsupported(hf, "mlp_bias", True, "biases on the MLP projections")
-    if hf.get("mlp_only_layers", default=[]):
-        raise _unsupported(
-            hf,
-            "mlp_only_layers",
-            hf.get("mlp_only_layers"),
-            "dense layers scattered among MoE layers (only a dense prefix is expressible)",
-        )
-    if hf.get("decoder_sparse_step", default=1) != 1:
-        raise _unsupported(
-            hf, "decoder_sparse_step", hf.get("decoder_sparse_step"), "MoE on every n-th layer only"
-        )
+    """Refuse architectures the schema cannot describe rather than describe them wrongly,
+    naming every setting at once."""
+    issues = expressible_issues(hf)
+    if issues:
+        raise UserError(issues)
 
 
-def _rope_scaling(hf: HFConfig) -> dict[str, Any] | None:
+def _rope_scaling_kind(hf: HFConfig) -> tuple[str, Any] | None:
+    """The object that states RoPE scaling and its type; None where there is no scaling."""
     scope = next((s for s in ROPE_SCOPES if isinstance(hf.get(s, default=None), dict)), None)
     if scope is None:
         return None
     kind = hf.get(*(f"{scope}.{k}" for k in ROPE_KEYS["type"]), default=None)
-    if kind in (None, "default"):
+    return None if kind in (None, "default") else (scope, kind)
+
+
+def _drawn_issues(hf: HFConfig, traits: FamilyTraits) -> list[Issue]:
+    """What architecture() cannot draw from `hf`: each setting at once."""
+    issues = expressible_issues(hf)
+    scaling = _rope_scaling_kind(hf)
+    if scaling is not None and scaling[1] not in SUPPORTED_ROPE_SCALING:
+        why = f"only {' and '.join(SUPPORTED_ROPE_SCALING)} RoPE scaling are expressible"
+        issues.append(_unsupported(hf, f"{scaling[0]}.rope_type", scaling[1], why))
+    act = hf.get("hidden_act", "hidden_activation", default="silu")
+    if not (traits.gated_gelu and act in GELUS) and act not in ACTIVATIONS:
+        why = f"supported: {', '.join(ACTIVATIONS)}"
+        issues.append(_unsupported(hf, "hidden_act", act, why))
+    return issues
+
+
+def _rope_scaling(hf: HFConfig) -> dict[str, Any] | None:
+    scaling = _rope_scaling_kind(hf)
+    if scaling is None:
         return None
-    if kind not in SUPPORTED_ROPE_SCALING:
-        raise _unsupported(
-            hf,
-            f"{scope}.rope_type",
-            kind,
-            f"only {' and '.join(SUPPORTED_ROPE_SCALING)} RoPE scaling are expressible",
-        )
+    scope, kind = scaling
     found: dict[str, Any] = {"type": kind}
     unread = rope_fields_unread(kind)  # transformers reads them no more than rlpost does
     for field, keys in ROPE_KEYS.items():
@@ -323,11 +339,7 @@ def _moe(hf: HFConfig, traits: FamilyTraits) -> dict[str, Any] | None:
 
 def _activation(hf: HFConfig, traits: FamilyTraits) -> str:
     act = hf.get("hidden_act", "hidden_activation", default="silu")
-    if traits.gated_gelu and act in GELUS:
-        return "geglu"
-    if act not in ACTIVATIONS:
-        raise _unsupported(hf, "hidden_act", act, f"supported: {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[act]
+    return "geglu" if traits.gated_gelu and act in GELUS else ACTIVATIONS[act]
 
 
 def _qk_layernorm(hf: HFConfig, traits: FamilyTraits) -> bool:
@@ -339,7 +351,9 @@ def _qk_layernorm(hf: HFConfig, traits: FamilyTraits) -> bool:
 def architecture(hf: HFConfig) -> dict[str, Any]:
     """Every ModelConfig architecture field, in schema order (no name or checkpoints)."""
     traits = _traits(hf)
-    check_expressible(hf)
+    issues = _drawn_issues(hf, traits)
+    if issues:
+        raise UserError(issues)
     architectures = hf.get("architectures", default=[traits.architecture])
     facts: dict[str, Any] = {
         "family": traits.family,

@@ -446,6 +446,32 @@ def test_what_a_generic_model_cannot_describe_is_refused_by_name(
     assert status == 2 and fragment in err and "Traceback" not in err, err
 
 
+def test_every_setting_no_model_yaml_can_describe_is_named_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Gemma-2-2B's config.json (as transformers saves it, with layer_types): its mixed
+    attention layers, its attention softcap and its activation are refused together, so a
+    user learns all three from one run."""
+    gemma2 = mistral_config(
+        architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2",
+        hidden_act="gelu_pytorch_tanh",
+        sliding_window=4096,
+        max_position_embeddings=8192,
+        layer_types=["sliding_attention", "full_attention"] * 13,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        query_pre_attn_scalar=256,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(gemma2))
+    status, _, err = run_main(["new", "model", "--from-hf", str(tmp_path), "--out", "-"], capsys)
+    assert status == 2 and "Traceback" not in err, err
+    assert "rlpost: 3 configuration errors" in err, err
+    assert "sets layer_types=['sliding_attention']: attention other than full" in err
+    assert "sets attn_logit_softcapping=50.0: softcapped attention" in err
+    assert "sets hidden_act='gelu_pytorch_tanh': supported: silu, swish, gelu" in err
+
+
 @pytest.mark.parametrize("backend", ["torch", "megatron"])
 def test_the_written_reference_exists_and_a_kl_validates(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -209,6 +209,20 @@ def test_a_checkpoint_no_yaml_describes_is_refused_on_hf_checkpoint(tmp_path: Pa
     assert issue.key == "model.hf_checkpoint" and "sliding-window attention" in issue.message
 
 
+def test_every_setting_no_yaml_describes_is_its_own_issue(tmp_path: Path) -> None:
+    raw = yaml.safe_load((CONF / "model" / "qwen3-8b.yaml").read_text())
+    raw["hf_checkpoint"] = str(tmp_path)
+    hf = {**fixture("qwen3-8b"), "use_sliding_window": True, "attn_logit_softcapping": 50.0}
+    (tmp_path / "config.json").write_text(json.dumps(hf | {"mlp_bias": True}))
+    issues = check_hf_config({"model": raw}, here)
+    assert {i.key for i in issues} == {"model.hf_checkpoint"}
+    assert [i.message.rsplit("(config.json's ", 1)[1] for i in issues] == [
+        "use_sliding_window)",
+        "attn_logit_softcapping)",
+        "mlp_bias)",
+    ]
+
+
 def test_a_stated_key_is_reported_once(tmp_path: Path) -> None:
     """num_nextn_predict_layers is compared by key and implied alike: one issue, the key's."""
     raw = yaml.safe_load((CONF / "model" / "deepseek-v3.yaml").read_text())
