@@ -18,35 +18,10 @@ ANYWAY = "; or set plan.memory_check=warn to launch anyway"
 def memory_issues(plan: Plan) -> list[Issue]:
     """One Issue per part of the run (training, rollout, host) that does not fit."""
     m = plan.memory
-    device, devices = device_word(plan.hardware_kind), device_word(plan.hardware_kind, 2)
+    device = device_word(plan.hardware_kind)
     issues = []
     if not m.train_fits and plan.starts_train_ranks:
-        fix = (
-            "split the model further (tp, pp, cp, ep), turn on layout.train.recompute, "
-            "lower recipe.train.max_tokens_per_gpu or offload the optimizer"
-            if plan.hardware_kind == "gpu"
-            # a CPU's optimizer is in host memory already (recipe.optim.cpu_offload is refused)
-            else "split the model further (tp, pp), turn on layout.train.recompute, lower "
-            "recipe.train.max_tokens_per_gpu or raise hardware.gpu_memory_gib (a device "
-            "slot's nominal share of host memory)"
-        )
-        if isinstance(m.train, FsdpTrainMemory):
-            fix = (
-                "set layout.train.recompute.granularity: full or layout.train.fsdp.cpu_offload: "
-                "true"
-                + (
-                    ""
-                    if m.train.reshard_after_forward
-                    else " or layout.train.fsdp.reshard_after_forward: true"
-                )
-                + f", lower recipe.train.max_tokens_per_gpu, or use more {devices} (the torch "
-                "trainer's shards shrink as 1/DP)"
-            )
-        if not plan.trains:  # mode=eval: the train ranks hold the weights, nothing else
-            fix = (
-                f"split the model further over the train {devices} (layout.train.tp, pp, ep; "
-                f"the torch trainer's shards shrink as 1/DP), or give training more {devices}"
-            )
+        fix = _train_fix(plan)
         need = "training needs" if plan.trains else "sending the weights to the engines needs"
         issues.append(
             Issue(
@@ -70,6 +45,54 @@ def memory_issues(plan: Plan) -> list[Issue]:
             )
         )
     return issues
+
+
+def _train_fix(plan: Plan) -> str:
+    """What lowers a train rank's peak, naming only what the plan's trainer honours: megatron
+    splits the model (tp, pp, cp, ep) and offloads its optimizer (recipe.optim.cpu_offload);
+    the torch trainer is data parallel alone (FSDP2: its shards shrink as 1/DP, and on GPUs
+    they offload with layout.train.fsdp.cpu_offload). A CPU's optimizer is in host memory
+    already, and a remedy the layout has on already is not named."""
+    m, par = plan.memory, plan.parallel
+    devices = device_word(plan.hardware_kind, 2)
+    on_gpu = plan.hardware_kind == "gpu"
+    more = (
+        f"use more train {devices} (layout.train.num_gpus, or a larger hardware profile: the "
+        "torch trainer's shards shrink as 1/DP)"
+    )
+    slot = "raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)"
+    fixes: list[str] = []
+    if plan.trainer_backend == "torch":
+        fsdp = m.train if isinstance(m.train, FsdpTrainMemory) else None
+        if plan.trains and par.recompute != "full":
+            fixes.append("set layout.train.recompute.granularity: full")
+        if fsdp is not None and not fsdp.cpu_offload:
+            fixes.append("set layout.train.fsdp.cpu_offload: true")
+        if plan.trains and fsdp is not None and not fsdp.reshard_after_forward:
+            fixes.append("set layout.train.fsdp.reshard_after_forward: true")
+        if plan.trains:
+            fixes.append("lower recipe.train.max_tokens_per_gpu")
+        fixes.append(more if on_gpu else slot)
+        return _any_of(fixes)
+    ep = ", ep" if m.params_active < m.params_total else ""
+    if not plan.trains:  # mode=eval: the train ranks hold the weights, nothing else
+        return (
+            f"split the model further over the train {devices} (layout.train.tp, pp{ep}), "
+            f"or give training more {devices}"
+        )
+    fixes.append(f"split the model further (layout.train.tp, pp, cp{ep})")
+    if par.recompute != "full":
+        fixes.append("set layout.train.recompute.granularity: full")
+    fixes.append("lower recipe.train.max_tokens_per_gpu")
+    if on_gpu and m.train.host_optimizer_gib == 0:
+        fixes.append("set recipe.optim.cpu_offload: true")
+    if not on_gpu:
+        fixes.append(slot)
+    return _any_of(fixes)
+
+
+def _any_of(fixes: list[str]) -> str:
+    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 
 def _rollout_shortfall(plan: Plan) -> str:

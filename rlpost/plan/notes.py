@@ -229,14 +229,14 @@ def save_notes(cfg: RunConfig) -> list[str]:
     return notes
 
 
-def inert_setting_notes(cfg: RunConfig, dp: int, num_engines: int) -> list[str]:
+def inert_setting_notes(cfg: RunConfig, par: ParallelLayout, num_engines: int) -> list[str]:
     """Settings, changed from their defaults, that act on nothing in the run as planned: a
     KL estimator where no KL is computed, data balancing over one data-parallel rank, a
     router policy with one engine to route to. Shipped recipes set the first two (slime's
     seed scripts do), so the plan says it and refuses nothing."""
     notes: list[str] = []
     if cfg.mode != "eval":
-        notes += _kl_estimator_notes(cfg) + _balance_notes(cfg, dp)
+        notes += _kl_estimator_notes(cfg) + _balance_notes(cfg, par)
     policy = cfg.engine.router_policy
     if num_engines == 1 and changed(cfg.engine, "router_policy"):
         devices = device_word(cfg.hardware.kind, 2)
@@ -286,14 +286,16 @@ def _kl_estimator_notes(cfg: RunConfig) -> list[str]:
     ]
 
 
-def _balance_notes(cfg: RunConfig, dp: int) -> list[str]:
+def _balance_notes(cfg: RunConfig, par: ParallelLayout) -> list[str]:
     """balance_data spreads a step's samples over the data-parallel ranks by their tokens
-    (rlpost.algo.steps); one rank takes them all either way."""
-    if not cfg.recipe.train.balance_data or dp != 1:
+    (rlpost.algo.steps); one rank takes them all either way. A replica split over several
+    GPUs (megatron's tp x pp x cp) leaves more ranks when smaller; the torch trainer's is one."""
+    if not cfg.recipe.train.balance_data or par.dp != 1:
         return []
+    devices = f"more train {device_word(cfg.hardware.kind, 2)}"
+    smaller = ", or a smaller tp x pp x cp" if par.tp * par.pp * par.cp > 1 else ""
     return [
         "recipe.train.balance_data=true partitions nothing: the layout has one data-parallel "
         "rank (dp=1), which trains every sample of a step whatever the balance; it evens the "
-        f"ranks' tokens once dp is above 1 (more train {device_word(cfg.hardware.kind, 2)}, "
-        "or a smaller tp x pp x cp)"
+        f"ranks' tokens once dp is above 1 ({devices}{smaller})"
     ]

@@ -565,7 +565,7 @@ def build_plan(cfg: RunConfig) -> Plan:
         + tuple(idle_gpu_notes(cfg, sizes, par) + mtp_notes(cfg))
         + tuple(pipeline_balance_notes(cfg, par))
         + tuple(clip_notes(cfg, batch.steps_per_rollout, par.dp) + save_notes(cfg))
-        + tuple(inert_setting_notes(cfg, par.dp, placement.num_engines))
+        + tuple(inert_setting_notes(cfg, par, placement.num_engines))
         + _train_rank_notes(cfg, train_ranks, sizes),
         train_ranks=train_ranks,
         generations=eval_generations(cfg.recipe) if cfg.mode == "eval" else (),

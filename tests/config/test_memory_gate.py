@@ -149,3 +149,89 @@ def test_training_that_does_not_fit_on_cpu_names_no_optimizer_offload(
     need = math.ceil(plan.memory.train.total_gib)
     roomier = build_plan(compose_run("model=qwen3-4b", f"hardware.gpu_memory_gib={need}"))
     assert memory_issues(roomier) == []
+
+
+def validate_refusal(capsys: pytest.CaptureFixture[str], *overrides: str) -> str:
+    """`rlpost validate`'s refusal of `overrides`: exit 2, no traceback."""
+    from rlpost.cli.main import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["validate", "--no-local-checks", *overrides])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and "Traceback" not in err, err
+    return err
+
+
+def train_fix(err: str) -> str:
+    """The fix of the refusal's layout.train memory issue."""
+    block = err.split("\n  layout.train ", 1)[1]
+    return block.split("\n    fix: ", 1)[1].split("\n", 1)[0]
+
+
+# a 70B-shaped model that transformers builds (family generic): the torch trainer's alone
+GENERIC_70B = (
+    "model=llama3.1-8b",
+    "model.name=big",
+    "model.family=generic",
+    "model.hf_architecture=MistralForCausalLM",
+    "model.rope_scaling=null",
+    "model.hidden_size=8192",
+    "model.num_layers=80",
+    "model.num_attention_heads=64",
+    "model.ffn_hidden_size=28672",
+    "recipe=grpo_dapo",
+    "hardware=h100x8",
+)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_the_torch_trainers_refusal_on_cpu_names_no_model_parallelism(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The torch trainer is data parallel only: on a CPU profile its remedies are recompute,
+    shorter micro-batches and a larger slot; megatron's split the model."""
+    cpu = ("model=qwen3-4b", "hardware=cpu")
+    fix = train_fix(validate_refusal(capsys, *cpu, f"trainer.backend={backend}"))
+    assert fix.startswith(
+        "set layout.train.recompute.granularity: full, lower recipe.train.max_tokens_per_gpu "
+        "or raise hardware.gpu_memory_gib"
+    )
+    assert "tp" not in fix.split(";")[0] and "pp" not in fix
+    fix = train_fix(validate_refusal(capsys, *cpu, "trainer.backend=megatron"))
+    assert fix.startswith("split the model further (layout.train.tp, pp, cp), ")
+
+
+def test_the_torch_trainers_refusal_on_gpus_names_what_is_not_on_already(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """GPU profiles recompute every layer by default: the fix leaves it out, and with the
+    shards offloaded already, offload too."""
+    given = (*GENERIC_70B, "layout.train.dp=8")
+    fix = train_fix(validate_refusal(capsys, *given))
+    assert fix.startswith("set layout.train.fsdp.cpu_offload: true, lower recipe.train.")
+    assert "recompute" not in fix and "tp" not in fix.split(";")[0]
+    offloaded = (
+        *given,
+        "layout.train.fsdp.cpu_offload=true",
+        "recipe.train.max_tokens_per_gpu=1000000",
+    )
+    fix = train_fix(validate_refusal(capsys, *offloaded))
+    assert fix.startswith("lower recipe.train.max_tokens_per_gpu or use more train GPUs")
+
+
+def test_an_evaluations_torch_sender_is_told_to_offload_not_to_split(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """mode=eval of other weights than the engines load: the torch trainer's ranks hold
+    float32 shards to send; FSDP2's offload keeps them on the host, and then it fits."""
+    from rlpost.cli.main import main
+
+    big = [*GENERIC_70B, "model.num_layers=200", "mode=eval", "model.load=/ckpt/policy"]
+    big += ["layout.train.dp=8", "layout.rollout.gpus_per_engine=8"]
+    err = validate_refusal(capsys, *big)
+    assert "sending the weights to the engines needs" in err
+    fix = train_fix(err)
+    assert fix.startswith("set layout.train.fsdp.cpu_offload: true or use more train GPUs")
+    assert "tp" not in fix.split(";")[0]
+    offloaded = ["validate", "--no-local-checks", *big, "layout.train.fsdp.cpu_offload=true"]
+    assert main(offloaded) in (0, None)

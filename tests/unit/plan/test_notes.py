@@ -300,6 +300,18 @@ def test_balancing_data_over_one_data_parallel_rank_is_noted(run_config: Runs) -
     assert said(build_plan(run_config("qwen3-4b", "h100x8")), BALANCE_INERT) is None
     unbalanced = run_config("glm4-9b", "h100x8", recipe__train__balance_data=False)
     assert said(build_plan(unbalanced), BALANCE_INERT) is None
+    # the torch trainer's replica is one GPU: a smaller one is not what leaves more ranks
+    one = run_config(
+        "qwen3-tiny",
+        "cpu",
+        "grpo_tiny_math",
+        layout__train__num_gpus=1,
+        recipe__train__balance_data=True,
+    )
+    torch = build_plan(one)
+    assert torch.trainer_backend == "torch" and torch.parallel.dp == 1
+    note = said(torch, BALANCE_INERT)
+    assert note is not None and note.endswith("once dp is above 1 (more train device slots)")
 
 
 ONE_ENGINE = "has one engine to choose"
