@@ -11,7 +11,11 @@ top-level `data_source` field (the data set's name in verl's parquet files, whic
 function of verl's shape is given) is kept in the metadata as "data_source", unless the
 metadata holds one of its own. The input key and the label key may be dotted paths into
 nested objects (`reward_model.ground_truth`, where verl's parquet files keep the answer); a key
-a row has at its top level, dots and all, is read first. Bad rows are all reported at once,
+a row has at its top level, dots and all, is read first. A column of JSON text (an export
+that json.dumps its objects first) reads as what it holds: a prompt string that is a JSON
+list of objects is a message list, a metadata string must hold an object, and a dotted key
+reads into a string of an object (slime and verl hand such a prompt string to the chat
+template undecoded, where a message list is expected). Bad rows are all reported at once,
 with file and line number (a parquet file: row number).
 """
 
@@ -258,7 +262,7 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
     if not isinstance(row, dict):
         kind = type(row).__name__
         raise LineError("line", f"is a JSON {kind}, not an object", ONE_OBJECT, _short(row))
-    prompt = _field(row, fmt.input_key, "data.input_key", unit)
+    prompt = _message_text(_field(row, fmt.input_key, "data.input_key", unit))
     _check_prompt(fmt.input_key, prompt, unit)
     label = None
     if fmt.label_key is not None:
@@ -280,6 +284,8 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
     metadata = row.get(fmt.metadata_key)
     if metadata is None:
         metadata = {}
+    if isinstance(metadata, str):
+        metadata = _object_text(fmt.metadata_key, metadata)
     if not isinstance(metadata, dict):
         raise LineError(
             fmt.metadata_key,
@@ -295,6 +301,37 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
     tools = _tools(fmt.tool_key, row[fmt.tool_key])
     _check_metadata_tools(metadata, tools, fmt.tool_key, fmt.metadata_key)
     return Row(number, prompt, label, {**metadata, "tools": tools}, tools)
+
+
+def _message_text(prompt: Any) -> Any:
+    """A prompt string that holds a JSON list of objects is a message list written as JSON
+    text (a parquet column of messages that pandas or json.dumps wrote as strings): decoded,
+    then checked as messages. Any other string is the prompt's own text."""
+    if not isinstance(prompt, str) or not prompt.lstrip().startswith("["):
+        return prompt
+    try:
+        messages = json.loads(prompt)
+    except json.JSONDecodeError:
+        return prompt
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        return messages
+    return prompt
+
+
+def _object_text(key: str, value: str) -> dict[str, Any]:
+    """A metadata string: JSON text of an object (a parquet column of objects with varying
+    keys, written as strings), decoded; anything else is refused naming the key."""
+    fix = f"store {key} as an object, or a string of one; or point data.metadata_key elsewhere"
+    try:
+        decoded = json.loads(value)
+    except json.JSONDecodeError as exc:
+        message = f"is a string that is not JSON ({exc.msg}, column {exc.colno})"
+        raise LineError(key, message, fix, _short(value)) from None
+    if not isinstance(decoded, dict):
+        kind = type(decoded).__name__
+        message = f"is a string holding a JSON {kind}; metadata must be a JSON object"
+        raise LineError(key, message, fix, _short(value))
+    return decoded
 
 
 def _tools(key: str, value: Any) -> Tools:
@@ -345,11 +382,12 @@ def _check_metadata_tools(
 
 def _field(row: dict[str, Any], key: str, config_key: str, unit: str = "line") -> Any:
     """The row's value at `key`: its top-level key of that name, else (a dotted key) the
-    value at that path through nested objects."""
+    value at that path through nested objects (a string of a JSON object is one)."""
     if key in row:
         return row[key]
     value: Any = row
     for part in key.split(".") if "." in key else (key,):
+        value = _nested_object(value)
         if not isinstance(value, dict) or part not in value:
             break
         value = value[part]
@@ -365,6 +403,18 @@ def _field(row: dict[str, Any], key: str, config_key: str, unit: str = "line") -
         f"add '{key}' to every {unit}, or set {config_key} to the field that holds it{how}",
         missing_from=keys,
     )
+
+
+def _nested_object(value: Any) -> Any:
+    """`value`, or the object a string of JSON text holds (verl's reward_model column
+    written as strings)."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        return decoded if isinstance(decoded, dict) else value
+    return value
 
 
 def row_keys(row: dict[str, Any]) -> list[str]:

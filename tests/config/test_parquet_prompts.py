@@ -124,3 +124,32 @@ def test_a_parquet_row_whose_content_is_refused_is_called_a_row(
     assert f"{path}, row 2" in printed
     assert "the rows' own rm_type still grade theirs), or give the row a rule-based" in printed
     assert "line" not in printed.split(f"{path}, row 2", 1)[1]
+
+
+def test_parquet_columns_of_json_text_validate_and_bad_text_is_named_by_its_row(
+    parquet: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Messages and metadata written as JSON text are read as what they hold; a metadata
+    string that holds no JSON object is refused, naming its row, the key and why; and a
+    message list, decoded, needs the chat template as one stored as a list does."""
+    rows = pq.read_table(parquet["arith_train"]).to_pylist()[:4]
+    rows = [
+        {"prompt": json.dumps(r["prompt"]), "label": r["label"], "metadata": '{"rm_type": "math"}'}
+        for r in rows
+    ]
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    code, printed = validate(capsys, f"recipe.data.prompt_data={path}")
+    assert code == 0, printed
+    code, printed = validate(
+        capsys, f"recipe.data.prompt_data={path}", "recipe.data.apply_chat_template=false"
+    )
+    assert code == 2 and "Traceback" not in printed, printed
+    assert f"{path}, row 1" in printed and "is a message list, which needs the chat" in printed
+    rows[2]["metadata"] = "rm_type=math"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    code, printed = validate(capsys, f"recipe.data.prompt_data={path}")
+    assert code == 2 and "Traceback" not in printed, printed
+    assert f"{path}, row 3" in printed
+    assert "'metadata' is a string that is not JSON (Expecting value, column 1)" in printed
+    assert "fix: store metadata as an object, or a string of one" in printed

@@ -522,3 +522,45 @@ def test_a_set_that_reads_no_tools_renders_its_lines_without_them(
         input_key=dataset.input_key, label_key=dataset.label_key, tool_key=dataset.tool_key,
     )  # fmt: skip
     assert "tools" not in group[0].metadata and group[0].prompt == "Rain in Oslo?"
+
+
+def test_parquet_columns_of_json_text_read_as_the_objects_they_hold(
+    tmp_path: Path, chat_tokenizer
+) -> None:
+    """A parquet file whose messages, metadata and reward_model columns hold JSON text (as
+    an export that json.dumps its objects writes them): each row reads as the file of
+    objects reads; a string prompt that is not a JSON list of objects stays its text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    messages = [{"role": "user", "content": "Problem 3: what is 3 times 4?"}]
+    rows = [
+        {
+            "prompt": messages,
+            "metadata": {"rm_type": "math"},
+            "reward_model": {"ground_truth": "12"},
+        },
+        {
+            "prompt": "[3, 4]: their product?",
+            "metadata": {},
+            "reward_model": {"ground_truth": "12"},
+        },
+    ]
+    as_text = [
+        {key: value if isinstance(value, str) else json.dumps(value) for key, value in row.items()}
+        for row in rows
+    ]
+    paths = {}
+    for name, table in (("objects", rows[:1]), ("text", as_text)):  # (a column: one type)
+        paths[name] = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(table), paths[name])
+    assert pq.read_schema(paths["text"]).types == [pa.string()] * 3
+    form = fmt(label_key="reward_model.ground_truth")
+    objects, _ = load_prompts(paths["objects"], form, chat_tokenizer)
+    text, _ = load_prompts(paths["text"], form, chat_tokenizer)
+    assert [r.prompt for r in text] == [messages, "[3, 4]: their product?"]
+    assert [r.metadata for r in text] == [{"rm_type": "math"}, {}]
+    assert [r.label for r in text] == ["12", "12"]
+    assert text[0].prompt_ids == objects[0].prompt_ids
+    expected = "<|im_start|>user\nProblem 3: what is 3 times 4?<|im_end|>\n<|im_start|>assistant\n"
+    assert chat_tokenizer.decode(list(text[0].prompt_ids)) == expected
