@@ -13,7 +13,7 @@ metadata holds one of its own. The input key and the label key may be dotted pat
 nested objects (`reward_model.ground_truth`, where verl's parquet files keep the answer); a key
 a row has at its top level, dots and all, is read first. A column of JSON text (an export
 that json.dumps its objects first) reads as what it holds: a prompt string that is a JSON
-list of objects is a message list, a metadata string must hold an object, and a dotted key
+list of objects with roles is a message list, a metadata string must hold an object, and a dotted key
 reads into a string of an object (slime and verl hand such a prompt string to the chat
 template undecoded, where a message list is expected). Bad rows are all reported at once,
 with file and line number (a parquet file: row number).
@@ -304,16 +304,21 @@ def _parse_line(number: int, line: RawRow, fmt: PromptFormat, unit: str = "line"
 
 
 def _message_text(prompt: Any) -> Any:
-    """A prompt string that holds a JSON list of objects is a message list written as JSON
-    text (a parquet column of messages that pandas or json.dumps wrote as strings): decoded,
-    then checked as messages. Any other string is the prompt's own text."""
+    """A prompt string that holds a JSON list of objects each with a "role" is a message list
+    written as JSON text (a parquet column of messages that pandas or json.dumps wrote as
+    strings): decoded, then checked as messages. Any other string, JSON of another shape
+    included, is the prompt's own text."""
     if not isinstance(prompt, str) or not prompt.lstrip().startswith("["):
         return prompt
     try:
         messages = json.loads(prompt)
     except json.JSONDecodeError:
         return prompt
-    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+    if (
+        isinstance(messages, list)
+        and messages
+        and all(isinstance(m, dict) and "role" in m for m in messages)
+    ):
         return messages
     return prompt
 

@@ -529,7 +529,7 @@ def test_parquet_columns_of_json_text_read_as_the_objects_they_hold(
 ) -> None:
     """A parquet file whose messages, metadata and reward_model columns hold JSON text (as
     an export that json.dumps its objects writes them): each row reads as the file of
-    objects reads; a string prompt that is not a JSON list of objects stays its text."""
+    objects reads; a string prompt that is not a JSON list of messages stays its text."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -542,6 +542,11 @@ def test_parquet_columns_of_json_text_read_as_the_objects_they_hold(
         },
         {
             "prompt": "[3, 4]: their product?",
+            "metadata": {},
+            "reward_model": {"ground_truth": "12"},
+        },
+        {  # JSON of objects that are not messages: a prompt's own text
+            "prompt": '[{"a": 3}, {"b": 4}]: multiply a by b',
             "metadata": {},
             "reward_model": {"ground_truth": "12"},
         },
@@ -558,9 +563,9 @@ def test_parquet_columns_of_json_text_read_as_the_objects_they_hold(
     form = fmt(label_key="reward_model.ground_truth")
     objects, _ = load_prompts(paths["objects"], form, chat_tokenizer)
     text, _ = load_prompts(paths["text"], form, chat_tokenizer)
-    assert [r.prompt for r in text] == [messages, "[3, 4]: their product?"]
-    assert [r.metadata for r in text] == [{"rm_type": "math"}, {}]
-    assert [r.label for r in text] == ["12", "12"]
+    assert [r.prompt for r in text] == [messages, *(row["prompt"] for row in rows[1:])]
+    assert [r.metadata for r in text] == [{"rm_type": "math"}, {}, {}]
+    assert [r.label for r in text] == ["12", "12", "12"]
     assert text[0].prompt_ids == objects[0].prompt_ids
     expected = "<|im_start|>user\nProblem 3: what is 3 times 4?<|im_end|>\n<|im_start|>assistant\n"
     assert chat_tokenizer.decode(list(text[0].prompt_ids)) == expected
