@@ -280,6 +280,18 @@ def _requests(plan: Plan) -> str:
     return f"one per sample ({rt.requests_why})"
 
 
+def _episodes(rt: RuntimePlan) -> list[list[Cell]]:
+    """The generate function's time limit per call, where the run has a function of its own
+    (rlpost.runtime.rollout.episode)."""
+    if rt.generate_function is None:
+        return []
+    if rt.episode_timeout_s is None:
+        limit = "unlimited (recipe.rollout.episode_timeout_s: null)"
+    else:
+        limit = f"{rt.episode_timeout_s:g} s, then the run stops"
+    return [["a generate function call's own time (engine requests aside)", limit]]
+
+
 def render_runtime(plan: Plan) -> str:
     if not plan.trains:
         return render_eval_runtime(plan)
@@ -294,6 +306,7 @@ def render_runtime(plan: Plan) -> str:
         ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
         ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
         ["generate requests", _requests(plan)],
+        *_episodes(rt),
         [
             "loop",
             LOOP_NAMES.get(loop.mode, loop.mode)
@@ -385,6 +398,7 @@ def render_eval_runtime(plan: Plan) -> str:
         ["servers listen on", "loopback only" if rt.loopback_only else "each node's address"],
         ["Ray cluster", _ray_cluster(rt.ray_address, plan.placement.num_nodes)],
         ["generate requests", _eval_requests(plan)],
+        *_episodes(rt),
         [
             "evaluation",
             f"once: each set in turn, its groups sent together, {rt.max_concurrency} samples "

@@ -48,6 +48,11 @@ class RuntimePlan:
     # prefill wave instead of n); "sample" = a call each, and `requests_why` says why.
     requests: str = "group"
     requests_why: str = ""
+    # recipe.rollout.generate_function, and the most seconds one call of it may run besides
+    # its engine requests before the run stops (rlpost.runtime.rollout.episode; None: no
+    # limit, or no generate function of the user's)
+    generate_function: str | None = None
+    episode_timeout_s: float | None = None
     # CPU engines' scheduling priority (nice): on a CPU host whose generation runs ahead of
     # training (async modes, engines on cores of their own), training is the critical path,
     # so the engines yield a shared core to the trainers; 0 elsewhere.
@@ -131,6 +136,10 @@ def plan_runtime(
         max_concurrency=client_concurrency(cfg, num_engines),
         fp8=fp8,
         **plan_requests(cfg),
+        generate_function=cfg.recipe.rollout.generate_function,
+        episode_timeout_s=cfg.recipe.rollout.episode_timeout_s
+        if cfg.recipe.rollout.generate_function
+        else None,
         engine_nice=ENGINE_NICE if yields else 0,
         # an evaluation stops at once whatever run.on_sigterm says (it saves nothing)
         on_sigterm="stop" if evaluating else cfg.run.on_sigterm,

@@ -266,7 +266,9 @@ class EnginePool:
 
     async def stop(self) -> None:
         await self.stop_monitor()
-        results = await asyncio.gather(*(e.close() for e in self.engines), return_exceptions=True)
+        with self._stopping_engines():
+            closing = (e.close() for e in self.engines)
+            results = await asyncio.gather(*closing, return_exceptions=True)
         for engine, result in zip(self.engines, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("engine %d did not stop cleanly: %s", engine.index, result)
@@ -420,7 +422,8 @@ class EnginePool:
         self._released.discard(index)  # it comes back with its memory in place
         try:
             await self._unregister(old_url)
-            await self.engines[index].stop()
+            with self._stopping_engines():
+                await self.engines[index].stop()
             new_url = await self.engines[index].start()
             if self.catch_up is not None:
                 await self.catch_up(new_url)
@@ -436,6 +439,11 @@ class EnginePool:
         self.restarts.append(restart)
         log.warning("engine %d serves again at %s (%.1f s)", index, new_url, restart.seconds)
         return restart
+
+    def _stopping_engines(self) -> contextlib.AbstractContextManager[None]:
+        """Around stopping engines: what they answer aborted as they go (the CPU engine
+        aborts its running requests) was interrupted by rlpost, not refused by the engine."""
+        return self.client.asking_aborts() if self.client else contextlib.nullcontext()
 
     def _set_serving(self, index: int, serving: bool) -> None:
         if serving:

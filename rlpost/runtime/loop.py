@@ -145,8 +145,9 @@ class TrainLoop:
         )
         evaluation = dataclasses.replace(shared, evaluation=True, seeder=self.eval_seeding)
         together = plan.runtime.requests == "group"
+        timeout_s = plan.runtime.episode_timeout_s
         self.eval_runner = GroupRunner(
-            session.client, self._reward, generate, hook_name, evaluation, together
+            session.client, self._reward, generate, hook_name, evaluation, together, timeout_s
         )
         self.resume = resume
         self.start = resume.start_rollout if resume else 0
@@ -158,7 +159,9 @@ class TrainLoop:
                 else None
             )
             self._pipeline = RolloutPipeline(
-                GroupRunner(session.client, self._reward, generate, hook_name, shared, together),
+                GroupRunner(
+                    session.client, self._reward, generate, hook_name, shared, together, timeout_s
+                ),
                 inputs.data,
                 inputs.sampling.to_sglang(),
                 plan.runtime.loop,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from rlpost.schema.base import InvariantError, Section, refuse_unused
 from rlpost.schema.reward import RewardConfig
@@ -15,6 +15,12 @@ DEFAULT_MAX_DRAWS = 32
 scripts allow 10 draws of three batches' prompts (30 batches' worth); 32 allow as much without
 over-sampling. A filter that keeps no group (rewards all equal, a filter's bug) would draw
 forever."""
+
+DEFAULT_EPISODE_TIMEOUT_S = 3600.0
+"""A generate function call's own time (its tools and environments; its requests to the engines
+not counted) past which the run stops. An hour: the most an episode's tools together may
+plausibly take (a sandbox's test run per turn, over several turns), the same bound
+engine.request_timeout_s sets one request; a tool that hangs costs an hour, not the run."""
 
 GREEDY_BELOW = 1e-6
 """SGLang decodes greedily at any temperature below this (its _SAMPLING_EPS), as the CPU engine
@@ -64,6 +70,12 @@ class RolloutConfig(Section):
         description="policy turns a generate function may take per sample (ctx.max_turns); "
         "every turn counts in max_response_len",
     )
+    episode_timeout_s: PositiveFloat | None = Field(
+        DEFAULT_EPISODE_TIMEOUT_S,
+        description="the most seconds one call of the generate function may run besides its "
+        "requests to the engines (its tools, its environment, whatever else it awaits); past "
+        "them the run stops, naming the function and the sample (null: no limit)",
+    )
     generate_settings: dict[str, Any] = Field(
         default_factory=dict,
         description="the generate function's own settings (ctx.settings): tool URLs, "
@@ -96,6 +108,14 @@ class RolloutConfig(Section):
             fix = "set generate_function to a multi-turn generate function, or remove it"
             refuse_unused(self, "max_turns", why=why, fix=fix)
             refuse_unused(self, "generate_settings", why=why, fix=fix)
+            refuse_unused(
+                self,
+                "episode_timeout_s",
+                why="the default generate function awaits nothing but its request to the "
+                "engines, which engine.request_timeout_s bounds",
+                fix="set generate_function to a generate function of your own, or remove "
+                "episode_timeout_s",
+            )
         return self
 
     @model_validator(mode="after")

@@ -279,6 +279,18 @@ CASES: list[Bad] = [
         "stop_token_ids holds 4 ('</think>'",
     ),
     Bad(
+        "an episode time limit of zero",
+        ("recipe=grpo_tiny_calculator", "recipe.rollout.episode_timeout_s=0"),
+        "recipe.rollout.episode_timeout_s",
+        "greater than 0",
+    ),
+    Bad(
+        "an episode time limit without a generate function",
+        ("recipe.rollout.episode_timeout_s=60",),
+        "recipe.rollout.episode_timeout_s",
+        "awaits nothing but its request to the engines",
+    ),
+    Bad(
         "a tool loop allowed one turn",
         ("recipe=grpo_tiny_calculator", "recipe.rollout.max_turns=1"),
         "recipe.rollout.max_turns",

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -37,6 +37,19 @@ class EngineRequestError(RuntimeError):
         super().__init__(message)
         self.status = status
         self.body = body
+
+
+class EngineAbortError(EngineRequestError):
+    """Requests an engine answered aborted though rlpost asked no engine to abort anything
+    while they ran (no weight update, no stop): `aborted` holds each one's position in the
+    request (a batch's item), rid and the engine's message."""
+
+    def __init__(self, aborted: Sequence[tuple[int, str | None, str | None]]) -> None:
+        _, rid, message = aborted[0]
+        super().__init__(f"the engine aborted request {rid} on its own: {message!r}")
+        self.aborted = list(aborted)
+        self.engine_message = message
+        self.samples: list[int] | None = None  # the samples' indices, where the caller knows
 
 
 @dataclass(frozen=True)
@@ -155,6 +168,29 @@ class EngineClient:
         self._control_timeout = aiohttp.ClientTimeout(total=control_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._headers = auth_headers(key)
+        self._aborts_asked = 0  # aborts rlpost asked for, counted as each one starts
+        self._aborting = 0  # those under way
+
+    @contextlib.contextmanager
+    def asking_aborts(self) -> Iterator[None]:
+        """Around whatever aborts engines' requests on rlpost's behalf (a pause, an abort,
+        an engine stopped): requests it answers aborted were interrupted, not refused."""
+        self._aborts_asked += 1
+        self._aborting += 1
+        try:
+            yield
+        finally:
+            self._aborting -= 1
+
+    def abort_mark(self) -> int | None:
+        """Where the aborts rlpost asked for stand, taken as a request goes out (None: one
+        is under way)."""
+        return None if self._aborting else self._aborts_asked
+
+    def asked_abort_since(self, mark: int | None) -> bool:
+        """Whether rlpost asked for an abort since `mark` (or was asking then, or is now):
+        what tells an interrupted request from one an engine aborted on its own."""
+        return mark is None or self._aborting > 0 or self._aborts_asked != mark
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -349,19 +385,23 @@ class EngineClient:
         """Abort every request on every engine; with `wait`, until none is left running."""
         urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
         deadline = time.monotonic() + timeout_s
-        while True:
-            await self._each_reachable("POST", "/abort_request", {"abort_all": True}, urls)
-            if not wait or await self.num_requests(urls) == 0:
-                return
-            if time.monotonic() > deadline:
-                raise EngineRequestError(f"requests still running after abort for {timeout_s} s")
-            await asyncio.sleep(0.2)
+        with self.asking_aborts():
+            while True:
+                await self._each_reachable("POST", "/abort_request", {"abort_all": True}, urls)
+                if not wait or await self.num_requests(urls) == 0:
+                    return
+                if time.monotonic() > deadline:
+                    raise EngineRequestError(
+                        f"requests still running after abort for {timeout_s} s"
+                    )
+                await asyncio.sleep(0.2)
 
     async def abort_rid(self, rid_prefix: str, worker_urls: Sequence[str] | None = None) -> None:
         """Abort the requests whose rid starts with `rid_prefix`, on every engine (they come
         back with what they generated so far)."""
         urls = list(worker_urls) if worker_urls is not None else await self.worker_urls()
-        await self._each_reachable("POST", "/abort_request", {"rid": rid_prefix}, urls)
+        with self.asking_aborts():
+            await self._each_reachable("POST", "/abort_request", {"rid": rid_prefix}, urls)
 
     async def num_requests(self, worker_urls: Sequence[str] | None = None) -> int:
         """Requests running or waiting, summed over the engines."""
@@ -374,7 +414,8 @@ class EngineClient:
         )
 
     async def pause(self, mode: str = "abort", worker_urls: Sequence[str] | None = None) -> None:
-        await self._each("POST", "/pause_generation", {"mode": mode}, worker_urls)
+        with self.asking_aborts():
+            await self._each("POST", "/pause_generation", {"mode": mode}, worker_urls)
 
     async def continue_generation(self, worker_urls: Sequence[str] | None = None) -> None:
         await self._each("POST", "/continue_generation", {}, worker_urls)

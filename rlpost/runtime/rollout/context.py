@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlpost.runtime.rollout.client import EngineAbortError
 from rlpost.types import Sample, SampleStatus
 
 PROBE_USER, PROBE_ASSISTANT = "\x00user\x00", "\x00assistant\x00"
@@ -135,10 +136,14 @@ class GenerateContext:
     async def _generate(self, samples: list[Sample], params: dict[str, Any]) -> None:
         """Continue `samples` under `params`: one request, batched when there are several."""
         prompts = [s.prompt_ids + s.response_ids for s in samples]
-        if len(samples) == 1:
-            results = [await self.client.generate(prompts[0], params)]
-        else:
-            results = await self.client.generate_batch(prompts, params)
+        try:
+            if len(samples) == 1:
+                results = [await self.client.generate(prompts[0], params)]
+            else:
+                results = await self.client.generate_batch(prompts, params)
+        except EngineAbortError as exc:  # named by the samples it aborted
+            exc.samples = [samples[position].index for position, _, _ in exc.aborted]
+            raise
         for sample, result in zip(samples, results, strict=True):
             self._end_turn(sample, result)
 

@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from rlpost.runtime.rollout.client import EngineAbortError
 from rlpost.runtime.rollout.context import ContextFactory, GenerateContext
+from rlpost.runtime.rollout.episode import EPISODE, EpisodeClock, engine_request
 from rlpost.types import Sample, SampleStatus
 
 Group = list[Sample]
@@ -40,6 +42,10 @@ class GenerationClient(Protocol):
     ) -> list[Any]: ...
 
     async def abort_rid(self, rid_prefix: str) -> None: ...
+
+    def abort_mark(self) -> int | None: ...
+
+    def asked_abort_since(self, mark: int | None) -> bool: ...
 
 
 RewardFn = Callable[[list[Sample]], Awaitable[list[float]]]
@@ -103,8 +109,10 @@ async def generate_sample(sample: Sample, ctx: GenerateContext) -> Sample:
 class GroupClient:
     """The engine client as one group sees it: its requests carry the group's rid prefix,
     so `stop()` aborts exactly them (on every engine) and they come back with what they
-    generated so far. `interrupted` counts the answers that came back aborted (a weight
-    update, or the stop)."""
+    generated so far. `interrupted` counts the answers that came back aborted because rlpost
+    asked for it (a weight update's pause, the stop). An answer aborted while rlpost asked
+    for no abort is the engine's own (a request it refused to serve): generating it again
+    would meet the same abort, so it raises EngineAbortError."""
 
     _serial = itertools.count()
 
@@ -118,21 +126,34 @@ class GroupClient:
     async def generate(
         self, input_ids: list[int], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> Any:
-        result = await self.client.generate(input_ids, sampling_params, rid=self._rid(rid))
-        self._count_interrupted([result])
+        mark = self.client.abort_mark()
+        with engine_request():
+            result = await self.client.generate(input_ids, sampling_params, rid=self._rid(rid))
+        self._sort_aborted([result], mark)
         return result
 
     async def generate_batch(
         self, input_ids: list[list[int]], sampling_params: dict[str, Any], *, rid: str | None = None
     ) -> list[Any]:
-        results = list(
-            await self.client.generate_batch(input_ids, sampling_params, rid=self._rid(rid))
-        )
-        self._count_interrupted(results)
+        mark = self.client.abort_mark()
+        with engine_request():
+            answers = await self.client.generate_batch(
+                input_ids, sampling_params, rid=self._rid(rid)
+            )
+        results = list(answers)
+        self._sort_aborted(results, mark)
         return results
 
-    def _count_interrupted(self, results: list[Any]) -> None:
-        self.interrupted += sum(str(r.finish_reason) == "abort" for r in results)
+    def _sort_aborted(self, results: list[Any], mark: int | None) -> None:
+        aborted = [i for i, r in enumerate(results) if str(r.finish_reason) == "abort"]
+        if not aborted:
+            return
+        if self.stopping or self.client.asked_abort_since(mark):
+            self.interrupted += len(aborted)
+            return
+        raise EngineAbortError(
+            [(i, getattr(results[i], "rid", None), results[i].abort_message) for i in aborted]
+        )
 
     def _rid(self, rid: str | None) -> str:
         """The caller's rid, else the group's next (the engine adds `_i` per batch item)."""
@@ -150,9 +171,18 @@ class MalformedSampleError(RuntimeError):
     """A generate hook returned something the loop cannot train on."""
 
 
+class EngineAbortedSampleError(RuntimeError):
+    """An engine aborted a sample's request on its own (the cause is the EngineAbortError)."""
+
+
 class GenerateError(RuntimeError):
     """A generate hook raised (the cause is chained, so a dead engine behind it is still a
     fault: rlpost.runtime.failures.is_fault)."""
+
+
+class EpisodeTimeoutError(GenerateError):
+    """A call of a generate function ran past recipe.rollout.episode_timeout_s of its own
+    time (rlpost.runtime.rollout.episode)."""
 
 
 def check_generated(
@@ -233,9 +263,11 @@ class GroupRunner:
         hook_name: str = "rlpost.runtime.rollout.manager.generate_sample",
         contexts: ContextFactory | None = None,
         group_requests: bool = False,
+        episode_timeout_s: float | None = None,
     ) -> None:
         if group_requests and generate_fn is not generate_sample:
             raise ValueError("group requests need the default generate function")
+        self.episode_timeout_s = episode_timeout_s
         self.client = client
         self.reward_fn = reward_fn
         self.generate_fn = generate_fn
@@ -256,7 +288,10 @@ class GroupRunner:
             pending = [i for i, s in enumerate(group) if not s.finished]
             interrupted = gclient.interrupted
             if self.group_requests:
-                await ctx.policy_turns([group[i] for i in pending])
+                try:
+                    await ctx.policy_turns([group[i] for i in pending])
+                except EngineAbortError as exc:
+                    raise self._engine_aborted(exc, group[pending[0]]) from exc
             else:
                 for i in pending:
                     group[i].begin_generation()
@@ -281,7 +316,13 @@ class GroupRunner:
         """The generate function's answer for `sample`; a user's function that raises is
         named in the error, with the sample it was generating."""
         try:
-            return await self.generate_fn(sample, ctx)
+            if self.generate_fn is generate_sample or self.episode_timeout_s is None:
+                return await self.generate_fn(sample, ctx)
+            return await self._timed(sample, ctx, self.episode_timeout_s)
+        except EngineAbortError as exc:
+            raise self._engine_aborted(exc, sample) from exc
+        except EpisodeTimeoutError:
+            raise
         except Exception as exc:
             if self.generate_fn is generate_sample:  # rlpost's own: its error says enough
                 raise
@@ -289,6 +330,53 @@ class GroupRunner:
                 f"generate function '{self.hook_name}' raised {type(exc).__name__}: {exc} "
                 f"(generating sample {sample.index} of group {sample.group_index})"
             ) from exc
+
+    async def _timed(self, sample: Sample, ctx: GenerateContext, limit_s: float) -> Any:
+        """The generate function's answer, or EpisodeTimeoutError once it ran `limit_s` of
+        its own time (its engine requests not counted) without one; then it is cancelled."""
+        clock = EpisodeClock()
+
+        async def episode() -> Any:
+            EPISODE.set(clock)  # in the episode's task, and the tasks it starts
+            return await self.generate_fn(sample, ctx)
+
+        task = asyncio.ensure_future(episode())
+        try:
+            while not task.done():
+                # the clock stands still while a request is out: look again, not at once
+                await asyncio.wait({task}, timeout=max(limit_s - clock.own_s(), 0.1))
+                if not task.done() and clock.own_s() >= limit_s:
+                    raise EpisodeTimeoutError(
+                        f"generate function '{self.hook_name}' ran {limit_s:g} s of its own "
+                        f"time on sample {sample.index} of group {sample.group_index} without "
+                        f"returning (recipe.rollout.episode_timeout_s={limit_s:g}; its requests "
+                        "to the engines are not counted): a tool or environment it awaits "
+                        "seems to hang. Give that call a timeout of its own, or raise "
+                        "recipe.rollout.episode_timeout_s (null: no limit) if its episodes "
+                        "need longer"
+                    )
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def _engine_aborted(self, exc: EngineAbortError, sample: Sample) -> EngineAbortedSampleError:
+        """The run stops naming the engine's message, the sample(s) and the group: an abort
+        rlpost did not ask for is the engine refusing the request, which it would refuse
+        again each time the loop sent it, without end."""
+        samples = exc.samples if exc.samples is not None else [sample.index]
+        rids = [rid for _, rid, _ in exc.aborted]
+        return EngineAbortedSampleError(
+            f"an engine aborted sample(s) {samples} of group {sample.group_index} on its own: "
+            f"{exc.engine_message!r} (request(s) {rids}). rlpost asked no engine to abort "
+            "anything while it ran (no weight update, no stop), so the engine refused the "
+            "request, and would refuse it again each time it were sent. The engine's log says "
+            "why; a request over an engine's limits needs a shorter prompt or response "
+            "(recipe.data.max_prompt_len, recipe.rollout.max_response_len) or the engine's "
+            "limit raised; an abort sent to the engine by something other than rlpost stops "
+            "the run the same way"
+        )
 
     def _aborted_uninterrupted(self, group: Group) -> MalformedSampleError:
         """A sample came back ABORTED though no request of its group was: the generate

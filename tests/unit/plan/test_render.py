@@ -260,6 +260,25 @@ def test_runners_up_the_cost_model_cannot_tell_from_the_choice_are_called_ties(
 @pytest.mark.parametrize(
     ("overrides", "row"),
     [
+        ({}, "3600 s, then the run stops"),
+        ({"recipe__rollout__episode_timeout_s": 90}, "90 s, then the run stops"),
+        ({"recipe__rollout__episode_timeout_s": None}, "unlimited"),
+    ],
+    ids=["default", "set", "unlimited"],
+)
+def test_the_plan_says_how_long_a_generate_function_call_may_run(
+    run_config: Runs, overrides: dict[str, object], row: str
+) -> None:
+    limit = "a generate function call's own time (engine requests aside)"
+    plan = build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_calculator", **overrides))
+    shown = render_plan(plan)
+    assert limit in shown and row in shown.split(limit)[1].splitlines()[0]
+    assert limit not in render_plan(build_plan(run_config("qwen3-tiny", "cpu", "grpo_tiny_math")))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "row"),
+    [
         ({}, "32 (2048 prompts), then the run stops"),
         ({"recipe__rollout__max_draws_per_rollout": None}, "unlimited"),
     ],
