@@ -13,8 +13,8 @@ metadata holds one of its own. The input key and the label key may be dotted pat
 nested objects (`reward_model.ground_truth`, where verl's parquet files keep the answer); a key
 a row has at its top level, dots and all, is read first. A column of JSON text (an export
 that json.dumps its objects first) reads as what it holds: a prompt string that is a JSON
-list of objects with roles is a message list, a metadata string must hold an object, and a dotted key
-reads into a string of an object (slime and verl hand such a prompt string to the chat
+list of objects with roles is a message list, a metadata string must hold an object, and a
+dotted key reads into a string of an object (slime and verl hand such a prompt string to the chat
 template undecoded, where a message list is expected). Bad rows are all reported at once,
 with file and line number (a parquet file: row number).
 """
