@@ -216,9 +216,12 @@ def next_with_auto(run_dir: Path, launches: list[Launch], usable: Usable | None 
     total = ((config.get("recipe") or {}).get("rollout") or {}).get("num_rollout")
     unfinished = _unfinished(newest)
     if isinstance(total, int) and done >= total:
-        if unfinished:
+        if unfinished is not None:
+            from rlpost.runtime.run_state import left_by
+
             return (
-                f"finish what the stop left of rollout {done - 1} ({newest}), then nothing: "
+                f"finish what {left_by(unfinished)} left of rollout {done - 1} ({newest}), "
+                "then nothing: "
                 f"{done} of recipe.rollout.num_rollout={total} rollouts are done"
             )
         return (
@@ -281,13 +284,14 @@ def _config(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _unfinished(path: Path) -> bool:
+def _unfinished(path: Path) -> dict[str, Any] | None:
+    """What the checkpoint at `path` records as left of its last rollout (loop.json)."""
     from rlpost.runtime.run_state import read_loop_state
 
     try:
-        return read_loop_state(path).unfinished is not None
+        return read_loop_state(path).unfinished
     except (OSError, ValueError, TypeError):  # no loop state, or not one this reads
-        return False
+        return None
 
 
 def render_status(run_dir: Path) -> str:

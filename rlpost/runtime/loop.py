@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import rlpost
 from rlpost.data.source import DataSource
@@ -68,12 +68,14 @@ class Unfinished:
     evaluation and HF export (when due): the resumed run evaluates and exports it first (as
     its config has them due), then logs its record. `metrics`: the record, when it waits
     for the evaluation (None: logged); `before_training`: rollout 0's evaluation before
-    training, logged with it."""
+    training, logged with it; `left_by`: what left it, "stop" or "evaluation" (failed), for
+    the resumed run's messages and `rlpost status`."""
 
     rollout_id: int
     metrics: dict[str, float] | None = None
     before_training: dict[str, float] = dataclasses.field(default_factory=dict)
     groups: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    left_by: Literal["stop", "evaluation"] = "stop"
 
     @classmethod
     def from_state(cls, state: LoopState) -> Unfinished | None:
@@ -270,7 +272,8 @@ class TrainLoop:
                     raise
                 except EvaluationError as exc:  # saved first, evaluated first when resumed
                     if exc.record is not None:
-                        left = Unfinished(step, exc.record[0], pending_eval, exc.record[1])
+                        metrics, groups = exc.record
+                        left = Unfinished(step, metrics, pending_eval, groups, "evaluation")
                         await self._save_before_failing(step + 1, left)
                     raise
                 if eval_waits:  # stopping: saved first, evaluated and logged when resumed

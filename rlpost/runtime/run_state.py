@@ -61,8 +61,9 @@ class LoopState:
     parallel: dict[str, Any] = field(default_factory=dict)
     train_ranks: int = 1
     optimizer_saved: bool = True
-    # A SIGTERM's save after a rollout trained: what the resumed run does for that rollout
-    # first (its evaluation and HF export when due; rlpost.runtime.loop.Unfinished).
+    # A SIGTERM's save after a rollout trained, or the save before a failed evaluation ends
+    # the run: what the resumed run does for that rollout first (its evaluation and HF
+    # export when due; rlpost.runtime.loop.Unfinished, whose `left_by` says which).
     unfinished: dict[str, Any] | None = None
 
     def to_json(self) -> str:
@@ -71,6 +72,16 @@ class LoopState:
     @classmethod
     def from_json(cls, text: str) -> LoopState:
         return cls(**json.loads(text))
+
+
+def left_by(unfinished: dict[str, Any]) -> str:
+    """What left a checkpoint's `unfinished` rollout, for a message: "the stop", "the failed
+    evaluation", or, in a checkpoint that does not say (saved before it was recorded), "the
+    last launch"."""
+    return LEFT_BY.get(unfinished.get("left_by"), "the last launch")
+
+
+LEFT_BY = {"stop": "the stop", "evaluation": "the failed evaluation"}
 
 
 # ---- RNG ----------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from rlpost.runtime.loop import Inputs, TrainLoop
 from rlpost.runtime.progress import status
 from rlpost.runtime.resume import ResumePoint, find_resume_point, set_aside_newer
 from rlpost.runtime.rollout.manager import SamplingSettings
-from rlpost.runtime.run_state import read_groups
+from rlpost.runtime.run_state import left_by, read_groups
 from rlpost.runtime.rundir import prepare_run_dir, run_dir_of
 from rlpost.runtime.session import Session
 from rlpost.runtime.stop import Stopped, StopSignal
@@ -70,11 +70,9 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
                     "nothing to train; raise num_rollout to continue the run"
                 )
                 return run_dir
-            # a SIGTERM's save: the stopped rollout's record, evaluation and HF export wait
-            status(
-                f"{start} rollouts are done and recipe.rollout.num_rollout={total}: no "
-                f"rollout to train; finishing what the stop left of rollout {start - 1}"
-            )
+            # a SIGTERM's save (or a failed evaluation's): the last rollout's record,
+            # evaluation and HF export wait
+            status(finishing(start, total, resume.state.unfinished))
         prepare_run_dir(cfg, start, restart=restarts)
         launch = launch_count(run_dir) - 1
         try:
@@ -101,6 +99,15 @@ def run(cfg: RunConfig, plan: Plan, resume: ResumePoint | None = None) -> Path:
         print(format_eval_table(reports))
     print(f"run directory: {run_dir}")
     return run_dir
+
+
+def finishing(done: int, total: int, unfinished: dict[str, Any]) -> str:
+    """What a resumed run that has no rollout to train does: what the checkpoint's
+    `unfinished` says was left of its last rollout."""
+    return (
+        f"{done} rollouts are done and recipe.rollout.num_rollout={total}: no rollout to "
+        f"train; finishing what {left_by(unfinished)} left of rollout {done - 1}"
+    )
 
 
 class Restart(Exception):

@@ -117,11 +117,42 @@ def test_a_run_dir_without_ends_reads_as_launches_that_ended_without_a_word(
     )
 
 
+@pytest.mark.parametrize(
+    ("left_by", "what"),
+    [
+        ("stop", "the stop"),
+        ("evaluation", "the failed evaluation"),
+        (None, "the last launch"),  # a checkpoint saved before the cause was recorded
+    ],
+)
+def test_what_waits_after_the_last_rollout_is_said_to_be_left_by_what_left_it(
+    tmp_path: Path, left_by: str | None, what: str
+) -> None:
+    """A failed evaluation's save leaves the rollout's evaluation, record and HF export for
+    the resumed run as a stop's does: `rlpost status` and the resumed run name the one the
+    checkpoint records."""
+    run_dir = tmp_path / "run"
+    cfg, _ = compose_run_config([f"run.dir={run_dir}", "recipe.rollout.num_rollout=4"])
+    prepare_run_dir(cfg, 0)
+    unfinished: dict[str, Any] = {"rollout_id": 3, "metrics": {"train/loss": 0.5}}
+    if left_by is not None:
+        unfinished["left_by"] = left_by
+    left = save_checkpoint(run_dir, 4, unfinished=unfinished)
+    assert render_status(run_dir).endswith(
+        f"next, with run.resume=auto: finish what {what} left of rollout 3 ({left}), then "
+        "nothing: 4 of recipe.rollout.num_rollout=4 rollouts are done"
+    )
+    assert train.finishing(4, 4, unfinished) == (
+        "4 rollouts are done and recipe.rollout.num_rollout=4: no rollout to train; "
+        f"finishing what {what} left of rollout 3"
+    )
+
+
 def test_what_run_resume_auto_would_do_next(tmp_path: Path) -> None:
     run_dir, fork = tmp_path / "run", tmp_path / "fork"
     cfg, _ = compose_run_config([f"run.dir={run_dir}", "recipe.rollout.num_rollout=4"])
     prepare_run_dir(cfg, 0)
-    left = save_checkpoint(run_dir, 4, unfinished={"rollout": 3})
+    left = save_checkpoint(run_dir, 4, unfinished={"rollout_id": 3, "left_by": "stop"})
     assert f"finish what the stop left of rollout 3 ({left}), then nothing" in (
         render_status(run_dir)
     )

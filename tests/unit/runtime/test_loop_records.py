@@ -26,8 +26,9 @@ def test_with_an_evaluation_after_rollout_1_both_keep_a_record() -> None:
 
 
 def test_a_record_that_waits_for_its_evaluation_survives_the_checkpoints_json() -> None:
-    """A SIGTERM's save keeps the trained rollout's record in loop.json (`Unfinished`): its
-    numbers, whatever computed them, come back as metrics.jsonl would have held them."""
+    """A SIGTERM's save (or a failed evaluation's) keeps the trained rollout's record in
+    loop.json (`Unfinished`), with what left it: its numbers, whatever computed them, come
+    back as metrics.jsonl would have held them."""
     waiting = Unfinished(
         3,
         metrics={
@@ -38,6 +39,7 @@ def test_a_record_that_waits_for_its_evaluation_survives_the_checkpoints_json() 
         },
         before_training={"eval/arith/accuracy": 0.125},
         groups={"trained": [12, 13], "outstanding": [14]},
+        left_by="evaluation",
     )
     state = LoopState(rollouts_done=4, data={}, unfinished=waiting.to_state())
     back = Unfinished.from_state(LoopState.from_json(state.to_json()))
@@ -51,5 +53,6 @@ def test_a_record_that_waits_for_its_evaluation_survives_the_checkpoints_json() 
         },
         before_training={"eval/arith/accuracy": 0.125},
         groups={"trained": [12, 13], "outstanding": [14]},
+        left_by="evaluation",
     )
     assert Unfinished.from_state(LoopState(rollouts_done=4, data={})) is None  # older checkpoints
