@@ -177,7 +177,8 @@ def _derive_tp(cfg: RunConfig, sizes: Sizes, base: ParallelLayout, rec: _Record)
                 f"{cfg.hardware.gpu_memory_gib} GiB: the largest valid, tp={tp}, still needs "
                 f"{need.total_gib:.1f} GiB per GPU ({need.terms()})"
             ),
-            fix="set layout.train.pp (pipeline stages) and, for MoE, layout.train.ep; "
+            fix="set layout.train.pp (pipeline stages)"
+            + (" and layout.train.ep (expert parallel); " if cfg.model.moe is not None else "; ")
             + ("" if cfg.recipe.optim.cpu_offload else "or recipe.optim.cpu_offload: true; ")
             + "or lower recipe.train.max_tokens_per_gpu; or use more GPUs",
         )

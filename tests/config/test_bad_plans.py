@@ -412,6 +412,20 @@ def test_an_uneven_split_that_does_not_split_names_its_stage_count_and_splits_th
         assert build_plan(compose_run(*overrides, *settings)).pipeline_stages == stages
 
 
+@pytest.mark.parametrize(
+    ("model", "names_ep"), [("model=glm4-9b", False), ("model=qwen3-30b-a3b", True)]
+)
+def test_a_tp_that_does_not_fit_names_expert_parallel_only_for_a_model_with_experts(
+    compose_run: Callable[..., RunConfig], model: str, names_ep: bool
+) -> None:
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(model, "recipe=grpo_dapo", "hardware=h100x1"))
+    (issue,) = [i for i in info.value.issues if i.key == "layout.train.tp"]
+    assert "set layout.train.pp (pipeline stages)" in issue.fix, issue.fix
+    assert ("layout.train.ep" in issue.fix) is names_ep, issue.fix
+    assert ("MoE" in issue.fix) is False, issue.fix
+
+
 def test_the_memory_a_refused_tp_still_needs_adds_up(compose_run: Callable[..., RunConfig]) -> None:
     cfg = compose_run("model=deepseek-v3", "recipe=grpo_dapo", "hardware=h100x64")
     with pytest.raises(UserError) as info:
