@@ -323,6 +323,21 @@ def _message_text(prompt: Any) -> Any:
     return prompt
 
 
+def holds_json_messages(raw: RawRow, key: str) -> bool:
+    """Whether a row's top-level `key` holds a message list as JSON text: a string the row
+    reader decodes into messages (`_message_text`), where a reader of the string as it is
+    (slime) takes it for the user's text."""
+    if isinstance(raw, dict):
+        row: Any = raw
+    else:
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError:
+            return False
+    value = row.get(key) if isinstance(row, dict) else None
+    return isinstance(value, str) and isinstance(_message_text(value), list)
+
+
 def _object_text(key: str, value: str) -> dict[str, Any]:
     """A metadata string: JSON text of an object (a parquet column of objects with varying
     keys, written as strings), decoded; anything else is refused naming the key."""

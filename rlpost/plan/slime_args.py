@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from rlpost.config.sglang_options import load_sglang_options
+from rlpost.data.files import UnreadableFile, prompt_rows
+from rlpost.data.prompts import holds_json_messages
 from rlpost.errors import Issue, UserError
 from rlpost.plan.megatron_rules import BY_LINE, MEGATRON_COMMIT
 from rlpost.plan.model_args import format_value, model_args
 from rlpost.plan.plan import Plan
 from rlpost.schema import EvalDataset, RunConfig
+from rlpost.schema.prompt_file import split_prompt_path
 
 Flag = tuple[str, ...]
 """One flag and its values, e.g. ('--lr', '1e-6') or ('--colocate',)."""
@@ -655,6 +658,39 @@ def _data_keys(cfg: RunConfig) -> list[str]:
     return keys
 
 
+def _json_text_prompts(cfg: RunConfig) -> list[Issue]:
+    """The prompt files this machine has (training's, each evaluation set's) whose prompt
+    field holds message lists as JSON text somewhere: rlpost decodes them, and slime applies
+    the chat template to the string as the user's text. The first such row is named."""
+    data = cfg.recipe.data
+    files = [] if data.source is not None else [("recipe.data", data.prompt_data, None)]
+    for i, d in enumerate(cfg.recipe.eval.datasets):
+        files.append((f"recipe.eval.datasets.{i}", d.path, d.input_key))
+    issues = []
+    for section, path_text, own_key in files:
+        if path_text is None:
+            continue
+        prompt_file = split_prompt_path(path_text)
+        if not Path(prompt_file.path).expanduser().is_file():  # the launch checks it there
+            continue
+        input_key = own_key or data.input_key
+        rows = prompt_rows(prompt_file)
+        try:
+            found = next((n for n, raw in rows if holds_json_messages(raw, input_key)), None)
+        except UnreadableFile:  # the preflight says why
+            continue
+        if found is not None:
+            key = f"{section}.{'prompt_data' if section == 'recipe.data' else 'path'}"
+            why = (
+                f"{prompt_file.unit} {found}'s '{input_key}' (and maybe more) is a string "
+                "holding a JSON message list: rlpost reads it as those messages, and slime "
+                "would apply the chat template to the string as the user's text"
+            )
+            fix = "store the prompts as message lists (JSON arrays, not strings), then export"
+            issues.append(Issue(key, why, fix, value=path_text))
+    return issues
+
+
 def _datasets_differ(datasets: Sequence[EvalDataset]) -> bool:
     """Evaluation sets whose keys differ, or that set their own sample counts, reward types
     or reward functions."""
@@ -680,6 +716,7 @@ def check_exportable(cfg: RunConfig, plan: Plan | None = None) -> None:
         for key, applies, why, fix in (*NOT_IN_SLIME, *MEGATRON_REFUSES)
         if applies(cfg)
     ]
+    issues += _json_text_prompts(cfg)
     if plan is not None:
         issues += check_sglang_for_slime(plan)
     if issues:

@@ -7,11 +7,14 @@ Qwen3-4B, GLM-4.5 355B, GLM-4.7-Flash examples); where a seed elides part of an 
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rlpost.errors import UserError
@@ -367,6 +370,56 @@ def test_reading_no_tools_is_refused_by_the_export(compose_run: ComposeRun) -> N
     assert (issue.key, issue.value) == ("recipe.data.tool_key", None)
     assert "whenever the row has one" in issue.message
     assert issue.fix == "rename the column in the data, or export with recipe.data.tool_key: tools"
+
+
+def test_prompts_written_as_json_text_are_refused_by_the_export(
+    compose_run: ComposeRun, tmp_path: Path
+) -> None:
+    """rlpost decodes a prompt string that holds a JSON message list; slime would template
+    the string as the user's text. Message lists stored as lists, and strings that hold
+    other JSON, export as they are."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    rows = [
+        {"prompt": "What is 2+2?", "label": "4"},
+        {"prompt": messages, "label": "2"},
+        {"prompt": "[1, 2, 3] summed?", "label": "6"},
+        {"prompt": "[1, 2, 3]", "label": "6"},
+    ]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    as_text = tmp_path / "as_text.jsonl"
+    plain_row = {"question": "What is 2+2?", "label": "4"}
+    text_row = {"question": json.dumps(messages), "label": "2"}
+    as_text.write_text("".join(json.dumps(row) + "\n" for row in [plain_row, text_row]))
+    as_column = tmp_path / "as_column.parquet"  # pandas' to_parquet of json.dumps'd messages
+    pq.write_table(pa.Table.from_pylist([plain_row, plain_row, text_row]), as_column)
+    base = ("model=qwen3-4b", "recipe=grpo_dapo", "hardware=h100x8")
+    aime = f"{{name: aime, path: {as_column}, input_key: question}}"
+    cfg = compose_run(*base, f"recipe.data.prompt_data={plain}")
+    assert "--prompt-data" in render_slime_args(cfg, build_plan(cfg))
+
+    cfg = compose_run(
+        *base,
+        f"recipe.data.prompt_data={as_text}",
+        "recipe.data.input_key=question",
+        f"recipe.eval.datasets=[{aime}]",
+    )
+    with pytest.raises(UserError) as refused:
+        render_slime_args(cfg, build_plan(cfg))
+    training, aime_set = refused.value.issues
+    assert (training.key, training.value) == ("recipe.data.prompt_data", str(as_text))
+    assert (aime_set.key, aime_set.value) == ("recipe.eval.datasets.0.path", str(as_column))
+    assert aime_set.message.startswith("row 3's 'question' (and maybe more) is a string")
+    assert training.message.startswith(
+        "line 2's 'question' (and maybe more) is a string holding a JSON message list"
+    )
+    assert "slime would apply the chat template to the string" in training.message
+    assert training.fix == (
+        "store the prompts as message lists (JSON arrays, not strings), then export"
+    )
+    # a file this machine does not have is the launch's to check
+    cfg = compose_run(*base, f"recipe.data.prompt_data={tmp_path / 'elsewhere.jsonl'}")
+    assert "--prompt-data" in render_slime_args(cfg, build_plan(cfg))
 
 
 def test_cpu_adam_without_the_precision_aware_optimizer_is_refused_by_the_export(
