@@ -25,7 +25,9 @@ class FinishReason:
             return {"type": "stop", "matched": self.matched}
         if self.kind == "length":
             return {"type": "length", "length": self.length}
-        return {"type": "abort", "message": self.message, "status_code": 200, "err_type": None}
+        # an abort asked for (abort_request, pause_generation, a weight update) carries no
+        # status_code in SGLang: null, as its FINISH_ABORT() writes; the HTTP status is 200
+        return {"type": "abort", "message": self.message, "status_code": None, "err_type": None}
 
 
 @dataclass(eq=False)

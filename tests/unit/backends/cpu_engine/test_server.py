@@ -112,7 +112,13 @@ def test_abort_by_rid_prefix_returns_partial_output(url: str, pool: ThreadPoolEx
     assert http_json("POST", f"{url}/abort_request", {"rid": "job-"})[0] == 200
     status, body = pending.result(timeout=30)
     assert status == 200
-    assert body["meta_info"]["finish_reason"]["type"] == "abort"
+    # SGLang's shape for an abort asked for: no status_code (a 400 or 5xx one is an error)
+    assert body["meta_info"]["finish_reason"] == {
+        "type": "abort",
+        "message": "aborted by abort_request",
+        "status_code": None,
+        "err_type": None,
+    }
     assert len(body["output_ids"]) < LONG["max_new_tokens"]
     assert len(body["meta_info"]["output_token_logprobs"]) == len(body["output_ids"])
 
@@ -121,7 +127,8 @@ def test_pause_abort_blocks_new_requests_until_continue(url: str, pool: ThreadPo
     inflight = pool.submit(generate, url, sampling_params=LONG)
     wait_until(lambda: running(url) == 1)
     assert http_json("POST", f"{url}/pause_generation", {"mode": "abort"})[0] == 200
-    assert inflight.result(timeout=30)[1]["meta_info"]["finish_reason"]["type"] == "abort"
+    finish = inflight.result(timeout=30)[1]["meta_info"]["finish_reason"]
+    assert (finish["type"], finish["status_code"]) == ("abort", None)
     waiting: Future[tuple[int, Any]] = pool.submit(generate, url, sampling_params=GREEDY)
     time.sleep(0.3)
     assert not waiting.done()
