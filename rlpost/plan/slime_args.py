@@ -663,7 +663,9 @@ def _json_text_prompts(cfg: RunConfig) -> list[Issue]:
     field holds message lists as JSON text somewhere: rlpost decodes them, and slime applies
     the chat template to the string as the user's text. The first such row is named."""
     data = cfg.recipe.data
-    files = [] if data.source is not None else [("recipe.data", data.prompt_data, None)]
+    files: list[tuple[str, str | None, str | None]] = []
+    if data.source is None:
+        files.append(("recipe.data", data.prompt_data, None))
     for i, d in enumerate(cfg.recipe.eval.datasets):
         files.append((f"recipe.eval.datasets.{i}", d.path, d.input_key))
     issues = []

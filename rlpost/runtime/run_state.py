@@ -78,7 +78,7 @@ def left_by(unfinished: dict[str, Any]) -> str:
     """What left a checkpoint's `unfinished` rollout, for a message: "the stop", "the failed
     evaluation", or, in a checkpoint that does not say (saved before it was recorded), "the
     last launch"."""
-    return LEFT_BY.get(unfinished.get("left_by"), "the last launch")
+    return LEFT_BY.get(str(unfinished.get("left_by")), "the last launch")
 
 
 LEFT_BY = {"stop": "the stop", "evaluation": "the failed evaluation"}
