@@ -87,20 +87,26 @@ def _missing(err: ErrorDetails, loc: ResolvedLoc, data: Any, sources: SourceMap)
 def _rule(err: ErrorDetails, loc: ResolvedLoc, data: Any, sources: SourceMap) -> Issue:
     error = (err.get("ctx") or {}).get("error")
     if isinstance(error, InvariantError):
-        key = ".".join([*loc.parts, error.fields[0]]) if error.fields else loc.key
-        return Issue(
-            key,
-            error.message,
-            error.fix,
-            value=_shown(value_at(data, key)),
-            location=sources.get(key),
-        )
+        return _invariant_issue(error, loc, data, sources)
     message = str(error) if error is not None else err["msg"]
     return Issue(
         loc.key or "(run config)",
         message,
         "change the values named above so that the rule holds",
         location=sources.locate(loc.key),
+    )
+
+
+def _invariant_issue(
+    error: InvariantError, loc: ResolvedLoc, data: Any, sources: SourceMap
+) -> Issue:
+    key = ".".join([*loc.parts, error.fields[0]]) if error.fields else loc.key
+    return Issue(
+        key,
+        error.message,
+        error.fix,
+        value=_shown(value_at(data, key)),
+        location=sources.get(key),
     )
 
 
@@ -163,6 +169,9 @@ def issues_from_validation_error(
         loc = resolve_loc(err["loc"])
         handler = HANDLERS.get(err["type"], _bad_value)
         issues.append(handler(err, loc, data, sources))
+        error = (err.get("ctx") or {}).get("error")
+        if isinstance(error, InvariantError):  # a rule that found several keys wrong
+            issues += [_invariant_issue(also, loc, data, sources) for also in error.also]
     return issues
 
 

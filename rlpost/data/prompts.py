@@ -308,12 +308,7 @@ def _message_text(prompt: Any) -> Any:
     written as JSON text (a parquet column of messages that pandas or json.dumps wrote as
     strings): decoded, then checked as messages. Any other string, JSON of another shape
     included, is the prompt's own text."""
-    if not isinstance(prompt, str) or not prompt.lstrip().startswith("["):
-        return prompt
-    try:
-        messages = json.loads(prompt)
-    except json.JSONDecodeError:
-        return prompt
+    messages = _json_text(prompt, "[")
     if (
         isinstance(messages, list)
         and messages
@@ -323,12 +318,39 @@ def _message_text(prompt: Any) -> Any:
     return prompt
 
 
+def _json_text(value: Any, opener: str) -> Any:
+    """What `value` holds where it is a string of JSON text opening with `opener` ("[" a list,
+    "{" an object); None where it is not (the caller then keeps `value` as it is)."""
+    if not isinstance(value, str) or not value.lstrip().startswith(opener):
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None
+
+
+def _decoded(key: str, value: str, fix: str) -> Any:
+    """A string a field must hold JSON text in (metadata, tools), decoded; LineError naming
+    the key where it is not JSON."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        message = f"is a string that is not JSON ({exc.msg}, column {exc.colno})"
+        raise LineError(key, message, fix, _short(value)) from None
+
+
+# "role" as JSON text inside a JSON string: its quotes escaped, as JSON writers escape them
+QUOTED_ROLE = ('\\"role\\"', "\\u0022role\\u0022")
+
+
 def holds_json_messages(raw: RawRow, key: str) -> bool:
     """Whether a row's top-level `key` holds a message list as JSON text: a string the row
     reader decodes into messages (`_message_text`), where a reader of the string as it is
     (slime) takes it for the user's text."""
     if isinstance(raw, dict):
         row: Any = raw
+    elif not any(quoted in raw for quoted in QUOTED_ROLE):
+        return False  # no string in the line can hold a message with a role: not parsed
     else:
         try:
             row = json.loads(raw)
@@ -342,11 +364,7 @@ def _object_text(key: str, value: str) -> dict[str, Any]:
     """A metadata string: JSON text of an object (a parquet column of objects with varying
     keys, written as strings), decoded; anything else is refused naming the key."""
     fix = f"store {key} as an object, or a string of one; or point data.metadata_key elsewhere"
-    try:
-        decoded = json.loads(value)
-    except json.JSONDecodeError as exc:
-        message = f"is a string that is not JSON ({exc.msg}, column {exc.colno})"
-        raise LineError(key, message, fix, _short(value)) from None
+    decoded = _decoded(key, value, fix)
     if not isinstance(decoded, dict):
         kind = type(decoded).__name__
         message = f"is a string holding a JSON {kind}; metadata must be a JSON object"
@@ -360,13 +378,7 @@ def _tools(key: str, value: Any) -> Tools:
         'store the tools as a list of tool schemas [{"type": "function", "function": {...}}], '
         "or point data.tool_key at the field that holds them"
     )
-    tools = value
-    if isinstance(value, str):
-        try:
-            tools = json.loads(value)
-        except json.JSONDecodeError as exc:
-            message = f"is a string that is not JSON ({exc.msg}, column {exc.colno})"
-            raise LineError(key, message, fix, _short(value)) from None
+    tools = _decoded(key, value, fix) if isinstance(value, str) else value
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise LineError(
             key,
@@ -428,23 +440,20 @@ def _field(row: dict[str, Any], key: str, config_key: str, unit: str = "line") -
 def _nested_object(value: Any) -> Any:
     """`value`, or the object a string of JSON text holds (verl's reward_model column
     written as strings)."""
-    if isinstance(value, str) and value.lstrip().startswith("{"):
-        try:
-            decoded = json.loads(value)
-        except json.JSONDecodeError:
-            return value
-        return decoded if isinstance(decoded, dict) else value
-    return value
+    decoded = _json_text(value, "{")
+    return decoded if isinstance(decoded, dict) else value
 
 
 def row_keys(row: dict[str, Any]) -> list[str]:
     """A row's keys, sorted, each object-valued one followed by its own keys as dotted paths
-    (`reward_model.ground_truth`): what a data key may name."""
+    (`reward_model.ground_truth`), a string of a JSON object's as well: what a data key may
+    name."""
     keys: list[str] = []
     for name in sorted(row):
         keys.append(name)
-        if isinstance(row[name], dict):
-            keys += [f"{name}.{inner}" for inner in sorted(row[name])]
+        value = _nested_object(row[name])
+        if isinstance(value, dict):
+            keys += [f"{name}.{inner}" for inner in sorted(value)]
     return keys
 
 

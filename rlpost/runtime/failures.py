@@ -115,6 +115,7 @@ class RunFailed(Exception):
     checkpoint: Path | None
     restarts: int = 0
     evaluation: bool = False  # mode=eval: it saves no checkpoint and resumes none
+    waits: str | None = None  # what the checkpoint holds for the continued run to do first
 
     exit_status = EXIT_RUN_FAILED
     headline = "the run failed"
@@ -132,6 +133,8 @@ class RunFailed(Exception):
             lines.append("  an evaluation saves no checkpoint: launch it again to evaluate anew")
         elif self.checkpoint is not None:
             lines.append(f"  newest usable checkpoint: {self.checkpoint}")
+            if self.waits:
+                lines.append(f"  {self.waits}")
             lines.append(f"  to continue: {self.continue_command(command)}")
         else:
             lines.append("  no checkpoint was saved yet")
@@ -209,7 +212,27 @@ def failed(
     evaluation, mode=eval, resumes nothing; `resumed`: the checkpoint the launch started
     from)."""
     checkpoint = None if evaluation else _newest_checkpoint(run_dir, resumed)
-    return RunFailed(what, run_dir, checkpoint, restarts, evaluation)
+    waits = _record_waiting(checkpoint) if checkpoint is not None else None
+    return RunFailed(what, run_dir, checkpoint, restarts, evaluation, waits)
+
+
+def _record_waiting(checkpoint: Path) -> str | None:
+    """What `checkpoint` holds of a rollout whose record waits for its evaluation (the save
+    before a failed evaluation ended the run, or a stop's), for the message: the continued
+    run does that evaluation first. None where nothing waits, or loop.json cannot say."""
+    from rlpost.runtime.run_state import read_loop_state
+
+    try:
+        unfinished = read_loop_state(checkpoint).unfinished
+    except (OSError, ValueError, TypeError):  # the resume that reads it says what is wrong
+        return None
+    if not unfinished or unfinished.get("metrics") is None:
+        return None
+    rollout = int(unfinished["rollout_id"])
+    return (
+        f"the evaluation after rollout {rollout + 1} waits in it: the continued run does it "
+        f"first, and logs rollout {rollout}'s record with it"
+    )
 
 
 def interrupted(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -70,6 +70,15 @@ class InvariantError(ValueError):
         self.message = message
         self.fields = fields
         self.fix = fix
+        self.also: tuple[InvariantError, ...] = ()
+
+    @staticmethod
+    def all_of(errors: Sequence[InvariantError]) -> InvariantError:
+        """The first of `errors`, carrying the others (`also`): one rule that finds several
+        keys wrong reports each, so that fixing one does not only reveal the next."""
+        first = errors[0]
+        first.also = tuple(errors[1:])
+        return first
 
 
 def changed(section: BaseModel, field: str) -> bool:

@@ -159,6 +159,7 @@ class EvalConfig(Section):
     def check_reward_types_are_read(self) -> EvalConfig:
         """A custom function scores a set before any reward type, as in slime, so the set's
         reward_type beside one would grade nothing."""
+        errors = []
         for i, dataset in enumerate(self.datasets):
             scorer = self.reward_function(i)
             if dataset.reward_type is None or scorer is None:
@@ -172,13 +173,17 @@ class EvalConfig(Section):
                 "sample.metadata['rm_type']), or name the function on the sets it scores "
                 "(eval.datasets[].custom_reward_function) in place of eval.custom_reward_function"
             )
-            raise InvariantError(
-                f"datasets.{i}.reward_type={dataset.reward_type}: {key}={path} scores the "
-                f"set's every sample before any reward type (as slime's custom_rm_path does), "
-                "so the reward type grades nothing",
-                fields=(f"datasets.{i}.reward_type",),
-                fix=fix,
+            errors.append(
+                InvariantError(
+                    f"datasets.{i}.reward_type={dataset.reward_type}: {key}={path} scores the "
+                    f"set's every sample before any reward type (as slime's custom_rm_path does), "
+                    "so the reward type grades nothing",
+                    fields=(f"datasets.{i}.reward_type",),
+                    fix=fix,
+                )
             )
+        if errors:
+            raise InvariantError.all_of(errors)
         return self
 
     @model_validator(mode="after")
@@ -270,17 +275,22 @@ class EvalConfig(Section):
             (f"datasets.{i}.n_samples_per_prompt", d.n_samples_per_prompt)
             for i, d in enumerate(self.datasets)
         ]
+        errors = []
         for field, n in many:
             if n is not None and n > 1:
-                raise InvariantError(
-                    f"{field.rsplit('.', 1)[-1]}={n} with {setting}: {decoding} gives the same "
-                    f"response {n} times, so the accuracy is one sample's and the evaluation "
-                    f"costs {n}x",
-                    fields=(field,),
-                    fix="use n_samples_per_prompt: 1 for greedy evaluation, or sample: a "
-                    "temperature above 0 (e.g. 0.6) and top_k -1 or above 1, to average "
-                    "several samples",
+                errors.append(
+                    InvariantError(
+                        f"{field.rsplit('.', 1)[-1]}={n} with {setting}: {decoding} gives the same "
+                        f"response {n} times, so the accuracy is one sample's and the evaluation "
+                        f"costs {n}x",
+                        fields=(field,),
+                        fix="use n_samples_per_prompt: 1 for greedy evaluation, or sample: a "
+                        "temperature above 0 (e.g. 0.6) and top_k -1 or above 1, to average "
+                        "several samples",
+                    )
                 )
+        if errors:
+            raise InvariantError.all_of(errors)
         return self
 
     @model_validator(mode="after")
@@ -302,12 +312,17 @@ class EvalConfig(Section):
     @model_validator(mode="after")
     def check_dataset_names_unique(self) -> EvalConfig:
         names = [d.name for d in self.datasets]
+        errors = []
         for i, name in enumerate(names):
             if name in names[:i]:
-                raise InvariantError(
-                    f"two eval datasets are named {name!r}: their metrics are logged under "
-                    f"eval/{name}/..., so one overwrites the other",
-                    fields=(f"datasets.{i}.name",),
-                    fix=f"give each dataset its own name (e.g. {name}_{i})",
+                errors.append(
+                    InvariantError(
+                        f"two eval datasets are named {name!r}: their metrics are logged under "
+                        f"eval/{name}/..., so one overwrites the other",
+                        fields=(f"datasets.{i}.name",),
+                        fix=f"give each dataset its own name (e.g. {name}_{i})",
+                    )
                 )
+        if errors:
+            raise InvariantError.all_of(errors)
         return self

@@ -69,15 +69,20 @@ class RecipeConfig(Section):
             if reward.group
             else None
         )
+        errors = []
         for i, dataset in enumerate(self.eval.datasets):
             if dataset.reward_type is not None and scorer is not None:
-                raise InvariantError(
-                    f"eval.datasets.{i}.reward_type={dataset.reward_type}: {scorer} scores "
-                    "every sample, whatever its set, and never reads it",
-                    fields=(f"eval.datasets.{i}.reward_type",),
-                    fix="remove reward_type from the set, or grade with a rule-based "
-                    "rollout.reward.type",
+                errors.append(
+                    InvariantError(
+                        f"eval.datasets.{i}.reward_type={dataset.reward_type}: {scorer} scores "
+                        "every sample, whatever its set, and never reads it",
+                        fields=(f"eval.datasets.{i}.reward_type",),
+                        fix="remove reward_type from the set, or grade with a rule-based "
+                        "rollout.reward.type",
+                    )
                 )
+        if errors:
+            raise InvariantError.all_of(errors)
         return self
 
     @model_validator(mode="after")
@@ -311,6 +316,7 @@ class RecipeConfig(Section):
     def check_eval_sets_have_labels(self) -> RecipeConfig:
         """A set that reads no label (label_key false, or null with no data.label_key) must
         be scored by something that needs none."""
+        errors = []
         for i, dataset in enumerate(self.eval.datasets):
             grader = self.eval_label_grader(i)
             if grader is None:
@@ -331,13 +337,17 @@ class RecipeConfig(Section):
                 )
             else:
                 continue
-            raise InvariantError(
-                f"eval.datasets.{i}.label_key={value}: {key}={kind} grades the "
-                f"set's every response against the line's label, and {why}: every sample "
-                "would fail",
-                fields=(f"eval.datasets.{i}.label_key",),
-                fix=fix,
+            errors.append(
+                InvariantError(
+                    f"eval.datasets.{i}.label_key={value}: {key}={kind} grades the "
+                    f"set's every response against the line's label, and {why}: every sample "
+                    "would fail",
+                    fields=(f"eval.datasets.{i}.label_key",),
+                    fix=fix,
+                )
             )
+        if errors:
+            raise InvariantError.all_of(errors)
         return self
 
     def eval_requests(self) -> list[tuple[str, int]]:

@@ -388,23 +388,30 @@ class RunConfig(Section):
             parts = request_parts(data.max_prompt_len, "response", "the response")
             requests.insert(0, ("recipe.rollout.max_response_len", trained, parts))
         window = self.model.sliding_window
+        errors = []
         for key, length, parts in requests:
             if length > context:
-                raise InvariantError(
-                    f"prompt + response can reach {length} tokens ({parts}), beyond "
-                    f"model.max_position_embeddings={context}",
-                    fields=(key,),
-                    fix=f"lower it so prompt + response <= {context}",
+                errors.append(
+                    InvariantError(
+                        f"prompt + response can reach {length} tokens ({parts}), beyond "
+                        f"model.max_position_embeddings={context}",
+                        fields=(key,),
+                        fix=f"lower it so prompt + response <= {context}",
+                    )
                 )
-            if window is not None and length > window:
-                raise InvariantError(
-                    f"prompt + response can reach {length} tokens ({parts}), beyond "
-                    f"model.sliding_window={window}: the trainers attend over the whole "
-                    "sample, where the checkpoint's attention would see only its window",
-                    fields=(key,),
-                    fix=f"lower it so prompt + response <= {window} (within the window, "
-                    "windowed attention is full attention)",
+            elif window is not None and length > window:
+                errors.append(
+                    InvariantError(
+                        f"prompt + response can reach {length} tokens ({parts}), beyond "
+                        f"model.sliding_window={window}: the trainers attend over the whole "
+                        "sample, where the checkpoint's attention would see only its window",
+                        fields=(key,),
+                        fix=f"lower it so prompt + response <= {window} (within the window, "
+                        "windowed attention is full attention)",
+                    )
                 )
+        if errors:  # every request the context cannot hold: the training's and each set's
+            raise InvariantError.all_of(errors)
         return self
 
     @model_validator(mode="after")

@@ -910,6 +910,39 @@ def test_every_problem_is_reported_at_once() -> None:
     }
 
 
+def test_every_request_the_context_cannot_hold_is_named_at_once() -> None:
+    """A recipe written for a longer context (grpo_dapo's 8k training and 16k evaluation
+    responses) on a model with less: both lengths are refused together, each at its key."""
+    with pytest.raises(UserError) as caught:
+        compose_run_config([*QWEN, "model.max_position_embeddings=4096"])
+    keys = [i.key for i in caught.value.issues]
+    assert keys == ["recipe.rollout.max_response_len", "recipe.eval.max_response_len"]
+    train, evaluation = caught.value.issues
+    assert "can reach 8192 tokens" in train.message and train.value == 8192
+    assert "can reach 16384 tokens" in evaluation.message and evaluation.value == 16384
+    assert str(evaluation.location).endswith("conf/recipe/grpo_dapo.yaml:56")
+
+
+def test_every_evaluation_set_a_rule_refuses_is_named_at_once() -> None:
+    """Sets copied from one another share their mistakes: each set a rule refuses is named,
+    not the first alone."""
+
+    def refused(*names: str) -> list[str]:
+        sets = ", ".join(
+            f"{{name: {name}, path: /d/{name}.jsonl, label_key: false, reward_type: math}}"
+            for name in names
+        )
+        with pytest.raises(UserError) as caught:
+            compose_run_config([*QWEN, f"recipe.eval.datasets=[{sets}]"])
+        return [i.key for i in caught.value.issues]
+
+    assert refused("a", "b", "a", "a") == [
+        "recipe.eval.datasets.2.name",
+        "recipe.eval.datasets.3.name",
+    ]
+    assert refused("a", "b", "c") == [f"recipe.eval.datasets.{i}.label_key" for i in range(3)]
+
+
 # --- the launcher as a user runs it ----------------------------------------------------------
 
 LAUNCH_CASES = {

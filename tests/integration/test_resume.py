@@ -516,6 +516,9 @@ def test_a_run_whose_evaluation_or_generation_fails_saves_the_rollouts_it_finish
     assert "Traceback" not in done.stderr
     assert len(_records(run_dir)) == 1  # rollout 1's waits for its evaluation
     assert f"newest usable checkpoint: {ckpt / 'rollout_2'}" in done.stderr
+    assert "the evaluation after rollout 2 waits in it: the continued run does it first" in (
+        done.stderr
+    )
     left = json.loads((ckpt / "rollout_2" / "loop.json").read_text())["unfinished"]
     assert left is not None and left["left_by"] == "evaluation"
     assert not (run_dir / "hf").exists()

@@ -12,6 +12,7 @@ import pytest
 
 from rlpost.data import PromptDataError, PromptFormat, load_prompts
 from rlpost.data.files import UnreadableFile, prompt_rows
+from rlpost.data.prompts import holds_json_messages
 from rlpost.plan.preflight import RowRules, check_prompt_file
 from rlpost.schema.base import InvariantError
 from rlpost.schema.prompt_file import check_prompt_path, split_prompt_path
@@ -265,3 +266,45 @@ def test_a_rows_data_source_is_kept_in_its_metadata(
     assert record.metadata == {"data_source": "mine"}
     (record,) = load_prompts(write_jsonl(ROWS[:1]), fmt(), chat_tokenizer)[0]
     assert record.metadata == {}
+
+
+def test_a_missing_key_names_the_keys_inside_a_string_of_a_json_object(
+    write_jsonl, chat_tokenizer
+) -> None:
+    """A dotted key reads into a string holding a JSON object (verl's reward_model column
+    written as text), so the keys a missing one is chosen from name what is inside it too."""
+    row = {"prompt": "1+1?", "reward_model": json.dumps({"ground_truth": "2", "style": "rule"})}
+    (record,) = load_prompts(write_jsonl([row]), fmt(label_key="reward_model.ground_truth"),
+                             chat_tokenizer)[0]  # fmt: skip
+    assert record.label == "2"
+    with pytest.raises(PromptDataError) as raised:
+        load_prompts(write_jsonl([row]), fmt(label_key="ground_truth"), chat_tokenizer)
+    (issue,) = raised.value.issues
+    assert (
+        "this line's keys: prompt, reward_model, reward_model.ground_truth, reward_model.style"
+    ) in issue.message
+    assert "a dotted key reads a nested one, e.g. reward_model.ground_truth" in issue.fix
+
+
+AS_TEXT = json.dumps({"q": json.dumps([{"role": "user", "content": "1+1?"}])})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        AS_TEXT,
+        AS_TEXT.replace('\\"', "\\u0022"),  # from a writer that escapes quotes as \u0022
+        json.dumps({"n": 1, "q": json.dumps([{"role": "user", "content": "1+1?"}])}),
+    ],
+)
+def test_a_message_list_as_json_text_is_found_however_its_quotes_are_escaped(line: str) -> None:
+    assert holds_json_messages(line, "q")
+    assert holds_json_messages(json.loads(line), "q")
+
+
+def test_message_lists_stored_as_lists_or_other_json_text_are_not_json_messages() -> None:
+    messages = [{"role": "user", "content": "1+1?"}]
+    for row in ({"q": messages}, {"q": "[1, 2]"}, {"q": json.dumps([{"a": "role"}])}, {"p": "x"}):
+        assert not holds_json_messages(json.dumps(row), "q"), row
+        assert not holds_json_messages(row, "q"), row
+    assert not holds_json_messages('{"q": "\\"role\\"" broken', "q")

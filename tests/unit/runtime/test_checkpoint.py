@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]
@@ -26,6 +27,7 @@ from rlpost.runtime.config_changes import (
     diff_configs,
     parallel_changes,
 )
+from rlpost.runtime.failures import failed
 from rlpost.runtime.resume import find_resume_point, plan_grid, set_aside_newer
 from rlpost.runtime.run_state import (
     LoopState,
@@ -48,10 +50,13 @@ def save(
     keep_last: int = 10,
     cfg: RunConfig | None = None,
     config_text: str | None = None,
+    unfinished: dict[str, Any] | None = None,
 ) -> Path:
     """A checkpoint through the real writer; the trainer file is a stand-in payload."""
     staging = checkpoint.start_save(run_dir, done)
-    state = LoopState(rollouts_done=done, data={"epoch": 0, "offset": done, "seed": 42})
+    state = LoopState(
+        rollouts_done=done, data={"epoch": 0, "offset": done, "seed": 42}, unfinished=unfinished
+    )
     buffer = [[Sample(group_index=done, index=0, prompt="p", prompt_ids=[1, 2])]]
     queued = [[Sample(group_index=done + 1, index=0, prompt="q", prompt_ids=[3])]]
     generating = [[Sample(group_index=done + 2, index=0, prompt="r", prompt_ids=[4])]]
@@ -501,3 +506,23 @@ def test_a_fork_stopped_while_it_starts_says_to_continue_from_the_checkpoint_it_
     hydra_dir = f"hydra.run.dir={tmp_path / 'hydra'}"
     assert f"to continue: python launch.py {hydra_dir} {resumes}\n" in text, text
     assert "no checkpoint was saved yet" not in text
+
+
+def test_a_failure_names_the_evaluation_its_checkpoint_leaves_for_the_continued_run(
+    tmp_path: Path,
+) -> None:
+    """The save before a failed evaluation ends the run holds the rollout whose record waits
+    for it (loop.Unfinished): the failure says the continued run evaluates there first."""
+    waiting = {"rollout_id": 1, "metrics": {"rollout/reward_mean": 0.5}, "left_by": "evaluation"}
+    save(tmp_path / "run", 2, unfinished=waiting)
+    text = failed("the evaluation after rollout 2: RewardError", tmp_path / "run", 0).render()
+    assert (
+        f"  newest usable checkpoint: {tmp_path / 'run' / 'ckpt' / 'rollout_2'}\n"
+        "  the evaluation after rollout 2 waits in it: the continued run does it first, and "
+        "logs rollout 1's record with it\n"
+        "  to continue: "
+    ) in text
+    # a stop's save whose record was logged (only an HF export waits), or none at all: no line
+    for unfinished in ({"rollout_id": 2, "metrics": None, "left_by": "stop"}, None):
+        save(tmp_path / "other", 3, unfinished=unfinished)
+        assert "waits in it" not in failed("x", tmp_path / "other", 0).render()
