@@ -295,6 +295,16 @@ def test_where_no_single_change_fits_the_refusal_names_the_combination_that_does
     offload, shorter = "layout.train.fsdp.cpu_offload=true", "recipe.train.max_tokens_per_gpu=32768"
     assert fits(compose_run, *given, offload, shorter)
     assert not fits(compose_run, *given, offload) and not fits(compose_run, *given, shorter)
+    # layers of 6.4B parameters: gathered, they overfill an H100 whatever the rest
+    wide = (*GENERIC_70B, "layout.train.dp=8", "model.ffn_hidden_size=262144")
+    wide += ("layout.rollout.gpus_per_engine=8",)
+    issue = train_refusal(compose_run, *wide)
+    assert issue.fix.startswith(
+        "no single change makes the torch trainer fit 79.6 GiB: even with "
+        "layout.train.fsdp.cpu_offload: true and recipe.train.max_tokens_per_gpu=512 it needs "
+    )
+    assert "use GPUs with more memory" in issue.fix
+    assert not fits(compose_run, *wide, offload, "recipe.train.max_tokens_per_gpu=512")
 
 
 def test_an_evaluations_torch_sender_is_told_to_offload_not_to_split(
