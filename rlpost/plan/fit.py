@@ -9,19 +9,21 @@ from rlpost.errors import Issue
 from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
 from rlpost.plan.plan import Plan
+from rlpost.plan.remedies import fsdp_fixes, sender_fixes
 from rlpost.schema import RunConfig
 from rlpost.schema.hardware import device_word
 
 ANYWAY = "; or set plan.memory_check=warn to launch anyway"
 
 
-def memory_issues(plan: Plan) -> list[Issue]:
-    """One Issue per part of the run (training, rollout, host) that does not fit."""
+def memory_issues(cfg: RunConfig, plan: Plan) -> list[Issue]:
+    """One Issue per part of the run (training, rollout, host) that does not fit (`cfg` is
+    what `plan` was built from: the remedies are tried on its estimates)."""
     m = plan.memory
     device = device_word(plan.hardware_kind)
     issues = []
     if not m.train_fits and plan.starts_train_ranks:
-        fix = _train_fix(plan)
+        fix = _train_fix(cfg, plan)
         need = "training needs" if plan.trains else "sending the weights to the engines needs"
         issues.append(
             Issue(
@@ -47,32 +49,29 @@ def memory_issues(plan: Plan) -> list[Issue]:
     return issues
 
 
-def _train_fix(plan: Plan) -> str:
+def _train_fix(cfg: RunConfig, plan: Plan) -> str:
     """What lowers a train rank's peak, naming only what the plan's trainer honours: megatron
     splits the model (tp, pp, cp, ep) and offloads its optimizer (recipe.optim.cpu_offload);
-    the torch trainer is data parallel alone (FSDP2: its shards shrink as 1/DP, and on GPUs
-    they offload with layout.train.fsdp.cpu_offload). A CPU's optimizer is in host memory
-    already, and a remedy the layout has on already is not named."""
+    the torch trainer training on GPUs is sized as FSDP2, and its remedies are each tried on
+    that estimate (rlpost.plan.remedies); on a CPU profile it is data parallel with nominal
+    figures, its optimizer in host memory already. A remedy the layout has on already is not
+    named."""
     m, par = plan.memory, plan.parallel
     devices = device_word(plan.hardware_kind, 2)
     on_gpu = plan.hardware_kind == "gpu"
-    more = (
-        f"use more train {devices} (layout.train.num_gpus, or a larger hardware profile: the "
-        "torch trainer's shards shrink as 1/DP)"
-    )
     slot = "raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)"
     fixes: list[str] = []
     if plan.trainer_backend == "torch":
-        fsdp = m.train if isinstance(m.train, FsdpTrainMemory) else None
+        if isinstance(m.train, FsdpTrainMemory):
+            colocate = plan.placement.colocate
+            if plan.trains:
+                return fsdp_fixes(cfg, par, colocate)
+            return sender_fixes(cfg, par, colocate)  # mode=eval: the shards to send
         if plan.trains and par.recompute != "full":
             fixes.append("set layout.train.recompute.granularity: full")
-        if fsdp is not None and not fsdp.cpu_offload:
-            fixes.append("set layout.train.fsdp.cpu_offload: true")
-        if plan.trains and fsdp is not None and not fsdp.reshard_after_forward:
-            fixes.append("set layout.train.fsdp.reshard_after_forward: true")
         if plan.trains:
             fixes.append("lower recipe.train.max_tokens_per_gpu")
-        fixes.append(more if on_gpu else slot)
+        fixes.append(slot)
         return _any_of(fixes)
     ep = ", ep" if m.params_active < m.params_total else ""
     if not plan.trains:  # mode=eval: the train ranks hold the weights, nothing else

@@ -52,7 +52,7 @@ from rlpost.plan.memory import (
     weight_bytes,
 )
 from rlpost.plan.params import count_params, is_moe_layer, layer_params
-from rlpost.schema import GENERIC_FAMILY, ModelConfig, RecipeConfig, RunConfig
+from rlpost.schema import ModelConfig, RecipeConfig, RunConfig
 from rlpost.schema.layout import TrainLayout
 
 SHARDED_STATE_BYTES = 16
@@ -287,11 +287,16 @@ def fsdp_trains(cfg: RunConfig, backend: str) -> bool:
 
 
 def estimate_trainer(
-    cfg: RunConfig, par: ParallelLayout, colocate: bool, recipe: RecipeConfig | None = None
+    cfg: RunConfig,
+    par: ParallelLayout,
+    colocate: bool,
+    recipe: RecipeConfig | None = None,
+    options: FsdpOptions | None = None,
 ) -> TrainMemory:
-    """The training peak per GPU of the backend that trains `par`."""
+    """The training peak per GPU of the backend that trains `par` (`options` replace the
+    config's FSDP2 options where the torch trainer trains)."""
     if fsdp_trains(cfg, resolve_trainer_backend(cfg, par)):
-        return estimate_fsdp_train(cfg, par, colocate, recipe)
+        return estimate_fsdp_train(cfg, par, colocate, recipe, options)
     return estimate_train(cfg.model, recipe or cfg.recipe, cfg.hardware, par, colocate)
 
 
@@ -302,7 +307,11 @@ larger than the bucket (the embedding, most often) travels alone."""
 
 
 def estimate_sender(
-    cfg: RunConfig, par: ParallelLayout, colocate: bool, bucket_bytes: int
+    cfg: RunConfig,
+    par: ParallelLayout,
+    colocate: bool,
+    bucket_bytes: int,
+    options: FsdpOptions | None = None,
 ) -> TrainMemory:
     """A train rank of mode=eval (rlpost.plan.work.SEND_WEIGHTS): it builds the policy with
     no optimizer and no reference model, loads the weights (run.resume's checkpoint or
@@ -311,7 +320,7 @@ def estimate_sender(
     over TP, PP and EP; the torch trainer's float32 FSDP2 shards), the bucket, and the CUDA
     context; no gradients, optimizer state, activations or logits, and no micro-batch (its
     tokens_per_gpu is 0: recipe.train's batch settings are training's alone)."""
-    train = estimate_trainer(cfg, par, colocate)
+    train = estimate_trainer(cfg, par, colocate, options=options)
     model = cfg.model
     largest = model.vocab_size * model.hidden_size * weight_bytes(model)  # travels alone
     bucket = WEIGHT_BUCKET_COPIES * max(bucket_bytes, largest) / GIB
@@ -331,68 +340,3 @@ def estimate_sender(
         shards = train.params_per_gpu * MASTER_BYTES / GIB if train.cpu_offload else 0.0
         kept |= {"gathered_gib": 0.0, "reference_gib": 0.0, "host_optimizer_gib": shards}
     return replace(train, **kept)
-
-
-def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
-    """What makes the torch trainer fit, each remedy tried on the estimate: full recompute,
-    FSDP2's CPU offload, a shorter max_tokens_per_gpu, more GPUs (the shards shrink as 1/DP;
-    the gathered layers, activations and logits do not)."""
-    budget = cfg.hardware.gpu_memory_gib
-    options = fsdp_options(cfg)
-    tried: list[tuple[str, FsdpTrainMemory]] = []
-    if par.recompute != "full":
-        full = replace(par, recompute="full")
-        tried.append(
-            ("layout.train.recompute.granularity: full", estimate_fsdp_train(cfg, full, colocate))
-        )
-    if not options.reshard_after_forward:
-        reshard = replace(options, reshard_after_forward=True)
-        tried.append(
-            (
-                "layout.train.fsdp.reshard_after_forward: true",
-                estimate_fsdp_train(cfg, par, colocate, options=reshard),
-            )
-        )
-    if not options.cpu_offload:
-        offload = replace(options, cpu_offload=True)
-        tried.append(
-            (
-                "layout.train.fsdp.cpu_offload: true",
-                estimate_fsdp_train(cfg, par, colocate, options=offload),
-            )
-        )
-    tokens = cfg.recipe.train.max_tokens_per_gpu
-    while tokens and tokens > 512:
-        tokens //= 2
-        train = cfg.recipe.train.model_copy(update={"max_tokens_per_gpu": tokens})
-        recipe = cfg.recipe.model_copy(update={"train": train})
-        need = estimate_fsdp_train(cfg, par, colocate, recipe=recipe)
-        if need.total_gib <= budget:
-            tried.append((f"recipe.train.max_tokens_per_gpu={tokens}", need))
-            break
-    dp = par.dp
-    while dp < 1024:
-        dp *= 2
-        need = estimate_fsdp_train(cfg, replace(par, dp=dp), colocate)
-        if need.total_gib <= budget:
-            tried.append((f"use {dp} train GPUs (a larger hardware profile)", need))
-            break
-    fitting = [
-        f"{fix} ({need.total_gib:.1f} GiB)" for fix, need in tried if need.total_gib <= budget
-    ]
-    if fitting:
-        return "any one of: " + "; ".join(fitting)
-    least = replace(options, cpu_offload=True, reshard_after_forward=True)
-    both = estimate_fsdp_train(cfg, replace(par, recompute="full"), colocate, options=least)
-    megatron = (
-        ""
-        if cfg.model.family == GENERIC_FAMILY
-        else (", or train with trainer.backend=megatron, which splits the model (tp, pp)")
-    )
-    return (
-        "no single change fits: layout.train.recompute.granularity: full with "
-        "layout.train.fsdp.cpu_offload: true"
-        + ("" if options.reshard_after_forward else " and reshard_after_forward: true")
-        + f" needs {both.total_gib:.1f} GiB; lower "
-        "recipe.train.max_tokens_per_gpu, use a larger hardware profile" + megatron
-    )

@@ -10,7 +10,7 @@ Rules, each recorded in the plan as derived:
   dp = world / (tp x pp x cp); sequence parallel whenever tp > 1; full recompute on GPUs.
   The torch trainer on GPUs (trainer.backend=torch, or auto for a generic model) is data
   parallel over every train GPU with FSDP2 (tp = ep = 1); a derived layout it cannot fit is
-  refused with the remedies that do fit (rlpost.plan.fsdp.fsdp_fixes).
+  refused with the remedies that do fit (rlpost.plan.remedies.fsdp_fixes).
 - engines: the smallest power of two that divides the rollout GPUs, stays within a node (or
   covers whole nodes), divides the heads, and whose weight shard leaves a KV cache for at
   least one full sample under the memory fraction; `mem_fraction_static` defaults to
@@ -32,11 +32,12 @@ from rlpost.plan.engine_memory import (
     estimate_rollout,
     longest_request,
 )
-from rlpost.plan.fsdp import estimate_fsdp_train, estimate_sender, fsdp_fixes, fsdp_trains
+from rlpost.plan.fsdp import estimate_fsdp_train, estimate_sender, fsdp_trains
 from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
 from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
 from rlpost.plan.placement import engine_offset, misplaced_engines
+from rlpost.plan.remedies import fsdp_fixes
 from rlpost.plan.runtime import resolve_engine_backend
 from rlpost.plan.work import SEND_WEIGHTS, train_rank_work
 from rlpost.schema import RunConfig

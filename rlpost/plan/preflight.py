@@ -79,7 +79,7 @@ def preflight(cfg: RunConfig, plan: Plan, *, machine: bool = True) -> list[Issue
     plan.memory_check is `warn`. `machine=False` skips what depends on this machine (files,
     packages, GPUs, credentials): for a config meant to run elsewhere.
     """
-    memory = memory_issues(plan)
+    memory = memory_issues(cfg, plan)
     refused = list(memory) if cfg.plan.memory_check == "refuse" else []
     refused += timeout_issues(cfg, plan)
     if machine:

@@ -61,7 +61,6 @@ from rlpost.plan.fsdp import (
     FsdpTrainMemory,
     estimate_sender,
     estimate_trainer,
-    fsdp_fixes,
     fsdp_options,
     fsdp_trains,
 )
@@ -70,6 +69,7 @@ from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host
 from rlpost.plan.parallel import engine_options, engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
+from rlpost.plan.remedies import fsdp_fixes
 from rlpost.plan.work import (
     NO_TRAIN_RANK,
     SEND_WEIGHTS,
@@ -959,7 +959,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             colocate = any(
                 t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
             )
-            found.append("the torch trainer fits with " + fsdp_fixes(cfg, least.parallel, colocate))
+            found.append("for the torch trainer, " + fsdp_fixes(cfg, least.parallel, colocate))
         else:
             static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
             if static < budget:

@@ -20,23 +20,23 @@ ComposeRun = Callable[..., RunConfig]
 
 
 def test_the_default_and_the_seed_runs_fit(compose_run: ComposeRun) -> None:
-    assert memory_issues(build_plan(compose_run())) == []
+    default = compose_run()
+    assert memory_issues(default, build_plan(default)) == []
     seed = compose_run("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x64")
-    assert memory_issues(build_plan(seed)) == []
+    assert memory_issues(seed, build_plan(seed)) == []
 
 
 def test_each_part_that_does_not_fit_is_an_issue(compose_run: ComposeRun) -> None:
     # the KL logged every rollout keeps the reference weights in host memory
-    plan = build_plan(
-        compose_run("model=qwen3-8b", "hardware=cpu", "recipe.algo.kl_metric_interval=1")
-    )
-    issues = memory_issues(plan)
+    cfg = compose_run("model=qwen3-8b", "hardware=cpu", "recipe.algo.kl_metric_interval=1")
+    issues = memory_issues(cfg, build_plan(cfg))
     assert [i.key for i in issues] == ["layout.train", "layout.rollout", "hardware.host_memory_gib"]
     assert all("plan.memory_check=warn" in i.fix for i in issues)
     # a KL that weighs nothing and is never logged: no reference weights anywhere
-    unlogged = build_plan(compose_run("model=qwen3-8b", "hardware=cpu"))
+    cfg = compose_run("model=qwen3-8b", "hardware=cpu")
+    unlogged = build_plan(cfg)
     assert unlogged.memory.host.reference_weights_gib == 0.0
-    assert [i.key for i in memory_issues(unlogged)] == ["layout.train", "layout.rollout"]
+    assert [i.key for i in memory_issues(cfg, unlogged)] == ["layout.train", "layout.rollout"]
 
 
 def test_the_launch_refuses_it_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
@@ -88,8 +88,9 @@ def test_a_rollout_that_does_not_fit_on_cpu_says_what_is_short_and_a_fix_cpu_tak
 ) -> None:
     from rlpost.plan import render_plan
 
-    plan = build_plan(compose_run("model=qwen3-4b", "hardware=cpu"))
-    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.rollout"]
+    cfg = compose_run("model=qwen3-4b", "hardware=cpu")
+    plan = build_plan(cfg)
+    (issue,) = [i for i in memory_issues(cfg, plan) if i.key == "layout.rollout"]
     excess = plan.memory.rollout.weights_gib - 0.9 * 8.0
     assert f"exceed the CPU engine's share (0.9 x 8.0 GiB) by {excess:.2f} GiB" in issue.message
     assert f"(short by {excess:.2f} GiB" in issue.message and excess >= 0.01
@@ -100,8 +101,8 @@ def test_a_rollout_that_does_not_fit_on_cpu_says_what_is_short_and_a_fix_cpu_tak
     assert "mem_fraction_static" not in issue.fix and "gpus_per_engine" not in issue.fix
     assert "max_response_len" not in issue.fix  # no sample fits while the weights overfill
     assert "hardware.gpu_memory_gib" in issue.fix
-    roomier = build_plan(compose_run("model=qwen3-4b", "hardware=cpu", "hardware.gpu_memory_gib=9"))
-    assert [i.key for i in memory_issues(roomier)] == ["layout.train"]
+    roomier = compose_run("model=qwen3-4b", "hardware=cpu", "hardware.gpu_memory_gib=9")
+    assert [i.key for i in memory_issues(roomier, build_plan(roomier))] == ["layout.train"]
 
 
 def test_a_shortfall_under_a_hundredth_of_a_gib_is_not_short_by_zero(
@@ -110,10 +111,9 @@ def test_a_shortfall_under_a_hundredth_of_a_gib_is_not_short_by_zero(
     from rlpost.plan import render_plan
 
     # the weights leave a KV cache of a few tokens, short of one 16-token sample by some MiB
-    plan = build_plan(
-        compose_run("model=qwen3-4b", "hardware=cpu", "hardware.gpu_memory_gib=8.325")
-    )
-    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.rollout"]
+    cfg = compose_run("model=qwen3-4b", "hardware=cpu", "hardware.gpu_memory_gib=8.325")
+    plan = build_plan(cfg)
+    (issue,) = [i for i in memory_issues(cfg, plan) if i.key == "layout.rollout"]
     short = -plan.memory.rollout_margin_gib
     assert 0 < short < 0.005
     assert f"short by {short * 1024:.2f} MiB" in issue.message
@@ -127,7 +127,8 @@ def test_a_rollout_that_does_not_fit_on_gpus_names_the_sglang_fix_that_helps(
 
     def rollout_issues(fraction: float) -> list[Issue]:
         option = f"layout.rollout.sglang.mem_fraction_static={fraction}"
-        issues = memory_issues(build_plan(compose_run(*tight, option)))
+        cfg = compose_run(*tight, option)
+        issues = memory_issues(cfg, build_plan(cfg))
         return [i for i in issues if i.key == "layout.rollout"]
 
     (small_pool,) = rollout_issues(0.2)  # the weight shard overfills the pool
@@ -142,13 +143,14 @@ def test_a_rollout_that_does_not_fit_on_gpus_names_the_sglang_fix_that_helps(
 def test_training_that_does_not_fit_on_cpu_names_no_optimizer_offload(
     compose_run: ComposeRun,
 ) -> None:
-    plan = build_plan(compose_run("model=qwen3-4b", "hardware=cpu"))
-    (issue,) = [i for i in memory_issues(plan) if i.key == "layout.train"]
+    cfg = compose_run("model=qwen3-4b", "hardware=cpu")
+    plan = build_plan(cfg)
+    (issue,) = [i for i in memory_issues(cfg, plan) if i.key == "layout.train"]
     assert "offload" not in issue.fix  # recipe.optim.cpu_offload is refused on a CPU profile
     assert "raise hardware.gpu_memory_gib" in issue.fix
     need = math.ceil(plan.memory.train.total_gib)
-    roomier = build_plan(compose_run("model=qwen3-4b", f"hardware.gpu_memory_gib={need}"))
-    assert memory_issues(roomier) == []
+    roomier = compose_run("model=qwen3-4b", f"hardware.gpu_memory_gib={need}")
+    assert memory_issues(roomier, build_plan(roomier)) == []
 
 
 def validate_refusal(capsys: pytest.CaptureFixture[str], *overrides: str) -> str:
@@ -208,7 +210,7 @@ def test_the_torch_trainers_refusal_on_gpus_names_what_is_not_on_already(
     shards offloaded already, offload too."""
     given = (*GENERIC_70B, "layout.train.dp=8")
     fix = train_fix(validate_refusal(capsys, *given))
-    assert fix.startswith("set layout.train.fsdp.cpu_offload: true, lower recipe.train.")
+    assert fix.startswith("any one of: layout.train.fsdp.cpu_offload: true (")
     assert "recompute" not in fix and "tp" not in fix.split(";")[0]
     offloaded = (
         *given,
@@ -216,7 +218,93 @@ def test_the_torch_trainers_refusal_on_gpus_names_what_is_not_on_already(
         "recipe.train.max_tokens_per_gpu=1000000",
     )
     fix = train_fix(validate_refusal(capsys, *offloaded))
-    assert fix.startswith("lower recipe.train.max_tokens_per_gpu or use more train GPUs")
+    assert fix.startswith("any one of: recipe.train.max_tokens_per_gpu=31250 (")
+    assert "cpu_offload" not in fix
+
+
+def train_refusal(compose_run: ComposeRun, *overrides: str) -> Issue:
+    """The layout.train memory issue of `overrides`' plan."""
+    cfg = compose_run(*overrides)
+    (issue,) = [i for i in memory_issues(cfg, build_plan(cfg)) if i.key == "layout.train"]
+    return issue
+
+
+def fits(compose_run: ComposeRun, *overrides: str) -> bool:
+    cfg = compose_run(*overrides)
+    return build_plan(cfg).memory.train_fits
+
+
+# qwen3-8b's shape on 8 H100s, data parallel, with micro-batches of 262,144 tokens: the
+# activations and logits (not the shards) overfill each GPU
+LONG_MICRO_BATCHES = (
+    "model=qwen3-8b",
+    "recipe=grpo_dapo",
+    "hardware=h100x8",
+    "layout.train.dp=8",
+    "recipe.train.max_tokens_per_gpu=262144",
+)
+AS_GENERIC = ("model.family=generic", "model.hf_architecture=Qwen3ForCausalLM")
+
+
+def test_the_torch_trainers_refusal_on_gpus_names_only_the_remedies_that_fit(
+    compose_run: ComposeRun,
+) -> None:
+    """Each remedy is tried on the estimate: offloading the shards or more GPUs leave the
+    activations as they are and still do not fit, so only the shorter micro-batch is named,
+    and it fits."""
+    given = (*LONG_MICRO_BATCHES, *AS_GENERIC)
+    issue = train_refusal(compose_run, *given)
+    remedy = "recipe.train.max_tokens_per_gpu=65536"
+    assert issue.fix.startswith(f"any one of: {remedy} (")
+    for unfit in ("cpu_offload", "GPUs", "num_gpus", "megatron"):
+        assert unfit not in issue.fix
+    assert fits(compose_run, *given, remedy)
+    assert not fits(compose_run, *given, "layout.train.fsdp.cpu_offload=true")
+    assert not fits(compose_run, *given, "hardware=h100x64", "layout.train.dp=64")
+
+
+def test_a_shipped_family_models_torch_refusal_names_megatron_where_it_fits(
+    compose_run: ComposeRun,
+) -> None:
+    """megatron-core splits the activations and logits over tp, where FSDP2 cannot: for a
+    family it has a layer spec for, the refusal names the smallest split its estimate fits
+    (the layout's dp given, the new one too); a generic model gets no such remedy."""
+    given = (*LONG_MICRO_BATCHES, "trainer.backend=torch")
+    issue = train_refusal(compose_run, *given)
+    megatron = "trainer.backend=megatron with layout.train.tp=4 and layout.train.dp=2 ("
+    assert megatron in issue.fix
+    assert issue.fix.startswith("any one of: recipe.train.max_tokens_per_gpu=65536 (")
+    megatron_on = (*given, "trainer.backend=megatron")
+    assert fits(compose_run, *megatron_on, "layout.train.tp=4", "layout.train.dp=2")
+    assert not fits(compose_run, *megatron_on, "layout.train.tp=2", "layout.train.dp=4")
+    assert "megatron" not in train_refusal(compose_run, *LONG_MICRO_BATCHES, *AS_GENERIC).fix
+
+
+def test_where_no_single_change_fits_the_refusal_names_the_combination_that_does(
+    compose_run: ComposeRun,
+) -> None:
+    """A 70B-shaped generic model on 8 H100s with 64k-token micro-batches: its shards
+    overfill the GPUs unless offloaded, and its activations unless the micro-batch halves."""
+    given = (*GENERIC_70B, "layout.train.dp=8", "recipe.train.max_tokens_per_gpu=65536")
+    issue = train_refusal(compose_run, *given)
+    assert issue.fix.startswith(
+        "no single change makes the torch trainer fit 79.6 GiB: "
+        "layout.train.fsdp.cpu_offload: true and recipe.train.max_tokens_per_gpu=32768 "
+        "together fit ("
+    )
+    offload, shorter = "layout.train.fsdp.cpu_offload=true", "recipe.train.max_tokens_per_gpu=32768"
+    assert fits(compose_run, *given, offload, shorter)
+    assert not fits(compose_run, *given, offload) and not fits(compose_run, *given, shorter)
+    # layers of 6.4B parameters: gathered, they overfill an H100 whatever the rest
+    wide = (*GENERIC_70B, "layout.train.dp=8", "model.ffn_hidden_size=262144")
+    wide += ("layout.rollout.gpus_per_engine=8",)
+    issue = train_refusal(compose_run, *wide)
+    assert issue.fix.startswith(
+        "no single change makes the torch trainer fit 79.6 GiB: even with "
+        "layout.train.fsdp.cpu_offload: true and recipe.train.max_tokens_per_gpu=512 it needs "
+    )
+    assert "use GPUs with more memory" in issue.fix
+    assert not fits(compose_run, *wide, offload, "recipe.train.max_tokens_per_gpu=512")
 
 
 def test_an_evaluations_torch_sender_is_told_to_offload_not_to_split(
@@ -231,7 +319,13 @@ def test_an_evaluations_torch_sender_is_told_to_offload_not_to_split(
     err = validate_refusal(capsys, *big)
     assert "sending the weights to the engines needs" in err
     fix = train_fix(err)
-    assert fix.startswith("set layout.train.fsdp.cpu_offload: true or use more train GPUs")
+    assert fix.startswith(
+        "any one of: layout.train.fsdp.cpu_offload: true (7.9 GiB); a hardware profile with "
+        "16 GPUs to train on and layout.train.dp=16 (48.2 GiB)"
+    )
     assert "tp" not in fix.split(";")[0]
     offloaded = ["validate", "--no-local-checks", *big, "layout.train.fsdp.cpu_offload=true"]
     assert main(offloaded) in (0, None)
+    # each remedy is tried on the sender's estimate: on 40 GiB GPUs, 16 do not fit; 32 do
+    fix = train_fix(validate_refusal(capsys, *big, "hardware.gpu_memory_gib=40"))
+    assert "layout.train.dp=16" not in fix and "layout.train.dp=32 (" in fix

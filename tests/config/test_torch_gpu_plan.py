@@ -162,6 +162,28 @@ def test_a_model_that_does_not_fit_is_refused_with_a_remedy_that_fits(
     assert claimed <= cfg.hardware.gpu_memory_gib
 
 
+def test_a_derived_torch_layout_that_does_not_fit_names_megatrons_split_for_a_shipped_family(
+    compose_run: ComposeRun,
+) -> None:
+    """qwen3-8b with 262,144-token micro-batches on 8 H100s: FSDP2 cannot shrink the
+    activations, megatron-core's tp=4 does (its estimate fits, and the plan then does); a
+    generic model of the same shape is not told of megatron."""
+    long = ("model=qwen3-8b", "hardware=h100x8", "recipe.train.max_tokens_per_gpu=262144")
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*long, "trainer.backend=torch"))
+    (issue,) = caught.value.issues
+    assert "torch trainer (FSDP2 over 8 GPUs" in issue.message
+    assert "; trainer.backend=megatron with layout.train.tp=4 (" in issue.fix
+    assert "layout.train.dp" not in issue.fix  # derived, it follows tp
+    plan = build_plan(compose_run(*long, "trainer.backend=megatron", "layout.train.tp=4"))
+    assert plan.trainer_backend == "megatron" and plan.memory.train_fits
+    generic = ("model.family=generic", "model.hf_architecture=Qwen3ForCausalLM")
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*long, *generic))
+    (issue,) = caught.value.issues
+    assert "torch trainer (FSDP2" in issue.message and "megatron" not in issue.fix
+
+
 def test_layout_auto_picks_a_fitting_torch_layout(compose_run: ComposeRun) -> None:
     cfg, plan = plan_config(compose_run(*MISTRAL, "layout=auto"))
     assert plan.trainer_backend == "torch" and plan.memory.train_fits

@@ -197,7 +197,7 @@ def test_a_cpu_profiles_memory_refusal_counts_per_device_slot(run_config: Runs) 
     from rlpost.plan.fit import memory_issues
 
     cfg = run_config("qwen3-tiny", "cpu", "grpo_tiny_math", hardware__gpu_memory_gib=0.001)
-    issues = memory_issues(build_plan(cfg))
+    issues = memory_issues(cfg, build_plan(cfg))
     [train] = [i for i in issues if i.key == "layout.train"]
     assert "GiB per device slot and cpu has" in train.message
     assert not [i for i in issues if "GPU" in i.message + i.fix]
@@ -385,11 +385,12 @@ def test_an_evaluation_that_starts_no_trainer_is_not_held_to_training(run_config
     from rlpost.plan.plan import NO_TRAINING_NOTE
     from rlpost.plan.render import render_memory
 
-    plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval"))
+    cfg = run_config("qwen3-8b", "h100x1", mode="eval")
+    plan = build_plan(cfg)
     assert not plan.trains and NO_TRAINING_NOTE in plan.notes
     assert not plan.memory.train_fits and plan.memory.rollout_fits
-    assert memory_issues(plan) == []
-    assert timeout_issues(run_config("qwen3-8b", "h100x1", mode="eval"), plan) == []
+    assert memory_issues(cfg, plan) == []
+    assert timeout_issues(cfg, plan) == []
     shown = render_memory(plan)
     assert "not run (mode=eval of model.hf_checkpoint's weights" in shown
     assert "Verdict: the run fits" in shown
@@ -531,7 +532,7 @@ def test_an_evaluation_whose_train_ranks_send_weights_counts_only_that(run_confi
         assert plan.work.reference_interval == 0 and plan.work.passes_per_rollout == 0
         assert plan.prediction.train_s == 0
         assert plan.memory.host.reference_weights_gib == 0
-        assert memory_issues(plan) == [] and timeout_issues(cfg, plan) == []
+        assert memory_issues(cfg, plan) == [] and timeout_issues(cfg, plan) == []
         assert any("train ranks only load these weights" in n for n in plan.notes)
         shown = render_memory(plan)
         assert "train ranks (load and send weights), stage 0: fits" in shown
@@ -542,17 +543,18 @@ def test_an_evaluation_whose_train_ranks_send_weights_counts_only_that(run_confi
     # for them (in place of the trainer's residue it leaves in training), so the evaluation
     # fits as it is; a pool the user sets stays as set, and the rollout verdict holds it
     trained = build_plan(run_config("qwen3-8b", "h100x8"))
-    plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s"))
+    cfg = run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s")
+    plan = build_plan(cfg)
     kept = plan.memory.rollout.trainer_residual_gib
     assert kept == plan.memory.train.weights_gib > 5
     assert plan.engine.mem_fraction_static == pytest.approx(
         trained.engine.mem_fraction_static - (kept - 5e9 / 2**30) / 79.6, abs=1e-3
     )
     assert plan.engine.options["mem_fraction_static"] == plan.engine.mem_fraction_static
-    assert memory_issues(plan) == [] and plan.memory.rollout.total_gib <= 79.6
+    assert memory_issues(cfg, plan) == [] and plan.memory.rollout.total_gib <= 79.6
     told = {"layout__rollout__sglang__mem_fraction_static": trained.engine.mem_fraction_static}
-    plan = build_plan(run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s", **told))
-    assert [i.key for i in memory_issues(plan)] == ["layout.rollout"]
+    cfg = run_config("qwen3-8b", "h100x1", mode="eval", model__load="/ckpt/s", **told)
+    assert [i.key for i in memory_issues(cfg, build_plan(cfg))] == ["layout.rollout"]
     # the torch trainer: float32 FSDP2 shards of the weights, nothing else
     torch_eval = run_config(
         "qwen3-8b",
