@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from rlpost.errors import Issue, Location, UserError
 from rlpost.schema import HardwareConfig, RunConfig
-from rlpost.schema.base import local_path_keys
+from rlpost.schema.base import local_path_keys, ray_address_problem
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 M = TypeVar("M", bound=BaseModel)
@@ -76,6 +76,20 @@ def check_cluster_source(cfg: RunConfig, environ: Mapping[str, str] | None = Non
     """A multi-node profile needs a cluster to join: a Ray started here has one node."""
     hw = cfg.hardware
     joins = ray_address(cfg, environ)
+    # run.ray_address is checked as the config validates; RAY_ADDRESS only here
+    why = ray_address_problem(joins) if joins and not cfg.run.ray_address else None
+    if why is not None:
+        return [
+            Issue(
+                RAY_ADDRESS_ENV,
+                f"the launch joins the cluster RAY_ADDRESS names (run.ray_address is null): {why}",
+                "unset RAY_ADDRESS, or set it to the head's GCS host:port (e.g. "
+                "10.0.0.1:6379), and launch on a node of the cluster (the head, where `ray job "
+                "submit` runs its entrypoint)",
+                value=joins,
+                location=Location(file="the environment"),
+            )
+        ]
     if cfg.run.node_address and not joins:
         return [
             Issue(

@@ -117,6 +117,35 @@ def check_ip(value: str, field: str) -> None:
         ) from None
 
 
+def ray_address_problem(value: str) -> str | None:
+    """Why `value` names a Ray cluster in a way a launch cannot join, or None: Ray Client's
+    ray:// (the launch's driver would run outside the cluster, and plan node 0, with the
+    router, the driver and train rank 0, is the node the launch runs on) or the dashboard's
+    http(s):// (the Jobs API's address, which `ray job submit` reads from RAY_ADDRESS)."""
+    scheme = value.split("://", 1)[0].lower() if "://" in value else None
+    if scheme == "ray":
+        return (
+            "Ray Client (ray://) runs the launch's driver outside the cluster, through a "
+            "proxy; a launch's driver runs on a node of the cluster (plan node 0: the "
+            "router, the driver and train rank 0), where it starts the router and reads "
+            "what the train ranks write in run.dir"
+        )
+    if scheme in ("http", "https"):
+        return (
+            "that is the Ray dashboard's address, which `ray job submit` sends jobs to; a "
+            "launch joins the cluster itself, at the head's GCS (port 6379 by default)"
+        )
+    if scheme is not None:
+        return f"{scheme}:// is not a Ray cluster address"
+    return None
+
+
+JOIN_FIX = (
+    "launch on a node of the cluster (the head, where `ray job submit` runs its "
+    "entrypoint) with run.ray_address=auto, or the head's GCS host:port (e.g. 10.0.0.1:6379)"
+)
+
+
 def check_host_port(value: str, field: str, expected: str) -> None:
     """An InvariantError unless `value` is host:port with a port in 1..65535."""
     host, sep, port = value.rpartition(":")

@@ -16,11 +16,13 @@ from pydantic import (
 )
 
 from rlpost.schema.base import (
+    JOIN_FIX,
     InvariantError,
     LocalPath,
     Section,
     check_host_port,
     check_ip,
+    ray_address_problem,
     refuse_unused,
 )
 from rlpost.schema.hardware import HardwareConfig, device_word
@@ -270,6 +272,9 @@ class RunOptions(Section):
 
     @model_validator(mode="after")
     def check_addresses(self) -> RunOptions:
+        why = ray_address_problem(self.ray_address) if self.ray_address else None
+        if why is not None:
+            raise InvariantError(why, fields=("ray_address",), fix=JOIN_FIX)
         if self.ray_address not in (None, "auto"):
             check_host_port(self.ray_address, "ray_address", "auto, or the head's host:port")
         if self.node_address is not None:

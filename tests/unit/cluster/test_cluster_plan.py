@@ -141,6 +141,33 @@ def test_a_multi_node_profile_with_no_cluster_to_join_is_refused_before_ray() ->
     assert check_cluster_source(joined, environ={}) == []
 
 
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("ray://10.0.0.1:10001", "Ray Client (ray://) runs the launch's driver outside"),
+        ("http://127.0.0.1:8265", "that is the Ray dashboard's address"),
+        ("HTTPS://head:443", "that is the Ray dashboard's address"),
+    ],
+)
+def test_a_ray_address_from_the_environment_that_no_launch_can_join_is_refused(
+    address: str, why: str
+) -> None:
+    """RAY_ADDRESS as Ray Client or `ray job submit` users set it: the launch would not join
+    the cluster with it (the config's run.ray_address is checked as it validates)."""
+    cfg = compose("model=glm4.5-355b-a32b", "hardware=h100x64")
+    (issue,) = check_cluster_source(cfg, environ={"RAY_ADDRESS": address})
+    assert (issue.key, issue.value, str(issue.location)) == (
+        "RAY_ADDRESS",
+        address,
+        "the environment",
+    )
+    assert why in issue.message
+    assert "set it to the head's GCS host:port (e.g. 10.0.0.1:6379)" in issue.fix
+    # the config's address wins over the environment's
+    joined = compose("model=glm4.5-355b-a32b", "hardware=h100x64", "run.ray_address=auto")
+    assert check_cluster_source(joined, environ={"RAY_ADDRESS": address}) == []
+
+
 def test_relative_paths_reach_a_joined_clusters_workers_from_the_launchs_folder() -> None:
     """A Ray worker runs in the folder its node's `ray start` ran in, not the launch's: a
     relative path the preflight found here is made absolute before any actor gets it."""
@@ -251,6 +278,8 @@ def test_auto_with_no_single_cluster_on_this_machine_is_refused_before_joining(
         ("run.ray_address=10.0.0.1", "is not host:port"),
         ("run.ray_address=head:99999", "is not host:port"),
         ("run.node_address=node-1", "is not an IP address"),
+        ("run.ray_address=ray://10.0.0.1:10001", "Ray Client (ray://) runs the launch's driver"),
+        ("run.ray_address=http://10.0.0.1:8265", "that is the Ray dashboard's address"),
     ],
 )
 def test_bad_addresses_are_refused_by_validation(override: str, expected: str) -> None:
