@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import signal
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,17 +53,20 @@ def actor_died(exc: BaseException | None) -> bool:
     return isinstance(exc, gone)
 
 
-def killed_while_starting(exc: BaseException) -> str | None:
-    """The part (engine, router) that `exc` says was killed while it started (a signal, its
-    actor gone), rather than failing on its own (a bad model folder or router option fails
-    the same way every time); None when it says neither."""
+def killed_while_starting(exc: BaseException, parts: Mapping[str, str] | None = None) -> str | None:
+    """The part (engine, router, another actor) that `exc` says was killed while it started
+    (a signal, its actor gone), rather than failing on its own (a bad model folder or router
+    option fails the same way every time); None when it says neither. `parts`: the part each
+    actor other than the engines is, by its actor id (hex); a dead actor not among them is an
+    engine's."""
     from rlpost.backends.sglang.process import EngineStartError
     from rlpost.runtime.router import RouterError
 
     if isinstance(exc, RouterError) and exc.killed:
         return "router"
     if actor_died(exc):
-        return "engine"
+        actor_id = getattr(exc, "actor_id", None)
+        return (parts or {}).get(actor_id, "engine") if isinstance(actor_id, str) else "engine"
     cause = remote_cause(exc)
     return "engine" if isinstance(cause, EngineStartError) and cause.killed else None
 

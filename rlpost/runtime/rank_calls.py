@@ -1,18 +1,20 @@
 """Awaiting one call on every train rank as a whole: a rank whose process died, or one that
 does not answer within trainer.collective_timeout_s (counted from the call's last progress
 where it reports some), is a RunFault that names it, instead of a driver that waits forever
-on a rank stuck in a collective."""
+on a rank stuck in a collective. Another actor's call (the reward model actor's start) is
+awaited the same way, named as itself and bounded by its own key (`Awaited`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rlpost.runtime.failures import RunFault, actor_died
 
-__all__ = ["PROGRESS_POLL_S", "RANK_GRACE_S", "await_ranks"]
+__all__ = ["PROGRESS_POLL_S", "RANK_GRACE_S", "TRAIN_RANKS", "Awaited", "await_ranks"]
 
 # After one rank fails, how long the others get to answer before they count as missing.
 RANK_GRACE_S = 10.0
@@ -26,17 +28,43 @@ PROGRESS_POLL_S = 5.0
 """How often a call that reports progress (`await_ranks`) is looked at."""
 
 
+@dataclass(frozen=True)
+class Awaited:
+    """Who answers the calls awaited, as a failure names them: `part`, the RunFault's
+    component; `key`, the setting whose value bounds the wait; `names`, each call's (none:
+    "<part>(s) [i, ...]" by rank); `fix`, what to do when one does not answer in time."""
+
+    part: str = "train rank"
+    key: str = "trainer.collective_timeout_s"
+    names: tuple[str, ...] = ()
+    fix: str = ""
+
+    def these(self, indices: list[int]) -> str:
+        if self.names:
+            return " and ".join(self.names[i] for i in indices)
+        return f"{self.part}(s) {indices}"
+
+    def one(self, index: int) -> str:
+        return self.names[index] if self.names else f"rank {index}"
+
+
+TRAIN_RANKS = Awaited()
+
+
 async def await_ranks(
     what: str,
     refs: Sequence[Awaitable[Any]],
     timeout: float,
     progress: Callable[[], int] | None = None,
+    who: Awaited = TRAIN_RANKS,
 ) -> list[Any]:
     """Await one call on every rank, in rank order. A rank whose process died is a RunFault;
     when the others finish (or fail) and a rank still has not answered within `timeout`, it
     is named as the one that did not arrive. `progress`: a figure that changes while the
     call makes progress (the bytes a save has written); the timeout then counts from its
-    last change, so a long save that keeps writing is not cut off and a stalled one is."""
+    last change, so a long save that keeps writing is not cut off and a stalled one is.
+    `who`: whom the calls went to (the train ranks unless said), as the RunFault names them,
+    and the key that `timeout` is the value of."""
     if not refs:  # no rank to ask (an evaluation of the engines' own weights has none)
         return []
     tasks = [asyncio.ensure_future(_awaited(ref)) for ref in refs]
@@ -52,16 +80,16 @@ async def await_ranks(
     dead = [rank for rank, exc in errors.items() if actor_died(exc)]
     if dead:
         raise RunFault(
-            f"train rank(s) {dead} died during {what} ({errors[dead[0]]})",
-            component="train rank",
+            f"{who.these(dead)} died during {what} ({errors[dead[0]]})", component=who.part
         ) from errors[dead[0]]
     if missing:
-        reason = f"; rank {min(errors)} failed: {errors[min(errors)]}" if errors else ""
+        reason = f"; {who.one(min(errors))} failed: {errors[min(errors)]}" if errors else ""
         since = " of its last progress" if progress is not None else ""
+        fix = f"; {who.fix}" if who.fix else ""
         raise RunFault(
-            f"train rank(s) {missing} did not arrive: {what} did not finish within "
-            f"trainer.collective_timeout_s={timeout:g} s{since}{reason}",
-            component="train rank",
+            f"{who.these(missing)} did not arrive: {what} did not finish within "
+            f"{who.key}={timeout:g} s{since}{reason}{fix}",
+            component=who.part,
         )
     if errors:
         first = min(errors)

@@ -43,6 +43,7 @@ from rlpost.runtime.determinism import deterministic_env
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
 from rlpost.runtime.failures import (
     RunFault,
+    actor_died,
     is_fault,
     killed_while_starting,
     remote_cause,
@@ -50,7 +51,7 @@ from rlpost.runtime.failures import (
 from rlpost.runtime.leftovers import record_processes
 from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
-from rlpost.runtime.rank_calls import await_ranks
+from rlpost.runtime.rank_calls import Awaited, await_ranks
 from rlpost.runtime.rank_io import READS_DIR, load_metered, reads_seen
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterSettings
@@ -77,6 +78,7 @@ LOOPBACK_IFNAME = "lo"
 # With engine.fault_tolerance, a weight update that an engine's death interrupted is sent
 # again (after the engine's restart) this many times in all.
 PUSH_ATTEMPTS = 3
+REWARD_MODEL_ACTOR = "reward model actor"  # the part a fault of the reward model's actor names
 
 
 def _since(start: float) -> str:
@@ -367,18 +369,32 @@ class Session:
             reward.model, dict(reward.model_settings), self.cluster.on_gpu, self._thread_env(index)
         )
 
+    def _reward_model_name(self) -> str:
+        return f"the {REWARD_MODEL_ACTOR} ({self.cfg.recipe.rollout.reward.model})"
+
     async def _reward_model_ready(self) -> None:
-        """Waits for the reward model's actor to build the class; a RewardError naming it
-        when it could not."""
+        """Waits for the reward model's actor to build the class, within
+        engine.startup_timeout_s (a start, as an engine's, loading a model); a RewardError
+        naming it when the class could not be built. An actor that died while building it
+        (killed, out of memory) or did not answer in time is a RunFault naming it."""
         if self.reward_actor is None:
             return
+        timeout_s = self.cfg.engine.startup_timeout_s
+        who = Awaited(
+            part=REWARD_MODEL_ACTOR,
+            key="engine.startup_timeout_s",
+            names=(self._reward_model_name(),),
+            fix="raise engine.startup_timeout_s if the model takes longer to load",
+        )
         ready = [self.reward_actor.ready.remote()]
-        (failure,) = await self.on_ranks("the reward model's start", ready)
+        (failure,) = await await_ranks("its start (building the class)", ready, timeout_s, who=who)
         if failure is not None:
             raise RewardError(failure)
 
     async def score_rewards(self, samples: list[Sample]) -> list[Scored]:
-        """Rewards from the reward model's actor, with what it returned beside each."""
+        """Rewards from the reward model's actor, with what it returned beside each; an
+        actor that died (killed, out of memory, its node lost) is a RunFault naming it,
+        which a restart (run.max_restarts) mends."""
         assert self.reward_actor is not None
         try:
             rewards: list[Scored] = await self.reward_actor.score.remote(samples)
@@ -388,6 +404,14 @@ class Session:
             # what the model did wrong, as in the driver: Ray's text of it holds the
             # actor's traceback, which logs/failures.log keeps
             raise RewardError(str(exc.cause)) from exc.cause
+        except Exception as exc:
+            if not actor_died(exc):
+                raise
+            raise RunFault(
+                f"{self._reward_model_name()} died while scoring {len(samples)} samples "
+                f"({type(exc).__name__}: {exc})",
+                component=REWARD_MODEL_ACTOR,
+            ) from exc
         return rewards
 
     async def _start_engines(self) -> None:
@@ -564,7 +588,7 @@ class Session:
         None when `exc` is a fault already or nothing has died (a bug, a hook that raises)."""
         if is_fault(exc):
             return None
-        part = killed_while_starting(exc)
+        part = killed_while_starting(exc, self._actor_parts())
         if part is not None:
             why = remote_cause(exc)
             return RunFault(f"the {part} was killed while starting ({why})", component=part)
@@ -577,6 +601,13 @@ class Session:
             return None
         part = "router" if self._router_gone() else "engine"
         return RunFault(f"{dead} ({type(exc).__name__}: {exc})", component=part)
+
+    def _actor_parts(self) -> dict[str, str]:
+        """The part each of the session's actors other than the engines is, by actor id."""
+        parts = {t._actor_id.hex(): "train rank" for t in self.trainers}
+        if self.reward_actor is not None:
+            parts[self.reward_actor._actor_id.hex()] = REWARD_MODEL_ACTOR
+        return parts
 
     # ---- per rollout -------------------------------------------------------------------
 

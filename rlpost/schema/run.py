@@ -69,7 +69,12 @@ class EngineConfig(Section):
     backend: Literal["auto", "sglang", "cpu"] = "auto"
     router_policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
     request_timeout_s: PositiveFloat = 3600.0
-    startup_timeout_s: PositiveFloat = 600.0
+    startup_timeout_s: PositiveFloat = Field(
+        600.0,
+        description="a model's load at the run's start: an engine server that does not "
+        "answer within this long, and a reward model actor (reward.model_placement: actor) "
+        "that has not built its class, fail the start",
+    )
     max_batch_size: PositiveInt = 256
     weight_sync: Literal["auto", "disk", "tensor", "distributed"] = Field(
         "auto",

@@ -417,6 +417,15 @@ class ModelWithoutWeights(BoxedAnswerModel):
         super().__init__(ctx)
 
 
+class ModelSlowToBuild(BoxedAnswerModel):
+    """A reward model whose build takes its settings' `build_s` seconds (large weights
+    loading)."""
+
+    def __init__(self, ctx: Any) -> None:
+        time.sleep(float(ctx.settings.get("build_s", 0.0)))
+        super().__init__(ctx)
+
+
 def takes_samples(rollout_id: int, buffer: list[list[Sample]], num_groups: int) -> list:
     """A buffer filter that hands out the samples of the groups it takes, not the groups."""
     taken = buffer[:num_groups]

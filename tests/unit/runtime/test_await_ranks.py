@@ -13,7 +13,7 @@ import pytest
 from rlpost.runtime import rank_calls
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.failures import RunFault
-from rlpost.runtime.rank_calls import await_ranks
+from rlpost.runtime.rank_calls import Awaited, await_ranks
 
 TIMEOUT_S = 1.0  # a loaded machine's event loop may pause for a good part of a second
 
@@ -110,3 +110,21 @@ def test_bytes_under_a_missing_folder_is_zero(tmp_path: Path) -> None:
     (tmp_path / "a" / "b" / "f").write_bytes(b"12345")
     (tmp_path / "a" / "g").write_bytes(b"123")
     assert bytes_under(tmp_path) == 8
+
+
+def test_another_actor_that_never_answers_is_named_as_itself_with_its_own_key() -> None:
+    """A call awaited on another actor than the train ranks (the reward model actor's start)
+    names it, and the key its timeout is the value of, never a train rank."""
+    who = Awaited(
+        part="reward model actor",
+        key="engine.startup_timeout_s",
+        names=("the reward model actor (pkg.RM)",),
+        fix="raise engine.startup_timeout_s",
+    )
+    with pytest.raises(RunFault) as fault:
+        asyncio.run(await_ranks("its start", [never()], TIMEOUT_S, who=who))
+    assert fault.value.component == "reward model actor"
+    assert str(fault.value) == (
+        "the reward model actor (pkg.RM) did not arrive: its start did not finish within "
+        "engine.startup_timeout_s=1 s; raise engine.startup_timeout_s"
+    )
