@@ -4,8 +4,10 @@ With fault tolerance on, a monitor asks every engine for its health at an interv
 engine that does not answer in time (dead, or hung) is taken out of the router, restarted in
 its own slot, brought to the weight version the others serve, and only then registered
 again, so no request is ever answered with stale weights. Requests that were running on it
-are re-sent by the router (a reset connection is retried on another engine) and, past the
-router's retries, by the rollout client; a sample is filled by exactly one answer.
+are re-sent by the router (a reset connection, or the 503 an engine answers as it shuts down,
+is retried on another engine) and, past the router's retries, by the rollout client; a sample
+is filled by exactly one answer. Stopping an engine aborts nothing rlpost has to account for:
+its requests are never answered with a partial output.
 
 Health checks, restarts and weight updates exclude one another (`exclusive()`): an engine
 paused for an update is never judged hung, and an update never reaches a half-restarted one.
@@ -266,9 +268,8 @@ class EnginePool:
 
     async def stop(self) -> None:
         await self.stop_monitor()
-        with self._stopping_engines():
-            closing = (e.close() for e in self.engines)
-            results = await asyncio.gather(*closing, return_exceptions=True)
+        closing = (e.close() for e in self.engines)
+        results = await asyncio.gather(*closing, return_exceptions=True)
         for engine, result in zip(self.engines, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("engine %d did not stop cleanly: %s", engine.index, result)
@@ -422,8 +423,7 @@ class EnginePool:
         self._released.discard(index)  # it comes back with its memory in place
         try:
             await self._unregister(old_url)
-            with self._stopping_engines():
-                await self.engines[index].stop()
+            await self.engines[index].stop()
             new_url = await self.engines[index].start()
             if self.catch_up is not None:
                 await self.catch_up(new_url)
@@ -439,11 +439,6 @@ class EnginePool:
         self.restarts.append(restart)
         log.warning("engine %d serves again at %s (%.1f s)", index, new_url, restart.seconds)
         return restart
-
-    def _stopping_engines(self) -> contextlib.AbstractContextManager[None]:
-        """Around stopping engines: what they answer aborted as they go (the CPU engine
-        aborts its running requests) was interrupted by rlpost, not refused by the engine."""
-        return self.client.asking_aborts() if self.client else contextlib.nullcontext()
 
     def _set_serving(self, index: int, serving: bool) -> None:
         if serving:

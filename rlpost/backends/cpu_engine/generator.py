@@ -198,16 +198,14 @@ class BatchGenerator:
 
     def _finish_aborted(self, rows: list[Row]) -> None:
         for row in rows:
-            if row.finish is None and row.abort_message is not None:
-                row.finish_with(
-                    FinishReason("abort", message=row.abort_message), self.weight_version
-                )
+            if row.finish is None and row.abort is not None:
+                row.finish_with(row.abort, self.weight_version)
 
     def _finished_before_start(self, row: Row) -> bool:
         if row.finish is not None:
             return True
-        if row.abort_message is not None:
-            row.finish_with(FinishReason("abort", message=row.abort_message), self.weight_version)
+        if row.abort is not None:
+            row.finish_with(row.abort, self.weight_version)
         elif row.params.max_new_tokens == 0:
             row.finish_with(FinishReason("length", length=0), self.weight_version)
         return row.finish is not None

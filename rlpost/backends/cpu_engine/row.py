@@ -19,6 +19,7 @@ class FinishReason:
     matched: int | str | None = None
     length: int | None = None
     message: str | None = None
+    status_code: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         if self.kind == "stop":
@@ -26,14 +27,26 @@ class FinishReason:
         if self.kind == "length":
             return {"type": "length", "length": self.length}
         # an abort asked for (abort_request, pause_generation, a weight update) carries no
-        # status_code in SGLang: null, as its FINISH_ABORT() writes; the HTTP status is 200
-        return {"type": "abort", "message": self.message, "status_code": None, "err_type": None}
+        # status_code in SGLang: null, as its FINISH_ABORT() writes; the HTTP status is 200.
+        # One with a status_code (the engine shutting down: 503) is answered with that status.
+        return {
+            "type": "abort",
+            "message": self.message,
+            "status_code": self.status_code,
+            "err_type": None,
+        }
+
+    @property
+    def error_status(self) -> int | None:
+        """The HTTP status to answer instead of the output: an abort's status_code, as SGLang
+        turns an abort carrying 400, 500 or 503 into that status (None: answer 200)."""
+        return self.status_code if self.kind == "abort" else None
 
 
 @dataclass(eq=False)
 class Row:
-    """One row being generated. Mutated by the decoding thread only, except `abort_message`,
-    which another thread may set to ask for an abort at the next step."""
+    """One row being generated. Mutated by the decoding thread only, except `abort`, which
+    another thread may set to ask for an abort at the next step: the row finishes with it."""
 
     rid: str
     prompt_ids: list[int]
@@ -42,7 +55,7 @@ class Row:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
-    abort_message: str | None = None
+    abort: FinishReason | None = None
     weight_version: str = "default"
     done: concurrent.futures.Future[Row] = field(default_factory=concurrent.futures.Future)
 

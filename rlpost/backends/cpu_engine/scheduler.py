@@ -18,9 +18,11 @@ from typing import Any, TypeVar
 
 from rlpost.backends.cpu_engine.generator import BatchGenerator
 from rlpost.backends.cpu_engine.row import FinishReason, Row
+from rlpost.backends.cpu_engine.sampling import RequestError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+SHUTTING_DOWN = "the engine is shutting down"
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,13 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self.abort(None, "engine shutting down")
+        """Take no more work and finish every row with an abort carrying status_code 503
+        (SHUTTING_DOWN): its request is answered 503, which the router sends to another
+        engine, not a partial output that reads as if someone had asked for the abort."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        self.abort(None, SHUTTING_DOWN, status_code=503)
         self._thread.join(timeout_s)
         for _, future in self._jobs:
             future.cancel()
@@ -67,26 +72,28 @@ class Scheduler:
     def submit(self, rows: list[Row]) -> None:
         with self._cond:
             if self._stopping:
-                raise RuntimeError("the engine is shutting down")
+                raise RequestError(SHUTTING_DOWN, status=503)
             self._waiting.extend(rows)
             self._cond.notify_all()
 
-    def abort(self, rid_prefix: str | None, message: str) -> int:
+    def abort(self, rid_prefix: str | None, message: str, status_code: int | None = None) -> int:
         """Abort rows whose rid starts with `rid_prefix` (all rows when None). Waiting rows
-        finish at once; running rows finish at the next step with their partial output."""
+        finish at once; running rows finish at the next step with their partial output.
+        An abort asked for has no `status_code`; one with a status_code is an error answer."""
 
         def matches(row: Row) -> bool:
             return rid_prefix is None or row.rid.startswith(rid_prefix)
 
+        reason = FinishReason("abort", message=message, status_code=status_code)
         with self._cond:
             dropped = [r for r in self._waiting if matches(r)]
             self._waiting = deque(r for r in self._waiting if not matches(r))
             flagged = [r for r in self._running if r.finish is None and matches(r)]
             for row in flagged:
-                row.abort_message = message
+                row.abort = reason
             self._cond.notify_all()
         for row in dropped:
-            row.finish_with(FinishReason("abort", message=message), self._generator.weight_version)
+            row.finish_with(reason, self._generator.weight_version)
         return len(dropped) + len(flagged)
 
     def pause(self, mode: str) -> None:
@@ -111,7 +118,7 @@ class Scheduler:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._cond:
             if self._stopping:
-                raise RuntimeError("the engine is shutting down")
+                raise RequestError(SHUTTING_DOWN, status=503)
             self._jobs.append((fn, future))
             self._cond.notify_all()
         return future
@@ -197,7 +204,7 @@ class Scheduler:
         while True:
             self._run_jobs()
             with self._cond:
-                all_aborted = all(r.abort_message is not None for r in self._running)
+                all_aborted = all(r.abort is not None for r in self._running)
                 if not self._hold_in_place or self._stopping or all_aborted:
                     return
                 if not self._jobs:

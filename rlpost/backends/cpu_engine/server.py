@@ -2,10 +2,12 @@
 
     python -m rlpost.backends.cpu_engine --model-path DIR --host 127.0.0.1 --port P
 
-The server listens at once and answers /health with 503 until the model is loaded. Started
-with a key in $RLPOST_ENGINE_KEY (rlpost.backends.engine_key), it answers every request,
-health included, with 401 unless it carries `Authorization: Bearer <key>` (a bare GET /health,
-the router's registration probe, only learns that the server is up).
+The server listens at once and answers /health with 503 until the model is loaded. Stopped
+(SIGTERM, SIGINT), it answers its open requests, new ones and /health with 503 (see
+EngineServer.shut_down). Started with a key in $RLPOST_ENGINE_KEY
+(rlpost.backends.engine_key), it answers every request, health included, with 401 unless it
+carries `Authorization: Bearer <key>` (a bare GET /health, the router's registration probe,
+only learns that the server is up).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from aiohttp import web
 
 from rlpost.backends.cpu_engine.engine import MEMORY_TAGS, CpuEngine, EngineSettings
 from rlpost.backends.cpu_engine.protocol import parse_generate_request, render_output
+from rlpost.backends.cpu_engine.row import Row
 from rlpost.backends.cpu_engine.sampling import RequestError
+from rlpost.backends.cpu_engine.scheduler import SHUTTING_DOWN
 from rlpost.backends.cpu_engine.weights import WeightLoadError
 from rlpost.backends.engine_key import ENGINE_KEY_ENV, is_authorized
 from rlpost.backends.sglang.buckets import WeightInfo
@@ -58,6 +62,16 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def raise_error_status(rows: Sequence[Row]) -> None:
+    """Where a finished request's HTTP status is decided: 200 with the outputs, unless a row
+    finished with an abort carrying a status_code (the engine shutting down), which answers
+    that status instead, as SGLang does (error_response gives the body its shape)."""
+    for row in rows:
+        finish = row.finish
+        if finish is not None and finish.error_status is not None:
+            raise RequestError(finish.message or "aborted", status=finish.error_status)
+
+
 class EngineServer:
     """aiohttp routes over a CpuEngine that is loaded in the background."""
 
@@ -68,6 +82,7 @@ class EngineServer:
         self.load_error: BaseException | None = None
         self._unpaused = asyncio.Event()
         self._unpaused.set()
+        self._stopping = asyncio.Event()
 
     async def load(self) -> None:
         try:
@@ -78,9 +93,21 @@ class EngineServer:
         logger.info("engine ready: %s", self.settings.model_path)
 
     def ready_engine(self) -> CpuEngine:
+        if self._stopping.is_set():
+            raise RequestError(SHUTTING_DOWN, status=503)
         if self.engine is None:
             raise RequestError("the engine is still loading", status=503)
         return self.engine
+
+    async def shut_down(self) -> None:
+        """Stop serving, as SGLang does on SIGTERM: the requests running or held by a pause,
+        and any that arrive now, health checks included, are answered 503 with a "detail"
+        (SGLang's answer to an abort carrying status_code 503), which the router re-sends to
+        another engine. Only aborts asked for (abort_request, pause_generation) answer 200
+        with the partial output."""
+        self._stopping.set()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
 
     def app(self) -> web.Application:
         middlewares = [self._errors] if self.key is None else [self._authorize, self._errors]
@@ -138,13 +165,15 @@ class EngineServer:
             return error_response(str(exc), 400)
 
     async def health(self, request: web.Request) -> web.Response:
+        if self._stopping.is_set():
+            return web.Response(status=503, text=SHUTTING_DOWN)
         if self.engine is None:
             state = "loading" if self.load_error is None else f"failed: {self.load_error}"
             return web.Response(status=503, text=state)
         return web.Response(text="ok")
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        engine = self.ready_engine()
+        engine = self.ready_engine()  # 503 while loading or shutting down
         body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
         try:
             await asyncio.wait_for(self._run_generate(engine, body), HEALTH_GENERATE_TIMEOUT_S)
@@ -159,7 +188,7 @@ class EngineServer:
 
     async def _run_generate(self, engine: CpuEngine, body: dict[str, Any]) -> Any:
         parsed = parse_generate_request(body, engine.encode, engine.context_len)
-        await self._unpaused.wait()
+        await self._wait_unpaused()
         rows = engine.make_rows(parsed)
         engine.submit(rows)
         try:
@@ -168,8 +197,22 @@ class EngineServer:
             for row in rows:
                 engine.scheduler.abort(row.rid, "client disconnected")
             raise
+        raise_error_status(rows)
         outputs = [render_output(engine.output_of(r), parsed, engine.decode) for r in rows]
         return outputs if parsed.returns_list else outputs[0]
+
+    async def _wait_unpaused(self) -> None:
+        """Hold a request while generation is paused; one held when the server shuts down
+        is answered 503."""
+        if not self._unpaused.is_set():
+            waits = [asyncio.create_task(e.wait()) for e in (self._unpaused, self._stopping)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        if self._stopping.is_set():
+            raise RequestError(SHUTTING_DOWN, status=503)
 
     async def abort_request(self, request: web.Request) -> web.Response:
         engine = self.ready_engine()
@@ -354,10 +397,9 @@ async def serve(
     finally:
         loading.cancel()
         stopping.cancel()
-        # Engine first: it aborts running rows, so open requests answer before the
-        # listener closes instead of holding shutdown for their full generation.
-        if server.engine is not None:
-            await asyncio.to_thread(server.engine.shutdown)
+        # Engine first: it answers open requests 503, so they answer before the listener
+        # closes instead of holding shutdown for their full generation.
+        await server.shut_down()
         await runner.cleanup()
 
 
@@ -398,8 +440,10 @@ class BackgroundServer:
         await self.server.load()
 
     def stop(self) -> None:
-        if self.server.engine is not None:
-            self.server.engine.shutdown()
+        """Shut the server down (see EngineServer.shut_down); once stopped, a no-op."""
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.shut_down(), self._loop).result()
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -174,7 +174,7 @@ class EngineClient:
     @contextlib.contextmanager
     def asking_aborts(self) -> Iterator[None]:
         """Around whatever aborts engines' requests on rlpost's behalf (a pause, an abort,
-        an engine stopped): requests it answers aborted were interrupted, not refused."""
+        a group stopped): requests it answers aborted were interrupted, not refused."""
         self._aborts_asked += 1
         self._aborting += 1
         try:

@@ -18,7 +18,7 @@ import pytest
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import free_port
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, LocalEngine
-from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
+from rlpost.runtime.rollout.client import EngineClient, EngineRequestError, FinishKind
 from rlpost.runtime.router import Router, RouterSettings
 
 T = TypeVar("T")
@@ -147,6 +147,34 @@ def test_released_engines_stay_out_of_generation_until_resumed(rig: Rig) -> None
         async with pool.exclusive():
             await pool.resume_memory([("weights",), ("kv_cache",), ("cuda_graph",)], done=True)
         assert (await client.generate_on(pool.urls[1], PROMPT, GREEDY)).output_ids
+
+    rig.run(scenario())
+
+
+def test_the_requests_of_an_engine_stopped_for_a_restart_are_answered_by_the_other(
+    rig: Rig,
+) -> None:
+    """Stopping an engine (SIGTERM) answers its open requests 503, which the router sends to
+    the other engine: each comes back whole, and nothing counts as an abort rlpost asked for,
+    so an engine's own abort while it restarts another is still told apart."""
+    pool, client = rig.pool, rig.client
+    params = {"max_new_tokens": 200, "temperature": 0.0, "ignore_eos": True}
+
+    async def scenario() -> None:
+        leaving = pool.urls[0]
+        tasks = [asyncio.create_task(client.generate(PROMPT, params)) for _ in range(4)]
+        async with asyncio.timeout(30):
+            while await client.num_requests([leaving]) == 0:
+                await asyncio.sleep(0.01)
+        # held between two steps until it stops, so they are running when it does
+        await client.post(leaving, "/pause_generation", {"mode": "in_place"})
+        mark = client.abort_mark()
+        async with pool.exclusive():
+            assert await pool.restart(0, "stopped for a test") is not None
+        results = await asyncio.gather(*tasks)
+        assert all(r.finish_reason is FinishKind.LENGTH for r in results)
+        assert all(len(r.output_ids) == 200 for r in results)
+        assert not client.asked_abort_since(mark)
 
     rig.run(scenario())
 

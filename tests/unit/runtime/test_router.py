@@ -174,3 +174,40 @@ def test_a_router_killed_while_it_starts_is_a_fault_one_that_fails_is_not(
 
     refused = RouterError("sglang-router exited with code 2 at startup", returncode=2)
     assert not refused.killed and killed_while_starting(refused) is None
+
+
+def test_a_request_on_an_engine_that_shuts_down_is_answered_by_another(
+    cluster: Cluster, tiny_lm_dir: Path
+) -> None:
+    """An engine stopped from outside (SIGTERM: serve's stop event, the same shut_down as
+    here) answers its open requests 503; the router re-sends them to another engine and the
+    client gets a whole answer, not the stopped engine's partial output."""
+    router, _, _ = cluster
+    params = {"max_new_tokens": 150, "temperature": 0.0, "ignore_eos": True}
+    leaving = BackgroundServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
+    try:
+        leaving_url = leaving.start()
+        router.add_worker(leaving_url)
+        deadline = time.monotonic() + 30
+        while not any(w.url == leaving_url and w.is_healthy for w in router.workers()):
+            assert time.monotonic() < deadline, "the engine did not join the router"
+            time.sleep(0.1)
+
+        async def scenario() -> list[GenerateResult]:
+            # One attempt per request: any recovery below is the router's own retry.
+            async with EngineClient(router.url, max_attempts=1) as client:
+                tasks = [asyncio.create_task(client.generate(PROMPT, params)) for _ in range(6)]
+                deadline = time.monotonic() + 30
+                while await client.num_requests([leaving_url]) == 0:
+                    assert time.monotonic() < deadline, "no request reached the engine"
+                    await asyncio.sleep(0.01)
+                await asyncio.to_thread(leaving.stop)
+                return await asyncio.gather(*tasks)
+
+        results = asyncio.run(scenario())
+        assert all(r.finish_reason is FinishKind.LENGTH for r in results)
+        assert all(len(r.output_ids) == 150 for r in results)
+    finally:
+        leaving.stop()
+        if leaving.port:
+            router.remove_worker(leaving.url)

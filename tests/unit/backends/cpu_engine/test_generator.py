@@ -11,6 +11,7 @@ import torch
 from rlpost.backends.cpu_engine.engine import CpuEngine, EngineSettings
 from rlpost.backends.cpu_engine.generator import Row
 from rlpost.backends.cpu_engine.protocol import parse_generate_request
+from rlpost.backends.cpu_engine.row import FinishReason
 from rlpost.backends.cpu_engine.sampling import SamplingParams
 
 
@@ -194,7 +195,7 @@ def test_abort_flag_finishes_rows_with_partial_output(engine: CpuEngine) -> None
         nonlocal steps
         steps += 1
         if steps == 3:
-            rows[1].abort_message = "stop now"
+            rows[1].abort = FinishReason("abort", message="stop now")
 
     engine.generator.run(rows, abort_second_after_three_steps)
     assert rows[1].finish is not None and rows[1].finish.kind == "abort"

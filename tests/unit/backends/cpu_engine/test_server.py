@@ -18,12 +18,18 @@ from aiohttp.test_utils import TestClient, TestServer
 from transformers import AutoModelForCausalLM
 
 from rlpost.backends.cpu_engine.engine import EngineSettings
-from rlpost.backends.cpu_engine.server import BackgroundServer, EngineServer, quiet_http2_probe
-from rlpost.runtime.router import http_json
+from rlpost.backends.cpu_engine.server import (
+    BackgroundServer,
+    EngineServer,
+    quiet_http2_probe,
+    serve,
+)
+from rlpost.runtime.router import free_port, http_json
 
 PROMPT = [40, 41, 42, 43]
 GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
 LONG = {"max_new_tokens": 240, "temperature": 0.0, "ignore_eos": True}
+SHUTTING_DOWN = {"detail": "the engine is shutting down"}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +51,13 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
 
 def running(url: str) -> int:
     return int(http_json("GET", f"{url}/get_load")[1][0]["num_reqs"])
+
+
+def answers(url: str) -> int | None:
+    try:
+        return http_json("GET", url, timeout_s=2)[0]
+    except OSError:  # not listening yet
+        return None
 
 
 def test_generate_answers_in_sglang_shape_and_ignores_router_keys(url: str) -> None:
@@ -285,3 +298,52 @@ def test_a_server_started_with_a_key_answers_only_requests_that_carry_it(
     finally:
         server.stop()
         torch.set_num_threads(threads)
+
+
+def test_an_engine_stopped_from_outside_answers_its_requests_503(
+    tiny_lm_dir: Path, pool: ThreadPoolExecutor
+) -> None:
+    """Stopped from outside (SIGTERM sets serve's stop event), the engine answers what it is
+    running or holding as SGLang answers an abort carrying status_code 503: HTTP 503 with a
+    "detail", which the router re-sends to another engine. A 200 abort would read as the
+    engine refusing the request on its own, and stop the run."""
+    threads = torch.get_num_threads()
+    loop, stop, port = asyncio.new_event_loop(), asyncio.Event(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = EngineSettings(model_path=str(tiny_lm_dir), num_threads=1)
+    serving = pool.submit(loop.run_until_complete, serve(settings, "127.0.0.1", port, stop))
+    try:
+        wait_until(lambda: answers(f"{url}/health") == 200, timeout_s=60)
+        inflight = pool.submit(generate, url, sampling_params=LONG, return_logprob=True)
+        wait_until(lambda: running(url) == 1)
+        # paused in place: the running row is held between two steps, a new request waits
+        assert http_json("POST", f"{url}/pause_generation", {"mode": "in_place"})[0] == 200
+        held = pool.submit(generate, url, sampling_params=GREEDY)
+        time.sleep(0.3)
+        assert not inflight.done() and not held.done()
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        serving.result(timeout=90)
+        loop.close()
+        torch.set_num_threads(threads)
+    assert inflight.result(timeout=10) == (503, SHUTTING_DOWN)
+    assert held.result(timeout=10) == (503, SHUTTING_DOWN)
+
+
+def test_a_server_shutting_down_answers_503_to_requests_and_health_checks(
+    tiny_lm_dir: Path,
+) -> None:
+    async def scenario() -> None:
+        server = EngineServer(EngineSettings(model_path=str(tiny_lm_dir), num_threads=1))
+        async with TestClient(TestServer(server.app())) as client:
+            await server.load()
+            assert (await client.get("/health")).status == 200
+            await server.shut_down()
+            later = await client.post("/generate", json={"input_ids": PROMPT})
+            assert later.status == 503 and await later.json() == SHUTTING_DOWN
+            assert (await client.get("/health")).status == 503
+            assert (await client.get("/health_generate")).status == 503
+
+    threads = torch.get_num_threads()
+    asyncio.run(scenario())
+    torch.set_num_threads(threads)
