@@ -9,7 +9,12 @@ from rlpost.errors import Issue
 from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
 from rlpost.plan.plan import Plan
-from rlpost.plan.remedies import fsdp_fixes, sender_fixes
+from rlpost.plan.remedies import (
+    fsdp_fixes,
+    megatron_fixes,
+    megatron_sender_fixes,
+    sender_fixes,
+)
 from rlpost.schema import RunConfig
 from rlpost.schema.hardware import device_word
 
@@ -50,43 +55,28 @@ def memory_issues(cfg: RunConfig, plan: Plan) -> list[Issue]:
 
 
 def _train_fix(cfg: RunConfig, plan: Plan) -> str:
-    """What lowers a train rank's peak, naming only what the plan's trainer honours: megatron
-    splits the model (tp, pp, cp, ep) and offloads its optimizer (recipe.optim.cpu_offload);
-    the torch trainer training on GPUs is sized as FSDP2, and its remedies are each tried on
-    that estimate (rlpost.plan.remedies); on a CPU profile it is data parallel with nominal
-    figures, its optimizer in host memory already. A remedy the layout has on already is not
-    named."""
+    """What lowers a train rank's peak, each remedy tried on the estimate of the plan's
+    trainer (rlpost.plan.remedies): megatron-core's, which splits the model (tp, pp, cp, ep)
+    and offloads its optimizer; the torch trainer's on GPUs, sized as FSDP2; mode=eval's
+    ranks, which only send the weights. The torch trainer on a CPU profile is data parallel
+    with nominal figures, its optimizer in host memory already. A remedy the layout has on
+    already is not named."""
     m, par = plan.memory, plan.parallel
-    devices = device_word(plan.hardware_kind, 2)
-    on_gpu = plan.hardware_kind == "gpu"
-    slot = "raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)"
-    fixes: list[str] = []
-    if plan.trainer_backend == "torch":
-        if isinstance(m.train, FsdpTrainMemory):
-            colocate = plan.placement.colocate
-            if plan.trains:
-                return fsdp_fixes(cfg, par, colocate)
-            return sender_fixes(cfg, par, colocate)  # mode=eval: the shards to send
-        if plan.trains and par.recompute != "full":
-            fixes.append("set layout.train.recompute.granularity: full")
+    colocate = plan.placement.colocate
+    if plan.trainer_backend == "megatron":
         if plan.trains:
-            fixes.append("lower recipe.train.max_tokens_per_gpu")
-        fixes.append(slot)
-        return _any_of(fixes)
-    ep = ", ep" if m.params_active < m.params_total else ""
-    if not plan.trains:  # mode=eval: the train ranks hold the weights, nothing else
-        return (
-            f"split the model further over the train {devices} (layout.train.tp, pp{ep}), "
-            f"or give training more {devices}"
-        )
-    fixes.append(f"split the model further (layout.train.tp, pp, cp{ep})")
-    if par.recompute != "full":
+            return megatron_fixes(cfg, par, colocate)
+        return megatron_sender_fixes(cfg, par, colocate)  # mode=eval: the weights to send
+    if isinstance(m.train, FsdpTrainMemory):
+        if plan.trains:
+            return fsdp_fixes(cfg, par, colocate)
+        return sender_fixes(cfg, par, colocate)  # mode=eval: the shards to send
+    fixes: list[str] = []
+    if plan.trains and par.recompute != "full":
         fixes.append("set layout.train.recompute.granularity: full")
-    fixes.append("lower recipe.train.max_tokens_per_gpu")
-    if on_gpu and m.train.host_optimizer_gib == 0:
-        fixes.append("set recipe.optim.cpu_offload: true")
-    if not on_gpu:
-        fixes.append(slot)
+    if plan.trains:
+        fixes.append("lower recipe.train.max_tokens_per_gpu")
+    fixes.append("raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)")
     return _any_of(fixes)
 
 

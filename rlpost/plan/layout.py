@@ -8,6 +8,10 @@ from typing import Any
 from rlpost.backends.fp8_format import Fp8Format
 
 RECOMPUTE_NONE = "none"
+MAX_PP = 16
+"""The most pipeline stages the layout search and the memory remedies try."""
+MAX_CP = 8
+"""The largest context-parallel size the layout search and the memory remedies try."""
 SELECTIVE_RECOMPUTE_MODULES = ("core_attn",)
 """What `recompute: selective` recomputes, in megatron-core's recompute_modules names: core
 attention (RoPE, the per-sample gathers and SDPA), whose saved tensors the plan's memory

@@ -7,7 +7,9 @@ Rules, each recorded in the plan as derived:
 - training: pp = cp = etp = 1; ep = the largest divisor of the expert count whose EP x ETP
   grid fits world / pp (megatron-core's rule); tp = the smallest power of two, within a node,
   that divides the heads (and query groups) and the GPUs, and whose training memory fits;
-  dp = world / (tp x pp x cp); sequence parallel whenever tp > 1; full recompute on GPUs.
+  dp = world / (tp x pp x cp); sequence parallel whenever tp > 1; full recompute on GPUs;
+  where no tp fits, the refusal names the remedies megatron-core's estimate fits
+  (rlpost.plan.remedies.megatron_fixes).
   The torch trainer on GPUs (trainer.backend=torch, or auto for a generic model) is data
   parallel over every train GPU with FSDP2 (tp = ep = 1); a derived layout it cannot fit is
   refused with the remedies that do fit (rlpost.plan.remedies.fsdp_fixes).
@@ -37,7 +39,7 @@ from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Siz
 from rlpost.plan.loop import default_colocate
 from rlpost.plan.memory import estimate_train
 from rlpost.plan.placement import engine_offset, misplaced_engines
-from rlpost.plan.remedies import fsdp_fixes
+from rlpost.plan.remedies import fsdp_fixes, megatron_fixes
 from rlpost.plan.runtime import resolve_engine_backend
 from rlpost.plan.work import SEND_WEIGHTS, train_rank_work
 from rlpost.schema import RunConfig
@@ -178,10 +180,7 @@ def _derive_tp(cfg: RunConfig, sizes: Sizes, base: ParallelLayout, rec: _Record)
                 f"{cfg.hardware.gpu_memory_gib} GiB: the largest valid, tp={tp}, still needs "
                 f"{need.total_gib:.1f} GiB per GPU ({need.terms()})"
             ),
-            fix="set layout.train.pp (pipeline stages)"
-            + (" and layout.train.ep (expert parallel); " if cfg.model.moe is not None else "; ")
-            + ("" if cfg.recipe.optim.cpu_offload else "or recipe.optim.cpu_offload: true; ")
-            + "or lower recipe.train.max_tokens_per_gpu; or use more GPUs",
+            fix=megatron_fixes(cfg, _with_tp(cfg, base, tp, sizes.train_gpus), sizes.colocate),
         )
     )
     return tp

@@ -1,71 +1,123 @@
-"""What makes the torch trainer fit a GPU where it does not, each remedy tried on the plan's
-estimate before it is named (rlpost.plan.fsdp.estimate_fsdp_train for the torch trainer,
-rlpost.plan.memory.estimate_train for megatron-core's split of the same model).
+"""What makes a trainer fit its GPUs where it does not, each remedy tried on the plan's
+estimate before it is named, with the GiB it then needs: rlpost.plan.fsdp.estimate_fsdp_train
+for the torch trainer, rlpost.plan.memory.estimate_train for megatron-core, and
+rlpost.plan.fsdp.estimate_sender for mode=eval's train ranks, which only send weights.
 
 The torch trainer is data parallel alone: FSDP2's shards shrink as 1/DP and leave the GPU
 with CPU offload, but the gathered layers, the activations and the logits of a micro-batch
-do not shrink with either. Megatron-core splits those too (tp, pp), for the families it has a
-layer spec for (not `generic`)."""
+do not shrink with either. Megatron-core splits those too (tp, pp, cp, ep), for the families
+it has a layer spec for (not `generic`); its distributed optimizer shards Adam's state over
+DP x CP, and recipe.optim.cpu_offload keeps that state on the host.
+
+The budget is the GPU's memory, or less where layout=auto's search names the remedies (what
+it accepts leaves a margin free: rlpost.plan.search.MARGIN_FRACTION)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from rlpost.plan.backends import as_computed
 from rlpost.plan.fsdp import FsdpOptions, estimate_fsdp_train, estimate_sender, fsdp_options
-from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.layout import MAX_CP, MAX_PP, ParallelLayout
 from rlpost.plan.memory import estimate_train
 from rlpost.plan.params import stage_layers
 from rlpost.schema import GENERIC_FAMILY, RunConfig
+from rlpost.schema.hardware import device_word
 
 MIN_TOKENS_PER_GPU = 512
 """The shortest max_tokens_per_gpu a remedy names (halving from the config's)."""
 MAX_TRAIN_GPUS = 1024
 """The most train GPUs a remedy names (doubling from the layout's)."""
+MAX_GRIDS = 256
+"""The most megatron-core grids one search for a split that fits sizes (fewest ranks first)."""
 RECOMPUTE_FIX = "layout.train.recompute.granularity: full"
 RESHARD_FIX = "layout.train.fsdp.reshard_after_forward: true"
 OFFLOAD_FIX = "layout.train.fsdp.cpu_offload: true"
+SLOT = "a device slot's nominal share of host memory"
 
 
 @dataclass(frozen=True)
 class _Trial:
-    """One way of training: the layout, the FSDP2 options and max_tokens_per_gpu."""
+    """One way of training: the layout, max_tokens_per_gpu, whether megatron's optimizer is
+    on the host (recipe.optim.cpu_offload), and the torch trainer's FSDP2 options (None:
+    megatron-core trains)."""
 
     par: ParallelLayout
-    options: FsdpOptions
     tokens: int | None
+    optim_offload: bool
+    options: FsdpOptions | None = None
 
-    def need_gib(self, cfg: RunConfig, colocate: bool) -> float:
+
+@dataclass(frozen=True)
+class _Gate:
+    """What a trial is held to: cfg's estimate for it (colocated or not, counted as the
+    hardware computes: float32 on CPU) within budget_gib; `sends`: mode=eval's train ranks,
+    which hold only the weights they send."""
+
+    cfg: RunConfig
+    colocate: bool
+    budget_gib: float
+    sends: bool = False
+
+    def need(self, trial: _Trial) -> float:
+        cfg = self.cfg
+        if self.sends:
+            bucket = cfg.engine.weight_bucket_mb << 20
+            return estimate_sender(cfg, trial.par, self.colocate, bucket, trial.options).total_gib
         recipe = cfg.recipe
-        if self.tokens != recipe.train.max_tokens_per_gpu:
-            train = recipe.train.model_copy(update={"max_tokens_per_gpu": self.tokens})
-            recipe = recipe.model_copy(update={"train": train})
-        need = estimate_fsdp_train(cfg, self.par, colocate, recipe=recipe, options=self.options)
-        return need.total_gib
+        if (trial.tokens, trial.optim_offload) != (
+            recipe.train.max_tokens_per_gpu,
+            recipe.optim.cpu_offload,
+        ):
+            train = recipe.train.model_copy(update={"max_tokens_per_gpu": trial.tokens})
+            optim = recipe.optim.model_copy(update={"cpu_offload": trial.optim_offload})
+            recipe = recipe.model_copy(update={"train": train, "optim": optim})
+        if trial.options is not None:
+            need = estimate_fsdp_train(
+                cfg, trial.par, self.colocate, recipe=recipe, options=trial.options
+            )
+            return need.total_gib
+        return estimate_train(cfg.model, recipe, cfg.hardware, trial.par, self.colocate).total_gib
 
 
-def fsdp_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
-    """The remedies that each make the torch trainer fit `par` on cfg's GPUs, the smallest
-    change first (a setting before more GPUs, megatron-core last); where none does alone, the
-    combination that does, or what the torch trainer cannot shrink."""
-    budget = cfg.hardware.gpu_memory_gib
-    base = _Trial(par, fsdp_options(cfg), cfg.recipe.train.max_tokens_per_gpu)
-    fitting = [f"{fix} ({need:.1f} GiB)" for fix, need in _single_fixes(cfg, base, colocate)]
-    megatron = megatron_fix(cfg, par.world, colocate)
+def _gate(cfg: RunConfig, colocate: bool, budget_gib: float | None, sends: bool = False) -> _Gate:
+    budget = cfg.hardware.gpu_memory_gib if budget_gib is None else budget_gib
+    return _Gate(as_computed(cfg), colocate, budget, sends)
+
+
+def _as_configured(cfg: RunConfig, par: ParallelLayout, fsdp: bool = False) -> _Trial:
+    options = fsdp_options(cfg) if fsdp else None
+    return _Trial(par, cfg.recipe.train.max_tokens_per_gpu, cfg.recipe.optim.cpu_offload, options)
+
+
+def fsdp_fixes(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, budget_gib: float | None = None
+) -> str:
+    """The remedies that each make the torch trainer fit `par` on cfg's GPUs (within
+    `budget_gib`, the GPU's memory unless given), the smallest change first (a setting before
+    more GPUs, megatron-core last); where none does alone, the combination that does, or what
+    the torch trainer cannot shrink."""
+    gate = _gate(cfg, colocate, budget_gib)
+    base = _as_configured(cfg, par, fsdp=True)
+    fitting = [f"{fix} ({need:.1f} GiB)" for fix, need in _single_fixes(gate, base)]
+    megatron = megatron_fix(cfg, par.world, colocate, gate.budget_gib)
     if fitting:
         return "any one of: " + "; ".join(fitting + ([megatron] if megatron else []))
-    combined = _combined_fix(cfg, base, colocate)
+    combined = _combined_fix(gate, base)
+    budget = round(gate.budget_gib, 1)
     return f"no single change makes the torch trainer fit {budget:g} GiB: {combined}" + (
         f"; or set {megatron}" if megatron else ""
     )
 
 
-def _single_fixes(cfg: RunConfig, base: _Trial, colocate: bool) -> Iterator[tuple[str, float]]:
+def _single_fixes(gate: _Gate, base: _Trial) -> Iterator[tuple[str, float]]:
     """(remedy, GiB) for each change alone that fits: full recompute, resharding after the
     forward, a shorter max_tokens_per_gpu (the longest halving that fits), CPU offload, more
     GPUs (the fewest that fit)."""
-    budget = cfg.hardware.gpu_memory_gib
     par, options = base.par, base.options
+    assert options is not None  # the torch trainer's
     tried = []
     if par.recompute != "full":
         tried.append((RECOMPUTE_FIX, replace(base, par=replace(par, recompute="full"))))
@@ -73,58 +125,60 @@ def _single_fixes(cfg: RunConfig, base: _Trial, colocate: bool) -> Iterator[tupl
         reshard = replace(options, reshard_after_forward=True)
         tried.append((RESHARD_FIX, replace(base, options=reshard)))
     for fix, trial in tried:
-        need = trial.need_gib(cfg, colocate)
-        if need <= budget:
+        need = gate.need(trial)
+        if need <= gate.budget_gib:
             yield fix, need
-    shorter = _shorter_tokens(cfg, base, colocate)
+    shorter = _shorter_tokens(gate, base)
     if shorter is not None:
         yield f"recipe.train.max_tokens_per_gpu={shorter[0]}", shorter[1]
     if not options.cpu_offload:
-        offload = replace(base, options=replace(options, cpu_offload=True))
-        need = offload.need_gib(cfg, colocate)
-        if need <= budget:
+        need = gate.need(replace(base, options=replace(options, cpu_offload=True)))
+        if need <= gate.budget_gib:
             yield OFFLOAD_FIX, need
-    more = _more_gpus(cfg, base, colocate)
+    more = _more_gpus(gate, base)
     if more is not None:
-        yield _more_gpus_text(cfg, more[0]), more[1]
+        yield _more_gpus_text(gate.cfg, more[0]), more[1]
 
 
-def _shorter_tokens(cfg: RunConfig, trial: _Trial, colocate: bool) -> tuple[int, float] | None:
+def _shorter_tokens(gate: _Gate, trial: _Trial) -> tuple[int, float] | None:
     """The longest halving of max_tokens_per_gpu (down to MIN_TOKENS_PER_GPU) that fits."""
     tokens = trial.tokens
     while tokens and tokens > MIN_TOKENS_PER_GPU:
         tokens //= 2
-        need = replace(trial, tokens=tokens).need_gib(cfg, colocate)
-        if need <= cfg.hardware.gpu_memory_gib:
+        need = gate.need(replace(trial, tokens=tokens))
+        if need <= gate.budget_gib:
             return tokens, need
     return None
 
 
-def _more_gpus(cfg: RunConfig, trial: _Trial, colocate: bool) -> tuple[int, float] | None:
+def _more_gpus(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:
     """The fewest train GPUs (doubling DP, up to MAX_TRAIN_GPUS) that fit."""
-    dp = trial.par.dp
-    while dp < MAX_TRAIN_GPUS:
-        dp *= 2
-        need = replace(trial, par=replace(trial.par, dp=dp)).need_gib(cfg, colocate)
-        if need <= cfg.hardware.gpu_memory_gib:
-            return dp, need
+    par = trial.par
+    while par.world < MAX_TRAIN_GPUS:
+        par = replace(par, dp=par.dp * 2)
+        need = gate.need(replace(trial, par=par))
+        if need <= gate.budget_gib:
+            return par, need
     return None
 
 
-def _more_gpus_text(cfg: RunConfig, gpus: int) -> str:
-    """Training on `gpus` data-parallel GPUs: more of the profile's, or a larger profile."""
-    where = (
-        f"layout.train.num_gpus={gpus}"
-        if gpus <= cfg.hardware.total_gpus
-        else f"a hardware profile with {gpus} GPUs to train on"
-    )
-    return where + (f" and layout.train.dp={gpus}" if cfg.layout.train.dp is not None else "")
+def _more_gpus_text(cfg: RunConfig, par: ParallelLayout) -> str:
+    """Training on par.world GPUs: more of the profile's, or a larger profile."""
+    where = _gpus_text(cfg, par.world)
+    return where + (f" and layout.train.dp={par.dp}" if cfg.layout.train.dp is not None else "")
 
 
-def _combined_fix(cfg: RunConfig, base: _Trial, colocate: bool) -> str:
+def _gpus_text(cfg: RunConfig, gpus: int) -> str:
+    if gpus <= cfg.hardware.total_gpus:
+        return f"layout.train.num_gpus={gpus}"
+    return f"a hardware profile with {gpus} GPUs to train on"
+
+
+def _combined_fix(gate: _Gate, base: _Trial) -> str:
     """Every setting that lowers the peak at once; then, if need be, with a shorter
     max_tokens_per_gpu, or (shards on the GPUs) more of them."""
-    budget = cfg.hardware.gpu_memory_gib
+    assert base.options is not None  # the torch trainer's
+    cfg = gate.cfg
     settings = []
     if base.par.recompute != "full":
         settings.append(RECOMPUTE_FIX)
@@ -135,21 +189,22 @@ def _combined_fix(cfg: RunConfig, base: _Trial, colocate: bool) -> str:
         par=replace(base.par, recompute="full"),
         options=replace(base.options, reshard_after_forward=True),
     )
+    assert lean.options is not None
     offloaded = replace(lean, options=replace(lean.options, cpu_offload=True))
     with_offload = settings + ([] if base.options.cpu_offload else [OFFLOAD_FIX])
-    need = offloaded.need_gib(cfg, colocate)
-    if need <= budget:
+    need = gate.need(offloaded)
+    if need <= gate.budget_gib:
         return f"{_and(with_offload)} together fit ({need:.1f} GiB)"
     found = []
-    shorter = _shorter_tokens(cfg, offloaded, colocate)
+    shorter = _shorter_tokens(gate, offloaded)
     if shorter is not None:
         tokens, need = shorter
         together = _and([*with_offload, f"recipe.train.max_tokens_per_gpu={tokens}"])
         found.append(f"{together} together fit ({need:.1f} GiB)")
-    more = _more_gpus(cfg, lean, colocate)
+    more = _more_gpus(gate, lean)
     if more is not None:
-        gpus, need = more
-        where = _more_gpus_text(cfg, gpus)
+        par, need = more
+        where = _more_gpus_text(cfg, par)
         found.append(
             f"{where} with {_and(settings)} ({need:.1f} GiB)"
             if settings
@@ -157,7 +212,7 @@ def _combined_fix(cfg: RunConfig, base: _Trial, colocate: bool) -> str:
         )
     if found:
         return "; or ".join(found)
-    least = replace(offloaded, tokens=MIN_TOKENS_PER_GPU).need_gib(cfg, colocate)
+    least = gate.need(replace(offloaded, tokens=MIN_TOKENS_PER_GPU))
     return (
         f"even with {_and(with_offload or ['its shards offloaded'])} and "
         f"recipe.train.max_tokens_per_gpu={MIN_TOKENS_PER_GPU} it needs {least:.1f} GiB "
@@ -170,39 +225,42 @@ def sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     """mode=eval's torch train ranks hold float32 FSDP2 shards to send to the engines
     (rlpost.plan.fsdp.estimate_sender): each remedy tried on that estimate: the shards
     offloaded to the host, or split over more GPUs."""
-    budget, bucket = cfg.hardware.gpu_memory_gib, cfg.engine.weight_bucket_mb << 20
-    options = fsdp_options(cfg)
+    gate = _gate(cfg, colocate, None, sends=True)
+    base = _as_configured(cfg, par, fsdp=True)
+    assert base.options is not None
     found = []
-    if not options.cpu_offload:
-        offload = replace(options, cpu_offload=True)
-        need = estimate_sender(cfg, par, colocate, bucket, offload).total_gib
-        if need <= budget:
+    if not base.options.cpu_offload:
+        need = gate.need(replace(base, options=replace(base.options, cpu_offload=True)))
+        if need <= gate.budget_gib:
             found.append(f"{OFFLOAD_FIX} ({need:.1f} GiB)")
-    dp = par.dp
-    while dp < MAX_TRAIN_GPUS:
-        dp *= 2
-        need = estimate_sender(cfg, replace(par, dp=dp), colocate, bucket).total_gib
-        if need <= budget:
-            found.append(f"{_more_gpus_text(cfg, dp)} ({need:.1f} GiB)")
-            break
+    more = _more_gpus(gate, base)
+    if more is not None:
+        found.append(f"{_more_gpus_text(cfg, more[0])} ({more[1]:.1f} GiB)")
     if found:
         return "any one of: " + "; ".join(found)
     return (
-        "neither offloading the shards nor more GPUs fits: evaluate a Hugging Face folder of "
-        "the weights (model.hf_checkpoint, without model.load or run.resume), which the "
-        "engines load themselves, or use GPUs with more memory"
+        "neither offloading the shards nor more GPUs fits: " + HF_FOLDER + ", or use GPUs with "
+        "more memory"
     )
+
+
+HF_FOLDER = (
+    "evaluate a Hugging Face folder of the weights (model.hf_checkpoint, without model.load "
+    "or run.resume), which the engines load themselves"
+)
 
 
 def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def megatron_fix(cfg: RunConfig, world: int, colocate: bool) -> str | None:
+def megatron_fix(
+    cfg: RunConfig, world: int, colocate: bool, budget_gib: float | None = None
+) -> str | None:
     """`trainer.backend=megatron` with the smallest split of the model over `world` GPUs
     that megatron-core's estimate fits, or None (a generic model: megatron has no layer spec
     for it; or no split fits)."""
-    found = megatron_layout(cfg, world, colocate)
+    found = megatron_layout(cfg, world, colocate, budget_gib)
     if found is None:
         return None
     par, need = found
@@ -214,48 +272,279 @@ def megatron_fix(cfg: RunConfig, world: int, colocate: bool) -> str | None:
 
 
 def megatron_layout(
-    cfg: RunConfig, world: int, colocate: bool
+    cfg: RunConfig, world: int, colocate: bool, budget_gib: float | None = None
 ) -> tuple[ParallelLayout, float] | None:
     """The grid with the fewest model-parallel ranks (tp before pp) over `world` GPUs that
-    megatron-core trains cfg's model with and whose estimate fits: tp a power of two within a
-    node dividing the heads and query groups, pp splitting the layers evenly, ep megatron's
-    rule (the largest divisor of the experts the grid holds), sequence parallel with tp; the
-    layout's recompute and optimizer settings kept."""
+    megatron-core trains cfg's model with and whose estimate fits (`_grids`' rules, cp 1);
+    the layout's recompute (full unless set) and optimizer settings kept."""
     model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
     if model.family == GENERIC_FAMILY or hw.kind != "gpu":
         return None
-    grids = [
-        (tp, pp)
-        for tp in _powers_of_two(min(world, hw.gpus_per_node))
-        for pp in range(1, world + 1)
-        if world % (tp * pp) == 0
-        and model.num_attention_heads % tp == 0
-        and (model.mla is not None or model.num_query_groups % tp == 0)
-        and stage_layers(model.num_layers, pp) is not None
-    ]
-    for tp, pp in sorted(grids, key=lambda g: (g[0] * g[1], g[1])):
-        ep = 1
-        if model.moe is not None:
-            experts, grid = model.moe.num_experts, world // pp
-            ep = max(e for e in range(1, experts + 1) if experts % e == 0 and grid % e == 0)
-        par = ParallelLayout(
-            tp=tp,
-            pp=pp,
-            cp=1,
-            ep=ep,
-            etp=1,
-            dp=world // (tp * pp),
-            sequence_parallel=tp > 1 if t.sequence_parallel is None else t.sequence_parallel,
-            recompute=t.recompute.granularity or "full",
-            recompute_method=t.recompute.method,
-            recompute_num_layers=t.recompute.num_layers,
-            distributed_optimizer=t.distributed_optimizer,
-            moe_token_dispatcher_type="alltoall" if model.moe is not None else None,
-        )
-        need = estimate_train(model, cfg.recipe, hw, par, colocate).total_gib
-        if need <= hw.gpu_memory_gib:
-            return par, need
+    single = ParallelLayout(
+        tp=1,
+        pp=1,
+        cp=1,
+        ep=1,
+        etp=1,
+        dp=world,
+        sequence_parallel=False,
+        recompute=t.recompute.granularity or "full",
+        recompute_method=t.recompute.method,
+        recompute_num_layers=t.recompute.num_layers,
+        distributed_optimizer=t.distributed_optimizer,
+        moe_token_dispatcher_type="alltoall" if model.moe is not None else None,
+    )
+    gate = _gate(cfg, colocate, budget_gib)
+    return _split_that_fits(gate, _as_configured(cfg, single), context_parallel=False)
+
+
+def megatron_fixes(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, budget_gib: float | None = None
+) -> str:
+    """The remedies that each make megatron-core fit `par` on cfg's devices (within
+    `budget_gib`, the device's memory unless given), the smallest change first: full
+    recompute, a shorter max_tokens_per_gpu, the optimizer on the host (GPUs), a larger split
+    over the same devices, more GPUs (the distributed optimizer shards over them), a larger
+    device slot (CPU: its memory is nominal); where none does alone, the combination that
+    does, or what cannot shrink."""
+    gate = _gate(cfg, colocate, budget_gib)
+    base = _as_configured(cfg, par)
+    fitting = list(_megatron_single_fixes(gate, base))
+    if fitting:
+        return "any one of: " + "; ".join(fitting)
+    combined = _megatron_combined_fix(gate, base)
+    return f"no single change makes megatron-core fit {round(gate.budget_gib, 1):g} GiB: {combined}"
+
+
+def _megatron_single_fixes(gate: _Gate, base: _Trial) -> Iterator[str]:
+    """Each change alone that fits, with what it then needs (megatron_fixes' order)."""
+    cfg, par = gate.cfg, base.par
+    on_gpu = cfg.hardware.kind == "gpu"
+    if par.recompute != "full":
+        need = gate.need(replace(base, par=replace(par, recompute="full")))
+        if need <= gate.budget_gib:
+            yield f"{RECOMPUTE_FIX} ({need:.1f} GiB)"
+    shorter = _shorter_tokens(gate, base)
+    if shorter is not None:
+        yield f"recipe.train.max_tokens_per_gpu={shorter[0]} ({shorter[1]:.1f} GiB)"
+    if on_gpu and not base.optim_offload:
+        need = gate.need(replace(base, optim_offload=True))
+        if need <= gate.budget_gib:
+            yield f"{_and(_optim_offload_fix(cfg))} ({need:.1f} GiB)"
+    split = _split_that_fits(gate, base, skip=par)
+    if split is not None:
+        yield f"{_and(_split_keys(cfg, par, split[0]))} ({split[1]:.1f} GiB)"
+    if on_gpu and par.distributed_optimizer:
+        more = _more_gpus(gate, base)
+        if more is not None:
+            yield f"{_more_gpus_text(cfg, more[0])} ({more[1]:.1f} GiB)"
+    if not on_gpu:
+        yield _slot_fix(gate.need(base))
+
+
+def _megatron_combined_fix(gate: _Gate, base: _Trial) -> str:
+    """Full recompute and the optimizer on the host together; then with a larger split or a
+    shorter max_tokens_per_gpu, or both (on the leanest split); then on more GPUs (with the
+    optimizer sharded over them, or on the host), the split searched again on each count;
+    else what the leanest split still needs."""
+    cfg, par = gate.cfg, base.par
+    recompute = [RECOMPUTE_FIX] if par.recompute != "full" else []
+    held = replace(base, par=replace(par, recompute="full"))  # the optimizer on the GPUs
+    settings, lean = list(recompute), held
+    if cfg.hardware.kind == "gpu" and not base.optim_offload:
+        settings += _optim_offload_fix(cfg)
+        lean = replace(held, optim_offload=True)
+    need = gate.need(lean)
+    if settings and need <= gate.budget_gib:
+        return f"{_and(settings)} together fit ({need:.1f} GiB)"
+    found = []
+    split = _split_that_fits(gate, lean, skip=par)
+    if split is not None:
+        together = _and([*settings, *_split_keys(cfg, par, split[0])])
+        found.append(f"{together} together fit ({split[1]:.1f} GiB)")
+    shorter = _shorter_tokens(gate, lean)
+    if shorter is not None:
+        together = _and([*settings, f"recipe.train.max_tokens_per_gpu={shorter[0]}"])
+        found.append(f"{together} together fit ({shorter[1]:.1f} GiB)")
+    if found:
+        return "; or ".join(found)
+    tokens = MIN_TOKENS_PER_GPU if lean.tokens else lean.tokens
+    shortest = replace(lean, tokens=tokens)
+    grids = [g for g in _grids(cfg, lean.par) if g != par]
+    leanest = min(grids, key=lambda g: gate.need(replace(shortest, par=g)), default=lean.par)
+    shorter = _shorter_tokens(gate, replace(lean, par=leanest)) if grids else None
+    if shorter is not None:
+        keys = _split_keys(cfg, par, leanest)
+        together = _and([*settings, *keys, f"recipe.train.max_tokens_per_gpu={shorter[0]}"])
+        return f"{together} together fit ({shorter[1]:.1f} GiB)"
+    more = _fewest_gpus(gate, [(settings, lean)] + [(recompute, held)] * par.distributed_optimizer)
+    if more is not None:
+        return more
+    least = gate.need(replace(shortest, par=leanest))
+    even = [*settings, *_split_keys(cfg, par, leanest)]
+    even += [f"recipe.train.max_tokens_per_gpu={tokens}"] if tokens else []
+    return (
+        f"even with {_and(even) if even else 'its layout'} it needs {least:.1f} GiB per "
+        f"{device_word(cfg.hardware.kind)}: use GPUs with more memory"
+    )
+
+
+def _fewest_gpus(gate: _Gate, tried: list[tuple[list[str], _Trial]]) -> str | None:
+    """Of (settings, trial), the one that fits on the fewest GPUs (GPU profiles), named."""
+    if gate.cfg.hardware.kind != "gpu":
+        return None
+    options = [(names, _more_gpus_split(gate, trial)) for names, trial in tried]
+    fitting = [(names, more) for names, more in options if more is not None]
+    if not fitting:
+        return None
+    names, (grid, need) = min(fitting, key=lambda o: (o[1][0].world, len(o[0])))
+    keys = [*names, *_split_keys(gate.cfg, tried[0][1].par, grid)]
+    with_ = f" with {_and(keys)}" if keys else ""
+    return f"{_gpus_text(gate.cfg, grid.world)}{with_} ({need:.1f} GiB)"
+
+
+def _more_gpus_split(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:
+    """The fewest train GPUs (doubling DP, up to MAX_TRAIN_GPUS) on which a split of the
+    model (`_grids`, cp 1) fits, and that split."""
+    par = trial.par
+    while par.world < MAX_TRAIN_GPUS:
+        par = replace(par, dp=par.dp * 2)
+        found = _split_that_fits(gate, replace(trial, par=par), context_parallel=False)
+        if found is not None:
+            return found
     return None
+
+
+def megatron_sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
+    """mode=eval's megatron train ranks hold the weights in the compute dtype, split over
+    tp, pp and ep (rlpost.plan.fsdp.estimate_sender): a larger split over the same devices,
+    else over more GPUs, each tried on that estimate."""
+    gate = _gate(cfg, colocate, None, sends=True)
+    base = _as_configured(cfg, par)
+    found = []
+    split = _split_that_fits(gate, base, context_parallel=False, skip=par)
+    if split is not None:
+        found.append(f"{_and(_split_keys(cfg, par, split[0]))} ({split[1]:.1f} GiB)")
+    else:
+        more = _fewest_gpus(gate, [([], base)])
+        found += [more] if more else []
+    if cfg.hardware.kind != "gpu":
+        found.append(_slot_fix(gate.need(base)))
+    if found:
+        return "any one of: " + "; ".join(found)
+    return f"no split of the model fits: {HF_FOLDER}, or use GPUs with more memory"
+
+
+def _optim_offload_fix(cfg: RunConfig) -> list[str]:
+    """recipe.optim.cpu_offload, with what it needs set too: the distributed optimizer (the
+    schema's rule), and the precision-aware optimizer that Megatron-LM asks of it (a config
+    that exports to slime; rlpost.plan.megatron_rules)."""
+    fixes = ["recipe.optim.cpu_offload: true"]
+    if not cfg.recipe.optim.precision_aware_optimizer:
+        fixes.append("recipe.optim.precision_aware_optimizer: true")
+    if not cfg.layout.train.distributed_optimizer:
+        fixes.append("layout.train.distributed_optimizer: true")
+    return fixes
+
+
+def _slot_fix(need_gib: float) -> str:
+    return f"hardware.gpu_memory_gib={math.ceil(need_gib)} ({SLOT})"
+
+
+def _split_that_fits(
+    gate: _Gate,
+    trial: _Trial,
+    context_parallel: bool = True,
+    skip: ParallelLayout | None = None,
+) -> tuple[ParallelLayout, float] | None:
+    """The first of `_grids` (but `skip`) whose estimate fits, and what it needs."""
+    for grid in _grids(gate.cfg, trial.par, context_parallel):
+        if grid == skip:
+            continue
+        need = gate.need(replace(trial, par=grid))
+        if need <= gate.budget_gib:
+            return grid, need
+    return None
+
+
+def _grids(
+    cfg: RunConfig, par: ParallelLayout, context_parallel: bool = True
+) -> list[ParallelLayout]:
+    """Megatron-core grids over par's devices with at least its model-parallel ranks (tp x pp
+    x cp), fewest first, then the layout's ep, then tp before pp before cp; at most MAX_GRIDS.
+    Each is one the planner accepts: tp a power of two within a node dividing the heads (and
+    query groups); pp up to MAX_PP splitting the layers evenly (the layout's uneven split only
+    at its own pp) into stages its uniform recompute groups divide; cp up to MAX_CP only with
+    packed micro-batches (rlpost.plan.checks.check_context_parallel); ep dividing the experts
+    on the etp x ep x pp grid: the layout's where it fits and megatron's rule (the largest),
+    that alone where the layout derives it; sequence parallel with tp unless set (and never
+    off with both tp and ep)."""
+    model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
+    world, least = par.world, par.tp * par.pp * par.cp
+    tps = [
+        tp
+        for tp in _powers_of_two(min(world, hw.gpus_per_node))
+        if model.num_attention_heads % tp == 0
+        and (model.mla is not None or model.num_query_groups % tp == 0)
+    ]
+    packed = cfg.recipe.train.use_dynamic_batch_size
+    cps = _powers_of_two(min(world, MAX_CP)) if context_parallel and packed else [par.cp]
+    ends = (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage)
+    found = []
+    for pp in range(1, min(world, MAX_PP, model.num_layers) + 1):
+        uneven = ends if pp == par.pp else (None, None)
+        stages = stage_layers(model.num_layers, pp, *uneven)
+        if world % pp or stages is None or (pp != par.pp and any(ends)):
+            continue
+        group = par.recompute_num_layers
+        uniform = par.recompute == "full" and par.recompute_method == "uniform"
+        if uniform and any(s % group for s in stages):
+            continue
+        for ep in _expert_sizes(cfg, par, world // pp):
+            for tp in tps:
+                sp = tp > 1 if t.sequence_parallel is None else t.sequence_parallel
+                if (sp and tp == 1) or (not sp and tp > 1 and ep > 1):
+                    continue
+                for cp in cps:
+                    ranks = tp * pp * cp
+                    if world % ranks or ranks < least:
+                        continue
+                    found.append(
+                        replace(
+                            par,
+                            tp=tp,
+                            pp=pp,
+                            cp=cp,
+                            ep=ep,
+                            dp=world // ranks,
+                            sequence_parallel=sp,
+                            num_layers_in_first_pipeline_stage=uneven[0],
+                            num_layers_in_last_pipeline_stage=uneven[1],
+                        )
+                    )
+    found.sort(key=lambda g: (g.tp * g.pp * g.cp, g.ep != par.ep, g.pp, g.cp))
+    return found[:MAX_GRIDS]
+
+
+def _expert_sizes(cfg: RunConfig, par: ParallelLayout, grid: int) -> list[int]:
+    """The ep sizes `_grids` tries on an etp x ep grid of `grid` devices (world / pp)."""
+    moe = cfg.model.moe
+    if moe is None:
+        return [par.ep]
+    valid = [e for e in range(1, moe.num_experts + 1) if moe.num_experts % e == 0]
+    valid = [e for e in valid if grid % (e * par.etp) == 0]
+    if not valid:
+        return []
+    if cfg.layout.train.ep is None:
+        return [valid[-1]]
+    return list(dict.fromkeys(e for e in (par.ep, valid[-1]) if e in valid))
+
+
+def _split_keys(cfg: RunConfig, par: ParallelLayout, grid: ParallelLayout) -> list[str]:
+    """`grid`'s sizes that differ from `par`'s, as a user sets them (dp where it is set)."""
+    keys = ("tp", "pp", "cp", "ep") + (("dp",) if cfg.layout.train.dp is not None else ())
+    changed = [k for k in keys if getattr(grid, k) != getattr(par, k)]
+    return [f"layout.train.{k}={getattr(grid, k)}" for k in changed]
 
 
 def _powers_of_two(limit: int) -> list[int]:

@@ -64,7 +64,14 @@ from rlpost.plan.fsdp import (
     fsdp_options,
     fsdp_trains,
 )
-from rlpost.plan.layout import RECOMPUTE_NONE, EngineLayout, ParallelLayout, Sizes
+from rlpost.plan.layout import (
+    MAX_CP,
+    MAX_PP,
+    RECOMPUTE_NONE,
+    EngineLayout,
+    ParallelLayout,
+    Sizes,
+)
 from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host
 from rlpost.plan.parallel import engine_options, engine_shape, powers_of_two
@@ -83,8 +90,6 @@ from rlpost.schema.hardware import device_word
 
 MARGIN_FRACTION = 0.05
 """Training memory kept free on every GPU beyond the estimate (allocator fragmentation)."""
-MAX_PP = 16
-MAX_CP = 8
 COMBINED = 8
 """Best training and rollout options per split that are combined and ranked in full."""
 SHOWN = 5
@@ -959,7 +964,8 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             colocate = any(
                 t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
             )
-            found.append("for the torch trainer, " + fsdp_fixes(cfg, least.parallel, colocate))
+            remedies = fsdp_fixes(cfg, least.parallel, colocate, budget)  # what it accepts
+            found.append("for the torch trainer, " + remedies)
         else:
             static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
             if static < budget:

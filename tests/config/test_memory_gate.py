@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.errors import Issue
+from rlpost.errors import Issue, UserError
 from rlpost.plan import build_plan
 from rlpost.plan.fit import memory_issues, timeout_issues
 from rlpost.schema import RunConfig
@@ -199,8 +199,12 @@ def test_the_torch_trainers_refusal_on_cpu_names_no_model_parallelism(
         "or raise hardware.gpu_memory_gib"
     )
     assert "tp" not in fix.split(";")[0] and "pp" not in fix
+    # megatron-core's split is tried too: none of qwen3-4b's fits two 8 GiB slots
     fix = train_fix(validate_refusal(capsys, *cpu, "trainer.backend=megatron"))
-    assert fix.startswith("split the model further (layout.train.tp, pp, cp), ")
+    assert fix.startswith(
+        "any one of: hardware.gpu_memory_gib=66 (a device slot's nominal share of host memory)"
+    )
+    assert "layout.train.tp" not in fix
 
 
 def test_the_torch_trainers_refusal_on_gpus_names_what_is_not_on_already(
@@ -329,3 +333,129 @@ def test_an_evaluations_torch_sender_is_told_to_offload_not_to_split(
     # each remedy is tried on the sender's estimate: on 40 GiB GPUs, 16 do not fit; 32 do
     fix = train_fix(validate_refusal(capsys, *big, "hardware.gpu_memory_gib=40"))
     assert "layout.train.dp=16" not in fix and "layout.train.dp=32 (" in fix
+
+
+# qwen3-8b trained by megatron-core data parallel over 8 H100s, in micro-batches of 16 whole
+# samples (packing off: no max_tokens_per_gpu to shorten): the activations overfill each GPU
+MEGATRON_WIDE_BATCHES = (
+    "model=qwen3-8b",
+    "recipe=grpo_dapo",
+    "hardware=h100x8",
+    "trainer.backend=megatron",
+    "layout.train.tp=1",
+    "layout.train.dp=8",
+    "recipe.train.use_dynamic_batch_size=false",
+    "recipe.train.max_tokens_per_gpu=null",
+    "recipe.train.micro_batch_size=16",
+)
+MEGATRON_OFFLOAD = ("recipe.optim.cpu_offload=true", "recipe.optim.precision_aware_optimizer=true")
+
+
+def test_megatrons_refusal_names_the_split_that_fits_not_the_offload_that_does_not(
+    compose_run: ComposeRun,
+) -> None:
+    """Each remedy is tried on megatron-core's estimate: its optimizer on the host, or more
+    GPUs to shard it over, leave the activations as they are; tp=2 splits them, and fits."""
+    issue = train_refusal(compose_run, *MEGATRON_WIDE_BATCHES)
+    assert issue.fix.startswith("any one of: layout.train.tp=2 and layout.train.dp=4 (")
+    assert issue.fix.count(" GiB)") == 1  # nothing else is named
+    assert fits(compose_run, *MEGATRON_WIDE_BATCHES, "layout.train.tp=2", "layout.train.dp=4")
+    assert not fits(compose_run, *MEGATRON_WIDE_BATCHES, *MEGATRON_OFFLOAD)
+    more = ("hardware=h100x16", "layout.train.dp=16")
+    assert not fits(compose_run, *MEGATRON_WIDE_BATCHES, *more)
+
+
+# a 70B-shaped llama (a family megatron-core has a layer spec for) data parallel over 8 H100s
+MEGATRON_70B = (
+    *(o for o in GENERIC_70B if not o.startswith("model.family") and "hf_architecture" not in o),
+    "trainer.backend=megatron",
+    "layout.train.tp=1",
+    "layout.train.dp=8",
+    "layout.rollout.gpus_per_engine=8",
+    "recipe.train.max_tokens_per_gpu=131072",
+)
+
+
+def test_where_no_single_change_fits_megatrons_refusal_names_the_combination_that_does(
+    compose_run: ComposeRun,
+) -> None:
+    """Its state needs the optimizer on the host and the model split eight ways, and then
+    its activations a micro-batch half as long: the refusal names all of them together."""
+    issue = train_refusal(compose_run, *MEGATRON_70B)
+    together = (
+        "recipe.optim.cpu_offload: true, recipe.optim.precision_aware_optimizer: true, "
+        "layout.train.tp=8, layout.train.dp=1 and recipe.train.max_tokens_per_gpu=65536"
+    )
+    assert issue.fix.startswith(
+        f"no single change makes megatron-core fit 79.6 GiB: {together} together fit ("
+    )
+    split = ("layout.train.tp=8", "layout.train.dp=1")
+    shorter = "recipe.train.max_tokens_per_gpu=65536"
+    assert fits(compose_run, *MEGATRON_70B, *MEGATRON_OFFLOAD, *split, shorter)
+    assert not fits(compose_run, *MEGATRON_70B, *MEGATRON_OFFLOAD, *split)
+    for alone in (MEGATRON_OFFLOAD, split, (shorter,)):
+        assert not fits(compose_run, *MEGATRON_70B, *alone)
+
+
+def test_megatrons_refusal_on_cpu_names_no_offload_and_what_each_slot_needs(
+    compose_run: ComposeRun,
+) -> None:
+    """On a CPU profile the optimizer is in host memory already and a slot's memory is
+    nominal: full recompute, the longest micro-batch that fits, or a slot that holds it."""
+    given = ("model=qwen3-tiny", "hardware=cpu", "trainer.backend=megatron")
+    given += ("recipe.train.max_tokens_per_gpu=262144",)
+    issue = train_refusal(compose_run, *given)
+    remedies = (
+        "layout.train.recompute.granularity=full",
+        "recipe.train.max_tokens_per_gpu=65536",
+        "hardware.gpu_memory_gib=22",
+    )
+    assert issue.fix.startswith(
+        "any one of: layout.train.recompute.granularity: full (7.5 GiB); "
+        "recipe.train.max_tokens_per_gpu=65536 (5.4 GiB); hardware.gpu_memory_gib=22 (a "
+        "device slot's nominal share of host memory); or set plan.memory_check=warn"
+    )
+    for remedy in remedies:
+        assert fits(compose_run, *given, remedy)
+    assert not fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=131072")
+    assert not fits(compose_run, *given, "hardware.gpu_memory_gib=21")
+
+
+def test_an_evaluations_megatron_sender_is_told_the_split_that_fits(
+    compose_run: ComposeRun,
+) -> None:
+    """mode=eval's megatron ranks hold the weights alone, split over tp and pp: the smallest
+    split that holds them on these GPUs, or else on the fewest more."""
+    given = (*MEGATRON_70B, "mode=eval", "model.load=/ckpt/policy")
+    issue = train_refusal(compose_run, *given)
+    assert issue.fix.startswith("any one of: layout.train.tp=2 and layout.train.dp=4 (")
+    assert fits(compose_run, *given, "layout.train.tp=2", "layout.train.dp=4")
+    deeper = (*given, "model.num_layers=400")
+    issue = train_refusal(compose_run, *deeper)
+    assert issue.fix.startswith(
+        "any one of: a hardware profile with 16 GPUs to train on with layout.train.tp=8, "
+        "layout.train.pp=2 and layout.train.dp=1 ("
+    )
+    on_16 = ("hardware=h100x16", "layout.train.tp=8", "layout.train.pp=2", "layout.train.dp=1")
+    assert fits(compose_run, *deeper, *on_16)
+    assert not fits(compose_run, *deeper, "layout.train.tp=8", "layout.train.dp=1")
+
+
+def test_a_model_no_tp_fits_is_told_the_gpus_and_settings_that_do(
+    compose_run: ComposeRun,
+) -> None:
+    """glm4.5-355b-a32b on one node: no tp, no split of 8 GPUs, fits even with its
+    optimizer on the host; 32 GPUs with it there and 32 expert ranks do."""
+    given = ("model=glm4.5-355b-a32b", "recipe=grpo_dapo", "hardware=h100x8")
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*given))
+    (issue,) = [i for i in info.value.issues if i.key == "layout.train.tp"]
+    assert issue.fix.startswith(
+        "no single change makes megatron-core fit 79.6 GiB: a hardware profile with 32 GPUs "
+        "to train on with recipe.optim.cpu_offload: true, "
+        "recipe.optim.precision_aware_optimizer: true and layout.train.ep=32 ("
+    )
+    on_32 = ("hardware.num_nodes=4", *MEGATRON_OFFLOAD, "layout.train.ep=32")
+    assert fits(compose_run, *given, *on_32)
+    with pytest.raises(UserError):  # 16 do not
+        build_plan(compose_run(*given, "hardware.num_nodes=2", *MEGATRON_OFFLOAD))

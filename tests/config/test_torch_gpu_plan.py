@@ -193,6 +193,36 @@ def test_layout_auto_picks_a_fitting_torch_layout(compose_run: ComposeRun) -> No
     assert cfg.layout.train.tp == 1
 
 
+def test_layout_autos_remedies_fit_within_the_margin_it_keeps_free(
+    compose_run: ComposeRun,
+) -> None:
+    """layout=auto accepts a layout that leaves MARGIN_FRACTION of the GPU free: a remedy it
+    names is tried on that budget, not the whole GPU. On 70.9 GiB GPUs (67.4 usable),
+    offloading with 131,072-token micro-batches needs 67.4 GiB, and the search refuses it."""
+    given = (
+        "model=qwen3-8b",
+        "model.family=generic",
+        "model.hf_architecture=Qwen3ForCausalLM",
+        *H100X8,
+        "hardware.gpu_memory_gib=70.9",
+        "recipe.train.max_tokens_per_gpu=262144",
+        "layout=auto",
+    )
+    with pytest.raises(UserError) as info:
+        plan_config(compose_run(*given))
+    (issue,) = info.value.issues
+    offload = "layout.train.fsdp.cpu_offload"
+    assert (
+        f"{offload}: true and recipe.train.max_tokens_per_gpu=65536 together fit (" in issue.fix
+    ), issue.fix
+    assert "max_tokens_per_gpu=131072" not in issue.fix
+    tokens = "recipe.train.max_tokens_per_gpu"
+    with pytest.raises(UserError):
+        plan_config(compose_run(*given, f"{offload}=true", f"{tokens}=131072"))
+    _, plan = plan_config(compose_run(*given, f"{offload}=true", f"{tokens}=65536"))
+    assert plan.memory.train_fits
+
+
 @pytest.mark.skipif(
     "fsdp" not in TrainLayout.model_fields, reason="layout.train.fsdp is not in the schema yet"
 )
