@@ -128,7 +128,8 @@ def _check_fsdp_fits(cfg: RunConfig, sizes: Sizes, par: ParallelLayout, rec: _Re
             key="layout.train",
             value=None,
             message=(
-                f"the torch trainer (FSDP2 over {par.dp} GPUs, {need.shards} per shard group) "
+                f"the torch trainer (FSDP2 over {par.dp} GPU{'s' if par.dp > 1 else ''}, "
+                f"{need.shards} per shard group) "
                 f"needs {need.total_gib:.1f} GiB per GPU for {cfg.model.name} and "
                 f"{cfg.hardware.name} has {gpu:g}: float32 shards of weights, gradients and "
                 f"Adam {state:.1f}, gathered layers {need.gathered_gib:.1f}, reference shard "
