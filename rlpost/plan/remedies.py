@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 
 from rlpost.plan.backends import as_computed
 from rlpost.plan.fsdp import FsdpOptions, estimate_fsdp_train, estimate_sender, fsdp_options
-from rlpost.plan.layout import MAX_CP, MAX_PP, ParallelLayout
-from rlpost.plan.memory import estimate_train
+from rlpost.plan.layout import MAX_CP, MAX_PP, ParallelLayout, Sizes
+from rlpost.plan.memory import estimate_host, estimate_train
 from rlpost.plan.params import stage_layers
-from rlpost.schema import GENERIC_FAMILY, RunConfig
+from rlpost.schema import GENERIC_FAMILY, RecipeConfig, RunConfig
 from rlpost.schema.hardware import device_word
 
 MIN_TOKENS_PER_GPU = 512
@@ -60,20 +60,16 @@ class _Gate:
     colocate: bool
     budget_gib: float
     sends: bool = False
+    host: bool = False
+    """Hold megatron-core's splits to the host's memory per node too (rlpost.plan.memory.
+    estimate_host: the offloaded optimizer and the reference weights of a node's ranks)."""
 
     def need(self, trial: _Trial) -> float:
         cfg = self.cfg
         if self.sends:
             bucket = cfg.engine.weight_bucket_mb << 20
             return estimate_sender(cfg, trial.par, self.colocate, bucket, trial.options).total_gib
-        recipe = cfg.recipe
-        if (trial.tokens, trial.optim_offload) != (
-            recipe.train.max_tokens_per_gpu,
-            recipe.optim.cpu_offload,
-        ):
-            train = recipe.train.model_copy(update={"max_tokens_per_gpu": trial.tokens})
-            optim = recipe.optim.model_copy(update={"cpu_offload": trial.optim_offload})
-            recipe = recipe.model_copy(update={"train": train, "optim": optim})
+        recipe = self._recipe(trial)
         if trial.options is not None:
             need = estimate_fsdp_train(
                 cfg, trial.par, self.colocate, recipe=recipe, options=trial.options
@@ -81,10 +77,38 @@ class _Gate:
             return need.total_gib
         return estimate_train(cfg.model, recipe, cfg.hardware, trial.par, self.colocate).total_gib
 
+    def host_fits(self, trial: _Trial) -> bool:
+        """Whether a megatron-core trial's ranks fit the host's memory per node (always,
+        unless the gate holds them to it)."""
+        if not self.host or self.sends or trial.options is not None:
+            return True
+        cfg, recipe, world = self.cfg, self._recipe(trial), trial.par.world
+        train = estimate_train(cfg.model, recipe, cfg.hardware, trial.par, self.colocate)
+        sizes = Sizes(self.colocate, world, world, world if self.colocate else 0)
+        host = estimate_host(cfg.model, recipe, cfg.hardware, train, sizes)
+        return host.total_gib <= host.host_gib
 
-def _gate(cfg: RunConfig, colocate: bool, budget_gib: float | None, sends: bool = False) -> _Gate:
+    def _recipe(self, trial: _Trial) -> RecipeConfig:
+        recipe = self.cfg.recipe
+        if (trial.tokens, trial.optim_offload) == (
+            recipe.train.max_tokens_per_gpu,
+            recipe.optim.cpu_offload,
+        ):
+            return recipe
+        train = recipe.train.model_copy(update={"max_tokens_per_gpu": trial.tokens})
+        optim = recipe.optim.model_copy(update={"cpu_offload": trial.optim_offload})
+        return recipe.model_copy(update={"train": train, "optim": optim})
+
+
+def _gate(
+    cfg: RunConfig,
+    colocate: bool,
+    budget_gib: float | None,
+    sends: bool = False,
+    host: bool = False,
+) -> _Gate:
     budget = cfg.hardware.gpu_memory_gib if budget_gib is None else budget_gib
-    return _Gate(as_computed(cfg), colocate, budget, sends)
+    return _Gate(as_computed(cfg), colocate, budget, sends, host)
 
 
 def _as_configured(cfg: RunConfig, par: ParallelLayout, fsdp: bool = False) -> _Trial:
@@ -339,7 +363,7 @@ def _megatron_single_fixes(gate: _Gate, base: _Trial) -> Iterator[str]:
         if more is not None:
             yield f"{_more_gpus_text(cfg, more[0])} ({more[1]:.1f} GiB)"
     if not on_gpu:
-        yield _slot_fix(gate.need(base))
+        yield slot_fix(gate.need(base))
 
 
 def _megatron_combined_fix(gate: _Gate, base: _Trial) -> str:
@@ -415,6 +439,18 @@ def _more_gpus_split(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float]
     return None
 
 
+def megatron_fewest_gpus(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, budget_gib: float | None = None
+) -> tuple[ParallelLayout, float] | None:
+    """The fewest train GPUs (doubling par's, up to MAX_TRAIN_GPUS) on which a split of the
+    model (`_grids`, cp 1) fits megatron-core's estimate within `budget_gib`, and the host's
+    memory per node, with par's recompute and the optimizer where cfg puts it; that split and
+    what it needs. What layout=auto's search, which picks the split itself and holds each to
+    both, would find on a profile that large."""
+    gate = _gate(cfg, colocate, budget_gib, host=True)
+    return _more_gpus_split(gate, _as_configured(cfg, par))
+
+
 def megatron_sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     """mode=eval's megatron train ranks hold the weights in the compute dtype, split over
     tp, pp and ep (rlpost.plan.fsdp.estimate_sender): a larger split over the same devices,
@@ -429,7 +465,7 @@ def megatron_sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -
         more = _fewest_gpus(gate, [([], base)])
         found += [more] if more else []
     if cfg.hardware.kind != "gpu":
-        found.append(_slot_fix(gate.need(base)))
+        found.append(slot_fix(gate.need(base)))
     if found:
         return "any one of: " + "; ".join(found)
     return f"no split of the model fits: {HF_FOLDER}, or use GPUs with more memory"
@@ -447,7 +483,7 @@ def _optim_offload_fix(cfg: RunConfig) -> list[str]:
     return fixes
 
 
-def _slot_fix(need_gib: float) -> str:
+def slot_fix(need_gib: float) -> str:
     return f"hardware.gpu_memory_gib={math.ceil(need_gib)} ({SLOT})"
 
 
@@ -462,7 +498,7 @@ def _split_that_fits(
         if grid == skip:
             continue
         need = gate.need(replace(trial, par=grid))
-        if need <= gate.budget_gib:
+        if need <= gate.budget_gib and gate.host_fits(replace(trial, par=grid)):
             return grid, need
     return None
 

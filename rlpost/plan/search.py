@@ -76,7 +76,7 @@ from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host
 from rlpost.plan.parallel import engine_options, engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
-from rlpost.plan.remedies import fsdp_fixes
+from rlpost.plan.remedies import MAX_TRAIN_GPUS, fsdp_fixes, megatron_fewest_gpus, slot_fix
 from rlpost.plan.work import (
     NO_TRAIN_RANK,
     SEND_WEIGHTS,
@@ -939,7 +939,7 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
     mode=eval, what the evaluation holds alone: the weights its train ranks send, if any
     start, and the engines'."""
     found = []
-    device, devices = device_word(cfg.hardware.kind), device_word(cfg.hardware.kind, 2)
+    device = device_word(cfg.hardware.kind)
     trains = [t for s in splits for t, _ in s.rejected_trains]
     work = train_rank_work(cfg)
     if trains and work == SEND_WEIGHTS:
@@ -953,35 +953,32 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             "without model.load or run.resume), which the engines load themselves"
         )
     elif trains and work == TRAIN:
-        least = min(trains, key=lambda t: t.memory.total_gib)
+        rejected = [pair for s in splits for pair in s.rejected_trains]
+        least, why = min(rejected, key=lambda pair: pair[0].memory.total_gib)
         budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
         leanest = least.describe()
-        found.append(
-            f"the leanest training layout ({leanest}) "
-            f"needs {least.memory.total_gib:.1f} GiB per {device} of {budget:.1f} usable"
-        )
-        if least.fsdp is not None:  # each remedy tried on the torch trainer's estimate
-            colocate = any(
-                t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
+        if least.memory.total_gib <= budget:  # its GPUs hold it: something else does not
+            found.append(f"the leanest training layout ({leanest}) {why}")
+        else:
+            found.append(
+                f"the leanest training layout ({leanest}) "
+                f"needs {least.memory.total_gib:.1f} GiB per {device} of {budget:.1f} usable"
             )
-            remedies = fsdp_fixes(cfg, least.parallel, colocate, budget)  # what it accepts
-            found.append("for the torch trainer, " + remedies)
+        if least.fsdp is not None:  # each remedy tried on the torch trainer's estimate
+            if least.memory.total_gib > budget:
+                colocate = any(
+                    t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
+                )
+                remedies = fsdp_fixes(cfg, least.parallel, colocate, budget)  # what it accepts
+                found.append("for the torch trainer, " + remedies)
         else:
             static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
-            if static < budget:
-                tokens = cfg.recipe.train.max_tokens_per_gpu
-                if tokens:
-                    fits = _tokens_that_fit(cfg, least, tokens)
-                    if fits:
-                        found.append(f"recipe.train.max_tokens_per_gpu={fits} fits it")
-            hw = cfg.hardware
-            more = max(1, math.ceil(static / budget * hw.total_gpus))
-            nodes = -(-more // hw.gpus_per_node)
-            found.append(
-                f"weights, gradients and optimizer state alone need about {more} {devices} of "
-                f"{hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node}): use a larger "
-                "hardware profile"
-            )
+            tokens = cfg.recipe.train.max_tokens_per_gpu
+            if static < budget < least.memory.total_gib and tokens:
+                fits = _tokens_that_fit(cfg, least, tokens)
+                if fits:
+                    found.append(f"recipe.train.max_tokens_per_gpu={fits} fits it")
+            found.append(_more_megatron_gpus(cfg, splits, least, budget))
     engines = [e for s in splits for e, _ in s.rejected_engines]
     if engines and not any(s.engines for s in splits):
         response = longest_request(cfg).response_key
@@ -990,6 +987,40 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             f"layout.rollout.sglang.mem_fraction_static or shorten {response}"
         )
     return found
+
+
+def _more_megatron_gpus(
+    cfg: RunConfig, splits: list[_Split], least: TrainOption, budget: float
+) -> str:
+    """The fewest GPUs on which megatron-core's estimate fits a split of the model, with the
+    leanest layout's recompute and optimizer (rlpost.plan.remedies.megatron_fewest_gpus),
+    counted as a profile needs them: the engines' GPUs too where the leanest layout has its
+    own."""
+    hw = cfg.hardware
+    device, devices = device_word(hw.kind), device_word(hw.kind, 2)
+    split = next(s for s in splits if any(t is least for t, _ in s.rejected_trains))
+    found = megatron_fewest_gpus(
+        with_adam(cfg, least.cpu_offload), least.parallel, split.sizes.colocate, budget
+    )
+    if found is None:
+        nothing = (
+            f"no split of the model over up to {MAX_TRAIN_GPUS} {devices} of "
+            f"{hw.gpu_memory_gib:g} GiB fits megatron-core's estimate: "
+        )
+        if hw.kind != "gpu":  # a device slot's memory is nominal
+            return nothing + slot_fix(least.memory.total_gib / (1 - MARGIN_FRACTION))
+        return nothing + "use GPUs with more memory"
+    grid, need = found
+    rollout = 0 if split.sizes.colocate else split.sizes.rollout_gpus
+    total = grid.world + rollout
+    nodes = -(-total // hw.gpus_per_node)
+    engines = f", besides the engines' {rollout}" if rollout else ""
+    return (
+        f"megatron-core's estimate fits training on {grid.world} {devices}{engines} "
+        f"({describe_train(grid, least.cpu_offload, on_gpu=hw.kind == 'gpu')}: {need:.1f} GiB "
+        f"per {device}, and the host's memory per node): use a hardware profile with {total} "
+        f"{devices} of {hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node})"
+    )
 
 
 def _tokens_that_fit(cfg: RunConfig, option: TrainOption, tokens: int) -> int | None:

@@ -117,7 +117,7 @@ def test_nothing_fits_says_what_would(run_config: MakeRun) -> None:
     with pytest.raises(UserError) as caught:
         plan_config(cfg)
     text = caught.value.issues[0].fix
-    assert "GPUs of 79.6 GiB" in text and "larger hardware profile" in text
+    assert "use a hardware profile with 32 GPUs of 79.6 GiB (4 node(s) of 8)" in text
 
 
 def test_splits_follow_the_layout(run_config: MakeRun) -> None:
@@ -245,7 +245,44 @@ def test_an_evaluation_that_fits_nowhere_is_told_what_it_holds(run_config: MakeR
     assert engines.startswith("no engine holds one sample")
     assert not [word for word in training if word in weights + engines]
     told = " ".join(search_layout(searching(run_config("glm4.5-355b-a32b", "h100x8"))).suggestions)
-    assert "gradients and optimizer state" in told
+    assert "megatron-core's estimate fits training on 32 GPUs" in told
+
+
+@pytest.mark.parametrize(
+    ("model", "hardware", "settings", "gpus", "nodes"),
+    [
+        ("qwen3-30b-a3b", "h100x8", {"hardware__gpu_memory_gib": 20}, 16, 2),
+        ("qwen3-30b-a3b", "h100x1", {}, 4, 4),
+        ("glm4-9b", "h100x1", {}, 2, 2),  # its GPU holds it; the host does not
+    ],
+    ids=["gpu-memory", "experts", "host-memory"],
+)
+def test_where_nothing_fits_the_gpus_it_names_are_where_the_search_finds_a_layout(
+    run_config: MakeRun,
+    model: str,
+    hardware: str,
+    settings: dict[str, object],
+    gpus: int,
+    nodes: int,
+) -> None:
+    """The GPUs named where no layout fits are the fewest (doubling) on which a split of the
+    model fits megatron-core's estimate and the host's memory per node: the search finds a
+    layout on a profile of that many, and none on one of half as many (not the count of
+    GPUs that would hold the weights, gradients and optimizer state if nothing else took
+    memory). A layout its GPUs hold but its host does not is told so, without a shorter
+    max_tokens_per_gpu, which frees no host memory."""
+    told = " ".join(search_layout(searching(run_config(model, hardware, **settings))).suggestions)
+    assert f"use a hardware profile with {gpus} GPUs of " in told, told
+    assert f" GiB ({nodes} node(s) of " in told
+    assert "megatron-core's estimate fits training on" in told
+    larger = run_config(model, hardware, hardware__num_nodes=nodes, **settings)
+    assert search_layout(searching(larger)).chosen is not None
+    if nodes > 2:
+        half = run_config(model, hardware, hardware__num_nodes=nodes // 2, **settings)
+        assert search_layout(searching(half)).chosen is None
+    if model == "glm4-9b":
+        assert "of host memory per node (has 128)" in told and "usable" not in told
+        assert "max_tokens_per_gpu" not in told
 
 
 def test_on_cpu_hardware_the_layouts_say_adam_runs_on_the_device_slots(
