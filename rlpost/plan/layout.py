@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlpost.backends.fp8_format import Fp8Format
+
+if TYPE_CHECKING:
+    from rlpost.schema.layout import TrainLayout
 
 RECOMPUTE_NONE = "none"
 MAX_PP = 16
@@ -70,6 +73,49 @@ class ParallelLayout:
             "distributed_optimizer": False,
         }
         return cls(**(base | changes))
+
+    @classmethod
+    def from_train(
+        cls,
+        train: TrainLayout,
+        *,
+        tp: int,
+        pp: int,
+        cp: int,
+        ep: int,
+        etp: int,
+        dp: int,
+        sequence_parallel: bool,
+        recompute: str,
+        dispatcher: str | None,
+        stages: tuple[int | None, int | None] | None = None,
+    ) -> ParallelLayout:
+        """The grid a caller picks (sizes, sequence parallel, recompute granularity) with the
+        rest as layout.train sets it: the recompute method and group, the optimizer, the MoE
+        token dispatcher (`dispatcher` where it is unset), DeepEP, and the first and last
+        pipeline stages' layers (`stages` where the caller picks them instead)."""
+        first, last = (
+            (train.num_layers_in_first_pipeline_stage, train.num_layers_in_last_pipeline_stage)
+            if stages is None
+            else stages
+        )
+        return cls(
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            etp=etp,
+            dp=dp,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
+            recompute_method=train.recompute.method,
+            recompute_num_layers=train.recompute.num_layers,
+            distributed_optimizer=train.distributed_optimizer,
+            moe_token_dispatcher_type=train.moe_token_dispatcher_type or dispatcher,
+            moe_enable_deepep=train.moe_enable_deepep,
+            num_layers_in_first_pipeline_stage=first,
+            num_layers_in_last_pipeline_stage=last,
+        )
 
     @property
     def world(self) -> int:

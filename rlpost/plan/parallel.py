@@ -210,7 +210,8 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
     torch_on_gpus = _torch_on_gpus(cfg)
     # megatron-core's token dispatcher; the torch trainer runs the model's own MoE layers
     moe_dispatcher = "alltoall" if cfg.model.moe is not None and not torch_on_gpus else None
-    base = ParallelLayout(
+    base = ParallelLayout.from_train(
+        train,
         tp=train.tp or 1,
         pp=pp,
         cp=cp,
@@ -219,13 +220,7 @@ def resolve_parallel(cfg: RunConfig, sizes: Sizes, rec: _Record) -> ParallelLayo
         dp=1,
         sequence_parallel=False,
         recompute=train.recompute.granularity or default_recompute,
-        recompute_method=train.recompute.method,
-        recompute_num_layers=train.recompute.num_layers,
-        distributed_optimizer=train.distributed_optimizer,
-        moe_token_dispatcher_type=train.moe_token_dispatcher_type or moe_dispatcher,
-        moe_enable_deepep=train.moe_enable_deepep,
-        num_layers_in_first_pipeline_stage=train.num_layers_in_first_pipeline_stage,
-        num_layers_in_last_pipeline_stage=train.num_layers_in_last_pipeline_stage,
+        dispatcher=moe_dispatcher,
     )
     if train.recompute.granularity is None:
         rec.derived.append("layout.train.recompute.granularity")

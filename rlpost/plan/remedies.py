@@ -288,8 +288,14 @@ def megatron_fix(
     if found is None:
         return None
     par, need = found
-    sizes = [f"layout.train.{k}={v}" for k, v in (("tp", par.tp), ("pp", par.pp)) if v > 1]
-    if cfg.layout.train.dp is not None:
+    t = cfg.layout.train
+    # tp and pp where they split the model, and any size that differs from the layout's own
+    sizes = [
+        f"layout.train.{k}={v}"
+        for k, v, have in (("tp", par.tp, t.tp), ("pp", par.pp, t.pp), ("ep", par.ep, t.ep))
+        if (v > 1 and k != "ep") or (have is not None and have != v)
+    ]
+    if t.dp is not None:
         sizes.append(f"layout.train.dp={par.dp}")
     split = f" with {_and(sizes)}" if sizes else ""
     return f"trainer.backend=megatron{split} ({need:.1f} GiB: megatron-core splits the model)"
@@ -299,27 +305,30 @@ def megatron_layout(
     cfg: RunConfig, world: int, colocate: bool, budget_gib: float | None = None
 ) -> tuple[ParallelLayout, float] | None:
     """The grid with the fewest model-parallel ranks (tp before pp) over `world` GPUs that
-    megatron-core trains cfg's model with and whose estimate fits (`_grids`' rules, cp 1);
-    the layout's recompute (full unless set) and optimizer settings kept."""
+    megatron-core trains cfg's model with and whose estimate fits (`_grids`' rules, cp as
+    set): layout.train's sizes as the least split, and the rest of it as the plan reads it
+    once the backend is megatron (rlpost.plan.parallel): recompute (full unless set), the
+    optimizer, the MoE token dispatcher, DeepEP and the first and last pipeline stages."""
     model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
     if model.family == GENERIC_FAMILY or hw.kind != "gpu":
         return None
-    single = ParallelLayout(
-        tp=1,
-        pp=1,
-        cp=1,
-        ep=1,
-        etp=1,
-        dp=world,
+    tp, pp, cp = t.tp or 1, t.pp or 1, t.cp or 1
+    if world % (tp * pp * cp):
+        return None
+    least = ParallelLayout.from_train(
+        t,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=t.ep or 1,
+        etp=t.etp or 1,
+        dp=world // (tp * pp * cp),
         sequence_parallel=False,
         recompute=t.recompute.granularity or "full",
-        recompute_method=t.recompute.method,
-        recompute_num_layers=t.recompute.num_layers,
-        distributed_optimizer=t.distributed_optimizer,
-        moe_token_dispatcher_type="alltoall" if model.moe is not None else None,
+        dispatcher="alltoall" if model.moe is not None else None,
     )
     gate = _gate(cfg, colocate, budget_gib)
-    return _split_that_fits(gate, _as_configured(cfg, single), context_parallel=False)
+    return _split_that_fits(gate, _as_configured(cfg, least), context_parallel=False)
 
 
 def megatron_fixes(
@@ -509,12 +518,13 @@ def _grids(
     """Megatron-core grids over par's devices with at least its model-parallel ranks (tp x pp
     x cp), fewest first, then the layout's ep, then tp before pp before cp; at most MAX_GRIDS.
     Each is one the planner accepts: tp a power of two within a node dividing the heads (and
-    query groups); pp up to MAX_PP splitting the layers evenly (the layout's uneven split only
-    at its own pp) into stages its uniform recompute groups divide; cp up to MAX_CP only with
-    packed micro-batches (rlpost.plan.checks.check_context_parallel); ep dividing the experts
-    on the etp x ep x pp grid: the layout's where it fits and megatron's rule (the largest),
-    that alone where the layout derives it; sequence parallel with tp unless set (and never
-    off with both tp and ep)."""
+    query groups); pp up to MAX_PP whose stages hold the layout's first and last stage counts
+    where set (then pp > 1; else an even split), each stage a multiple of its uniform
+    recompute groups; cp up to MAX_CP only with packed micro-batches
+    (rlpost.plan.checks.check_context_parallel); ep dividing the experts on the etp x ep x pp
+    grid: the layout's where it fits and megatron's rule (the largest), that alone where the
+    layout derives it; sequence parallel with tp unless set (and never off with both tp and
+    ep)."""
     model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
     world, least = par.world, par.tp * par.pp * par.cp
     tps = [
@@ -528,9 +538,8 @@ def _grids(
     ends = (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage)
     found = []
     for pp in range(1, min(world, MAX_PP, model.num_layers) + 1):
-        uneven = ends if pp == par.pp else (None, None)
-        stages = stage_layers(model.num_layers, pp, *uneven)
-        if world % pp or stages is None or (pp != par.pp and any(ends)):
+        stages = stage_layers(model.num_layers, pp, *ends)
+        if world % pp or stages is None or (pp == 1 and any(ends)):
             continue
         group = par.recompute_num_layers
         uniform = par.recompute == "full" and par.recompute_method == "uniform"
@@ -554,8 +563,6 @@ def _grids(
                             ep=ep,
                             dp=world // ranks,
                             sequence_parallel=sp,
-                            num_layers_in_first_pipeline_stage=uneven[0],
-                            num_layers_in_last_pipeline_stage=uneven[1],
                         )
                     )
     found.sort(key=lambda g: (g.tp * g.pp * g.cp, g.ep != par.ep, g.pp, g.cp))

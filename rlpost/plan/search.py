@@ -444,9 +444,8 @@ def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
         recomputes: tuple[str, ...] = (t.recompute.granularity,)
     else:
         recomputes = (RECOMPUTE_NONE,) if on_cpu else RECOMPUTES
-    dispatcher = t.moe_token_dispatcher_type or (
-        "alltoall" if moe is not None and not only_dp else None
-    )
+    # megatron-core's token dispatcher where unset; the torch trainer runs the model's own
+    dispatcher = "alltoall" if moe is not None and not only_dp else None
     for tp in tps:
         for pp in pps:
             for cp in cps:
@@ -474,7 +473,8 @@ def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
                             t.num_layers_in_last_pipeline_stage,
                         ):
                             for recompute in recomputes:
-                                yield ParallelLayout(
+                                yield ParallelLayout.from_train(
+                                    t,
                                     tp=tp,
                                     pp=pp,
                                     cp=cp,
@@ -487,13 +487,8 @@ def train_layouts(cfg: RunConfig, world: int) -> Iterator[ParallelLayout]:
                                         else t.sequence_parallel
                                     ),
                                     recompute=recompute,
-                                    recompute_method=t.recompute.method,
-                                    recompute_num_layers=t.recompute.num_layers,
-                                    distributed_optimizer=t.distributed_optimizer,
-                                    moe_token_dispatcher_type=dispatcher,
-                                    moe_enable_deepep=t.moe_enable_deepep,
-                                    num_layers_in_first_pipeline_stage=first,
-                                    num_layers_in_last_pipeline_stage=last,
+                                    dispatcher=dispatcher,
+                                    stages=(first, last),
                                 )
 
 

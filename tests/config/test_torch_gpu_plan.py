@@ -7,6 +7,7 @@ Every memory figure is checked against a count made here from the model's config
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -182,6 +183,46 @@ def test_a_derived_torch_layout_that_does_not_fit_names_megatrons_split_for_a_sh
         build_plan(compose_run(*long, *generic))
     (issue,) = caught.value.issues
     assert "torch trainer (FSDP2" in issue.message and "megatron" not in issue.fix
+
+
+LONG_QWEN3 = ("model=qwen3-8b", "hardware=h100x8", "recipe.train.max_tokens_per_gpu=262144")
+LONG_MOE = ("model=qwen3-30b-a3b", "hardware=h100x8", "recipe.train.max_tokens_per_gpu=65536")
+MEGATRON_REMEDY = re.compile(r"trainer\.backend=megatron(?: with (.+?))? \((\d+\.\d) GiB")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (*LONG_QWEN3, "layout.train.num_layers_in_last_pipeline_stage=10"),
+        (*LONG_QWEN3, "layout.train.pp=2", "layout.train.num_layers_in_first_pipeline_stage=10"),
+        (*LONG_MOE, "layout.train.ep=2"),
+        (*LONG_MOE, "layout.train.ep=2", "layout.train.pp=2"),
+    ],
+    ids=["last-stage", "pp-and-first-stage", "ep", "ep-and-pp"],
+)
+def test_the_megatron_remedy_a_torch_layout_names_is_the_plan_its_settings_then_make(
+    compose_run: ComposeRun, overrides: tuple[str, ...]
+) -> None:
+    """The torch trainer's refusal names megatron-core's split with the GiB it needs; the
+    layout's own settings that megatron reads (sizes, uneven pipeline stages) stay when the
+    user takes it: the split named keeps them where they are valid and names what differs,
+    and the plan then fits at the GiB named."""
+    with pytest.raises(UserError) as caught:
+        build_plan(compose_run(*overrides, "trainer.backend=torch"))
+    (issue,) = [i for i in caught.value.issues if i.key == "layout.train"]
+    found = MEGATRON_REMEDY.search(issue.fix)
+    assert found is not None, issue.fix
+    keys = re.split(r", | and ", found[1]) if found[1] else []
+    named = float(found[2])
+    plan = build_plan(compose_run(*overrides, "trainer.backend=megatron", *keys))
+    assert plan.trainer_backend == "megatron" and plan.memory.train_fits
+    assert round(plan.memory.train.total_gib, 1) == named
+    train = compose_run(*overrides).layout.train
+    stages = (train.num_layers_in_first_pipeline_stage, train.num_layers_in_last_pipeline_stage)
+    par = plan.parallel
+    assert (par.num_layers_in_first_pipeline_stage, par.num_layers_in_last_pipeline_stage) == (
+        stages
+    )
 
 
 def test_layout_auto_picks_a_fitting_torch_layout(compose_run: ComposeRun) -> None:
