@@ -994,8 +994,14 @@ def _more_megatron_gpus(
     hw = cfg.hardware
     device, devices = device_word(hw.kind), device_word(hw.kind, 2)
     split = next(s for s in splits if any(t is least for t, _ in s.rejected_trains))
+    t = cfg.layout.train  # the first and last stages as the user sets them, not the search
+    par = replace(
+        least.parallel,
+        num_layers_in_first_pipeline_stage=t.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=t.num_layers_in_last_pipeline_stage,
+    )
     found = megatron_fewest_gpus(
-        with_adam(cfg, least.cpu_offload), least.parallel, split.sizes.colocate, budget
+        with_adam(cfg, least.cpu_offload), par, split.sizes.colocate, budget
     )
     if found is None:
         nothing = (
