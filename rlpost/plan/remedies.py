@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from rlpost.plan.backends import as_computed
 from rlpost.plan.fsdp import FsdpOptions, estimate_fsdp_train, estimate_sender, fsdp_options
 from rlpost.plan.layout import MAX_CP, MAX_PP, ParallelLayout, Sizes
-from rlpost.plan.memory import estimate_host, estimate_train
+from rlpost.plan.memory import TrainMemory, estimate_host, estimate_train
 from rlpost.plan.params import stage_layers
 from rlpost.schema import GENERIC_FAMILY, RecipeConfig, RunConfig
 from rlpost.schema.hardware import device_word
@@ -53,40 +53,43 @@ class _Trial:
 @dataclass(frozen=True)
 class _Gate:
     """What a trial is held to: cfg's estimate for it (colocated or not, counted as the
-    hardware computes: float32 on CPU) within budget_gib; `sends`: mode=eval's train ranks,
+    hardware computes: float32 on CPU) within budget_gib, and in training the host's memory
+    per node (rlpost.plan.memory.estimate_host: the optimizer offloaded to it and the
+    reference weights kept there, as the plan holds them); `sends`: mode=eval's train ranks,
     which hold only the weights they send."""
 
     cfg: RunConfig
     colocate: bool
     budget_gib: float
     sends: bool = False
-    host: bool = False
-    """Hold megatron-core's splits to the host's memory per node too (rlpost.plan.memory.
-    estimate_host: the offloaded optimizer and the reference weights of a node's ranks)."""
 
     def need(self, trial: _Trial) -> float:
         cfg = self.cfg
         if self.sends:
             bucket = cfg.engine.weight_bucket_mb << 20
             return estimate_sender(cfg, trial.par, self.colocate, bucket, trial.options).total_gib
-        recipe = self._recipe(trial)
-        if trial.options is not None:
-            need = estimate_fsdp_train(
-                cfg, trial.par, self.colocate, recipe=recipe, options=trial.options
-            )
-            return need.total_gib
-        return estimate_train(cfg.model, recipe, cfg.hardware, trial.par, self.colocate).total_gib
+        return self._train_memory(trial).total_gib
+
+    def fits(self, trial: _Trial, need: float) -> bool:
+        """`need` (the trial's) within the budget, and its ranks within the host's memory."""
+        return need <= self.budget_gib and self.host_fits(trial)
 
     def host_fits(self, trial: _Trial) -> bool:
-        """Whether a megatron-core trial's ranks fit the host's memory per node (always,
-        unless the gate holds them to it)."""
-        if not self.host or self.sends or trial.options is not None:
+        if self.sends:
             return True
-        cfg, recipe, world = self.cfg, self._recipe(trial), trial.par.world
-        train = estimate_train(cfg.model, recipe, cfg.hardware, trial.par, self.colocate)
+        world = trial.par.world
         sizes = Sizes(self.colocate, world, world, world if self.colocate else 0)
-        host = estimate_host(cfg.model, recipe, cfg.hardware, train, sizes)
+        cfg, train = self.cfg, self._train_memory(trial)
+        host = estimate_host(cfg.model, self._recipe(trial), cfg.hardware, train, sizes)
         return host.total_gib <= host.host_gib
+
+    def _train_memory(self, trial: _Trial) -> TrainMemory:
+        cfg, recipe = self.cfg, self._recipe(trial)
+        if trial.options is not None:
+            return estimate_fsdp_train(
+                cfg, trial.par, self.colocate, recipe=recipe, options=trial.options
+            )
+        return estimate_train(cfg.model, recipe, cfg.hardware, trial.par, self.colocate)
 
     def _recipe(self, trial: _Trial) -> RecipeConfig:
         recipe = self.cfg.recipe
@@ -100,15 +103,9 @@ class _Gate:
         return recipe.model_copy(update={"train": train, "optim": optim})
 
 
-def _gate(
-    cfg: RunConfig,
-    colocate: bool,
-    budget_gib: float | None,
-    sends: bool = False,
-    host: bool = False,
-) -> _Gate:
+def _gate(cfg: RunConfig, colocate: bool, budget_gib: float | None, sends: bool = False) -> _Gate:
     budget = cfg.hardware.gpu_memory_gib if budget_gib is None else budget_gib
-    return _Gate(as_computed(cfg), colocate, budget, sends, host)
+    return _Gate(as_computed(cfg), colocate, budget, sends)
 
 
 def _as_configured(cfg: RunConfig, par: ParallelLayout, fsdp: bool = False) -> _Trial:
@@ -128,7 +125,7 @@ def fsdp_fixes(
     fitting = [f"{fix} ({need:.1f} GiB)" for fix, need in _single_fixes(gate, base)]
     megatron = megatron_fix(cfg, par.world, colocate, gate.budget_gib)
     if fitting:
-        return "any one of: " + "; ".join(fitting + ([megatron] if megatron else []))
+        return _any_of(fitting + ([megatron] if megatron else []))
     combined = _combined_fix(gate, base)
     budget = round(gate.budget_gib, 1)
     return f"no single change makes the torch trainer fit {budget:g} GiB: {combined}" + (
@@ -150,14 +147,15 @@ def _single_fixes(gate: _Gate, base: _Trial) -> Iterator[tuple[str, float]]:
         tried.append((RESHARD_FIX, replace(base, options=reshard)))
     for fix, trial in tried:
         need = gate.need(trial)
-        if need <= gate.budget_gib:
+        if gate.fits(trial, need):
             yield fix, need
     shorter = _shorter_tokens(gate, base)
     if shorter is not None:
         yield f"recipe.train.max_tokens_per_gpu={shorter[0]}", shorter[1]
     if not options.cpu_offload:
-        need = gate.need(replace(base, options=replace(options, cpu_offload=True)))
-        if need <= gate.budget_gib:
+        changed = replace(base, options=replace(options, cpu_offload=True))
+        need = gate.need(changed)
+        if gate.fits(changed, need):
             yield OFFLOAD_FIX, need
     more = _more_gpus(gate, base)
     if more is not None:
@@ -169,8 +167,9 @@ def _shorter_tokens(gate: _Gate, trial: _Trial) -> tuple[int, float] | None:
     tokens = trial.tokens
     while tokens and tokens > MIN_TOKENS_PER_GPU:
         tokens //= 2
-        need = gate.need(replace(trial, tokens=tokens))
-        if need <= gate.budget_gib:
+        changed = replace(trial, tokens=tokens)
+        need = gate.need(changed)
+        if gate.fits(changed, need):
             return tokens, need
     return None
 
@@ -180,8 +179,9 @@ def _more_gpus(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | Non
     par = trial.par
     while par.world < MAX_TRAIN_GPUS:
         par = replace(par, dp=par.dp * 2)
-        need = gate.need(replace(trial, par=par))
-        if need <= gate.budget_gib:
+        changed = replace(trial, par=par)
+        need = gate.need(changed)
+        if gate.fits(changed, need):
             return par, need
     return None
 
@@ -217,7 +217,7 @@ def _combined_fix(gate: _Gate, base: _Trial) -> str:
     offloaded = replace(lean, options=replace(lean.options, cpu_offload=True))
     with_offload = settings + ([] if base.options.cpu_offload else [OFFLOAD_FIX])
     need = gate.need(offloaded)
-    if need <= gate.budget_gib:
+    if gate.fits(offloaded, need):
         return f"{_and(with_offload)} together fit ({need:.1f} GiB)"
     found = []
     shorter = _shorter_tokens(gate, offloaded)
@@ -254,14 +254,15 @@ def sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     assert base.options is not None
     found = []
     if not base.options.cpu_offload:
-        need = gate.need(replace(base, options=replace(base.options, cpu_offload=True)))
-        if need <= gate.budget_gib:
+        changed = replace(base, options=replace(base.options, cpu_offload=True))
+        need = gate.need(changed)
+        if gate.fits(changed, need):
             found.append(f"{OFFLOAD_FIX} ({need:.1f} GiB)")
     more = _more_gpus(gate, base)
     if more is not None:
         found.append(f"{_more_gpus_text(cfg, more[0])} ({more[1]:.1f} GiB)")
     if found:
-        return "any one of: " + "; ".join(found)
+        return _any_of(found)
     return (
         "neither offloading the shards nor more GPUs fits: " + HF_FOLDER + ", or use GPUs with "
         "more memory"
@@ -272,6 +273,10 @@ HF_FOLDER = (
     "evaluate a Hugging Face folder of the weights (model.hf_checkpoint, without model.load "
     "or run.resume), which the engines load themselves"
 )
+
+
+def _any_of(remedies: list[str]) -> str:
+    return remedies[0] if len(remedies) == 1 else "any one of: " + "; ".join(remedies)
 
 
 def _and(items: list[str]) -> str:
@@ -344,7 +349,7 @@ def megatron_fixes(
     base = _as_configured(cfg, par)
     fitting = list(_megatron_single_fixes(gate, base))
     if fitting:
-        return "any one of: " + "; ".join(fitting)
+        return _any_of(fitting)
     combined = _megatron_combined_fix(gate, base)
     return f"no single change makes megatron-core fit {round(gate.budget_gib, 1):g} GiB: {combined}"
 
@@ -354,15 +359,17 @@ def _megatron_single_fixes(gate: _Gate, base: _Trial) -> Iterator[str]:
     cfg, par = gate.cfg, base.par
     on_gpu = cfg.hardware.kind == "gpu"
     if par.recompute != "full":
-        need = gate.need(replace(base, par=replace(par, recompute="full")))
-        if need <= gate.budget_gib:
+        changed = replace(base, par=replace(par, recompute="full"))
+        need = gate.need(changed)
+        if gate.fits(changed, need):
             yield f"{RECOMPUTE_FIX} ({need:.1f} GiB)"
     shorter = _shorter_tokens(gate, base)
     if shorter is not None:
         yield f"recipe.train.max_tokens_per_gpu={shorter[0]} ({shorter[1]:.1f} GiB)"
     if on_gpu and not base.optim_offload:
-        need = gate.need(replace(base, optim_offload=True))
-        if need <= gate.budget_gib:
+        changed = replace(base, optim_offload=True)
+        need = gate.need(changed)
+        if gate.fits(changed, need):
             yield f"{_and(_optim_offload_fix(cfg))} ({need:.1f} GiB)"
     split = _split_that_fits(gate, base, skip=par)
     if split is not None:
@@ -388,7 +395,7 @@ def _megatron_combined_fix(gate: _Gate, base: _Trial) -> str:
         settings += _optim_offload_fix(cfg)
         lean = replace(held, optim_offload=True)
     need = gate.need(lean)
-    if settings and need <= gate.budget_gib:
+    if settings and gate.fits(lean, need):
         return f"{_and(settings)} together fit ({need:.1f} GiB)"
     found = []
     split = _split_that_fits(gate, lean, skip=par)
@@ -456,7 +463,7 @@ def megatron_fewest_gpus(
     memory per node, with par's recompute and the optimizer where cfg puts it; that split and
     what it needs. What layout=auto's search, which picks the split itself and holds each to
     both, would find on a profile that large."""
-    gate = _gate(cfg, colocate, budget_gib, host=True)
+    gate = _gate(cfg, colocate, budget_gib)
     return _more_gpus_split(gate, _as_configured(cfg, par))
 
 
@@ -476,7 +483,7 @@ def megatron_sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -
     if cfg.hardware.kind != "gpu":
         found.append(slot_fix(gate.need(base)))
     if found:
-        return "any one of: " + "; ".join(found)
+        return _any_of(found)
     return f"no split of the model fits: {HF_FOLDER}, or use GPUs with more memory"
 
 
@@ -507,7 +514,7 @@ def _split_that_fits(
         if grid == skip:
             continue
         need = gate.need(replace(trial, par=grid))
-        if need <= gate.budget_gib and gate.host_fits(replace(trial, par=grid)):
+        if gate.fits(replace(trial, par=grid), need):
             return grid, need
     return None
 

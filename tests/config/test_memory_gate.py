@@ -202,7 +202,7 @@ def test_the_torch_trainers_refusal_on_cpu_names_no_model_parallelism(
     # megatron-core's split is tried too: none of qwen3-4b's fits two 8 GiB slots
     fix = train_fix(validate_refusal(capsys, *cpu, "trainer.backend=megatron"))
     assert fix.startswith(
-        "any one of: hardware.gpu_memory_gib=66 (a device slot's nominal share of host memory)"
+        "hardware.gpu_memory_gib=66 (a device slot's nominal share of host memory)"
     )
     assert "layout.train.tp" not in fix
 
@@ -222,7 +222,7 @@ def test_the_torch_trainers_refusal_on_gpus_names_what_is_not_on_already(
         "recipe.train.max_tokens_per_gpu=1000000",
     )
     fix = train_fix(validate_refusal(capsys, *offloaded))
-    assert fix.startswith("any one of: recipe.train.max_tokens_per_gpu=31250 (")
+    assert fix.startswith("recipe.train.max_tokens_per_gpu=31250 (")
     assert "cpu_offload" not in fix
 
 
@@ -259,7 +259,7 @@ def test_the_torch_trainers_refusal_on_gpus_names_only_the_remedies_that_fit(
     given = (*LONG_MICRO_BATCHES, *AS_GENERIC)
     issue = train_refusal(compose_run, *given)
     remedy = "recipe.train.max_tokens_per_gpu=65536"
-    assert issue.fix.startswith(f"any one of: {remedy} (")
+    assert issue.fix.startswith(f"{remedy} (")
     for unfit in ("cpu_offload", "GPUs", "num_gpus", "megatron"):
         assert unfit not in issue.fix
     assert fits(compose_run, *given, remedy)
@@ -357,7 +357,7 @@ def test_megatrons_refusal_names_the_split_that_fits_not_the_offload_that_does_n
     """Each remedy is tried on megatron-core's estimate: its optimizer on the host, or more
     GPUs to shard it over, leave the activations as they are; tp=2 splits them, and fits."""
     issue = train_refusal(compose_run, *MEGATRON_WIDE_BATCHES)
-    assert issue.fix.startswith("any one of: layout.train.tp=2 and layout.train.dp=4 (")
+    assert issue.fix.startswith("layout.train.tp=2 and layout.train.dp=4 (")
     assert issue.fix.count(" GiB)") == 1  # nothing else is named
     assert fits(compose_run, *MEGATRON_WIDE_BATCHES, "layout.train.tp=2", "layout.train.dp=4")
     assert not fits(compose_run, *MEGATRON_WIDE_BATCHES, *MEGATRON_OFFLOAD)
@@ -428,12 +428,12 @@ def test_an_evaluations_megatron_sender_is_told_the_split_that_fits(
     split that holds them on these GPUs, or else on the fewest more."""
     given = (*MEGATRON_70B, "mode=eval", "model.load=/ckpt/policy")
     issue = train_refusal(compose_run, *given)
-    assert issue.fix.startswith("any one of: layout.train.tp=2 and layout.train.dp=4 (")
+    assert issue.fix.startswith("layout.train.tp=2 and layout.train.dp=4 (")
     assert fits(compose_run, *given, "layout.train.tp=2", "layout.train.dp=4")
     deeper = (*given, "model.num_layers=400")
     issue = train_refusal(compose_run, *deeper)
     assert issue.fix.startswith(
-        "any one of: a hardware profile with 16 GPUs to train on with layout.train.tp=8, "
+        "a hardware profile with 16 GPUs to train on with layout.train.tp=8, "
         "layout.train.pp=2 and layout.train.dp=1 ("
     )
     on_16 = ("hardware=h100x16", "layout.train.tp=8", "layout.train.pp=2", "layout.train.dp=1")
@@ -459,3 +459,19 @@ def test_a_model_no_tp_fits_is_told_the_gpus_and_settings_that_do(
     assert fits(compose_run, *given, *on_32)
     with pytest.raises(UserError):  # 16 do not
         build_plan(compose_run(*given, "hardware.num_nodes=2", *MEGATRON_OFFLOAD))
+
+
+def test_a_remedy_the_hosts_memory_cannot_hold_is_not_named(compose_run: ComposeRun) -> None:
+    """glm4-9b on one H100: Adam on the host would fit the GPU (59.4 GiB) but needs 142 GiB
+    of the node's 128, so the plan would refuse it for the host's memory: it is not named,
+    and what is named fits the GPU and the host alike."""
+    given = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x1")
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*given))
+    (issue,) = [i for i in info.value.issues if i.key == "layout.train.tp"]
+    assert "cpu_offload" not in issue.fix
+    assert issue.fix.startswith("a hardware profile with 8 GPUs to train on (")
+    plan = build_plan(compose_run(*given, *MEGATRON_OFFLOAD))
+    assert plan.memory.train_fits and not plan.memory.host_fits
+    plan = build_plan(compose_run(*given, "hardware.num_nodes=8"))
+    assert plan.memory.train_fits and plan.memory.host_fits
