@@ -10,10 +10,12 @@ from rlpost.plan.fsdp import FsdpTrainMemory
 from rlpost.plan.memory import gib_text
 from rlpost.plan.plan import Plan
 from rlpost.plan.remedies import (
+    data_parallel_fixes,
     fsdp_fixes,
     megatron_fixes,
     megatron_sender_fixes,
     sender_fixes,
+    slot_fix,
 )
 from rlpost.schema import RunConfig
 from rlpost.schema.hardware import device_word
@@ -58,7 +60,7 @@ def _train_fix(cfg: RunConfig, plan: Plan) -> str:
     """What lowers a train rank's peak, each remedy tried on the estimate of the plan's
     trainer (rlpost.plan.remedies): megatron-core's, which splits the model (tp, pp, cp, ep)
     and offloads its optimizer; the torch trainer's on GPUs, sized as FSDP2; mode=eval's
-    ranks, which only send the weights. The torch trainer on a CPU profile is data parallel
+    ranks, which only send the weights; the torch trainer's on a CPU profile, data parallel
     with nominal figures, its optimizer in host memory already. A remedy the layout has on
     already is not named."""
     m, par = plan.memory, plan.parallel
@@ -71,17 +73,9 @@ def _train_fix(cfg: RunConfig, plan: Plan) -> str:
         if plan.trains:
             return fsdp_fixes(cfg, par, colocate)
         return sender_fixes(cfg, par, colocate)  # mode=eval: the shards to send
-    fixes: list[str] = []
-    if plan.trains and par.recompute != "full":
-        fixes.append("set layout.train.recompute.granularity: full")
     if plan.trains:
-        fixes.append("lower recipe.train.max_tokens_per_gpu")
-    fixes.append("raise hardware.gpu_memory_gib (a device slot's nominal share of host memory)")
-    return _any_of(fixes)
-
-
-def _any_of(fixes: list[str]) -> str:
-    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
+        return data_parallel_fixes(cfg, par, colocate)
+    return slot_fix(m.train.total_gib)  # mode=eval: the weights to send, in a larger slot
 
 
 def _rollout_shortfall(plan: Plan) -> str:

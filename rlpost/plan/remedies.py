@@ -245,6 +245,25 @@ def _combined_fix(gate: _Gate, base: _Trial) -> str:
     )
 
 
+def data_parallel_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
+    """The torch trainer on a CPU profile: data parallel, its optimizer in host memory
+    already, sized by megatron-core's estimate of one unsplit replica (its figures are
+    nominal: rlpost.plan.fsdp.fsdp_trains). Full recompute and a shorter max_tokens_per_gpu,
+    each tried on that estimate; and a device slot that holds it as it is."""
+    gate = _gate(cfg, colocate, None)
+    base = _as_configured(cfg, par)
+    found = []
+    if par.recompute != "full":
+        changed = replace(base, par=replace(par, recompute="full"))
+        need = gate.need(changed)
+        if gate.fits(changed, need):
+            found.append(f"{RECOMPUTE_FIX} ({need:.1f} GiB)")
+    shorter = _shorter_tokens(gate, base)
+    if shorter is not None:
+        found.append(f"recipe.train.max_tokens_per_gpu={shorter[0]} ({shorter[1]:.1f} GiB)")
+    return _any_of([*found, slot_fix(gate.need(base))])
+
+
 def sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     """mode=eval's torch train ranks hold float32 FSDP2 shards to send to the engines
     (rlpost.plan.fsdp.estimate_sender): each remedy tried on that estimate: the shards

@@ -147,7 +147,7 @@ def test_training_that_does_not_fit_on_cpu_names_no_optimizer_offload(
     plan = build_plan(cfg)
     (issue,) = [i for i in memory_issues(cfg, plan) if i.key == "layout.train"]
     assert "offload" not in issue.fix  # recipe.optim.cpu_offload is refused on a CPU profile
-    assert "raise hardware.gpu_memory_gib" in issue.fix
+    assert "hardware.gpu_memory_gib=" in issue.fix
     need = math.ceil(plan.memory.train.total_gib)
     roomier = compose_run("model=qwen3-4b", f"hardware.gpu_memory_gib={need}")
     assert memory_issues(roomier, build_plan(roomier)) == []
@@ -191,12 +191,13 @@ def test_the_torch_trainers_refusal_on_cpu_names_no_model_parallelism(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The torch trainer is data parallel only: on a CPU profile its remedies are recompute,
-    shorter micro-batches and a larger slot; megatron's split the model."""
+    shorter micro-batches and a larger slot, each tried on its estimate (qwen3-4b's weights
+    and Adam alone overfill an 8 GiB slot: only the slot is named); megatron's split the
+    model."""
     cpu = ("model=qwen3-4b", "hardware=cpu")
     fix = train_fix(validate_refusal(capsys, *cpu, f"trainer.backend={backend}"))
     assert fix.startswith(
-        "set layout.train.recompute.granularity: full, lower recipe.train.max_tokens_per_gpu "
-        "or raise hardware.gpu_memory_gib"
+        "hardware.gpu_memory_gib=66 (a device slot's nominal share of host memory); or set "
     )
     assert "tp" not in fix.split(";")[0] and "pp" not in fix
     # megatron-core's split is tried too: none of qwen3-4b's fits two 8 GiB slots
@@ -475,3 +476,31 @@ def test_a_remedy_the_hosts_memory_cannot_hold_is_not_named(compose_run: Compose
     assert plan.memory.train_fits and not plan.memory.host_fits
     plan = build_plan(compose_run(*given, "hardware.num_nodes=8"))
     assert plan.memory.train_fits and plan.memory.host_fits
+
+
+def test_the_torch_trainers_refusal_on_cpu_names_the_remedies_its_estimate_fits(
+    compose_run: ComposeRun,
+) -> None:
+    """qwen3-0.6b in 16 GiB slots, no recompute and 16,384-token micro-batches: full
+    recompute, 2,048-token micro-batches and a 59 GiB slot each fit; with 65,536-token
+    micro-batches, recompute alone no longer does and is not named. Each named remedy, taken,
+    plans a run that fits."""
+    given = (
+        "model=qwen3-0.6b",
+        "hardware=cpu",
+        "hardware.gpu_memory_gib=16",
+        "layout.train.recompute.granularity=none",
+    )
+    issue = train_refusal(compose_run, *given, "recipe.train.max_tokens_per_gpu=16384")
+    remedies = [
+        "layout.train.recompute.granularity: full",
+        "recipe.train.max_tokens_per_gpu=2048",
+        "hardware.gpu_memory_gib=59",
+    ]
+    assert issue.fix.startswith(f"any one of: {remedies[0]} (")
+    assert all(f"{r} (" in issue.fix for r in remedies)
+    for remedy in remedies:
+        taken = remedy.replace(": ", "=")
+        assert fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=16384", taken)
+    longer = train_refusal(compose_run, *given, "recipe.train.max_tokens_per_gpu=65536")
+    assert "recompute" not in longer.fix and "max_tokens_per_gpu=2048 (" in longer.fix
