@@ -27,7 +27,7 @@ from rlpost.schema import GENERIC_FAMILY, RecipeConfig, RunConfig
 from rlpost.schema.hardware import device_word
 
 MIN_TOKENS_PER_GPU = 512
-"""The shortest max_tokens_per_gpu a remedy names (halving from the config's)."""
+"""The shortest max_tokens_per_gpu a remedy names, and the step of those it names."""
 MAX_TRAIN_GPUS = 1024
 """The most train GPUs a remedy names (doubling from the layout's)."""
 MAX_GRIDS = 256
@@ -163,15 +163,31 @@ def _single_fixes(gate: _Gate, base: _Trial) -> Iterator[tuple[str, float]]:
 
 
 def _shorter_tokens(gate: _Gate, trial: _Trial) -> tuple[int, float] | None:
-    """The longest halving of max_tokens_per_gpu (down to MIN_TOKENS_PER_GPU) that fits."""
-    tokens = trial.tokens
-    while tokens and tokens > MIN_TOKENS_PER_GPU:
-        tokens //= 2
-        changed = replace(trial, tokens=tokens)
+    """The longest max_tokens_per_gpu below the trial's, a multiple of MIN_TOKENS_PER_GPU,
+    that fits, and what it needs: the need grows with the tokens (a micro-batch never holds
+    less than the longest sample: rlpost.plan.memory), so a binary search finds it."""
+    if not trial.tokens or trial.tokens <= MIN_TOKENS_PER_GPU:
+        return None
+    found = None
+    low, high = 1, (trial.tokens - 1) // MIN_TOKENS_PER_GPU  # multiples below the trial's
+    while low <= high:
+        middle = (low + high) // 2
+        changed = replace(trial, tokens=middle * MIN_TOKENS_PER_GPU)
         need = gate.need(changed)
         if gate.fits(changed, need):
-            return tokens, need
-    return None
+            found, low = (middle * MIN_TOKENS_PER_GPU, need), middle + 1
+        else:
+            high = middle - 1
+    return found
+
+
+def shorter_tokens(
+    cfg: RunConfig, par: ParallelLayout, colocate: bool, budget_gib: float | None = None
+) -> tuple[int, float] | None:
+    """The longest max_tokens_per_gpu below cfg's (a multiple of MIN_TOKENS_PER_GPU) with
+    which megatron-core's estimate for `par` fits `budget_gib` and the host's memory, and
+    what it then needs; None where none does."""
+    return _shorter_tokens(_gate(cfg, colocate, budget_gib), _as_configured(cfg, par))
 
 
 def _more_gpus(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:

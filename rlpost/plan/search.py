@@ -76,7 +76,13 @@ from rlpost.plan.loop import asynchronous
 from rlpost.plan.memory import TrainMemory, estimate_host
 from rlpost.plan.parallel import engine_options, engine_shape, powers_of_two
 from rlpost.plan.params import ParamCount, count_params, stage_layers
-from rlpost.plan.remedies import MAX_TRAIN_GPUS, fsdp_fixes, megatron_fewest_gpus, slot_fix
+from rlpost.plan.remedies import (
+    MAX_TRAIN_GPUS,
+    fsdp_fixes,
+    megatron_fewest_gpus,
+    shorter_tokens,
+    slot_fix,
+)
 from rlpost.plan.work import (
     NO_TRAIN_RANK,
     SEND_WEIGHTS,
@@ -970,9 +976,15 @@ def _suggestions(cfg: RunConfig, splits: list[_Split]) -> list[str]:
             static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
             tokens = cfg.recipe.train.max_tokens_per_gpu
             if static < budget < least.memory.total_gib and tokens:
-                fits = _tokens_that_fit(cfg, least, tokens)
+                colocate = any(
+                    t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
+                )
+                adam = with_adam(cfg, least.cpu_offload)
+                fits = shorter_tokens(adam, least.parallel, colocate, budget)
                 if fits:
-                    found.append(f"recipe.train.max_tokens_per_gpu={fits} fits it")
+                    found.append(
+                        f"recipe.train.max_tokens_per_gpu={fits[0]} fits it ({fits[1]:.1f} GiB)"
+                    )
             found.append(_more_megatron_gpus(cfg, splits, least, budget))
     engines = [e for s in splits for e, _ in s.rejected_engines]
     if engines and not any(s.engines for s in splits):
@@ -1022,20 +1034,6 @@ def _more_megatron_gpus(
         f"per {device}, and the host's memory per node): use a hardware profile with {total} "
         f"{devices} of {hw.gpu_memory_gib:g} GiB ({nodes} node(s) of {hw.gpus_per_node})"
     )
-
-
-def _tokens_that_fit(cfg: RunConfig, option: TrainOption, tokens: int) -> int | None:
-    """The largest halving of max_tokens_per_gpu under which `option` fits (down to 512)."""
-    adam = with_adam(cfg, option.cpu_offload)
-    budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
-    while tokens > 512:
-        tokens //= 2
-        train = adam.recipe.train.model_copy(update={"max_tokens_per_gpu": tokens})
-        recipe = adam.recipe.model_copy(update={"train": train})
-        need = estimate_trainer(adam, option.parallel, False, recipe)
-        if need.total_gib <= budget:
-            return tokens
-    return None
 
 
 # ----------------------------------------------------------------------------- the choice

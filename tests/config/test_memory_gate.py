@@ -223,7 +223,7 @@ def test_the_torch_trainers_refusal_on_gpus_names_what_is_not_on_already(
         "recipe.train.max_tokens_per_gpu=1000000",
     )
     fix = train_fix(validate_refusal(capsys, *offloaded))
-    assert fix.startswith("recipe.train.max_tokens_per_gpu=31250 (")
+    assert fix.startswith("recipe.train.max_tokens_per_gpu=38912 (")
     assert "cpu_offload" not in fix
 
 
@@ -259,11 +259,12 @@ def test_the_torch_trainers_refusal_on_gpus_names_only_the_remedies_that_fit(
     and it fits."""
     given = (*LONG_MICRO_BATCHES, *AS_GENERIC)
     issue = train_refusal(compose_run, *given)
-    remedy = "recipe.train.max_tokens_per_gpu=65536"
+    remedy = "recipe.train.max_tokens_per_gpu=121856"  # the longest that fits, in steps of 512
     assert issue.fix.startswith(f"{remedy} (")
     for unfit in ("cpu_offload", "GPUs", "num_gpus", "megatron"):
         assert unfit not in issue.fix
     assert fits(compose_run, *given, remedy)
+    assert not fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=122368")
     assert not fits(compose_run, *given, "layout.train.fsdp.cpu_offload=true")
     assert not fits(compose_run, *given, "hardware=h100x64", "layout.train.dp=64")
 
@@ -278,7 +279,7 @@ def test_a_shipped_family_models_torch_refusal_names_megatron_where_it_fits(
     issue = train_refusal(compose_run, *given)
     megatron = "trainer.backend=megatron with layout.train.tp=4 and layout.train.dp=2 ("
     assert megatron in issue.fix
-    assert issue.fix.startswith("any one of: recipe.train.max_tokens_per_gpu=65536 (")
+    assert issue.fix.startswith("any one of: recipe.train.max_tokens_per_gpu=121856 (")
     megatron_on = (*given, "trainer.backend=megatron")
     assert fits(compose_run, *megatron_on, "layout.train.tp=4", "layout.train.dp=2")
     assert not fits(compose_run, *megatron_on, "layout.train.tp=2", "layout.train.dp=4")
@@ -294,10 +295,10 @@ def test_where_no_single_change_fits_the_refusal_names_the_combination_that_does
     issue = train_refusal(compose_run, *given)
     assert issue.fix.startswith(
         "no single change makes the torch trainer fit 79.6 GiB: "
-        "layout.train.fsdp.cpu_offload: true and recipe.train.max_tokens_per_gpu=32768 "
+        "layout.train.fsdp.cpu_offload: true and recipe.train.max_tokens_per_gpu=38912 "
         "together fit ("
     )
-    offload, shorter = "layout.train.fsdp.cpu_offload=true", "recipe.train.max_tokens_per_gpu=32768"
+    offload, shorter = "layout.train.fsdp.cpu_offload=true", "recipe.train.max_tokens_per_gpu=38912"
     assert fits(compose_run, *given, offload, shorter)
     assert not fits(compose_run, *given, offload) and not fits(compose_run, *given, shorter)
     # layers of 6.4B parameters: gathered, they overfill an H100 whatever the rest
@@ -385,13 +386,13 @@ def test_where_no_single_change_fits_megatrons_refusal_names_the_combination_tha
     issue = train_refusal(compose_run, *MEGATRON_70B)
     together = (
         "recipe.optim.cpu_offload: true, recipe.optim.precision_aware_optimizer: true, "
-        "layout.train.tp=8, layout.train.dp=1 and recipe.train.max_tokens_per_gpu=65536"
+        "layout.train.tp=8, layout.train.dp=1 and recipe.train.max_tokens_per_gpu=101376"
     )
     assert issue.fix.startswith(
         f"no single change makes megatron-core fit 79.6 GiB: {together} together fit ("
     )
     split = ("layout.train.tp=8", "layout.train.dp=1")
-    shorter = "recipe.train.max_tokens_per_gpu=65536"
+    shorter = "recipe.train.max_tokens_per_gpu=101376"
     assert fits(compose_run, *MEGATRON_70B, *MEGATRON_OFFLOAD, *split, shorter)
     assert not fits(compose_run, *MEGATRON_70B, *MEGATRON_OFFLOAD, *split)
     for alone in (MEGATRON_OFFLOAD, split, (shorter,)):
@@ -408,17 +409,17 @@ def test_megatrons_refusal_on_cpu_names_no_offload_and_what_each_slot_needs(
     issue = train_refusal(compose_run, *given)
     remedies = (
         "layout.train.recompute.granularity=full",
-        "recipe.train.max_tokens_per_gpu=65536",
+        "recipe.train.max_tokens_per_gpu=96768",
         "hardware.gpu_memory_gib=22",
     )
     assert issue.fix.startswith(
         "any one of: layout.train.recompute.granularity: full (7.5 GiB); "
-        "recipe.train.max_tokens_per_gpu=65536 (5.4 GiB); hardware.gpu_memory_gib=22 (a "
+        "recipe.train.max_tokens_per_gpu=96768 (8.0 GiB); hardware.gpu_memory_gib=22 (a "
         "device slot's nominal share of host memory); or set plan.memory_check=warn"
     )
     for remedy in remedies:
         assert fits(compose_run, *given, remedy)
-    assert not fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=131072")
+    assert not fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=97280")
     assert not fits(compose_run, *given, "hardware.gpu_memory_gib=21")
 
 
@@ -494,7 +495,7 @@ def test_the_torch_trainers_refusal_on_cpu_names_the_remedies_its_estimate_fits(
     issue = train_refusal(compose_run, *given, "recipe.train.max_tokens_per_gpu=16384")
     remedies = [
         "layout.train.recompute.granularity: full",
-        "recipe.train.max_tokens_per_gpu=2048",
+        "recipe.train.max_tokens_per_gpu=2560",
         "hardware.gpu_memory_gib=59",
     ]
     assert issue.fix.startswith(f"any one of: {remedies[0]} (")
@@ -503,4 +504,4 @@ def test_the_torch_trainers_refusal_on_cpu_names_the_remedies_its_estimate_fits(
         taken = remedy.replace(": ", "=")
         assert fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=16384", taken)
     longer = train_refusal(compose_run, *given, "recipe.train.max_tokens_per_gpu=65536")
-    assert "recompute" not in longer.fix and "max_tokens_per_gpu=2048 (" in longer.fix
+    assert "recompute" not in longer.fix and "max_tokens_per_gpu=2560 (" in longer.fix
