@@ -41,7 +41,7 @@ from rlpost.plan import Plan
 from rlpost.plan.placement import Placement
 from rlpost.runtime.actors import EngineActor
 from rlpost.runtime.cluster import Cluster
-from rlpost.runtime.failures import killed_while_starting, remote_cause
+from rlpost.runtime.failures import killed_while_starting, remote_cause, said
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterWorker
 
@@ -149,6 +149,11 @@ class RayEngine:
         urls: list[str] = await asyncio.gather(*(a.start.remote() for a in self.actors))
         return str(urls[0])
 
+    def logs_by_actor(self) -> dict[str, str]:
+        """The log of the server each of its actors runs, by actor id (hex)."""
+        actors = zip(self.actors, self.specs, strict=False)
+        return {actor._actor_id.hex(): spec.log_path for actor, spec in actors}
+
     async def stop(self) -> None:
         async def stop_one(actor: ray.actor.ActorHandle[EngineActor]) -> None:
             try:
@@ -251,7 +256,7 @@ class EnginePool:
                     raise
                 self._attempts[engine.index] = attempts
                 log.warning("engine %d died while starting (%s); starting it again",
-                            engine.index, remote_cause(exc))  # fmt: skip
+                            engine.index, said(remote_cause(exc)))  # fmt: skip
                 await engine.stop()
 
     def connect(

@@ -12,6 +12,7 @@ ended (`RunInterrupted`) with EXIT_INTERRUPTED.
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import traceback
@@ -53,6 +54,29 @@ def actor_died(exc: BaseException | None) -> bool:
     return isinstance(exc, gone)
 
 
+def death_cause(exc: BaseException) -> str:
+    """Why `exc` (Ray's word that an actor died) says the actor died, in one line. Ray's own
+    text runs to a dozen lines (the actor's ids, its namespace, a list of common causes);
+    logs/failures.log keeps it whole. Ray cannot tell which signal ended a process: one killed
+    by SIGKILL, by the kernel's OOM killer, or that crashed, ended without a word."""
+    text = str(exc)
+    fields = dict(re.findall(r"^\t(\w+): (.*)$", text, re.MULTILINE))
+    pid, ip = fields.get("pid"), fields.get("ip")
+    where = " on ".join(part for part in (pid and f"pid {pid}", ip) if part)
+    process = f"its process ({where})" if where else "its process"
+    if "Worker unexpectedly exits" in text:
+        return f"{process} ended without a word: killed (SIGKILL, the OOM killer) or crashed"
+    if "NODE_OUT_OF_MEMORY" in text:
+        return f"Ray's memory monitor killed {process}: its node ran low on memory"
+    if "raised in its creation task" in text:  # the traceback's last line says what
+        return f"its constructor raised {text.strip().splitlines()[-1].strip()}"
+    because = re.search(r"^The actor is dead because (.*?)(?: Some common causes|$)", text, re.M)
+    if because is not None:
+        why = because.group(1).strip().rstrip(".")
+        return f"{why} ({where})" if where else why
+    return " ".join(text.split())
+
+
 def killed_while_starting(exc: BaseException, parts: Mapping[str, str] | None = None) -> str | None:
     """The part (engine, router, another actor) that `exc` says was killed while it started
     (a signal, its actor gone), rather than failing on its own (a bad model folder or router
@@ -69,6 +93,34 @@ def killed_while_starting(exc: BaseException, parts: Mapping[str, str] | None = 
         return (parts or {}).get(actor_id, "engine") if isinstance(actor_id, str) else "engine"
     cause = remote_cause(exc)
     return "engine" if isinstance(cause, EngineStartError) and cause.killed else None
+
+
+@dataclass(frozen=True)
+class ActorPart:
+    """One of the run's actors as a failure names it: `part`, the RunFault's component
+    (engine, train rank, ...); `name`, which one ("train rank 1"); `log`, what it writes
+    under the run's logs, where it writes there."""
+
+    part: str
+    name: str
+    log: Path | None = None
+
+
+def death_fault(
+    exc: BaseException, actors: Mapping[str, ActorPart], starting: bool
+) -> RunFault | None:
+    """Ray's own word that one of the run's actors died (`exc`, many lines) as a RunFault in
+    one line: which actor (`actors`, by actor id), why (`death_cause`), and its log. None when
+    `exc` is no such word (a RunFault already says it in its own)."""
+    if not actor_died(exc):
+        return None
+    actor_id = getattr(exc, "actor_id", None)
+    named = actors.get(actor_id) if isinstance(actor_id, str) else None
+    if named is None:
+        named = ActorPart("actor", f"Ray actor {actor_id}" if actor_id else "Ray actor")
+    when = " while starting" if starting else ""
+    log = f"; its log: {named.log}" if named.log is not None and named.log.exists() else ""
+    return RunFault(f"the {named.name} died{when} ({death_cause(exc)}){log}", component=named.part)
 
 
 def remote_cause(exc: BaseException) -> BaseException:
@@ -91,12 +143,18 @@ def is_fault(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """The failure in a line or two: the exception and its first cause, no traceback."""
-    text = f"{type(exc).__name__}: {exc}"
+    """The failure in a line or two: the exception and its first cause, no traceback (nor
+    Ray's many lines on an actor that died: `death_cause`)."""
+    text = f"{type(exc).__name__}: {said(exc)}"
     cause = exc.__cause__
-    if cause is not None and str(cause) and str(cause) not in text:
-        text += f"\n    caused by {type(cause).__name__}: {cause}"
+    if cause is not None and said(cause) and said(cause) not in text:
+        text += f"\n    caused by {type(cause).__name__}: {said(cause)}"
     return text
+
+
+def said(exc: BaseException) -> str:
+    """What `exc` says, in one line where it is Ray's word that an actor died."""
+    return death_cause(exc) if actor_died(exc) else str(exc)
 
 
 def record_failure(run_dir: Path, exc: BaseException) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.runtime.failures import RunFault, actor_died
+from rlpost.runtime.failures import RunFault, actor_died, death_cause
 
 __all__ = ["PROGRESS_POLL_S", "RANK_GRACE_S", "TRAIN_RANKS", "Awaited", "await_ranks"]
 
@@ -76,11 +76,14 @@ async def await_ranks(
     for task in pending:
         task.cancel()
     missing = [rank for rank, t in enumerate(tasks) if t in pending]
-    errors = {rank: t.exception() for rank, t in enumerate(tasks) if t in done and t.exception()}
+    errors: dict[int, BaseException] = {
+        rank: exc for rank, t in enumerate(tasks) if t in done and (exc := t.exception())
+    }
     dead = [rank for rank, exc in errors.items() if actor_died(exc)]
     if dead:
         raise RunFault(
-            f"{who.these(dead)} died during {what} ({errors[dead[0]]})", component=who.part
+            f"{who.these(dead)} died during {what} ({death_cause(errors[dead[0]])})",
+            component=who.part,
         ) from errors[dead[0]]
     if missing:
         reason = f"; {who.one(min(errors))} failed: {errors[min(errors)]}" if errors else ""
@@ -93,7 +96,7 @@ async def await_ranks(
         )
     if errors:
         first = min(errors)
-        raise errors[first]  # type: ignore[misc]
+        raise errors[first]
     return [t.result() for t in tasks]
 
 

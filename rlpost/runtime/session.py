@@ -40,13 +40,16 @@ from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
 from rlpost.runtime.determinism import deterministic_env
-from rlpost.runtime.engine_pool import EnginePool, HealthSettings, ray_engines
+from rlpost.runtime.engine_pool import EnginePool, HealthSettings, RayEngine, ray_engines
 from rlpost.runtime.failures import (
+    ActorPart,
     RunFault,
     actor_died,
+    death_fault,
     is_fault,
     killed_while_starting,
     remote_cause,
+    said,
 )
 from rlpost.runtime.leftovers import record_processes
 from rlpost.runtime.ports import port_or_free
@@ -177,7 +180,7 @@ class Session:
             await self._record_placement()
             record_processes(self.run_dir)  # Ray's agents and workers are up by now
         except Exception as exc:
-            fault = await self.fault_behind(exc)
+            fault = await self.fault_behind(exc, starting=True)
             await self.close()
             if fault is not None:
                 raise fault from exc
@@ -409,7 +412,7 @@ class Session:
                 raise
             raise RunFault(
                 f"{self._reward_model_name()} died while scoring {len(samples)} samples "
-                f"({type(exc).__name__}: {exc})",
+                f"({type(exc).__name__}: {said(exc)})",
                 component=REWARD_MODEL_ACTOR,
             ) from exc
         return rewards
@@ -582,12 +585,14 @@ class Session:
                 return f"{gone} (see the engine logs in {self.run_dir / 'logs'})"
         return None
 
-    async def fault_behind(self, exc: BaseException) -> RunFault | None:
+    async def fault_behind(self, exc: BaseException, starting: bool = False) -> RunFault | None:
         """The fault that `exc` is a symptom of, when it is not one itself: a request that
-        failed because an engine or the router had died, an engine killed while starting.
-        None when `exc` is a fault already or nothing has died (a bug, a hook that raises)."""
+        failed because an engine or the router had died, an engine killed while starting
+        (`starting`: the session's start failed). Ray's own word that an actor died, many
+        lines, becomes one that names the actor. None when `exc` is a RunFault already or
+        nothing has died (a bug, a hook that raises)."""
         if is_fault(exc):
-            return None
+            return death_fault(exc, self._actor_names(), starting)
         part = killed_while_starting(exc, self._actor_parts())
         if part is not None:
             why = remote_cause(exc)
@@ -608,6 +613,21 @@ class Session:
         if self.reward_actor is not None:
             parts[self.reward_actor._actor_id.hex()] = REWARD_MODEL_ACTOR
         return parts
+
+    def _actor_names(self) -> dict[str, ActorPart]:
+        """Each of the session's actors as a failure names it, by actor id."""
+        names = {
+            t._actor_id.hex(): ActorPart("train rank", f"train rank {rank}")
+            for rank, t in enumerate(self.trainers)
+        }
+        if self.reward_actor is not None:
+            name = f"{REWARD_MODEL_ACTOR} ({self.cfg.recipe.rollout.reward.model})"
+            names[self.reward_actor._actor_id.hex()] = ActorPart(REWARD_MODEL_ACTOR, name)
+        for engine in self.pool.engines if self.pool is not None else []:
+            if isinstance(engine, RayEngine):
+                for actor_id, log in engine.logs_by_actor().items():
+                    names[actor_id] = ActorPart("engine", f"engine {engine.index}", Path(log))
+        return names
 
     # ---- per rollout -------------------------------------------------------------------
 

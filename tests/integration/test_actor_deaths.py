@@ -1,0 +1,134 @@
+"""What the launch says when one of the run's actors dies (SIGKILLed, as the OOM killer would
+end it) while the run starts or later: one line that names the actor, its process and why,
+and the log to read where it writes one under the run's logs; never Ray's own text of a dozen
+lines (the actor's ids, its namespace, Ray's list of common causes), which stays in
+logs/failures.log. Real actors on a local Ray, no launch around them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+
+from rlpost.backends.sglang.launch import EngineSpec
+from rlpost.config.loader import compose_run_config
+from rlpost.plan import build_plan
+from rlpost.runtime.actors import EngineActor
+from rlpost.runtime.engine_pool import EnginePool, HealthSettings, RayEngine
+from rlpost.runtime.failures import death_cause, describe, is_fault
+from rlpost.runtime.rank_calls import await_ranks
+from rlpost.runtime.session import Session
+
+pytestmark = pytest.mark.integration
+
+GONE = "ended without a word: killed (SIGKILL, the OOM killer) or crashed"
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    if ray.is_initialized():  # another test's cluster would be joined instead
+        ray.shutdown()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_enable_worker_prestart", "0")
+    try:
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING
+        )
+        yield
+    finally:
+        ray.shutdown()
+        mp.undo()
+
+
+def spec(log: Path, backend: str = "cpu") -> EngineSpec:
+    """An engine's server, never started here: its actor dies first."""
+    return EngineSpec(
+        index=0, backend=backend, model_path="unused", host="127.0.0.1", port=1, seed=0,
+        log_path=str(log), startup_timeout_s=60,
+    )  # fmt: skip
+
+
+def killed(actor: ray.actor.ActorHandle[EngineActor], by_ray: bool = False) -> str:
+    """SIGKILL the actor's process (`by_ray`: ray.kill it), and wait until Ray has seen it
+    die (either lands a moment later); what Ray then says of it: "pid <pid> on <address>"."""
+    where = ray.get(actor.where.remote())
+    if by_ray:
+        ray.kill(actor)
+    else:
+        os.kill(int(where["pid"]), signal.SIGKILL)
+    for _ in range(600):
+        try:
+            ray.get(actor.pid.remote())
+        except ray.exceptions.RayActorError:
+            return f"pid {where['pid']} on {where['address']}"
+        time.sleep(0.1)
+    raise AssertionError(f"the actor in {where} still answers a minute after its kill")
+
+
+def engine_actor(log: Path) -> ray.actor.ActorHandle[EngineActor]:
+    return EngineActor.options(num_cpus=0).remote(spec(log))  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_train_rank_killed_while_starting_is_one_line_naming_its_process(
+    local_ray: None, tmp_path: Path
+) -> None:
+    """As `Session.on_ranks` awaits the ranks' start (any actor stands in for a rank)."""
+    actor = engine_actor(tmp_path / "engine_0.log")
+    process = killed(actor)
+    with pytest.raises(RuntimeError) as fault:
+        asyncio.run(await_ranks("start", [actor.start.remote()], 60))
+    said = f"train rank(s) [0] died during start (its process ({process}) {GONE})"
+    assert str(fault.value) == said
+    assert describe(fault.value) == f"RunFault: {said}"  # and not Ray's text as its cause
+    assert is_fault(fault.value)
+
+
+def test_an_engine_actor_killed_while_starting_is_one_line_naming_it_and_its_log(
+    local_ray: None, tmp_path: Path
+) -> None:
+    """Ray's own word, as the engine pool's start raises it, and what the session makes of
+    it while starting and later; the server's log is named once there is one."""
+    run_dir = tmp_path / "run"
+    cfg, _ = compose_run_config([f"run.dir={run_dir}"])
+    session = Session(cfg, build_plan(cfg), run_dir)
+    log = run_dir / "logs" / "engine_0.log"
+    engine = RayEngine([spec(log)], lambda s: engine_actor(Path(s.log_path)))
+    engine.actors = [engine_actor(log)]
+    session.pool = EnginePool([engine], HealthSettings())
+    process = killed(engine.actors[0])
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(engine.actors[0].start.remote())
+    assert describe(died.value) == f"ActorDiedError: its process ({process}) {GONE}"
+
+    fault = asyncio.run(session.fault_behind(died.value, starting=True))
+    assert fault is not None and fault.component == "engine" and is_fault(fault)
+    assert str(fault) == f"the engine 0 died while starting (its process ({process}) {GONE})"
+    log.parent.mkdir(parents=True)
+    log.write_text("loading\n")
+    fault = asyncio.run(session.fault_behind(died.value))
+    assert fault is not None
+    assert str(fault) == f"the engine 0 died (its process ({process}) {GONE}); its log: {log}"
+
+
+def test_an_actor_stopped_or_whose_constructor_raised_is_said_in_one_line(
+    local_ray: None, tmp_path: Path
+) -> None:
+    stopped = engine_actor(tmp_path / "engine_0.log")
+    process = killed(stopped, by_ray=True)
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(stopped.pid.remote())
+    assert death_cause(died.value) == f"it was killed by `ray.kill` ({process})"
+
+    unbuilt = EngineActor.options(num_cpus=0).remote(spec(tmp_path / "e.log", "no-such-engine"))  # type: ignore[attr-defined]
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(unbuilt.pid.remote())
+    cause = death_cause(died.value)
+    assert cause.startswith("its constructor raised ") and "no-such-engine" in cause, cause
+    assert "\n" not in cause
