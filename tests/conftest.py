@@ -32,6 +32,7 @@ SHARED_LAUNCH = {
     "tests/integration/test_multi_turn.py": "launches",
     "tests/integration/test_multi_node.py": "cluster",
     "tests/integration/test_reward_model_actor.py": "local_ray",
+    "tests/integration/test_actor_deaths.py": "local_ray",
     "tests/integration/test_resume.py::test_a_run_killed_at_a_random_moment": "reference",
     "tests/integration/test_resume.py::test_a_sigterm_saves": "reference",
     "tests/integration/test_resume.py::test_corrupted_checkpoint_is_refused": "reference",
