@@ -253,11 +253,22 @@ def _combined_fix(gate: _Gate, base: _Trial) -> str:
     if found:
         return "; or ".join(found)
     least = gate.need(replace(offloaded, tokens=MIN_TOKENS_PER_GPU))
+    even = f"even with {_and(with_offload or ['its shards offloaded'])} and "
+    even += f"recipe.train.max_tokens_per_gpu={MIN_TOKENS_PER_GPU}"
+    if least <= gate.budget_gib:
+        return _host_short(even, least)
     return (
-        f"even with {_and(with_offload or ['its shards offloaded'])} and "
-        f"recipe.train.max_tokens_per_gpu={MIN_TOKENS_PER_GPU} it needs {least:.1f} GiB "
-        "(the gathered layers, activations and logits do not shrink with more GPUs): use "
-        "GPUs with more memory"
+        f"{even} it needs {least:.1f} GiB (the gathered layers, activations and logits do not "
+        "shrink with more GPUs): use GPUs with more memory"
+    )
+
+
+def _host_short(even: str, need: float) -> str:
+    """Nothing fits where the GPUs hold the leanest trial (`need`): the host's memory per
+    node is what does not."""
+    return (
+        f"{even} its GPUs hold it ({need:.1f} GiB) but the host's memory per node does not: "
+        "use nodes with more host memory"
     )
 
 
@@ -458,6 +469,8 @@ def _megatron_combined_fix(gate: _Gate, base: _Trial) -> str:
     least = gate.need(replace(shortest, par=leanest))
     even = [*settings, *_split_keys(cfg, par, leanest)]
     even += [f"recipe.train.max_tokens_per_gpu={tokens}"] if tokens else []
+    if least <= gate.budget_gib:
+        return _host_short(f"even with {_and(even) if even else 'its layout'}", least)
     return (
         f"even with {_and(even) if even else 'its layout'} it needs {least:.1f} GiB per "
         f"{device_word(cfg.hardware.kind)}: use GPUs with more memory"

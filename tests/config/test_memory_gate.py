@@ -505,3 +505,19 @@ def test_the_torch_trainers_refusal_on_cpu_names_the_remedies_its_estimate_fits(
         assert fits(compose_run, *given, "recipe.train.max_tokens_per_gpu=16384", taken)
     longer = train_refusal(compose_run, *given, "recipe.train.max_tokens_per_gpu=65536")
     assert "recompute" not in longer.fix and "max_tokens_per_gpu=2560 (" in longer.fix
+
+
+def test_where_only_the_hosts_memory_stops_every_remedy_the_refusal_says_so(
+    compose_run: ComposeRun,
+) -> None:
+    """A node of 1 GiB of host memory holds no train rank's process: Adam on the host and a
+    micro-batch of 512 tokens would fit the GPU, so the refusal does not ask for GPUs with
+    more memory but for host memory."""
+    given = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x1", "hardware.host_memory_gib=1")
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*given))
+    (issue,) = [i for i in info.value.issues if i.key == "layout.train.tp"]
+    assert issue.fix.endswith(
+        "but the host's memory per node does not: use nodes with more host memory"
+    ), issue.fix
+    assert "GPUs with more memory" not in issue.fix
