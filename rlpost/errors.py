@@ -118,7 +118,9 @@ def run_command(command: str, main: Callable[[], int | None]) -> None:
     rlpost command and tool ends. A refusal that reaches here exits 2 (exit_with); any
     other exception is a defect of rlpost's (exit_with_internal_error, 4), never Python's
     raw traceback and status 1. SystemExit (argparse, a refusal already printed) and Ctrl-C
-    pass through as they are."""
+    pass through as they are. Its output outlives its reader (`... | head`: rlpost.streams),
+    so a reader that leaves early is no error of the command's."""
+    guard_std_streams()
     try:
         status = main()
     except UserError as exc:

@@ -24,9 +24,9 @@ from rlpost.config.keys import (
     list_example,
     resolve_loc,
 )
-from rlpost.config.sources import SourceMap
+from rlpost.config.sources import DEFAULT, SourceMap
 from rlpost.errors import Issue, did_you_mean
-from rlpost.schema import InvariantError
+from rlpost.schema import InvariantError, RunConfig
 
 ABSENT = object()
 
@@ -50,13 +50,21 @@ def _shown(value: Any) -> Any:
 
 
 def attach_locations(issues: Sequence[Issue], sources: SourceMap) -> list[Issue]:
-    """Give every Issue without a location the place its key was set."""
-    return [
-        issue
-        if issue.location is not None
-        else dataclasses.replace(issue, location=sources.set_at_or_below(issue.key))
-        for issue in issues
-    ]
+    """Give every Issue without a location the place its key was set. One whose key is no
+    config key (a data file's line, `/data/train.jsonl:7`; a tool or a device) names its own
+    place: no file or override set it, and 'default' would say the config's default did."""
+    located = []
+    for issue in issues:
+        if issue.location is None:
+            where = sources.set_at_or_below(issue.key)
+            if where != DEFAULT or _is_config_key(issue.key):
+                issue = dataclasses.replace(issue, location=where)
+        located.append(issue)
+    return located
+
+
+def _is_config_key(key: str) -> bool:
+    return key.split(".", 1)[0] in RunConfig.model_fields
 
 
 # --- pydantic -------------------------------------------------------------------------------

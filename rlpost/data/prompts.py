@@ -575,7 +575,7 @@ def check_not_templated(prompt: Prompt, fmt: PromptFormat, markers: Sequence[str
             f"already holds the chat template's marker {marker!r}: the template would wrap "
             "the rendered conversation in a second one",
             "store the question itself (or a message list), or set "
-            "data.apply_chat_template: false to send prompts as written",
+            "recipe.data.apply_chat_template: false to send prompts as written",
             _short(prompt),
         )
 

@@ -245,3 +245,30 @@ def test_config_diff_of_a_sweeps_folder_compares_every_job(
         ["tracking.wandb", "<absent>", "true", "<absent>"],
     ]
     assert "skipping" in captured.err and "multirun.yaml" in captured.err
+
+
+def test_a_tool_whose_reader_left_ends_with_its_own_status(runs: list[Path]) -> None:
+    """`config_diff.py A B | head`: head leaves after its lines and the rest of the table
+    finds the pipe closed; the tool ends as it would have (1: the configs differ), with no
+    traceback and no 'internal error', as every rlpost command does (rlpost.streams)."""
+    import os
+    import subprocess
+
+    long = {**CONFIG, "run": {f"key_{i}": "x" * 80 for i in range(2000)}}
+    other = write_run(runs[0].parent / "long", 0.1, long)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(REPO / "tools" / "config_diff.py"), str(runs[0]), str(other)],
+            cwd=REPO,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "Traceback" not in err and "internal error" not in err, err

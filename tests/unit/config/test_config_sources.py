@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,29 @@ def test_find_config_searches_roots_in_order(tmp_path: Path) -> None:
     assert first is not None and str(first).startswith(str(tmp_path))
     assert find_config([ConfigRoot("structured", "")], "model/glm4-9b") is None
     assert ConfigRoot.parse("pkg://hydra.conf").find("hydra/output/default") is not None
+
+
+def test_a_data_files_line_names_its_own_place_not_a_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refused line of a prompt file is keyed by the file and line; no file or override set
+    that key, and '(default)' beside it would say the config's default did. A config key
+    refused beside it keeps the place it was set."""
+    from rlpost.cli.main import main
+
+    rendered = tmp_path / "rendered.jsonl"
+    line = {"prompt": "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", "label": "4"}
+    rendered.write_text(json.dumps(line) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "validate",
+                f"recipe.data.prompt_data={rendered}",
+                "recipe.eval.datasets.0.path=/no/eval.jsonl",
+            ]
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"\n  {rendered}:1\n    'prompt' already holds the chat template's marker" in err, err
+    assert "(default)" not in err, err
+    assert "(command line: recipe.eval.datasets.0.path=/no/eval.jsonl)" in err, err

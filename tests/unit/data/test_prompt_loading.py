@@ -192,7 +192,7 @@ def test_a_prompt_already_rendered_by_the_chat_template_is_refused(
         load_prompts(path, fmt(), chat_tokenizer)
     (issue,) = refused.value.issues
     assert "already holds the chat template's marker" in issue.message
-    assert "data.apply_chat_template: false" in issue.fix
+    assert "set recipe.data.apply_chat_template: false" in issue.fix
     as_written = fmt(apply_chat_template=False)
     (record,) = load_prompts(path, as_written, chat_tokenizer)[0]
     assert chat_tokenizer.decode(list(record.prompt_ids)) == rendered
