@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from rlpost.config.loader import compose_run_config  # noqa: E402
 from rlpost.plan import memory, params  # noqa: E402
-from rlpost.plan.search import LayoutSearch, search_layout  # noqa: E402
+from rlpost.plan.candidates import LayoutSearch  # noqa: E402
+from rlpost.plan.search import search_layout  # noqa: E402
 from rlpost.schema import RunConfig  # noqa: E402
 from rlpost.schema.layout import LayoutConfig  # noqa: E402
 

@@ -17,7 +17,7 @@ def plan_config(cfg: RunConfig) -> tuple[RunConfig, Plan]:
     into the config first, and the plan carries the search."""
     if not cfg.layout.search:
         return cfg, build_plan(cfg)
-    from rlpost.plan.search import choose_layout, searched_keys
+    from rlpost.plan.choice import choose_layout, searched_keys
 
     chosen, search = choose_layout(cfg)
     plan = build_plan(chosen)

@@ -67,7 +67,7 @@ from rlpost.schema.prompt_file import split_prompt_path
 from rlpost.schema.training_only import set_training_only
 
 if TYPE_CHECKING:
-    from rlpost.plan.search import LayoutSearch
+    from rlpost.plan.candidates import LayoutSearch
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Plan:
     pipeline_stages: tuple[int, ...]
     derived: tuple[str, ...]
     notes: tuple[str, ...]
-    # layout=auto: the search that chose this layout (rlpost.plan.search.LayoutSearch)
+    # layout=auto: the search that chose this layout (rlpost.plan.candidates.LayoutSearch)
     search: LayoutSearch | None = None
     # what the train ranks do (rlpost.plan.work.train_rank_work): train; in mode=eval, send
     # the weights they load to the engines (the memory counts that alone), or start at all

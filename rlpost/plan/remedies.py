@@ -10,7 +10,7 @@ it has a layer spec for (not `generic`); its distributed optimizer shards Adam's
 DP x CP, and recipe.optim.cpu_offload keeps that state on the host.
 
 The budget is the GPU's memory, or less where layout=auto's search names the remedies (what
-it accepts leaves a margin free: rlpost.plan.search.MARGIN_FRACTION)."""
+it accepts leaves a margin free: rlpost.plan.split_options.MARGIN_FRACTION)."""
 
 from __future__ import annotations
 

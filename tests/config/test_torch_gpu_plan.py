@@ -22,7 +22,7 @@ from rlpost.plan.layout import Sizes
 from rlpost.plan.memory import estimate_host
 from rlpost.plan.params import count_params
 from rlpost.plan.render import render_plan
-from rlpost.plan.search import LEANER_WITHIN
+from rlpost.plan.split_options import LEANER_WITHIN
 from rlpost.schema import ModelConfig, RunConfig
 from rlpost.schema.layout import TrainLayout
 

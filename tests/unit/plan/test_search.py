@@ -10,12 +10,10 @@ import pytest
 
 from rlpost.errors import UserError
 from rlpost.plan import plan_config, render_plan
-from rlpost.plan.search import (
-    candidate_key,
-    choose_layout,
-    gpu_splits,
-    search_layout,
-)
+from rlpost.plan.candidates import candidate_key
+from rlpost.plan.choice import choose_layout
+from rlpost.plan.search import search_layout
+from rlpost.plan.search_space import gpu_splits
 from rlpost.schema import RunConfig
 from rlpost.schema.layout import LayoutConfig
 
@@ -184,7 +182,7 @@ def test_cpu_adam_chosen_by_the_search_is_the_seeds_and_exports_to_slime(
     run_config: MakeRun,
 ) -> None:
     """The seeds' CPU Adam is three flags; Megatron-LM refuses --optimizer-cpu-offload alone."""
-    from rlpost.plan.search import with_adam
+    from rlpost.plan.search_space import with_adam
     from rlpost.plan.slime_args import check_exportable
 
     gpu_adam = with_adam(run_config("glm4.7-flash", "h100x8"), False)
