@@ -313,6 +313,8 @@ def _dense_dispatcher(ctx: PlanContext) -> list[Issue]:
 def check_pipeline(ctx: PlanContext) -> list[Issue]:
     p, layers = ctx.parallel, ctx.cfg.model.num_layers
     first, last = p.num_layers_in_first_pipeline_stage, p.num_layers_in_last_pipeline_stage
+    if p.pp == 1 and (first or last) and ctx.cfg.trainer.backend == "torch":
+        return []  # the torch trainer has no stages: _megatron_only_settings says so
     if p.pp == 1 and (first or last):
         return [
             Issue(
@@ -779,7 +781,7 @@ def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
                 own_moe,
             ),
         ]
-    return [
+    issues = [
         Issue(
             key,
             f"{key} configures {what}, and trainer.backend resolves to torch: it would be ignored",
@@ -789,6 +791,32 @@ def _megatron_only_settings(ctx: PlanContext) -> list[Issue]:
         for key, value, is_set, what, fix in found
         if is_set
     ]
+    return issues + _pipeline_stage_settings(ctx, megatron)
+
+
+def _pipeline_stage_settings(ctx: PlanContext, megatron: str) -> list[Issue]:
+    """Uneven pipeline stages given to trainer.backend=torch, which has none (under auto,
+    a pp of 2 or more makes the trainer megatron's, and check_pipeline asks for one)."""
+    if ctx.cfg.trainer.backend != "torch":
+        return []
+    if megatron and ctx.parallel.pp == 1:
+        megatron += " with layout.train.pp >= 2"
+    train, found = ctx.cfg.layout.train, []
+    for field in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        value = getattr(train, field)
+        if value is not None:
+            key = f"layout.train.{field}"
+            found.append(
+                Issue(
+                    key,
+                    f"{key} configures megatron-core's pipeline stages, and trainer.backend is "
+                    "torch: it would be ignored",
+                    "remove it (the torch trainer has no pipeline stages: every rank holds 1/DP "
+                    "of the model)" + megatron,
+                    value=value,
+                )
+            )
+    return found
 
 
 def generic_model_issues(cfg: RunConfig) -> list[Issue]:

@@ -43,6 +43,8 @@ def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
     elif trains and work == TRAIN:
         rejected = [pair for s in splits for pair in s.rejected_trains]
         least, why = min(rejected, key=lambda pair: pair[0].memory.total_gib)
+        split = next(s for s in splits if any(t is least for t, _ in s.rejected_trains))
+        colocate = split.sizes.colocate
         budget = cfg.hardware.gpu_memory_gib * (1 - MARGIN_FRACTION)
         leanest = least.describe()
         if least.memory.total_gib <= budget:  # its GPUs hold it: something else does not
@@ -54,25 +56,19 @@ def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
             )
         if least.fsdp is not None:  # each remedy tried on the torch trainer's estimate
             if least.memory.total_gib > budget:
-                colocate = any(
-                    t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
-                )
                 remedies = fsdp_fixes(cfg, least.parallel, colocate, budget)  # what it accepts
                 found.append("for the torch trainer, " + remedies)
         else:
             static = least.memory.total_gib - least.memory.activations_gib - least.memory.logits_gib
             tokens = cfg.recipe.train.max_tokens_per_gpu
             if static < budget < least.memory.total_gib and tokens:
-                colocate = any(
-                    t is least for s in splits if s.sizes.colocate for t, _ in s.rejected_trains
-                )
                 adam = with_adam(cfg, least.cpu_offload)
                 fits = shorter_tokens(adam, least.parallel, colocate, budget)
                 if fits:
                     found.append(
                         f"recipe.train.max_tokens_per_gpu={fits[0]} fits it ({fits[1]:.1f} GiB)"
                     )
-            found.append(_more_megatron_gpus(cfg, splits, least, budget))
+            found.append(_more_megatron_gpus(cfg, split, least, budget))
     engines = [e for s in splits for e, _ in s.rejected_engines]
     if engines and not any(s.engines for s in splits):
         response = longest_request(cfg).response_key
@@ -84,7 +80,7 @@ def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
 
 
 def _more_megatron_gpus(
-    cfg: RunConfig, splits: list[SplitOptions], least: TrainOption, budget: float
+    cfg: RunConfig, split: SplitOptions, least: TrainOption, budget: float
 ) -> str:
     """The fewest GPUs on which megatron-core's estimate fits a split of the model, with the
     leanest layout's recompute and optimizer (rlpost.plan.remedies.megatron_fewest_gpus),
@@ -92,7 +88,6 @@ def _more_megatron_gpus(
     own."""
     hw = cfg.hardware
     device, devices = device_word(hw.kind), device_word(hw.kind, 2)
-    split = next(s for s in splits if any(t is least for t, _ in s.rejected_trains))
     t = cfg.layout.train  # the first and last stages as the user sets them, not the search
     par = replace(
         least.parallel,

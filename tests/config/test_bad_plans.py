@@ -538,3 +538,25 @@ def test_a_replica_the_rollout_crowds_out_is_fixed_by_giving_training_room(
     assert "hardware profile" not in issue.fix, issue.fix
     for fix in fixes:
         build_plan(compose_run(*run, *overrides, tp, *fix))  # each fix it names plans
+
+
+def test_uneven_stages_given_to_the_torch_trainer_are_refused_as_its_own_not_as_a_pp_to_raise(
+    compose_run: Callable[..., RunConfig],
+) -> None:
+    """trainer.backend=torch has no pipeline stages: told to raise layout.train.pp, the user
+    would meet its data-parallel-only refusal next. Under auto, pp >= 2 makes the trainer
+    megatron's, and that stays the fix."""
+    given = ("model=qwen3-8b", "recipe=grpo_dapo", "hardware=h100x8")
+    stage = "layout.train.num_layers_in_first_pipeline_stage"
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*given, "trainer.backend=torch", f"{stage}=10"))
+    (issue,) = info.value.issues
+    assert issue.key == stage and "trainer.backend is torch: it would be ignored" in issue.message
+    assert issue.fix.startswith("remove it (the torch trainer has no pipeline stages")
+    assert issue.fix.endswith("or set trainer.backend=megatron with layout.train.pp >= 2")
+    with pytest.raises(UserError) as info:
+        build_plan(compose_run(*given, f"{stage}=10"))
+    (issue,) = info.value.issues
+    assert issue.key == stage and issue.fix == "remove it, or set layout.train.pp >= 2"
+    plan = build_plan(compose_run(*given, f"{stage}=10", "layout.train.pp=2"))
+    assert plan.trainer_backend == "megatron"
