@@ -74,6 +74,11 @@ class _Gate:
         """`need` (the trial's) within the budget, and its ranks within the host's memory."""
         return need <= self.budget_gib and self.host_fits(trial)
 
+    def fitting(self, trial: _Trial) -> float | None:
+        """What the trial needs, where it fits (`fits`); None where it does not."""
+        need = self.need(trial)
+        return need if self.fits(trial, need) else None
+
     def host_fits(self, trial: _Trial) -> bool:
         if self.sends:
             return True
@@ -146,16 +151,15 @@ def _single_fixes(gate: _Gate, base: _Trial) -> Iterator[tuple[str, float]]:
         reshard = replace(options, reshard_after_forward=True)
         tried.append((RESHARD_FIX, replace(base, options=reshard)))
     for fix, trial in tried:
-        need = gate.need(trial)
-        if gate.fits(trial, need):
+        need = gate.fitting(trial)
+        if need is not None:
             yield fix, need
     shorter = _shorter_tokens(gate, base)
     if shorter is not None:
         yield f"recipe.train.max_tokens_per_gpu={shorter[0]}", shorter[1]
     if not options.cpu_offload:
-        changed = replace(base, options=replace(options, cpu_offload=True))
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(base, options=replace(options, cpu_offload=True)))
+        if need is not None:
             yield OFFLOAD_FIX, need
     more = _more_gpus(gate, base)
     if more is not None:
@@ -172,9 +176,8 @@ def _shorter_tokens(gate: _Gate, trial: _Trial) -> tuple[int, float] | None:
     low, high = 1, (trial.tokens - 1) // MIN_TOKENS_PER_GPU  # multiples below the trial's
     while low <= high:
         middle = (low + high) // 2
-        changed = replace(trial, tokens=middle * MIN_TOKENS_PER_GPU)
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(trial, tokens=middle * MIN_TOKENS_PER_GPU))
+        if need is not None:
             found, low = (middle * MIN_TOKENS_PER_GPU, need), middle + 1
         else:
             high = middle - 1
@@ -195,9 +198,8 @@ def _more_gpus(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | Non
     par = trial.par
     while par.world < MAX_TRAIN_GPUS:
         par = replace(par, dp=par.dp * 2)
-        changed = replace(trial, par=par)
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(trial, par=par))
+        if need is not None:
             return par, need
     return None
 
@@ -281,9 +283,8 @@ def data_parallel_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> 
     base = _as_configured(cfg, par)
     found = []
     if par.recompute != "full":
-        changed = replace(base, par=replace(par, recompute="full"))
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(base, par=replace(par, recompute="full")))
+        if need is not None:
             found.append(f"{RECOMPUTE_FIX} ({need:.1f} GiB)")
     shorter = _shorter_tokens(gate, base)
     if shorter is not None:
@@ -300,9 +301,8 @@ def sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:
     assert base.options is not None
     found = []
     if not base.options.cpu_offload:
-        changed = replace(base, options=replace(base.options, cpu_offload=True))
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(base, options=replace(base.options, cpu_offload=True)))
+        if need is not None:
             found.append(f"{OFFLOAD_FIX} ({need:.1f} GiB)")
     more = _more_gpus(gate, base)
     if more is not None:
@@ -405,17 +405,15 @@ def _megatron_single_fixes(gate: _Gate, base: _Trial) -> Iterator[str]:
     cfg, par = gate.cfg, base.par
     on_gpu = cfg.hardware.kind == "gpu"
     if par.recompute != "full":
-        changed = replace(base, par=replace(par, recompute="full"))
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(base, par=replace(par, recompute="full")))
+        if need is not None:
             yield f"{RECOMPUTE_FIX} ({need:.1f} GiB)"
     shorter = _shorter_tokens(gate, base)
     if shorter is not None:
         yield f"recipe.train.max_tokens_per_gpu={shorter[0]} ({shorter[1]:.1f} GiB)"
     if on_gpu and not base.optim_offload:
-        changed = replace(base, optim_offload=True)
-        need = gate.need(changed)
-        if gate.fits(changed, need):
+        need = gate.fitting(replace(base, optim_offload=True))
+        if need is not None:
             yield f"{_and(_optim_offload_fix(cfg))} ({need:.1f} GiB)"
     split = _split_that_fits(gate, base, skip=par)
     if split is not None:
@@ -561,8 +559,8 @@ def _split_that_fits(
     for grid in _grids(gate.cfg, trial.par, context_parallel):
         if grid == skip:
             continue
-        need = gate.need(replace(trial, par=grid))
-        if gate.fits(replace(trial, par=grid), need):
+        need = gate.fitting(replace(trial, par=grid))
+        if need is not None:
             return grid, need
     return None
 
