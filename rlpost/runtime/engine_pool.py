@@ -134,15 +134,12 @@ class RayEngine:
         self.actors: list[ray.actor.ActorHandle[EngineActor]] = []
 
     async def start(self) -> str:
+        """Start the servers, from new actors where `stop` found any gone. An actor that
+        dies here is raised, never replaced: only the pool's restarts (engine.fault_tolerance)
+        start an engine again, through `stop` then `start`."""
         if not self.actors:
             self.actors = [self.make_actor(spec) for spec in self.specs]
-        try:
-            return await self._start_actors()
-        except ray.exceptions.RayActorError:
-            # The actor died with its process (or its node): start from new actors.
-            log.warning("engine %d: its actor is gone; starting new ones", self.index)
-            self.actors = [self.make_actor(spec) for spec in self.specs]
-            return await self._start_actors()
+        return await self._start_actors()
 
     async def _start_actors(self) -> str:
         # Every node of a multi-node engine must come up together; the head answers.
@@ -155,18 +152,29 @@ class RayEngine:
         return {actor._actor_id.hex(): spec.log_path for actor, spec in actors}
 
     async def stop(self) -> None:
-        async def stop_one(actor: ray.actor.ActorHandle[EngineActor]) -> None:
+        """Stop the servers. Where an actor died with its process (or its node), every
+        actor of the engine is let go, so the next `start` begins from new ones: the nodes
+        of a multi-node engine come up together."""
+
+        async def stop_one(actor: ray.actor.ActorHandle[EngineActor]) -> bool:
             try:
                 await actor.stop.remote()
             except ray.exceptions.RayActorError:
                 log.warning("engine %d: its actor is gone", self.index)
+                return False
+            return True
 
-        await asyncio.gather(*(stop_one(a) for a in self.actors))
+        if not all(await asyncio.gather(*(stop_one(a) for a in self.actors))):
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
 
     async def pid(self) -> int | None:
         return await self.actors[0].pid.remote() if self.actors else None
 
     async def alive(self) -> bool:
+        if not self.actors:  # never started, or let go by `stop`
+            return False
         try:
             return all(await asyncio.gather(*(a.is_alive.remote() for a in self.actors)))
         except ray.exceptions.RayActorError:

@@ -132,3 +132,28 @@ def test_an_actor_stopped_or_whose_constructor_raised_is_said_in_one_line(
     cause = death_cause(died.value)
     assert cause.startswith("its constructor raised ") and "no-such-engine" in cause, cause
     assert "\n" not in cause
+
+
+@pytest.mark.parametrize("fault_tolerance", [False, True])
+def test_an_engine_whose_actor_died_is_started_again_only_with_fault_tolerance(
+    local_ray: None, tmp_path: Path, fault_tolerance: bool
+) -> None:
+    """Without engine.fault_tolerance the death is raised as it is (the launch says it and
+    restarts the run under run.max_restarts); with it, the pool starts the engine once more
+    from a new actor (here one that cannot build, so nothing loads) and gives up after
+    max_restarts."""
+    made: list[ray.actor.ActorHandle[EngineActor]] = []
+
+    def make(s: EngineSpec) -> ray.actor.ActorHandle[EngineActor]:
+        backend = "cpu" if not made else "no-such-engine"
+        made.append(EngineActor.options(num_cpus=0).remote(spec(Path(s.log_path), backend)))  # type: ignore[attr-defined]
+        return made[-1]
+
+    engine = RayEngine([spec(tmp_path / "engine_0.log")], make)
+    engine.actors = [make(engine.specs[0])]
+    killed(engine.actors[0])
+    pool = EnginePool([engine], HealthSettings(enabled=fault_tolerance, max_restarts=1))
+    with pytest.raises(ray.exceptions.RayActorError):
+        asyncio.run(pool.start())
+    assert len(made) == (2 if fault_tolerance else 1)
+    assert asyncio.run(engine.alive()) is False
