@@ -97,8 +97,12 @@ def launch_overrides(run_dir: Path) -> tuple[list[str], dict[str, str]]:
         if not str(o).startswith("hydra.")
         and str(o).split("=", 1)[0].lstrip("+~") not in RESUME_KEYS
     ]
+    # argv as typed (`lr=1e-5`; before, as the launcher rewrote it: `++lr=1e-5`), the
+    # overrides as Hydra applied them (`++lr=1e-05`): paired whatever '+' either has
     argv = [str(a) for a in record.get("argv") or []]
-    return overrides, typed_forms(argv[1:])
+    typed = {hydra.lstrip("+"): as_typed for hydra, as_typed in typed_forms(argv[1:]).items()}
+    forms = {o: typed[o.lstrip("+")] for o in overrides if o.lstrip("+") in typed}
+    return overrides, forms
 
 
 def run_labels(run_dirs: Sequence[Path]) -> list[str]:

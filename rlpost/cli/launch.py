@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlpost.config.diagnostics import attach_locations
 from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
-from rlpost.config.overrides import flags_first, prepare_argv
+from rlpost.config.overrides import TYPED_ARGV, flags_first, prepare_argv
 from rlpost.config.resolvers import register_resolvers
 from rlpost.config.sources import CONF_DIR, SourceMap, defer_source_map
 from rlpost.errors import Issue, UserError, exit_with, exit_with_internal_error
@@ -380,7 +380,9 @@ def main(argv: Sequence[str] | None = None, job: Callable[[DictConfig], None] = 
     from rlpost.runtime.stop import EXIT_STOPPED, Terminated, sigterm_raises
 
     guard_std_streams()
-    args = flags_first(sys.argv[1:] if argv is None else list(argv))
+    typed = sys.argv[1:] if argv is None else list(argv)
+    TYPED_ARGV[:] = [sys.argv[0], *typed]
+    args = flags_first(typed)
     with sigterm_raises():
         try:
             _main(args, job)

@@ -559,6 +559,12 @@ def _user_sources(args: LaunchArgs, searchpath: Sequence[str]) -> bool:
     return bool(args.config_dir or args.config_path or args.config_name or searchpath)
 
 
+TYPED_ARGV: list[str] = []
+"""The launch's command line as the user typed it (the program, then its arguments), noted
+before prepare_argv's rewriting for Hydra (schema keys marked '++') replaces sys.argv: what
+provenance.json records as `argv`. Empty outside the launcher."""
+
+
 def prepare_argv(argv: Sequence[str]) -> list[str]:
     """Check argv's overrides and return the argv to hand `@hydra.main`.
 

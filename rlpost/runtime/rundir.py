@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from rlpost.config.overrides import TYPED_ARGV
 from rlpost.runtime.checkpoint import CKPT_DIR
 from rlpost.runtime.redact import redact
 from rlpost.schema import RunConfig
@@ -158,7 +159,8 @@ def provenance() -> dict[str, Any]:
     record: dict[str, Any] = redact(
         {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "argv": sys.argv,
+            # as typed; `overrides`: as Hydra applied them
+            "argv": list(TYPED_ARGV) or sys.argv,
             "overrides": command_line_overrides(),
             "python": platform.python_version(),
             "host": platform.node(),

@@ -73,15 +73,18 @@ def test_plot_overlays_runs_in_every_panel(runs: list[Path], tmp_path: Path) -> 
     assert tool.run_labels(runs) == ["0", "1"]
 
 
+@pytest.mark.parametrize("marked", [False, True], ids=["as typed", "as rewritten before"])
 def test_a_sweeps_runs_are_labelled_by_the_overrides_that_differ_as_typed(
-    runs: list[Path], tmp_path: Path
+    runs: list[Path], tmp_path: Path, marked: bool
 ) -> None:
     """`plot_run.py runs/multirun/<date>/<time>/*`: the lines are named by what tells the
     jobs apart (their provenance.json: the launch's argv as typed, the job's overrides as
     Hydra gives them), not by the folders 0, 1, 2; a run without that record keeps its
     folder's name. A resumed job's run.dir and run.resume say where, not what: no label."""
-    # as the launcher records them: its argv after its checks, which mark schema keys '++'
-    argv = ["launch.py", "-m", "++recipe.optim.lr=1e-5,1e-4", "++run.seed=3"]
+    # the launch's argv as typed; runs recorded before that hold it after the launcher's
+    # checks, which mark schema keys '++' (as Hydra's overrides have them)
+    mark = "++" if marked else ""
+    argv = ["launch.py", "-m", f"{mark}recipe.optim.lr=1e-5,1e-4", f"{mark}run.seed=3"]
     for run, lr in zip(runs, ("1e-05", "0.0001"), strict=True):
         overrides = [f"++recipe.optim.lr={lr}", "++run.seed=3", "hydra.sweep.dir=runs/s"]
         (run / "provenance.json").write_text(json.dumps({"argv": argv, "overrides": overrides}))

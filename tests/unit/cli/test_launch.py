@@ -74,3 +74,23 @@ def test_a_refusal_stays_a_refusal(
     err = capsys.readouterr().err
     assert "recipe.optim.lr" in err
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_provenance_records_the_command_line_as_typed_and_the_overrides_as_applied(
+    launched: Callable[[list[str]], int], tmp_path: Path
+) -> None:
+    """provenance.json's `argv` is what the user typed, not the launcher's rewriting of it
+    for Hydra (schema keys marked '++'); its `overrides` are what Hydra applied."""
+    from omegaconf import DictConfig
+
+    from rlpost.runtime.rundir import provenance
+
+    recorded: list[dict[str, object]] = []
+
+    def job(cfg: DictConfig) -> None:
+        recorded.append(provenance())
+
+    typed = ["recipe.optim.lr=1e-5", "mode=plan", f"hydra.run.dir={tmp_path}"]
+    launch.main(typed, job)  # `launched` set sys.argv[0] and clears Hydra after
+    assert recorded[0]["argv"] == ["launch.py", *typed]
+    assert "++recipe.optim.lr=1e-5" in recorded[0]["overrides"]  # type: ignore[operator]
