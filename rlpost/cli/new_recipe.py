@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlpost.cli.new_model import add_output_arguments, check_name, output_path, write_text
+from rlpost.cli.new_model import (
+    add_output_arguments,
+    check_name,
+    output_path,
+    use_line,
+    write_text,
+)
 from rlpost.cli.yaml_text import block_lines, scalar_text
 from rlpost.config.overrides import group_options, search_roots
 from rlpost.config.sources import SourceMap
@@ -206,10 +212,14 @@ def default_description(base: str, changes: Sequence[Change]) -> str:
     return text if len(text) <= DESCRIPTION_MAX else text[: DESCRIPTION_MAX - 3] + "..."
 
 
-def render_recipe_yaml(name: str, base: str, description: str, changes: Sequence[Change]) -> str:
+def render_recipe_yaml(
+    name: str, base: str, description: str, changes: Sequence[Change], show: str | None = None
+) -> str:
+    """`show`: the command that shows the recipe whole (use_line), where its file is known."""
+    show = show or f"rlpost show --config-dir <dir> recipe={name} model=... hardware=..."
     lines = [
         f"# {name}: only what differs from {base}; every other value is {base}'s (see them",
-        f"# with `rlpost show recipe={name} ...`).",
+        f"# with `{show}`).",
         "defaults:",
         f"  - {base}",
         "  - _self_",
@@ -237,9 +247,12 @@ def run(args: argparse.Namespace) -> int:
     description = args.description or default_description(args.base, kept)
     validate_merged(cfg, name, description, kept)
     path = output_path(args.out, args.config_dir, "recipe", name)
-    write_text(path, render_recipe_yaml(name, args.base, description, kept), args.force)
+    # the model and hardware it is shown with (the run's defaults may not fit the recipe)
+    show = f"{use_line(path, 'recipe', 'rlpost show')} model=... hardware=..." if path else None
+    write_text(path, render_recipe_yaml(name, args.base, description, kept, show), args.force)
     if path is not None:
         dropped = len(changes) - len(kept)
         note = f" ({dropped} change(s) equal to {args.base}'s were left out)" if dropped else ""
         print(f"wrote {path}: {description}{note}")
+        print(f"see it whole: {show}")
     return 0

@@ -402,6 +402,13 @@ def test_new_recipe_writes_only_the_differences(
     ]
     status, out, _ = run_main(argv, capsys)
     assert status == 0 and "1 change(s) equal to grpo_dapo's were left out" in out
+    # the command it names (in its output and the file's comment) finds the recipe
+    show = f"rlpost show --config-dir {tmp_path} recipe=short model=... hardware=..."
+    assert f"see it whole: {show}\n" in out
+    assert f"# with `{show}`)." in (tmp_path / "recipe" / "short.yaml").read_text()
+    filled = show.removeprefix("rlpost ").replace("model=...", "model=qwen3-4b")
+    status, out, err = run_main(filled.replace("hardware=...", "hardware=h100x8").split(), capsys)
+    assert status == 0 and "max_response_len: 2048" in out, err
     written = yaml.safe_load((tmp_path / "recipe" / "short.yaml").read_text())
     assert written == {
         "defaults": ["grpo_dapo", "_self_"],
