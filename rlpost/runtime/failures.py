@@ -54,6 +54,19 @@ def actor_died(exc: BaseException | None) -> bool:
     return isinstance(exc, gone)
 
 
+def constructor_raised(exc: BaseException | None) -> bool:
+    """Whether `exc` says an actor died because its constructor raised: rlpost's actors
+    build nothing there that could fail one time and not the next (their work starts in
+    later calls), so it fails the same way again and no restart mends it."""
+    return actor_died(exc) and "raised in its creation task" in str(exc)
+
+
+def cured_by_restart(exc: BaseException | None) -> bool:
+    """Whether `exc` says an actor's process or node is gone (killed, crashed, lost), which
+    a restart mends, not that its constructor raised."""
+    return actor_died(exc) and not constructor_raised(exc)
+
+
 def death_cause(exc: BaseException) -> str:
     """Why `exc` (Ray's word that an actor died) says the actor died, in one line. Ray's own
     text runs to a dozen lines (the actor's ids, its namespace, a list of common causes);
@@ -88,7 +101,7 @@ def killed_while_starting(exc: BaseException, parts: Mapping[str, str] | None = 
 
     if isinstance(exc, RouterError) and exc.killed:
         return "router"
-    if actor_died(exc):
+    if cured_by_restart(exc):
         actor_id = getattr(exc, "actor_id", None)
         return (parts or {}).get(actor_id, "engine") if isinstance(actor_id, str) else "engine"
     cause = remote_cause(exc)
@@ -135,7 +148,7 @@ def is_fault(exc: BaseException) -> bool:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, RunFault) or actor_died(current):
+        if isinstance(current, RunFault) or cured_by_restart(current):
             return True
         seen.add(id(current))
         current = current.__cause__ or current.__context__

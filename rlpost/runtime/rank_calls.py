@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlpost.runtime.failures import RunFault, actor_died, death_cause
+from rlpost.runtime.failures import RunFault, cured_by_restart, death_cause
 
 __all__ = ["PROGRESS_POLL_S", "RANK_GRACE_S", "TRAIN_RANKS", "Awaited", "await_ranks"]
 
@@ -79,7 +79,7 @@ async def await_ranks(
     errors: dict[int, BaseException] = {
         rank: exc for rank, t in enumerate(tasks) if t in done and (exc := t.exception())
     }
-    dead = [rank for rank, exc in errors.items() if actor_died(exc)]
+    dead = [rank for rank, exc in errors.items() if cured_by_restart(exc)]
     if dead:
         raise RunFault(
             f"{who.these(dead)} died during {what} ({death_cause(errors[dead[0]])})",

@@ -44,7 +44,7 @@ from rlpost.runtime.engine_pool import EnginePool, HealthSettings, RayEngine, ra
 from rlpost.runtime.failures import (
     ActorPart,
     RunFault,
-    actor_died,
+    cured_by_restart,
     death_fault,
     is_fault,
     killed_while_starting,
@@ -408,7 +408,7 @@ class Session:
             # actor's traceback, which logs/failures.log keeps
             raise RewardError(str(exc.cause)) from exc.cause
         except Exception as exc:
-            if not actor_died(exc):
+            if not cured_by_restart(exc):
                 raise
             raise RunFault(
                 f"{self._reward_model_name()} died while scoring {len(samples)} samples "

@@ -22,7 +22,7 @@ from rlpost.config.loader import compose_run_config
 from rlpost.plan import build_plan
 from rlpost.runtime.actors import EngineActor
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, RayEngine
-from rlpost.runtime.failures import death_cause, describe, is_fault
+from rlpost.runtime.failures import death_cause, describe, is_fault, killed_while_starting
 from rlpost.runtime.rank_calls import await_ranks
 from rlpost.runtime.session import Session
 
@@ -125,6 +125,7 @@ def test_an_actor_stopped_or_whose_constructor_raised_is_said_in_one_line(
     with pytest.raises(ray.exceptions.RayActorError) as died:
         ray.get(stopped.pid.remote())
     assert death_cause(died.value) == f"it was killed by `ray.kill` ({process})"
+    assert is_fault(died.value) and killed_while_starting(died.value) == "engine"
 
     unbuilt = EngineActor.options(num_cpus=0).remote(spec(tmp_path / "e.log", "no-such-engine"))  # type: ignore[attr-defined]
     with pytest.raises(ray.exceptions.RayActorError) as died:
@@ -132,6 +133,11 @@ def test_an_actor_stopped_or_whose_constructor_raised_is_said_in_one_line(
     cause = death_cause(died.value)
     assert cause.startswith("its constructor raised ") and "no-such-engine" in cause, cause
     assert "\n" not in cause
+    # it raises the same way again: no fault that a restart mends, no engine killed starting
+    assert not is_fault(died.value) and killed_while_starting(died.value) is None
+    with pytest.raises(ray.exceptions.RayActorError) as raised:  # as a rank's, not a RunFault
+        asyncio.run(await_ranks("start", [unbuilt.start.remote()], 60))
+    assert not is_fault(raised.value) and "no-such-engine" in describe(raised.value)
 
 
 @pytest.mark.parametrize("fault_tolerance", [False, True])
