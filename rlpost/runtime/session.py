@@ -519,6 +519,7 @@ class Session:
             multi_node=cfg.hardware.num_nodes > 1,
             fp8=self.plan.runtime.fp8,
             timeout_s=cfg.trainer.collective_timeout_s,
+            ranks=self._train_ranks(),
         )
         self.weight_sync = WEIGHT_SYNCS[kind](context)
         if cfg.engine.weight_probe:
@@ -539,9 +540,14 @@ class Session:
     ) -> list[Any]:
         """Await one call on every train rank (`await_ranks`, within
         trainer.collective_timeout_s)."""
-        timeout_s, ranks = self.cfg.trainer.collective_timeout_s, range(len(self.trainers))
-        who = Awaited(logs=tuple(train_rank_log(self.run_dir, rank) for rank in ranks))
-        return await await_ranks(what, refs, timeout_s, progress, who)
+        timeout_s = self.cfg.trainer.collective_timeout_s
+        return await await_ranks(what, refs, timeout_s, progress, self._train_ranks())
+
+    def _train_ranks(self) -> Awaited:
+        """The train ranks as a fault in a call on them names them: by rank, with their logs."""
+        return Awaited(
+            logs=tuple(train_rank_log(self.run_dir, r) for r in range(len(self.trainers)))
+        )
 
     async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
         """`fn(trainer, *args)` in train rank `rank`'s process."""

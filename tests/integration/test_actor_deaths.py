@@ -28,6 +28,7 @@ from rlpost.runtime.failures import RunFault, death_cause, describe, is_fault
 from rlpost.runtime.rank_calls import await_ranks
 from rlpost.runtime.session import Session
 from rlpost.runtime.trainers import trainer_spec
+from rlpost.runtime.weight_sync import WEIGHT_SYNCS, SyncContext
 
 pytestmark = pytest.mark.integration
 
@@ -221,6 +222,17 @@ def test_a_train_rank_writes_its_log_under_the_run_dir_which_keeps_its_fatal_sta
         asyncio.run(session.on_ranks("a train step", [session.trainers[0].where.remote()]))
     assert str(during.value).startswith("train rank(s) [0] died during a train step (")
     assert str(during.value).endswith(f"; its log: {log}"), during.value
+    # and as a weight update's call on every rank says it
+    context = SyncContext(
+        client=None,  # type: ignore[arg-type]  # the ranks are called first, and fail
+        call=session.call_trainer, num_ranks=1, weights_dir=run_dir / "weights",
+        bucket_bytes=1 << 20, gpus_per_engine=1, engine_ranks=lambda url: [0], on_gpu=False,
+        multi_node=False, ranks=session._train_ranks(),
+    )  # fmt: skip
+    with pytest.raises(RunFault) as pushing:
+        asyncio.run(WEIGHT_SYNCS["disk"](context).push(1, []))
+    assert str(pushing.value).startswith("train rank(s) [0] died during the export of weight")
+    assert str(pushing.value).endswith(f"; its log: {log}"), pushing.value
 
     again = rank()  # a restart in place, or a resume, in the same run directory
     assert ray.get(again.where.remote())["pid"] != pid
