@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -13,6 +14,7 @@ from rlpost.backends.ports import hold_port
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.backends.sglang.process import EngineProcess
 from rlpost.rewards.scored import Scored
+from rlpost.runtime.actor_log import log_to, note
 from rlpost.runtime.progress import trainer_notes_to_stderr
 from rlpost.runtime.rank_io import ReadMeter
 from rlpost.runtime.trainers import TrainerSpec, build_trainer
@@ -47,10 +49,14 @@ class TrainActor:
         rank: int,
         env: dict[str, str],
         reads: tuple[str, list[str]] | None = None,
+        log: str | None = None,
     ) -> None:
         """`reads`: (a folder, the folders this rank loads from as it starts): its reads of
-        them are metered to the folder (`rank_io`). The trainer is built by `start`, so that
-        rank 0 can hold the ranks' meeting port first (`hold_rendezvous`)."""
+        them are metered to the folder (`rank_io`). `log`: the file under the run's logs that
+        this rank's output goes to as well (`actor_log`). The trainer is built by `start`, so
+        that rank 0 can hold the ranks' meeting port first (`hold_rendezvous`)."""
+        if log is not None:
+            log_to(Path(log), f"train rank {rank}")
         os.environ.update(env)  # before torch loads here: its thread pool reads it
         trainer_notes_to_stderr()
         self.spec, self.rank, self.reads = spec, rank, reads
@@ -72,15 +78,18 @@ class TrainActor:
             self.spec = dataclasses.replace(self.spec, master_port=master_port)
         reads = self.reads
         meter = ReadMeter(reads[0], self.rank, reads[1]) if reads else contextlib.nullcontext()
+        note(f"building the {self.backend} trainer (world size {self.spec.world_size})")
         with meter:
             _seed_everything(self.spec.seed + self.rank)
             self.trainer = build_trainer(self.spec, self.rank)
+        note("trainer built")
         return True
 
     def where(self) -> dict[str, object]:
         return _where()
 
     def train(self, batch: list[TrainSample], with_reference: bool) -> dict[str, float]:
+        note(f"a train step on {len(batch)} samples")
         metrics: dict[str, float] = self.trainer.train_step(batch, with_reference)
         return metrics
 
@@ -124,8 +133,16 @@ class RewardModelActor:
     built once, scoring the batches the driver sends (async: batches may overlap)."""
 
     def __init__(
-        self, path: str, settings: dict[str, object], on_gpu: bool, env: dict[str, str]
+        self,
+        path: str,
+        settings: dict[str, object],
+        on_gpu: bool,
+        env: dict[str, str],
+        log: str | None = None,
     ) -> None:
+        """`log`: the file under the run's logs that its output goes to as well."""
+        if log is not None:
+            log_to(Path(log), f"the reward model actor ({path})")
         os.environ.update(env)  # before torch loads here: its thread pool reads it
         from rlpost.rewards.errors import RewardError
         from rlpost.rewards.model import build_reward_model

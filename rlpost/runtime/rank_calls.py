@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlpost.runtime.failures import RunFault, cured_by_restart, death_cause
@@ -32,12 +33,14 @@ PROGRESS_POLL_S = 5.0
 class Awaited:
     """Who answers the calls awaited, as a failure names them: `part`, the RunFault's
     component; `key`, the setting whose value bounds the wait; `names`, each call's (none:
-    "<part>(s) [i, ...]" by rank); `fix`, what to do when one does not answer in time."""
+    "<part>(s) [i, ...]" by rank); `fix`, what to do when one does not answer in time;
+    `logs`, each one's log under the run's logs (`actor_log`), named when it has died."""
 
     part: str = "train rank"
     key: str = "trainer.collective_timeout_s"
     names: tuple[str, ...] = ()
     fix: str = ""
+    logs: tuple[Path, ...] = ()
 
     def these(self, indices: list[int]) -> str:
         if self.names:
@@ -46,6 +49,13 @@ class Awaited:
 
     def one(self, index: int) -> str:
         return self.names[index] if self.names else f"rank {index}"
+
+    def logs_of(self, indices: list[int]) -> str:
+        """What a fault adds after naming `indices`: the path of each one's log that exists."""
+        logs = [str(self.logs[i]) for i in indices if i < len(self.logs) and self.logs[i].exists()]
+        if not logs:
+            return ""
+        return f"; its log: {logs[0]}" if len(indices) == 1 else f"; their logs: {', '.join(logs)}"
 
 
 TRAIN_RANKS = Awaited()
@@ -82,7 +92,8 @@ async def await_ranks(
     dead = [rank for rank, exc in errors.items() if cured_by_restart(exc)]
     if dead:
         raise RunFault(
-            f"{who.these(dead)} died during {what} ({death_cause(errors[dead[0]])})",
+            f"{who.these(dead)} died during {what} ({death_cause(errors[dead[0]])})"
+            f"{who.logs_of(dead)}",
             component=who.part,
         ) from errors[dead[0]]
     if missing:

@@ -36,6 +36,7 @@ from rlpost.plan.prediction import RANK_PEAK_METRICS
 from rlpost.plan.work import evaluates_served_weights
 from rlpost.rewards.errors import RewardError
 from rlpost.rewards.scored import Scored
+from rlpost.runtime.actor_log import reward_model_log, train_rank_log
 from rlpost.runtime.actors import RewardModelActor, TrainActor
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.cluster import ENGINE_SHARE, TRAIN_SHARE, Cluster
@@ -344,7 +345,13 @@ class Session:
             strategy = self.cluster.strategy(index)
             actor = TrainActor.options(  # type: ignore[attr-defined]
                 scheduling_strategy=strategy, **resources
-            ).remote(spec, rank, self._train_env(index), (str(self.reads_dir), loads))
+            ).remote(
+                spec,
+                rank,
+                self._train_env(index),
+                (str(self.reads_dir), loads),
+                str(train_rank_log(self.run_dir, rank)),
+            )
             self.trainers.append(actor)
         port: int | None = None
         if spec.init_method is not None:  # on one node, a file (placement.json)
@@ -369,7 +376,11 @@ class Session:
         self.reward_actor = RewardModelActor.options(  # type: ignore[attr-defined]
             scheduling_strategy=self.cluster.strategy(index), **resources
         ).remote(
-            reward.model, dict(reward.model_settings), self.cluster.on_gpu, self._thread_env(index)
+            reward.model,
+            dict(reward.model_settings),
+            self.cluster.on_gpu,
+            self._thread_env(index),
+            str(reward_model_log(self.run_dir)),
         )
 
     def _reward_model_name(self) -> str:
@@ -388,6 +399,7 @@ class Session:
             key="engine.startup_timeout_s",
             names=(self._reward_model_name(),),
             fix="raise engine.startup_timeout_s if the model takes longer to load",
+            logs=(reward_model_log(self.run_dir),),
         )
         ready = [self.reward_actor.ready.remote()]
         (failure,) = await await_ranks("its start (building the class)", ready, timeout_s, who=who)
@@ -410,9 +422,11 @@ class Session:
         except Exception as exc:
             if not cured_by_restart(exc):
                 raise
+            log = reward_model_log(self.run_dir)
             raise RunFault(
                 f"{self._reward_model_name()} died while scoring {len(samples)} samples "
-                f"({type(exc).__name__}: {said(exc)})",
+                f"({type(exc).__name__}: {said(exc)})"
+                + (f"; its log: {log}" if log.exists() else ""),
                 component=REWARD_MODEL_ACTOR,
             ) from exc
         return rewards
@@ -505,6 +519,7 @@ class Session:
             multi_node=cfg.hardware.num_nodes > 1,
             fp8=self.plan.runtime.fp8,
             timeout_s=cfg.trainer.collective_timeout_s,
+            ranks=self._train_ranks(),
         )
         self.weight_sync = WEIGHT_SYNCS[kind](context)
         if cfg.engine.weight_probe:
@@ -525,7 +540,14 @@ class Session:
     ) -> list[Any]:
         """Await one call on every train rank (`await_ranks`, within
         trainer.collective_timeout_s)."""
-        return await await_ranks(what, refs, self.cfg.trainer.collective_timeout_s, progress)
+        timeout_s = self.cfg.trainer.collective_timeout_s
+        return await await_ranks(what, refs, timeout_s, progress, self._train_ranks())
+
+    def _train_ranks(self) -> Awaited:
+        """The train ranks as a fault in a call on them names them: by rank, with their logs."""
+        return Awaited(
+            logs=tuple(train_rank_log(self.run_dir, r) for r in range(len(self.trainers)))
+        )
 
     async def call_trainer(self, rank: int, fn: Any, *args: Any) -> Any:
         """`fn(trainer, *args)` in train rank `rank`'s process."""
@@ -617,12 +639,16 @@ class Session:
     def _actor_names(self) -> dict[str, ActorPart]:
         """Each of the session's actors as a failure names it, by actor id."""
         names = {
-            t._actor_id.hex(): ActorPart("train rank", f"train rank {rank}")
+            t._actor_id.hex(): ActorPart(
+                "train rank", f"train rank {rank}", train_rank_log(self.run_dir, rank)
+            )
             for rank, t in enumerate(self.trainers)
         }
         if self.reward_actor is not None:
             name = f"{REWARD_MODEL_ACTOR} ({self.cfg.recipe.rollout.reward.model})"
-            names[self.reward_actor._actor_id.hex()] = ActorPart(REWARD_MODEL_ACTOR, name)
+            names[self.reward_actor._actor_id.hex()] = ActorPart(
+                REWARD_MODEL_ACTOR, name, reward_model_log(self.run_dir)
+            )
         for engine in self.pool.engines if self.pool is not None else []:
             if isinstance(engine, RayEngine):
                 for actor_id, log in engine.logs_by_actor().items():

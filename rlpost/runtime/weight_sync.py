@@ -36,7 +36,7 @@ from rlpost.backends.hf_folder import staging_folders
 from rlpost.backends.sglang.trainer_calls import trainer_side
 from rlpost.runtime.checkpoint import bytes_under
 from rlpost.runtime.failures import RunFault
-from rlpost.runtime.rank_calls import await_ranks
+from rlpost.runtime.rank_calls import TRAIN_RANKS, Awaited, await_ranks
 from rlpost.runtime.rollout.client import EngineClient, EngineRequestError
 from rlpost.runtime.rollout.manager import NEUTRAL_SAMPLING
 
@@ -58,8 +58,10 @@ class _Ranks:
     cannot answer them, which would cost another timeout and report the clean-up instead of
     the step that failed."""
 
-    def __init__(self, call: TrainerCall, num_ranks: int, timeout_s: float) -> None:
-        self.call, self.num_ranks, self.timeout_s = call, num_ranks, timeout_s
+    def __init__(
+        self, call: TrainerCall, num_ranks: int, timeout_s: float, who: Awaited = TRAIN_RANKS
+    ) -> None:
+        self.call, self.num_ranks, self.timeout_s, self.who = call, num_ranks, timeout_s, who
         self.failed = False
 
     async def every(
@@ -72,7 +74,7 @@ class _Ranks:
         """`fn(trainer, *args)` on every rank; `progress` as `await_ranks` takes it."""
         calls = [self.call(rank, fn, *args) for rank in range(self.num_ranks)]
         try:
-            return await await_ranks(what, calls, self.timeout_s, progress)
+            return await await_ranks(what, calls, self.timeout_s, progress, self.who)
         except RunFault:
             self.failed = True
             raise
@@ -105,11 +107,12 @@ class DiskSync:
         weights_dir: Path,
         fp8: Fp8Format | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        ranks: Awaited = TRAIN_RANKS,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.weights_dir = weights_dir
         self.fp8 = fp8
-        self.timeout_s = timeout_s
+        self.timeout_s, self.ranks = timeout_s, ranks
         self.exported: int | None = None
 
     def folder(self, version: int) -> Path:
@@ -120,7 +123,7 @@ class DiskSync:
         if self.exported != version:
             # Every rank enters (the export ends in a barrier); rank 0 writes.
             staged = [target, Path(f"{target}{UNQUANTISED}")]
-            await _Ranks(self.call, self.num_ranks, self.timeout_s).every(
+            await _Ranks(self.call, self.num_ranks, self.timeout_s, self.ranks).every(
                 f"the export of weight version {version} for the engines",
                 _export, str(target), self.fp8,
                 progress=lambda: sum(bytes_under(f) for o in staged for f in staging_folders(o)),
@@ -215,15 +218,16 @@ class TensorSync:
         bucket_bytes: int,
         fp8: Fp8Format | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        ranks: Awaited = TRAIN_RANKS,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.engine_ranks = engine_ranks
         self.bucket_bytes = bucket_bytes
         self.fp8 = fp8
-        self.timeout_s = timeout_s
+        self.timeout_s, self.ranks = timeout_s, ranks
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
-        ranks = _Ranks(self.call, self.num_ranks, self.timeout_s)
+        ranks = _Ranks(self.call, self.num_ranks, self.timeout_s, self.ranks)
         stream = _weight_buckets(ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
             async for _ in buckets:
@@ -276,20 +280,21 @@ class DistributedSync:
         multi_node: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         fp8: Fp8Format | None = None,
+        ranks: Awaited = TRAIN_RANKS,
     ) -> None:
         self.client, self.call, self.num_ranks = client, call, num_ranks
         self.gpus_per_engine = gpus_per_engine
         self.bucket_bytes = bucket_bytes
         self.backend = backend
         self.multi_node = multi_node
-        self.timeout_s = timeout_s
+        self.timeout_s, self.ranks = timeout_s, ranks
         self.fp8 = fp8
         self.group_name: str | None = None
         self.group_urls: tuple[str, ...] = ()
 
     async def push(self, version: int, worker_urls: Sequence[str]) -> None:
         await self._form_group(tuple(worker_urls))
-        ranks = _Ranks(self.call, self.num_ranks, self.timeout_s)
+        ranks = _Ranks(self.call, self.num_ranks, self.timeout_s, self.ranks)
         stream = _weight_buckets(ranks, self.bucket_bytes, self.fp8)
         async with contextlib.aclosing(stream) as buckets:
             async for bucket in buckets:
@@ -364,7 +369,8 @@ class DistributedSync:
     async def _on_rank_0(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(trainer, *args)` on train rank 0, the group's member, within the timeout
         (`await_ranks`): a rank 0 stuck there is named, not waited for."""
-        return (await await_ranks(what, [self.call(0, fn, *args)], self.timeout_s))[0]
+        call = [self.call(0, fn, *args)]
+        return (await await_ranks(what, call, self.timeout_s, who=self.ranks))[0]
 
 
 # ---- choosing one --------------------------------------------------------------------------
@@ -385,14 +391,22 @@ class SyncContext:
     multi_node: bool
     fp8: Fp8Format | None = None  # the engines serve FP8: updates are quantised to it
     timeout_s: float = DEFAULT_TIMEOUT_S  # trainer.collective_timeout_s
+    ranks: Awaited = TRAIN_RANKS  # the train ranks as a fault names them (with their logs)
 
 
 WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
     "disk": lambda c: DiskSync(
-        c.client, c.call, c.num_ranks, c.weights_dir, c.fp8, timeout_s=c.timeout_s
+        c.client, c.call, c.num_ranks, c.weights_dir, c.fp8, c.timeout_s, c.ranks
     ),
     "tensor": lambda c: TensorSync(
-        c.client, c.call, c.num_ranks, c.engine_ranks, c.bucket_bytes, c.fp8, c.timeout_s
+        c.client,
+        c.call,
+        c.num_ranks,
+        c.engine_ranks,
+        c.bucket_bytes,
+        c.fp8,
+        c.timeout_s,
+        c.ranks,
     ),
     "distributed": lambda c: DistributedSync(
         c.client,
@@ -404,6 +418,7 @@ WEIGHT_SYNCS: dict[str, Callable[[SyncContext], WeightSync]] = {
         multi_node=c.multi_node,
         timeout_s=c.timeout_s,
         fp8=c.fp8,
+        ranks=c.ranks,
     ),
 }
 

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +21,20 @@ import ray
 from rlpost.backends.sglang.launch import EngineSpec
 from rlpost.config.loader import compose_run_config
 from rlpost.plan import build_plan
-from rlpost.runtime.actors import EngineActor
+from rlpost.runtime.actor_log import train_rank_log
+from rlpost.runtime.actors import EngineActor, TrainActor
 from rlpost.runtime.engine_pool import EnginePool, HealthSettings, RayEngine
-from rlpost.runtime.failures import death_cause, describe, is_fault, killed_while_starting
+from rlpost.runtime.failures import (
+    RunFault,
+    death_cause,
+    describe,
+    is_fault,
+    killed_while_starting,
+)
 from rlpost.runtime.rank_calls import await_ranks
 from rlpost.runtime.session import Session
+from rlpost.runtime.trainers import trainer_spec
+from rlpost.runtime.weight_sync import WEIGHT_SYNCS, SyncContext
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +173,81 @@ def test_an_engine_whose_actor_died_is_started_again_only_with_fault_tolerance(
         asyncio.run(pool.start())
     assert len(made) == (2 if fault_tolerance else 1)
     assert asyncio.run(engine.alive()) is False
+
+
+def test_a_train_rank_writes_its_log_under_the_run_dir_which_keeps_its_fatal_stack(
+    local_ray: None, tmp_path: Path
+) -> None:
+    """What a train rank prints and logs goes to logs/train_rank_<r>.log as well as to Ray's
+    worker log (the terminal's source); a fatal signal (os.abort, as a crash in a native
+    library ends a rank) leaves the rank's Python stack there, and the fault names the file.
+    A rank started again in the same run directory adds to it."""
+    run_dir = tmp_path / "run"
+    cfg, _ = compose_run_config([f"run.dir={run_dir}"])
+    plan = build_plan(cfg)
+    session = Session(cfg, plan, run_dir)
+    spec = trainer_spec(cfg, plan, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    log = train_rank_log(run_dir, 0)
+
+    def rank() -> ray.actor.ActorHandle[TrainActor]:
+        return TrainActor.options(num_cpus=0).remote(spec, 0, {}, None, str(log))  # type: ignore[attr-defined,no-any-return]
+
+    def say(actor: object) -> None:
+        print("printed by the rank")
+        print("printed to stderr", file=sys.stderr)
+        logging.getLogger("rlpost.backends.torch_trainer").info("rlpost's note")
+        logging.getLogger("torch.distributed").warning("a library's warning")
+        logging.getLogger("torch.distributed").info("a library's info")
+
+    def a_train_step_that_aborts(actor: object) -> None:
+        os.abort()
+
+    session.trainers = [rank()]
+    pid = ray.get(session.trainers[0].where.remote())["pid"]
+    ray.get(session.trainers[0].__ray_call__.remote(say))
+    with pytest.raises(ray.exceptions.RayActorError) as died:
+        ray.get(session.trainers[0].__ray_call__.remote(a_train_step_that_aborts))
+
+    text = log.read_text()
+    assert f"train rank 0 starts (pid {pid} on " in text
+    for line in (
+        "printed by the rank",
+        "printed to stderr",
+        "[rlpost] rlpost.backends.torch_trainer: rlpost's note",
+        "a library's warning",
+        "Fatal Python error: Aborted",
+        "in a_train_step_that_aborts\n",
+    ):
+        assert line in text, text
+    assert "a library's info" not in text  # libraries log at WARNING, as on the terminal
+    # what the rank printed still reaches Ray's worker log, which the terminal shows
+    ray_logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    printed = "".join(p.read_text() for p in ray_logs.glob(f"worker-*-{pid}.out"))
+    assert "printed by the rank" in printed
+
+    fault = asyncio.run(session.fault_behind(died.value))
+    assert fault is not None and fault.component == "train rank"
+    assert str(fault).startswith("the train rank 0 died (") and str(fault).endswith(
+        f"; its log: {log}"
+    ), fault
+    with pytest.raises(RunFault) as during:
+        asyncio.run(session.on_ranks("a train step", [session.trainers[0].where.remote()]))
+    assert str(during.value).startswith("train rank(s) [0] died during a train step (")
+    assert str(during.value).endswith(f"; its log: {log}"), during.value
+    # and as a weight update's call on every rank says it
+    context = SyncContext(
+        client=None,  # type: ignore[arg-type]  # the ranks are called first, and fail
+        call=session.call_trainer, num_ranks=1, weights_dir=run_dir / "weights",
+        bucket_bytes=1 << 20, gpus_per_engine=1, engine_ranks=lambda url: [0], on_gpu=False,
+        multi_node=False, ranks=session._train_ranks(),
+    )  # fmt: skip
+    with pytest.raises(RunFault) as pushing:
+        asyncio.run(WEIGHT_SYNCS["disk"](context).push(1, []))
+    assert str(pushing.value).startswith("train rank(s) [0] died during the export of weight")
+    assert str(pushing.value).endswith(f"; its log: {log}"), pushing.value
+
+    again = rank()  # a restart in place, or a resume, in the same run directory
+    assert ray.get(again.where.remote())["pid"] != pid
+    text = log.read_text()
+    assert text.count("train rank 0 starts (pid ") == 2 and "Fatal Python error" in text
+    ray.kill(again)

@@ -178,6 +178,14 @@ def test_two_launches_at_once_the_default_and_an_async_decoupled_run_both_finish
     assert (default_dir / "tensorboard").is_dir() and (default_dir / "config.yaml").is_file()
     # the engines serve the last pushed weights: only the newest version is kept on disk
     assert sorted(p.name for p in (default_dir / "weights").iterdir()) == ["v3"]
+    # each train rank's log under the run's logs: its own process's, to its last step
+    placed = json.loads((default_dir / "placement.json").read_text())["processes"]
+    ranks = [p for p in placed if p["role"] == "train"]
+    assert len(ranks) == 2
+    for rank in ranks:
+        text = (default_dir / "logs" / f"train_rank_{rank['rank']}.log").read_text()
+        assert f"train rank {rank['rank']} starts (pid {rank['pid']} on " in text, text
+        assert "trainer built" in text and text.count("a train step on 64 samples") == 3, text
 
     records = read_metrics(decoupled_dir)
     assert [r["rollout_id"] for r in records] == [0, 1, 2]

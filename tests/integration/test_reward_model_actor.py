@@ -20,6 +20,7 @@ import ray
 from rlpost.config.loader import compose_run_config
 from rlpost.plan import build_plan
 from rlpost.rewards.errors import RewardError
+from rlpost.runtime.actor_log import reward_model_log
 from rlpost.runtime.actors import RewardModelActor
 from rlpost.runtime.failures import RunFault, is_fault, killed_while_starting
 from rlpost.runtime.session import Session
@@ -75,7 +76,7 @@ def session_with_actor(
     )
     session = Session(cfg, build_plan(cfg), run_dir)
     session.reward_actor = RewardModelActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]
-        model, settings, False, {}
+        model, settings, False, {}, str(reward_model_log(run_dir))
     )
     return session
 
@@ -159,8 +160,17 @@ def test_a_reward_model_actor_that_dies_mid_run_is_a_fault_a_restart_mends(
     scored = asyncio.run(session.score_rewards(samples))
     assert [one.reward for one in scored] == [1.0, 0.0]
     ray.kill(session.reward_actor)
+    # the kill lands a moment later: a call sent before it would still be answered
+    with pytest.raises(ray.exceptions.RayActorError):
+        for _ in range(600):
+            ray.get(session.reward_actor.where.remote())
+            time.sleep(0.1)
     with pytest.raises(RunFault) as fault:
         asyncio.run(session.score_rewards(samples))
     assert fault.value.component == PART
     assert str(fault.value).startswith(f"the {PART} ({SLOW}) died while scoring 2 samples")
     assert is_fault(fault.value)
+    # its log under the run's logs, which the fault names
+    log = reward_model_log(session.run_dir)
+    assert str(fault.value).endswith(f"; its log: {log}")
+    assert f"the {PART} ({SLOW}) starts (pid " in log.read_text()
