@@ -487,6 +487,33 @@ def test_a_remedy_the_hosts_memory_cannot_hold_is_not_named(compose_run: Compose
     assert [i.key for i in seven.value.issues] == ["recipe.train.global_batch_size"]
 
 
+def test_more_gpus_are_named_as_the_fewest_whole_nodes_a_split_fits(
+    compose_run: ComposeRun,
+) -> None:
+    """qwen3-8b trained by megatron-core on one node of 8 GiB GPUs: no change fits; with Adam
+    on the host, TP8 and three pipeline stages of its 36 layers fit 24 GPUs, three nodes
+    (where doubling named 32). Taken, the train ranks are not refused on three nodes; two
+    nodes are told the same 24 (no split of 16 fits)."""
+    given = ("model=qwen3-8b", "recipe=grpo_dapo", "hardware=h100x8")
+    given += ("hardware.gpu_memory_gib=8", "trainer.backend=megatron")
+
+    def train_issues(*overrides: str) -> list[Issue]:
+        with pytest.raises(UserError) as info:  # the engines fit no 8 GiB GPU either
+            build_plan(compose_run(*given, *overrides))
+        return [i for i in info.value.issues if i.key.startswith("layout.train")]
+
+    (issue,) = train_issues()
+    assert issue.fix.startswith(
+        "no single change makes megatron-core fit 8 GiB: a hardware profile with 24 GPUs to "
+        "train on with recipe.optim.cpu_offload: true, recipe.optim.precision_aware_optimizer: "
+        "true and layout.train.pp=3 ("
+    ), issue.fix
+    offload = ("recipe.optim.cpu_offload=true", "recipe.optim.precision_aware_optimizer=true")
+    assert train_issues(*offload, "layout.train.pp=3", "hardware.num_nodes=3") == []
+    (two,) = train_issues(*offload, "hardware.num_nodes=2")
+    assert "a hardware profile with 24 GPUs to train on with layout.train.pp=3 (" in two.fix
+
+
 def test_the_torch_trainers_refusal_on_cpu_names_the_remedies_its_estimate_fits(
     compose_run: ComposeRun,
 ) -> None:
