@@ -15,27 +15,30 @@ it accepts leaves a margin free: rlpost.plan.split_options.MARGIN_FRACTION)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from rlpost.plan.backends import as_computed
 from rlpost.plan.fsdp import FsdpOptions, estimate_fsdp_train, estimate_sender, fsdp_options
 from rlpost.plan.layout import MAX_CP, MAX_PP, ParallelLayout, Sizes
 from rlpost.plan.memory import TrainMemory, estimate_host, estimate_train
 from rlpost.plan.params import stage_layers
-from rlpost.schema import GENERIC_FAMILY, RecipeConfig, RunConfig
+from rlpost.plan.work import TRAIN, train_rank_work
+from rlpost.schema import GENERIC_FAMILY, HardwareConfig, RecipeConfig, RunConfig
 from rlpost.schema.hardware import device_word
 
 MIN_TOKENS_PER_GPU = 512
 """The shortest max_tokens_per_gpu a remedy names, and the step of those it names."""
 MAX_TRAIN_GPUS = 1024
-"""The most train GPUs a remedy names (doubling from the layout's)."""
+"""The most train GPUs a remedy names (`train_gpu_counts`)."""
 MAX_GRIDS = 256
 """The most megatron-core grids one search for a split that fits sizes (fewest ranks first)."""
 RECOMPUTE_FIX = "layout.train.recompute.granularity: full"
 RESHARD_FIX = "layout.train.fsdp.reshard_after_forward: true"
 OFFLOAD_FIX = "layout.train.fsdp.cpu_offload: true"
 SLOT = "a device slot's nominal share of host memory"
+_Found = TypeVar("_Found")
 
 
 @dataclass(frozen=True)
@@ -193,15 +196,52 @@ def shorter_tokens(
     return _shorter_tokens(_gate(cfg, colocate, budget_gib), _as_configured(cfg, par))
 
 
-def _more_gpus(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:
-    """The fewest train GPUs (doubling DP, up to MAX_TRAIN_GPUS) that fit."""
-    par = trial.par
-    while par.world < MAX_TRAIN_GPUS:
-        par = replace(par, dp=par.dp * 2)
-        need = gate.fitting(replace(trial, par=par))
-        if need is not None:
-            return par, need
+def train_gpu_counts(hardware: HardwareConfig, world: int) -> list[int]:
+    """The train GPU counts a remedy tries above `world`, fewest first, up to MAX_TRAIN_GPUS:
+    doubling within a node (2, 4 of a node of 8), then every whole number of the profile's
+    nodes (8, 16, 24, 32 ...), so that 3 nodes are named where they hold what 2 do not."""
+    node = hardware.gpus_per_node
+    within = [world << k for k in range(1, node.bit_length()) if world << k < node]
+    nodes = range((world // node + 1) * node, MAX_TRAIN_GPUS + 1, node)
+    return within + list(nodes)
+
+
+def _on_fewest_gpus(
+    hardware: HardwareConfig, world: int, fitting: Callable[[int], _Found | None]
+) -> _Found | None:
+    """`fitting` on the fewest of `train_gpu_counts` above `world` where it finds something.
+    The doublings of `world` (ten counts at most) are tried first: where none of them fits
+    up to MAX_TRAIN_GPUS, nothing is named, and the whole nodes between them are not each
+    searched (hundreds of counts with their splits, where validation takes well under a
+    second). A count between two doublings that fits where neither does would need a split
+    only it allows (pp=3 of 24 GPUs, where 32 allow pp=4 and a larger DP)."""
+    doublings = [world << k for k in range(1, MAX_TRAIN_GPUS.bit_length())]
+    if not any(fitting(n) is not None for n in doublings if n <= MAX_TRAIN_GPUS):
+        return None
+    for count in train_gpu_counts(hardware, world):
+        found = fitting(count)
+        if found is not None:
+            return found
     return None
+
+
+def _more_gpus(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:
+    """The fewest train GPUs (`train_gpu_counts`) on which trial's split, with more DP,
+    fits; counts that split does not divide (tp x pp x cp, and ep x etp into tp x cp x DP)
+    are skipped."""
+    par = trial.par
+    ranks = par.tp * par.pp * par.cp
+
+    def fitting(count: int) -> tuple[ParallelLayout, float] | None:
+        wider = replace(par, dp=count // ranks)
+        if count % ranks or (wider.world // par.pp) % (par.ep * par.etp):
+            return None
+        if not _batch_splits(gate.cfg, wider.dp):
+            return None
+        need = gate.fitting(replace(trial, par=wider))
+        return None if need is None else (wider, need)
+
+    return _on_fewest_gpus(gate.cfg.hardware, par.world, fitting)
 
 
 def _more_gpus_text(cfg: RunConfig, par: ParallelLayout) -> str:
@@ -490,25 +530,24 @@ def _fewest_gpus(gate: _Gate, tried: list[tuple[list[str], _Trial]]) -> str | No
 
 
 def _more_gpus_split(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:
-    """The fewest train GPUs (doubling DP, up to MAX_TRAIN_GPUS) on which a split of the
-    model (`_grids`, cp 1) fits, and that split."""
-    par = trial.par
-    while par.world < MAX_TRAIN_GPUS:
-        par = replace(par, dp=par.dp * 2)
-        found = _split_that_fits(gate, replace(trial, par=par), context_parallel=False)
-        if found is not None:
-            return found
-    return None
+    """The fewest train GPUs (`train_gpu_counts`) on which a split of the model (`_grids`
+    over that many, cp 1) fits, and that split; a count with no valid split is skipped."""
+    return _on_fewest_gpus(
+        gate.cfg.hardware,
+        trial.par.world,
+        lambda count: _split_that_fits(gate, trial, context_parallel=False, world=count),
+    )
 
 
 def megatron_fewest_gpus(
     cfg: RunConfig, par: ParallelLayout, colocate: bool, budget_gib: float | None = None
 ) -> tuple[ParallelLayout, float] | None:
-    """The fewest train GPUs (doubling par's, up to MAX_TRAIN_GPUS) on which a split of the
-    model (`_grids`, cp 1) fits megatron-core's estimate within `budget_gib`, and the host's
-    memory per node, with par's recompute and the optimizer where cfg puts it; that split and
-    what it needs. What layout=auto's search, which picks the split itself and holds each to
-    both, would find on a profile that large."""
+    """The fewest train GPUs above par's (`train_gpu_counts`: whole nodes of cfg's profile,
+    or more of one node) on which a split of the model (`_grids`, cp 1) fits megatron-core's
+    estimate within `budget_gib`, and the host's memory per node, with par's recompute and
+    the optimizer where cfg puts it; that split and what it needs. What layout=auto's search,
+    which picks the split itself and holds each to both, would find on a profile that
+    large."""
     gate = _gate(cfg, colocate, budget_gib)
     return _more_gpus_split(gate, _as_configured(cfg, par))
 
@@ -554,9 +593,10 @@ def _split_that_fits(
     trial: _Trial,
     context_parallel: bool = True,
     skip: ParallelLayout | None = None,
+    world: int | None = None,
 ) -> tuple[ParallelLayout, float] | None:
     """The first of `_grids` (but `skip`) whose estimate fits, and what it needs."""
-    for grid in _grids(gate.cfg, trial.par, context_parallel):
+    for grid in _grids(gate.cfg, trial.par, context_parallel, world):
         if grid == skip:
             continue
         need = gate.fitting(replace(trial, par=grid))
@@ -566,20 +606,21 @@ def _split_that_fits(
 
 
 def _grids(
-    cfg: RunConfig, par: ParallelLayout, context_parallel: bool = True
+    cfg: RunConfig, par: ParallelLayout, context_parallel: bool = True, world: int | None = None
 ) -> list[ParallelLayout]:
-    """Megatron-core grids over par's devices with at least its model-parallel ranks (tp x pp
-    x cp), fewest first, then the layout's ep, then tp before pp before cp; at most MAX_GRIDS.
-    Each is one the planner accepts: tp a power of two within a node dividing the heads (and
-    query groups); pp up to MAX_PP whose stages hold the layout's first and last stage counts
-    where set (then pp > 1; else an even split), each stage a multiple of its uniform
-    recompute groups; cp up to MAX_CP only with packed micro-batches
-    (rlpost.plan.checks.check_context_parallel); ep dividing the experts on the etp x ep x pp
-    grid: the layout's where it fits and megatron's rule (the largest), that alone where the
-    layout derives it; sequence parallel with tp unless set (and never off with both tp and
-    ep)."""
+    """Megatron-core grids over par's devices (or `world` of them) with at least its
+    model-parallel ranks (tp x pp x cp), fewest first, then the layout's ep, then tp before
+    pp before cp; at most MAX_GRIDS. Each is one the planner accepts: tp a power of two
+    within a node dividing the heads (and query groups); pp up to MAX_PP whose stages hold
+    the layout's first and last stage counts where set (then pp > 1; else an even split),
+    each stage a multiple of its uniform recompute groups; cp up to MAX_CP only with packed
+    micro-batches (rlpost.plan.checks.check_context_parallel); ep dividing the experts on the
+    etp x ep x pp grid: the layout's where it fits and megatron's rule (the largest), that
+    alone where the layout derives it; sequence parallel with tp unless set (and never off
+    with both tp and ep); a DP the global batch divides over (`_batch_splits`)."""
     model, hw, t = cfg.model, cfg.hardware, cfg.layout.train
-    world, least = par.world, par.tp * par.pp * par.cp
+    world = par.world if world is None else world
+    least = par.tp * par.pp * par.cp
     tps = [
         tp
         for tp in _powers_of_two(min(world, hw.gpus_per_node))
@@ -605,7 +646,7 @@ def _grids(
                     continue
                 for cp in cps:
                     ranks = tp * pp * cp
-                    if world % ranks or ranks < least:
+                    if world % ranks or ranks < least or not _batch_splits(cfg, world // ranks):
                         continue
                     found.append(
                         replace(
@@ -620,6 +661,17 @@ def _grids(
                     )
     found.sort(key=lambda g: (g.tp * g.pp * g.cp, g.ep != par.ep, g.pp, g.cp))
     return found[:MAX_GRIDS]
+
+
+def _batch_splits(cfg: RunConfig, dp: int) -> bool:
+    """The plan's batch rules hold for `dp` ranks (rlpost.plan.engine_checks): the global
+    batch divides over them, and each gets a whole micro-batch where micro-batches are sized
+    in samples; in training only (an evaluation's train ranks run no step: STEP_RULES)."""
+    if train_rank_work(cfg) != TRAIN:
+        return True
+    train = cfg.recipe.train
+    per_rank, rest = divmod(train.global_batch_size, dp)
+    return not rest and (train.use_dynamic_batch_size or train.micro_batch_size <= per_rank)
 
 
 def _expert_sizes(cfg: RunConfig, par: ParallelLayout, grid: int) -> list[int]:

@@ -332,9 +332,13 @@ def test_an_evaluations_torch_sender_is_told_to_offload_not_to_split(
     assert "tp" not in fix.split(";")[0]
     offloaded = ["validate", "--no-local-checks", *big, "layout.train.fsdp.cpu_offload=true"]
     assert main(offloaded) in (0, None)
-    # each remedy is tried on the sender's estimate: on 40 GiB GPUs, 16 do not fit; 32 do
-    fix = train_fix(validate_refusal(capsys, *big, "hardware.gpu_memory_gib=40"))
-    assert "layout.train.dp=16" not in fix and "layout.train.dp=32 (" in fix
+    # each remedy is tried on the sender's estimate: on 40 GiB GPUs, 16 (two nodes) do not
+    # fit; 24 (three) do, and their train ranks are not refused there
+    small = [*big, "hardware.gpu_memory_gib=40"]
+    fix = train_fix(validate_refusal(capsys, *small))
+    assert "layout.train.dp=16" not in fix and "24 GPUs to train on and layout.train.dp=24 (" in fix
+    three = validate_refusal(capsys, *small, "hardware.num_nodes=3", "layout.train.dp=24")
+    assert "\n  layout.train " not in three and "mem_fraction_static" in three
 
 
 # qwen3-8b trained by megatron-core data parallel over 8 H100s, in micro-batches of 16 whole
@@ -466,7 +470,8 @@ def test_a_model_no_tp_fits_is_told_the_gpus_and_settings_that_do(
 def test_a_remedy_the_hosts_memory_cannot_hold_is_not_named(compose_run: ComposeRun) -> None:
     """glm4-9b on one H100: Adam on the host would fit the GPU (59.4 GiB) but needs 142 GiB
     of the node's 128, so the plan would refuse it for the host's memory: it is not named,
-    and what is named fits the GPU and the host alike."""
+    and what is named fits the GPU and the host alike: 8 nodes of one GPU, where 7 would hold
+    it but are no split the plan accepts (DP7 does not divide the global batch of 256)."""
     given = ("model=glm4-9b", "recipe=grpo_dapo", "hardware=h100x1")
     with pytest.raises(UserError) as info:
         build_plan(compose_run(*given))
@@ -477,6 +482,36 @@ def test_a_remedy_the_hosts_memory_cannot_hold_is_not_named(compose_run: Compose
     assert plan.memory.train_fits and not plan.memory.host_fits
     plan = build_plan(compose_run(*given, "hardware.num_nodes=8"))
     assert plan.memory.train_fits and plan.memory.host_fits
+    with pytest.raises(UserError) as seven:
+        build_plan(compose_run(*given, "hardware.num_nodes=7"))
+    assert [i.key for i in seven.value.issues] == ["recipe.train.global_batch_size"]
+
+
+def test_more_gpus_are_named_as_the_fewest_whole_nodes_a_split_fits(
+    compose_run: ComposeRun,
+) -> None:
+    """qwen3-8b trained by megatron-core on one node of 8 GiB GPUs: no change fits; with Adam
+    on the host, TP8 and three pipeline stages of its 36 layers fit 24 GPUs, three nodes
+    (where doubling named 32). Taken, the train ranks are not refused on three nodes; two
+    nodes are told the same 24 (no split of 16 fits)."""
+    given = ("model=qwen3-8b", "recipe=grpo_dapo", "hardware=h100x8")
+    given += ("hardware.gpu_memory_gib=8", "trainer.backend=megatron")
+
+    def train_issues(*overrides: str) -> list[Issue]:
+        with pytest.raises(UserError) as info:  # the engines fit no 8 GiB GPU either
+            build_plan(compose_run(*given, *overrides))
+        return [i for i in info.value.issues if i.key.startswith("layout.train")]
+
+    (issue,) = train_issues()
+    assert issue.fix.startswith(
+        "no single change makes megatron-core fit 8 GiB: a hardware profile with 24 GPUs to "
+        "train on with recipe.optim.cpu_offload: true, recipe.optim.precision_aware_optimizer: "
+        "true and layout.train.pp=3 ("
+    ), issue.fix
+    offload = ("recipe.optim.cpu_offload=true", "recipe.optim.precision_aware_optimizer=true")
+    assert train_issues(*offload, "layout.train.pp=3", "hardware.num_nodes=3") == []
+    (two,) = train_issues(*offload, "hardware.num_nodes=2")
+    assert "a hardware profile with 24 GPUs to train on with layout.train.pp=3 (" in two.fix
 
 
 def test_the_torch_trainers_refusal_on_cpu_names_the_remedies_its_estimate_fits(

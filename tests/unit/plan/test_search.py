@@ -252,8 +252,9 @@ def test_an_evaluation_that_fits_nowhere_is_told_what_it_holds(run_config: MakeR
         ("qwen3-30b-a3b", "h100x8", {"hardware__gpu_memory_gib": 20}, 16, 2),
         ("qwen3-30b-a3b", "h100x1", {}, 4, 4),
         ("glm4-9b", "h100x1", {}, 2, 2),  # its GPU holds it; the host does not
+        ("qwen3-8b", "h100x8", {"hardware__gpu_memory_gib": 8}, 24, 3),  # TP8 PP3: 36 layers
     ],
-    ids=["gpu-memory", "experts", "host-memory"],
+    ids=["gpu-memory", "experts", "host-memory", "three-nodes"],
 )
 def test_where_nothing_fits_the_gpus_it_names_are_where_the_search_finds_a_layout(
     run_config: MakeRun,
@@ -263,21 +264,21 @@ def test_where_nothing_fits_the_gpus_it_names_are_where_the_search_finds_a_layou
     gpus: int,
     nodes: int,
 ) -> None:
-    """The GPUs named where no layout fits are the fewest (doubling) on which a split of the
-    model fits megatron-core's estimate and the host's memory per node: the search finds a
-    layout on a profile of that many, and none on one of half as many (not the count of
-    GPUs that would hold the weights, gradients and optimizer state if nothing else took
-    memory). A layout its GPUs hold but its host does not is told so, without a shorter
-    max_tokens_per_gpu, which frees no host memory."""
+    """The GPUs named where no layout fits are the fewest whole nodes of the profile on which
+    a split of the model fits megatron-core's estimate and the host's memory per node: the
+    search finds a layout on a profile of that many nodes, and none on one node fewer (not
+    the count of GPUs that would hold the weights, gradients and optimizer state if nothing
+    else took memory; nor the next doubling: three nodes of 8 where they do). A layout its
+    GPUs hold but its host does not is told so, without a shorter max_tokens_per_gpu, which
+    frees no host memory."""
     told = " ".join(search_layout(searching(run_config(model, hardware, **settings))).suggestions)
     assert f"use a hardware profile with {gpus} GPUs of " in told, told
     assert f" GiB ({nodes} node(s) of " in told
     assert "megatron-core's estimate fits training on" in told
     larger = run_config(model, hardware, hardware__num_nodes=nodes, **settings)
     assert search_layout(searching(larger)).chosen is not None
-    if nodes > 2:
-        half = run_config(model, hardware, hardware__num_nodes=nodes // 2, **settings)
-        assert search_layout(searching(half)).chosen is None
+    fewer = run_config(model, hardware, hardware__num_nodes=nodes - 1, **settings)
+    assert search_layout(searching(fewer)).chosen is None
     if model == "glm4-9b":
         assert "of host memory per node (has 128)" in told and "usable" not in told
         assert "max_tokens_per_gpu" not in told
