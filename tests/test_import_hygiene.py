@@ -102,7 +102,11 @@ def test_an_engine_server_imports_neither_the_plan_nor_the_schema() -> None:
 
 def test_the_preflight_imports_no_framework() -> None:
     """`rlpost validate` reads every prompt file with the preflight: pyarrow is imported
-    only where a parquet file is read, never for planning or for a jsonl file."""
-    modules = _imports_of("-c", "import rlpost.plan.preflight, rlpost.data.prompts")
-    assert "rlpost.data.files" in modules
+    only where a parquet file is read, never for planning or for a jsonl file. Every module
+    of the package is imported, the ones to come as well."""
+    preflight = sorted(
+        f"rlpost.preflight.{path.stem}" for path in (REPO / "rlpost" / "preflight").glob("*.py")
+    )
+    modules = _imports_of("-c", f"import {', '.join(preflight)}, rlpost.data.prompts")
+    assert {"rlpost.preflight.machine", "rlpost.data.files"} <= modules
     assert sorted(m for m in modules if m.split(".")[0] in FORBIDDEN) == []
