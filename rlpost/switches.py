@@ -1,6 +1,6 @@
 """The environment switches the trainers' kernels read, each with the values it takes.
 
-A switch set to anything else is refused, by the launch's preflight (rlpost.plan.preflight)
+A switch set to anything else is refused, by the launch's preflight (rlpost.preflight)
 before anything starts, and by the code that reads it: a misspelt value is never taken for
 the default. Standard library only (the planning path imports it).
 """

@@ -6,6 +6,7 @@ torch (other tests' fixtures import it).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -102,7 +103,37 @@ def test_an_engine_server_imports_neither_the_plan_nor_the_schema() -> None:
 
 def test_the_preflight_imports_no_framework() -> None:
     """`rlpost validate` reads every prompt file with the preflight: pyarrow is imported
-    only where a parquet file is read, never for planning or for a jsonl file."""
-    modules = _imports_of("-c", "import rlpost.plan.preflight, rlpost.data.prompts")
-    assert "rlpost.data.files" in modules
+    only where a parquet file is read, never for planning or for a jsonl file. Every module
+    of the package is imported, the ones to come as well."""
+    preflight = sorted(
+        f"rlpost.preflight.{path.stem}" for path in (REPO / "rlpost" / "preflight").glob("*.py")
+    )
+    modules = _imports_of("-c", f"import {', '.join(preflight)}, rlpost.data.prompts")
+    assert {"rlpost.preflight.machine", "rlpost.data.files"} <= modules
     assert sorted(m for m in modules if m.split(".")[0] in FORBIDDEN) == []
+
+
+def _rlpost_imports(path: Path) -> list[str]:
+    """The rlpost modules a file imports, anywhere in it (a function's own imports too)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "rlpost":
+            names += [f"rlpost.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return [name for name in names if name.startswith("rlpost.")]
+
+
+def test_the_plan_imports_neither_the_runtime_nor_the_preflight() -> None:
+    """The plan is made anywhere, with no cluster and no run directory: what reads this
+    machine, a cluster or a run (rlpost.preflight, rlpost.runtime) sits above it, never in it."""
+    above = ("rlpost.runtime", "rlpost.preflight")
+    reached = [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted((REPO / "rlpost" / "plan").rglob("*.py"))
+        for name in _rlpost_imports(path)
+        if ".".join(name.split(".")[:2]) in above
+    ]
+    assert reached == []

@@ -90,7 +90,7 @@ def _train(cfg: RunConfig, plan: Plan) -> None:
     """The preflight and the resume point (both light), then the run itself. Raises RunFailed
     when the run could not finish (RunStopped: SIGTERM)."""
     from rlpost.plan.cluster import paths_for_the_cluster
-    from rlpost.plan.preflight import preflight
+    from rlpost.preflight import preflight
     from rlpost.runtime.failures import stopped
     from rlpost.runtime.resume import find_resume_point
     from rlpost.runtime.rundir import run_dir_of

@@ -36,7 +36,7 @@ from rlpost.cli.new_model import (
 )
 from rlpost.cli.yaml_text import block_lines
 from rlpost.errors import Issue, UserError
-from rlpost.plan.preflight import LocalGpu, host_memory_gib, local_gpus
+from rlpost.preflight.machine import LocalGpu, host_memory_gib, local_gpus
 from rlpost.schema import HardwareConfig
 
 HELP = "write a hardware profile of this machine's GPUs"

@@ -120,7 +120,7 @@ def check_job(
     run, plan = plan_run(load_run_config(cfg, sources), sources)
     if run.mode not in LAUNCH_MODES:
         return Checked(full, None, None, sources)
-    from rlpost.plan.preflight import preflight
+    from rlpost.preflight import preflight
 
     with located(sources):
         preflight(run, plan)

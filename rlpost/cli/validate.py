@@ -52,7 +52,7 @@ LOCAL_NOTE = (
 
 def _preflight(run: RunConfig, plan: Plan, machine: bool) -> None:
     from rlpost.errors import UserError
-    from rlpost.plan.preflight import preflight
+    from rlpost.preflight import preflight
 
     try:
         preflight(run, plan, machine=machine)

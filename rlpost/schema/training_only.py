@@ -7,7 +7,7 @@ does read of the recipe, and so is not listed: the eval section's sets and sampl
 rollout's sampling settings, stop tokens, generate function, turns and reward as their
 fallbacks (rlpost.runtime.evaluation.load_eval_sets); the data section's prompt format,
 which is the eval sets' too (the training prompts themselves are neither checked nor
-loaded: rlpost.plan.preflight.check_data, rlpost.runtime.train.load_inputs); and what
+loaded: rlpost.preflight.data_files.check_data, rlpost.runtime.train.load_inputs); and what
 shapes the engines and train ranks: rollout.max_concurrency, loop.mode (an overlapping
 loop's default placement), train.mtp_training (the MTP layers built, loaded and sent), and
 rollout.max_response_len (the response length of a set that names none, nor eval does). The

@@ -11,7 +11,7 @@ import yaml
 
 from rlpost.cli.new_hardware import Host, profile_fields, render_hardware_yaml, sheet_for
 from rlpost.errors import UserError
-from rlpost.plan.preflight import LocalGpu, local_gpus, parse_gpus
+from rlpost.preflight.machine import LocalGpu, local_gpus, parse_gpus
 from rlpost.schema import HardwareConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -417,7 +417,7 @@ def test_validate_summarises_an_evaluation_by_its_sets(capsys: pytest.CaptureFix
 def test_an_evaluation_neither_checks_nor_loads_the_training_prompts(tmp_path: Path) -> None:
     """They may not be on the machine that evaluates: the preflight reads only the sets'
     files, and the launch's inputs hold no training prompts (the loop builds no pipeline)."""
-    from rlpost.plan.preflight import check_data
+    from rlpost.preflight.data_files import check_data
     from rlpost.runtime.train import load_inputs
 
     cfg = compose_run_config([*TINY, "mode=eval"])[0]

@@ -18,7 +18,7 @@ from rlpost.plan.cluster import (
     nodes_from_ray,
     paths_for_the_cluster,
 )
-from rlpost.plan.preflight import check_cluster
+from rlpost.preflight.cluster import check_cluster
 from rlpost.runtime.netif import interface_for
 from rlpost.schema import HardwareConfig
 

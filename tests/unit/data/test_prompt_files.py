@@ -13,7 +13,7 @@ import pytest
 from rlpost.data import PromptDataError, PromptFormat, load_prompts
 from rlpost.data.files import UnreadableFile, prompt_rows
 from rlpost.data.prompts import holds_json_messages
-from rlpost.plan.preflight import RowRules, check_prompt_file
+from rlpost.preflight.data_files import RowRules, check_prompt_file
 from rlpost.schema.base import InvariantError
 from rlpost.schema.prompt_file import check_prompt_path, split_prompt_path
 

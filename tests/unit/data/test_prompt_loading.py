@@ -369,7 +369,7 @@ def test_validation_refuses_every_line_the_loader_refuses(
     """`rlpost validate` reads a prompt file as the loader does (one `read_row`), so no line
     the run would refuse passes validation; without a template, message lists and tools too."""
     from rlpost.config.chat_templates import template_markers
-    from rlpost.plan.preflight import RowRules, check_prompt_file
+    from rlpost.preflight.data_files import RowRules, check_prompt_file
 
     lines = dict(BAD_LINES)
     if not template:
@@ -404,7 +404,7 @@ def test_validation_names_a_template_argument_no_chat_template_reads(tmp_path: P
     templates (the default one, or the one `chat_template` names, or gives) and refuses an
     argument none of them would read; a template it cannot parse is not judged."""
     from rlpost.config.chat_templates import chat_templates
-    from rlpost.plan.preflight import check_template_kwargs
+    from rlpost.preflight.tokens import check_template_kwargs
     from rlpost.schema import ModelConfig
 
     folder = tmp_path / "ckpt"
@@ -440,7 +440,7 @@ def test_a_key_no_line_has_is_one_problem_of_the_setting_that_names_it(tmp_path:
     lines do have; a key some lines lack stays a problem of those lines."""
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import build_plan
-    from rlpost.plan.preflight import check_data
+    from rlpost.preflight.data_files import check_data
 
     def issues(*overrides: str) -> list:
         cfg = compose_run_config(list(overrides))[0]
@@ -467,7 +467,7 @@ def test_an_unlabelled_set_scored_without_a_label_is_told_it_may_read_none(
     graded against the label is not told so."""
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import build_plan
-    from rlpost.plan.preflight import check_data
+    from rlpost.preflight.data_files import check_data
 
     free = tmp_path / "free.jsonl"
     free.write_text('{"prompt": "Say 1."}\n{"prompt": "Say 2."}\n')
@@ -499,7 +499,7 @@ def test_a_set_that_reads_no_tools_renders_its_lines_without_them(
     from rlpost.config.loader import compose_run_config
     from rlpost.data.source import load_eval_groups
     from rlpost.plan import build_plan
-    from rlpost.plan.preflight import check_data
+    from rlpost.preflight.data_files import check_data
 
     lines = tmp_path / "agent.jsonl"
     lines.write_text(json.dumps({"prompt": "Rain in Oslo?", "label": "no", "tools": [WEATHER]}))

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from rlpost.schema import ModelConfig, RunConfig
+from rlpost.schema import RunConfig
 
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 
@@ -59,16 +58,3 @@ def make_run(
 @pytest.fixture
 def run_config() -> Callable[..., RunConfig]:
     return make_run
-
-
-def load_model(name: str) -> ModelConfig:
-    """A shipped model YAML without Hydra (checkpoint paths are placeholders)."""
-    with open(f"{CONF_DIR}/model/{name}.yaml") as f:
-        data = yaml.safe_load(f)
-    data.update(hf_checkpoint="/ckpt", ref_load="/ckpt")
-    return ModelConfig.model_validate(data)
-
-
-@pytest.fixture
-def model_config() -> Callable[[str], ModelConfig]:
-    return load_model

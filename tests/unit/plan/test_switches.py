@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlpost import switches
-from rlpost.plan.preflight import check_switches
+from rlpost.preflight.environment import check_switches
 
 ROOT = Path(__file__).resolve().parents[3]
 

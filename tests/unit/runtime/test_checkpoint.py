@@ -305,7 +305,7 @@ def test_an_evaluations_checkpoint_failing_its_hash_check_is_refused_with_a_fix_
 ) -> None:
     """Validation reads no file's sha256; the launch does, and mode=eval refuses
     run.resume=auto, so its fix offers the weights it evaluates without a checkpoint."""
-    from rlpost.plan.preflight import check_resume_target
+    from rlpost.preflight.run_dir import check_resume_target
 
     path = save(tmp_path, 2)
     _flip_byte(path / "trainer/rank_0.pt")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlpost.config.chat_templates import added_token_ids
-from rlpost.plan.preflight import check_tokens_in_embedding
+from rlpost.preflight.tokens import check_tokens_in_embedding
 from rlpost.schema import ModelConfig
 
 

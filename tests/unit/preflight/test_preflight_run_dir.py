@@ -11,7 +11,7 @@ import pytest
 from rlpost.config.loader import compose_run_config
 from rlpost.errors import Issue
 from rlpost.plan import build_plan
-from rlpost.plan.preflight import check_run_dir
+from rlpost.preflight.run_dir import check_run_dir
 from rlpost.runtime.rundir import LOCK_FILE, foreign_entries, prepare_run_dir
 
 

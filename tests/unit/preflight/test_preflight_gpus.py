@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlpost.config.loader import compose_run_config
-from rlpost.plan import build_plan, preflight
-from rlpost.plan.preflight import (
+from rlpost.plan import build_plan
+from rlpost.preflight import environment as preflight
+from rlpost.preflight.machine import (
     LocalGpu,
     cpu_memory_issues,
     host_memory_gib,

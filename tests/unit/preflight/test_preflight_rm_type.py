@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.data.prompts import PromptFormat
-from rlpost.plan.preflight import RowRules, check_prompt_file
+from rlpost.preflight.data_files import RowRules, check_prompt_file
 
 FMT = PromptFormat("prompt", "label", "metadata", None, apply_chat_template=False)
 
@@ -38,7 +38,7 @@ def test_an_eval_set_its_own_function_scores_is_not_held_to_labels_or_rm_types(
     that holds a set the math grader scores to both leaves it alone."""
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import build_plan
-    from rlpost.plan.preflight import check_data
+    from rlpost.preflight.data_files import check_data
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "hooks_fixtures"))
     path = tmp_path / "ifeval.jsonl"
@@ -67,7 +67,7 @@ def test_a_lines_labelled_rm_type_in_a_set_without_labels_is_refused(tmp_path: P
     own reward_type grades over the line's rm_type, so there it is no error."""
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import build_plan
-    from rlpost.plan.preflight import check_data
+    from rlpost.preflight.data_files import check_data
 
     path = tmp_path / "mixed.jsonl"
     lines = [{"prompt": "1+1=", "metadata": {"rm_type": "random"}}, {"prompt": "2+2="}]

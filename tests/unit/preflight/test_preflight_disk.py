@@ -11,8 +11,8 @@ import pytest
 
 from rlpost.config.loader import compose_run_config
 from rlpost.plan import Plan, build_plan
-from rlpost.plan import preflight as preflight_module
-from rlpost.plan.preflight import checkpoint_disk, checkpoint_disk_issues, saves_due
+from rlpost.preflight import run_dir as preflight_module
+from rlpost.preflight.run_dir import checkpoint_disk, checkpoint_disk_issues, saves_due
 from rlpost.schema import RunConfig
 
 GIB = 1024**3
