@@ -14,7 +14,7 @@ import pytest
 from rlpost import switches
 from rlpost.preflight.environment import check_switches
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("switch", switches.SWITCHES, ids=lambda s: s.name)
