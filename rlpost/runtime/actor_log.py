@@ -57,9 +57,15 @@ def log_to(path: Path, who: str) -> None:
     the same run directory adds to it, after a line saying `who` starts), and a fatal signal's
     Python stack of every thread to it. Call it first in the actor, before anything logs: a
     logging handler made earlier holds the stream it was given. Called again (another path),
-    the earlier file is let go."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    file = path.open("a", buffering=1, encoding="utf-8")  # line-buffered: a kill loses no line
+    the earlier file is let go. A file it cannot open (a run directory this node does not
+    mount, which the run's start-up then reports as such) is said on stderr and skipped: the
+    actor's constructor must not fail, or its death would say less than that check does."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        file = path.open("a", buffering=1, encoding="utf-8")  # line-buffered: a kill loses no line
+    except OSError as exc:
+        print(f"rlpost: {who} keeps no log at {path}: {exc}", file=sys.stderr, flush=True)
+        return
     _stamped(file, f"{who} starts (pid {os.getpid()} on {socket.gethostname()})")
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
