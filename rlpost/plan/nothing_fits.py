@@ -61,9 +61,11 @@ def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
         leanest = least.describe()
         trained = next((s for s in splits if s.trains), None)
         if trained is not None:  # training fits a split: its engines are what does not
+            sizes = trained.sizes
+            where = "beside it" if sizes.colocate else f"its {sizes.rollout_gpus} rollout GPUs"
             found.append(
-                f"training fits {describe_split(trained.sizes)} "
-                f"({trained.trains[0].describe()}), but no engine fits beside it"
+                f"training fits {describe_split(sizes)} "
+                f"({trained.trains[0].describe()}), but no engine fits {where}"
             )
         elif least.memory.total_gib <= budget:  # its GPUs hold it: something else does not
             found.append(f"the leanest training layout ({leanest}) {why}")
