@@ -196,18 +196,39 @@ def shorter_tokens(
     return _shorter_tokens(_gate(cfg, colocate, budget_gib), _as_configured(cfg, par))
 
 
-def train_gpu_counts(hardware: HardwareConfig, world: int) -> list[int]:
+def train_gpu_counts(hardware: HardwareConfig, world: int, beside: int = 0) -> list[int]:
     """The train GPU counts a remedy tries above `world`, fewest first, up to MAX_TRAIN_GPUS:
     doubling within a node (2, 4 of a node of 8), then every whole number of the profile's
-    nodes (8, 16, 24, 32 ...), so that 3 nodes are named where they hold what 2 do not."""
+    nodes (8, 16, 24, 32 ...), so that 3 nodes are named where they hold what 2 do not.
+    `beside`: the GPUs the engines take on their own; a count within a node is tried only
+    where the engines fit beside it on that node (else the search trains on whole nodes and
+    the engines take the rest: `profile_gpus`)."""
     node = hardware.gpus_per_node
-    within = [world << k for k in range(1, node.bit_length()) if world << k < node]
+    within = [
+        world << k
+        for k in range(1, node.bit_length())
+        if world << k < node and (world << k) + beside <= node
+    ]
     nodes = range((world // node + 1) * node, MAX_TRAIN_GPUS + 1, node)
     return within + list(nodes)
 
 
+def profile_gpus(hardware: HardwareConfig, train: int, beside: int = 0) -> int:
+    """The GPUs of the fewest whole nodes of the profile that hold `train` GPUs to train on
+    and `beside` GPUs of the engines' own: one node where both fit on it, else the train
+    count (whole nodes: `train_gpu_counts`) and whole nodes for the engines, as the search
+    splits several nodes (rlpost.plan.search_space.gpu_splits)."""
+    node = hardware.gpus_per_node
+    if train + beside <= node:
+        return node
+    return -(-train // node) * node + -(-beside // node) * node
+
+
 def _on_fewest_gpus(
-    hardware: HardwareConfig, world: int, fitting: Callable[[int], _Found | None]
+    hardware: HardwareConfig,
+    world: int,
+    fitting: Callable[[int], _Found | None],
+    beside: int = 0,
 ) -> _Found | None:
     """`fitting` on the fewest of `train_gpu_counts` above `world` where it finds something.
     The doublings of `world` (ten counts at most) are tried first: where none of them fits
@@ -215,10 +236,10 @@ def _on_fewest_gpus(
     searched (hundreds of counts with their splits, where validation takes well under a
     second). A count between two doublings that fits where neither does would need a split
     only it allows (pp=3 of 24 GPUs, where 32 allow pp=4 and a larger DP)."""
-    doublings = [world << k for k in range(1, MAX_TRAIN_GPUS.bit_length())]
+    doublings = [max(world, 1) << k for k in range(1, MAX_TRAIN_GPUS.bit_length())]
     if not any(fitting(n) is not None for n in doublings if n <= MAX_TRAIN_GPUS):
         return None
-    for count in train_gpu_counts(hardware, world):
+    for count in train_gpu_counts(hardware, world, beside):
         found = fitting(count)
         if found is not None:
             return found
@@ -529,27 +550,42 @@ def _fewest_gpus(gate: _Gate, tried: list[tuple[list[str], _Trial]]) -> str | No
     return f"{_gpus_text(gate.cfg, grid.world)}{with_} ({need:.1f} GiB)"
 
 
-def _more_gpus_split(gate: _Gate, trial: _Trial) -> tuple[ParallelLayout, float] | None:
-    """The fewest train GPUs (`train_gpu_counts`) on which a split of the model (`_grids`
-    over that many, cp 1) fits, and that split; a count with no valid split is skipped."""
+def _more_gpus_split(
+    gate: _Gate, trial: _Trial, above: int | None = None, beside: int = 0, engine: int = 1
+) -> tuple[ParallelLayout, float] | None:
+    """The fewest train GPUs (`train_gpu_counts` above `above`, trial's GPUs unless given;
+    a multiple of `engine`, the GPUs of an engine colocated on them) on which a split of the
+    model (`_grids` over that many, cp 1) fits, and that split; a count with no valid split
+    is skipped."""
+
+    def fitting(count: int) -> tuple[ParallelLayout, float] | None:
+        if count % engine:
+            return None
+        return _split_that_fits(gate, trial, context_parallel=False, world=count)
+
     return _on_fewest_gpus(
-        gate.cfg.hardware,
-        trial.par.world,
-        lambda count: _split_that_fits(gate, trial, context_parallel=False, world=count),
+        gate.cfg.hardware, trial.par.world if above is None else above, fitting, beside
     )
 
 
 def megatron_fewest_gpus(
-    cfg: RunConfig, par: ParallelLayout, colocate: bool, budget_gib: float | None = None
+    cfg: RunConfig,
+    par: ParallelLayout,
+    colocate: bool,
+    budget_gib: float | None = None,
+    above: int | None = None,
+    beside: int = 0,
+    engine: int = 1,
 ) -> tuple[ParallelLayout, float] | None:
-    """The fewest train GPUs above par's (`train_gpu_counts`: whole nodes of cfg's profile,
-    or more of one node) on which a split of the model (`_grids`, cp 1) fits megatron-core's
-    estimate within `budget_gib`, and the host's memory per node, with par's recompute and
-    the optimizer where cfg puts it; that split and what it needs. What layout=auto's search,
-    which picks the split itself and holds each to both, would find on a profile that
-    large."""
+    """The fewest train GPUs above par's, or `above` (`train_gpu_counts`: whole nodes of
+    cfg's profile, or more of one node where the engines' own `beside` GPUs fit too; a
+    multiple of `engine`, the GPUs of one engine colocated on them) on which a split of
+    the model (`_grids`, cp 1) fits megatron-core's estimate within `budget_gib`, and the
+    host's memory per node, with par's recompute and the optimizer where cfg puts it; that
+    split and what it needs. What layout=auto's search, which picks the split itself and
+    holds each to both, would find on a profile that large."""
     gate = _gate(cfg, colocate, budget_gib)
-    return _more_gpus_split(gate, _as_configured(cfg, par))
+    return _more_gpus_split(gate, _as_configured(cfg, par), above, beside, engine)
 
 
 def megatron_sender_fixes(cfg: RunConfig, par: ParallelLayout, colocate: bool) -> str:

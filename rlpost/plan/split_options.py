@@ -106,7 +106,7 @@ class Searcher:
             return out
         self._trains(out)
         if out.trains:
-            self._engines(out)
+            self.engines(out, out.trains[0].parallel)
         return out
 
     def _trains(self, out: SplitOptions) -> None:
@@ -235,9 +235,9 @@ class Searcher:
                     )
                     break
 
-    def _engines(self, out: SplitOptions) -> None:
+    def engines(self, out: SplitOptions, probe: ParallelLayout) -> None:
+        """The split's engine options, checked beside the training grid `probe`."""
         sizes, cfg = out.sizes, self.cfg
-        probe = out.trains[0].parallel
         device = device_word(cfg.hardware.kind)
         batch = self._batch(probe)
         for engine in engine_layouts(cfg, sizes):

@@ -12,8 +12,12 @@ from rlpost.errors import UserError
 from rlpost.plan import plan_config, render_plan
 from rlpost.plan.candidates import candidate_key
 from rlpost.plan.choice import choose_layout
+from rlpost.plan.engine_fit import fit_engines
+from rlpost.plan.layout import ParallelLayout
+from rlpost.plan.remedies import profile_gpus, train_gpu_counts
 from rlpost.plan.search import search_layout
 from rlpost.plan.search_space import gpu_splits
+from rlpost.plan.split_options import Searcher
 from rlpost.schema import RunConfig
 from rlpost.schema.layout import LayoutConfig
 
@@ -253,8 +257,10 @@ def test_an_evaluation_that_fits_nowhere_is_told_what_it_holds(run_config: MakeR
         ("qwen3-30b-a3b", "h100x1", {}, 4, 4),
         ("glm4-9b", "h100x1", {}, 2, 2),  # its GPU holds it; the host does not
         ("qwen3-8b", "h100x8", {"hardware__gpu_memory_gib": 8}, 24, 3),  # TP8 PP3: 36 layers
+        # 24 GPUs train it, but no engine fits beside training: one of 8 on a node of its own
+        ("qwen3-30b-a3b", "h100x8", {"hardware__gpu_memory_gib": 16}, 32, 4),
     ],
-    ids=["gpu-memory", "experts", "host-memory", "three-nodes"],
+    ids=["gpu-memory", "experts", "host-memory", "three-nodes", "engines-apart"],
 )
 def test_where_nothing_fits_the_gpus_it_names_are_where_the_search_finds_a_layout(
     run_config: MakeRun,
@@ -270,9 +276,12 @@ def test_where_nothing_fits_the_gpus_it_names_are_where_the_search_finds_a_layou
     the count of GPUs that would hold the weights, gradients and optimizer state if nothing
     else took memory; nor the next doubling: three nodes of 8 where they do). A layout its
     GPUs hold but its host does not is told so, without a shorter max_tokens_per_gpu, which
-    frees no host memory."""
+    frees no host memory. The engines count: where none fits beside training, the named
+    profile holds the training GPUs and whole nodes for the engines."""
     told = " ".join(search_layout(searching(run_config(model, hardware, **settings))).suggestions)
     assert f"use a hardware profile with {gpus} GPUs of " in told, told
+    if gpus == 32 and model == "qwen3-30b-a3b":  # engines of 16 beside it on 32, or 8 apart
+        assert "engines of 16 beside it" in told or "the engines on 8 of their own" in told
     assert f" GiB ({nodes} node(s) of " in told
     assert "megatron-core's estimate fits training on" in told
     larger = run_config(model, hardware, hardware__num_nodes=nodes, **settings)
@@ -345,3 +354,51 @@ def test_an_evaluation_that_starts_no_train_rank_searches_its_engines_alone(
 
     training = search_layout(searching(run_config("qwen3-4b", "h100x8")))
     assert training.enumerated == 1282 and "recompute" in training.ranked[0].describe()
+
+
+def test_where_training_fits_but_no_engine_does_the_report_says_so(run_config: MakeRun) -> None:
+    """On three nodes of 16 GiB GPUs a colocated split trains qwen3-30b-a3b, but no engine
+    fits beside it: the report says that (not a training layout's memory, nor a shorter
+    max_tokens_per_gpu), and names four nodes: training on 24 GPUs and an engine of 8."""
+    cfg = run_config("qwen3-30b-a3b", "h100x8", hardware__gpu_memory_gib=16, hardware__num_nodes=3)
+    search = search_layout(searching(cfg))
+    assert search.chosen is None
+    told = " ".join(search.suggestions)
+    assert told.startswith("training fits colocated on 24 ("), told
+    assert "but no engine fits beside it" in told
+    assert "the leanest training layout" not in told and "max_tokens_per_gpu" not in told
+    assert "use a hardware profile with 32 GPUs of 16 GiB (4 node(s) of 8)" in told
+
+
+def test_where_no_engine_fits_its_gpus_the_report_says_so_and_names_no_gpu_count(
+    run_config: MakeRun,
+) -> None:
+    """qwen3-30b-a3b on 8 GiB GPUs: no engine holds its weights, CUDA context and one sample
+    under SGLang's default mem_fraction_static at any size, beside training or apart, so more
+    GPUs of 8 GiB are not named; the fraction that leaves SGLang its reserve is, with the
+    engine it makes fit, and with it set the engines fit GPUs of their own."""
+    cfg = run_config("qwen3-30b-a3b", "h100x8", hardware__gpu_memory_gib=8)
+    told = " ".join(search_layout(searching(cfg)).suggestions)
+    assert "no engine fits 8 GiB GPUs up to 1024 GPUs per engine" in told, told
+    assert "needs 4.9 GiB per GPU of SGLang's static pool (3.6 of weights" in told
+    assert "use GPUs with more memory" in told
+    assert "hardware profile" not in told and "no engine holds one sample" not in told
+    fix = "layout.rollout.sglang.mem_fraction_static=0.56 (engines of 32 on GPUs of their own"
+    assert fix in told
+    probe = ParallelLayout.single_process(dp=8)
+    assert fit_engines(Searcher(searching(cfg)), False, probe).engine is None
+    raised = searching(cfg, rollout={"sglang": {"mem_fraction_static": 0.56}})
+    assert fit_engines(Searcher(raised), False, probe).gpus == 32
+
+
+def test_train_counts_leave_the_engines_their_own_gpus(run_config: MakeRun) -> None:
+    """A count within a node is tried only where the engines' own GPUs fit beside it; past
+    a node, training takes whole nodes and the engines whole nodes of their own."""
+    hardware = run_config("qwen3-4b", "h100x8").hardware
+    assert train_gpu_counts(hardware, 1)[:4] == [2, 4, 8, 16]
+    assert train_gpu_counts(hardware, 1, beside=4)[:3] == [2, 4, 8]
+    assert train_gpu_counts(hardware, 1, beside=8)[:2] == [8, 16]
+    assert profile_gpus(hardware, 4, beside=4) == 8
+    assert profile_gpus(hardware, 24, beside=8) == 32
+    assert profile_gpus(hardware, 24, beside=2) == 32
+    assert profile_gpus(hardware, 16, beside=16) == 32
