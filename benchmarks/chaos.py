@@ -489,6 +489,19 @@ def _running(process: psutil.Process) -> bool:
 # ---- the oracle ----------------------------------------------------------------------------
 
 
+def run_restarts(log: str) -> int:
+    """The run's restarts in place that a launch's output tells of."""
+    return log.count("[rlpost] restarting from")
+
+
+def engine_restarts(log: str) -> int:
+    """The engines restarted by engine fault tolerance that a launch's output tells of: one
+    that died or hung while serving ("serves again at"), and one killed while it started
+    (started again by the pool). Without fault tolerance an engine's death while starting is
+    the run's fault ("the engine 0 died while starting ..."), a restart of the run."""
+    return log.count("serves again at") + log.count("; starting it again")
+
+
 def records_of(run_dir: Path) -> list[dict[str, object]]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
@@ -654,8 +667,8 @@ def bench(settings: Settings) -> Report:
                 outcomes=chaos.outcomes,
                 exit_code=code,
                 launches=chaos.launches,
-                run_restarts=text.count("[rlpost] restarting from"),
-                engine_restarts=text.count("serves again at") + text.count("died while starting"),
+                run_restarts=run_restarts(text),
+                engine_restarts=engine_restarts(text),
                 wall_s=wall,
                 reference_wall_s=reference_wall,
                 reference=settings.reference,
