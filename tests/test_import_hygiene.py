@@ -140,44 +140,6 @@ def test_the_plan_imports_neither_the_runtime_nor_the_preflight() -> None:
     assert reached == []
 
 
-# Import circles among rlpost's modules still known, each with why it remains. Every other
-# circle fails the test below: move the shared name to a module both sides can import from.
-KNOWN_CIRCLES = {
-    "config's command-line keys and interop's slime flags": (
-        frozenset(
-            {
-                "rlpost.config.flags",
-                "rlpost.config.keys",
-                "rlpost.config.nemo_rl_keys",
-                "rlpost.config.openrlhf_flags",
-                "rlpost.config.overrides",
-                "rlpost.config.peer_flags",
-                "rlpost.config.peer_keys",
-                "rlpost.config.peer_rows",
-                "rlpost.config.search_path",
-                "rlpost.config.sources",
-                "rlpost.config.trl_flags",
-                "rlpost.config.verl_keys",
-                "rlpost.config.verl_values",
-                "rlpost.interop.slime_flags",
-                "rlpost.plan.candidates",
-                "rlpost.plan.cost",
-                "rlpost.plan.loop",
-                "rlpost.plan.parallel",
-                "rlpost.plan.plan",
-                "rlpost.plan.prediction",
-                "rlpost.plan.runtime",
-                "rlpost.plan.slime_args",
-            }
-        ),
-        "the override check reads slime's flag table (rlpost.interop.slime_flags, which "
-        "renders through rlpost.plan.slime_args) and the peer tables read the flag parser, "
-        "while each table imports the row and flag types back; the search path and the "
-        "source map call each other",
-    ),
-}
-
-
 def _module_files() -> dict[str, Path]:
     """Every module of rlpost by its dotted name (a package by its __init__.py)."""
     modules = {}
@@ -291,19 +253,11 @@ def _cycle(
     raise AssertionError(f"no circle through {start}")
 
 
-def test_no_import_circle_outside_the_known_ones() -> None:
-    """Two modules that import each other (directly or along a chain, at the top or inside a
-    function) cannot be read, tested or moved apart. Every such circle among rlpost's modules
-    is one of KNOWN_CIRCLES (or part of one), and each of those is still there."""
+def test_no_module_of_rlpost_imports_itself_back() -> None:
+    """Two modules that import each other (directly or along a chain, at the top, inside a
+    function or under TYPE_CHECKING) cannot be read, tested or moved apart: a name both need
+    lives in a module below both. Each circle is named import by import."""
     modules = _module_files()
     graph = _import_graph(modules)
-    circles = _circles(graph)
-    known = [members for members, _ in KNOWN_CIRCLES.values()]
-    new = [_cycle(graph, c, modules) for c in circles if not any(c <= k for k in known)]
-    assert new == [], "import circle(s):\n" + "\n".join(new)
-    gone = [
-        name
-        for name, (members, _) in KNOWN_CIRCLES.items()
-        if not any(c <= members for c in circles)
-    ]
-    assert gone == [], f"no longer circles, remove them from KNOWN_CIRCLES: {gone}"
+    circles = [_cycle(graph, group, modules) for group in _circles(graph)]
+    assert circles == [], "import circle(s):\n" + "\n".join(circles)
