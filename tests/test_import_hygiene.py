@@ -7,6 +7,7 @@ torch (other tests' fixtures import it).
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
 import subprocess
@@ -137,3 +138,126 @@ def test_the_plan_imports_neither_the_runtime_nor_the_preflight() -> None:
         if ".".join(name.split(".")[:2]) in above
     ]
     assert reached == []
+
+
+def _module_files() -> dict[str, Path]:
+    """Every module of rlpost by its dotted name (a package by its __init__.py)."""
+    modules = {}
+    for path in sorted((REPO / "rlpost").rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """Each module's rlpost imports (the module imported, the line that imports it): at the
+    top, inside functions and under TYPE_CHECKING alike; `from package import name` imports
+    the submodule `name` where there is one, else the package."""
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                names = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                ]
+            for name in names:
+                target = known(name) if name.split(".")[0] == "rlpost" else None
+                if target is not None and target != module:
+                    targets.setdefault(target, node.lineno)
+        graph[module] = targets
+    return graph
+
+
+def _circles(graph: dict[str, dict[str, int]]) -> list[frozenset[str]]:
+    """The strongly connected groups of more than one module (Tarjan's, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(graph[step])))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(frozenset(group))
+    return groups
+
+
+def _cycle(
+    graph: dict[str, dict[str, int]], group: frozenset[str], modules: dict[str, Path]
+) -> str:
+    """One circle through `group`'s first module, each import with its file and line."""
+    start = min(group)
+    came_from: dict[str, str] = {}
+    queue = [start]
+    while queue:  # breadth first: the shortest way back to `start`
+        node = queue.pop(0)
+        for target in sorted(graph[node]):
+            if target == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                steps = [*reversed(path), start]
+                return "; ".join(
+                    f"{a} imports {b} ({modules[a].relative_to(REPO)}:{graph[a][b]})"
+                    for a, b in itertools.pairwise(steps)
+                )
+            if target in group and target not in came_from:
+                came_from[target] = node
+                queue.append(target)
+    raise AssertionError(f"no circle through {start}")
+
+
+def test_no_module_of_rlpost_imports_itself_back() -> None:
+    """Two modules that import each other (directly or along a chain, at the top, inside a
+    function or under TYPE_CHECKING) cannot be read, tested or moved apart: a name both need
+    lives in a module below both. Each circle is named import by import."""
+    modules = _module_files()
+    graph = _import_graph(modules)
+    circles = [_cycle(graph, group, modules) for group in _circles(graph)]
+    assert circles == [], "import circle(s):\n" + "\n".join(circles)

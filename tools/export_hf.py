@@ -42,7 +42,7 @@ def check_base_model(source: Path, base_model: Path | None) -> None:
     run trained: its weights would not load into it."""
     from pydantic import ValidationError
 
-    from rlpost.config.hf_check import mismatches
+    from rlpost.config.hf_fields import mismatches
     from rlpost.runtime.run_state import base_model_dir, saved_model_config
 
     base = base_model or base_model_dir(source)

@@ -14,16 +14,15 @@ run started (most likely a bug of rlpost's: its traceback once and a line that s
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlpost.config.diagnostics import attach_locations
+from rlpost.cli.planning import located, plan_run
 from rlpost.config.loader import PRIMARY_CONFIG, load_run_config
 from rlpost.config.overrides import TYPED_ARGV, flags_first, prepare_argv
 from rlpost.config.resolvers import register_resolvers
@@ -166,25 +165,6 @@ def _default_run_dir(cfg: DictConfig) -> None:
             n += 1
             chosen = base.with_name(f"{base.name}-{n}")
     OmegaConf.update(cfg, "run.dir", str(chosen), force_add=True)
-
-
-def plan_run(cfg: RunConfig, sources: SourceMap) -> tuple[RunConfig, Plan]:
-    """The config (with the searched layout written in, for layout=auto) and its plan, with
-    each planning Issue located where its key was set."""
-    from rlpost.plan import plan_config
-
-    with located(sources):
-        return plan_config(cfg)
-
-
-@contextlib.contextmanager
-def located(sources: SourceMap) -> Iterator[None]:
-    """Every Issue of a UserError raised inside gets the place its key was set."""
-    try:
-        yield
-    except UserError as exc:
-        issues = attach_locations(exc.issues, sources)
-        raise UserError(issues, title=exc.title, note=exc.note) from None
 
 
 def launch_job(cfg: DictConfig) -> None:

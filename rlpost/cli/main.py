@@ -102,6 +102,7 @@ def _plan(args: argparse.Namespace) -> int:
         argv = [a for a in target.launcher_argv() if a.lstrip("+").partition("=")[0] != "mode"]
         launch.main([*argv, "mode=plan"])
         return 0
+    from rlpost.cli.planning import plan_run
     from rlpost.config.loader import compose_run_config
     from rlpost.plan import render_plan
 
@@ -122,7 +123,7 @@ def _plan(args: argparse.Namespace) -> int:
     cfg, sources = composed or compose_run_config(
         overrides, config_dir=target.config_dir, config_name=target.config_name
     )
-    cfg, plan = launch.plan_run(cfg, sources)
+    cfg, plan = plan_run(cfg, sources)
     print(render_plan(plan, form))
     return 0
 

@@ -5,7 +5,7 @@
     rlpost new model --from-hf /ckpt/Qwen3-8B --out -             # print it
 
 The file holds every architecture fact, is validated by the schema and compared with the
-same config.json (rlpost.config.hf_check) before it is written, and points `hf_checkpoint` at
+same config.json (rlpost.config.hf_fields) before it is written, and points `hf_checkpoint` at
 DIR, so `rlpost validate` compares it with the checkpoint again from then on.
 """
 

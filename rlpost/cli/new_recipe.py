@@ -25,8 +25,8 @@ from rlpost.cli.new_model import (
     write_text,
 )
 from rlpost.cli.yaml_text import block_lines, scalar_text
-from rlpost.config.overrides import group_options, search_roots
-from rlpost.config.sources import SourceMap
+from rlpost.config.overrides import search_roots
+from rlpost.config.sources import SourceMap, group_options
 from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 HELP = "write a recipe that extends another one with only the differences"

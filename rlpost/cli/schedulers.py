@@ -51,7 +51,7 @@ def _planned(args: argparse.Namespace) -> tuple[Target, RunConfig, Plan]:
     depend on this machine (the memory verdict, timeouts): a job the launch would refuse is
     not written. Its files, packages and GPUs are the cluster's, never checked here: what
     --no-local-checks asks of `rlpost validate` is what a job's command always does."""
-    from rlpost.cli.launch import located, plan_run
+    from rlpost.cli.planning import located, plan_run
     from rlpost.cli.validate import MODE_CHECKS
     from rlpost.config.loader import compose_run_config
     from rlpost.config.overrides import refuse_sweeps

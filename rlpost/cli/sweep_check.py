@@ -100,7 +100,7 @@ def check_job(
     """UserError when this job would be refused as it starts; else what it would do."""
     from hydra.errors import HydraException
 
-    from rlpost.cli.launch import located, plan_run
+    from rlpost.cli.planning import located, plan_run
     from rlpost.config.search_path import composition_issues
 
     try:

@@ -77,7 +77,7 @@ def check(target: Target, machine: bool = True) -> tuple[RunConfig, SourceMap, P
     """Compose, validate and plan `target`, then run what its mode checks before it starts
     (for training: the preflight, with this machine's files and packages unless `machine`
     is false); UserError lists what is wrong."""
-    from rlpost.cli.launch import located, plan_run
+    from rlpost.cli.planning import located, plan_run
 
     run, sources = compose_run_config(
         target.overrides, config_dir=target.config_dir, config_name=target.config_name

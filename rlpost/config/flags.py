@@ -11,7 +11,6 @@ to write instead, with the value the flag was given.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,35 +18,15 @@ from typing import Any
 
 import yaml
 
+from rlpost.config.override_values import shell_value
 from rlpost.config.sglang_options import SGLANG_KEY, OptionSpec, load_sglang_options
 from rlpost.errors import Issue, Location
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:+-]+$")
 # flags whose value is a credential, never shown (slime's --wandb-key; --tool-key is no secret)
 # (OpenRLHF's --use_wandb and --logger.wandb.key are its wandb key, TRL's --hub_token a token)
 SECRET = re.compile(
     r"^--wandb-key$|^--use_wandb$|wandb\.key$|api[-_]key|secret|password|(^|[-_])token$"
 )
-
-
-def hydra_value(value: Any) -> str:
-    """A value in Hydra's override grammar: strings it would not read bare are quoted."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {hydra_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    return text if _PLAIN.match(text) else json.dumps(text)
-
-
-def shell_value(value: Any) -> str:
-    """A value as an override's right-hand side, quoted for the shell where it needs it."""
-    text = hydra_value(value)
-    return text if _PLAIN.match(text) else "'" + text.replace("'", "'\\''") + "'"
 
 
 def _same_number(text: str, value: Any) -> bool:

@@ -1,6 +1,6 @@
 """A model YAML from a Hugging Face config.json, with every architecture fact filled in.
 
-The HF keys are read by `rlpost.config.hf_check`'s own map, so a generated file agrees with its
+The HF keys are read by `rlpost.config.hf_fields`' own map, so a generated file agrees with its
 config.json by construction; facts a config.json does not state (GLM-4's sandwich norms,
 Qwen3's QK-norm, a family's router) come from the family's traits, keyed by `model_type`.
 A `model_type` outside the seven families is drawn as the `generic` family (trained by the
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlpost.config.hf_check import (
+from rlpost.config.hf_fields import (
     EXPERT_KEYS,
     MISSING,
     ROPE_KEYS,
@@ -445,7 +445,7 @@ def model_fields(
 
 
 def cross_check(fields: Mapping[str, Any], hf: HFConfig) -> None:
-    """The schema's own validation, then hf_check's comparison with the same config.json."""
+    """The schema's own validation, then hf_fields' comparison with the same config.json."""
     from pydantic import ValidationError
 
     try:

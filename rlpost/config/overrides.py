@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlpost.config.keys import find_unknown
-from rlpost.config.sources import CONF_DIR, PRIMARY_CONFIG, ConfigRoot
+from rlpost.config.sources import CONF_DIR, PRIMARY_CONFIG, ConfigRoot, group_options
 from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 if TYPE_CHECKING:
@@ -134,11 +134,6 @@ def search_roots(
     return roots
 
 
-def group_options(roots: Sequence[ConfigRoot], group: str) -> list[str]:
-    """Every config name in `group` over all roots, sorted."""
-    return sorted({name for root in roots for name in root.options(group)})
-
-
 def _is_group(roots: Sequence[ConfigRoot], name: str) -> bool:
     return any(root.options(name) for root in roots)
 
@@ -175,8 +170,8 @@ def _continued(tokens: Sequence[str]) -> dict[int, list[str]]:
 
 
 def _continuation_issue(owner: str, more: Sequence[str]) -> Issue:
-    from rlpost.config.flags import hydra_value
     from rlpost.config.keys import takes_list, takes_text
+    from rlpost.config.override_values import hydra_value
 
     key, first = owner.split("=", 1)
     key = key.lstrip("+~")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlpost.config.override_values import hydra_value, shell_value
 from rlpost.errors import Issue, Location
 
 Line = Mapping[str, Any]  # the peer's keys on this command line and their values
@@ -87,15 +88,11 @@ def recompute(value: Any, line: Line) -> Pairs:
 
 def written(pairs: Pairs) -> str:
     """The pairs as overrides on a shell's command line."""
-    from rlpost.config.flags import shell_value
-
     return " ".join(f"{key}={shell_value(value)}" for key, value in pairs)
 
 
 def overrides(pairs: Pairs) -> list[str]:
     """The pairs as the launcher's overrides (unquoted for the shell)."""
-    from rlpost.config.flags import hydra_value
-
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
 

@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlpost.config.sources import CONF_DIR, PRIMARY_CONFIG, ConfigRoot, display_path, find_config
+from rlpost.config.hydra_state import session
+from rlpost.config.sources import (
+    CONF_DIR,
+    PRIMARY_CONFIG,
+    ConfigRoot,
+    display_path,
+    find_config,
+    group_options,
+)
 from rlpost.errors import Issue, Location, UserError, did_you_mean
 
 CHOICES_SHOWN = 12
@@ -33,32 +41,6 @@ _SECOND_CHOICE = re.compile(
 )
 _FORCE_ADDED = re.compile(r"force-add of config groups is not supported: '\+\+(\S+?)=(.*)'")
 _TWICE = re.compile(r"^(\S+) appears more than once in the final defaults list")
-
-
-def _session(elements: Iterable[tuple[str, str]]) -> contextlib.AbstractContextManager[None]:
-    """Initialize Hydra's global state on `elements` (provider, url), restoring it after."""
-    from hydra import version
-    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
-    from hydra._internal.hydra import Hydra
-    from hydra.core.plugins import Plugins
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
-
-    Plugins.instance()  # registers the file:// and pkg:// config sources
-
-    @contextlib.contextmanager
-    def session() -> Iterator[None]:
-        backup = get_gh_backup()
-        version.setbase(None)
-        search_path = ConfigSearchPathImpl()
-        for provider, url in elements:
-            search_path.append(provider, url)
-        Hydra.create_main_hydra2(task_name="rlpost", config_search_path=search_path)
-        try:
-            yield
-        finally:
-            restore_gh_from_backup(backup)
-
-    return session()
 
 
 def check_config_dir(config_dir: str | Path | None) -> None:
@@ -101,18 +83,7 @@ def hydra_session(
 ) -> contextlib.AbstractContextManager[None]:
     """Hydra initialized as the launcher is: conf/ (or `main_dir`), then `config_dir`."""
     check_config_dir(config_dir)
-    return _session(launcher_search_path(config_dir, main_dir))
-
-
-def session_from_sources(
-    config_sources: Iterable[Mapping[str, Any]],
-) -> contextlib.AbstractContextManager[None]:
-    """Hydra initialized on a composed job's `hydra.runtime.config_sources`, in their order."""
-    elements = []
-    for source in config_sources:
-        path, scheme = str(source["path"]), str(source["schema"])
-        elements.append((str(source["provider"]), path if "://" in path else f"{scheme}://{path}"))
-    return _session(elements)
+    return session(launcher_search_path(config_dir, main_dir))
 
 
 def primary_searchpath(roots: Sequence[ConfigRoot], config_name: str) -> list[str]:
@@ -258,8 +229,6 @@ def _defaults_line(text: str, name: str) -> int | None:
 
 def primary_config_issue(name: str, roots: Sequence[ConfigRoot]) -> Issue:
     """`--config-name NAME` naming no top-level config on the search path."""
-    from rlpost.config.overrides import group_options
-
     options = group_options(roots, "")
     shown = ", ".join(options[:CHOICES_SHOWN]) + (" ..." if len(options) > CHOICES_SHOWN else "")
     return Issue(
@@ -280,8 +249,6 @@ def check_config_name(name: str | None, roots: Sequence[ConfigRoot]) -> None:
 
 
 def _missing_issue(missing: str, parent: str | None, roots: Sequence[ConfigRoot]) -> Issue:
-    from rlpost.config.overrides import group_options
-
     group, _, name = missing.rpartition("/")
     if not group and parent is None:  # the primary config itself
         return primary_config_issue(name, roots)

@@ -209,6 +209,11 @@ def find_config(roots: Sequence[ConfigRoot], config_path: str) -> _Readable | No
     return None
 
 
+def group_options(roots: Sequence[ConfigRoot], group: str) -> list[str]:
+    """Every config name in `group` over all roots, sorted."""
+    return sorted({name for root in roots for name in root.options(group)})
+
+
 def source_map_from_defaults(
     defaults: Iterable[Any], config_overrides: Iterable[Override], roots: Sequence[ConfigRoot]
 ) -> SourceMap:
@@ -271,7 +276,7 @@ def defer_source_map(
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
-        from rlpost.config.search_path import session_from_sources
+        from rlpost.config.hydra_state import session_from_sources
 
         if GlobalHydra.instance().is_initialized():
             return _compute(config_name, final, sources).entries

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlpost.runtime.failures import remote_cause
+from rlpost.runtime.remote_errors import remote_cause
 
 CKPT_DIR = "ckpt"
 MANIFEST = "manifest.json"

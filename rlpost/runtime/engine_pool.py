@@ -41,7 +41,8 @@ from rlpost.plan import Plan
 from rlpost.plan.placement import Placement
 from rlpost.runtime.actors import EngineActor
 from rlpost.runtime.cluster import Cluster
-from rlpost.runtime.failures import killed_while_starting, remote_cause, said
+from rlpost.runtime.failures import killed_while_starting, said
+from rlpost.runtime.remote_errors import remote_cause
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterWorker
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rlpost.runtime.remote_errors import remote_cause
 from rlpost.runtime.stop import EXIT_STOPPED, Stopped
 
 EXIT_RUN_FAILED = 3
@@ -134,13 +135,6 @@ def death_fault(
     when = " while starting" if starting else ""
     log = f"; its log: {named.log}" if named.log is not None and named.log.exists() else ""
     return RunFault(f"the {named.name} died{when} ({death_cause(exc)}){log}", component=named.part)
-
-
-def remote_cause(exc: BaseException) -> BaseException:
-    """The exception an actor raised, without Ray's wrapping (whose text is the actor's
-    whole traceback); `exc` itself when it is not wrapped."""
-    cause = getattr(exc, "cause", None)  # a RayTaskError carries the actor's exception
-    return cause if isinstance(cause, BaseException) else exc
 
 
 def is_fault(exc: BaseException) -> bool:

@@ -49,7 +49,6 @@ from rlpost.runtime.failures import (
     death_fault,
     is_fault,
     killed_while_starting,
-    remote_cause,
     said,
 )
 from rlpost.runtime.leftovers import record_processes
@@ -57,6 +56,7 @@ from rlpost.runtime.ports import port_or_free
 from rlpost.runtime.progress import status
 from rlpost.runtime.rank_calls import Awaited, await_ranks
 from rlpost.runtime.rank_io import READS_DIR, load_metered, reads_seen
+from rlpost.runtime.remote_errors import remote_cause
 from rlpost.runtime.rollout.client import EngineClient
 from rlpost.runtime.router import Router, RouterSettings
 from rlpost.runtime.trainers import trainer_spec

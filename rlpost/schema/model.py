@@ -113,7 +113,7 @@ def rope_fields_unread(kind: str) -> frozenset[str]:
 class ModelConfig(Section):
     """Everything the planner and the trainers need to know about a model.
 
-    Field names follow megatron-core where one exists; `rlpost.config.hf_check` maps each to
+    Field names follow megatron-core where one exists; `rlpost.config.hf_fields` maps each to
     the HF config.json key it must agree with.
     """
 

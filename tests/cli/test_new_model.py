@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlpost.cli.main import main
-from rlpost.config.hf_check import compare
+from rlpost.config.hf_fields import compare
 from rlpost.config.hf_model import HFConfig, architecture
 from rlpost.errors import Location
 from rlpost.schema import ModelConfig

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rlpost.cli.launch import plan_run
+from rlpost.cli.planning import plan_run
 from rlpost.errors import UserError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

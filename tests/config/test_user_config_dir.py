@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.cli.launch import plan_run
 from rlpost.cli.main import main
+from rlpost.cli.planning import plan_run
 from rlpost.config.loader import compose_run_config
 from rlpost.config.overrides import prepare_argv
 from rlpost.errors import UserError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.cli.launch import plan_run
+from rlpost.cli.planning import plan_run
 from rlpost.config.loader import compose_run_config
 from rlpost.plan import render_plan
 

@@ -16,7 +16,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -24,11 +23,18 @@ from torch import Tensor
 from rlpost.backends.megatron.packed import PackedBatchParams, attention_index
 from rlpost.types import TrainSample
 
-if TYPE_CHECKING:
-    from rlpost.backends.megatron.mtp import MTPTargets
-
 PAD_TOKEN = 0
 CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+
+
+@dataclass(frozen=True)
+class MTPTargets:
+    """One micro-batch's MTP inputs, in this context-parallel rank's local token order."""
+
+    labels: Tensor  # [1, t_local] the next token at each position (rolled once per depth)
+    mask: Tensor  # [1, t_local] 1.0 where that next token is under the loss mask
+    denominators: tuple[float, ...]  # per depth: the step's loss-mask tokens it can predict
+    loss_out: Tensor  # [1] set by the forward: this micro-batch's share of train/mtp_loss
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """HF checkpoint <-> torch_dist checkpoint, in one process (the tools' library side).
 
-Both directions first compare the model YAML with the HF config.json (rlpost.config.hf_check)
+Both directions first compare the model YAML with the HF config.json (rlpost.config.hf_fields)
 and refuse on any disagreement: a YAML that does not describe its checkpoint converts into a
 silently different network. A torch_dist checkpoint is layout independent: written here with
 no parallelism, it loads under any layout the trainer runs (`model.load` / `model.ref_load`).

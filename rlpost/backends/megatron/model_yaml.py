@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rlpost.config.hf_check import compare
+from rlpost.config.hf_fields import compare
 from rlpost.errors import Issue, Location, UserError
 from rlpost.schema import ModelConfig
 

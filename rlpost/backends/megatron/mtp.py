@@ -53,26 +53,16 @@ from megatron.core.transformer.multi_token_prediction import (
 from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 from torch import Tensor
 
+from rlpost.backends.megatron.batches import MicroBatch, MTPTargets
 from rlpost.backends.megatron.logits import hidden_logprobs, output_layer_input
 from rlpost.schema import ModelConfig, TrainConfig
 from rlpost.types import TrainSample
 
 if TYPE_CHECKING:
     from rlpost.algo.steps import SampleTensors
-    from rlpost.backends.megatron.batches import MicroBatch
     from rlpost.backends.megatron.config import MegatronSettings
 
 METRIC = "mtp_loss"
-
-
-@dataclasses.dataclass(frozen=True)
-class MTPTargets:
-    """One micro-batch's MTP inputs, in this context-parallel rank's local token order."""
-
-    labels: Tensor  # [1, t_local] the next token at each position (rolled once per depth)
-    mask: Tensor  # [1, t_local] 1.0 where that next token is under the loss mask
-    denominators: tuple[float, ...]  # per depth: the step's loss-mask tokens it can predict
-    loss_out: Tensor  # [1] set by the forward: this micro-batch's share of train/mtp_loss
 
 
 class PackedMTPLayer(MultiTokenPredictionLayer):  # type: ignore[misc]

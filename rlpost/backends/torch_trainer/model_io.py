@@ -18,7 +18,7 @@ from rlpost.backends.hf_folder import copy_side_files, publish_folder
 from rlpost.backends.hf_load import build_causal_lm as build_hf_causal_lm
 from rlpost.backends.hf_load import load_causal_lm as load_hf_causal_lm
 from rlpost.backends.torch_trainer.attention import PACKED_SDPA
-from rlpost.config.hf_check import EXPERT_KEYS, MISSING, hf_value
+from rlpost.config.hf_fields import EXPERT_KEYS, MISSING, hf_value
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

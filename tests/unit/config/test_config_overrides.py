@@ -15,12 +15,12 @@ from rlpost.config.overrides import (
     check_override,
     check_overrides,
     flags_first,
-    group_options,
     parse_argv,
     prepare_argv,
     repeated_keys,
     search_roots,
 )
+from rlpost.config.sources import group_options
 from rlpost.errors import Issue, UserError
 
 ROOTS = search_roots()

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rlpost.config.hf_check import check_hf_config, check_weights_config, compare, derived_issues
+from rlpost.config.hf_check import check_hf_config, check_weights_config, derived_issues
+from rlpost.config.hf_fields import compare
 from rlpost.errors import Location
 from rlpost.schema import ModelConfig
 

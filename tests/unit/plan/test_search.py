@@ -162,7 +162,7 @@ def test_the_launcher_plans_and_runs_the_chosen_layout() -> None:
     import sys
     from pathlib import Path
 
-    from rlpost.cli.launch import plan_run
+    from rlpost.cli.planning import plan_run
     from rlpost.config.loader import compose_run_config
 
     cfg, sources = compose_run_config(["layout=auto"])
