@@ -3,10 +3,12 @@ max_tokens_per_gpu, the torch trainer's remedies, more GPUs), as one planning er
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from rlpost.errors import Issue, UserError
 from rlpost.plan.candidates import (
+    Candidate,
     LayoutSearch,
     TrainOption,
     describe_engine,
@@ -32,11 +34,13 @@ from rlpost.plan.work import SEND_WEIGHTS, TRAIN, train_rank_work
 from rlpost.schema import RunConfig
 from rlpost.schema.hardware import device_word
 
+Search = Callable[[RunConfig], Candidate | None]  # the layout the search chooses for a run
 
-def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
+
+def suggestions(cfg: RunConfig, splits: list[SplitOptions], search: Search) -> list[str]:
     """Nothing fits: what would (CPU Adam, a shorter max_tokens_per_gpu, more GPUs); in
     mode=eval, what the evaluation holds alone: the weights its train ranks send, if any
-    start, and the engines'."""
+    start, and the engines'. `search` is layout=auto's own, to try fewer nodes with."""
     found = []
     told = False
     device = device_word(cfg.hardware.kind)
@@ -88,7 +92,7 @@ def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
                     found.append(
                         f"recipe.train.max_tokens_per_gpu={fits[0]} fits it ({fits[1]:.1f} GiB)"
                     )
-            found.append(_more_megatron_gpus(cfg, split, least, budget))
+            found.append(_more_megatron_gpus(cfg, split, least, budget, search))
             told = cfg.hardware.kind == "gpu"  # the GPUs named hold the engines, or it says so
     engines = [e for s in splits for e, _ in s.rejected_engines]
     if engines and not any(s.engines for s in splits) and not told:
@@ -101,13 +105,15 @@ def suggestions(cfg: RunConfig, splits: list[SplitOptions]) -> list[str]:
 
 
 def _more_megatron_gpus(
-    cfg: RunConfig, split: SplitOptions, least: TrainOption, budget: float
+    cfg: RunConfig, split: SplitOptions, least: TrainOption, budget: float, search: Search
 ) -> str:
     """The fewest GPUs on which megatron-core's estimate fits a split of the model, with the
     leanest layout's recompute and optimizer (rlpost.plan.remedies.megatron_fewest_gpus),
     counted as a profile needs them: whole nodes, with the engines (rlpost.plan.engine_fit)
     beside training where one fits there, else on GPUs of their own, whichever takes fewer
-    nodes; where no engine fits GPUs of this memory, that instead of a count."""
+    nodes; where no engine fits GPUs of this memory, that instead of a count. That grid is
+    narrower than the search's: where the search finds a layout on fewer whole nodes, the
+    fewest of them and the layout it chooses there (`_fewer_nodes`)."""
     hw = cfg.hardware
     devices = device_word(hw.kind, 2)
     t = cfg.layout.train  # the first and last stages as the user sets them, not the search
@@ -148,9 +154,31 @@ def _more_megatron_gpus(
             f"no split of the model over up to {MAX_TRAIN_GPUS} {devices} of "
             f"{hw.gpu_memory_gib:g} GiB fits megatron-core's estimate: use GPUs with more memory"
         )
-    _, fit, grid = min(found, key=lambda option: option[0])
+    total, fit, grid = min(found, key=lambda option: option[0])
+    fewer = _fewer_nodes(cfg, total // hw.gpus_per_node, search)
+    if fewer is not None:
+        gpus, chosen = fewer
+        size = f"{gpus} {devices} of {hw.gpu_memory_gib:g} GiB"
+        return (
+            f"layout=auto finds a layout on {size} ({chosen.describe()}): use a hardware "
+            f"profile with {size} ({gpus // hw.gpus_per_node} node(s) of {hw.gpus_per_node})"
+        )
     apart = [f for f in fits if f.colocate and f.engine is None]
     return _profile_text(cfg, least, grid, fit, bool(apart))
+
+
+def _fewer_nodes(cfg: RunConfig, nodes: int, search: Search) -> tuple[int, Candidate] | None:
+    """The GPUs of the fewest whole nodes below `nodes` (and above the profile's own) on which
+    the search finds a layout, with the layout it chooses: it tries one node fewer at a time
+    and stops at the first count on which it finds none; None where it finds none below."""
+    hw, best = cfg.hardware, None
+    for count in range(nodes - 1, hw.num_nodes, -1):
+        fewer = hw.model_copy(update={"num_nodes": count})
+        chosen = search(cfg.model_copy(update={"hardware": fewer}))
+        if chosen is None:
+            break
+        best = (fewer.total_gpus, chosen)
+    return best
 
 
 def _placements(cfg: RunConfig, par: ParallelLayout) -> list[bool]:

@@ -55,9 +55,12 @@ COMBINED = 8
 SHOWN = 5
 
 
-def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None) -> LayoutSearch:
+def search_layout(
+    cfg: RunConfig, reference: tuple[str, RunConfig] | None = None, *, advise: bool = True
+) -> LayoutSearch:
     """Every candidate checked and sized, the fastest first; `reference` (name, config) is a
-    hand-written layout for the same run to rate beside them."""
+    hand-written layout for the same run to rate beside them; where none fits and `advise`,
+    what would (rlpost.plan.nothing_fits)."""
     start = time.perf_counter()
     searcher = Searcher(cfg)
     splits = [searcher.split(sizes) for sizes in gpu_splits(cfg)]
@@ -103,11 +106,16 @@ def search_layout(cfg: RunConfig, reference: tuple[str, RunConfig] | None = None
         seconds=0.0,
         feasible_keys=frozenset(feasible_keys),
     )
-    if chosen is None:
-        result = replace(result, suggestions=tuple(suggestions(cfg, splits)))
+    if chosen is None and advise:
+        result = replace(result, suggestions=tuple(suggestions(cfg, splits, _chosen_on)))
     if reference is not None:
         result = replace(result, reference=rate_reference(result, splits, *reference))
     return replace(result, seconds=time.perf_counter() - start)
+
+
+def _chosen_on(cfg: RunConfig) -> Candidate | None:
+    """The layout the search chooses for `cfg`, without the report where none fits."""
+    return search_layout(cfg, advise=False).chosen
 
 
 def _rank_key(c: Candidate) -> tuple[float, int, int]:

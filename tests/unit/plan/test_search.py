@@ -293,6 +293,30 @@ def test_where_nothing_fits_the_gpus_it_names_are_where_the_search_finds_a_layou
         assert "max_tokens_per_gpu" not in told
 
 
+def test_where_the_search_finds_a_layout_on_fewer_nodes_than_the_remedy_the_report_names_them(
+    run_config: MakeRun,
+) -> None:
+    """The remedy's grid (even pipeline stages, one etp, the largest ep) needs 4 nodes of 8
+    GPUs of 16 GiB for the 30B MoE with the default recipe; layout=auto's own search finds a
+    layout on 3 and none on 2. The report names the 3, with the layout the search chooses
+    there, not the grid's 4."""
+    settings: dict[str, object] = {"hardware__gpu_memory_gib": 16}
+    cfg = run_config("qwen3-30b-a3b", "h100x8", "grpo_tiny_math", **settings)
+    told = " ".join(search_layout(searching(cfg)).suggestions)
+    three = run_config(
+        "qwen3-30b-a3b", "h100x8", "grpo_tiny_math", hardware__num_nodes=3, **settings
+    )
+    chosen = search_layout(searching(three)).chosen
+    assert chosen is not None
+    assert (
+        f"layout=auto finds a layout on 24 GPUs of 16 GiB ({chosen.describe()}): "
+        "use a hardware profile with 24 GPUs of 16 GiB (3 node(s) of 8)"
+    ) in told, told
+    assert "megatron-core's estimate fits training on" not in told
+    two = run_config("qwen3-30b-a3b", "h100x8", "grpo_tiny_math", hardware__num_nodes=2, **settings)
+    assert search_layout(searching(two)).chosen is None
+
+
 def test_on_cpu_hardware_the_layouts_say_adam_runs_on_the_device_slots(
     run_config: MakeRun,
 ) -> None:
