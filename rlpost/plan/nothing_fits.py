@@ -198,7 +198,7 @@ def _placements(cfg: RunConfig, par: ParallelLayout) -> list[bool]:
 def _profile_text(
     cfg: RunConfig,
     least: TrainOption,
-    grid: tuple[ParallelLayout, float] | None,
+    grid: tuple[ParallelLayout, float],
     fit: EngineFit | None,
     apart: bool = False,
     beside: int = 0,
@@ -207,11 +207,6 @@ def _profile_text(
     on a CPU profile), and the whole nodes of the profile that hold both."""
     hw = cfg.hardware
     device, devices = device_word(hw.kind), device_word(hw.kind, 2)
-    if grid is None:
-        return (
-            f"no split of the model over up to {MAX_TRAIN_GPUS} {devices} of "
-            f"{hw.gpu_memory_gib:g} GiB fits megatron-core's estimate: use GPUs with more memory"
-        )
     par, need = grid
     engines = f", besides the engines' {beside}" if beside else ""
     if fit is not None and fit.engine is not None:
